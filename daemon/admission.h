@@ -1,0 +1,85 @@
+// Admission: the daemon's control socket. One Unix stream socket carries two
+// kinds of connection, told apart by their first bytes:
+//   - gRPC (HTTP/2 preface "PRI * HTTP/2.0"): handed to the gRPC server with
+//     AddInsecureChannelFromFd, after recording the peer's SO_PEERCRED so
+//     handlers know who is calling (gRPC itself cannot tell them);
+//   - attach ("PSMDATT1" + token, shm/attach.h): answered with the segment
+//     fds over SCM_RIGHTS, then kept open as the endpoint's liveness line.
+//
+// Thread-safety: one admission thread does all socket work. CredentialsOf is
+// called from gRPC handler threads and takes a mutex.
+//
+// gRPC names a connection made from an fd "fd:N". So that N identifies one
+// connection for as long as a handler might still run for it, accepted gRPC
+// sockets are moved to fd numbers taken round-robin from a high range: a
+// number comes back only after the whole range has cycled.
+#ifndef PSMD_DAEMON_ADMISSION_H_
+#define PSMD_DAEMON_ADMISSION_H_
+
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "daemon/config.h"
+#include "daemon/registry.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace psmd {
+
+class Admission {
+ public:
+  Admission(const Config& config, Registry* registry);
+  ~Admission();
+
+  // Creates the socket (refusing if another psmd answers on it).
+  bool Bind(std::string* error);
+  // Starts accepting; gRPC connections go to `server`.
+  void Start(grpc::Server* server);
+  // Stops accepting, closes every connection it owns, removes the socket file.
+  void Stop();
+
+  // Credentials of the gRPC peer named `peer` (ServerContext::peer()).
+  bool CredentialsOf(const std::string& peer, Credentials* out);
+
+ private:
+  struct Pending {
+    Credentials creds;
+    std::chrono::steady_clock::time_point since;
+  };
+  void Loop();
+  void Accept();
+  void Classify(int fd);
+  void HandOverToGrpc(int fd, const Credentials& creds);
+  void HandleAttach(int fd, const Credentials& creds);
+  void DropPending(int fd);
+  void SweepPending();
+  int MoveToHighFd(int fd);
+
+  const Config config_;
+  Registry* const registry_;
+  grpc::Server* server_ = nullptr;
+  int listen_fd_ = -1;
+  int epoll_fd_ = -1;
+  int stop_fd_ = -1;
+  std::thread thread_;
+  bool bound_ = false;
+
+  // Admission-thread state.
+  std::unordered_map<int, Pending> pending_;
+  std::unordered_map<int, uint32_t> liveness_;  // fd -> endpoint id
+  int next_high_fd_ = 0;
+  int high_fd_floor_ = 0;
+
+  std::mutex creds_mu_;
+  std::unordered_map<int, Credentials> grpc_creds_;  // guarded by creds_mu_
+};
+
+}  // namespace psmd
+
+#endif  // PSMD_DAEMON_ADMISSION_H_

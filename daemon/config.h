@@ -1,0 +1,34 @@
+// psmd's configuration: command-line flags with defaults suited to a compute
+// node. Parsed once at start-up; immutable afterwards.
+#ifndef PSMD_DAEMON_CONFIG_H_
+#define PSMD_DAEMON_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+namespace psmd {
+
+struct Config {
+  std::string socket_path = "/run/psmd/psmd.sock";
+  std::string log_level = "info";
+  // How long the progress thread polls after its last piece of work before
+  // it sleeps in epoll until a client rings (microseconds).
+  uint32_t spin_us = 200;
+  uint32_t sq_capacity = 256;    // submission ring slots per endpoint
+  uint32_t cq_capacity = 1024;   // completion ring slots per endpoint
+  // Per-job payload pool: one send region per endpoint of the job.
+  uint64_t region_bytes = 8ull << 20;
+  uint32_t max_endpoints_per_job = 64;
+  uint32_t max_endpoints = 1024;
+  uint16_t node_id = 0;          // high bits of every epid minted here
+};
+
+// Parses argv into *config. Returns false and fills *error (naming the flag
+// and the fix) on a bad command line; sets *help when --help was asked.
+bool ParseFlags(int argc, char** argv, Config* config, bool* help, std::string* error);
+
+std::string FlagsUsage();
+
+}  // namespace psmd
+
+#endif  // PSMD_DAEMON_CONFIG_H_

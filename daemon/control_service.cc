@@ -1,0 +1,166 @@
+#include "daemon/control_service.h"
+
+#include <unistd.h>
+
+#include <string>
+
+namespace psmd {
+
+namespace {
+
+// Control errors travel as FAILED_PRECONDITION with the psm2_error_t in the
+// error details, so the client can return the same code to the application.
+grpc::Status ToStatus(const ControlError& e) {
+  if (e.ok()) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, e.message, std::to_string(e.code));
+}
+
+void FillStats(const EndpointSnapshot& s, v1::EndpointStats* out) {
+  out->set_endpoint_id(s.id);
+  out->set_epid(s.epid);
+  out->set_msgs_sent(s.msgs_sent);
+  out->set_bytes_sent(s.bytes_sent);
+  out->set_msgs_received(s.msgs_received);
+  out->set_bytes_received(s.bytes_received);
+  out->set_unexpected_msgs(s.unexpected_msgs);
+  out->set_unexpected_bytes(s.unexpected_bytes);
+  out->set_posted_recvs(s.posted_recvs);
+  out->set_bad_descriptors(s.bad_descriptors);
+}
+
+void AddStats(const EndpointSnapshot& s, v1::EndpointStats* total) {
+  total->set_msgs_sent(total->msgs_sent() + s.msgs_sent);
+  total->set_bytes_sent(total->bytes_sent() + s.bytes_sent);
+  total->set_msgs_received(total->msgs_received() + s.msgs_received);
+  total->set_bytes_received(total->bytes_received() + s.bytes_received);
+  total->set_unexpected_msgs(total->unexpected_msgs() + s.unexpected_msgs);
+  total->set_unexpected_bytes(total->unexpected_bytes() + s.unexpected_bytes);
+  total->set_posted_recvs(total->posted_recvs() + s.posted_recvs);
+  total->set_bad_descriptors(total->bad_descriptors() + s.bad_descriptors);
+}
+
+}  // namespace
+
+ControlService::ControlService(Registry* registry, Admission* admission, ProgressWorker* worker)
+    : registry_(registry),
+      admission_(admission),
+      worker_(worker),
+      started_(std::chrono::steady_clock::now()) {}
+
+uint64_t ControlService::UptimeNs() const {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                              started_)
+      .count();
+}
+
+grpc::Status ControlService::Identify(grpc::ServerContext* ctx, Credentials* who) {
+  if (admission_->CredentialsOf(ctx->peer(), who)) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      "psmd cannot tell who is calling (peer " + ctx->peer() + ")");
+}
+
+grpc::Status ControlService::Health(grpc::ServerContext*, const v1::HealthRequest*,
+                                    v1::HealthReply* reply) {
+  reply->set_version(kVersion);
+  reply->set_uptime_ns(UptimeNs());
+  reply->set_endpoint_count(static_cast<uint32_t>(registry_->endpoint_count()));
+  reply->set_daemon_pid(static_cast<uint32_t>(getpid()));
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::OpenEndpoint(grpc::ServerContext* ctx,
+                                          const v1::OpenEndpointRequest* req,
+                                          v1::OpenEndpointReply* reply) {
+  Credentials who;
+  if (auto s = Identify(ctx, &who); !s.ok()) return s;
+  if (req->job_uuid().size() != 16) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "job_uuid must be 16 bytes");
+  }
+  Uuid uuid;
+  std::copy(req->job_uuid().begin(), req->job_uuid().end(), uuid.begin());
+  OpenedEndpoint opened;
+  ControlError e = registry_->Open(who, uuid, req->label(), &opened);
+  if (!e.ok()) return ToStatus(e);
+  reply->set_endpoint_id(opened.id);
+  reply->set_epid(opened.epid);
+  reply->set_attach_token(opened.token.data(), opened.token.size());
+  reply->set_segment_bytes(opened.segment_bytes);
+  reply->set_pool_bytes(opened.pool_bytes);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::CloseEndpoint(grpc::ServerContext* ctx,
+                                           const v1::CloseEndpointRequest* req,
+                                           v1::CloseEndpointReply*) {
+  Credentials who;
+  if (auto s = Identify(ctx, &who); !s.ok()) return s;
+  return ToStatus(registry_->Close(who, req->endpoint_id()));
+}
+
+grpc::Status ControlService::Connect(grpc::ServerContext* ctx, const v1::ConnectRequest* req,
+                                     v1::ConnectReply* reply) {
+  Credentials who;
+  if (auto s = Identify(ctx, &who); !s.ok()) return s;
+  std::vector<uint64_t> epids(req->epids().begin(), req->epids().end());
+  std::vector<ConnectOutcome> outcomes;
+  ControlError e = registry_->Connect(who, req->endpoint_id(), epids, &outcomes);
+  if (!e.ok()) return ToStatus(e);
+  for (const ConnectOutcome& o : outcomes) {
+    v1::ConnectResult* r = reply->add_results();
+    r->set_error(o.error);
+    r->set_slot(o.slot);
+    r->set_message(o.message);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::Disconnect(grpc::ServerContext* ctx,
+                                        const v1::DisconnectRequest* req,
+                                        v1::DisconnectReply* reply) {
+  Credentials who;
+  if (auto s = Identify(ctx, &who); !s.ok()) return s;
+  std::vector<uint32_t> slots(req->slots().begin(), req->slots().end());
+  std::vector<int> errors;
+  ControlError e = registry_->Disconnect(who, req->endpoint_id(), slots, &errors);
+  if (!e.ok()) return ToStatus(e);
+  for (int err : errors) reply->add_errors(err);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest*,
+                                      v1::GetStatsReply* reply) {
+  Credentials who;
+  if (auto s = Identify(ctx, &who); !s.ok()) return s;
+  std::vector<EndpointSnapshot> snaps = registry_->Snapshot(who);
+  reply->set_uptime_ns(UptimeNs());
+  reply->set_endpoint_count(static_cast<uint32_t>(snaps.size()));
+  v1::EndpointStats* total = reply->mutable_total();
+  for (const EndpointSnapshot& s : snaps) {
+    FillStats(s, reply->add_endpoints());
+    AddStats(s, total);
+  }
+  reply->set_doorbells(worker_->doorbells());
+  reply->set_sleeps(worker_->sleeps());
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::ListEndpoints(grpc::ServerContext* ctx,
+                                           const v1::ListEndpointsRequest*,
+                                           v1::ListEndpointsReply* reply) {
+  Credentials who;
+  if (auto s = Identify(ctx, &who); !s.ok()) return s;
+  for (const EndpointSnapshot& s : registry_->Snapshot(who)) {
+    v1::EndpointInfo* info = reply->add_endpoints();
+    info->set_endpoint_id(s.id);
+    info->set_epid(s.epid);
+    info->set_job_uuid(UuidToString(s.uuid));
+    info->set_pid(static_cast<uint32_t>(s.pid));
+    info->set_uid(s.uid);
+    info->set_gid(s.gid);
+    info->set_label(s.label);
+    info->set_connections(s.connections);
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace psmd

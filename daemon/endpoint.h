@@ -1,0 +1,110 @@
+// The daemon's view of one endpoint: identity, shared segment, and the
+// matching state the progress worker owns.
+//
+// Thread-safety:
+//   1. Identity fields, the segment mapping, geometry and region are set
+//      before the endpoint is published and never change.
+//   2. Everything under "worker-owned" is touched only by the progress worker
+//      that owns the endpoint.
+//   3. Counters are written by the worker only (relaxed stores) and read by
+//      control threads (relaxed loads): stats may be a moment old, never torn.
+#ifndef PSMD_DAEMON_ENDPOINT_H_
+#define PSMD_DAEMON_ENDPOINT_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/job.h"
+#include "daemon/matcher.h"
+#include "daemon/validate.h"
+#include "shm/descriptor.h"
+#include "shm/layout.h"
+#include "shm/mapping.h"
+#include "shm/ring.h"
+
+namespace psmd {
+
+// A counter with one writer: increments are a load and a store, no locked
+// instruction on the hot path.
+class Counter {
+ public:
+  void Add(uint64_t n) { v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+  uint64_t Get() const { return v_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> v_{0};
+};
+
+struct EndpointCounters {
+  Counter msgs_sent, bytes_sent;
+  Counter msgs_received, bytes_received;
+  Counter unexpected_msgs, unexpected_bytes;
+  Counter posted_recvs;
+  Counter bad_descriptors;
+};
+
+// A receive waiting in the posted queue.
+struct PostedRecv {
+  uint64_t req;
+};
+
+// A message waiting in the unexpected queue.
+struct UnexpectedMsg {
+  uint32_t sender_id;
+  uint8_t flags;        // shm::SubmitFlags of the send
+  uint32_t len;
+  uint64_t sender_req;  // for kSendSync: completes the sender's request
+  uint64_t pool_offset; // when len > kInlineMax
+  uint8_t inline_data[shm::kInlineMax];
+};
+
+// One connection slot: the peer this endpoint named by index in descriptors.
+struct PeerLink {
+  uint32_t endpoint_id = 0;  // 0: slot unused
+  uint64_t epid = 0;
+};
+
+class Endpoint {
+ public:
+  Endpoint() = default;
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+  ~Endpoint();
+
+  // Identity (immutable once published).
+  uint32_t id = 0;
+  uint64_t epid = 0;
+  std::shared_ptr<Job> job;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  pid_t pid = 0;
+  std::string label;
+  shm::Mapping segment;
+  shm::SegmentGeometry geometry{};
+  SendRegion region;
+  int doorbell_fd = -1;  // eventfd the client rings when the daemon sleeps
+
+  shm::SegmentControl* control() const { return shm::ControlOf(segment.base()); }
+
+  // Worker-owned.
+  shm::RingConsumer<shm::SubmissionDesc> sq;
+  shm::RingProducer<shm::CompletionDesc> cq;
+  std::deque<shm::CompletionDesc> cq_overflow;  // completions waiting for ring space
+  std::vector<PeerLink> peers;
+  PostedQueue<PostedRecv> posted;
+  UnexpectedQueue<UnexpectedMsg> unexpected;
+  bool notify_pending = false;  // completions published since the last wake check
+  bool faulted = false;         // ring corrupted by the client: no longer served
+
+  EndpointCounters counters;
+};
+
+}  // namespace psmd
+
+#endif  // PSMD_DAEMON_ENDPOINT_H_

@@ -1,0 +1,181 @@
+#include "daemon/progress.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <future>
+
+#include <spdlog/spdlog.h>
+
+#include "shm/doorbell.h"
+
+namespace psmd {
+
+namespace {
+
+// Tags in epoll data: the worker's own wake fd, or an endpoint id.
+constexpr uint64_t kWakeTag = 0;
+
+inline void CpuRelax() { __builtin_ia32_pause(); }
+
+uint64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+ProgressWorker::ProgressWorker(const Config& config) : config_(config) {}
+
+ProgressWorker::~ProgressWorker() {
+  Stop();
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+bool ProgressWorker::Start(std::string* error) {
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (epoll_fd_ < 0 || wake_fd_ < 0) {
+    *error = std::string("progress worker: ") + strerror(errno);
+    return false;
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kWakeTag;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+  thread_ = std::thread([this] { Loop(); });
+  return true;
+}
+
+void ProgressWorker::Stop() {
+  if (!thread_.joinable()) return;
+  stop_.store(true);
+  shm::RingEventFd(wake_fd_);
+  thread_.join();
+}
+
+void ProgressWorker::RunSync(std::function<void()> fn) {
+  if (!thread_.joinable() || stop_.load()) {
+    fn();  // no worker thread (shutting down): nothing runs concurrently
+    return;
+  }
+  std::promise<void> done;
+  auto future = done.get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    commands_.push_back([&] {
+      fn();
+      done.set_value();
+    });
+    commands_pending_.store(true, std::memory_order_release);
+  }
+  shm::RingEventFd(wake_fd_);
+  future.wait();
+}
+
+void ProgressWorker::AddEndpoint(std::shared_ptr<Endpoint> ep) {
+  RunSync([&] {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = ep->id;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ep->doorbell_fd, &ev);
+    engine_.Add(std::move(ep));
+  });
+}
+
+void ProgressWorker::RemoveEndpoint(uint32_t id) {
+  RunSync([&] {
+    for (Endpoint* ep : engine_.endpoints()) {
+      if (ep->id == id) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, ep->doorbell_fd, nullptr);
+    }
+    engine_.Remove(id);
+    engine_.NotifyClients();  // sync senders told about a vanished receiver
+  });
+}
+
+void ProgressWorker::SetPeer(uint32_t id, uint32_t slot, const PeerLink& link) {
+  RunSync([&] { engine_.SetPeer(id, slot, link); });
+}
+
+void ProgressWorker::ClearPeer(uint32_t id, uint32_t slot) {
+  RunSync([&] { engine_.ClearPeer(id, slot); });
+}
+
+void ProgressWorker::RunCommands() {
+  std::deque<std::function<void()>> batch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    batch.swap(commands_);
+    commands_pending_.store(false, std::memory_order_relaxed);
+  }
+  for (auto& fn : batch) fn();
+}
+
+void ProgressWorker::Loop() {
+  const uint64_t spin_ns = uint64_t{config_.spin_us} * 1000;
+  uint64_t last_work = NowNs();
+  uint32_t idle_passes = 0;
+  while (!stop_.load(std::memory_order_relaxed)) {
+    if (commands_pending_.load(std::memory_order_acquire)) RunCommands();
+    bool did = engine_.PollAll();
+    engine_.NotifyClients();
+    if (did) {
+      idle_passes = 0;
+      continue;
+    }
+    // Reading the clock costs more than a pass over a few rings; look at it
+    // only every so often.
+    if (++idle_passes % 64 != 0) {
+      CpuRelax();
+      continue;
+    }
+    uint64_t now = NowNs();
+    if (idle_passes == 64) last_work = now;
+    if (now - last_work < spin_ns) continue;
+    Sleep();
+    idle_passes = 0;
+  }
+  // Drain commands still waiting so no control thread blocks forever.
+  RunCommands();
+}
+
+void ProgressWorker::Sleep() {
+  const auto& eps = engine_.endpoints();
+  for (Endpoint* ep : eps) {
+    ep->control()->doorbells.daemon_sleeping.store(1, std::memory_order_relaxed);
+  }
+  // Full fence: the flags must be visible before we re-check the rings (the
+  // client does publish / fence / read flag; see the header comment).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  bool work = engine_.AnySubmissionPending() ||
+              commands_pending_.load(std::memory_order_acquire) || stop_.load();
+  if (!work) {
+    sleeps_.fetch_add(1, std::memory_order_relaxed);
+    epoll_event events[64];
+    int n;
+    do {
+      n = epoll_wait(epoll_fd_, events, 64, -1);
+    } while (n < 0 && errno == EINTR);
+    for (int i = 0; i < n; i++) {
+      if (events[i].data.u64 == kWakeTag) {
+        shm::DrainEventFd(wake_fd_);
+        continue;
+      }
+      doorbells_.fetch_add(1, std::memory_order_relaxed);
+      for (Endpoint* ep : eps) {
+        if (ep->id == events[i].data.u64) shm::DrainEventFd(ep->doorbell_fd);
+      }
+    }
+  }
+  for (Endpoint* ep : engine_.endpoints()) {
+    ep->control()->doorbells.daemon_sleeping.store(0, std::memory_order_relaxed);
+  }
+}
+
+}  // namespace psmd

@@ -1,0 +1,73 @@
+// A progress worker: the thread that consumes submission rings, runs the
+// matched-queue engine and publishes completions, and that sleeps when there
+// is nothing to do.
+//
+// Wake-up protocol (docs/design.md): after `spin_us` without work the worker
+// sets every endpoint's daemon_sleeping word, fences, re-checks all rings,
+// and sleeps in epoll on the endpoints' doorbell eventfds. A client that
+// publishes a submission, fences and then sees daemon_sleeping == 1 rings its
+// eventfd. Either the worker's re-check sees the submission or the client
+// sees the flag, never neither.
+//
+// Thread-safety: the public methods may be called from any thread; they hand
+// the work to the worker thread through a command queue and wait for it, so
+// the worker's hot loop takes no lock (it checks one atomic flag per pass).
+#ifndef PSMD_DAEMON_PROGRESS_H_
+#define PSMD_DAEMON_PROGRESS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "daemon/config.h"
+#include "daemon/mq_engine.h"
+
+namespace psmd {
+
+class ProgressWorker {
+ public:
+  explicit ProgressWorker(const Config& config);
+  ~ProgressWorker();  // stops the thread
+  ProgressWorker(const ProgressWorker&) = delete;
+  ProgressWorker& operator=(const ProgressWorker&) = delete;
+
+  bool Start(std::string* error);
+  void Stop();
+
+  void AddEndpoint(std::shared_ptr<Endpoint> ep);
+  void RemoveEndpoint(uint32_t id);
+  void SetPeer(uint32_t id, uint32_t slot, const PeerLink& link);
+  void ClearPeer(uint32_t id, uint32_t slot);
+
+  uint64_t doorbells() const { return doorbells_.load(std::memory_order_relaxed); }
+  uint64_t sleeps() const { return sleeps_.load(std::memory_order_relaxed); }
+
+ private:
+  // Runs fn on the worker thread and waits until it has run.
+  void RunSync(std::function<void()> fn);
+  void Loop();
+  void RunCommands();
+  void Sleep();
+
+  const Config config_;
+  MqEngine engine_;
+  std::thread thread_;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;  // eventfd: commands or stop pending
+
+  std::mutex mu_;
+  std::deque<std::function<void()>> commands_;  // guarded by mu_
+  std::atomic<bool> commands_pending_{false};
+  std::atomic<bool> stop_{false};
+
+  std::atomic<uint64_t> doorbells_{0};
+  std::atomic<uint64_t> sleeps_{0};
+};
+
+}  // namespace psmd
+
+#endif  // PSMD_DAEMON_PROGRESS_H_

@@ -1,0 +1,361 @@
+#include "daemon/registry.h"
+
+#include <psm2.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "shm/layout.h"
+
+namespace psmd {
+
+namespace {
+
+constexpr auto kAttachDeadline = std::chrono::seconds(5);
+
+void FillRandom(void* buf, size_t len) {
+  auto* p = static_cast<uint8_t*>(buf);
+  while (len > 0) {
+    ssize_t n = getrandom(p, len, 0);
+    if (n <= 0) continue;
+    p += n;
+    len -= static_cast<size_t>(n);
+  }
+}
+
+uint16_t RandomNonce() {
+  uint16_t v;
+  FillRandom(&v, sizeof(v));
+  return v;
+}
+
+}  // namespace
+
+std::string UuidToString(const Uuid& u) {
+  char buf[37];
+  snprintf(buf, sizeof(buf),
+           "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+           u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14],
+           u[15]);
+  return buf;
+}
+
+Registry::Registry(const Config& config, ProgressWorker* worker)
+    : config_(config), worker_(worker), boot_nonce_(RandomNonce()) {}
+
+Registry::~Registry() { RemoveAll(); }
+
+ControlError Registry::Open(const Credentials& who, const Uuid& uuid, const std::string& label,
+                            OpenedEndpoint* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (records_.size() >= config_.max_endpoints) {
+    return {PSM2_TOO_MANY_ENDPOINTS,
+            "psmd serves its maximum of " + std::to_string(config_.max_endpoints) +
+                " endpoints; close some or raise psmd --max-endpoints"};
+  }
+  JobKey key{uuid, who.uid};
+  std::string error;
+  std::shared_ptr<Job>& job = jobs_[key];
+  if (!job) {
+    uint64_t pool_bytes = uint64_t{config_.max_endpoints_per_job} * config_.region_bytes;
+    shm::Mapping pool;
+    if (!shm::Mapping::Create("psmd-pool", pool_bytes, who.uid, who.gid, &pool, &error)) {
+      jobs_.erase(key);
+      return {PSM2_NO_MEMORY, "cannot create the job's payload pool: " + error};
+    }
+    job = std::make_shared<Job>(key, std::move(pool), config_.max_endpoints_per_job,
+                                config_.region_bytes);
+  }
+  auto region = job->TakeRegion();
+  if (!region) {
+    if (job->endpoints == 0) jobs_.erase(key);
+    return {PSM2_TOO_MANY_ENDPOINTS,
+            "job " + UuidToString(uuid) + " has opened its maximum of " +
+                std::to_string(config_.max_endpoints_per_job) +
+                " endpoints on this node; raise psmd --max-endpoints-per-job"};
+  }
+
+  auto ep = std::make_shared<Endpoint>();
+  ep->id = next_id_++;
+  ep->epid = (uint64_t{config_.node_id} << 48) | (uint64_t{boot_nonce_} << 32) | ep->id;
+  ep->job = job;
+  ep->uid = who.uid;
+  ep->gid = who.gid;
+  ep->pid = who.pid;
+  ep->label = label.substr(0, 64);
+  ep->region = *region;
+  ep->geometry = shm::ComputeGeometry(config_.sq_capacity, config_.cq_capacity);
+  auto fail = [&](const std::string& what) {
+    job->RetireRegion(*region);
+    if (job->endpoints == 0) jobs_.erase(key);
+    return ControlError{PSM2_NO_MEMORY, what};
+  };
+  if (!shm::Mapping::Create("psmd-endpoint", ep->geometry.bytes, who.uid, who.gid, &ep->segment,
+                            &error)) {
+    return fail("cannot create the endpoint segment: " + error);
+  }
+  ep->doorbell_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (ep->doorbell_fd < 0) return fail(std::string("eventfd: ") + strerror(errno));
+
+  // The header is written once, before anyone else can map the segment.
+  shm::SegmentHeader* h = shm::HeaderOf(ep->segment.base());
+  h->magic = shm::kSegmentMagic;
+  h->version = shm::kLayoutVersion;
+  h->endpoint_id = ep->id;
+  h->epid = ep->epid;
+  h->segment_bytes = ep->geometry.bytes;
+  h->sq_capacity = ep->geometry.sq_capacity;
+  h->cq_capacity = ep->geometry.cq_capacity;
+  h->sq_offset = ep->geometry.sq_offset;
+  h->cq_offset = ep->geometry.cq_offset;
+  h->pool_bytes = job->pool().size();
+  h->region_offset = ep->region.offset;
+  h->region_bytes = ep->region.bytes;
+  h->inline_max = shm::kInlineMax;
+
+  job->endpoints++;
+  Record rec;
+  rec.ep = ep;
+  FillRandom(rec.token.data(), rec.token.size());
+  rec.opened = std::chrono::steady_clock::now();
+  out->id = ep->id;
+  out->epid = ep->epid;
+  out->token = rec.token;
+  out->segment_bytes = ep->geometry.bytes;
+  out->pool_bytes = job->pool().size();
+  id_by_epid_[ep->epid] = ep->id;
+  records_.emplace(ep->id, std::move(rec));
+  // Adding to the worker under mu_ is safe: the worker never takes mu_.
+  worker_->AddEndpoint(ep);
+  spdlog::info("opened endpoint {} epid {:#x} for pid {} uid {} job {} ({})", ep->id, ep->epid,
+               who.pid, who.uid, UuidToString(uuid), ep->label);
+  return {};
+}
+
+ControlError Registry::Attach(const AttachToken& token, const Credentials& who, int liveness_fd,
+                              int fds[shm::kAttachFdCount], uint32_t* endpoint_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, rec] : records_) {
+    if (rec.attached || rec.token != token) continue;
+    // The token is a capability, but only for the process that opened it.
+    if (rec.ep->uid != who.uid || rec.ep->pid != who.pid) {
+      return {PSM2_PARAM_ERR, "attach token presented by pid " + std::to_string(who.pid) +
+                                  " uid " + std::to_string(who.uid) +
+                                  ", but it was issued to another process"};
+    }
+    rec.attached = true;
+    rec.liveness_fd = liveness_fd;
+    rec.token.fill(0);
+    fds[0] = rec.ep->segment.fd();
+    fds[1] = rec.ep->job->pool().fd();
+    fds[2] = rec.ep->doorbell_fd;
+    *endpoint_id = id;
+    return {};
+  }
+  return {PSM2_PARAM_ERR, "unknown or expired attach token"};
+}
+
+std::shared_ptr<Endpoint> Registry::Unlink(uint32_t id) {
+  auto it = records_.find(id);
+  if (it == records_.end()) return nullptr;
+  std::shared_ptr<Endpoint> ep = std::move(it->second.ep);
+  // Wake the client's side of the attach connection so it notices too.
+  if (it->second.liveness_fd >= 0) shutdown(it->second.liveness_fd, SHUT_RDWR);
+  records_.erase(it);
+  id_by_epid_.erase(ep->epid);
+  Job& job = *ep->job;
+  job.RetireRegion(ep->region);
+  if (--job.endpoints == 0) jobs_.erase(job.key());
+  return ep;
+}
+
+void Registry::Retire(std::shared_ptr<Endpoint> ep) {
+  if (!ep) return;
+  worker_->RemoveEndpoint(ep->id);
+  spdlog::info("closed endpoint {} epid {:#x} (pid {}): sent {} msgs, received {} msgs", ep->id,
+               ep->epid, ep->pid, ep->counters.msgs_sent.Get(), ep->counters.msgs_received.Get());
+  // Last reference: the segment is unmapped and its memfd closed here, and the
+  // pool too once the job's last endpoint is gone.
+}
+
+ControlError Registry::Close(const Credentials& who, uint32_t id) {
+  std::shared_ptr<Endpoint> ep;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = records_.find(id);
+    if (it == records_.end()) {
+      return {PSM2_PARAM_ERR, "no endpoint " + std::to_string(id) + " (already closed?)"};
+    }
+    if (!MayControl(who, *it->second.ep)) {
+      return {PSM2_PARAM_ERR, "endpoint " + std::to_string(id) + " belongs to uid " +
+                                  std::to_string(it->second.ep->uid) +
+                                  "; only that uid or root may close it"};
+    }
+    ep = Unlink(id);
+  }
+  Retire(std::move(ep));
+  return {};
+}
+
+void Registry::ConnectionLost(uint32_t id) {
+  std::shared_ptr<Endpoint> ep;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = records_.find(id);
+    if (it != records_.end()) it->second.liveness_fd = -1;  // the caller closes it
+    ep = Unlink(id);
+  }
+  if (ep) spdlog::info("endpoint {}: client pid {} went away", ep->id, ep->pid);
+  Retire(std::move(ep));
+}
+
+ControlError Registry::Connect(const Credentials& who, uint32_t id,
+                               const std::vector<uint64_t>& epids,
+                               std::vector<ConnectOutcome>* out) {
+  struct NewLink {
+    uint32_t slot;
+    PeerLink link;
+  };
+  std::vector<NewLink> links;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = records_.find(id);
+    if (it == records_.end()) return {PSM2_PARAM_ERR, "no endpoint " + std::to_string(id)};
+    Record& rec = it->second;
+    if (!MayControl(who, *rec.ep)) {
+      return {PSM2_PARAM_ERR, "endpoint " + std::to_string(id) + " belongs to another uid"};
+    }
+    out->clear();
+    for (uint64_t epid : epids) {
+      ConnectOutcome o;
+      auto peer_it = id_by_epid_.find(epid);
+      if (peer_it == id_by_epid_.end()) {
+        char hex[32];
+        snprintf(hex, sizeof(hex), "%#llx", static_cast<unsigned long long>(epid));
+        o.error = PSM2_EPID_UNREACHABLE;
+        o.message = std::string("no endpoint with epid ") + hex + " on this node";
+        out->push_back(o);
+        continue;
+      }
+      const Endpoint& peer = *records_.at(peer_it->second).ep;
+      if (!(peer.job->key() == rec.ep->job->key())) {
+        o.error = PSM2_EPID_INVALID_UUID_KEY;
+        o.message = "endpoint " + std::to_string(peer.id) +
+                    " belongs to another job (different job uuid or uid); endpoints of "
+                    "different jobs never connect";
+        out->push_back(o);
+        continue;
+      }
+      auto [slot_it, inserted] = rec.slot_by_epid.try_emplace(
+          epid, static_cast<uint32_t>(rec.slot_by_epid.size()));
+      o.slot = slot_it->second;
+      if (inserted) links.push_back({o.slot, PeerLink{peer.id, peer.epid}});
+      out->push_back(o);
+    }
+  }
+  for (const NewLink& l : links) worker_->SetPeer(id, l.slot, l.link);
+  return {};
+}
+
+ControlError Registry::Disconnect(const Credentials& who, uint32_t id,
+                                  const std::vector<uint32_t>& slots, std::vector<int>* errors) {
+  std::vector<uint32_t> cleared;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = records_.find(id);
+    if (it == records_.end()) return {PSM2_PARAM_ERR, "no endpoint " + std::to_string(id)};
+    Record& rec = it->second;
+    if (!MayControl(who, *rec.ep)) {
+      return {PSM2_PARAM_ERR, "endpoint " + std::to_string(id) + " belongs to another uid"};
+    }
+    errors->clear();
+    for (uint32_t slot : slots) {
+      bool found = false;
+      for (auto s = rec.slot_by_epid.begin(); s != rec.slot_by_epid.end(); ++s) {
+        if (s->second == slot) {
+          found = true;
+          break;
+        }
+      }
+      // The slot number stays reserved for its epid, so a reconnect reuses it
+      // and a stale descriptor can never reach a different peer.
+      errors->push_back(found ? PSM2_OK : PSM2_EPID_UNKNOWN);
+      if (found) cleared.push_back(slot);
+    }
+  }
+  for (uint32_t slot : cleared) worker_->ClearPeer(id, slot);
+  return {};
+}
+
+std::vector<EndpointSnapshot> Registry::Snapshot(const Credentials& who) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<EndpointSnapshot> out;
+  for (auto& [id, rec] : records_) {
+    const Endpoint& ep = *rec.ep;
+    if (!MayControl(who, ep)) continue;
+    EndpointSnapshot s;
+    s.id = ep.id;
+    s.epid = ep.epid;
+    s.uuid = ep.job->key().uuid;
+    s.pid = ep.pid;
+    s.uid = ep.uid;
+    s.gid = ep.gid;
+    s.label = ep.label;
+    s.connections = static_cast<uint32_t>(rec.slot_by_epid.size());
+    const EndpointCounters& c = ep.counters;
+    s.msgs_sent = c.msgs_sent.Get();
+    s.bytes_sent = c.bytes_sent.Get();
+    s.msgs_received = c.msgs_received.Get();
+    s.bytes_received = c.bytes_received.Get();
+    s.unexpected_msgs = c.unexpected_msgs.Get();
+    s.unexpected_bytes = c.unexpected_bytes.Get();
+    s.posted_recvs = c.posted_recvs.Get();
+    s.bad_descriptors = c.bad_descriptors.Get();
+    out.push_back(std::move(s));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const EndpointSnapshot& a, const EndpointSnapshot& b) { return a.id < b.id; });
+  return out;
+}
+
+size_t Registry::endpoint_count() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return records_.size();
+}
+
+void Registry::ExpireUnattached() {
+  std::vector<std::shared_ptr<Endpoint>> expired;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto now = std::chrono::steady_clock::now();
+    std::vector<uint32_t> ids;
+    for (auto& [id, rec] : records_) {
+      if (!rec.attached && now - rec.opened > kAttachDeadline) ids.push_back(id);
+    }
+    for (uint32_t id : ids) {
+      spdlog::warn("endpoint {}: pid {} never attached its segments; reclaiming it", id,
+                   records_.at(id).ep->pid);
+      expired.push_back(Unlink(id));
+    }
+  }
+  for (auto& ep : expired) Retire(std::move(ep));
+}
+
+void Registry::RemoveAll() {
+  std::vector<std::shared_ptr<Endpoint>> all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<uint32_t> ids;
+    for (auto& [id, rec] : records_) ids.push_back(id);
+    for (uint32_t id : ids) all.push_back(Unlink(id));
+  }
+  for (auto& ep : all) Retire(std::move(ep));
+}
+
+}  // namespace psmd

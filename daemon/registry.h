@@ -1,0 +1,134 @@
+// The registry of jobs and endpoints: what the control plane creates,
+// connects, lists and removes. It owns segment creation and the attach
+// tokens; the progress worker owns the endpoints' matching state.
+//
+// Thread-safety: every public method may be called from any thread (gRPC
+// handlers, the admission thread); state is guarded by one mutex, which is
+// never held while waiting for the progress worker.
+#ifndef PSMD_DAEMON_REGISTRY_H_
+#define PSMD_DAEMON_REGISTRY_H_
+
+#include <sys/types.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "daemon/config.h"
+#include "daemon/endpoint.h"
+#include "daemon/job.h"
+#include "daemon/progress.h"
+#include "shm/attach.h"
+
+namespace psmd {
+
+// Who is calling, as the kernel says (SO_PEERCRED).
+struct Credentials {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  bool is_root() const { return uid == 0; }
+};
+
+// An error for the control plane: a PSM2 error code plus a message that names
+// the thing and the fix. code == 0 means success.
+struct ControlError {
+  int code = 0;
+  std::string message;
+  bool ok() const { return code == 0; }
+};
+
+using AttachToken = std::array<uint8_t, shm::kAttachTokenBytes>;
+
+struct OpenedEndpoint {
+  uint32_t id = 0;
+  uint64_t epid = 0;
+  AttachToken token{};
+  uint64_t segment_bytes = 0;
+  uint64_t pool_bytes = 0;
+};
+
+struct ConnectOutcome {
+  int error = 0;  // psm2_error_t
+  uint32_t slot = 0;
+  std::string message;
+};
+
+struct EndpointSnapshot {
+  uint32_t id = 0;
+  uint64_t epid = 0;
+  Uuid uuid{};
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::string label;
+  uint32_t connections = 0;
+  uint64_t msgs_sent = 0, bytes_sent = 0, msgs_received = 0, bytes_received = 0;
+  uint64_t unexpected_msgs = 0, unexpected_bytes = 0, posted_recvs = 0, bad_descriptors = 0;
+};
+
+class Registry {
+ public:
+  Registry(const Config& config, ProgressWorker* worker);
+  ~Registry();
+
+  ControlError Open(const Credentials& who, const Uuid& uuid, const std::string& label,
+                    OpenedEndpoint* out);
+  // Redeems an attach token. On success fills fds (borrowed: valid while the
+  // endpoint lives; the caller sends them, it does not close them) and binds
+  // the endpoint's life to `liveness_fd`.
+  ControlError Attach(const AttachToken& token, const Credentials& who, int liveness_fd,
+                      int fds[shm::kAttachFdCount], uint32_t* endpoint_id);
+  ControlError Close(const Credentials& who, uint32_t id);
+  // The attach connection hung up: the client is gone (or closed).
+  void ConnectionLost(uint32_t id);
+  ControlError Connect(const Credentials& who, uint32_t id, const std::vector<uint64_t>& epids,
+                       std::vector<ConnectOutcome>* out);
+  ControlError Disconnect(const Credentials& who, uint32_t id, const std::vector<uint32_t>& slots,
+                          std::vector<int>* errors);
+  // Endpoints the caller may see: its own uid's, or all for root.
+  std::vector<EndpointSnapshot> Snapshot(const Credentials& who);
+  size_t endpoint_count();
+  // Removes endpoints whose attach token was not redeemed in time.
+  void ExpireUnattached();
+  // Removes every endpoint (daemon shutdown).
+  void RemoveAll();
+
+ private:
+  struct Record {
+    std::shared_ptr<Endpoint> ep;
+    AttachToken token{};
+    bool attached = false;
+    std::chrono::steady_clock::time_point opened;
+    int liveness_fd = -1;
+    std::map<uint64_t, uint32_t> slot_by_epid;  // connections made by this endpoint
+  };
+
+  // Takes the endpoint out of every table (mu_ held); the caller then removes
+  // it from the worker without the lock.
+  std::shared_ptr<Endpoint> Unlink(uint32_t id);
+  void Retire(std::shared_ptr<Endpoint> ep);
+  bool MayControl(const Credentials& who, const Endpoint& ep) const {
+    return who.is_root() || who.uid == ep.uid;
+  }
+
+  const Config config_;
+  ProgressWorker* const worker_;
+  const uint16_t boot_nonce_;
+
+  std::mutex mu_;
+  uint32_t next_id_ = 1;
+  std::unordered_map<uint32_t, Record> records_;
+  std::unordered_map<uint64_t, uint32_t> id_by_epid_;
+  std::map<JobKey, std::shared_ptr<Job>> jobs_;
+};
+
+}  // namespace psmd
+
+#endif  // PSMD_DAEMON_REGISTRY_H_

@@ -1,0 +1,66 @@
+#include "daemon/validate.h"
+
+#include "shm/pool.h"
+
+namespace psmd {
+
+namespace {
+
+bool PeerInRange(uint32_t peer, const SubmissionBounds& b, bool any_allowed) {
+  return peer < b.peer_slots || (any_allowed && peer == shm::kAnySlot);
+}
+
+Rejection ValidateSend(const shm::SubmissionDesc& d, const SubmissionBounds& b) {
+  if ((d.flags & ~shm::kSendSync) != 0) return Rejection::kBadFlags;
+  if (!PeerInRange(d.peer, b, /*any_allowed=*/false)) return Rejection::kBadPeer;
+  if (d.len <= shm::kInlineMax) return Rejection::kNone;
+  // Pool payload: [off, off + len) must lie inside the sender's own region,
+  // after a chunk header, chunk-aligned. Written to avoid overflow: every
+  // quantity is bounded by region.bytes before it is added.
+  uint64_t off = d.body.pool.pool_offset;
+  const SendRegion& r = b.region;
+  if (d.len > r.bytes - shm::kChunkHeaderBytes) return Rejection::kBadLength;
+  if (off < r.offset + shm::kChunkHeaderBytes || off - r.offset > r.bytes - d.len ||
+      off % shm::kCacheLine != 0) {
+    return Rejection::kBadPoolOffset;
+  }
+  return Rejection::kNone;
+}
+
+}  // namespace
+
+Rejection ValidateSubmission(const shm::SubmissionDesc& d, const SubmissionBounds& b) {
+  switch (d.op) {
+    case shm::SubmitOp::kSend:
+      return ValidateSend(d, b);
+    case shm::SubmitOp::kRecv:
+      if (d.flags != 0) return Rejection::kBadFlags;
+      if (!PeerInRange(d.peer, b, /*any_allowed=*/true)) return Rejection::kBadPeer;
+      return Rejection::kNone;
+    case shm::SubmitOp::kCancel:
+      if (d.flags != 0) return Rejection::kBadFlags;
+      return Rejection::kNone;
+    default:
+      return Rejection::kBadOpcode;
+  }
+}
+
+const char* RejectionName(Rejection r) {
+  switch (r) {
+    case Rejection::kNone:
+      return "valid";
+    case Rejection::kBadOpcode:
+      return "unknown opcode";
+    case Rejection::kBadFlags:
+      return "unknown flags";
+    case Rejection::kBadPeer:
+      return "peer slot not connected";
+    case Rejection::kBadLength:
+      return "length larger than the send region";
+    case Rejection::kBadPoolOffset:
+      return "payload offset outside the sender's pool region";
+  }
+  return "unknown";
+}
+
+}  // namespace psmd
