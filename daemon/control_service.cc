@@ -28,17 +28,6 @@ void FillStats(const EndpointSnapshot& s, v1::EndpointStats* out) {
   out->set_bad_descriptors(s.bad_descriptors);
 }
 
-void AddStats(const EndpointSnapshot& s, v1::EndpointStats* total) {
-  total->set_msgs_sent(total->msgs_sent() + s.msgs_sent);
-  total->set_bytes_sent(total->bytes_sent() + s.bytes_sent);
-  total->set_msgs_received(total->msgs_received() + s.msgs_received);
-  total->set_bytes_received(total->bytes_received() + s.bytes_received);
-  total->set_unexpected_msgs(total->unexpected_msgs() + s.unexpected_msgs);
-  total->set_unexpected_bytes(total->unexpected_bytes() + s.unexpected_bytes);
-  total->set_posted_recvs(total->posted_recvs() + s.posted_recvs);
-  total->set_bad_descriptors(total->bad_descriptors() + s.bad_descriptors);
-}
-
 }  // namespace
 
 ControlService::ControlService(Registry* registry, Admission* admission, ProgressWorker* worker)
@@ -134,11 +123,14 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* ctx, const v1::GetSta
   std::vector<EndpointSnapshot> snaps = registry_->Snapshot(who);
   reply->set_uptime_ns(UptimeNs());
   reply->set_endpoint_count(static_cast<uint32_t>(snaps.size()));
-  v1::EndpointStats* total = reply->mutable_total();
+  EndpointSnapshot total = registry_->ClosedTotals(who);
   for (const EndpointSnapshot& s : snaps) {
     FillStats(s, reply->add_endpoints());
-    AddStats(s, total);
+    AccumulateCounters(s, &total);
   }
+  FillStats(total, reply->mutable_total());
+  reply->mutable_total()->clear_endpoint_id();
+  reply->mutable_total()->clear_epid();
   reply->set_doorbells(worker_->doorbells());
   reply->set_sleeps(worker_->sleeps());
   return grpc::Status::OK;

@@ -40,6 +40,12 @@ void MqEngine::Remove(uint32_t id) {
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return;
   Endpoint& ep = *it->second;
+  // Submissions the client published before it closed (or died) still count:
+  // a send it saw complete locally must reach its receiver.
+  for (uint32_t i = 0; i <= ep.sq.capacity() && !ep.faulted && ep.sq.Available() > 0; i++) {
+    ep.cq_overflow.clear();  // nobody will read completions any more
+    Poll(ep);
+  }
   ep.posted.drain([](PostedRecv&&) {});
   ep.unexpected.drain([&](const MsgKey&, UnexpectedMsg&& m) {
     ReleasePayload(ep, m);

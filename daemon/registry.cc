@@ -161,6 +161,32 @@ ControlError Registry::Attach(const AttachToken& token, const Credentials& who, 
   return {PSM2_PARAM_ERR, "unknown or expired attach token"};
 }
 
+void AccumulateCounters(const EndpointSnapshot& b, EndpointSnapshot* a) {
+  a->msgs_sent += b.msgs_sent;
+  a->bytes_sent += b.bytes_sent;
+  a->msgs_received += b.msgs_received;
+  a->bytes_received += b.bytes_received;
+  a->unexpected_msgs += b.unexpected_msgs;
+  a->unexpected_bytes += b.unexpected_bytes;
+  a->posted_recvs += b.posted_recvs;
+  a->bad_descriptors += b.bad_descriptors;
+}
+
+namespace {
+
+void CopyCounters(const EndpointCounters& c, EndpointSnapshot* s) {
+  s->msgs_sent = c.msgs_sent.Get();
+  s->bytes_sent = c.bytes_sent.Get();
+  s->msgs_received = c.msgs_received.Get();
+  s->bytes_received = c.bytes_received.Get();
+  s->unexpected_msgs = c.unexpected_msgs.Get();
+  s->unexpected_bytes = c.unexpected_bytes.Get();
+  s->posted_recvs = c.posted_recvs.Get();
+  s->bad_descriptors = c.bad_descriptors.Get();
+}
+
+}  // namespace
+
 std::shared_ptr<Endpoint> Registry::Unlink(uint32_t id) {
   auto it = records_.find(id);
   if (it == records_.end()) return nullptr;
@@ -178,6 +204,13 @@ std::shared_ptr<Endpoint> Registry::Unlink(uint32_t id) {
 void Registry::Retire(std::shared_ptr<Endpoint> ep) {
   if (!ep) return;
   worker_->RemoveEndpoint(ep->id);
+  {
+    // Counters are final now that the worker has dropped the endpoint.
+    EndpointSnapshot last;
+    CopyCounters(ep->counters, &last);
+    std::lock_guard<std::mutex> lock(mu_);
+    AccumulateCounters(last, &closed_totals_[ep->uid]);
+  }
   spdlog::info("closed endpoint {} epid {:#x} (pid {}): sent {} msgs, received {} msgs", ep->id,
                ep->epid, ep->pid, ep->counters.msgs_sent.Get(), ep->counters.msgs_received.Get());
   // Last reference: the segment is unmapped and its memfd closed here, and the
@@ -308,20 +341,21 @@ std::vector<EndpointSnapshot> Registry::Snapshot(const Credentials& who) {
     s.gid = ep.gid;
     s.label = ep.label;
     s.connections = static_cast<uint32_t>(rec.slot_by_epid.size());
-    const EndpointCounters& c = ep.counters;
-    s.msgs_sent = c.msgs_sent.Get();
-    s.bytes_sent = c.bytes_sent.Get();
-    s.msgs_received = c.msgs_received.Get();
-    s.bytes_received = c.bytes_received.Get();
-    s.unexpected_msgs = c.unexpected_msgs.Get();
-    s.unexpected_bytes = c.unexpected_bytes.Get();
-    s.posted_recvs = c.posted_recvs.Get();
-    s.bad_descriptors = c.bad_descriptors.Get();
+    CopyCounters(ep.counters, &s);
     out.push_back(std::move(s));
   }
   std::sort(out.begin(), out.end(),
             [](const EndpointSnapshot& a, const EndpointSnapshot& b) { return a.id < b.id; });
   return out;
+}
+
+EndpointSnapshot Registry::ClosedTotals(const Credentials& who) {
+  std::lock_guard<std::mutex> lock(mu_);
+  EndpointSnapshot total;
+  for (const auto& [uid, t] : closed_totals_) {
+    if (who.is_root() || who.uid == uid) AccumulateCounters(t, &total);
+  }
+  return total;
 }
 
 size_t Registry::endpoint_count() {

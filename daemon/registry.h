@@ -94,6 +94,9 @@ class Registry {
                           std::vector<int>* errors);
   // Endpoints the caller may see: its own uid's, or all for root.
   std::vector<EndpointSnapshot> Snapshot(const Credentials& who);
+  // Counters of the closed endpoints the caller may see, summed (so totals
+  // cover the daemon's lifetime, not only the endpoints open now).
+  EndpointSnapshot ClosedTotals(const Credentials& who);
   size_t endpoint_count();
   // Removes endpoints whose attach token was not redeemed in time.
   void ExpireUnattached();
@@ -127,7 +130,11 @@ class Registry {
   std::unordered_map<uint32_t, Record> records_;
   std::unordered_map<uint64_t, uint32_t> id_by_epid_;
   std::map<JobKey, std::shared_ptr<Job>> jobs_;
+  std::map<uid_t, EndpointSnapshot> closed_totals_;  // by owner uid
 };
+
+// Adds b's counters to a's.
+void AccumulateCounters(const EndpointSnapshot& b, EndpointSnapshot* a);
 
 }  // namespace psmd
 

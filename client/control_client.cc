@@ -1,0 +1,181 @@
+#include "client/control_client.h"
+
+#include <grpcpp/grpcpp.h>
+#include <psm2.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+namespace psmd::client {
+
+namespace {
+
+// A missing daemon must be reported quickly, never waited for.
+constexpr auto kCallDeadline = std::chrono::seconds(5);
+constexpr auto kConnectDeadline = std::chrono::milliseconds(900);
+
+}  // namespace
+
+std::string SocketPath() {
+  const char* env = getenv("PSMD_SOCKET");
+  return env != nullptr && env[0] != '\0' ? env : kDefaultSocket;
+}
+
+ControlClient::ControlClient(std::string socket_path) : socket_path_(std::move(socket_path)) {
+  grpc::ChannelArguments args;
+  // One connection attempt, no long back-off: a dead daemon is an error now.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
+  auto channel = grpc::CreateCustomChannel("unix:" + socket_path_,
+                                           grpc::InsecureChannelCredentials(), args);
+  stub_ = v1::Control::NewStub(channel);
+}
+
+void ControlClient::Prepare(grpc::ClientContext* ctx) const {
+  ctx->set_deadline(std::chrono::system_clock::now() + kCallDeadline);
+  ctx->set_wait_for_ready(false);
+}
+
+CallError ControlClient::FromStatus(const grpc::Status& status, const char* what) const {
+  if (status.ok()) return {};
+  CallError e;
+  if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+    e.code = atoi(status.error_details().c_str());
+    if (e.code == 0) e.code = PSM2_INTERNAL_ERR;
+    e.message = std::string(what) + ": " + status.error_message();
+    return e;
+  }
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    e.code = PSM2_EP_NO_DEVICE;
+    e.message = std::string(what) + ": cannot reach psmd at " + socket_path_ + " (" +
+                status.error_message() +
+                "); is psmd running? Start it, or set PSMD_SOCKET to its socket path";
+    return e;
+  }
+  e.code = PSM2_INTERNAL_ERR;
+  e.message = std::string(what) + ": " + status.error_message();
+  return e;
+}
+
+CallError ControlClient::OpenEndpoint(const std::array<uint8_t, 16>& uuid,
+                                      const std::string& label, v1::OpenEndpointReply* reply) {
+  // Check the socket first: a clear message and no gRPC connect back-off.
+  if (access(socket_path_.c_str(), F_OK) != 0) {
+    return {PSM2_EP_NO_DEVICE, "psm2_ep_open: no psmd socket at " + socket_path_ +
+                                   " (" + strerror(errno) +
+                                   "); is psmd running? Start it, or set PSMD_SOCKET to its "
+                                   "socket path"};
+  }
+  v1::OpenEndpointRequest req;
+  req.set_job_uuid(uuid.data(), uuid.size());
+  req.set_label(label);
+  req.set_unit(-1);
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  ctx.set_deadline(std::chrono::system_clock::now() + kConnectDeadline);
+  return FromStatus(stub_->OpenEndpoint(&ctx, req, reply), "psm2_ep_open");
+}
+
+CallError ControlClient::Attach(const std::string& token, AttachedFds* fds) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path_.size() >= sizeof(addr.sun_path)) {
+    return {PSM2_PARAM_ERR, "PSMD_SOCKET path longer than 107 bytes: " + socket_path_};
+  }
+  std::memcpy(addr.sun_path, socket_path_.c_str(), socket_path_.size() + 1);
+  int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (sock < 0 || connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    std::string why = strerror(errno);
+    if (sock >= 0) close(sock);
+    return {PSM2_EP_NO_DEVICE, "psm2_ep_open: cannot connect to " + socket_path_ + ": " + why};
+  }
+  // Bound the wait for the daemon's answer.
+  timeval tv{2, 0};
+  setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  shm::AttachRequest req;
+  std::memcpy(req.magic, shm::kAttachMagic, sizeof(req.magic));
+  if (token.size() != sizeof(req.token)) {
+    close(sock);
+    return {PSM2_INTERNAL_ERR, "psm2_ep_open: daemon sent a malformed attach token"};
+  }
+  std::memcpy(req.token, token.data(), sizeof(req.token));
+  if (send(sock, &req, sizeof(req), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(req))) {
+    close(sock);
+    return {PSM2_EP_NO_DEVICE, "psm2_ep_open: attach request to psmd failed"};
+  }
+  shm::AttachReply reply{};
+  int received[shm::kAttachFdCount];
+  int n = 0;
+  if (!shm::RecvWithFds(sock, &reply, sizeof(reply), received, shm::kAttachFdCount, &n)) {
+    close(sock);
+    return {PSM2_EP_NO_DEVICE, "psm2_ep_open: psmd did not answer the attach request"};
+  }
+  if (reply.status != 0 || n != shm::kAttachFdCount) {
+    for (int i = 0; i < n; i++) close(received[i]);
+    close(sock);
+    return {reply.status != 0 ? reply.status : PSM2_INTERNAL_ERR,
+            "psm2_ep_open: psmd refused the attach request"};
+  }
+  tv = {0, 0};
+  setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  fds->segment = received[0];
+  fds->pool = received[1];
+  fds->doorbell = received[2];
+  fds->liveness = sock;
+  return {};
+}
+
+CallError ControlClient::CloseEndpoint(uint32_t endpoint_id) {
+  v1::CloseEndpointRequest req;
+  req.set_endpoint_id(endpoint_id);
+  v1::CloseEndpointReply reply;
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  return FromStatus(stub_->CloseEndpoint(&ctx, req, &reply), "psm2_ep_close");
+}
+
+CallError ControlClient::Connect(uint32_t endpoint_id, const std::vector<uint64_t>& epids,
+                                 v1::ConnectReply* reply) {
+  v1::ConnectRequest req;
+  req.set_endpoint_id(endpoint_id);
+  for (uint64_t e : epids) req.add_epids(e);
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  return FromStatus(stub_->Connect(&ctx, req, reply), "psm2_ep_connect");
+}
+
+CallError ControlClient::Disconnect(uint32_t endpoint_id, const std::vector<uint32_t>& slots,
+                                    v1::DisconnectReply* reply) {
+  v1::DisconnectRequest req;
+  req.set_endpoint_id(endpoint_id);
+  for (uint32_t s : slots) req.add_slots(s);
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  return FromStatus(stub_->Disconnect(&ctx, req, reply), "psm2_ep_disconnect");
+}
+
+CallError ControlClient::GetStats(v1::GetStatsReply* reply) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  return FromStatus(stub_->GetStats(&ctx, v1::GetStatsRequest(), reply), "stats");
+}
+
+CallError ControlClient::ListEndpoints(v1::ListEndpointsReply* reply) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  return FromStatus(stub_->ListEndpoints(&ctx, v1::ListEndpointsRequest(), reply), "endpoints");
+}
+
+CallError ControlClient::Health(v1::HealthReply* reply) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  return FromStatus(stub_->Health(&ctx, v1::HealthRequest(), reply), "health");
+}
+
+}  // namespace psmd::client

@@ -1,0 +1,179 @@
+// libpsmclient's endpoint: the PSM2 handles (psm2_ep, psm2_mq, psm2_epaddr,
+// psm2_mq_req) and the client half of the ring protocol: posting
+// submissions, reaping completions, copying payloads, waiting.
+//
+// Thread-safety: every handle belongs to one endpoint, and every operation on
+// an endpoint runs under that endpoint's mutex (the public API functions take
+// it), so applications may call PSM2 from several threads.
+//
+// Invariants:
+//   1. Submissions reach the ring in API-call order: once anything waits in
+//      `deferred`, later submissions queue behind it (MPI order, posting order).
+//   2. A submission that the daemon answers with a completion (receive, sync
+//      send, cancel) holds one completion-ring credit until that completion is
+//      reaped; outstanding credits never exceed the completion ring's capacity,
+//      so the daemon never finds the ring full for us.
+//   3. A request is referred to on the wire by a token (slot index and
+//      generation); a completion whose token is stale is ignored.
+#ifndef PSMD_CLIENT_ENDPOINT_H_
+#define PSMD_CLIENT_ENDPOINT_H_
+
+#include <psm2.h>
+#include <psm2_mq.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "client/control_client.h"
+#include "shm/descriptor.h"
+#include "shm/layout.h"
+#include "shm/mapping.h"
+#include "shm/pool.h"
+#include "shm/ring.h"
+
+// The opaque PSM2 handle types, defined here.
+struct psm2_epaddr {
+  psm2_ep_t ep;
+  psm2_epid_t epid;
+  uint32_t slot;  // connection slot, or kNoSlot when not connected from this side
+  void* ctxt;
+};
+
+struct psm2_mq_req {
+  enum class Kind : uint8_t { kSend, kRecv };
+  enum class State : uint8_t { kDeferred, kPosted, kComplete };
+  Kind kind;
+  State state;
+  bool holds_credit;   // invariant 2
+  bool free_when_done; // the application let go of it (e.g. send completed)
+  uint32_t index;      // position in the endpoint's request table
+  uint32_t generation;
+  psm2_mq_t mq;
+  void* buf;
+  uint32_t buf_len;
+  uint32_t flags;
+  // Status, valid once complete.
+  psm2_epaddr_t peer;
+  psm2_mq_tag_t tag;
+  uint32_t msg_length;
+  uint32_t nbytes;
+  psm2_error_t error;
+  void* context;
+  // Completion-order list of the MQ (for ipeek).
+  psm2_mq_req* next_done;
+  psm2_mq_req* prev_done;
+  bool on_done_list;
+};
+
+struct psm2_mq {
+  psm2_ep_t ep;
+  psm2_mq_req* done_head = nullptr;
+  psm2_mq_req* done_tail = nullptr;
+};
+
+namespace psmd::client {
+
+inline constexpr uint32_t kNoSlot = 0xffffffffu;
+
+// A submission waiting for ring space, credits or pool space.
+struct Deferred {
+  psm2_mq_req* req;
+  shm::SubmissionDesc desc;
+  const void* payload;  // send: copied into the pool when space frees
+};
+
+}  // namespace psmd::client
+
+struct psm2_ep {
+  psm2_ep() = default;
+  ~psm2_ep();
+  psm2_ep(const psm2_ep&) = delete;
+  psm2_ep& operator=(const psm2_ep&) = delete;
+
+  // Opens, attaches and maps; on failure returns the error and message.
+  static psmd::client::CallError Open(psmd::client::ControlClient* control,
+                                      const psm2_uuid_t uuid, std::unique_ptr<psm2_ep>* out);
+
+  std::mutex mu;
+  psmd::client::ControlClient* control = nullptr;
+  uint32_t id = 0;
+  psm2_epid_t epid = 0;
+  psm2_uuid_t uuid{};
+  psmd::shm::Mapping segment;
+  psmd::shm::Mapping pool;
+  int doorbell_fd = -1;
+  int liveness_fd = -1;
+  psmd::shm::SegmentControl* ctl = nullptr;
+  psmd::shm::RingProducer<psmd::shm::SubmissionDesc> sq;
+  psmd::shm::RingConsumer<psmd::shm::CompletionDesc> cq;
+  psmd::shm::SendArena arena;
+  uint32_t credits = 0;
+  bool daemon_lost = false;
+
+  psm2_mq mq;
+  bool mq_initialized = false;
+
+  std::unordered_map<psm2_epid_t, std::unique_ptr<psm2_epaddr>> epaddrs;
+  std::vector<psm2_mq_req*> requests;  // by index; nullptr = free slot
+  std::vector<uint32_t> free_indices;
+  std::deque<psmd::client::Deferred> deferred;
+
+  // --- everything below requires `mu` held ---
+  psm2_epaddr_t EpaddrFor(psm2_epid_t epid);
+  psm2_mq_req* NewRequest(psm2_mq_req::Kind kind, void* context);
+  void FreeRequest(psm2_mq_req* req);
+  // Queues or posts a submission (invariant 1). For sends `payload` is the
+  // user's buffer, copied into the pool before the descriptor is published.
+  void Submit(psm2_mq_req* req, const psmd::shm::SubmissionDesc& desc, const void* payload);
+  // Reaps completions and flushes deferred submissions. Returns true when
+  // anything happened.
+  bool Progress();
+  // Blocks until `done()` holds: spins briefly, then sleeps on the
+  // completion-ring futex (docs/design.md, "Wake-up").
+  template <typename Done>
+  void WaitUntil(Done done);
+  void MarkComplete(psm2_mq_req* req);
+  void RemoveFromDoneList(psm2_mq_req* req);
+
+ private:
+  bool FlushDeferred();
+  bool TryPublish(psmd::client::Deferred& d);
+  void RingDoorbell();
+  void HandleCompletion(const psmd::shm::CompletionDesc& c);
+  psm2_mq_req* Lookup(uint64_t token);
+  void SleepForCompletions();
+  void FailAllPending(psm2_error_t error);
+  bool pending_doorbell_ = false;
+};
+
+template <typename Done>
+void psm2_ep::WaitUntil(Done done) {
+  // Spin budget: polls of the completion ring before sleeping. Tuned on a
+  // 2-core machine where a third busy process destroys latency
+  // (docs/design.md); overridable with PSMD_CLIENT_SPIN.
+  static const uint32_t spins = [] {
+    const char* env = getenv("PSMD_CLIENT_SPIN");
+    return env ? static_cast<uint32_t>(strtoul(env, nullptr, 10)) : 20000u;
+  }();
+  uint32_t idle = 0;
+  while (!done()) {
+    if (Progress()) {
+      idle = 0;
+      continue;
+    }
+    if (done()) return;
+    if (++idle < spins) {
+      __builtin_ia32_pause();
+      continue;
+    }
+    SleepForCompletions();
+    idle = 0;
+  }
+}
+
+#endif  // PSMD_CLIENT_ENDPOINT_H_

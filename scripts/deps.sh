@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs everything psmd needs to build and test, from Debian 12 packages
+# only (the build itself downloads nothing). Idempotent; needs root.
+set -euo pipefail
+
+PACKAGES=(
+  bazel-bootstrap g++ python3
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libboost-dev libspdlog-dev libfmt-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libpsm2-dev libpsm2-2 uuid-dev
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} > 0)); then
+  echo "deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds psmd and runs every test. Prints "N passed, N failed" (GoogleTest
+# cases, counted from Bazel's test.xml files) and exits non-zero on failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh || exit 1
+
+bazel build //... || { echo "0 passed, 1 failed"; exit 1; }
+bazel test //... --test_output=errors
+status=$?
+
+python3 - <<'PY'
+import glob, xml.etree.ElementTree as ET
+passed = failed = 0
+for path in glob.glob("bazel-testlogs/**/test.xml", recursive=True):
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError:
+        failed += 1
+        continue
+    cases = root.iter("testcase")
+    n = 0
+    for case in cases:
+        n += 1
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed += 1
+        else:
+            passed += 1
+    if n == 0:  # a test binary that is not GoogleTest: one result per target
+        if root.get("failures", "0") != "0" or root.get("errors", "0") != "0":
+            failed += 1
+        else:
+            passed += 1
+print(f"{passed} passed, {failed} failed")
+PY
+exit $status

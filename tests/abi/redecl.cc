@@ -1,0 +1,2 @@
+// C++ build of redecl.inc.
+#include "tests/abi/redecl.inc"

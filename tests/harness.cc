@@ -1,0 +1,204 @@
+#include "tests/harness.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace psmd::testing {
+
+std::string Runfile(const std::string& path) {
+  const char* srcdir = getenv("TEST_SRCDIR");
+  const char* workspace = getenv("TEST_WORKSPACE");
+  if (srcdir != nullptr) {
+    return std::string(srcdir) + "/" + (workspace ? workspace : "psmd") + "/" + path;
+  }
+  return path;  // run from the workspace root outside Bazel
+}
+
+TempDir::TempDir() {
+  char tmpl[] = "/tmp/psmd-test-XXXXXX";
+  char* made = mkdtemp(tmpl);
+  path_ = made ? made : "/tmp";
+  chmod(path_.c_str(), 0755);  // non-root test clients must reach the socket
+}
+
+TempDir::~TempDir() {
+  if (path_ == "/tmp") return;
+  nftw(
+      path_.c_str(),
+      [](const char* p, const struct stat*, int, struct FTW*) { return remove(p); }, 16,
+      FTW_DEPTH | FTW_PHYS);
+}
+
+Process::~Process() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, &status_, 0);
+  }
+}
+
+Process::Process(Process&& o) noexcept : pid_(o.pid_), status_(o.status_) { o.pid_ = -1; }
+
+Process& Process::operator=(Process&& o) noexcept {
+  if (this != &o) {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, &status_, 0);
+    }
+    pid_ = o.pid_;
+    status_ = o.status_;
+    o.pid_ = -1;
+  }
+  return *this;
+}
+
+Process Process::Start(const std::vector<std::string>& argv,
+                       const std::map<std::string, std::string>& env,
+                       const std::string& stdout_path, const std::string& stderr_path,
+                       uid_t run_as) {
+  Process p;
+  pid_t pid = fork();
+  if (pid == 0) {
+    int out = open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int err = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (out >= 0) dup2(out, 1);
+    if (err >= 0) dup2(err, 2);
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    if (run_as != static_cast<uid_t>(-1)) {
+      if (setgid(run_as) != 0 || setuid(run_as) != 0) _exit(126);
+    }
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    fprintf(stderr, "exec %s: %s\n", args[0], strerror(errno));
+    _exit(127);
+  }
+  p.pid_ = pid;
+  return p;
+}
+
+int Process::Wait(double timeout_s) {
+  if (pid_ <= 0) return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  for (;;) {
+    pid_t r = waitpid(pid_, &status_, WNOHANG);
+    if (r == pid_) {
+      pid_ = -1;
+      return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
+    }
+    if (std::chrono::steady_clock::now() > deadline) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+void Process::Kill(int sig) {
+  if (pid_ > 0) kill(pid_, sig);
+}
+
+Daemon::Daemon(const TempDir& dir, std::vector<std::string> extra_flags) {
+  socket_ = dir.path() + "/psmd.sock";
+  log_path_ = dir.path() + "/psmd.log";
+  std::vector<std::string> argv = {Runfile("daemon/psmd"), "--socket", socket_};
+  argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+  process_ = Process::Start(argv, {}, log_path_, log_path_);
+  for (int i = 0; i < 500; i++) {
+    struct stat st;
+    if (stat(socket_.c_str(), &st) == 0) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+Daemon::~Daemon() { Stop(); }
+
+bool Daemon::Stop(double timeout_s) {
+  if (!process_.running()) return false;
+  process_.Kill(SIGTERM);
+  int code = process_.Wait(timeout_s);
+  if (code == -1) {
+    process_.Kill(SIGKILL);
+    process_.Wait(5);
+    return false;
+  }
+  return code == 0;
+}
+
+std::string Daemon::Log() const { return ReadFile(log_path_); }
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+RunResult RunToEnd(const TempDir& dir, const std::vector<std::string>& argv,
+              const std::map<std::string, std::string>& env, double timeout_s, uid_t run_as) {
+  static int counter = 0;
+  std::string base = dir.path() + "/run" + std::to_string(counter++);
+  auto start = std::chrono::steady_clock::now();
+  Process p = Process::Start(argv, env, base + ".out", base + ".err", run_as);
+  RunResult r;
+  r.exit_code = p.Wait(timeout_s);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.out = ReadFile(base + ".out");
+  r.err = ReadFile(base + ".err");
+  return r;
+}
+
+long long JsonNumber(const std::string& json, const std::string& object, const std::string& key) {
+  size_t from = 0;
+  if (!object.empty()) {
+    from = json.find("\"" + object + "\"");
+    if (from == std::string::npos) return -1;
+  }
+  size_t at = json.find("\"" + key + "\":", from);
+  if (at == std::string::npos) return -1;
+  return atoll(json.c_str() + at + key.size() + 3);
+}
+
+double CpuSeconds(pid_t pid) {
+  std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  size_t close_paren = stat.rfind(')');
+  if (close_paren == std::string::npos) return -1;
+  std::istringstream in(stat.substr(close_paren + 2));
+  std::string field;
+  unsigned long long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && in >> field; i++) {
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+int CountMappings(pid_t pid, const std::string& needle) {
+  std::istringstream in(ReadFile("/proc/" + std::to_string(pid) + "/maps"));
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) n += line.find(needle) != std::string::npos;
+  return n;
+}
+
+std::vector<std::string> ShmLeftovers() {
+  std::vector<std::string> out;
+  DIR* d = opendir("/dev/shm");
+  if (d == nullptr) return out;
+  while (struct dirent* e = readdir(d)) {
+    if (strstr(e->d_name, "psm") != nullptr) out.push_back(e->d_name);
+  }
+  closedir(d);
+  return out;
+}
+
+}  // namespace psmd::testing

@@ -1,0 +1,103 @@
+// Test harness for multi-process integration tests: a real psmd on a
+// temporary socket, real client processes, helpers to read psmctl output and
+// /proc. Every process started here is ended by PID and every file removed.
+//
+// Thread-safety: use from the test's main thread only.
+#ifndef PSMD_TESTS_HARNESS_H_
+#define PSMD_TESTS_HARNESS_H_
+
+#include <sys/types.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace psmd::testing {
+
+// Path of a file in the Bazel runfiles tree ("daemon/psmd").
+std::string Runfile(const std::string& path);
+
+// A directory under /tmp (short enough for a Unix socket path), removed with
+// everything in it on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// A child process started with fork/exec; killed (SIGKILL) and reaped on
+// destruction if still running.
+class Process {
+ public:
+  Process() = default;
+  ~Process();
+  Process(Process&& o) noexcept;
+  Process& operator=(Process&& o) noexcept;
+
+  // Starts argv[0] with extra environment; stdout and stderr go to files.
+  static Process Start(const std::vector<std::string>& argv,
+                       const std::map<std::string, std::string>& env,
+                       const std::string& stdout_path, const std::string& stderr_path,
+                       uid_t run_as = static_cast<uid_t>(-1));
+  // Waits up to timeout_s; returns the exit code, 128+signal, or -1 on timeout.
+  int Wait(double timeout_s);
+  void Kill(int sig);
+  bool running() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  int status_ = 0;
+};
+
+// A running psmd on `dir`/psmd.sock.
+class Daemon {
+ public:
+  explicit Daemon(const TempDir& dir, std::vector<std::string> extra_flags = {});
+  ~Daemon();  // SIGTERM, then SIGKILL after 5 s
+  bool Stop(double timeout_s = 5);  // true when it exited 0
+  const std::string& socket() const { return socket_; }
+  pid_t pid() const { return process_.pid(); }
+  std::string Log() const;
+  std::map<std::string, std::string> ClientEnv() const { return {{"PSMD_SOCKET", socket_}}; }
+
+ private:
+  std::string socket_;
+  std::string log_path_;
+  Process process_;
+};
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+  double seconds = 0;
+};
+
+// Runs a program to completion (timeout_s at most) and captures its output.
+RunResult RunToEnd(const TempDir& dir, const std::vector<std::string>& argv,
+              const std::map<std::string, std::string>& env, double timeout_s = 60,
+              uid_t run_as = static_cast<uid_t>(-1));
+
+std::string ReadFile(const std::string& path);
+
+// The integer value of "key": N inside the JSON object that follows "object"
+// (or anywhere when object is empty). -1 when absent.
+long long JsonNumber(const std::string& json, const std::string& object, const std::string& key);
+
+// CPU seconds (user + system) consumed so far by pid.
+double CpuSeconds(pid_t pid);
+
+// How many mappings of pid name `needle` (e.g. "memfd:psmd-endpoint").
+int CountMappings(pid_t pid, const std::string& needle);
+
+// Entries in /dev/shm whose name contains "psm".
+std::vector<std::string> ShmLeftovers();
+
+}  // namespace psmd::testing
+
+#endif  // PSMD_TESTS_HARNESS_H_

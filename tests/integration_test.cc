@@ -1,0 +1,269 @@
+// End-to-end tests of psmd: a real daemon, real client processes, real shared
+// memory and sockets (tests/harness.h).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+#include "tests/harness.h"
+
+namespace psmd::testing {
+namespace {
+
+const char kJobA[] = "5053d0d0aaaaaaaaaaaaaaaaaaaaaaaa";
+const char kJobB[] = "5053d0d0bbbbbbbbbbbbbbbbbbbbbbbb";
+
+std::vector<std::string> ExchangeArgs(const TempDir& dir, const std::string& rendezvous,
+                                      int rank, const std::string& uuid, int messages,
+                                      int max_size, int hold_seconds = 0) {
+  return {Runfile("tests/programs/exchange"), "--rank", std::to_string(rank), "--dir",
+          rendezvous, "--uuid", uuid, "--messages", std::to_string(messages), "--max-size",
+          std::to_string(max_size), "--hold-seconds", std::to_string(hold_seconds)};
+}
+
+std::string Subdir(const TempDir& dir, const std::string& name) {
+  std::string p = dir.path() + "/" + name;
+  mkdir(p.c_str(), 0755);
+  return p;
+}
+
+RunResult Psmctl(const TempDir& dir, const Daemon& d, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {Runfile("tools/psmctl"), "--socket", d.socket()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunToEnd(dir, argv, {}, 10);
+}
+
+class IntegrationTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    EXPECT_TRUE(ShmLeftovers().empty()) << "something of ours was left in /dev/shm";
+  }
+  TempDir dir_;
+};
+
+TEST_F(IntegrationTest, TwoProcessesExchangeTenThousandMessagesAndStatsMatch) {
+  Daemon d(dir_);
+  std::string rv = Subdir(dir_, "rv");
+  Process receiver = Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 10000, 8192),
+                                    d.ClientEnv(), dir_.path() + "/r1.out", dir_.path() + "/r1.err");
+  RunResult sender = RunToEnd(dir_, ExchangeArgs(dir_, rv, 0, kJobA, 10000, 8192), d.ClientEnv());
+  ASSERT_EQ(sender.exit_code, 0) << sender.out << sender.err;
+  ASSERT_EQ(receiver.Wait(60), 0) << ReadFile(dir_.path() + "/r1.err");
+  EXPECT_NE(ReadFile(dir_.path() + "/r1.out").find("all intact and in order"), std::string::npos);
+
+  unsigned long long payload = 0;
+  ASSERT_EQ(sscanf(sender.out.c_str(), "rank 0: sent 10000 messages, %llu bytes", &payload), 1);
+  RunResult stats = Psmctl(dir_, d, {"stats", "--json"});
+  ASSERT_EQ(stats.exit_code, 0) << stats.err;
+  // 10000 messages one way plus one 4-byte acknowledgement the other way.
+  EXPECT_EQ(JsonNumber(stats.out, "total", "msgs_sent"), 10001) << stats.out;
+  EXPECT_EQ(JsonNumber(stats.out, "total", "msgs_received"), 10001) << stats.out;
+  EXPECT_EQ(JsonNumber(stats.out, "total", "bytes_sent"), static_cast<long long>(payload + 4));
+  EXPECT_EQ(JsonNumber(stats.out, "total", "bytes_received"),
+            static_cast<long long>(payload + 4));
+  EXPECT_EQ(JsonNumber(stats.out, "total", "bad_descriptors"), 0);
+  EXPECT_GE(JsonNumber(stats.out, "", "uptime_seconds"), 0);
+  EXPECT_EQ(JsonNumber(stats.out, "", "endpoint_count"), 0);
+  EXPECT_TRUE(d.Stop());
+}
+
+TEST_F(IntegrationTest, MessagesOutliveTheirClosedSender) {
+  Daemon d(dir_);
+  std::string rv = Subdir(dir_, "rv");
+  std::vector<std::string> r1_args = ExchangeArgs(dir_, rv, 1, kJobA, 500, 8192);
+  std::vector<std::string> r0_args = ExchangeArgs(dir_, rv, 0, kJobA, 500, 8192);
+  r1_args.push_back("--no-ack");
+  r0_args.push_back("--no-ack");
+  Process receiver = Process::Start(r1_args, d.ClientEnv(), dir_.path() + "/r1.out",
+                                    dir_.path() + "/r1.err");
+  RunResult sender = RunToEnd(dir_, r0_args, d.ClientEnv());
+  ASSERT_EQ(sender.exit_code, 0) << sender.err;
+  EXPECT_EQ(receiver.Wait(60), 0) << ReadFile(dir_.path() + "/r1.err");
+  RunResult stats = Psmctl(dir_, d, {"stats", "--json"});
+  EXPECT_EQ(JsonNumber(stats.out, "total", "msgs_received"), 500) << stats.out;
+  EXPECT_EQ(JsonNumber(stats.out, "total", "unexpected_msgs"), 500) << stats.out;
+}
+
+TEST_F(IntegrationTest, StatsListEveryOpenEndpointWithItsCounters) {
+  Daemon d(dir_);
+  std::string rv = Subdir(dir_, "rv");
+  Process r1 = Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 100, 64, 2), d.ClientEnv(),
+                              dir_.path() + "/r1.out", dir_.path() + "/r1.err");
+  Process r0 = Process::Start(ExchangeArgs(dir_, rv, 0, kJobA, 100, 64, 2), d.ClientEnv(),
+                              dir_.path() + "/r0.out", dir_.path() + "/r0.err");
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  RunResult list = Psmctl(dir_, d, {"endpoints"});
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  EXPECT_NE(list.out.find(std::to_string(r0.pid())), std::string::npos) << list.out;
+  EXPECT_NE(list.out.find(std::to_string(r1.pid())), std::string::npos) << list.out;
+  EXPECT_NE(list.out.find("5053d0d0-aaaa-aaaa-aaaa-aaaaaaaaaaaa"), std::string::npos);
+  RunResult json = Psmctl(dir_, d, {"endpoints", "--json"});
+  EXPECT_EQ(JsonNumber(json.out, "", "pid") > 0, true) << json.out;
+  ASSERT_EQ(r0.Wait(30), 0);
+  ASSERT_EQ(r1.Wait(30), 0);
+  RunResult text = Psmctl(dir_, d, {"stats"});
+  EXPECT_NE(text.out.find("total"), std::string::npos) << text.out;
+}
+
+TEST_F(IntegrationTest, KilledClientIsReclaimedAndOthersKeepWorking) {
+  Daemon d(dir_);
+  std::string rv_a = Subdir(dir_, "a");
+  Process a1 = Process::Start(ExchangeArgs(dir_, rv_a, 1, kJobA, 100000000, 8192), d.ClientEnv(),
+                              dir_.path() + "/a1.out", dir_.path() + "/a1.err");
+  Process a0 = Process::Start(ExchangeArgs(dir_, rv_a, 0, kJobA, 100000000, 8192), d.ClientEnv(),
+                              dir_.path() + "/a0.out", dir_.path() + "/a0.err");
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));  // mid-stream
+  ASSERT_TRUE(a0.running());
+  EXPECT_EQ(CountMappings(d.pid(), "memfd:psmd-endpoint"), 2);
+  pid_t dead = a0.pid();
+  a0.Kill(SIGKILL);
+  a0.Wait(5);
+
+  // Within a second the endpoint is gone from the list and its segment from
+  // the daemon's address space.
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; i++) {
+    RunResult list = Psmctl(dir_, d, {"endpoints", "--json"});
+    gone = list.out.find("\"pid\": " + std::to_string(dead) + ",") == std::string::npos;
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(gone) << "killed client still listed after 1 s";
+  EXPECT_EQ(CountMappings(d.pid(), "memfd:psmd-endpoint"), 1);
+
+  // Another job runs to completion on the same daemon.
+  std::string rv_b = Subdir(dir_, "b");
+  Process b1 = Process::Start(ExchangeArgs(dir_, rv_b, 1, kJobB, 2000, 8192), d.ClientEnv(),
+                              dir_.path() + "/b1.out", dir_.path() + "/b1.err");
+  RunResult b0 = RunToEnd(dir_, ExchangeArgs(dir_, rv_b, 0, kJobB, 2000, 8192), d.ClientEnv());
+  EXPECT_EQ(b0.exit_code, 0) << b0.err;
+  EXPECT_EQ(b1.Wait(30), 0) << ReadFile(dir_.path() + "/b1.err");
+  a1.Kill(SIGKILL);  // its peer is gone; it would wait forever
+  a1.Wait(5);
+  EXPECT_EQ(Psmctl(dir_, d, {"health"}).exit_code, 0);
+  EXPECT_TRUE(d.Stop());
+}
+
+TEST_F(IntegrationTest, GarbageInARingFailsOnlyThatClientsRequests) {
+  Daemon d(dir_);
+  std::string rv = Subdir(dir_, "rv");
+  Process r1 = Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 5000, 8192), d.ClientEnv(),
+                              dir_.path() + "/r1.out", dir_.path() + "/r1.err");
+  Process r0 = Process::Start(ExchangeArgs(dir_, rv, 0, kJobA, 5000, 8192), d.ClientEnv(),
+                              dir_.path() + "/r0.out", dir_.path() + "/r0.err");
+  RunResult garbage = RunToEnd(dir_, {Runfile("tests/programs/garbage_client")}, d.ClientEnv());
+  EXPECT_EQ(garbage.exit_code, 0) << garbage.out << garbage.err;
+  EXPECT_EQ(r0.Wait(60), 0) << ReadFile(dir_.path() + "/r0.err");
+  EXPECT_EQ(r1.Wait(60), 0) << ReadFile(dir_.path() + "/r1.err");
+  RunResult stats = Psmctl(dir_, d, {"stats", "--json"});
+  EXPECT_GE(JsonNumber(stats.out, "total", "bad_descriptors"), 6) << stats.out;
+  std::string log = d.Log();
+  EXPECT_NE(log.find("rejected submission"), std::string::npos) << log;
+  EXPECT_NE(log.find("corrupted by the client"), std::string::npos) << log;
+  EXPECT_TRUE(d.Stop()) << "daemon did not survive the garbage";
+}
+
+TEST_F(IntegrationTest, NoDaemonGivesAClearErrorWithinASecond) {
+  std::string missing = dir_.path() + "/nobody-listens.sock";
+  RunResult r = RunToEnd(dir_, ExchangeArgs(dir_, dir_.path(), 0, kJobA, 1, 1),
+                    {{"PSMD_SOCKET", missing}}, 10);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_LT(r.seconds, 1.0);
+  EXPECT_NE(r.err.find(missing), std::string::npos) << r.err;
+
+  // A stale socket file (daemon crashed without cleanup): refused at once.
+  int s = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  strcpy(addr.sun_path, missing.c_str());
+  ASSERT_EQ(bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  close(s);
+  r = RunToEnd(dir_, ExchangeArgs(dir_, dir_.path(), 0, kJobA, 1, 1), {{"PSMD_SOCKET", missing}}, 10);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_LT(r.seconds, 1.0);
+  EXPECT_NE(r.err.find(missing), std::string::npos) << r.err;
+
+  RunResult ctl = RunToEnd(dir_, {Runfile("tools/psmctl"), "--socket", missing + "x", "stats"}, {});
+  EXPECT_EQ(ctl.exit_code, 1);
+  EXPECT_NE(ctl.err.find(missing + "x"), std::string::npos);
+  EXPECT_EQ(std::count(ctl.err.begin(), ctl.err.end(), '\n'), 1) << ctl.err;
+}
+
+TEST_F(IntegrationTest, EndpointsOfDifferentJobsCannotConnect) {
+  Daemon d(dir_);
+  std::string rv = Subdir(dir_, "rv");
+  Process r1 = Process::Start(ExchangeArgs(dir_, rv, 1, kJobB, 10, 10), d.ClientEnv(),
+                              dir_.path() + "/r1.out", dir_.path() + "/r1.err");
+  RunResult r0 = RunToEnd(dir_, ExchangeArgs(dir_, rv, 0, kJobA, 10, 10), d.ClientEnv());
+  EXPECT_EQ(r0.exit_code, 3) << r0.out << r0.err;
+  EXPECT_NE(r0.out.find("another job"), std::string::npos) << r0.out;
+  EXPECT_NE(r0.err.find("different jobs never connect"), std::string::npos) << r0.err;
+  EXPECT_EQ(r1.Wait(30), 3);
+}
+
+TEST_F(IntegrationTest, IdleDaemonWithConnectedIdleClientsSleeps) {
+  Daemon d(dir_);
+  std::string rv = Subdir(dir_, "rv");
+  Process r1 = Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 10, 10, 4), d.ClientEnv(),
+                              dir_.path() + "/r1.out", dir_.path() + "/r1.err");
+  Process r0 = Process::Start(ExchangeArgs(dir_, rv, 0, kJobA, 10, 10, 4), d.ClientEnv(),
+                              dir_.path() + "/r0.out", dir_.path() + "/r0.err");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // opened and connected
+  double before = CpuSeconds(d.pid());
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  double used = CpuSeconds(d.pid()) - before;
+  EXPECT_LT(used / 2.5, 0.05) << "idle psmd used " << used << " s of CPU in 2.5 s";
+  EXPECT_EQ(r0.Wait(30), 0);
+  EXPECT_EQ(r1.Wait(30), 0);
+}
+
+TEST_F(IntegrationTest, SigtermRemovesSocketAndSegments) {
+  auto d = std::make_unique<Daemon>(dir_);
+  std::string rv = Subdir(dir_, "rv");
+  Process r1 = Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 10, 10, 30), d->ClientEnv(),
+                              dir_.path() + "/r1.out", dir_.path() + "/r1.err");
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_TRUE(d->Stop());
+  EXPECT_NE(access(d->socket().c_str(), F_OK), 0) << "socket file left behind";
+  r1.Kill(SIGKILL);
+  r1.Wait(5);
+}
+
+TEST_F(IntegrationTest, OtherUsersSeeNothingAndCannotClose) {
+  Daemon d(dir_);
+  std::string rv = Subdir(dir_, "rv");
+  Process r1 = Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 10, 10, 3), d.ClientEnv(),
+                              dir_.path() + "/r1.out", dir_.path() + "/r1.err");
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // The runfiles tree is private to root: run a copy of psmctl as nobody.
+  const uid_t nobody = 65534;
+  std::string psmctl = dir_.path() + "/psmctl";
+  ASSERT_EQ(system(("cp " + Runfile("tools/psmctl") + " " + psmctl + " && chmod 755 " + psmctl)
+                       .c_str()),
+            0);
+  RunResult list = RunToEnd(dir_, {psmctl, "--socket", d.socket(), "endpoints"}, {}, 10, nobody);
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  EXPECT_EQ(list.out.find(std::to_string(r1.pid())), std::string::npos) << list.out;
+  RunResult root_list = Psmctl(dir_, d, {"endpoints", "--json"});
+  EXPECT_NE(root_list.out.find(std::to_string(r1.pid())), std::string::npos);
+  std::string id = std::to_string(JsonNumber(root_list.out, "", "endpoint_id"));
+  RunResult refused = RunToEnd(dir_, {psmctl, "--socket", d.socket(), "close", id}, {}, 10, nobody);
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.err.find("only that uid or root may close it"), std::string::npos)
+      << refused.err;
+  EXPECT_EQ(Psmctl(dir_, d, {"close", id}).exit_code, 0);
+  EXPECT_EQ(Psmctl(dir_, d, {"endpoints", "--json"}).out.find(std::to_string(r1.pid())),
+            std::string::npos);
+  r1.Kill(SIGKILL);
+  r1.Wait(5);
+}
+
+}  // namespace
+}  // namespace psmd::testing

@@ -1,0 +1,125 @@
+// garbage_client: a hostile client. It opens a real endpoint through the
+// PSM2 API, then writes malformed descriptors straight into its submission
+// ring, checks that each request it can name fails with an error completion,
+// that its endpoint still works for valid traffic, and finally scribbles on
+// the ring indices themselves. Exit 0 when every expectation held.
+#include <psm2.h>
+#include <psm2_mq.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "client/endpoint.h"
+#include "shm/doorbell.h"
+#include "tests/programs/rendezvous.h"
+
+namespace shm = psmd::shm;
+
+namespace {
+
+int failures = 0;
+
+void Expect(bool ok, const char* what) {
+  if (!ok) {
+    fprintf(stderr, "garbage_client: FAILED: %s\n", what);
+    failures++;
+  }
+}
+
+// Publishes a raw descriptor for a fresh request and waits for its completion.
+psm2_error_t SubmitRaw(psm2_ep_t ep, shm::SubmissionDesc d) {
+  std::lock_guard<std::mutex> lock(ep->mu);
+  psm2_mq_req* r = ep->NewRequest(psm2_mq_req::Kind::kSend, nullptr);
+  r->state = psm2_mq_req::State::kPosted;
+  d.req = (uint64_t{r->generation} << 32) | r->index;
+  while (!ep->sq.TryPush(d)) ep->Progress();
+  psmd::shm::RingEventFd(ep->doorbell_fd);  // unconditionally: the daemon may sleep
+  ep->WaitUntil([r] { return r->state == psm2_mq_req::State::kComplete; });
+  psm2_error_t err = r->error;
+  ep->FreeRequest(r);
+  return err;
+}
+
+}  // namespace
+
+int main() {
+  alarm(60);
+  psm2_uuid_t uuid;
+  psmd::testing::ParseUuid("9a4bade5c0000000000000000000dead", uuid);
+  psm2_ep_t ep;
+  psm2_epid_t epid;
+  psmd::testing::InitAndOpen(uuid, &ep, &epid);
+  psm2_epaddr_t self;
+  psm2_error_t conn_err;
+  if (psm2_ep_connect(ep, 1, &epid, nullptr, &conn_err, &self, 0) != PSM2_OK) return 2;
+  psm2_mq_t mq;
+  psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq);
+
+  shm::SubmissionDesc d{};
+  d.op = static_cast<shm::SubmitOp>(77);
+  Expect(SubmitRaw(ep, d) == PSM2_PARAM_ERR, "unknown opcode fails with PSM2_PARAM_ERR");
+
+  d = {};
+  d.op = shm::SubmitOp::kSend;
+  d.peer = 999;
+  Expect(SubmitRaw(ep, d) == PSM2_EPID_UNKNOWN, "send to an unconnected slot fails");
+
+  d = {};
+  d.op = shm::SubmitOp::kSend;
+  d.peer = self->slot;
+  d.len = 1000;
+  d.body.pool.pool_offset = 0;  // outside (before) our region, or its header
+  Expect(SubmitRaw(ep, d) == PSM2_PARAM_ERR, "payload offset outside own region fails");
+
+  d.body.pool.pool_offset = ~uint64_t{0} - 63;  // would overflow offset + len
+  Expect(SubmitRaw(ep, d) == PSM2_PARAM_ERR, "overflowing payload offset fails");
+
+  d.len = 0xffffffffu;
+  d.body.pool.pool_offset = ep->arena.MaxPayload();
+  Expect(SubmitRaw(ep, d) == PSM2_PARAM_ERR, "length beyond the region fails");
+
+  d = {};
+  d.op = shm::SubmitOp::kRecv;
+  d.flags = 0xff;
+  Expect(SubmitRaw(ep, d) == PSM2_PARAM_ERR, "receive with unknown flags fails");
+
+  // Random bytes: the daemon must reject whatever it cannot use; their
+  // completions carry tokens we never issued and are ignored.
+  std::mt19937_64 rng(42);
+  for (int i = 0; i < 5000; i++) {
+    shm::SubmissionDesc junk;
+    uint64_t words[8];
+    for (auto& w : words) w = rng();
+    memcpy(&junk, words, sizeof(junk));
+    if (junk.op == shm::SubmitOp::kRecv || junk.op == shm::SubmitOp::kCancel) {
+      junk.op = shm::SubmitOp::kInvalid;  // a valid receive would just be posted
+    }
+    std::lock_guard<std::mutex> lock(ep->mu);
+    while (!ep->sq.TryPush(junk)) ep->Progress();
+    psmd::shm::RingEventFd(ep->doorbell_fd);
+  }
+
+  // The endpoint still serves valid requests.
+  psm2_mq_tag_t tag{}, sel;
+  tag.tag0 = 7;
+  memset(&sel, 0xff, sizeof(sel));
+  char out[100], in[100] = {};
+  memset(out, 'x', sizeof(out));
+  psm2_mq_req_t rreq;
+  psm2_mq_irecv2(mq, self, &tag, &sel, 0, in, sizeof(in), nullptr, &rreq);
+  Expect(psm2_mq_send2(mq, self, 0, &tag, out, sizeof(out)) == PSM2_OK, "valid send works");
+  psm2_mq_status2_t st;
+  Expect(psm2_mq_wait2(&rreq, &st) == PSM2_OK && st.error_code == PSM2_OK &&
+             memcmp(in, out, sizeof(in)) == 0,
+         "valid receive after garbage delivers intact data");
+
+  // Finally break the ring itself: the daemon stops serving this endpoint.
+  ep->ctl->sq.tail.value.store(0x7fffffff);
+  psmd::shm::RingEventFd(ep->doorbell_fd);
+  usleep(100000);
+  printf("garbage_client: %d failures\n", failures);
+  fflush(stdout);
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,69 @@
+#include "tests/programs/rendezvous.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+namespace psmd::testing {
+
+bool PublishEpid(const std::string& dir, int rank, psm2_epid_t epid) {
+  std::string path = dir + "/rank" + std::to_string(rank) + ".epid";
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << epid << "\n";
+    if (!out) return false;
+  }
+  return rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+bool AwaitEpid(const std::string& dir, int rank, double timeout_s, psm2_epid_t* epid) {
+  std::string path = dir + "/rank" + std::to_string(rank) + ".epid";
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream in(path);
+    unsigned long long v = 0;
+    if (in >> v) {
+      *epid = v;
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+bool ParseUuid(const std::string& text, psm2_uuid_t out) {
+  std::string hex;
+  for (char c : text) {
+    if (c != '-') hex += c;
+  }
+  if (hex.size() != 32) return false;
+  for (int i = 0; i < 16; i++) {
+    char byte[3] = {hex[2 * i], hex[2 * i + 1], 0};
+    char* end = nullptr;
+    out[i] = static_cast<uint8_t>(strtoul(byte, &end, 16));
+    if (*end != '\0') return false;
+  }
+  return true;
+}
+
+void InitAndOpen(const psm2_uuid_t uuid, psm2_ep_t* ep, psm2_epid_t* epid) {
+  int major = PSM2_VERNO_MAJOR, minor = PSM2_VERNO_MINOR;
+  psm2_error_t err = psm2_init(&major, &minor);
+  if (err != PSM2_OK) {
+    fprintf(stderr, "psm2_init: %s\n", psm2_error_get_string(err));
+    exit(2);
+  }
+  err = psm2_ep_open(uuid, nullptr, ep, epid);
+  if (err != PSM2_OK) {
+    fprintf(stderr, "psm2_ep_open: %s\n", psm2_error_get_string(err));
+    exit(2);
+  }
+}
+
+}  // namespace psmd::testing
