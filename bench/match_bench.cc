@@ -1,0 +1,144 @@
+// match_bench: cost of one match in the posted and unexpected queues
+// (daemon/matcher.h) as a function of queue depth, beside the linear
+// reference model (daemon/matcher_reference.h).
+//
+// Every benchmark pre-fills a queue with `depth` entries, then repeatedly
+// matches the entry for a random target (so, on average, in the middle of the
+// queue) and puts it back at the end, keeping the depth constant. One
+// iteration = one match + one re-post/re-push; Time is ns per iteration.
+//
+//   *Exact   every receive (or probe pattern) has a full selector and every
+//            entry has its own tag: the hash-bucket path.
+//   *Mixed   1 in 16 entries is matched through a wildcard selector:
+//            posted: 1 in 16 receives is a wildcard (any source, one tag word
+//            ignored) and 1 in 16 messages targets one of them;
+//            unexpected: 1 in 16 takes uses a wildcard pattern.
+//
+// Run: bazel run -c opt //bench:match_bench
+
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "daemon/matcher.h"
+#include "daemon/matcher_reference.h"
+#include "daemon/tag.h"
+
+namespace psmd {
+namespace {
+
+// A receive / message handle as the daemon would store it.
+struct Handle {
+  uint64_t request;
+};
+
+constexpr uint32_t kContext = 0x3333;      // tag word 1 of exact traffic
+constexpr uint32_t kWildContext = 0x5555;  // tag word 1 of wildcard traffic
+constexpr size_t kTargets = size_t{1} << 16;
+
+// Distinct tag per entry index (odd multiplier: a bijection on uint32).
+uint32_t TagWord(uint32_t i) { return i * 2654435761u; }
+uint64_t SourceOf(uint32_t i) { return i % 64; }
+bool IsWildEntry(uint32_t i, bool mixed) { return mixed && i % 16 == 15; }
+
+RecvPattern ExactRecv(uint32_t i) {
+  return RecvPattern{SourceOf(i), Tag96{{TagWord(i), kContext, 0}}, kTagSelAll};
+}
+
+// Any source, tag word 1 ignored: matches only the messages of entry i.
+RecvPattern WildRecv(uint32_t i) {
+  return RecvPattern{kAnySource, Tag96{{TagWord(i), kWildContext, 0}}, Tag96{{~0u, 0u, ~0u}}};
+}
+
+MsgKey MsgOf(uint32_t i, bool mixed) {
+  return MsgKey{SourceOf(i),
+                Tag96{{TagWord(i), IsWildEntry(i, mixed) ? kWildContext : kContext, 0}}};
+}
+
+RecvPattern RecvOf(uint32_t i, bool mixed) {
+  return IsWildEntry(i, mixed) ? WildRecv(i) : ExactRecv(i);
+}
+
+// Pre-generated random targets, so the timed loop does no RNG work.
+std::vector<uint32_t> Targets(uint32_t depth) {
+  std::mt19937 rng(42);
+  std::uniform_int_distribution<uint32_t> dist(0, depth - 1);
+  std::vector<uint32_t> t(kTargets);
+  for (uint32_t& x : t) x = dist(rng);
+  return t;
+}
+
+template <template <typename> class Queue>
+void PostedBench(benchmark::State& state, bool mixed) {
+  const auto depth = static_cast<uint32_t>(state.range(0));
+  Queue<Handle> q;
+  for (uint32_t i = 0; i < depth; ++i) q.post(RecvOf(i, mixed), Handle{i});
+  const std::vector<uint32_t> targets = Targets(depth);
+  size_t k = 0;
+  for (auto _ : state) {
+    const uint32_t i = targets[k++ & (kTargets - 1)];
+    std::optional<Handle> h = q.take_match(MsgOf(i, mixed));
+    benchmark::DoNotOptimize(h);
+    q.post(RecvOf(i, mixed), *h);
+  }
+  if (q.size() != depth) state.SkipWithError("depth changed");
+  state.SetItemsProcessed(state.iterations());
+}
+
+template <template <typename> class Queue>
+void UnexpectedBench(benchmark::State& state, bool mixed) {
+  const auto depth = static_cast<uint32_t>(state.range(0));
+  Queue<Handle> q;
+  for (uint32_t i = 0; i < depth; ++i) q.push(MsgOf(i, mixed), Handle{i});
+  const std::vector<uint32_t> targets = Targets(depth);
+  size_t k = 0;
+  for (auto _ : state) {
+    const uint32_t i = targets[k++ & (kTargets - 1)];
+    MsgKey key{};
+    std::optional<Handle> h = q.take(RecvOf(i, mixed), &key);
+    benchmark::DoNotOptimize(h);
+    q.push(key, *h);
+  }
+  if (q.size() != depth) state.SkipWithError("depth changed");
+  state.SetItemsProcessed(state.iterations());
+}
+
+template <template <typename> class Queue>
+void BM_PostedExact(benchmark::State& state) {
+  PostedBench<Queue>(state, false);
+}
+template <template <typename> class Queue>
+void BM_PostedMixed(benchmark::State& state) {
+  PostedBench<Queue>(state, true);
+}
+template <template <typename> class Queue>
+void BM_UnexpectedExact(benchmark::State& state) {
+  UnexpectedBench<Queue>(state, false);
+}
+template <template <typename> class Queue>
+void BM_UnexpectedMixed(benchmark::State& state) {
+  UnexpectedBench<Queue>(state, true);
+}
+
+void Depths(benchmark::internal::Benchmark* b) {
+  for (int depth : {1, 16, 256, 4096, 65536}) b->Arg(depth);
+  b->ArgName("depth");
+}
+
+BENCHMARK_TEMPLATE(BM_PostedExact, PostedQueue)->Apply(Depths);
+BENCHMARK_TEMPLATE(BM_PostedExact, LinearPostedQueue)->Apply(Depths);
+BENCHMARK_TEMPLATE(BM_PostedMixed, PostedQueue)->Apply(Depths);
+BENCHMARK_TEMPLATE(BM_PostedMixed, LinearPostedQueue)->Apply(Depths);
+BENCHMARK_TEMPLATE(BM_UnexpectedExact, UnexpectedQueue)->Apply(Depths);
+BENCHMARK_TEMPLATE(BM_UnexpectedExact, LinearUnexpectedQueue)->Apply(Depths);
+BENCHMARK_TEMPLATE(BM_UnexpectedMixed, UnexpectedQueue)->Apply(Depths);
+BENCHMARK_TEMPLATE(BM_UnexpectedMixed, LinearUnexpectedQueue)->Apply(Depths);
+
+}  // namespace
+}  // namespace psmd
+
+BENCHMARK_MAIN();
