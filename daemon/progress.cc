@@ -1,5 +1,6 @@
 #include "daemon/progress.h"
 
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -19,8 +20,6 @@ namespace {
 
 // Tags in epoll data: the worker's own wake fd, or an endpoint id.
 constexpr uint64_t kWakeTag = 0;
-
-inline void CpuRelax() { __builtin_ia32_pause(); }
 
 uint64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -132,7 +131,9 @@ void ProgressWorker::Loop() {
     // Reading the clock costs more than a pass over a few rings; look at it
     // only every so often.
     if (++idle_passes % 64 != 0) {
-      CpuRelax();
+      // Yield rather than spin: on a node with fewer cores than busy
+      // processes the client we wait for may need this core.
+      sched_yield();
       continue;
     }
     uint64_t now = NowNs();

@@ -102,6 +102,13 @@ int main(int argc, char** argv) {
   psm2_epaddr_t peer;
   psm2_error_t conn_err;
   psm2_error_t err = psm2_ep_connect(ep, 1, &peer_epid, nullptr, &conn_err, &peer, 0);
+  // Barrier: neither rank closes before both have tried to connect.
+  psm2_epid_t ignored;
+  if (!psmd::testing::PublishEpid(dir, 10 + rank, 1) ||
+      !psmd::testing::AwaitEpid(dir, 10 + (1 - rank), 30, &ignored)) {
+    fprintf(stderr, "rank %d: connect barrier through %s failed\n", rank, dir.c_str());
+    return 2;
+  }
   if (err != PSM2_OK) {
     printf("rank %d: connect failed: %s\n", rank, psm2_error_get_string(conn_err));
     fflush(stdout);

@@ -1,0 +1,108 @@
+// pingpong: half round-trip latency and bandwidth between two PSM2 processes.
+//
+//   pingpong --rank 0|1 --dir DIR [--max-size B] [--iters N] [--uuid HEX]
+//
+// Rank 0 sends a message of each size (8 B doubling up to --max-size) and
+// waits for the echo; rank 1 echoes. For every size, after a warm-up, each
+// round trip is timed separately; rank 0 prints the median half round trip
+// and the bandwidth it implies (size / half round trip). Works on psmd's
+// libpsm2.so.2 and on Intel's alike (choose with LD_LIBRARY_PATH).
+#include <psm2.h>
+#include <psm2_mq.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/programs/rendezvous.h"
+
+namespace {
+
+void Check(psm2_error_t err, const char* what) {
+  if (err != PSM2_OK) {
+    fprintf(stderr, "pingpong: %s: %s\n", what, psm2_error_get_string(err));
+    exit(2);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rank = -1;
+  std::string dir, uuid_text = "5053d0d0000000000000000000000b01";
+  uint32_t max_size = 1u << 22;
+  int iters = 1000;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--rank") rank = atoi(value.c_str());
+    else if (flag == "--dir") dir = value;
+    else if (flag == "--max-size") max_size = static_cast<uint32_t>(strtoul(value.c_str(), nullptr, 10));
+    else if (flag == "--iters") iters = atoi(value.c_str());
+    else if (flag == "--uuid") uuid_text = value;
+  }
+  psm2_uuid_t uuid;
+  if ((rank != 0 && rank != 1) || dir.empty() || !psmd::testing::ParseUuid(uuid_text, uuid)) {
+    fprintf(stderr, "usage: pingpong --rank 0|1 --dir DIR [--max-size B] [--iters N]\n");
+    return 2;
+  }
+  psm2_ep_t ep;
+  psm2_epid_t epid, peer_epid;
+  psmd::testing::InitAndOpen(uuid, &ep, &epid);
+  if (!psmd::testing::PublishEpid(dir, rank, epid) ||
+      !psmd::testing::AwaitEpid(dir, 1 - rank, 60, &peer_epid)) {
+    return 2;
+  }
+  psm2_epaddr_t peer;
+  psm2_error_t conn_err;
+  Check(psm2_ep_connect(ep, 1, &peer_epid, nullptr, &conn_err, &peer, 30'000'000'000LL),
+        "psm2_ep_connect");
+  psm2_mq_t mq;
+  Check(psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq), "psm2_mq_init");
+
+  std::vector<char> buf(max_size, 'p');
+  psm2_mq_tag_t tag{}, sel;
+  memset(&sel, 0xff, sizeof(sel));
+  auto exchange = [&](uint32_t size, bool send_first) {
+    psm2_mq_req_t req;
+    psm2_mq_status2_t st;
+    if (send_first) {
+      Check(psm2_mq_send2(mq, peer, 0, &tag, buf.data(), size), "send");
+      Check(psm2_mq_irecv2(mq, peer, &tag, &sel, 0, buf.data(), size, nullptr, &req), "irecv");
+      Check(psm2_mq_wait2(&req, &st), "wait");
+    } else {
+      Check(psm2_mq_irecv2(mq, peer, &tag, &sel, 0, buf.data(), size, nullptr, &req), "irecv");
+      Check(psm2_mq_wait2(&req, &st), "wait");
+      Check(psm2_mq_send2(mq, peer, 0, &tag, buf.data(), size), "send");
+    }
+  };
+  if (rank == 0) printf("%10s %12s %12s %8s\n", "bytes", "half_rtt_us", "MB/s", "iters");
+  for (uint32_t size = 8; size <= max_size; size *= 2) {
+    int n = size >= (1u << 20) ? std::max(iters / 20, 20) : iters;
+    int warmup = std::max(n / 10, 5);
+    std::vector<double> half_rtt_us;
+    half_rtt_us.reserve(n);
+    for (int i = 0; i < warmup + n; i++) {
+      auto t0 = std::chrono::steady_clock::now();
+      exchange(size, rank == 0);
+      auto t1 = std::chrono::steady_clock::now();
+      if (i >= warmup) {
+        half_rtt_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 2);
+      }
+    }
+    if (rank == 0) {
+      std::nth_element(half_rtt_us.begin(), half_rtt_us.begin() + n / 2, half_rtt_us.end());
+      double median = half_rtt_us[n / 2];
+      printf("%10u %12.2f %12.1f %8d\n", size, median, size / median, n);
+      fflush(stdout);
+    }
+  }
+  psm2_mq_finalize(mq);
+  psm2_ep_close(ep, PSM2_EP_CLOSE_GRACEFUL, 0);
+  psm2_finalize();
+  return 0;
+}
