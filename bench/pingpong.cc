@@ -21,17 +21,6 @@
 
 #include "tests/programs/rendezvous.h"
 
-namespace {
-
-void Check(psm2_error_t err, const char* what) {
-  if (err != PSM2_OK) {
-    fprintf(stderr, "pingpong: %s: %s\n", what, psm2_error_get_string(err));
-    exit(2);
-  }
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   int rank = -1;
   std::string dir, uuid_text = "5053d0d0000000000000000000000b01";
@@ -59,10 +48,10 @@ int main(int argc, char** argv) {
   }
   psm2_epaddr_t peer;
   psm2_error_t conn_err;
-  Check(psm2_ep_connect(ep, 1, &peer_epid, nullptr, &conn_err, &peer, 30'000'000'000LL),
+  psmd::testing::CheckPsm(psm2_ep_connect(ep, 1, &peer_epid, nullptr, &conn_err, &peer, 30'000'000'000LL),
         "psm2_ep_connect");
   psm2_mq_t mq;
-  Check(psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq), "psm2_mq_init");
+  psmd::testing::CheckPsm(psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq), "psm2_mq_init");
 
   std::vector<char> buf(max_size, 'p');
   psm2_mq_tag_t tag{}, sel;
@@ -71,13 +60,13 @@ int main(int argc, char** argv) {
     psm2_mq_req_t req;
     psm2_mq_status2_t st;
     if (send_first) {
-      Check(psm2_mq_send2(mq, peer, 0, &tag, buf.data(), size), "send");
-      Check(psm2_mq_irecv2(mq, peer, &tag, &sel, 0, buf.data(), size, nullptr, &req), "irecv");
-      Check(psm2_mq_wait2(&req, &st), "wait");
+      psmd::testing::CheckPsm(psm2_mq_send2(mq, peer, 0, &tag, buf.data(), size), "send");
+      psmd::testing::CheckPsm(psm2_mq_irecv2(mq, peer, &tag, &sel, 0, buf.data(), size, nullptr, &req), "irecv");
+      psmd::testing::CheckPsm(psm2_mq_wait2(&req, &st), "wait");
     } else {
-      Check(psm2_mq_irecv2(mq, peer, &tag, &sel, 0, buf.data(), size, nullptr, &req), "irecv");
-      Check(psm2_mq_wait2(&req, &st), "wait");
-      Check(psm2_mq_send2(mq, peer, 0, &tag, buf.data(), size), "send");
+      psmd::testing::CheckPsm(psm2_mq_irecv2(mq, peer, &tag, &sel, 0, buf.data(), size, nullptr, &req), "irecv");
+      psmd::testing::CheckPsm(psm2_mq_wait2(&req, &st), "wait");
+      psmd::testing::CheckPsm(psm2_mq_send2(mq, peer, 0, &tag, buf.data(), size), "send");
     }
   };
   if (rank == 0) printf("%10s %12s %12s %8s\n", "bytes", "half_rtt_us", "MB/s", "iters");

@@ -54,7 +54,7 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags, const ps
   d.op = shm::SubmitOp::kSend;
   d.flags = (flags & PSM2_MQ_FLAG_SENDSYNC) ? shm::kSendSync : 0;
   d.peer = dest->slot;
-  d.req = (uint64_t{r->generation} << 32) | r->index;
+  d.req = psmd::client::TokenOf(r);
   std::memcpy(d.tag, stag->tag, sizeof(d.tag));
   d.len = len;
   if (len <= shm::kInlineMax && len > 0) std::memcpy(d.body.inline_data, buf, len);
@@ -84,7 +84,7 @@ psm2_error_t PostRecv(psm2_mq_t mq, psm2_epaddr_t src, const psm2_mq_tag_t* rtag
   shm::SubmissionDesc d{};
   d.op = shm::SubmitOp::kRecv;
   d.peer = src == nullptr ? shm::kAnySlot : src->slot;
-  d.req = (uint64_t{r->generation} << 32) | r->index;
+  d.req = psmd::client::TokenOf(r);
   std::memcpy(d.tag, rtag->tag, sizeof(d.tag));
   std::memcpy(d.body.recv.tagsel, rtagsel->tag, sizeof(d.body.recv.tagsel));
   d.len = len;

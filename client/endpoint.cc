@@ -16,8 +16,6 @@ namespace {
 constexpr size_t kReapBatch = 32;
 constexpr int64_t kSleepSliceNs = 100'000'000;  // re-check daemon liveness this often
 
-uint64_t TokenOf(const psm2_mq_req* r) { return (uint64_t{r->generation} << 32) | r->index; }
-
 std::string ProgramName() {
   char buf[256];
   ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);

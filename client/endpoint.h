@@ -82,6 +82,11 @@ namespace psmd::client {
 
 inline constexpr uint32_t kNoSlot = 0xffffffffu;
 
+// The wire name of a request (invariant 3).
+inline uint64_t TokenOf(const psm2_mq_req* r) {
+  return (uint64_t{r->generation} << 32) | r->index;
+}
+
 // A submission waiting for ring space, credits or pool space.
 struct Deferred {
   psm2_mq_req* req;

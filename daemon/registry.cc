@@ -217,19 +217,26 @@ void Registry::Retire(std::shared_ptr<Endpoint> ep) {
   // pool too once the job's last endpoint is gone.
 }
 
+ControlError Registry::FindControllable(const Credentials& who, uint32_t id, Record** out) {
+  auto it = records_.find(id);
+  if (it == records_.end()) {
+    return {PSM2_PARAM_ERR, "no endpoint " + std::to_string(id) + " (already closed?)"};
+  }
+  if (!MayControl(who, *it->second.ep)) {
+    return {PSM2_PARAM_ERR, "endpoint " + std::to_string(id) + " belongs to uid " +
+                                std::to_string(it->second.ep->uid) +
+                                "; only that uid or root may close it or connect from it"};
+  }
+  *out = &it->second;
+  return {};
+}
+
 ControlError Registry::Close(const Credentials& who, uint32_t id) {
   std::shared_ptr<Endpoint> ep;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = records_.find(id);
-    if (it == records_.end()) {
-      return {PSM2_PARAM_ERR, "no endpoint " + std::to_string(id) + " (already closed?)"};
-    }
-    if (!MayControl(who, *it->second.ep)) {
-      return {PSM2_PARAM_ERR, "endpoint " + std::to_string(id) + " belongs to uid " +
-                                  std::to_string(it->second.ep->uid) +
-                                  "; only that uid or root may close it"};
-    }
+    Record* found = nullptr;
+    if (ControlError e = FindControllable(who, id, &found); !e.ok()) return e;
     ep = Unlink(id);
   }
   Retire(std::move(ep));
@@ -258,12 +265,9 @@ ControlError Registry::Connect(const Credentials& who, uint32_t id,
   std::vector<NewLink> links;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = records_.find(id);
-    if (it == records_.end()) return {PSM2_PARAM_ERR, "no endpoint " + std::to_string(id)};
-    Record& rec = it->second;
-    if (!MayControl(who, *rec.ep)) {
-      return {PSM2_PARAM_ERR, "endpoint " + std::to_string(id) + " belongs to another uid"};
-    }
+    Record* found = nullptr;
+    if (ControlError e = FindControllable(who, id, &found); !e.ok()) return e;
+    Record& rec = *found;
     out->clear();
     for (uint64_t epid : epids) {
       ConnectOutcome o;
@@ -285,10 +289,12 @@ ControlError Registry::Connect(const Credentials& who, uint32_t id,
         out->push_back(o);
         continue;
       }
-      auto [slot_it, inserted] = rec.slot_by_epid.try_emplace(
-          epid, static_cast<uint32_t>(rec.slot_by_epid.size()));
+      // Reconnecting an epid reuses its slot (and re-arms it after a
+      // disconnect).
+      auto slot_it = rec.slot_by_epid.try_emplace(
+          epid, static_cast<uint32_t>(rec.slot_by_epid.size())).first;
       o.slot = slot_it->second;
-      if (inserted) links.push_back({o.slot, PeerLink{peer.id, peer.epid}});
+      links.push_back({o.slot, PeerLink{peer.id, peer.epid}});
       out->push_back(o);
     }
   }
@@ -301,12 +307,9 @@ ControlError Registry::Disconnect(const Credentials& who, uint32_t id,
   std::vector<uint32_t> cleared;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = records_.find(id);
-    if (it == records_.end()) return {PSM2_PARAM_ERR, "no endpoint " + std::to_string(id)};
-    Record& rec = it->second;
-    if (!MayControl(who, *rec.ep)) {
-      return {PSM2_PARAM_ERR, "endpoint " + std::to_string(id) + " belongs to another uid"};
-    }
+    Record* found = nullptr;
+    if (ControlError e = FindControllable(who, id, &found); !e.ok()) return e;
+    Record& rec = *found;
     errors->clear();
     for (uint32_t slot : slots) {
       bool found = false;

@@ -117,6 +117,8 @@ class Registry {
   // it from the worker without the lock.
   std::shared_ptr<Endpoint> Unlink(uint32_t id);
   void Retire(std::shared_ptr<Endpoint> ep);
+  // The record of endpoint `id` if `who` may act on it (mu_ held).
+  ControlError FindControllable(const Credentials& who, uint32_t id, Record** out);
   bool MayControl(const Credentials& who, const Endpoint& ep) const {
     return who.is_root() || who.uid == ep.uid;
   }

@@ -19,19 +19,8 @@ bash scripts/deps.sh
 bazel build //daemon:psmd //bench:pingpong 2>/dev/null
 
 place() { if [[ -n "$1" ]]; then echo "taskset -c $1"; fi; }
-work=$(mktemp -d /tmp/psmd-bench-XXXXXX)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-export PSMD_SOCKET="$work/psmd.sock"
-$(place "${PLACE_DAEMON-}") bazel-bin/daemon/psmd --socket "$PSMD_SOCKET" --log-level warn \
-  --spin-us "$spin_us" &
-pids+=($!)
-for _ in $(seq 100); do [[ -S "$PSMD_SOCKET" ]] && break; sleep 0.05; done
+source scripts/lib.sh
+start_psmd $(place "${PLACE_DAEMON-}") -- --spin-us "$spin_us"
 echo "# psmd pingpong: daemon cpus=${PLACE_DAEMON-any} rank0 cpus=${PLACE_RANK0-0} rank1 cpus=${PLACE_RANK1-1} spin_us=$spin_us"
 $(place "${PLACE_RANK1-1}") bazel-bin/bench/pingpong --rank 1 --dir "$work" --max-size "$max_size" --iters "$iters" &
 pids+=($!)

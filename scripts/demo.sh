@@ -7,19 +7,8 @@ cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 bazel build //daemon:psmd //tools:psmctl //tests/programs:exchange
 
-work=$(mktemp -d /tmp/psmd-demo-XXXXXX)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-export PSMD_SOCKET="$work/psmd.sock"
-bazel-bin/daemon/psmd --socket "$PSMD_SOCKET" --log-level warn &
-pids+=($!)
-for _ in $(seq 100); do [[ -S "$PSMD_SOCKET" ]] && break; sleep 0.05; done
+source scripts/lib.sh
+start_psmd
 
 echo "== two processes exchange 10000 tagged messages (0..8 KiB) through psmd"
 bazel-bin/tests/programs/exchange --rank 1 --dir "$work" --messages 10000 --max-size 8192 &

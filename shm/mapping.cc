@@ -35,6 +35,18 @@ void Mapping::Reset() {
 
 static std::string Errno(const char* what) { return std::string(what) + ": " + strerror(errno); }
 
+bool Mapping::Map(uint64_t bytes, Mapping* out, std::string* error) {
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+  if (base == MAP_FAILED) {
+    *error = Errno("mmap");
+    return false;
+  }
+  base_ = static_cast<uint8_t*>(base);
+  size_ = bytes;
+  *out = std::move(*this);
+  return true;
+}
+
 bool Mapping::Create(const std::string& name, uint64_t bytes, uid_t uid, gid_t gid,
                      Mapping* out, std::string* error) {
   int fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -60,15 +72,7 @@ bool Mapping::Create(const std::string& name, uint64_t bytes, uid_t uid, gid_t g
     *error = Errno("F_ADD_SEALS");
     return false;
   }
-  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (base == MAP_FAILED) {
-    *error = Errno("mmap");
-    return false;
-  }
-  m.base_ = static_cast<uint8_t*>(base);
-  m.size_ = bytes;
-  *out = std::move(m);
-  return true;
+  return m.Map(bytes, out, error);
 }
 
 bool Mapping::Attach(int fd, uint64_t bytes, Mapping* out, std::string* error) {
@@ -84,15 +88,7 @@ bool Mapping::Attach(int fd, uint64_t bytes, Mapping* out, std::string* error) {
              std::to_string(bytes);
     return false;
   }
-  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (base == MAP_FAILED) {
-    *error = Errno("mmap");
-    return false;
-  }
-  m.base_ = static_cast<uint8_t*>(base);
-  m.size_ = bytes;
-  *out = std::move(m);
-  return true;
+  return m.Map(bytes, out, error);
 }
 
 }  // namespace psmd::shm

@@ -38,6 +38,8 @@ class Mapping {
 
  private:
   void Reset();
+  // Maps fd_ shared read-write and moves *this into *out.
+  bool Map(uint64_t bytes, Mapping* out, std::string* error);
 
   int fd_ = -1;
   uint8_t* base_ = nullptr;

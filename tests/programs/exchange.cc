@@ -47,13 +47,6 @@ void Fill(uint64_t seed, uint32_t i, uint8_t* buf, uint32_t len) {
   }
 }
 
-void Check(psm2_error_t err, const char* what) {
-  if (err != PSM2_OK) {
-    fprintf(stderr, "%s: %s\n", what, psm2_error_get_string(err));
-    exit(2);
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -115,7 +108,7 @@ int main(int argc, char** argv) {
     return 3;
   }
   psm2_mq_t mq;
-  Check(psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq), "psm2_mq_init");
+  psmd::testing::CheckPsm(psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq), "psm2_mq_init");
   if (hold_seconds > 0) sleep(hold_seconds);
 
   std::vector<uint8_t> buf(max_size + 1), want(max_size + 1);
@@ -131,7 +124,7 @@ int main(int argc, char** argv) {
       psm2_mq_tag_t tag{};
       tag.tag0 = i;
       tag.tag1 = 0x5e4d;
-      Check(psm2_mq_send2(mq, peer, 0, &tag, buf.data(), len), "psm2_mq_send2");
+      psmd::testing::CheckPsm(psm2_mq_send2(mq, peer, 0, &tag, buf.data(), len), "psm2_mq_send2");
       bytes += len;
     }
     if (!ack) {
@@ -143,10 +136,10 @@ int main(int argc, char** argv) {
     }
     psm2_mq_req_t req;
     uint32_t acked = 0;
-    Check(psm2_mq_irecv2(mq, peer, &ack_tag, &all_bits, 0, &acked, sizeof(acked), nullptr, &req),
+    psmd::testing::CheckPsm(psm2_mq_irecv2(mq, peer, &ack_tag, &all_bits, 0, &acked, sizeof(acked), nullptr, &req),
           "psm2_mq_irecv2");
     psm2_mq_status2_t st;
-    Check(psm2_mq_wait2(&req, &st), "psm2_mq_wait2");
+    psmd::testing::CheckPsm(psm2_mq_wait2(&req, &st), "psm2_mq_wait2");
     if (acked != messages) {
       fprintf(stderr, "rank 0: receiver acknowledged %u of %u messages\n", acked, messages);
       return 1;
@@ -161,10 +154,10 @@ int main(int argc, char** argv) {
       tag.tag0 = i;
       tag.tag1 = 0x5e4d;
       psm2_mq_req_t req;
-      Check(psm2_mq_irecv2(mq, peer, &tag, &all_bits, 0, buf.data(), max_size, nullptr, &req),
+      psmd::testing::CheckPsm(psm2_mq_irecv2(mq, peer, &tag, &all_bits, 0, buf.data(), max_size, nullptr, &req),
             "psm2_mq_irecv2");
       psm2_mq_status2_t st;
-      Check(psm2_mq_wait2(&req, &st), "psm2_mq_wait2");
+      psmd::testing::CheckPsm(psm2_mq_wait2(&req, &st), "psm2_mq_wait2");
       uint32_t len = SizeOf(seed, i, max_size);
       Fill(seed, i, want.data(), len);
       if (st.error_code != PSM2_OK || st.msg_length != len || st.nbytes != len ||
@@ -179,7 +172,7 @@ int main(int argc, char** argv) {
       bytes += len;
     }
     if (ack) {
-      Check(psm2_mq_send2(mq, peer, 0, &ack_tag, &messages, sizeof(messages)), "psm2_mq_send2");
+      psmd::testing::CheckPsm(psm2_mq_send2(mq, peer, 0, &ack_tag, &messages, sizeof(messages)), "psm2_mq_send2");
     }
     printf("rank 1: received %u messages, %llu bytes, all intact and in order\n", messages,
            static_cast<unsigned long long>(bytes));

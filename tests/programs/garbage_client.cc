@@ -33,7 +33,7 @@ psm2_error_t SubmitRaw(psm2_ep_t ep, shm::SubmissionDesc d) {
   std::lock_guard<std::mutex> lock(ep->mu);
   psm2_mq_req* r = ep->NewRequest(psm2_mq_req::Kind::kSend, nullptr);
   r->state = psm2_mq_req::State::kPosted;
-  d.req = (uint64_t{r->generation} << 32) | r->index;
+  d.req = psmd::client::TokenOf(r);
   while (!ep->sq.TryPush(d)) ep->Progress();
   psmd::shm::RingEventFd(ep->doorbell_fd);  // unconditionally: the daemon may sleep
   ep->WaitUntil([r] { return r->state == psm2_mq_req::State::kComplete; });

@@ -52,18 +52,17 @@ bool ParseUuid(const std::string& text, psm2_uuid_t out) {
   return true;
 }
 
+void CheckPsm(psm2_error_t err, const char* what) {
+  if (err != PSM2_OK) {
+    fprintf(stderr, "%s: %s\n", what, psm2_error_get_string(err));
+    exit(2);
+  }
+}
+
 void InitAndOpen(const psm2_uuid_t uuid, psm2_ep_t* ep, psm2_epid_t* epid) {
   int major = PSM2_VERNO_MAJOR, minor = PSM2_VERNO_MINOR;
-  psm2_error_t err = psm2_init(&major, &minor);
-  if (err != PSM2_OK) {
-    fprintf(stderr, "psm2_init: %s\n", psm2_error_get_string(err));
-    exit(2);
-  }
-  err = psm2_ep_open(uuid, nullptr, ep, epid);
-  if (err != PSM2_OK) {
-    fprintf(stderr, "psm2_ep_open: %s\n", psm2_error_get_string(err));
-    exit(2);
-  }
+  CheckPsm(psm2_init(&major, &minor), "psm2_init");
+  CheckPsm(psm2_ep_open(uuid, nullptr, ep, epid), "psm2_ep_open");
 }
 
 }  // namespace psmd::testing

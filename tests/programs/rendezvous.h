@@ -18,6 +18,9 @@ bool AwaitEpid(const std::string& dir, int rank, double timeout_s, psm2_epid_t* 
 // Parses a job uuid written as 32 hex digits (dashes allowed).
 bool ParseUuid(const std::string& text, psm2_uuid_t out);
 
+// Exits(2) after printing `what` and the PSM2 error unless err is PSM2_OK.
+void CheckPsm(psm2_error_t err, const char* what);
+
 // Opens an endpoint after psm2_init; prints the PSM2 error and exits(2) on
 // failure. Returns the epid through *epid.
 void InitAndOpen(const psm2_uuid_t uuid, psm2_ep_t* ep, psm2_epid_t* epid);
