@@ -6,7 +6,8 @@
 // Rank 0 sends N messages of pseudo-random sizes in [0, B] with tag i and a
 // payload derived from (seed, i); rank 1 receives them one by one with exact
 // tags and checks length, tag, order and every byte; then rank 1 sends one
-// acknowledgement back. Exit 0 on success, 1 on a data error, 2 on an API
+// acknowledgement back. Rank 1 completes even-numbered receives with
+// psm2_mq_wait2 and odd ones with psm2_mq_test2 + psm2_poll. Exit 0 on success, 1 on a data error, 2 on an API
 // error, 3 when psm2_ep_connect fails (printing the PSM2 error).
 // --hold-seconds keeps both ranks connected and idle before exchanging (for
 // idle-CPU tests). --no-ack makes rank 0 close its endpoint right after its
@@ -157,7 +158,21 @@ int main(int argc, char** argv) {
       psmd::testing::CheckPsm(psm2_mq_irecv2(mq, peer, &tag, &all_bits, 0, buf.data(), max_size, nullptr, &req),
             "psm2_mq_irecv2");
       psm2_mq_status2_t st;
-      psmd::testing::CheckPsm(psm2_mq_wait2(&req, &st), "psm2_mq_wait2");
+      if (i % 2 == 0) {
+        psmd::testing::CheckPsm(psm2_mq_wait2(&req, &st), "psm2_mq_wait2");
+      } else {
+        // The non-blocking path: test2 until done, polling in between.
+        psm2_error_t t;
+        while ((t = psm2_mq_test2(&req, &st)) == PSM2_MQ_NO_COMPLETIONS) {
+          psm2_error_t p = psm2_poll(ep);
+          if (p != PSM2_OK && p != PSM2_OK_NO_PROGRESS) psmd::testing::CheckPsm(p, "psm2_poll");
+        }
+        psmd::testing::CheckPsm(t, "psm2_mq_test2");
+        if (req != PSM2_MQ_REQINVALID) {
+          fprintf(stderr, "rank 1: psm2_mq_test2 did not invalidate a completed request\n");
+          return 1;
+        }
+      }
       uint32_t len = SizeOf(seed, i, max_size);
       Fill(seed, i, want.data(), len);
       if (st.error_code != PSM2_OK || st.msg_length != len || st.nbytes != len ||
