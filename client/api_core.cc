@@ -51,7 +51,6 @@ psm2_error_t psm2_init(int* api_verno_major, int* api_verno_minor) {
   Library& lib = Library::Get();
   std::lock_guard<std::mutex> lock(lib.mu);
   lib.initialized = true;
-  lib.finalized = false;
   return PSM2_OK;
 }
 
@@ -66,7 +65,6 @@ psm2_error_t psm2_finalize(void) {
   for (psm2_ep_t ep : open) psm2_ep_close(ep, PSM2_EP_CLOSE_GRACEFUL, 0);
   std::lock_guard<std::mutex> lock(lib.mu);
   lib.initialized = false;
-  lib.finalized = true;
   return PSM2_OK;
 }
 

@@ -143,16 +143,12 @@ psm2_error_t psm2_mq_init(psm2_ep_t ep, uint64_t ignored, const struct psm2_optk
   (void)opts;
   (void)numopts;
   if (ep == nullptr || mq == nullptr) return PSM2_PARAM_ERR;
-  std::lock_guard<std::mutex> lock(ep->mu);
-  ep->mq_initialized = true;
   *mq = &ep->mq;
   return PSM2_OK;
 }
 
 psm2_error_t psm2_mq_finalize(psm2_mq_t mq) {
   if (mq == nullptr) return PSM2_PARAM_ERR;
-  std::lock_guard<std::mutex> lock(mq->ep->mu);
-  mq->ep->mq_initialized = false;
   return PSM2_OK;
 }
 

@@ -58,7 +58,6 @@ struct psm2_mq_req {
   psm2_mq_t mq;
   void* buf;
   uint32_t buf_len;
-  uint32_t flags;
   // Status, valid once complete.
   psm2_epaddr_t peer;
   psm2_mq_tag_t tag;
@@ -122,8 +121,7 @@ struct psm2_ep {
   uint32_t credits = 0;
   bool daemon_lost = false;
 
-  psm2_mq mq;
-  bool mq_initialized = false;
+  psm2_mq mq;  // the endpoint's one matched queue
 
   std::unordered_map<psm2_epid_t, std::unique_ptr<psm2_epaddr>> epaddrs;
   std::vector<psm2_mq_req*> requests;  // by index; nullptr = free slot

@@ -28,7 +28,6 @@ struct Library {
 
   std::mutex mu;
   bool initialized = false;
-  bool finalized = false;
   std::vector<std::unique_ptr<psm2_ep>> endpoints;
 
  private:
