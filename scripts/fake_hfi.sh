@@ -1,0 +1,42 @@
+#!/bin/bash
+# fake_hfi.sh CMD [ARGS...]: runs CMD in a private mount namespace that shows
+# an Omni-Path adapter (/dev/hfi1_0 and an ACTIVE port 1 under
+# /sys/class/infiniband), as Intel's libpsm2 and Open MPI's mtl/psm2 require
+# before they will use shared memory. The host's /dev and /sys are untouched:
+# everything is mounted inside the namespace and vanishes with it. Needs root
+# (or CAP_SYS_ADMIN). Exit status is CMD's.
+set -euo pipefail
+
+if [[ "${PSMD_FAKE_HFI_DIR:-}" == "" ]]; then
+  dir=$(mktemp -d /tmp/psmd-hfi-XXXXXX)
+  status=0
+  PSMD_FAKE_HFI_DIR="$dir" unshare -m --propagation private "$0" "$@" || status=$?
+  rmdir "$dir"
+  exit "$status"
+fi
+
+dir=$PSMD_FAKE_HFI_DIR
+unset PSMD_FAKE_HFI_DIR
+mount -t tmpfs psmd-fake-hfi "$dir"
+mkdir -p "$dir/upper" "$dir/work" "$dir/shm" "$dir/pts" "$dir/class"
+
+# /dev: an overlay adds the device file; /dev/shm and /dev/pts are separate
+# mounts that the overlay would hide, so they are carried over.
+mount --bind /dev/shm "$dir/shm"
+mount --bind /dev/pts "$dir/pts"
+mount -t overlay psmd-fake-dev -o "lowerdir=/dev,upperdir=$dir/upper,workdir=$dir/work" /dev
+mount --move "$dir/shm" /dev/shm
+mount --move "$dir/pts" /dev/pts
+touch /dev/hfi1_0
+chmod 666 /dev/hfi1_0
+
+# /sys/class: sysfs cannot gain a directory, so a copy of its symlinks (which
+# are relative, ../../devices/..., and still resolve) plus the fake port.
+for class in /sys/class/*; do cp -a "$class" "$dir/class/" 2>/dev/null || true; done
+mkdir -p "$dir/class/infiniband/hfi1_0/ports/1"
+echo "4: ACTIVE" >"$dir/class/infiniband/hfi1_0/ports/1/state"
+mount --bind "$dir/class" /sys/class
+
+export HFI_SYSFS_PATH=/sys/class/infiniband/hfi1_0
+export PSM2_DEVICES="${PSM2_DEVICES:-self,shm}"
+exec "$@"
