@@ -1,16 +1,20 @@
 // psm2_mq.h: matched-queue functions of libpsmclient. Matching happens in
-// psmd; this file builds descriptors and reports completions.
+// psmd; this file builds descriptors, answers completion queries and keeps
+// the MQ's options and statistics.
 #include <psm2.h>
 #include <psm2_mq.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
 #include "client/endpoint.h"
 #include "client/library.h"
+#include "client/mq_options.h"
 
 namespace shm = psmd::shm;
 using psmd::client::Library;
+using State = psm2_mq_req::State;
 
 namespace {
 
@@ -22,7 +26,19 @@ psm2_mq_tag_t Tag64(uint64_t tag) {
   return t;
 }
 
+// The selector of a 64-bit receive or probe: it matches only messages whose
+// third tag word is 0, i.e. those sent with a 64-bit tag (or tag2 = 0).
+psm2_mq_tag_t Selector64(uint64_t sel) {
+  psm2_mq_tag_t t = Tag64(sel);
+  t.tag2 = 0xffffffffu;
+  return t;
+}
+
 uint64_t Tag64Of(const psm2_mq_tag_t& t) { return (uint64_t{t.tag1} << 32) | t.tag0; }
+
+bool Connected(psm2_ep_t ep, psm2_epaddr_t addr) {
+  return addr->ep == ep && addr->slot != psmd::client::kNoSlot;
+}
 
 psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags, const psm2_mq_tag_t* stag,
                       const void* buf, uint32_t len, void* context, psm2_mq_req_t* req) {
@@ -31,33 +47,42 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags, const ps
     return PSM2_PARAM_ERR;
   }
   psm2_ep_t ep = mq->ep;
-  if (dest->ep != ep || dest->slot == psmd::client::kNoSlot) {
+  if (!Connected(ep, dest)) {
     return Library::Report(PSM2_EPID_UNKNOWN,
                            "send to an epaddr that this endpoint has not connected "
                            "(call psm2_ep_connect first)");
   }
-  if (len > shm::kInlineMax && len > ep->arena.MaxPayload()) {
-    return Library::Report(PSM2_PARAM_ERR,
-                           "message of " + std::to_string(len) +
-                               " bytes exceeds the largest eager message psmd carries (" +
-                               std::to_string(ep->arena.MaxPayload()) +
-                               " bytes, the job's send region; raise psmd --region-mib)");
-  }
   std::lock_guard<std::mutex> lock(ep->mu);
   if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
   psm2_mq_req* r = ep->NewRequest(psm2_mq_req::Kind::kSend, context);
-  r->tag = *stag;
-  r->msg_length = len;
-  r->nbytes = len;
-  r->peer = dest;
+  r->user.tag = *stag;
+  r->user.send_msglen = len;
+  r->user.recv_msglen = len;
+  r->user.peer = dest;
+  r->user.buf = static_cast<uint8_t*>(const_cast<void*>(buf));
+  r->user.buf_len = len;
   shm::SubmissionDesc d{};
-  d.op = shm::SubmitOp::kSend;
-  d.flags = (flags & PSM2_MQ_FLAG_SENDSYNC) ? shm::kSendSync : 0;
+  // Above the threshold, or too big for the send region, the payload waits
+  // with the sender until the receiver matched (rendezvous): unexpected
+  // large messages then cost the receiver nothing.
+  bool rendezvous = len > mq->rndv_shm_bytes || (len > shm::kInlineMax &&
+                                                  len > ep->arena.MaxPayload());
+  d.op = rendezvous ? shm::SubmitOp::kRndvSend : shm::SubmitOp::kSend;
+  d.flags = (!rendezvous && (flags & PSM2_MQ_FLAG_SENDSYNC)) ? shm::kSendSync : 0;
   d.peer = dest->slot;
   d.req = psmd::client::TokenOf(r);
   std::memcpy(d.tag, stag->tag, sizeof(d.tag));
   d.len = len;
-  if (len <= shm::kInlineMax && len > 0) std::memcpy(d.body.inline_data, buf, len);
+  if (rendezvous) {
+    r->send_buf = static_cast<const uint8_t*>(buf);
+  } else if (len <= shm::kInlineMax && len > 0) {
+    std::memcpy(d.body.inline_data, buf, len);
+  }
+  psm2_mq_stats_t& s = mq->stats;
+  s.tx_num++;
+  s.tx_shm_num++;
+  (rendezvous ? s.tx_rndv_num : s.tx_eager_num)++;
+  (rendezvous ? s.tx_rndv_bytes : s.tx_eager_bytes) += len;
   ep->Submit(r, d, buf);
   *req = r;
   return PSM2_OK;
@@ -71,7 +96,7 @@ psm2_error_t PostRecv(psm2_mq_t mq, psm2_epaddr_t src, const psm2_mq_tag_t* rtag
     return PSM2_PARAM_ERR;
   }
   psm2_ep_t ep = mq->ep;
-  if (src != nullptr && (src->ep != ep || src->slot == psmd::client::kNoSlot)) {
+  if (src != nullptr && !Connected(ep, src)) {
     return Library::Report(PSM2_EPID_UNKNOWN,
                            "receive from an epaddr that this endpoint has not connected "
                            "(call psm2_ep_connect first, or use PSM2_MQ_ANY_ADDR)");
@@ -79,8 +104,10 @@ psm2_error_t PostRecv(psm2_mq_t mq, psm2_epaddr_t src, const psm2_mq_tag_t* rtag
   std::lock_guard<std::mutex> lock(ep->mu);
   if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
   psm2_mq_req* r = ep->NewRequest(psm2_mq_req::Kind::kRecv, context);
-  r->buf = buf;
-  r->buf_len = len;
+  r->user.buf = static_cast<uint8_t*>(buf);
+  r->user.buf_len = len;
+  r->user.tag = *rtag;
+  r->user.tagsel = *rtagsel;
   shm::SubmissionDesc d{};
   d.op = shm::SubmitOp::kRecv;
   d.peer = src == nullptr ? shm::kAnySlot : src->slot;
@@ -94,20 +121,20 @@ psm2_error_t PostRecv(psm2_mq_t mq, psm2_epaddr_t src, const psm2_mq_tag_t* rtag
 }
 
 void FillStatus2(const psm2_mq_req* r, psm2_mq_status2_t* s) {
-  s->msg_peer = r->peer;
-  s->msg_tag = r->tag;
-  s->msg_length = r->msg_length;
-  s->nbytes = r->nbytes;
-  s->error_code = r->error;
-  s->context = r->context;
+  s->msg_peer = r->user.peer;
+  s->msg_tag = r->user.tag;
+  s->msg_length = r->user.send_msglen;
+  s->nbytes = r->user.recv_msglen;
+  s->error_code = static_cast<psm2_error_t>(r->user.error_code);
+  s->context = r->user.context;
 }
 
 void FillStatus(const psm2_mq_req* r, psm2_mq_status_t* s) {
-  s->msg_tag = Tag64Of(r->tag);
-  s->msg_length = r->msg_length;
-  s->nbytes = r->nbytes;
-  s->error_code = r->error;
-  s->context = r->context;
+  s->msg_tag = Tag64Of(r->user.tag);
+  s->msg_length = r->user.send_msglen;
+  s->nbytes = r->user.recv_msglen;
+  s->error_code = static_cast<psm2_error_t>(r->user.error_code);
+  s->context = r->user.context;
 }
 
 // Shared body of wait/test: `block` selects wait. Fills the status with
@@ -119,7 +146,11 @@ psm2_error_t Finish(psm2_mq_req_t* request, Status* status, bool block, Fill fil
   if (r == PSM2_MQ_REQINVALID) return PSM2_OK;  // nothing to wait for
   psm2_ep_t ep = r->mq->ep;
   std::lock_guard<std::mutex> lock(ep->mu);
-  auto done = [r] { return r->state == psm2_mq_req::State::kComplete; };
+  if (r->state == State::kClaimed) {
+    return Library::Report(PSM2_PARAM_ERR,
+                           "request from psm2_mq_improbe: receive it with psm2_mq_imrecv first");
+  }
+  auto done = [r] { return r->state == State::kComplete; };
   if (block) {
     ep->WaitUntil(done);
   } else if (!done()) {
@@ -133,6 +164,62 @@ psm2_error_t Finish(psm2_mq_req_t* request, Status* status, bool block, Fill fil
   return PSM2_OK;
 }
 
+// Shared body of the four probes. With `claim` the message is taken out of
+// the unexpected queue into a request for psm2_mq_imrecv (*claimed).
+template <typename Status, typename Fill>
+psm2_error_t Probe(psm2_mq_t mq, psm2_epaddr_t src, const psm2_mq_tag_t* rtag,
+                   const psm2_mq_tag_t* rtagsel, psm2_mq_req_t* claimed, Status* status,
+                   Fill fill) {
+  if (mq == nullptr || rtag == nullptr || rtagsel == nullptr) return PSM2_PARAM_ERR;
+  psm2_ep_t ep = mq->ep;
+  if (src != nullptr && !Connected(ep, src)) {
+    return Library::Report(PSM2_EPID_UNKNOWN,
+                           "probe for an epaddr that this endpoint has not connected");
+  }
+  std::lock_guard<std::mutex> lock(ep->mu);
+  if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
+  psm2_mq_req* r = ep->NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
+  shm::SubmissionDesc d{};
+  d.op = shm::SubmitOp::kProbe;
+  d.flags = claimed != nullptr ? shm::kProbeRemove : 0;
+  d.peer = src == nullptr ? shm::kAnySlot : src->slot;
+  d.req = psmd::client::TokenOf(r);
+  std::memcpy(d.tag, rtag->tag, sizeof(d.tag));
+  std::memcpy(d.body.recv.tagsel, rtagsel->tag, sizeof(d.body.recv.tagsel));
+  psm2_error_t err = ep->RoundTrip(r, d);
+  if (err != PSM2_OK) {
+    ep->FreeRequest(r);
+    return err == PSM2_MQ_NO_COMPLETIONS ? err : Library::Report(err, "psm2_mq_iprobe failed");
+  }
+  // A probe has no receive buffer yet: the whole message is "received".
+  r->user.recv_msglen = r->user.send_msglen;
+  r->user.error_code = PSM2_OK;
+  if (status != nullptr) fill(r, status);
+  if (claimed == nullptr) {
+    ep->FreeRequest(r);
+  } else {
+    // The same token names the claimed message in kClaimedRecv.
+    r->kind = psm2_mq_req::Kind::kRecv;
+    r->state = State::kClaimed;
+    *claimed = r;
+  }
+  return PSM2_OK;
+}
+
+// Shared body of ipeek/ipeek2.
+template <typename Status, typename Fill>
+psm2_error_t Peek(psm2_mq_t mq, psm2_mq_req_t* req, Status* status, Fill fill) {
+  if (mq == nullptr || req == nullptr) return PSM2_PARAM_ERR;
+  psm2_ep_t ep = mq->ep;
+  std::lock_guard<std::mutex> lock(ep->mu);
+  if (mq->done_head == nullptr) ep->Progress();
+  psm2_mq_req* r = mq->done_head;
+  if (r == nullptr) return PSM2_MQ_NO_COMPLETIONS;
+  *req = r;
+  if (status != nullptr) fill(r, status);
+  return PSM2_OK;
+}
+
 }  // namespace
 
 extern "C" {
@@ -140,16 +227,38 @@ extern "C" {
 psm2_error_t psm2_mq_init(psm2_ep_t ep, uint64_t ignored, const struct psm2_optkey* opts,
                           int numopts, psm2_mq_t* mq) {
   (void)ignored;
-  (void)opts;
-  (void)numopts;
-  if (ep == nullptr || mq == nullptr) return PSM2_PARAM_ERR;
-  *mq = &ep->mq;
+  if (ep == nullptr || mq == nullptr || numopts < 0 || (numopts > 0 && opts == nullptr)) {
+    return PSM2_PARAM_ERR;
+  }
+  psm2_mq_t q = &ep->mq;
+  if (!q->initialized) {
+    // Defaults, then PSM2's environment variables, then the caller's options.
+    psm2_error_t err = psmd::client::InitMqOptions(q);
+    for (int i = 0; err == PSM2_OK && i < numopts; i++) {
+      if (opts[i].value == nullptr) return PSM2_PARAM_ERR;
+      err = psmd::client::SetMqOption(q, static_cast<int>(opts[i].key),
+                                      *static_cast<const uint32_t*>(opts[i].value));
+    }
+    if (err != PSM2_OK) return err;
+    q->initialized = true;
+  }
+  *mq = q;
   return PSM2_OK;
 }
 
 psm2_error_t psm2_mq_finalize(psm2_mq_t mq) {
   if (mq == nullptr) return PSM2_PARAM_ERR;
   return PSM2_OK;
+}
+
+psm2_error_t psm2_mq_getopt(psm2_mq_t mq, int option, void* value) {
+  if (mq == nullptr || value == nullptr) return PSM2_PARAM_ERR;
+  return psmd::client::GetMqOption(mq, option, static_cast<uint32_t*>(value));
+}
+
+psm2_error_t psm2_mq_setopt(psm2_mq_t mq, int option, const void* value) {
+  if (mq == nullptr || value == nullptr) return PSM2_PARAM_ERR;
+  return psmd::client::SetMqOption(mq, option, *static_cast<const uint32_t*>(value));
 }
 
 psm2_error_t psm2_mq_isend2(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags,
@@ -191,9 +300,128 @@ psm2_error_t psm2_mq_irecv(psm2_mq_t mq, uint64_t rtag, uint64_t rtagsel, uint32
                            void* buf, uint32_t len, void* context, psm2_mq_req_t* req) {
   (void)flags;
   psm2_mq_tag_t t = Tag64(rtag);
-  psm2_mq_tag_t sel = Tag64(rtagsel);
-  sel.tag2 = 0xffffffffu;  // 64-bit receives match only 64-bit (tag2 == 0) sends
+  psm2_mq_tag_t sel = Selector64(rtagsel);
   return PostRecv(mq, nullptr, &t, &sel, buf, len, context, req);
+}
+
+psm2_error_t psm2_mq_fp_msg(psm2_ep_t ep, psm2_mq_t mq, psm2_epaddr_t addr, psm2_mq_tag_t* tag,
+                            psm2_mq_tag_t* tagsel, uint32_t flags, void* buf, uint32_t len,
+                            void* context, enum psm2_mq_fp_op fp_type, psm2_mq_req_t* req) {
+  if (ep == nullptr || mq == nullptr || mq->ep != ep) return PSM2_PARAM_ERR;
+  switch (fp_type) {
+    case PSM2_MQ_ISEND_FP:
+      return PostSend(mq, addr, flags, tag, buf, len, context, req);
+    case PSM2_MQ_IRECV_FP:
+      return PostRecv(mq, addr, tag, tagsel, buf, len, context, req);
+  }
+  return Library::Report(PSM2_PARAM_ERR, "psm2_mq_fp_msg: unknown fp_type " +
+                                             std::to_string(static_cast<int>(fp_type)));
+}
+
+psm2_error_t psm2_mq_imrecv(psm2_mq_t mq, uint32_t flags, void* buf, uint32_t len,
+                            void* context, psm2_mq_req_t* reqo) {
+  (void)flags;
+  if (mq == nullptr || reqo == nullptr || *reqo == nullptr || (len > 0 && buf == nullptr)) {
+    return PSM2_PARAM_ERR;
+  }
+  psm2_mq_req* r = *reqo;
+  psm2_ep_t ep = mq->ep;
+  std::lock_guard<std::mutex> lock(ep->mu);
+  if (r->mq != mq || r->state != State::kClaimed) {
+    return Library::Report(PSM2_PARAM_ERR,
+                           "psm2_mq_imrecv: the request was not returned by psm2_mq_improbe "
+                           "(or was already received)");
+  }
+  r->user.buf = static_cast<uint8_t*>(buf);
+  r->user.buf_len = len;
+  r->user.context = context;
+  r->state = State::kDeferred;
+  shm::SubmissionDesc d{};
+  d.op = shm::SubmitOp::kClaimedRecv;
+  d.req = psmd::client::TokenOf(r);
+  d.len = len;
+  ep->Submit(r, d, nullptr);
+  return PSM2_OK;
+}
+
+psm2_error_t psm2_mq_iprobe2(psm2_mq_t mq, psm2_epaddr_t src, psm2_mq_tag_t* rtag,
+                             psm2_mq_tag_t* rtagsel, psm2_mq_status2_t* status) {
+  return Probe(mq, src, rtag, rtagsel, nullptr, status, FillStatus2);
+}
+
+psm2_error_t psm2_mq_iprobe(psm2_mq_t mq, uint64_t rtag, uint64_t rtagsel,
+                            psm2_mq_status_t* status) {
+  psm2_mq_tag_t t = Tag64(rtag);
+  psm2_mq_tag_t sel = Selector64(rtagsel);
+  return Probe(mq, nullptr, &t, &sel, nullptr, status, FillStatus);
+}
+
+psm2_error_t psm2_mq_improbe2(psm2_mq_t mq, psm2_epaddr_t src, psm2_mq_tag_t* rtag,
+                              psm2_mq_tag_t* rtagsel, psm2_mq_req_t* reqo,
+                              psm2_mq_status2_t* status) {
+  if (reqo == nullptr) return PSM2_PARAM_ERR;
+  return Probe(mq, src, rtag, rtagsel, reqo, status, FillStatus2);
+}
+
+psm2_error_t psm2_mq_improbe(psm2_mq_t mq, uint64_t rtag, uint64_t rtagsel, psm2_mq_req_t* req,
+                             psm2_mq_status_t* status) {
+  if (req == nullptr) return PSM2_PARAM_ERR;
+  psm2_mq_tag_t t = Tag64(rtag);
+  psm2_mq_tag_t sel = Selector64(rtagsel);
+  return Probe(mq, nullptr, &t, &sel, req, status, FillStatus);
+}
+
+psm2_error_t psm2_mq_ipeek(psm2_mq_t mq, psm2_mq_req_t* req, psm2_mq_status_t* status) {
+  return Peek(mq, req, status, FillStatus);
+}
+
+psm2_error_t psm2_mq_ipeek2(psm2_mq_t mq, psm2_mq_req_t* req, psm2_mq_status2_t* status) {
+  return Peek(mq, req, status, FillStatus2);
+}
+
+psm2_error_t psm2_mq_ipeek_dequeue(psm2_mq_t mq, psm2_mq_req_t* req) {
+  if (mq == nullptr || req == nullptr) return PSM2_PARAM_ERR;
+  psm2_ep_t ep = mq->ep;
+  std::lock_guard<std::mutex> lock(ep->mu);
+  if (mq->done_head == nullptr) ep->Progress();
+  psm2_mq_req* r = mq->done_head;
+  if (r == nullptr) return PSM2_MQ_NO_COMPLETIONS;
+  ep->RemoveFromDoneList(r);
+  *req = r;
+  return PSM2_OK;
+}
+
+psm2_error_t psm2_mq_ipeek_dequeue_multi(psm2_mq_t mq, void* status_array,
+                                         psmi_mq_status_copy_user_t status_copy, int* count) {
+  if (mq == nullptr || status_copy == nullptr || count == nullptr) return PSM2_PARAM_ERR;
+  psm2_ep_t ep = mq->ep;
+  std::lock_guard<std::mutex> lock(ep->mu);
+  int wanted = *count;
+  int stored = 0;
+  if (wanted > 0 && mq->done_head == nullptr) ep->Progress();
+  while (stored < wanted && mq->done_head != nullptr) {
+    psm2_mq_req* r = mq->done_head;
+    int rc = status_copy(&r->user, status_array, stored);
+    if (rc < 0) {
+      *count = rc;  // the request stays queued: nothing was consumed
+      return PSM2_INTERNAL_ERR;
+    }
+    ep->FreeRequest(r);
+    if (rc == 0) continue;  // processed, not stored
+    stored++;
+    if (rc > 1) break;  // the callback ends the batch
+  }
+  if (stored == wanted) return PSM2_OK;
+  *count = stored;
+  return PSM2_MQ_NO_COMPLETIONS;
+}
+
+psm2_error_t psm2_mq_req_free(psm2_mq_t mq, psm2_mq_req_t req) {
+  if (req == nullptr) return PSM2_OK;
+  if (mq == nullptr || req->mq != mq) return PSM2_PARAM_ERR;
+  std::lock_guard<std::mutex> lock(mq->ep->mu);
+  mq->ep->FreeRequest(req);
+  return PSM2_OK;
 }
 
 psm2_error_t psm2_mq_wait2(psm2_mq_req_t* request, psm2_mq_status2_t* status) {
@@ -210,6 +438,52 @@ psm2_error_t psm2_mq_test2(psm2_mq_req_t* request, psm2_mq_status2_t* status) {
 
 psm2_error_t psm2_mq_test(psm2_mq_req_t* request, psm2_mq_status_t* status) {
   return Finish(request, status, /*block=*/false, FillStatus);
+}
+
+psm2_error_t psm2_mq_cancel(psm2_mq_req_t* request) {
+  if (request == nullptr || *request == nullptr) return PSM2_PARAM_ERR;
+  psm2_mq_req* r = *request;
+  psm2_ep_t ep = r->mq->ep;
+  std::lock_guard<std::mutex> lock(ep->mu);
+  if (r->kind != psm2_mq_req::Kind::kRecv) {
+    return Library::Report(PSM2_PARAM_ERR, "psm2_mq_cancel: only receives can be cancelled");
+  }
+  if (r->state == State::kDeferred) {
+    // Never reached psmd: take it out of the queue ourselves.
+    auto& q = ep->deferred_ctl;
+    for (auto it = q.begin(); it != q.end(); ++it) {
+      if (it->req == r) {
+        q.erase(it);
+        break;
+      }
+    }
+  } else if (r->state == State::kPosted) {
+    psm2_mq_req* c = ep->NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
+    shm::SubmissionDesc d{};
+    d.op = shm::SubmitOp::kCancel;
+    d.req = psmd::client::TokenOf(c);
+    d.body.cancel.target = psmd::client::TokenOf(r);
+    psm2_error_t err = ep->RoundTrip(c, d);
+    ep->FreeRequest(c);
+    if (err != PSM2_OK) return PSM2_MQ_NO_COMPLETIONS;  // matched meanwhile
+    if (r->holds_credit) {  // psmd will never answer the receive now
+      r->holds_credit = false;
+      ep->credits++;
+    }
+  } else {
+    return PSM2_MQ_NO_COMPLETIONS;  // matched (or complete) already
+  }
+  r->user.error_code = PSM2_OK;  // as Intel's: the status says nothing arrived
+  r->user.send_msglen = 0;
+  r->user.recv_msglen = 0;
+  ep->MarkComplete(r);
+  return PSM2_OK;
+}
+
+void psm2_mq_get_stats(psm2_mq_t mq, psm2_mq_stats_t* stats) {
+  if (mq == nullptr || stats == nullptr) return;
+  std::lock_guard<std::mutex> lock(mq->ep->mu);
+  *stats = mq->stats;
 }
 
 }  // extern "C"

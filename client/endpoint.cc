@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "shm/doorbell.h"
@@ -70,20 +71,24 @@ CallError psm2_ep::Open(psmd::client::ControlClient* control, const psm2_uuid_t 
   shm::SegmentGeometry g = shm::ComputeGeometry(h.sq_capacity, h.cq_capacity);
   if (h.magic != shm::kSegmentMagic || h.version != shm::kLayoutVersion ||
       !shm::IsPowerOfTwo(h.sq_capacity) || !shm::IsPowerOfTwo(h.cq_capacity) ||
-      g.bytes != reply.segment_bytes() || g.sq_offset != h.sq_offset ||
-      g.cq_offset != h.cq_offset || h.region_offset + h.region_bytes > reply.pool_bytes() ||
+      g.bytes != reply.segment_bytes() || g.msg_sq_offset != h.msg_sq_offset ||
+      g.ctl_sq_offset != h.ctl_sq_offset || g.cq_offset != h.cq_offset || h.region_offset + h.region_bytes > reply.pool_bytes() ||
       h.inline_max != shm::kInlineMax) {
     return fail("segment layout does not match this library (psmd and libpsmclient from "
                 "different versions?)");
   }
   ep->ctl = shm::ControlOf(ep->segment.base());
-  ep->sq = shm::RingProducer<shm::SubmissionDesc>(
-      &ep->ctl->sq, shm::SubmissionSlotsOf(ep->segment.base(), g), g.sq_capacity);
+  ep->msg_sq = shm::RingProducer<shm::SubmissionDesc>(
+      &ep->ctl->msg_sq, shm::MessageSlotsOf(ep->segment.base(), g), g.sq_capacity);
+  ep->ctl_sq = shm::RingProducer<shm::SubmissionDesc>(
+      &ep->ctl->ctl_sq, shm::ControlSlotsOf(ep->segment.base(), g), g.sq_capacity);
   ep->cq = shm::RingConsumer<shm::CompletionDesc>(
       &ep->ctl->cq, shm::CompletionSlotsOf(ep->segment.base(), g), g.cq_capacity);
   ep->credits = g.cq_capacity;
   ep->arena = shm::SendArena(ep->pool.base(), h.region_offset, h.region_bytes);
   ep->mq.ep = ep.get();
+  ep->mq.max_sysbuf_mbytes = static_cast<uint32_t>(h.unexpected_budget >> 20);
+  ep->max_unexpected_budget = h.max_unexpected_budget;
   *out = std::move(ep);
   return {};
 }
@@ -118,8 +123,8 @@ psm2_mq_req* psm2_ep::NewRequest(psm2_mq_req::Kind kind, void* context) {
   r->kind = kind;
   r->state = psm2_mq_req::State::kDeferred;
   r->mq = &mq;
-  r->context = context;
-  r->error = PSM2_OK;
+  r->user.context = context;
+  r->user.error_code = PSM2_OK;
   return r;
 }
 
@@ -145,6 +150,7 @@ void psm2_ep::MarkComplete(psm2_mq_req* req) {
     FreeRequest(req);
     return;
   }
+  if (req->kind == psm2_mq_req::Kind::kInternal) return;  // not the application's
   req->on_done_list = true;
   req->next_done = nullptr;
   req->prev_done = mq.done_tail;
@@ -173,29 +179,48 @@ void psm2_ep::RemoveFromDoneList(psm2_mq_req* req) {
 }
 
 void psm2_ep::Submit(psm2_mq_req* req, const shm::SubmissionDesc& desc, const void* payload) {
-  deferred.push_back(Deferred{req, desc, payload});
+  bool message = desc.op == shm::SubmitOp::kSend || desc.op == shm::SubmitOp::kRndvSend;
+  (message ? deferred_msg : deferred_ctl).push_back(Deferred{req, desc, payload});
   FlushDeferred();
   RingDoorbell();
 }
 
-bool psm2_ep::TryPublish(Deferred& d) {
-  bool needs_credit = d.desc.op != shm::SubmitOp::kSend || (d.desc.flags & shm::kSendSync);
+psm2_error_t psm2_ep::RoundTrip(psm2_mq_req* req, const shm::SubmissionDesc& desc) {
+  Submit(req, desc, nullptr);
+  WaitUntil([req] { return req->state == psm2_mq_req::State::kComplete; });
+  return static_cast<psm2_error_t>(req->user.error_code);
+}
+
+bool psm2_ep::TryPublish(Deferred& d, shm::RingProducer<shm::SubmissionDesc>& ring) {
+  const shm::SubmitOp op = d.desc.op;
+  // Every submission but an eager send or a chunk is answered (invariant 2).
+  bool needs_credit = !(op == shm::SubmitOp::kSend && !(d.desc.flags & shm::kSendSync)) &&
+                      op != shm::SubmitOp::kRndvData;
   if (needs_credit && credits == 0) return false;
-  if (sq.FreeSlots() == 0) return false;
-  bool pooled = d.desc.op == shm::SubmitOp::kSend && d.desc.len > shm::kInlineMax;
+  if (ring.FreeSlots() == 0) return false;
+  bool pooled = (op == shm::SubmitOp::kSend && d.desc.len > shm::kInlineMax) ||
+                op == shm::SubmitOp::kRndvData;
   if (pooled) {
     auto off = arena.Allocate(d.desc.len);
     if (!off) return false;  // back-pressure: receivers have not drained yet
     std::memcpy(pool.base() + *off, d.payload, d.desc.len);
-    d.desc.body.pool.pool_offset = *off;
+    if (op == shm::SubmitOp::kRndvData) {
+      d.desc.body.rndv.pool_offset = *off;
+    } else {
+      d.desc.body.pool.pool_offset = *off;
+    }
   }
-  sq.TryPush(d.desc);
+  ring.TryPush(d.desc);
   pending_doorbell_ = true;
   if (needs_credit) {
     credits--;
     d.req->holds_credit = true;
   }
-  if (d.desc.op == shm::SubmitOp::kSend && !(d.desc.flags & shm::kSendSync)) {
+  if (op == shm::SubmitOp::kRndvData) {
+    d.req->published += d.desc.len;
+    // The last chunk is in the pool: the user's buffer is free again.
+    if (d.req->published == d.req->send_bytes) MarkComplete(d.req);
+  } else if (op == shm::SubmitOp::kSend && !(d.desc.flags & shm::kSendSync)) {
     // Eager: the payload is in the pool (or the descriptor), so the user's
     // buffer is free again: local completion.
     MarkComplete(d.req);
@@ -205,12 +230,19 @@ bool psm2_ep::TryPublish(Deferred& d) {
   return true;
 }
 
-bool psm2_ep::FlushDeferred() {
+bool psm2_ep::FlushQueue(std::deque<Deferred>& queue,
+                         shm::RingProducer<shm::SubmissionDesc>& ring) {
   bool did = false;
-  while (!deferred.empty() && !daemon_lost && TryPublish(deferred.front())) {
-    deferred.pop_front();
+  while (!queue.empty() && !daemon_lost && TryPublish(queue.front(), ring)) {
+    queue.pop_front();
     did = true;
   }
+  return did;
+}
+
+bool psm2_ep::FlushDeferred() {
+  bool did = FlushQueue(deferred_ctl, ctl_sq);
+  did |= FlushQueue(deferred_msg, msg_sq);
   return did;
 }
 
@@ -233,51 +265,166 @@ bool psm2_ep::Progress() {
     for (size_t i = 0; i < n; i++) HandleCompletion(batch[i]);
     did = true;
   }
-  if (!deferred.empty()) did |= FlushDeferred();
+  if (!deferred_ctl.empty() || !deferred_msg.empty()) did |= FlushDeferred();
   RingDoorbell();
   return did;
 }
 
 void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
+  using State = psm2_mq_req::State;
   psm2_mq_req* req = Lookup(c.req);
-  if (req == nullptr || req->state != psm2_mq_req::State::kPosted) {
+  bool chunk = c.op == shm::CompleteOp::kRndvChunk;
+  State expected = chunk ? State::kReceiving : State::kPosted;
+  // A streaming send still hears about a failed chunk.
+  bool stream_error = c.op == shm::CompleteOp::kError && req != nullptr &&
+                      req->state == State::kStreaming;
+  if (req == nullptr || (req->state != expected && !stream_error)) {
     // Stale token (e.g. a send that had already completed locally): the only
-    // such completions are errors for requests the application let go of.
+    // such completions are errors for requests the application let go of,
+    // and payloads of a receive that failed meanwhile, given back here.
     if (c.op == shm::CompleteOp::kRecvDone && !(c.flags & shm::kPayloadInline)) {
       shm::ReleaseChunk(pool.base(), c.body.pool.pool_offset);
+    } else if (chunk) {
+      shm::ReleaseChunk(pool.base(), c.body.chunk.pool_offset);
     }
     return;
   }
-  if (req->holds_credit) {
+  if (req->holds_credit && !chunk) {
     req->holds_credit = false;
     credits++;
   }
   switch (c.op) {
-    case shm::CompleteOp::kRecvDone: {
-      uint32_t n = c.msg_len < req->buf_len ? c.msg_len : req->buf_len;
-      if (c.flags & shm::kPayloadInline) {
-        std::memcpy(req->buf, c.body.inline_data, n);
-      } else {
-        if (n > 0) std::memcpy(req->buf, pool.base() + c.body.pool.pool_offset, n);
-        shm::ReleaseChunk(pool.base(), c.body.pool.pool_offset);
-      }
-      req->peer = EpaddrFor(c.src_epid);
-      std::memcpy(req->tag.tag, c.tag, sizeof(c.tag));
-      req->tag.tag[3] = 0;
-      req->msg_length = c.msg_len;
-      req->nbytes = n;
-      req->error = c.msg_len > req->buf_len ? PSM2_MQ_TRUNCATION : PSM2_OK;
+    case shm::CompleteOp::kRecvDone:
+      CompleteEager(req, c);
+      return;
+    case shm::CompleteOp::kRecvRndv:
+      StartRendezvousReceive(req, c);
+      return;
+    case shm::CompleteOp::kRndvChunk:
+      ReceiveChunk(req, c);
+      return;
+    case shm::CompleteOp::kRndvGo:
+      StartStreaming(req, c);
+      return;
+    case shm::CompleteOp::kProbeDone:
+      if (c.error == PSM2_OK) SetMatchedStatus(req, c);
+      req->user.error_code = static_cast<uint32_t>(c.error);
       break;
-    }
     case shm::CompleteOp::kSendDone:
+    case shm::CompleteOp::kCancelDone:
+    case shm::CompleteOp::kOptionSet:
+      req->user.error_code = static_cast<uint32_t>(c.error);
+      break;
     case shm::CompleteOp::kError:
-      req->error = static_cast<psm2_error_t>(c.error);
+      if (stream_error) DropQueuedChunks(req);
+      req->user.error_code = static_cast<uint32_t>(c.error);
       break;
     default:
-      req->error = PSM2_INTERNAL_ERR;
+      req->user.error_code = PSM2_INTERNAL_ERR;
       break;
   }
   MarkComplete(req);
+}
+
+void psm2_ep::SetMatchedStatus(psm2_mq_req* req, const shm::CompletionDesc& c) {
+  req->user.peer = EpaddrFor(c.src_epid);
+  std::memcpy(req->user.tag.tag, c.tag, sizeof(c.tag));
+  req->user.tag.tag[3] = 0;
+  req->user.send_msglen = c.msg_len;
+  req->user.recv_msglen = c.msg_len < req->user.buf_len ? c.msg_len : req->user.buf_len;
+  req->user.error_code = c.msg_len > req->user.buf_len ? PSM2_MQ_TRUNCATION : PSM2_OK;
+  req->was_unexpected = (c.flags & shm::kWasUnexpected) != 0;
+}
+
+void psm2_ep::CompleteEager(psm2_mq_req* req, const shm::CompletionDesc& c) {
+  SetMatchedStatus(req, c);
+  uint32_t n = req->user.recv_msglen;
+  if (c.flags & shm::kPayloadInline) {
+    if (n > 0) std::memcpy(req->user.buf, c.body.inline_data, n);
+  } else {
+    if (n > 0) std::memcpy(req->user.buf, pool.base() + c.body.pool.pool_offset, n);
+    shm::ReleaseChunk(pool.base(), c.body.pool.pool_offset);
+  }
+  CountReceive(req);
+  MarkComplete(req);
+}
+
+void psm2_ep::StartRendezvousReceive(psm2_mq_req* req, const shm::CompletionDesc& c) {
+  SetMatchedStatus(req, c);
+  req->expect_bytes = req->user.recv_msglen;
+  req->received_bytes = 0;
+  req->state = psm2_mq_req::State::kReceiving;
+  if (req->expect_bytes == 0) {
+    CountReceive(req);
+    MarkComplete(req);
+  }
+}
+
+void psm2_ep::ReceiveChunk(psm2_mq_req* req, const shm::CompletionDesc& c) {
+  uint64_t off = c.body.chunk.offset;
+  uint32_t len = c.body.chunk.len;
+  // psmd forwards chunks in order and never past what we accept; checked
+  // anyway so that no byte lands outside the user's buffer.
+  if (off != req->received_bytes || len > req->expect_bytes - req->received_bytes) {
+    shm::ReleaseChunk(pool.base(), c.body.chunk.pool_offset);
+    req->user.error_code = PSM2_INTERNAL_ERR;
+    MarkComplete(req);
+    return;
+  }
+  std::memcpy(req->user.buf + off, pool.base() + c.body.chunk.pool_offset, len);
+  shm::ReleaseChunk(pool.base(), c.body.chunk.pool_offset);
+  req->received_bytes += len;
+  if (req->received_bytes == req->expect_bytes) {
+    CountReceive(req);
+    MarkComplete(req);
+  }
+}
+
+void psm2_ep::CountReceive(const psm2_mq_req* req) {
+  psm2_mq_stats_t& s = mq.stats;
+  uint64_t bytes = req->user.recv_msglen;
+  s.rx_shm_num++;
+  if (req->was_unexpected) {
+    s.rx_sys_num++;
+    s.rx_sys_bytes += bytes;
+  } else {
+    s.rx_user_num++;
+    s.rx_user_bytes += bytes;
+  }
+}
+
+void psm2_ep::StartStreaming(psm2_mq_req* req, const shm::CompletionDesc& c) {
+  if (c.error != PSM2_OK) {
+    req->user.error_code = static_cast<uint32_t>(c.error);
+    MarkComplete(req);
+    return;
+  }
+  req->send_bytes = c.body.go.send_bytes;
+  req->transfer = c.body.go.transfer;
+  req->published = 0;
+  if (req->send_bytes == 0) {  // the receiver takes nothing (zero-length buffer)
+    MarkComplete(req);
+    return;
+  }
+  req->state = psm2_mq_req::State::kStreaming;
+  // All chunk descriptors are queued now (a few dozen even for a large
+  // message); each takes pool space only when it reaches the ring.
+  for (uint32_t off = 0; off < req->send_bytes; off += psmd::client::kRndvChunkBytes) {
+    shm::SubmissionDesc d{};
+    d.op = shm::SubmitOp::kRndvData;
+    d.req = psmd::client::TokenOf(req);
+    d.len = std::min(psmd::client::kRndvChunkBytes, req->send_bytes - off);
+    d.body.rndv.transfer = req->transfer;
+    d.body.rndv.offset = off;
+    deferred_ctl.push_back(Deferred{req, d, req->send_buf + off});
+  }
+  FlushDeferred();
+}
+
+void psm2_ep::DropQueuedChunks(psm2_mq_req* req) {
+  for (auto it = deferred_ctl.begin(); it != deferred_ctl.end();) {
+    it = it->req == req ? deferred_ctl.erase(it) : it + 1;
+  }
 }
 
 void psm2_ep::SleepForCompletions() {
@@ -306,8 +453,9 @@ void psm2_ep::SleepForCompletions() {
 void psm2_ep::FailAllPending(psm2_error_t error) {
   for (psm2_mq_req* r : requests) {
     if (r->state == psm2_mq_req::State::kComplete) continue;  // includes free slots
-    r->error = error;
+    r->user.error_code = error;
     MarkComplete(r);
   }
-  deferred.clear();
+  deferred_msg.clear();
+  deferred_ctl.clear();
 }

@@ -7,8 +7,9 @@
 // it), so applications may call PSM2 from several threads.
 //
 // Invariants:
-//   1. Submissions reach the ring in API-call order: once anything waits in
-//      `deferred`, later submissions queue behind it (MPI order, posting order).
+//   1. Submissions reach each ring in API-call order: once anything waits in
+//      a ring's deferred queue, later submissions for that ring queue behind
+//      it (MPI order for sends, posting order for receives).
 //   2. A submission that the daemon answers with a completion (receive, sync
 //      send, cancel) holds one completion-ring credit until that completion is
 //      reaped; outstanding credits never exceed the completion ring's capacity,
@@ -47,24 +48,41 @@ struct psm2_epaddr {
 };
 
 struct psm2_mq_req {
-  enum class Kind : uint8_t { kSend, kRecv };
-  enum class State : uint8_t { kDeferred, kPosted, kComplete };
+  enum class Kind : uint8_t {
+    kSend,
+    kRecv,
+    kInternal,  // a round trip of the library itself (probe, cancel, option)
+  };
+  enum class State : uint8_t {
+    kDeferred,   // waiting in a deferred queue for ring space, credit or pool
+    kPosted,     // published; the daemon answers
+    kStreaming,  // rendezvous send: cleared to send, chunks being published
+    kReceiving,  // rendezvous receive: matched, chunks arriving
+    kClaimed,    // matched probe: holds a message for psm2_mq_imrecv
+    kComplete,
+  };
+  // What psm2_mq_ipeek_dequeue_multi's callback reads: first, and current
+  // (peer, tag, buffer, error_code, recv_msglen = nbytes, send_msglen =
+  // msg_length, context).
+  psm2_mq_req_user user;
   Kind kind;
   State state;
-  bool holds_credit;   // invariant 2
-  bool free_when_done; // the application let go of it (e.g. send completed)
-  uint32_t index;      // position in the endpoint's request table
+  bool holds_credit;    // invariant 2
+  bool free_when_done;  // the application let go of it (e.g. send completed)
+  bool was_unexpected;  // receive: the message had waited in psmd (stats)
+  uint32_t index;       // position in the endpoint's request table
   uint32_t generation;
   psm2_mq_t mq;
-  void* buf;
-  uint32_t buf_len;
-  // Status, valid once complete.
-  psm2_epaddr_t peer;
-  psm2_mq_tag_t tag;
-  uint32_t msg_length;
-  uint32_t nbytes;
-  psm2_error_t error;
-  void* context;
+  // Rendezvous send: the user's buffer, how much the receiver takes, how much
+  // has been queued as chunks and published.
+  const uint8_t* send_buf;
+  uint64_t transfer;
+  uint32_t send_bytes;
+  uint32_t chunked;
+  uint32_t published;
+  // Rendezvous receive: bytes owed (min of message and buffer) and arrived.
+  uint32_t expect_bytes;
+  uint32_t received_bytes;
   // Completion-order list of the MQ (for ipeek).
   psm2_mq_req* next_done;
   psm2_mq_req* prev_done;
@@ -73,6 +91,14 @@ struct psm2_mq_req {
 
 struct psm2_mq {
   psm2_ep_t ep;
+  bool initialized = false;
+  // Options (psm2_mq_setopt). Messages above rndv_shm_bytes use rendezvous:
+  // every psmd peer is on this node, so the shm threshold is the one that
+  // applies; the HFI one is kept and reported for compatibility.
+  uint32_t rndv_shm_bytes = 0;
+  uint32_t rndv_hfi_bytes = 0;
+  uint32_t max_sysbuf_mbytes = 0;
+  psm2_mq_stats_t stats{};
   psm2_mq_req* done_head = nullptr;
   psm2_mq_req* done_tail = nullptr;
 };
@@ -80,6 +106,11 @@ struct psm2_mq {
 namespace psmd::client {
 
 inline constexpr uint32_t kNoSlot = 0xffffffffu;
+
+// Rendezvous payloads move in chunks of this size, so a message of any size
+// needs only a few chunks of pool at a time (pipelined with the receiver's
+// copy-out).
+inline constexpr uint32_t kRndvChunkBytes = 256u << 10;
 
 // The wire name of a request (invariant 3).
 inline uint64_t TokenOf(const psm2_mq_req* r) {
@@ -90,7 +121,7 @@ inline uint64_t TokenOf(const psm2_mq_req* r) {
 struct Deferred {
   psm2_mq_req* req;
   shm::SubmissionDesc desc;
-  const void* payload;  // send: copied into the pool when space frees
+  const void* payload;  // send or chunk: copied into the pool when space frees
 };
 
 }  // namespace psmd::client
@@ -115,18 +146,21 @@ struct psm2_ep {
   int doorbell_fd = -1;
   int liveness_fd = -1;
   psmd::shm::SegmentControl* ctl = nullptr;
-  psmd::shm::RingProducer<psmd::shm::SubmissionDesc> sq;
+  psmd::shm::RingProducer<psmd::shm::SubmissionDesc> msg_sq;
+  psmd::shm::RingProducer<psmd::shm::SubmissionDesc> ctl_sq;
   psmd::shm::RingConsumer<psmd::shm::CompletionDesc> cq;
   psmd::shm::SendArena arena;
   uint32_t credits = 0;
   bool daemon_lost = false;
+  uint64_t max_unexpected_budget = 0;  // from the segment header
 
   psm2_mq mq;  // the endpoint's one matched queue
 
   std::unordered_map<psm2_epid_t, std::unique_ptr<psm2_epaddr>> epaddrs;
   std::vector<psm2_mq_req*> requests;  // by index; nullptr = free slot
   std::vector<uint32_t> free_indices;
-  std::deque<psmd::client::Deferred> deferred;
+  std::deque<psmd::client::Deferred> deferred_msg;  // for msg_sq
+  std::deque<psmd::client::Deferred> deferred_ctl;  // for ctl_sq
 
   // --- everything below requires `mu` held ---
   psm2_epaddr_t EpaddrFor(psm2_epid_t epid);
@@ -135,6 +169,10 @@ struct psm2_ep {
   // Queues or posts a submission (invariant 1). For sends `payload` is the
   // user's buffer, copied into the pool before the descriptor is published.
   void Submit(psm2_mq_req* req, const psmd::shm::SubmissionDesc& desc, const void* payload);
+  // Publishes `desc` (a probe, cancel or option, with req's token) and waits
+  // for the daemon's answer, which lands in req->user (error_code and, for a
+  // probe that found a message, its status). Returns the answer's error.
+  psm2_error_t RoundTrip(psm2_mq_req* req, const psmd::shm::SubmissionDesc& desc);
   // Reaps completions and flushes deferred submissions. Returns true when
   // anything happened.
   bool Progress();
@@ -147,9 +185,19 @@ struct psm2_ep {
 
  private:
   bool FlushDeferred();
-  bool TryPublish(psmd::client::Deferred& d);
+  bool FlushQueue(std::deque<psmd::client::Deferred>& queue,
+                  psmd::shm::RingProducer<psmd::shm::SubmissionDesc>& ring);
+  bool TryPublish(psmd::client::Deferred& d,
+                  psmd::shm::RingProducer<psmd::shm::SubmissionDesc>& ring);
   void RingDoorbell();
   void HandleCompletion(const psmd::shm::CompletionDesc& c);
+  void CompleteEager(psm2_mq_req* req, const psmd::shm::CompletionDesc& c);
+  void StartRendezvousReceive(psm2_mq_req* req, const psmd::shm::CompletionDesc& c);
+  void ReceiveChunk(psm2_mq_req* req, const psmd::shm::CompletionDesc& c);
+  void StartStreaming(psm2_mq_req* req, const psmd::shm::CompletionDesc& c);
+  void DropQueuedChunks(psm2_mq_req* req);
+  void SetMatchedStatus(psm2_mq_req* req, const psmd::shm::CompletionDesc& c);
+  void CountReceive(const psm2_mq_req* req);
   psm2_mq_req* Lookup(uint64_t token);
   void SleepForCompletions();
   void FailAllPending(psm2_error_t error);

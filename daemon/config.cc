@@ -25,7 +25,8 @@ bool ParseUnsigned(const std::string& text, uint64_t max, uint64_t* out) {
 std::string FlagsUsage() {
   return "usage: psmd [--socket PATH] [--log-level trace|debug|info|warn|error|off]\n"
          "            [--spin-us N] [--sq-slots N] [--cq-slots N] [--region-mib N]\n"
-         "            [--max-endpoints-per-job N] [--max-endpoints N] [--node-id N]\n";
+         "            [--max-endpoints-per-job N] [--max-endpoints N] [--node-id N]\n"
+         "            [--unexpected-mib N] [--max-unexpected-mib N]\n";
 }
 
 bool ParseFlags(int argc, char** argv, Config* c, bool* help, std::string* error) {
@@ -36,6 +37,14 @@ bool ParseFlags(int argc, char** argv, Config* c, bool* help, std::string* error
       uint64_t n;
       if (!ParseUnsigned(v, max, &n)) return false;
       *field = static_cast<std::remove_pointer_t<decltype(field)>>(n);
+      return true;
+    };
+  };
+  auto mebibytes = [](uint64_t* field) -> Setter {
+    return [field](const std::string& v) {
+      uint64_t n;
+      if (!ParseUnsigned(v, 1u << 20, &n) || n == 0) return false;
+      *field = n << 20;
       return true;
     };
   };
@@ -59,13 +68,10 @@ bool ParseFlags(int argc, char** argv, Config* c, bool* help, std::string* error
       {"--spin-us", {number(&c->spin_us, 10'000'000), "microseconds, 0 to 10000000"}},
       {"--sq-slots", {power_of_two(&c->sq_capacity), "a power of two from 8 to 1048576"}},
       {"--cq-slots", {power_of_two(&c->cq_capacity), "a power of two from 8 to 1048576"}},
-      {"--region-mib", {[c](const std::string& v) {
-                          uint64_t n;
-                          if (!ParseUnsigned(v, 4096, &n) || n == 0) return false;
-                          c->region_bytes = n << 20;
-                          return true;
-                        },
-                        "MiB, 1 to 4096"}},
+      {"--region-mib", {mebibytes(&c->region_bytes), "MiB, 1 to 1048576"}},
+      {"--unexpected-mib", {mebibytes(&c->unexpected_budget_bytes), "MiB, 1 to 1048576"}},
+      {"--max-unexpected-mib",
+       {mebibytes(&c->max_unexpected_budget_bytes), "MiB, 1 to 1048576"}},
       {"--max-endpoints-per-job", {number(&c->max_endpoints_per_job, 4096), "1 to 4096"}},
       {"--max-endpoints", {number(&c->max_endpoints, 1u << 20), "1 to 1048576"}},
       {"--node-id", {number(&c->node_id, 0xffff), "0 to 65535"}},
@@ -102,6 +108,10 @@ bool ParseFlags(int argc, char** argv, Config* c, bool* help, std::string* error
   }
   if (c->max_endpoints_per_job == 0 || c->max_endpoints == 0) {
     *error = "endpoint limits must be at least 1";
+    return false;
+  }
+  if (c->unexpected_budget_bytes > c->max_unexpected_budget_bytes) {
+    *error = "--unexpected-mib must not exceed --max-unexpected-mib";
     return false;
   }
   return true;

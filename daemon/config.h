@@ -20,6 +20,10 @@ struct Config {
   uint64_t region_bytes = 8ull << 20;
   uint32_t max_endpoints_per_job = 64;
   uint32_t max_endpoints = 1024;
+  // Unexpected-message budget of each endpoint (PSM2_MQ_MAX_SYSBUF_MBYTES):
+  // the default, and the most a client may ask for.
+  uint64_t unexpected_budget_bytes = 64ull << 20;
+  uint64_t max_unexpected_budget_bytes = 1024ull << 20;
   uint16_t node_id = 0;          // high bits of every epid minted here
 };
 

@@ -18,6 +18,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "daemon/job.h"
@@ -43,25 +44,45 @@ class Counter {
 
 struct EndpointCounters {
   Counter msgs_sent, bytes_sent;
+  Counter rndv_msgs_sent, rndv_bytes_sent;  // part of msgs_sent / bytes_sent
   Counter msgs_received, bytes_received;
   Counter unexpected_msgs, unexpected_bytes;
   Counter posted_recvs;
+  Counter probes;
+  Counter sends_held;  // times a send waited for its receiver's unexpected budget
   Counter bad_descriptors;
 };
+
+// What one unexpected message is charged against its receiver's budget
+// besides its payload: the daemon's own bookkeeping for it (the queue entry
+// and matcher node), rounded up.
+inline constexpr uint64_t kUnexpectedOverheadBytes = 128;
 
 // A receive waiting in the posted queue.
 struct PostedRecv {
   uint64_t req;
+  uint32_t capacity;  // bytes the receive buffer holds
 };
 
-// A message waiting in the unexpected queue.
+// A message waiting in the unexpected queue (or claimed by a matched probe).
 struct UnexpectedMsg {
   uint32_t sender_id;
   uint8_t flags;        // shm::SubmitFlags of the send
+  bool rendezvous;      // a request-to-send: the payload is still with the sender
   uint32_t len;
-  uint64_t sender_req;  // for kSendSync: completes the sender's request
-  uint64_t pool_offset; // when len > kInlineMax
+  uint64_t sender_req;  // kSendSync / rendezvous: the sender's request
+  uint64_t pool_offset; // eager, len > kInlineMax
   uint8_t inline_data[shm::kInlineMax];
+
+  // What it is charged against the receiver's unexpected budget.
+  uint64_t cost() const { return kUnexpectedOverheadBytes + (rendezvous ? 0 : len); }
+};
+
+// A message removed from the unexpected queue by a matched probe
+// (psm2_mq_improbe), waiting for the receive that names the probe's request.
+struct ClaimedMsg {
+  MsgKey key;
+  UnexpectedMsg msg;
 };
 
 // One connection slot: the peer this endpoint named by index in descriptors.
@@ -93,12 +114,19 @@ class Endpoint {
   shm::SegmentControl* control() const { return shm::ControlOf(segment.base()); }
 
   // Worker-owned.
-  shm::RingConsumer<shm::SubmissionDesc> sq;
+  shm::RingConsumer<shm::SubmissionDesc> msg_sq;
+  shm::RingConsumer<shm::SubmissionDesc> ctl_sq;
   shm::RingProducer<shm::CompletionDesc> cq;
   std::deque<shm::CompletionDesc> cq_overflow;  // completions waiting for ring space
+  // Sends taken off msg_sq that wait for their receiver's unexpected budget,
+  // in order; at most one batch. msg_sq is not read while this is non-empty.
+  std::deque<shm::SubmissionDesc> held_sends;
   std::vector<PeerLink> peers;
   PostedQueue<PostedRecv> posted;
   UnexpectedQueue<UnexpectedMsg> unexpected;
+  std::unordered_map<uint64_t, ClaimedMsg> claimed;  // by the probe's request token
+  uint64_t unexpected_cost = 0;    // sum of cost() over unexpected and claimed
+  uint64_t unexpected_budget = 0;  // PSM2_MQ_MAX_SYSBUF_MBYTES of this endpoint
   bool notify_pending = false;  // completions published since the last wake check
   bool faulted = false;         // ring corrupted by the client: no longer served
 

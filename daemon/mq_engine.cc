@@ -23,15 +23,31 @@ MsgKey KeyOf(uint64_t source, const uint32_t tag[3]) {
   return k;
 }
 
+RecvPattern PatternOf(const Endpoint& ep, const shm::SubmissionDesc& d) {
+  RecvPattern p;
+  p.source = d.peer == shm::kAnySlot ? kAnySource : ep.peers[d.peer].epid;
+  std::memcpy(p.tag.w, d.tag, sizeof(p.tag.w));
+  std::memcpy(p.sel.w, d.body.recv.tagsel, sizeof(p.sel.w));
+  return p;
+}
+
+bool UsesPeer(shm::SubmitOp op) {
+  return op == shm::SubmitOp::kSend || op == shm::SubmitOp::kRndvSend ||
+         op == shm::SubmitOp::kRecv || op == shm::SubmitOp::kProbe;
+}
+
 }  // namespace
 
 void MqEngine::Add(std::shared_ptr<Endpoint> ep) {
   Endpoint* raw = ep.get();
   const shm::SegmentGeometry& g = raw->geometry;
-  raw->sq = shm::RingConsumer<shm::SubmissionDesc>(
-      &raw->control()->sq, shm::SubmissionSlotsOf(raw->segment.base(), g), g.sq_capacity);
+  void* base = raw->segment.base();
+  raw->msg_sq = shm::RingConsumer<shm::SubmissionDesc>(
+      &raw->control()->msg_sq, shm::MessageSlotsOf(base, g), g.sq_capacity);
+  raw->ctl_sq = shm::RingConsumer<shm::SubmissionDesc>(
+      &raw->control()->ctl_sq, shm::ControlSlotsOf(base, g), g.sq_capacity);
   raw->cq = shm::RingProducer<shm::CompletionDesc>(
-      &raw->control()->cq, shm::CompletionSlotsOf(raw->segment.base(), g), g.cq_capacity);
+      &raw->control()->cq, shm::CompletionSlotsOf(base, g), g.cq_capacity);
   by_id_[raw->id] = std::move(ep);
   order_.push_back(raw);
 }
@@ -41,16 +57,37 @@ void MqEngine::Remove(uint32_t id) {
   if (it == by_id_.end()) return;
   Endpoint& ep = *it->second;
   // Submissions the client published before it closed (or died) still count:
-  // a send it saw complete locally must reach its receiver.
-  for (uint32_t i = 0; i <= ep.sq.capacity() && !ep.faulted && ep.sq.Available() > 0; i++) {
+  // a send it saw complete locally must reach its receiver. Sends still held
+  // for budget are admitted regardless: the sender is gone, and dropping them
+  // would lose messages it saw complete.
+  ep.unexpected_budget = UINT64_MAX;  // its own queue is about to be emptied
+  for (uint32_t i = 0; i <= 2 * ep.msg_sq.capacity() && !ep.faulted &&
+                       (ep.msg_sq.Available() > 0 || ep.ctl_sq.Available() > 0 ||
+                        !ep.held_sends.empty());
+       i++) {
     ep.cq_overflow.clear();  // nobody will read completions any more
+    for (const shm::SubmissionDesc& d : ep.held_sends) {
+      const PeerLink& link = ep.peers[d.peer];
+      if (Endpoint* r = Find(link.endpoint_id)) r->unexpected_budget = UINT64_MAX;
+    }
     Poll(ep);
   }
   ep.posted.drain([](PostedRecv&&) {});
-  ep.unexpected.drain([&](const MsgKey&, UnexpectedMsg&& m) {
-    ReleasePayload(ep, m);
-    if (m.flags & shm::kSendSync) CompleteSync(m.sender_id, m.sender_req, PSM2_EPID_UNREACHABLE);
-  });
+  ep.unexpected.drain([&](const MsgKey&, UnexpectedMsg&& m) { Discard(ep, m); });
+  for (auto& [token, c] : ep.claimed) Discard(ep, c.msg);
+  ep.claimed.clear();
+  for (auto t = transfers_.begin(); t != transfers_.end();) {
+    if (t->second.sender_id == id) {
+      // The receiver would wait forever for the rest of the message.
+      if (Endpoint* r = Find(t->second.receiver_id)) {
+        PostError(*r, t->second.recv_req, PSM2_EPID_UNREACHABLE);
+      }
+      t = transfers_.erase(t);
+      continue;
+    }
+    if (t->second.receiver_id == id) t->second.receiver_id = 0;
+    ++t;
+  }
   order_.erase(std::find(order_.begin(), order_.end(), &ep));
   last_complaint_.erase(id);
   by_id_.erase(it);
@@ -82,7 +119,11 @@ bool MqEngine::PollAll() {
 
 bool MqEngine::AnySubmissionPending() {
   for (Endpoint* ep : order_) {
-    if (!ep->faulted && ep->sq.Available() > 0) return true;
+    if (ep->faulted) continue;
+    // A held endpoint's message ring does not count: it waits for a receiver,
+    // and whatever drains that receiver arrives on some control ring.
+    if (ep->ctl_sq.Available() > 0) return true;
+    if (ep->held_sends.empty() && ep->msg_sq.Available() > 0) return true;
   }
   return false;
 }
@@ -94,55 +135,93 @@ bool MqEngine::Poll(Endpoint& ep) {
     did = FlushOverflow(ep);
     if (!ep.cq_overflow.empty()) return did;  // back-pressure: see invariant 3
   }
+  // Control first: receives posted in this pass may match this pass's sends.
   shm::SubmissionDesc batch[kBatch];
-  size_t n = ep.sq.PopBatch(batch, kBatch);
+  size_t n = ep.ctl_sq.PopBatch(batch, kBatch);
   for (size_t i = 0; i < n; i++) Dispatch(ep, batch[i]);
-  if (ep.sq.corrupt()) {
+  did |= n > 0;
+  did |= PollMessages(ep);
+  if (ep.msg_sq.corrupt() || ep.ctl_sq.corrupt()) {
     spdlog::error("endpoint {} (pid {}): submission ring indices corrupted by the client; "
                   "the endpoint is no longer served — close and reopen it",
                   ep.id, ep.pid);
     ep.faulted = true;
   }
+  return did;
+}
+
+bool MqEngine::PollMessages(Endpoint& ep) {
+  bool did = false;
+  while (!ep.held_sends.empty()) {
+    if (!Dispatch(ep, ep.held_sends.front())) return did;  // still over budget
+    ep.held_sends.pop_front();
+    did = true;
+  }
+  shm::SubmissionDesc batch[kBatch];
+  size_t n = ep.msg_sq.PopBatch(batch, kBatch);
+  for (size_t i = 0; i < n; i++) {
+    if (!Dispatch(ep, batch[i])) {
+      ep.counters.sends_held.Add(1);
+      ep.held_sends.assign(batch + i, batch + n);
+      return true;
+    }
+  }
   return did || n > 0;
 }
 
-void MqEngine::Dispatch(Endpoint& ep, const shm::SubmissionDesc& d) {
+bool MqEngine::Dispatch(Endpoint& ep, const shm::SubmissionDesc& d) {
   SubmissionBounds bounds;
   bounds.peer_slots = static_cast<uint32_t>(ep.peers.size());
   bounds.region = ep.region;
   Rejection r = ValidateSubmission(d, bounds);
-  if (r == Rejection::kNone && d.op != shm::SubmitOp::kCancel && d.peer != shm::kAnySlot &&
+  if (r == Rejection::kNone && UsesPeer(d.op) && d.peer != shm::kAnySlot &&
       ep.peers[d.peer].endpoint_id == 0) {
     r = Rejection::kBadPeer;
   }
   if (r != Rejection::kNone) {
     ReportBadDescriptor(ep, RejectionName(r));
     PostError(ep, d.req, r == Rejection::kBadPeer ? PSM2_EPID_UNKNOWN : PSM2_PARAM_ERR);
-    return;
+    return true;
   }
   switch (d.op) {
     case shm::SubmitOp::kSend:
-      HandleSend(ep, d);
-      break;
+    case shm::SubmitOp::kRndvSend:
+      return HandleSend(ep, d);
     case shm::SubmitOp::kRecv:
       HandleRecv(ep, d);
       break;
     case shm::SubmitOp::kCancel:
       HandleCancel(ep, d);
       break;
+    case shm::SubmitOp::kProbe:
+      HandleProbe(ep, d);
+      break;
+    case shm::SubmitOp::kClaimedRecv:
+      HandleClaimedRecv(ep, d);
+      break;
+    case shm::SubmitOp::kRndvData:
+      HandleRndvData(ep, d);
+      break;
+    case shm::SubmitOp::kSetOption:
+      HandleSetOption(ep, d);
+      break;
     default:
       break;  // unreachable: validated above
   }
+  return true;
 }
 
-void MqEngine::HandleSend(Endpoint& sender, const shm::SubmissionDesc& d) {
+bool MqEngine::HandleSend(Endpoint& sender, const shm::SubmissionDesc& d) {
   const PeerLink& link = sender.peers[d.peer];
   UnexpectedMsg m{};
   m.sender_id = sender.id;
   m.flags = d.flags;
+  m.rendezvous = d.op == shm::SubmitOp::kRndvSend;
   m.len = d.len;
   m.sender_req = d.req;
-  if (d.len <= shm::kInlineMax) {
+  if (m.rendezvous) {
+    // No payload yet: the sender streams it after the match (kRndvGo).
+  } else if (d.len <= shm::kInlineMax) {
     std::memcpy(m.inline_data, d.body.inline_data, d.len);
   } else {
     m.pool_offset = d.body.pool.pool_offset;
@@ -150,55 +229,168 @@ void MqEngine::HandleSend(Endpoint& sender, const shm::SubmissionDesc& d) {
   Endpoint* receiver = Find(link.endpoint_id);
   if (receiver == nullptr || receiver->faulted) {
     // The peer is gone: give the payload back and tell the sender.
-    if (d.len > shm::kInlineMax) shm::ReleaseChunk(sender.job->pool().base(), m.pool_offset);
+    ReleasePayload(sender, m);
     PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
-    return;
+    return true;
+  }
+  MsgKey key = KeyOf(sender.epid, d.tag);
+  if (auto recv = receiver->posted.take_match(key)) {
+    Deliver(*receiver, recv->req, recv->capacity, key, m, /*was_unexpected=*/false);
+  } else {
+    // Invariant 4. An empty queue always admits one message, so a message
+    // larger than the whole budget still gets through on its own.
+    if (receiver->unexpected_cost > 0 &&
+        receiver->unexpected_cost + m.cost() > receiver->unexpected_budget) {
+      return false;
+    }
+    receiver->counters.unexpected_msgs.Add(1);
+    receiver->counters.unexpected_bytes.Add(d.len);
+    receiver->unexpected_cost += m.cost();
+    receiver->unexpected.push(key, m);
   }
   sender.counters.msgs_sent.Add(1);
   sender.counters.bytes_sent.Add(d.len);
-  MsgKey key = KeyOf(sender.epid, d.tag);
-  if (auto recv = receiver->posted.take_match(key)) {
-    Deliver(*receiver, recv->req, key, m);
-    return;
+  if (m.rendezvous) {
+    sender.counters.rndv_msgs_sent.Add(1);
+    sender.counters.rndv_bytes_sent.Add(d.len);
   }
-  receiver->counters.unexpected_msgs.Add(1);
-  receiver->counters.unexpected_bytes.Add(d.len);
-  receiver->unexpected.push(key, m);
+  return true;
 }
 
 void MqEngine::HandleRecv(Endpoint& receiver, const shm::SubmissionDesc& d) {
-  RecvPattern p;
-  p.source = d.peer == shm::kAnySlot ? kAnySource : receiver.peers[d.peer].epid;
-  std::memcpy(p.tag.w, d.tag, sizeof(p.tag.w));
-  std::memcpy(p.sel.w, d.body.recv.tagsel, sizeof(p.sel.w));
+  RecvPattern p = PatternOf(receiver, d);
   receiver.counters.posted_recvs.Add(1);
   MsgKey key;
   if (auto m = receiver.unexpected.take(p, &key)) {
-    Deliver(receiver, d.req, key, *m);
+    Uncharge(receiver, *m);
+    Deliver(receiver, d.req, d.len, key, *m, /*was_unexpected=*/true);
     return;
   }
-  receiver.posted.post(p, PostedRecv{d.req});
+  receiver.posted.post(p, PostedRecv{d.req, d.len});
 }
 
 void MqEngine::HandleCancel(Endpoint& ep, const shm::SubmissionDesc& d) {
   shm::CompletionDesc c{};
   c.op = shm::CompleteOp::kCancelDone;
   c.req = d.req;
-  auto removed = ep.posted.remove_first_if([&](const PostedRecv& r) { return r.req == d.req; });
+  auto removed = ep.posted.remove_first_if(
+      [&](const PostedRecv& r) { return r.req == d.body.cancel.target; });
   c.error = removed ? PSM2_OK : PSM2_MQ_NO_COMPLETIONS;
   Post(ep, c);
 }
 
-void MqEngine::Deliver(Endpoint& receiver, uint64_t recv_req, const MsgKey& key,
-                       const UnexpectedMsg& m) {
+void MqEngine::HandleProbe(Endpoint& ep, const shm::SubmissionDesc& d) {
+  ep.counters.probes.Add(1);
+  RecvPattern p = PatternOf(ep, d);
   shm::CompletionDesc c{};
-  c.op = shm::CompleteOp::kRecvDone;
+  c.op = shm::CompleteOp::kProbeDone;
+  c.req = d.req;
+  MsgKey key;
+  const UnexpectedMsg* found = nullptr;
+  std::optional<UnexpectedMsg> taken;
+  if (d.flags & shm::kProbeRemove) {
+    taken = ep.unexpected.take(p, &key);
+    if (taken) found = &*taken;
+  } else {
+    found = ep.unexpected.find(p, &key);
+  }
+  if (found == nullptr) {
+    c.error = PSM2_MQ_NO_COMPLETIONS;
+    Post(ep, c);
+    return;
+  }
+  c.error = PSM2_OK;
+  std::memcpy(c.tag, key.tag.w, sizeof(c.tag));
+  c.msg_len = found->len;
+  c.src_epid = key.source;
+  if (taken) {
+    // Still charged to the budget until received. A client reusing a token
+    // replaces (and so must first give back) what it had claimed.
+    auto [slot, fresh] = ep.claimed.try_emplace(d.req, ClaimedMsg{key, *taken});
+    if (!fresh) {
+      Uncharge(ep, slot->second.msg);
+      Discard(ep, slot->second.msg);
+      slot->second = ClaimedMsg{key, *taken};
+    }
+  }
+  Post(ep, c);
+}
+
+void MqEngine::HandleClaimedRecv(Endpoint& ep, const shm::SubmissionDesc& d) {
+  auto it = ep.claimed.find(d.req);
+  if (it == ep.claimed.end()) {
+    ReportBadDescriptor(ep, "receive of a message no matched probe claimed");
+    PostError(ep, d.req, PSM2_MQ_NO_COMPLETIONS);
+    return;
+  }
+  ClaimedMsg c = it->second;
+  ep.claimed.erase(it);
+  Uncharge(ep, c.msg);
+  Deliver(ep, d.req, d.len, c.key, c.msg, /*was_unexpected=*/true);
+}
+
+void MqEngine::HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
+  auto it = transfers_.find(d.body.rndv.transfer);
+  if (it == transfers_.end() || it->second.sender_id != sender.id ||
+      d.body.rndv.offset != it->second.forwarded ||
+      d.len > it->second.send_bytes - it->second.forwarded) {
+    // The pool range was validated, so the chunk can safely be given back.
+    shm::ReleaseChunk(sender.job->pool().base(), d.body.rndv.pool_offset);
+    ReportBadDescriptor(sender, "rendezvous chunk out of order or for an unknown transfer");
+    PostError(sender, d.req, PSM2_PARAM_ERR);
+    return;
+  }
+  Transfer& t = it->second;
+  Endpoint* receiver = Find(t.receiver_id);
+  if (receiver == nullptr || receiver->faulted) {
+    shm::ReleaseChunk(sender.job->pool().base(), d.body.rndv.pool_offset);
+  } else {
+    shm::CompletionDesc c{};
+    c.op = shm::CompleteOp::kRndvChunk;
+    c.req = t.recv_req;
+    c.body.chunk.pool_offset = d.body.rndv.pool_offset;
+    c.body.chunk.offset = t.forwarded;
+    c.body.chunk.len = d.len;
+    Post(*receiver, c);
+  }
+  t.forwarded += d.len;
+  if (t.forwarded == t.send_bytes) transfers_.erase(it);
+}
+
+void MqEngine::HandleSetOption(Endpoint& ep, const shm::SubmissionDesc& d) {
+  shm::CompletionDesc c{};
+  c.op = shm::CompleteOp::kOptionSet;
+  c.req = d.req;
+  c.error = PSM2_OK;
+  switch (static_cast<shm::QueueOption>(d.body.option.key)) {
+    case shm::QueueOption::kUnexpectedBudgetBytes:
+      if (d.body.option.value == 0 || d.body.option.value > max_unexpected_budget_) {
+        c.error = PSM2_PARAM_ERR;
+      } else {
+        ep.unexpected_budget = d.body.option.value;
+      }
+      break;
+    default:
+      c.error = PSM2_PARAM_ERR;
+      break;
+  }
+  Post(ep, c);
+}
+
+void MqEngine::Deliver(Endpoint& receiver, uint64_t recv_req, uint32_t capacity,
+                       const MsgKey& key, const UnexpectedMsg& m, bool was_unexpected) {
+  shm::CompletionDesc c{};
+  c.op = m.rendezvous ? shm::CompleteOp::kRecvRndv : shm::CompleteOp::kRecvDone;
+  c.flags = was_unexpected ? shm::kWasUnexpected : 0;
   c.req = recv_req;
   std::memcpy(c.tag, key.tag.w, sizeof(c.tag));
   c.msg_len = m.len;
   c.src_epid = key.source;
-  if (m.len <= shm::kInlineMax) {
-    c.flags = shm::kPayloadInline;
+  if (m.rendezvous) {
+    // Nothing is owed past the receiver's buffer: the sender sends only what
+    // fits, and the receiver reports truncation from msg_len.
+  } else if (m.len <= shm::kInlineMax) {
+    c.flags |= shm::kPayloadInline;
     std::memcpy(c.body.inline_data, m.inline_data, m.len);
   } else {
     c.body.pool.pool_offset = m.pool_offset;
@@ -206,7 +398,43 @@ void MqEngine::Deliver(Endpoint& receiver, uint64_t recv_req, const MsgKey& key,
   receiver.counters.msgs_received.Add(1);
   receiver.counters.bytes_received.Add(m.len);
   Post(receiver, c);
-  if (m.flags & shm::kSendSync) CompleteSync(m.sender_id, m.sender_req, PSM2_OK);
+  if (m.rendezvous) {
+    StartTransfer(receiver, recv_req, std::min(m.len, capacity), m);
+  } else if (m.flags & shm::kSendSync) {
+    CompleteSync(m.sender_id, m.sender_req, PSM2_OK);
+  }
+}
+
+void MqEngine::StartTransfer(Endpoint& receiver, uint64_t recv_req, uint32_t send_bytes,
+                             const UnexpectedMsg& m) {
+  Endpoint* sender = Find(m.sender_id);
+  if (sender == nullptr) {
+    // The sender left before the match: its data is gone with it.
+    if (send_bytes > 0) PostError(receiver, recv_req, PSM2_EPID_UNREACHABLE);
+    return;
+  }
+  shm::CompletionDesc go{};
+  go.op = shm::CompleteOp::kRndvGo;
+  go.req = m.sender_req;
+  go.error = PSM2_OK;
+  go.body.go.send_bytes = send_bytes;
+  if (send_bytes > 0) {
+    go.body.go.transfer = next_transfer_++;
+    transfers_[go.body.go.transfer] =
+        Transfer{sender->id, receiver.id, m.sender_req, recv_req, send_bytes, 0};
+  }
+  Post(*sender, go);
+}
+
+void MqEngine::Uncharge(Endpoint& receiver, const UnexpectedMsg& m) {
+  receiver.unexpected_cost -= m.cost();
+}
+
+void MqEngine::Discard(const Endpoint& receiver, const UnexpectedMsg& m) {
+  ReleasePayload(receiver, m);
+  if (m.rendezvous || (m.flags & shm::kSendSync)) {
+    CompleteSync(m.sender_id, m.sender_req, PSM2_EPID_UNREACHABLE);
+  }
 }
 
 void MqEngine::CompleteSync(uint32_t sender_id, uint64_t sender_req, int32_t error) {
@@ -269,8 +497,10 @@ void MqEngine::NotifyClients() {
   }
 }
 
-void MqEngine::ReleasePayload(const Endpoint& receiver, const UnexpectedMsg& m) {
-  if (m.len > shm::kInlineMax) shm::ReleaseChunk(receiver.job->pool().base(), m.pool_offset);
+void MqEngine::ReleasePayload(const Endpoint& any_of_job, const UnexpectedMsg& m) {
+  if (!m.rendezvous && m.len > shm::kInlineMax) {
+    shm::ReleaseChunk(any_of_job.job->pool().base(), m.pool_offset);
+  }
 }
 
 void MqEngine::ReportBadDescriptor(Endpoint& ep, const char* what) {

@@ -1,6 +1,7 @@
 // The matched-queue engine of one progress worker: the endpoints it owns and
-// what happens to each descriptor they submit (send, receive, cancel), i.e.
-// matching, unexpected-message queueing and completion posting.
+// what happens to each descriptor they submit (send, receive, probe, cancel,
+// rendezvous data, options), i.e. matching, unexpected-message queueing,
+// rendezvous transfers and completion posting.
 //
 // Thread-safety: not thread-safe. Every method runs on the owning progress
 // worker's thread (control threads reach it through ProgressWorker::RunSync).
@@ -13,6 +14,16 @@
 //   3. A completion that finds the client's completion ring full waits in the
 //      endpoint's overflow queue; while that queue is non-empty the endpoint's
 //      submissions are not consumed (back-pressure, nothing dropped).
+//   4. A receiver's unexpected messages cost at most its budget (plus one
+//      message, so a single message larger than the budget still moves): a
+//      send that would exceed it waits in the sender's held_sends, and the
+//      sender's message ring is not read until it fits. Control submissions
+//      are always read, so the receiver can still post the receives that
+//      drain the queue.
+//   5. A rendezvous transfer exists from match to its last chunk; chunks
+//      arrive from the sender in offset order and are forwarded at once (the
+//      daemon never holds payload: the chunk stays in the sender's region
+//      until the receiver copied it).
 #ifndef PSMD_DAEMON_MQ_ENGINE_H_
 #define PSMD_DAEMON_MQ_ENGINE_H_
 
@@ -28,11 +39,15 @@ namespace psmd {
 
 class MqEngine {
  public:
-  MqEngine() = default;
+  // `max_unexpected_budget`: the largest unexpected budget a client may set.
+  explicit MqEngine(uint64_t max_unexpected_budget)
+      : max_unexpected_budget_(max_unexpected_budget) {}
 
   void Add(std::shared_ptr<Endpoint> ep);
   // Removes the endpoint and everything queued for it: posted receives are
-  // dropped, unexpected payloads released back to their senders.
+  // dropped, unexpected payloads released back to their senders, sync and
+  // rendezvous senders told PSM2_EPID_UNREACHABLE; its unfinished outgoing
+  // rendezvous transfers fail their receivers' requests.
   void Remove(uint32_t id);
   void SetPeer(uint32_t id, uint32_t slot, const PeerLink& link);
   void ClearPeer(uint32_t id, uint32_t slot);
@@ -49,23 +64,48 @@ class MqEngine {
   const std::vector<Endpoint*>& endpoints() const { return order_; }
 
  private:
+  // One rendezvous transfer (invariant 5).
+  struct Transfer {
+    uint32_t sender_id;
+    uint32_t receiver_id;  // 0 once the receiver is gone: chunks are released
+    uint64_t sender_req;
+    uint64_t recv_req;
+    uint32_t send_bytes;
+    uint32_t forwarded;
+  };
+
   bool Poll(Endpoint& ep);
-  void Dispatch(Endpoint& ep, const shm::SubmissionDesc& d);
-  void HandleSend(Endpoint& sender, const shm::SubmissionDesc& d);
+  bool PollMessages(Endpoint& ep);
+  // False when the descriptor is a send that must wait (invariant 4).
+  bool Dispatch(Endpoint& ep, const shm::SubmissionDesc& d);
+  bool HandleSend(Endpoint& sender, const shm::SubmissionDesc& d);
   void HandleRecv(Endpoint& receiver, const shm::SubmissionDesc& d);
   void HandleCancel(Endpoint& ep, const shm::SubmissionDesc& d);
-  void Deliver(Endpoint& receiver, uint64_t recv_req, const MsgKey& key, const UnexpectedMsg& m);
+  void HandleProbe(Endpoint& ep, const shm::SubmissionDesc& d);
+  void HandleClaimedRecv(Endpoint& ep, const shm::SubmissionDesc& d);
+  void HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d);
+  void HandleSetOption(Endpoint& ep, const shm::SubmissionDesc& d);
+  void Deliver(Endpoint& receiver, uint64_t recv_req, uint32_t capacity, const MsgKey& key,
+               const UnexpectedMsg& m, bool was_unexpected);
+  void StartTransfer(Endpoint& receiver, uint64_t recv_req, uint32_t send_bytes,
+                     const UnexpectedMsg& m);
+  void Uncharge(Endpoint& receiver, const UnexpectedMsg& m);
   void CompleteSync(uint32_t sender_id, uint64_t sender_req, int32_t error);
+  // A queued message whose receiver is going away.
+  void Discard(const Endpoint& receiver, const UnexpectedMsg& m);
   void Post(Endpoint& ep, const shm::CompletionDesc& c);
   void PostError(Endpoint& ep, uint64_t req, int32_t error);
   bool FlushOverflow(Endpoint& ep);
-  void ReleasePayload(const Endpoint& receiver, const UnexpectedMsg& m);
+  void ReleasePayload(const Endpoint& any_of_job, const UnexpectedMsg& m);
   void ReportBadDescriptor(Endpoint& ep, const char* what);
   Endpoint* Find(uint32_t id);
 
   std::unordered_map<uint32_t, std::shared_ptr<Endpoint>> by_id_;
   std::vector<Endpoint*> order_;
   std::unordered_map<uint32_t, std::chrono::steady_clock::time_point> last_complaint_;
+  const uint64_t max_unexpected_budget_;
+  std::unordered_map<uint64_t, Transfer> transfers_;
+  uint64_t next_transfer_ = 1;
 };
 
 }  // namespace psmd

@@ -112,12 +112,16 @@ ControlError Registry::Open(const Credentials& who, const Uuid& uuid, const std:
   h->segment_bytes = ep->geometry.bytes;
   h->sq_capacity = ep->geometry.sq_capacity;
   h->cq_capacity = ep->geometry.cq_capacity;
-  h->sq_offset = ep->geometry.sq_offset;
+  h->msg_sq_offset = ep->geometry.msg_sq_offset;
+  h->ctl_sq_offset = ep->geometry.ctl_sq_offset;
   h->cq_offset = ep->geometry.cq_offset;
   h->pool_bytes = job->pool().size();
   h->region_offset = ep->region.offset;
   h->region_bytes = ep->region.bytes;
   h->inline_max = shm::kInlineMax;
+  h->unexpected_budget = config_.unexpected_budget_bytes;
+  h->max_unexpected_budget = config_.max_unexpected_budget_bytes;
+  ep->unexpected_budget = config_.unexpected_budget_bytes;
 
   job->endpoints++;
   Record rec;

@@ -10,20 +10,29 @@ bool PeerInRange(uint32_t peer, const SubmissionBounds& b, bool any_allowed) {
   return peer < b.peer_slots || (any_allowed && peer == shm::kAnySlot);
 }
 
+// A pool payload [off, off + len) must lie inside the sender's own region,
+// after a chunk header, chunk-aligned. Written to avoid overflow: every
+// quantity is bounded by region.bytes before it is added.
+Rejection ValidatePoolRange(uint64_t off, uint32_t len, const SendRegion& r) {
+  if (len > r.bytes - shm::kChunkHeaderBytes) return Rejection::kBadLength;
+  if (off < r.offset + shm::kChunkHeaderBytes || off - r.offset > r.bytes - len ||
+      off % shm::kCacheLine != 0) {
+    return Rejection::kBadPoolOffset;
+  }
+  return Rejection::kNone;
+}
+
 Rejection ValidateSend(const shm::SubmissionDesc& d, const SubmissionBounds& b) {
   if ((d.flags & ~shm::kSendSync) != 0) return Rejection::kBadFlags;
   if (!PeerInRange(d.peer, b, /*any_allowed=*/false)) return Rejection::kBadPeer;
   if (d.len <= shm::kInlineMax) return Rejection::kNone;
-  // Pool payload: [off, off + len) must lie inside the sender's own region,
-  // after a chunk header, chunk-aligned. Written to avoid overflow: every
-  // quantity is bounded by region.bytes before it is added.
-  uint64_t off = d.body.pool.pool_offset;
-  const SendRegion& r = b.region;
-  if (d.len > r.bytes - shm::kChunkHeaderBytes) return Rejection::kBadLength;
-  if (off < r.offset + shm::kChunkHeaderBytes || off - r.offset > r.bytes - d.len ||
-      off % shm::kCacheLine != 0) {
-    return Rejection::kBadPoolOffset;
-  }
+  return ValidatePoolRange(d.body.pool.pool_offset, d.len, b.region);
+}
+
+Rejection ValidateMatching(const shm::SubmissionDesc& d, const SubmissionBounds& b,
+                           uint8_t allowed_flags) {
+  if ((d.flags & ~allowed_flags) != 0) return Rejection::kBadFlags;
+  if (!PeerInRange(d.peer, b, /*any_allowed=*/true)) return Rejection::kBadPeer;
   return Rejection::kNone;
 }
 
@@ -33,11 +42,21 @@ Rejection ValidateSubmission(const shm::SubmissionDesc& d, const SubmissionBound
   switch (d.op) {
     case shm::SubmitOp::kSend:
       return ValidateSend(d, b);
-    case shm::SubmitOp::kRecv:
+    case shm::SubmitOp::kRndvSend:
       if (d.flags != 0) return Rejection::kBadFlags;
-      if (!PeerInRange(d.peer, b, /*any_allowed=*/true)) return Rejection::kBadPeer;
+      if (!PeerInRange(d.peer, b, /*any_allowed=*/false)) return Rejection::kBadPeer;
       return Rejection::kNone;
+    case shm::SubmitOp::kRecv:
+      return ValidateMatching(d, b, 0);
+    case shm::SubmitOp::kProbe:
+      return ValidateMatching(d, b, shm::kProbeRemove);
+    case shm::SubmitOp::kRndvData:
+      if (d.flags != 0) return Rejection::kBadFlags;
+      if (d.len == 0) return Rejection::kBadLength;
+      return ValidatePoolRange(d.body.rndv.pool_offset, d.len, b.region);
     case shm::SubmitOp::kCancel:
+    case shm::SubmitOp::kClaimedRecv:
+    case shm::SubmitOp::kSetOption:
       if (d.flags != 0) return Rejection::kBadFlags;
       return Rejection::kNone;
     default:

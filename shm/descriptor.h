@@ -19,33 +19,62 @@ inline constexpr uint32_t kInlineMax = 24;
 // Connection slot meaning "any source" in a receive.
 inline constexpr uint32_t kAnySlot = 0xffffffffu;
 
+// Which submission ring carries an op (shm/layout.h): message submissions
+// (kSend, kRndvSend) may be held back by the daemon while their receiver's
+// unexpected-message budget is full; everything else travels on the control
+// ring, which the daemon always drains, so receives, cancels and rendezvous
+// data keep flowing while sends wait (no deadlock between two flooding peers).
 enum class SubmitOp : uint8_t {
   kInvalid = 0,
-  kSend = 1,    // tagged message to peer slot; inline or pool payload
-  kRecv = 2,    // post a receive (tag, selector, source slot or kAnySlot)
-  kCancel = 3,  // cancel the posted receive whose token is `req`
+  kSend = 1,        // msg ring: eager message to peer slot; inline or pool payload
+  kRecv = 2,        // ctl ring: post a receive (tag, selector, source or kAnySlot)
+  kCancel = 3,      // ctl ring: cancel the posted receive body.cancel.target
+  kRndvSend = 4,    // msg ring: rendezvous request-to-send of `len` bytes, no payload
+  kRndvData = 5,    // ctl ring: one chunk of a rendezvous transfer (body.rndv)
+  kProbe = 6,       // ctl ring: look for an unexpected message (tag, selector, source)
+  kClaimedRecv = 7, // ctl ring: receive the message claimed by probe `req` into `len` bytes
+  kSetOption = 8,   // ctl ring: body.option; answered by kOptionSet
 };
 
 enum SubmitFlags : uint8_t {
-  kSendSync = 1u << 0,  // complete the send only once the receiver matched it
+  kSendSync = 1u << 0,     // kSend: complete only once the receiver matched it
+  kProbeRemove = 1u << 0,  // kProbe: claim the message for kClaimedRecv (improbe)
+};
+
+// Options a client sets on its endpoint's queue (kSetOption).
+enum class QueueOption : uint32_t {
+  kUnexpectedBudgetBytes = 1,  // PSM2_MQ_MAX_SYSBUF_MBYTES, in bytes
 };
 
 struct SubmissionDesc {
   SubmitOp op;
   uint8_t flags;
   uint16_t reserved;
-  uint32_t peer;    // connection slot (send: destination; recv: source filter)
+  uint32_t peer;    // connection slot (send: destination; recv/probe: source filter)
   uint64_t req;     // client's request token, echoed in the completion
-  uint32_t tag[3];  // send: message tag; recv: tag to match
-  uint32_t len;     // send: message length; recv: buffer capacity
+  uint32_t tag[3];  // send: message tag; recv/probe: tag to match
+  uint32_t len;     // send: message length; recv: buffer capacity; data: chunk length
   union {
     uint8_t inline_data[32];  // send, len <= kInlineMax
     struct {
       uint64_t pool_offset;   // send: payload offset in the job pool
     } pool;
     struct {
-      uint32_t tagsel[3];     // recv: selector
+      uint32_t tagsel[3];     // recv/probe: selector
     } recv;
+    struct {
+      uint64_t pool_offset;   // chunk payload offset in the job pool
+      uint64_t transfer;      // id from kRndvGo
+      uint64_t offset;        // byte offset of this chunk in the message
+    } rndv;
+    struct {
+      uint64_t target;        // cancel: token of the receive to cancel
+    } cancel;
+    struct {
+      uint32_t key;           // QueueOption
+      uint32_t reserved;
+      uint64_t value;
+    } option;
   } body;
 };
 static_assert(sizeof(SubmissionDesc) == 64);
@@ -54,14 +83,21 @@ static_assert(offsetof(SubmissionDesc, body) == 32);
 
 enum class CompleteOp : uint8_t {
   kInvalid = 0,
-  kRecvDone = 1,    // a posted receive matched a message (payload follows)
+  kRecvDone = 1,    // a receive matched an eager message (payload follows)
   kSendDone = 2,    // a send the daemon had to complete (sync)
-  kCancelDone = 3,  // answer to kCancel; error tells whether it was cancelled
-  kError = 4,       // the submission with token `req` was rejected
+  kCancelDone = 3,  // answer to kCancel: PSM2_OK (cancelled) or NO_COMPLETIONS
+  kError = 4,       // the submission with token `req` was rejected or failed
+  kRecvRndv = 5,    // a receive matched a rendezvous message; kRndvChunk follow
+  kRndvChunk = 6,   // one chunk of a rendezvous message for receive `req`
+  kRndvGo = 7,      // clear-to-send for rendezvous send `req` (body.go)
+  kProbeDone = 8,   // answer to kProbe: error PSM2_OK (status filled) or NO_COMPLETIONS
+  kOptionSet = 9,   // answer to kSetOption
 };
 
 enum CompleteFlags : uint8_t {
-  kPayloadInline = 1u << 0,  // payload in inline_data, else at pool_offset
+  kPayloadInline = 1u << 0,  // kRecvDone: payload in inline_data, else at pool_offset
+  kWasUnexpected = 1u << 1,  // kRecvDone/kRecvRndv: the message waited in the
+                             // unexpected queue (a system buffer, in PSM2 terms)
 };
 
 struct CompletionDesc {
@@ -70,14 +106,23 @@ struct CompletionDesc {
   uint16_t reserved;
   int32_t error;    // psm2_error_t
   uint64_t req;     // the client's token from the submission
-  uint32_t tag[3];  // recv: the sender's tag
-  uint32_t msg_len; // recv: the sender's length
+  uint32_t tag[3];  // recv/probe: the sender's tag
+  uint32_t msg_len; // recv/probe: the sender's length
   uint64_t src_epid;
   union {
     uint8_t inline_data[kInlineMax];
     struct {
       uint64_t pool_offset;  // recv: payload offset in the job pool
     } pool;
+    struct {
+      uint64_t pool_offset;  // chunk payload offset in the job pool
+      uint64_t offset;       // byte offset of this chunk in the message
+      uint32_t len;
+    } chunk;
+    struct {
+      uint64_t transfer;     // names the transfer in kRndvData
+      uint32_t send_bytes;   // how much to send: min(message, receive buffer)
+    } go;
   } body;
 };
 static_assert(sizeof(CompletionDesc) == 64);

@@ -6,10 +6,16 @@
 // Endpoint segment:
 //   [0, 4 KiB)          SegmentHeader: written once by the daemon before the
 //                       client maps it. The daemon never reads it back.
-//   [4 KiB, 8 KiB)      Doorbells, then the RingControl of the submission and
-//                       of the completion ring, each word on its own line.
-//   [8 KiB, ...)        submission slots (SubmissionDesc x sq_capacity),
+//   [4 KiB, 8 KiB)      Doorbells, then the RingControl of the two submission
+//                       rings and of the completion ring, each word on its own
+//                       line.
+//   [8 KiB, ...)        message-submission slots (SubmissionDesc x sq_capacity),
+//                       control-submission slots (SubmissionDesc x sq_capacity),
 //                       then completion slots (CompletionDesc x cq_capacity).
+//
+// Two submission rings: sends (which the daemon may hold back while their
+// receiver's unexpected budget is full) and everything else (which it always
+// drains); see SubmitOp in shm/descriptor.h.
 //
 // Job pool: `regions` send regions of `region_bytes` each; region i belongs
 // to one endpoint of the job, which allocates its outgoing payloads there
@@ -27,7 +33,7 @@
 namespace psmd::shm {
 
 inline constexpr uint64_t kSegmentMagic = 0x31474553444d5350ull;  // "PSMDSEG1"
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kLayoutVersion = 2;
 inline constexpr uint64_t kPageSize = 4096;
 
 struct SegmentHeader {
@@ -38,13 +44,16 @@ struct SegmentHeader {
   uint64_t segment_bytes;
   uint32_t sq_capacity;
   uint32_t cq_capacity;
-  uint64_t sq_offset;
+  uint64_t msg_sq_offset;
+  uint64_t ctl_sq_offset;
   uint64_t cq_offset;
   uint64_t pool_bytes;
   uint64_t region_offset;  // this endpoint's send region inside the pool
   uint64_t region_bytes;
   uint32_t inline_max;
   uint32_t reserved;
+  uint64_t unexpected_budget;      // initial PSM2_MQ_MAX_SYSBUF_MBYTES, in bytes
+  uint64_t max_unexpected_budget;  // the most a client may set
 };
 static_assert(sizeof(SegmentHeader) <= kPageSize);
 
@@ -63,8 +72,9 @@ static_assert(sizeof(Doorbells) == 3 * kCacheLine);
 
 struct SegmentControl {
   Doorbells doorbells;
-  RingControl sq;  // submission: client produces, daemon consumes
-  RingControl cq;  // completion: daemon produces, client consumes
+  RingControl msg_sq;  // message submissions: client produces, daemon consumes
+  RingControl ctl_sq;  // control submissions: client produces, daemon consumes
+  RingControl cq;      // completions: daemon produces, client consumes
 };
 static_assert(sizeof(SegmentControl) <= kPageSize);
 
@@ -74,7 +84,8 @@ inline constexpr uint64_t kSlotsOffset = 2 * kPageSize;
 struct SegmentGeometry {
   uint32_t sq_capacity;
   uint32_t cq_capacity;
-  uint64_t sq_offset;
+  uint64_t msg_sq_offset;
+  uint64_t ctl_sq_offset;
   uint64_t cq_offset;
   uint64_t bytes;  // rounded up to a page
 };
@@ -83,8 +94,9 @@ inline SegmentGeometry ComputeGeometry(uint32_t sq_capacity, uint32_t cq_capacit
   SegmentGeometry g{};
   g.sq_capacity = sq_capacity;
   g.cq_capacity = cq_capacity;
-  g.sq_offset = kSlotsOffset;
-  g.cq_offset = g.sq_offset + uint64_t{sq_capacity} * sizeof(SubmissionDesc);
+  g.msg_sq_offset = kSlotsOffset;
+  g.ctl_sq_offset = g.msg_sq_offset + uint64_t{sq_capacity} * sizeof(SubmissionDesc);
+  g.cq_offset = g.ctl_sq_offset + uint64_t{sq_capacity} * sizeof(SubmissionDesc);
   uint64_t end = g.cq_offset + uint64_t{cq_capacity} * sizeof(CompletionDesc);
   g.bytes = (end + kPageSize - 1) / kPageSize * kPageSize;
   return g;
@@ -97,8 +109,11 @@ inline SegmentHeader* HeaderOf(void* base) { return static_cast<SegmentHeader*>(
 inline SegmentControl* ControlOf(void* base) {
   return reinterpret_cast<SegmentControl*>(static_cast<uint8_t*>(base) + kControlOffset);
 }
-inline SubmissionDesc* SubmissionSlotsOf(void* base, const SegmentGeometry& g) {
-  return reinterpret_cast<SubmissionDesc*>(static_cast<uint8_t*>(base) + g.sq_offset);
+inline SubmissionDesc* MessageSlotsOf(void* base, const SegmentGeometry& g) {
+  return reinterpret_cast<SubmissionDesc*>(static_cast<uint8_t*>(base) + g.msg_sq_offset);
+}
+inline SubmissionDesc* ControlSlotsOf(void* base, const SegmentGeometry& g) {
+  return reinterpret_cast<SubmissionDesc*>(static_cast<uint8_t*>(base) + g.ctl_sq_offset);
 }
 inline CompletionDesc* CompletionSlotsOf(void* base, const SegmentGeometry& g) {
   return reinterpret_cast<CompletionDesc*>(static_cast<uint8_t*>(base) + g.cq_offset);

@@ -28,16 +28,23 @@ void Expect(bool ok, const char* what) {
   }
 }
 
+// Publishes a raw descriptor on one of the rings (whatever its opcode says)
+// without waiting.
+void PushRaw(psm2_ep_t ep, const shm::SubmissionDesc& d, bool message_ring) {
+  auto& ring = message_ring ? ep->msg_sq : ep->ctl_sq;
+  while (!ring.TryPush(d)) ep->Progress();
+  psmd::shm::RingEventFd(ep->doorbell_fd);  // unconditionally: the daemon may sleep
+}
+
 // Publishes a raw descriptor for a fresh request and waits for its completion.
-psm2_error_t SubmitRaw(psm2_ep_t ep, shm::SubmissionDesc d) {
+psm2_error_t SubmitRaw(psm2_ep_t ep, shm::SubmissionDesc d, bool message_ring = false) {
   std::lock_guard<std::mutex> lock(ep->mu);
-  psm2_mq_req* r = ep->NewRequest(psm2_mq_req::Kind::kSend, nullptr);
+  psm2_mq_req* r = ep->NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
   r->state = psm2_mq_req::State::kPosted;
   d.req = psmd::client::TokenOf(r);
-  while (!ep->sq.TryPush(d)) ep->Progress();
-  psmd::shm::RingEventFd(ep->doorbell_fd);  // unconditionally: the daemon may sleep
+  PushRaw(ep, d, message_ring);
   ep->WaitUntil([r] { return r->state == psm2_mq_req::State::kComplete; });
-  psm2_error_t err = r->error;
+  psm2_error_t err = static_cast<psm2_error_t>(r->user.error_code);
   ep->FreeRequest(r);
   return err;
 }
@@ -64,26 +71,45 @@ int main() {
   d = {};
   d.op = shm::SubmitOp::kSend;
   d.peer = 999;
-  Expect(SubmitRaw(ep, d) == PSM2_EPID_UNKNOWN, "send to an unconnected slot fails");
+  Expect(SubmitRaw(ep, d, true) == PSM2_EPID_UNKNOWN, "send to an unconnected slot fails");
 
   d = {};
   d.op = shm::SubmitOp::kSend;
   d.peer = self->slot;
   d.len = 1000;
   d.body.pool.pool_offset = 0;  // outside (before) our region, or its header
-  Expect(SubmitRaw(ep, d) == PSM2_PARAM_ERR, "payload offset outside own region fails");
+  Expect(SubmitRaw(ep, d, true) == PSM2_PARAM_ERR, "payload offset outside own region fails");
 
   d.body.pool.pool_offset = ~uint64_t{0} - 63;  // would overflow offset + len
-  Expect(SubmitRaw(ep, d) == PSM2_PARAM_ERR, "overflowing payload offset fails");
+  Expect(SubmitRaw(ep, d, true) == PSM2_PARAM_ERR, "overflowing payload offset fails");
 
   d.len = 0xffffffffu;
   d.body.pool.pool_offset = ep->arena.MaxPayload();
-  Expect(SubmitRaw(ep, d) == PSM2_PARAM_ERR, "length beyond the region fails");
+  Expect(SubmitRaw(ep, d, true) == PSM2_PARAM_ERR, "length beyond the region fails");
 
   d = {};
   d.op = shm::SubmitOp::kRecv;
   d.flags = 0xff;
   Expect(SubmitRaw(ep, d) == PSM2_PARAM_ERR, "receive with unknown flags fails");
+
+  d = {};
+  d.op = shm::SubmitOp::kRndvData;
+  d.len = 64;
+  d.body.rndv.transfer = 12345;
+  d.body.rndv.pool_offset = ep->arena.MaxPayload();  // inside nobody's transfer
+  Expect(SubmitRaw(ep, d) == PSM2_PARAM_ERR, "rendezvous chunk of no transfer fails");
+
+  d = {};
+  d.op = shm::SubmitOp::kClaimedRecv;
+  Expect(SubmitRaw(ep, d) == PSM2_MQ_NO_COMPLETIONS, "receive of an unclaimed message fails");
+
+  d = {};
+  d.op = shm::SubmitOp::kSetOption;
+  d.body.option.key = 999;
+  Expect(SubmitRaw(ep, d) == PSM2_PARAM_ERR, "unknown option fails");
+  d.body.option.key = static_cast<uint32_t>(shm::QueueOption::kUnexpectedBudgetBytes);
+  d.body.option.value = ~uint64_t{0};
+  Expect(SubmitRaw(ep, d) == PSM2_PARAM_ERR, "budget above psmd's cap fails");
 
   // Random bytes: the daemon must reject whatever it cannot use; their
   // completions carry tokens we never issued and are ignored.
@@ -93,12 +119,13 @@ int main() {
     uint64_t words[8];
     for (auto& w : words) w = rng();
     memcpy(&junk, words, sizeof(junk));
-    if (junk.op == shm::SubmitOp::kRecv || junk.op == shm::SubmitOp::kCancel) {
-      junk.op = shm::SubmitOp::kInvalid;  // a valid receive would just be posted
+    if (junk.op == shm::SubmitOp::kRecv || junk.op == shm::SubmitOp::kCancel ||
+        junk.op == shm::SubmitOp::kProbe || junk.op == shm::SubmitOp::kRndvSend ||
+        junk.op == shm::SubmitOp::kSetOption) {
+      junk.op = shm::SubmitOp::kInvalid;  // these could be valid and just be queued
     }
     std::lock_guard<std::mutex> lock(ep->mu);
-    while (!ep->sq.TryPush(junk)) ep->Progress();
-    psmd::shm::RingEventFd(ep->doorbell_fd);
+    PushRaw(ep, junk, i % 2 == 0);
   }
 
   // The endpoint still serves valid requests.
@@ -116,7 +143,7 @@ int main() {
          "valid receive after garbage delivers intact data");
 
   // Finally break the ring itself: the daemon stops serving this endpoint.
-  ep->ctl->sq.tail.value.store(0x7fffffff);
+  ep->ctl->ctl_sq.tail.value.store(0x7fffffff);
   psmd::shm::RingEventFd(ep->doorbell_fd);
   usleep(100000);
   printf("garbage_client: %d failures\n", failures);
