@@ -16,6 +16,10 @@ namespace {
 
 constexpr size_t kReapBatch = 32;
 constexpr int64_t kSleepSliceNs = 100'000'000;  // re-check daemon liveness this often
+// With submissions deferred for ring or pool space, what frees the space (psmd
+// consuming a ring, a receiver releasing a chunk) posts us no completion, so
+// no wake-up comes: sleep only briefly, then retry.
+constexpr int64_t kDeferredSliceNs = 50'000;
 
 std::string ProgramName() {
   char buf[256];
@@ -436,7 +440,8 @@ void psm2_ep::SleepForCompletions() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (cq.Available() == 0) {
     mu.unlock();  // let other application threads use the endpoint meanwhile
-    shm::FutexWait(&bells.cq_futex, seen, kSleepSliceNs);
+    bool blocked = !deferred_msg.empty() || !deferred_ctl.empty();
+    shm::FutexWait(&bells.cq_futex, seen, blocked ? kDeferredSliceNs : kSleepSliceNs);
     mu.lock();
   }
   bells.client_waiting.store(0, std::memory_order_relaxed);

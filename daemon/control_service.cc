@@ -25,6 +25,10 @@ void FillStats(const EndpointSnapshot& s, v1::EndpointStats* out) {
   out->set_unexpected_msgs(s.unexpected_msgs);
   out->set_unexpected_bytes(s.unexpected_bytes);
   out->set_posted_recvs(s.posted_recvs);
+  out->set_rndv_msgs_sent(s.rndv_msgs_sent);
+  out->set_rndv_bytes_sent(s.rndv_bytes_sent);
+  out->set_probes(s.probes);
+  out->set_sends_held(s.sends_held);
   out->set_bad_descriptors(s.bad_descriptors);
 }
 

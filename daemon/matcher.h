@@ -215,97 +215,138 @@ class TagIndex {
  public:
   static constexpr size_t npos = ~size_t{0};
 
-  static uint32_t hash(const Tag96& tag) { return static_cast<uint32_t>(Tag96Hash{}(tag)); }
+  static uint64_t hash(const Tag96& tag) { return Tag96Hash{}(tag); }
 
-  // Slot position of the bucket for `tag` (whose hash is `h`), or npos.
-  // tag_of(Index) returns the tag of a node.
   template <typename TagOf>
-  size_t find(const Tag96& tag, uint32_t h, TagOf tag_of) const {
-    if (count_ == 0) return npos;
-    for (size_t pos = h & mask_;; pos = (pos + 1) & mask_) {
-      const Slot& s = slots_[pos];
-      if (s.head == kNil) return npos;
-      if (s.hash == h && tag_of(s.head) == tag) return pos;
-    }
-  }
-
-  // Grows the table if needed so that the next find_or_insert() neither
-  // allocates nor throws. Invalidates earlier positions.
-  void reserve_one() {
-    if ((count_ + 1) * 2 > slots_.size()) rehash(std::max<size_t>(16, slots_.size() * 2));
-  }
-
-  // Like find(), but creates the bucket (with head kNil) if absent. The
-  // caller must link a node into it before the next call (no empty buckets).
-  // Call reserve_one() first.
-  template <typename TagOf>
-  size_t find_or_insert(const Tag96& tag, uint32_t h, TagOf tag_of) {
-    size_t pos = h & mask_;
-    for (; slots_[pos].head != kNil; pos = (pos + 1) & mask_) {
-      if (slots_[pos].hash == h && tag_of(slots_[pos].head) == tag) return pos;
-    }
-    ++count_;
-    slots_[pos].hash = h;
-    return pos;
-  }
-
-  Index& head_at(size_t pos) { return slots_[pos].head; }
-  Index head_at(size_t pos) const { return slots_[pos].head; }
-
-  // Removes the (now empty) bucket at `pos`, shifting later members of its
-  // probe run back so that no lookup crosses a hole it should not.
-  void erase_at(size_t pos) {
-    size_t hole = pos;
-    for (size_t j = (hole + 1) & mask_; slots_[j].head != kNil; j = (j + 1) & mask_) {
-      // Slot j may fill the hole iff the hole lies on j's probe path, i.e.
-      // j is at least as far from its home slot as from the hole.
-      if (((j - slots_[j].hash) & mask_) >= ((j - hole) & mask_)) {
-        slots_[hole] = slots_[j];
-        hole = j;
+  size_t find(const Tag96& tag, uint64_t h, TagOf tag_of) const {
+    if (groups_.empty()) return npos;
+    const uint32_t fp = Fingerprint(h);
+    for (size_t g = Home(h);; g = (g + 1) & gmask_) {
+      const Group& grp = groups_[g];
+      for (unsigned m = Match(grp, fp); m != 0; m &= m - 1) {
+        const unsigned j = static_cast<unsigned>(__builtin_ctz(m));
+        if (tag_of(grp.head[j]) == tag) return g * kWidth + j;
       }
+      if (Match(grp, kEmpty) != 0) return npos;
     }
-    slots_[hole].head = kNil;
-    --count_;
   }
 
-  // Calls f(head) for every bucket.
+  void reserve_one() {
+    if (used_ + 1 > MaxLoad(groups_.size() * kWidth)) {
+      size_t cap = kWidth;
+      while (MaxLoad(cap) < 2 * (live_ + 1)) cap *= 2;
+      rehash(cap);
+    }
+  }
+
+  template <typename TagOf>
+  size_t find_or_insert(const Tag96& tag, uint64_t h, TagOf tag_of) {
+    const uint32_t fp = Fingerprint(h);
+    size_t free_pos = npos;
+    for (size_t g = Home(h);; g = (g + 1) & gmask_) {
+      Group& grp = groups_[g];
+      for (unsigned m = Match(grp, fp); m != 0; m &= m - 1) {
+        const unsigned j = static_cast<unsigned>(__builtin_ctz(m));
+        if (tag_of(grp.head[j]) == tag) return g * kWidth + j;
+      }
+      if (free_pos == npos) {
+        const unsigned f = Match(grp, kEmpty) | Match(grp, kDeleted);
+        if (f != 0) free_pos = g * kWidth + static_cast<unsigned>(__builtin_ctz(f));
+      }
+      if (Match(grp, kEmpty) != 0) break;
+    }
+    uint32_t& slot_fp = groups_[free_pos / kWidth].fp[free_pos % kWidth];
+    if (slot_fp == kEmpty) ++used_;
+    slot_fp = fp;
+    head_at(free_pos) = kNil;
+    ++live_;
+    return free_pos;
+  }
+
+  Index& head_at(size_t pos) { return groups_[pos / kWidth].head[pos % kWidth]; }
+  Index head_at(size_t pos) const { return groups_[pos / kWidth].head[pos % kWidth]; }
+
+  void erase_at(size_t pos) {
+    Group& grp = groups_[pos / kWidth];
+    if (Match(grp, kEmpty) != 0) {
+      grp.fp[pos % kWidth] = kEmpty;
+      --used_;
+    } else {
+      grp.fp[pos % kWidth] = kDeleted;
+    }
+    grp.head[pos % kWidth] = kNil;
+    --live_;
+  }
+
   template <typename F>
   void for_each_head(F&& f) const {
-    if (count_ == 0) return;
-    for (const Slot& s : slots_) {
-      if (s.head != kNil) f(s.head);
+    if (live_ == 0) return;
+    for (const Group& grp : groups_) {
+      for (size_t j = 0; j < kWidth; ++j) {
+        if (grp.fp[j] > kDeleted) f(grp.head[j]);
+      }
     }
   }
 
   void clear() {
-    slots_.clear();
-    slots_.shrink_to_fit();
-    mask_ = 0;
-    count_ = 0;
+    groups_.clear();
+    groups_.shrink_to_fit();
+    gmask_ = 0;
+    live_ = 0;
+    used_ = 0;
   }
 
  private:
-  struct Slot {
-    uint32_t hash = 0;  // low bits are the home position
-    Index head = kNil;
+  static constexpr size_t kWidth = 8;
+  static constexpr uint32_t kEmpty = 0;
+  static constexpr uint32_t kDeleted = 1;
+
+  struct alignas(64) Group {
+    uint32_t fp[kWidth];
+    Index head[kWidth];
   };
 
-  void rehash(size_t capacity) {
-    std::vector<Slot> fresh(capacity);  // the only step that can throw
-    const size_t mask = capacity - 1;
-    for (const Slot& s : slots_) {
-      if (s.head == kNil) continue;
-      size_t pos = s.hash & mask;
-      while (fresh[pos].head != kNil) pos = (pos + 1) & mask;
-      fresh[pos] = s;
-    }
-    slots_.swap(fresh);
-    mask_ = mask;
+  static size_t MaxLoad(size_t cap) { return cap - cap / 8; }
+  static uint32_t Fingerprint(uint64_t h) {
+    const uint32_t f = static_cast<uint32_t>(h);
+    return f < 2 ? f + 2 : f;
+  }
+  static size_t HomeOf(uint32_t fp, size_t ngroups) {
+    return static_cast<size_t>((uint64_t{fp} * ngroups) >> 32);
+  }
+  size_t Home(uint64_t h) const { return HomeOf(Fingerprint(h), groups_.size()); }
+  static unsigned Match(const Group& g, uint32_t fp) {
+    unsigned m = 0;
+    for (unsigned j = 0; j < kWidth; ++j) m |= static_cast<unsigned>(g.fp[j] == fp) << j;
+    return m;
   }
 
-  std::vector<Slot> slots_;  // size is 0 or a power of two
-  size_t mask_ = 0;
-  size_t count_ = 0;  // non-empty slots
+  void rehash(size_t capacity) {
+    std::vector<Group> fresh(capacity / kWidth);
+    const size_t gmask = fresh.size() - 1;
+    for (const Group& grp : groups_) {
+      for (size_t j = 0; j < kWidth; ++j) {
+        if (grp.fp[j] <= kDeleted) continue;
+        for (size_t g = HomeOf(grp.fp[j], fresh.size());; g = (g + 1) & gmask) {
+          const unsigned f = Match(fresh[g], kEmpty);
+          if (f != 0) {
+            const unsigned k = static_cast<unsigned>(__builtin_ctz(f));
+            fresh[g].fp[k] = grp.fp[j];
+            fresh[g].head[k] = grp.head[j];
+            break;
+          }
+        }
+      }
+    }
+    groups_.swap(fresh);
+    gmask_ = gmask;
+    used_ = live_;
+  }
+
+  std::vector<Group> groups_;
+  size_t gmask_ = 0;
+  size_t live_ = 0;
+  size_t used_ = 0;
 };
 
 }  // namespace matcher_internal

@@ -174,6 +174,10 @@ void AccumulateCounters(const EndpointSnapshot& b, EndpointSnapshot* a) {
   a->unexpected_bytes += b.unexpected_bytes;
   a->posted_recvs += b.posted_recvs;
   a->bad_descriptors += b.bad_descriptors;
+  a->rndv_msgs_sent += b.rndv_msgs_sent;
+  a->rndv_bytes_sent += b.rndv_bytes_sent;
+  a->probes += b.probes;
+  a->sends_held += b.sends_held;
 }
 
 namespace {
@@ -187,6 +191,10 @@ void CopyCounters(const EndpointCounters& c, EndpointSnapshot* s) {
   s->unexpected_bytes = c.unexpected_bytes.Get();
   s->posted_recvs = c.posted_recvs.Get();
   s->bad_descriptors = c.bad_descriptors.Get();
+  s->rndv_msgs_sent = c.rndv_msgs_sent.Get();
+  s->rndv_bytes_sent = c.rndv_bytes_sent.Get();
+  s->probes = c.probes.Get();
+  s->sends_held = c.sends_held.Get();
 }
 
 }  // namespace

@@ -168,6 +168,13 @@ long long JsonNumber(const std::string& json, const std::string& object, const s
   return atoll(json.c_str() + at + key.size() + 3);
 }
 
+long long ResidentKiB(pid_t pid) {
+  std::string status = ReadFile("/proc/" + std::to_string(pid) + "/status");
+  size_t at = status.find("VmRSS:");
+  if (at == std::string::npos) return -1;
+  return atoll(status.c_str() + at + 6);
+}
+
 double CpuSeconds(pid_t pid) {
   std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
   size_t close_paren = stat.rfind(')');

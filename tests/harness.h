@@ -89,6 +89,9 @@ std::string ReadFile(const std::string& path);
 // (or anywhere when object is empty). -1 when absent.
 long long JsonNumber(const std::string& json, const std::string& object, const std::string& key);
 
+// Resident set size of pid in KiB (VmRSS), -1 if unreadable.
+long long ResidentKiB(pid_t pid);
+
 // CPU seconds (user + system) consumed so far by pid.
 double CpuSeconds(pid_t pid);
 

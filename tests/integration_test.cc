@@ -265,5 +265,39 @@ TEST_F(IntegrationTest, OtherUsersSeeNothingAndCannotClose) {
   r1.Wait(5);
 }
 
+TEST_F(IntegrationTest, FloodOfUnexpectedMessagesStaysWithinTheBudgetAndArrivesIntact) {
+  // 1 Mi messages of 8 B and then 2 GiB of 32 KiB messages at a receiver that
+  // posts nothing for 3 s. Without the budget psmd's memory grows by ~150 MB
+  // (measured); with it, by at most the budget plus fixed overhead.
+  constexpr long long kBudgetMiB = 16;
+  Daemon d(dir_, {"--unexpected-mib", std::to_string(kBudgetMiB)});
+  std::string rv = Subdir(dir_, "rv");
+  long long baseline = ResidentKiB(d.pid());
+  ASSERT_GT(baseline, 0);
+  auto args = [&](int rank) {
+    return std::vector<std::string>{Runfile("tests/programs/flood"), "--rank",
+                                    std::to_string(rank), "--dir", rv, "--idle-seconds", "3"};
+  };
+  Process receiver = Process::Start(args(1), d.ClientEnv(), dir_.path() + "/r1.out",
+                                    dir_.path() + "/r1.err");
+  Process sender = Process::Start(args(0), d.ClientEnv(), dir_.path() + "/r0.out",
+                                  dir_.path() + "/r0.err");
+  long long peak = baseline;
+  int receiver_exit = -1;
+  for (int i = 0; i < 1200 && receiver_exit == -1; i++) {
+    peak = std::max(peak, ResidentKiB(d.pid()));
+    receiver_exit = receiver.Wait(0.05);
+  }
+  ASSERT_EQ(receiver_exit, 0) << ReadFile(dir_.path() + "/r1.err");
+  ASSERT_EQ(sender.Wait(30), 0) << ReadFile(dir_.path() + "/r0.err");
+  EXPECT_NE(ReadFile(dir_.path() + "/r1.out").find("0 wrong"), std::string::npos);
+  const long long kFixedOverheadKiB = 16 << 10;
+  EXPECT_LE(peak - baseline, (kBudgetMiB << 10) + kFixedOverheadKiB)
+      << "psmd grew from " << baseline << " KiB to " << peak << " KiB";
+  RunResult stats = Psmctl(dir_, d, {"stats", "--json"});
+  EXPECT_GT(JsonNumber(stats.out, "total", "sends_held"), 0) << stats.out;
+  EXPECT_EQ(JsonNumber(stats.out, "total", "msgs_received"), (1 << 20) + 65536 + 2) << stats.out;
+}
+
 }  // namespace
 }  // namespace psmd::testing

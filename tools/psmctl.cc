@@ -69,6 +69,10 @@ std::string StatsJson(const psmd::v1::EndpointStats& s, bool with_identity) {
   out += ", \"unexpected_msgs\": " + std::to_string(s.unexpected_msgs());
   out += ", \"unexpected_bytes\": " + std::to_string(s.unexpected_bytes());
   out += ", \"posted_recvs\": " + std::to_string(s.posted_recvs());
+  out += ", \"rndv_msgs_sent\": " + std::to_string(s.rndv_msgs_sent());
+  out += ", \"rndv_bytes_sent\": " + std::to_string(s.rndv_bytes_sent());
+  out += ", \"probes\": " + std::to_string(s.probes());
+  out += ", \"sends_held\": " + std::to_string(s.sends_held());
   out += ", \"bad_descriptors\": " + std::to_string(s.bad_descriptors());
   return out + "}";
 }

@@ -1,0 +1,148 @@
+// A sender floods a receiver that posts nothing for a while: the test of
+// psmd's bounded unexpected-message memory (daemon/mq_engine.h, invariant 4).
+//
+//   flood --rank 0|1 --dir DIR [--small N] [--bytes TOTAL] [--idle-seconds S]
+//
+// Rank 0 streams N 8 B messages, then 32 KiB messages (TOTAL bytes of them),
+// all tagged with their sequence number, with isend and a window of reusable
+// buffers. The small ones matter: their payload travels inside the
+// descriptor and their sends complete at once, so only psmd's budget (not the
+// sender's pool region) stops them from piling up in the daemon. Rank 1 connects, stays idle for S seconds (psmd must
+// hold the sender back, not buffer without bound), then receives everything
+// with a wildcard tag and checks order (tags in sequence: MPI non-overtaking)
+// and every byte. Both print a one-line summary; exit 0 only if all is well.
+#include <psm2.h>
+#include <psm2_mq.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/programs/rendezvous.h"
+
+using psmd::testing::CheckPsm;
+
+namespace {
+
+constexpr uint32_t kLarge = 32 << 10;
+constexpr uint32_t kSmall = 8;
+constexpr int kWindow = 64;
+uint64_t g_small_count = 1 << 20;
+
+uint32_t SizeOf(uint64_t seq) { return seq < g_small_count ? kSmall : kLarge; }
+
+// Byte i of message seq: cheap, and different for every message and offset.
+uint8_t PatternByte(uint64_t seq, uint32_t i) {
+  return static_cast<uint8_t>(seq * 131 + i * 7 + (i >> 8));
+}
+
+void Fill(uint8_t* buf, uint64_t seq) {
+  for (uint32_t i = 0; i < SizeOf(seq); i++) buf[i] = PatternByte(seq, i);
+}
+
+psm2_mq_tag_t TagOf(uint64_t seq) {
+  psm2_mq_tag_t t{};
+  t.tag0 = static_cast<uint32_t>(seq);
+  t.tag1 = static_cast<uint32_t>(seq >> 32);
+  t.tag2 = 0xf100d;
+  return t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rank = -1;
+  std::string dir;
+  uint64_t total = 2ull << 30;
+  double idle_s = 3;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i];
+    if (a == "--rank") rank = atoi(argv[i + 1]);
+    else if (a == "--dir") dir = argv[i + 1];
+    else if (a == "--small") g_small_count = strtoull(argv[i + 1], nullptr, 0);
+    else if (a == "--bytes") total = strtoull(argv[i + 1], nullptr, 0);
+    else if (a == "--idle-seconds") idle_s = atof(argv[i + 1]);
+    else {
+      fprintf(stderr, "unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  if ((rank != 0 && rank != 1) || dir.empty()) {
+    fprintf(stderr, "usage: flood --rank 0|1 --dir DIR [--small N] [--bytes N] [--idle-seconds S]\n");
+    return 2;
+  }
+  const uint64_t messages = g_small_count + (total + kLarge - 1) / kLarge;
+
+  psm2_uuid_t uuid;
+  psmd::testing::ParseUuid("f100d000f100d000f100d000f100d000", uuid);
+  psm2_ep_t ep;
+  psm2_epid_t self, peer;
+  psmd::testing::InitAndOpen(uuid, &ep, &self);
+  psm2_mq_t mq;
+  CheckPsm(psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq), "psm2_mq_init");
+  if (!psmd::testing::PublishEpid(dir, rank, self) ||
+      !psmd::testing::AwaitEpid(dir, 1 - rank, 30, &peer)) {
+    fprintf(stderr, "rank %d: epid exchange failed\n", rank);
+    return 2;
+  }
+  psm2_epaddr_t addr;
+  psm2_error_t conn_err;
+  CheckPsm(psm2_ep_connect(ep, 1, &peer, nullptr, &conn_err, &addr, 0), "psm2_ep_connect");
+
+  if (rank == 0) {
+    std::vector<std::vector<uint8_t>> bufs(kWindow, std::vector<uint8_t>(kLarge));
+    std::vector<psm2_mq_req_t> reqs(kWindow, PSM2_MQ_REQINVALID);
+    for (uint64_t seq = 0; seq < messages; seq++) {
+      int slot = static_cast<int>(seq % kWindow);
+      CheckPsm(psm2_mq_wait2(&reqs[slot], nullptr), "psm2_mq_wait2 (send)");
+      Fill(bufs[slot].data(), seq);
+      psm2_mq_tag_t tag = TagOf(seq);
+      CheckPsm(psm2_mq_isend2(mq, addr, 0, &tag, bufs[slot].data(), SizeOf(seq), nullptr,
+                              &reqs[slot]),
+               "psm2_mq_isend2");
+    }
+    for (auto& r : reqs) CheckPsm(psm2_mq_wait2(&r, nullptr), "psm2_mq_wait2 (send)");
+    printf("rank 0: sent %llu messages\n", static_cast<unsigned long long>(messages));
+  } else {
+    usleep(static_cast<useconds_t>(idle_s * 1e6));
+    std::vector<uint8_t> buf(kLarge);
+    psm2_mq_tag_t any{}, wild{};  // selector 0: any tag
+    uint64_t bad = 0;
+    for (uint64_t seq = 0; seq < messages; seq++) {
+      psm2_mq_req_t req;
+      CheckPsm(psm2_mq_irecv2(mq, PSM2_MQ_ANY_ADDR, &any, &wild, 0, buf.data(), kLarge, nullptr,
+                              &req),
+               "psm2_mq_irecv2");
+      psm2_mq_status2_t st;
+      CheckPsm(psm2_mq_wait2(&req, &st), "psm2_mq_wait2 (recv)");
+      psm2_mq_tag_t want = TagOf(seq);
+      bool ok = st.error_code == PSM2_OK && st.nbytes == SizeOf(seq) &&
+                memcmp(&st.msg_tag, &want, sizeof(want)) == 0;
+      for (uint32_t i = 0; ok && i < st.nbytes; i++) ok = buf[i] == PatternByte(seq, i);
+      if (!ok && bad++ < 5) {
+        fprintf(stderr, "rank 1: message %llu wrong (tag0 %u, %u bytes, error %d)\n",
+                static_cast<unsigned long long>(seq), st.msg_tag.tag0, st.nbytes,
+                st.error_code);
+      }
+    }
+    printf("rank 1: received %llu messages, %llu wrong\n",
+           static_cast<unsigned long long>(messages), static_cast<unsigned long long>(bad));
+    if (bad != 0) return 1;
+  }
+  // Neither side leaves before the other is done with its requests.
+  char byte = 0;
+  psm2_mq_tag_t done{};
+  done.tag2 = 0xd0e;
+  psm2_mq_tag_t all;
+  memset(&all, 0xff, sizeof(all));
+  psm2_mq_req_t req;
+  CheckPsm(psm2_mq_irecv2(mq, addr, &done, &all, 0, &byte, 1, nullptr, &req), "irecv done");
+  CheckPsm(psm2_mq_send2(mq, addr, 0, &done, &byte, 1), "send done");
+  CheckPsm(psm2_mq_wait2(&req, nullptr), "wait done");
+  psm2_ep_close(ep, PSM2_EP_CLOSE_GRACEFUL, 0);
+  psm2_finalize();
+  return 0;
+}
