@@ -26,13 +26,9 @@ psm2_mq_tag_t Tag64(uint64_t tag) {
   return t;
 }
 
-// The selector of a 64-bit receive or probe: it matches only messages whose
-// third tag word is 0, i.e. those sent with a 64-bit tag (or tag2 = 0).
-psm2_mq_tag_t Selector64(uint64_t sel) {
-  psm2_mq_tag_t t = Tag64(sel);
-  t.tag2 = 0xffffffffu;
-  return t;
-}
+// The selector of a 64-bit receive or probe ignores the third tag word, as
+// Intel's does: it also matches 96-bit sends whatever their tag2.
+psm2_mq_tag_t Selector64(uint64_t sel) { return Tag64(sel); }
 
 uint64_t Tag64Of(const psm2_mq_tag_t& t) { return (uint64_t{t.tag1} << 32) | t.tag0; }
 
@@ -230,17 +226,20 @@ psm2_error_t psm2_mq_init(psm2_ep_t ep, uint64_t ignored, const struct psm2_optk
   if (ep == nullptr || mq == nullptr || numopts < 0 || (numopts > 0 && opts == nullptr)) {
     return PSM2_PARAM_ERR;
   }
+  // One MQ per endpoint: a second call returns the same one and, as Intel's
+  // does, applies its options too.
   psm2_mq_t q = &ep->mq;
   if (!q->initialized) {
     // Defaults, then PSM2's environment variables, then the caller's options.
     psm2_error_t err = psmd::client::InitMqOptions(q);
-    for (int i = 0; err == PSM2_OK && i < numopts; i++) {
-      if (opts[i].value == nullptr) return PSM2_PARAM_ERR;
-      err = psmd::client::SetMqOption(q, static_cast<int>(opts[i].key),
-                                      *static_cast<const uint32_t*>(opts[i].value));
-    }
     if (err != PSM2_OK) return err;
     q->initialized = true;
+  }
+  for (int i = 0; i < numopts; i++) {
+    if (opts[i].value == nullptr) return PSM2_PARAM_ERR;
+    psm2_error_t err = psmd::client::SetMqOption(q, static_cast<int>(opts[i].key),
+                                                 *static_cast<const uint32_t*>(opts[i].value));
+    if (err != PSM2_OK) return err;
   }
   *mq = q;
   return PSM2_OK;
@@ -402,14 +401,17 @@ psm2_error_t psm2_mq_ipeek_dequeue_multi(psm2_mq_t mq, void* status_array,
   while (stored < wanted && mq->done_head != nullptr) {
     psm2_mq_req* r = mq->done_head;
     int rc = status_copy(&r->user, status_array, stored);
+    ep->FreeRequest(r);  // consumed whatever the callback said, as Intel's
     if (rc < 0) {
-      *count = rc;  // the request stays queued: nothing was consumed
+      *count = rc;
       return PSM2_INTERNAL_ERR;
     }
-    ep->FreeRequest(r);
     if (rc == 0) continue;  // processed, not stored
     stored++;
-    if (rc > 1) break;  // the callback ends the batch
+    if (rc > 1) {  // stored, and the callback ends the batch
+      *count = stored;
+      return PSM2_OK;
+    }
   }
   if (stored == wanted) return PSM2_OK;
   *count = stored;
@@ -441,7 +443,8 @@ psm2_error_t psm2_mq_test(psm2_mq_req_t* request, psm2_mq_status_t* status) {
 }
 
 psm2_error_t psm2_mq_cancel(psm2_mq_req_t* request) {
-  if (request == nullptr || *request == nullptr) return PSM2_PARAM_ERR;
+  if (request == nullptr) return PSM2_PARAM_ERR;
+  if (*request == PSM2_MQ_REQINVALID) return PSM2_MQ_NO_COMPLETIONS;  // as Intel's
   psm2_mq_req* r = *request;
   psm2_ep_t ep = r->mq->ep;
   std::lock_guard<std::mutex> lock(ep->mu);

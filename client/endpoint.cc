@@ -349,7 +349,7 @@ void psm2_ep::CompleteEager(psm2_mq_req* req, const shm::CompletionDesc& c) {
     if (n > 0) std::memcpy(req->user.buf, pool.base() + c.body.pool.pool_offset, n);
     shm::ReleaseChunk(pool.base(), c.body.pool.pool_offset);
   }
-  CountReceive(req);
+  CountReceive(req, /*rendezvous=*/false);
   MarkComplete(req);
 }
 
@@ -359,7 +359,7 @@ void psm2_ep::StartRendezvousReceive(psm2_mq_req* req, const shm::CompletionDesc
   req->received_bytes = 0;
   req->state = psm2_mq_req::State::kReceiving;
   if (req->expect_bytes == 0) {
-    CountReceive(req);
+    CountReceive(req, /*rendezvous=*/true);
     MarkComplete(req);
   }
 }
@@ -379,18 +379,24 @@ void psm2_ep::ReceiveChunk(psm2_mq_req* req, const shm::CompletionDesc& c) {
   shm::ReleaseChunk(pool.base(), c.body.chunk.pool_offset);
   req->received_bytes += len;
   if (req->received_bytes == req->expect_bytes) {
-    CountReceive(req);
+    CountReceive(req, /*rendezvous=*/true);
     MarkComplete(req);
   }
 }
 
-void psm2_ep::CountReceive(const psm2_mq_req* req) {
+void psm2_ep::CountReceive(const psm2_mq_req* req, bool rendezvous) {
+  // As Intel's: a message that waited in a system buffer counts as rx_sys; a
+  // matched one, and any rendezvous one (its data lands in the user's buffer
+  // directly), as rx_user. Unlike Intel's, counted when the receive
+  // completes, and rx_shm_num counts every message (all of psmd is on-node).
   psm2_mq_stats_t& s = mq.stats;
   uint64_t bytes = req->user.recv_msglen;
   s.rx_shm_num++;
-  if (req->was_unexpected) {
+  if (req->was_unexpected && !rendezvous) {
+    s.rx_sysbuf_num++;
+    s.rx_sysbuf_bytes += req->user.send_msglen;
     s.rx_sys_num++;
-    s.rx_sys_bytes += bytes;
+    s.rx_sys_bytes += req->user.send_msglen;  // the whole message was buffered
   } else {
     s.rx_user_num++;
     s.rx_user_bytes += bytes;

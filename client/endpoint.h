@@ -197,7 +197,7 @@ struct psm2_ep {
   void StartStreaming(psm2_mq_req* req, const psmd::shm::CompletionDesc& c);
   void DropQueuedChunks(psm2_mq_req* req);
   void SetMatchedStatus(psm2_mq_req* req, const psmd::shm::CompletionDesc& c);
-  void CountReceive(const psm2_mq_req* req);
+  void CountReceive(const psm2_mq_req* req, bool rendezvous);
   psm2_mq_req* Lookup(uint64_t token);
   void SleepForCompletions();
   void FailAllPending(psm2_error_t error);

@@ -46,6 +46,8 @@
 #include <utility>
 #include <vector>
 
+#include <emmintrin.h>
+
 #include "daemon/tag.h"
 
 namespace psmd {
@@ -316,9 +318,10 @@ class TagIndex {
   }
   size_t Home(uint64_t h) const { return HomeOf(Fingerprint(h), groups_.size()); }
   static unsigned Match(const Group& g, uint32_t fp) {
-    unsigned m = 0;
-    for (unsigned j = 0; j < kWidth; ++j) m |= static_cast<unsigned>(g.fp[j] == fp) << j;
-    return m;
+    const __m128i x = _mm_set1_epi32(static_cast<int>(fp));
+    const __m128i a = _mm_cmpeq_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(g.fp)), x);
+    const __m128i b = _mm_cmpeq_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(g.fp + 4)), x);
+    return static_cast<unsigned>(_mm_movemask_epi8(_mm_packs_epi16(_mm_packs_epi32(a, b), _mm_setzero_si128())));
   }
 
   void rehash(size_t capacity) {

@@ -112,8 +112,17 @@ Endpoint* MqEngine::Find(uint32_t id) {
 
 bool MqEngine::PollAll() {
   bool did = false;
-  // Index loop: handlers never add or remove endpoints.
-  for (size_t i = 0; i < order_.size(); i++) did |= Poll(*order_[i]);
+  // Two phases: every endpoint's control ring (receives, probes, ...) before
+  // any message ring. A receive published before a send (say, before the
+  // receiver told the sender to go) then finds the send as expected unless
+  // it arrived within the microseconds of one pass: fewer unexpected
+  // messages, and matching follows the order processes saw. Index loops:
+  // handlers never add or remove endpoints.
+  for (size_t i = 0; i < order_.size(); i++) did |= PollControl(*order_[i]);
+  for (size_t i = 0; i < order_.size(); i++) {
+    Endpoint& ep = *order_[i];
+    if (!ep.faulted && ep.cq_overflow.empty()) did |= PollMessages(ep);
+  }
   return did;
 }
 
@@ -129,25 +138,31 @@ bool MqEngine::AnySubmissionPending() {
 }
 
 bool MqEngine::Poll(Endpoint& ep) {
+  bool did = PollControl(ep);
+  if (!ep.faulted && ep.cq_overflow.empty()) did |= PollMessages(ep);
+  return did;
+}
+
+bool MqEngine::PollControl(Endpoint& ep) {
   if (ep.faulted) return false;
   bool did = false;
   if (!ep.cq_overflow.empty()) {
     did = FlushOverflow(ep);
     if (!ep.cq_overflow.empty()) return did;  // back-pressure: see invariant 3
   }
-  // Control first: receives posted in this pass may match this pass's sends.
   shm::SubmissionDesc batch[kBatch];
   size_t n = ep.ctl_sq.PopBatch(batch, kBatch);
   for (size_t i = 0; i < n; i++) Dispatch(ep, batch[i]);
-  did |= n > 0;
-  did |= PollMessages(ep);
-  if (ep.msg_sq.corrupt() || ep.ctl_sq.corrupt()) {
-    spdlog::error("endpoint {} (pid {}): submission ring indices corrupted by the client; "
-                  "the endpoint is no longer served — close and reopen it",
-                  ep.id, ep.pid);
-    ep.faulted = true;
-  }
-  return did;
+  CheckRings(ep);
+  return did || n > 0;
+}
+
+void MqEngine::CheckRings(Endpoint& ep) {
+  if (ep.faulted || !(ep.msg_sq.corrupt() || ep.ctl_sq.corrupt())) return;
+  spdlog::error("endpoint {} (pid {}): submission ring indices corrupted by the client; "
+                "the endpoint is no longer served — close and reopen it",
+                ep.id, ep.pid);
+  ep.faulted = true;
 }
 
 bool MqEngine::PollMessages(Endpoint& ep) {
@@ -166,6 +181,7 @@ bool MqEngine::PollMessages(Endpoint& ep) {
       return true;
     }
   }
+  CheckRings(ep);
   return did || n > 0;
 }
 

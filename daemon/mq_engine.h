@@ -74,8 +74,12 @@ class MqEngine {
     uint32_t forwarded;
   };
 
+  // One endpoint, both rings (used when removing it).
   bool Poll(Endpoint& ep);
+  bool PollControl(Endpoint& ep);
   bool PollMessages(Endpoint& ep);
+  // Faults the endpoint if the client scribbled on a ring's indices.
+  void CheckRings(Endpoint& ep);
   // False when the descriptor is a send that must wait (invariant 4).
   bool Dispatch(Endpoint& ep, const shm::SubmissionDesc& d);
   bool HandleSend(Endpoint& sender, const shm::SubmissionDesc& d);

@@ -1,8 +1,11 @@
 // Matched-queue conformance cases (psm2_mq.h), run on Intel's libpsm2 and on
-// psmd by run_pair.sh.
+// psmd by run_pair.sh. The cases live in mq_cases_*.cc (conventions in
+// mq_cases_util.h); this file holds the first, smallest one and the order.
 #include <cstring>
+#include <utility>
 #include <vector>
 
+#include "tests/conformance/mq_cases_util.h"
 #include "tests/conformance/pair.h"
 
 namespace psmd::conformance {
@@ -33,7 +36,9 @@ void EagerRoundTrip(Pair& p) {
 
 int main(int argc, char** argv) {
   using namespace psmd::conformance;
-  return RunCases(argc, argv, {
-      {"eager_round_trip", EagerRoundTrip},
-  });
+  std::vector<Case> cases = {{"eager_round_trip", mq::Checked(EagerRoundTrip)}};
+  for (auto list : {mq::MatchingCases, mq::DeliveryCases, mq::CompletionCases}) {
+    for (Case& c : list()) cases.push_back(std::move(c));
+  }
+  return RunCases(argc, argv, cases);
 }

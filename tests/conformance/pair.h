@@ -10,9 +10,11 @@
 //      message it sends before returning: the next case starts clean.
 //   2. It drives progress only through PSM2 calls (psm2_poll, psm2_mq_wait*,
 //      ...). Intel's PSM2 makes no progress otherwise.
-//   3. To make a message unexpected on purpose, the receiver waits in
-//      Pair::Barrier() (which polls) after the sender sent it: the message has
-//      arrived before the receiver posts anything.
+//   3. A barrier orders the two ranks, not their messages: a message sent
+//      before a barrier may still be in flight after it (in psmd, not yet
+//      processed by the daemon). To make a message unexpected on purpose,
+//      the receiver waits until a probe sees it (AwaitUnexpected in
+//      mq_cases_util.h) before posting its receive.
 #ifndef PSMD_TESTS_CONFORMANCE_PAIR_H_
 #define PSMD_TESTS_CONFORMANCE_PAIR_H_
 
@@ -79,7 +81,7 @@ void CheckEq(const A& a, const B& b, const char* expr, const char* file, int lin
 // Runs the program: parses --rank N --dir DIR [--uuid HEX] [--case NAME]
 // [--list], sets up the pair (psm2_init, ep_open, mq_init, connect to the
 // peer), runs the cases (all, or the named one) with a barrier between
-// them, prints "PASS name" / "FAIL name" per case on rank 0's stdout, tears
+// them, prints "PASS rankN name" / "FAIL rankN name" per case, tears
 // down, and returns the process exit status (0 only if every case passed on
 // this rank).
 int RunCases(int argc, char** argv, const std::vector<Case>& cases);
