@@ -221,6 +221,9 @@ bool psm2_ep::TryPublish(Deferred& d, shm::RingProducer<shm::SubmissionDesc>& ri
     d.req->holds_credit = true;
   }
   if (op == shm::SubmitOp::kRndvData) {
+    // Wake psmd per chunk, not after the whole batch: the receiver copies
+    // this chunk out while we copy the next one in.
+    RingDoorbell();
     d.req->published += d.desc.len;
     // The last chunk is in the pool: the user's buffer is free again.
     if (d.req->published == d.req->send_bytes) MarkComplete(d.req);
