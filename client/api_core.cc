@@ -178,7 +178,7 @@ psm2_error_t psm2_ep_connect(psm2_ep_t ep, int num_of_epid, const psm2_epid_t* a
                            err.message);
   }
   psm2_error_t first_error = PSM2_OK;
-  std::lock_guard<std::mutex> lock(ep->mu);
+  std::lock_guard<std::recursive_mutex> lock(ep->mu);
   for (size_t k = 0; k < wanted.size(); k++) {
     int i = index_of[k];
     const psmd::v1::ConnectResult& r = reply.results(static_cast<int>(k));
@@ -198,7 +198,7 @@ psm2_error_t psm2_ep_connect(psm2_ep_t ep, int num_of_epid, const psm2_epid_t* a
 
 psm2_error_t psm2_poll(psm2_ep_t ep) {
   if (ep == nullptr) return PSM2_PARAM_ERR;
-  std::lock_guard<std::mutex> lock(ep->mu);
+  std::lock_guard<std::recursive_mutex> lock(ep->mu);
   return ep->Progress() ? PSM2_OK : PSM2_OK_NO_PROGRESS;
 }
 

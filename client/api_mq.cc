@@ -48,7 +48,7 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags, const ps
                            "send to an epaddr that this endpoint has not connected "
                            "(call psm2_ep_connect first)");
   }
-  std::lock_guard<std::mutex> lock(ep->mu);
+  std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
   psm2_mq_req* r = ep->NewRequest(psm2_mq_req::Kind::kSend, context);
   r->user.tag = *stag;
@@ -97,7 +97,7 @@ psm2_error_t PostRecv(psm2_mq_t mq, psm2_epaddr_t src, const psm2_mq_tag_t* rtag
                            "receive from an epaddr that this endpoint has not connected "
                            "(call psm2_ep_connect first, or use PSM2_MQ_ANY_ADDR)");
   }
-  std::lock_guard<std::mutex> lock(ep->mu);
+  std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
   psm2_mq_req* r = ep->NewRequest(psm2_mq_req::Kind::kRecv, context);
   r->user.buf = static_cast<uint8_t*>(buf);
@@ -141,7 +141,7 @@ psm2_error_t Finish(psm2_mq_req_t* request, Status* status, bool block, Fill fil
   psm2_mq_req* r = *request;
   if (r == PSM2_MQ_REQINVALID) return PSM2_OK;  // nothing to wait for
   psm2_ep_t ep = r->mq->ep;
-  std::lock_guard<std::mutex> lock(ep->mu);
+  std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (r->state == State::kClaimed) {
     return Library::Report(PSM2_PARAM_ERR,
                            "request from psm2_mq_improbe: receive it with psm2_mq_imrecv first");
@@ -172,7 +172,7 @@ psm2_error_t Probe(psm2_mq_t mq, psm2_epaddr_t src, const psm2_mq_tag_t* rtag,
     return Library::Report(PSM2_EPID_UNKNOWN,
                            "probe for an epaddr that this endpoint has not connected");
   }
-  std::lock_guard<std::mutex> lock(ep->mu);
+  std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
   psm2_mq_req* r = ep->NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
   shm::SubmissionDesc d{};
@@ -207,7 +207,7 @@ template <typename Status, typename Fill>
 psm2_error_t Peek(psm2_mq_t mq, psm2_mq_req_t* req, Status* status, Fill fill) {
   if (mq == nullptr || req == nullptr) return PSM2_PARAM_ERR;
   psm2_ep_t ep = mq->ep;
-  std::lock_guard<std::mutex> lock(ep->mu);
+  std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (mq->done_head == nullptr) ep->Progress();
   psm2_mq_req* r = mq->done_head;
   if (r == nullptr) return PSM2_MQ_NO_COMPLETIONS;
@@ -325,7 +325,7 @@ psm2_error_t psm2_mq_imrecv(psm2_mq_t mq, uint32_t flags, void* buf, uint32_t le
   }
   psm2_mq_req* r = *reqo;
   psm2_ep_t ep = mq->ep;
-  std::lock_guard<std::mutex> lock(ep->mu);
+  std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (r->mq != mq || r->state != State::kClaimed) {
     return Library::Report(PSM2_PARAM_ERR,
                            "psm2_mq_imrecv: the request was not returned by psm2_mq_improbe "
@@ -381,7 +381,7 @@ psm2_error_t psm2_mq_ipeek2(psm2_mq_t mq, psm2_mq_req_t* req, psm2_mq_status2_t*
 psm2_error_t psm2_mq_ipeek_dequeue(psm2_mq_t mq, psm2_mq_req_t* req) {
   if (mq == nullptr || req == nullptr) return PSM2_PARAM_ERR;
   psm2_ep_t ep = mq->ep;
-  std::lock_guard<std::mutex> lock(ep->mu);
+  std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (mq->done_head == nullptr) ep->Progress();
   psm2_mq_req* r = mq->done_head;
   if (r == nullptr) return PSM2_MQ_NO_COMPLETIONS;
@@ -394,7 +394,7 @@ psm2_error_t psm2_mq_ipeek_dequeue_multi(psm2_mq_t mq, void* status_array,
                                          psmi_mq_status_copy_user_t status_copy, int* count) {
   if (mq == nullptr || status_copy == nullptr || count == nullptr) return PSM2_PARAM_ERR;
   psm2_ep_t ep = mq->ep;
-  std::lock_guard<std::mutex> lock(ep->mu);
+  std::lock_guard<std::recursive_mutex> lock(ep->mu);
   int wanted = *count;
   int stored = 0;
   if (wanted > 0 && mq->done_head == nullptr) ep->Progress();
@@ -421,7 +421,7 @@ psm2_error_t psm2_mq_ipeek_dequeue_multi(psm2_mq_t mq, void* status_array,
 psm2_error_t psm2_mq_req_free(psm2_mq_t mq, psm2_mq_req_t req) {
   if (req == nullptr) return PSM2_OK;
   if (mq == nullptr || req->mq != mq) return PSM2_PARAM_ERR;
-  std::lock_guard<std::mutex> lock(mq->ep->mu);
+  std::lock_guard<std::recursive_mutex> lock(mq->ep->mu);
   mq->ep->FreeRequest(req);
   return PSM2_OK;
 }
@@ -447,7 +447,7 @@ psm2_error_t psm2_mq_cancel(psm2_mq_req_t* request) {
   if (*request == PSM2_MQ_REQINVALID) return PSM2_MQ_NO_COMPLETIONS;  // as Intel's
   psm2_mq_req* r = *request;
   psm2_ep_t ep = r->mq->ep;
-  std::lock_guard<std::mutex> lock(ep->mu);
+  std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (r->kind != psm2_mq_req::Kind::kRecv) {
     return Library::Report(PSM2_PARAM_ERR, "psm2_mq_cancel: only receives can be cancelled");
   }
@@ -485,7 +485,7 @@ psm2_error_t psm2_mq_cancel(psm2_mq_req_t* request) {
 
 void psm2_mq_get_stats(psm2_mq_t mq, psm2_mq_stats_t* stats) {
   if (mq == nullptr || stats == nullptr) return;
-  std::lock_guard<std::mutex> lock(mq->ep->mu);
+  std::lock_guard<std::recursive_mutex> lock(mq->ep->mu);
   *stats = mq->stats;
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "client/library.h"
 #include "shm/doorbell.h"
 
 using psmd::client::CallError;
@@ -182,11 +183,16 @@ void psm2_ep::RemoveFromDoneList(psm2_mq_req* req) {
   req->next_done = req->prev_done = nullptr;
 }
 
-void psm2_ep::Submit(psm2_mq_req* req, const shm::SubmissionDesc& desc, const void* payload) {
-  bool message = desc.op == shm::SubmitOp::kSend || desc.op == shm::SubmitOp::kRndvSend;
-  (message ? deferred_msg : deferred_ctl).push_back(Deferred{req, desc, payload});
+Deferred* psm2_ep::Submit(psm2_mq_req* req, const shm::SubmissionDesc& desc,
+                          const void* payload, const void* prefix, uint32_t prefix_len) {
+  bool message = desc.op == shm::SubmitOp::kSend || desc.op == shm::SubmitOp::kRndvSend ||
+                 desc.op == shm::SubmitOp::kAmRequest;
+  auto& queue = message ? deferred_msg : deferred_ctl;
+  queue.push_back(Deferred{req, desc, payload, prefix, prefix_len, {}});
   FlushDeferred();
   RingDoorbell();
+  // FIFO and we came last: whatever is still queued ends with us.
+  return queue.empty() ? nullptr : &queue.back();
 }
 
 psm2_error_t psm2_ep::RoundTrip(psm2_mq_req* req, const shm::SubmissionDesc& desc) {
@@ -197,17 +203,25 @@ psm2_error_t psm2_ep::RoundTrip(psm2_mq_req* req, const shm::SubmissionDesc& des
 
 bool psm2_ep::TryPublish(Deferred& d, shm::RingProducer<shm::SubmissionDesc>& ring) {
   const shm::SubmitOp op = d.desc.op;
-  // Every submission but an eager send or a chunk is answered (invariant 2).
-  bool needs_credit = !(op == shm::SubmitOp::kSend && !(d.desc.flags & shm::kSendSync)) &&
-                      op != shm::SubmitOp::kRndvData;
+  const bool am = op == shm::SubmitOp::kAmRequest || op == shm::SubmitOp::kAmReply;
+  // Answered (invariant 2): everything but eager sends, chunks, acks, and
+  // active messages without a completion function.
+  bool needs_credit;
+  if (am) {
+    needs_credit = (d.desc.flags & shm::kAmWantsAck) != 0;
+  } else {
+    needs_credit = !(op == shm::SubmitOp::kSend && !(d.desc.flags & shm::kSendSync)) &&
+                   op != shm::SubmitOp::kRndvData && op != shm::SubmitOp::kAmAck;
+  }
   if (needs_credit && credits == 0) return false;
   if (ring.FreeSlots() == 0) return false;
-  bool pooled = (op == shm::SubmitOp::kSend && d.desc.len > shm::kInlineMax) ||
+  bool pooled = ((op == shm::SubmitOp::kSend || am) && d.desc.len > shm::kInlineMax) ||
                 op == shm::SubmitOp::kRndvData;
   if (pooled) {
     auto off = arena.Allocate(d.desc.len);
     if (!off) return false;  // back-pressure: receivers have not drained yet
-    std::memcpy(pool.base() + *off, d.payload, d.desc.len);
+    std::memcpy(pool.base() + *off, d.prefix, d.prefix_len);
+    std::memcpy(pool.base() + *off + d.prefix_len, d.payload, d.desc.len - d.prefix_len);
     if (op == shm::SubmitOp::kRndvData) {
       d.desc.body.rndv.pool_offset = *off;
     } else {
@@ -216,6 +230,7 @@ bool psm2_ep::TryPublish(Deferred& d, shm::RingProducer<shm::SubmissionDesc>& ri
   }
   ring.TryPush(d.desc);
   pending_doorbell_ = true;
+  if (d.req == nullptr) return true;  // fire and forget
   if (needs_credit) {
     credits--;
     d.req->holds_credit = true;
@@ -227,7 +242,8 @@ bool psm2_ep::TryPublish(Deferred& d, shm::RingProducer<shm::SubmissionDesc>& ri
     d.req->published += d.desc.len;
     // The last chunk is in the pool: the user's buffer is free again.
     if (d.req->published == d.req->send_bytes) MarkComplete(d.req);
-  } else if (op == shm::SubmitOp::kSend && !(d.desc.flags & shm::kSendSync)) {
+  } else if ((op == shm::SubmitOp::kSend && !(d.desc.flags & shm::kSendSync)) ||
+             (am && !needs_credit)) {
     // Eager: the payload is in the pool (or the descriptor), so the user's
     // buffer is free again: local completion.
     MarkComplete(d.req);
@@ -265,6 +281,10 @@ void psm2_ep::RingDoorbell() {
 }
 
 bool psm2_ep::Progress() {
+  // An AM handler calling back into the library (psm2_poll, a test) must not
+  // reap further completions: they would run before the rest of the batch.
+  if (in_progress_) return false;
+  in_progress_ = true;
   bool did = false;
   shm::CompletionDesc batch[kReapBatch];
   size_t n;
@@ -272,13 +292,33 @@ bool psm2_ep::Progress() {
     for (size_t i = 0; i < n; i++) HandleCompletion(batch[i]);
     did = true;
   }
+  if (did) {
+    // Full fence: the ring space we freed must be visible before we read
+    // the daemon's flag; it sets the flag, fences, then checks for space.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (ctl->doorbells.cq_space_wanted.load(std::memory_order_relaxed) != 0) {
+      pending_doorbell_ = true;
+    }
+  }
   if (!deferred_ctl.empty() || !deferred_msg.empty()) did |= FlushDeferred();
   RingDoorbell();
+  in_progress_ = false;
   return did;
 }
 
 void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
   using State = psm2_mq_req::State;
+  switch (c.op) {  // active messages carry the sender's token, not ours
+    case shm::CompleteOp::kAmRequest:
+    case shm::CompleteOp::kAmReply:
+      RunAmHandler(c);
+      return;
+    case shm::CompleteOp::kAmAcked:
+      AmAcknowledged(c);
+      return;
+    default:
+      break;
+  }
   psm2_mq_req* req = Lookup(c.req);
   bool chunk = c.op == shm::CompleteOp::kRndvChunk;
   State expected = chunk ? State::kReceiving : State::kPosted;
@@ -331,6 +371,80 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
       break;
   }
   MarkComplete(req);
+}
+
+void psm2_ep::RunAmHandler(const shm::CompletionDesc& c) {
+  const bool request = c.op == shm::CompleteOp::kAmRequest;
+  const uint32_t index = c.tag[0], nargs = c.tag[1];
+  const bool inline_payload = (c.flags & shm::kPayloadInline) != 0;
+  const uint8_t* blob = inline_payload ? c.body.inline_data : pool.base() + c.body.pool.pool_offset;
+  // psmd checked index, nargs and lengths against the limits.
+  psm2_amarg_t args[shm::kAmMaxArgs];
+  std::memcpy(args, blob, nargs * shm::kAmArgBytes);
+  uint32_t len = c.msg_len - nargs * shm::kAmArgBytes;
+  uint8_t inline_copy[shm::kInlineMax];
+  void* src = nullptr;
+  if (len > 0) {
+    if (inline_payload) {
+      std::memcpy(inline_copy, blob + nargs * shm::kAmArgBytes, len);
+      src = inline_copy;
+    } else {
+      src = const_cast<uint8_t*>(blob) + nargs * shm::kAmArgBytes;
+    }
+  }
+  const psmd::client::AmHandler* h =
+      index < am_handlers.size() && (am_handlers[index].fn || am_handlers[index].fn2)
+          ? &am_handlers[index]
+          : nullptr;
+  if (h == nullptr) {
+    fprintf(stderr,
+            "libpsmclient: endpoint %u: active %s for handler %u from epid 0x%llx dropped: no "
+            "such handler is registered (psm2_am_register_handlers)\n",
+            id, request ? "request" : "reply", index, static_cast<unsigned long long>(c.src_epid));
+    if (request) SendAmAck(c, PSM2_PARAM_ERR);  // the requester learns of it
+  } else {
+    psmd::client::AmToken token{this, c.tag[2], c.src_epid, request,
+                                (c.flags & shm::kAmRequestNoReply) != 0, false};
+    if (h->fn2 != nullptr) {
+      h->fn2(&token, args, static_cast<int>(nargs), src, len, h->hctx);
+    } else {
+      h->fn(&token, args, static_cast<int>(nargs), src, len);
+    }
+    if (c.flags & shm::kAmRequestWantsAck) SendAmAck(c, PSM2_OK);
+  }
+  if (!inline_payload) shm::ReleaseChunk(pool.base(), c.body.pool.pool_offset);
+}
+
+void psm2_ep::SendAmAck(const shm::CompletionDesc& c, psm2_error_t error) {
+  shm::SubmissionDesc d{};
+  d.op = shm::SubmitOp::kAmAck;
+  d.peer = c.tag[2];
+  d.body.ack.request = c.req;
+  d.body.ack.error = error;
+  d.body.ack.handler = c.tag[0];
+  Submit(nullptr, d, nullptr);
+}
+
+void psm2_ep::AmAcknowledged(const shm::CompletionDesc& c) {
+  psm2_mq_req* req = Lookup(c.req);
+  bool ours = req != nullptr && req->kind == psm2_mq_req::Kind::kAm &&
+              req->state == psm2_mq_req::State::kPosted;
+  if (c.error != PSM2_OK) {
+    psmd::client::Library::Report(
+        static_cast<psm2_error_t>(c.error),
+        "active message to handler " + std::to_string(c.tag[0]) + " at epid " +
+            std::to_string(c.src_epid) + " was not run: the target has no such handler");
+  }
+  if (!ours) return;  // sent without a completion function
+  if (req->holds_credit) {
+    req->holds_credit = false;
+    credits++;
+  }
+  psm2_am_completion_fn_t done = req->am_done;
+  void* context = req->am_done_context;
+  FreeRequest(req);
+  // Complete even if the handler did not run (reported above), as Intel's.
+  if (done != nullptr) done(context);
 }
 
 void psm2_ep::SetMatchedStatus(psm2_mq_req* req, const shm::CompletionDesc& c) {

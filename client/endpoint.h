@@ -20,6 +20,7 @@
 #define PSMD_CLIENT_ENDPOINT_H_
 
 #include <psm2.h>
+#include <psm2_am.h>
 #include <psm2_mq.h>
 
 #include <sched.h>
@@ -52,6 +53,7 @@ struct psm2_mq_req {
     kSend,
     kRecv,
     kInternal,  // a round trip of the library itself (probe, cancel, option)
+    kAm,        // an active message waiting for its handler to have run
   };
   enum class State : uint8_t {
     kDeferred,   // waiting in a deferred queue for ring space, credit or pool
@@ -83,6 +85,9 @@ struct psm2_mq_req {
   // Rendezvous receive: bytes owed (min of message and buffer) and arrived.
   uint32_t expect_bytes;
   uint32_t received_bytes;
+  // Active message: called once the target's handler ran.
+  psm2_am_completion_fn_t am_done;
+  void* am_done_context;
   // Completion-order list of the MQ (for ipeek).
   psm2_mq_req* next_done;
   psm2_mq_req* prev_done;
@@ -117,11 +122,35 @@ inline uint64_t TokenOf(const psm2_mq_req* r) {
   return (uint64_t{r->generation} << 32) | r->index;
 }
 
-// A submission waiting for ring space, credits or pool space.
+// A submission waiting for ring space, credits or pool space. `req` is null
+// for fire-and-forget submissions (AM replies and acks).
 struct Deferred {
   psm2_mq_req* req;
   shm::SubmissionDesc desc;
-  const void* payload;  // send or chunk: copied into the pool when space frees
+  // Pool payload, copied into the pool when space frees: `prefix` (AM
+  // arguments) then `payload`, desc.len bytes in all.
+  const void* payload;
+  const void* prefix = nullptr;
+  uint32_t prefix_len = 0;
+  std::vector<uint8_t> owned;  // the bytes themselves, when the caller's may change
+};
+
+// A registered active-message handler (one of the two signatures).
+struct AmHandler {
+  psm2_am_handler_fn_t fn = nullptr;
+  psm2_am_handler_2_fn_t fn2 = nullptr;
+  void* hctx = nullptr;
+};
+
+// What a psm2_am_token_t points to: the message being handled. Lives on the
+// stack of the dispatching call, valid only during the handler.
+struct AmToken {
+  psm2_ep_t ep;
+  uint32_t src_endpoint;  // psmd endpoint id of the sender (replies go there)
+  psm2_epid_t src_epid;
+  bool is_request;
+  bool no_reply;
+  bool replied;
 };
 
 }  // namespace psmd::client
@@ -136,7 +165,7 @@ struct psm2_ep {
   static psmd::client::CallError Open(psmd::client::ControlClient* control,
                                       const psm2_uuid_t uuid, std::unique_ptr<psm2_ep>* out);
 
-  std::mutex mu;
+  std::recursive_mutex mu;  // recursive: AM handlers call PSM2 from inside progress
   psmd::client::ControlClient* control = nullptr;
   uint32_t id = 0;
   psm2_epid_t epid = 0;
@@ -161,6 +190,7 @@ struct psm2_ep {
   std::vector<uint32_t> free_indices;
   std::deque<psmd::client::Deferred> deferred_msg;  // for msg_sq
   std::deque<psmd::client::Deferred> deferred_ctl;  // for ctl_sq
+  std::vector<psmd::client::AmHandler> am_handlers;  // by index
 
   // --- everything below requires `mu` held ---
   psm2_epaddr_t EpaddrFor(psm2_epid_t epid);
@@ -168,7 +198,11 @@ struct psm2_ep {
   void FreeRequest(psm2_mq_req* req);
   // Queues or posts a submission (invariant 1). For sends `payload` is the
   // user's buffer, copied into the pool before the descriptor is published.
-  void Submit(psm2_mq_req* req, const psmd::shm::SubmissionDesc& desc, const void* payload);
+  // Returns the queued submission if it could not be published at once
+  // (valid until the next progress call), else null.
+  psmd::client::Deferred* Submit(psm2_mq_req* req, const psmd::shm::SubmissionDesc& desc,
+                                 const void* payload, const void* prefix = nullptr,
+                                 uint32_t prefix_len = 0);
   // Publishes `desc` (a probe, cancel or option, with req's token) and waits
   // for the daemon's answer, which lands in req->user (error_code and, for a
   // probe that found a message, its status). Returns the answer's error.
@@ -197,11 +231,15 @@ struct psm2_ep {
   void StartStreaming(psm2_mq_req* req, const psmd::shm::CompletionDesc& c);
   void DropQueuedChunks(psm2_mq_req* req);
   void SetMatchedStatus(psm2_mq_req* req, const psmd::shm::CompletionDesc& c);
+  void RunAmHandler(const psmd::shm::CompletionDesc& c);
+  void AmAcknowledged(const psmd::shm::CompletionDesc& c);
+  void SendAmAck(const psmd::shm::CompletionDesc& c, psm2_error_t error);
   void CountReceive(const psm2_mq_req* req, bool rendezvous);
   psm2_mq_req* Lookup(uint64_t token);
   void SleepForCompletions();
   void FailAllPending(psm2_error_t error);
   bool pending_doorbell_ = false;
+  bool in_progress_ = false;  // Progress is running (a handler called back in)
 };
 
 template <typename Done>

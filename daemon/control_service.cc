@@ -29,6 +29,8 @@ void FillStats(const EndpointSnapshot& s, v1::EndpointStats* out) {
   out->set_rndv_bytes_sent(s.rndv_bytes_sent);
   out->set_probes(s.probes);
   out->set_sends_held(s.sends_held);
+  out->set_am_requests_sent(s.am_requests_sent);
+  out->set_am_replies_sent(s.am_replies_sent);
   out->set_bad_descriptors(s.bad_descriptors);
 }
 

@@ -49,7 +49,8 @@ struct EndpointCounters {
   Counter unexpected_msgs, unexpected_bytes;
   Counter posted_recvs;
   Counter probes;
-  Counter sends_held;  // times a send waited for its receiver's unexpected budget
+  Counter sends_held;
+  Counter am_requests_sent, am_replies_sent;  // times a send waited for its receiver's unexpected budget
   Counter bad_descriptors;
 };
 

@@ -31,10 +31,18 @@ RecvPattern PatternOf(const Endpoint& ep, const shm::SubmissionDesc& d) {
   return p;
 }
 
+// Ops whose `peer` is a connection slot (kAmReply and kAmAck name an
+// endpoint id instead: the requester, who need not be connected back).
 bool UsesPeer(shm::SubmitOp op) {
   return op == shm::SubmitOp::kSend || op == shm::SubmitOp::kRndvSend ||
-         op == shm::SubmitOp::kRecv || op == shm::SubmitOp::kProbe;
+         op == shm::SubmitOp::kRecv || op == shm::SubmitOp::kProbe ||
+         op == shm::SubmitOp::kAmRequest;
 }
+
+// Active messages waiting in a target's completion overflow beyond which
+// further requests to it are held: a target that stops polling must not make
+// psmd buffer without bound.
+constexpr size_t kAmOverflowLimit = 1024;
 
 }  // namespace
 
@@ -129,6 +137,10 @@ bool MqEngine::PollAll() {
 bool MqEngine::AnySubmissionPending() {
   for (Endpoint* ep : order_) {
     if (ep->faulted) continue;
+    // Completions waiting for ring space the client has freed meanwhile. (A
+    // client that frees space after this check sees cq_space_wanted, set
+    // before the caller's fence, and rings.)
+    if (!ep->cq_overflow.empty() && ep->cq.FreeSlots() > 0) return true;
     // A held endpoint's message ring does not count: it waits for a receiver,
     // and whatever drains that receiver arrives on some control ring.
     if (ep->ctl_sq.Available() > 0) return true;
@@ -220,6 +232,14 @@ bool MqEngine::Dispatch(Endpoint& ep, const shm::SubmissionDesc& d) {
       break;
     case shm::SubmitOp::kSetOption:
       HandleSetOption(ep, d);
+      break;
+    case shm::SubmitOp::kAmRequest:
+      return HandleAmRequest(ep, d);
+    case shm::SubmitOp::kAmReply:
+      HandleAmReply(ep, d);
+      break;
+    case shm::SubmitOp::kAmAck:
+      HandleAmAck(ep, d);
       break;
     default:
       break;  // unreachable: validated above
@@ -393,6 +413,75 @@ void MqEngine::HandleSetOption(Endpoint& ep, const shm::SubmissionDesc& d) {
   Post(ep, c);
 }
 
+bool MqEngine::HandleAmRequest(Endpoint& sender, const shm::SubmissionDesc& d) {
+  Endpoint* target = Find(sender.peers[d.peer].endpoint_id);
+  if (target == nullptr || target->faulted) {
+    if (d.len > shm::kInlineMax) shm::ReleaseChunk(sender.job->pool().base(), d.body.pool.pool_offset);
+    PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
+    return true;
+  }
+  if (target->cq_overflow.size() >= kAmOverflowLimit) return false;  // invariant 4
+  uint8_t flags = 0;
+  if (d.flags & shm::kAmNoReply) flags |= shm::kAmRequestNoReply;
+  if (d.flags & shm::kAmWantsAck) flags |= shm::kAmRequestWantsAck;
+  ForwardActiveMessage(sender, *target, d, shm::CompleteOp::kAmRequest, flags);
+  sender.counters.am_requests_sent.Add(1);
+  return true;
+}
+
+void MqEngine::HandleAmReply(Endpoint& sender, const shm::SubmissionDesc& d) {
+  Endpoint* target = FindInJob(sender, d.peer);
+  if (target == nullptr) {
+    if (d.len > shm::kInlineMax) shm::ReleaseChunk(sender.job->pool().base(), d.body.pool.pool_offset);
+    PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
+    return;
+  }
+  ForwardActiveMessage(sender, *target, d, shm::CompleteOp::kAmReply,
+                       (d.flags & shm::kAmWantsAck) ? shm::kAmRequestWantsAck : 0);
+  sender.counters.am_replies_sent.Add(1);
+}
+
+void MqEngine::HandleAmAck(Endpoint& sender, const shm::SubmissionDesc& d) {
+  Endpoint* target = FindInJob(sender, d.peer);
+  if (target == nullptr) return;  // the requester is gone: nobody to tell
+  shm::CompletionDesc c{};
+  c.op = shm::CompleteOp::kAmAcked;
+  c.req = d.body.ack.request;
+  c.error = d.body.ack.error;
+  c.tag[0] = d.body.ack.handler;
+  c.src_epid = sender.epid;
+  Post(*target, c);
+}
+
+void MqEngine::ForwardActiveMessage(const Endpoint& sender, Endpoint& target,
+                                    const shm::SubmissionDesc& d, shm::CompleteOp op,
+                                    uint8_t flags) {
+  shm::CompletionDesc c{};
+  c.op = op;
+  c.flags = flags;
+  c.req = d.req;
+  c.tag[0] = d.tag[0];
+  c.tag[1] = d.tag[1];
+  c.tag[2] = sender.id;
+  c.msg_len = d.len;
+  c.src_epid = sender.epid;
+  if (d.len <= shm::kInlineMax) {
+    c.flags |= shm::kPayloadInline;
+    std::memcpy(c.body.inline_data, d.body.inline_data, d.len);
+  } else {
+    c.body.pool.pool_offset = d.body.pool.pool_offset;
+  }
+  Post(target, c);
+}
+
+Endpoint* MqEngine::FindInJob(const Endpoint& ep, uint32_t id) {
+  Endpoint* other = Find(id);
+  // Only an endpoint of the same job: a client must not reach another tenant
+  // by naming an endpoint id.
+  if (other == nullptr || other->faulted || other->job != ep.job) return nullptr;
+  return other;
+}
+
 void MqEngine::Deliver(Endpoint& receiver, uint64_t recv_req, uint32_t capacity,
                        const MsgKey& key, const UnexpectedMsg& m, bool was_unexpected) {
   shm::CompletionDesc c{};
@@ -484,6 +573,9 @@ void MqEngine::Post(Endpoint& ep, const shm::CompletionDesc& c) {
     ep.faulted = true;
     return;
   }
+  if (ep.cq_overflow.empty()) {
+    ep.control()->doorbells.cq_space_wanted.store(1, std::memory_order_relaxed);
+  }
   ep.cq_overflow.push_back(c);
 }
 
@@ -494,6 +586,9 @@ bool MqEngine::FlushOverflow(Endpoint& ep) {
     did = true;
   }
   if (did) ep.notify_pending = true;
+  if (ep.cq_overflow.empty()) {
+    ep.control()->doorbells.cq_space_wanted.store(0, std::memory_order_relaxed);
+  }
   return did;
 }
 

@@ -1,7 +1,8 @@
 // The matched-queue engine of one progress worker: the endpoints it owns and
 // what happens to each descriptor they submit (send, receive, probe, cancel,
-// rendezvous data, options), i.e. matching, unexpected-message queueing,
-// rendezvous transfers and completion posting.
+// rendezvous data, options, active messages), i.e. matching,
+// unexpected-message queueing, rendezvous transfers, active-message routing
+// and completion posting.
 //
 // Thread-safety: not thread-safe. Every method runs on the owning progress
 // worker's thread (control threads reach it through ProgressWorker::RunSync).
@@ -24,6 +25,12 @@
 //      arrive from the sender in offset order and are forwarded at once (the
 //      daemon never holds payload: the chunk stays in the sender's region
 //      until the receiver copied it).
+//   6. Active messages are routed, never matched: a request goes from the
+//      sender's message ring to the target's completion ring in order (so
+//      one sender's requests to one target run in issue order); replies and
+//      acks travel on control rings and reach only endpoints of the same job.
+//      A request is held while its target has kAmOverflowLimit completions
+//      waiting for ring space.
 #ifndef PSMD_DAEMON_MQ_ENGINE_H_
 #define PSMD_DAEMON_MQ_ENGINE_H_
 
@@ -89,6 +96,13 @@ class MqEngine {
   void HandleClaimedRecv(Endpoint& ep, const shm::SubmissionDesc& d);
   void HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d);
   void HandleSetOption(Endpoint& ep, const shm::SubmissionDesc& d);
+  bool HandleAmRequest(Endpoint& sender, const shm::SubmissionDesc& d);
+  void HandleAmReply(Endpoint& sender, const shm::SubmissionDesc& d);
+  void HandleAmAck(Endpoint& sender, const shm::SubmissionDesc& d);
+  void ForwardActiveMessage(const Endpoint& sender, Endpoint& target,
+                            const shm::SubmissionDesc& d, shm::CompleteOp op, uint8_t flags);
+  // Endpoint `id` if it exists, is served and belongs to ep's job.
+  Endpoint* FindInJob(const Endpoint& ep, uint32_t id);
   void Deliver(Endpoint& receiver, uint64_t recv_req, uint32_t capacity, const MsgKey& key,
                const UnexpectedMsg& m, bool was_unexpected);
   void StartTransfer(Endpoint& receiver, uint64_t recv_req, uint32_t send_bytes,

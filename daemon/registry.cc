@@ -178,6 +178,8 @@ void AccumulateCounters(const EndpointSnapshot& b, EndpointSnapshot* a) {
   a->rndv_bytes_sent += b.rndv_bytes_sent;
   a->probes += b.probes;
   a->sends_held += b.sends_held;
+  a->am_requests_sent += b.am_requests_sent;
+  a->am_replies_sent += b.am_replies_sent;
 }
 
 namespace {
@@ -195,6 +197,8 @@ void CopyCounters(const EndpointCounters& c, EndpointSnapshot* s) {
   s->rndv_bytes_sent = c.rndv_bytes_sent.Get();
   s->probes = c.probes.Get();
   s->sends_held = c.sends_held.Get();
+  s->am_requests_sent = c.am_requests_sent.Get();
+  s->am_replies_sent = c.am_replies_sent.Get();
 }
 
 }  // namespace

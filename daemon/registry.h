@@ -72,6 +72,7 @@ struct EndpointSnapshot {
   uint64_t msgs_sent = 0, bytes_sent = 0, msgs_received = 0, bytes_received = 0;
   uint64_t unexpected_msgs = 0, unexpected_bytes = 0, posted_recvs = 0, bad_descriptors = 0;
   uint64_t rndv_msgs_sent = 0, rndv_bytes_sent = 0, probes = 0, sends_held = 0;
+  uint64_t am_requests_sent = 0, am_replies_sent = 0;
 };
 
 class Registry {

@@ -36,6 +36,17 @@ Rejection ValidateMatching(const shm::SubmissionDesc& d, const SubmissionBounds&
   return Rejection::kNone;
 }
 
+// An active message: handler index, argument count and payload within the
+// limits, and its bytes inline or inside the sender's region.
+Rejection ValidateActiveMessage(const shm::SubmissionDesc& d, const SubmissionBounds& b) {
+  uint32_t handler = d.tag[0], nargs = d.tag[1];
+  if (handler >= shm::kAmMaxHandlers || nargs > shm::kAmMaxArgs) return Rejection::kBadLength;
+  uint32_t arg_bytes = nargs * shm::kAmArgBytes;
+  if (d.len < arg_bytes || d.len - arg_bytes > shm::kAmMaxPayload) return Rejection::kBadLength;
+  if (d.len <= shm::kInlineMax) return Rejection::kNone;
+  return ValidatePoolRange(d.body.pool.pool_offset, d.len, b.region);
+}
+
 }  // namespace
 
 Rejection ValidateSubmission(const shm::SubmissionDesc& d, const SubmissionBounds& b) {
@@ -54,6 +65,14 @@ Rejection ValidateSubmission(const shm::SubmissionDesc& d, const SubmissionBound
       if (d.flags != 0) return Rejection::kBadFlags;
       if (d.len == 0) return Rejection::kBadLength;
       return ValidatePoolRange(d.body.rndv.pool_offset, d.len, b.region);
+    case shm::SubmitOp::kAmRequest:
+      if ((d.flags & ~(shm::kAmNoReply | shm::kAmWantsAck)) != 0) return Rejection::kBadFlags;
+      if (!PeerInRange(d.peer, b, /*any_allowed=*/false)) return Rejection::kBadPeer;
+      return ValidateActiveMessage(d, b);
+    case shm::SubmitOp::kAmReply:
+      if ((d.flags & ~shm::kAmWantsAck) != 0) return Rejection::kBadFlags;
+      return ValidateActiveMessage(d, b);
+    case shm::SubmitOp::kAmAck:
     case shm::SubmitOp::kCancel:
     case shm::SubmitOp::kClaimedRecv:
     case shm::SubmitOp::kSetOption:
@@ -75,7 +94,7 @@ const char* RejectionName(Rejection r) {
     case Rejection::kBadPeer:
       return "peer slot not connected";
     case Rejection::kBadLength:
-      return "length larger than the send region";
+      return "length, handler index or argument count out of range";
     case Rejection::kBadPoolOffset:
       return "payload offset outside the sender's pool region";
   }

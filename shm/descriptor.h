@@ -34,11 +34,28 @@ enum class SubmitOp : uint8_t {
   kProbe = 6,       // ctl ring: look for an unexpected message (tag, selector, source)
   kClaimedRecv = 7, // ctl ring: receive the message claimed by probe `req` into `len` bytes
   kSetOption = 8,   // ctl ring: body.option; answered by kOptionSet
+  kAmRequest = 9,   // msg ring: active message to peer slot (AM layout below)
+  kAmReply = 10,    // ctl ring: active-message reply to endpoint `peer` (AM layout)
+  kAmAck = 11,      // ctl ring: tell endpoint `peer` that its request's handler ran
+                    // (body.ack)
 };
+
+// Active messages (kAmRequest, kAmReply and the completions of the same
+// names) reuse the tag words: tag[0] handler index, tag[1] number of
+// arguments, tag[2] the sending endpoint's id (in completions: where a reply
+// or ack goes). `len` bytes of arguments (8 each) followed by the payload
+// travel inline when len <= kInlineMax, else in the pool at pool_offset.
+inline constexpr uint32_t kAmMaxHandlers = 256;
+inline constexpr uint32_t kAmMaxArgs = 8;
+inline constexpr uint32_t kAmMaxPayload = 8192;
+inline constexpr uint32_t kAmArgBytes = 8;
 
 enum SubmitFlags : uint8_t {
   kSendSync = 1u << 0,     // kSend: complete only once the receiver matched it
   kProbeRemove = 1u << 0,  // kProbe: claim the message for kClaimedRecv (improbe)
+  kAmNoReply = 1u << 0,    // kAmRequest: the handler must not reply
+  kAmWantsAck = 1u << 1,   // kAmRequest/kAmReply: the sender waits for kAmAck
+                           // (it has a completion function)
 };
 
 // Options a client sets on its endpoint's queue (kSetOption).
@@ -71,6 +88,11 @@ struct SubmissionDesc {
       uint64_t target;        // cancel: token of the receive to cancel
     } cancel;
     struct {
+      uint64_t request;       // the acknowledged request's token at its sender
+      int32_t error;          // PSM2_OK, or why the handler did not run
+      uint32_t handler;
+    } ack;
+    struct {
       uint32_t key;           // QueueOption
       uint32_t reserved;
       uint64_t value;
@@ -92,12 +114,18 @@ enum class CompleteOp : uint8_t {
   kRndvGo = 7,      // clear-to-send for rendezvous send `req` (body.go)
   kProbeDone = 8,   // answer to kProbe: error PSM2_OK (status filled) or NO_COMPLETIONS
   kOptionSet = 9,   // answer to kSetOption
+  kAmRequest = 10,  // run a handler (AM layout; req: the sender's token)
+  kAmReply = 11,    // run a reply handler (AM layout)
+  kAmAcked = 12,    // the handler of request `req` ran (error: or why not;
+                    // tag[0]: the handler index)
 };
 
 enum CompleteFlags : uint8_t {
   kPayloadInline = 1u << 0,  // kRecvDone: payload in inline_data, else at pool_offset
   kWasUnexpected = 1u << 1,  // kRecvDone/kRecvRndv: the message waited in the
                              // unexpected queue (a system buffer, in PSM2 terms)
+  kAmRequestNoReply = 1u << 2,  // kAmRequest: the sender asked for no reply
+  kAmRequestWantsAck = 1u << 3, // kAmRequest/kAmReply: acknowledge once the handler ran
 };
 
 struct CompletionDesc {

@@ -67,8 +67,12 @@ struct Doorbells {
   // Daemon increments after publishing completions and, when client_waiting
   // is 1, FUTEX_WAKEs it. The client FUTEX_WAITs on it.
   alignas(kCacheLine) std::atomic<uint32_t> cq_futex;
+  // Daemon writes 1 while completions wait for space in a full completion
+  // ring, 0 once they are in. A client that sees 1 after reaping rings the
+  // doorbell: freeing ring space is then work for a sleeping daemon.
+  alignas(kCacheLine) std::atomic<uint32_t> cq_space_wanted;
 };
-static_assert(sizeof(Doorbells) == 3 * kCacheLine);
+static_assert(sizeof(Doorbells) == 4 * kCacheLine);
 
 struct SegmentControl {
   Doorbells doorbells;

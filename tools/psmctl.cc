@@ -73,6 +73,8 @@ std::string StatsJson(const psmd::v1::EndpointStats& s, bool with_identity) {
   out += ", \"rndv_bytes_sent\": " + std::to_string(s.rndv_bytes_sent());
   out += ", \"probes\": " + std::to_string(s.probes());
   out += ", \"sends_held\": " + std::to_string(s.sends_held());
+  out += ", \"am_requests_sent\": " + std::to_string(s.am_requests_sent());
+  out += ", \"am_replies_sent\": " + std::to_string(s.am_replies_sent());
   out += ", \"bad_descriptors\": " + std::to_string(s.bad_descriptors());
   return out + "}";
 }

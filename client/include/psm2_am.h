@@ -127,8 +127,8 @@ struct psm2_am_parameters {
 };
 
 /* Copy min(sizeof_parameters_in, sizeof(struct psm2_am_parameters)) bytes
- * of ep's limits to *parameters; the library's struct size goes to
- * *sizeof_parameters_out. Returns PSM2_OK. */
+ * of ep's limits to *parameters (zeroing the rest of a larger struct); that
+ * count goes to *sizeof_parameters_out. Returns PSM2_OK. */
 psm2_error_t
 psm2_am_get_parameters(psm2_ep_t ep,
 		       struct psm2_am_parameters *parameters,

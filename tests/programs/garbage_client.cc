@@ -38,7 +38,7 @@ void PushRaw(psm2_ep_t ep, const shm::SubmissionDesc& d, bool message_ring) {
 
 // Publishes a raw descriptor for a fresh request and waits for its completion.
 psm2_error_t SubmitRaw(psm2_ep_t ep, shm::SubmissionDesc d, bool message_ring = false) {
-  std::lock_guard<std::mutex> lock(ep->mu);
+  std::lock_guard<std::recursive_mutex> lock(ep->mu);
   psm2_mq_req* r = ep->NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
   r->state = psm2_mq_req::State::kPosted;
   d.req = psmd::client::TokenOf(r);
@@ -124,7 +124,7 @@ int main() {
         junk.op == shm::SubmitOp::kSetOption) {
       junk.op = shm::SubmitOp::kInvalid;  // these could be valid and just be queued
     }
-    std::lock_guard<std::mutex> lock(ep->mu);
+    std::lock_guard<std::recursive_mutex> lock(ep->mu);
     PushRaw(ep, junk, i % 2 == 0);
   }
 
