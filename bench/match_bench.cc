@@ -3,18 +3,29 @@
 // reference model (daemon/matcher_reference.h).
 //
 // Every benchmark pre-fills a queue with `depth` entries, then repeatedly
-// matches the entry for a random target (so, on average, in the middle of the
-// queue) and puts it back at the end, keeping the depth constant. One
-// iteration = one match + one re-post/re-push; Time is ns per iteration.
+// matches the entry for a target and puts it back at the end, keeping the
+// depth constant. One iteration = one match + one re-post/re-push; Time is
+// ns per iteration. Targets are pre-generated so the timed loop does no RNG
+// work.
 //
 //   *Exact   every receive (or probe pattern) has a full selector and every
-//            entry has its own tag: the hash-bucket path.
-//   *Mixed   1 in 16 entries is matched through a wildcard selector:
+//            entry has its own tag: the hash-bucket path. The target is
+//            uniformly random among the queued entries.
+//   *Mixed   as *Exact, but 1 in 16 entries is matched through a wildcard
+//            selector:
 //            posted: 1 in 16 receives is a wildcard (any source, one tag word
 //            ignored) and 1 in 16 messages targets one of them;
 //            unexpected: 1 in 16 takes uses a wildcard pattern.
+//   *InOrder as *Exact, but the target is always the oldest entry (matching
+//            in arrival order, as MPI traffic mostly does); this is where
+//            the linear model is at its best.
+//
+// The random-target benchmarks at depth 65536 are the ones the matching
+// engine is judged on: every match touches cold memory there (several MiB
+// of entries), whereas depth 1 runs entirely in L1.
 //
 // Run: bazel run -c opt //bench:match_bench
+// (about 30 s; add --benchmark_repetitions=5 for medians on a busy machine)
 
 #include <benchmark/benchmark.h>
 
@@ -63,21 +74,28 @@ RecvPattern RecvOf(uint32_t i, bool mixed) {
   return IsWildEntry(i, mixed) ? WildRecv(i) : ExactRecv(i);
 }
 
-// Pre-generated random targets, so the timed loop does no RNG work.
-std::vector<uint32_t> Targets(uint32_t depth) {
+enum class Order { kRandom, kInOrder };
+
+// Entry indices to match, in order. kInOrder: entry k % depth is the oldest
+// one queued at step k, because every match re-queues its entry at the end.
+std::vector<uint32_t> Targets(uint32_t depth, Order order) {
+  std::vector<uint32_t> t(kTargets);
+  if (order == Order::kInOrder) {
+    for (size_t k = 0; k < kTargets; ++k) t[k] = static_cast<uint32_t>(k % depth);
+    return t;
+  }
   std::mt19937 rng(42);
   std::uniform_int_distribution<uint32_t> dist(0, depth - 1);
-  std::vector<uint32_t> t(kTargets);
   for (uint32_t& x : t) x = dist(rng);
   return t;
 }
 
 template <template <typename> class Queue>
-void PostedBench(benchmark::State& state, bool mixed) {
+void PostedBench(benchmark::State& state, bool mixed, Order order) {
   const auto depth = static_cast<uint32_t>(state.range(0));
   Queue<Handle> q;
   for (uint32_t i = 0; i < depth; ++i) q.post(RecvOf(i, mixed), Handle{i});
-  const std::vector<uint32_t> targets = Targets(depth);
+  const std::vector<uint32_t> targets = Targets(depth, order);
   size_t k = 0;
   for (auto _ : state) {
     const uint32_t i = targets[k++ & (kTargets - 1)];
@@ -90,11 +108,11 @@ void PostedBench(benchmark::State& state, bool mixed) {
 }
 
 template <template <typename> class Queue>
-void UnexpectedBench(benchmark::State& state, bool mixed) {
+void UnexpectedBench(benchmark::State& state, bool mixed, Order order) {
   const auto depth = static_cast<uint32_t>(state.range(0));
   Queue<Handle> q;
   for (uint32_t i = 0; i < depth; ++i) q.push(MsgOf(i, mixed), Handle{i});
-  const std::vector<uint32_t> targets = Targets(depth);
+  const std::vector<uint32_t> targets = Targets(depth, order);
   size_t k = 0;
   for (auto _ : state) {
     const uint32_t i = targets[k++ & (kTargets - 1)];
@@ -109,34 +127,50 @@ void UnexpectedBench(benchmark::State& state, bool mixed) {
 
 template <template <typename> class Queue>
 void BM_PostedExact(benchmark::State& state) {
-  PostedBench<Queue>(state, false);
+  PostedBench<Queue>(state, false, Order::kRandom);
 }
 template <template <typename> class Queue>
 void BM_PostedMixed(benchmark::State& state) {
-  PostedBench<Queue>(state, true);
+  PostedBench<Queue>(state, true, Order::kRandom);
+}
+template <template <typename> class Queue>
+void BM_PostedExactInOrder(benchmark::State& state) {
+  PostedBench<Queue>(state, false, Order::kInOrder);
 }
 template <template <typename> class Queue>
 void BM_UnexpectedExact(benchmark::State& state) {
-  UnexpectedBench<Queue>(state, false);
+  UnexpectedBench<Queue>(state, false, Order::kRandom);
 }
 template <template <typename> class Queue>
 void BM_UnexpectedMixed(benchmark::State& state) {
-  UnexpectedBench<Queue>(state, true);
+  UnexpectedBench<Queue>(state, true, Order::kRandom);
+}
+template <template <typename> class Queue>
+void BM_UnexpectedExactInOrder(benchmark::State& state) {
+  UnexpectedBench<Queue>(state, false, Order::kInOrder);
 }
 
+// 0.2 s per benchmark (not the default 0.5 s) keeps the whole run near
+// 30 s: the linear model at depth 65536 takes ~0.1 ms per random match, so
+// its iteration count is bounded by the time, not by a fixed number.
 void Depths(benchmark::internal::Benchmark* b) {
   for (int depth : {1, 16, 256, 4096, 65536}) b->Arg(depth);
   b->ArgName("depth");
+  b->MinTime(0.2);
 }
 
 BENCHMARK_TEMPLATE(BM_PostedExact, PostedQueue)->Apply(Depths);
 BENCHMARK_TEMPLATE(BM_PostedExact, LinearPostedQueue)->Apply(Depths);
 BENCHMARK_TEMPLATE(BM_PostedMixed, PostedQueue)->Apply(Depths);
 BENCHMARK_TEMPLATE(BM_PostedMixed, LinearPostedQueue)->Apply(Depths);
+BENCHMARK_TEMPLATE(BM_PostedExactInOrder, PostedQueue)->Apply(Depths);
+BENCHMARK_TEMPLATE(BM_PostedExactInOrder, LinearPostedQueue)->Apply(Depths);
 BENCHMARK_TEMPLATE(BM_UnexpectedExact, UnexpectedQueue)->Apply(Depths);
 BENCHMARK_TEMPLATE(BM_UnexpectedExact, LinearUnexpectedQueue)->Apply(Depths);
 BENCHMARK_TEMPLATE(BM_UnexpectedMixed, UnexpectedQueue)->Apply(Depths);
 BENCHMARK_TEMPLATE(BM_UnexpectedMixed, LinearUnexpectedQueue)->Apply(Depths);
+BENCHMARK_TEMPLATE(BM_UnexpectedExactInOrder, UnexpectedQueue)->Apply(Depths);
+BENCHMARK_TEMPLATE(BM_UnexpectedExactInOrder, LinearUnexpectedQueue)->Apply(Depths);
 
 }  // namespace
 }  // namespace psmd

@@ -19,33 +19,29 @@
 //     in per-tag FIFO buckets found through a hash table, all others in one
 //     wildcard array in posting order. A monotonic per-entry sequence stamp
 //     picks the earlier of the bucket's and the wildcard array's first match.
-//   - Unexpected: every message is in its tag's FIFO bucket and in one
-//     arrival log (an array in arrival order; a message's position in it is
-//     its arrival stamp). Exact-tag receives look only in the bucket;
-//     wildcard receives scan the log.
+//   - Unexpected: every message is on one arrival-ordered list and on its
+//     tag's bucket. Exact-tag receives look only in the bucket; wildcard
+//     receives scan the arrival list.
 // So an exact-tag match costs O(1) whatever the queue depth, and wildcards
 // cost what they must (a scan), with MPI ordering preserved across both.
 //
-// Why it is laid out as it is: at depth the cost of an exact match is cache
-// misses plus branch mispredictions, and a misprediction that waits on a miss
-// also throws away the misses the CPU had started for the next operation.
-// So an exact match touches two cache lines that are not already hot (the
-// hash table group of its tag and the entry itself), the hash table compares
-// a whole group at once rather than branching per probe, and nothing on the
-// exact path walks a linked list of other entries. Wildcard scans read arrays
-// front to back instead of chasing pointers.
+// Why it is laid out as it is: at depth an exact match costs what its cache
+// misses cost, so the exact path touches as few cold cache lines as it can
+// (the hash slot of its tag, then the entry itself) and entries are compact:
+// links are 32-bit indices and an exact receive keeps no selector. The
+// posted queue's wildcards live in an array rather than a linked list, so
+// the scan that every match does over wildcards posted before its exact
+// candidate reads memory front to back instead of chasing pointers.
 //
 // Entries come from chunked pools with free lists and are linked by 32-bit
 // indices: steady-state operations do not allocate, and memory is bounded by
-// the peak number of live entries (at most 2^30 per queue).
+// the peak number of live entries (at most 2^32 - 1 per queue).
 //
 // RecvT/MsgT: movable value types with a non-throwing move constructor (small
 // structs). Values are moved in on post/push and moved out on removal.
 
 #ifndef PSMD_DAEMON_MATCHER_H_
 #define PSMD_DAEMON_MATCHER_H_
-
-#include <emmintrin.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -74,39 +70,75 @@ struct Link {
   Index next = kNil;
 };
 
-// Hash buckets are FIFO lists of pool nodes known only by their head index,
-// so that a hash slot is 4 bytes. To append in O(1) the head's `prev` points
-// at the tail (the tail's `next` is still kNil, so forward iteration is
-// unchanged). `nodes` is anything indexable by Index whose elements have a
-// Link member `chain`.
-template <typename Nodes>
+// Head and tail of an intrusive doubly linked list of pool nodes.
+struct List {
+  Index head = kNil;
+  Index tail = kNil;
+  bool empty() const { return head == kNil; }
+};
+
+// Intrusive list operations. `kLink` is a pointer to the Link member that
+// threads this list (a node can be on two lists at once), `nodes` anything
+// indexable by Index.
+template <auto kLink, typename Nodes>
+void list_push_back(Nodes& nodes, List& list, Index i) {
+  Link& l = nodes[i].*kLink;
+  l.prev = list.tail;
+  l.next = kNil;
+  if (list.tail == kNil) {
+    list.head = i;
+  } else {
+    (nodes[list.tail].*kLink).next = i;
+  }
+  list.tail = i;
+}
+
+template <auto kLink, typename Nodes>
+void list_unlink(Nodes& nodes, List& list, Index i) {
+  const Link l = nodes[i].*kLink;
+  if (l.prev == kNil) {
+    list.head = l.next;
+  } else {
+    (nodes[l.prev].*kLink).next = l.next;
+  }
+  if (l.next == kNil) {
+    list.tail = l.prev;
+  } else {
+    (nodes[l.next].*kLink).prev = l.prev;
+  }
+}
+
+// Hash buckets are FIFO lists known only by their head index, so that a hash
+// slot is 8 bytes. To append in O(1) the head's `prev` points at the tail
+// (the tail's `next` is still kNil, so forward iteration is unchanged).
+template <auto kLink, typename Nodes>
 void bucket_push_back(Nodes& nodes, Index& head, Index i) {
-  Link& l = nodes[i].chain;
+  Link& l = nodes[i].*kLink;
   l.next = kNil;
   if (head == kNil) {
     l.prev = i;
     head = i;
     return;
   }
-  Link& h = nodes[head].chain;
+  Link& h = nodes[head].*kLink;
   l.prev = h.prev;
-  nodes[h.prev].chain.next = i;
+  (nodes[h.prev].*kLink).next = i;
   h.prev = i;
 }
 
-template <typename Nodes>
+template <auto kLink, typename Nodes>
 void bucket_unlink(Nodes& nodes, Index& head, Index i) {
-  const Link l = nodes[i].chain;
+  const Link l = nodes[i].*kLink;
   if (i == head) {
     head = l.next;
-    if (head != kNil) nodes[head].chain.prev = l.prev;  // the tail
+    if (head != kNil) (nodes[head].*kLink).prev = l.prev;  // the tail
     return;
   }
-  nodes[l.prev].chain.next = l.next;
+  (nodes[l.prev].*kLink).next = l.next;
   if (l.next == kNil) {
-    nodes[head].chain.prev = l.prev;  // i was the tail
+    (nodes[head].*kLink).prev = l.prev;  // i was the tail
   } else {
-    nodes[l.next].chain.prev = l.prev;
+    (nodes[l.next].*kLink).prev = l.prev;
   }
 }
 
@@ -163,12 +195,8 @@ class NodePool {
   static constexpr unsigned kChunkBits = 9;  // 512 nodes per chunk
   static constexpr Index kChunkSize = Index{1} << kChunkBits;
   static constexpr Index kChunkMask = kChunkSize - 1;
-  // 2^30 nodes, so that arrival-log positions (up to about twice the live
-  // count) fit in 32 bits.
-  static constexpr size_t kMaxChunks = (size_t{1} << 30) >> kChunkBits;
-
   void grow() {
-    if (chunks_.size() >= kMaxChunks) throw std::length_error("matcher: node pool full");
+    if (chunks_.size() >= (kNil >> kChunkBits)) throw std::length_error("matcher: node pool full");
     const Index base = static_cast<Index>(chunks_.size()) * kChunkSize;
     chunks_.push_back(std::make_unique<Node[]>(kChunkSize));
     // Thread the new chunk onto the free list in index order so that a
@@ -183,211 +211,109 @@ class NodePool {
   Index free_ = kNil;
 };
 
-// Open-addressing hash table from a tag to the head node of its bucket.
-//
-// Slots come in groups of 8 that fill one cache line: 8 32-bit fingerprints
-// (hash bits of the tag), then the 8 bucket heads. A tag's home group is
-// picked by the top bits of its fingerprint; lookups compare all 8
-// fingerprints of a group in one SSE2 operation and go on to the next group
-// only if the group has no empty slot (Swiss-table probing). At the load
-// factors kept here a lookup nearly always ends in its home group, so it
-// costs one cache line and branches that go the same way every time. The
-// tag itself is read from the head node, which the caller touches anyway; a
-// fingerprint false positive (odds ~2^-17 per slot at 64 Ki buckets) costs
-// one extra node read.
-//
-// Invariants:
-//   (1) A slot's fingerprint is kEmpty, kDeleted (a tombstone) or >= 2
-//       (live: its head is a node of that bucket).
-//   (2) Every live slot lies in its home group or in a later group (cyclic
-//       order) that it reached by passing only groups without an kEmpty
-//       slot: lookups may stop at the first group with an kEmpty slot.
-//   (3) A group that has been full since the last rehash has no kEmpty
-//       slot: erasing there leaves a tombstone, so (2) survives erasure.
-//   (4) used_ (live + tombstones) <= 7/8 of the slots, so some group has an
-//       kEmpty slot and every probe loop ends.
-//   (5) live_ counts the live slots; the caller links a node into a slot
-//       before the next call (no empty buckets), and erases the slot when
-//       its bucket empties.
+// Open-addressing hash table from a tag to the head of its bucket list.
+// Linear probing with backward-shift deletion: no tombstones, so lookups stay
+// short however many buckets have come and gone. A slot is 8 bytes (32 bits
+// of the tag's hash + the head index) so the table stays cache-resident at
+// depth; the tag itself is read from the head node, which the caller is about
+// to touch anyway. A slot is empty iff its head is kNil, and a bucket is
+// erased as soon as its last node leaves, so the table holds one slot per
+// distinct live tag at load <= 1/2.
 class TagIndex {
  public:
   static constexpr size_t npos = ~size_t{0};
 
-  static uint32_t fingerprint(const Tag96& tag) {
-    const auto f = static_cast<uint32_t>(Tag96Hash{}(tag));
-    return f < kLive ? f + kLive : f;  // (1): kEmpty and kDeleted are taken
-  }
+  static uint32_t hash(const Tag96& tag) { return static_cast<uint32_t>(Tag96Hash{}(tag)); }
 
-  // Slot position of the bucket for `tag` (whose fingerprint is `fp`), or
-  // npos. tag_of(Index) returns the tag of a node.
+  // Slot position of the bucket for `tag` (whose hash is `h`), or npos.
+  // tag_of(Index) returns the tag of a node.
   template <typename TagOf>
-  size_t find(const Tag96& tag, uint32_t fp, TagOf tag_of) const {
-    if (live_ == 0) return npos;
-    for (size_t g = home(fp);; g = (g + 1) & gmask_) {
-      const Group& grp = groups_[g];
-      for (unsigned m = grp.match(fp); m != 0; m &= m - 1) {
-        const unsigned j = lowest_bit(m);
-        if (tag_of(grp.head[j]) == tag) return g * kWidth + j;
-      }
-      if (grp.match(kEmpty) != 0) return npos;
+  size_t find(const Tag96& tag, uint32_t h, TagOf tag_of) const {
+    if (count_ == 0) return npos;
+    for (size_t pos = h & mask_;; pos = (pos + 1) & mask_) {
+      const Slot& s = slots_[pos];
+      if (s.head == kNil) return npos;
+      if (s.hash == h && tag_of(s.head) == tag) return pos;
     }
   }
 
-  // Grows or cleans the table if needed so that the next find_or_insert()
-  // neither allocates nor throws. Invalidates earlier positions.
+  // Grows the table if needed so that the next find_or_insert() neither
+  // allocates nor throws. Invalidates earlier positions.
   void reserve_one() {
-    if (used_ >= max_used()) rehash();
+    if ((count_ + 1) * 2 > slots_.size()) rehash(std::max<size_t>(16, slots_.size() * 2));
   }
 
   // Like find(), but creates the bucket (with head kNil) if absent. The
-  // caller must link a node into it before the next call (invariant 5).
+  // caller must link a node into it before the next call (no empty buckets).
   // Call reserve_one() first.
   template <typename TagOf>
-  size_t find_or_insert(const Tag96& tag, uint32_t fp, TagOf tag_of) {
-    size_t free_pos = npos;
-    for (size_t g = home(fp);; g = (g + 1) & gmask_) {
-      const Group& grp = groups_[g];
-      for (unsigned m = grp.match(fp); m != 0; m &= m - 1) {
-        const unsigned j = lowest_bit(m);
-        if (tag_of(grp.head[j]) == tag) return g * kWidth + j;
-      }
-      const unsigned empty = grp.match(kEmpty);
-      if (free_pos == npos) {
-        // Reuse the first tombstone or empty slot on the probe path: it lies
-        // before the first group with an empty slot, so (2) holds.
-        const unsigned f = empty | grp.match(kDeleted);
-        if (f != 0) free_pos = g * kWidth + lowest_bit(f);
-      }
-      if (empty != 0) break;
+  size_t find_or_insert(const Tag96& tag, uint32_t h, TagOf tag_of) {
+    size_t pos = h & mask_;
+    for (; slots_[pos].head != kNil; pos = (pos + 1) & mask_) {
+      if (slots_[pos].hash == h && tag_of(slots_[pos].head) == tag) return pos;
     }
-    Group& grp = groups_[free_pos / kWidth];
-    if (grp.fp[free_pos % kWidth] == kEmpty) ++used_;
-    grp.set_fp(free_pos % kWidth, fp);
-    grp.head[free_pos % kWidth] = kNil;
-    ++live_;
-    return free_pos;
+    ++count_;
+    slots_[pos].hash = h;
+    return pos;
   }
 
-  Index& head_at(size_t pos) { return groups_[pos / kWidth].head[pos % kWidth]; }
-  Index head_at(size_t pos) const { return groups_[pos / kWidth].head[pos % kWidth]; }
+  Index& head_at(size_t pos) { return slots_[pos].head; }
+  Index head_at(size_t pos) const { return slots_[pos].head; }
 
-  // Removes the (now empty) bucket at `pos`.
+  // Removes the (now empty) bucket at `pos`, shifting later members of its
+  // probe run back so that no lookup crosses a hole it should not.
   void erase_at(size_t pos) {
-    Group& grp = groups_[pos / kWidth];
-    // (3): a group with an empty slot was never full, so no probe has gone
-    // past it and the slot can become empty again; otherwise a probe may
-    // have, and a tombstone keeps it going.
-    if (grp.match(kEmpty) != 0) {
-      grp.set_fp(pos % kWidth, kEmpty);
-      --used_;
-    } else {
-      grp.set_fp(pos % kWidth, kDeleted);
+    size_t hole = pos;
+    for (size_t j = (hole + 1) & mask_; slots_[j].head != kNil; j = (j + 1) & mask_) {
+      // Slot j may fill the hole iff the hole lies on j's probe path, i.e.
+      // j is at least as far from its home slot as from the hole.
+      if (((j - slots_[j].hash) & mask_) >= ((j - hole) & mask_)) {
+        slots_[hole] = slots_[j];
+        hole = j;
+      }
     }
-    --live_;
+    slots_[hole].head = kNil;
+    --count_;
   }
 
   // Calls f(head) for every bucket.
   template <typename F>
   void for_each_head(F&& f) const {
-    if (live_ == 0) return;
-    for (const Group& grp : groups_) {
-      for (size_t j = 0; j < kWidth; ++j) {
-        if (grp.fp[j] >= kLive) f(grp.head[j]);
-      }
+    if (count_ == 0) return;
+    for (const Slot& s : slots_) {
+      if (s.head != kNil) f(s.head);
     }
   }
 
   void clear() {
-    groups_.clear();
-    groups_.shrink_to_fit();
-    gmask_ = 0;
-    live_ = 0;
-    used_ = 0;
+    slots_.clear();
+    slots_.shrink_to_fit();
+    mask_ = 0;
+    count_ = 0;
   }
-
-  // Slots, live buckets and tombstones: for tests of the table itself.
-  size_t capacity() const { return groups_.size() * kWidth; }
-  size_t buckets() const { return live_; }
-  size_t tombstones() const { return used_ - live_; }
 
  private:
-  static constexpr size_t kWidth = 8;
-  static constexpr uint32_t kEmpty = 0;
-  static constexpr uint32_t kDeleted = 1;
-  static constexpr uint32_t kLive = 2;  // live fingerprints are >= kLive
-
-  struct alignas(64) Group {
-    uint32_t fp[kWidth];
-    Index head[kWidth];
-
-    // Sets fp[j] = x with a 16-byte store, so that the next match() (two
-    // 16-byte loads) can take the value straight from the store buffer; a
-    // 4-byte store there would stall it until the store reaches the cache.
-    void set_fp(size_t j, uint32_t x) {
-      __m128i* half = reinterpret_cast<__m128i*>(fp + (j & 4));
-      const __m128i lane = _mm_cmpeq_epi32(_mm_set_epi32(3, 2, 1, 0),
-                                           _mm_set1_epi32(static_cast<int>(j & 3)));
-      const __m128i old = _mm_load_si128(half);
-      _mm_store_si128(half, _mm_or_si128(_mm_andnot_si128(lane, old),
-                                         _mm_and_si128(lane, _mm_set1_epi32(static_cast<int>(x)))));
-    }
-
-    // Bit j set iff fp[j] == x.
-    unsigned match(uint32_t x) const {
-      const __m128i v = _mm_set1_epi32(static_cast<int>(x));
-      const __m128i lo = _mm_cmpeq_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(fp)), v);
-      const __m128i hi =
-          _mm_cmpeq_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(fp + 4)), v);
-      // Narrow the eight 32-bit lanes to bytes (values stay 0 or -1), then
-      // take one bit per byte.
-      const __m128i bytes = _mm_packs_epi16(_mm_packs_epi32(lo, hi), _mm_setzero_si128());
-      return static_cast<unsigned>(_mm_movemask_epi8(bytes));
-    }
+  struct Slot {
+    uint32_t hash = 0;  // low bits are the home position
+    Index head = kNil;
   };
-  static_assert(sizeof(Group) == 64, "a group is one cache line");
 
-  static unsigned lowest_bit(unsigned m) { return static_cast<unsigned>(__builtin_ctz(m)); }
-
-  // Home group: the top bits of the fingerprint, so that a rehash needs
-  // nothing but the stored fingerprints. The remaining low bits are what
-  // tells apart the tags that share a group.
-  static size_t home_of(uint32_t fp, size_t ngroups) {
-    return static_cast<size_t>((uint64_t{fp} * ngroups) >> 32);
-  }
-  size_t home(uint32_t fp) const { return home_of(fp, groups_.size()); }
-
-  size_t max_used() const { return capacity() - capacity() / 8; }
-
-  // Rebuilds the table without tombstones at the smallest power-of-two size
-  // that is at most half full after one more insertion (so it may shrink).
-  void rehash() {
-    size_t cap = kWidth;
-    while (cap / 2 < live_ + 1) cap *= 2;
-    std::vector<Group> fresh(cap / kWidth);  // the only step that can throw
-    const size_t gmask = fresh.size() - 1;
-    for (const Group& grp : groups_) {
-      for (size_t j = 0; j < kWidth; ++j) {
-        if (grp.fp[j] < kLive) continue;
-        for (size_t g = home_of(grp.fp[j], fresh.size());; g = (g + 1) & gmask) {
-          const unsigned empty = fresh[g].match(kEmpty);
-          if (empty != 0) {
-            const unsigned k = lowest_bit(empty);
-            fresh[g].fp[k] = grp.fp[j];
-            fresh[g].head[k] = grp.head[j];
-            break;
-          }
-        }
-      }
+  void rehash(size_t capacity) {
+    std::vector<Slot> fresh(capacity);  // the only step that can throw
+    const size_t mask = capacity - 1;
+    for (const Slot& s : slots_) {
+      if (s.head == kNil) continue;
+      size_t pos = s.hash & mask;
+      while (fresh[pos].head != kNil) pos = (pos + 1) & mask;
+      fresh[pos] = s;
     }
-    groups_.swap(fresh);
-    gmask_ = gmask;
-    used_ = live_;
+    slots_.swap(fresh);
+    mask_ = mask;
   }
 
-  std::vector<Group> groups_;  // size is 0 or a power of two
-  size_t gmask_ = 0;
-  size_t live_ = 0;
-  size_t used_ = 0;  // live + tombstones
+  std::vector<Slot> slots_;  // size is 0 or a power of two
+  size_t mask_ = 0;
+  size_t count_ = 0;  // non-empty slots
 };
 
 // The posted queue's wildcard receives: an array in posting (= seq) order,
@@ -477,7 +403,7 @@ class WildArray {
   }
 
   // Calls f(seq, T&&) for every live entry in order, leaving the array
-  // empty. Entries after one whose f throws are dropped.
+  // empty. If f throws, the entries not yet handed to it stay in the array.
   template <typename F>
   void drain(F&& f) {
     size_t k = begin_;
@@ -489,8 +415,8 @@ class WildArray {
         f(buf_[k].seq & ~kDead, buf_[k].value.take());
       }
     } catch (...) {
-      begin_ = k + 1;
-      throw;  // the destructor or the next drain destroys the rest
+      begin_ = k + 1;  // entries past k keep their values
+      throw;
     }
     begin_ = end_ = 0;
   }
@@ -544,102 +470,6 @@ class WildArray {
   size_t cap_ = 0;
   size_t begin_ = 0;
   size_t end_ = 0;
-  size_t live_ = 0;
-};
-
-// The unexpected queue's arrival log: node indices in arrival order, scanned
-// front to back by wildcard receives. A node records its position; removal
-// overwrites that position with kNil (a tombstone), so it touches no other
-// node. The log is compacted (and positions rewritten) when tombstones
-// outnumber live entries, so scans cost O(live entries) amortized and memory
-// is O(peak live entries).
-//
-// Invariants:
-//   (1) log_[begin_, size) holds every live node exactly once, in arrival
-//       order, plus tombstones; each live node's position is its index here.
-//   (2) log_ is empty or log_[begin_] is live.
-class ArrivalLog {
- public:
-  // Makes sure the next append() does not allocate (so cannot throw).
-  void reserve_one() {
-    if (log_.size() == log_.capacity()) log_.reserve(std::max<size_t>(16, 2 * log_.size()));
-  }
-
-  // Appends node i and returns its position. Call reserve_one() first.
-  uint32_t append(Index i) {
-    log_.push_back(i);
-    ++live_;
-    return static_cast<uint32_t>(log_.size() - 1);
-  }
-
-  // Removes the node at `pos`. May compact, calling set_pos(node, new_pos)
-  // for every live node that moves.
-  template <typename SetPos>
-  void erase(uint32_t pos, SetPos set_pos) {
-    log_[pos] = kNil;
-    --live_;
-    if (pos == begin_) {
-      while (begin_ < log_.size() && log_[begin_] == kNil) ++begin_;  // (2)
-      if (begin_ == log_.size()) {
-        log_.clear();
-        begin_ = 0;
-        return;
-      }
-    }
-    if (log_.size() - begin_ > 2 * live_ + kSlack) {
-      size_t w = 0;
-      for (size_t k = begin_; k < log_.size(); ++k) {
-        if (log_[k] == kNil) continue;
-        log_[w] = log_[k];
-        set_pos(log_[w], static_cast<uint32_t>(w));
-        ++w;
-      }
-      log_.resize(w);
-      begin_ = 0;
-    }
-  }
-
-  // Calls f(node) for every live node in arrival order until f returns true;
-  // returns that node or kNil.
-  template <typename F>
-  Index find_if(F&& f) const {
-    for (size_t k = begin_; k < log_.size(); ++k) {
-      const Index i = log_[k];
-      if (i != kNil && f(i)) return i;
-    }
-    return kNil;
-  }
-
-  // Calls f(node) for every live node in arrival order.
-  template <typename F>
-  void for_each(F&& f) const {
-    for (size_t k = begin_; k < log_.size(); ++k) {
-      if (log_[k] != kNil) f(log_[k]);
-    }
-  }
-
-  // Moves the log out (for drain), leaving this one empty.
-  std::vector<Index> release() {
-    std::vector<Index> out = std::move(log_);
-    out.erase(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(begin_));
-    log_.clear();
-    begin_ = 0;
-    live_ = 0;
-    return out;
-  }
-
-  void swap(ArrivalLog& other) noexcept {
-    using std::swap;
-    swap(log_, other.log_);
-    swap(begin_, other.begin_);
-    swap(live_, other.live_);
-  }
-
- private:
-  static constexpr size_t kSlack = 16;  // don't compact tiny logs often
-
-  std::vector<Index> log_;
-  size_t begin_ = 0;
   size_t live_ = 0;
 };
 
@@ -704,8 +534,8 @@ class PostedQueue {
     n.source = p.source;
     n.seq = next_seq_++;
     n.value.construct(std::move(value));
-    const size_t pos = exact_.find_or_insert(p.tag, TagIndex::fingerprint(p.tag), tag_of());
-    matcher_internal::bucket_push_back(pool_, exact_.head_at(pos), i);
+    const size_t pos = exact_.find_or_insert(p.tag, TagIndex::hash(p.tag), tag_of());
+    matcher_internal::bucket_push_back<&Node::chain>(pool_, exact_.head_at(pos), i);
     ++size_;
   }
 
@@ -713,7 +543,7 @@ class PostedQueue {
   std::optional<RecvT> take_match(const MsgKey& key) {
     Index exact = kNil;
     uint64_t exact_seq = std::numeric_limits<uint64_t>::max();
-    const size_t pos = exact_.find(key.tag, TagIndex::fingerprint(key.tag), tag_of());
+    const size_t pos = exact_.find(key.tag, TagIndex::hash(key.tag), tag_of());
     if (pos != TagIndex::npos) {
       exact = first_accepting(exact_.head_at(pos), key.source);
       if (exact != kNil) exact_seq = pool_[exact].seq;
@@ -759,7 +589,7 @@ class PostedQueue {
       return wild_.take(k);
     }
     const Tag96& tag = pool_[best].tag;
-    unlink_exact(best, exact_.find(tag, TagIndex::fingerprint(tag), tag_of()));
+    unlink_exact(best, exact_.find(tag, TagIndex::hash(tag), tag_of()));
     return release(best);
   }
 
@@ -783,9 +613,10 @@ class PostedQueue {
     // Merge the two seq-ordered sequences.
     size_t e = 0;
     auto hand_out_exact_before = [&](uint64_t seq) {
-      for (; e < exact.size() && pool_[exact[e]].seq < seq; ++e) {
-        RecvT v = pool_[exact[e]].value.take();
-        pool_.release(exact[e]);
+      while (e < exact.size() && pool_[exact[e]].seq < seq) {
+        const Index i = exact[e++];  // handed out even if f throws
+        RecvT v = pool_[i].value.take();
+        pool_.release(i);
         f(std::move(v));
       }
     };
@@ -848,7 +679,7 @@ class PostedQueue {
   // bucket if now empty (invariant 4).
   void unlink_exact(Index i, size_t pos) {
     Index& head = exact_.head_at(pos);
-    matcher_internal::bucket_unlink(pool_, head, i);
+    matcher_internal::bucket_unlink<&Node::chain>(pool_, head, i);
     if (head == kNil) exact_.erase_at(pos);
   }
 
@@ -871,15 +702,15 @@ class PostedQueue {
 // UnexpectedQueue: arrived messages waiting for a receive.
 //
 // Invariants:
-//   (1) Every live message is in log_ and in the by_tag_ bucket of its tag,
-//       both in arrival order (push appends to both; removal never
-//       reorders); its node's `pos` is its position in log_.
+//   (1) Every live message is on arrival_ and on the by_tag_ bucket of its
+//       tag, both in arrival order (push appends to both; removal unlinks
+//       from both and never reorders).
 //   (2) by_tag_ holds no empty bucket.
-//   (3) size_ equals the number of live messages; exactly the nodes in log_
+//   (3) size_ equals the number of live messages; exactly the live nodes
 //       hold a constructed value.
 // From (1): an exact-selector receive can only match messages with its own
 // tag, so the first source-accepted entry of that bucket is the
-// earliest-arrived match; any other receive scans log_ in order.
+// earliest-arrived match; any other receive scans arrival_ in order.
 template <typename MsgT>
 class UnexpectedQueue {
   static_assert(std::is_nothrow_move_constructible_v<MsgT>,
@@ -897,29 +728,27 @@ class UnexpectedQueue {
     return *this;
   }
   ~UnexpectedQueue() {
-    log_.for_each([&](Index i) { pool_[i].value.destroy(); });
+    for (Index i = arrival_.head; i != kNil; i = pool_[i].order.next) pool_[i].value.destroy();
   }
 
   void swap(UnexpectedQueue& other) noexcept {
     using std::swap;
     swap(pool_, other.pool_);
     swap(by_tag_, other.by_tag_);
-    log_.swap(other.log_);
+    swap(arrival_, other.arrival_);
     swap(size_, other.size_);
   }
 
   void push(const MsgKey& key, MsgT value) {
     // Allocation (the only thing that can throw) happens before any change.
     by_tag_.reserve_one();
-    log_.reserve_one();
     const Index i = pool_.acquire();
     Node& n = pool_[i];
-    n.tag = key.tag;
-    n.source = key.source;
+    n.key = key;
     n.value.construct(std::move(value));
-    n.pos = log_.append(i);
-    const size_t pos = by_tag_.find_or_insert(key.tag, TagIndex::fingerprint(key.tag), tag_of());
-    matcher_internal::bucket_push_back(pool_, by_tag_.head_at(pos), i);
+    matcher_internal::list_push_back<&Node::order>(pool_, arrival_, i);
+    const size_t pos = by_tag_.find_or_insert(key.tag, TagIndex::hash(key.tag), tag_of());
+    matcher_internal::bucket_push_back<&Node::chain>(pool_, by_tag_.head_at(pos), i);
     ++size_;
   }
 
@@ -928,7 +757,7 @@ class UnexpectedQueue {
   MsgT* find(const RecvPattern& p, MsgKey* key_out = nullptr) {
     const Found f = locate(p);
     if (f.node == kNil) return nullptr;
-    if (key_out != nullptr) *key_out = key_of(f.node);
+    if (key_out != nullptr) *key_out = pool_[f.node].key;
     return &pool_[f.node].value.get();
   }
 
@@ -937,7 +766,7 @@ class UnexpectedQueue {
   std::optional<MsgT> take(const RecvPattern& p, MsgKey* key_out = nullptr) {
     const Found f = locate(p);
     if (f.node == kNil) return std::nullopt;
-    if (key_out != nullptr) *key_out = key_of(f.node);
+    if (key_out != nullptr) *key_out = pool_[f.node].key;
     return remove(f);
   }
 
@@ -946,10 +775,10 @@ class UnexpectedQueue {
   // once it returns true.
   template <typename Pred>
   std::optional<MsgT> remove_first_if(Pred pred) {
-    const Index i =
-        log_.find_if([&](Index j) { return pred(std::as_const(pool_[j].value.get())); });
-    if (i == kNil) return std::nullopt;
-    return remove(Found{i, TagIndex::npos});
+    for (Index i = arrival_.head; i != kNil; i = pool_[i].order.next) {
+      if (pred(std::as_const(pool_[i].value.get()))) return remove(Found{i, TagIndex::npos});
+    }
+    return std::nullopt;
   }
 
   size_t size() const { return size_; }
@@ -960,26 +789,26 @@ class UnexpectedQueue {
   // are not drained.
   template <typename F>
   void drain(F&& f) {
-    const std::vector<Index> order = log_.release();
+    Index i = arrival_.head;
+    arrival_ = List{};
     by_tag_.clear();
     size_ = 0;
-    size_t k = 0;
     try {
-      for (; k < order.size(); ++k) {
-        const Index i = order[k];
-        if (i == kNil) continue;
-        const MsgKey key = key_of(i);
+      while (i != kNil) {
+        const Index next = pool_[i].order.next;
+        const MsgKey key = pool_[i].key;
         MsgT v = pool_[i].value.take();
         pool_.release(i);
+        i = next;
         f(key, std::move(v));
       }
     } catch (...) {
       // Messages not yet handed to f are dropped.
-      for (++k; k < order.size(); ++k) {
-        const Index i = order[k];
-        if (i == kNil) continue;
+      while (i != kNil) {
+        const Index next = pool_[i].order.next;
         pool_[i].value.destroy();
         pool_.release(i);
+        i = next;
       }
       throw;
     }
@@ -987,14 +816,14 @@ class UnexpectedQueue {
 
  private:
   using Index = matcher_internal::Index;
+  using List = matcher_internal::List;
   using TagIndex = matcher_internal::TagIndex;
   static constexpr Index kNil = matcher_internal::kNil;
 
   struct Node {
+    matcher_internal::Link order;  // arrival_
     matcher_internal::Link chain;  // by_tag_ bucket; free list when unused
-    uint32_t pos;                  // in log_
-    Tag96 tag;
-    uint64_t source;
+    MsgKey key;
     matcher_internal::ValueSlot<MsgT> value;
   };
 
@@ -1005,40 +834,37 @@ class UnexpectedQueue {
   };
 
   auto tag_of() const {
-    return [this](Index i) -> const Tag96& { return pool_[i].tag; };
+    return [this](Index i) -> const Tag96& { return pool_[i].key.tag; };
   }
-
-  MsgKey key_of(Index i) const { return MsgKey{pool_[i].source, pool_[i].tag}; }
 
   // Earliest-arrived message matching p (node kNil if none).
   Found locate(const RecvPattern& p) const {
     if (is_exact_selector(p.sel)) {
-      const size_t pos = by_tag_.find(p.tag, TagIndex::fingerprint(p.tag), tag_of());
+      const size_t pos = by_tag_.find(p.tag, TagIndex::hash(p.tag), tag_of());
       if (pos == TagIndex::npos) return Found{kNil, pos};
       for (Index i = by_tag_.head_at(pos); i != kNil; i = pool_[i].chain.next) {
-        if (source_matches(p.source, pool_[i].source)) return Found{i, pos};
+        if (source_matches(p.source, pool_[i].key.source)) return Found{i, pos};
       }
       return Found{kNil, pos};
     }
-    const Index i = log_.find_if([&](Index j) {
-      const Node& n = pool_[j];
-      return source_matches(p.source, n.source) && tag_matches(p.tag, p.sel, n.tag);
-    });
-    return Found{i, TagIndex::npos};
+    for (Index i = arrival_.head; i != kNil; i = pool_[i].order.next) {
+      if (matches(p, pool_[i].key)) return Found{i, TagIndex::npos};
+    }
+    return Found{kNil, TagIndex::npos};
   }
 
-  // Unlinks the message from log_ and its bucket (dropping the bucket if now
-  // empty, invariant 2), frees the node and returns the value.
+  // Unlinks the message from arrival_ and its bucket (dropping the bucket if
+  // now empty, invariant 2), frees the node and returns the value.
   MsgT remove(Found f) {
     const Index i = f.node;
-    log_.erase(pool_[i].pos, [&](Index j, uint32_t pos) { pool_[j].pos = pos; });
+    matcher_internal::list_unlink<&Node::order>(pool_, arrival_, i);
     size_t pos = f.bucket_pos;
     if (pos == TagIndex::npos) {
-      const Tag96& tag = pool_[i].tag;
-      pos = by_tag_.find(tag, TagIndex::fingerprint(tag), tag_of());
+      const Tag96& tag = pool_[i].key.tag;
+      pos = by_tag_.find(tag, TagIndex::hash(tag), tag_of());
     }
     Index& head = by_tag_.head_at(pos);
-    matcher_internal::bucket_unlink(pool_, head, i);
+    matcher_internal::bucket_unlink<&Node::chain>(pool_, head, i);
     if (head == kNil) by_tag_.erase_at(pos);
     MsgT v = pool_[i].value.take();
     pool_.release(i);
@@ -1048,7 +874,7 @@ class UnexpectedQueue {
 
   matcher_internal::NodePool<Node> pool_;
   TagIndex by_tag_;
-  matcher_internal::ArrivalLog log_;
+  List arrival_;
   size_t size_ = 0;
 };
 

@@ -517,6 +517,94 @@ TEST(MatcherRealTest, MoveTransfersEntriesAndEmptiesSource) {
   EXPECT_EQ(Counted::live, 0);
 }
 
+// A drain() callback that throws: the entries it was given stay handed out,
+// the rest are destroyed (not leaked, not destroyed twice), and the queue is
+// empty and usable afterwards.
+TEST(MatcherRealTest, DrainCallbackThrows) {
+  struct Boom {};
+  Counted::live = 0;
+  {
+    PostedQueue<Counted> posted;
+    UnexpectedQueue<Counted> unexpected;
+    for (int i = 0; i < 40; ++i) {
+      const Tag96 tag = T(static_cast<uint32_t>(i % 5), 0, 0);
+      if (i % 3 == 0) {
+        posted.post(Wild(kAnySource, tag, T(~0u, 0, 0)), Counted(i));
+      } else {
+        posted.post(Exact(1, tag), Counted(i));
+      }
+      unexpected.push(Msg(1, tag), Counted(i));
+    }
+    std::vector<int> got;
+    auto throw_at_10 = [&](Counted&& c) {
+      if (c.id == 10) throw Boom{};
+      got.push_back(c.id);
+    };
+    EXPECT_THROW(posted.drain(throw_at_10), Boom);
+    EXPECT_THROW(unexpected.drain([&](const MsgKey&, Counted&& c) { throw_at_10(std::move(c)); }),
+                 Boom);
+    const std::vector<int> first_ten = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+    EXPECT_EQ(std::vector<int>(got.begin(), got.begin() + 10), first_ten);
+    EXPECT_EQ(std::vector<int>(got.begin() + 10, got.end()), first_ten);
+    EXPECT_EQ(Counted::live, 0);
+    EXPECT_EQ(posted.size(), 0u);
+    EXPECT_EQ(unexpected.size(), 0u);
+    posted.post(Wild(kAnySource, T(0, 0, 0), kTagSelNone), Counted(100));
+    unexpected.push(Msg(1, T(0, 0, 0)), Counted(101));
+    EXPECT_EQ(posted.take_match(Msg(1, T(3, 3, 3)))->id, 100);
+    EXPECT_EQ(unexpected.take(Wild(kAnySource, T(0, 0, 0), kTagSelNone))->id, 101);
+  }
+  EXPECT_EQ(Counted::live, 0);
+}
+
+// Thousands of wildcard receives (and unexpected messages taken by wildcard
+// receives) removed in random order: the posted queue's wildcard array fills
+// with tombstones, grows and compacts many times, and must keep posting
+// order and every value exactly once throughout.
+TEST(MatcherRealTest, WildcardArrayCompaction) {
+  constexpr int kN = 3000;
+  std::mt19937_64 rng(11);
+  Counted::live = 0;
+  {
+    PostedQueue<Counted> posted;
+    UnexpectedQueue<Counted> unexpected;
+    // Receive i matches only messages with tag word 0 == i (word 1 is
+    // ignored) and is posted between two exact receives of other tags.
+    auto wild = [](int i) { return Wild(kAnySource, T(static_cast<uint32_t>(i), 0, 0), T(~0u, 0, ~0u)); };
+    auto msg = [](int i) { return Msg(3, T(static_cast<uint32_t>(i), 7, 0)); };
+    for (int round = 0; round < 3; ++round) {
+      for (int i = 0; i < kN; ++i) {
+        posted.post(Exact(3, T(static_cast<uint32_t>(i), 1, 0)), Counted(-1));
+        posted.post(wild(i), Counted(i));
+        unexpected.push(msg(i), Counted(i));
+      }
+      std::vector<int> order(kN);
+      for (int i = 0; i < kN; ++i) order[i] = i;
+      std::shuffle(order.begin(), order.end(), rng);
+      for (int k = 0; k < kN; ++k) {
+        const int i = order[k];
+        ASSERT_EQ(posted.take_match(msg(i))->id, i);
+        // Wildcard take: the earliest-arrived message still queued.
+        ASSERT_EQ(unexpected.take(wild(i))->id, i);
+        if (k % 97 == 0) {
+          // Earliest survivors, found by scanning past the tombstones.
+          std::vector<int> left(order.begin() + k + 1, order.end());
+          if (left.empty()) continue;
+          const int first = *std::min_element(left.begin(), left.end());
+          ASSERT_EQ(unexpected.find(Wild(kAnySource, T(0, 0, 0), kTagSelNone))->id, first);
+        }
+      }
+      EXPECT_EQ(posted.size(), static_cast<size_t>(kN));  // the exact ones
+      EXPECT_EQ(unexpected.size(), 0u);
+      int cancelled = 0;
+      while (posted.remove_first_if([](const Counted& c) { return c.id == -1; })) ++cancelled;
+      EXPECT_EQ(cancelled, kN);
+      EXPECT_EQ(Counted::live, 0);
+    }
+  }
+  EXPECT_EQ(Counted::live, 0);
+}
+
 // Many distinct exact tags taken in random order: exercises the tag index's
 // growth and backward-shift deletion at a size the differential test does not
 // reach.
