@@ -1,15 +1,23 @@
 // Process-wide state of libpsmclient: initialization, the control client,
-// and the open endpoints.
+// the open endpoints, error handlers, and what the core API remembers about
+// connections (for psm2_ep_epid_lookup, labels, host names).
 //
-// Thread-safety: fields are guarded by `mu`.
+// Thread-safety: the fields below are guarded by `mu`; error handlers by a
+// mutex of their own. Both are leaf locks: nothing else is acquired while
+// either is held, so they may be taken with an endpoint's mutex held (error
+// reports from inside progress) and are never held while a user callback
+// runs.
 #ifndef PSMD_CLIENT_LIBRARY_H_
 #define PSMD_CLIENT_LIBRARY_H_
 
 #include <psm2.h>
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "client/control_client.h"
@@ -17,21 +25,80 @@
 
 namespace psmd::client {
 
+// Bit of PSM2_CORE_OPT_DEBUG (Intel's __HFI_INFO, on by default) that makes
+// libpsmclient print each error report on stderr.
+inline constexpr uint32_t kDebugPrintErrors = 0x1;
+
+// An epid as psmd mints it (daemon/registry.cc): node id << 48 | boot nonce
+// << 32 | endpoint id. The node id is what psm2_epid_nid reports and the
+// endpoint id what psm2_epid_context (and _port) report.
+inline uint64_t NodeIdOf(psm2_epid_t epid) { return epid >> 48; }
+inline uint64_t EndpointIdOf(psm2_epid_t epid) { return epid & 0xffffffffu; }
+
+// "0x..." for messages.
+std::string EpidText(psm2_epid_t epid);
+
 struct Library {
   static Library& Get();
 
   // The control client for the current $PSMD_SOCKET (created on first use).
   ControlClient* control();
 
-  // Prints `message` (the thing and the fix) and returns `code`.
+  // Reports an error: prints `message` (the thing and the fix) on stderr
+  // unless PSM2_NO_VERBOSE_ERRORS is set or the debug mask's
+  // kDebugPrintErrors bit is clear; then, as Intel's PSM2 does, hands it to
+  // the error handler of `ep` (the global one when ep is null or not open)
+  // and returns what the handler returns: `code` itself for
+  // PSM2_ERRHANDLER_NO_HANDLER, the default. PSM2_ERRHANDLER_PSM_HANDLER
+  // ends the process. PSM2_OK is returned untouched. Never call with `mu`
+  // held: a handler may call back into the library.
   static psm2_error_t Report(psm2_error_t code, const std::string& message);
+  static psm2_error_t Report(psm2_ep_t ep, psm2_error_t code, const std::string& message);
+
+  // PSM2_OK while psm2_init is in effect; otherwise reports
+  // PSM2_INIT_NOT_INIT on behalf of `function`.
+  psm2_error_t RequireInit(const char* function);
+
+  // Whether ep is one of this process's open endpoints. Requires `mu`.
+  bool IsOpenLocked(psm2_ep_t ep) const;
+
+  // Error handlers (psm2_error_register_handler). An endpoint takes the
+  // global handler current when it opens.
+  void SetGlobalHandler(psm2_ep_errhandler_t handler);
+  // False if ep is not open.
+  bool SetEndpointHandler(psm2_ep_t ep, psm2_ep_errhandler_t handler);
+  void AdoptGlobalHandler(psm2_ep_t ep);
+  void ForgetEndpointHandler(psm2_ep_t ep);
+
+  // `"label" (epid 0x...) on host` for diagnostics: the label given to
+  // `epaddr` with psm2_epaddr_setlabel and the host name given to the epid's
+  // node with psm2_map_nid_hostname, where known. Takes `mu`.
+  std::string Describe(psm2_epid_t epid, psm2_epaddr_t epaddr = nullptr);
 
   std::mutex mu;
-  bool initialized = false;
-  std::vector<std::unique_ptr<psm2_ep>> endpoints;
+  // psm2_init references; the last psm2_finalize moves to `finalized`, after
+  // which psm2_init fails with PSM2_IS_FINALIZED, as Intel's does.
+  int init_count = 0;
+  bool finalized = false;
+  // PSM2_MULTI_EP, read by the first psm2_init: more than one endpoint per
+  // process only when set (Intel's rule).
+  bool multi_ep = false;
+  int opening = 0;  // psm2_ep_open calls between their limit check and completion
+  std::vector<std::unique_ptr<psm2_ep>> endpoints;  // in open order
+  // Epaddrs returned by psm2_ep_connect, per endpoint: what
+  // psm2_ep_epid_lookup finds. Disconnecting keeps them (as Intel does).
+  std::unordered_map<psm2_ep_t, std::unordered_map<psm2_epid_t, psm2_epaddr_t>> connected;
+  std::unordered_map<psm2_epaddr_t, std::string> labels;  // psm2_epaddr_setlabel
+  std::unordered_map<uint64_t, std::string> hostnames;    // psm2_map_nid_hostname, by nid
+  // PSM2_CORE_OPT_DEBUG. Atomic: read by every report without `mu`.
+  std::atomic<uint32_t> debug_mask{kDebugPrintErrors};
 
  private:
   std::unique_ptr<ControlClient> control_;
+
+  std::mutex handlers_mu_;
+  psm2_ep_errhandler_t global_handler_ = PSM2_ERRHANDLER_NO_HANDLER;
+  std::unordered_map<psm2_ep_t, psm2_ep_errhandler_t> ep_handlers_;
 };
 
 }  // namespace psmd::client

@@ -59,6 +59,7 @@ grpc::Status ControlService::Health(grpc::ServerContext*, const v1::HealthReques
   reply->set_version(kVersion);
   reply->set_uptime_ns(UptimeNs());
   reply->set_endpoint_count(static_cast<uint32_t>(registry_->endpoint_count()));
+  reply->set_max_endpoints(registry_->max_endpoints());
   reply->set_daemon_pid(static_cast<uint32_t>(getpid()));
   return grpc::Status::OK;
 }

@@ -100,6 +100,8 @@ class Registry {
   // cover the daemon's lifetime, not only the endpoints open now).
   EndpointSnapshot ClosedTotals(const Credentials& who);
   size_t endpoint_count();
+  // The most endpoints psmd serves at once (--max-endpoints).
+  uint32_t max_endpoints() const { return config_.max_endpoints; }
   // Removes endpoints whose attach token was not redeemed in time.
   void ExpireUnattached();
   // Removes every endpoint (daemon shutdown).
