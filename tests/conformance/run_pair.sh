@@ -1,12 +1,22 @@
 #!/bin/bash
-# run_pair.sh intel|psmd PROGRAM [ARGS...]: runs both ranks of a conformance
-# program against one implementation of PSM2 and exits 0 only if both pass.
+# run_pair.sh [--ranks N] intel|psmd PROGRAM [ARGS...]: runs the ranks of a
+# conformance program against one implementation of PSM2 and exits 0 only if
+# every rank passes.
 #   intel: Intel's libpsm2 (LD_LIBRARY_PATH=/usr/lib/...) inside the
 #          fake-adapter namespace of scripts/fake_hfi.sh (needs root).
 #   psmd:  our libpsm2.so.2 (the program's RUNPATH) and a private psmd
 #          ($PSMD_BIN, default daemon/psmd as in Bazel runfiles).
+# Ranks: 2 by default (each gets --rank I --dir DIR); --ranks N or
+# PSMD_CONFORMANCE_RANKS=N (the option wins) starts N, and for N != 2 also
+# passes --ranks N to every rank.
 # Every process it starts is ended by PID; its scratch directory is removed.
 set -uo pipefail
+ranks=${PSMD_CONFORMANCE_RANKS:-2}
+if [[ "${1:-}" == "--ranks" ]]; then ranks=$2; shift 2; fi
+if ! [[ "$ranks" =~ ^[0-9]+$ ]] || ((ranks < 2)); then
+  echo "run_pair: the rank count must be a number >= 2 (got '$ranks')" >&2
+  exit 2
+fi
 impl=$1; shift
 program=$1; shift
 here=$(cd "$(dirname "$0")" && pwd)
@@ -25,8 +35,10 @@ case "$impl" in
   intel)
     wrap=("$root/scripts/fake_hfi.sh" env LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu
           PSMD_CONFORMANCE_IMPL=intel)
-    if ! LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu ldd "$program" |
-        grep -q "libpsm2.so.2 => /usr/lib/x86_64-linux-gnu/"; then
+    # ldd's whole output first: `ldd | grep -q` under pipefail fails at
+    # random when grep exits early and ldd gets SIGPIPE.
+    libs=$(LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu ldd "$program" 2>&1)
+    if ! grep -q "libpsm2.so.2 => /usr/lib/x86_64-linux-gnu/" <<<"$libs"; then
       echo "run_pair: $program does not load Intel's libpsm2 with LD_LIBRARY_PATH" >&2
       exit 1
     fi
@@ -38,16 +50,26 @@ case "$impl" in
     for _ in $(seq 100); do [[ -S "$PSMD_SOCKET" ]] && break; sleep 0.05; done
     wrap=(env PSMD_CONFORMANCE_IMPL=psmd)
     ;;
-  *) echo "usage: run_pair.sh intel|psmd PROGRAM [ARGS...]" >&2; exit 2 ;;
+  *) echo "usage: run_pair.sh [--ranks N] intel|psmd PROGRAM [ARGS...]" >&2; exit 2 ;;
 esac
 
-# Both ranks share one namespace on intel (shared memory must be common).
+# All ranks share one namespace on intel (shared memory must be common).
 "${wrap[@]}" bash -c '
-  program=$1; work=$2; timeout_s=$3; shift 3
-  timeout -s KILL "$timeout_s" "$program" --rank 0 --dir "$work" "$@" & r0=$!
-  timeout -s KILL "$timeout_s" "$program" --rank 1 --dir "$work" "$@" & r1=$!
-  wait $r0; s0=$?; wait $r1; s1=$?
-  echo "run_pair: rank 0 exit $s0, rank 1 exit $s1" >&2
-  [[ $s0 == 0 && $s1 == 0 ]]' run_pair "$program" "$work" "$timeout_s" "$@"
+  program=$1; work=$2; timeout_s=$3; ranks=$4; shift 4
+  extra=()
+  if ((ranks != 2)); then extra=(--ranks "$ranks"); fi
+  pids=()
+  for ((r = 0; r < ranks; r++)); do
+    timeout -s KILL "$timeout_s" "$program" --rank "$r" --dir "$work" "${extra[@]}" "$@" &
+    pids+=($!)
+  done
+  ok=1 report=""
+  for ((r = 0; r < ranks; r++)); do
+    wait "${pids[r]}"; s=$?
+    report+="${report:+, }rank $r exit $s"
+    [[ $s == 0 ]] || ok=0
+  done
+  echo "run_pair: $report" >&2
+  ((ok))' run_pair "$program" "$work" "$timeout_s" "$ranks" "$@"
 status=$?
 exit $status
