@@ -9,6 +9,7 @@ PACKAGES=(
   libboost-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libpsm2-dev libpsm2-2 uuid-dev
+  openmpi-bin libopenmpi-dev libfabric-bin netpipe-openmpi python3-mpi4py
 )
 
 missing=()
