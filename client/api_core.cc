@@ -487,7 +487,9 @@ psm2_error_t psm2_ep_disconnect(psm2_ep_t ep, int num_of_epaddr, psm2_epaddr_t* 
 psm2_error_t psm2_poll(psm2_ep_t ep) {
   if (ep == nullptr) return PSM2_PARAM_ERR;
   std::lock_guard<std::recursive_mutex> lock(ep->mu);
-  return ep->Progress() ? PSM2_OK : PSM2_OK_NO_PROGRESS;
+  if (ep->Progress()) return PSM2_OK;
+  ep->IdleYield();
+  return PSM2_OK_NO_PROGRESS;
 }
 
 }  // extern "C"

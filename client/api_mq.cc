@@ -152,7 +152,10 @@ psm2_error_t Finish(psm2_mq_req_t* request, Status* status, bool block, Fill fil
   } else if (!done()) {
     // Not progress in the PSM2 sense: we only collect what psmd completed.
     ep->Progress();
-    if (!done()) return PSM2_MQ_NO_COMPLETIONS;
+    if (!done()) {
+      ep->IdleYield();
+      return PSM2_MQ_NO_COMPLETIONS;
+    }
   }
   if (status != nullptr) fill(r, status);
   ep->FreeRequest(r);
@@ -210,7 +213,10 @@ psm2_error_t Peek(psm2_mq_t mq, psm2_mq_req_t* req, Status* status, Fill fill) {
   std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (mq->done_head == nullptr) ep->Progress();
   psm2_mq_req* r = mq->done_head;
-  if (r == nullptr) return PSM2_MQ_NO_COMPLETIONS;
+  if (r == nullptr) {
+    ep->IdleYield();
+    return PSM2_MQ_NO_COMPLETIONS;
+  }
   *req = r;
   if (status != nullptr) fill(r, status);
   return PSM2_OK;

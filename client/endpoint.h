@@ -215,6 +215,12 @@ struct psm2_ep {
   template <typename Done>
   void WaitUntil(Done done);
   void MarkComplete(psm2_mq_req* req);
+  // Called when a non-blocking call (psm2_poll, a test, a peek) found
+  // nothing: applications spin on those, and on a node with fewer cores than
+  // busy processes psmd, which does the work they wait for, would otherwise
+  // get the CPU only when the scheduler preempts them (milliseconds).
+  // sched_yield hands the core over if psmd wants it, else returns at once.
+  void IdleYield() { sched_yield(); }
   void RemoveFromDoneList(psm2_mq_req* req);
 
  private:

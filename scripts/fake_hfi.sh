@@ -18,14 +18,16 @@ fi
 dir=$PSMD_FAKE_HFI_DIR
 unset PSMD_FAKE_HFI_DIR
 mount -t tmpfs psmd-fake-hfi "$dir"
-mkdir -p "$dir/upper" "$dir/work" "$dir/shm" "$dir/pts" "$dir/class"
+mkdir -p "$dir/upper" "$dir/work" "$dir/pts" "$dir/class"
 
-# /dev: an overlay adds the device file; /dev/shm and /dev/pts are separate
-# mounts that the overlay would hide, so they are carried over.
-mount --bind /dev/shm "$dir/shm"
+# /dev: an overlay adds the device file. /dev/pts is a separate mount that
+# the overlay would hide, so it is carried over; /dev/shm becomes a private
+# tmpfs, so whatever Intel's libpsm2 leaves there (a killed rank leaves its
+# psm2_shm.* segments) vanishes with the namespace instead of piling up on
+# the host. Processes that must share memory run in one namespace.
 mount --bind /dev/pts "$dir/pts"
 mount -t overlay psmd-fake-dev -o "lowerdir=/dev,upperdir=$dir/upper,workdir=$dir/work" /dev
-mount --move "$dir/shm" /dev/shm
+mount -t tmpfs -o mode=1777 psmd-fake-shm /dev/shm
 mount --move "$dir/pts" /dev/pts
 touch /dev/hfi1_0
 chmod 666 /dev/hfi1_0
