@@ -252,7 +252,7 @@ psm2_error_t
 psm2_ep_epid_share_memory(psm2_ep_t ep, psm2_epid_t epid, int *result);
 
 /* Close an endpoint; mode is PSM2_EP_CLOSE_GRACEFUL or _FORCE, timeout in ns
- * (0 = wait forever). Returns PSM2_OK or PSM2_EP_CLOSE_TIMEOUT. */
+ * (0 or less: up to 60 s, as Intel's). Returns PSM2_OK or PSM2_EP_CLOSE_TIMEOUT. */
 psm2_error_t psm2_ep_close(psm2_ep_t ep, int mode, int64_t timeout);
 
 #define PSM2_EP_CLOSE_GRACEFUL 0
