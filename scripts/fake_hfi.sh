@@ -8,9 +8,16 @@
 set -euo pipefail
 
 if [[ "${PSMD_FAKE_HFI_DIR:-}" == "" ]]; then
+  # Outside: a mount point for the namespace's private tmpfs, removed however
+  # we end (a terminating signal is passed on to the command first).
   dir=$(mktemp -d /tmp/psmd-hfi-XXXXXX)
+  PSMD_FAKE_HFI_DIR="$dir" unshare -m --propagation private "$0" "$@" &
+  child=$!
+  trap 'kill -TERM "$child" 2>/dev/null' TERM INT HUP
   status=0
-  PSMD_FAKE_HFI_DIR="$dir" unshare -m --propagation private "$0" "$@" || status=$?
+  wait "$child" || status=$?
+  # wait returns early when a signal arrives: wait for the child to finish.
+  while kill -0 "$child" 2>/dev/null; do wait "$child" || status=$?; done
   rmdir "$dir"
   exit "$status"
 fi

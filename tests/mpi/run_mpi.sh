@@ -39,7 +39,7 @@ sent() {
 # with our library first on the search path.
 mpi() {
   local np=$1; shift
-  (cd "$work" && timeout -s KILL 300 "$root/scripts/fake_hfi.sh" \
+  (cd "$work" && timeout -k 10 300 "$root/scripts/fake_hfi.sh" \
     env LD_LIBRARY_PATH="$libdir" OMPI_MCA_plm_rsh_agent= \
     mpirun --allow-run-as-root --oversubscribe -np "$np" \
       --mca pml cm --mca mtl psm2 --mca btl self \
@@ -66,12 +66,16 @@ case "$case_name" in
     # A control port of our own: the three pingpong tests may run at once.
     size=$1 iters=200 port=$((20000 + RANDOM % 20000))
     wrap=("$root/scripts/fake_hfi.sh" env LD_LIBRARY_PATH="$libdir")
-    (cd "$work" && timeout -s KILL 120 "${wrap[@]}" \
-      fi_pingpong -p psm2 -S "$size" -I "$iters" -B "$port" >"$work/server.out" 2>&1) &
+    # Started directly (no subshell) so that cleanup's TERM reaches timeout,
+    # which passes it on to fake_hfi.sh and the server.
+    cd "$work"
+    timeout -k 10 120 "${wrap[@]}" \
+      fi_pingpong -p psm2 -S "$size" -I "$iters" -B "$port" >"$work/server.out" 2>&1 &
     server=$!
+    cd - >/dev/null
     pids+=($server)
     sleep 1
-    (cd "$work" && timeout -s KILL 120 "${wrap[@]}" \
+    (cd "$work" && timeout -k 10 120 "${wrap[@]}" \
       fi_pingpong -p psm2 -S "$size" -I "$iters" -P "$port" 127.0.0.1)
     status=$?
     wait "$server" || status=1
