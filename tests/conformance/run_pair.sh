@@ -70,6 +70,29 @@ esac
     [[ $s == 0 ]] || ok=0
   done
   echo "run_pair: $report" >&2
-  ((ok))' run_pair "$program" "$work" "$timeout_s" "$ranks" "$@"
-status=$?
+  ((ok))' run_pair "$program" "$work" "$timeout_s" "$ranks" "$@" | tee "$work/results"
+status=${PIPESTATUS[0]}
+
+# Under Bazel, one JUnit test case per conformance case (passed only if it
+# passed on every rank), plus one for the run as a whole (exit statuses).
+if [[ -n "${XML_OUTPUT_FILE:-}" ]]; then
+  python3 - "$work/results" "$status" "$(basename "$program")_$impl" >"$XML_OUTPUT_FILE" <<'PY'
+import sys
+from xml.sax.saxutils import quoteattr
+results, status, suite = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+cases = {}
+for line in open(results):
+    parts = line.split()
+    if len(parts) == 3 and parts[0] in ("PASS", "FAIL") and parts[1].startswith("rank"):
+        cases[parts[2]] = cases.get(parts[2], True) and parts[0] == "PASS"
+cases["all_ranks_exit_0"] = status == 0
+failures = sum(not ok for ok in cases.values())
+print(f'<?xml version="1.0" encoding="UTF-8"?>')
+print(f'<testsuites><testsuite name={quoteattr(suite)} tests="{len(cases)}" failures="{failures}">')
+for name, ok in cases.items():
+    body = "" if ok else '<failure message="failed on some rank (see test.log)"/>'
+    print(f"  <testcase name={quoteattr(name)} classname={quoteattr(suite)}>{body}</testcase>")
+print("</testsuite></testsuites>")
+PY
+fi
 exit $status
