@@ -10,6 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libpsm2-dev libpsm2-2 uuid-dev
   openmpi-bin libopenmpi-dev libfabric-bin netpipe-openmpi python3-mpi4py
+  openssh-client  # Open MPI's launcher looks for ssh even for local ranks
 )
 
 missing=()
