@@ -227,17 +227,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   int cpu_start = sched_getcpu();
-  psm2_epid_t epid, peer_epid;
-  psmd::testing::InitAndOpen(uuid, &g_ep, &epid);
-  if (!psmd::testing::PublishEpid(dir, rank, epid) ||
-      !psmd::testing::AwaitEpid(dir, 1 - rank, 60, &peer_epid)) {
-    fprintf(stderr, "am_rate rank %d: epid exchange through %s failed\n", rank, dir.c_str());
-    return 2;
-  }
-  psm2_epaddr_t peer;
-  psm2_error_t conn_err;
-  CheckPsm(psm2_ep_connect(g_ep, 1, &peer_epid, nullptr, &conn_err, &peer, 30'000'000'000LL),
-           "psm2_ep_connect");
+  psmd::testing::ConnectedPair pair = psmd::testing::OpenAndConnect(uuid, dir, rank);
+  g_ep = pair.ep;
+  psm2_epaddr_t peer = pair.peer;
   psm2_am_handler_fn_t fns[kNumHandlers] = {Echo, EchoReply, Sink, SinkAck, Stop};
   CheckPsm(psm2_am_register_handlers(g_ep, fns, kNumHandlers, g_idx), "psm2_am_register_handlers");
 

@@ -51,19 +51,10 @@ int main(int argc, char** argv) {
                     "[--reps R]\n");
     return 2;
   }
-  psm2_ep_t ep;
-  psm2_epid_t epid, peer_epid;
-  psmd::testing::InitAndOpen(uuid, &ep, &epid);
-  if (!psmd::testing::PublishEpid(dir, rank, epid) ||
-      !psmd::testing::AwaitEpid(dir, 1 - rank, 60, &peer_epid)) {
-    return 2;
-  }
-  psm2_epaddr_t peer;
-  psm2_error_t conn_err;
-  CheckPsm(psm2_ep_connect(ep, 1, &peer_epid, nullptr, &conn_err, &peer, 30'000'000'000LL),
-           "psm2_ep_connect");
-  psm2_mq_t mq;
-  CheckPsm(psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq), "psm2_mq_init");
+  psmd::testing::ConnectedPair pair = psmd::testing::OpenAndConnect(uuid, dir, rank);
+  psm2_ep_t ep = pair.ep;
+  psm2_mq_t mq = pair.mq;
+  psm2_epaddr_t peer = pair.peer;
 
   std::vector<char> bufs(size_t{kWindow} * std::max<uint32_t>(size, 1), 'm');
   std::vector<psm2_mq_req_t> reqs(kWindow, PSM2_MQ_REQINVALID);

@@ -85,18 +85,12 @@ int RunCases(int argc, char** argv, const std::vector<Case>& cases) {
     fprintf(stderr, "bad --uuid %s\n", uuid_text.c_str());
     return 2;
   }
-  psmd::testing::InitAndOpen(uuid, &pair.ep, &pair.self_epid);
-  psmd::testing::CheckPsm(psm2_mq_init(pair.ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &pair.mq),
-                          "psm2_mq_init");
-  if (!psmd::testing::PublishEpid(pair.dir, pair.rank, pair.self_epid) ||
-      !psmd::testing::AwaitEpid(pair.dir, 1 - pair.rank, 30, &pair.peer_epid)) {
-    fprintf(stderr, "rank %d: epid exchange through %s failed\n", pair.rank, pair.dir.c_str());
-    return 2;
-  }
-  psm2_error_t conn_err = PSM2_OK;
-  psmd::testing::CheckPsm(psm2_ep_connect(pair.ep, 1, &pair.peer_epid, nullptr, &conn_err,
-                                          &pair.peer, 30 * 1000000000LL),
-                          "psm2_ep_connect");
+  psmd::testing::ConnectedPair c = psmd::testing::OpenAndConnect(uuid, pair.dir, pair.rank);
+  pair.ep = c.ep;
+  pair.mq = c.mq;
+  pair.self_epid = c.self_epid;
+  pair.peer_epid = c.peer_epid;
+  pair.peer = c.peer;
   pair.Barrier("connected");
 
   int failed = 0, ran = 0;

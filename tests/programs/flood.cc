@@ -78,19 +78,10 @@ int main(int argc, char** argv) {
 
   psm2_uuid_t uuid;
   psmd::testing::ParseUuid("f100d000f100d000f100d000f100d000", uuid);
-  psm2_ep_t ep;
-  psm2_epid_t self, peer;
-  psmd::testing::InitAndOpen(uuid, &ep, &self);
-  psm2_mq_t mq;
-  CheckPsm(psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq), "psm2_mq_init");
-  if (!psmd::testing::PublishEpid(dir, rank, self) ||
-      !psmd::testing::AwaitEpid(dir, 1 - rank, 30, &peer)) {
-    fprintf(stderr, "rank %d: epid exchange failed\n", rank);
-    return 2;
-  }
-  psm2_epaddr_t addr;
-  psm2_error_t conn_err;
-  CheckPsm(psm2_ep_connect(ep, 1, &peer, nullptr, &conn_err, &addr, 0), "psm2_ep_connect");
+  psmd::testing::ConnectedPair pair = psmd::testing::OpenAndConnect(uuid, dir, rank);
+  psm2_ep_t ep = pair.ep;
+  psm2_mq_t mq = pair.mq;
+  psm2_epaddr_t addr = pair.peer;
 
   if (rank == 0) {
     std::vector<std::vector<uint8_t>> bufs(kWindow, std::vector<uint8_t>(kLarge));

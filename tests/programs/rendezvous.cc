@@ -65,4 +65,19 @@ void InitAndOpen(const psm2_uuid_t uuid, psm2_ep_t* ep, psm2_epid_t* epid) {
   CheckPsm(psm2_ep_open(uuid, nullptr, ep, epid), "psm2_ep_open");
 }
 
+ConnectedPair OpenAndConnect(const psm2_uuid_t uuid, const std::string& dir, int rank) {
+  ConnectedPair c;
+  InitAndOpen(uuid, &c.ep, &c.self_epid);
+  CheckPsm(psm2_mq_init(c.ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &c.mq), "psm2_mq_init");
+  if (!PublishEpid(dir, rank, c.self_epid) || !AwaitEpid(dir, 1 - rank, 60, &c.peer_epid)) {
+    fprintf(stderr, "rank %d: epid exchange through %s failed\n", rank, dir.c_str());
+    exit(2);
+  }
+  psm2_error_t conn_err = PSM2_OK;
+  CheckPsm(psm2_ep_connect(c.ep, 1, &c.peer_epid, nullptr, &conn_err, &c.peer,
+                           30'000'000'000LL),
+           "psm2_ep_connect");
+  return c;
+}
+
 }  // namespace psmd::testing

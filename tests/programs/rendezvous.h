@@ -4,6 +4,7 @@
 #define PSMD_TESTS_PROGRAMS_RENDEZVOUS_H_
 
 #include <psm2.h>
+#include <psm2_mq.h>
 
 #include <string>
 
@@ -24,6 +25,19 @@ void CheckPsm(psm2_error_t err, const char* what);
 // Opens an endpoint after psm2_init; prints the PSM2 error and exits(2) on
 // failure. Returns the epid through *epid.
 void InitAndOpen(const psm2_uuid_t uuid, psm2_ep_t* ep, psm2_epid_t* epid);
+
+// The two-rank start of most programs: an endpoint and its MQ, epids
+// exchanged through `dir`, connected to rank 1 - rank.
+struct ConnectedPair {
+  psm2_ep_t ep = nullptr;
+  psm2_mq_t mq = nullptr;
+  psm2_epid_t self_epid = 0;
+  psm2_epid_t peer_epid = 0;
+  psm2_epaddr_t peer = nullptr;
+};
+
+// Prints what failed and exits(2) on any failure.
+ConnectedPair OpenAndConnect(const psm2_uuid_t uuid, const std::string& dir, int rank);
 
 }  // namespace psmd::testing
 
