@@ -90,7 +90,19 @@ std::vector<uint32_t> Targets(uint32_t depth, Order order) {
   return t;
 }
 
-template <template <typename> class Queue>
+// Matches per batch in the *Batch benchmarks: the daemon's ring batch
+// (kBatch in daemon/mq_engine.cc).
+constexpr size_t kBatch = 32;
+
+// Prefetches the queue entries of the next kBatch targets when iteration k
+// starts a batch, as the daemon does for each batch it pops off a ring.
+template <typename Queue, typename KeyOf>
+void PrefetchBatch(const Queue& q, const std::vector<uint32_t>& targets, size_t k, KeyOf key_of) {
+  if (k % kBatch != 0) return;
+  for (size_t j = k; j < k + kBatch; ++j) q.prefetch(key_of(targets[j & (kTargets - 1)]));
+}
+
+template <template <typename> class Queue, bool kBatched = false>
 void PostedBench(benchmark::State& state, bool mixed, Order order) {
   const auto depth = static_cast<uint32_t>(state.range(0));
   Queue<Handle> q;
@@ -98,6 +110,9 @@ void PostedBench(benchmark::State& state, bool mixed, Order order) {
   const std::vector<uint32_t> targets = Targets(depth, order);
   size_t k = 0;
   for (auto _ : state) {
+    if constexpr (kBatched) {
+      PrefetchBatch(q, targets, k, [&](uint32_t i) { return MsgOf(i, mixed); });
+    }
     const uint32_t i = targets[k++ & (kTargets - 1)];
     std::optional<Handle> h = q.take_match(MsgOf(i, mixed));
     benchmark::DoNotOptimize(h);
@@ -107,7 +122,7 @@ void PostedBench(benchmark::State& state, bool mixed, Order order) {
   state.SetItemsProcessed(state.iterations());
 }
 
-template <template <typename> class Queue>
+template <template <typename> class Queue, bool kBatched = false>
 void UnexpectedBench(benchmark::State& state, bool mixed, Order order) {
   const auto depth = static_cast<uint32_t>(state.range(0));
   Queue<Handle> q;
@@ -115,6 +130,9 @@ void UnexpectedBench(benchmark::State& state, bool mixed, Order order) {
   const std::vector<uint32_t> targets = Targets(depth, order);
   size_t k = 0;
   for (auto _ : state) {
+    if constexpr (kBatched) {
+      PrefetchBatch(q, targets, k, [&](uint32_t i) { return RecvOf(i, mixed); });
+    }
     const uint32_t i = targets[k++ & (kTargets - 1)];
     MsgKey key{};
     std::optional<Handle> h = q.take(RecvOf(i, mixed), &key);
@@ -138,8 +156,16 @@ void BM_PostedExactInOrder(benchmark::State& state) {
   PostedBench<Queue>(state, false, Order::kInOrder);
 }
 template <template <typename> class Queue>
+void BM_PostedExactBatch(benchmark::State& state) {
+  PostedBench<Queue, true>(state, false, Order::kRandom);
+}
+template <template <typename> class Queue>
 void BM_UnexpectedExact(benchmark::State& state) {
   UnexpectedBench<Queue>(state, false, Order::kRandom);
+}
+template <template <typename> class Queue>
+void BM_UnexpectedExactBatch(benchmark::State& state) {
+  UnexpectedBench<Queue, true>(state, false, Order::kRandom);
 }
 template <template <typename> class Queue>
 void BM_UnexpectedMixed(benchmark::State& state) {
@@ -161,12 +187,14 @@ void Depths(benchmark::internal::Benchmark* b) {
 
 BENCHMARK_TEMPLATE(BM_PostedExact, PostedQueue)->Apply(Depths);
 BENCHMARK_TEMPLATE(BM_PostedExact, LinearPostedQueue)->Apply(Depths);
+BENCHMARK_TEMPLATE(BM_PostedExactBatch, PostedQueue)->Apply(Depths);
 BENCHMARK_TEMPLATE(BM_PostedMixed, PostedQueue)->Apply(Depths);
 BENCHMARK_TEMPLATE(BM_PostedMixed, LinearPostedQueue)->Apply(Depths);
 BENCHMARK_TEMPLATE(BM_PostedExactInOrder, PostedQueue)->Apply(Depths);
 BENCHMARK_TEMPLATE(BM_PostedExactInOrder, LinearPostedQueue)->Apply(Depths);
 BENCHMARK_TEMPLATE(BM_UnexpectedExact, UnexpectedQueue)->Apply(Depths);
 BENCHMARK_TEMPLATE(BM_UnexpectedExact, LinearUnexpectedQueue)->Apply(Depths);
+BENCHMARK_TEMPLATE(BM_UnexpectedExactBatch, UnexpectedQueue)->Apply(Depths);
 BENCHMARK_TEMPLATE(BM_UnexpectedMixed, UnexpectedQueue)->Apply(Depths);
 BENCHMARK_TEMPLATE(BM_UnexpectedMixed, LinearUnexpectedQueue)->Apply(Depths);
 BENCHMARK_TEMPLATE(BM_UnexpectedExactInOrder, UnexpectedQueue)->Apply(Depths);

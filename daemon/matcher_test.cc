@@ -757,6 +757,9 @@ class Differential {
 
   void TakeMatch() {
     const MsgKey k = Key();
+    // A prefetch is only a hint: the match below must agree with the model
+    // whether or not one came first.
+    if (Chance(50)) posted_.prefetch(k);
     const std::optional<int> a = posted_.take_match(k);
     ASSERT_EQ(a, ref_posted_.take_match(k)) << Where();
     stats_.take_match_hits += a.has_value();
@@ -777,6 +780,7 @@ class Differential {
 
   void Take() {
     const RecvPattern p = Pattern();
+    if (Chance(50)) unexpected_.prefetch(p);
     MsgKey k1{}, k2{};
     const std::optional<int> a = unexpected_.take(p, &k1);
     ASSERT_EQ(a, ref_unexpected_.take(p, &k2)) << Where();

@@ -101,6 +101,9 @@ class MqEngine {
   void HandleAmAck(Endpoint& sender, const shm::SubmissionDesc& d);
   void ForwardActiveMessage(const Endpoint& sender, Endpoint& target,
                             const shm::SubmissionDesc& d, shm::CompleteOp op, uint8_t flags);
+  // Starts loading the queue entries the sends and receives of a popped
+  // batch will match against (PostedQueue::prefetch).
+  void PrefetchMatches(Endpoint& ep, const shm::SubmissionDesc* batch, size_t n);
   // Endpoint `id` if it exists, is served and belongs to ep's job.
   Endpoint* FindInJob(const Endpoint& ep, uint32_t id);
   void Deliver(Endpoint& receiver, uint64_t recv_req, uint32_t capacity, const MsgKey& key,

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstring>
+#include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -476,6 +478,67 @@ void EarliestArrivedUnexpectedWins(Pair& p) {
            "filler", out_of_order, kFillers);
 }
 
+// Thousands of queued receives, then of queued messages, each with its own
+// tag, matched in an order unrelated to the queueing order: the matcher's
+// hash path at depth (and, in psmd, the daemon's batch prefetch, which
+// starts at 256 queued entries).
+void DeepQueuesMatchInAnyOrder(Pair& p) {
+  constexpr uint32_t kDepth = 4096;
+  constexpr uint32_t kTagBase = 0x51000;
+  auto shuffled = [](uint32_t seed) {
+    std::vector<uint32_t> v(kDepth);
+    for (uint32_t i = 0; i < kDepth; i++) v[i] = kTagBase + i;
+    std::mt19937 rng(seed);
+    std::shuffle(v.begin(), v.end(), rng);
+    return v;
+  };
+  const std::vector<uint32_t> post_order = shuffled(1), send_order = shuffled(2);
+
+  // Receives every tag in `order`: posts them all, calls after_posting(),
+  // then waits for each and checks it got the message carrying its own tag.
+  auto receive_all = [&](const std::vector<uint32_t>& order, const char* what,
+                         const std::function<void()>& after_posting) {
+    std::vector<uint32_t> got(kDepth, 0);
+    std::vector<psm2_mq_req_t> reqs(kDepth);
+    for (uint32_t i = 0; i < kDepth; i++) {
+      MQ_CHECK_ERR(Irecv2(p, PSM2_MQ_ANY_ADDR, Tag(order[i]), kExact, &got[i], sizeof(got[i]),
+                          nullptr, &reqs[i]), PSM2_OK);
+    }
+    after_posting();
+    int wrong = 0;
+    for (uint32_t i = 0; i < kDepth; i++) {
+      psm2_mq_status2_t st;
+      if (!Finish(p, &reqs[i], &st, what)) continue;
+      if (got[i] != order[i] || st.msg_tag.tag0 != order[i] || st.nbytes != sizeof(uint32_t)) {
+        wrong++;
+      }
+    }
+    MQ_CHECK(wrong == 0, "%s: %d of %u receives got another tag's message", what, wrong, kDepth);
+  };
+  auto send_all = [&](const std::vector<uint32_t>& order) {
+    for (uint32_t tag : order) MQ_CHECK_ERR(Send2(p, 0, Tag(tag), &tag, sizeof(tag)), PSM2_OK);
+  };
+
+  // Deep posted queue: receives first, then the messages.
+  if (p.rank == kSender) {
+    p.Barrier("posted");
+    send_all(send_order);
+  } else {
+    receive_all(post_order, "deep posted queue", [&] { p.Barrier("posted"); });
+  }
+  p.Barrier("posted queue drained");
+
+  // Deep unexpected queue: messages first, then the receives.
+  if (p.rank == kSender) {
+    send_all(send_order);
+    p.Barrier("sent");
+    return;
+  }
+  p.Barrier("sent");
+  if (!AwaitUnexpected(p, Tag(send_order.back()), "last message")) return;
+  receive_all(post_order, "deep unexpected queue", [] {});
+}
+
 }  // namespace
 
 std::vector<Case> MatchingCases() {
@@ -486,6 +549,7 @@ std::vector<Case> MatchingCases() {
       {"non_overtaking_order", Checked(NonOvertakingOrder)},
       {"earliest_posted_receive_wins", Checked(EarliestPostedReceiveWins)},
       {"earliest_arrived_unexpected_wins", Checked(EarliestArrivedUnexpectedWins)},
+      {"deep_queues_match_in_any_order", Checked(DeepQueuesMatchInAnyOrder)},
   };
 }
 
