@@ -10,10 +10,16 @@
 //   1. Submissions reach each ring in API-call order: once anything waits in
 //      a ring's deferred queue, later submissions for that ring queue behind
 //      it (MPI order for sends, posting order for receives).
-//   2. A submission that the daemon answers with a completion (receive, sync
-//      send, cancel) holds one completion-ring credit until that completion is
-//      reaped; outstanding credits never exceed the completion ring's capacity,
-//      so the daemon never finds the ring full for us.
+//   2. A submission that the daemon answers with a completion (sync or
+//      rendezvous send, probe, cancel, option, acknowledged active message)
+//      holds one completion-ring credit until that completion is reaped;
+//      outstanding credits never exceed the completion ring's capacity.
+//      Receives take none: applications pre-post any number of them, and a
+//      receive held back for a credit would hold back every later probe and
+//      cancel on the control ring (invariant 1) until some message arrived.
+//      Their completions may therefore find the ring full; they then wait in
+//      psmd's overflow queue (bounded by the receives psmd already holds)
+//      until we reap.
 //   3. A request is referred to on the wire by a token (slot index and
 //      generation); a completion whose token is stale is ignored.
 #ifndef PSMD_CLIENT_ENDPOINT_H_

@@ -481,9 +481,9 @@ void EarliestArrivedUnexpectedWins(Pair& p) {
 // Thousands of queued receives, then of queued messages, each with its own
 // tag, matched in an order unrelated to the queueing order: the matcher's
 // hash path at depth (and, in psmd, the daemon's batch prefetch, which
-// starts at 256 queued entries).
+// starts at 4096 queued entries).
 void DeepQueuesMatchInAnyOrder(Pair& p) {
-  constexpr uint32_t kDepth = 4096;
+  constexpr uint32_t kDepth = 6000;
   constexpr uint32_t kTagBase = 0x51000;
   auto shuffled = [](uint32_t seed) {
     std::vector<uint32_t> v(kDepth);
@@ -524,7 +524,15 @@ void DeepQueuesMatchInAnyOrder(Pair& p) {
     p.Barrier("posted");
     send_all(send_order);
   } else {
-    receive_all(post_order, "deep posted queue", [&] { p.Barrier("posted"); });
+    receive_all(post_order, "deep posted queue", [&] {
+      // A probe is answered after every receive posted before it (in psmd,
+      // a round trip behind them on the same ring), so the messages find
+      // the whole queue posted; Intel's answers locally.
+      psm2_mq_status2_t st;
+      MQ_CHECK_ERR(Iprobe2(p, PSM2_MQ_ANY_ADDR, Tag(kTagBase - 1), kExact, &st),
+                   PSM2_MQ_NO_COMPLETIONS);
+      p.Barrier("posted");
+    });
   }
   p.Barrier("posted queue drained");
 
