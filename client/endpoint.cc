@@ -204,15 +204,10 @@ psm2_error_t psm2_ep::RoundTrip(psm2_mq_req* req, const shm::SubmissionDesc& des
 bool psm2_ep::TryPublish(Deferred& d, shm::RingProducer<shm::SubmissionDesc>& ring) {
   const shm::SubmitOp op = d.desc.op;
   const bool am = op == shm::SubmitOp::kAmRequest || op == shm::SubmitOp::kAmReply;
-  // Invariant 2: answered submissions take a credit, except receives.
-  bool needs_credit;
-  if (am) {
-    needs_credit = (d.desc.flags & shm::kAmWantsAck) != 0;
-  } else {
-    needs_credit = !(op == shm::SubmitOp::kSend && !(d.desc.flags & shm::kSendSync)) &&
-                   op != shm::SubmitOp::kRndvData && op != shm::SubmitOp::kAmAck &&
-                   op != shm::SubmitOp::kRecv && op != shm::SubmitOp::kClaimedRecv;
-  }
+  // Invariant 2.
+  const bool needs_credit = am ? (d.desc.flags & shm::kAmWantsAck) != 0
+                               : op == shm::SubmitOp::kProbe || op == shm::SubmitOp::kCancel ||
+                                     op == shm::SubmitOp::kSetOption;
   if (needs_credit && credits == 0) return false;
   if (ring.FreeSlots() == 0) return false;
   bool pooled = ((op == shm::SubmitOp::kSend || am) && d.desc.len > shm::kInlineMax) ||

@@ -10,16 +10,15 @@
 //   1. Submissions reach each ring in API-call order: once anything waits in
 //      a ring's deferred queue, later submissions for that ring queue behind
 //      it (MPI order for sends, posting order for receives).
-//   2. A submission that the daemon answers with a completion (sync or
-//      rendezvous send, probe, cancel, option, acknowledged active message)
-//      holds one completion-ring credit until that completion is reaped;
-//      outstanding credits never exceed the completion ring's capacity.
-//      Receives take none: applications pre-post any number of them, and a
-//      receive held back for a credit would hold back every later probe and
-//      cancel on the control ring (invariant 1) until some message arrived.
-//      Their completions may therefore find the ring full; they then wait in
-//      psmd's overflow queue (bounded by the receives psmd already holds)
-//      until we reap.
+//   2. Round trips (probe, cancel, option) and active messages that want an
+//      acknowledgement hold one completion-ring credit until their
+//      completion is reaped; outstanding credits never exceed the completion
+//      ring's capacity. Receives and sync or rendezvous sends take none:
+//      applications keep any number of them outstanding until a peer acts,
+//      and one held back for a credit would hold back every later probe or
+//      cancel behind it (invariant 1), possibly for good. Their completions
+//      may find the ring full; they then wait in psmd's overflow queue
+//      (bounded by the receives and sends psmd already holds) until we reap.
 //   3. A request is referred to on the wire by a token (slot index and
 //      generation); a completion whose token is stale is ignored.
 #ifndef PSMD_CLIENT_ENDPOINT_H_

@@ -667,6 +667,49 @@ void SendSync(Pair& p) {
   if (Finish(p, &r, "plain receive")) MQ_CHECK(strcmp(b, "plain") == 0, "got '%s'", b);
 }
 
+// More SENDSYNC sends outstanding than a completion ring has slots (psmd's
+// default is 1024): a probe and a cancel issued meanwhile still answer at
+// once, and every send completes once the receiver matches it.
+void ManySyncSendsDoNotBlockProbes(Pair& p) {
+  constexpr uint32_t kSends = 1500;
+  constexpr uint32_t kTagBase = 0x52000;
+  if (p.rank == kSender) {
+    std::vector<psm2_mq_req_t> reqs(kSends);
+    std::vector<uint32_t> payload(kSends);
+    for (uint32_t i = 0; i < kSends; i++) {
+      payload[i] = kTagBase + i;
+      MQ_CHECK_ERR(Isend2(p, PSM2_MQ_FLAG_SENDSYNC, Tag(payload[i]), &payload[i],
+                          sizeof(uint32_t), nullptr, &reqs[i]), PSM2_OK);
+    }
+    psm2_mq_status2_t st;
+    auto t0 = Clock::now();
+    MQ_CHECK_ERR(Iprobe2(p, PSM2_MQ_ANY_ADDR, Tag(kTagBase - 1), kExact, &st),
+                 PSM2_MQ_NO_COMPLETIONS);
+    // A receive nobody sends to, cancelled: a second round trip.
+    uint32_t unused;
+    psm2_mq_req_t r;
+    MQ_CHECK_ERR(Irecv2(p, PSM2_MQ_ANY_ADDR, Tag(kTagBase - 2), kExact, &unused,
+                        sizeof(unused), nullptr, &r), PSM2_OK);
+    MQ_CHECK_ERR(psm2_mq_cancel(&r), PSM2_OK);
+    MQ_CHECK_ERR(psm2_mq_wait2(&r, &st), PSM2_OK);
+    MQ_CHECK(SecondsSince(t0) < 5.0, "probe and cancel behind %u unmatched SENDSYNC sends "
+             "took %.1f s", kSends, SecondsSince(t0));
+    p.Barrier("sends posted");
+    for (uint32_t i = 0; i < kSends; i++) Finish(p, &reqs[i], "SENDSYNC isend2");
+    return;
+  }
+  p.Barrier("sends posted");
+  int wrong = 0;
+  for (uint32_t i = 0; i < kSends; i++) {
+    uint32_t got = 0;
+    psm2_mq_req_t r;
+    MQ_CHECK_ERR(Irecv2(p, PSM2_MQ_ANY_ADDR, Tag(kTagBase + i), kExact, &got, sizeof(got),
+                        nullptr, &r), PSM2_OK);
+    if (Finish(p, &r, "receive of a SENDSYNC send") && got != kTagBase + i) wrong++;
+  }
+  MQ_CHECK(wrong == 0, "%d of %u receives got another message", wrong, kSends);
+}
+
 // Corner cases of request handling the documentation spells out, and two
 // Intel answers it leaves open.
 void RequestCornerCases(Pair& p) {
@@ -777,6 +820,7 @@ std::vector<Case> CompletionCases() {
       {"test_never_blocks", Checked(TestNeverBlocks)},
       {"cancel", Checked(Cancel)},
       {"sendsync", Checked(SendSync)},
+      {"many_sync_sends_do_not_block_probes", Checked(ManySyncSendsDoNotBlockProbes)},
       {"request_corner_cases", Checked(RequestCornerCases)},
       {"completes_without_poll", Checked(CompletesWithoutPoll)},
   };
