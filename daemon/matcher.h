@@ -261,10 +261,17 @@ class TagIndex {
     }
   }
 
-  // Head of the bucket in `h`'s home slot, or kNil: a guess for prefetch(),
-  // right whenever the bucket sits in its home slot (nearly always at load
-  // <= 1/2). Loads the slot, so call it well before the lookup it serves.
-  Index home_head(uint32_t h) const { return count_ == 0 ? kNil : slots_[h & mask_].head; }
+  // Head of the first bucket in `h`'s probe run whose slot holds hash `h`,
+  // or kNil: the bucket find() would return unless two live tags share all
+  // 32 hash bits, found without reading any node. For prefetch(): it loads
+  // the slots (usually one cache line), so call it well before the lookup.
+  Index head_by_hash(uint32_t h) const {
+    if (count_ == 0) return kNil;
+    for (size_t pos = h & mask_; slots_[pos].head != kNil; pos = (pos + 1) & mask_) {
+      if (slots_[pos].hash == h) return slots_[pos].head;
+    }
+    return kNil;
+  }
 
   // Grows the table if needed so that the next find_or_insert() neither
   // allocates nor throws. Invalidates earlier positions.
@@ -574,7 +581,7 @@ class PostedQueue {
   // caller holding a batch of messages calls this for all of them first, so
   // the misses of the batch overlap instead of following one another.
   void prefetch(const MsgKey& key) const {
-    const Index head = exact_.home_head(TagIndex::hash(key.tag));
+    const Index head = exact_.head_by_hash(TagIndex::hash(key.tag));
     if (head != kNil) matcher_internal::prefetch_node(pool_[head]);
   }
 
@@ -791,19 +798,15 @@ class UnexpectedQueue {
     ++size_;
   }
 
-  // As PostedQueue::prefetch(), for a later take(p) or find(p). Taking a
-  // message also unlinks it from arrival_, writing into the messages that
-  // arrived just before and after it: at depth two more cold lines, which
-  // this prefetches too (reading the head node's links waits for that node,
-  // so the batch's prefetches overlap less than the posted queue's). Only
-  // exact patterns have a bucket to prefetch; a wildcard scans arrival_.
+  // As PostedQueue::prefetch(), for a later take(p) or find(p). Only exact
+  // patterns have a bucket to prefetch; a wildcard scans arrival_. (Taking a
+  // message also writes into its two arrival_ neighbours, cold lines at
+  // depth; prefetching those too, which needs the node's links first, made
+  // batches slower in match_bench, not faster.)
   void prefetch(const RecvPattern& p) const {
     if (!is_exact_selector(p.sel)) return;
-    const Index head = by_tag_.home_head(TagIndex::hash(p.tag));
-    if (head == kNil) return;
-    const matcher_internal::Link order = pool_[head].order;
-    if (order.prev != kNil) matcher_internal::prefetch_node(pool_[order.prev]);
-    if (order.next != kNil) matcher_internal::prefetch_node(pool_[order.next]);
+    const Index head = by_tag_.head_by_hash(TagIndex::hash(p.tag));
+    if (head != kNil) matcher_internal::prefetch_node(pool_[head]);
   }
 
   // Earliest-arrived message matching p, left queued (probe/peek); nullptr if
