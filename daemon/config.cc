@@ -26,7 +26,7 @@ std::string FlagsUsage() {
   return "usage: psmd [--socket PATH] [--log-level trace|debug|info|warn|error|off]\n"
          "            [--spin-us N] [--sq-slots N] [--cq-slots N] [--region-mib N]\n"
          "            [--max-endpoints-per-job N] [--max-endpoints N] [--node-id N]\n"
-         "            [--unexpected-mib N] [--max-unexpected-mib N]\n";
+         "            [--unexpected-mib N] [--max-unexpected-mib N] [--job-unexpected-mib N]\n";
 }
 
 bool ParseFlags(int argc, char** argv, Config* c, bool* help, std::string* error) {
@@ -72,6 +72,8 @@ bool ParseFlags(int argc, char** argv, Config* c, bool* help, std::string* error
       {"--unexpected-mib", {mebibytes(&c->unexpected_budget_bytes), "MiB, 1 to 1048576"}},
       {"--max-unexpected-mib",
        {mebibytes(&c->max_unexpected_budget_bytes), "MiB, 1 to 1048576"}},
+      {"--job-unexpected-mib",
+       {mebibytes(&c->job_unexpected_budget_bytes), "MiB, 1 to 1048576"}},
       {"--max-endpoints-per-job", {number(&c->max_endpoints_per_job, 4096), "1 to 4096"}},
       {"--max-endpoints", {number(&c->max_endpoints, 1u << 20), "1 to 1048576"}},
       {"--node-id", {number(&c->node_id, 0xffff), "0 to 65535"}},

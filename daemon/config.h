@@ -24,6 +24,9 @@ struct Config {
   // the default, and the most a client may ask for.
   uint64_t unexpected_budget_bytes = 64ull << 20;
   uint64_t max_unexpected_budget_bytes = 1024ull << 20;
+  // Unexpected-message budget of each job: its endpoints' together, so that
+  // one job's many endpoints cannot make psmd hold without bound.
+  uint64_t job_unexpected_budget_bytes = 4096ull << 20;
   uint16_t node_id = 0;          // high bits of every epid minted here
 };
 

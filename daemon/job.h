@@ -57,6 +57,10 @@ class Job {
 
   int endpoints = 0;  // live endpoints; the job ends when this drops to 0
 
+  // Sum of its endpoints' unexpected_cost (mq_engine.h, invariant 4).
+  // Touched only by the progress worker, which owns all endpoints.
+  uint64_t unexpected_cost = 0;
+
  private:
   enum class RegionState : uint8_t { kFree, kOwned, kRetired };
   JobKey key_;

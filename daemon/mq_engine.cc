@@ -73,21 +73,24 @@ void MqEngine::Remove(uint32_t id) {
   // a send it saw complete locally must reach its receiver. Sends still held
   // for budget are admitted regardless: the sender is gone, and dropping them
   // would lose messages it saw complete.
-  ep.unexpected_budget = UINT64_MAX;  // its own queue is about to be emptied
+  admit_over_budget_ = true;
   for (uint32_t i = 0; i <= 2 * ep.msg_sq.capacity() && !ep.faulted &&
                        (ep.msg_sq.Available() > 0 || ep.ctl_sq.Available() > 0 ||
                         !ep.held_sends.empty());
        i++) {
     ep.cq_overflow.clear();  // nobody will read completions any more
-    for (const shm::SubmissionDesc& d : ep.held_sends) {
-      const PeerLink& link = ep.peers[d.peer];
-      if (Endpoint* r = Find(link.endpoint_id)) r->unexpected_budget = UINT64_MAX;
-    }
     Poll(ep);
   }
+  admit_over_budget_ = false;
   ep.posted.drain([](PostedRecv&&) {});
-  ep.unexpected.drain([&](const MsgKey&, UnexpectedMsg&& m) { Discard(ep, m); });
-  for (auto& [token, c] : ep.claimed) Discard(ep, c.msg);
+  ep.unexpected.drain([&](const MsgKey&, UnexpectedMsg&& m) {
+    Uncharge(ep, m);
+    Discard(ep, m);
+  });
+  for (auto& [token, c] : ep.claimed) {
+    Uncharge(ep, c.msg);
+    Discard(ep, c.msg);
+  }
   ep.claimed.clear();
   for (auto t = transfers_.begin(); t != transfers_.end();) {
     if (t->second.sender_id == id) {
@@ -306,14 +309,15 @@ bool MqEngine::HandleSend(Endpoint& sender, const shm::SubmissionDesc& d) {
     Deliver(*receiver, recv->req, recv->capacity, key, m, /*was_unexpected=*/false);
   } else {
     // Invariant 4. An empty queue always admits one message, so a message
-    // larger than the whole budget still gets through on its own.
-    if (receiver->unexpected_cost > 0 &&
-        receiver->unexpected_cost + m.cost() > receiver->unexpected_budget) {
+    // larger than a whole budget still gets through on its own.
+    if (receiver->unexpected_cost > 0 && !admit_over_budget_ &&
+        (receiver->unexpected_cost + m.cost() > receiver->unexpected_budget ||
+         receiver->job->unexpected_cost + m.cost() > job_unexpected_budget_)) {
       return false;
     }
     receiver->counters.unexpected_msgs.Add(1);
     receiver->counters.unexpected_bytes.Add(d.len);
-    receiver->unexpected_cost += m.cost();
+    Charge(*receiver, m);
     receiver->unexpected.push(key, m);
   }
   sender.counters.msgs_sent.Add(1);
@@ -563,8 +567,14 @@ void MqEngine::StartTransfer(Endpoint& receiver, uint64_t recv_req, uint32_t sen
   Post(*sender, go);
 }
 
+void MqEngine::Charge(Endpoint& receiver, const UnexpectedMsg& m) {
+  receiver.unexpected_cost += m.cost();
+  receiver.job->unexpected_cost += m.cost();
+}
+
 void MqEngine::Uncharge(Endpoint& receiver, const UnexpectedMsg& m) {
   receiver.unexpected_cost -= m.cost();
+  receiver.job->unexpected_cost -= m.cost();
 }
 
 void MqEngine::Discard(const Endpoint& receiver, const UnexpectedMsg& m) {

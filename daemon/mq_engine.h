@@ -15,12 +15,14 @@
 //   3. A completion that finds the client's completion ring full waits in the
 //      endpoint's overflow queue; while that queue is non-empty the endpoint's
 //      submissions are not consumed (back-pressure, nothing dropped).
-//   4. A receiver's unexpected messages cost at most its budget (plus one
-//      message, so a single message larger than the budget still moves): a
-//      send that would exceed it waits in the sender's held_sends, and the
-//      sender's message ring is not read until it fits. Control submissions
-//      are always read, so the receiver can still post the receives that
-//      drain the queue.
+//   4. A receiver's unexpected messages cost at most its budget, and those
+//      of all endpoints of a job at most the job's budget (plus one message
+//      per receiver, so a single message larger than a budget still moves
+//      and a receiver with an empty queue is never starved by its job): a
+//      send that would exceed either waits in the sender's held_sends, and
+//      the sender's message ring is not read until it fits. Control
+//      submissions are always read, so the receiver can still post the
+//      receives that drain the queue.
 //   5. A rendezvous transfer exists from match to its last chunk; chunks
 //      arrive from the sender in offset order and are forwarded at once (the
 //      daemon never holds payload: the chunk stays in the sender's region
@@ -46,9 +48,11 @@ namespace psmd {
 
 class MqEngine {
  public:
-  // `max_unexpected_budget`: the largest unexpected budget a client may set.
-  explicit MqEngine(uint64_t max_unexpected_budget)
-      : max_unexpected_budget_(max_unexpected_budget) {}
+  // `max_unexpected_budget`: the largest unexpected budget a client may set;
+  // `job_unexpected_budget`: the budget of each job (invariant 4).
+  MqEngine(uint64_t max_unexpected_budget, uint64_t job_unexpected_budget)
+      : max_unexpected_budget_(max_unexpected_budget),
+        job_unexpected_budget_(job_unexpected_budget) {}
 
   void Add(std::shared_ptr<Endpoint> ep);
   // Removes the endpoint and everything queued for it: posted receives are
@@ -110,6 +114,7 @@ class MqEngine {
                const UnexpectedMsg& m, bool was_unexpected);
   void StartTransfer(Endpoint& receiver, uint64_t recv_req, uint32_t send_bytes,
                      const UnexpectedMsg& m);
+  void Charge(Endpoint& receiver, const UnexpectedMsg& m);
   void Uncharge(Endpoint& receiver, const UnexpectedMsg& m);
   void CompleteSync(uint32_t sender_id, uint64_t sender_req, int32_t error);
   // A queued message whose receiver is going away.
@@ -125,6 +130,10 @@ class MqEngine {
   std::vector<Endpoint*> order_;
   std::unordered_map<uint32_t, std::chrono::steady_clock::time_point> last_complaint_;
   const uint64_t max_unexpected_budget_;
+  const uint64_t job_unexpected_budget_;
+  // Set while Remove() flushes a closing endpoint's submissions: its sends
+  // are admitted over any budget (the sender saw them complete).
+  bool admit_over_budget_ = false;
   std::unordered_map<uint64_t, Transfer> transfers_;
   uint64_t next_transfer_ = 1;
 };

@@ -30,7 +30,8 @@ uint64_t NowNs() {
 }  // namespace
 
 ProgressWorker::ProgressWorker(const Config& config)
-    : config_(config), engine_(config.max_unexpected_budget_bytes) {}
+    : config_(config),
+      engine_(config.max_unexpected_budget_bytes, config.job_unexpected_budget_bytes) {}
 
 ProgressWorker::~ProgressWorker() {
   Stop();

@@ -299,5 +299,48 @@ TEST_F(IntegrationTest, FloodOfUnexpectedMessagesStaysWithinTheBudgetAndArrivesI
   EXPECT_EQ(JsonNumber(stats.out, "total", "msgs_received"), (1 << 20) + 65536 + 2) << stats.out;
 }
 
+TEST_F(IntegrationTest, JobBudgetBoundsTheUnexpectedMessagesOfAllItsEndpoints) {
+  // Two flood pairs of one job (flood's fixed uuid), each sending 256 Ki
+  // 8-byte messages at a receiver idle for 3 s. Each receiver may hold
+  // 64 MiB of unexpected messages, the job 8 MiB for both: psmd grows by what
+  // the job's budget allows. Without the job budget both receivers fill up
+  // (2 x 32 MiB of charged cost; psmd grew by 73 MB when run so).
+  constexpr long long kJobBudgetMiB = 8;
+  Daemon d(dir_, {"--unexpected-mib", "64", "--job-unexpected-mib", std::to_string(kJobBudgetMiB)});
+  long long baseline = ResidentKiB(d.pid());
+  ASSERT_GT(baseline, 0);
+  std::vector<Process> receivers, senders;
+  for (const std::string name : {"a", "b"}) {
+    std::string rv = Subdir(dir_, name);
+    auto args = [&](int rank) {
+      return std::vector<std::string>{Runfile("tests/programs/flood"), "--rank",
+                                      std::to_string(rank), "--dir", rv, "--small", "262144",
+                                      "--bytes", "0", "--idle-seconds", "3"};
+    };
+    const std::string out = dir_.path() + "/" + name;
+    receivers.push_back(Process::Start(args(1), d.ClientEnv(), out + "1.out", out + "1.err"));
+    senders.push_back(Process::Start(args(0), d.ClientEnv(), out + "0.out", out + "0.err"));
+  }
+  long long peak = baseline;
+  std::vector<int> exits(receivers.size(), -1);
+  for (int i = 0; i < 1200 && (exits[0] == -1 || exits[1] == -1); i++) {
+    peak = std::max(peak, ResidentKiB(d.pid()));
+    for (size_t r = 0; r < receivers.size(); r++) {
+      if (exits[r] == -1) exits[r] = receivers[r].Wait(0.025);
+    }
+  }
+  for (size_t r = 0; r < receivers.size(); r++) {
+    const std::string out = dir_.path() + "/" + (r == 0 ? "a" : "b");
+    ASSERT_EQ(exits[r], 0) << ReadFile(out + "1.err");
+    ASSERT_EQ(senders[r].Wait(30), 0) << ReadFile(out + "0.err");
+    EXPECT_NE(ReadFile(out + "1.out").find("0 wrong"), std::string::npos) << ReadFile(out + "1.out");
+  }
+  const long long kFixedOverheadKiB = 16 << 10;
+  EXPECT_LE(peak - baseline, (kJobBudgetMiB << 10) + kFixedOverheadKiB)
+      << "psmd grew from " << baseline << " KiB to " << peak << " KiB";
+  RunResult stats = Psmctl(dir_, d, {"stats", "--json"});
+  EXPECT_GT(JsonNumber(stats.out, "total", "sends_held"), 0) << stats.out;
+}
+
 }  // namespace
 }  // namespace psmd::testing
