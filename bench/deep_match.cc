@@ -55,19 +55,19 @@ struct Rank {
     psm2_mq_tag_t tag = Tag(t, tag2);
     CheckPsm(psm2_mq_send2(mq, peer, 0, &tag, &t, sizeof(t)), "send2");
   }
-  psm2_mq_req_t Post(uint32_t t, uint32_t* buf, uint32_t tag2 = 0) {
+  psm2_mq_req_t Post(uint32_t t, uint32_t* buf, void* context, uint32_t tag2 = 0) {
     psm2_mq_tag_t tag = Tag(t, tag2);
     psm2_mq_req_t req;
-    CheckPsm(psm2_mq_irecv2(mq, PSM2_MQ_ANY_ADDR, &tag, &exact, 0, buf, sizeof(*buf), nullptr,
+    CheckPsm(psm2_mq_irecv2(mq, PSM2_MQ_ANY_ADDR, &tag, &exact, 0, buf, sizeof(*buf), context,
                             &req),
              "irecv2");
     return req;
   }
-  // A zero-payload control message on tag2 = 1 (never matched by data).
+  // A control message on tag2 = 1 (never matched by data).
   void Signal(uint32_t what) { Send(what, 1); }
   void Await(uint32_t what) {
     uint32_t got = 0;
-    psm2_mq_req_t req = Post(what, &got, 1);
+    psm2_mq_req_t req = Post(what, &got, nullptr, 1);
     CheckPsm(psm2_mq_wait2(&req, nullptr), "wait signal");
   }
   // Reaps `n` completions through ipeek; returns the seconds from `start`
@@ -128,14 +128,9 @@ int main(int argc, char** argv) {
   std::vector<uint32_t> bufs(2 * depth);
   std::vector<double> posted_s, unexpected_s;
   int wrong = 0;
-  // Receive i is for tag order[i] into bufs[i], its context.
-  auto post_receive = [&](long i) {
-    psm2_mq_req_t req;
-    psm2_mq_tag_t tag = Tag(order[i]);
-    CheckPsm(psm2_mq_irecv2(r.mq, PSM2_MQ_ANY_ADDR, &tag, &r.exact, 0, &bufs[i],
-                            sizeof(uint32_t), &bufs[i], &req),
-             "irecv2");
-  };
+  // Receive i is for tag order[i] into bufs[i], its context; Reap() finds
+  // its request through psm2_mq_ipeek.
+  auto post_receive = [&](long i) { r.Post(order[i], &bufs[i], &bufs[i]); };
   auto ok = [&](const psm2_mq_status2_t& st) {
     const long i = static_cast<uint32_t*>(st.context) - bufs.data();
     return st.msg_tag.tag0 == order[i] && bufs[i] == order[i];

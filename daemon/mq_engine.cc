@@ -83,14 +83,8 @@ void MqEngine::Remove(uint32_t id) {
   }
   admit_over_budget_ = false;
   ep.posted.drain([](PostedRecv&&) {});
-  ep.unexpected.drain([&](const MsgKey&, UnexpectedMsg&& m) {
-    Uncharge(ep, m);
-    Discard(ep, m);
-  });
-  for (auto& [token, c] : ep.claimed) {
-    Uncharge(ep, c.msg);
-    Discard(ep, c.msg);
-  }
+  ep.unexpected.drain([&](const MsgKey&, UnexpectedMsg&& m) { Discard(ep, m); });
+  for (auto& [token, c] : ep.claimed) Discard(ep, c.msg);
   ep.claimed.clear();
   for (auto t = transfers_.begin(); t != transfers_.end();) {
     if (t->second.sender_id == id) {
@@ -380,7 +374,6 @@ void MqEngine::HandleProbe(Endpoint& ep, const shm::SubmissionDesc& d) {
     // replaces (and so must first give back) what it had claimed.
     auto [slot, fresh] = ep.claimed.try_emplace(d.req, ClaimedMsg{key, *taken});
     if (!fresh) {
-      Uncharge(ep, slot->second.msg);
       Discard(ep, slot->second.msg);
       slot->second = ClaimedMsg{key, *taken};
     }
@@ -577,7 +570,8 @@ void MqEngine::Uncharge(Endpoint& receiver, const UnexpectedMsg& m) {
   receiver.job->unexpected_cost -= m.cost();
 }
 
-void MqEngine::Discard(const Endpoint& receiver, const UnexpectedMsg& m) {
+void MqEngine::Discard(Endpoint& receiver, const UnexpectedMsg& m) {
+  Uncharge(receiver, m);
   ReleasePayload(receiver, m);
   if (m.rendezvous || (m.flags & shm::kSendSync)) {
     CompleteSync(m.sender_id, m.sender_req, PSM2_EPID_UNREACHABLE);

@@ -117,8 +117,9 @@ class MqEngine {
   void Charge(Endpoint& receiver, const UnexpectedMsg& m);
   void Uncharge(Endpoint& receiver, const UnexpectedMsg& m);
   void CompleteSync(uint32_t sender_id, uint64_t sender_req, int32_t error);
-  // A queued message whose receiver is going away.
-  void Discard(const Endpoint& receiver, const UnexpectedMsg& m);
+  // Drops a queued (or claimed) message nobody will receive: uncharges it,
+  // gives its payload back and fails a waiting sync or rendezvous sender.
+  void Discard(Endpoint& receiver, const UnexpectedMsg& m);
   void Post(Endpoint& ep, const shm::CompletionDesc& c);
   void PostError(Endpoint& ep, uint64_t req, int32_t error);
   bool FlushOverflow(Endpoint& ep);
