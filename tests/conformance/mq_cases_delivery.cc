@@ -34,6 +34,7 @@ void ExpectedAndUnexpected(Pair& p) {
   psm2_mq_req_t r;
   psm2_mq_status_t st;
   MQ_CHECK_ERR(psm2_mq_irecv(p.mq, 41, ~0ull, 0, a.data(), kExpLen, nullptr, &r), PSM2_OK);
+  AwaitPosted(p);
   p.Barrier("expected posted");
   if (Finish(p, &r, &st, "expected receive")) {
     MQ_CHECK(st.msg_length == kExpLen && FirstMismatch(a.data(), kExpLen, 41) < 0 &&
@@ -366,6 +367,7 @@ void StatsCounters(Pair& p) {
       if (!unexpected) {
         MQ_CHECK_ERR(psm2_mq_irecv(p.mq, 170, ~0ull, 0, buf.data(), size, nullptr, &req),
                      PSM2_OK);
+        AwaitPosted(p);
       }
       p.Barrier(std::string(what) + ": posted");
       p.Barrier(std::string(what) + ": sent");

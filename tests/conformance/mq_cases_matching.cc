@@ -525,12 +525,7 @@ void DeepQueuesMatchInAnyOrder(Pair& p) {
     send_all(send_order);
   } else {
     receive_all(post_order, "deep posted queue", [&] {
-      // A probe is answered after every receive posted before it (in psmd,
-      // a round trip behind them on the same ring), so the messages find
-      // the whole queue posted; Intel's answers locally.
-      psm2_mq_status2_t st;
-      MQ_CHECK_ERR(Iprobe2(p, PSM2_MQ_ANY_ADDR, Tag(kTagBase - 1), kExact, &st),
-                   PSM2_MQ_NO_COMPLETIONS);
+      MQ_CHECK_ERR(AwaitPosted(p), PSM2_MQ_NO_COMPLETIONS);
       p.Barrier("posted");
     });
   }

@@ -117,6 +117,10 @@ bool AwaitUnexpected(Pair& p, psm2_mq_tag_t tag, const std::string& what, psm2_m
   return false;
 }
 
+psm2_error_t AwaitPosted(Pair& p) {
+  return Iprobe2(p, PSM2_MQ_ANY_ADDR, Tag(kAll, kAll, kAll), kExact, nullptr);
+}
+
 namespace {
 
 void DrainLeftovers(Pair& p) {

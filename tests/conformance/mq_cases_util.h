@@ -174,6 +174,14 @@ bool Finish(Pair& p, psm2_mq_req_t* req, const std::string& what);
 bool AwaitUnexpected(Pair& p, psm2_mq_tag_t tag, const std::string& what,
                      psm2_mq_tag_t sel = kExact);
 
+// Returns once every receive this rank posted before the call is in its
+// matched queue, so that a message sent after the next barrier finds it
+// posted (pair.h, rule 3). psmd answers a probe only after the submissions
+// queued before it on the same ring; Intel's library posts receives at once
+// and probes locally. Returns the probe's answer (for a tag no case sends:
+// PSM2_MQ_NO_COMPLETIONS).
+psm2_error_t AwaitPosted(Pair& p);
+
 // Wraps a case: after it ran, a message left in the unexpected queue (rule 1
 // of pair.h broken by the case or the implementation) is reported and
 // received, so that the next case starts clean.

@@ -14,7 +14,8 @@
 //      before a barrier may still be in flight after it (in psmd, not yet
 //      processed by the daemon). To make a message unexpected on purpose,
 //      the receiver waits until a probe sees it (AwaitUnexpected in
-//      mq_cases_util.h) before posting its receive.
+//      mq_cases_util.h) before posting its receive; to make it expected,
+//      the receiver calls AwaitPosted after posting, before the barrier.
 #ifndef PSMD_TESTS_CONFORMANCE_PAIR_H_
 #define PSMD_TESTS_CONFORMANCE_PAIR_H_
 
