@@ -1,13 +1,6 @@
 # Shared by the scripts: a temporary work directory and a psmd on a socket in
 # it, both removed (by PID) when the script exits.
-work=$(mktemp -d /tmp/psmd-XXXXXX)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/workdir.sh" psmd
 export PSMD_SOCKET="$work/psmd.sock"
 
 # start_psmd [taskset-prefix...] -- [psmd flags...]

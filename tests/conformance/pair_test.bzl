@@ -17,5 +17,6 @@ def pair_tests(program, ranks = 2):
                 ":" + program,
                 "//daemon:psmd",
                 "//scripts:fake_hfi",
+                "//scripts:workdir",
             ],
         )

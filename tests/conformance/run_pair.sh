@@ -21,14 +21,8 @@ impl=$1; shift
 program=$1; shift
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-work=$(mktemp -d /tmp/psmd-conf-XXXXXX)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+stop_signal=KILL
+source "$root/scripts/workdir.sh" psmd-conf
 timeout_s=${PSMD_CONFORMANCE_TIMEOUT:-120}
 
 case "$impl" in

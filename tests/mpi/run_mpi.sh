@@ -12,14 +12,7 @@ set -uo pipefail
 case_name=$1; shift
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-work=$(mktemp -d /tmp/psmd-mpi-XXXXXX)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source "$root/scripts/workdir.sh" psmd-mpi
 
 psmd=${PSMD_BIN:-$root/daemon/psmd}
 psmctl=${PSMCTL_BIN:-$root/tools/psmctl}
