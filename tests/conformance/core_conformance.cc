@@ -733,41 +733,25 @@ uint32_t Query32(psm2_info_query_t q, std::initializer_list<psm2_info_query_arg_
   return out;
 }
 
-psm2_info_query_arg_t Unit(uint32_t unit) {
+// A query argument with every byte zero but the member set.
+template <auto kMember, typename V>
+psm2_info_query_arg_t Arg(V value) {
   psm2_info_query_arg_t a;
   memset(&a, 0, sizeof(a));
-  a.unit = unit;
+  a.*kMember = value;
   return a;
 }
-psm2_info_query_arg_t Port(uint32_t port) {
-  psm2_info_query_arg_t a;
-  memset(&a, 0, sizeof(a));
-  a.port = port;
-  return a;
-}
-psm2_info_query_arg_t Mq(psm2_mq_t mq) {
-  psm2_info_query_arg_t a;
-  memset(&a, 0, sizeof(a));
-  a.mq = mq;
-  return a;
-}
+psm2_info_query_arg_t Unit(uint32_t unit) { return Arg<&psm2_info_query_arg_t::unit>(unit); }
+psm2_info_query_arg_t Port(uint32_t port) { return Arg<&psm2_info_query_arg_t::port>(port); }
+psm2_info_query_arg_t Mq(psm2_mq_t mq) { return Arg<&psm2_info_query_arg_t::mq>(mq); }
 psm2_info_query_arg_t Addr(psm2_epaddr_t epaddr) {
-  psm2_info_query_arg_t a;
-  memset(&a, 0, sizeof(a));
-  a.epaddr = epaddr;
-  return a;
+  return Arg<&psm2_info_query_arg_t::epaddr>(epaddr);
 }
 psm2_info_query_arg_t Length(size_t length) {
-  psm2_info_query_arg_t a;
-  memset(&a, 0, sizeof(a));
-  a.length = length;
-  return a;
+  return Arg<&psm2_info_query_arg_t::length>(length);
 }
 psm2_info_query_arg_t Thresh(psm2_info_query_thresh_et which) {
-  psm2_info_query_arg_t a;
-  memset(&a, 0, sizeof(a));
-  a.mstq = which;
-  return a;
+  return Arg<&psm2_info_query_arg_t::mstq>(which);
 }
 
 void InfoQuery(Pair& p) {
