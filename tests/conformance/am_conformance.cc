@@ -212,6 +212,13 @@ psm2_amarg_t Arg(uint64_t v) {
   return a;
 }
 
+psm2_amarg_t Words(uint32_t w0, uint32_t w1) {
+  psm2_amarg_t a;
+  a.u32w0 = w0;
+  a.u32w1 = w1;
+  return a;
+}
+
 // Generic handlers. Record<K> / Record2<K> record into g.runs; ReplyRecord
 // records into g.replies; Ack counts.
 template <int K>
@@ -587,11 +594,8 @@ void Reply(Pair& p) {
   p.Barrier("am_reply registered");
   if (p.rank == 0) {
     for (size_t k = 0; k < shapes.size(); k++) {
-      psm2_amarg_t a0, a1;
-      a0.u32w0 = kReplyShaped;
-      a0.u32w1 = shapes[k].nargs;
-      a1.u32w0 = shapes[k].len;
-      a1.u32w1 = static_cast<uint32_t>(500 + k);
+      const psm2_amarg_t a0 = Words(kReplyShaped, shapes[k].nargs);
+      const psm2_amarg_t a1 = Words(shapes[k].len, static_cast<uint32_t>(500 + k));
       uint64_t req_payload = 0x1122334455667788ULL;
       CONF_CHECK_OK(Request(p, g.idx[0], {a0, a1}, &req_payload, sizeof(req_payload)));
       // One reply per request, before the next request.
@@ -634,10 +638,7 @@ void ReplyTwice(Pair& p) {
   g.idx = table.Add({Responder, ReplyRecord});
   p.Barrier("am_reply_twice registered");
   if (p.rank == 0) {
-    psm2_amarg_t a0;
-    a0.u32w0 = kReplyTwice;
-    a0.u32w1 = 0;
-    CONF_CHECK_OK(Request(p, g.idx[0], {a0, Arg(0)}, nullptr, 0));
+    CONF_CHECK_OK(Request(p, g.idx[0], {Words(kReplyTwice, 0), Arg(0)}, nullptr, 0));
     CONF_CHECK(PollUntil(p, [&] { return g.replies.size() >= replies; }));
   } else {
     CONF_CHECK(PollUntil(p, [&] { return g.runs.size() >= 1; }));
@@ -698,10 +699,7 @@ void ReplyFromReplyHandler(Pair& p) {
   g_verdict = ~0ULL;
   p.Barrier("am_reply_from_reply_handler registered");
   if (p.rank == 0) {
-    psm2_amarg_t a0;
-    a0.u32w0 = kReplyAskBack;
-    a0.u32w1 = 0;
-    CONF_CHECK_OK(Request(p, g.idx[0], {a0, Arg(0)}, nullptr, 0));
+    CONF_CHECK_OK(Request(p, g.idx[0], {Words(kReplyAskBack, 0), Arg(0)}, nullptr, 0));
     CONF_CHECK(PollUntil(p, [&] { return g.replies.size() >= 1; }));
     CONF_CHECK_EQ(g_reply_back_calls, 1);
     CONF_CHECK(g_reply_back_err == PSM2_OK || g_reply_back_err == PSM2_AM_INVALID_REPLY);
@@ -730,11 +728,8 @@ void ReplyToNoReplyRequest(Pair& p) {
   g_verdict = ~0ULL;
   p.Barrier("am_reply_to_noreply_request registered");
   if (p.rank == 0) {
-    psm2_amarg_t a0, a1;
-    a0.u32w0 = kReplyShaped;
-    a0.u32w1 = 1;  // one reply arg
-    a1.u32w0 = 3;  // three payload bytes
-    a1.u32w1 = 9;  // seed
+    // One reply arg; three payload bytes from seed 9.
+    const psm2_amarg_t a0 = Words(kReplyShaped, 1), a1 = Words(3, 9);
     CONF_CHECK_OK(Request(p, g.idx[0], {a0, a1}, nullptr, 0, PSM2_AM_FLAG_NOREPLY));
     CheckReplyOutcome(p, [&] {
       CONF_CHECK(g.replies[0].args == std::vector<uint64_t>({ArgValue(9, 0)}));
@@ -792,10 +787,7 @@ void Completion(Pair& p) {
     CONF_CHECK(each_once);
 
     // A reply with a completion callback (runs on rank 1).
-    psm2_amarg_t a0;
-    a0.u32w0 = kReplyCompletion;
-    a0.u32w1 = 0;
-    CONF_CHECK_OK(Request(p, g.idx[0], {a0, Arg(0)}, nullptr, 0));
+    CONF_CHECK_OK(Request(p, g.idx[0], {Words(kReplyCompletion, 0), Arg(0)}, nullptr, 0));
     CONF_CHECK(PollUntil(p, [&] { return g.replies.size() >= 1; }));
     CONF_CHECK(g.completions_on_main);
   } else {
@@ -883,10 +875,7 @@ void Flags(Pair& p) {
     for (const Ctx& c : ctxs) each_once &= (c.done == 1);
     CONF_CHECK(each_once);
     // A reply sent with ASYNC.
-    psm2_amarg_t a0;
-    a0.u32w0 = kReplyAsync;
-    a0.u32w1 = 0;
-    CONF_CHECK_OK(Request(p, g.idx[0], {a0, Arg(0)}, nullptr, 0));
+    CONF_CHECK_OK(Request(p, g.idx[0], {Words(kReplyAsync, 0), Arg(0)}, nullptr, 0));
     CONF_CHECK(PollUntil(p, [&] { return g.replies.size() >= 1; }));
     if (!g.replies.empty()) {
       CONF_CHECK(MatchesPattern(g.replies[0].payload, g.params.max_reply_short, 4242));
@@ -1021,11 +1010,7 @@ void HandlersRunInsidePsmCalls(Pair& p) {
   if (p.rank == 0) {
     CONF_CHECK(PollUntil(
         p, [&] { return access(waiting.c_str(), F_OK) == 0; }, 30));
-    psm2_amarg_t a0, a1;
-    a0.u32w0 = kReplyShaped;
-    a0.u32w1 = 1;
-    a1.u32w0 = 0;
-    a1.u32w1 = 1;
+    const psm2_amarg_t a0 = Words(kReplyShaped, 1), a1 = Words(0, 1);
     for (int i = 0; i < kRequests; i++) CONF_CHECK_OK(Request(p, g.idx[0], {a0, a1}, nullptr, 0));
     CONF_CHECK(PollUntil(p, [&] { return g.replies.size() >= kRequests; }));
     uint32_t word = 0xfeedf00d;
@@ -1108,11 +1093,8 @@ void FpMsgIrecv(Pair& p) {
     if (p.rank == 0) {
       std::vector<uint8_t> msg(v.len);
       FillPattern(msg.data(), v.len, v.tag0);
-      psm2_amarg_t a0, a1;
-      a0.u32w0 = v.tag0;
-      a0.u32w1 = PSM2_MQ_IRECV_FP;
-      a1.u32w0 = v.len;
-      a1.u32w1 = 1;  // reply once the receive is posted
+      // Reply once the receive is posted.
+      const psm2_amarg_t a0 = Words(v.tag0, PSM2_MQ_IRECV_FP), a1 = Words(v.len, 1);
       if (v.send_first) CONF_CHECK_OK(psm2_mq_send2(p.mq, p.peer, 0, &tag, msg.data(), v.len));
       CONF_CHECK_OK(Request(p, g.idx[0], {a0, a1}, nullptr, 0));
       CONF_CHECK(PollUntil(p, [&] { return g.replies.size() >= 1; }));
@@ -1147,11 +1129,7 @@ void FpMsgIsend(Pair& p) {
   constexpr uint32_t kTag0 = 0x2001, kLen = 3000;
   p.Barrier("am_fp_msg_isend registered");
   if (p.rank == 0) {
-    psm2_amarg_t a0, a1;
-    a0.u32w0 = kTag0;
-    a0.u32w1 = PSM2_MQ_ISEND_FP;
-    a1.u32w0 = kLen;
-    a1.u32w1 = 0;  // no reply
+    const psm2_amarg_t a0 = Words(kTag0, PSM2_MQ_ISEND_FP), a1 = Words(kLen, 0);  // no reply
     CONF_CHECK_OK(Request(p, g.idx[0], {a0, a1}, nullptr, 0, PSM2_AM_FLAG_NOREPLY));
     psm2_mq_tag_t tag = {};
     tag.tag0 = kTag0;
@@ -1249,13 +1227,10 @@ void AmAndMqIndependent(Pair& p) {
       psm2_mq_tag_t t = msg_tag(i);
       CONF_CHECK_OK(psm2_mq_send2(p.mq, p.peer, 0, &t, buf.data(), msg_len(i)));
     }
-    psm2_amarg_t a0, a1;
-    a0.u32w0 = kReplyShaped;
-    a0.u32w1 = 1;
-    a1.u32w0 = 16;
     for (int i = 0; i < kRoundTrips; i++) {
-      a1.u32w1 = static_cast<uint32_t>(i);
-      CONF_CHECK_OK(Request(p, g.idx[0], {a0, a1}, nullptr, 0));
+      CONF_CHECK_OK(Request(p, g.idx[0],
+                            {Words(kReplyShaped, 1), Words(16, static_cast<uint32_t>(i))},
+                            nullptr, 0));
     }
     CONF_CHECK(PollUntil(p, [&] { return g.replies.size() >= kRoundTrips; }));
     CONF_CHECK_EQ(g.replies.size(), static_cast<size_t>(kRoundTrips));
