@@ -19,19 +19,19 @@
 //     in per-tag FIFO buckets found through a hash table, all others in one
 //     wildcard array in posting order. A monotonic per-entry sequence stamp
 //     picks the earlier of the bucket's and the wildcard array's first match.
-//   - Unexpected: every message is on one arrival-ordered list and on its
-//     tag's bucket. Exact-tag receives look only in the bucket; wildcard
-//     receives scan the arrival list.
+//   - Unexpected: every message is on its tag's bucket and has an entry in
+//     an arrival-ordered log. Exact-tag receives look only in the bucket;
+//     wildcard receives scan the log.
 // So an exact-tag match costs O(1) whatever the queue depth, and wildcards
 // cost what they must (a scan), with MPI ordering preserved across both.
 //
 // Why it is laid out as it is: at depth an exact match costs what its cache
 // misses cost, so the exact path touches as few cold cache lines as it can
 // (the hash slot of its tag, then the entry itself) and entries are compact:
-// links are 32-bit indices and an exact receive keeps no selector. The
-// posted queue's wildcards live in an array rather than a linked list, so
-// the scan that every match does over wildcards posted before its exact
-// candidate reads memory front to back instead of chasing pointers.
+// links are 32-bit indices and an exact receive keeps no selector. Order
+// for wildcards is kept in arrays rather than linked lists: scans read
+// memory front to back instead of chasing pointers, and removing an entry
+// writes nothing into its neighbours.
 //
 // Those misses cannot be avoided one match at a time, but they can overlap:
 // prefetch() starts loading what a later match will read without changing
@@ -75,44 +75,6 @@ struct Link {
   Index prev = kNil;
   Index next = kNil;
 };
-
-// Head and tail of an intrusive doubly linked list of pool nodes.
-struct List {
-  Index head = kNil;
-  Index tail = kNil;
-  bool empty() const { return head == kNil; }
-};
-
-// Intrusive list operations. `kLink` is a pointer to the Link member that
-// threads this list (a node can be on two lists at once), `nodes` anything
-// indexable by Index.
-template <auto kLink, typename Nodes>
-void list_push_back(Nodes& nodes, List& list, Index i) {
-  Link& l = nodes[i].*kLink;
-  l.prev = list.tail;
-  l.next = kNil;
-  if (list.tail == kNil) {
-    list.head = i;
-  } else {
-    (nodes[list.tail].*kLink).next = i;
-  }
-  list.tail = i;
-}
-
-template <auto kLink, typename Nodes>
-void list_unlink(Nodes& nodes, List& list, Index i) {
-  const Link l = nodes[i].*kLink;
-  if (l.prev == kNil) {
-    list.head = l.next;
-  } else {
-    (nodes[l.prev].*kLink).next = l.next;
-  }
-  if (l.next == kNil) {
-    list.tail = l.prev;
-  } else {
-    (nodes[l.next].*kLink).prev = l.prev;
-  }
-}
 
 // Hash buckets are FIFO lists known only by their head index, so that a hash
 // slot is 8 bytes. To append in O(1) the head's `prev` points at the tail
@@ -198,6 +160,19 @@ class NodePool {
  public:
   Node& operator[](Index i) { return chunks_[i >> kChunkBits][i & kChunkMask]; }
   const Node& operator[](Index i) const { return chunks_[i >> kChunkBits][i & kChunkMask]; }
+
+  // Number of nodes allocated so far: every index handed out is below it.
+  Index capacity() const { return static_cast<Index>(chunks_.size()) * kChunkSize; }
+
+  size_t memory_bytes() const {
+    return capacity() * sizeof(Node) + chunks_.capacity() * sizeof(chunks_[0]);
+  }
+
+  // Allocates if needed so that the next acquire() neither allocates nor
+  // throws.
+  void reserve_one() {
+    if (free_ == kNil) grow();
+  }
 
   // Returns an unused node; the caller fills in every field.
   Index acquire() {
@@ -292,6 +267,8 @@ class TagIndex {
     slots_[pos].hash = h;
     return pos;
   }
+
+  size_t memory_bytes() const { return slots_.capacity() * sizeof(Slot); }
 
   Index& head_at(size_t pos) { return slots_[pos].head; }
   Index head_at(size_t pos) const { return slots_[pos].head; }
@@ -747,16 +724,33 @@ class PostedQueue {
 // ---------------------------------------------------------------------------
 // UnexpectedQueue: arrived messages waiting for a receive.
 //
+// Messages live in pool nodes threaded onto their tag's bucket. Arrival order
+// is kept apart from the nodes, in arrivals_: a log of (node, generation)
+// entries appended on push. Removing a message only bumps its node's
+// generation in gens_, which makes its entry stale; nothing else is written.
+// (A doubly linked arrival list, the obvious alternative, makes every removal
+// write into the two messages that arrived next to it: two more cold cache
+// lines per match at depth.) Stale entries are skipped by scans, dropped from
+// the front as soon as they reach it, and squeezed out when the log is full.
+//
 // Invariants:
-//   (1) Every live message is on arrival_ and on the by_tag_ bucket of its
-//       tag, both in arrival order (push appends to both; removal unlinks
-//       from both and never reorders).
-//   (2) by_tag_ holds no empty bucket.
-//   (3) size_ equals the number of live messages; exactly the live nodes
+//   (1) An entry e of arrivals_ is current iff gens_[e.node] == e.gen.
+//       Every live message has exactly one current entry in
+//       arrivals_[begin_, end); entries are in arrival order.
+//   (2) A node's generation is bumped each time the node is released, so a
+//       removed message's entry is stale until it is dropped. (It could only
+//       turn current again after 2^32 more releases of its node; every
+//       release follows a push, every push appends an entry, and a squeeze,
+//       which drops every stale entry, comes before the log would exceed
+//       kMaxArrivals = 2^31 entries.)
+//   (3) Every live message is on the by_tag_ bucket of its tag, in arrival
+//       order; by_tag_ holds no empty bucket.
+//   (4) begin_ == arrivals_.size() or arrivals_[begin_] is current.
+//   (5) size_ equals the number of live messages; exactly the live nodes
 //       hold a constructed value.
-// From (1): an exact-selector receive can only match messages with its own
-// tag, so the first source-accepted entry of that bucket is the
-// earliest-arrived match; any other receive scans arrival_ in order.
+// From (1) and (3): an exact-selector receive can only match messages with
+// its own tag, so the first source-accepted entry of that bucket is the
+// earliest-arrived match; any other receive scans arrivals_ in order.
 template <typename MsgT>
 class UnexpectedQueue {
   static_assert(std::is_nothrow_move_constructible_v<MsgT>,
@@ -774,39 +768,43 @@ class UnexpectedQueue {
     return *this;
   }
   ~UnexpectedQueue() {
-    for (Index i = arrival_.head; i != kNil; i = pool_[i].order.next) pool_[i].value.destroy();
+    for_each_live([&](Index i) { pool_[i].value.destroy(); });
   }
 
   void swap(UnexpectedQueue& other) noexcept {
     using std::swap;
     swap(pool_, other.pool_);
+    swap(gens_, other.gens_);
     swap(by_tag_, other.by_tag_);
-    swap(arrival_, other.arrival_);
+    swap(arrivals_, other.arrivals_);
+    swap(begin_, other.begin_);
     swap(size_, other.size_);
   }
 
   void push(const MsgKey& key, MsgT value) {
     // Allocation (the only thing that can throw) happens before any change.
     by_tag_.reserve_one();
+    pool_.reserve_one();
+    if (gens_.size() < pool_.capacity()) gens_.resize(pool_.capacity());
+    reserve_arrival();
     const Index i = pool_.acquire();
     Node& n = pool_[i];
     n.key = key;
     n.value.construct(std::move(value));
-    matcher_internal::list_push_back<&Node::order>(pool_, arrival_, i);
+    arrivals_.push_back(Arrival{i, gens_[i]});
     const size_t pos = by_tag_.find_or_insert(key.tag, TagIndex::hash(key.tag), tag_of());
     matcher_internal::bucket_push_back<&Node::chain>(pool_, by_tag_.head_at(pos), i);
     ++size_;
   }
 
   // As PostedQueue::prefetch(), for a later take(p) or find(p). Only exact
-  // patterns have a bucket to prefetch; a wildcard scans arrival_. (Taking a
-  // message also writes into its two arrival_ neighbours, cold lines at
-  // depth; prefetching those too, which needs the node's links first, made
-  // batches slower in match_bench, not faster.)
+  // patterns have a bucket to prefetch; a wildcard scans arrivals_.
   void prefetch(const RecvPattern& p) const {
     if (!is_exact_selector(p.sel)) return;
     const Index head = by_tag_.head_by_hash(TagIndex::hash(p.tag));
-    if (head != kNil) matcher_internal::prefetch_node(pool_[head]);
+    if (head == kNil) return;
+    matcher_internal::prefetch_node(pool_[head]);
+    matcher_internal::prefetch_address(&gens_[head]);  // take() bumps it
   }
 
   // Earliest-arrived message matching p, left queued (probe/peek); nullptr if
@@ -832,56 +830,66 @@ class UnexpectedQueue {
   // once it returns true.
   template <typename Pred>
   std::optional<MsgT> remove_first_if(Pred pred) {
-    for (Index i = arrival_.head; i != kNil; i = pool_[i].order.next) {
-      if (pred(std::as_const(pool_[i].value.get()))) return remove(Found{i, TagIndex::npos});
-    }
-    return std::nullopt;
+    const Index i = first_live([&](Index k) { return pred(std::as_const(pool_[k].value.get())); });
+    if (i == kNil) return std::nullopt;
+    return remove(Found{i, TagIndex::npos});
   }
 
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
+
+  // Heap bytes held, excluding what values own.
+  size_t memory_bytes() const {
+    return pool_.memory_bytes() + gens_.capacity() * sizeof(gens_[0]) + by_tag_.memory_bytes() +
+           arrivals_.capacity() * sizeof(Arrival);
+  }
 
   // Removes every message, calling f(const MsgKey&, MsgT&&) for each in
   // arrival order. The queue is already empty when f runs; messages f pushes
   // are not drained.
   template <typename F>
   void drain(F&& f) {
-    Index i = arrival_.head;
-    arrival_ = List{};
+    std::vector<Arrival> arrivals;
+    arrivals.swap(arrivals_);
+    size_t k = begin_;
+    begin_ = 0;
     by_tag_.clear();
     size_ = 0;
+    // Takes the message of entry e out (if current) and releases its node.
+    auto take_entry = [&](const Arrival& e) -> std::optional<std::pair<MsgKey, MsgT>> {
+      if (gens_[e.node] != e.gen) return std::nullopt;
+      Node& n = pool_[e.node];
+      std::pair<MsgKey, MsgT> out{n.key, n.value.take()};
+      release(e.node);
+      return out;
+    };
     try {
-      while (i != kNil) {
-        const Index next = pool_[i].order.next;
-        const MsgKey key = pool_[i].key;
-        MsgT v = pool_[i].value.take();
-        pool_.release(i);
-        i = next;
-        f(key, std::move(v));
+      for (; k < arrivals.size(); ++k) {
+        if (auto m = take_entry(arrivals[k])) f(m->first, std::move(m->second));
       }
     } catch (...) {
       // Messages not yet handed to f are dropped.
-      while (i != kNil) {
-        const Index next = pool_[i].order.next;
-        pool_[i].value.destroy();
-        pool_.release(i);
-        i = next;
-      }
+      for (++k; k < arrivals.size(); ++k) take_entry(arrivals[k]);
       throw;
     }
   }
 
  private:
   using Index = matcher_internal::Index;
-  using List = matcher_internal::List;
   using TagIndex = matcher_internal::TagIndex;
   static constexpr Index kNil = matcher_internal::kNil;
+  // Bound on arrivals_ for invariant (2).
+  static constexpr size_t kMaxArrivals = size_t{1} << 31;
 
   struct Node {
-    matcher_internal::Link order;  // arrival_
     matcher_internal::Link chain;  // by_tag_ bucket; free list when unused
     MsgKey key;
     matcher_internal::ValueSlot<MsgT> value;
+  };
+
+  struct Arrival {
+    Index node;
+    uint32_t gen;  // gens_[node] when the message arrived
   };
 
   // A located message and, if known, the slot of its tag's bucket.
@@ -894,6 +902,26 @@ class UnexpectedQueue {
     return [this](Index i) -> const Tag96& { return pool_[i].key.tag; };
   }
 
+  bool current(const Arrival& e) const { return gens_[e.node] == e.gen; }
+
+  // First live message in arrival order satisfying pred(Index), or kNil.
+  template <typename Pred>
+  Index first_live(Pred&& pred) const {
+    for (size_t k = begin_; k < arrivals_.size(); ++k) {
+      const Arrival& e = arrivals_[k];
+      if (current(e) && pred(e.node)) return e.node;
+    }
+    return kNil;
+  }
+
+  template <typename F>
+  void for_each_live(F&& f) const {
+    first_live([&](Index i) {
+      f(i);
+      return false;
+    });
+  }
+
   // Earliest-arrived message matching p (node kNil if none).
   Found locate(const RecvPattern& p) const {
     if (is_exact_selector(p.sel)) {
@@ -904,17 +932,51 @@ class UnexpectedQueue {
       }
       return Found{kNil, pos};
     }
-    for (Index i = arrival_.head; i != kNil; i = pool_[i].order.next) {
-      if (matches(p, pool_[i].key)) return Found{i, TagIndex::npos};
-    }
-    return Found{kNil, TagIndex::npos};
+    return Found{scan(p), TagIndex::npos};
   }
 
-  // Unlinks the message from arrival_ and its bucket (dropping the bucket if
-  // now empty, invariant 2), frees the node and returns the value.
+  // Earliest-arrived message matching wildcard pattern p, or kNil. Kept out
+  // of line: inlined, its loop made the compiler leave the exact-tag path out
+  // of line too (~9 ns per match at depth 1).
+  [[gnu::noinline]] Index scan(const RecvPattern& p) const {
+    return first_live([&](Index i) { return matches(p, pool_[i].key); });
+  }
+
+  // Makes room to append one entry to arrivals_ without reallocating:
+  // squeezes out stale entries if at least half are stale, otherwise grows.
+  // So each squeeze is paid for by as many removals, and the log's capacity
+  // stays below 4x the peak number of live messages (or 64). Throws only if
+  // growing fails, leaving the queue unchanged.
+  void reserve_arrival() {
+    if (arrivals_.size() < arrivals_.capacity()) return;
+    if (size_ <= arrivals_.size() / 2) {
+      size_t out = 0;
+      // Branch-free: about half the entries are stale, in random order, so
+      // a branch would mispredict often and each miss would cancel the
+      // gens_ loads in flight.
+      for (size_t k = begin_; k < arrivals_.size(); ++k) {
+        arrivals_[out] = arrivals_[k];
+        out += current(arrivals_[k]) ? 1 : 0;
+      }
+      arrivals_.resize(out);
+      begin_ = 0;
+      if (out < arrivals_.capacity()) return;
+    }
+    if (arrivals_.capacity() >= kMaxArrivals) throw std::length_error("matcher: arrival log full");
+    arrivals_.reserve(std::max<size_t>(64, arrivals_.capacity() * 2));
+  }
+
+  // Returns node i, whose value is gone, to the pool; its arrival entry is
+  // stale from now on (invariant 2).
+  void release(Index i) {
+    ++gens_[i];
+    pool_.release(i);
+  }
+
+  // Unlinks the message from its bucket (dropping the bucket if now empty,
+  // invariant 3), frees the node and returns the value.
   MsgT remove(Found f) {
     const Index i = f.node;
-    matcher_internal::list_unlink<&Node::order>(pool_, arrival_, i);
     size_t pos = f.bucket_pos;
     if (pos == TagIndex::npos) {
       const Tag96& tag = pool_[i].key.tag;
@@ -924,14 +986,22 @@ class UnexpectedQueue {
     matcher_internal::bucket_unlink<&Node::chain>(pool_, head, i);
     if (head == kNil) by_tag_.erase_at(pos);
     MsgT v = pool_[i].value.take();
-    pool_.release(i);
+    release(i);
     --size_;
+    // Invariant (4); amortized O(1), each entry is stepped over once.
+    while (begin_ < arrivals_.size() && !current(arrivals_[begin_])) ++begin_;
+    if (begin_ == arrivals_.size()) {
+      arrivals_.clear();
+      begin_ = 0;
+    }
     return v;
   }
 
   matcher_internal::NodePool<Node> pool_;
+  std::vector<uint32_t> gens_;  // generation of each pool node
   TagIndex by_tag_;
-  List arrival_;
+  std::vector<Arrival> arrivals_;
+  size_t begin_ = 0;  // entries before it are stale
   size_t size_ = 0;
 };
 

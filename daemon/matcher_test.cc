@@ -605,6 +605,29 @@ TEST(MatcherRealTest, WildcardArrayCompaction) {
   EXPECT_EQ(Counted::live, 0);
 }
 
+// The unexpected queue's arrival log keeps an entry for every message taken
+// since its last compaction. A message that stays queued at the front (a
+// receive the application never posts) must not let the log grow with the
+// traffic behind it: memory stays that of the peak depth.
+TEST(MatcherRealTest, ArrivalLogStaysBoundedBehindAnOldMessage) {
+  UnexpectedQueue<Req> q;
+  q.push(Msg(1, T(0xdead, 0, 0)), Req{-1});
+  auto tag_of = [](int i) { return T(static_cast<uint32_t>(i % 64), 1, 0); };
+  for (int i = 0; i < 64; ++i) q.push(Msg(2, tag_of(i)), Req{i});
+  const size_t settled = q.memory_bytes();
+  for (int i = 64; i < 1'000'000; ++i) {
+    // Take the oldest message of one tag, push a newer one: depth stays 65.
+    ASSERT_EQ(Id(q.take(Exact(2, tag_of(i)))), i - 64);
+    q.push(Msg(2, tag_of(i)), Req{i});
+    if (i % 1000 == 0) {
+      ASSERT_LE(q.memory_bytes(), 2 * settled + 4096) << "after " << i << " messages";
+    }
+  }
+  // The first message is still the earliest arrival, found by a wildcard.
+  EXPECT_EQ(Id(q.take(Wild(kAnySource, T(0, 0, 0), kTagSelNone))), -1);
+  EXPECT_EQ(q.size(), 64u);
+}
+
 // Many distinct exact tags taken in random order: exercises the tag index's
 // growth and backward-shift deletion at a size the differential test does not
 // reach.
