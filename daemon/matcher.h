@@ -217,7 +217,9 @@ class NodePool {
 // depth; the tag itself is read from the head node, which the caller is about
 // to touch anyway. A slot is empty iff its head is kNil, and a bucket is
 // erased as soon as its last node leaves, so the table holds one slot per
-// distinct live tag at load <= 1/2.
+// distinct live tag at load <= 1/4. At load 1/2, probe runs and backward
+// shifts were long enough that their unpredictable branches cost more than
+// the larger table does (docs/perf.md, "Matching engine").
 class TagIndex {
  public:
   static constexpr size_t npos = ~size_t{0};
@@ -251,7 +253,7 @@ class TagIndex {
   // Grows the table if needed so that the next find_or_insert() neither
   // allocates nor throws. Invalidates earlier positions.
   void reserve_one() {
-    if ((count_ + 1) * 2 > slots_.size()) rehash(std::max<size_t>(16, slots_.size() * 2));
+    if ((count_ + 1) * 4 > slots_.size()) rehash(std::max<size_t>(16, slots_.size() * 2));
   }
 
   // Like find(), but creates the bucket (with head kNil) if absent. The
