@@ -95,11 +95,13 @@ std::vector<uint32_t> Targets(uint32_t depth, Order order) {
 constexpr size_t kBatch = 32;
 
 // Prefetches the queue entries of the next kBatch targets when iteration k
-// starts a batch, as the daemon does for each batch it pops off a ring.
+// starts a batch, in the two passes the daemon makes over each batch it pops
+// off a ring.
 template <typename Queue, typename KeyOf>
 void PrefetchBatch(const Queue& q, const std::vector<uint32_t>& targets, size_t k, KeyOf key_of) {
   if (k % kBatch != 0) return;
-  for (size_t j = k; j < k + kBatch; ++j) q.prefetch(key_of(targets[j & (kTargets - 1)]));
+  for (size_t j = k; j < k + kBatch; ++j) q.prefetch_slot(key_of(targets[j & (kTargets - 1)]));
+  for (size_t j = k; j < k + kBatch; ++j) q.prefetch_entry(key_of(targets[j & (kTargets - 1)]));
 }
 
 template <template <typename> class Queue, bool kBatched = false>

@@ -34,10 +34,10 @@
 // writes nothing into its neighbours.
 //
 // Those misses cannot be avoided one match at a time, but they can overlap:
-// prefetch() starts loading what a later match will read without changing
-// the queue, and the daemon calls it for every descriptor of a ring batch
-// before matching any of them, so a batch pays roughly one miss latency
-// instead of one per message (bench/match_bench, *Batch).
+// prefetch_slot() and prefetch_entry() start loading what a later match will
+// read without changing the queue, and the daemon calls them for every
+// descriptor of a ring batch before matching any of them, so a batch pays a
+// few miss latencies instead of two per message (bench/match_bench, *Batch).
 //
 // Entries come from chunked pools with free lists and are linked by 32-bit
 // indices: steady-state operations do not allocate, and memory is bounded by
@@ -238,10 +238,15 @@ class TagIndex {
     }
   }
 
+  // Asks for the slot where a lookup of hash `h` starts, without waiting.
+  void prefetch_slot(uint32_t h) const {
+    if (count_ != 0) prefetch_address(&slots_[h & mask_]);
+  }
+
   // Head of the first bucket in `h`'s probe run whose slot holds hash `h`,
   // or kNil: the bucket find() would return unless two live tags share all
-  // 32 hash bits, found without reading any node. For prefetch(): it loads
-  // the slots (usually one cache line), so call it well before the lookup.
+  // 32 hash bits, found without reading any node. For prefetch_entry(): it
+  // reads the slots, so ask for them first (prefetch_slot).
   Index head_by_hash(uint32_t h) const {
     if (count_ == 0) return kNil;
     for (size_t pos = h & mask_; slots_[pos].head != kNil; pos = (pos + 1) & mask_) {
@@ -554,12 +559,16 @@ class PostedQueue {
     ++size_;
   }
 
-  // Starts loading the memory take_match(key) will read: the hash slot, then
-  // the node it names. Has no effect on the queue's contents. At depth those
-  // are two dependent main-memory reads per match (~130 ns each here); a
-  // caller holding a batch of messages calls this for all of them first, so
-  // the misses of the batch overlap instead of following one another.
-  void prefetch(const MsgKey& key) const {
+  // Start loading the memory take_match(key) will read, without changing the
+  // queue. At depth a match waits for main memory twice (~130 ns each here):
+  // for its tag's hash slot, then for the node the slot names. A caller
+  // holding a batch of messages calls prefetch_slot() for all of them, then
+  // prefetch_entry() for all of them, then matches: the first pass only
+  // computes addresses, so all the slot misses are in flight at once; the
+  // second reads the slots (mostly arrived by then) and does the same for
+  // the nodes.
+  void prefetch_slot(const MsgKey& key) const { exact_.prefetch_slot(TagIndex::hash(key.tag)); }
+  void prefetch_entry(const MsgKey& key) const {
     const Index head = exact_.head_by_hash(TagIndex::hash(key.tag));
     if (head != kNil) matcher_internal::prefetch_node(pool_[head]);
   }
@@ -799,9 +808,12 @@ class UnexpectedQueue {
     ++size_;
   }
 
-  // As PostedQueue::prefetch(), for a later take(p) or find(p). Only exact
-  // patterns have a bucket to prefetch; a wildcard scans arrivals_.
-  void prefetch(const RecvPattern& p) const {
+  // As PostedQueue's, for a later take(p) or find(p). Only exact patterns
+  // have a bucket to prefetch; a wildcard scans arrivals_.
+  void prefetch_slot(const RecvPattern& p) const {
+    if (is_exact_selector(p.sel)) by_tag_.prefetch_slot(TagIndex::hash(p.tag));
+  }
+  void prefetch_entry(const RecvPattern& p) const {
     if (!is_exact_selector(p.sel)) return;
     const Index head = by_tag_.head_by_hash(TagIndex::hash(p.tag));
     if (head == kNil) return;

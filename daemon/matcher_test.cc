@@ -782,7 +782,8 @@ class Differential {
     const MsgKey k = Key();
     // A prefetch is only a hint: the match below must agree with the model
     // whether or not one came first.
-    if (Chance(50)) posted_.prefetch(k);
+    if (Chance(50)) posted_.prefetch_slot(k);
+    if (Chance(50)) posted_.prefetch_entry(k);
     const std::optional<int> a = posted_.take_match(k);
     ASSERT_EQ(a, ref_posted_.take_match(k)) << Where();
     stats_.take_match_hits += a.has_value();
@@ -803,7 +804,8 @@ class Differential {
 
   void Take() {
     const RecvPattern p = Pattern();
-    if (Chance(50)) unexpected_.prefetch(p);
+    if (Chance(50)) unexpected_.prefetch_slot(p);
+    if (Chance(50)) unexpected_.prefetch_entry(p);
     MsgKey k1{}, k2{};
     const std::optional<int> a = unexpected_.take(p, &k1);
     ASSERT_EQ(a, ref_unexpected_.take(p, &k2)) << Where();

@@ -202,28 +202,34 @@ bool MqEngine::PollMessages(Endpoint& ep) {
 }
 
 // At depth each match waits for main memory twice (hash slot, then entry);
-// asking for every match of the batch first lets those waits overlap. Only a
-// hint: a descriptor is checked just enough to be safe to look at (Dispatch
+// asking for every match of the batch first lets those waits overlap, in the
+// two passes PostedQueue::prefetch_slot() describes. Only a hint: a
+// descriptor is checked just enough to be safe to look at (Dispatch
 // validates it for real), and the queues are not changed.
 void MqEngine::PrefetchMatches(Endpoint& ep, const shm::SubmissionDesc* batch, size_t n) {
-  uint32_t receiver_slot = shm::kAnySlot;  // batches mostly go to one peer
-  const Endpoint* receiver = nullptr;
-  for (size_t i = 0; i < n; i++) {
-    const shm::SubmissionDesc& d = batch[i];
-    if (d.op == shm::SubmitOp::kSend || d.op == shm::SubmitOp::kRndvSend) {
-      if (d.peer >= ep.peers.size()) continue;
-      if (d.peer != receiver_slot) {
-        receiver_slot = d.peer;
-        receiver = Find(ep.peers[d.peer].endpoint_id);
+  // Calls prefetch(queue, key) for every descriptor whose queue is deep.
+  auto each_deep_match = [&](auto&& prefetch) {
+    uint32_t receiver_slot = shm::kAnySlot;  // batches mostly go to one peer
+    const Endpoint* receiver = nullptr;
+    for (size_t i = 0; i < n; i++) {
+      const shm::SubmissionDesc& d = batch[i];
+      if (d.op == shm::SubmitOp::kSend || d.op == shm::SubmitOp::kRndvSend) {
+        if (d.peer >= ep.peers.size()) continue;
+        if (d.peer != receiver_slot) {
+          receiver_slot = d.peer;
+          receiver = Find(ep.peers[d.peer].endpoint_id);
+        }
+        if (receiver != nullptr && receiver->posted.size() >= kPrefetchMinDepth) {
+          prefetch(receiver->posted, KeyOf(ep.epid, d.tag));
+        }
+      } else if (d.op == shm::SubmitOp::kRecv) {
+        if (d.peer != shm::kAnySlot && d.peer >= ep.peers.size()) continue;
+        if (ep.unexpected.size() >= kPrefetchMinDepth) prefetch(ep.unexpected, PatternOf(ep, d));
       }
-      if (receiver != nullptr && receiver->posted.size() >= kPrefetchMinDepth) {
-        receiver->posted.prefetch(KeyOf(ep.epid, d.tag));
-      }
-    } else if (d.op == shm::SubmitOp::kRecv) {
-      if (d.peer != shm::kAnySlot && d.peer >= ep.peers.size()) continue;
-      if (ep.unexpected.size() >= kPrefetchMinDepth) ep.unexpected.prefetch(PatternOf(ep, d));
     }
-  }
+  };
+  each_deep_match([](const auto& queue, const auto& key) { queue.prefetch_slot(key); });
+  each_deep_match([](const auto& queue, const auto& key) { queue.prefetch_entry(key); });
 }
 
 bool MqEngine::Dispatch(Endpoint& ep, const shm::SubmissionDesc& d) {

@@ -106,7 +106,7 @@ class MqEngine {
   void ForwardActiveMessage(const Endpoint& sender, Endpoint& target,
                             const shm::SubmissionDesc& d, shm::CompleteOp op, uint8_t flags);
   // Starts loading the queue entries the sends and receives of a popped
-  // batch will match against (PostedQueue::prefetch).
+  // batch will match against (PostedQueue::prefetch_slot).
   void PrefetchMatches(Endpoint& ep, const shm::SubmissionDesc* batch, size_t n);
   // Endpoint `id` if it exists, is served and belongs to ep's job.
   Endpoint* FindInJob(const Endpoint& ep, uint32_t id);
