@@ -1071,6 +1071,20 @@ int FpHandler(psm2_am_token_t token, psm2_amarg_t* args, int nargs, void* src, u
   return 0;
 }
 
+// Target side of both fp_msg cases: waits until FpHandler has run and the
+// request it started completes, checking what every fp_msg request must
+// show. False if the handler started none (already reported).
+bool AwaitHandlerRequest(Pair& p, psm2_mq_status2_t* st) {
+  CONF_CHECK(PollUntil(p, [&] { return g.runs.size() >= 1; }));
+  CONF_CHECK_OK(g_fp_err);
+  CONF_CHECK(g_fp_req != nullptr);
+  if (g_fp_req == nullptr) return false;
+  CONF_CHECK(WaitRequest(p, &g_fp_req, st));
+  CONF_CHECK_OK(st->error_code);
+  CONF_CHECK(st->context == &g_fp_context);
+  return true;
+}
+
 void FpMsgIrecv(Pair& p) {
   ResetState(p);
   HandlerTable table(p);
@@ -1100,16 +1114,10 @@ void FpMsgIrecv(Pair& p) {
       CONF_CHECK(PollUntil(p, [&] { return g.replies.size() >= 1; }));
       if (!v.send_first) CONF_CHECK_OK(psm2_mq_send2(p.mq, p.peer, 0, &tag, msg.data(), v.len));
     } else {
-      CONF_CHECK(PollUntil(p, [&] { return g.runs.size() >= 1; }));
-      CONF_CHECK_OK(g_fp_err);
-      CONF_CHECK(g_fp_req != nullptr);
-      if (g_fp_req != nullptr) {
-        psm2_mq_status2_t st = {};
-        CONF_CHECK(WaitRequest(p, &g_fp_req, &st));
-        CONF_CHECK_OK(st.error_code);
+      psm2_mq_status2_t st = {};
+      if (AwaitHandlerRequest(p, &st)) {
         CONF_CHECK_EQ(st.msg_length, v.len);
         CONF_CHECK_EQ(st.nbytes, v.len);
-        CONF_CHECK(st.context == &g_fp_context);
         CONF_CHECK(st.msg_peer == p.peer);
         CONF_CHECK(MatchesPattern(g_fp_buf, v.len, v.tag0));
       }
@@ -1146,16 +1154,8 @@ void FpMsgIsend(Pair& p) {
     got.resize(st.nbytes);
     CONF_CHECK(MatchesPattern(got, kLen, kTag0));
   } else {
-    CONF_CHECK(PollUntil(p, [&] { return g.runs.size() >= 1; }));
-    CONF_CHECK_OK(g_fp_err);
-    CONF_CHECK(g_fp_req != nullptr);
-    if (g_fp_req != nullptr) {
-      psm2_mq_status2_t st = {};
-      CONF_CHECK(WaitRequest(p, &g_fp_req, &st));
-      CONF_CHECK_OK(st.error_code);
-      CONF_CHECK(st.context == &g_fp_context);
-      CONF_CHECK_EQ(st.msg_length, kLen);
-    }
+    psm2_mq_status2_t st = {};
+    if (AwaitHandlerRequest(p, &st)) CONF_CHECK_EQ(st.msg_length, kLen);
   }
 }
 
