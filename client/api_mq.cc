@@ -69,7 +69,16 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags, const ps
   d.req = psmd::client::TokenOf(r);
   std::memcpy(d.tag, stag->tag, sizeof(d.tag));
   d.len = len;
-  if (rendezvous) {
+  // A rendezvous send to ourselves would wait for a receive that the
+  // application may post only after the send completes (MPI_Send to one's
+  // own rank): it travels from a copy instead, and completes now.
+  psm2_mq_req* self_copy = nullptr;
+  if (rendezvous && dest->epid == ep->epid && !(flags & PSM2_MQ_FLAG_SENDSYNC)) {
+    self_copy = ep->CopyForSelf(buf, len);
+  }
+  if (self_copy != nullptr) {
+    d.req = psmd::client::TokenOf(self_copy);
+  } else if (rendezvous) {
     r->send_buf = static_cast<const uint8_t*>(buf);
   } else if (len <= shm::kInlineMax && len > 0) {
     std::memcpy(d.body.inline_data, buf, len);
@@ -79,7 +88,12 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags, const ps
   s.tx_shm_num++;
   (rendezvous ? s.tx_rndv_num : s.tx_eager_num)++;
   (rendezvous ? s.tx_rndv_bytes : s.tx_eager_bytes) += len;
-  ep->Submit(r, d, buf);
+  if (self_copy != nullptr) {
+    ep->Submit(self_copy, d, nullptr);
+    ep->MarkComplete(r);
+  } else {
+    ep->Submit(r, d, buf);
+  }
   *req = r;
   return PSM2_OK;
 }

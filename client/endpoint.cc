@@ -133,8 +133,22 @@ psm2_mq_req* psm2_ep::NewRequest(psm2_mq_req::Kind kind, void* context) {
   return r;
 }
 
+psm2_mq_req* psm2_ep::CopyForSelf(const void* buf, uint32_t len) {
+  if (self_copy_bytes + len > (uint64_t{mq.max_sysbuf_mbytes} << 20)) return nullptr;
+  psm2_mq_req* r = NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
+  r->free_when_done = true;
+  r->self_copy.assign(static_cast<const uint8_t*>(buf), static_cast<const uint8_t*>(buf) + len);
+  r->send_buf = r->self_copy.data();
+  self_copy_bytes += len;
+  return r;
+}
+
 void psm2_ep::FreeRequest(psm2_mq_req* req) {
   RemoveFromDoneList(req);
+  if (!req->self_copy.empty()) {
+    self_copy_bytes -= req->self_copy.size();
+    std::vector<uint8_t>().swap(req->self_copy);
+  }
   req->generation++;  // stale tokens no longer resolve to it
   req->state = psm2_mq_req::State::kComplete;
   req->free_when_done = false;

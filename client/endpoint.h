@@ -87,6 +87,10 @@ struct psm2_mq_req {
   uint32_t send_bytes;
   uint32_t chunked;
   uint32_t published;
+  // Rendezvous send to the endpoint itself: the library's copy of the
+  // payload, which send_buf points into (the application's request completed
+  // when the copy was made; this one is internal and carries the protocol).
+  std::vector<uint8_t> self_copy;
   // Rendezvous receive: bytes owed (min of message and buffer) and arrived.
   uint32_t expect_bytes;
   uint32_t received_bytes;
@@ -187,6 +191,9 @@ struct psm2_ep {
   uint32_t credits = 0;
   bool daemon_lost = false;
   uint64_t max_unexpected_budget = 0;  // from the segment header
+  // Bytes held in self_copy buffers of rendezvous sends to ourselves; kept
+  // within the MQ's unexpected budget (PSM2_MQ_MAX_SYSBUF_MBYTES).
+  uint64_t self_copy_bytes = 0;
 
   psm2_mq mq;  // the endpoint's one matched queue
 
@@ -200,6 +207,12 @@ struct psm2_ep {
   // --- everything below requires `mu` held ---
   psm2_epaddr_t EpaddrFor(psm2_epid_t epid);
   psm2_mq_req* NewRequest(psm2_mq_req::Kind kind, void* context);
+  // For a rendezvous send of `len` bytes to this endpoint itself: a copy of
+  // the payload in an internal request that carries the protocol, so that
+  // the application's send completes before the receive is posted, as with
+  // Intel's self device. Null (send by plain rendezvous) when the copies
+  // would exceed the unexpected budget.
+  psm2_mq_req* CopyForSelf(const void* buf, uint32_t len);
   void FreeRequest(psm2_mq_req* req);
   // Queues or posts a submission (invariant 1). For sends `payload` is the
   // user's buffer, copied into the pool before the descriptor is published.

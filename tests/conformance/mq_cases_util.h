@@ -193,6 +193,7 @@ CaseFn Checked(void (*fn)(Pair&));
 std::vector<Case> MatchingCases();    // mq_cases_matching.cc
 std::vector<Case> DeliveryCases();    // mq_cases_delivery.cc
 std::vector<Case> CompletionCases();  // mq_cases_completion.cc
+std::vector<Case> RendezvousCases();  // mq_cases_rendezvous.cc
 
 }  // namespace psmd::conformance::mq
 

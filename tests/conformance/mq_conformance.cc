@@ -37,7 +37,8 @@ void EagerRoundTrip(Pair& p) {
 int main(int argc, char** argv) {
   using namespace psmd::conformance;
   std::vector<Case> cases = {{"eager_round_trip", mq::Checked(EagerRoundTrip)}};
-  for (auto list : {mq::MatchingCases, mq::DeliveryCases, mq::CompletionCases}) {
+  for (auto list : {mq::MatchingCases, mq::DeliveryCases, mq::CompletionCases,
+                    mq::RendezvousCases}) {
     for (Case& c : list()) cases.push_back(std::move(c));
   }
   return RunCases(argc, argv, cases);

@@ -1,0 +1,188 @@
+// Matched-queue conformance cases for the paths a large message can take
+// besides a plain posted receive: claimed by a matched probe and received
+// with imrecv, and sent to the endpoint itself. Each was a drop-in bug that
+// Open MPI programs hit (MPI_Mprobe/MPI_Mrecv, MPI_Send to one's own rank).
+// See mq_cases_util.h for the conventions.
+#include <cinttypes>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/conformance/mq_cases_util.h"
+
+namespace psmd::conformance::mq {
+namespace {
+
+constexpr uint32_t kEagerA = 500, kEagerB = 600, kRndvLen = 300000, kTag64Len = 1000;
+
+// Completes *req and checks that its status reports success: a sender whose
+// message was delivered must not see an error.
+void FinishOk(Pair& p, psm2_mq_req_t* req, const std::string& what) {
+  psm2_mq_status2_t st;
+  st.error_code = PSM2_INTERNAL_ERR;
+  if (Finish(p, req, &st, what)) {
+    MQ_CHECK(st.error_code == PSM2_OK, "%s: completed with error %d (%s)", what.c_str(),
+             st.error_code, psm2_error_get_string(st.error_code));
+  }
+}
+
+// Receives into a fresh buffer of `len` and checks the bytes against `seed`.
+void CheckReceived(Pair& p, psm2_mq_req_t* req, const std::vector<uint8_t>& buf, uint32_t len,
+                   uint32_t seed, const std::string& what) {
+  psm2_mq_status2_t st;
+  if (!Finish(p, req, &st, what)) return;
+  MQ_CHECK(st.error_code == PSM2_OK && st.msg_length == len && st.nbytes == len,
+           "%s: error %d, length %u, nbytes %u, want %u", what.c_str(), st.error_code,
+           st.msg_length, st.nbytes, len);
+  MQ_CHECK(FirstMismatch(buf.data(), len, seed) < 0, "%s: payload wrong at byte %ld",
+           what.c_str(), FirstMismatch(buf.data(), len, seed));
+}
+
+// The sequence of the drop-in bug report: two eager messages P, a
+// rendezvous message Q, a 64-bit-tag message and a marker; the receiver
+// claims the first P, receives the second with irecv2, imrecvs the first,
+// then claims Q by its source and imrecvs it. `between` adds receives of
+// the other messages between claiming Q and receiving it. Every sender
+// request must complete with PSM2_OK.
+void ClaimedRendezvous(Pair& p, bool between) {
+  const psm2_mq_tag_t kP = Tag(0x51, 7), kQ = Tag(0x52, 7), kMarker = Tag(0x53, 7);
+  const uint64_t kTag64 = 0x54;
+  if (p.rank == kSender) {
+    std::vector<uint8_t> a(kEagerA), b(kEagerB), q(kRndvLen), t(kTag64Len);
+    Fill(a.data(), a.size(), 1);
+    Fill(b.data(), b.size(), 2);
+    Fill(q.data(), q.size(), 3);
+    Fill(t.data(), t.size(), 4);
+    psm2_mq_req_t r[5];
+    MQ_CHECK_ERR(Isend2(p, 0, kP, a.data(), kEagerA, nullptr, &r[0]), PSM2_OK);
+    MQ_CHECK_ERR(Isend2(p, 0, kP, b.data(), kEagerB, nullptr, &r[1]), PSM2_OK);
+    MQ_CHECK_ERR(Isend2(p, 0, kQ, q.data(), kRndvLen, nullptr, &r[2]), PSM2_OK);
+    MQ_CHECK_ERR(psm2_mq_isend(p.mq, p.peer, 0, kTag64, t.data(), kTag64Len, nullptr, &r[3]),
+                 PSM2_OK);
+    MQ_CHECK_ERR(Isend2(p, 0, kMarker, nullptr, 0, nullptr, &r[4]), PSM2_OK);
+    const char* names[] = {"first eager P", "second eager P", "rendezvous Q", "64-bit message",
+                           "marker"};
+    // Blocking waits, as MPI_Wait: the variant the bug report used.
+    for (int i = 0; i < 5; i++) {
+      psm2_mq_status2_t st;
+      MQ_CHECK_ERR(psm2_mq_wait2(&r[i], &st), PSM2_OK);
+      MQ_CHECK(st.error_code == PSM2_OK, "send of %s: completed with error %d (%s)", names[i],
+               st.error_code, psm2_error_get_string(st.error_code));
+    }
+    p.Barrier("received");
+    return;
+  }
+  AwaitUnexpected(p, kMarker, "marker");
+  std::vector<uint8_t> a(kEagerA), b(kEagerB), q(kRndvLen), t(kTag64Len);
+  psm2_mq_status2_t st;
+  psm2_mq_req_t claimed_p = PSM2_MQ_REQINVALID, recv_b, claimed_q = PSM2_MQ_REQINVALID;
+  psm2_mq_tag_t tag = kP, sel = kExact;
+  MQ_CHECK_ERR(psm2_mq_improbe2(p.mq, PSM2_MQ_ANY_ADDR, &tag, &sel, &claimed_p, &st), PSM2_OK);
+  MQ_CHECK(st.msg_length == kEagerA, "improbe2 of P: length %u, want %u", st.msg_length,
+           kEagerA);
+  MQ_CHECK_ERR(Irecv2(p, PSM2_MQ_ANY_ADDR, kP, kExact, b.data(), kEagerB, nullptr, &recv_b),
+               PSM2_OK);
+  if (claimed_p != PSM2_MQ_REQINVALID) {
+    MQ_CHECK_ERR(psm2_mq_imrecv(p.mq, 0, a.data(), kEagerA, nullptr, &claimed_p), PSM2_OK);
+  }
+  tag = kQ;
+  MQ_CHECK_ERR(psm2_mq_improbe2(p.mq, p.peer, &tag, &sel, &claimed_q, &st), PSM2_OK);
+  MQ_CHECK(st.msg_length == kRndvLen && st.msg_peer == p.peer,
+           "improbe2 of Q: length %u, want %u; peer %s", st.msg_length, kRndvLen,
+           st.msg_peer == p.peer ? "ok" : "WRONG");
+  psm2_mq_req_t recv_t, recv_marker;
+  char marker;
+  auto receive_rest = [&] {
+    MQ_CHECK_ERR(psm2_mq_irecv(p.mq, kTag64, ~0ull, 0, t.data(), kTag64Len, nullptr, &recv_t),
+                 PSM2_OK);
+    MQ_CHECK_ERR(Irecv2(p, p.peer, kMarker, kExact, &marker, 0, nullptr, &recv_marker), PSM2_OK);
+    CheckReceived(p, &recv_t, t, kTag64Len, 4, "64-bit message");
+    FinishOk(p, &recv_marker, "marker");
+  };
+  if (between) receive_rest();
+  if (claimed_q != PSM2_MQ_REQINVALID) {
+    MQ_CHECK_ERR(psm2_mq_imrecv(p.mq, 0, q.data(), kRndvLen, nullptr, &claimed_q), PSM2_OK);
+    CheckReceived(p, &claimed_q, q, kRndvLen, 3, "imrecv of Q");
+  }
+  if (claimed_p != PSM2_MQ_REQINVALID) CheckReceived(p, &claimed_p, a, kEagerA, 1, "imrecv of P");
+  CheckReceived(p, &recv_b, b, kEagerB, 2, "irecv2 of the second P");
+  if (!between) receive_rest();
+  p.Barrier("received");
+}
+
+void ClaimedRendezvousSenderStatus(Pair& p) { ClaimedRendezvous(p, /*between=*/false); }
+void ClaimedRendezvousAfterOtherReceives(Pair& p) { ClaimedRendezvous(p, /*between=*/true); }
+
+// A claimed rendezvous message whose receive buffer is smaller than the
+// message: the receiver reports truncation, the sender success.
+void ClaimedRendezvousTruncated(Pair& p) {
+  const psm2_mq_tag_t kQ = Tag(0x55, 7);
+  constexpr uint32_t kShort = kRndvLen / 3;
+  if (p.rank == kSender) {
+    std::vector<uint8_t> q(kRndvLen);
+    Fill(q.data(), q.size(), 5);
+    psm2_mq_req_t r;
+    MQ_CHECK_ERR(Isend2(p, 0, kQ, q.data(), kRndvLen, nullptr, &r), PSM2_OK);
+    FinishOk(p, &r, "send of the truncated rendezvous message");
+    p.Barrier("received");
+    return;
+  }
+  AwaitUnexpected(p, kQ, "rendezvous message");
+  std::vector<uint8_t> q(kShort);
+  psm2_mq_status2_t st;
+  psm2_mq_req_t claimed = PSM2_MQ_REQINVALID;
+  psm2_mq_tag_t tag = kQ, sel = kExact;
+  MQ_CHECK_ERR(psm2_mq_improbe2(p.mq, PSM2_MQ_ANY_ADDR, &tag, &sel, &claimed, &st), PSM2_OK);
+  if (claimed != PSM2_MQ_REQINVALID) {
+    MQ_CHECK_ERR(psm2_mq_imrecv(p.mq, 0, q.data(), kShort, nullptr, &claimed), PSM2_OK);
+    if (Finish(p, &claimed, &st, "truncated imrecv")) {
+      MQ_CHECK(st.error_code == PSM2_MQ_TRUNCATION && st.msg_length == kRndvLen &&
+               st.nbytes == kShort, "truncated imrecv: error %d, length %u, nbytes %u",
+               st.error_code, st.msg_length, st.nbytes);
+      MQ_CHECK(FirstMismatch(q.data(), kShort, 5) < 0, "truncated imrecv: payload wrong");
+    }
+  }
+  p.Barrier("received");
+}
+
+// A send to the endpoint's own address completes before any receive is
+// posted, at every size (Intel's self device buffers the message), and a
+// receive posted afterwards gets the data. Codes that MPI_Send to their own
+// rank before posting the receive depend on it.
+void SendToSelfCompletesUnposted(Pair& p) {
+  psm2_epaddr_t self = nullptr;
+  psm2_error_t conn_err = PSM2_OK;
+  MQ_CHECK_ERR(psm2_ep_connect(p.ep, 1, &p.self_epid, nullptr, &conn_err, &self,
+                               static_cast<int64_t>(5e9)),
+               PSM2_OK);
+  if (self == nullptr) return;
+  const uint32_t kSizes[] = {8, 4096, 100000, 1u << 20, 16u << 20};
+  uint32_t seed = 60;
+  for (uint32_t len : kSizes) {
+    const std::string what = "send of " + std::to_string(len) + " B to self";
+    std::vector<uint8_t> out(len), in(len);
+    Fill(out.data(), len, ++seed);
+    psm2_mq_tag_t tag = Tag(0x60, len, static_cast<uint32_t>(p.rank));
+    psm2_mq_req_t send;
+    MQ_CHECK_ERR(psm2_mq_isend2(p.mq, self, 0, &tag, out.data(), len, nullptr, &send), PSM2_OK);
+    FinishOk(p, &send, what);
+    // The application may reuse its buffer once the send completed.
+    memset(out.data(), 0, len);
+    psm2_mq_req_t recv;
+    MQ_CHECK_ERR(Irecv2(p, self, tag, kExact, in.data(), len, nullptr, &recv), PSM2_OK);
+    CheckReceived(p, &recv, in, len, seed, "receive of " + what);
+  }
+}
+
+}  // namespace
+
+std::vector<Case> RendezvousCases() {
+  return {
+      {"claimed_rendezvous_sender_status", Checked(ClaimedRendezvousSenderStatus)},
+      {"claimed_rendezvous_after_other_receives", Checked(ClaimedRendezvousAfterOtherReceives)},
+      {"claimed_rendezvous_truncated", Checked(ClaimedRendezvousTruncated)},
+      {"send_to_self_completes_unposted", Checked(SendToSelfCompletesUnposted)},
+  };
+}
+
+}  // namespace psmd::conformance::mq
