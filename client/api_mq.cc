@@ -4,6 +4,7 @@
 #include <psm2.h>
 #include <psm2_mq.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -39,8 +40,25 @@ bool Connected(psm2_ep_t ep, psm2_epaddr_t addr) {
 psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags, const psm2_mq_tag_t* stag,
                       const void* buf, uint32_t len, void* context, psm2_mq_req_t* req) {
   if (mq == nullptr || dest == nullptr || stag == nullptr || req == nullptr ||
-      (len > 0 && buf == nullptr) || (flags & ~PSM2_MQ_FLAG_SENDSYNC) != 0) {
+      (flags & ~PSM2_MQ_FLAG_SENDSYNC) != 0) {
     return PSM2_PARAM_ERR;
+  }
+  // A NULL buffer with a length cannot be sent. Failing the call would leave
+  // the matching receive waiting for good (Open MPI 4.1's mtl psm2 passes
+  // NULL for MPI_BOTTOM with absolute-address datatypes, and its collectives
+  // then wait on their receives): a zero-length stand-in fails both the send
+  // and its receive with PSM2_PARAM_ERR instead (docs/compat.md).
+  const bool failed = len > 0 && buf == nullptr;
+  if (failed) {
+    static std::once_flag warned;
+    std::call_once(warned, [len] {
+      fprintf(stderr, "libpsmclient: a send of %u bytes from a NULL buffer fails with "
+              "PSM2_PARAM_ERR, and so does its matching receive (with Open MPI 4.1: MPI_BOTTOM "
+              "with absolute-address datatypes is not supported by mtl psm2; use the psmd MTL "
+              "or a buffer address)\n", len);
+    });
+    len = 0;
+    flags &= ~PSM2_MQ_FLAG_SENDSYNC;
   }
   psm2_ep_t ep = mq->ep;
   if (!Connected(ep, dest)) {
@@ -65,6 +83,10 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags, const ps
                                                   len > ep->arena.MaxPayload());
   d.op = rendezvous ? shm::SubmitOp::kRndvSend : shm::SubmitOp::kSend;
   d.flags = (!rendezvous && (flags & PSM2_MQ_FLAG_SENDSYNC)) ? shm::kSendSync : 0;
+  if (failed) {
+    d.flags = shm::kSendFailed;
+    r->user.error_code = PSM2_PARAM_ERR;
+  }
   d.peer = dest->slot;
   d.req = psmd::client::TokenOf(r);
   std::memcpy(d.tag, stag->tag, sizeof(d.tag));
@@ -211,7 +233,7 @@ psm2_error_t Probe(psm2_mq_t mq, psm2_epaddr_t src, const psm2_mq_tag_t* rtag,
   if (claimed == nullptr) {
     ep->FreeRequest(r);
   } else {
-    // The same token names the claimed message in kClaimedRecv.
+    // The same token names a claimed rendezvous message in kClaimedRecv.
     r->kind = psm2_mq_req::Kind::kRecv;
     r->state = State::kClaimed;
     *claimed = r;
@@ -354,6 +376,10 @@ psm2_error_t psm2_mq_imrecv(psm2_mq_t mq, uint32_t flags, void* buf, uint32_t le
   r->user.buf = static_cast<uint8_t*>(buf);
   r->user.buf_len = len;
   r->user.context = context;
+  if (r->claimed.present) {  // eager: psmd handed the payload over with the claim
+    ep->ReceiveClaimed(r);
+    return PSM2_OK;
+  }
   r->state = State::kDeferred;
   shm::SubmissionDesc d{};
   d.op = shm::SubmitOp::kClaimedRecv;

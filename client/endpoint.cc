@@ -145,6 +145,10 @@ psm2_mq_req* psm2_ep::CopyForSelf(const void* buf, uint32_t len) {
 
 void psm2_ep::FreeRequest(psm2_mq_req* req) {
   RemoveFromDoneList(req);
+  if (req->claimed.present && !req->claimed.is_inline) {
+    shm::ReleaseChunk(pool.base(), req->claimed.pool_offset);  // never received
+  }
+  req->claimed.present = false;
   if (!req->self_copy.empty()) {
     self_copy_bytes -= req->self_copy.size();
     std::vector<uint8_t>().swap(req->self_copy);
@@ -229,7 +233,7 @@ bool psm2_ep::TryPublish(Deferred& d, shm::RingProducer<shm::SubmissionDesc>& ri
   if (pooled) {
     auto off = arena.Allocate(d.desc.len);
     if (!off) return false;  // back-pressure: receivers have not drained yet
-    std::memcpy(pool.base() + *off, d.prefix, d.prefix_len);
+    if (d.prefix_len > 0) std::memcpy(pool.base() + *off, d.prefix, d.prefix_len);
     std::memcpy(pool.base() + *off + d.prefix_len, d.payload, d.desc.len - d.prefix_len);
     if (op == shm::SubmitOp::kRndvData) {
       d.desc.body.rndv.pool_offset = *off;
@@ -338,7 +342,10 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
     // Stale token (e.g. a send that had already completed locally): the only
     // such completions are errors for requests the application let go of,
     // and payloads of a receive that failed meanwhile, given back here.
-    if (c.op == shm::CompleteOp::kRecvDone && !(c.flags & shm::kPayloadInline)) {
+    const bool eager_payload = c.op == shm::CompleteOp::kRecvDone ||
+                               (c.op == shm::CompleteOp::kProbeDone &&
+                                (c.flags & shm::kPayloadClaimed));
+    if (eager_payload && !(c.flags & shm::kPayloadInline)) {
       shm::ReleaseChunk(pool.base(), c.body.pool.pool_offset);
     } else if (chunk) {
       shm::ReleaseChunk(pool.base(), c.body.chunk.pool_offset);
@@ -364,6 +371,16 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
       return;
     case shm::CompleteOp::kProbeDone:
       if (c.error == PSM2_OK) SetMatchedStatus(req, c);
+      if (c.error == PSM2_OK && (c.flags & shm::kPayloadClaimed)) {
+        req->claimed.present = true;
+        req->claimed.is_inline = (c.flags & shm::kPayloadInline) != 0;
+        req->claimed.failed = (c.flags & shm::kPayloadFailed) != 0;
+        if (req->claimed.is_inline) {
+          std::memcpy(req->claimed.inline_data, c.body.inline_data, shm::kInlineMax);
+        } else {
+          req->claimed.pool_offset = c.body.pool.pool_offset;
+        }
+      }
       req->user.error_code = static_cast<uint32_t>(c.error);
       break;
     case shm::CompleteOp::kSendDone:
@@ -468,6 +485,7 @@ void psm2_ep::SetMatchedStatus(psm2_mq_req* req, const shm::CompletionDesc& c) {
 
 void psm2_ep::CompleteEager(psm2_mq_req* req, const shm::CompletionDesc& c) {
   SetMatchedStatus(req, c);
+  if (c.flags & shm::kPayloadFailed) req->user.error_code = PSM2_PARAM_ERR;
   uint32_t n = req->user.recv_msglen;
   if (c.flags & shm::kPayloadInline) {
     if (n > 0) std::memcpy(req->user.buf, c.body.inline_data, n);
@@ -475,6 +493,21 @@ void psm2_ep::CompleteEager(psm2_mq_req* req, const shm::CompletionDesc& c) {
     if (n > 0) std::memcpy(req->user.buf, pool.base() + c.body.pool.pool_offset, n);
     shm::ReleaseChunk(pool.base(), c.body.pool.pool_offset);
   }
+  CountReceive(req, /*rendezvous=*/false);
+  MarkComplete(req);
+}
+
+void psm2_ep::ReceiveClaimed(psm2_mq_req* req) {
+  psm2_mq_req_user& u = req->user;
+  u.recv_msglen = std::min(u.send_msglen, u.buf_len);
+  u.error_code = req->claimed.failed          ? PSM2_PARAM_ERR
+                 : u.send_msglen > u.buf_len ? PSM2_MQ_TRUNCATION
+                                             : PSM2_OK;
+  const uint8_t* src =
+      req->claimed.is_inline ? req->claimed.inline_data : pool.base() + req->claimed.pool_offset;
+  if (u.recv_msglen > 0) std::memcpy(u.buf, src, u.recv_msglen);
+  if (!req->claimed.is_inline) shm::ReleaseChunk(pool.base(), req->claimed.pool_offset);
+  req->claimed.present = false;
   CountReceive(req, /*rendezvous=*/false);
   MarkComplete(req);
 }

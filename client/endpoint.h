@@ -91,6 +91,15 @@ struct psm2_mq_req {
   // payload, which send_buf points into (the application's request completed
   // when the copy was made; this one is internal and carries the protocol).
   std::vector<uint8_t> self_copy;
+  // Matched probe of an eager message: its payload, handed over with the
+  // claim (kPayloadClaimed) so that psm2_mq_imrecv completes at once.
+  struct {
+    bool present;
+    bool is_inline;
+    bool failed;  // kPayloadFailed: the sender's send had failed
+    uint64_t pool_offset;
+    uint8_t inline_data[psmd::shm::kInlineMax];
+  } claimed;
   // Rendezvous receive: bytes owed (min of message and buffer) and arrived.
   uint32_t expect_bytes;
   uint32_t received_bytes;
@@ -233,6 +242,9 @@ struct psm2_ep {
   template <typename Done>
   void WaitUntil(Done done);
   void MarkComplete(psm2_mq_req* req);
+  // psm2_mq_imrecv of a claimed eager message (req->claimed.present): copies
+  // the payload into req->user.buf and completes the request.
+  void ReceiveClaimed(psm2_mq_req* req);
   // Called when a non-blocking call (psm2_poll, a test, a peek) found
   // nothing: applications spin on those, and on a node with fewer cores than
   // busy processes psmd, which does the work they wait for, would otherwise

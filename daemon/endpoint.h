@@ -125,7 +125,10 @@ class Endpoint {
   std::vector<PeerLink> peers;
   PostedQueue<PostedRecv> posted;
   UnexpectedQueue<UnexpectedMsg> unexpected;
-  std::unordered_map<uint64_t, ClaimedMsg> claimed;  // by the probe's request token
+  // Rendezvous messages claimed by a matched probe, by the probe's request
+  // token, until the client receives them (kClaimedRecv). A claimed eager
+  // message goes to the client with the probe's answer instead.
+  std::unordered_map<uint64_t, ClaimedMsg> claimed;
   uint64_t unexpected_cost = 0;    // sum of cost() over unexpected and claimed
   uint64_t unexpected_budget = 0;  // PSM2_MQ_MAX_SYSBUF_MBYTES of this endpoint
   bool notify_pending = false;  // completions published since the last wake check

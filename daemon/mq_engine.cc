@@ -375,6 +375,20 @@ void MqEngine::HandleProbe(Endpoint& ep, const shm::SubmissionDesc& d) {
   std::memcpy(c.tag, key.tag.w, sizeof(c.tag));
   c.msg_len = found->len;
   c.src_epid = key.source;
+  if (taken && !taken->rendezvous) {
+    // An eager message is received by the claim itself: its payload goes to
+    // the client with the answer, so psm2_mq_imrecv completes at once, as
+    // with Intel's library (applications drop such requests after one test
+    // and free the buffer). The message is matched: a sync sender completes.
+    Uncharge(ep, *taken);
+    c.flags |= shm::kPayloadClaimed | shm::kWasUnexpected;
+    AttachEagerPayload(c, *taken);
+    ep.counters.msgs_received.Add(1);
+    ep.counters.bytes_received.Add(taken->len);
+    Post(ep, c);
+    if (taken->flags & shm::kSendSync) CompleteSync(taken->sender_id, taken->sender_req, PSM2_OK);
+    return;
+  }
   if (taken) {
     // Still charged to the budget until received. A client reusing a token
     // replaces (and so must first give back) what it had claimed.
@@ -526,15 +540,10 @@ void MqEngine::Deliver(Endpoint& receiver, uint64_t recv_req, uint32_t capacity,
   std::memcpy(c.tag, key.tag.w, sizeof(c.tag));
   c.msg_len = m.len;
   c.src_epid = key.source;
-  if (m.rendezvous) {
-    // Nothing is owed past the receiver's buffer: the sender sends only what
-    // fits, and the receiver reports truncation from msg_len.
-  } else if (m.len <= shm::kInlineMax) {
-    c.flags |= shm::kPayloadInline;
-    std::memcpy(c.body.inline_data, m.inline_data, m.len);
-  } else {
-    c.body.pool.pool_offset = m.pool_offset;
-  }
+  // A rendezvous message owes nothing past the receiver's buffer: the
+  // sender sends only what fits, and the receiver reports truncation from
+  // msg_len.
+  if (!m.rendezvous) AttachEagerPayload(c, m);
   receiver.counters.msgs_received.Add(1);
   receiver.counters.bytes_received.Add(m.len);
   Post(receiver, c);
@@ -542,6 +551,16 @@ void MqEngine::Deliver(Endpoint& receiver, uint64_t recv_req, uint32_t capacity,
     StartTransfer(receiver, recv_req, std::min(m.len, capacity), m);
   } else if (m.flags & shm::kSendSync) {
     CompleteSync(m.sender_id, m.sender_req, PSM2_OK);
+  }
+}
+
+void MqEngine::AttachEagerPayload(shm::CompletionDesc& c, const UnexpectedMsg& m) {
+  if (m.flags & shm::kSendFailed) c.flags |= shm::kPayloadFailed;
+  if (m.len <= shm::kInlineMax) {
+    c.flags |= shm::kPayloadInline;
+    std::memcpy(c.body.inline_data, m.inline_data, m.len);
+  } else {
+    c.body.pool.pool_offset = m.pool_offset;
   }
 }
 

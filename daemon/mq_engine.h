@@ -112,6 +112,9 @@ class MqEngine {
   Endpoint* FindInJob(const Endpoint& ep, uint32_t id);
   void Deliver(Endpoint& receiver, uint64_t recv_req, uint32_t capacity, const MsgKey& key,
                const UnexpectedMsg& m, bool was_unexpected);
+  // Puts an eager message's payload into a completion (inline, or the pool
+  // offset the receiver copies from and releases).
+  static void AttachEagerPayload(shm::CompletionDesc& c, const UnexpectedMsg& m);
   void StartTransfer(Endpoint& receiver, uint64_t recv_req, uint32_t send_bytes,
                      const UnexpectedMsg& m);
   void Charge(Endpoint& receiver, const UnexpectedMsg& m);

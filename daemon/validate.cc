@@ -23,8 +23,11 @@ Rejection ValidatePoolRange(uint64_t off, uint32_t len, const SendRegion& r) {
 }
 
 Rejection ValidateSend(const shm::SubmissionDesc& d, const SubmissionBounds& b) {
-  if ((d.flags & ~shm::kSendSync) != 0) return Rejection::kBadFlags;
+  if ((d.flags & ~(shm::kSendSync | shm::kSendFailed)) != 0) return Rejection::kBadFlags;
   if (!PeerInRange(d.peer, b, /*any_allowed=*/false)) return Rejection::kBadPeer;
+  if ((d.flags & shm::kSendFailed) && (d.len != 0 || d.op != shm::SubmitOp::kSend)) {
+    return Rejection::kBadFlags;
+  }
   if (d.len <= shm::kInlineMax) return Rejection::kNone;
   return ValidatePoolRange(d.body.pool.pool_offset, d.len, b.region);
 }

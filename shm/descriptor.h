@@ -32,7 +32,8 @@ enum class SubmitOp : uint8_t {
   kRndvSend = 4,    // msg ring: rendezvous request-to-send of `len` bytes, no payload
   kRndvData = 5,    // ctl ring: one chunk of a rendezvous transfer (body.rndv)
   kProbe = 6,       // ctl ring: look for an unexpected message (tag, selector, source)
-  kClaimedRecv = 7, // ctl ring: receive the message claimed by probe `req` into `len` bytes
+  kClaimedRecv = 7, // ctl ring: receive the rendezvous message claimed by probe `req`
+                    // into `len` bytes
   kSetOption = 8,   // ctl ring: body.option; answered by kOptionSet
   kAmRequest = 9,   // msg ring: active message to peer slot (AM layout below)
   kAmReply = 10,    // ctl ring: active-message reply to endpoint `peer` (AM layout)
@@ -52,6 +53,9 @@ inline constexpr uint32_t kAmArgBytes = 8;
 
 enum SubmitFlags : uint8_t {
   kSendSync = 1u << 0,     // kSend: complete only once the receiver matched it
+  kSendFailed = 1u << 1,   // kSend of 0 bytes standing for a send the library could
+                           // not carry (a NULL buffer with a length): its receiver
+                           // completes with PSM2_PARAM_ERR instead of waiting forever
   kProbeRemove = 1u << 0,  // kProbe: claim the message for kClaimedRecv (improbe)
   kAmNoReply = 1u << 0,    // kAmRequest: the handler must not reply
   kAmWantsAck = 1u << 1,   // kAmRequest/kAmReply: the sender waits for kAmAck
@@ -112,7 +116,8 @@ enum class CompleteOp : uint8_t {
   kRecvRndv = 5,    // a receive matched a rendezvous message; kRndvChunk follow
   kRndvChunk = 6,   // one chunk of a rendezvous message for receive `req`
   kRndvGo = 7,      // clear-to-send for rendezvous send `req` (body.go)
-  kProbeDone = 8,   // answer to kProbe: error PSM2_OK (status filled) or NO_COMPLETIONS
+  kProbeDone = 8,   // answer to kProbe: error PSM2_OK (status filled) or NO_COMPLETIONS;
+                    // a claimed eager message comes with its payload (kPayloadClaimed)
   kOptionSet = 9,   // answer to kSetOption
   kAmRequest = 10,  // run a handler (AM layout; req: the sender's token)
   kAmReply = 11,    // run a reply handler (AM layout)
@@ -126,6 +131,11 @@ enum CompleteFlags : uint8_t {
                              // unexpected queue (a system buffer, in PSM2 terms)
   kAmRequestNoReply = 1u << 2,  // kAmRequest: the sender asked for no reply
   kAmRequestWantsAck = 1u << 3, // kAmRequest/kAmReply: acknowledge once the handler ran
+  kPayloadClaimed = 1u << 4,  // kProbeDone of a claiming probe of an eager message:
+                              // the payload is the client's now (kPayloadInline or
+                              // pool_offset, as kRecvDone); no kClaimedRecv follows
+  kPayloadFailed = 1u << 5,   // kRecvDone/kProbeDone: the message stands for a failed
+                              // send (kSendFailed); the receive fails with PARAM_ERR
 };
 
 struct CompletionDesc {

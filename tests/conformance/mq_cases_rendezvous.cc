@@ -145,6 +145,74 @@ void ClaimedRendezvousTruncated(Pair& p) {
   p.Barrier("received");
 }
 
+// psm2_mq_imrecv of a claimed eager message completes within the call: the
+// message had arrived, so its bytes are in the buffer before imrecv returns
+// (Intel copies them out of its system buffer). mpi4py's pkl5 tests drop
+// such a request after one test and free the buffer; a library that copies
+// later writes into freed memory.
+void ImrecvOfEagerMessageCompletesAtOnce(Pair& p) {
+  const uint32_t kLens[] = {0, 16, 227, 4096};
+  if (p.rank == kSender) {
+    for (uint32_t len : kLens) {
+      std::vector<uint8_t> out(len);
+      Fill(out.data(), len, len);
+      MQ_CHECK_ERR(Send2(p, 0, Tag(0x56, len), out.data(), len), PSM2_OK);
+    }
+    p.Barrier("received");
+    return;
+  }
+  for (uint32_t len : kLens) {
+    const std::string what = "imrecv of a claimed " + std::to_string(len) + "-byte message";
+    AwaitUnexpected(p, Tag(0x56, len), what);
+    psm2_mq_req_t req = PSM2_MQ_REQINVALID;
+    psm2_mq_status2_t st;
+    psm2_mq_tag_t tag = Tag(0x56, len), sel = kExact;
+    MQ_CHECK_ERR(psm2_mq_improbe2(p.mq, PSM2_MQ_ANY_ADDR, &tag, &sel, &req, &st), PSM2_OK);
+    if (req == PSM2_MQ_REQINVALID) continue;
+    std::vector<uint8_t> in(len + 1, 0xEE);
+    MQ_CHECK_ERR(psm2_mq_imrecv(p.mq, 0, in.data(), len, nullptr, &req), PSM2_OK);
+    MQ_CHECK(FirstMismatch(in.data(), len, len) < 0 && in[len] == 0xEE,
+             "%s: payload not in the buffer when imrecv returned (first wrong byte %ld)",
+             what.c_str(), FirstMismatch(in.data(), len, len));
+    psm2_error_t err = psm2_mq_test2(&req, &st);
+    MQ_CHECK(err == PSM2_OK, "%s: psm2_mq_test2 right after imrecv returned %d, want PSM2_OK",
+             what.c_str(), err);
+    if (err == PSM2_OK) {
+      MQ_CHECK(st.error_code == PSM2_OK && st.msg_length == len && st.nbytes == len,
+               "%s: error %d, length %u, nbytes %u", what.c_str(), st.error_code, st.msg_length,
+               st.nbytes);
+    } else {
+      Finish(p, &req, what);
+    }
+  }
+  p.Barrier("received");
+}
+
+// A send from a NULL buffer with a length (what Open MPI 4.1's mtl psm2
+// passes for MPI_BOTTOM with absolute-address datatypes) fails, and so does
+// its matching receive, instead of leaving the receiver waiting for good.
+// psmd only: Intel's library dereferences the NULL pointer.
+void NullBufferSendFailsBothEnds(Pair& p) {
+  if (p.impl != "psmd") return;
+  const psm2_mq_tag_t kTag = Tag(0x57, 7);
+  if (p.rank == kSender) {
+    psm2_mq_req_t r;
+    MQ_CHECK_ERR(Isend2(p, 0, kTag, nullptr, 8, nullptr, &r), PSM2_OK);
+    psm2_mq_status2_t st;
+    if (Finish(p, &r, &st, "send from NULL")) MQ_CHECK_ERR(st.error_code, PSM2_PARAM_ERR);
+    p.Barrier("received");
+    return;
+  }
+  uint64_t buf = 0;
+  psm2_mq_req_t r;
+  MQ_CHECK_ERR(Irecv2(p, PSM2_MQ_ANY_ADDR, kTag, kExact, &buf, 8, nullptr, &r), PSM2_OK);
+  psm2_mq_status2_t st;
+  if (Finish(p, &r, &st, "receive of a send from NULL")) {
+    MQ_CHECK_ERR(st.error_code, PSM2_PARAM_ERR);
+  }
+  p.Barrier("received");
+}
+
 // A send to the endpoint's own address completes before any receive is
 // posted, at every size (Intel's self device buffers the message), and a
 // receive posted afterwards gets the data. Codes that MPI_Send to their own
@@ -181,6 +249,8 @@ std::vector<Case> RendezvousCases() {
       {"claimed_rendezvous_sender_status", Checked(ClaimedRendezvousSenderStatus)},
       {"claimed_rendezvous_after_other_receives", Checked(ClaimedRendezvousAfterOtherReceives)},
       {"claimed_rendezvous_truncated", Checked(ClaimedRendezvousTruncated)},
+      {"imrecv_of_eager_message_completes_at_once", Checked(ImrecvOfEagerMessageCompletesAtOnce)},
+      {"null_buffer_send_fails_both_ends", Checked(NullBufferSendFailsBothEnds)},
       {"send_to_self_completes_unposted", Checked(SendToSelfCompletesUnposted)},
   };
 }
