@@ -91,12 +91,18 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags, const ps
   d.req = psmd::client::TokenOf(r);
   std::memcpy(d.tag, stag->tag, sizeof(d.tag));
   d.len = len;
-  // A rendezvous send to ourselves would wait for a receive that the
-  // application may post only after the send completes (MPI_Send to one's
-  // own rank): it travels from a copy instead, and completes now.
+  // A send to ourselves completes at once for psm2_mq_test and wait, but
+  // enters the ipeek queue only once its receive matched it, as with Intel's
+  // self device (req->self_send). A rendezvous one would otherwise wait for
+  // a receive that the application may post only after the send completes
+  // (MPI_Send to one's own rank): it travels from a copy instead.
+  r->self_send = dest->epid == ep->epid && !(flags & PSM2_MQ_FLAG_SENDSYNC) && !failed;
   psm2_mq_req* self_copy = nullptr;
-  if (rendezvous && dest->epid == ep->epid && !(flags & PSM2_MQ_FLAG_SENDSYNC)) {
-    self_copy = ep->CopyForSelf(buf, len);
+  if (r->self_send && rendezvous) {
+    self_copy = ep->CopyForSelf(buf, len, r);
+    r->self_send = self_copy != nullptr;
+  } else if (r->self_send) {
+    d.flags |= shm::kSendSync;  // psmd tells us when it matched
   }
   if (self_copy != nullptr) {
     d.req = psmd::client::TokenOf(self_copy);

@@ -133,12 +133,13 @@ psm2_mq_req* psm2_ep::NewRequest(psm2_mq_req::Kind kind, void* context) {
   return r;
 }
 
-psm2_mq_req* psm2_ep::CopyForSelf(const void* buf, uint32_t len) {
+psm2_mq_req* psm2_ep::CopyForSelf(const void* buf, uint32_t len, const psm2_mq_req* send) {
   if (self_copy_bytes + len > (uint64_t{mq.max_sysbuf_mbytes} << 20)) return nullptr;
   psm2_mq_req* r = NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
   r->free_when_done = true;
   r->self_copy.assign(static_cast<const uint8_t*>(buf), static_cast<const uint8_t*>(buf) + len);
   r->send_buf = r->self_copy.data();
+  r->self_copy_of = psmd::client::TokenOf(send);
   self_copy_bytes += len;
   return r;
 }
@@ -174,6 +175,7 @@ void psm2_ep::MarkComplete(psm2_mq_req* req) {
     return;
   }
   if (req->kind == psm2_mq_req::Kind::kInternal) return;  // not the application's
+  if (req->self_send && !req->self_matched) return;       // invariant 4
   req->on_done_list = true;
   req->next_done = nullptr;
   req->prev_done = mq.done_tail;
@@ -183,6 +185,14 @@ void psm2_ep::MarkComplete(psm2_mq_req* req) {
     mq.done_head = req;
   }
   mq.done_tail = req;
+}
+
+void psm2_ep::SelfSendMatched(psm2_mq_req* req) {
+  req->self_matched = true;
+  if (req->state == psm2_mq_req::State::kComplete) {
+    req->self_send = false;  // an ordinary completed send from here on
+    MarkComplete(req);
+  }
 }
 
 void psm2_ep::RemoveFromDoneList(psm2_mq_req* req) {
@@ -255,7 +265,8 @@ bool psm2_ep::TryPublish(Deferred& d, shm::RingProducer<shm::SubmissionDesc>& ri
     d.req->published += d.desc.len;
     // The last chunk is in the pool: the user's buffer is free again.
     if (d.req->published == d.req->send_bytes) MarkComplete(d.req);
-  } else if ((op == shm::SubmitOp::kSend && !(d.desc.flags & shm::kSendSync)) ||
+  } else if ((op == shm::SubmitOp::kSend &&
+              (!(d.desc.flags & shm::kSendSync) || d.req->self_send)) ||
              (am && !needs_credit)) {
     // Eager: the payload is in the pool (or the descriptor), so the user's
     // buffer is free again: local completion.
@@ -333,6 +344,10 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
       break;
   }
   psm2_mq_req* req = Lookup(c.req);
+  if (req != nullptr && req->self_send && c.op == shm::CompleteOp::kSendDone) {
+    SelfSendMatched(req);
+    return;
+  }
   bool chunk = c.op == shm::CompleteOp::kRndvChunk;
   State expected = chunk ? State::kReceiving : State::kPosted;
   // A streaming send still hears about a failed chunk.
@@ -563,6 +578,11 @@ void psm2_ep::CountReceive(const psm2_mq_req* req, bool rendezvous) {
 }
 
 void psm2_ep::StartStreaming(psm2_mq_req* req, const shm::CompletionDesc& c) {
+  if (!req->self_copy.empty()) {  // the receive matched our copy: the send is matched
+    if (psm2_mq_req* send = Lookup(req->self_copy_of)) {
+      if (send->self_send) SelfSendMatched(send);
+    }
+  }
   if (c.error != PSM2_OK) {
     req->user.error_code = static_cast<uint32_t>(c.error);
     MarkComplete(req);

@@ -21,6 +21,12 @@
 //      (bounded by the receives and sends psmd already holds) until we reap.
 //   3. A request is referred to on the wire by a token (slot index and
 //      generation); a completion whose token is stale is ignored.
+//   4. A non-sync send to the endpoint itself completes for test and wait
+//      without a receive, but joins the ipeek list only when a receive
+//      matched it (psmd's kSendDone for the eager message or kRndvGo for the
+//      copy), as Intel's self device does: Open MPI collects completions
+//      through ipeek, and programs expect such sends to finish together with
+//      their receives.
 #ifndef PSMD_CLIENT_ENDPOINT_H_
 #define PSMD_CLIENT_ENDPOINT_H_
 
@@ -91,6 +97,12 @@ struct psm2_mq_req {
   // payload, which send_buf points into (the application's request completed
   // when the copy was made; this one is internal and carries the protocol).
   std::vector<uint8_t> self_copy;
+  uint64_t self_copy_of;  // the token of the application's send request
+  // A non-sync send to this endpoint itself: complete for test and wait once
+  // published (or copied), on the MQ's ipeek list only once matched
+  // (self_matched), as with Intel's self device.
+  bool self_send;
+  bool self_matched;
   // Matched probe of an eager message: its payload, handed over with the
   // claim (kPayloadClaimed) so that psm2_mq_imrecv completes at once.
   struct {
@@ -221,7 +233,9 @@ struct psm2_ep {
   // the application's send completes before the receive is posted, as with
   // Intel's self device. Null (send by plain rendezvous) when the copies
   // would exceed the unexpected budget.
-  psm2_mq_req* CopyForSelf(const void* buf, uint32_t len);
+  psm2_mq_req* CopyForSelf(const void* buf, uint32_t len, const psm2_mq_req* send);
+  // A receive matched the self send `req` (invariant 4).
+  void SelfSendMatched(psm2_mq_req* req);
   void FreeRequest(psm2_mq_req* req);
   // Queues or posts a submission (invariant 1). For sends `payload` is the
   // user's buffer, copied into the pool before the descriptor is published.
@@ -241,6 +255,8 @@ struct psm2_ep {
   // completion-ring futex (docs/design.md, "Wake-up").
   template <typename Done>
   void WaitUntil(Done done);
+  // Marks req complete and, unless the application let go of it, appends it
+  // to the MQ's ipeek list (a self send: once also matched, invariant 4).
   void MarkComplete(psm2_mq_req* req);
   // psm2_mq_imrecv of a claimed eager message (req->claimed.present): copies
   // the payload into req->user.buf and completes the request.

@@ -242,6 +242,44 @@ void SendToSelfCompletesUnposted(Pair& p) {
   }
 }
 
+// A send to oneself is complete for psm2_mq_test right away, but psm2_mq_ipeek
+// returns it only once a receive matched it (Intel's self device; Open MPI,
+// which collects completions through ipeek, then sees the send and its
+// receive finish together).
+void SelfSendJoinsIpeekWhenMatched(Pair& p) {
+  psm2_epaddr_t self = nullptr;
+  psm2_error_t conn_err = PSM2_OK;
+  MQ_CHECK_ERR(psm2_ep_connect(p.ep, 1, &p.self_epid, nullptr, &conn_err, &self,
+                               static_cast<int64_t>(5e9)),
+               PSM2_OK);
+  if (self == nullptr) return;
+  for (uint32_t len : {8u, 1u << 20}) {
+    const std::string what = std::to_string(len) + "-byte send to self";
+    std::vector<uint8_t> out(len), in(len);
+    Fill(out.data(), len, len);
+    psm2_mq_tag_t tag = Tag(0x61, len, static_cast<uint32_t>(p.rank));
+    psm2_mq_req_t send, peeked;
+    MQ_CHECK_ERR(psm2_mq_isend2(p.mq, self, 0, &tag, out.data(), len, Ctx(1), &send), PSM2_OK);
+    PollFor(p, 0.05);
+    MQ_CHECK(psm2_mq_ipeek2(p.mq, &peeked, nullptr) == PSM2_MQ_NO_COMPLETIONS,
+             "%s: ipeek returned a request before any receive was posted", what.c_str());
+    psm2_mq_req_t recv;
+    MQ_CHECK_ERR(Irecv2(p, self, tag, kExact, in.data(), len, Ctx(2), &recv), PSM2_OK);
+    // Both complete, and ipeek returns both.
+    int seen = 0;
+    auto t0 = Clock::now();
+    while (seen < 2 && SecondsSince(t0) < kCompleteTimeoutS) {
+      psm2_mq_status2_t st;
+      if (psm2_mq_ipeek2(p.mq, &peeked, &st) != PSM2_OK) continue;
+      MQ_CHECK(peeked == send || peeked == recv, "%s: ipeek returned a stranger", what.c_str());
+      MQ_CHECK_ERR(psm2_mq_test2(&peeked, &st), PSM2_OK);
+      seen++;
+    }
+    MQ_CHECK(seen == 2, "%s: ipeek returned %d of the send and its receive", what.c_str(), seen);
+    MQ_CHECK(FirstMismatch(in.data(), len, len) < 0, "%s: payload wrong", what.c_str());
+  }
+}
+
 }  // namespace
 
 std::vector<Case> RendezvousCases() {
@@ -252,6 +290,7 @@ std::vector<Case> RendezvousCases() {
       {"imrecv_of_eager_message_completes_at_once", Checked(ImrecvOfEagerMessageCompletesAtOnce)},
       {"null_buffer_send_fails_both_ends", Checked(NullBufferSendFailsBothEnds)},
       {"send_to_self_completes_unposted", Checked(SendToSelfCompletesUnposted)},
+      {"self_send_joins_ipeek_when_matched", Checked(SelfSendJoinsIpeekWhenMatched)},
   };
 }
 
