@@ -6,7 +6,9 @@ cd "$(dirname "$0")/.."
 bash scripts/deps.sh || exit 1
 
 bazel build //... || { echo "0 passed, 1 failed"; exit 1; }
-bazel test //... --test_output=errors
+# mpi4py's own test suite lives beside the repository (../shared/external).
+mpi4py_tests=$(cd .. && pwd)/shared/external/mpi4py-3.1.4-test/test
+bazel test //... --test_output=errors --test_env=PSMD_MPI4PY_TESTS="$mpi4py_tests"
 status=$?
 
 python3 - <<'PY'

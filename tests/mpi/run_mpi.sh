@@ -5,6 +5,11 @@
 # message counters must grow by at least what the case implies.
 #   semantics N    tests/mpi/mpi_semantics with N ranks (pml cm, mtl psm2)
 #   mpi4py         tests/mpi/mpi4py_check.py with 2 ranks
+#   mpi4py_suite [RUNTESTS ARGS]  mpi4py's own test suite (its test/ folder in
+#                  $PSMD_MPI4PY_TESTS) with 2 ranks, judged against
+#                  tests/mpi/mpi4py_expected_failures.txt
+#   mpi4py_asan [RUNTESTS ARGS]   the same on the AddressSanitizer build of the
+#                  library (client/asan/libpsm2.so.2)
 #   netpipe        NPopenmpi over its full default size range
 #   fi_pingpong S  libfabric's fi_pingpong -p psm2 with S-byte messages
 # Every process it starts is ended by PID; its directory is removed.
@@ -30,12 +35,14 @@ sent() {
 
 # mpirun as Open MPI users run it, forced onto the PSM2 MTL (no fallback),
 # with our library first on the search path.
+# $mpi_btl: the BTLs Open MPI may use besides (one-sided operations need one
+# that reaches the other ranks; point-to-point stays on pml cm + mtl psm2).
 mpi() {
   local np=$1; shift
-  (cd "$work" && timeout -k 10 300 "$root/scripts/fake_hfi.sh" \
+  (cd "$work" && timeout -k 10 "${mpi_timeout:-300}" "$root/scripts/fake_hfi.sh" \
     env LD_LIBRARY_PATH="$libdir" OMPI_MCA_plm_rsh_agent= \
     mpirun --allow-run-as-root --oversubscribe -np "$np" \
-      --mca pml cm --mca mtl psm2 --mca btl self \
+      --mca pml cm --mca mtl psm2 --mca btl "${mpi_btl:-self}" \
       -x LD_LIBRARY_PATH -x PSMD_SOCKET -x PSM2_DEVICES -x HFI_SYSFS_PATH "$@")
 }
 
@@ -49,6 +56,31 @@ case "$case_name" in
   mpi4py)
     mpi 2 /usr/bin/python3 "$root/tests/mpi/mpi4py_check.py"
     status=$? min=10
+    ;;
+  mpi4py_suite|mpi4py_asan)
+    src=${PSMD_MPI4PY_TESTS:-}
+    if [[ ! -f "$src/runtests.py" ]]; then
+      echo "run_mpi: PSMD_MPI4PY_TESTS='$src' must name mpi4py 3.1.4's test/ folder" \
+           "(scripts/test.sh passes ../shared/external/mpi4py-3.1.4-test/test)" >&2
+      exit 1
+    fi
+    cp -r "$src" "$work/mpi4py-test"  # the suite writes next to itself
+    mpi_btl=self,vader mpi_timeout=600
+    sanitizer=()
+    if [[ $case_name == mpi4py_asan ]]; then
+      libdir=${PSMD_ASAN_LIBDIR:-$root/client/asan}
+      sanitizer=(-x "LD_PRELOAD=$(gcc -print-file-name=libasan.so)"
+                 -x ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
+                 -x UBSAN_OPTIONS=print_stacktrace=1)
+    fi
+    mpi 2 "${sanitizer[@]}" /usr/bin/python3 "$work/mpi4py-test/runtests.py" "$@" \
+      >"$work/suite.log" 2>&1
+    grep -E "^(FAIL|ERROR):|ERROR: AddressSanitizer|runtime error|^Ran |^OK|^FAILED" \
+      "$work/suite.log" | head -60
+    python3 "$here/mpi4py_suite_check.py" "$work/suite.log" \
+      "$here/mpi4py_expected_failures.txt" 2
+    status=$? min=1000
+    [[ $status == 0 ]] || tail -40 "$work/suite.log"
     ;;
   netpipe)
     mpi 2 NPopenmpi -o "$work/np.out"
@@ -75,7 +107,8 @@ case "$case_name" in
     cat "$work/server.out"
     min=$((2 * iters))
     ;;
-  *) echo "usage: run_mpi.sh semantics N | mpi4py | netpipe | fi_pingpong SIZE" >&2; exit 2 ;;
+  *) echo "usage: run_mpi.sh semantics N | mpi4py | mpi4py_suite [ARGS] | mpi4py_asan [ARGS]" \
+          "| netpipe | fi_pingpong SIZE" >&2; exit 2 ;;
 esac
 after=$(sent)
 echo "run_mpi: $case_name exit $status; psmd carried $((after - before)) messages (at least $min expected)"
