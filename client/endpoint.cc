@@ -16,6 +16,7 @@ namespace shm = psmd::shm;
 namespace {
 
 constexpr size_t kReapBatch = 32;
+constexpr size_t kPublishBatch = 32;
 constexpr int64_t kSleepSliceNs = 100'000'000;  // re-check daemon liveness this often
 // With submissions deferred for ring or pool space, what frees the space (psmd
 // consuming a ring, a receiver releasing a chunk) posts us no completion, so
@@ -279,12 +280,16 @@ bool psm2_ep::TryPublish(Deferred& d, shm::RingProducer<shm::SubmissionDesc>& ri
 
 bool psm2_ep::FlushQueue(std::deque<Deferred>& queue,
                          shm::RingProducer<shm::SubmissionDesc>& ring) {
-  bool did = false;
-  while (!queue.empty() && !daemon_lost && TryPublish(queue.front(), ring)) {
+  // At most a batch per call, so that completions are reaped in between: a
+  // rendezvous send whose receiver died must see psmd's error before it
+  // could publish its last chunk and complete as if delivered.
+  size_t published = 0;
+  while (published < kPublishBatch && !queue.empty() && !daemon_lost &&
+         TryPublish(queue.front(), ring)) {
     queue.pop_front();
-    did = true;
+    published++;
   }
-  return did;
+  return published > 0;
 }
 
 bool psm2_ep::FlushDeferred() {
@@ -350,10 +355,12 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
   }
   bool chunk = c.op == shm::CompleteOp::kRndvChunk;
   State expected = chunk ? State::kReceiving : State::kPosted;
-  // A streaming send still hears about a failed chunk.
-  bool stream_error = c.op == shm::CompleteOp::kError && req != nullptr &&
-                      req->state == State::kStreaming;
-  if (req == nullptr || (req->state != expected && !stream_error)) {
+  // An error ends a request in any state that waits for psmd: posted, or
+  // in the middle of a rendezvous (streaming or receiving its chunks) when
+  // the peer died.
+  bool transfer_error = c.op == shm::CompleteOp::kError && req != nullptr &&
+                        (req->state == State::kStreaming || req->state == State::kReceiving);
+  if (req == nullptr || (req->state != expected && !transfer_error)) {
     // Stale token (e.g. a send that had already completed locally): the only
     // such completions are errors for requests the application let go of,
     // and payloads of a receive that failed meanwhile, given back here.
@@ -404,7 +411,7 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
       req->user.error_code = static_cast<uint32_t>(c.error);
       break;
     case shm::CompleteOp::kError:
-      if (stream_error) DropQueuedChunks(req);
+      if (req->state == State::kStreaming) DropQueuedChunks(req);
       req->user.error_code = static_cast<uint32_t>(c.error);
       break;
     default:

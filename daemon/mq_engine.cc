@@ -74,14 +74,22 @@ void MqEngine::Remove(uint32_t id) {
   // for budget are admitted regardless: the sender is gone, and dropping them
   // would lose messages it saw complete.
   admit_over_budget_ = true;
+  // Nobody will read its completions any more: the pool chunks they hand
+  // over go back to their senders, or those would wait for good.
+  auto release_unread = [&] {
+    for (const shm::CompletionDesc& c : ep.cq_overflow) ReleaseUnread(ep, c);
+    ep.cq_overflow.clear();
+  };
   for (uint32_t i = 0; i <= 2 * ep.msg_sq.capacity() && !ep.faulted &&
                        (ep.msg_sq.Available() > 0 || ep.ctl_sq.Available() > 0 ||
                         !ep.held_sends.empty());
        i++) {
-    ep.cq_overflow.clear();  // nobody will read completions any more
+    release_unread();
     Poll(ep);
   }
   admit_over_budget_ = false;
+  release_unread();
+  ep.cq.ForEachUnconsumed([&](const shm::CompletionDesc& c) { ReleaseUnread(ep, c); });
   ep.posted.drain([](PostedRecv&&) {});
   ep.unexpected.drain([&](const MsgKey&, UnexpectedMsg&& m) { Discard(ep, m); });
   for (auto& [token, c] : ep.claimed) Discard(ep, c.msg);
@@ -95,7 +103,14 @@ void MqEngine::Remove(uint32_t id) {
       t = transfers_.erase(t);
       continue;
     }
-    if (t->second.receiver_id == id) t->second.receiver_id = 0;
+    if (t->second.receiver_id == id) {
+      // The sender learns at once (its queued chunks are dropped); chunks
+      // already on its ring are released as they arrive (receiver_id 0).
+      t->second.receiver_id = 0;
+      if (Endpoint* s = Find(t->second.sender_id)) {
+        PostError(*s, t->second.sender_req, PSM2_EPID_UNREACHABLE);
+      }
+    }
     ++t;
   }
   order_.erase(std::find(order_.begin(), order_.end(), &ep));
@@ -673,6 +688,34 @@ void MqEngine::ReleasePayload(const Endpoint& any_of_job, const UnexpectedMsg& m
   if (!m.rendezvous && m.len > shm::kInlineMax) {
     shm::ReleaseChunk(any_of_job.job->pool().base(), m.pool_offset);
   }
+}
+
+void MqEngine::ReleaseUnread(const Endpoint& ep, const shm::CompletionDesc& c) {
+  uint64_t offset;
+  switch (c.op) {
+    case shm::CompleteOp::kRndvChunk:
+      offset = c.body.chunk.pool_offset;
+      break;
+    case shm::CompleteOp::kProbeDone:
+      if (!(c.flags & shm::kPayloadClaimed)) return;
+      [[fallthrough]];
+    case shm::CompleteOp::kRecvDone:
+    case shm::CompleteOp::kAmRequest:
+    case shm::CompleteOp::kAmReply:
+      if (c.flags & shm::kPayloadInline) return;
+      offset = c.body.pool.pool_offset;
+      break;
+    default:
+      return;
+  }
+  // Entries of the completion ring lie in memory the client could write:
+  // only a chunk position inside the job's pool is touched.
+  const shm::Mapping& pool = ep.job->pool();
+  if (offset < shm::kChunkHeaderBytes || offset >= pool.size() ||
+      offset % shm::kChunkHeaderBytes != 0) {
+    return;
+  }
+  shm::ReleaseChunk(pool.base(), offset);
 }
 
 void MqEngine::ReportBadDescriptor(Endpoint& ep, const char* what) {

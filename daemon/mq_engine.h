@@ -56,8 +56,9 @@ class MqEngine {
 
   void Add(std::shared_ptr<Endpoint> ep);
   // Removes the endpoint and everything queued for it: posted receives are
-  // dropped, unexpected payloads released back to their senders, sync and
-  // rendezvous senders told PSM2_EPID_UNREACHABLE; its unfinished outgoing
+  // dropped, unexpected payloads and the chunks of completions it never read
+  // released back to their senders, sync and rendezvous senders (also those
+  // streaming to it) told PSM2_EPID_UNREACHABLE; its unfinished outgoing
   // rendezvous transfers fail their receivers' requests.
   void Remove(uint32_t id);
   void SetPeer(uint32_t id, uint32_t slot, const PeerLink& link);
@@ -127,6 +128,9 @@ class MqEngine {
   void PostError(Endpoint& ep, uint64_t req, int32_t error);
   bool FlushOverflow(Endpoint& ep);
   void ReleasePayload(const Endpoint& any_of_job, const UnexpectedMsg& m);
+  // Gives back the pool chunk that completion `c` hands to `ep`, which will
+  // never read it (it is being removed).
+  void ReleaseUnread(const Endpoint& ep, const shm::CompletionDesc& c);
   void ReportBadDescriptor(Endpoint& ep, const char* what);
   Endpoint* Find(uint32_t id);
 

@@ -91,6 +91,20 @@ class RingProducer {
     return capacity - (tail_ - head_cache_);
   }
 
+  // Calls f(item) for every published item the consumer has not taken (for
+  // a consumer that is gone). A consumer index that breaks invariant 1
+  // visits nothing. The items lie in shared memory: f must check them.
+  template <typename F>
+  void ForEachUnconsumed(F f) const {
+    uint32_t head = control_->head.value.load(std::memory_order_acquire);
+    if (tail_ - head > mask_ + 1) return;
+    for (uint32_t i = head; i != tail_; i++) {
+      T item;
+      std::memcpy(&item, &slots_[i & mask_], sizeof(T));
+      f(item);
+    }
+  }
+
   // True when nothing published is still unconsumed.
   bool Drained() {
     uint32_t head = control_->head.value.load(std::memory_order_acquire);

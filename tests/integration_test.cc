@@ -151,6 +151,76 @@ TEST_F(IntegrationTest, KilledClientIsReclaimedAndOthersKeepWorking) {
   EXPECT_TRUE(d.Stop());
 }
 
+// Runs the two roles of tests/programs/peer_death, waits for `ready` (a file
+// the victim's peer writes once the transfer is under way), SIGKILLs the
+// victim and returns how long the survivor's wait took to end after the
+// kill, in ms (-1: it did not end within 10 s). `survivor_out` gets its
+// output.
+long KillMidTransfer(const TempDir& dir, const Daemon& d, const std::string& sender_role,
+                     const std::string& receiver_role, bool kill_sender,
+                     const std::string& ready, int* survivor_exit, std::string* survivor_out) {
+  std::string rv = Subdir(dir, sender_role);
+  auto args = [&](const std::string& role, int rank) {
+    return std::vector<std::string>{Runfile("tests/programs/peer_death"), "--role", role,
+                                    "--rank", std::to_string(rank), "--dir", rv, "--uuid",
+                                    kJobA};
+  };
+  Process sender = Process::Start(args(sender_role, 0), d.ClientEnv(), rv + "/0.out",
+                                  rv + "/0.err");
+  Process receiver = Process::Start(args(receiver_role, 1), d.ClientEnv(), rv + "/1.out",
+                                    rv + "/1.err");
+  for (int i = 0; i < 2000 && access((rv + "/" + ready).c_str(), F_OK) != 0; i++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(access((rv + "/" + ready).c_str(), F_OK), 0) << "the transfer never got going: "
+                                                         << ReadFile(rv + "/0.err")
+                                                         << ReadFile(rv + "/1.err");
+  Process& victim = kill_sender ? sender : receiver;
+  Process& survivor = kill_sender ? receiver : sender;
+  auto killed_at = std::chrono::system_clock::now();
+  victim.Kill(SIGKILL);
+  victim.Wait(5);
+  *survivor_exit = survivor.Wait(10);
+  std::string out_path = rv + (kill_sender ? "/1.out" : "/0.out");
+  *survivor_out = ReadFile(out_path) + ReadFile(rv + (kill_sender ? "/1.err" : "/0.err"));
+  long long ended_ms = 0;
+  int error = 0;
+  if (sscanf(ReadFile(out_path).c_str(), "ended %d at %lld", &error, &ended_ms) != 2) return -1;
+  long long killed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            killed_at.time_since_epoch())
+                            .count();
+  return static_cast<long>(ended_ms - killed_ms);
+}
+
+TEST_F(IntegrationTest, SenderKilledMidRendezvousFailsTheReceiverWithinASecond) {
+  Daemon d(dir_);
+  int exit_code = 0;
+  std::string out;
+  long ms = KillMidTransfer(dir_, d, "stalled-sender", "waiting-receiver", /*kill_sender=*/true,
+                            "streaming", &exit_code, &out);
+  EXPECT_EQ(exit_code, 0) << out;
+  EXPECT_GE(ms, 0) << "the receiver's wait did not end: " << out;
+  EXPECT_LE(ms, 1000) << out;
+  EXPECT_NE(out.find("ended 41 "), std::string::npos) << out;  // PSM2_EPID_UNREACHABLE
+  EXPECT_EQ(Psmctl(dir_, d, {"health"}).exit_code, 0);
+  EXPECT_TRUE(d.Stop());
+}
+
+TEST_F(IntegrationTest, ReceiverKilledWithUnreadMessagesFailsTheSenderAndFreesItsRegion) {
+  Daemon d(dir_);
+  int exit_code = 0;
+  std::string out;
+  long ms = KillMidTransfer(dir_, d, "stuck-sender", "idle-receiver", /*kill_sender=*/false,
+                            "stuck", &exit_code, &out);
+  EXPECT_GE(ms, 0) << "the sender's wait did not end: " << out;
+  EXPECT_LE(ms, 1000) << out;
+  EXPECT_NE(out.find("ended 41 "), std::string::npos) << out;
+  // More than its send region holds went through afterwards.
+  EXPECT_NE(out.find("other traffic ok"), std::string::npos) << out;
+  EXPECT_EQ(exit_code, 0) << out;
+  EXPECT_TRUE(d.Stop());
+}
+
 TEST_F(IntegrationTest, GarbageInARingFailsOnlyThatClientsRequests) {
   Daemon d(dir_);
   std::string rv = Subdir(dir_, "rv");

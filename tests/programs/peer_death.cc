@@ -1,0 +1,185 @@
+// peer_death: one side of a rendezvous transfer whose peer the integration
+// test kills (tests/integration_test.cc), to show that the survivor's
+// requests end with an error and its other traffic goes on.
+//
+//   peer_death --role ROLE --rank R --dir DIR --uuid UUID
+//
+// Roles (the two ranks of a test: 0 sends, 1 receives):
+//   stalled-sender   posts a 64 MiB send, streams until DIR/streaming
+//                    exists, then stops calling PSM2 (to be killed).
+//   waiting-receiver posts the 64 MiB receive, writes DIR/posted, writes
+//                    DIR/streaming once the first MiB arrived, waits on the
+//                    receive; exits 0 if the wait ends with an error.
+//   stuck-sender     sends 100 eager 32 KiB messages and a 64 MiB one into
+//                    a receiver that never reads, so its send region fills;
+//                    writes DIR/stuck and waits on the large send; exits 0
+//                    if that ends with an error and 200 messages of 60000 B
+//                    to itself (more than its region holds) then go through.
+//   idle-receiver    posts receives for all of that, writes DIR/posted and
+//                    never calls PSM2 again (to be killed).
+// A survivor prints "ended <error> at <unix ms>" when its wait returns.
+#include <psm2.h>
+#include <psm2_mq.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/programs/rendezvous.h"
+
+namespace {
+
+using psmd::testing::CheckPsm;
+
+constexpr uint32_t kLarge = 64u << 20;
+constexpr uint32_t kEagerCount = 100, kEagerLen = 32u << 10;
+
+psm2_mq_tag_t Tag(uint32_t t) {
+  psm2_mq_tag_t tag;
+  memset(&tag, 0, sizeof(tag));
+  tag.tag0 = t;
+  return tag;
+}
+
+psm2_mq_tag_t Exact() {
+  psm2_mq_tag_t sel;
+  memset(&sel, 0xff, sizeof(sel));
+  return sel;
+}
+
+void Touch(const std::string& path) { std::ofstream(path) << "1\n"; }
+
+void AwaitFile(const std::string& path) {
+  while (access(path.c_str(), F_OK) != 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
+long long NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Waits on req; prints when it ended and how. Returns its error.
+psm2_error_t WaitAndReport(psm2_mq_req_t* req) {
+  psm2_mq_status2_t st;
+  CheckPsm(psm2_mq_wait2(req, &st), "psm2_mq_wait2");
+  printf("ended %d at %lld\n", static_cast<int>(st.error_code), NowMs());
+  fflush(stdout);
+  return st.error_code;
+}
+
+void PollFor(psm2_ep_t ep, double seconds) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) psm2_poll(ep);
+}
+
+int StalledSender(psmd::testing::ConnectedPair& c, const std::string& dir) {
+  std::vector<uint8_t> buf(kLarge, 0x5a);
+  AwaitFile(dir + "/posted");
+  psm2_mq_tag_t tag = Tag(1);
+  psm2_mq_req_t req;
+  CheckPsm(psm2_mq_isend2(c.mq, c.peer, 0, &tag, buf.data(), kLarge, nullptr, &req), "isend2");
+  // Streams until the receiver has the first MiB, then stops calling PSM2:
+  // the receiver stays in the middle of the message.
+  while (access((dir + "/streaming").c_str(), F_OK) != 0) psm2_poll(c.ep);
+  pause();
+  return 1;
+}
+
+int WaitingReceiver(psmd::testing::ConnectedPair& c, const std::string& dir) {
+  std::vector<uint8_t> buf(kLarge);
+  psm2_mq_tag_t tag = Tag(1), sel = Exact();
+  psm2_mq_req_t req;
+  CheckPsm(psm2_mq_irecv2(c.mq, c.peer, &tag, &sel, 0, buf.data(), kLarge, nullptr, &req),
+           "irecv2");
+  Touch(dir + "/posted");
+  // The message's bytes land in order: once the first MiB is in, the
+  // transfer is under way.
+  while (buf[(1u << 20) - 1] == 0) psm2_poll(c.ep);
+  Touch(dir + "/streaming");
+  return WaitAndReport(&req) != PSM2_OK ? 0 : 1;
+}
+
+int StuckSender(psmd::testing::ConnectedPair& c, const std::string& dir) {
+  std::vector<uint8_t> large(kLarge, 0x5a), small(kEagerLen, 0xa5);
+  AwaitFile(dir + "/posted");
+  psm2_mq_tag_t eager = Tag(2), big = Tag(3);
+  for (uint32_t i = 0; i < kEagerCount; i++) {
+    CheckPsm(psm2_mq_send2(c.mq, c.peer, 0, &eager, small.data(), kEagerLen), "send2");
+  }
+  psm2_mq_req_t req;
+  CheckPsm(psm2_mq_isend2(c.mq, c.peer, 0, &big, large.data(), kLarge, nullptr, &req), "isend2");
+  PollFor(c.ep, 1.0);  // the region fills: the receiver reads nothing
+  Touch(dir + "/stuck");
+  if (WaitAndReport(&req) == PSM2_OK) return 1;
+
+  // Other traffic: to ourselves, more than the send region holds, so it
+  // moves only if the dead receiver's chunks came back.
+  psm2_epaddr_t self;
+  psm2_error_t conn_err;
+  CheckPsm(psm2_ep_connect(c.ep, 1, &c.self_epid, nullptr, &conn_err, &self, 10'000'000'000LL),
+           "connect to self");
+  std::vector<uint8_t> out(60000, 0x11), in(60000);
+  psm2_mq_tag_t tag = Tag(4), sel = Exact();
+  for (int i = 0; i < 200; i++) {
+    psm2_mq_req_t s, r;
+    CheckPsm(psm2_mq_isend2(c.mq, self, 0, &tag, out.data(), out.size(), nullptr, &s), "isend2");
+    CheckPsm(psm2_mq_irecv2(c.mq, self, &tag, &sel, 0, in.data(), in.size(), nullptr, &r),
+             "irecv2");
+    CheckPsm(psm2_mq_wait2(&s, nullptr), "wait2");
+    CheckPsm(psm2_mq_wait2(&r, nullptr), "wait2");
+    if (in != out) {
+      fprintf(stderr, "message %d to self arrived wrong\n", i);
+      return 1;
+    }
+  }
+  printf("other traffic ok\n");
+  return 0;
+}
+
+int IdleReceiver(psmd::testing::ConnectedPair& c, const std::string& dir) {
+  std::vector<uint8_t> large(kLarge), small(kEagerCount * size_t{kEagerLen});
+  psm2_mq_tag_t eager = Tag(2), big = Tag(3), sel = Exact();
+  psm2_mq_req_t req;
+  for (uint32_t i = 0; i < kEagerCount; i++) {
+    CheckPsm(psm2_mq_irecv2(c.mq, c.peer, &eager, &sel, 0, small.data() + i * size_t{kEagerLen},
+                            kEagerLen, nullptr, &req),
+             "irecv2");
+  }
+  CheckPsm(psm2_mq_irecv2(c.mq, c.peer, &big, &sel, 0, large.data(), kLarge, nullptr, &req),
+           "irecv2");
+  Touch(dir + "/posted");
+  pause();
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string role, dir, uuid_text;
+  int rank = -1;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string flag = argv[i];
+    if (flag == "--role") role = argv[i + 1];
+    if (flag == "--rank") rank = atoi(argv[i + 1]);
+    if (flag == "--dir") dir = argv[i + 1];
+    if (flag == "--uuid") uuid_text = argv[i + 1];
+  }
+  psm2_uuid_t uuid;
+  if (rank < 0 || dir.empty() || !psmd::testing::ParseUuid(uuid_text, uuid)) {
+    fprintf(stderr, "usage: peer_death --role ROLE --rank R --dir DIR --uuid UUID\n");
+    return 2;
+  }
+  psmd::testing::ConnectedPair c = psmd::testing::OpenAndConnect(uuid, dir, rank);
+  if (role == "stalled-sender") return StalledSender(c, dir);
+  if (role == "waiting-receiver") return WaitingReceiver(c, dir);
+  if (role == "stuck-sender") return StuckSender(c, dir);
+  if (role == "idle-receiver") return IdleReceiver(c, dir);
+  fprintf(stderr, "peer_death: unknown role '%s'\n", role.c_str());
+  return 2;
+}
