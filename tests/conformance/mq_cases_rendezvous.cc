@@ -26,6 +26,17 @@ void FinishOk(Pair& p, psm2_mq_req_t* req, const std::string& what) {
   }
 }
 
+// The endpoint's address for itself (psm2_ep_connect to its own epid), or
+// null after a failed check.
+psm2_epaddr_t ConnectSelf(Pair& p) {
+  psm2_epaddr_t self = nullptr;
+  psm2_error_t conn_err = PSM2_OK;
+  MQ_CHECK_ERR(psm2_ep_connect(p.ep, 1, &p.self_epid, nullptr, &conn_err, &self,
+                               static_cast<int64_t>(5e9)),
+               PSM2_OK);
+  return self;
+}
+
 // Receives into a fresh buffer of `len` and checks the bytes against `seed`.
 void CheckReceived(Pair& p, psm2_mq_req_t* req, const std::vector<uint8_t>& buf, uint32_t len,
                    uint32_t seed, const std::string& what) {
@@ -218,11 +229,7 @@ void NullBufferSendFailsBothEnds(Pair& p) {
 // receive posted afterwards gets the data. Codes that MPI_Send to their own
 // rank before posting the receive depend on it.
 void SendToSelfCompletesUnposted(Pair& p) {
-  psm2_epaddr_t self = nullptr;
-  psm2_error_t conn_err = PSM2_OK;
-  MQ_CHECK_ERR(psm2_ep_connect(p.ep, 1, &p.self_epid, nullptr, &conn_err, &self,
-                               static_cast<int64_t>(5e9)),
-               PSM2_OK);
+  psm2_epaddr_t self = ConnectSelf(p);
   if (self == nullptr) return;
   const uint32_t kSizes[] = {8, 4096, 100000, 1u << 20, 16u << 20};
   uint32_t seed = 60;
@@ -247,11 +254,7 @@ void SendToSelfCompletesUnposted(Pair& p) {
 // which collects completions through ipeek, then sees the send and its
 // receive finish together).
 void SelfSendJoinsIpeekWhenMatched(Pair& p) {
-  psm2_epaddr_t self = nullptr;
-  psm2_error_t conn_err = PSM2_OK;
-  MQ_CHECK_ERR(psm2_ep_connect(p.ep, 1, &p.self_epid, nullptr, &conn_err, &self,
-                               static_cast<int64_t>(5e9)),
-               PSM2_OK);
+  psm2_epaddr_t self = ConnectSelf(p);
   if (self == nullptr) return;
   for (uint32_t len : {8u, 1u << 20}) {
     const std::string what = std::to_string(len) + "-byte send to self";
