@@ -25,7 +25,8 @@ bool ParseUnsigned(const std::string& text, uint64_t max, uint64_t* out) {
 std::string FlagsUsage() {
   return "usage: psmd [--socket PATH] [--log-level trace|debug|info|warn|error|off]\n"
          "            [--spin-us N] [--sq-slots N] [--cq-slots N] [--region-mib N]\n"
-         "            [--max-endpoints-per-job N] [--max-endpoints N] [--node-id N]\n"
+         "            [--max-endpoints-per-job N] [--max-endpoints N]\n"
+         "            [--max-endpoints-per-uid N] [--node-id N]\n"
          "            [--unexpected-mib N] [--max-unexpected-mib N] [--job-unexpected-mib N]\n";
 }
 
@@ -76,6 +77,7 @@ bool ParseFlags(int argc, char** argv, Config* c, bool* help, std::string* error
        {mebibytes(&c->job_unexpected_budget_bytes), "MiB, 1 to 1048576"}},
       {"--max-endpoints-per-job", {number(&c->max_endpoints_per_job, 4096), "1 to 4096"}},
       {"--max-endpoints", {number(&c->max_endpoints, 1u << 20), "1 to 1048576"}},
+      {"--max-endpoints-per-uid", {number(&c->max_endpoints_per_uid, 1u << 20), "1 to 1048576"}},
       {"--node-id", {number(&c->node_id, 0xffff), "0 to 65535"}},
   };
   for (int i = 1; i < argc; i++) {
@@ -108,7 +110,7 @@ bool ParseFlags(int argc, char** argv, Config* c, bool* help, std::string* error
       return false;
     }
   }
-  if (c->max_endpoints_per_job == 0 || c->max_endpoints == 0) {
+  if (c->max_endpoints_per_job == 0 || c->max_endpoints == 0 || c->max_endpoints_per_uid == 0) {
     *error = "endpoint limits must be at least 1";
     return false;
   }

@@ -20,6 +20,9 @@ struct Config {
   uint64_t region_bytes = 8ull << 20;
   uint32_t max_endpoints_per_job = 64;
   uint32_t max_endpoints = 1024;
+  // Endpoints one non-root uid may hold open at once, so that one tenant
+  // cannot take every slot (root is bounded by max_endpoints only).
+  uint32_t max_endpoints_per_uid = 256;
   // Unexpected-message budget of each endpoint (PSM2_MQ_MAX_SYSBUF_MBYTES):
   // the default, and the most a client may ask for.
   uint64_t unexpected_budget_bytes = 64ull << 20;

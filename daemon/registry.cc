@@ -59,6 +59,21 @@ ControlError Registry::Open(const Credentials& who, const Uuid& uuid, const std:
             "psmd serves its maximum of " + std::to_string(config_.max_endpoints) +
                 " endpoints; close some or raise psmd --max-endpoints"};
   }
+  if (!who.is_root() && open_by_uid_[who.uid] >= config_.max_endpoints_per_uid) {
+    // Logged at most once a second per uid: a refused tenant retrying in a
+    // loop must not flood the log.
+    auto now = std::chrono::steady_clock::now();
+    auto [last, first] = quota_complaint_.try_emplace(who.uid, now);
+    if (first || now - last->second >= std::chrono::seconds(1)) {
+      last->second = now;
+      spdlog::warn("uid {} (pid {}) refused an endpoint: it holds {} (--max-endpoints-per-uid)",
+                   who.uid, who.pid, config_.max_endpoints_per_uid);
+    }
+    return {PSM2_TOO_MANY_ENDPOINTS,
+            "uid " + std::to_string(who.uid) + " holds its maximum of " +
+                std::to_string(config_.max_endpoints_per_uid) +
+                " open endpoints on this node; close some or raise psmd --max-endpoints-per-uid"};
+  }
   JobKey key{uuid, who.uid};
   std::string error;
   std::shared_ptr<Job>& job = jobs_[key];
@@ -124,6 +139,7 @@ ControlError Registry::Open(const Credentials& who, const Uuid& uuid, const std:
   ep->unexpected_budget = config_.unexpected_budget_bytes;
 
   job->endpoints++;
+  open_by_uid_[who.uid]++;
   Record rec;
   rec.ep = ep;
   FillRandom(rec.token.data(), rec.token.size());
@@ -211,6 +227,7 @@ std::shared_ptr<Endpoint> Registry::Unlink(uint32_t id) {
   if (it->second.liveness_fd >= 0) shutdown(it->second.liveness_fd, SHUT_RDWR);
   records_.erase(it);
   id_by_epid_.erase(ep->epid);
+  if (--open_by_uid_[ep->uid] == 0) open_by_uid_.erase(ep->uid);
   Job& job = *ep->job;
   job.RetireRegion(ep->region);
   if (--job.endpoints == 0) jobs_.erase(job.key());

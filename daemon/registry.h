@@ -134,6 +134,10 @@ class Registry {
   std::mutex mu_;
   uint32_t next_id_ = 1;
   std::unordered_map<uint32_t, Record> records_;
+  std::unordered_map<uid_t, uint32_t> open_by_uid_;  // open endpoints per owner uid
+  // Last refusal logged per uid (rate limit); bounded by the uids that ever
+  // connected, which the kernel bounds.
+  std::unordered_map<uid_t, std::chrono::steady_clock::time_point> quota_complaint_;
   std::unordered_map<uint64_t, uint32_t> id_by_epid_;
   std::map<JobKey, std::shared_ptr<Job>> jobs_;
   std::map<uid_t, EndpointSnapshot> closed_totals_;  // by owner uid

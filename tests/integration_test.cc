@@ -335,6 +335,55 @@ TEST_F(IntegrationTest, OtherUsersSeeNothingAndCannotClose) {
   r1.Wait(5);
 }
 
+TEST_F(IntegrationTest, OneUidCannotTakeEveryEndpointSlot) {
+  Daemon d(dir_, {"--max-endpoints-per-uid", "2"});
+  // Copies of the client program and library that uid nobody can run.
+  const uid_t nobody = 65534;
+  std::string exchange = dir_.path() + "/exchange";
+  ASSERT_EQ(system(("cp " + Runfile("tests/programs/exchange") + " " +
+                    Runfile("client/libpsm2.so.2") + " " + dir_.path() + " && chmod 755 " +
+                    exchange + " " + dir_.path() + "/libpsm2.so.2")
+                       .c_str()),
+            0);
+  auto env = d.ClientEnv();
+  env["LD_LIBRARY_PATH"] = dir_.path();
+  auto args = [&](const std::string& rv, int rank, int hold) {
+    std::vector<std::string> a = ExchangeArgs(dir_, rv, rank, kJobA, 10, 10, hold);
+    a[0] = exchange;
+    return a;
+  };
+  std::string rv = Subdir(dir_, "held");
+  chmod(rv.c_str(), 0777);
+  Process h1 = Process::Start(args(rv, 1, 3), env, dir_.path() + "/h1.out", dir_.path() + "/h1.err",
+                              nobody);
+  Process h0 = Process::Start(args(rv, 0, 3), env, dir_.path() + "/h0.out", dir_.path() + "/h0.err",
+                              nobody);
+  bool both_open = false;
+  for (int i = 0; i < 200 && !both_open; i++) {
+    RunResult list = Psmctl(dir_, d, {"endpoints", "--json"});
+    both_open = list.out.find(std::to_string(h0.pid())) != std::string::npos &&
+                list.out.find(std::to_string(h1.pid())) != std::string::npos;
+    if (!both_open) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(both_open) << ReadFile(dir_.path() + "/h0.err") << ReadFile(dir_.path() + "/h1.err");
+  // A third endpoint of the same uid is refused, with the limit named.
+  std::string rv3 = Subdir(dir_, "third");
+  chmod(rv3.c_str(), 0777);
+  RunResult third = RunToEnd(dir_, args(rv3, 0, 0), env, 10, nobody);
+  EXPECT_EQ(third.exit_code, 2);
+  EXPECT_NE(third.err.find("--max-endpoints-per-uid"), std::string::npos) << third.err;
+  // Another uid (root) still opens and exchanges.
+  std::string rv_root = Subdir(dir_, "root");
+  Process r1 = Process::Start(ExchangeArgs(dir_, rv_root, 1, kJobB, 100, 1000), d.ClientEnv(),
+                              dir_.path() + "/r1.out", dir_.path() + "/r1.err");
+  RunResult r0 = RunToEnd(dir_, ExchangeArgs(dir_, rv_root, 0, kJobB, 100, 1000), d.ClientEnv());
+  EXPECT_EQ(r0.exit_code, 0) << r0.err;
+  EXPECT_EQ(r1.Wait(30), 0) << ReadFile(dir_.path() + "/r1.err");
+  EXPECT_EQ(h0.Wait(30), 0) << ReadFile(dir_.path() + "/h0.err");
+  EXPECT_EQ(h1.Wait(30), 0) << ReadFile(dir_.path() + "/h1.err");
+  EXPECT_TRUE(d.Stop());
+}
+
 TEST_F(IntegrationTest, FloodOfUnexpectedMessagesStaysWithinTheBudgetAndArrivesIntact) {
   // 1 Mi messages of 8 B and then 2 GiB of 32 KiB messages at a receiver that
   // posts nothing for 3 s. Without the budget psmd's memory grows by ~150 MB
