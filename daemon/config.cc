@@ -27,7 +27,8 @@ std::string FlagsUsage() {
          "            [--spin-us N] [--sq-slots N] [--cq-slots N] [--region-mib N]\n"
          "            [--max-endpoints-per-job N] [--max-endpoints N]\n"
          "            [--max-endpoints-per-uid N] [--node-id N]\n"
-         "            [--unexpected-mib N] [--max-unexpected-mib N] [--job-unexpected-mib N]\n";
+         "            [--unexpected-mib N] [--max-unexpected-mib N] [--job-unexpected-mib N]\n"
+         "            [--uid-unexpected-mib N]\n";
 }
 
 bool ParseFlags(int argc, char** argv, Config* c, bool* help, std::string* error) {
@@ -75,6 +76,8 @@ bool ParseFlags(int argc, char** argv, Config* c, bool* help, std::string* error
        {mebibytes(&c->max_unexpected_budget_bytes), "MiB, 1 to 1048576"}},
       {"--job-unexpected-mib",
        {mebibytes(&c->job_unexpected_budget_bytes), "MiB, 1 to 1048576"}},
+      {"--uid-unexpected-mib",
+       {mebibytes(&c->uid_unexpected_budget_bytes), "MiB, 1 to 1048576"}},
       {"--max-endpoints-per-job", {number(&c->max_endpoints_per_job, 4096), "1 to 4096"}},
       {"--max-endpoints", {number(&c->max_endpoints, 1u << 20), "1 to 1048576"}},
       {"--max-endpoints-per-uid", {number(&c->max_endpoints_per_uid, 1u << 20), "1 to 1048576"}},

@@ -30,6 +30,8 @@ struct Config {
   // Unexpected-message budget of each job: its endpoints' together, so that
   // one job's many endpoints cannot make psmd hold without bound.
   uint64_t job_unexpected_budget_bytes = 4096ull << 20;
+  // ... and of all jobs of one uid together (a uid may open any number).
+  uint64_t uid_unexpected_budget_bytes = 8192ull << 20;
   uint16_t node_id = 0;          // high bits of every epid minted here
 };
 

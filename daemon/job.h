@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,13 +31,25 @@ struct JobKey {
   bool operator==(const JobKey& o) const { return uuid == o.uuid && uid == o.uid; }
 };
 
+// What all jobs of one uid hold together (a uid can open any number of job
+// uuids). Touched only by the progress worker.
+struct UidAccount {
+  uint64_t unexpected_cost = 0;  // sum of its jobs' unexpected_cost
+};
+
 class Job {
  public:
-  Job(JobKey key, shm::Mapping pool, uint32_t regions, uint64_t region_bytes)
-      : key_(key), pool_(std::move(pool)), region_bytes_(region_bytes), region_state_(regions) {}
+  Job(JobKey key, shm::Mapping pool, uint32_t regions, uint64_t region_bytes,
+      std::shared_ptr<UidAccount> account)
+      : key_(key),
+        pool_(std::move(pool)),
+        region_bytes_(region_bytes),
+        region_state_(regions),
+        account_(std::move(account)) {}
 
   const JobKey& key() const { return key_; }
   const shm::Mapping& pool() const { return pool_; }
+  UidAccount& account() const { return *account_; }
 
   // Hands out a send region that no endpoint of this job has used yet.
   // Regions are not recycled within a job's lifetime: a receiver may still
@@ -67,6 +80,7 @@ class Job {
   shm::Mapping pool_;
   uint64_t region_bytes_;
   std::vector<RegionState> region_state_;
+  std::shared_ptr<UidAccount> account_;  // shared by the uid's jobs
 };
 
 }  // namespace psmd

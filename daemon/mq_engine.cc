@@ -327,7 +327,8 @@ bool MqEngine::HandleSend(Endpoint& sender, const shm::SubmissionDesc& d) {
     // larger than a whole budget still gets through on its own.
     if (receiver->unexpected_cost > 0 && !admit_over_budget_ &&
         (receiver->unexpected_cost + m.cost() > receiver->unexpected_budget ||
-         receiver->job->unexpected_cost + m.cost() > job_unexpected_budget_)) {
+         receiver->job->unexpected_cost + m.cost() > job_unexpected_budget_ ||
+         receiver->job->account().unexpected_cost + m.cost() > uid_unexpected_budget_)) {
       return false;
     }
     receiver->counters.unexpected_msgs.Add(1);
@@ -603,11 +604,13 @@ void MqEngine::StartTransfer(Endpoint& receiver, uint64_t recv_req, uint32_t sen
 void MqEngine::Charge(Endpoint& receiver, const UnexpectedMsg& m) {
   receiver.unexpected_cost += m.cost();
   receiver.job->unexpected_cost += m.cost();
+  receiver.job->account().unexpected_cost += m.cost();
 }
 
 void MqEngine::Uncharge(Endpoint& receiver, const UnexpectedMsg& m) {
   receiver.unexpected_cost -= m.cost();
   receiver.job->unexpected_cost -= m.cost();
+  receiver.job->account().unexpected_cost -= m.cost();
 }
 
 void MqEngine::Discard(Endpoint& receiver, const UnexpectedMsg& m) {

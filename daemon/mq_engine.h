@@ -15,11 +15,12 @@
 //   3. A completion that finds the client's completion ring full waits in the
 //      endpoint's overflow queue; while that queue is non-empty the endpoint's
 //      submissions are not consumed (back-pressure, nothing dropped).
-//   4. A receiver's unexpected messages cost at most its budget, and those
-//      of all endpoints of a job at most the job's budget (plus one message
+//   4. A receiver's unexpected messages cost at most its budget, those of
+//      all endpoints of a job at most the job's budget, and those of all
+//      jobs of a uid at most the uid's budget (plus one message
 //      per receiver, so a single message larger than a budget still moves
 //      and a receiver with an empty queue is never starved by its job): a
-//      send that would exceed either waits in the sender's held_sends, and
+//      send that would exceed any waits in the sender's held_sends, and
 //      the sender's message ring is not read until it fits. Control
 //      submissions are always read, so the receiver can still post the
 //      receives that drain the queue.
@@ -49,10 +50,13 @@ namespace psmd {
 class MqEngine {
  public:
   // `max_unexpected_budget`: the largest unexpected budget a client may set;
-  // `job_unexpected_budget`: the budget of each job (invariant 4).
-  MqEngine(uint64_t max_unexpected_budget, uint64_t job_unexpected_budget)
+  // `job_unexpected_budget`, `uid_unexpected_budget`: the budget of each
+  // job, and of all jobs of one uid (invariant 4).
+  MqEngine(uint64_t max_unexpected_budget, uint64_t job_unexpected_budget,
+           uint64_t uid_unexpected_budget)
       : max_unexpected_budget_(max_unexpected_budget),
-        job_unexpected_budget_(job_unexpected_budget) {}
+        job_unexpected_budget_(job_unexpected_budget),
+        uid_unexpected_budget_(uid_unexpected_budget) {}
 
   void Add(std::shared_ptr<Endpoint> ep);
   // Removes the endpoint and everything queued for it: posted receives are
@@ -139,6 +143,7 @@ class MqEngine {
   std::unordered_map<uint32_t, std::chrono::steady_clock::time_point> last_complaint_;
   const uint64_t max_unexpected_budget_;
   const uint64_t job_unexpected_budget_;
+  const uint64_t uid_unexpected_budget_;
   // Set while Remove() flushes a closing endpoint's submissions: its sends
   // are admitted over any budget (the sender saw them complete).
   bool admit_over_budget_ = false;

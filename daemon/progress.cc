@@ -31,7 +31,8 @@ uint64_t NowNs() {
 
 ProgressWorker::ProgressWorker(const Config& config)
     : config_(config),
-      engine_(config.max_unexpected_budget_bytes, config.job_unexpected_budget_bytes) {}
+      engine_(config.max_unexpected_budget_bytes, config.job_unexpected_budget_bytes,
+              config.uid_unexpected_budget_bytes) {}
 
 ProgressWorker::~ProgressWorker() {
   Stop();

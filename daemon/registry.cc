@@ -84,8 +84,13 @@ ControlError Registry::Open(const Credentials& who, const Uuid& uuid, const std:
       jobs_.erase(key);
       return {PSM2_NO_MEMORY, "cannot create the job's payload pool: " + error};
     }
+    std::shared_ptr<UidAccount> account = uid_accounts_[who.uid].lock();
+    if (!account) {
+      account = std::make_shared<UidAccount>();
+      uid_accounts_[who.uid] = account;
+    }
     job = std::make_shared<Job>(key, std::move(pool), config_.max_endpoints_per_job,
-                                config_.region_bytes);
+                                config_.region_bytes, std::move(account));
   }
   auto region = job->TakeRegion();
   if (!region) {

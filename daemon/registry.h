@@ -135,6 +135,8 @@ class Registry {
   uint32_t next_id_ = 1;
   std::unordered_map<uint32_t, Record> records_;
   std::unordered_map<uid_t, uint32_t> open_by_uid_;  // open endpoints per owner uid
+  // Each uid's account, shared by its jobs while any lives.
+  std::unordered_map<uid_t, std::weak_ptr<UidAccount>> uid_accounts_;
   // Last refusal logged per uid (rate limit); bounded by the uids that ever
   // connected, which the kernel bounds.
   std::unordered_map<uid_t, std::chrono::steady_clock::time_point> quota_complaint_;

@@ -418,27 +418,23 @@ TEST_F(IntegrationTest, FloodOfUnexpectedMessagesStaysWithinTheBudgetAndArrivesI
   EXPECT_EQ(JsonNumber(stats.out, "total", "msgs_received"), (1 << 20) + 65536 + 2) << stats.out;
 }
 
-TEST_F(IntegrationTest, JobBudgetBoundsTheUnexpectedMessagesOfAllItsEndpoints) {
-  // Two flood pairs of one job (flood's fixed uuid), each sending 256 Ki
-  // 8-byte messages at a receiver idle for 3 s. Each receiver may hold
-  // 64 MiB of unexpected messages, the job 8 MiB for both: psmd grows by what
-  // the job's budget allows. Without the job budget both receivers fill up
-  // (2 x 32 MiB of charged cost; psmd grew by 73 MB when run so).
-  constexpr long long kJobBudgetMiB = 8;
-  Daemon d(dir_, {"--unexpected-mib", "64", "--job-unexpected-mib", std::to_string(kJobBudgetMiB)});
+// Runs two flood pairs (tests/programs/flood) with the given job uuids, each
+// sending 256 Ki 8-byte messages at a receiver idle for 3 s, checks that
+// every message arrived intact and that psmd held some sends back, and
+// returns how much psmd's resident memory grew at its peak, in KiB.
+long long FloodTwoPairs(const TempDir& dir, const Daemon& d, const std::string uuids[2]) {
   long long baseline = ResidentKiB(d.pid());
-  ASSERT_GT(baseline, 0);
+  EXPECT_GT(baseline, 0);
   std::vector<Process> receivers, senders;
-  for (const std::string name : {"a", "b"}) {
-    std::string rv = Subdir(dir_, name);
+  for (int p = 0; p < 2; p++) {
+    std::string rv = Subdir(dir, "flood" + std::to_string(p));
     auto args = [&](int rank) {
       return std::vector<std::string>{Runfile("tests/programs/flood"), "--rank",
                                       std::to_string(rank), "--dir", rv, "--small", "262144",
-                                      "--bytes", "0", "--idle-seconds", "3"};
+                                      "--bytes", "0", "--idle-seconds", "3", "--uuid", uuids[p]};
     };
-    const std::string out = dir_.path() + "/" + name;
-    receivers.push_back(Process::Start(args(1), d.ClientEnv(), out + "1.out", out + "1.err"));
-    senders.push_back(Process::Start(args(0), d.ClientEnv(), out + "0.out", out + "0.err"));
+    receivers.push_back(Process::Start(args(1), d.ClientEnv(), rv + "/1.out", rv + "/1.err"));
+    senders.push_back(Process::Start(args(0), d.ClientEnv(), rv + "/0.out", rv + "/0.err"));
   }
   long long peak = baseline;
   std::vector<int> exits(receivers.size(), -1);
@@ -449,16 +445,38 @@ TEST_F(IntegrationTest, JobBudgetBoundsTheUnexpectedMessagesOfAllItsEndpoints) {
     }
   }
   for (size_t r = 0; r < receivers.size(); r++) {
-    const std::string out = dir_.path() + "/" + (r == 0 ? "a" : "b");
-    ASSERT_EQ(exits[r], 0) << ReadFile(out + "1.err");
-    ASSERT_EQ(senders[r].Wait(30), 0) << ReadFile(out + "0.err");
-    EXPECT_NE(ReadFile(out + "1.out").find("0 wrong"), std::string::npos) << ReadFile(out + "1.out");
+    const std::string rv = dir.path() + "/flood" + std::to_string(r);
+    EXPECT_EQ(exits[r], 0) << ReadFile(rv + "/1.err");
+    EXPECT_EQ(senders[r].Wait(30), 0) << ReadFile(rv + "/0.err");
+    EXPECT_NE(ReadFile(rv + "/1.out").find("0 wrong"), std::string::npos) << ReadFile(rv + "/1.out");
   }
-  const long long kFixedOverheadKiB = 16 << 10;
-  std::cout << "psmd grew from " << baseline << " KiB to " << peak << " KiB\n";
-  EXPECT_LE(peak - baseline, (kJobBudgetMiB << 10) + kFixedOverheadKiB);
-  RunResult stats = Psmctl(dir_, d, {"stats", "--json"});
+  RunResult stats = Psmctl(dir, d, {"stats", "--json"});
   EXPECT_GT(JsonNumber(stats.out, "total", "sends_held"), 0) << stats.out;
+  std::cout << "psmd grew from " << baseline << " KiB to " << peak << " KiB\n";
+  return peak - baseline;
+}
+
+constexpr long long kFixedOverheadKiB = 16 << 10;
+
+TEST_F(IntegrationTest, JobBudgetBoundsTheUnexpectedMessagesOfAllItsEndpoints) {
+  // Both pairs in one job. Each receiver may hold 64 MiB of unexpected
+  // messages, the job 8 MiB for both: psmd grows by what the job's budget
+  // allows. Without the job budget both receivers fill up (2 x 32 MiB of
+  // charged cost; psmd grew by 73 MB when run so).
+  constexpr long long kJobBudgetMiB = 8;
+  Daemon d(dir_, {"--unexpected-mib", "64", "--job-unexpected-mib", std::to_string(kJobBudgetMiB)});
+  const std::string one_job[2] = {kJobA, kJobA};
+  EXPECT_LE(FloodTwoPairs(dir_, d, one_job), (kJobBudgetMiB << 10) + kFixedOverheadKiB);
+}
+
+TEST_F(IntegrationTest, UidBudgetBoundsTheUnexpectedMessagesOfAllItsJobs) {
+  // The pairs in two jobs of one uid, each job allowed 64 MiB, the uid 8 MiB:
+  // a uid cannot multiply its budget by opening more job uuids.
+  constexpr long long kUidBudgetMiB = 8;
+  Daemon d(dir_, {"--unexpected-mib", "64", "--job-unexpected-mib", "64", "--uid-unexpected-mib",
+                  std::to_string(kUidBudgetMiB)});
+  const std::string two_jobs[2] = {kJobA, kJobB};
+  EXPECT_LE(FloodTwoPairs(dir_, d, two_jobs), (kUidBudgetMiB << 10) + kFixedOverheadKiB);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // psmd's bounded unexpected-message memory (daemon/mq_engine.h, invariant 4).
 //
 //   flood --rank 0|1 --dir DIR [--small N] [--bytes TOTAL] [--idle-seconds S]
+//         [--uuid UUID]
 //
 // Rank 0 streams N 8 B messages, then 32 KiB messages (TOTAL bytes of them),
 // all tagged with their sequence number, with isend and a window of reusable
@@ -54,6 +55,7 @@ psm2_mq_tag_t TagOf(uint64_t seq) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::string uuid_text = "f100d000f100d000f100d000f100d000";
   int rank = -1;
   std::string dir;
   uint64_t total = 2ull << 30;
@@ -65,6 +67,7 @@ int main(int argc, char** argv) {
     else if (a == "--small") g_small_count = strtoull(argv[i + 1], nullptr, 0);
     else if (a == "--bytes") total = strtoull(argv[i + 1], nullptr, 0);
     else if (a == "--idle-seconds") idle_s = atof(argv[i + 1]);
+    else if (a == "--uuid") uuid_text = argv[i + 1];
     else {
       fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -77,7 +80,10 @@ int main(int argc, char** argv) {
   const uint64_t messages = g_small_count + (total + kLarge - 1) / kLarge;
 
   psm2_uuid_t uuid;
-  psmd::testing::ParseUuid("f100d000f100d000f100d000f100d000", uuid);
+  if (!psmd::testing::ParseUuid(uuid_text, uuid)) {
+    fprintf(stderr, "flood: bad --uuid '%s'\n", uuid_text.c_str());
+    return 2;
+  }
   psmd::testing::ConnectedPair pair = psmd::testing::OpenAndConnect(uuid, dir, rank);
   psm2_ep_t ep = pair.ep;
   psm2_mq_t mq = pair.mq;
