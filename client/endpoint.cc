@@ -138,8 +138,10 @@ psm2_mq_req* psm2_ep::CopyForSelf(const void* buf, uint32_t len, const psm2_mq_r
   if (self_copy_bytes + len > (uint64_t{mq.max_sysbuf_mbytes} << 20)) return nullptr;
   psm2_mq_req* r = NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
   r->free_when_done = true;
-  r->self_copy.assign(static_cast<const uint8_t*>(buf), static_cast<const uint8_t*>(buf) + len);
-  r->send_buf = r->self_copy.data();
+  std::vector<uint8_t>& copy = self_copies[r->index];
+  copy.assign(static_cast<const uint8_t*>(buf), static_cast<const uint8_t*>(buf) + len);
+  r->has_self_copy = true;
+  r->send_buf = copy.data();
   r->self_copy_of = psmd::client::TokenOf(send);
   self_copy_bytes += len;
   return r;
@@ -151,9 +153,11 @@ void psm2_ep::FreeRequest(psm2_mq_req* req) {
     shm::ReleaseChunk(pool.base(), req->claimed.pool_offset);  // never received
   }
   req->claimed.present = false;
-  if (!req->self_copy.empty()) {
-    self_copy_bytes -= req->self_copy.size();
-    std::vector<uint8_t>().swap(req->self_copy);
+  if (req->has_self_copy) {
+    auto copy = self_copies.find(req->index);
+    self_copy_bytes -= copy->second.size();
+    self_copies.erase(copy);
+    req->has_self_copy = false;
   }
   req->generation++;  // stale tokens no longer resolve to it
   req->state = psm2_mq_req::State::kComplete;
@@ -585,7 +589,7 @@ void psm2_ep::CountReceive(const psm2_mq_req* req, bool rendezvous) {
 }
 
 void psm2_ep::StartStreaming(psm2_mq_req* req, const shm::CompletionDesc& c) {
-  if (!req->self_copy.empty()) {  // the receive matched our copy: the send is matched
+  if (req->has_self_copy) {  // the receive matched our copy: the send is matched
     if (psm2_mq_req* send = Lookup(req->self_copy_of)) {
       if (send->self_send) SelfSendMatched(send);
     }

@@ -41,6 +41,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -93,11 +94,14 @@ struct psm2_mq_req {
   uint32_t send_bytes;
   uint32_t chunked;
   uint32_t published;
-  // Rendezvous send to the endpoint itself: the library's copy of the
-  // payload, which send_buf points into (the application's request completed
-  // when the copy was made; this one is internal and carries the protocol).
-  std::vector<uint8_t> self_copy;
-  uint64_t self_copy_of;  // the token of the application's send request
+  // Rendezvous send to the endpoint itself: this internal request carries
+  // the protocol from the library's copy of the payload (psm2_ep's
+  // self_copies[index], which send_buf points into); self_copy_of is the
+  // token of the application's send, which completed when the copy was made.
+  // (The copy lives outside the request so that requests stay plain data,
+  // cheap to reset on the hot path.)
+  bool has_self_copy;
+  uint64_t self_copy_of;
   // A non-sync send to this endpoint itself: complete for test and wait once
   // published (or copied), on the MQ's ipeek list only once matched
   // (self_matched), as with Intel's self device.
@@ -123,6 +127,10 @@ struct psm2_mq_req {
   psm2_mq_req* prev_done;
   bool on_done_list;
 };
+
+// Plain data: NewRequest resets a recycled request by assignment, on the
+// hot path.
+static_assert(std::is_trivially_copyable_v<psm2_mq_req>);
 
 struct psm2_mq {
   psm2_ep_t ep;
@@ -212,8 +220,10 @@ struct psm2_ep {
   uint32_t credits = 0;
   bool daemon_lost = false;
   uint64_t max_unexpected_budget = 0;  // from the segment header
-  // Bytes held in self_copy buffers of rendezvous sends to ourselves; kept
-  // within the MQ's unexpected budget (PSM2_MQ_MAX_SYSBUF_MBYTES).
+  // Payload copies of rendezvous sends to ourselves, by the index of the
+  // request that carries each, and their bytes; kept within the MQ's
+  // unexpected budget (PSM2_MQ_MAX_SYSBUF_MBYTES).
+  std::unordered_map<uint32_t, std::vector<uint8_t>> self_copies;
   uint64_t self_copy_bytes = 0;
 
   psm2_mq mq;  // the endpoint's one matched queue
