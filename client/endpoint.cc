@@ -248,8 +248,12 @@ bool psm2_ep::TryPublish(Deferred& d, shm::RingProducer<shm::SubmissionDesc>& ri
   if (pooled) {
     auto off = arena.Allocate(d.desc.len);
     if (!off) return false;  // back-pressure: receivers have not drained yet
+    // (memcpy's pointers must not be null even for 0 bytes: AM arguments
+    // may come without a payload, and payloads without arguments.)
     if (d.prefix_len > 0) std::memcpy(pool.base() + *off, d.prefix, d.prefix_len);
-    std::memcpy(pool.base() + *off + d.prefix_len, d.payload, d.desc.len - d.prefix_len);
+    if (d.desc.len > d.prefix_len) {
+      std::memcpy(pool.base() + *off + d.prefix_len, d.payload, d.desc.len - d.prefix_len);
+    }
     if (op == shm::SubmitOp::kRndvData) {
       d.desc.body.rndv.pool_offset = *off;
     } else {
