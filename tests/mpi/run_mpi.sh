@@ -73,7 +73,10 @@ case "$case_name" in
                  -x ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
                  -x UBSAN_OPTIONS=print_stacktrace=1)
     fi
-    mpi 2 "${sanitizer[@]}" /usr/bin/python3 "$work/mpi4py-test/runtests.py" "$@" \
+    # A rank whose tests failed exits non-zero; without this mpirun would
+    # kill the other before it reports (the checker needs both reports).
+    mpi 2 --mca orte_abort_on_non_zero_status 0 "${sanitizer[@]}" \
+      /usr/bin/python3 "$work/mpi4py-test/runtests.py" "$@" \
       >"$work/suite.log" 2>&1
     grep -E "^(FAIL|ERROR):|ERROR: AddressSanitizer|runtime error|^Ran |^OK|^FAILED" \
       "$work/suite.log" | head -60
