@@ -613,11 +613,14 @@ void psm2_ep::StartStreaming(psm2_mq_req* req, const shm::CompletionDesc& c) {
   req->state = psm2_mq_req::State::kStreaming;
   // All chunk descriptors are queued now (a few dozen even for a large
   // message); each takes pool space only when it reaches the ring.
-  for (uint32_t off = 0; off < req->send_bytes; off += psmd::client::kRndvChunkBytes) {
+  // A 64-bit offset: within one chunk of 4 GiB a 32-bit one would wrap and
+  // queue chunks until memory ran out.
+  for (uint64_t off = 0; off < req->send_bytes; off += psmd::client::kRndvChunkBytes) {
     shm::SubmissionDesc d{};
     d.op = shm::SubmitOp::kRndvData;
     d.req = psmd::client::TokenOf(req);
-    d.len = std::min(psmd::client::kRndvChunkBytes, req->send_bytes - off);
+    d.len = static_cast<uint32_t>(
+        std::min<uint64_t>(psmd::client::kRndvChunkBytes, req->send_bytes - off));
     d.body.rndv.transfer = req->transfer;
     d.body.rndv.offset = off;
     deferred_ctl.push_back(Deferred{req, d, req->send_buf + off});
