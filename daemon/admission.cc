@@ -136,7 +136,8 @@ void Admission::Stop() {
 void Admission::Loop() {
   for (;;) {
     epoll_event events[32];
-    int n = epoll_wait(epoll_fd_, events, 32, 500);
+    // Short waits while accepting is paused, so that it resumes on time.
+    int n = epoll_wait(epoll_fd_, events, 32, accept_paused_until_ ? 50 : 500);
     if (n < 0 && errno != EINTR) {
       spdlog::error("admission: epoll_wait: {}", strerror(errno));
       return;
@@ -169,14 +170,47 @@ void Admission::Loop() {
     }
     SweepPending();
     registry_->ExpireUnattached();
+    ResumeAcceptingIfDue();
   }
+}
+
+void Admission::PauseAccepting() {
+  refused_while_full_++;
+  if (accept_paused_until_) return;
+  accept_paused_until_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
+}
+
+void Admission::ResumeAcceptingIfDue() {
+  if (!accept_paused_until_ || std::chrono::steady_clock::now() < *accept_paused_until_) return;
+  accept_paused_until_.reset();
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = Tag(kListen, listen_fd_);
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev);
 }
 
 void Admission::Accept() {
   for (;;) {
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
-      if (errno != EAGAIN && errno != EINTR) spdlog::warn("accept: {}", strerror(errno));
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // Connections wait in the backlog meanwhile. One line per second at
+        // most, with what was refused since.
+        static auto last_logged = std::chrono::steady_clock::time_point{};
+        auto now = std::chrono::steady_clock::now();
+        if (now - last_logged >= std::chrono::seconds(1)) {
+          last_logged = now;
+          spdlog::warn("control socket: cannot accept connections: {} ({} times since the last "
+                       "report); pausing 100 ms. Raise psmd's file limit (LimitNOFILE) if "
+                       "clients are legitimate",
+                       strerror(errno), refused_while_full_ + 1);
+          refused_while_full_ = 0;
+        }
+        PauseAccepting();
+      } else if (errno != EAGAIN && errno != EINTR) {
+        spdlog::warn("accept: {}", strerror(errno));
+      }
       return;
     }
     Pending p;
@@ -187,7 +221,10 @@ void Admission::Accept() {
     p.since = std::chrono::steady_clock::now();
     pending_[fd] = p;
     epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLRDHUP;
+    // Edge-triggered: Classify only peeks, so a connection that sent part of
+    // a request (3 bytes, say) would stay readable and spin this thread until
+    // SweepPending dropped it; an edge comes again when more data arrives.
+    ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
     ev.data.u64 = Tag(kPending, fd);
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
   }

@@ -17,6 +17,7 @@
 #define PSMD_DAEMON_ADMISSION_H_
 
 #include <chrono>
+#include <optional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -59,6 +60,10 @@ class Admission {
   void HandleAttach(int fd, const Credentials& creds);
   void DropPending(int fd);
   void SweepPending();
+  // Takes the listening socket out of epoll for a while (fds exhausted), and
+  // puts it back once that while is over.
+  void PauseAccepting();
+  void ResumeAcceptingIfDue();
   int MoveToHighFd(int fd);
 
   const Config config_;
@@ -75,6 +80,11 @@ class Admission {
   std::unordered_map<int, uint32_t> liveness_;  // fd -> endpoint id
   int next_high_fd_ = 0;
   int high_fd_floor_ = 0;
+  // Out of file descriptors: the listening socket is left out of epoll until
+  // then (it would stay readable, and the loop would spin), and the failure
+  // is logged once per pause.
+  std::optional<std::chrono::steady_clock::time_point> accept_paused_until_;
+  uint64_t refused_while_full_ = 0;
 
   std::mutex creds_mu_;
   std::unordered_map<int, Credentials> grpc_creds_;  // guarded by creds_mu_

@@ -2,6 +2,7 @@
 // memory and sockets (tests/harness.h).
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <thread>
 
@@ -292,6 +294,76 @@ TEST_F(IntegrationTest, IdleDaemonWithConnectedIdleClientsSleeps) {
   EXPECT_LT(used / 2.5, 0.05) << "idle psmd used " << used << " s of CPU in 2.5 s";
   EXPECT_EQ(r0.Wait(30), 0);
   EXPECT_EQ(r1.Wait(30), 0);
+}
+
+// A raw connection to the control socket (what a hostile local user can
+// open); -1 on failure.
+int ConnectRaw(const std::string& path) {
+  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  strcpy(addr.sun_path, path.c_str());
+  if (connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(s);
+    return -1;
+  }
+  return s;
+}
+
+TEST_F(IntegrationTest, PartialRequestOnTheControlSocketCostsNoCpu) {
+  Daemon d(dir_);
+  int s = ConnectRaw(d.socket());
+  ASSERT_GE(s, 0);
+  ASSERT_EQ(send(s, "PRI", 3, 0), 3);  // the start of gRPC's preface, then nothing
+  double before = CpuSeconds(d.pid());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  double used = CpuSeconds(d.pid()) - before;
+  EXPECT_LT(used, 0.1) << "psmd used " << used << " s of CPU in 1.5 s on a 3-byte connection";
+  close(s);
+  EXPECT_TRUE(d.Stop());
+}
+
+TEST_F(IntegrationTest, OutOfFileDescriptorsNeitherSpinsNorFloodsTheLog) {
+  Daemon d(dir_);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  int open_fds = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(d.pid()) +
+                                                           "/fd")) {
+    (void)e;
+    open_fds++;
+  }
+  rlimit original{}, tight{};
+  ASSERT_EQ(prlimit(d.pid(), RLIMIT_NOFILE, nullptr, &original), 0);
+  tight.rlim_cur = open_fds + 4;  // the soft limit only: it can be raised again
+  tight.rlim_max = original.rlim_max;
+  ASSERT_EQ(prlimit(d.pid(), RLIMIT_NOFILE, &tight, nullptr), 0);
+  std::vector<int> held;
+  for (int i = 0; i < 40; i++) {
+    int s = ConnectRaw(d.socket());
+    if (s >= 0) held.push_back(s);  // the backlog takes them; psmd runs out of fds
+  }
+  double before = CpuSeconds(d.pid());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  double used = CpuSeconds(d.pid()) - before;
+  EXPECT_LT(used, 0.2) << "psmd used " << used << " s of CPU in 1.5 s without free fds";
+  std::string log = d.Log();
+  size_t lines = 0;
+  for (size_t at = log.find("cannot accept"); at != std::string::npos;
+       at = log.find("cannot accept", at + 1)) {
+    lines++;
+  }
+  EXPECT_GE(lines, 1u) << log;
+  EXPECT_LE(lines, 4u) << log;
+  // Once fds free up, clients get in again.
+  for (int s : held) close(s);
+  ASSERT_EQ(prlimit(d.pid(), RLIMIT_NOFILE, &original, nullptr), 0);
+  std::string rv = Subdir(dir_, "rv");
+  Process r1 = Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 100, 1000), d.ClientEnv(),
+                              dir_.path() + "/r1.out", dir_.path() + "/r1.err");
+  RunResult r0 = RunToEnd(dir_, ExchangeArgs(dir_, rv, 0, kJobA, 100, 1000), d.ClientEnv(), 30);
+  EXPECT_EQ(r0.exit_code, 0) << r0.err;
+  EXPECT_EQ(r1.Wait(30), 0) << ReadFile(dir_.path() + "/r1.err");
+  EXPECT_TRUE(d.Stop());
 }
 
 TEST_F(IntegrationTest, SigtermRemovesSocketAndSegments) {
