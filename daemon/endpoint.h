@@ -133,6 +133,13 @@ class Endpoint {
   uint64_t unexpected_budget = 0;  // PSM2_MQ_MAX_SYSBUF_MBYTES of this endpoint
   bool notify_pending = false;  // completions published since the last wake check
   bool faulted = false;         // ring corrupted by the client: no longer served
+  // Doorbells rung with nothing submitted, counted per second (progress
+  // worker only): a client ringing in a loop is not listened to for a while
+  // (ProgressWorker::NoteIdleDoorbell) instead of keeping psmd awake.
+  uint32_t idle_doorbells = 0;
+  uint64_t idle_doorbell_window_ns = 0;  // start of the current second
+  uint64_t doorbell_muted_until_ns = 0;  // 0: listened to
+  uint64_t last_mute_logged_ns = 0;
 
   EndpointCounters counters;
 };

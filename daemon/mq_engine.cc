@@ -153,17 +153,21 @@ bool MqEngine::PollAll() {
 
 bool MqEngine::AnySubmissionPending() {
   for (Endpoint* ep : order_) {
-    if (ep->faulted) continue;
-    // Completions waiting for ring space the client has freed meanwhile. (A
-    // client that frees space after this check sees cq_space_wanted, set
-    // before the caller's fence, and rings.)
-    if (!ep->cq_overflow.empty() && ep->cq.FreeSlots() > 0) return true;
-    // A held endpoint's message ring does not count: it waits for a receiver,
-    // and whatever drains that receiver arrives on some control ring.
-    if (ep->ctl_sq.Available() > 0) return true;
-    if (ep->held_sends.empty() && ep->msg_sq.Available() > 0) return true;
+    if (SubmissionPending(*ep)) return true;
   }
   return false;
+}
+
+bool MqEngine::SubmissionPending(Endpoint& ep) {
+  if (ep.faulted) return false;
+  // Completions waiting for ring space the client has freed meanwhile. (A
+  // client that frees space after this check sees cq_space_wanted, set
+  // before the caller's fence, and rings.)
+  if (!ep.cq_overflow.empty() && ep.cq.FreeSlots() > 0) return true;
+  // A held endpoint's message ring does not count: it waits for a receiver,
+  // and whatever drains that receiver arrives on some control ring.
+  if (ep.ctl_sq.Available() > 0) return true;
+  return ep.held_sends.empty() && ep.msg_sq.Available() > 0;
 }
 
 bool MqEngine::Poll(Endpoint& ep) {

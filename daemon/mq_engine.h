@@ -73,6 +73,8 @@ class MqEngine {
   bool PollAll();
   // True when some endpoint has a submission waiting (used before sleeping).
   bool AnySubmissionPending();
+  // The same for one endpoint (a doorbell without one is idle).
+  bool SubmissionPending(Endpoint& ep);
   // Wakes clients that sleep waiting for completions published since the
   // last call.
   void NotifyClients();

@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -20,6 +21,9 @@ namespace {
 
 // Tags in epoll data: the worker's own wake fd, or an endpoint id.
 constexpr uint64_t kWakeTag = 0;
+constexpr uint64_t kSecondNs = 1'000'000'000;
+constexpr uint32_t kMaxIdleDoorbellsPerSecond = 100;
+constexpr uint64_t kMuteNs = 100'000'000;
 
 uint64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -94,7 +98,12 @@ void ProgressWorker::AddEndpoint(std::shared_ptr<Endpoint> ep) {
 void ProgressWorker::RemoveEndpoint(uint32_t id) {
   RunSync([&] {
     for (Endpoint* ep : engine_.endpoints()) {
-      if (ep->id == id) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, ep->doorbell_fd, nullptr);
+      if (ep->id != id) continue;
+      if (ep->doorbell_muted_until_ns != 0) {
+        muted_doorbells_--;  // already out of epoll
+      } else {
+        epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, ep->doorbell_fd, nullptr);
+      }
     }
     engine_.Remove(id);
     engine_.NotifyClients();  // sync senders told about a vanished receiver
@@ -140,6 +149,7 @@ void ProgressWorker::Loop() {
       continue;
     }
     uint64_t now = NowNs();
+    if (muted_doorbells_ > 0) ResumeMutedDoorbells(now);
     if (idle_passes == 64) last_work = now;
     if (now - last_work < spin_ns) continue;
     Sleep();
@@ -147,6 +157,48 @@ void ProgressWorker::Loop() {
   }
   // Drain commands still waiting so no control thread blocks forever.
   RunCommands();
+}
+
+void ProgressWorker::NoteIdleDoorbell(Endpoint& ep, uint64_t now_ns) {
+  if (now_ns - ep.idle_doorbell_window_ns >= kSecondNs) {
+    ep.idle_doorbell_window_ns = now_ns;
+    ep.idle_doorbells = 0;
+  }
+  // A client rings only when it published something and saw us asleep; a
+  // few rings find nothing because we took the work first. Hundreds a
+  // second are a client ringing for nothing.
+  if (++ep.idle_doorbells < kMaxIdleDoorbellsPerSecond || ep.doorbell_muted_until_ns != 0) {
+    return;
+  }
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, ep.doorbell_fd, nullptr);
+  ep.doorbell_muted_until_ns = now_ns + kMuteNs;
+  muted_doorbells_++;
+  if (now_ns - ep.last_mute_logged_ns >= 10 * kSecondNs || ep.last_mute_logged_ns == 0) {
+    ep.last_mute_logged_ns = now_ns;
+    spdlog::warn("endpoint {} (pid {}, uid {}) rings its doorbell with nothing submitted ({} in "
+                 "under a second); not listening to it for {} ms at a time",
+                 ep.id, ep.pid, ep.uid, ep.idle_doorbells, kMuteNs / 1'000'000);
+  }
+}
+
+int ProgressWorker::ResumeMutedDoorbells(uint64_t now_ns) {
+  if (muted_doorbells_ == 0) return -1;
+  uint64_t next = UINT64_MAX;
+  for (Endpoint* ep : engine_.endpoints()) {
+    if (ep->doorbell_muted_until_ns == 0) continue;
+    if (now_ns >= ep->doorbell_muted_until_ns) {
+      ep->doorbell_muted_until_ns = 0;
+      muted_doorbells_--;
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u64 = ep->id;
+      epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ep->doorbell_fd, &ev);
+    } else {
+      next = std::min(next, ep->doorbell_muted_until_ns);
+    }
+  }
+  if (next == UINT64_MAX) return -1;
+  return static_cast<int>((next - now_ns) / 1'000'000) + 1;
 }
 
 void ProgressWorker::Sleep() {
@@ -164,8 +216,9 @@ void ProgressWorker::Sleep() {
     epoll_event events[64];
     int n;
     do {
-      n = epoll_wait(epoll_fd_, events, 64, -1);
+      n = epoll_wait(epoll_fd_, events, 64, ResumeMutedDoorbells(NowNs()));
     } while (n < 0 && errno == EINTR);
+    const uint64_t now = NowNs();
     for (int i = 0; i < n; i++) {
       if (events[i].data.u64 == kWakeTag) {
         shm::DrainEventFd(wake_fd_);
@@ -173,7 +226,9 @@ void ProgressWorker::Sleep() {
       }
       doorbells_.fetch_add(1, std::memory_order_relaxed);
       for (Endpoint* ep : eps) {
-        if (ep->id == events[i].data.u64) shm::DrainEventFd(ep->doorbell_fd);
+        if (ep->id != events[i].data.u64) continue;
+        shm::DrainEventFd(ep->doorbell_fd);
+        if (!engine_.SubmissionPending(*ep)) NoteIdleDoorbell(*ep, now);
       }
     }
   }

@@ -52,6 +52,13 @@ class ProgressWorker {
   void Loop();
   void RunCommands();
   void Sleep();
+  // A doorbell of `ep` woke us with nothing submitted; past a rate, its
+  // doorbell leaves epoll for kMuteNs. Its rings are still polled whenever
+  // the worker is awake.
+  void NoteIdleDoorbell(Endpoint& ep, uint64_t now_ns);
+  // Puts muted doorbells whose time is over back into epoll; returns the ms
+  // until the next one is due (-1: none muted), for epoll_wait's timeout.
+  int ResumeMutedDoorbells(uint64_t now_ns);
 
   const Config config_;
   MqEngine engine_;
@@ -64,6 +71,7 @@ class ProgressWorker {
   std::atomic<bool> commands_pending_{false};
   std::atomic<bool> stop_{false};
 
+  uint32_t muted_doorbells_ = 0;  // worker only
   std::atomic<uint64_t> doorbells_{0};
   std::atomic<uint64_t> sleeps_{0};
 };

@@ -242,6 +242,29 @@ TEST_F(IntegrationTest, GarbageInARingFailsOnlyThatClientsRequests) {
   EXPECT_TRUE(d.Stop()) << "daemon did not survive the garbage";
 }
 
+TEST_F(IntegrationTest, DoorbellFloodDoesNotKeepTheDaemonBusy) {
+  Daemon d(dir_);
+  Process flood = Process::Start({Runfile("tests/programs/garbage_client"), "--doorbell-flood", "3"},
+                                 d.ClientEnv(), dir_.path() + "/flood.out",
+                                 dir_.path() + "/flood.err");
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));  // open, and ringing
+  double before = CpuSeconds(d.pid());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  double used = CpuSeconds(d.pid()) - before;
+  EXPECT_LT(used, 0.3) << "psmd used " << used << " s of CPU in 1.5 s of doorbell flood";
+  EXPECT_EQ(flood.Wait(10), 0) << ReadFile(dir_.path() + "/flood.err");
+  std::string log = d.Log();
+  EXPECT_NE(log.find("rings its doorbell with nothing submitted"), std::string::npos) << log;
+  // A client that rings for real is served as before.
+  std::string rv = Subdir(dir_, "rv");
+  Process r1 = Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 1000, 1000), d.ClientEnv(),
+                              dir_.path() + "/r1.out", dir_.path() + "/r1.err");
+  RunResult r0 = RunToEnd(dir_, ExchangeArgs(dir_, rv, 0, kJobA, 1000, 1000), d.ClientEnv(), 30);
+  EXPECT_EQ(r0.exit_code, 0) << r0.err;
+  EXPECT_EQ(r1.Wait(30), 0) << ReadFile(dir_.path() + "/r1.err");
+  EXPECT_TRUE(d.Stop());
+}
+
 TEST_F(IntegrationTest, NoDaemonGivesAClearErrorWithinASecond) {
   std::string missing = dir_.path() + "/nobody-listens.sock";
   RunResult r = RunToEnd(dir_, ExchangeArgs(dir_, dir_.path(), 0, kJobA, 1, 1),

@@ -3,11 +3,14 @@
 // ring, checks that each request it can name fails with an error completion,
 // that its endpoint still works for valid traffic, and finally scribbles on
 // the ring indices themselves. Exit 0 when every expectation held.
+// With --doorbell-flood SECONDS it only rings its doorbell, in a loop.
 #include <psm2.h>
 #include <psm2_mq.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -51,13 +54,19 @@ psm2_error_t SubmitRaw(psm2_ep_t ep, shm::SubmissionDesc d, bool message_ring = 
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   alarm(60);
   psm2_uuid_t uuid;
   psmd::testing::ParseUuid("9a4bade5c0000000000000000000dead", uuid);
   psm2_ep_t ep;
   psm2_epid_t epid;
   psmd::testing::InitAndOpen(uuid, &ep, &epid);
+  if (argc == 3 && strcmp(argv[1], "--doorbell-flood") == 0) {
+    // Rings its doorbell with nothing submitted, as fast as it can.
+    auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(atof(argv[2]));
+    while (std::chrono::steady_clock::now() < end) psmd::shm::RingEventFd(ep->doorbell_fd);
+    return 0;
+  }
   psm2_epaddr_t self;
   psm2_error_t conn_err;
   if (psm2_ep_connect(ep, 1, &epid, nullptr, &conn_err, &self, 0) != PSM2_OK) return 2;
