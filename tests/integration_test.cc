@@ -43,6 +43,18 @@ RunResult Psmctl(const TempDir& dir, const Daemon& d, const std::vector<std::str
   return RunToEnd(dir, argv, {}, 10);
 }
 
+// Runs an exchange pair of `messages` messages (up to 1000 B) in job `uuid`
+// to the end and expects both ranks to succeed.
+void ExpectExchangeRuns(const TempDir& dir, const Daemon& d, const std::string& name,
+                        const std::string& uuid, int messages) {
+  std::string rv = Subdir(dir, name);
+  Process r1 = Process::Start(ExchangeArgs(dir, rv, 1, uuid, messages, 1000), d.ClientEnv(),
+                              rv + "/r1.out", rv + "/r1.err");
+  RunResult r0 = RunToEnd(dir, ExchangeArgs(dir, rv, 0, uuid, messages, 1000), d.ClientEnv(), 30);
+  EXPECT_EQ(r0.exit_code, 0) << r0.err;
+  EXPECT_EQ(r1.Wait(30), 0) << ReadFile(rv + "/r1.err");
+}
+
 class IntegrationTest : public ::testing::Test {
  protected:
   void TearDown() override {
@@ -256,12 +268,7 @@ TEST_F(IntegrationTest, DoorbellFloodDoesNotKeepTheDaemonBusy) {
   std::string log = d.Log();
   EXPECT_NE(log.find("rings its doorbell with nothing submitted"), std::string::npos) << log;
   // A client that rings for real is served as before.
-  std::string rv = Subdir(dir_, "rv");
-  Process r1 = Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 1000, 1000), d.ClientEnv(),
-                              dir_.path() + "/r1.out", dir_.path() + "/r1.err");
-  RunResult r0 = RunToEnd(dir_, ExchangeArgs(dir_, rv, 0, kJobA, 1000, 1000), d.ClientEnv(), 30);
-  EXPECT_EQ(r0.exit_code, 0) << r0.err;
-  EXPECT_EQ(r1.Wait(30), 0) << ReadFile(dir_.path() + "/r1.err");
+  ExpectExchangeRuns(dir_, d, "rv", kJobA, 1000);
   EXPECT_TRUE(d.Stop());
 }
 
@@ -380,12 +387,7 @@ TEST_F(IntegrationTest, OutOfFileDescriptorsNeitherSpinsNorFloodsTheLog) {
   // Once fds free up, clients get in again.
   for (int s : held) close(s);
   ASSERT_EQ(prlimit(d.pid(), RLIMIT_NOFILE, &original, nullptr), 0);
-  std::string rv = Subdir(dir_, "rv");
-  Process r1 = Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 100, 1000), d.ClientEnv(),
-                              dir_.path() + "/r1.out", dir_.path() + "/r1.err");
-  RunResult r0 = RunToEnd(dir_, ExchangeArgs(dir_, rv, 0, kJobA, 100, 1000), d.ClientEnv(), 30);
-  EXPECT_EQ(r0.exit_code, 0) << r0.err;
-  EXPECT_EQ(r1.Wait(30), 0) << ReadFile(dir_.path() + "/r1.err");
+  ExpectExchangeRuns(dir_, d, "rv", kJobA, 100);
   EXPECT_TRUE(d.Stop());
 }
 
@@ -468,12 +470,7 @@ TEST_F(IntegrationTest, OneUidCannotTakeEveryEndpointSlot) {
   EXPECT_EQ(third.exit_code, 2);
   EXPECT_NE(third.err.find("--max-endpoints-per-uid"), std::string::npos) << third.err;
   // Another uid (root) still opens and exchanges.
-  std::string rv_root = Subdir(dir_, "root");
-  Process r1 = Process::Start(ExchangeArgs(dir_, rv_root, 1, kJobB, 100, 1000), d.ClientEnv(),
-                              dir_.path() + "/r1.out", dir_.path() + "/r1.err");
-  RunResult r0 = RunToEnd(dir_, ExchangeArgs(dir_, rv_root, 0, kJobB, 100, 1000), d.ClientEnv());
-  EXPECT_EQ(r0.exit_code, 0) << r0.err;
-  EXPECT_EQ(r1.Wait(30), 0) << ReadFile(dir_.path() + "/r1.err");
+  ExpectExchangeRuns(dir_, d, "root", kJobB, 100);
   EXPECT_EQ(h0.Wait(30), 0) << ReadFile(dir_.path() + "/h0.err");
   EXPECT_EQ(h1.Wait(30), 0) << ReadFile(dir_.path() + "/h1.err");
   EXPECT_TRUE(d.Stop());
