@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   bazel-bootstrap g++ python3
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libboost-dev libspdlog-dev libfmt-dev
+  libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libpsm2-dev libpsm2-2 uuid-dev
   openmpi-bin libopenmpi-dev libfabric-bin netpipe-openmpi python3-mpi4py

@@ -2,7 +2,7 @@
 """Scan a set of PSM2 API headers and describe their API surface.
 
 Used by //tests/abi at build time, both on Intel's installed headers
-(/usr/include/psm2*.h) and on psmd's own (client/include/psm2*.h). Nothing
+(/usr/include/psm2*.h) and on psmd's own (include/psm2*.h). Nothing
 produced from Intel's headers is checked in: every output lands in bazel-out.
 
 The headers are plain C declarations, so a small tokenizer/parser suffices:
@@ -407,7 +407,7 @@ def probe_source(items, intel_dir):
         if it[0] not in hdrs:
             hdrs.append(it[0])
     intel_inc = "\n".join('#include "%s/%s"' % (intel_dir, h) for h in hdrs)
-    our_inc = "\n".join('#include "client/include/%s"' % h for h in hdrs)
+    our_inc = "\n".join('#include "include/%s"' % h for h in hdrs)
     out = [PROBE_PRELUDE % {"intel_includes": intel_inc,
                             "our_includes": our_inc}]
     guards = []
