@@ -58,13 +58,14 @@ uint64_t g_sunk = 0;
 bool g_stop = false;
 Clock::time_point g_last_activity;
 
-int Echo(psm2_am_token_t token, psm2_amarg_t* args, int, void* src, uint32_t len) {
+int Echo(psm2_am_token_t token, psm2_amarg_t* args, int, void* src,
+         uint32_t len) {
   g_last_activity = Clock::now();
   psm2_amarg_t reply[2];
   reply[0] = args[0];
   reply[1].u64 = static_cast<uint64_t>(sched_getcpu());
-  CheckPsm(psm2_am_reply_short(token, g_idx[kEchoReply], reply, 2, src, len, PSM2_AM_FLAG_NONE,
-                               nullptr, nullptr),
+  CheckPsm(psm2_am_reply_short(token, g_idx[kEchoReply], reply, 2, src, len,
+                               PSM2_AM_FLAG_NONE, nullptr, nullptr),
            "psm2_am_reply_short");
   return 0;
 }
@@ -84,8 +85,8 @@ int Sink(psm2_am_token_t token, psm2_amarg_t* args, int, void*, uint32_t) {
     psm2_amarg_t ack[2];
     ack[0].u64 = g_sunk;
     ack[1].u64 = args[0].u64;
-    CheckPsm(psm2_am_reply_short(token, g_idx[kSinkAck], ack, 2, nullptr, 0, PSM2_AM_FLAG_NONE,
-                                 nullptr, nullptr),
+    CheckPsm(psm2_am_reply_short(token, g_idx[kSinkAck], ack, 2, nullptr, 0,
+                                 PSM2_AM_FLAG_NONE, nullptr, nullptr),
              "psm2_am_reply_short");
   }
   return 0;
@@ -110,19 +111,21 @@ void PollUntil(Done done, const char* what) {
     psm2_poll(g_ep);
     // psm2_poll may sleep when idle (psmd's does): look at the clock often.
     if ((n & 63) == 63 && Clock::now() > deadline) {
-      fprintf(stderr, "am_rate rank 0: stalled for 10 s waiting for %s\n", what);
+      fprintf(stderr, "am_rate rank 0: stalled for 10 s waiting for %s\n",
+              what);
       exit(4);
     }
   }
 }
 
-void Request(psm2_epaddr_t peer, int handler, uint64_t a0, uint64_t a1, int flags) {
+void Request(psm2_epaddr_t peer, int handler, uint64_t a0, uint64_t a1,
+             int flags) {
   psm2_amarg_t args[2];
   args[0].u64 = a0;
   args[1].u64 = a1;
   uint64_t payload = a0 ^ 0x5a5a5a5a5a5a5a5aULL;
-  CheckPsm(psm2_am_request_short(peer, g_idx[handler], args, 2, &payload, sizeof(payload), flags,
-                                 nullptr, nullptr),
+  CheckPsm(psm2_am_request_short(peer, g_idx[handler], args, 2, &payload,
+                                 sizeof(payload), flags, nullptr, nullptr),
            "psm2_am_request_short");
 }
 
@@ -147,7 +150,8 @@ double RoundTripsPerSecond(psm2_epaddr_t peer, uint64_t n, double budget_s) {
   return i / std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-double RequestsPerSecond(psm2_epaddr_t peer, uint64_t n, uint64_t window, double budget_s) {
+double RequestsPerSecond(psm2_epaddr_t peer, uint64_t n, uint64_t window,
+                         double budget_s) {
   uint64_t ack_every = std::max<uint64_t>(window / 4, 1);
   uint64_t base = g_acked;  // rank 1's count before this run
   auto t0 = Clock::now();
@@ -159,7 +163,8 @@ double RequestsPerSecond(psm2_epaddr_t peer, uint64_t n, uint64_t window, double
     }
     last = i == n - 1 || ((i & 63) == 63 && Clock::now() > stop);
     bool want_ack = last || i % ack_every == ack_every - 1;
-    Request(peer, kSink, i, want_ack ? 1 : 0, want_ack ? PSM2_AM_FLAG_NONE : PSM2_AM_FLAG_NOREPLY);
+    Request(peer, kSink, i, want_ack ? 1 : 0,
+            want_ack ? PSM2_AM_FLAG_NONE : PSM2_AM_FLAG_NOREPLY);
   }
   PollUntil([&] { return g_acked >= base + i; }, "the last ack");
   return i / std::chrono::duration<double>(Clock::now() - t0).count();
@@ -219,19 +224,24 @@ int main(int argc, char** argv) {
     }
   }
   psm2_uuid_t uuid;
-  if ((rank != 0 && rank != 1) || dir.empty() || roundtrips == 0 || requests == 0 || window == 0 ||
-      reps < 1 || budget_s <= 0 || !psmd::testing::ParseUuid(uuid_text, uuid)) {
-    fprintf(stderr,
-            "usage: am_rate --rank 0|1 --dir DIR [--roundtrips N] [--requests N] "
-            "[--window W] [--reps R] [--seconds S] [--uuid HEX]\n");
+  if ((rank != 0 && rank != 1) || dir.empty() || roundtrips == 0 ||
+      requests == 0 || window == 0 || reps < 1 || budget_s <= 0 ||
+      !psmd::testing::ParseUuid(uuid_text, uuid)) {
+    fprintf(
+        stderr,
+        "usage: am_rate --rank 0|1 --dir DIR [--roundtrips N] [--requests N] "
+        "[--window W] [--reps R] [--seconds S] [--uuid HEX]\n");
     return 2;
   }
   int cpu_start = sched_getcpu();
-  psmd::testing::ConnectedPair pair = psmd::testing::OpenAndConnect(uuid, dir, rank);
+  psmd::testing::ConnectedPair pair =
+      psmd::testing::OpenAndConnect(uuid, dir, rank);
   g_ep = pair.ep;
   psm2_epaddr_t peer = pair.peer;
-  psm2_am_handler_fn_t fns[kNumHandlers] = {Echo, EchoReply, Sink, SinkAck, Stop};
-  CheckPsm(psm2_am_register_handlers(g_ep, fns, kNumHandlers, g_idx), "psm2_am_register_handlers");
+  psm2_am_handler_fn_t fns[kNumHandlers] = {Echo, EchoReply, Sink, SinkAck,
+                                            Stop};
+  CheckPsm(psm2_am_register_handlers(g_ep, fns, kNumHandlers, g_idx),
+           "psm2_am_register_handlers");
 
   // Requests that beat the target's registration would be dropped: rank 1
   // says when it is ready through a file (as the epids are exchanged).
@@ -257,11 +267,14 @@ int main(int argc, char** argv) {
       }
     }
     // Warm-up.
-    RoundTripsPerSecond(peer, std::min<uint64_t>(roundtrips, 2000), budget_s / 4);
-    RequestsPerSecond(peer, std::min<uint64_t>(requests, 20000), window, budget_s / 4);
+    RoundTripsPerSecond(peer, std::min<uint64_t>(roundtrips, 2000),
+                        budget_s / 4);
+    RequestsPerSecond(peer, std::min<uint64_t>(requests, 20000), window,
+                      budget_s / 4);
 
     std::vector<double> rt, oneway;
-    for (int r = 0; r < reps; r++) rt.push_back(RoundTripsPerSecond(peer, roundtrips, budget_s));
+    for (int r = 0; r < reps; r++)
+      rt.push_back(RoundTripsPerSecond(peer, roundtrips, budget_s));
     for (int r = 0; r < reps; r++) {
       oneway.push_back(RequestsPerSecond(peer, requests, window, budget_s));
     }
@@ -270,22 +283,24 @@ int main(int argc, char** argv) {
 
     Summary a = Summarize(rt), b = Summarize(oneway);
     std::string lib = LibraryPath(), impl = ImplName(lib);
-    printf("# am_rate: %s (%s); rank 0 on cpu %d..%d, rank 1 on cpu %d..%d\n", impl.c_str(),
-           lib.c_str(), cpu_start, cpu_end, g_peer_cpu_first, g_peer_cpu);
+    printf("# am_rate: %s (%s); rank 0 on cpu %d..%d, rank 1 on cpu %d..%d\n",
+           impl.c_str(), lib.c_str(), cpu_start, cpu_end, g_peer_cpu_first,
+           g_peer_cpu);
     printf(
-        "# %d reps of %llu round trips and of %llu one-way requests (window %llu), each "
+        "# %d reps of %llu round trips and of %llu one-way requests (window "
+        "%llu), each "
         "cut at %.1f s; median [min, max]\n",
         reps, static_cast<unsigned long long>(roundtrips),
-        static_cast<unsigned long long>(requests), static_cast<unsigned long long>(window),
-        budget_s);
-    printf("roundtrips/s  %12.0f  [%.0f, %.0f]  (%.2f us per round trip)\n", a.median, a.min, a.max,
-           1e6 / a.median);
+        static_cast<unsigned long long>(requests),
+        static_cast<unsigned long long>(window), budget_s);
+    printf("roundtrips/s  %12.0f  [%.0f, %.0f]  (%.2f us per round trip)\n",
+           a.median, a.min, a.max, 1e6 / a.median);
     printf("requests/s    %12.0f  [%.0f, %.0f]\n", b.median, b.min, b.max);
     printf(
         "RESULT impl=%s roundtrips_per_s=%.0f rt_us=%.3f requests_per_s=%.0f "
         "rank0_cpu=%d..%d rank1_cpu=%d..%d\n",
-        impl.c_str(), a.median, 1e6 / a.median, b.median, cpu_start, cpu_end, g_peer_cpu_first,
-        g_peer_cpu);
+        impl.c_str(), a.median, 1e6 / a.median, b.median, cpu_start, cpu_end,
+        g_peer_cpu_first, g_peer_cpu);
     fflush(stdout);
     Request(peer, kStop, 0, 0, PSM2_AM_FLAG_NOREPLY);
   }

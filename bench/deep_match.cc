@@ -55,11 +55,12 @@ struct Rank {
     psm2_mq_tag_t tag = Tag(t, tag2);
     CheckPsm(psm2_mq_send2(mq, peer, 0, &tag, &t, sizeof(t)), "send2");
   }
-  psm2_mq_req_t Post(uint32_t t, uint32_t* buf, void* context, uint32_t tag2 = 0) {
+  psm2_mq_req_t Post(uint32_t t, uint32_t* buf, void* context,
+                     uint32_t tag2 = 0) {
     psm2_mq_tag_t tag = Tag(t, tag2);
     psm2_mq_req_t req;
-    CheckPsm(psm2_mq_irecv2(mq, PSM2_MQ_ANY_ADDR, &tag, &exact, 0, buf, sizeof(*buf), context,
-                            &req),
+    CheckPsm(psm2_mq_irecv2(mq, PSM2_MQ_ANY_ADDR, &tag, &exact, 0, buf,
+                            sizeof(*buf), context, &req),
              "irecv2");
     return req;
   }
@@ -73,7 +74,8 @@ struct Rank {
   // Reaps `n` completions through ipeek; returns the seconds from `start`
   // to the last. ok(status) says whether a receive got the right message.
   template <typename Ok>
-  double Reap(long n, Ok ok, int* wrong, Clock::time_point start = Clock::now()) {
+  double Reap(long n, Ok ok, int* wrong,
+              Clock::time_point start = Clock::now()) {
     long done = 0;
     while (done < n) {
       psm2_mq_req_t req;
@@ -103,25 +105,33 @@ int main(int argc, char** argv) {
   std::string dir;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--rank") rank = atoi(value.c_str());
-    else if (flag == "--dir") dir = value;
-    else if (flag == "--depth") depth = atol(value.c_str());
-    else if (flag == "--reps") reps = atoi(value.c_str());
+    if (flag == "--rank")
+      rank = atoi(value.c_str());
+    else if (flag == "--dir")
+      dir = value;
+    else if (flag == "--depth")
+      depth = atol(value.c_str());
+    else if (flag == "--reps")
+      reps = atoi(value.c_str());
   }
   psm2_uuid_t uuid;
   psmd::testing::ParseUuid("5053d0d0000000000000000000000b03", uuid);
   if ((rank != 0 && rank != 1) || dir.empty() || depth < 2 || reps < 1) {
-    fprintf(stderr, "usage: deep_match --rank 0|1 --dir DIR [--depth D>=2] [--reps R]\n");
+    fprintf(
+        stderr,
+        "usage: deep_match --rank 0|1 --dir DIR [--depth D>=2] [--reps R]\n");
     return 2;
   }
-  psmd::testing::ConnectedPair pair = psmd::testing::OpenAndConnect(uuid, dir, rank);
+  psmd::testing::ConnectedPair pair =
+      psmd::testing::OpenAndConnect(uuid, dir, rank);
   Rank r{pair.ep, pair.mq, pair.peer, {}};
   r.exact.tag0 = r.exact.tag1 = r.exact.tag2 = ~0u;
 
   // Tags kTagBase + [0, 2D): receives and messages use two independent
   // shuffles, the same on both ranks.
   std::vector<uint32_t> order(2 * depth), other(2 * depth);
-  for (long i = 0; i < 2 * depth; i++) order[i] = other[i] = kTagBase + static_cast<uint32_t>(i);
+  for (long i = 0; i < 2 * depth; i++)
+    order[i] = other[i] = kTagBase + static_cast<uint32_t>(i);
   std::mt19937 rng(7);
   std::shuffle(order.begin(), order.end(), rng);
   std::shuffle(other.begin(), other.end(), rng);
@@ -171,13 +181,18 @@ int main(int argc, char** argv) {
     }
   }
   if (rank == 1) {
-    printf("# deep_match: depth %ld (queue between %ld and %ld entries), %d reps, rank 1 on "
-           "CPU %d\n",
-           depth, 2 * depth, depth, reps, sched_getcpu());
-    printf("posted:     median %.0f ns per message\n", Median(posted_s) / depth * 1e9);
-    printf("unexpected: median %.0f ns per message\n", Median(unexpected_s) / depth * 1e9);
+    printf(
+        "# deep_match: depth %ld (queue between %ld and %ld entries), %d reps, "
+        "rank 1 on "
+        "CPU %d\n",
+        depth, 2 * depth, depth, reps, sched_getcpu());
+    printf("posted:     median %.0f ns per message\n",
+           Median(posted_s) / depth * 1e9);
+    printf("unexpected: median %.0f ns per message\n",
+           Median(unexpected_s) / depth * 1e9);
     if (wrong != 0) {
-      fprintf(stderr, "deep_match: %d receives got another tag's message\n", wrong);
+      fprintf(stderr, "deep_match: %d receives got another tag's message\n",
+              wrong);
       return 1;
     }
   } else {

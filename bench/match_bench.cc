@@ -62,12 +62,14 @@ RecvPattern ExactRecv(uint32_t i) {
 
 // Any source, tag word 1 ignored: matches only the messages of entry i.
 RecvPattern WildRecv(uint32_t i) {
-  return RecvPattern{kAnySource, Tag96{{TagWord(i), kWildContext, 0}}, Tag96{{~0u, 0u, ~0u}}};
+  return RecvPattern{kAnySource, Tag96{{TagWord(i), kWildContext, 0}},
+                     Tag96{{~0u, 0u, ~0u}}};
 }
 
 MsgKey MsgOf(uint32_t i, bool mixed) {
-  return MsgKey{SourceOf(i),
-                Tag96{{TagWord(i), IsWildEntry(i, mixed) ? kWildContext : kContext, 0}}};
+  return MsgKey{
+      SourceOf(i),
+      Tag96{{TagWord(i), IsWildEntry(i, mixed) ? kWildContext : kContext, 0}}};
 }
 
 RecvPattern RecvOf(uint32_t i, bool mixed) {
@@ -81,7 +83,8 @@ enum class Order { kRandom, kInOrder };
 std::vector<uint32_t> Targets(uint32_t depth, Order order) {
   std::vector<uint32_t> t(kTargets);
   if (order == Order::kInOrder) {
-    for (size_t k = 0; k < kTargets; ++k) t[k] = static_cast<uint32_t>(k % depth);
+    for (size_t k = 0; k < kTargets; ++k)
+      t[k] = static_cast<uint32_t>(k % depth);
     return t;
   }
   std::mt19937 rng(42);
@@ -98,10 +101,13 @@ constexpr size_t kBatch = 32;
 // starts a batch, in the two passes the daemon makes over each batch it pops
 // off a ring.
 template <typename Queue, typename KeyOf>
-void PrefetchBatch(const Queue& q, const std::vector<uint32_t>& targets, size_t k, KeyOf key_of) {
+void PrefetchBatch(const Queue& q, const std::vector<uint32_t>& targets,
+                   size_t k, KeyOf key_of) {
   if (k % kBatch != 0) return;
-  for (size_t j = k; j < k + kBatch; ++j) q.prefetch_slot(key_of(targets[j & (kTargets - 1)]));
-  for (size_t j = k; j < k + kBatch; ++j) q.prefetch_entry(key_of(targets[j & (kTargets - 1)]));
+  for (size_t j = k; j < k + kBatch; ++j)
+    q.prefetch_slot(key_of(targets[j & (kTargets - 1)]));
+  for (size_t j = k; j < k + kBatch; ++j)
+    q.prefetch_entry(key_of(targets[j & (kTargets - 1)]));
 }
 
 template <template <typename> class Queue, bool kBatched = false>
@@ -136,7 +142,8 @@ void UnexpectedBench(benchmark::State& state, bool mixed, Order order) {
   size_t k = 0;
   for (auto _ : state) {
     if constexpr (kBatched) {
-      PrefetchBatch(q, targets, k, [&](uint32_t i) { return RecvOf(i, mixed); });
+      PrefetchBatch(q, targets, k,
+                    [&](uint32_t i) { return RecvOf(i, mixed); });
     }
     const uint32_t i = targets[k++ & (kTargets - 1)];
     MsgKey key{};
@@ -203,7 +210,8 @@ BENCHMARK_TEMPLATE(BM_UnexpectedExactBatch, UnexpectedQueue)->Apply(Depths);
 BENCHMARK_TEMPLATE(BM_UnexpectedMixed, UnexpectedQueue)->Apply(Depths);
 BENCHMARK_TEMPLATE(BM_UnexpectedMixed, LinearUnexpectedQueue)->Apply(Depths);
 BENCHMARK_TEMPLATE(BM_UnexpectedExactInOrder, UnexpectedQueue)->Apply(Depths);
-BENCHMARK_TEMPLATE(BM_UnexpectedExactInOrder, LinearUnexpectedQueue)->Apply(Depths);
+BENCHMARK_TEMPLATE(BM_UnexpectedExactInOrder, LinearUnexpectedQueue)
+    ->Apply(Depths);
 
 }  // namespace
 }  // namespace psmd

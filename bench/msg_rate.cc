@@ -38,20 +38,29 @@ int main(int argc, char** argv) {
   long messages = 100000;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--rank") rank = atoi(value.c_str());
-    else if (flag == "--dir") dir = value;
-    else if (flag == "--size") size = static_cast<uint32_t>(strtoul(value.c_str(), nullptr, 10));
-    else if (flag == "--messages") messages = atol(value.c_str());
-    else if (flag == "--reps") reps = atoi(value.c_str());
+    if (flag == "--rank")
+      rank = atoi(value.c_str());
+    else if (flag == "--dir")
+      dir = value;
+    else if (flag == "--size")
+      size = static_cast<uint32_t>(strtoul(value.c_str(), nullptr, 10));
+    else if (flag == "--messages")
+      messages = atol(value.c_str());
+    else if (flag == "--reps")
+      reps = atoi(value.c_str());
   }
   psm2_uuid_t uuid;
   psmd::testing::ParseUuid("5053d0d0000000000000000000000b02", uuid);
-  if ((rank != 0 && rank != 1) || dir.empty() || messages < kWindow || reps < 1) {
-    fprintf(stderr, "usage: msg_rate --rank 0|1 --dir DIR [--size B] [--messages N>=64] "
-                    "[--reps R]\n");
+  if ((rank != 0 && rank != 1) || dir.empty() || messages < kWindow ||
+      reps < 1) {
+    fprintf(
+        stderr,
+        "usage: msg_rate --rank 0|1 --dir DIR [--size B] [--messages N>=64] "
+        "[--reps R]\n");
     return 2;
   }
-  psmd::testing::ConnectedPair pair = psmd::testing::OpenAndConnect(uuid, dir, rank);
+  psmd::testing::ConnectedPair pair =
+      psmd::testing::OpenAndConnect(uuid, dir, rank);
   psm2_ep_t ep = pair.ep;
   psm2_mq_t mq = pair.mq;
   psm2_epaddr_t peer = pair.peer;
@@ -66,24 +75,28 @@ int main(int argc, char** argv) {
   for (int rep = 0; rep < reps; rep++) {
     if (rank == 0) {
       psm2_mq_req_t ack_req;
-      CheckPsm(psm2_mq_irecv2(mq, peer, &ack, &sel, 0, &ack_byte, 1, nullptr, &ack_req),
+      CheckPsm(psm2_mq_irecv2(mq, peer, &ack, &sel, 0, &ack_byte, 1, nullptr,
+                              &ack_req),
                "irecv ack");
       auto start = std::chrono::steady_clock::now();
       for (long i = 0; i < messages; i++) {
         psm2_mq_req_t& slot = reqs[i % kWindow];
         CheckPsm(psm2_mq_wait2(&slot, nullptr), "wait send");
-        CheckPsm(psm2_mq_isend2(mq, peer, 0, &data, &bufs[(i % kWindow) * size], size, nullptr,
-                                &slot),
+        CheckPsm(psm2_mq_isend2(mq, peer, 0, &data, &bufs[(i % kWindow) * size],
+                                size, nullptr, &slot),
                  "isend2");
       }
       for (auto& r : reqs) CheckPsm(psm2_mq_wait2(&r, nullptr), "wait send");
       CheckPsm(psm2_mq_wait2(&ack_req, nullptr), "wait ack");
-      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      double s = std::chrono::duration<double>(
+                     std::chrono::steady_clock::now() - start)
+                     .count();
       rates.push_back(messages / s);
     } else {
       auto post = [&](long i) {
-        CheckPsm(psm2_mq_irecv2(mq, peer, &data, &sel, 0, &bufs[(i % kWindow) * size], size,
-                                nullptr, &reqs[i % kWindow]),
+        CheckPsm(psm2_mq_irecv2(mq, peer, &data, &sel, 0,
+                                &bufs[(i % kWindow) * size], size, nullptr,
+                                &reqs[i % kWindow]),
                  "irecv2");
       };
       for (long i = 0; i < kWindow; i++) post(i);
@@ -97,8 +110,10 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     std::vector<double> sorted = rates;
     std::sort(sorted.begin(), sorted.end());
-    printf("# msg_rate: %u B messages, window %d, %ld messages x %d reps, rank 0 on CPU %d\n",
-           size, kWindow, messages, reps, sched_getcpu());
+    printf(
+        "# msg_rate: %u B messages, window %d, %ld messages x %d reps, rank 0 "
+        "on CPU %d\n",
+        size, kWindow, messages, reps, sched_getcpu());
     printf("rates (Mmsg/s):");
     for (double r : rates) printf(" %.3f", r / 1e6);
     printf("\nmedian %.3f Mmsg/s\n", sorted[sorted.size() / 2] / 1e6);

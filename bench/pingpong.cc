@@ -28,18 +28,27 @@ int main(int argc, char** argv) {
   int iters = 1000;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--rank") rank = atoi(value.c_str());
-    else if (flag == "--dir") dir = value;
-    else if (flag == "--max-size") max_size = static_cast<uint32_t>(strtoul(value.c_str(), nullptr, 10));
-    else if (flag == "--iters") iters = atoi(value.c_str());
-    else if (flag == "--uuid") uuid_text = value;
+    if (flag == "--rank")
+      rank = atoi(value.c_str());
+    else if (flag == "--dir")
+      dir = value;
+    else if (flag == "--max-size")
+      max_size = static_cast<uint32_t>(strtoul(value.c_str(), nullptr, 10));
+    else if (flag == "--iters")
+      iters = atoi(value.c_str());
+    else if (flag == "--uuid")
+      uuid_text = value;
   }
   psm2_uuid_t uuid;
-  if ((rank != 0 && rank != 1) || dir.empty() || !psmd::testing::ParseUuid(uuid_text, uuid)) {
-    fprintf(stderr, "usage: pingpong --rank 0|1 --dir DIR [--max-size B] [--iters N]\n");
+  if ((rank != 0 && rank != 1) || dir.empty() ||
+      !psmd::testing::ParseUuid(uuid_text, uuid)) {
+    fprintf(
+        stderr,
+        "usage: pingpong --rank 0|1 --dir DIR [--max-size B] [--iters N]\n");
     return 2;
   }
-  psmd::testing::ConnectedPair pair = psmd::testing::OpenAndConnect(uuid, dir, rank);
+  psmd::testing::ConnectedPair pair =
+      psmd::testing::OpenAndConnect(uuid, dir, rank);
   psm2_ep_t ep = pair.ep;
   psm2_mq_t mq = pair.mq;
   psm2_epaddr_t peer = pair.peer;
@@ -51,16 +60,23 @@ int main(int argc, char** argv) {
     psm2_mq_req_t req;
     psm2_mq_status2_t st;
     if (send_first) {
-      psmd::testing::CheckPsm(psm2_mq_send2(mq, peer, 0, &tag, buf.data(), size), "send");
-      psmd::testing::CheckPsm(psm2_mq_irecv2(mq, peer, &tag, &sel, 0, buf.data(), size, nullptr, &req), "irecv");
+      psmd::testing::CheckPsm(
+          psm2_mq_send2(mq, peer, 0, &tag, buf.data(), size), "send");
+      psmd::testing::CheckPsm(psm2_mq_irecv2(mq, peer, &tag, &sel, 0,
+                                             buf.data(), size, nullptr, &req),
+                              "irecv");
       psmd::testing::CheckPsm(psm2_mq_wait2(&req, &st), "wait");
     } else {
-      psmd::testing::CheckPsm(psm2_mq_irecv2(mq, peer, &tag, &sel, 0, buf.data(), size, nullptr, &req), "irecv");
+      psmd::testing::CheckPsm(psm2_mq_irecv2(mq, peer, &tag, &sel, 0,
+                                             buf.data(), size, nullptr, &req),
+                              "irecv");
       psmd::testing::CheckPsm(psm2_mq_wait2(&req, &st), "wait");
-      psmd::testing::CheckPsm(psm2_mq_send2(mq, peer, 0, &tag, buf.data(), size), "send");
+      psmd::testing::CheckPsm(
+          psm2_mq_send2(mq, peer, 0, &tag, buf.data(), size), "send");
     }
   };
-  if (rank == 0) printf("%10s %12s %12s %8s\n", "bytes", "half_rtt_us", "MB/s", "iters");
+  if (rank == 0)
+    printf("%10s %12s %12s %8s\n", "bytes", "half_rtt_us", "MB/s", "iters");
   for (uint32_t size = 8; size <= max_size; size *= 2) {
     int n = size >= (1u << 20) ? std::max(iters / 20, 20) : iters;
     int warmup = std::max(n / 10, 5);
@@ -71,11 +87,13 @@ int main(int argc, char** argv) {
       exchange(size, rank == 0);
       auto t1 = std::chrono::steady_clock::now();
       if (i >= warmup) {
-        half_rtt_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 2);
+        half_rtt_us.push_back(
+            std::chrono::duration<double, std::micro>(t1 - t0).count() / 2);
       }
     }
     if (rank == 0) {
-      std::nth_element(half_rtt_us.begin(), half_rtt_us.begin() + n / 2, half_rtt_us.end());
+      std::nth_element(half_rtt_us.begin(), half_rtt_us.begin() + n / 2,
+                       half_rtt_us.end());
       double median = half_rtt_us[n / 2];
       printf("%10u %12.2f %12.1f %8d\n", size, median, size / median, n);
       fflush(stdout);

@@ -21,13 +21,15 @@ namespace {
 
 template <typename Fill>
 psm2_error_t Register(psm2_ep_t ep, int num, int* indices, Fill fill) {
-  if (ep == nullptr || num < 0 || (num > 0 && indices == nullptr)) return PSM2_PARAM_ERR;
+  if (ep == nullptr || num < 0 || (num > 0 && indices == nullptr))
+    return PSM2_PARAM_ERR;
   std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (ep->am_handlers.size() + static_cast<size_t>(num) > shm::kAmMaxHandlers) {
     return Library::Report(PSM2_EP_NO_RESOURCES,
                            "psm2_am_register_handlers: " + std::to_string(num) +
                                " more handlers would exceed the limit of " +
-                               std::to_string(shm::kAmMaxHandlers) + " per endpoint");
+                               std::to_string(shm::kAmMaxHandlers) +
+                               " per endpoint");
   }
   for (int i = 0; i < num; i++) {
     AmHandler h;
@@ -40,17 +42,19 @@ psm2_error_t Register(psm2_ep_t ep, int num, int* indices, Fill fill) {
 
 // Checks what a request or reply may carry. Over a limit is an error, never
 // a truncation.
-psm2_error_t CheckMessage(psm2_handler_t handler, const psm2_amarg_t* args, int nargs,
-                          const void* src, size_t len, int flags) {
+psm2_error_t CheckMessage(psm2_handler_t handler, const psm2_amarg_t* args,
+                          int nargs, const void* src, size_t len, int flags) {
   if (nargs < 0 || static_cast<uint32_t>(nargs) > shm::kAmMaxArgs) {
-    return Library::Report(PSM2_PARAM_ERR, "active message with " + std::to_string(nargs) +
-                                               " arguments; at most " +
-                                               std::to_string(shm::kAmMaxArgs) + " are allowed");
+    return Library::Report(
+        PSM2_PARAM_ERR, "active message with " + std::to_string(nargs) +
+                            " arguments; at most " +
+                            std::to_string(shm::kAmMaxArgs) + " are allowed");
   }
   if (len > shm::kAmMaxPayload) {
     return Library::Report(PSM2_PARAM_ERR,
                            "active message payload of " + std::to_string(len) +
-                               " bytes; at most " + std::to_string(shm::kAmMaxPayload) +
+                               " bytes; at most " +
+                               std::to_string(shm::kAmMaxPayload) +
                                " (psm2_am_get_parameters)");
   }
   if (handler >= shm::kAmMaxHandlers || (nargs > 0 && args == nullptr) ||
@@ -63,9 +67,10 @@ psm2_error_t CheckMessage(psm2_handler_t handler, const psm2_amarg_t* args, int 
 
 // Builds and submits a request (to connection slot `peer`) or a reply (to
 // endpoint id `peer`).
-void SubmitActiveMessage(psm2_ep_t ep, shm::SubmitOp op, uint32_t peer, psm2_handler_t handler,
-                         const psm2_amarg_t* args, int nargs, const void* src, size_t len,
-                         int flags, psm2_am_completion_fn_t completion_fn, void* context) {
+void SubmitActiveMessage(psm2_ep_t ep, shm::SubmitOp op, uint32_t peer,
+                         psm2_handler_t handler, const psm2_amarg_t* args,
+                         int nargs, const void* src, size_t len, int flags,
+                         psm2_am_completion_fn_t completion_fn, void* context) {
   shm::SubmissionDesc d{};
   d.op = op;
   d.peer = peer;
@@ -73,7 +78,8 @@ void SubmitActiveMessage(psm2_ep_t ep, shm::SubmitOp op, uint32_t peer, psm2_han
   d.tag[1] = static_cast<uint32_t>(nargs);
   const uint32_t arg_bytes = static_cast<uint32_t>(nargs) * shm::kAmArgBytes;
   d.len = arg_bytes + static_cast<uint32_t>(len);
-  if (op == shm::SubmitOp::kAmRequest && (flags & PSM2_AM_FLAG_NOREPLY)) d.flags |= shm::kAmNoReply;
+  if (op == shm::SubmitOp::kAmRequest && (flags & PSM2_AM_FLAG_NOREPLY))
+    d.flags |= shm::kAmNoReply;
   psm2_mq_req* r = nullptr;
   if (completion_fn != nullptr) {
     d.flags |= shm::kAmWantsAck;
@@ -105,16 +111,18 @@ void SubmitActiveMessage(psm2_ep_t ep, shm::SubmitOp op, uint32_t peer, psm2_han
 
 extern "C" {
 
-psm2_error_t psm2_am_register_handlers(psm2_ep_t ep, const psm2_am_handler_fn_t* handlers,
+psm2_error_t psm2_am_register_handlers(psm2_ep_t ep,
+                                       const psm2_am_handler_fn_t* handlers,
                                        int num_handlers, int* handlers_idx) {
   if (num_handlers > 0 && handlers == nullptr) return PSM2_PARAM_ERR;
-  return Register(ep, num_handlers, handlers_idx, [&](int i, AmHandler* h) {
-    h->fn = handlers[i];
-  });
+  return Register(ep, num_handlers, handlers_idx,
+                  [&](int i, AmHandler* h) { h->fn = handlers[i]; });
 }
 
-psm2_error_t psm2_am_register_handlers_2(psm2_ep_t ep, const psm2_am_handler_2_fn_t* handlers,
-                                         int num_handlers, void** hctx, int* handlers_idx) {
+psm2_error_t psm2_am_register_handlers_2(psm2_ep_t ep,
+                                         const psm2_am_handler_2_fn_t* handlers,
+                                         int num_handlers, void** hctx,
+                                         int* handlers_idx) {
   if (num_handlers > 0 && handlers == nullptr) return PSM2_PARAM_ERR;
   return Register(ep, num_handlers, handlers_idx, [&](int i, AmHandler* h) {
     h->fn2 = handlers[i];
@@ -129,36 +137,43 @@ void psm2_am_unregister_handlers(psm2_ep_t ep) {
 }
 
 psm2_error_t psm2_am_request_short(psm2_epaddr_t epaddr, psm2_handler_t handler,
-                                   psm2_amarg_t* args, int nargs, void* src, size_t len,
-                                   int flags, psm2_am_completion_fn_t completion_fn,
+                                   psm2_amarg_t* args, int nargs, void* src,
+                                   size_t len, int flags,
+                                   psm2_am_completion_fn_t completion_fn,
                                    void* completion_ctxt) {
   if (epaddr == nullptr) return PSM2_PARAM_ERR;
   psm2_error_t err = CheckMessage(handler, args, nargs, src, len, flags);
   if (err != PSM2_OK) return err;
   psm2_ep_t ep = epaddr->ep;
   if (epaddr->slot == psmd::client::kNoSlot) {
-    return Library::Report(PSM2_EPID_UNKNOWN,
-                           "active message to an epaddr that this endpoint has not connected "
-                           "(call psm2_ep_connect first)");
+    return Library::Report(
+        PSM2_EPID_UNKNOWN,
+        "active message to an epaddr that this endpoint has not connected "
+        "(call psm2_ep_connect first)");
   }
   std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
-  SubmitActiveMessage(ep, shm::SubmitOp::kAmRequest, epaddr->slot, handler, args, nargs, src,
-                      len, flags, completion_fn, completion_ctxt);
+  SubmitActiveMessage(ep, shm::SubmitOp::kAmRequest, epaddr->slot, handler,
+                      args, nargs, src, len, flags, completion_fn,
+                      completion_ctxt);
   return PSM2_OK;
 }
 
 psm2_error_t psm2_am_reply_short(psm2_am_token_t token, psm2_handler_t handler,
-                                 psm2_amarg_t* args, int nargs, void* src, size_t len, int flags,
-                                 psm2_am_completion_fn_t completion_fn, void* completion_ctxt) {
+                                 psm2_amarg_t* args, int nargs, void* src,
+                                 size_t len, int flags,
+                                 psm2_am_completion_fn_t completion_fn,
+                                 void* completion_ctxt) {
   if (token == nullptr) return PSM2_PARAM_ERR;
   auto* t = static_cast<AmToken*>(token);
   if (!t->is_request || t->no_reply || t->replied) {
     const char* why = !t->is_request ? "from a reply handler"
-                      : t->no_reply  ? "to a request sent with PSM2_AM_FLAG_NOREPLY"
-                                     : "a second time to the same request";
-    return Library::Report(PSM2_AM_INVALID_REPLY,
-                           std::string("psm2_am_reply_short: cannot reply ") + why);
+                      : t->no_reply
+                          ? "to a request sent with PSM2_AM_FLAG_NOREPLY"
+                          : "a second time to the same request";
+    return Library::Report(
+        PSM2_AM_INVALID_REPLY,
+        std::string("psm2_am_reply_short: cannot reply ") + why);
   }
   psm2_error_t err = CheckMessage(handler, args, nargs, src, len, flags);
   if (err != PSM2_OK) return err;
@@ -166,12 +181,14 @@ psm2_error_t psm2_am_reply_short(psm2_am_token_t token, psm2_handler_t handler,
   std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
   t->replied = true;
-  SubmitActiveMessage(ep, shm::SubmitOp::kAmReply, t->src_endpoint, handler, args, nargs, src,
-                      len, flags, completion_fn, completion_ctxt);
+  SubmitActiveMessage(ep, shm::SubmitOp::kAmReply, t->src_endpoint, handler,
+                      args, nargs, src, len, flags, completion_fn,
+                      completion_ctxt);
   return PSM2_OK;
 }
 
-psm2_error_t psm2_am_get_source(psm2_am_token_t token, psm2_epaddr_t* epaddr_out) {
+psm2_error_t psm2_am_get_source(psm2_am_token_t token,
+                                psm2_epaddr_t* epaddr_out) {
   if (token == nullptr || epaddr_out == nullptr) return PSM2_PARAM_ERR;
   auto* t = static_cast<AmToken*>(token);
   std::lock_guard<std::recursive_mutex> lock(t->ep->mu);
@@ -179,10 +196,12 @@ psm2_error_t psm2_am_get_source(psm2_am_token_t token, psm2_epaddr_t* epaddr_out
   return PSM2_OK;
 }
 
-psm2_error_t psm2_am_get_parameters(psm2_ep_t ep, struct psm2_am_parameters* parameters,
+psm2_error_t psm2_am_get_parameters(psm2_ep_t ep,
+                                    struct psm2_am_parameters* parameters,
                                     size_t sizeof_parameters_in,
                                     size_t* sizeof_parameters_out) {
-  if (ep == nullptr || parameters == nullptr || sizeof_parameters_out == nullptr) {
+  if (ep == nullptr || parameters == nullptr ||
+      sizeof_parameters_out == nullptr) {
     return PSM2_PARAM_ERR;
   }
   struct psm2_am_parameters p;
@@ -195,7 +214,8 @@ psm2_error_t psm2_am_get_parameters(psm2_ep_t ep, struct psm2_am_parameters* par
   size_t n = std::min(sizeof_parameters_in, sizeof(p));
   std::memcpy(parameters, &p, n);
   if (sizeof_parameters_in > n) {
-    std::memset(reinterpret_cast<uint8_t*>(parameters) + n, 0, sizeof_parameters_in - n);
+    std::memset(reinterpret_cast<uint8_t*>(parameters) + n, 0,
+                sizeof_parameters_in - n);
   }
   *sizeof_parameters_out = n;
   return PSM2_OK;

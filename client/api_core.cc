@@ -79,19 +79,25 @@ psm2_error_t WorseError(psm2_error_t a, psm2_error_t b) {
 psm2_error_t CheckOpenOptions(const psm2_ep_open_opts& o) {
   std::string bad;
   if (o.timeout < -1) {
-    bad = "timeout " + std::to_string(o.timeout) + " (use -1 for the default, or >= 0 ns)";
+    bad = "timeout " + std::to_string(o.timeout) +
+          " (use -1 for the default, or >= 0 ns)";
   } else if (o.unit != -1 && o.unit != 0) {
-    bad = "unit " + std::to_string(o.unit) + " (psmd serves a single unit: use 0, or -1 for any)";
+    bad = "unit " + std::to_string(o.unit) +
+          " (psmd serves a single unit: use 0, or -1 for any)";
   } else if (o.port != 0 && o.port != 1) {
-    bad = "port " + std::to_string(o.port) + " (psmd's unit has port 1; 0 means any)";
+    bad = "port " + std::to_string(o.port) +
+          " (psmd's unit has port 1; 0 means any)";
   } else if (o.affinity != -1 && (o.affinity < PSM2_EP_OPEN_AFFINITY_SKIP ||
                                   o.affinity > PSM2_EP_OPEN_AFFINITY_FORCE)) {
-    bad = "affinity " + std::to_string(o.affinity) + " (use a PSM2_EP_OPEN_AFFINITY_* value)";
+    bad = "affinity " + std::to_string(o.affinity) +
+          " (use a PSM2_EP_OPEN_AFFINITY_* value)";
   } else if (o.outsl != -1 && (o.outsl < 0 || o.outsl > 31)) {
-    bad = "service level " + std::to_string(o.outsl) + " (use 0..31, or -1 for the default)";
+    bad = "service level " + std::to_string(o.outsl) +
+          " (use 0..31, or -1 for the default)";
   }
   if (bad.empty()) return PSM2_OK;
-  return Library::Report(PSM2_PARAM_ERR, "psm2_ep_open: invalid option: " + bad);
+  return Library::Report(PSM2_PARAM_ERR,
+                         "psm2_ep_open: invalid option: " + bad);
 }
 
 // How much work ep still holds that only this library can hand to psmd:
@@ -101,8 +107,8 @@ psm2_error_t CheckOpenOptions(const psm2_ep_open_opts& o) {
 size_t UnfinishedSends(psm2_ep_t ep) {
   size_t n = ep->deferred_msg.size() + ep->deferred_ctl.size();
   for (const psm2_mq_req* r : ep->requests) {
-    if (r != nullptr && r->kind == psm2_mq_req::Kind::kSend && r->send_buf != nullptr &&
-        r->state != psm2_mq_req::State::kComplete) {
+    if (r != nullptr && r->kind == psm2_mq_req::Kind::kSend &&
+        r->send_buf != nullptr && r->state != psm2_mq_req::State::kComplete) {
       n++;
     }
   }
@@ -117,7 +123,8 @@ size_t DrainSends(psm2_ep_t ep, int64_t timeout_ns) {
                                      : std::chrono::nanoseconds(kMaxCloseWait));
   std::unique_lock<std::recursive_mutex> lock(ep->mu);
   size_t left;
-  while ((left = UnfinishedSends(ep)) > 0 && !ep->daemon_lost && Clock::now() < deadline) {
+  while ((left = UnfinishedSends(ep)) > 0 && !ep->daemon_lost &&
+         Clock::now() < deadline) {
     if (ep->Progress()) continue;
     // Nothing moved: the receivers have to act. Let other threads use the
     // endpoint meanwhile.
@@ -134,9 +141,10 @@ extern "C" {
 
 psm2_error_t psm2_init(int* api_verno_major, int* api_verno_minor) {
   if (api_verno_major == nullptr || api_verno_minor == nullptr) {
-    return Library::Report(PSM2_PARAM_ERR,
-                           "psm2_init: api_verno_major and api_verno_minor must point to the "
-                           "version the program was built for (PSM2_VERNO_MAJOR/MINOR)");
+    return Library::Report(
+        PSM2_PARAM_ERR,
+        "psm2_init: api_verno_major and api_verno_minor must point to the "
+        "version the program was built for (PSM2_VERNO_MAJOR/MINOR)");
   }
   Library& lib = Library::Get();
   std::unique_lock<std::mutex> lock(lib.mu);
@@ -145,17 +153,21 @@ psm2_error_t psm2_init(int* api_verno_major, int* api_verno_minor) {
   if (lib.init_count == 0) {
     if (lib.finalized) {
       lock.unlock();
-      return Library::Report(PSM2_IS_FINALIZED,
-                             "psm2_init: PSM2 was finalized in this process and cannot be "
-                             "initialized again");
-    }
-    if (*api_verno_major != PSM2_VERNO_MAJOR && *api_verno_major != PSM2_VERNO_COMPAT_MAJOR) {
-      lock.unlock();
       return Library::Report(
-          PSM2_INIT_BAD_API_VERSION,
-          "psm2_init: this library implements PSM2 API " + std::to_string(PSM2_VERNO_MAJOR) + "." +
-              std::to_string(PSM2_VERNO_MINOR) + " (and 1.x programs), not " +
-              std::to_string(*api_verno_major) + "." + std::to_string(*api_verno_minor));
+          PSM2_IS_FINALIZED,
+          "psm2_init: PSM2 was finalized in this process and cannot be "
+          "initialized again");
+    }
+    if (*api_verno_major != PSM2_VERNO_MAJOR &&
+        *api_verno_major != PSM2_VERNO_COMPAT_MAJOR) {
+      lock.unlock();
+      return Library::Report(PSM2_INIT_BAD_API_VERSION,
+                             "psm2_init: this library implements PSM2 API " +
+                                 std::to_string(PSM2_VERNO_MAJOR) + "." +
+                                 std::to_string(PSM2_VERNO_MINOR) +
+                                 " (and 1.x programs), not " +
+                                 std::to_string(*api_verno_major) + "." +
+                                 std::to_string(*api_verno_minor));
     }
     lib.multi_ep = EnvYes("PSM2_MULTI_EP");
   }
@@ -178,9 +190,11 @@ psm2_error_t psm2_finalize(void) {
       for (auto& ep : lib.endpoints) open.push_back(ep.get());
     }
   }
-  if (psm2_error_t err = lib.RequireInit("psm2_finalize"); err != PSM2_OK) return err;
+  if (psm2_error_t err = lib.RequireInit("psm2_finalize"); err != PSM2_OK)
+    return err;
   // The last reference: close what is open, as Intel's does.
-  for (psm2_ep_t ep : open) psm2_ep_close(ep, PSM2_EP_CLOSE_GRACEFUL, kFinalizeCloseTimeoutNs);
+  for (psm2_ep_t ep : open)
+    psm2_ep_close(ep, PSM2_EP_CLOSE_GRACEFUL, kFinalizeCloseTimeoutNs);
   std::lock_guard<std::mutex> lock(lib.mu);
   lib.init_count = 0;
   lib.finalized = true;
@@ -189,54 +203,94 @@ psm2_error_t psm2_finalize(void) {
 
 const char* psm2_error_get_string(psm2_error_t error) {
   switch (error) {
-    case PSM2_OK: return "Success";
-    case PSM2_OK_NO_PROGRESS: return "No events progressed";
-    case PSM2_PARAM_ERR: return "Error in a function parameter";
-    case PSM2_NO_MEMORY: return "Insufficient memory";
-    case PSM2_INIT_NOT_INIT: return "PSM2 has not been initialized";
-    case PSM2_INIT_BAD_API_VERSION: return "Incompatible PSM2 API version";
-    case PSM2_NO_AFFINITY: return "No affinity available";
-    case PSM2_INTERNAL_ERR: return "Unknown internal error";
-    case PSM2_SHMEM_SEGMENT_ERR: return "Shared memory segment error";
-    case PSM2_OPT_READONLY: return "Option is read-only";
-    case PSM2_TIMEOUT: return "Operation timed out";
-    case PSM2_TOO_MANY_ENDPOINTS: return "Exceeded supported amount of endpoints";
-    case PSM2_IS_FINALIZED: return "PSM2 is finalized";
-    case PSM2_EP_WAS_CLOSED: return "Endpoint was closed";
-    case PSM2_EP_NO_DEVICE: return "No device (psmd) available";
-    case PSM2_EP_UNIT_NOT_FOUND: return "Specified unit was not found";
-    case PSM2_EP_DEVICE_FAILURE: return "Device failure";
-    case PSM2_EP_CLOSE_TIMEOUT: return "Endpoint close timed out";
-    case PSM2_EP_NO_PORTS_AVAIL: return "No free ports could be obtained";
-    case PSM2_EP_NO_NETWORK: return "Network is down";
-    case PSM2_EP_INVALID_UUID_KEY: return "Invalid job key";
-    case PSM2_EP_NO_RESOURCES: return "No resources available";
-    case PSM2_EPID_UNKNOWN: return "Unknown endpoint id";
-    case PSM2_EPID_UNREACHABLE: return "Endpoint id is unreachable";
-    case PSM2_EPID_INVALID_NODE: return "Invalid node in endpoint id";
-    case PSM2_EPID_INVALID_MTU: return "Invalid MTU";
-    case PSM2_EPID_INVALID_UUID_KEY: return "Remote endpoint belongs to another job (uuid key)";
-    case PSM2_EPID_INVALID_VERSION: return "Remote endpoint runs an incompatible version";
-    case PSM2_EPID_INVALID_CONNECT: return "Invalid connection request";
-    case PSM2_EPID_ALREADY_CONNECTED: return "Endpoint is already connected";
-    case PSM2_EPID_NETWORK_ERROR: return "Network error while connecting";
-    case PSM2_EPID_INVALID_PKEY: return "Invalid partition key";
-    case PSM2_EPID_PATH_RESOLUTION: return "Path resolution failed";
-    case PSM2_MQ_NO_COMPLETIONS: return "No completion events available";
-    case PSM2_MQ_TRUNCATION: return "Message was truncated";
-    case PSM2_AM_INVALID_REPLY: return "Invalid active message reply";
-    case PSM2_IQ_INVALID_QUERY: return "Invalid info query";
-    default: return "Unknown PSM2 error";
+    case PSM2_OK:
+      return "Success";
+    case PSM2_OK_NO_PROGRESS:
+      return "No events progressed";
+    case PSM2_PARAM_ERR:
+      return "Error in a function parameter";
+    case PSM2_NO_MEMORY:
+      return "Insufficient memory";
+    case PSM2_INIT_NOT_INIT:
+      return "PSM2 has not been initialized";
+    case PSM2_INIT_BAD_API_VERSION:
+      return "Incompatible PSM2 API version";
+    case PSM2_NO_AFFINITY:
+      return "No affinity available";
+    case PSM2_INTERNAL_ERR:
+      return "Unknown internal error";
+    case PSM2_SHMEM_SEGMENT_ERR:
+      return "Shared memory segment error";
+    case PSM2_OPT_READONLY:
+      return "Option is read-only";
+    case PSM2_TIMEOUT:
+      return "Operation timed out";
+    case PSM2_TOO_MANY_ENDPOINTS:
+      return "Exceeded supported amount of endpoints";
+    case PSM2_IS_FINALIZED:
+      return "PSM2 is finalized";
+    case PSM2_EP_WAS_CLOSED:
+      return "Endpoint was closed";
+    case PSM2_EP_NO_DEVICE:
+      return "No device (psmd) available";
+    case PSM2_EP_UNIT_NOT_FOUND:
+      return "Specified unit was not found";
+    case PSM2_EP_DEVICE_FAILURE:
+      return "Device failure";
+    case PSM2_EP_CLOSE_TIMEOUT:
+      return "Endpoint close timed out";
+    case PSM2_EP_NO_PORTS_AVAIL:
+      return "No free ports could be obtained";
+    case PSM2_EP_NO_NETWORK:
+      return "Network is down";
+    case PSM2_EP_INVALID_UUID_KEY:
+      return "Invalid job key";
+    case PSM2_EP_NO_RESOURCES:
+      return "No resources available";
+    case PSM2_EPID_UNKNOWN:
+      return "Unknown endpoint id";
+    case PSM2_EPID_UNREACHABLE:
+      return "Endpoint id is unreachable";
+    case PSM2_EPID_INVALID_NODE:
+      return "Invalid node in endpoint id";
+    case PSM2_EPID_INVALID_MTU:
+      return "Invalid MTU";
+    case PSM2_EPID_INVALID_UUID_KEY:
+      return "Remote endpoint belongs to another job (uuid key)";
+    case PSM2_EPID_INVALID_VERSION:
+      return "Remote endpoint runs an incompatible version";
+    case PSM2_EPID_INVALID_CONNECT:
+      return "Invalid connection request";
+    case PSM2_EPID_ALREADY_CONNECTED:
+      return "Endpoint is already connected";
+    case PSM2_EPID_NETWORK_ERROR:
+      return "Network error while connecting";
+    case PSM2_EPID_INVALID_PKEY:
+      return "Invalid partition key";
+    case PSM2_EPID_PATH_RESOLUTION:
+      return "Path resolution failed";
+    case PSM2_MQ_NO_COMPLETIONS:
+      return "No completion events available";
+    case PSM2_MQ_TRUNCATION:
+      return "Message was truncated";
+    case PSM2_AM_INVALID_REPLY:
+      return "Invalid active message reply";
+    case PSM2_IQ_INVALID_QUERY:
+      return "Invalid info query";
+    default:
+      return "Unknown PSM2 error";
   }
 }
 
 psm2_error_t psm2_ep_open_opts_get_defaults(struct psm2_ep_open_opts* opts) {
   Library& lib = Library::Get();
-  if (psm2_error_t err = lib.RequireInit("psm2_ep_open_opts_get_defaults"); err != PSM2_OK) {
+  if (psm2_error_t err = lib.RequireInit("psm2_ep_open_opts_get_defaults");
+      err != PSM2_OK) {
     return err;
   }
   if (opts == nullptr) {
-    return Library::Report(PSM2_PARAM_ERR, "psm2_ep_open_opts_get_defaults: opts is NULL");
+    return Library::Report(PSM2_PARAM_ERR,
+                           "psm2_ep_open_opts_get_defaults: opts is NULL");
   }
   // Intel's defaults, field for field, so that programs that print or
   // compare them see the same. psmd itself uses none of them (see
@@ -256,13 +310,16 @@ psm2_error_t psm2_ep_open_opts_get_defaults(struct psm2_ep_open_opts* opts) {
   return PSM2_OK;
 }
 
-psm2_error_t psm2_ep_open(const psm2_uuid_t unique_job_key, const struct psm2_ep_open_opts* opts,
-                          psm2_ep_t* ep, psm2_epid_t* epid) {
+psm2_error_t psm2_ep_open(const psm2_uuid_t unique_job_key,
+                          const struct psm2_ep_open_opts* opts, psm2_ep_t* ep,
+                          psm2_epid_t* epid) {
   Library& lib = Library::Get();
-  if (psm2_error_t err = lib.RequireInit("psm2_ep_open"); err != PSM2_OK) return err;
+  if (psm2_error_t err = lib.RequireInit("psm2_ep_open"); err != PSM2_OK)
+    return err;
   if (unique_job_key == nullptr || ep == nullptr || epid == nullptr) {
-    return Library::Report(PSM2_PARAM_ERR,
-                           "psm2_ep_open: unique_job_key, ep and epid must not be NULL");
+    return Library::Report(
+        PSM2_PARAM_ERR,
+        "psm2_ep_open: unique_job_key, ep and epid must not be NULL");
   }
   if (opts != nullptr) {
     if (psm2_error_t err = CheckOpenOptions(*opts); err != PSM2_OK) return err;
@@ -274,13 +331,15 @@ psm2_error_t psm2_ep_open(const psm2_uuid_t unique_job_key, const struct psm2_ep
     if (allowed) lib.opening++;
   }
   if (!allowed) {
-    return Library::Report(PSM2_TOO_MANY_ENDPOINTS,
-                           "psm2_ep_open: this process has an endpoint already; set "
-                           "PSM2_MULTI_EP=1 before psm2_init to open more (Intel's PSM2 has "
-                           "the same rule)");
+    return Library::Report(
+        PSM2_TOO_MANY_ENDPOINTS,
+        "psm2_ep_open: this process has an endpoint already; set "
+        "PSM2_MULTI_EP=1 before psm2_init to open more (Intel's PSM2 has "
+        "the same rule)");
   }
   std::unique_ptr<psm2_ep> opened;
-  psmd::client::CallError err = psm2_ep::Open(lib.control(), unique_job_key, &opened);
+  psmd::client::CallError err =
+      psm2_ep::Open(lib.control(), unique_job_key, &opened);
   if (!err.ok()) {
     {
       std::lock_guard<std::mutex> lock(lib.mu);
@@ -299,15 +358,19 @@ psm2_error_t psm2_ep_open(const psm2_uuid_t unique_job_key, const struct psm2_ep
 
 psm2_error_t psm2_ep_close(psm2_ep_t ep, int mode, int64_t timeout) {
   Library& lib = Library::Get();
-  if (psm2_error_t err = lib.RequireInit("psm2_ep_close"); err != PSM2_OK) return err;
-  if (ep == nullptr) return Library::Report(PSM2_PARAM_ERR, "psm2_ep_close: ep is NULL");
+  if (psm2_error_t err = lib.RequireInit("psm2_ep_close"); err != PSM2_OK)
+    return err;
+  if (ep == nullptr)
+    return Library::Report(PSM2_PARAM_ERR, "psm2_ep_close: ep is NULL");
   if (mode != PSM2_EP_CLOSE_GRACEFUL && mode != PSM2_EP_CLOSE_FORCE) {
-    return Library::Report(ep, PSM2_PARAM_ERR,
-                           "psm2_ep_close: unknown mode " + std::to_string(mode) +
-                               " (use PSM2_EP_CLOSE_GRACEFUL or PSM2_EP_CLOSE_FORCE)");
+    return Library::Report(
+        ep, PSM2_PARAM_ERR,
+        "psm2_ep_close: unknown mode " + std::to_string(mode) +
+            " (use PSM2_EP_CLOSE_GRACEFUL or PSM2_EP_CLOSE_FORCE)");
   }
   const std::string not_open =
-      "psm2_ep_close: the endpoint is not open (closed already, or never returned by "
+      "psm2_ep_close: the endpoint is not open (closed already, or never "
+      "returned by "
       "psm2_ep_open)";
   bool is_open;
   {
@@ -320,11 +383,11 @@ psm2_error_t psm2_ep_close(psm2_ep_t ep, int mode, int64_t timeout) {
   psm2_error_t result = PSM2_OK;
   if (mode == PSM2_EP_CLOSE_GRACEFUL) {
     if (size_t left = DrainSends(ep, timeout); left > 0) {
-      result = Library::Report(
-          ep, PSM2_EP_CLOSE_TIMEOUT,
-          "psm2_ep_close: " + std::to_string(left) +
-              " sends still unfinished when the close timed out (rendezvous sends wait for "
-              "their receivers); they are abandoned");
+      result = Library::Report(ep, PSM2_EP_CLOSE_TIMEOUT,
+                               "psm2_ep_close: " + std::to_string(left) +
+                                   " sends still unfinished when the close "
+                                   "timed out (rendezvous sends wait for "
+                                   "their receivers); they are abandoned");
     }
   }
   std::unique_ptr<psm2_ep> owned;
@@ -343,29 +406,35 @@ psm2_error_t psm2_ep_close(psm2_ep_t ep, int mode, int64_t timeout) {
     }
   }
   lib.ForgetEndpointHandler(ep);
-  if (!owned) return Library::Report(PSM2_EP_WAS_CLOSED, not_open);  // by another thread
+  if (!owned)
+    return Library::Report(PSM2_EP_WAS_CLOSED, not_open);  // by another thread
   psmd::client::CallError err;
   if (!owned->daemon_lost) err = owned->control->CloseEndpoint(owned->id);
   // Unmapping and closing the fds (the destructor) releases the segments;
   // closing the attach connection tells the daemon in any case.
   owned.reset();
-  if (!err.ok()) return Library::Report(static_cast<psm2_error_t>(err.code), err.message);
+  if (!err.ok())
+    return Library::Report(static_cast<psm2_error_t>(err.code), err.message);
   return result;
 }
 
-psm2_error_t psm2_ep_connect(psm2_ep_t ep, int num_of_epid, const psm2_epid_t* array_of_epid,
-                             const int* array_of_epid_mask, psm2_error_t* array_of_errors,
+psm2_error_t psm2_ep_connect(psm2_ep_t ep, int num_of_epid,
+                             const psm2_epid_t* array_of_epid,
+                             const int* array_of_epid_mask,
+                             psm2_error_t* array_of_errors,
                              psm2_epaddr_t* array_of_epaddr, int64_t timeout) {
   // psmd answers at once: an epid is either open on this node or not, so
   // there is nothing to wait for and the timeout does not apply.
   (void)timeout;
   Library& lib = Library::Get();
-  if (psm2_error_t err = lib.RequireInit("psm2_ep_connect"); err != PSM2_OK) return err;
-  if (ep == nullptr || num_of_epid < 1 || array_of_epid == nullptr || array_of_errors == nullptr ||
-      array_of_epaddr == nullptr) {
-    return Library::Report(ep, PSM2_PARAM_ERR,
-                           "psm2_ep_connect: needs an endpoint, num_of_epid >= 1 and the epid, "
-                           "error and epaddr arrays");
+  if (psm2_error_t err = lib.RequireInit("psm2_ep_connect"); err != PSM2_OK)
+    return err;
+  if (ep == nullptr || num_of_epid < 1 || array_of_epid == nullptr ||
+      array_of_errors == nullptr || array_of_epaddr == nullptr) {
+    return Library::Report(
+        ep, PSM2_PARAM_ERR,
+        "psm2_ep_connect: needs an endpoint, num_of_epid >= 1 and the epid, "
+        "error and epaddr arrays");
   }
   bool is_open;
   {
@@ -373,7 +442,8 @@ psm2_error_t psm2_ep_connect(psm2_ep_t ep, int num_of_epid, const psm2_epid_t* a
     is_open = lib.IsOpenLocked(ep);
   }
   if (!is_open) {
-    return Library::Report(PSM2_EP_WAS_CLOSED, "psm2_ep_connect: the endpoint is not open");
+    return Library::Report(PSM2_EP_WAS_CLOSED,
+                           "psm2_ep_connect: the endpoint is not open");
   }
   std::vector<uint64_t> wanted;
   std::vector<int> index_of;
@@ -391,12 +461,15 @@ psm2_error_t psm2_ep_connect(psm2_ep_t ep, int num_of_epid, const psm2_epid_t* a
     psmd::client::CallError err = ep->control->Connect(ep->id, wanted, &reply);
     if (err.ok() && reply.results_size() != static_cast<int>(wanted.size())) {
       err = {PSM2_INTERNAL_ERR, "psm2_ep_connect: psmd answered " +
-                                    std::to_string(reply.results_size()) + " results for " +
+                                    std::to_string(reply.results_size()) +
+                                    " results for " +
                                     std::to_string(wanted.size()) + " epids"};
     }
     if (!err.ok()) {
-      for (int i : index_of) array_of_errors[i] = static_cast<psm2_error_t>(err.code);
-      return Library::Report(ep, static_cast<psm2_error_t>(err.code), err.message);
+      for (int i : index_of)
+        array_of_errors[i] = static_cast<psm2_error_t>(err.code);
+      return Library::Report(ep, static_cast<psm2_error_t>(err.code),
+                             err.message);
     }
     std::lock_guard<std::recursive_mutex> lock(ep->mu);
     for (size_t k = 0; k < wanted.size(); k++) {
@@ -421,15 +494,18 @@ psm2_error_t psm2_ep_connect(psm2_ep_t ep, int num_of_epid, const psm2_epid_t* a
     for (int i = 0; i < num_of_epid; i++) array_of_errors[i] = PSM2_OK;
     return PSM2_OK;
   }
-  return Library::Report(ep, worst,
-                         "psm2_ep_connect: some endpoints could not be connected (see "
-                         "array_of_errors)" +
-                             failures);
+  return Library::Report(
+      ep, worst,
+      "psm2_ep_connect: some endpoints could not be connected (see "
+      "array_of_errors)" +
+          failures);
 }
 
-psm2_error_t psm2_ep_disconnect2(psm2_ep_t ep, int num_of_epaddr, psm2_epaddr_t* array_of_epaddr,
-                                 const int* array_of_epaddr_mask, psm2_error_t* array_of_errors,
-                                 int mode, int64_t timeout) {
+psm2_error_t psm2_ep_disconnect2(psm2_ep_t ep, int num_of_epaddr,
+                                 psm2_epaddr_t* array_of_epaddr,
+                                 const int* array_of_epaddr_mask,
+                                 psm2_error_t* array_of_errors, int mode,
+                                 int64_t timeout) {
   // A psmd connection is this library's permission to address a peer, kept
   // by psmd under a slot number. Disconnecting withdraws the permission at
   // once: new sends and receives naming the peer are refused, while
@@ -437,35 +513,42 @@ psm2_error_t psm2_ep_disconnect2(psm2_ep_t ep, int num_of_epaddr, psm2_epaddr_t*
   // reconnect reuses it). Nothing is waited for, in either mode.
   (void)timeout;
   Library& lib = Library::Get();
-  if (psm2_error_t err = lib.RequireInit("psm2_ep_disconnect"); err != PSM2_OK) return err;
+  if (psm2_error_t err = lib.RequireInit("psm2_ep_disconnect"); err != PSM2_OK)
+    return err;
   if (ep == nullptr || num_of_epaddr < 1 || array_of_epaddr == nullptr ||
       array_of_errors == nullptr) {
-    return Library::Report(ep, PSM2_PARAM_ERR,
-                           "psm2_ep_disconnect: needs an endpoint, num_of_epaddr >= 1 and the "
-                           "epaddr and error arrays");
+    return Library::Report(
+        ep, PSM2_PARAM_ERR,
+        "psm2_ep_disconnect: needs an endpoint, num_of_epaddr >= 1 and the "
+        "epaddr and error arrays");
   }
   if (mode != PSM2_EP_DISCONNECT_GRACEFUL && mode != PSM2_EP_DISCONNECT_FORCE) {
-    return Library::Report(ep, PSM2_PARAM_ERR,
-                           "psm2_ep_disconnect2: unknown mode " + std::to_string(mode) +
-                               " (use PSM2_EP_DISCONNECT_GRACEFUL or PSM2_EP_DISCONNECT_FORCE)");
+    return Library::Report(
+        ep, PSM2_PARAM_ERR,
+        "psm2_ep_disconnect2: unknown mode " + std::to_string(mode) +
+            " (use PSM2_EP_DISCONNECT_GRACEFUL or PSM2_EP_DISCONNECT_FORCE)");
   }
   {
     std::lock_guard<std::mutex> lock(lib.mu);
     if (!lib.IsOpenLocked(ep)) {
-      return Library::Report(PSM2_EP_WAS_CLOSED, "psm2_ep_disconnect: the endpoint is not open");
+      return Library::Report(PSM2_EP_WAS_CLOSED,
+                             "psm2_ep_disconnect: the endpoint is not open");
     }
   }
   // The same epaddr twice gets the first one's result, as with Intel's.
   std::unordered_map<psm2_epaddr_t, psm2_error_t> done;
   std::lock_guard<std::recursive_mutex> lock(ep->mu);
   for (int i = 0; i < num_of_epaddr; i++) {
-    if (array_of_epaddr_mask != nullptr && array_of_epaddr_mask[i] == 0) continue;
+    if (array_of_epaddr_mask != nullptr && array_of_epaddr_mask[i] == 0)
+      continue;
     psm2_epaddr_t addr = array_of_epaddr[i];
     auto seen = done.find(addr);
     if (seen != done.end()) {
       array_of_errors[i] = seen->second;
-    } else if (addr == nullptr || addr->ep != ep || addr->slot == psmd::client::kNoSlot) {
-      array_of_errors[i] = PSM2_EPID_UNKNOWN;  // not connected from this endpoint
+    } else if (addr == nullptr || addr->ep != ep ||
+               addr->slot == psmd::client::kNoSlot) {
+      array_of_errors[i] =
+          PSM2_EPID_UNKNOWN;  // not connected from this endpoint
     } else {
       addr->slot = psmd::client::kNoSlot;
       array_of_errors[i] = PSM2_OK;
@@ -477,11 +560,14 @@ psm2_error_t psm2_ep_disconnect2(psm2_ep_t ep, int num_of_epaddr, psm2_epaddr_t*
   return PSM2_OK;
 }
 
-psm2_error_t psm2_ep_disconnect(psm2_ep_t ep, int num_of_epaddr, psm2_epaddr_t* array_of_epaddr,
-                                const int* array_of_epaddr_mask, psm2_error_t* array_of_errors,
+psm2_error_t psm2_ep_disconnect(psm2_ep_t ep, int num_of_epaddr,
+                                psm2_epaddr_t* array_of_epaddr,
+                                const int* array_of_epaddr_mask,
+                                psm2_error_t* array_of_errors,
                                 int64_t timeout) {
-  return psm2_ep_disconnect2(ep, num_of_epaddr, array_of_epaddr, array_of_epaddr_mask,
-                             array_of_errors, PSM2_EP_DISCONNECT_GRACEFUL, timeout);
+  return psm2_ep_disconnect2(ep, num_of_epaddr, array_of_epaddr,
+                             array_of_epaddr_mask, array_of_errors,
+                             PSM2_EP_DISCONNECT_GRACEFUL, timeout);
 }
 
 psm2_error_t psm2_poll(psm2_ep_t ep) {

@@ -54,19 +54,23 @@ constexpr size_t kQueryArgs[PSM2_INFO_QUERY_LAST] = {
 };
 
 // The unit is present when psmd's socket exists (as a device node would).
-bool UnitPresent() { return access(psmd::client::SocketPath().c_str(), F_OK) == 0; }
+bool UnitPresent() {
+  return access(psmd::client::SocketPath().c_str(), F_OK) == 0;
+}
 
 // Asks psmd how many endpoints it serves and may serve.
 psm2_error_t DaemonCapacity(uint32_t* in_use, uint32_t* max) {
   psmd::v1::HealthReply health;
   psmd::client::CallError err = Library::Get().control()->Health(&health);
   if (!err.ok()) {
-    return Library::Report(static_cast<psm2_error_t>(err.code), "psm2_info_query: " + err.message);
+    return Library::Report(static_cast<psm2_error_t>(err.code),
+                           "psm2_info_query: " + err.message);
   }
   if (health.max_endpoints() == 0) {
-    return Library::Report(PSM2_INTERNAL_ERR,
-                           "psm2_info_query: psmd does not report its endpoint limit (it is "
-                           "older than this library); upgrade psmd");
+    return Library::Report(
+        PSM2_INTERNAL_ERR,
+        "psm2_info_query: psmd does not report its endpoint limit (it is "
+        "older than this library); upgrade psmd");
   }
   *in_use = health.endpoint_count();
   *max = health.max_endpoints();
@@ -83,37 +87,43 @@ uint32_t UnitStatus(uint32_t unit) {
 
 // Validates the (mq, epaddr) pair of a per-connection query and tells how
 // the connection is carried: to itself or to another endpoint, through psmd.
-psm2_error_t ConnectionConfig(const char* query, psm2_mq_t mq, psm2_epaddr_t epaddr,
-                              uint32_t* config) {
+psm2_error_t ConnectionConfig(const char* query, psm2_mq_t mq,
+                              psm2_epaddr_t epaddr, uint32_t* config) {
   if (mq == nullptr || epaddr == nullptr || epaddr->ep != mq->ep) {
-    return Library::Report(PSM2_PARAM_ERR,
-                           std::string("psm2_info_query(") + query +
-                               "): needs an MQ and an epaddr connected from that MQ's endpoint");
+    return Library::Report(
+        PSM2_PARAM_ERR,
+        std::string("psm2_info_query(") + query +
+            "): needs an MQ and an epaddr connected from that MQ's endpoint");
   }
   // Every psmd connection is shared memory; a connection to the endpoint's
   // own epid is its loopback, which Intel's reports as SELF.
-  *config =
-      epaddr->epid == mq->ep->epid ? PSM2_INFO_QUERY_CONFIG_SELF : PSM2_INFO_QUERY_CONFIG_AMSH;
+  *config = epaddr->epid == mq->ep->epid ? PSM2_INFO_QUERY_CONFIG_SELF
+                                         : PSM2_INFO_QUERY_CONFIG_AMSH;
   return PSM2_OK;
 }
 
 psm2_error_t QueryThreshold(psm2_mq_t mq, psm2_epaddr_t epaddr,
-                            enum psm2_info_query_thresh_et which, uint32_t* out) {
+                            enum psm2_info_query_thresh_et which,
+                            uint32_t* out) {
   uint32_t config;
-  if (psm2_error_t err = ConnectionConfig("THRESH", mq, epaddr, &config); err != PSM2_OK) {
+  if (psm2_error_t err = ConnectionConfig("THRESH", mq, epaddr, &config);
+      err != PSM2_OK) {
     return err;
   }
   // The one threshold of a psmd connection is where rendezvous starts, for
   // loopback as for other peers.
-  const bool asks_ours =
-      (config == PSM2_INFO_QUERY_CONFIG_AMSH && which == PSM2_INFO_QUERY_THRESH_AMSH_START) ||
-      (config == PSM2_INFO_QUERY_CONFIG_SELF && which == PSM2_INFO_QUERY_THRESH_SELF_START);
+  const bool asks_ours = (config == PSM2_INFO_QUERY_CONFIG_AMSH &&
+                          which == PSM2_INFO_QUERY_THRESH_AMSH_START) ||
+                         (config == PSM2_INFO_QUERY_CONFIG_SELF &&
+                          which == PSM2_INFO_QUERY_THRESH_SELF_START);
   if (!asks_ours) {
     return Library::Report(
         PSM2_IQ_INVALID_QUERY,
         "psm2_info_query(THRESH): threshold " + std::to_string(which) +
-            " does not apply to this connection; psmd connections have one, the rendezvous "
-            "threshold, asked with PSM2_INFO_QUERY_THRESH_AMSH_START (_SELF_START for a "
+            " does not apply to this connection; psmd connections have one, "
+            "the rendezvous "
+            "threshold, asked with PSM2_INFO_QUERY_THRESH_AMSH_START "
+            "(_SELF_START for a "
             "connection to the endpoint itself)");
   }
   std::lock_guard<std::recursive_mutex> lock(mq->ep->mu);
@@ -123,9 +133,12 @@ psm2_error_t QueryThreshold(psm2_mq_t mq, psm2_epaddr_t epaddr,
 
 // Canonical text form of a uuid, lower case, as Intel's psm2_ep_query writes.
 void UuidText(const psm2_uuid_t uuid, char* out, size_t size) {
-  snprintf(out, size, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-           uuid[0], uuid[1], uuid[2], uuid[3], uuid[4], uuid[5], uuid[6], uuid[7], uuid[8], uuid[9],
-           uuid[10], uuid[11], uuid[12], uuid[13], uuid[14], uuid[15]);
+  snprintf(
+      out, size,
+      "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+      uuid[0], uuid[1], uuid[2], uuid[3], uuid[4], uuid[5], uuid[6], uuid[7],
+      uuid[8], uuid[9], uuid[10], uuid[11], uuid[12], uuid[13], uuid[14],
+      uuid[15]);
 }
 
 }  // namespace
@@ -139,25 +152,34 @@ uint64_t psm2_get_capability_mask(uint64_t req_cap_mask) {
 void psm2_uuid_generate(psm2_uuid_t uuid_out) {
   if (uuid_out == nullptr) return;
   // A random (version 4) uuid.
-  if (getrandom(uuid_out, sizeof(psm2_uuid_t), 0) != static_cast<ssize_t>(sizeof(psm2_uuid_t))) {
+  if (getrandom(uuid_out, sizeof(psm2_uuid_t), 0) !=
+      static_cast<ssize_t>(sizeof(psm2_uuid_t))) {
     std::random_device rd;
-    for (size_t i = 0; i < sizeof(psm2_uuid_t); i++) uuid_out[i] = static_cast<uint8_t>(rd());
+    for (size_t i = 0; i < sizeof(psm2_uuid_t); i++)
+      uuid_out[i] = static_cast<uint8_t>(rd());
   }
   uuid_out[6] = static_cast<uint8_t>((uuid_out[6] & 0x0f) | 0x40);
   uuid_out[8] = static_cast<uint8_t>((uuid_out[8] & 0x3f) | 0x80);
 }
 
-uint64_t psm2_epid_nid(psm2_epid_t epid) { return psmd::client::NodeIdOf(epid); }
+uint64_t psm2_epid_nid(psm2_epid_t epid) {
+  return psmd::client::NodeIdOf(epid);
+}
 
-uint64_t psm2_epid_context(psm2_epid_t epid) { return psmd::client::EndpointIdOf(epid); }
+uint64_t psm2_epid_context(psm2_epid_t epid) {
+  return psmd::client::EndpointIdOf(epid);
+}
 
 uint64_t psm2_epid_port(psm2_epid_t epid) { return psm2_epid_context(epid); }
 
 psm2_error_t psm2_ep_num_devunits(uint32_t* num_units) {
   Library& lib = Library::Get();
-  if (psm2_error_t err = lib.RequireInit("psm2_ep_num_devunits"); err != PSM2_OK) return err;
+  if (psm2_error_t err = lib.RequireInit("psm2_ep_num_devunits");
+      err != PSM2_OK)
+    return err;
   if (num_units == nullptr) {
-    return Library::Report(PSM2_PARAM_ERR, "psm2_ep_num_devunits: num_units is NULL");
+    return Library::Report(PSM2_PARAM_ERR,
+                           "psm2_ep_num_devunits: num_units is NULL");
   }
   *num_units = UnitPresent() ? 1 : 0;
   return PSM2_OK;
@@ -166,16 +188,20 @@ psm2_error_t psm2_ep_num_devunits(uint32_t* num_units) {
 psm2_error_t psm2_info_query(psm2_info_query_t q, void* out, size_t nargs,
                              psm2_info_query_arg_t args[]) {
   Library& lib = Library::Get();
-  if (psm2_error_t err = lib.RequireInit("psm2_info_query"); err != PSM2_OK) return err;
+  if (psm2_error_t err = lib.RequireInit("psm2_info_query"); err != PSM2_OK)
+    return err;
   if (q < 0 || q >= PSM2_INFO_QUERY_LAST) {
     return Library::Report(PSM2_IQ_INVALID_QUERY,
-                           "psm2_info_query: unknown query " + std::to_string(static_cast<int>(q)));
+                           "psm2_info_query: unknown query " +
+                               std::to_string(static_cast<int>(q)));
   }
-  if (nargs != kQueryArgs[q] || (nargs > 0 && args == nullptr) || out == nullptr) {
-    return Library::Report(PSM2_PARAM_ERR,
-                           "psm2_info_query: query " + std::to_string(static_cast<int>(q)) +
-                               " takes " + std::to_string(kQueryArgs[q]) + " arguments (given " +
-                               std::to_string(nargs) + ") and an output buffer");
+  if (nargs != kQueryArgs[q] || (nargs > 0 && args == nullptr) ||
+      out == nullptr) {
+    return Library::Report(
+        PSM2_PARAM_ERR,
+        "psm2_info_query: query " + std::to_string(static_cast<int>(q)) +
+            " takes " + std::to_string(kQueryArgs[q]) + " arguments (given " +
+            std::to_string(nargs) + ") and an output buffer");
   }
   auto* out32 = static_cast<uint32_t*>(out);
   switch (q) {
@@ -198,8 +224,11 @@ psm2_error_t psm2_info_query(psm2_info_query_t q, void* out, size_t nargs,
         return PSM2_OK;
       }
       uint32_t in_use = 0, max = 0;
-      if (psm2_error_t err = DaemonCapacity(&in_use, &max); err != PSM2_OK) return err;
-      *out32 = q == PSM2_INFO_QUERY_NUM_CONTEXTS ? max : (in_use < max ? max - in_use : 0);
+      if (psm2_error_t err = DaemonCapacity(&in_use, &max); err != PSM2_OK)
+        return err;
+      *out32 = q == PSM2_INFO_QUERY_NUM_CONTEXTS
+                   ? max
+                   : (in_use < max ? max - in_use : 0);
       return PSM2_OK;
     }
     case PSM2_INFO_QUERY_CONFIG:
@@ -208,24 +237,28 @@ psm2_error_t psm2_info_query(psm2_info_query_t q, void* out, size_t nargs,
       return QueryThreshold(args[0].mq, args[1].epaddr, args[2].mstq, out32);
     case PSM2_INFO_QUERY_DEVICE_NAME: {
       uint32_t config;
-      if (psm2_error_t err = ConnectionConfig("DEVICE_NAME", args[0].mq, args[1].epaddr, &config);
+      if (psm2_error_t err = ConnectionConfig("DEVICE_NAME", args[0].mq,
+                                              args[1].epaddr, &config);
           err != PSM2_OK) {
         return err;
       }
       // "<device>_<unit>", as Intel's ("hfi1_0").
       const size_t length = args[2].length;
-      const int n = snprintf(static_cast<char*>(out), length, "%s_0", kUnitName);
+      const int n =
+          snprintf(static_cast<char*>(out), length, "%s_0", kUnitName);
       if (n < 0 || static_cast<size_t>(n) >= length) {
-        return Library::Report(PSM2_INTERNAL_ERR, "psm2_info_query(DEVICE_NAME): the buffer of " +
-                                                      std::to_string(length) +
-                                                      " bytes is too small (" +
-                                                      std::to_string(n + 1) + " needed)");
+        return Library::Report(PSM2_INTERNAL_ERR,
+                               "psm2_info_query(DEVICE_NAME): the buffer of " +
+                                   std::to_string(length) +
+                                   " bytes is too small (" +
+                                   std::to_string(n + 1) + " needed)");
       }
       return PSM2_OK;
     }
     case PSM2_INFO_QUERY_MTU: {
       uint32_t config;
-      if (psm2_error_t err = ConnectionConfig("MTU", args[0].mq, args[1].epaddr, &config);
+      if (psm2_error_t err =
+              ConnectionConfig("MTU", args[0].mq, args[1].epaddr, &config);
           err != PSM2_OK) {
         return err;
       }
@@ -235,21 +268,24 @@ psm2_error_t psm2_info_query(psm2_info_query_t q, void* out, size_t nargs,
     }
     case PSM2_INFO_QUERY_LINK_SPEED: {
       uint32_t config;
-      if (psm2_error_t err = ConnectionConfig("LINK_SPEED", args[0].mq, args[1].epaddr, &config);
+      if (psm2_error_t err = ConnectionConfig("LINK_SPEED", args[0].mq,
+                                              args[1].epaddr, &config);
           err != PSM2_OK) {
         return err;
       }
-      return Library::Report(PSM2_IQ_INVALID_QUERY,
-                             "psm2_info_query(LINK_SPEED): psmd connections have no link "
-                             "(every peer is on this node, reached through shared memory)");
+      return Library::Report(
+          PSM2_IQ_INVALID_QUERY,
+          "psm2_info_query(LINK_SPEED): psmd connections have no link "
+          "(every peer is on this node, reached through shared memory)");
     }
     case PSM2_INFO_QUERY_NETWORK_TYPE: {
       const size_t length = args[0].length;
       if (length < sizeof(kNetworkType)) {
-        return Library::Report(PSM2_INTERNAL_ERR,
-                               "psm2_info_query(NETWORK_TYPE): the buffer of " +
-                                   std::to_string(length) + " bytes is too small (" +
-                                   std::to_string(sizeof(kNetworkType)) + " needed)");
+        return Library::Report(
+            PSM2_INTERNAL_ERR,
+            "psm2_info_query(NETWORK_TYPE): the buffer of " +
+                std::to_string(length) + " bytes is too small (" +
+                std::to_string(sizeof(kNetworkType)) + " needed)");
       }
       memcpy(out, kNetworkType, sizeof(kNetworkType));
       return PSM2_OK;
@@ -258,18 +294,22 @@ psm2_error_t psm2_info_query(psm2_info_query_t q, void* out, size_t nargs,
       *out32 = 0;  // no GPU memory support
       return PSM2_OK;
     default:
-      return Library::Report(PSM2_IQ_INVALID_QUERY, "psm2_info_query: unknown query " +
-                                                        std::to_string(static_cast<int>(q)));
+      return Library::Report(PSM2_IQ_INVALID_QUERY,
+                             "psm2_info_query: unknown query " +
+                                 std::to_string(static_cast<int>(q)));
   }
 }
 
 psm2_error_t psm2_ep_query(int* num_of_epinfo, psm2_epinfo_t* array_of_epinfo) {
   Library& lib = Library::Get();
-  if (psm2_error_t err = lib.RequireInit("psm2_ep_query"); err != PSM2_OK) return err;
-  if (num_of_epinfo == nullptr || *num_of_epinfo <= 0 || array_of_epinfo == nullptr) {
-    return Library::Report(PSM2_PARAM_ERR,
-                           "psm2_ep_query: needs an array and its capacity (> 0) in "
-                           "*num_of_epinfo");
+  if (psm2_error_t err = lib.RequireInit("psm2_ep_query"); err != PSM2_OK)
+    return err;
+  if (num_of_epinfo == nullptr || *num_of_epinfo <= 0 ||
+      array_of_epinfo == nullptr) {
+    return Library::Report(
+        PSM2_PARAM_ERR,
+        "psm2_ep_query: needs an array and its capacity (> 0) in "
+        "*num_of_epinfo");
   }
   int n = 0;
   {
@@ -285,7 +325,8 @@ psm2_error_t psm2_ep_query(int* num_of_epinfo, psm2_epinfo_t* array_of_epinfo) {
     }
   }
   if (n == 0) {
-    return Library::Report(PSM2_EP_WAS_CLOSED, "psm2_ep_query: this process has no open endpoint");
+    return Library::Report(PSM2_EP_WAS_CLOSED,
+                           "psm2_ep_query: this process has no open endpoint");
   }
   *num_of_epinfo = n;
   return PSM2_OK;
@@ -293,9 +334,11 @@ psm2_error_t psm2_ep_query(int* num_of_epinfo, psm2_epinfo_t* array_of_epinfo) {
 
 psm2_error_t psm2_ep_epid_lookup(psm2_epid_t epid, psm2_epconn_t* epconn) {
   Library& lib = Library::Get();
-  if (psm2_error_t err = lib.RequireInit("psm2_ep_epid_lookup"); err != PSM2_OK) return err;
+  if (psm2_error_t err = lib.RequireInit("psm2_ep_epid_lookup"); err != PSM2_OK)
+    return err;
   if (epconn == nullptr) {
-    return Library::Report(PSM2_PARAM_ERR, "psm2_ep_epid_lookup: epconn is NULL");
+    return Library::Report(PSM2_PARAM_ERR,
+                           "psm2_ep_epid_lookup: epconn is NULL");
   }
   bool any_open;
   {
@@ -313,8 +356,9 @@ psm2_error_t psm2_ep_epid_lookup(psm2_epid_t epid, psm2_epconn_t* epconn) {
     }
   }
   if (!any_open) {
-    return Library::Report(PSM2_EP_WAS_CLOSED,
-                           "psm2_ep_epid_lookup: this process has no open endpoint");
+    return Library::Report(
+        PSM2_EP_WAS_CLOSED,
+        "psm2_ep_epid_lookup: this process has no open endpoint");
   }
   return Library::Report(PSM2_EPID_UNKNOWN,
                          "psm2_ep_epid_lookup: no endpoint of this process "
@@ -322,14 +366,19 @@ psm2_error_t psm2_ep_epid_lookup(psm2_epid_t epid, psm2_epconn_t* epconn) {
                              lib.Describe(epid));
 }
 
-psm2_error_t psm2_ep_epid_lookup2(psm2_ep_t ep, psm2_epid_t epid, psm2_epconn_t* epconn) {
+psm2_error_t psm2_ep_epid_lookup2(psm2_ep_t ep, psm2_epid_t epid,
+                                  psm2_epconn_t* epconn) {
   Library& lib = Library::Get();
-  if (psm2_error_t err = lib.RequireInit("psm2_ep_epid_lookup2"); err != PSM2_OK) return err;
+  if (psm2_error_t err = lib.RequireInit("psm2_ep_epid_lookup2");
+      err != PSM2_OK)
+    return err;
   if (ep == nullptr) {
-    return Library::Report(PSM2_EP_WAS_CLOSED, "psm2_ep_epid_lookup2: the endpoint is NULL");
+    return Library::Report(PSM2_EP_WAS_CLOSED,
+                           "psm2_ep_epid_lookup2: the endpoint is NULL");
   }
   if (epconn == nullptr) {
-    return Library::Report(ep, PSM2_PARAM_ERR, "psm2_ep_epid_lookup2: epconn is NULL");
+    return Library::Report(ep, PSM2_PARAM_ERR,
+                           "psm2_ep_epid_lookup2: epconn is NULL");
   }
   {
     std::lock_guard<std::mutex> lock(lib.mu);
@@ -349,29 +398,36 @@ psm2_error_t psm2_ep_epid_lookup2(psm2_ep_t ep, psm2_epid_t epid, psm2_epconn_t*
     }
   }
   if (ep == nullptr) {
-    return Library::Report(PSM2_EP_WAS_CLOSED, "psm2_ep_epid_lookup2: the endpoint is not open");
+    return Library::Report(PSM2_EP_WAS_CLOSED,
+                           "psm2_ep_epid_lookup2: the endpoint is not open");
   }
   return Library::Report(
       ep, PSM2_EPID_UNKNOWN,
-      "psm2_ep_epid_lookup2: the endpoint has not connected to " + lib.Describe(epid));
+      "psm2_ep_epid_lookup2: the endpoint has not connected to " +
+          lib.Describe(epid));
 }
 
 psm2_error_t psm2_epaddr_to_epid(psm2_epaddr_t epaddr, psm2_epid_t* epid) {
   if (epaddr == nullptr || epid == nullptr) {
-    return Library::Report(PSM2_PARAM_ERR, "psm2_epaddr_to_epid: epaddr and epid must not be NULL");
+    return Library::Report(
+        PSM2_PARAM_ERR,
+        "psm2_epaddr_to_epid: epaddr and epid must not be NULL");
   }
   *epid = epaddr->epid;
   return PSM2_OK;
 }
 
-psm2_error_t psm2_ep_epid_share_memory(psm2_ep_t ep, psm2_epid_t epid, int* result) {
+psm2_error_t psm2_ep_epid_share_memory(psm2_ep_t ep, psm2_epid_t epid,
+                                       int* result) {
   Library& lib = Library::Get();
-  if (psm2_error_t err = lib.RequireInit("psm2_ep_epid_share_memory"); err != PSM2_OK) {
+  if (psm2_error_t err = lib.RequireInit("psm2_ep_epid_share_memory");
+      err != PSM2_OK) {
     return err;
   }
   if (ep == nullptr || result == nullptr) {
-    return Library::Report(PSM2_PARAM_ERR,
-                           "psm2_ep_epid_share_memory: ep and result must not be NULL");
+    return Library::Report(
+        PSM2_PARAM_ERR,
+        "psm2_ep_epid_share_memory: ep and result must not be NULL");
   }
   bool is_open;
   {
@@ -379,21 +435,27 @@ psm2_error_t psm2_ep_epid_share_memory(psm2_ep_t ep, psm2_epid_t epid, int* resu
     is_open = lib.IsOpenLocked(ep);
   }
   if (!is_open) {
-    return Library::Report(PSM2_EP_WAS_CLOSED,
-                           "psm2_ep_epid_share_memory: the endpoint is not open");
+    return Library::Report(
+        PSM2_EP_WAS_CLOSED,
+        "psm2_ep_epid_share_memory: the endpoint is not open");
   }
   // Every endpoint of a node is served by that node's psmd, through shared
   // memory; the node id is in the epid.
-  *result = psmd::client::NodeIdOf(epid) == psmd::client::NodeIdOf(ep->epid) ? 1 : 0;
+  *result =
+      psmd::client::NodeIdOf(epid) == psmd::client::NodeIdOf(ep->epid) ? 1 : 0;
   return PSM2_OK;
 }
 
-psm2_error_t psm2_map_nid_hostname(int num, const uint64_t* nids, const char** hostnames) {
+psm2_error_t psm2_map_nid_hostname(int num, const uint64_t* nids,
+                                   const char** hostnames) {
   Library& lib = Library::Get();
-  if (psm2_error_t err = lib.RequireInit("psm2_map_nid_hostname"); err != PSM2_OK) return err;
+  if (psm2_error_t err = lib.RequireInit("psm2_map_nid_hostname");
+      err != PSM2_OK)
+    return err;
   if (nids == nullptr || hostnames == nullptr) {
-    return Library::Report(PSM2_PARAM_ERR,
-                           "psm2_map_nid_hostname: nids and hostnames must not be NULL");
+    return Library::Report(
+        PSM2_PARAM_ERR,
+        "psm2_map_nid_hostname: nids and hostnames must not be NULL");
   }
   std::lock_guard<std::mutex> lock(lib.mu);
   for (int i = 0; i < num; i++) {
@@ -407,7 +469,8 @@ psm2_error_t psm2_map_nid_hostname(int num, const uint64_t* nids, const char** h
   return PSM2_OK;
 }
 
-void psm2_epaddr_setlabel(psm2_epaddr_t epaddr, const char* epaddr_label_string) {
+void psm2_epaddr_setlabel(psm2_epaddr_t epaddr,
+                          const char* epaddr_label_string) {
   if (epaddr == nullptr) return;
   Library& lib = Library::Get();
   std::lock_guard<std::mutex> lock(lib.mu);
@@ -420,13 +483,15 @@ void psm2_epaddr_setlabel(psm2_epaddr_t epaddr, const char* epaddr_label_string)
 
 // As Intel's: the context is the PSM2_CORE_OPT_EP_CTXT option.
 void psm2_epaddr_setctxt(psm2_epaddr_t epaddr, void* ctxt) {
-  psm2_setopt(PSM2_COMPONENT_CORE, epaddr, PSM2_CORE_OPT_EP_CTXT, ctxt, sizeof(void*));
+  psm2_setopt(PSM2_COMPONENT_CORE, epaddr, PSM2_CORE_OPT_EP_CTXT, ctxt,
+              sizeof(void*));
 }
 
 void* psm2_epaddr_getctxt(psm2_epaddr_t epaddr) {
   void* ctxt = nullptr;
   uint64_t len = sizeof(ctxt);
-  if (psm2_getopt(PSM2_COMPONENT_CORE, epaddr, PSM2_CORE_OPT_EP_CTXT, &ctxt, &len) != PSM2_OK) {
+  if (psm2_getopt(PSM2_COMPONENT_CORE, epaddr, PSM2_CORE_OPT_EP_CTXT, &ctxt,
+                  &len) != PSM2_OK) {
     return nullptr;
   }
   return ctxt;

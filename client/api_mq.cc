@@ -31,14 +31,17 @@ psm2_mq_tag_t Tag64(uint64_t tag) {
 // Intel's does: it also matches 96-bit sends whatever their tag2.
 psm2_mq_tag_t Selector64(uint64_t sel) { return Tag64(sel); }
 
-uint64_t Tag64Of(const psm2_mq_tag_t& t) { return (uint64_t{t.tag1} << 32) | t.tag0; }
+uint64_t Tag64Of(const psm2_mq_tag_t& t) {
+  return (uint64_t{t.tag1} << 32) | t.tag0;
+}
 
 bool Connected(psm2_ep_t ep, psm2_epaddr_t addr) {
   return addr->ep == ep && addr->slot != psmd::client::kNoSlot;
 }
 
-psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags, const psm2_mq_tag_t* stag,
-                      const void* buf, uint32_t len, void* context, psm2_mq_req_t* req) {
+psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags,
+                      const psm2_mq_tag_t* stag, const void* buf, uint32_t len,
+                      void* context, psm2_mq_req_t* req) {
   if (mq == nullptr || dest == nullptr || stag == nullptr || req == nullptr ||
       (flags & ~PSM2_MQ_FLAG_SENDSYNC) != 0) {
     return PSM2_PARAM_ERR;
@@ -52,19 +55,24 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags, const ps
   if (failed) {
     static std::once_flag warned;
     std::call_once(warned, [len] {
-      fprintf(stderr, "libpsmclient: a send of %u bytes from a NULL buffer fails with "
-              "PSM2_PARAM_ERR, and so does its matching receive (with Open MPI 4.1: MPI_BOTTOM "
-              "with absolute-address datatypes is not supported by mtl psm2; use the psmd MTL "
-              "or a buffer address)\n", len);
+      fprintf(stderr,
+              "libpsmclient: a send of %u bytes from a NULL buffer fails with "
+              "PSM2_PARAM_ERR, and so does its matching receive (with Open MPI "
+              "4.1: MPI_BOTTOM "
+              "with absolute-address datatypes is not supported by mtl psm2; "
+              "use the psmd MTL "
+              "or a buffer address)\n",
+              len);
     });
     len = 0;
     flags &= ~PSM2_MQ_FLAG_SENDSYNC;
   }
   psm2_ep_t ep = mq->ep;
   if (!Connected(ep, dest)) {
-    return Library::Report(PSM2_EPID_UNKNOWN,
-                           "send to an epaddr that this endpoint has not connected "
-                           "(call psm2_ep_connect first)");
+    return Library::Report(
+        PSM2_EPID_UNKNOWN,
+        "send to an epaddr that this endpoint has not connected "
+        "(call psm2_ep_connect first)");
   }
   std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
@@ -79,10 +87,11 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags, const ps
   // Above the threshold, or too big for the send region, the payload waits
   // with the sender until the receiver matched (rendezvous): unexpected
   // large messages then cost the receiver nothing.
-  bool rendezvous = len > mq->rndv_shm_bytes || (len > shm::kInlineMax &&
-                                                  len > ep->arena.MaxPayload());
+  bool rendezvous = len > mq->rndv_shm_bytes ||
+                    (len > shm::kInlineMax && len > ep->arena.MaxPayload());
   d.op = rendezvous ? shm::SubmitOp::kRndvSend : shm::SubmitOp::kSend;
-  d.flags = (!rendezvous && (flags & PSM2_MQ_FLAG_SENDSYNC)) ? shm::kSendSync : 0;
+  d.flags =
+      (!rendezvous && (flags & PSM2_MQ_FLAG_SENDSYNC)) ? shm::kSendSync : 0;
   if (failed) {
     d.flags = shm::kSendFailed;
     r->user.error_code = PSM2_PARAM_ERR;
@@ -96,7 +105,8 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags, const ps
   // self device (req->self_send). A rendezvous one would otherwise wait for
   // a receive that the application may post only after the send completes
   // (MPI_Send to one's own rank): it travels from a copy instead.
-  r->self_send = dest->epid == ep->epid && !(flags & PSM2_MQ_FLAG_SENDSYNC) && !failed;
+  r->self_send =
+      dest->epid == ep->epid && !(flags & PSM2_MQ_FLAG_SENDSYNC) && !failed;
   psm2_mq_req* self_copy = nullptr;
   if (r->self_send && rendezvous) {
     self_copy = ep->CopyForSelf(buf, len, r);
@@ -126,18 +136,20 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags, const ps
   return PSM2_OK;
 }
 
-psm2_error_t PostRecv(psm2_mq_t mq, psm2_epaddr_t src, const psm2_mq_tag_t* rtag,
-                      const psm2_mq_tag_t* rtagsel, void* buf, uint32_t len, void* context,
+psm2_error_t PostRecv(psm2_mq_t mq, psm2_epaddr_t src,
+                      const psm2_mq_tag_t* rtag, const psm2_mq_tag_t* rtagsel,
+                      void* buf, uint32_t len, void* context,
                       psm2_mq_req_t* req) {
-  if (mq == nullptr || rtag == nullptr || rtagsel == nullptr || req == nullptr ||
-      (len > 0 && buf == nullptr)) {
+  if (mq == nullptr || rtag == nullptr || rtagsel == nullptr ||
+      req == nullptr || (len > 0 && buf == nullptr)) {
     return PSM2_PARAM_ERR;
   }
   psm2_ep_t ep = mq->ep;
   if (src != nullptr && !Connected(ep, src)) {
-    return Library::Report(PSM2_EPID_UNKNOWN,
-                           "receive from an epaddr that this endpoint has not connected "
-                           "(call psm2_ep_connect first, or use PSM2_MQ_ANY_ADDR)");
+    return Library::Report(
+        PSM2_EPID_UNKNOWN,
+        "receive from an epaddr that this endpoint has not connected "
+        "(call psm2_ep_connect first, or use PSM2_MQ_ANY_ADDR)");
   }
   std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
@@ -178,15 +190,17 @@ void FillStatus(const psm2_mq_req* r, psm2_mq_status_t* s) {
 // Shared body of wait/test: `block` selects wait. Fills the status with
 // `fill` and frees the request once complete.
 template <typename Status, typename Fill>
-psm2_error_t Finish(psm2_mq_req_t* request, Status* status, bool block, Fill fill) {
+psm2_error_t Finish(psm2_mq_req_t* request, Status* status, bool block,
+                    Fill fill) {
   if (request == nullptr) return PSM2_PARAM_ERR;
   psm2_mq_req* r = *request;
   if (r == PSM2_MQ_REQINVALID) return PSM2_OK;  // nothing to wait for
   psm2_ep_t ep = r->mq->ep;
   std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (r->state == State::kClaimed) {
-    return Library::Report(PSM2_PARAM_ERR,
-                           "request from psm2_mq_improbe: receive it with psm2_mq_imrecv first");
+    return Library::Report(
+        PSM2_PARAM_ERR,
+        "request from psm2_mq_improbe: receive it with psm2_mq_imrecv first");
   }
   auto done = [r] { return r->state == State::kComplete; };
   if (block) {
@@ -209,13 +223,15 @@ psm2_error_t Finish(psm2_mq_req_t* request, Status* status, bool block, Fill fil
 // the unexpected queue into a request for psm2_mq_imrecv (*claimed).
 template <typename Status, typename Fill>
 psm2_error_t Probe(psm2_mq_t mq, psm2_epaddr_t src, const psm2_mq_tag_t* rtag,
-                   const psm2_mq_tag_t* rtagsel, psm2_mq_req_t* claimed, Status* status,
-                   Fill fill) {
-  if (mq == nullptr || rtag == nullptr || rtagsel == nullptr) return PSM2_PARAM_ERR;
+                   const psm2_mq_tag_t* rtagsel, psm2_mq_req_t* claimed,
+                   Status* status, Fill fill) {
+  if (mq == nullptr || rtag == nullptr || rtagsel == nullptr)
+    return PSM2_PARAM_ERR;
   psm2_ep_t ep = mq->ep;
   if (src != nullptr && !Connected(ep, src)) {
-    return Library::Report(PSM2_EPID_UNKNOWN,
-                           "probe for an epaddr that this endpoint has not connected");
+    return Library::Report(
+        PSM2_EPID_UNKNOWN,
+        "probe for an epaddr that this endpoint has not connected");
   }
   std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
@@ -230,7 +246,9 @@ psm2_error_t Probe(psm2_mq_t mq, psm2_epaddr_t src, const psm2_mq_tag_t* rtag,
   psm2_error_t err = ep->RoundTrip(r, d);
   if (err != PSM2_OK) {
     ep->FreeRequest(r);
-    return err == PSM2_MQ_NO_COMPLETIONS ? err : Library::Report(err, "psm2_mq_iprobe failed");
+    return err == PSM2_MQ_NO_COMPLETIONS
+               ? err
+               : Library::Report(err, "psm2_mq_iprobe failed");
   }
   // A probe has no receive buffer yet: the whole message is "received".
   r->user.recv_msglen = r->user.send_msglen;
@@ -268,10 +286,12 @@ psm2_error_t Peek(psm2_mq_t mq, psm2_mq_req_t* req, Status* status, Fill fill) {
 
 extern "C" {
 
-psm2_error_t psm2_mq_init(psm2_ep_t ep, uint64_t ignored, const struct psm2_optkey* opts,
-                          int numopts, psm2_mq_t* mq) {
+psm2_error_t psm2_mq_init(psm2_ep_t ep, uint64_t ignored,
+                          const struct psm2_optkey* opts, int numopts,
+                          psm2_mq_t* mq) {
   (void)ignored;
-  if (ep == nullptr || mq == nullptr || numopts < 0 || (numopts > 0 && opts == nullptr)) {
+  if (ep == nullptr || mq == nullptr || numopts < 0 ||
+      (numopts > 0 && opts == nullptr)) {
     return PSM2_PARAM_ERR;
   }
   // One MQ per endpoint: a second call returns the same one and, as Intel's
@@ -285,8 +305,9 @@ psm2_error_t psm2_mq_init(psm2_ep_t ep, uint64_t ignored, const struct psm2_optk
   }
   for (int i = 0; i < numopts; i++) {
     if (opts[i].value == nullptr) return PSM2_PARAM_ERR;
-    psm2_error_t err = psmd::client::SetMqOption(q, static_cast<int>(opts[i].key),
-                                                 *static_cast<const uint32_t*>(opts[i].value));
+    psm2_error_t err =
+        psmd::client::SetMqOption(q, static_cast<int>(opts[i].key),
+                                  *static_cast<const uint32_t*>(opts[i].value));
     if (err != PSM2_OK) return err;
   }
   *mq = q;
@@ -305,17 +326,19 @@ psm2_error_t psm2_mq_getopt(psm2_mq_t mq, int option, void* value) {
 
 psm2_error_t psm2_mq_setopt(psm2_mq_t mq, int option, const void* value) {
   if (mq == nullptr || value == nullptr) return PSM2_PARAM_ERR;
-  return psmd::client::SetMqOption(mq, option, *static_cast<const uint32_t*>(value));
+  return psmd::client::SetMqOption(mq, option,
+                                   *static_cast<const uint32_t*>(value));
 }
 
 psm2_error_t psm2_mq_isend2(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags,
-                            psm2_mq_tag_t* stag, const void* buf, uint32_t len, void* context,
-                            psm2_mq_req_t* req) {
+                            psm2_mq_tag_t* stag, const void* buf, uint32_t len,
+                            void* context, psm2_mq_req_t* req) {
   return PostSend(mq, dest, flags, stag, buf, len, context, req);
 }
 
-psm2_error_t psm2_mq_isend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags, uint64_t stag,
-                           const void* buf, uint32_t len, void* context, psm2_mq_req_t* req) {
+psm2_error_t psm2_mq_isend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags,
+                           uint64_t stag, const void* buf, uint32_t len,
+                           void* context, psm2_mq_req_t* req) {
   psm2_mq_tag_t t = Tag64(stag);
   return PostSend(mq, dest, flags, &t, buf, len, context, req);
 }
@@ -330,30 +353,34 @@ psm2_error_t psm2_mq_send2(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags,
   return status.error_code;
 }
 
-psm2_error_t psm2_mq_send(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags, uint64_t stag,
-                          const void* buf, uint32_t len) {
+psm2_error_t psm2_mq_send(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags,
+                          uint64_t stag, const void* buf, uint32_t len) {
   psm2_mq_tag_t t = Tag64(stag);
   return psm2_mq_send2(mq, dest, flags, &t, buf, len);
 }
 
-psm2_error_t psm2_mq_irecv2(psm2_mq_t mq, psm2_epaddr_t src, psm2_mq_tag_t* rtag,
-                            psm2_mq_tag_t* rtagsel, uint32_t flags, void* buf, uint32_t len,
+psm2_error_t psm2_mq_irecv2(psm2_mq_t mq, psm2_epaddr_t src,
+                            psm2_mq_tag_t* rtag, psm2_mq_tag_t* rtagsel,
+                            uint32_t flags, void* buf, uint32_t len,
                             void* context, psm2_mq_req_t* req) {
   (void)flags;  // reserved in PSM2
   return PostRecv(mq, src, rtag, rtagsel, buf, len, context, req);
 }
 
-psm2_error_t psm2_mq_irecv(psm2_mq_t mq, uint64_t rtag, uint64_t rtagsel, uint32_t flags,
-                           void* buf, uint32_t len, void* context, psm2_mq_req_t* req) {
+psm2_error_t psm2_mq_irecv(psm2_mq_t mq, uint64_t rtag, uint64_t rtagsel,
+                           uint32_t flags, void* buf, uint32_t len,
+                           void* context, psm2_mq_req_t* req) {
   (void)flags;
   psm2_mq_tag_t t = Tag64(rtag);
   psm2_mq_tag_t sel = Selector64(rtagsel);
   return PostRecv(mq, nullptr, &t, &sel, buf, len, context, req);
 }
 
-psm2_error_t psm2_mq_fp_msg(psm2_ep_t ep, psm2_mq_t mq, psm2_epaddr_t addr, psm2_mq_tag_t* tag,
-                            psm2_mq_tag_t* tagsel, uint32_t flags, void* buf, uint32_t len,
-                            void* context, enum psm2_mq_fp_op fp_type, psm2_mq_req_t* req) {
+psm2_error_t psm2_mq_fp_msg(psm2_ep_t ep, psm2_mq_t mq, psm2_epaddr_t addr,
+                            psm2_mq_tag_t* tag, psm2_mq_tag_t* tagsel,
+                            uint32_t flags, void* buf, uint32_t len,
+                            void* context, enum psm2_mq_fp_op fp_type,
+                            psm2_mq_req_t* req) {
   if (ep == nullptr || mq == nullptr || mq->ep != ep) return PSM2_PARAM_ERR;
   switch (fp_type) {
     case PSM2_MQ_ISEND_FP:
@@ -361,28 +388,32 @@ psm2_error_t psm2_mq_fp_msg(psm2_ep_t ep, psm2_mq_t mq, psm2_epaddr_t addr, psm2
     case PSM2_MQ_IRECV_FP:
       return PostRecv(mq, addr, tag, tagsel, buf, len, context, req);
   }
-  return Library::Report(PSM2_PARAM_ERR, "psm2_mq_fp_msg: unknown fp_type " +
-                                             std::to_string(static_cast<int>(fp_type)));
+  return Library::Report(PSM2_PARAM_ERR,
+                         "psm2_mq_fp_msg: unknown fp_type " +
+                             std::to_string(static_cast<int>(fp_type)));
 }
 
-psm2_error_t psm2_mq_imrecv(psm2_mq_t mq, uint32_t flags, void* buf, uint32_t len,
-                            void* context, psm2_mq_req_t* reqo) {
+psm2_error_t psm2_mq_imrecv(psm2_mq_t mq, uint32_t flags, void* buf,
+                            uint32_t len, void* context, psm2_mq_req_t* reqo) {
   (void)flags;
-  if (mq == nullptr || reqo == nullptr || *reqo == nullptr || (len > 0 && buf == nullptr)) {
+  if (mq == nullptr || reqo == nullptr || *reqo == nullptr ||
+      (len > 0 && buf == nullptr)) {
     return PSM2_PARAM_ERR;
   }
   psm2_mq_req* r = *reqo;
   psm2_ep_t ep = mq->ep;
   std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (r->mq != mq || r->state != State::kClaimed) {
-    return Library::Report(PSM2_PARAM_ERR,
-                           "psm2_mq_imrecv: the request was not returned by psm2_mq_improbe "
-                           "(or was already received)");
+    return Library::Report(
+        PSM2_PARAM_ERR,
+        "psm2_mq_imrecv: the request was not returned by psm2_mq_improbe "
+        "(or was already received)");
   }
   r->user.buf = static_cast<uint8_t*>(buf);
   r->user.buf_len = len;
   r->user.context = context;
-  if (r->claimed.present) {  // eager: psmd handed the payload over with the claim
+  if (r->claimed
+          .present) {  // eager: psmd handed the payload over with the claim
     ep->ReceiveClaimed(r);
     return PSM2_OK;
   }
@@ -395,8 +426,9 @@ psm2_error_t psm2_mq_imrecv(psm2_mq_t mq, uint32_t flags, void* buf, uint32_t le
   return PSM2_OK;
 }
 
-psm2_error_t psm2_mq_iprobe2(psm2_mq_t mq, psm2_epaddr_t src, psm2_mq_tag_t* rtag,
-                             psm2_mq_tag_t* rtagsel, psm2_mq_status2_t* status) {
+psm2_error_t psm2_mq_iprobe2(psm2_mq_t mq, psm2_epaddr_t src,
+                             psm2_mq_tag_t* rtag, psm2_mq_tag_t* rtagsel,
+                             psm2_mq_status2_t* status) {
   return Probe(mq, src, rtag, rtagsel, nullptr, status, FillStatus2);
 }
 
@@ -407,26 +439,28 @@ psm2_error_t psm2_mq_iprobe(psm2_mq_t mq, uint64_t rtag, uint64_t rtagsel,
   return Probe(mq, nullptr, &t, &sel, nullptr, status, FillStatus);
 }
 
-psm2_error_t psm2_mq_improbe2(psm2_mq_t mq, psm2_epaddr_t src, psm2_mq_tag_t* rtag,
-                              psm2_mq_tag_t* rtagsel, psm2_mq_req_t* reqo,
-                              psm2_mq_status2_t* status) {
+psm2_error_t psm2_mq_improbe2(psm2_mq_t mq, psm2_epaddr_t src,
+                              psm2_mq_tag_t* rtag, psm2_mq_tag_t* rtagsel,
+                              psm2_mq_req_t* reqo, psm2_mq_status2_t* status) {
   if (reqo == nullptr) return PSM2_PARAM_ERR;
   return Probe(mq, src, rtag, rtagsel, reqo, status, FillStatus2);
 }
 
-psm2_error_t psm2_mq_improbe(psm2_mq_t mq, uint64_t rtag, uint64_t rtagsel, psm2_mq_req_t* req,
-                             psm2_mq_status_t* status) {
+psm2_error_t psm2_mq_improbe(psm2_mq_t mq, uint64_t rtag, uint64_t rtagsel,
+                             psm2_mq_req_t* req, psm2_mq_status_t* status) {
   if (req == nullptr) return PSM2_PARAM_ERR;
   psm2_mq_tag_t t = Tag64(rtag);
   psm2_mq_tag_t sel = Selector64(rtagsel);
   return Probe(mq, nullptr, &t, &sel, req, status, FillStatus);
 }
 
-psm2_error_t psm2_mq_ipeek(psm2_mq_t mq, psm2_mq_req_t* req, psm2_mq_status_t* status) {
+psm2_error_t psm2_mq_ipeek(psm2_mq_t mq, psm2_mq_req_t* req,
+                           psm2_mq_status_t* status) {
   return Peek(mq, req, status, FillStatus);
 }
 
-psm2_error_t psm2_mq_ipeek2(psm2_mq_t mq, psm2_mq_req_t* req, psm2_mq_status2_t* status) {
+psm2_error_t psm2_mq_ipeek2(psm2_mq_t mq, psm2_mq_req_t* req,
+                            psm2_mq_status2_t* status) {
   return Peek(mq, req, status, FillStatus2);
 }
 
@@ -443,8 +477,10 @@ psm2_error_t psm2_mq_ipeek_dequeue(psm2_mq_t mq, psm2_mq_req_t* req) {
 }
 
 psm2_error_t psm2_mq_ipeek_dequeue_multi(psm2_mq_t mq, void* status_array,
-                                         psmi_mq_status_copy_user_t status_copy, int* count) {
-  if (mq == nullptr || status_copy == nullptr || count == nullptr) return PSM2_PARAM_ERR;
+                                         psmi_mq_status_copy_user_t status_copy,
+                                         int* count) {
+  if (mq == nullptr || status_copy == nullptr || count == nullptr)
+    return PSM2_PARAM_ERR;
   psm2_ep_t ep = mq->ep;
   std::lock_guard<std::recursive_mutex> lock(ep->mu);
   int wanted = *count;
@@ -496,12 +532,14 @@ psm2_error_t psm2_mq_test(psm2_mq_req_t* request, psm2_mq_status_t* status) {
 
 psm2_error_t psm2_mq_cancel(psm2_mq_req_t* request) {
   if (request == nullptr) return PSM2_PARAM_ERR;
-  if (*request == PSM2_MQ_REQINVALID) return PSM2_MQ_NO_COMPLETIONS;  // as Intel's
+  if (*request == PSM2_MQ_REQINVALID)
+    return PSM2_MQ_NO_COMPLETIONS;  // as Intel's
   psm2_mq_req* r = *request;
   psm2_ep_t ep = r->mq->ep;
   std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (r->kind != psm2_mq_req::Kind::kRecv) {
-    return Library::Report(PSM2_PARAM_ERR, "psm2_mq_cancel: only receives can be cancelled");
+    return Library::Report(PSM2_PARAM_ERR,
+                           "psm2_mq_cancel: only receives can be cancelled");
   }
   if (r->state == State::kDeferred) {
     // Never reached psmd: take it out of the queue ourselves.

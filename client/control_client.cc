@@ -26,13 +26,14 @@ std::string SocketPath() {
   return env != nullptr && env[0] != '\0' ? env : kDefaultSocket;
 }
 
-ControlClient::ControlClient(std::string socket_path) : socket_path_(std::move(socket_path)) {
+ControlClient::ControlClient(std::string socket_path)
+    : socket_path_(std::move(socket_path)) {
   grpc::ChannelArguments args;
   // One connection attempt, no long back-off: a dead daemon is an error now.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
-  auto channel = grpc::CreateCustomChannel("unix:" + socket_path_,
-                                           grpc::InsecureChannelCredentials(), args);
+  auto channel = grpc::CreateCustomChannel(
+      "unix:" + socket_path_, grpc::InsecureChannelCredentials(), args);
   stub_ = v1::Control::NewStub(channel);
 }
 
@@ -41,7 +42,8 @@ void ControlClient::Prepare(grpc::ClientContext* ctx) const {
   ctx->set_wait_for_ready(false);
 }
 
-CallError ControlClient::FromStatus(const grpc::Status& status, const char* what) const {
+CallError ControlClient::FromStatus(const grpc::Status& status,
+                                    const char* what) const {
   if (status.ok()) return {};
   CallError e;
   if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
@@ -53,9 +55,10 @@ CallError ControlClient::FromStatus(const grpc::Status& status, const char* what
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     e.code = PSM2_EP_NO_DEVICE;
-    e.message = std::string(what) + ": cannot reach psmd at " + socket_path_ + " (" +
-                status.error_message() +
-                "); is psmd running? Start it, or set PSMD_SOCKET to its socket path";
+    e.message =
+        std::string(what) + ": cannot reach psmd at " + socket_path_ + " (" +
+        status.error_message() +
+        "); is psmd running? Start it, or set PSMD_SOCKET to its socket path";
     return e;
   }
   e.code = PSM2_INTERNAL_ERR;
@@ -64,13 +67,15 @@ CallError ControlClient::FromStatus(const grpc::Status& status, const char* what
 }
 
 CallError ControlClient::OpenEndpoint(const std::array<uint8_t, 16>& uuid,
-                                      const std::string& label, v1::OpenEndpointReply* reply) {
+                                      const std::string& label,
+                                      v1::OpenEndpointReply* reply) {
   // Check the socket first: a clear message and no gRPC connect back-off.
   if (access(socket_path_.c_str(), F_OK) != 0) {
-    return {PSM2_EP_NO_DEVICE, "psm2_ep_open: no psmd socket at " + socket_path_ +
-                                   " (" + strerror(errno) +
-                                   "); is psmd running? Start it, or set PSMD_SOCKET to its "
-                                   "socket path"};
+    return {PSM2_EP_NO_DEVICE,
+            "psm2_ep_open: no psmd socket at " + socket_path_ + " (" +
+                strerror(errno) +
+                "); is psmd running? Start it, or set PSMD_SOCKET to its "
+                "socket path"};
   }
   v1::OpenEndpointRequest req;
   req.set_job_uuid(uuid.data(), uuid.size());
@@ -86,14 +91,17 @@ CallError ControlClient::Attach(const std::string& token, AttachedFds* fds) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (socket_path_.size() >= sizeof(addr.sun_path)) {
-    return {PSM2_PARAM_ERR, "PSMD_SOCKET path longer than 107 bytes: " + socket_path_};
+    return {PSM2_PARAM_ERR,
+            "PSMD_SOCKET path longer than 107 bytes: " + socket_path_};
   }
   std::memcpy(addr.sun_path, socket_path_.c_str(), socket_path_.size() + 1);
   int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (sock < 0 || connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  if (sock < 0 ||
+      connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     std::string why = strerror(errno);
     if (sock >= 0) close(sock);
-    return {PSM2_EP_NO_DEVICE, "psm2_ep_open: cannot connect to " + socket_path_ + ": " + why};
+    return {PSM2_EP_NO_DEVICE,
+            "psm2_ep_open: cannot connect to " + socket_path_ + ": " + why};
   }
   // Bound the wait for the daemon's answer.
   timeval tv{2, 0};
@@ -102,19 +110,23 @@ CallError ControlClient::Attach(const std::string& token, AttachedFds* fds) {
   std::memcpy(req.magic, shm::kAttachMagic, sizeof(req.magic));
   if (token.size() != sizeof(req.token)) {
     close(sock);
-    return {PSM2_INTERNAL_ERR, "psm2_ep_open: daemon sent a malformed attach token"};
+    return {PSM2_INTERNAL_ERR,
+            "psm2_ep_open: daemon sent a malformed attach token"};
   }
   std::memcpy(req.token, token.data(), sizeof(req.token));
-  if (send(sock, &req, sizeof(req), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(req))) {
+  if (send(sock, &req, sizeof(req), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(sizeof(req))) {
     close(sock);
     return {PSM2_EP_NO_DEVICE, "psm2_ep_open: attach request to psmd failed"};
   }
   shm::AttachReply reply{};
   int received[shm::kAttachFdCount];
   int n = 0;
-  if (!shm::RecvWithFds(sock, &reply, sizeof(reply), received, shm::kAttachFdCount, &n)) {
+  if (!shm::RecvWithFds(sock, &reply, sizeof(reply), received,
+                        shm::kAttachFdCount, &n)) {
     close(sock);
-    return {PSM2_EP_NO_DEVICE, "psm2_ep_open: psmd did not answer the attach request"};
+    return {PSM2_EP_NO_DEVICE,
+            "psm2_ep_open: psmd did not answer the attach request"};
   }
   if (reply.status != 0 || n != shm::kAttachFdCount) {
     for (int i = 0; i < n; i++) close(received[i]);
@@ -140,7 +152,8 @@ CallError ControlClient::CloseEndpoint(uint32_t endpoint_id) {
   return FromStatus(stub_->CloseEndpoint(&ctx, req, &reply), "psm2_ep_close");
 }
 
-CallError ControlClient::Connect(uint32_t endpoint_id, const std::vector<uint64_t>& epids,
+CallError ControlClient::Connect(uint32_t endpoint_id,
+                                 const std::vector<uint64_t>& epids,
                                  v1::ConnectReply* reply) {
   v1::ConnectRequest req;
   req.set_endpoint_id(endpoint_id);
@@ -150,7 +163,8 @@ CallError ControlClient::Connect(uint32_t endpoint_id, const std::vector<uint64_
   return FromStatus(stub_->Connect(&ctx, req, reply), "psm2_ep_connect");
 }
 
-CallError ControlClient::Disconnect(uint32_t endpoint_id, const std::vector<uint32_t>& slots,
+CallError ControlClient::Disconnect(uint32_t endpoint_id,
+                                    const std::vector<uint32_t>& slots,
                                     v1::DisconnectReply* reply) {
   v1::DisconnectRequest req;
   req.set_endpoint_id(endpoint_id);
@@ -163,13 +177,16 @@ CallError ControlClient::Disconnect(uint32_t endpoint_id, const std::vector<uint
 CallError ControlClient::GetStats(v1::GetStatsReply* reply) {
   grpc::ClientContext ctx;
   Prepare(&ctx);
-  return FromStatus(stub_->GetStats(&ctx, v1::GetStatsRequest(), reply), "stats");
+  return FromStatus(stub_->GetStats(&ctx, v1::GetStatsRequest(), reply),
+                    "stats");
 }
 
 CallError ControlClient::ListEndpoints(v1::ListEndpointsReply* reply) {
   grpc::ClientContext ctx;
   Prepare(&ctx);
-  return FromStatus(stub_->ListEndpoints(&ctx, v1::ListEndpointsRequest(), reply), "endpoints");
+  return FromStatus(
+      stub_->ListEndpoints(&ctx, v1::ListEndpointsRequest(), reply),
+      "endpoints");
 }
 
 CallError ControlClient::Health(v1::HealthReply* reply) {

@@ -33,7 +33,8 @@ struct AttachedFds {
   int segment = -1;
   int pool = -1;
   int doorbell = -1;
-  int liveness = -1;  // the attach connection, kept open for the endpoint's life
+  int liveness =
+      -1;  // the attach connection, kept open for the endpoint's life
 };
 
 class ControlClient {
@@ -42,7 +43,8 @@ class ControlClient {
 
   const std::string& socket_path() const { return socket_path_; }
 
-  CallError OpenEndpoint(const std::array<uint8_t, 16>& uuid, const std::string& label,
+  CallError OpenEndpoint(const std::array<uint8_t, 16>& uuid,
+                         const std::string& label,
                          v1::OpenEndpointReply* reply);
   CallError Attach(const std::string& token, AttachedFds* fds);
   CallError CloseEndpoint(uint32_t endpoint_id);

@@ -17,7 +17,8 @@ namespace {
 
 constexpr size_t kReapBatch = 32;
 constexpr size_t kPublishBatch = 32;
-constexpr int64_t kSleepSliceNs = 100'000'000;  // re-check daemon liveness this often
+constexpr int64_t kSleepSliceNs =
+    100'000'000;  // re-check daemon liveness this often
 // With submissions deferred for ring or pool space, what frees the space (psmd
 // consuming a ring, a receiver releasing a chunk) posts us no completion, so
 // no wake-up comes: sleep only briefly, then retry.
@@ -40,8 +41,8 @@ psm2_ep::~psm2_ep() {
   if (liveness_fd >= 0) close(liveness_fd);
 }
 
-CallError psm2_ep::Open(psmd::client::ControlClient* control, const psm2_uuid_t uuid,
-                        std::unique_ptr<psm2_ep>* out) {
+CallError psm2_ep::Open(psmd::client::ControlClient* control,
+                        const psm2_uuid_t uuid, std::unique_ptr<psm2_ep>* out) {
   std::array<uint8_t, 16> key;
   std::memcpy(key.data(), uuid, key.size());
   psmd::v1::OpenEndpointReply reply;
@@ -67,7 +68,8 @@ CallError psm2_ep::Open(psmd::client::ControlClient* control, const psm2_uuid_t 
     control->CloseEndpoint(ep->id);
     return CallError{PSM2_SHMEM_SEGMENT_ERR, "psm2_ep_open: " + what};
   };
-  if (!shm::Mapping::Attach(fds.segment, reply.segment_bytes(), &ep->segment, &error)) {
+  if (!shm::Mapping::Attach(fds.segment, reply.segment_bytes(), &ep->segment,
+                            &error)) {
     return fail("endpoint segment: " + error);
   }
   if (!shm::Mapping::Attach(fds.pool, reply.pool_bytes(), &ep->pool, &error)) {
@@ -78,18 +80,24 @@ CallError psm2_ep::Open(psmd::client::ControlClient* control, const psm2_uuid_t 
   if (h.magic != shm::kSegmentMagic || h.version != shm::kLayoutVersion ||
       !shm::IsPowerOfTwo(h.sq_capacity) || !shm::IsPowerOfTwo(h.cq_capacity) ||
       g.bytes != reply.segment_bytes() || g.msg_sq_offset != h.msg_sq_offset ||
-      g.ctl_sq_offset != h.ctl_sq_offset || g.cq_offset != h.cq_offset || h.region_offset + h.region_bytes > reply.pool_bytes() ||
+      g.ctl_sq_offset != h.ctl_sq_offset || g.cq_offset != h.cq_offset ||
+      h.region_offset + h.region_bytes > reply.pool_bytes() ||
       h.inline_max != shm::kInlineMax) {
-    return fail("segment layout does not match this library (psmd and libpsmclient from "
-                "different versions?)");
+    return fail(
+        "segment layout does not match this library (psmd and libpsmclient "
+        "from "
+        "different versions?)");
   }
   ep->ctl = shm::ControlOf(ep->segment.base());
   ep->msg_sq = shm::RingProducer<shm::SubmissionDesc>(
-      &ep->ctl->msg_sq, shm::MessageSlotsOf(ep->segment.base(), g), g.sq_capacity);
+      &ep->ctl->msg_sq, shm::MessageSlotsOf(ep->segment.base(), g),
+      g.sq_capacity);
   ep->ctl_sq = shm::RingProducer<shm::SubmissionDesc>(
-      &ep->ctl->ctl_sq, shm::ControlSlotsOf(ep->segment.base(), g), g.sq_capacity);
+      &ep->ctl->ctl_sq, shm::ControlSlotsOf(ep->segment.base(), g),
+      g.sq_capacity);
   ep->cq = shm::RingConsumer<shm::CompletionDesc>(
-      &ep->ctl->cq, shm::CompletionSlotsOf(ep->segment.base(), g), g.cq_capacity);
+      &ep->ctl->cq, shm::CompletionSlotsOf(ep->segment.base(), g),
+      g.cq_capacity);
   ep->credits = g.cq_capacity;
   ep->arena = shm::SendArena(ep->pool.base(), h.region_offset, h.region_bytes);
   ep->mq.ep = ep.get();
@@ -134,12 +142,15 @@ psm2_mq_req* psm2_ep::NewRequest(psm2_mq_req::Kind kind, void* context) {
   return r;
 }
 
-psm2_mq_req* psm2_ep::CopyForSelf(const void* buf, uint32_t len, const psm2_mq_req* send) {
-  if (self_copy_bytes + len > (uint64_t{mq.max_sysbuf_mbytes} << 20)) return nullptr;
+psm2_mq_req* psm2_ep::CopyForSelf(const void* buf, uint32_t len,
+                                  const psm2_mq_req* send) {
+  if (self_copy_bytes + len > (uint64_t{mq.max_sysbuf_mbytes} << 20))
+    return nullptr;
   psm2_mq_req* r = NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
   r->free_when_done = true;
   std::vector<uint8_t>& copy = self_copies[r->index];
-  copy.assign(static_cast<const uint8_t*>(buf), static_cast<const uint8_t*>(buf) + len);
+  copy.assign(static_cast<const uint8_t*>(buf),
+              static_cast<const uint8_t*>(buf) + len);
   r->has_self_copy = true;
   r->send_buf = copy.data();
   r->self_copy_of = psmd::client::TokenOf(send);
@@ -179,8 +190,9 @@ void psm2_ep::MarkComplete(psm2_mq_req* req) {
     FreeRequest(req);
     return;
   }
-  if (req->kind == psm2_mq_req::Kind::kInternal) return;  // not the application's
-  if (req->self_send && !req->self_matched) return;       // invariant 4
+  if (req->kind == psm2_mq_req::Kind::kInternal)
+    return;                                          // not the application's
+  if (req->self_send && !req->self_matched) return;  // invariant 4
   req->on_done_list = true;
   req->next_done = nullptr;
   req->prev_done = mq.done_tail;
@@ -217,8 +229,10 @@ void psm2_ep::RemoveFromDoneList(psm2_mq_req* req) {
 }
 
 Deferred* psm2_ep::Submit(psm2_mq_req* req, const shm::SubmissionDesc& desc,
-                          const void* payload, const void* prefix, uint32_t prefix_len) {
-  bool message = desc.op == shm::SubmitOp::kSend || desc.op == shm::SubmitOp::kRndvSend ||
+                          const void* payload, const void* prefix,
+                          uint32_t prefix_len) {
+  bool message = desc.op == shm::SubmitOp::kSend ||
+                 desc.op == shm::SubmitOp::kRndvSend ||
                  desc.op == shm::SubmitOp::kAmRequest;
   auto& queue = message ? deferred_msg : deferred_ctl;
   queue.push_back(Deferred{req, desc, payload, prefix, prefix_len, {}});
@@ -228,31 +242,38 @@ Deferred* psm2_ep::Submit(psm2_mq_req* req, const shm::SubmissionDesc& desc,
   return queue.empty() ? nullptr : &queue.back();
 }
 
-psm2_error_t psm2_ep::RoundTrip(psm2_mq_req* req, const shm::SubmissionDesc& desc) {
+psm2_error_t psm2_ep::RoundTrip(psm2_mq_req* req,
+                                const shm::SubmissionDesc& desc) {
   Submit(req, desc, nullptr);
   WaitUntil([req] { return req->state == psm2_mq_req::State::kComplete; });
   return static_cast<psm2_error_t>(req->user.error_code);
 }
 
-bool psm2_ep::TryPublish(Deferred& d, shm::RingProducer<shm::SubmissionDesc>& ring) {
+bool psm2_ep::TryPublish(Deferred& d,
+                         shm::RingProducer<shm::SubmissionDesc>& ring) {
   const shm::SubmitOp op = d.desc.op;
-  const bool am = op == shm::SubmitOp::kAmRequest || op == shm::SubmitOp::kAmReply;
+  const bool am =
+      op == shm::SubmitOp::kAmRequest || op == shm::SubmitOp::kAmReply;
   // Invariant 2.
   const bool needs_credit = am ? (d.desc.flags & shm::kAmWantsAck) != 0
-                               : op == shm::SubmitOp::kProbe || op == shm::SubmitOp::kCancel ||
+                               : op == shm::SubmitOp::kProbe ||
+                                     op == shm::SubmitOp::kCancel ||
                                      op == shm::SubmitOp::kSetOption;
   if (needs_credit && credits == 0) return false;
   if (ring.FreeSlots() == 0) return false;
-  bool pooled = ((op == shm::SubmitOp::kSend || am) && d.desc.len > shm::kInlineMax) ||
-                op == shm::SubmitOp::kRndvData;
+  bool pooled =
+      ((op == shm::SubmitOp::kSend || am) && d.desc.len > shm::kInlineMax) ||
+      op == shm::SubmitOp::kRndvData;
   if (pooled) {
     auto off = arena.Allocate(d.desc.len);
     if (!off) return false;  // back-pressure: receivers have not drained yet
     // (memcpy's pointers must not be null even for 0 bytes: AM arguments
     // may come without a payload, and payloads without arguments.)
-    if (d.prefix_len > 0) std::memcpy(pool.base() + *off, d.prefix, d.prefix_len);
+    if (d.prefix_len > 0)
+      std::memcpy(pool.base() + *off, d.prefix, d.prefix_len);
     if (d.desc.len > d.prefix_len) {
-      std::memcpy(pool.base() + *off + d.prefix_len, d.payload, d.desc.len - d.prefix_len);
+      std::memcpy(pool.base() + *off + d.prefix_len, d.payload,
+                  d.desc.len - d.prefix_len);
     }
     if (op == shm::SubmitOp::kRndvData) {
       d.desc.body.rndv.pool_offset = *off;
@@ -366,8 +387,9 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
   // An error ends a request in any state that waits for psmd: posted, or
   // in the middle of a rendezvous (streaming or receiving its chunks) when
   // the peer died.
-  bool transfer_error = c.op == shm::CompleteOp::kError && req != nullptr &&
-                        (req->state == State::kStreaming || req->state == State::kReceiving);
+  bool transfer_error =
+      c.op == shm::CompleteOp::kError && req != nullptr &&
+      (req->state == State::kStreaming || req->state == State::kReceiving);
   if (req == nullptr || (req->state != expected && !transfer_error)) {
     // Stale token (e.g. a send that had already completed locally): the only
     // such completions are errors for requests the application let go of,
@@ -406,7 +428,8 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
         req->claimed.is_inline = (c.flags & shm::kPayloadInline) != 0;
         req->claimed.failed = (c.flags & shm::kPayloadFailed) != 0;
         if (req->claimed.is_inline) {
-          std::memcpy(req->claimed.inline_data, c.body.inline_data, shm::kInlineMax);
+          std::memcpy(req->claimed.inline_data, c.body.inline_data,
+                      shm::kInlineMax);
         } else {
           req->claimed.pool_offset = c.body.pool.pool_offset;
         }
@@ -433,7 +456,8 @@ void psm2_ep::RunAmHandler(const shm::CompletionDesc& c) {
   const bool request = c.op == shm::CompleteOp::kAmRequest;
   const uint32_t index = c.tag[0], nargs = c.tag[1];
   const bool inline_payload = (c.flags & shm::kPayloadInline) != 0;
-  const uint8_t* blob = inline_payload ? c.body.inline_data : pool.base() + c.body.pool.pool_offset;
+  const uint8_t* blob = inline_payload ? c.body.inline_data
+                                       : pool.base() + c.body.pool.pool_offset;
   // psmd checked index, nargs and lengths against the limits.
   psm2_amarg_t args[shm::kAmMaxArgs];
   std::memcpy(args, blob, nargs * shm::kAmArgBytes);
@@ -449,18 +473,25 @@ void psm2_ep::RunAmHandler(const shm::CompletionDesc& c) {
     }
   }
   const psmd::client::AmHandler* h =
-      index < am_handlers.size() && (am_handlers[index].fn || am_handlers[index].fn2)
+      index < am_handlers.size() &&
+              (am_handlers[index].fn || am_handlers[index].fn2)
           ? &am_handlers[index]
           : nullptr;
   if (h == nullptr) {
     fprintf(stderr,
-            "libpsmclient: endpoint %u: active %s for handler %u from epid 0x%llx dropped: no "
+            "libpsmclient: endpoint %u: active %s for handler %u from epid "
+            "0x%llx dropped: no "
             "such handler is registered (psm2_am_register_handlers)\n",
-            id, request ? "request" : "reply", index, static_cast<unsigned long long>(c.src_epid));
+            id, request ? "request" : "reply", index,
+            static_cast<unsigned long long>(c.src_epid));
     if (request) SendAmAck(c, PSM2_PARAM_ERR);  // the requester learns of it
   } else {
-    psmd::client::AmToken token{this, c.tag[2], c.src_epid, request,
-                                (c.flags & shm::kAmRequestNoReply) != 0, false};
+    psmd::client::AmToken token{this,
+                                c.tag[2],
+                                c.src_epid,
+                                request,
+                                (c.flags & shm::kAmRequestNoReply) != 0,
+                                false};
     if (h->fn2 != nullptr) {
       h->fn2(&token, args, static_cast<int>(nargs), src, len, h->hctx);
     } else {
@@ -489,7 +520,8 @@ void psm2_ep::AmAcknowledged(const shm::CompletionDesc& c) {
     psmd::client::Library::Report(
         static_cast<psm2_error_t>(c.error),
         "active message to handler " + std::to_string(c.tag[0]) + " at epid " +
-            std::to_string(c.src_epid) + " was not run: the target has no such handler");
+            std::to_string(c.src_epid) +
+            " was not run: the target has no such handler");
   }
   if (!ours) return;  // sent without a completion function
   if (req->holds_credit) {
@@ -508,8 +540,10 @@ void psm2_ep::SetMatchedStatus(psm2_mq_req* req, const shm::CompletionDesc& c) {
   std::memcpy(req->user.tag.tag, c.tag, sizeof(c.tag));
   req->user.tag.tag[3] = 0;
   req->user.send_msglen = c.msg_len;
-  req->user.recv_msglen = c.msg_len < req->user.buf_len ? c.msg_len : req->user.buf_len;
-  req->user.error_code = c.msg_len > req->user.buf_len ? PSM2_MQ_TRUNCATION : PSM2_OK;
+  req->user.recv_msglen =
+      c.msg_len < req->user.buf_len ? c.msg_len : req->user.buf_len;
+  req->user.error_code =
+      c.msg_len > req->user.buf_len ? PSM2_MQ_TRUNCATION : PSM2_OK;
   req->was_unexpected = (c.flags & shm::kWasUnexpected) != 0;
 }
 
@@ -520,7 +554,8 @@ void psm2_ep::CompleteEager(psm2_mq_req* req, const shm::CompletionDesc& c) {
   if (c.flags & shm::kPayloadInline) {
     if (n > 0) std::memcpy(req->user.buf, c.body.inline_data, n);
   } else {
-    if (n > 0) std::memcpy(req->user.buf, pool.base() + c.body.pool.pool_offset, n);
+    if (n > 0)
+      std::memcpy(req->user.buf, pool.base() + c.body.pool.pool_offset, n);
     shm::ReleaseChunk(pool.base(), c.body.pool.pool_offset);
   }
   CountReceive(req, /*rendezvous=*/false);
@@ -530,19 +565,22 @@ void psm2_ep::CompleteEager(psm2_mq_req* req, const shm::CompletionDesc& c) {
 void psm2_ep::ReceiveClaimed(psm2_mq_req* req) {
   psm2_mq_req_user& u = req->user;
   u.recv_msglen = std::min(u.send_msglen, u.buf_len);
-  u.error_code = req->claimed.failed          ? PSM2_PARAM_ERR
+  u.error_code = req->claimed.failed         ? PSM2_PARAM_ERR
                  : u.send_msglen > u.buf_len ? PSM2_MQ_TRUNCATION
                                              : PSM2_OK;
-  const uint8_t* src =
-      req->claimed.is_inline ? req->claimed.inline_data : pool.base() + req->claimed.pool_offset;
+  const uint8_t* src = req->claimed.is_inline
+                           ? req->claimed.inline_data
+                           : pool.base() + req->claimed.pool_offset;
   if (u.recv_msglen > 0) std::memcpy(u.buf, src, u.recv_msglen);
-  if (!req->claimed.is_inline) shm::ReleaseChunk(pool.base(), req->claimed.pool_offset);
+  if (!req->claimed.is_inline)
+    shm::ReleaseChunk(pool.base(), req->claimed.pool_offset);
   req->claimed.present = false;
   CountReceive(req, /*rendezvous=*/false);
   MarkComplete(req);
 }
 
-void psm2_ep::StartRendezvousReceive(psm2_mq_req* req, const shm::CompletionDesc& c) {
+void psm2_ep::StartRendezvousReceive(psm2_mq_req* req,
+                                     const shm::CompletionDesc& c) {
   SetMatchedStatus(req, c);
   req->expect_bytes = req->user.recv_msglen;
   req->received_bytes = 0;
@@ -558,7 +596,8 @@ void psm2_ep::ReceiveChunk(psm2_mq_req* req, const shm::CompletionDesc& c) {
   uint32_t len = c.body.chunk.len;
   // psmd forwards chunks in order and never past what we accept; checked
   // anyway so that no byte lands outside the user's buffer.
-  if (off != req->received_bytes || len > req->expect_bytes - req->received_bytes) {
+  if (off != req->received_bytes ||
+      len > req->expect_bytes - req->received_bytes) {
     shm::ReleaseChunk(pool.base(), c.body.chunk.pool_offset);
     req->user.error_code = PSM2_INTERNAL_ERR;
     MarkComplete(req);
@@ -593,7 +632,8 @@ void psm2_ep::CountReceive(const psm2_mq_req* req, bool rendezvous) {
 }
 
 void psm2_ep::StartStreaming(psm2_mq_req* req, const shm::CompletionDesc& c) {
-  if (req->has_self_copy) {  // the receive matched our copy: the send is matched
+  if (req->has_self_copy) {  // the receive matched our copy: the send is
+                             // matched
     if (psm2_mq_req* send = Lookup(req->self_copy_of)) {
       if (send->self_send) SelfSendMatched(send);
     }
@@ -606,7 +646,8 @@ void psm2_ep::StartStreaming(psm2_mq_req* req, const shm::CompletionDesc& c) {
   req->send_bytes = c.body.go.send_bytes;
   req->transfer = c.body.go.transfer;
   req->published = 0;
-  if (req->send_bytes == 0) {  // the receiver takes nothing (zero-length buffer)
+  if (req->send_bytes ==
+      0) {  // the receiver takes nothing (zero-length buffer)
     MarkComplete(req);
     return;
   }
@@ -615,12 +656,13 @@ void psm2_ep::StartStreaming(psm2_mq_req* req, const shm::CompletionDesc& c) {
   // message); each takes pool space only when it reaches the ring.
   // A 64-bit offset: within one chunk of 4 GiB a 32-bit one would wrap and
   // queue chunks until memory ran out.
-  for (uint64_t off = 0; off < req->send_bytes; off += psmd::client::kRndvChunkBytes) {
+  for (uint64_t off = 0; off < req->send_bytes;
+       off += psmd::client::kRndvChunkBytes) {
     shm::SubmissionDesc d{};
     d.op = shm::SubmitOp::kRndvData;
     d.req = psmd::client::TokenOf(req);
-    d.len = static_cast<uint32_t>(
-        std::min<uint64_t>(psmd::client::kRndvChunkBytes, req->send_bytes - off));
+    d.len = static_cast<uint32_t>(std::min<uint64_t>(
+        psmd::client::kRndvChunkBytes, req->send_bytes - off));
     d.body.rndv.transfer = req->transfer;
     d.body.rndv.offset = off;
     deferred_ctl.push_back(Deferred{req, d, req->send_buf + off});
@@ -644,7 +686,8 @@ void psm2_ep::SleepForCompletions() {
   if (cq.Available() == 0) {
     mu.unlock();  // let other application threads use the endpoint meanwhile
     bool blocked = !deferred_msg.empty() || !deferred_ctl.empty();
-    shm::FutexWait(&bells.cq_futex, seen, blocked ? kDeferredSliceNs : kSleepSliceNs);
+    shm::FutexWait(&bells.cq_futex, seen,
+                   blocked ? kDeferredSliceNs : kSleepSliceNs);
     mu.lock();
   }
   bells.client_waiting.store(0, std::memory_order_relaxed);
@@ -652,15 +695,18 @@ void psm2_ep::SleepForCompletions() {
   pollfd p{liveness_fd, POLLIN | POLLRDHUP, 0};
   if (!daemon_lost && poll(&p, 1, 0) > 0) {
     daemon_lost = true;
-    fprintf(stderr, "libpsmclient: endpoint %u: lost psmd (%s); pending requests fail\n", id,
-            control->socket_path().c_str());
+    fprintf(
+        stderr,
+        "libpsmclient: endpoint %u: lost psmd (%s); pending requests fail\n",
+        id, control->socket_path().c_str());
     FailAllPending(PSM2_EP_WAS_CLOSED);
   }
 }
 
 void psm2_ep::FailAllPending(psm2_error_t error) {
   for (psm2_mq_req* r : requests) {
-    if (r->state == psm2_mq_req::State::kComplete) continue;  // includes free slots
+    if (r->state == psm2_mq_req::State::kComplete)
+      continue;  // includes free slots
     r->user.error_code = error;
     MarkComplete(r);
   }

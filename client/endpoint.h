@@ -56,7 +56,8 @@
 struct psm2_epaddr {
   psm2_ep_t ep;
   psm2_epid_t epid;
-  uint32_t slot;  // connection slot, or kNoSlot when not connected from this side
+  uint32_t
+      slot;  // connection slot, or kNoSlot when not connected from this side
   void* ctxt;
 };
 
@@ -170,7 +171,8 @@ struct Deferred {
   const void* payload;
   const void* prefix = nullptr;
   uint32_t prefix_len = 0;
-  std::vector<uint8_t> owned;  // the bytes themselves, when the caller's may change
+  std::vector<uint8_t>
+      owned;  // the bytes themselves, when the caller's may change
 };
 
 // A registered active-message handler (one of the two signatures).
@@ -201,9 +203,11 @@ struct psm2_ep {
 
   // Opens, attaches and maps; on failure returns the error and message.
   static psmd::client::CallError Open(psmd::client::ControlClient* control,
-                                      const psm2_uuid_t uuid, std::unique_ptr<psm2_ep>* out);
+                                      const psm2_uuid_t uuid,
+                                      std::unique_ptr<psm2_ep>* out);
 
-  std::recursive_mutex mu;  // recursive: AM handlers call PSM2 from inside progress
+  std::recursive_mutex
+      mu;  // recursive: AM handlers call PSM2 from inside progress
   psmd::client::ControlClient* control = nullptr;
   uint32_t id = 0;
   psm2_epid_t epid = 0;
@@ -231,8 +235,8 @@ struct psm2_ep {
   std::unordered_map<psm2_epid_t, std::unique_ptr<psm2_epaddr>> epaddrs;
   std::vector<psm2_mq_req*> requests;  // by index; nullptr = free slot
   std::vector<uint32_t> free_indices;
-  std::deque<psmd::client::Deferred> deferred_msg;  // for msg_sq
-  std::deque<psmd::client::Deferred> deferred_ctl;  // for ctl_sq
+  std::deque<psmd::client::Deferred> deferred_msg;   // for msg_sq
+  std::deque<psmd::client::Deferred> deferred_ctl;   // for ctl_sq
   std::vector<psmd::client::AmHandler> am_handlers;  // by index
 
   // --- everything below requires `mu` held ---
@@ -243,7 +247,8 @@ struct psm2_ep {
   // the application's send completes before the receive is posted, as with
   // Intel's self device. Null (send by plain rendezvous) when the copies
   // would exceed the unexpected budget.
-  psm2_mq_req* CopyForSelf(const void* buf, uint32_t len, const psm2_mq_req* send);
+  psm2_mq_req* CopyForSelf(const void* buf, uint32_t len,
+                           const psm2_mq_req* send);
   // A receive matched the self send `req` (invariant 4).
   void SelfSendMatched(psm2_mq_req* req);
   void FreeRequest(psm2_mq_req* req);
@@ -251,13 +256,16 @@ struct psm2_ep {
   // user's buffer, copied into the pool before the descriptor is published.
   // Returns the queued submission if it could not be published at once
   // (valid until the next progress call), else null.
-  psmd::client::Deferred* Submit(psm2_mq_req* req, const psmd::shm::SubmissionDesc& desc,
-                                 const void* payload, const void* prefix = nullptr,
+  psmd::client::Deferred* Submit(psm2_mq_req* req,
+                                 const psmd::shm::SubmissionDesc& desc,
+                                 const void* payload,
+                                 const void* prefix = nullptr,
                                  uint32_t prefix_len = 0);
   // Publishes `desc` (a probe, cancel or option, with req's token) and waits
   // for the daemon's answer, which lands in req->user (error_code and, for a
   // probe that found a message, its status). Returns the answer's error.
-  psm2_error_t RoundTrip(psm2_mq_req* req, const psmd::shm::SubmissionDesc& desc);
+  psm2_error_t RoundTrip(psm2_mq_req* req,
+                         const psmd::shm::SubmissionDesc& desc);
   // Reaps completions and flushes deferred submissions. Returns true when
   // anything happened.
   bool Progress();
@@ -288,7 +296,8 @@ struct psm2_ep {
   void RingDoorbell();
   void HandleCompletion(const psmd::shm::CompletionDesc& c);
   void CompleteEager(psm2_mq_req* req, const psmd::shm::CompletionDesc& c);
-  void StartRendezvousReceive(psm2_mq_req* req, const psmd::shm::CompletionDesc& c);
+  void StartRendezvousReceive(psm2_mq_req* req,
+                              const psmd::shm::CompletionDesc& c);
   void ReceiveChunk(psm2_mq_req* req, const psmd::shm::CompletionDesc& c);
   void StartStreaming(psm2_mq_req* req, const psmd::shm::CompletionDesc& c);
   void DropQueuedChunks(psm2_mq_req* req);

@@ -49,7 +49,8 @@ std::string EpidText(psm2_epid_t epid) {
 }
 
 Library& Library::Get() {
-  static Library* lib = new Library();  // never destroyed: handles may outlive exit
+  static Library* lib =
+      new Library();  // never destroyed: handles may outlive exit
   return *lib;
 }
 
@@ -66,21 +67,25 @@ psm2_error_t Library::Report(psm2_error_t code, const std::string& message) {
   return Report(nullptr, code, message);
 }
 
-psm2_error_t Library::Report(psm2_ep_t ep, psm2_error_t code, const std::string& message) {
+psm2_error_t Library::Report(psm2_ep_t ep, psm2_error_t code,
+                             const std::string& message) {
   if (code == PSM2_OK) return code;
   Library& lib = Get();
   psm2_ep_errhandler_t handler;
   {
     std::lock_guard<std::mutex> lock(lib.handlers_mu_);
-    auto it = ep != nullptr ? lib.ep_handlers_.find(ep) : lib.ep_handlers_.end();
+    auto it =
+        ep != nullptr ? lib.ep_handlers_.find(ep) : lib.ep_handlers_.end();
     handler = it != lib.ep_handlers_.end() ? it->second : lib.global_handler_;
     if (it == lib.ep_handlers_.end()) ep = nullptr;  // not (or no longer) open
   }
   psm2_error_token token{ep, code, {}};
   snprintf(token.message, sizeof(token.message), "%s", message.c_str());
   if (handler == PSM2_ERRHANDLER_PSM_HANDLER) PsmHandler(code, token.message);
-  if ((lib.debug_mask.load(std::memory_order_relaxed) & kDebugPrintErrors) && VerboseErrors()) {
-    fprintf(stderr, "libpsmclient: %s\n", message.c_str());  // in full; handlers get 511 bytes
+  if ((lib.debug_mask.load(std::memory_order_relaxed) & kDebugPrintErrors) &&
+      VerboseErrors()) {
+    fprintf(stderr, "libpsmclient: %s\n",
+            message.c_str());  // in full; handlers get 511 bytes
   }
   if (handler == PSM2_ERRHANDLER_NO_HANDLER) return code;
   return handler(ep, code, token.message, &token);
@@ -93,16 +98,19 @@ psm2_error_t Library::RequireInit(const char* function) {
     if (init_count > 0) return PSM2_OK;
     was_finalized = finalized;
   }
-  return Report(PSM2_INIT_NOT_INIT,
-                std::string(function) +
-                    (was_finalized ? ": PSM2 was finalized in this process (psm2_finalize was "
-                                     "called as often as psm2_init)"
-                                   : ": PSM2 is not initialized (call psm2_init first)"));
+  return Report(
+      PSM2_INIT_NOT_INIT,
+      std::string(function) +
+          (was_finalized
+               ? ": PSM2 was finalized in this process (psm2_finalize was "
+                 "called as often as psm2_init)"
+               : ": PSM2 is not initialized (call psm2_init first)"));
 }
 
 bool Library::IsOpenLocked(psm2_ep_t ep) const {
-  return ep != nullptr && std::any_of(endpoints.begin(), endpoints.end(),
-                                      [ep](const auto& open) { return open.get() == ep; });
+  return ep != nullptr &&
+         std::any_of(endpoints.begin(), endpoints.end(),
+                     [ep](const auto& open) { return open.get() == ep; });
 }
 
 void Library::SetGlobalHandler(psm2_ep_errhandler_t handler) {
@@ -144,13 +152,15 @@ using psmd::client::Library;
 
 extern "C" {
 
-psm2_error_t psm2_error_register_handler(psm2_ep_t ep, const psm2_ep_errhandler_t errhandler) {
+psm2_error_t psm2_error_register_handler(
+    psm2_ep_t ep, const psm2_ep_errhandler_t errhandler) {
   // A null function pointer is neither special value; calling it later would
   // crash inside some unrelated PSM2 call, so refuse it now.
   if (errhandler == nullptr) {
-    return Library::Report(ep, PSM2_PARAM_ERR,
-                           "psm2_error_register_handler: the handler is NULL (pass a function, "
-                           "PSM2_ERRHANDLER_NO_HANDLER or PSM2_ERRHANDLER_PSM_HANDLER)");
+    return Library::Report(
+        ep, PSM2_PARAM_ERR,
+        "psm2_error_register_handler: the handler is NULL (pass a function, "
+        "PSM2_ERRHANDLER_NO_HANDLER or PSM2_ERRHANDLER_PSM_HANDLER)");
   }
   Library& lib = Library::Get();
   if (ep == nullptr) {
@@ -158,9 +168,10 @@ psm2_error_t psm2_error_register_handler(psm2_ep_t ep, const psm2_ep_errhandler_
     return PSM2_OK;
   }
   if (!lib.SetEndpointHandler(ep, errhandler)) {
-    return Library::Report(PSM2_EP_WAS_CLOSED,
-                           "psm2_error_register_handler: the endpoint is not open (closed "
-                           "already, or never returned by psm2_ep_open)");
+    return Library::Report(
+        PSM2_EP_WAS_CLOSED,
+        "psm2_error_register_handler: the endpoint is not open (closed "
+        "already, or never returned by psm2_ep_open)");
   }
   return PSM2_OK;
 }

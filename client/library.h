@@ -53,7 +53,8 @@ struct Library {
   // ends the process. PSM2_OK is returned untouched. Never call with `mu`
   // held: a handler may call back into the library.
   static psm2_error_t Report(psm2_error_t code, const std::string& message);
-  static psm2_error_t Report(psm2_ep_t ep, psm2_error_t code, const std::string& message);
+  static psm2_error_t Report(psm2_ep_t ep, psm2_error_t code,
+                             const std::string& message);
 
   // PSM2_OK while psm2_init is in effect; otherwise reports
   // PSM2_INIT_NOT_INIT on behalf of `function`.
@@ -83,13 +84,17 @@ struct Library {
   // PSM2_MULTI_EP, read by the first psm2_init: more than one endpoint per
   // process only when set (Intel's rule).
   bool multi_ep = false;
-  int opening = 0;  // psm2_ep_open calls between their limit check and completion
+  int opening =
+      0;  // psm2_ep_open calls between their limit check and completion
   std::vector<std::unique_ptr<psm2_ep>> endpoints;  // in open order
   // Epaddrs returned by psm2_ep_connect, per endpoint: what
   // psm2_ep_epid_lookup finds. Disconnecting keeps them (as Intel does).
-  std::unordered_map<psm2_ep_t, std::unordered_map<psm2_epid_t, psm2_epaddr_t>> connected;
-  std::unordered_map<psm2_epaddr_t, std::string> labels;  // psm2_epaddr_setlabel
-  std::unordered_map<uint64_t, std::string> hostnames;    // psm2_map_nid_hostname, by nid
+  std::unordered_map<psm2_ep_t, std::unordered_map<psm2_epid_t, psm2_epaddr_t>>
+      connected;
+  std::unordered_map<psm2_epaddr_t, std::string>
+      labels;  // psm2_epaddr_setlabel
+  std::unordered_map<uint64_t, std::string>
+      hostnames;  // psm2_map_nid_hostname, by nid
   // PSM2_CORE_OPT_DEBUG. Atomic: read by every report without `mu`.
   std::atomic<uint32_t> debug_mask{kDebugPrintErrors};
 

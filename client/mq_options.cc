@@ -14,10 +14,11 @@ psm2_error_t SetBudget(psm2_mq_t mq, uint64_t mbytes) {
   psm2_ep_t ep = mq->ep;
   uint64_t bytes = mbytes << 20;
   if (mbytes == 0 || bytes > ep->max_unexpected_budget) {
-    return Library::Report(PSM2_PARAM_ERR,
-                           "PSM2_MQ_MAX_SYSBUF_MBYTES " + std::to_string(mbytes) +
-                               " is outside 1.." + std::to_string(ep->max_unexpected_budget >> 20) +
-                               " (psmd --max-unexpected-mib)");
+    return Library::Report(
+        PSM2_PARAM_ERR, "PSM2_MQ_MAX_SYSBUF_MBYTES " + std::to_string(mbytes) +
+                            " is outside 1.." +
+                            std::to_string(ep->max_unexpected_budget >> 20) +
+                            " (psmd --max-unexpected-mib)");
   }
   std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
@@ -25,7 +26,8 @@ psm2_error_t SetBudget(psm2_mq_t mq, uint64_t mbytes) {
   shm::SubmissionDesc d{};
   d.op = shm::SubmitOp::kSetOption;
   d.req = TokenOf(r);
-  d.body.option.key = static_cast<uint32_t>(shm::QueueOption::kUnexpectedBudgetBytes);
+  d.body.option.key =
+      static_cast<uint32_t>(shm::QueueOption::kUnexpectedBudgetBytes);
   d.body.option.value = bytes;
   psm2_error_t err = ep->RoundTrip(r, d);
   ep->FreeRequest(r);
@@ -52,8 +54,9 @@ psm2_error_t InitMqOptions(psm2_mq_t mq) {
     char* end = nullptr;
     unsigned long long v = strtoull(text, &end, 0);
     if (*end != '\0' || v > UINT32_MAX) {
-      return Library::Report(PSM2_PARAM_ERR, std::string(e.var) + "='" + text +
-                                                 "' is not a number from 0 to 4294967295");
+      return Library::Report(PSM2_PARAM_ERR,
+                             std::string(e.var) + "='" + text +
+                                 "' is not a number from 0 to 4294967295");
     }
     psm2_error_t err = SetMqOption(mq, e.option, v);
     if (err != PSM2_OK) return err;
@@ -74,7 +77,8 @@ psm2_error_t GetMqOption(psm2_mq_t mq, int option, uint32_t* value) {
       *value = mq->max_sysbuf_mbytes;
       return PSM2_OK;
   }
-  return Library::Report(PSM2_PARAM_ERR, "unknown MQ option " + std::to_string(option));
+  return Library::Report(PSM2_PARAM_ERR,
+                         "unknown MQ option " + std::to_string(option));
 }
 
 psm2_error_t SetMqOption(psm2_mq_t mq, int option, uint64_t value) {
@@ -93,7 +97,8 @@ psm2_error_t SetMqOption(psm2_mq_t mq, int option, uint64_t value) {
     case PSM2_MQ_MAX_SYSBUF_MBYTES:
       return SetBudget(mq, value);
   }
-  return Library::Report(PSM2_PARAM_ERR, "unknown MQ option " + std::to_string(option));
+  return Library::Report(PSM2_PARAM_ERR,
+                         "unknown MQ option " + std::to_string(option));
 }
 
 }  // namespace psmd::client

@@ -2,8 +2,9 @@
 // with PSM2_COMPONENT_MQ, psm2_mq_init's option list), and the PSM2
 // environment variables that preset them:
 //   PSM2_MQ_RNDV_SHM_THRESH   PSM2_MQ_RNDV_SHM_SZ   rendezvous above this size
-//   PSM2_MQ_RNDV_HFI_THRESH   PSM2_MQ_RNDV_HFI_SZ   kept and reported (no fabric)
-//   PSM2_MQ_MAX_SYSBUF_MBYTES PSM2_MQ_MAX_SYSBUF_MBYTES  unexpected budget, MiB
+//   PSM2_MQ_RNDV_HFI_THRESH   PSM2_MQ_RNDV_HFI_SZ   kept and reported (no
+//   fabric) PSM2_MQ_MAX_SYSBUF_MBYTES PSM2_MQ_MAX_SYSBUF_MBYTES  unexpected
+//   budget, MiB
 // The budget is enforced by psmd (daemon/mq_engine.h, invariant 4), so
 // setting it is a round trip to the daemon.
 //

@@ -25,7 +25,9 @@ namespace {
 
 enum Kind : uint32_t { kListen = 1, kStop = 2, kPending = 3, kLiveness = 4 };
 
-uint64_t Tag(Kind kind, int fd) { return (uint64_t{kind} << 32) | static_cast<uint32_t>(fd); }
+uint64_t Tag(Kind kind, int fd) {
+  return (uint64_t{kind} << 32) | static_cast<uint32_t>(fd);
+}
 
 constexpr char kHttp2Preface[] = "PRI * HTTP/2.0";
 constexpr auto kClassifyDeadline = std::chrono::seconds(2);
@@ -60,7 +62,8 @@ bool Admission::Bind(std::string* error) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) {
-    *error = "socket path '" + path + "' is longer than 107 bytes; choose a shorter --socket";
+    *error = "socket path '" + path +
+             "' is longer than 107 bytes; choose a shorter --socket";
     return false;
   }
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
@@ -72,13 +75,15 @@ bool Admission::Bind(std::string* error) {
   int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
     close(probe);
-    *error = "another psmd is already serving " + path + "; stop it or pass another --socket";
+    *error = "another psmd is already serving " + path +
+             "; stop it or pass another --socket";
     return false;
   }
   close(probe);
   unlink(path.c_str());
   listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (listen_fd_ < 0 || bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  if (listen_fd_ < 0 ||
+      bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     *error = "cannot bind " + path + ": " + strerror(errno);
     return false;
   }
@@ -97,7 +102,8 @@ bool Admission::Bind(std::string* error) {
     setrlimit(RLIMIT_NOFILE, &lim);
   }
   getrlimit(RLIMIT_NOFILE, &lim);
-  high_fd_floor_ = lim.rlim_cur > 4096 ? 1024 : static_cast<int>(lim.rlim_cur / 2);
+  high_fd_floor_ =
+      lim.rlim_cur > 4096 ? 1024 : static_cast<int>(lim.rlim_cur / 2);
   next_high_fd_ = high_fd_floor_;
   return true;
 }
@@ -177,12 +183,15 @@ void Admission::Loop() {
 void Admission::PauseAccepting() {
   refused_while_full_++;
   if (accept_paused_until_) return;
-  accept_paused_until_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  accept_paused_until_ =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
 }
 
 void Admission::ResumeAcceptingIfDue() {
-  if (!accept_paused_until_ || std::chrono::steady_clock::now() < *accept_paused_until_) return;
+  if (!accept_paused_until_ ||
+      std::chrono::steady_clock::now() < *accept_paused_until_)
+    return;
   accept_paused_until_.reset();
   epoll_event ev{};
   ev.events = EPOLLIN;
@@ -192,19 +201,24 @@ void Admission::ResumeAcceptingIfDue() {
 
 void Admission::Accept() {
   for (;;) {
-    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    int fd =
+        accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+          errno == ENOMEM) {
         // Connections wait in the backlog meanwhile. One line per second at
         // most, with what was refused since.
         static auto last_logged = std::chrono::steady_clock::time_point{};
         auto now = std::chrono::steady_clock::now();
         if (now - last_logged >= std::chrono::seconds(1)) {
           last_logged = now;
-          spdlog::warn("control socket: cannot accept connections: {} ({} times since the last "
-                       "report); pausing 100 ms. Raise psmd's file limit (LimitNOFILE) if "
-                       "clients are legitimate",
-                       strerror(errno), refused_while_full_ + 1);
+          spdlog::warn(
+              "control socket: cannot accept connections: {} ({} times since "
+              "the last "
+              "report); pausing 100 ms. Raise psmd's file limit (LimitNOFILE) "
+              "if "
+              "clients are legitimate",
+              strerror(errno), refused_while_full_ + 1);
           refused_while_full_ = 0;
         }
         PauseAccepting();
@@ -250,7 +264,8 @@ void Admission::Classify(int fd) {
     HandOverToGrpc(fd, creds);
     return;
   }
-  if (std::memcmp(head, shm::kAttachMagic, std::min(got, sizeof(shm::kAttachMagic))) == 0) {
+  if (std::memcmp(head, shm::kAttachMagic,
+                  std::min(got, sizeof(shm::kAttachMagic))) == 0) {
     if (got < sizeof(shm::AttachRequest)) return;  // wait for the token
     Credentials creds = it->second.creds;
     pending_.erase(it);
@@ -258,8 +273,10 @@ void Admission::Classify(int fd) {
     HandleAttach(fd, creds);
     return;
   }
-  spdlog::warn("control socket: pid {} uid {} sent neither gRPC nor an attach request; closed",
-               it->second.creds.pid, it->second.creds.uid);
+  spdlog::warn(
+      "control socket: pid {} uid {} sent neither gRPC nor an attach request; "
+      "closed",
+      it->second.creds.pid, it->second.creds.uid);
   DropPending(fd);
 }
 
@@ -287,7 +304,8 @@ void Admission::HandleAttach(int fd, const Credentials& creds) {
     err = registry_->Attach(token, creds, fd, fds, &endpoint_id);
   }
   if (!err.ok()) {
-    spdlog::warn("attach from pid {} uid {} refused: {}", creds.pid, creds.uid, err.message);
+    spdlog::warn("attach from pid {} uid {} refused: {}", creds.pid, creds.uid,
+                 err.message);
     reply.status = err.code;
     shm::SendWithFds(fd, &reply, sizeof(reply), nullptr, 0);
     close(fd);

@@ -17,9 +17,9 @@
 #define PSMD_DAEMON_ADMISSION_H_
 
 #include <chrono>
-#include <optional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>

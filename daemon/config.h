@@ -14,8 +14,8 @@ struct Config {
   // How long the progress thread polls after its last piece of work before
   // it sleeps in epoll until a client rings (microseconds).
   uint32_t spin_us = 200;
-  uint32_t sq_capacity = 256;    // submission ring slots per endpoint
-  uint32_t cq_capacity = 1024;   // completion ring slots per endpoint
+  uint32_t sq_capacity = 256;   // submission ring slots per endpoint
+  uint32_t cq_capacity = 1024;  // completion ring slots per endpoint
   // Per-job payload pool: one send region per endpoint of the job.
   uint64_t region_bytes = 8ull << 20;
   uint32_t max_endpoints_per_job = 64;
@@ -32,12 +32,13 @@ struct Config {
   uint64_t job_unexpected_budget_bytes = 4096ull << 20;
   // ... and of all jobs of one uid together (a uid may open any number).
   uint64_t uid_unexpected_budget_bytes = 8192ull << 20;
-  uint16_t node_id = 0;          // high bits of every epid minted here
+  uint16_t node_id = 0;  // high bits of every epid minted here
 };
 
 // Parses argv into *config. Returns false and fills *error (naming the flag
 // and the fix) on a bad command line; sets *help when --help was asked.
-bool ParseFlags(int argc, char** argv, Config* config, bool* help, std::string* error);
+bool ParseFlags(int argc, char** argv, Config* config, bool* help,
+                std::string* error);
 
 std::string FlagsUsage();
 

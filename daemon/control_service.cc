@@ -12,7 +12,8 @@ namespace {
 // error details, so the client can return the same code to the application.
 grpc::Status ToStatus(const ControlError& e) {
   if (e.ok()) return grpc::Status::OK;
-  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, e.message, std::to_string(e.code));
+  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, e.message,
+                      std::to_string(e.code));
 }
 
 void FillStats(const EndpointSnapshot& s, v1::EndpointStats* out) {
@@ -36,25 +37,29 @@ void FillStats(const EndpointSnapshot& s, v1::EndpointStats* out) {
 
 }  // namespace
 
-ControlService::ControlService(Registry* registry, Admission* admission, ProgressWorker* worker)
+ControlService::ControlService(Registry* registry, Admission* admission,
+                               ProgressWorker* worker)
     : registry_(registry),
       admission_(admission),
       worker_(worker),
       started_(std::chrono::steady_clock::now()) {}
 
 uint64_t ControlService::UptimeNs() const {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
-                                                              started_)
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now() - started_)
       .count();
 }
 
-grpc::Status ControlService::Identify(grpc::ServerContext* ctx, Credentials* who) {
+grpc::Status ControlService::Identify(grpc::ServerContext* ctx,
+                                      Credentials* who) {
   if (admission_->CredentialsOf(ctx->peer(), who)) return grpc::Status::OK;
-  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                      "psmd cannot tell who is calling (peer " + ctx->peer() + ")");
+  return grpc::Status(
+      grpc::StatusCode::UNAUTHENTICATED,
+      "psmd cannot tell who is calling (peer " + ctx->peer() + ")");
 }
 
-grpc::Status ControlService::Health(grpc::ServerContext*, const v1::HealthRequest*,
+grpc::Status ControlService::Health(grpc::ServerContext*,
+                                    const v1::HealthRequest*,
                                     v1::HealthReply* reply) {
   reply->set_version(kVersion);
   reply->set_uptime_ns(UptimeNs());
@@ -70,7 +75,8 @@ grpc::Status ControlService::OpenEndpoint(grpc::ServerContext* ctx,
   Credentials who;
   if (auto s = Identify(ctx, &who); !s.ok()) return s;
   if (req->job_uuid().size() != 16) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "job_uuid must be 16 bytes");
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "job_uuid must be 16 bytes");
   }
   Uuid uuid;
   std::copy(req->job_uuid().begin(), req->job_uuid().end(), uuid.begin());
@@ -93,13 +99,15 @@ grpc::Status ControlService::CloseEndpoint(grpc::ServerContext* ctx,
   return ToStatus(registry_->Close(who, req->endpoint_id()));
 }
 
-grpc::Status ControlService::Connect(grpc::ServerContext* ctx, const v1::ConnectRequest* req,
+grpc::Status ControlService::Connect(grpc::ServerContext* ctx,
+                                     const v1::ConnectRequest* req,
                                      v1::ConnectReply* reply) {
   Credentials who;
   if (auto s = Identify(ctx, &who); !s.ok()) return s;
   std::vector<uint64_t> epids(req->epids().begin(), req->epids().end());
   std::vector<ConnectOutcome> outcomes;
-  ControlError e = registry_->Connect(who, req->endpoint_id(), epids, &outcomes);
+  ControlError e =
+      registry_->Connect(who, req->endpoint_id(), epids, &outcomes);
   if (!e.ok()) return ToStatus(e);
   for (const ConnectOutcome& o : outcomes) {
     v1::ConnectResult* r = reply->add_results();
@@ -117,13 +125,15 @@ grpc::Status ControlService::Disconnect(grpc::ServerContext* ctx,
   if (auto s = Identify(ctx, &who); !s.ok()) return s;
   std::vector<uint32_t> slots(req->slots().begin(), req->slots().end());
   std::vector<int> errors;
-  ControlError e = registry_->Disconnect(who, req->endpoint_id(), slots, &errors);
+  ControlError e =
+      registry_->Disconnect(who, req->endpoint_id(), slots, &errors);
   if (!e.ok()) return ToStatus(e);
   for (int err : errors) reply->add_errors(err);
   return grpc::Status::OK;
 }
 
-grpc::Status ControlService::GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest*,
+grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
+                                      const v1::GetStatsRequest*,
                                       v1::GetStatsReply* reply) {
   Credentials who;
   if (auto s = Identify(ctx, &who); !s.ok()) return s;

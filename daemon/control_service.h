@@ -19,21 +19,27 @@ inline constexpr char kVersion[] = "0.1.0";
 
 class ControlService final : public v1::Control::Service {
  public:
-  ControlService(Registry* registry, Admission* admission, ProgressWorker* worker);
+  ControlService(Registry* registry, Admission* admission,
+                 ProgressWorker* worker);
 
   grpc::Status Health(grpc::ServerContext* ctx, const v1::HealthRequest* req,
                       v1::HealthReply* reply) override;
-  grpc::Status OpenEndpoint(grpc::ServerContext* ctx, const v1::OpenEndpointRequest* req,
+  grpc::Status OpenEndpoint(grpc::ServerContext* ctx,
+                            const v1::OpenEndpointRequest* req,
                             v1::OpenEndpointReply* reply) override;
-  grpc::Status CloseEndpoint(grpc::ServerContext* ctx, const v1::CloseEndpointRequest* req,
+  grpc::Status CloseEndpoint(grpc::ServerContext* ctx,
+                             const v1::CloseEndpointRequest* req,
                              v1::CloseEndpointReply* reply) override;
   grpc::Status Connect(grpc::ServerContext* ctx, const v1::ConnectRequest* req,
                        v1::ConnectReply* reply) override;
-  grpc::Status Disconnect(grpc::ServerContext* ctx, const v1::DisconnectRequest* req,
+  grpc::Status Disconnect(grpc::ServerContext* ctx,
+                          const v1::DisconnectRequest* req,
                           v1::DisconnectReply* reply) override;
-  grpc::Status GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest* req,
+  grpc::Status GetStats(grpc::ServerContext* ctx,
+                        const v1::GetStatsRequest* req,
                         v1::GetStatsReply* reply) override;
-  grpc::Status ListEndpoints(grpc::ServerContext* ctx, const v1::ListEndpointsRequest* req,
+  grpc::Status ListEndpoints(grpc::ServerContext* ctx,
+                             const v1::ListEndpointsRequest* req,
                              v1::ListEndpointsReply* reply) override;
 
  private:

@@ -35,7 +35,9 @@ namespace psmd {
 // instruction on the hot path.
 class Counter {
  public:
-  void Add(uint64_t n) { v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+  void Add(uint64_t n) {
+    v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
   uint64_t Get() const { return v_.load(std::memory_order_relaxed); }
 
  private:
@@ -50,7 +52,8 @@ struct EndpointCounters {
   Counter posted_recvs;
   Counter probes;
   Counter sends_held;
-  Counter am_requests_sent, am_replies_sent;  // times a send waited for its receiver's unexpected budget
+  Counter am_requests_sent, am_replies_sent;  // times a send waited for its
+                                              // receiver's unexpected budget
   Counter bad_descriptors;
 };
 
@@ -68,15 +71,17 @@ struct PostedRecv {
 // A message waiting in the unexpected queue (or claimed by a matched probe).
 struct UnexpectedMsg {
   uint32_t sender_id;
-  uint8_t flags;        // shm::SubmitFlags of the send
-  bool rendezvous;      // a request-to-send: the payload is still with the sender
+  uint8_t flags;    // shm::SubmitFlags of the send
+  bool rendezvous;  // a request-to-send: the payload is still with the sender
   uint32_t len;
-  uint64_t sender_req;  // kSendSync / rendezvous: the sender's request
-  uint64_t pool_offset; // eager, len > kInlineMax
+  uint64_t sender_req;   // kSendSync / rendezvous: the sender's request
+  uint64_t pool_offset;  // eager, len > kInlineMax
   uint8_t inline_data[shm::kInlineMax];
 
   // What it is charged against the receiver's unexpected budget.
-  uint64_t cost() const { return kUnexpectedOverheadBytes + (rendezvous ? 0 : len); }
+  uint64_t cost() const {
+    return kUnexpectedOverheadBytes + (rendezvous ? 0 : len);
+  }
 };
 
 // A message removed from the unexpected queue by a matched probe
@@ -112,13 +117,16 @@ class Endpoint {
   SendRegion region;
   int doorbell_fd = -1;  // eventfd the client rings when the daemon sleeps
 
-  shm::SegmentControl* control() const { return shm::ControlOf(segment.base()); }
+  shm::SegmentControl* control() const {
+    return shm::ControlOf(segment.base());
+  }
 
   // Worker-owned.
   shm::RingConsumer<shm::SubmissionDesc> msg_sq;
   shm::RingConsumer<shm::SubmissionDesc> ctl_sq;
   shm::RingProducer<shm::CompletionDesc> cq;
-  std::deque<shm::CompletionDesc> cq_overflow;  // completions waiting for ring space
+  std::deque<shm::CompletionDesc>
+      cq_overflow;  // completions waiting for ring space
   // Sends taken off msg_sq that wait for their receiver's unexpected budget,
   // in order; at most one batch. msg_sq is not read while this is non-empty.
   std::deque<shm::SubmissionDesc> held_sends;
@@ -131,8 +139,9 @@ class Endpoint {
   std::unordered_map<uint64_t, ClaimedMsg> claimed;
   uint64_t unexpected_cost = 0;    // sum of cost() over unexpected and claimed
   uint64_t unexpected_budget = 0;  // PSM2_MQ_MAX_SYSBUF_MBYTES of this endpoint
-  bool notify_pending = false;  // completions published since the last wake check
-  bool faulted = false;         // ring corrupted by the client: no longer served
+  bool notify_pending =
+      false;             // completions published since the last wake check
+  bool faulted = false;  // ring corrupted by the client: no longer served
   // Doorbells rung with nothing submitted, counted per second (progress
   // worker only): a client ringing in a loop is not listened to for a while
   // (ProgressWorker::NoteIdleDoorbell) instead of keeping psmd awake.

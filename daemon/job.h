@@ -27,8 +27,12 @@ std::string UuidToString(const Uuid& uuid);
 struct JobKey {
   Uuid uuid;
   uid_t uid;
-  bool operator<(const JobKey& o) const { return uuid != o.uuid ? uuid < o.uuid : uid < o.uid; }
-  bool operator==(const JobKey& o) const { return uuid == o.uuid && uid == o.uid; }
+  bool operator<(const JobKey& o) const {
+    return uuid != o.uuid ? uuid < o.uuid : uid < o.uid;
+  }
+  bool operator==(const JobKey& o) const {
+    return uuid == o.uuid && uid == o.uid;
+  }
 };
 
 // What all jobs of one uid hold together (a uid can open any number of job

@@ -60,8 +60,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   admission.Start(server.get());
-  spdlog::info("psmd {} serving {} (pid {}, spin {} us)", psmd::kVersion, config.socket_path,
-               getpid(), config.spin_us);
+  spdlog::info("psmd {} serving {} (pid {}, spin {} us)", psmd::kVersion,
+               config.socket_path, getpid(), config.spin_us);
 
   int sig = 0;
   sigwait(&stop_signals, &sig);

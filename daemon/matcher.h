@@ -136,7 +136,9 @@ class ValueSlot {
  public:
   void construct(T&& v) { ::new (static_cast<void*>(buf_)) T(std::move(v)); }
   T& get() { return *std::launder(reinterpret_cast<T*>(buf_)); }
-  const T& get() const { return *std::launder(reinterpret_cast<const T*>(buf_)); }
+  const T& get() const {
+    return *std::launder(reinterpret_cast<const T*>(buf_));
+  }
   // Moves the value out and ends its lifetime.
   T take() {
     T v = std::move(get());
@@ -159,10 +161,14 @@ template <typename Node>
 class NodePool {
  public:
   Node& operator[](Index i) { return chunks_[i >> kChunkBits][i & kChunkMask]; }
-  const Node& operator[](Index i) const { return chunks_[i >> kChunkBits][i & kChunkMask]; }
+  const Node& operator[](Index i) const {
+    return chunks_[i >> kChunkBits][i & kChunkMask];
+  }
 
   // Number of nodes allocated so far: every index handed out is below it.
-  Index capacity() const { return static_cast<Index>(chunks_.size()) * kChunkSize; }
+  Index capacity() const {
+    return static_cast<Index>(chunks_.size()) * kChunkSize;
+  }
 
   size_t memory_bytes() const {
     return capacity() * sizeof(Node) + chunks_.capacity() * sizeof(chunks_[0]);
@@ -195,7 +201,8 @@ class NodePool {
   static constexpr Index kChunkSize = Index{1} << kChunkBits;
   static constexpr Index kChunkMask = kChunkSize - 1;
   void grow() {
-    if (chunks_.size() >= (kNil >> kChunkBits)) throw std::length_error("matcher: node pool full");
+    if (chunks_.size() >= (kNil >> kChunkBits))
+      throw std::length_error("matcher: node pool full");
     const Index base = static_cast<Index>(chunks_.size()) * kChunkSize;
     chunks_.push_back(std::make_unique<Node[]>(kChunkSize));
     // Thread the new chunk onto the free list in index order so that a
@@ -224,7 +231,9 @@ class TagIndex {
  public:
   static constexpr size_t npos = ~size_t{0};
 
-  static uint32_t hash(const Tag96& tag) { return static_cast<uint32_t>(Tag96Hash{}(tag)); }
+  static uint32_t hash(const Tag96& tag) {
+    return static_cast<uint32_t>(Tag96Hash{}(tag));
+  }
 
   // Slot position of the bucket for `tag` (whose hash is `h`), or npos.
   // tag_of(Index) returns the tag of a node.
@@ -249,7 +258,8 @@ class TagIndex {
   // reads the slots, so ask for them first (prefetch_slot).
   Index head_by_hash(uint32_t h) const {
     if (count_ == 0) return kNil;
-    for (size_t pos = h & mask_; slots_[pos].head != kNil; pos = (pos + 1) & mask_) {
+    for (size_t pos = h & mask_; slots_[pos].head != kNil;
+         pos = (pos + 1) & mask_) {
       if (slots_[pos].hash == h) return slots_[pos].head;
     }
     return kNil;
@@ -258,7 +268,8 @@ class TagIndex {
   // Grows the table if needed so that the next find_or_insert() neither
   // allocates nor throws. Invalidates earlier positions.
   void reserve_one() {
-    if ((count_ + 1) * 4 > slots_.size()) rehash(std::max<size_t>(16, slots_.size() * 2));
+    if ((count_ + 1) * 4 > slots_.size())
+      rehash(std::max<size_t>(16, slots_.size() * 2));
   }
 
   // Like find(), but creates the bucket (with head kNil) if absent. The
@@ -284,7 +295,8 @@ class TagIndex {
   // probe run back so that no lookup crosses a hole it should not.
   void erase_at(size_t pos) {
     size_t hole = pos;
-    for (size_t j = (hole + 1) & mask_; slots_[j].head != kNil; j = (j + 1) & mask_) {
+    for (size_t j = (hole + 1) & mask_; slots_[j].head != kNil;
+         j = (j + 1) & mask_) {
       // Slot j may fill the hole iff the hole lies on j's probe path, i.e.
       // j is at least as far from its home slot as from the hole.
       if (((j - slots_[j].hash) & mask_) >= ((j - hole) & mask_)) {
@@ -480,7 +492,8 @@ class WildArray {
       return;
     }
     const size_t cap = std::max<size_t>(kSlack, cap_ * 2);
-    std::unique_ptr<Entry[]> fresh(new Entry[cap]);  // the only step that can throw
+    std::unique_ptr<Entry[]> fresh(
+        new Entry[cap]);  // the only step that can throw
     move_live_to(fresh.get());
     buf_.swap(fresh);
     cap_ = cap;
@@ -554,8 +567,10 @@ class PostedQueue {
     n.source = p.source;
     n.seq = next_seq_++;
     n.value.construct(std::move(value));
-    const size_t pos = exact_.find_or_insert(p.tag, TagIndex::hash(p.tag), tag_of());
-    matcher_internal::bucket_push_back<&Node::chain>(pool_, exact_.head_at(pos), i);
+    const size_t pos =
+        exact_.find_or_insert(p.tag, TagIndex::hash(p.tag), tag_of());
+    matcher_internal::bucket_push_back<&Node::chain>(pool_, exact_.head_at(pos),
+                                                     i);
     ++size_;
   }
 
@@ -567,7 +582,9 @@ class PostedQueue {
   // computes addresses, so all the slot misses are in flight at once; the
   // second reads the slots (mostly arrived by then) and does the same for
   // the nodes.
-  void prefetch_slot(const MsgKey& key) const { exact_.prefetch_slot(TagIndex::hash(key.tag)); }
+  void prefetch_slot(const MsgKey& key) const {
+    exact_.prefetch_slot(TagIndex::hash(key.tag));
+  }
   void prefetch_entry(const MsgKey& key) const {
     const Index head = exact_.head_by_hash(TagIndex::hash(key.tag));
     if (head != kNil) matcher_internal::prefetch_node(pool_[head]);
@@ -603,13 +620,15 @@ class PostedQueue {
   template <typename Pred>
   std::optional<RecvT> remove_first_if(Pred pred) {
     const size_t k = wild_.find_if(pred);
-    uint64_t best_seq = k == WildArray::npos ? std::numeric_limits<uint64_t>::max()
-                                             : wild_.seq_at(k);
+    uint64_t best_seq = k == WildArray::npos
+                            ? std::numeric_limits<uint64_t>::max()
+                            : wild_.seq_at(k);
     Index best = kNil;
     // Each bucket is seq-ordered: only its first satisfying entry can win,
     // and entries at or past the best so far need not be looked at.
     exact_.for_each_head([&](Index head) {
-      for (Index i = head; i != kNil && pool_[i].seq < best_seq; i = pool_[i].chain.next) {
+      for (Index i = head; i != kNil && pool_[i].seq < best_seq;
+           i = pool_[i].chain.next) {
         if (pred(std::as_const(pool_[i].value.get()))) {
           best = i;
           best_seq = pool_[i].seq;
@@ -803,8 +822,10 @@ class UnexpectedQueue {
     n.key = key;
     n.value.construct(std::move(value));
     arrivals_.push_back(Arrival{i, gens_[i]});
-    const size_t pos = by_tag_.find_or_insert(key.tag, TagIndex::hash(key.tag), tag_of());
-    matcher_internal::bucket_push_back<&Node::chain>(pool_, by_tag_.head_at(pos), i);
+    const size_t pos =
+        by_tag_.find_or_insert(key.tag, TagIndex::hash(key.tag), tag_of());
+    matcher_internal::bucket_push_back<&Node::chain>(pool_,
+                                                     by_tag_.head_at(pos), i);
     ++size_;
   }
 
@@ -844,7 +865,8 @@ class UnexpectedQueue {
   // once it returns true.
   template <typename Pred>
   std::optional<MsgT> remove_first_if(Pred pred) {
-    const Index i = first_live([&](Index k) { return pred(std::as_const(pool_[k].value.get())); });
+    const Index i = first_live(
+        [&](Index k) { return pred(std::as_const(pool_[k].value.get())); });
     if (i == kNil) return std::nullopt;
     return remove(Found{i, TagIndex::npos});
   }
@@ -854,8 +876,8 @@ class UnexpectedQueue {
 
   // Heap bytes held, excluding what values own.
   size_t memory_bytes() const {
-    return pool_.memory_bytes() + gens_.capacity() * sizeof(gens_[0]) + by_tag_.memory_bytes() +
-           arrivals_.capacity() * sizeof(Arrival);
+    return pool_.memory_bytes() + gens_.capacity() * sizeof(gens_[0]) +
+           by_tag_.memory_bytes() + arrivals_.capacity() * sizeof(Arrival);
   }
 
   // Removes every message, calling f(const MsgKey&, MsgT&&) for each in
@@ -870,7 +892,8 @@ class UnexpectedQueue {
     by_tag_.clear();
     size_ = 0;
     // Takes the message of entry e out (if current) and releases its node.
-    auto take_entry = [&](const Arrival& e) -> std::optional<std::pair<MsgKey, MsgT>> {
+    auto take_entry =
+        [&](const Arrival& e) -> std::optional<std::pair<MsgKey, MsgT>> {
       if (gens_[e.node] != e.gen) return std::nullopt;
       Node& n = pool_[e.node];
       std::pair<MsgKey, MsgT> out{n.key, n.value.take()};
@@ -976,7 +999,8 @@ class UnexpectedQueue {
       begin_ = 0;
       if (out < arrivals_.capacity()) return;
     }
-    if (arrivals_.capacity() >= kMaxArrivals) throw std::length_error("matcher: arrival log full");
+    if (arrivals_.capacity() >= kMaxArrivals)
+      throw std::length_error("matcher: arrival log full");
     arrivals_.reserve(std::max<size_t>(64, arrivals_.capacity() * 2));
   }
 

@@ -18,7 +18,9 @@ namespace psmd {
 template <typename RecvT>
 class LinearPostedQueue {
  public:
-  void post(const RecvPattern& p, RecvT value) { entries_.push_back(Entry{p, std::move(value)}); }
+  void post(const RecvPattern& p, RecvT value) {
+    entries_.push_back(Entry{p, std::move(value)});
+  }
 
   std::optional<RecvT> take_match(const MsgKey& key) {
     for (auto it = entries_.begin(); it != entries_.end(); ++it) {
@@ -64,7 +66,9 @@ class LinearPostedQueue {
 template <typename MsgT>
 class LinearUnexpectedQueue {
  public:
-  void push(const MsgKey& key, MsgT value) { entries_.push_back(Entry{key, std::move(value)}); }
+  void push(const MsgKey& key, MsgT value) {
+    entries_.push_back(Entry{key, std::move(value)});
+  }
 
   MsgT* find(const RecvPattern& p, MsgKey* key_out = nullptr) {
     for (Entry& e : entries_) {

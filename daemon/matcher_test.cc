@@ -26,10 +26,16 @@ namespace {
 // ---------------------------------------------------------------------------
 // Helpers
 
-constexpr Tag96 T(uint32_t w0, uint32_t w1, uint32_t w2) { return Tag96{{w0, w1, w2}}; }
+constexpr Tag96 T(uint32_t w0, uint32_t w1, uint32_t w2) {
+  return Tag96{{w0, w1, w2}};
+}
 
-RecvPattern Exact(uint64_t source, Tag96 tag) { return RecvPattern{source, tag, kTagSelAll}; }
-RecvPattern Wild(uint64_t source, Tag96 tag, Tag96 sel) { return RecvPattern{source, tag, sel}; }
+RecvPattern Exact(uint64_t source, Tag96 tag) {
+  return RecvPattern{source, tag, kTagSelAll};
+}
+RecvPattern Wild(uint64_t source, Tag96 tag, Tag96 sel) {
+  return RecvPattern{source, tag, sel};
+}
 MsgKey Msg(uint64_t source, Tag96 tag) { return MsgKey{source, tag}; }
 
 // Value type of the queues under test: small, movable, identifiable.
@@ -75,7 +81,8 @@ class MatcherTest : public ::testing::Test {
     if (!posted_hit) posted_.remove_first_if([](const Req&) { return true; });
     unexpected_.push(msg, Req{2});
     const bool unexpected_hit = unexpected_.take(p).has_value();
-    if (!unexpected_hit) unexpected_.remove_first_if([](const Req&) { return true; });
+    if (!unexpected_hit)
+      unexpected_.remove_first_if([](const Req&) { return true; });
     EXPECT_EQ(posted_hit, unexpected_hit);
     EXPECT_EQ(posted_.size(), 0u);
     EXPECT_EQ(unexpected_.size(), 0u);
@@ -114,14 +121,16 @@ TYPED_TEST(MatcherTest, SourceFilter) {
   // Source filters apply to wildcard receives too.
   EXPECT_FALSE(this->Matches(Wild(5, tag, kTagSelNone), Msg(6, T(9, 9, 9))));
   EXPECT_TRUE(this->Matches(Wild(5, tag, kTagSelNone), Msg(5, T(9, 9, 9))));
-  EXPECT_TRUE(this->Matches(Wild(kAnySource, tag, kTagSelNone), Msg(7, T(9, 9, 9))));
+  EXPECT_TRUE(
+      this->Matches(Wild(kAnySource, tag, kTagSelNone), Msg(7, T(9, 9, 9))));
 }
 
 TYPED_TEST(MatcherTest, SelectorWildcardsAnyBitOfAnyWord) {
   const Tag96 tag = T(0xA5A5A5A5, 0x5A5A5A5A, 0x0F0F0F0F);
   for (int word = 0; word < 3; ++word) {
     for (int bit : {0, 1, 15, 16, 30, 31}) {
-      SCOPED_TRACE("word " + std::to_string(word) + " bit " + std::to_string(bit));
+      SCOPED_TRACE("word " + std::to_string(word) + " bit " +
+                   std::to_string(bit));
       Tag96 sel = kTagSelAll;
       sel.w[word] &= ~(1u << bit);
       Tag96 flipped = tag;
@@ -143,30 +152,40 @@ TYPED_TEST(MatcherTest, SelectorWildcardsAnyBitOfAnyWord) {
     }
   }
   // All-zero selector matches any tag.
-  EXPECT_TRUE(this->Matches(Wild(kAnySource, tag, kTagSelNone), Msg(1, T(0, 0, 0))));
-  EXPECT_TRUE(this->Matches(Wild(kAnySource, tag, kTagSelNone), Msg(1, T(~0u, ~0u, ~0u))));
+  EXPECT_TRUE(
+      this->Matches(Wild(kAnySource, tag, kTagSelNone), Msg(1, T(0, 0, 0))));
+  EXPECT_TRUE(this->Matches(Wild(kAnySource, tag, kTagSelNone),
+                            Msg(1, T(~0u, ~0u, ~0u))));
 }
 
 TYPED_TEST(MatcherTest, SixtyFourBitTagsHaveZeroTag2) {
   constexpr Tag96 t = Tag64(0x3333000300000007ULL);
   static_assert(t.w[0] == 0x00000007 && t.w[1] == 0x33330003 && t.w[2] == 0);
   // 64-bit receives as PSM2's psm2_mq_irecv builds them: tag2 selector 0.
-  auto recv64 = [](uint64_t tag, uint64_t sel) { return Wild(kAnySource, Tag64(tag), Tag64(sel)); };
+  auto recv64 = [](uint64_t tag, uint64_t sel) {
+    return Wild(kAnySource, Tag64(tag), Tag64(sel));
+  };
   // The MPI packing example from psm2_mq.h: (context | rank | tag).
-  EXPECT_TRUE(this->Matches(recv64(0x3333000000000007ULL, 0xffff0000ffffffffULL),
-                            Msg(3, Tag64(0x3333000300000007ULL))));  // any source rank
-  EXPECT_FALSE(this->Matches(recv64(0x3333000000000007ULL, 0xffff0000ffffffffULL),
-                             Msg(3, Tag64(0x3333000300000008ULL))));  // other tag
-  EXPECT_FALSE(this->Matches(recv64(0x3333000000000007ULL, 0xffff0000ffffffffULL),
-                             Msg(3, Tag64(0x4444000300000007ULL))));  // other context
-  EXPECT_TRUE(this->Matches(recv64(0x3333000300000000ULL, 0xffffffff80000000ULL),
-                            Msg(3, Tag64(0x3333000300001234ULL))));  // any tag from rank 3
-  EXPECT_FALSE(this->Matches(recv64(0x3333000300000000ULL, 0xffffffff80000000ULL),
-                             Msg(3, Tag64(0x3333000400001234ULL))));  // rank 4
+  EXPECT_TRUE(
+      this->Matches(recv64(0x3333000000000007ULL, 0xffff0000ffffffffULL),
+                    Msg(3, Tag64(0x3333000300000007ULL))));  // any source rank
+  EXPECT_FALSE(
+      this->Matches(recv64(0x3333000000000007ULL, 0xffff0000ffffffffULL),
+                    Msg(3, Tag64(0x3333000300000008ULL))));  // other tag
+  EXPECT_FALSE(
+      this->Matches(recv64(0x3333000000000007ULL, 0xffff0000ffffffffULL),
+                    Msg(3, Tag64(0x4444000300000007ULL))));  // other context
+  EXPECT_TRUE(this->Matches(
+      recv64(0x3333000300000000ULL, 0xffffffff80000000ULL),
+      Msg(3, Tag64(0x3333000300001234ULL))));  // any tag from rank 3
+  EXPECT_FALSE(
+      this->Matches(recv64(0x3333000300000000ULL, 0xffffffff80000000ULL),
+                    Msg(3, Tag64(0x3333000400001234ULL))));  // rank 4
   // A full 64-bit selector is exact on the 64 bits it has.
   EXPECT_TRUE(this->Matches(recv64(42, ~0ULL), Msg(1, Tag64(42))));
   EXPECT_FALSE(this->Matches(recv64(42, ~0ULL), Msg(1, Tag64(43))));
-  EXPECT_FALSE(this->Matches(recv64(42, ~0ULL), Msg(1, Tag64(42ULL | (1ULL << 63)))));
+  EXPECT_FALSE(
+      this->Matches(recv64(42, ~0ULL), Msg(1, Tag64(42ULL | (1ULL << 63)))));
   // An exact 96-bit receive of a 64-bit tag matches the 64-bit message only.
   EXPECT_TRUE(this->Matches(Exact(1, Tag64(42)), Msg(1, Tag64(42))));
   EXPECT_FALSE(this->Matches(Exact(1, Tag64(42)), Msg(1, T(42, 0, 1))));
@@ -248,7 +267,9 @@ TYPED_TEST(MatcherTest, PostedRemoveFirstIf) {
   EXPECT_EQ(this->posted_.size(), 3u);
   EXPECT_EQ(Id(this->posted_.remove_first_if(odd)), 13);
   EXPECT_EQ(Id(this->posted_.remove_first_if(odd)), std::nullopt);
-  EXPECT_EQ(Id(this->posted_.remove_first_if([](const Req& r) { return r.id == 12; })), 12);
+  EXPECT_EQ(Id(this->posted_.remove_first_if(
+                [](const Req& r) { return r.id == 12; })),
+            12);
   EXPECT_EQ(this->posted_.size(), 1u);
   // Remaining entry still matchable.
   EXPECT_EQ(Id(this->posted_.take_match(Msg(1, tag))), 10);
@@ -372,7 +393,8 @@ TYPED_TEST(MatcherTest, UnexpectedFindLeavesMessageQueued) {
   EXPECT_EQ(this->unexpected_.size(), 3u);
   // Same answer again: nothing was consumed.
   EXPECT_EQ(Id(this->unexpected_.find(Exact(kAnySource, a))), 2);
-  EXPECT_EQ(Id(this->unexpected_.find(Wild(kAnySource, a, T(~0u, 0, 0)), &key)), 2);
+  EXPECT_EQ(Id(this->unexpected_.find(Wild(kAnySource, a, T(~0u, 0, 0)), &key)),
+            2);
   EXPECT_EQ(Id(this->unexpected_.find(Exact(7, a))), std::nullopt);
   // The returned pointer refers to the queued value.
   this->unexpected_.find(Exact(6, a))->id = 33;
@@ -417,7 +439,8 @@ TYPED_TEST(MatcherTest, UnexpectedRemoveFirstIf) {
 TYPED_TEST(MatcherTest, UnexpectedDrainInArrivalOrderAndReusable) {
   std::vector<MsgKey> keys;
   for (int i = 0; i < 20; ++i) {
-    keys.push_back(Msg(static_cast<uint64_t>(i % 3), T(static_cast<uint32_t>(i % 4), 0, 0)));
+    keys.push_back(Msg(static_cast<uint64_t>(i % 3),
+                       T(static_cast<uint32_t>(i % 4), 0, 0)));
     this->unexpected_.push(keys.back(), Req{i});
   }
   std::vector<MsgKey> got_keys;
@@ -431,7 +454,9 @@ TYPED_TEST(MatcherTest, UnexpectedDrainInArrivalOrderAndReusable) {
   EXPECT_EQ(got, want);
   EXPECT_EQ(got_keys, keys);
   EXPECT_EQ(this->unexpected_.size(), 0u);
-  EXPECT_EQ(Id(this->unexpected_.find(Wild(kAnySource, T(0, 0, 0), kTagSelNone))), std::nullopt);
+  EXPECT_EQ(
+      Id(this->unexpected_.find(Wild(kAnySource, T(0, 0, 0), kTagSelNone))),
+      std::nullopt);
   this->unexpected_.push(keys[0], Req{99});
   EXPECT_EQ(Id(this->unexpected_.take(Exact(keys[0].source, keys[0].tag))), 99);
 }
@@ -471,12 +496,17 @@ TEST(MatcherRealTest, ValuesAreDestroyedExactlyOnce) {
     UnexpectedQueue<Counted> unexpected;
     for (int i = 0; i < 1000; ++i) {
       posted.post(Exact(1, T(static_cast<uint32_t>(i % 10), 0, 0)), Counted(i));
-      unexpected.push(Msg(1, T(static_cast<uint32_t>(i % 10), 0, 0)), Counted(i));
+      unexpected.push(Msg(1, T(static_cast<uint32_t>(i % 10), 0, 0)),
+                      Counted(i));
     }
     EXPECT_EQ(Counted::live, 2000);
     for (int i = 0; i < 300; ++i) {
-      EXPECT_TRUE(posted.take_match(Msg(1, T(static_cast<uint32_t>(i % 10), 0, 0))).has_value());
-      EXPECT_TRUE(unexpected.take(Exact(1, T(static_cast<uint32_t>(i % 10), 0, 0))).has_value());
+      EXPECT_TRUE(
+          posted.take_match(Msg(1, T(static_cast<uint32_t>(i % 10), 0, 0)))
+              .has_value());
+      EXPECT_TRUE(
+          unexpected.take(Exact(1, T(static_cast<uint32_t>(i % 10), 0, 0)))
+              .has_value());
     }
     EXPECT_EQ(Counted::live, 1400);
     posted.drain([](Counted&&) {});
@@ -541,7 +571,9 @@ TEST(MatcherRealTest, DrainCallbackThrows) {
       got.push_back(c.id);
     };
     EXPECT_THROW(posted.drain(throw_at_10), Boom);
-    EXPECT_THROW(unexpected.drain([&](const MsgKey&, Counted&& c) { throw_at_10(std::move(c)); }),
+    EXPECT_THROW(unexpected.drain([&](const MsgKey&, Counted&& c) {
+      throw_at_10(std::move(c));
+    }),
                  Boom);
     const std::vector<int> first_ten = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
     EXPECT_EQ(std::vector<int>(got.begin(), got.begin() + 10), first_ten);
@@ -552,7 +584,8 @@ TEST(MatcherRealTest, DrainCallbackThrows) {
     posted.post(Wild(kAnySource, T(0, 0, 0), kTagSelNone), Counted(100));
     unexpected.push(Msg(1, T(0, 0, 0)), Counted(101));
     EXPECT_EQ(posted.take_match(Msg(1, T(3, 3, 3)))->id, 100);
-    EXPECT_EQ(unexpected.take(Wild(kAnySource, T(0, 0, 0), kTagSelNone))->id, 101);
+    EXPECT_EQ(unexpected.take(Wild(kAnySource, T(0, 0, 0), kTagSelNone))->id,
+              101);
   }
   EXPECT_EQ(Counted::live, 0);
 }
@@ -570,7 +603,10 @@ TEST(MatcherRealTest, WildcardArrayCompaction) {
     UnexpectedQueue<Counted> unexpected;
     // Receive i matches only messages with tag word 0 == i (word 1 is
     // ignored) and is posted between two exact receives of other tags.
-    auto wild = [](int i) { return Wild(kAnySource, T(static_cast<uint32_t>(i), 0, 0), T(~0u, 0, ~0u)); };
+    auto wild = [](int i) {
+      return Wild(kAnySource, T(static_cast<uint32_t>(i), 0, 0),
+                  T(~0u, 0, ~0u));
+    };
     auto msg = [](int i) { return Msg(3, T(static_cast<uint32_t>(i), 7, 0)); };
     for (int round = 0; round < 3; ++round) {
       for (int i = 0; i < kN; ++i) {
@@ -591,13 +627,17 @@ TEST(MatcherRealTest, WildcardArrayCompaction) {
           std::vector<int> left(order.begin() + k + 1, order.end());
           if (left.empty()) continue;
           const int first = *std::min_element(left.begin(), left.end());
-          ASSERT_EQ(unexpected.find(Wild(kAnySource, T(0, 0, 0), kTagSelNone))->id, first);
+          ASSERT_EQ(
+              unexpected.find(Wild(kAnySource, T(0, 0, 0), kTagSelNone))->id,
+              first);
         }
       }
       EXPECT_EQ(posted.size(), static_cast<size_t>(kN));  // the exact ones
       EXPECT_EQ(unexpected.size(), 0u);
       int cancelled = 0;
-      while (posted.remove_first_if([](const Counted& c) { return c.id == -1; })) ++cancelled;
+      while (
+          posted.remove_first_if([](const Counted& c) { return c.id == -1; }))
+        ++cancelled;
       EXPECT_EQ(cancelled, kN);
       EXPECT_EQ(Counted::live, 0);
     }
@@ -620,7 +660,8 @@ TEST(MatcherRealTest, ArrivalLogStaysBoundedBehindAnOldMessage) {
     ASSERT_EQ(Id(q.take(Exact(2, tag_of(i)))), i - 64);
     q.push(Msg(2, tag_of(i)), Req{i});
     if (i % 1000 == 0) {
-      ASSERT_LE(q.memory_bytes(), 2 * settled + 4096) << "after " << i << " messages";
+      ASSERT_LE(q.memory_bytes(), 2 * settled + 4096)
+          << "after " << i << " messages";
     }
   }
   // The first message is still the earliest arrival, found by a wildcard.
@@ -636,7 +677,9 @@ TEST(MatcherRealTest, ManyDistinctExactTags) {
   std::mt19937_64 rng(7);
   std::vector<int> order(kN);
   for (int i = 0; i < kN; ++i) order[i] = i;
-  auto tag_of = [](int i) { return T(static_cast<uint32_t>(i) * 2654435761u, 0x77, 0); };
+  auto tag_of = [](int i) {
+    return T(static_cast<uint32_t>(i) * 2654435761u, 0x77, 0);
+  };
 
   PostedQueue<Req> posted;
   UnexpectedQueue<Req> unexpected;
@@ -670,8 +713,8 @@ class Differential {
   explicit Differential(const DiffConfig& c) : cfg_(c), rng_(c.seed) {
     if (cfg_.wide_tags) {
       for (int i = 0; i < 600; ++i) {
-        wide_pool_.push_back(
-            T(static_cast<uint32_t>(rng_()), Pick({0u, 1u}), Pick({0u, 0x80000000u})));
+        wide_pool_.push_back(T(static_cast<uint32_t>(rng_()), Pick({0u, 1u}),
+                               Pick({0u, 0x80000000u})));
       }
     }
   }
@@ -686,12 +729,15 @@ class Differential {
       ASSERT_EQ(posted_.size(), ref_posted_.size()) << Where();
       ASSERT_EQ(unexpected_.size(), ref_unexpected_.size()) << Where();
       stats_.max_posted = std::max(stats_.max_posted, posted_.size());
-      stats_.max_unexpected = std::max(stats_.max_unexpected, unexpected_.size());
+      stats_.max_unexpected =
+          std::max(stats_.max_unexpected, unexpected_.size());
     }
-    std::cout << Where() << ": max depth posted " << stats_.max_posted << " unexpected "
-              << stats_.max_unexpected << "; hits: take_match " << stats_.take_match_hits
-              << ", find " << stats_.find_hits << ", take " << stats_.take_hits
-              << ", remove_first_if " << stats_.remove_hits << "; drains " << stats_.drains << "\n";
+    std::cout << Where() << ": max depth posted " << stats_.max_posted
+              << " unexpected " << stats_.max_unexpected
+              << "; hits: take_match " << stats_.take_match_hits << ", find "
+              << stats_.find_hits << ", take " << stats_.take_hits
+              << ", remove_first_if " << stats_.remove_hits << "; drains "
+              << stats_.drains << "\n";
     // Guard against the generator silently degenerating (e.g. nothing ever
     // matching): every kind of hit must happen many times.
     EXPECT_GT(stats_.max_posted, 50u);
@@ -708,7 +754,9 @@ class Differential {
     return "seed " + std::to_string(cfg_.seed) + " op " + std::to_string(op_);
   }
 
-  uint32_t Pick(std::initializer_list<uint32_t> v) { return *(v.begin() + rng_() % v.size()); }
+  uint32_t Pick(std::initializer_list<uint32_t> v) {
+    return *(v.begin() + rng_() % v.size());
+  }
   bool Chance(int percent) { return static_cast<int>(rng_() % 100) < percent; }
 
   uint64_t Source() { return 1 + rng_() % 4; }
@@ -716,7 +764,8 @@ class Differential {
 
   Tag96 RandomTag() {
     if (cfg_.wide_tags) return wide_pool_[rng_() % wide_pool_.size()];
-    return T(Pick({0u, 1u, 0x80000001u}), Pick({0u, 7u}), Pick({0u, 0xFFFFFFFFu}));
+    return T(Pick({0u, 1u, 0x80000001u}), Pick({0u, 7u}),
+             Pick({0u, 0xFFFFFFFFu}));
   }
 
   uint32_t SelWord() {
@@ -853,7 +902,8 @@ class Differential {
     ++stats_.drains;
     std::vector<std::pair<int, MsgKey>> a, b;
     unexpected_.drain([&](const MsgKey& k, int&& v) { a.emplace_back(v, k); });
-    ref_unexpected_.drain([&](const MsgKey& k, int&& v) { b.emplace_back(v, k); });
+    ref_unexpected_.drain(
+        [&](const MsgKey& k, int&& v) { b.emplace_back(v, k); });
     ASSERT_EQ(a.size(), b.size()) << Where();
     for (size_t i = 0; i < a.size(); ++i) {
       ASSERT_EQ(a[i].first, b[i].first) << Where();
@@ -919,8 +969,8 @@ class Differential {
 };
 
 void PrintTo(const DiffConfig& c, std::ostream* os) {
-  *os << "{seed " << c.seed << ", " << c.ops << " ops, " << (c.wide_tags ? "wide" : "narrow")
-      << " tags}";
+  *os << "{seed " << c.seed << ", " << c.ops << " ops, "
+      << (c.wide_tags ? "wide" : "narrow") << " tags}";
 }
 
 class MatcherDifferentialTest : public ::testing::TestWithParam<DiffConfig> {};
@@ -932,10 +982,12 @@ TEST_P(MatcherDifferentialTest, AgreesWithLinearModel) {
 
 INSTANTIATE_TEST_SUITE_P(
     Seeds, MatcherDifferentialTest,
-    ::testing::Values(DiffConfig{1, 100000, false}, DiffConfig{2, 100000, false},
-                      DiffConfig{3, 100000, false}, DiffConfig{4, 100000, false},
-                      DiffConfig{5, 100000, true}, DiffConfig{6, 100000, true},
-                      DiffConfig{7, 100000, true}, DiffConfig{8, 100000, true}),
+    ::testing::Values(DiffConfig{1, 100000, false},
+                      DiffConfig{2, 100000, false},
+                      DiffConfig{3, 100000, false},
+                      DiffConfig{4, 100000, false}, DiffConfig{5, 100000, true},
+                      DiffConfig{6, 100000, true}, DiffConfig{7, 100000, true},
+                      DiffConfig{8, 100000, true}),
     [](const ::testing::TestParamInfo<DiffConfig>& param_info) {
       return "seed" + std::to_string(param_info.param.seed) +
              (param_info.param.wide_tags ? "_wide" : "_narrow");

@@ -81,17 +81,19 @@ void MqEngine::Remove(uint32_t id) {
     ep.cq_overflow.clear();
   };
   for (uint32_t i = 0; i <= 2 * ep.msg_sq.capacity() && !ep.faulted &&
-                       (ep.msg_sq.Available() > 0 || ep.ctl_sq.Available() > 0 ||
-                        !ep.held_sends.empty());
+                       (ep.msg_sq.Available() > 0 ||
+                        ep.ctl_sq.Available() > 0 || !ep.held_sends.empty());
        i++) {
     release_unread();
     Poll(ep);
   }
   admit_over_budget_ = false;
   release_unread();
-  ep.cq.ForEachUnconsumed([&](const shm::CompletionDesc& c) { ReleaseUnread(ep, c); });
+  ep.cq.ForEachUnconsumed(
+      [&](const shm::CompletionDesc& c) { ReleaseUnread(ep, c); });
   ep.posted.drain([](PostedRecv&&) {});
-  ep.unexpected.drain([&](const MsgKey&, UnexpectedMsg&& m) { Discard(ep, m); });
+  ep.unexpected.drain(
+      [&](const MsgKey&, UnexpectedMsg&& m) { Discard(ep, m); });
   for (auto& [token, c] : ep.claimed) Discard(ep, c.msg);
   ep.claimed.clear();
   for (auto t = transfers_.begin(); t != transfers_.end();) {
@@ -193,9 +195,10 @@ bool MqEngine::PollControl(Endpoint& ep) {
 
 void MqEngine::CheckRings(Endpoint& ep) {
   if (ep.faulted || !(ep.msg_sq.corrupt() || ep.ctl_sq.corrupt())) return;
-  spdlog::error("endpoint {} (pid {}): submission ring indices corrupted by the client; "
-                "the endpoint is no longer served — close and reopen it",
-                ep.id, ep.pid);
+  spdlog::error(
+      "endpoint {} (pid {}): submission ring indices corrupted by the client; "
+      "the endpoint is no longer served — close and reopen it",
+      ep.id, ep.pid);
   ep.faulted = true;
 }
 
@@ -225,7 +228,8 @@ bool MqEngine::PollMessages(Endpoint& ep) {
 // two passes PostedQueue::prefetch_slot() describes. Only a hint: a
 // descriptor is checked just enough to be safe to look at (Dispatch
 // validates it for real), and the queues are not changed.
-void MqEngine::PrefetchMatches(Endpoint& ep, const shm::SubmissionDesc* batch, size_t n) {
+void MqEngine::PrefetchMatches(Endpoint& ep, const shm::SubmissionDesc* batch,
+                               size_t n) {
   // Calls prefetch(queue, key) for every descriptor whose queue is deep.
   auto each_deep_match = [&](auto&& prefetch) {
     uint32_t receiver_slot = shm::kAnySlot;  // batches mostly go to one peer
@@ -238,17 +242,21 @@ void MqEngine::PrefetchMatches(Endpoint& ep, const shm::SubmissionDesc* batch, s
           receiver_slot = d.peer;
           receiver = Find(ep.peers[d.peer].endpoint_id);
         }
-        if (receiver != nullptr && receiver->posted.size() >= kPrefetchMinDepth) {
+        if (receiver != nullptr &&
+            receiver->posted.size() >= kPrefetchMinDepth) {
           prefetch(receiver->posted, KeyOf(ep.epid, d.tag));
         }
       } else if (d.op == shm::SubmitOp::kRecv) {
         if (d.peer != shm::kAnySlot && d.peer >= ep.peers.size()) continue;
-        if (ep.unexpected.size() >= kPrefetchMinDepth) prefetch(ep.unexpected, PatternOf(ep, d));
+        if (ep.unexpected.size() >= kPrefetchMinDepth)
+          prefetch(ep.unexpected, PatternOf(ep, d));
       }
     }
   };
-  each_deep_match([](const auto& queue, const auto& key) { queue.prefetch_slot(key); });
-  each_deep_match([](const auto& queue, const auto& key) { queue.prefetch_entry(key); });
+  each_deep_match(
+      [](const auto& queue, const auto& key) { queue.prefetch_slot(key); });
+  each_deep_match(
+      [](const auto& queue, const auto& key) { queue.prefetch_entry(key); });
 }
 
 bool MqEngine::Dispatch(Endpoint& ep, const shm::SubmissionDesc& d) {
@@ -262,7 +270,8 @@ bool MqEngine::Dispatch(Endpoint& ep, const shm::SubmissionDesc& d) {
   }
   if (r != Rejection::kNone) {
     ReportBadDescriptor(ep, RejectionName(r));
-    PostError(ep, d.req, r == Rejection::kBadPeer ? PSM2_EPID_UNKNOWN : PSM2_PARAM_ERR);
+    PostError(ep, d.req,
+              r == Rejection::kBadPeer ? PSM2_EPID_UNKNOWN : PSM2_PARAM_ERR);
     return true;
   }
   switch (d.op) {
@@ -325,14 +334,16 @@ bool MqEngine::HandleSend(Endpoint& sender, const shm::SubmissionDesc& d) {
   }
   MsgKey key = KeyOf(sender.epid, d.tag);
   if (auto recv = receiver->posted.take_match(key)) {
-    Deliver(*receiver, recv->req, recv->capacity, key, m, /*was_unexpected=*/false);
+    Deliver(*receiver, recv->req, recv->capacity, key, m,
+            /*was_unexpected=*/false);
   } else {
     // Invariant 4. An empty queue always admits one message, so a message
     // larger than a whole budget still gets through on its own.
     if (receiver->unexpected_cost > 0 && !admit_over_budget_ &&
         (receiver->unexpected_cost + m.cost() > receiver->unexpected_budget ||
          receiver->job->unexpected_cost + m.cost() > job_unexpected_budget_ ||
-         receiver->job->account().unexpected_cost + m.cost() > uid_unexpected_budget_)) {
+         receiver->job->account().unexpected_cost + m.cost() >
+             uid_unexpected_budget_)) {
       return false;
     }
     receiver->counters.unexpected_msgs.Add(1);
@@ -406,7 +417,8 @@ void MqEngine::HandleProbe(Endpoint& ep, const shm::SubmissionDesc& d) {
     ep.counters.msgs_received.Add(1);
     ep.counters.bytes_received.Add(taken->len);
     Post(ep, c);
-    if (taken->flags & shm::kSendSync) CompleteSync(taken->sender_id, taken->sender_req, PSM2_OK);
+    if (taken->flags & shm::kSendSync)
+      CompleteSync(taken->sender_id, taken->sender_req, PSM2_OK);
     return;
   }
   if (taken) {
@@ -441,7 +453,8 @@ void MqEngine::HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
       d.len > it->second.send_bytes - it->second.forwarded) {
     // The pool range was validated, so the chunk can safely be given back.
     shm::ReleaseChunk(sender.job->pool().base(), d.body.rndv.pool_offset);
-    ReportBadDescriptor(sender, "rendezvous chunk out of order or for an unknown transfer");
+    ReportBadDescriptor(
+        sender, "rendezvous chunk out of order or for an unknown transfer");
     PostError(sender, d.req, PSM2_PARAM_ERR);
     return;
   }
@@ -469,7 +482,8 @@ void MqEngine::HandleSetOption(Endpoint& ep, const shm::SubmissionDesc& d) {
   c.error = PSM2_OK;
   switch (static_cast<shm::QueueOption>(d.body.option.key)) {
     case shm::QueueOption::kUnexpectedBudgetBytes:
-      if (d.body.option.value == 0 || d.body.option.value > max_unexpected_budget_) {
+      if (d.body.option.value == 0 ||
+          d.body.option.value > max_unexpected_budget_) {
         c.error = PSM2_PARAM_ERR;
       } else {
         ep.unexpected_budget = d.body.option.value;
@@ -485,11 +499,13 @@ void MqEngine::HandleSetOption(Endpoint& ep, const shm::SubmissionDesc& d) {
 bool MqEngine::HandleAmRequest(Endpoint& sender, const shm::SubmissionDesc& d) {
   Endpoint* target = Find(sender.peers[d.peer].endpoint_id);
   if (target == nullptr || target->faulted) {
-    if (d.len > shm::kInlineMax) shm::ReleaseChunk(sender.job->pool().base(), d.body.pool.pool_offset);
+    if (d.len > shm::kInlineMax)
+      shm::ReleaseChunk(sender.job->pool().base(), d.body.pool.pool_offset);
     PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
     return true;
   }
-  if (target->cq_overflow.size() >= kAmOverflowLimit) return false;  // invariant 4
+  if (target->cq_overflow.size() >= kAmOverflowLimit)
+    return false;  // invariant 4
   uint8_t flags = 0;
   if (d.flags & shm::kAmNoReply) flags |= shm::kAmRequestNoReply;
   if (d.flags & shm::kAmWantsAck) flags |= shm::kAmRequestWantsAck;
@@ -501,12 +517,14 @@ bool MqEngine::HandleAmRequest(Endpoint& sender, const shm::SubmissionDesc& d) {
 void MqEngine::HandleAmReply(Endpoint& sender, const shm::SubmissionDesc& d) {
   Endpoint* target = FindInJob(sender, d.peer);
   if (target == nullptr) {
-    if (d.len > shm::kInlineMax) shm::ReleaseChunk(sender.job->pool().base(), d.body.pool.pool_offset);
+    if (d.len > shm::kInlineMax)
+      shm::ReleaseChunk(sender.job->pool().base(), d.body.pool.pool_offset);
     PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
     return;
   }
-  ForwardActiveMessage(sender, *target, d, shm::CompleteOp::kAmReply,
-                       (d.flags & shm::kAmWantsAck) ? shm::kAmRequestWantsAck : 0);
+  ForwardActiveMessage(
+      sender, *target, d, shm::CompleteOp::kAmReply,
+      (d.flags & shm::kAmWantsAck) ? shm::kAmRequestWantsAck : 0);
   sender.counters.am_replies_sent.Add(1);
 }
 
@@ -523,8 +541,8 @@ void MqEngine::HandleAmAck(Endpoint& sender, const shm::SubmissionDesc& d) {
 }
 
 void MqEngine::ForwardActiveMessage(const Endpoint& sender, Endpoint& target,
-                                    const shm::SubmissionDesc& d, shm::CompleteOp op,
-                                    uint8_t flags) {
+                                    const shm::SubmissionDesc& d,
+                                    shm::CompleteOp op, uint8_t flags) {
   shm::CompletionDesc c{};
   c.op = op;
   c.flags = flags;
@@ -547,12 +565,14 @@ Endpoint* MqEngine::FindInJob(const Endpoint& ep, uint32_t id) {
   Endpoint* other = Find(id);
   // Only an endpoint of the same job: a client must not reach another tenant
   // by naming an endpoint id.
-  if (other == nullptr || other->faulted || other->job != ep.job) return nullptr;
+  if (other == nullptr || other->faulted || other->job != ep.job)
+    return nullptr;
   return other;
 }
 
 void MqEngine::Deliver(Endpoint& receiver, uint64_t recv_req, uint32_t capacity,
-                       const MsgKey& key, const UnexpectedMsg& m, bool was_unexpected) {
+                       const MsgKey& key, const UnexpectedMsg& m,
+                       bool was_unexpected) {
   shm::CompletionDesc c{};
   c.op = m.rendezvous ? shm::CompleteOp::kRecvRndv : shm::CompleteOp::kRecvDone;
   c.flags = was_unexpected ? shm::kWasUnexpected : 0;
@@ -574,7 +594,8 @@ void MqEngine::Deliver(Endpoint& receiver, uint64_t recv_req, uint32_t capacity,
   }
 }
 
-void MqEngine::AttachEagerPayload(shm::CompletionDesc& c, const UnexpectedMsg& m) {
+void MqEngine::AttachEagerPayload(shm::CompletionDesc& c,
+                                  const UnexpectedMsg& m) {
   if (m.flags & shm::kSendFailed) c.flags |= shm::kPayloadFailed;
   if (m.len <= shm::kInlineMax) {
     c.flags |= shm::kPayloadInline;
@@ -584,8 +605,8 @@ void MqEngine::AttachEagerPayload(shm::CompletionDesc& c, const UnexpectedMsg& m
   }
 }
 
-void MqEngine::StartTransfer(Endpoint& receiver, uint64_t recv_req, uint32_t send_bytes,
-                             const UnexpectedMsg& m) {
+void MqEngine::StartTransfer(Endpoint& receiver, uint64_t recv_req,
+                             uint32_t send_bytes, const UnexpectedMsg& m) {
   Endpoint* sender = Find(m.sender_id);
   if (sender == nullptr) {
     // The sender left before the match: its data is gone with it.
@@ -599,8 +620,8 @@ void MqEngine::StartTransfer(Endpoint& receiver, uint64_t recv_req, uint32_t sen
   go.body.go.send_bytes = send_bytes;
   if (send_bytes > 0) {
     go.body.go.transfer = next_transfer_++;
-    transfers_[go.body.go.transfer] =
-        Transfer{sender->id, receiver.id, m.sender_req, recv_req, send_bytes, 0};
+    transfers_[go.body.go.transfer] = Transfer{
+        sender->id, receiver.id, m.sender_req, recv_req, send_bytes, 0};
   }
   Post(*sender, go);
 }
@@ -625,7 +646,8 @@ void MqEngine::Discard(Endpoint& receiver, const UnexpectedMsg& m) {
   }
 }
 
-void MqEngine::CompleteSync(uint32_t sender_id, uint64_t sender_req, int32_t error) {
+void MqEngine::CompleteSync(uint32_t sender_id, uint64_t sender_req,
+                            int32_t error) {
   Endpoint* sender = Find(sender_id);
   if (sender == nullptr) return;  // sender gone: nobody to tell
   shm::CompletionDesc c{};
@@ -650,9 +672,11 @@ void MqEngine::Post(Endpoint& ep, const shm::CompletionDesc& c) {
     return;
   }
   if (ep.cq.corrupt()) {
-    spdlog::error("endpoint {} (pid {}): completion ring indices corrupted by the client; "
-                  "the endpoint is no longer served — close and reopen it",
-                  ep.id, ep.pid);
+    spdlog::error(
+        "endpoint {} (pid {}): completion ring indices corrupted by the "
+        "client; "
+        "the endpoint is no longer served — close and reopen it",
+        ep.id, ep.pid);
     ep.faulted = true;
     return;
   }
@@ -691,7 +715,8 @@ void MqEngine::NotifyClients() {
   }
 }
 
-void MqEngine::ReleasePayload(const Endpoint& any_of_job, const UnexpectedMsg& m) {
+void MqEngine::ReleasePayload(const Endpoint& any_of_job,
+                              const UnexpectedMsg& m) {
   if (!m.rendezvous && m.len > shm::kInlineMax) {
     shm::ReleaseChunk(any_of_job.job->pool().base(), m.pool_offset);
   }
@@ -732,9 +757,11 @@ void MqEngine::ReportBadDescriptor(Endpoint& ep, const char* what) {
   auto [it, first] = last_complaint_.try_emplace(ep.id, now);
   if (!first && now - it->second < std::chrono::seconds(1)) return;
   it->second = now;
-  spdlog::warn("endpoint {} (pid {}, uid {}): rejected submission: {} ({} rejected so far); "
-               "the request completes with an error",
-               ep.id, ep.pid, ep.uid, what, ep.counters.bad_descriptors.Get());
+  spdlog::warn(
+      "endpoint {} (pid {}, uid {}): rejected submission: {} ({} rejected so "
+      "far); "
+      "the request completes with an error",
+      ep.id, ep.pid, ep.uid, what, ep.counters.bad_descriptors.Get());
 }
 
 }  // namespace psmd

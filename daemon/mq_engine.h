@@ -111,17 +111,20 @@ class MqEngine {
   void HandleAmReply(Endpoint& sender, const shm::SubmissionDesc& d);
   void HandleAmAck(Endpoint& sender, const shm::SubmissionDesc& d);
   void ForwardActiveMessage(const Endpoint& sender, Endpoint& target,
-                            const shm::SubmissionDesc& d, shm::CompleteOp op, uint8_t flags);
+                            const shm::SubmissionDesc& d, shm::CompleteOp op,
+                            uint8_t flags);
   // Starts loading the queue entries the sends and receives of a popped
   // batch will match against (PostedQueue::prefetch_slot).
-  void PrefetchMatches(Endpoint& ep, const shm::SubmissionDesc* batch, size_t n);
+  void PrefetchMatches(Endpoint& ep, const shm::SubmissionDesc* batch,
+                       size_t n);
   // Endpoint `id` if it exists, is served and belongs to ep's job.
   Endpoint* FindInJob(const Endpoint& ep, uint32_t id);
-  void Deliver(Endpoint& receiver, uint64_t recv_req, uint32_t capacity, const MsgKey& key,
-               const UnexpectedMsg& m, bool was_unexpected);
+  void Deliver(Endpoint& receiver, uint64_t recv_req, uint32_t capacity,
+               const MsgKey& key, const UnexpectedMsg& m, bool was_unexpected);
   // Puts an eager message's payload into a completion (inline, or the pool
   // offset the receiver copies from and releases).
-  static void AttachEagerPayload(shm::CompletionDesc& c, const UnexpectedMsg& m);
+  static void AttachEagerPayload(shm::CompletionDesc& c,
+                                 const UnexpectedMsg& m);
   void StartTransfer(Endpoint& receiver, uint64_t recv_req, uint32_t send_bytes,
                      const UnexpectedMsg& m);
   void Charge(Endpoint& receiver, const UnexpectedMsg& m);
@@ -142,7 +145,8 @@ class MqEngine {
 
   std::unordered_map<uint32_t, std::shared_ptr<Endpoint>> by_id_;
   std::vector<Endpoint*> order_;
-  std::unordered_map<uint32_t, std::chrono::steady_clock::time_point> last_complaint_;
+  std::unordered_map<uint32_t, std::chrono::steady_clock::time_point>
+      last_complaint_;
   const uint64_t max_unexpected_budget_;
   const uint64_t job_unexpected_budget_;
   const uint64_t uid_unexpected_budget_;

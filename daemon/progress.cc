@@ -35,7 +35,8 @@ uint64_t NowNs() {
 
 ProgressWorker::ProgressWorker(const Config& config)
     : config_(config),
-      engine_(config.max_unexpected_budget_bytes, config.job_unexpected_budget_bytes,
+      engine_(config.max_unexpected_budget_bytes,
+              config.job_unexpected_budget_bytes,
               config.uid_unexpected_budget_bytes) {}
 
 ProgressWorker::~ProgressWorker() {
@@ -167,17 +168,21 @@ void ProgressWorker::NoteIdleDoorbell(Endpoint& ep, uint64_t now_ns) {
   // A client rings only when it published something and saw us asleep; a
   // few rings find nothing because we took the work first. Hundreds a
   // second are a client ringing for nothing.
-  if (++ep.idle_doorbells < kMaxIdleDoorbellsPerSecond || ep.doorbell_muted_until_ns != 0) {
+  if (++ep.idle_doorbells < kMaxIdleDoorbellsPerSecond ||
+      ep.doorbell_muted_until_ns != 0) {
     return;
   }
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, ep.doorbell_fd, nullptr);
   ep.doorbell_muted_until_ns = now_ns + kMuteNs;
   muted_doorbells_++;
-  if (now_ns - ep.last_mute_logged_ns >= 10 * kSecondNs || ep.last_mute_logged_ns == 0) {
+  if (now_ns - ep.last_mute_logged_ns >= 10 * kSecondNs ||
+      ep.last_mute_logged_ns == 0) {
     ep.last_mute_logged_ns = now_ns;
-    spdlog::warn("endpoint {} (pid {}, uid {}) rings its doorbell with nothing submitted ({} in "
-                 "under a second); not listening to it for {} ms at a time",
-                 ep.id, ep.pid, ep.uid, ep.idle_doorbells, kMuteNs / 1'000'000);
+    spdlog::warn(
+        "endpoint {} (pid {}, uid {}) rings its doorbell with nothing "
+        "submitted ({} in "
+        "under a second); not listening to it for {} ms at a time",
+        ep.id, ep.pid, ep.uid, ep.idle_doorbells, kMuteNs / 1'000'000);
   }
 }
 
@@ -204,7 +209,8 @@ int ProgressWorker::ResumeMutedDoorbells(uint64_t now_ns) {
 void ProgressWorker::Sleep() {
   const auto& eps = engine_.endpoints();
   for (Endpoint* ep : eps) {
-    ep->control()->doorbells.daemon_sleeping.store(1, std::memory_order_relaxed);
+    ep->control()->doorbells.daemon_sleeping.store(1,
+                                                   std::memory_order_relaxed);
   }
   // Full fence: the flags must be visible before we re-check the rings (the
   // client does publish / fence / read flag; see the header comment).
@@ -233,7 +239,8 @@ void ProgressWorker::Sleep() {
     }
   }
   for (Endpoint* ep : engine_.endpoints()) {
-    ep->control()->doorbells.daemon_sleeping.store(0, std::memory_order_relaxed);
+    ep->control()->doorbells.daemon_sleeping.store(0,
+                                                   std::memory_order_relaxed);
   }
 }
 

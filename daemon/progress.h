@@ -43,7 +43,9 @@ class ProgressWorker {
   void SetPeer(uint32_t id, uint32_t slot, const PeerLink& link);
   void ClearPeer(uint32_t id, uint32_t slot);
 
-  uint64_t doorbells() const { return doorbells_.load(std::memory_order_relaxed); }
+  uint64_t doorbells() const {
+    return doorbells_.load(std::memory_order_relaxed);
+  }
   uint64_t sleeps() const { return sleeps_.load(std::memory_order_relaxed); }
 
  private:

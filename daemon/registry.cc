@@ -39,10 +39,11 @@ uint16_t RandomNonce() {
 
 std::string UuidToString(const Uuid& u) {
   char buf[37];
-  snprintf(buf, sizeof(buf),
-           "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
-           u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14],
-           u[15]);
+  snprintf(
+      buf, sizeof(buf),
+      "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+      u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11],
+      u[12], u[13], u[14], u[15]);
   return buf;
 }
 
@@ -51,36 +52,43 @@ Registry::Registry(const Config& config, ProgressWorker* worker)
 
 Registry::~Registry() { RemoveAll(); }
 
-ControlError Registry::Open(const Credentials& who, const Uuid& uuid, const std::string& label,
-                            OpenedEndpoint* out) {
+ControlError Registry::Open(const Credentials& who, const Uuid& uuid,
+                            const std::string& label, OpenedEndpoint* out) {
   std::lock_guard<std::mutex> lock(mu_);
   if (records_.size() >= config_.max_endpoints) {
     return {PSM2_TOO_MANY_ENDPOINTS,
-            "psmd serves its maximum of " + std::to_string(config_.max_endpoints) +
+            "psmd serves its maximum of " +
+                std::to_string(config_.max_endpoints) +
                 " endpoints; close some or raise psmd --max-endpoints"};
   }
-  if (!who.is_root() && open_by_uid_[who.uid] >= config_.max_endpoints_per_uid) {
+  if (!who.is_root() &&
+      open_by_uid_[who.uid] >= config_.max_endpoints_per_uid) {
     // Logged at most once a second per uid: a refused tenant retrying in a
     // loop must not flood the log.
     auto now = std::chrono::steady_clock::now();
     auto [last, first] = quota_complaint_.try_emplace(who.uid, now);
     if (first || now - last->second >= std::chrono::seconds(1)) {
       last->second = now;
-      spdlog::warn("uid {} (pid {}) refused an endpoint: it holds {} (--max-endpoints-per-uid)",
-                   who.uid, who.pid, config_.max_endpoints_per_uid);
+      spdlog::warn(
+          "uid {} (pid {}) refused an endpoint: it holds {} "
+          "(--max-endpoints-per-uid)",
+          who.uid, who.pid, config_.max_endpoints_per_uid);
     }
     return {PSM2_TOO_MANY_ENDPOINTS,
             "uid " + std::to_string(who.uid) + " holds its maximum of " +
                 std::to_string(config_.max_endpoints_per_uid) +
-                " open endpoints on this node; close some or raise psmd --max-endpoints-per-uid"};
+                " open endpoints on this node; close some or raise psmd "
+                "--max-endpoints-per-uid"};
   }
   JobKey key{uuid, who.uid};
   std::string error;
   std::shared_ptr<Job>& job = jobs_[key];
   if (!job) {
-    uint64_t pool_bytes = uint64_t{config_.max_endpoints_per_job} * config_.region_bytes;
+    uint64_t pool_bytes =
+        uint64_t{config_.max_endpoints_per_job} * config_.region_bytes;
     shm::Mapping pool;
-    if (!shm::Mapping::Create("psmd-pool", pool_bytes, who.uid, who.gid, &pool, &error)) {
+    if (!shm::Mapping::Create("psmd-pool", pool_bytes, who.uid, who.gid, &pool,
+                              &error)) {
       jobs_.erase(key);
       return {PSM2_NO_MEMORY, "cannot create the job's payload pool: " + error};
     }
@@ -89,7 +97,8 @@ ControlError Registry::Open(const Credentials& who, const Uuid& uuid, const std:
       account = std::make_shared<UidAccount>();
       uid_accounts_[who.uid] = account;
     }
-    job = std::make_shared<Job>(key, std::move(pool), config_.max_endpoints_per_job,
+    job = std::make_shared<Job>(key, std::move(pool),
+                                config_.max_endpoints_per_job,
                                 config_.region_bytes, std::move(account));
   }
   auto region = job->TakeRegion();
@@ -103,7 +112,8 @@ ControlError Registry::Open(const Credentials& who, const Uuid& uuid, const std:
 
   auto ep = std::make_shared<Endpoint>();
   ep->id = next_id_++;
-  ep->epid = (uint64_t{config_.node_id} << 48) | (uint64_t{boot_nonce_} << 32) | ep->id;
+  ep->epid = (uint64_t{config_.node_id} << 48) | (uint64_t{boot_nonce_} << 32) |
+             ep->id;
   ep->job = job;
   ep->uid = who.uid;
   ep->gid = who.gid;
@@ -116,12 +126,13 @@ ControlError Registry::Open(const Credentials& who, const Uuid& uuid, const std:
     if (job->endpoints == 0) jobs_.erase(key);
     return ControlError{PSM2_NO_MEMORY, what};
   };
-  if (!shm::Mapping::Create("psmd-endpoint", ep->geometry.bytes, who.uid, who.gid, &ep->segment,
-                            &error)) {
+  if (!shm::Mapping::Create("psmd-endpoint", ep->geometry.bytes, who.uid,
+                            who.gid, &ep->segment, &error)) {
     return fail("cannot create the endpoint segment: " + error);
   }
   ep->doorbell_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (ep->doorbell_fd < 0) return fail(std::string("eventfd: ") + strerror(errno));
+  if (ep->doorbell_fd < 0)
+    return fail(std::string("eventfd: ") + strerror(errno));
 
   // The header is written once, before anyone else can map the segment.
   shm::SegmentHeader* h = shm::HeaderOf(ep->segment.base());
@@ -158,20 +169,23 @@ ControlError Registry::Open(const Credentials& who, const Uuid& uuid, const std:
   records_.emplace(ep->id, std::move(rec));
   // Adding to the worker under mu_ is safe: the worker never takes mu_.
   worker_->AddEndpoint(ep);
-  spdlog::info("opened endpoint {} epid {:#x} for pid {} uid {} job {} ({})", ep->id, ep->epid,
-               who.pid, who.uid, UuidToString(uuid), ep->label);
+  spdlog::info("opened endpoint {} epid {:#x} for pid {} uid {} job {} ({})",
+               ep->id, ep->epid, who.pid, who.uid, UuidToString(uuid),
+               ep->label);
   return {};
 }
 
-ControlError Registry::Attach(const AttachToken& token, const Credentials& who, int liveness_fd,
-                              int fds[shm::kAttachFdCount], uint32_t* endpoint_id) {
+ControlError Registry::Attach(const AttachToken& token, const Credentials& who,
+                              int liveness_fd, int fds[shm::kAttachFdCount],
+                              uint32_t* endpoint_id) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [id, rec] : records_) {
     if (rec.attached || rec.token != token) continue;
     // The token is a capability, but only for the process that opened it.
     if (rec.ep->uid != who.uid || rec.ep->pid != who.pid) {
-      return {PSM2_PARAM_ERR, "attach token presented by pid " + std::to_string(who.pid) +
-                                  " uid " + std::to_string(who.uid) +
+      return {PSM2_PARAM_ERR, "attach token presented by pid " +
+                                  std::to_string(who.pid) + " uid " +
+                                  std::to_string(who.uid) +
                                   ", but it was issued to another process"};
     }
     rec.attached = true;
@@ -249,21 +263,26 @@ void Registry::Retire(std::shared_ptr<Endpoint> ep) {
     std::lock_guard<std::mutex> lock(mu_);
     AccumulateCounters(last, &closed_totals_[ep->uid]);
   }
-  spdlog::info("closed endpoint {} epid {:#x} (pid {}): sent {} msgs, received {} msgs", ep->id,
-               ep->epid, ep->pid, ep->counters.msgs_sent.Get(), ep->counters.msgs_received.Get());
+  spdlog::info(
+      "closed endpoint {} epid {:#x} (pid {}): sent {} msgs, received {} msgs",
+      ep->id, ep->epid, ep->pid, ep->counters.msgs_sent.Get(),
+      ep->counters.msgs_received.Get());
   // Last reference: the segment is unmapped and its memfd closed here, and the
   // pool too once the job's last endpoint is gone.
 }
 
-ControlError Registry::FindControllable(const Credentials& who, uint32_t id, Record** out) {
+ControlError Registry::FindControllable(const Credentials& who, uint32_t id,
+                                        Record** out) {
   auto it = records_.find(id);
   if (it == records_.end()) {
-    return {PSM2_PARAM_ERR, "no endpoint " + std::to_string(id) + " (already closed?)"};
+    return {PSM2_PARAM_ERR,
+            "no endpoint " + std::to_string(id) + " (already closed?)"};
   }
   if (!MayControl(who, *it->second.ep)) {
-    return {PSM2_PARAM_ERR, "endpoint " + std::to_string(id) + " belongs to uid " +
-                                std::to_string(it->second.ep->uid) +
-                                "; only that uid or root may close it or connect from it"};
+    return {PSM2_PARAM_ERR,
+            "endpoint " + std::to_string(id) + " belongs to uid " +
+                std::to_string(it->second.ep->uid) +
+                "; only that uid or root may close it or connect from it"};
   }
   *out = &it->second;
   return {};
@@ -286,7 +305,8 @@ void Registry::ConnectionLost(uint32_t id) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = records_.find(id);
-    if (it != records_.end()) it->second.liveness_fd = -1;  // the caller closes it
+    if (it != records_.end())
+      it->second.liveness_fd = -1;  // the caller closes it
     ep = Unlink(id);
   }
   if (ep) spdlog::info("endpoint {}: client pid {} went away", ep->id, ep->pid);
@@ -312,25 +332,30 @@ ControlError Registry::Connect(const Credentials& who, uint32_t id,
       auto peer_it = id_by_epid_.find(epid);
       if (peer_it == id_by_epid_.end()) {
         char hex[32];
-        snprintf(hex, sizeof(hex), "%#llx", static_cast<unsigned long long>(epid));
+        snprintf(hex, sizeof(hex), "%#llx",
+                 static_cast<unsigned long long>(epid));
         o.error = PSM2_EPID_UNREACHABLE;
-        o.message = std::string("no endpoint with epid ") + hex + " on this node";
+        o.message =
+            std::string("no endpoint with epid ") + hex + " on this node";
         out->push_back(o);
         continue;
       }
       const Endpoint& peer = *records_.at(peer_it->second).ep;
       if (!(peer.job->key() == rec.ep->job->key())) {
         o.error = PSM2_EPID_INVALID_UUID_KEY;
-        o.message = "endpoint " + std::to_string(peer.id) +
-                    " belongs to another job (different job uuid or uid); endpoints of "
-                    "different jobs never connect";
+        o.message =
+            "endpoint " + std::to_string(peer.id) +
+            " belongs to another job (different job uuid or uid); endpoints of "
+            "different jobs never connect";
         out->push_back(o);
         continue;
       }
       // Reconnecting an epid reuses its slot (and re-arms it after a
       // disconnect).
-      auto slot_it = rec.slot_by_epid.try_emplace(
-          epid, static_cast<uint32_t>(rec.slot_by_epid.size())).first;
+      auto slot_it =
+          rec.slot_by_epid
+              .try_emplace(epid, static_cast<uint32_t>(rec.slot_by_epid.size()))
+              .first;
       o.slot = slot_it->second;
       links.push_back({o.slot, PeerLink{peer.id, peer.epid}});
       out->push_back(o);
@@ -341,7 +366,8 @@ ControlError Registry::Connect(const Credentials& who, uint32_t id,
 }
 
 ControlError Registry::Disconnect(const Credentials& who, uint32_t id,
-                                  const std::vector<uint32_t>& slots, std::vector<int>* errors) {
+                                  const std::vector<uint32_t>& slots,
+                                  std::vector<int>* errors) {
   std::vector<uint32_t> cleared;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -351,7 +377,8 @@ ControlError Registry::Disconnect(const Credentials& who, uint32_t id,
     errors->clear();
     for (uint32_t slot : slots) {
       bool found = false;
-      for (auto s = rec.slot_by_epid.begin(); s != rec.slot_by_epid.end(); ++s) {
+      for (auto s = rec.slot_by_epid.begin(); s != rec.slot_by_epid.end();
+           ++s) {
         if (s->second == slot) {
           found = true;
           break;
@@ -386,7 +413,9 @@ std::vector<EndpointSnapshot> Registry::Snapshot(const Credentials& who) {
     out.push_back(std::move(s));
   }
   std::sort(out.begin(), out.end(),
-            [](const EndpointSnapshot& a, const EndpointSnapshot& b) { return a.id < b.id; });
+            [](const EndpointSnapshot& a, const EndpointSnapshot& b) {
+              return a.id < b.id;
+            });
   return out;
 }
 
@@ -411,11 +440,13 @@ void Registry::ExpireUnattached() {
     auto now = std::chrono::steady_clock::now();
     std::vector<uint32_t> ids;
     for (auto& [id, rec] : records_) {
-      if (!rec.attached && now - rec.opened > kAttachDeadline) ids.push_back(id);
+      if (!rec.attached && now - rec.opened > kAttachDeadline)
+        ids.push_back(id);
     }
     for (uint32_t id : ids) {
-      spdlog::warn("endpoint {}: pid {} never attached its segments; reclaiming it", id,
-                   records_.at(id).ep->pid);
+      spdlog::warn(
+          "endpoint {}: pid {} never attached its segments; reclaiming it", id,
+          records_.at(id).ep->pid);
       expired.push_back(Unlink(id));
     }
   }

@@ -70,7 +70,8 @@ struct EndpointSnapshot {
   std::string label;
   uint32_t connections = 0;
   uint64_t msgs_sent = 0, bytes_sent = 0, msgs_received = 0, bytes_received = 0;
-  uint64_t unexpected_msgs = 0, unexpected_bytes = 0, posted_recvs = 0, bad_descriptors = 0;
+  uint64_t unexpected_msgs = 0, unexpected_bytes = 0, posted_recvs = 0,
+           bad_descriptors = 0;
   uint64_t rndv_msgs_sent = 0, rndv_bytes_sent = 0, probes = 0, sends_held = 0;
   uint64_t am_requests_sent = 0, am_replies_sent = 0;
 };
@@ -80,19 +81,22 @@ class Registry {
   Registry(const Config& config, ProgressWorker* worker);
   ~Registry();
 
-  ControlError Open(const Credentials& who, const Uuid& uuid, const std::string& label,
-                    OpenedEndpoint* out);
+  ControlError Open(const Credentials& who, const Uuid& uuid,
+                    const std::string& label, OpenedEndpoint* out);
   // Redeems an attach token. On success fills fds (borrowed: valid while the
   // endpoint lives; the caller sends them, it does not close them) and binds
   // the endpoint's life to `liveness_fd`.
-  ControlError Attach(const AttachToken& token, const Credentials& who, int liveness_fd,
-                      int fds[shm::kAttachFdCount], uint32_t* endpoint_id);
+  ControlError Attach(const AttachToken& token, const Credentials& who,
+                      int liveness_fd, int fds[shm::kAttachFdCount],
+                      uint32_t* endpoint_id);
   ControlError Close(const Credentials& who, uint32_t id);
   // The attach connection hung up: the client is gone (or closed).
   void ConnectionLost(uint32_t id);
-  ControlError Connect(const Credentials& who, uint32_t id, const std::vector<uint64_t>& epids,
+  ControlError Connect(const Credentials& who, uint32_t id,
+                       const std::vector<uint64_t>& epids,
                        std::vector<ConnectOutcome>* out);
-  ControlError Disconnect(const Credentials& who, uint32_t id, const std::vector<uint32_t>& slots,
+  ControlError Disconnect(const Credentials& who, uint32_t id,
+                          const std::vector<uint32_t>& slots,
                           std::vector<int>* errors);
   // Endpoints the caller may see: its own uid's, or all for root.
   std::vector<EndpointSnapshot> Snapshot(const Credentials& who);
@@ -114,7 +118,8 @@ class Registry {
     bool attached = false;
     std::chrono::steady_clock::time_point opened;
     int liveness_fd = -1;
-    std::map<uint64_t, uint32_t> slot_by_epid;  // connections made by this endpoint
+    std::map<uint64_t, uint32_t>
+        slot_by_epid;  // connections made by this endpoint
   };
 
   // Takes the endpoint out of every table (mu_ held); the caller then removes
@@ -122,7 +127,8 @@ class Registry {
   std::shared_ptr<Endpoint> Unlink(uint32_t id);
   void Retire(std::shared_ptr<Endpoint> ep);
   // The record of endpoint `id` if `who` may act on it (mu_ held).
-  ControlError FindControllable(const Credentials& who, uint32_t id, Record** out);
+  ControlError FindControllable(const Credentials& who, uint32_t id,
+                                Record** out);
   bool MayControl(const Credentials& who, const Endpoint& ep) const {
     return who.is_root() || who.uid == ep.uid;
   }
@@ -134,12 +140,14 @@ class Registry {
   std::mutex mu_;
   uint32_t next_id_ = 1;
   std::unordered_map<uint32_t, Record> records_;
-  std::unordered_map<uid_t, uint32_t> open_by_uid_;  // open endpoints per owner uid
+  std::unordered_map<uid_t, uint32_t>
+      open_by_uid_;  // open endpoints per owner uid
   // Each uid's account, shared by its jobs while any lives.
   std::unordered_map<uid_t, std::weak_ptr<UidAccount>> uid_accounts_;
   // Last refusal logged per uid (rate limit); bounded by the uids that ever
   // connected, which the kernel bounds.
-  std::unordered_map<uid_t, std::chrono::steady_clock::time_point> quota_complaint_;
+  std::unordered_map<uid_t, std::chrono::steady_clock::time_point>
+      quota_complaint_;
   std::unordered_map<uint64_t, uint32_t> id_by_epid_;
   std::map<JobKey, std::shared_ptr<Job>> jobs_;
   std::map<uid_t, EndpointSnapshot> closed_totals_;  // by owner uid

@@ -29,7 +29,9 @@ struct Tag96 {
 inline constexpr bool operator==(const Tag96& a, const Tag96& b) {
   return a.w[0] == b.w[0] && a.w[1] == b.w[1] && a.w[2] == b.w[2];
 }
-inline constexpr bool operator!=(const Tag96& a, const Tag96& b) { return !(a == b); }
+inline constexpr bool operator!=(const Tag96& a, const Tag96& b) {
+  return !(a == b);
+}
 
 // Hash functor for unordered containers and the matcher's tag index. Mixes
 // all 96 bits so that tags differing only in the high or low word (common in
@@ -62,7 +64,8 @@ inline constexpr Tag96 kTagSelNone{{0u, 0u, 0u}};
 // A 64-bit PSM tag as a 96-bit tag: tag0 = low half, tag1 = high half,
 // tag2 = 0.
 inline constexpr Tag96 Tag64(uint64_t tag) {
-  return Tag96{{static_cast<uint32_t>(tag), static_cast<uint32_t>(tag >> 32), 0u}};
+  return Tag96{
+      {static_cast<uint32_t>(tag), static_cast<uint32_t>(tag >> 32), 0u}};
 }
 
 // What an arriving message is matched on.
@@ -74,7 +77,9 @@ struct MsgKey {
 inline constexpr bool operator==(const MsgKey& a, const MsgKey& b) {
   return a.source == b.source && a.tag == b.tag;
 }
-inline constexpr bool operator!=(const MsgKey& a, const MsgKey& b) { return !(a == b); }
+inline constexpr bool operator!=(const MsgKey& a, const MsgKey& b) {
+  return !(a == b);
+}
 
 // What a posted receive (or a probe) matches with.
 struct RecvPattern {
@@ -87,8 +92,10 @@ inline constexpr bool source_matches(uint64_t filter, uint64_t source) {
   return filter == kAnySource || filter == source;
 }
 
-inline constexpr bool tag_matches(const Tag96& rtag, const Tag96& rsel, const Tag96& stag) {
-  return (((stag.w[0] ^ rtag.w[0]) & rsel.w[0]) | ((stag.w[1] ^ rtag.w[1]) & rsel.w[1]) |
+inline constexpr bool tag_matches(const Tag96& rtag, const Tag96& rsel,
+                                  const Tag96& stag) {
+  return (((stag.w[0] ^ rtag.w[0]) & rsel.w[0]) |
+          ((stag.w[1] ^ rtag.w[1]) & rsel.w[1]) |
           ((stag.w[2] ^ rtag.w[2]) & rsel.w[2])) == 0;
 }
 
@@ -98,7 +105,9 @@ inline constexpr bool matches(const RecvPattern& p, const MsgKey& m) {
 
 // True if `sel` compares every tag bit, i.e. a receive with it matches exactly
 // one tag and can be found by hashing that tag.
-inline constexpr bool is_exact_selector(const Tag96& sel) { return sel == kTagSelAll; }
+inline constexpr bool is_exact_selector(const Tag96& sel) {
+  return sel == kTagSelAll;
+}
 
 }  // namespace psmd
 

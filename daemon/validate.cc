@@ -15,25 +15,29 @@ bool PeerInRange(uint32_t peer, const SubmissionBounds& b, bool any_allowed) {
 // quantity is bounded by region.bytes before it is added.
 Rejection ValidatePoolRange(uint64_t off, uint32_t len, const SendRegion& r) {
   if (len > r.bytes - shm::kChunkHeaderBytes) return Rejection::kBadLength;
-  if (off < r.offset + shm::kChunkHeaderBytes || off - r.offset > r.bytes - len ||
-      off % shm::kCacheLine != 0) {
+  if (off < r.offset + shm::kChunkHeaderBytes ||
+      off - r.offset > r.bytes - len || off % shm::kCacheLine != 0) {
     return Rejection::kBadPoolOffset;
   }
   return Rejection::kNone;
 }
 
-Rejection ValidateSend(const shm::SubmissionDesc& d, const SubmissionBounds& b) {
-  if ((d.flags & ~(shm::kSendSync | shm::kSendFailed)) != 0) return Rejection::kBadFlags;
-  if (!PeerInRange(d.peer, b, /*any_allowed=*/false)) return Rejection::kBadPeer;
-  if ((d.flags & shm::kSendFailed) && (d.len != 0 || d.op != shm::SubmitOp::kSend)) {
+Rejection ValidateSend(const shm::SubmissionDesc& d,
+                       const SubmissionBounds& b) {
+  if ((d.flags & ~(shm::kSendSync | shm::kSendFailed)) != 0)
+    return Rejection::kBadFlags;
+  if (!PeerInRange(d.peer, b, /*any_allowed=*/false))
+    return Rejection::kBadPeer;
+  if ((d.flags & shm::kSendFailed) &&
+      (d.len != 0 || d.op != shm::SubmitOp::kSend)) {
     return Rejection::kBadFlags;
   }
   if (d.len <= shm::kInlineMax) return Rejection::kNone;
   return ValidatePoolRange(d.body.pool.pool_offset, d.len, b.region);
 }
 
-Rejection ValidateMatching(const shm::SubmissionDesc& d, const SubmissionBounds& b,
-                           uint8_t allowed_flags) {
+Rejection ValidateMatching(const shm::SubmissionDesc& d,
+                           const SubmissionBounds& b, uint8_t allowed_flags) {
   if ((d.flags & ~allowed_flags) != 0) return Rejection::kBadFlags;
   if (!PeerInRange(d.peer, b, /*any_allowed=*/true)) return Rejection::kBadPeer;
   return Rejection::kNone;
@@ -41,24 +45,29 @@ Rejection ValidateMatching(const shm::SubmissionDesc& d, const SubmissionBounds&
 
 // An active message: handler index, argument count and payload within the
 // limits, and its bytes inline or inside the sender's region.
-Rejection ValidateActiveMessage(const shm::SubmissionDesc& d, const SubmissionBounds& b) {
+Rejection ValidateActiveMessage(const shm::SubmissionDesc& d,
+                                const SubmissionBounds& b) {
   uint32_t handler = d.tag[0], nargs = d.tag[1];
-  if (handler >= shm::kAmMaxHandlers || nargs > shm::kAmMaxArgs) return Rejection::kBadLength;
+  if (handler >= shm::kAmMaxHandlers || nargs > shm::kAmMaxArgs)
+    return Rejection::kBadLength;
   uint32_t arg_bytes = nargs * shm::kAmArgBytes;
-  if (d.len < arg_bytes || d.len - arg_bytes > shm::kAmMaxPayload) return Rejection::kBadLength;
+  if (d.len < arg_bytes || d.len - arg_bytes > shm::kAmMaxPayload)
+    return Rejection::kBadLength;
   if (d.len <= shm::kInlineMax) return Rejection::kNone;
   return ValidatePoolRange(d.body.pool.pool_offset, d.len, b.region);
 }
 
 }  // namespace
 
-Rejection ValidateSubmission(const shm::SubmissionDesc& d, const SubmissionBounds& b) {
+Rejection ValidateSubmission(const shm::SubmissionDesc& d,
+                             const SubmissionBounds& b) {
   switch (d.op) {
     case shm::SubmitOp::kSend:
       return ValidateSend(d, b);
     case shm::SubmitOp::kRndvSend:
       if (d.flags != 0) return Rejection::kBadFlags;
-      if (!PeerInRange(d.peer, b, /*any_allowed=*/false)) return Rejection::kBadPeer;
+      if (!PeerInRange(d.peer, b, /*any_allowed=*/false))
+        return Rejection::kBadPeer;
       return Rejection::kNone;
     case shm::SubmitOp::kRecv:
       return ValidateMatching(d, b, 0);
@@ -69,8 +78,10 @@ Rejection ValidateSubmission(const shm::SubmissionDesc& d, const SubmissionBound
       if (d.len == 0) return Rejection::kBadLength;
       return ValidatePoolRange(d.body.rndv.pool_offset, d.len, b.region);
     case shm::SubmitOp::kAmRequest:
-      if ((d.flags & ~(shm::kAmNoReply | shm::kAmWantsAck)) != 0) return Rejection::kBadFlags;
-      if (!PeerInRange(d.peer, b, /*any_allowed=*/false)) return Rejection::kBadPeer;
+      if ((d.flags & ~(shm::kAmNoReply | shm::kAmWantsAck)) != 0)
+        return Rejection::kBadFlags;
+      if (!PeerInRange(d.peer, b, /*any_allowed=*/false))
+        return Rejection::kBadPeer;
       return ValidateActiveMessage(d, b);
     case shm::SubmitOp::kAmReply:
       if ((d.flags & ~shm::kAmWantsAck) != 0) return Rejection::kBadFlags;

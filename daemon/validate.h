@@ -32,7 +32,8 @@ enum class Rejection {
   kBadPoolOffset,
 };
 
-Rejection ValidateSubmission(const shm::SubmissionDesc& d, const SubmissionBounds& bounds);
+Rejection ValidateSubmission(const shm::SubmissionDesc& d,
+                             const SubmissionBounds& bounds);
 
 // A short, operator-readable name ("bad pool offset").
 const char* RejectionName(Rejection r);

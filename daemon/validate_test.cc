@@ -27,10 +27,13 @@ shm::SubmissionDesc Send(uint32_t len, uint64_t offset) {
 }
 
 TEST(ValidateTest, AcceptsWellFormedDescriptors) {
-  EXPECT_EQ(ValidateSubmission(Send(8, 0), Bounds()), Rejection::kNone);  // inline
-  EXPECT_EQ(ValidateSubmission(Send(1000, kRegionOffset + 64), Bounds()), Rejection::kNone);
-  EXPECT_EQ(ValidateSubmission(Send(kRegionBytes - 64, kRegionOffset + 64), Bounds()),
+  EXPECT_EQ(ValidateSubmission(Send(8, 0), Bounds()),
+            Rejection::kNone);  // inline
+  EXPECT_EQ(ValidateSubmission(Send(1000, kRegionOffset + 64), Bounds()),
             Rejection::kNone);
+  EXPECT_EQ(
+      ValidateSubmission(Send(kRegionBytes - 64, kRegionOffset + 64), Bounds()),
+      Rejection::kNone);
   shm::SubmissionDesc r{};
   r.op = shm::SubmitOp::kRecv;
   r.peer = shm::kAnySlot;
@@ -58,19 +61,27 @@ TEST(ValidateTest, RejectsPeersOutsideTheConnectionTable) {
 }
 
 TEST(ValidateTest, RejectsPayloadsOutsideTheSendersRegion) {
-  auto check = [](uint32_t len, uint64_t off) { return ValidateSubmission(Send(len, off), Bounds()); };
-  EXPECT_EQ(check(1000, kRegionOffset), Rejection::kBadPoolOffset);        // no room for header
-  EXPECT_EQ(check(1000, kRegionOffset - 4096), Rejection::kBadPoolOffset); // before region
-  EXPECT_EQ(check(1000, kRegionOffset + kRegionBytes - 512), Rejection::kBadPoolOffset);  // past end
-  EXPECT_EQ(check(1000, kRegionOffset + 100), Rejection::kBadPoolOffset);  // misaligned
-  EXPECT_EQ(check(1000, ~uint64_t{0} - 63), Rejection::kBadPoolOffset);    // would overflow
+  auto check = [](uint32_t len, uint64_t off) {
+    return ValidateSubmission(Send(len, off), Bounds());
+  };
+  EXPECT_EQ(check(1000, kRegionOffset),
+            Rejection::kBadPoolOffset);  // no room for header
+  EXPECT_EQ(check(1000, kRegionOffset - 4096),
+            Rejection::kBadPoolOffset);  // before region
+  EXPECT_EQ(check(1000, kRegionOffset + kRegionBytes - 512),
+            Rejection::kBadPoolOffset);  // past end
+  EXPECT_EQ(check(1000, kRegionOffset + 100),
+            Rejection::kBadPoolOffset);  // misaligned
+  EXPECT_EQ(check(1000, ~uint64_t{0} - 63),
+            Rejection::kBadPoolOffset);  // would overflow
   EXPECT_EQ(check(kRegionBytes, kRegionOffset + 64), Rejection::kBadLength);
   EXPECT_EQ(check(0xffffffffu, kRegionOffset + 64), Rejection::kBadLength);
 }
 
 TEST(ValidateTest, EveryRejectionHasAName) {
-  for (Rejection r : {Rejection::kNone, Rejection::kBadOpcode, Rejection::kBadFlags,
-                      Rejection::kBadPeer, Rejection::kBadLength, Rejection::kBadPoolOffset}) {
+  for (Rejection r : {Rejection::kNone, Rejection::kBadOpcode,
+                      Rejection::kBadFlags, Rejection::kBadPeer,
+                      Rejection::kBadLength, Rejection::kBadPoolOffset}) {
     EXPECT_STRNE(RejectionName(r), "unknown");
   }
 }

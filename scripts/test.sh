@@ -10,10 +10,13 @@ bazel build //... || { echo "0 passed, 1 failed"; exit 1; }
 mpi4py_tests=$(cd .. && pwd)/shared/external/mpi4py-3.1.4-test/test
 bazel test //... --test_output=errors --test_env=PSMD_MPI4PY_TESTS="$mpi4py_tests"
 status=$?
+# Formatting is a check of its own (the tree follows .clang-format).
+if scripts/format.sh --check; then format_failed=0; else format_failed=1; status=1; fi
 
-python3 - <<'PY'
-import glob, xml.etree.ElementTree as ET
-passed = failed = 0
+FORMAT_FAILED=$format_failed python3 - <<'PY'
+import glob, os, xml.etree.ElementTree as ET
+failed = int(os.environ["FORMAT_FAILED"])
+passed = 1 - failed
 for path in glob.glob("bazel-testlogs/**/test.xml", recursive=True):
     try:
         root = ET.parse(path).getroot()

@@ -8,11 +8,13 @@
 
 namespace psmd::shm {
 
-bool SendWithFds(int sock, const void* data, size_t len, const int* fds, int nfds) {
+bool SendWithFds(int sock, const void* data, size_t len, const int* fds,
+                 int nfds) {
   struct iovec iov;
   iov.iov_base = const_cast<void*>(data);
   iov.iov_len = len;
-  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * kAttachFdCount)];
+  alignas(
+      struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * kAttachFdCount)];
   struct msghdr msg {};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -34,14 +36,16 @@ bool SendWithFds(int sock, const void* data, size_t len, const int* fds, int nfd
   return n == static_cast<ssize_t>(len);
 }
 
-bool RecvWithFds(int sock, void* data, size_t len, int* fds, int max_fds, int* nfds) {
+bool RecvWithFds(int sock, void* data, size_t len, int* fds, int max_fds,
+                 int* nfds) {
   *nfds = 0;
   size_t got = 0;
   while (got < len) {
     struct iovec iov;
     iov.iov_base = static_cast<char*>(data) + got;
     iov.iov_len = len - got;
-    alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * kAttachFdCount)];
+    alignas(
+        struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * kAttachFdCount)];
     struct msghdr msg {};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
@@ -50,7 +54,8 @@ bool RecvWithFds(int sock, void* data, size_t len, int* fds, int max_fds, int* n
     ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
-    for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
+         c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
       int count = static_cast<int>((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
       const int* incoming = reinterpret_cast<const int*>(CMSG_DATA(c));

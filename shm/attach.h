@@ -16,7 +16,8 @@
 
 namespace psmd::shm {
 
-inline constexpr char kAttachMagic[8] = {'P', 'S', 'M', 'D', 'A', 'T', 'T', '1'};
+inline constexpr char kAttachMagic[8] = {'P', 'S', 'M', 'D',
+                                         'A', 'T', 'T', '1'};
 inline constexpr size_t kAttachTokenBytes = 16;
 inline constexpr int kAttachFdCount = 3;
 
@@ -27,18 +28,20 @@ struct AttachRequest {
 static_assert(sizeof(AttachRequest) == 24);
 
 struct AttachReply {
-  int32_t status;   // 0, or an errno-style code
+  int32_t status;  // 0, or an errno-style code
   uint32_t nfds;
 };
 
 // Sends `len` bytes plus `nfds` descriptors in one message. Returns false on
 // any short write or error.
-bool SendWithFds(int sock, const void* data, size_t len, const int* fds, int nfds);
+bool SendWithFds(int sock, const void* data, size_t len, const int* fds,
+                 int nfds);
 
 // Receives exactly `len` bytes (blocking) and up to `max_fds` descriptors,
 // which are stored in fds (CLOEXEC); *nfds receives the count. Returns false
 // on EOF, error, or truncated control data (any fds received are closed).
-bool RecvWithFds(int sock, void* data, size_t len, int* fds, int max_fds, int* nfds);
+bool RecvWithFds(int sock, void* data, size_t len, int* fds, int max_fds,
+                 int* nfds);
 
 }  // namespace psmd::shm
 

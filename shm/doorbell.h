@@ -19,7 +19,8 @@ namespace psmd::shm {
 
 // Sleeps while *word == expected, at most timeout_ns (<0: no limit).
 // Returns on wake-up, value change, signal or timeout; callers re-check state.
-inline void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_ns) {
+inline void FutexWait(std::atomic<uint32_t>* word, uint32_t expected,
+                      int64_t timeout_ns) {
   struct timespec ts;
   struct timespec* tsp = nullptr;
   if (timeout_ns >= 0) {
@@ -27,12 +28,13 @@ inline void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t ti
     ts.tv_nsec = timeout_ns % 1000000000;
     tsp = &ts;
   }
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, tsp, nullptr, 0);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected,
+          tsp, nullptr, 0);
 }
 
 inline void FutexWakeAll(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr,
-          0);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX,
+          nullptr, nullptr, 0);
 }
 
 // Rings an eventfd doorbell. EAGAIN (counter saturated) still means "rung".

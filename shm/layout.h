@@ -9,9 +9,11 @@
 //   [4 KiB, 8 KiB)      Doorbells, then the RingControl of the two submission
 //                       rings and of the completion ring, each word on its own
 //                       line.
-//   [8 KiB, ...)        message-submission slots (SubmissionDesc x sq_capacity),
-//                       control-submission slots (SubmissionDesc x sq_capacity),
-//                       then completion slots (CompletionDesc x cq_capacity).
+//   [8 KiB, ...)        message-submission slots (SubmissionDesc x
+//   sq_capacity),
+//                       control-submission slots (SubmissionDesc x
+//                       sq_capacity), then completion slots (CompletionDesc x
+//                       cq_capacity).
 //
 // Two submission rings: sends (which the daemon may hold back while their
 // receiver's unexpected budget is full) and everything else (which it always
@@ -52,7 +54,7 @@ struct SegmentHeader {
   uint64_t region_bytes;
   uint32_t inline_max;
   uint32_t reserved;
-  uint64_t unexpected_budget;      // initial PSM2_MQ_MAX_SYSBUF_MBYTES, in bytes
+  uint64_t unexpected_budget;  // initial PSM2_MQ_MAX_SYSBUF_MBYTES, in bytes
   uint64_t max_unexpected_budget;  // the most a client may set
 };
 static_assert(sizeof(SegmentHeader) <= kPageSize);
@@ -94,13 +96,16 @@ struct SegmentGeometry {
   uint64_t bytes;  // rounded up to a page
 };
 
-inline SegmentGeometry ComputeGeometry(uint32_t sq_capacity, uint32_t cq_capacity) {
+inline SegmentGeometry ComputeGeometry(uint32_t sq_capacity,
+                                       uint32_t cq_capacity) {
   SegmentGeometry g{};
   g.sq_capacity = sq_capacity;
   g.cq_capacity = cq_capacity;
   g.msg_sq_offset = kSlotsOffset;
-  g.ctl_sq_offset = g.msg_sq_offset + uint64_t{sq_capacity} * sizeof(SubmissionDesc);
-  g.cq_offset = g.ctl_sq_offset + uint64_t{sq_capacity} * sizeof(SubmissionDesc);
+  g.ctl_sq_offset =
+      g.msg_sq_offset + uint64_t{sq_capacity} * sizeof(SubmissionDesc);
+  g.cq_offset =
+      g.ctl_sq_offset + uint64_t{sq_capacity} * sizeof(SubmissionDesc);
   uint64_t end = g.cq_offset + uint64_t{cq_capacity} * sizeof(CompletionDesc);
   g.bytes = (end + kPageSize - 1) / kPageSize * kPageSize;
   return g;
@@ -109,18 +114,24 @@ inline SegmentGeometry ComputeGeometry(uint32_t sq_capacity, uint32_t cq_capacit
 // Typed views of a mapped segment. Whoever builds them supplies geometry from
 // its own records (the daemon from its config, the client from the header it
 // checked once at attach time).
-inline SegmentHeader* HeaderOf(void* base) { return static_cast<SegmentHeader*>(base); }
+inline SegmentHeader* HeaderOf(void* base) {
+  return static_cast<SegmentHeader*>(base);
+}
 inline SegmentControl* ControlOf(void* base) {
-  return reinterpret_cast<SegmentControl*>(static_cast<uint8_t*>(base) + kControlOffset);
+  return reinterpret_cast<SegmentControl*>(static_cast<uint8_t*>(base) +
+                                           kControlOffset);
 }
 inline SubmissionDesc* MessageSlotsOf(void* base, const SegmentGeometry& g) {
-  return reinterpret_cast<SubmissionDesc*>(static_cast<uint8_t*>(base) + g.msg_sq_offset);
+  return reinterpret_cast<SubmissionDesc*>(static_cast<uint8_t*>(base) +
+                                           g.msg_sq_offset);
 }
 inline SubmissionDesc* ControlSlotsOf(void* base, const SegmentGeometry& g) {
-  return reinterpret_cast<SubmissionDesc*>(static_cast<uint8_t*>(base) + g.ctl_sq_offset);
+  return reinterpret_cast<SubmissionDesc*>(static_cast<uint8_t*>(base) +
+                                           g.ctl_sq_offset);
 }
 inline CompletionDesc* CompletionSlotsOf(void* base, const SegmentGeometry& g) {
-  return reinterpret_cast<CompletionDesc*>(static_cast<uint8_t*>(base) + g.cq_offset);
+  return reinterpret_cast<CompletionDesc*>(static_cast<uint8_t*>(base) +
+                                           g.cq_offset);
 }
 
 }  // namespace psmd::shm

@@ -33,7 +33,9 @@ void Mapping::Reset() {
   size_ = 0;
 }
 
-static std::string Errno(const char* what) { return std::string(what) + ": " + strerror(errno); }
+static std::string Errno(const char* what) {
+  return std::string(what) + ": " + strerror(errno);
+}
 
 bool Mapping::Map(uint64_t bytes, Mapping* out, std::string* error) {
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
@@ -47,8 +49,8 @@ bool Mapping::Map(uint64_t bytes, Mapping* out, std::string* error) {
   return true;
 }
 
-bool Mapping::Create(const std::string& name, uint64_t bytes, uid_t uid, gid_t gid,
-                     Mapping* out, std::string* error) {
+bool Mapping::Create(const std::string& name, uint64_t bytes, uid_t uid,
+                     gid_t gid, Mapping* out, std::string* error) {
   int fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) {
     *error = Errno("memfd_create");
@@ -84,8 +86,8 @@ bool Mapping::Attach(int fd, uint64_t bytes, Mapping* out, std::string* error) {
     return false;
   }
   if (static_cast<uint64_t>(st.st_size) != bytes) {
-    *error = "segment size " + std::to_string(st.st_size) + " differs from announced " +
-             std::to_string(bytes);
+    *error = "segment size " + std::to_string(st.st_size) +
+             " differs from announced " + std::to_string(bytes);
     return false;
   }
   return m.Map(bytes, out, error);

@@ -25,8 +25,8 @@ class Mapping {
   // when touched), owned by uid/gid with mode 0600, sealed so nobody can
   // shrink it under a mapping (which would SIGBUS the daemon), and maps it.
   // Returns false and fills *error on failure.
-  static bool Create(const std::string& name, uint64_t bytes, uid_t uid, gid_t gid,
-                     Mapping* out, std::string* error);
+  static bool Create(const std::string& name, uint64_t bytes, uid_t uid,
+                     gid_t gid, Mapping* out, std::string* error);
 
   // Maps a received fd after checking that it is a file of exactly `bytes`.
   // Takes ownership of fd either way.

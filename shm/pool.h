@@ -32,13 +32,15 @@ static_assert(sizeof(ChunkHeader) == kCacheLine);
 inline constexpr uint64_t kChunkHeaderBytes = sizeof(ChunkHeader);
 
 inline ChunkHeader* ChunkOf(uint8_t* pool_base, uint64_t payload_offset) {
-  return reinterpret_cast<ChunkHeader*>(pool_base + payload_offset - kChunkHeaderBytes);
+  return reinterpret_cast<ChunkHeader*>(pool_base + payload_offset -
+                                        kChunkHeaderBytes);
 }
 
 // Called once the payload at `payload_offset` has been copied out.
 inline void ReleaseChunk(uint8_t* pool_base, uint64_t payload_offset) {
   // Release: our reads of the payload happen before the sender may reuse it.
-  ChunkOf(pool_base, payload_offset)->state.store(kChunkReleased, std::memory_order_release);
+  ChunkOf(pool_base, payload_offset)
+      ->state.store(kChunkReleased, std::memory_order_release);
 }
 
 // A byte ring over one send region: chunks are allocated at the head and
@@ -47,7 +49,9 @@ class SendArena {
  public:
   SendArena() = default;
   SendArena(uint8_t* pool_base, uint64_t region_offset, uint64_t region_bytes)
-      : base_(pool_base), region_offset_(region_offset), region_bytes_(region_bytes) {}
+      : base_(pool_base),
+        region_offset_(region_offset),
+        region_bytes_(region_bytes) {}
 
   // The largest payload one chunk can hold.
   uint64_t MaxPayload() const { return region_bytes_ - kChunkHeaderBytes; }
@@ -70,7 +74,8 @@ class SendArena {
     chunks_.push_back(Chunk{need, false});
     head_ += need;
     uint64_t payload_offset = region_offset_ + pos + kChunkHeaderBytes;
-    ChunkOf(base_, payload_offset)->state.store(kChunkInUse, std::memory_order_relaxed);
+    ChunkOf(base_, payload_offset)
+        ->state.store(kChunkInUse, std::memory_order_relaxed);
     return payload_offset;
   }
 
@@ -82,10 +87,11 @@ class SendArena {
     while (!chunks_.empty()) {
       const Chunk& c = chunks_.front();
       if (!c.is_padding) {
-        uint64_t payload_offset = region_offset_ + tail_ % region_bytes_ + kChunkHeaderBytes;
+        uint64_t payload_offset =
+            region_offset_ + tail_ % region_bytes_ + kChunkHeaderBytes;
         // Acquire: the receiver finished reading before we overwrite.
-        if (ChunkOf(base_, payload_offset)->state.load(std::memory_order_acquire) !=
-            kChunkReleased) {
+        if (ChunkOf(base_, payload_offset)
+                ->state.load(std::memory_order_acquire) != kChunkReleased) {
           return;
         }
       }
@@ -99,7 +105,9 @@ class SendArena {
     uint64_t bytes;
     bool is_padding;
   };
-  static uint64_t RoundUp(uint64_t n) { return (n + kCacheLine - 1) / kCacheLine * kCacheLine; }
+  static uint64_t RoundUp(uint64_t n) {
+    return (n + kCacheLine - 1) / kCacheLine * kCacheLine;
+  }
 
   uint8_t* base_ = nullptr;
   uint64_t region_offset_ = 0;

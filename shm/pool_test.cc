@@ -11,7 +11,8 @@ class SendArenaTest : public ::testing::Test {
  protected:
   static constexpr uint64_t kRegionOffset = 4096;
   static constexpr uint64_t kRegionBytes = 4096;
-  std::vector<uint8_t> pool_ = std::vector<uint8_t>(kRegionOffset + kRegionBytes + 4096);
+  std::vector<uint8_t> pool_ =
+      std::vector<uint8_t>(kRegionOffset + kRegionBytes + 4096);
   SendArena arena_{pool_.data(), kRegionOffset, kRegionBytes};
 };
 
@@ -25,7 +26,8 @@ TEST_F(SendArenaTest, AllocatesInsideItsRegionAfterAHeader) {
 
 TEST_F(SendArenaTest, RefusesWhenFullAndRecoversAfterRelease) {
   std::vector<uint64_t> offs;
-  while (auto off = arena_.Allocate(448)) offs.push_back(*off);  // 512-byte chunks
+  while (auto off = arena_.Allocate(448))
+    offs.push_back(*off);  // 512-byte chunks
   EXPECT_EQ(offs.size(), kRegionBytes / 512);
   EXPECT_FALSE(arena_.Allocate(1).has_value());
   ReleaseChunk(pool_.data(), offs[0]);
@@ -37,7 +39,8 @@ TEST_F(SendArenaTest, ReclaimsOnlyInAllocationOrder) {
   auto b = arena_.Allocate(1000);
   ASSERT_TRUE(a && b);
   uint64_t used = arena_.used();
-  ReleaseChunk(pool_.data(), *b);  // released out of order: a still holds the tail
+  ReleaseChunk(pool_.data(),
+               *b);  // released out of order: a still holds the tail
   arena_.Reclaim();
   EXPECT_EQ(arena_.used(), used);
   ReleaseChunk(pool_.data(), *a);

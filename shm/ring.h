@@ -52,7 +52,9 @@ struct RingControl {
 };
 static_assert(sizeof(RingControl) == 2 * kCacheLine);
 
-inline constexpr bool IsPowerOfTwo(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
+inline constexpr bool IsPowerOfTwo(uint64_t x) {
+  return x != 0 && (x & (x - 1)) == 0;
+}
 
 template <typename T>
 class RingProducer {
@@ -62,8 +64,13 @@ class RingProducer {
   RingProducer() = default;
   // `capacity` comes from the caller's own records, never from shared memory.
   // Both sides start at index `start` (0 in a new segment).
-  RingProducer(RingControl* control, T* slots, uint32_t capacity, uint32_t start = 0)
-      : control_(control), slots_(slots), mask_(capacity - 1), tail_(start), head_cache_(start) {}
+  RingProducer(RingControl* control, T* slots, uint32_t capacity,
+               uint32_t start = 0)
+      : control_(control),
+        slots_(slots),
+        mask_(capacity - 1),
+        tail_(start),
+        head_cache_(start) {}
 
   // Publishes one descriptor; false when the ring is full or corrupt.
   bool TryPush(const T& item) {
@@ -129,8 +136,13 @@ class RingConsumer {
 
  public:
   RingConsumer() = default;
-  RingConsumer(RingControl* control, T* slots, uint32_t capacity, uint32_t start = 0)
-      : control_(control), slots_(slots), mask_(capacity - 1), head_(start), tail_cache_(start) {}
+  RingConsumer(RingControl* control, T* slots, uint32_t capacity,
+               uint32_t start = 0)
+      : control_(control),
+        slots_(slots),
+        mask_(capacity - 1),
+        head_(start),
+        tail_cache_(start) {}
 
   // Copies out up to `max` descriptors (the copy is what gets validated:
   // a producer cannot change a descriptor after the consumer checked it).

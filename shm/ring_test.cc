@@ -17,7 +17,9 @@ struct Item {
   uint64_t check;  // derived from seq, catches torn or stale slots
 };
 
-Item MakeItem(uint64_t seq) { return Item{seq, seq * 0x9e3779b97f4a7c15ull ^ 0xabcdef}; }
+Item MakeItem(uint64_t seq) {
+  return Item{seq, seq * 0x9e3779b97f4a7c15ull ^ 0xabcdef};
+}
 
 // A ring's shared state laid out as it would be in a segment.
 struct SharedRing {
@@ -120,7 +122,8 @@ uint64_t ConsumeAll(RingConsumer<Item>& c) {
     }
     for (size_t k = 0; k < n; k++) {
       Item want = MakeItem(expected);
-      if (batch[k].seq != want.seq || batch[k].check != want.check) return expected;
+      if (batch[k].seq != want.seq || batch[k].check != want.check)
+        return expected;
       expected++;
     }
   }
@@ -156,7 +159,8 @@ TEST(RingStressTest, TwoProcessesTenMillionInOrder) {
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "consumer process saw loss, reorder or corruption";
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "consumer process saw loss, reorder or corruption";
   munmap(mem, sizeof(SharedRing));
 }
 

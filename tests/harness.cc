@@ -21,7 +21,8 @@ std::string Runfile(const std::string& path) {
   const char* srcdir = getenv("TEST_SRCDIR");
   const char* workspace = getenv("TEST_WORKSPACE");
   if (srcdir != nullptr) {
-    return std::string(srcdir) + "/" + (workspace ? workspace : "psmd") + "/" + path;
+    return std::string(srcdir) + "/" + (workspace ? workspace : "psmd") + "/" +
+           path;
   }
   return path;  // run from the workspace root outside Bazel
 }
@@ -37,8 +38,10 @@ TempDir::~TempDir() {
   if (path_ == "/tmp") return;
   nftw(
       path_.c_str(),
-      [](const char* p, const struct stat*, int, struct FTW*) { return remove(p); }, 16,
-      FTW_DEPTH | FTW_PHYS);
+      [](const char* p, const struct stat*, int, struct FTW*) {
+        return remove(p);
+      },
+      16, FTW_DEPTH | FTW_PHYS);
 }
 
 Process::~Process() {
@@ -48,7 +51,9 @@ Process::~Process() {
   }
 }
 
-Process::Process(Process&& o) noexcept : pid_(o.pid_), status_(o.status_) { o.pid_ = -1; }
+Process::Process(Process&& o) noexcept : pid_(o.pid_), status_(o.status_) {
+  o.pid_ = -1;
+}
 
 Process& Process::operator=(Process&& o) noexcept {
   if (this != &o) {
@@ -65,8 +70,8 @@ Process& Process::operator=(Process&& o) noexcept {
 
 Process Process::Start(const std::vector<std::string>& argv,
                        const std::map<std::string, std::string>& env,
-                       const std::string& stdout_path, const std::string& stderr_path,
-                       uid_t run_as) {
+                       const std::string& stdout_path,
+                       const std::string& stderr_path, uid_t run_as) {
   Process p;
   pid_t pid = fork();
   if (pid == 0) {
@@ -90,13 +95,16 @@ Process Process::Start(const std::vector<std::string>& argv,
 }
 
 int Process::Wait(double timeout_s) {
-  if (pid_ <= 0) return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  if (pid_ <= 0)
+    return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::duration<double>(timeout_s);
   for (;;) {
     pid_t r = waitpid(pid_, &status_, WNOHANG);
     if (r == pid_) {
       pid_ = -1;
-      return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
+      return WIFEXITED(status_) ? WEXITSTATUS(status_)
+                                : 128 + WTERMSIG(status_);
     }
     if (std::chrono::steady_clock::now() > deadline) return -1;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -144,20 +152,24 @@ std::string ReadFile(const std::string& path) {
 }
 
 RunResult RunToEnd(const TempDir& dir, const std::vector<std::string>& argv,
-              const std::map<std::string, std::string>& env, double timeout_s, uid_t run_as) {
+                   const std::map<std::string, std::string>& env,
+                   double timeout_s, uid_t run_as) {
   static int counter = 0;
   std::string base = dir.path() + "/run" + std::to_string(counter++);
   auto start = std::chrono::steady_clock::now();
   Process p = Process::Start(argv, env, base + ".out", base + ".err", run_as);
   RunResult r;
   r.exit_code = p.Wait(timeout_s);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   r.out = ReadFile(base + ".out");
   r.err = ReadFile(base + ".err");
   return r;
 }
 
-long long JsonNumber(const std::string& json, const std::string& object, const std::string& key) {
+long long JsonNumber(const std::string& json, const std::string& object,
+                     const std::string& key) {
   size_t from = 0;
   if (!object.empty()) {
     from = json.find("\"" + object + "\"");
@@ -186,7 +198,8 @@ double CpuSeconds(pid_t pid) {
     if (i == 14) utime = std::stoull(field);
     if (i == 15) stime = std::stoull(field);
   }
-  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  return static_cast<double>(utime + stime) /
+         static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 int CountMappings(pid_t pid, const std::string& needle) {

@@ -41,7 +41,8 @@ class Process {
   // Starts argv[0] with extra environment; stdout and stderr go to files.
   static Process Start(const std::vector<std::string>& argv,
                        const std::map<std::string, std::string>& env,
-                       const std::string& stdout_path, const std::string& stderr_path,
+                       const std::string& stdout_path,
+                       const std::string& stderr_path,
                        uid_t run_as = static_cast<uid_t>(-1));
   // Waits up to timeout_s; returns the exit code, 128+signal, or -1 on timeout.
   int Wait(double timeout_s);
@@ -57,13 +58,16 @@ class Process {
 // A running psmd on `dir`/psmd.sock.
 class Daemon {
  public:
-  explicit Daemon(const TempDir& dir, std::vector<std::string> extra_flags = {});
-  ~Daemon();  // SIGTERM, then SIGKILL after 5 s
+  explicit Daemon(const TempDir& dir,
+                  std::vector<std::string> extra_flags = {});
+  ~Daemon();                        // SIGTERM, then SIGKILL after 5 s
   bool Stop(double timeout_s = 5);  // true when it exited 0
   const std::string& socket() const { return socket_; }
   pid_t pid() const { return process_.pid(); }
   std::string Log() const;
-  std::map<std::string, std::string> ClientEnv() const { return {{"PSMD_SOCKET", socket_}}; }
+  std::map<std::string, std::string> ClientEnv() const {
+    return {{"PSMD_SOCKET", socket_}};
+  }
 
  private:
   std::string socket_;
@@ -80,14 +84,16 @@ struct RunResult {
 
 // Runs a program to completion (timeout_s at most) and captures its output.
 RunResult RunToEnd(const TempDir& dir, const std::vector<std::string>& argv,
-              const std::map<std::string, std::string>& env, double timeout_s = 60,
-              uid_t run_as = static_cast<uid_t>(-1));
+                   const std::map<std::string, std::string>& env,
+                   double timeout_s = 60,
+                   uid_t run_as = static_cast<uid_t>(-1));
 
 std::string ReadFile(const std::string& path);
 
 // The integer value of "key": N inside the JSON object that follows "object"
 // (or anywhere when object is empty). -1 when absent.
-long long JsonNumber(const std::string& json, const std::string& object, const std::string& key);
+long long JsonNumber(const std::string& json, const std::string& object,
+                     const std::string& key);
 
 // Resident set size of pid in KiB (VmRSS), -1 if unreadable.
 long long ResidentKiB(pid_t pid);

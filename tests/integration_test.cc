@@ -8,8 +8,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -23,12 +23,23 @@ namespace {
 const char kJobA[] = "5053d0d0aaaaaaaaaaaaaaaaaaaaaaaa";
 const char kJobB[] = "5053d0d0bbbbbbbbbbbbbbbbbbbbbbbb";
 
-std::vector<std::string> ExchangeArgs(const TempDir& dir, const std::string& rendezvous,
-                                      int rank, const std::string& uuid, int messages,
+std::vector<std::string> ExchangeArgs(const TempDir& dir,
+                                      const std::string& rendezvous, int rank,
+                                      const std::string& uuid, int messages,
                                       int max_size, int hold_seconds = 0) {
-  return {Runfile("tests/programs/exchange"), "--rank", std::to_string(rank), "--dir",
-          rendezvous, "--uuid", uuid, "--messages", std::to_string(messages), "--max-size",
-          std::to_string(max_size), "--hold-seconds", std::to_string(hold_seconds)};
+  return {Runfile("tests/programs/exchange"),
+          "--rank",
+          std::to_string(rank),
+          "--dir",
+          rendezvous,
+          "--uuid",
+          uuid,
+          "--messages",
+          std::to_string(messages),
+          "--max-size",
+          std::to_string(max_size),
+          "--hold-seconds",
+          std::to_string(hold_seconds)};
 }
 
 std::string Subdir(const TempDir& dir, const std::string& name) {
@@ -37,20 +48,24 @@ std::string Subdir(const TempDir& dir, const std::string& name) {
   return p;
 }
 
-RunResult Psmctl(const TempDir& dir, const Daemon& d, const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {Runfile("tools/psmctl"), "--socket", d.socket()};
+RunResult Psmctl(const TempDir& dir, const Daemon& d,
+                 const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {Runfile("tools/psmctl"), "--socket",
+                                   d.socket()};
   argv.insert(argv.end(), args.begin(), args.end());
   return RunToEnd(dir, argv, {}, 10);
 }
 
 // Runs an exchange pair of `messages` messages (up to 1000 B) in job `uuid`
 // to the end and expects both ranks to succeed.
-void ExpectExchangeRuns(const TempDir& dir, const Daemon& d, const std::string& name,
-                        const std::string& uuid, int messages) {
+void ExpectExchangeRuns(const TempDir& dir, const Daemon& d,
+                        const std::string& name, const std::string& uuid,
+                        int messages) {
   std::string rv = Subdir(dir, name);
-  Process r1 = Process::Start(ExchangeArgs(dir, rv, 1, uuid, messages, 1000), d.ClientEnv(),
-                              rv + "/r1.out", rv + "/r1.err");
-  RunResult r0 = RunToEnd(dir, ExchangeArgs(dir, rv, 0, uuid, messages, 1000), d.ClientEnv(), 30);
+  Process r1 = Process::Start(ExchangeArgs(dir, rv, 1, uuid, messages, 1000),
+                              d.ClientEnv(), rv + "/r1.out", rv + "/r1.err");
+  RunResult r0 = RunToEnd(dir, ExchangeArgs(dir, rv, 0, uuid, messages, 1000),
+                          d.ClientEnv(), 30);
   EXPECT_EQ(r0.exit_code, 0) << r0.err;
   EXPECT_EQ(r1.Wait(30), 0) << ReadFile(rv + "/r1.err");
 }
@@ -58,7 +73,8 @@ void ExpectExchangeRuns(const TempDir& dir, const Daemon& d, const std::string& 
 class IntegrationTest : public ::testing::Test {
  protected:
   void TearDown() override {
-    EXPECT_TRUE(ShmLeftovers().empty()) << "something of ours was left in /dev/shm";
+    EXPECT_TRUE(ShmLeftovers().empty())
+        << "something of ours was left in /dev/shm";
   }
   TempDir dir_;
 };
@@ -66,21 +82,28 @@ class IntegrationTest : public ::testing::Test {
 TEST_F(IntegrationTest, TwoProcessesExchangeTenThousandMessagesAndStatsMatch) {
   Daemon d(dir_);
   std::string rv = Subdir(dir_, "rv");
-  Process receiver = Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 10000, 8192),
-                                    d.ClientEnv(), dir_.path() + "/r1.out", dir_.path() + "/r1.err");
-  RunResult sender = RunToEnd(dir_, ExchangeArgs(dir_, rv, 0, kJobA, 10000, 8192), d.ClientEnv());
+  Process receiver = Process::Start(
+      ExchangeArgs(dir_, rv, 1, kJobA, 10000, 8192), d.ClientEnv(),
+      dir_.path() + "/r1.out", dir_.path() + "/r1.err");
+  RunResult sender = RunToEnd(
+      dir_, ExchangeArgs(dir_, rv, 0, kJobA, 10000, 8192), d.ClientEnv());
   ASSERT_EQ(sender.exit_code, 0) << sender.out << sender.err;
   ASSERT_EQ(receiver.Wait(60), 0) << ReadFile(dir_.path() + "/r1.err");
-  EXPECT_NE(ReadFile(dir_.path() + "/r1.out").find("all intact and in order"), std::string::npos);
+  EXPECT_NE(ReadFile(dir_.path() + "/r1.out").find("all intact and in order"),
+            std::string::npos);
 
   unsigned long long payload = 0;
-  ASSERT_EQ(sscanf(sender.out.c_str(), "rank 0: sent 10000 messages, %llu bytes", &payload), 1);
+  ASSERT_EQ(sscanf(sender.out.c_str(),
+                   "rank 0: sent 10000 messages, %llu bytes", &payload),
+            1);
   RunResult stats = Psmctl(dir_, d, {"stats", "--json"});
   ASSERT_EQ(stats.exit_code, 0) << stats.err;
   // 10000 messages one way plus one 4-byte acknowledgement the other way.
   EXPECT_EQ(JsonNumber(stats.out, "total", "msgs_sent"), 10001) << stats.out;
-  EXPECT_EQ(JsonNumber(stats.out, "total", "msgs_received"), 10001) << stats.out;
-  EXPECT_EQ(JsonNumber(stats.out, "total", "bytes_sent"), static_cast<long long>(payload + 4));
+  EXPECT_EQ(JsonNumber(stats.out, "total", "msgs_received"), 10001)
+      << stats.out;
+  EXPECT_EQ(JsonNumber(stats.out, "total", "bytes_sent"),
+            static_cast<long long>(payload + 4));
   EXPECT_EQ(JsonNumber(stats.out, "total", "bytes_received"),
             static_cast<long long>(payload + 4));
   EXPECT_EQ(JsonNumber(stats.out, "total", "bad_descriptors"), 0);
@@ -92,33 +115,41 @@ TEST_F(IntegrationTest, TwoProcessesExchangeTenThousandMessagesAndStatsMatch) {
 TEST_F(IntegrationTest, MessagesOutliveTheirClosedSender) {
   Daemon d(dir_);
   std::string rv = Subdir(dir_, "rv");
-  std::vector<std::string> r1_args = ExchangeArgs(dir_, rv, 1, kJobA, 500, 8192);
-  std::vector<std::string> r0_args = ExchangeArgs(dir_, rv, 0, kJobA, 500, 8192);
+  std::vector<std::string> r1_args =
+      ExchangeArgs(dir_, rv, 1, kJobA, 500, 8192);
+  std::vector<std::string> r0_args =
+      ExchangeArgs(dir_, rv, 0, kJobA, 500, 8192);
   r1_args.push_back("--no-ack");
   r0_args.push_back("--no-ack");
-  Process receiver = Process::Start(r1_args, d.ClientEnv(), dir_.path() + "/r1.out",
-                                    dir_.path() + "/r1.err");
+  Process receiver = Process::Start(
+      r1_args, d.ClientEnv(), dir_.path() + "/r1.out", dir_.path() + "/r1.err");
   RunResult sender = RunToEnd(dir_, r0_args, d.ClientEnv());
   ASSERT_EQ(sender.exit_code, 0) << sender.err;
   EXPECT_EQ(receiver.Wait(60), 0) << ReadFile(dir_.path() + "/r1.err");
   RunResult stats = Psmctl(dir_, d, {"stats", "--json"});
   EXPECT_EQ(JsonNumber(stats.out, "total", "msgs_received"), 500) << stats.out;
-  EXPECT_EQ(JsonNumber(stats.out, "total", "unexpected_msgs"), 500) << stats.out;
+  EXPECT_EQ(JsonNumber(stats.out, "total", "unexpected_msgs"), 500)
+      << stats.out;
 }
 
 TEST_F(IntegrationTest, StatsListEveryOpenEndpointWithItsCounters) {
   Daemon d(dir_);
   std::string rv = Subdir(dir_, "rv");
-  Process r1 = Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 100, 64, 2), d.ClientEnv(),
-                              dir_.path() + "/r1.out", dir_.path() + "/r1.err");
-  Process r0 = Process::Start(ExchangeArgs(dir_, rv, 0, kJobA, 100, 64, 2), d.ClientEnv(),
-                              dir_.path() + "/r0.out", dir_.path() + "/r0.err");
+  Process r1 = Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 100, 64, 2),
+                              d.ClientEnv(), dir_.path() + "/r1.out",
+                              dir_.path() + "/r1.err");
+  Process r0 = Process::Start(ExchangeArgs(dir_, rv, 0, kJobA, 100, 64, 2),
+                              d.ClientEnv(), dir_.path() + "/r0.out",
+                              dir_.path() + "/r0.err");
   std::this_thread::sleep_for(std::chrono::milliseconds(800));
   RunResult list = Psmctl(dir_, d, {"endpoints"});
   ASSERT_EQ(list.exit_code, 0) << list.err;
-  EXPECT_NE(list.out.find(std::to_string(r0.pid())), std::string::npos) << list.out;
-  EXPECT_NE(list.out.find(std::to_string(r1.pid())), std::string::npos) << list.out;
-  EXPECT_NE(list.out.find("5053d0d0-aaaa-aaaa-aaaa-aaaaaaaaaaaa"), std::string::npos);
+  EXPECT_NE(list.out.find(std::to_string(r0.pid())), std::string::npos)
+      << list.out;
+  EXPECT_NE(list.out.find(std::to_string(r1.pid())), std::string::npos)
+      << list.out;
+  EXPECT_NE(list.out.find("5053d0d0-aaaa-aaaa-aaaa-aaaaaaaaaaaa"),
+            std::string::npos);
   RunResult json = Psmctl(dir_, d, {"endpoints", "--json"});
   EXPECT_EQ(JsonNumber(json.out, "", "pid") > 0, true) << json.out;
   ASSERT_EQ(r0.Wait(30), 0);
@@ -130,10 +161,12 @@ TEST_F(IntegrationTest, StatsListEveryOpenEndpointWithItsCounters) {
 TEST_F(IntegrationTest, KilledClientIsReclaimedAndOthersKeepWorking) {
   Daemon d(dir_);
   std::string rv_a = Subdir(dir_, "a");
-  Process a1 = Process::Start(ExchangeArgs(dir_, rv_a, 1, kJobA, 100000000, 8192), d.ClientEnv(),
-                              dir_.path() + "/a1.out", dir_.path() + "/a1.err");
-  Process a0 = Process::Start(ExchangeArgs(dir_, rv_a, 0, kJobA, 100000000, 8192), d.ClientEnv(),
-                              dir_.path() + "/a0.out", dir_.path() + "/a0.err");
+  Process a1 = Process::Start(
+      ExchangeArgs(dir_, rv_a, 1, kJobA, 100000000, 8192), d.ClientEnv(),
+      dir_.path() + "/a1.out", dir_.path() + "/a1.err");
+  Process a0 = Process::Start(
+      ExchangeArgs(dir_, rv_a, 0, kJobA, 100000000, 8192), d.ClientEnv(),
+      dir_.path() + "/a0.out", dir_.path() + "/a0.err");
   std::this_thread::sleep_for(std::chrono::milliseconds(700));  // mid-stream
   ASSERT_TRUE(a0.running());
   EXPECT_EQ(CountMappings(d.pid(), "memfd:psmd-endpoint"), 2);
@@ -146,7 +179,8 @@ TEST_F(IntegrationTest, KilledClientIsReclaimedAndOthersKeepWorking) {
   bool gone = false;
   for (int i = 0; i < 100 && !gone; i++) {
     RunResult list = Psmctl(dir_, d, {"endpoints", "--json"});
-    gone = list.out.find("\"pid\": " + std::to_string(dead) + ",") == std::string::npos;
+    gone = list.out.find("\"pid\": " + std::to_string(dead) + ",") ==
+           std::string::npos;
     if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_TRUE(gone) << "killed client still listed after 1 s";
@@ -154,9 +188,11 @@ TEST_F(IntegrationTest, KilledClientIsReclaimedAndOthersKeepWorking) {
 
   // Another job runs to completion on the same daemon.
   std::string rv_b = Subdir(dir_, "b");
-  Process b1 = Process::Start(ExchangeArgs(dir_, rv_b, 1, kJobB, 2000, 8192), d.ClientEnv(),
-                              dir_.path() + "/b1.out", dir_.path() + "/b1.err");
-  RunResult b0 = RunToEnd(dir_, ExchangeArgs(dir_, rv_b, 0, kJobB, 2000, 8192), d.ClientEnv());
+  Process b1 = Process::Start(ExchangeArgs(dir_, rv_b, 1, kJobB, 2000, 8192),
+                              d.ClientEnv(), dir_.path() + "/b1.out",
+                              dir_.path() + "/b1.err");
+  RunResult b0 = RunToEnd(dir_, ExchangeArgs(dir_, rv_b, 0, kJobB, 2000, 8192),
+                          d.ClientEnv());
   EXPECT_EQ(b0.exit_code, 0) << b0.err;
   EXPECT_EQ(b1.Wait(30), 0) << ReadFile(dir_.path() + "/b1.err");
   a1.Kill(SIGKILL);  // its peer is gone; it would wait forever
@@ -170,25 +206,34 @@ TEST_F(IntegrationTest, KilledClientIsReclaimedAndOthersKeepWorking) {
 // victim and returns how long the survivor's wait took to end after the
 // kill, in ms (-1: it did not end within 10 s). `survivor_out` gets its
 // output.
-long KillMidTransfer(const TempDir& dir, const Daemon& d, const std::string& sender_role,
+long KillMidTransfer(const TempDir& dir, const Daemon& d,
+                     const std::string& sender_role,
                      const std::string& receiver_role, bool kill_sender,
-                     const std::string& ready, int* survivor_exit, std::string* survivor_out) {
+                     const std::string& ready, int* survivor_exit,
+                     std::string* survivor_out) {
   std::string rv = Subdir(dir, sender_role);
   auto args = [&](const std::string& role, int rank) {
-    return std::vector<std::string>{Runfile("tests/programs/peer_death"), "--role", role,
-                                    "--rank", std::to_string(rank), "--dir", rv, "--uuid",
+    return std::vector<std::string>{Runfile("tests/programs/peer_death"),
+                                    "--role",
+                                    role,
+                                    "--rank",
+                                    std::to_string(rank),
+                                    "--dir",
+                                    rv,
+                                    "--uuid",
                                     kJobA};
   };
-  Process sender = Process::Start(args(sender_role, 0), d.ClientEnv(), rv + "/0.out",
-                                  rv + "/0.err");
-  Process receiver = Process::Start(args(receiver_role, 1), d.ClientEnv(), rv + "/1.out",
-                                    rv + "/1.err");
-  for (int i = 0; i < 2000 && access((rv + "/" + ready).c_str(), F_OK) != 0; i++) {
+  Process sender = Process::Start(args(sender_role, 0), d.ClientEnv(),
+                                  rv + "/0.out", rv + "/0.err");
+  Process receiver = Process::Start(args(receiver_role, 1), d.ClientEnv(),
+                                    rv + "/1.out", rv + "/1.err");
+  for (int i = 0; i < 2000 && access((rv + "/" + ready).c_str(), F_OK) != 0;
+       i++) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_EQ(access((rv + "/" + ready).c_str(), F_OK), 0) << "the transfer never got going: "
-                                                         << ReadFile(rv + "/0.err")
-                                                         << ReadFile(rv + "/1.err");
+  EXPECT_EQ(access((rv + "/" + ready).c_str(), F_OK), 0)
+      << "the transfer never got going: " << ReadFile(rv + "/0.err")
+      << ReadFile(rv + "/1.err");
   Process& victim = kill_sender ? sender : receiver;
   Process& survivor = kill_sender ? receiver : sender;
   auto killed_at = std::chrono::system_clock::now();
@@ -196,36 +241,43 @@ long KillMidTransfer(const TempDir& dir, const Daemon& d, const std::string& sen
   victim.Wait(5);
   *survivor_exit = survivor.Wait(10);
   std::string out_path = rv + (kill_sender ? "/1.out" : "/0.out");
-  *survivor_out = ReadFile(out_path) + ReadFile(rv + (kill_sender ? "/1.err" : "/0.err"));
+  *survivor_out =
+      ReadFile(out_path) + ReadFile(rv + (kill_sender ? "/1.err" : "/0.err"));
   long long ended_ms = 0;
   int error = 0;
-  if (sscanf(ReadFile(out_path).c_str(), "ended %d at %lld", &error, &ended_ms) != 2) return -1;
+  if (sscanf(ReadFile(out_path).c_str(), "ended %d at %lld", &error,
+             &ended_ms) != 2)
+    return -1;
   long long killed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                             killed_at.time_since_epoch())
                             .count();
   return static_cast<long>(ended_ms - killed_ms);
 }
 
-TEST_F(IntegrationTest, SenderKilledMidRendezvousFailsTheReceiverWithinASecond) {
+TEST_F(IntegrationTest,
+       SenderKilledMidRendezvousFailsTheReceiverWithinASecond) {
   Daemon d(dir_);
   int exit_code = 0;
   std::string out;
-  long ms = KillMidTransfer(dir_, d, "stalled-sender", "waiting-receiver", /*kill_sender=*/true,
-                            "streaming", &exit_code, &out);
+  long ms =
+      KillMidTransfer(dir_, d, "stalled-sender", "waiting-receiver",
+                      /*kill_sender=*/true, "streaming", &exit_code, &out);
   EXPECT_EQ(exit_code, 0) << out;
   EXPECT_GE(ms, 0) << "the receiver's wait did not end: " << out;
   EXPECT_LE(ms, 1000) << out;
-  EXPECT_NE(out.find("ended 41 "), std::string::npos) << out;  // PSM2_EPID_UNREACHABLE
+  EXPECT_NE(out.find("ended 41 "), std::string::npos)
+      << out;  // PSM2_EPID_UNREACHABLE
   EXPECT_EQ(Psmctl(dir_, d, {"health"}).exit_code, 0);
   EXPECT_TRUE(d.Stop());
 }
 
-TEST_F(IntegrationTest, ReceiverKilledWithUnreadMessagesFailsTheSenderAndFreesItsRegion) {
+TEST_F(IntegrationTest,
+       ReceiverKilledWithUnreadMessagesFailsTheSenderAndFreesItsRegion) {
   Daemon d(dir_);
   int exit_code = 0;
   std::string out;
-  long ms = KillMidTransfer(dir_, d, "stuck-sender", "idle-receiver", /*kill_sender=*/false,
-                            "stuck", &exit_code, &out);
+  long ms = KillMidTransfer(dir_, d, "stuck-sender", "idle-receiver",
+                            /*kill_sender=*/false, "stuck", &exit_code, &out);
   EXPECT_GE(ms, 0) << "the sender's wait did not end: " << out;
   EXPECT_LE(ms, 1000) << out;
   EXPECT_NE(out.find("ended 41 "), std::string::npos) << out;
@@ -238,11 +290,14 @@ TEST_F(IntegrationTest, ReceiverKilledWithUnreadMessagesFailsTheSenderAndFreesIt
 TEST_F(IntegrationTest, GarbageInARingFailsOnlyThatClientsRequests) {
   Daemon d(dir_);
   std::string rv = Subdir(dir_, "rv");
-  Process r1 = Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 5000, 8192), d.ClientEnv(),
-                              dir_.path() + "/r1.out", dir_.path() + "/r1.err");
-  Process r0 = Process::Start(ExchangeArgs(dir_, rv, 0, kJobA, 5000, 8192), d.ClientEnv(),
-                              dir_.path() + "/r0.out", dir_.path() + "/r0.err");
-  RunResult garbage = RunToEnd(dir_, {Runfile("tests/programs/garbage_client")}, d.ClientEnv());
+  Process r1 = Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 5000, 8192),
+                              d.ClientEnv(), dir_.path() + "/r1.out",
+                              dir_.path() + "/r1.err");
+  Process r0 = Process::Start(ExchangeArgs(dir_, rv, 0, kJobA, 5000, 8192),
+                              d.ClientEnv(), dir_.path() + "/r0.out",
+                              dir_.path() + "/r0.err");
+  RunResult garbage =
+      RunToEnd(dir_, {Runfile("tests/programs/garbage_client")}, d.ClientEnv());
   EXPECT_EQ(garbage.exit_code, 0) << garbage.out << garbage.err;
   EXPECT_EQ(r0.Wait(60), 0) << ReadFile(dir_.path() + "/r0.err");
   EXPECT_EQ(r1.Wait(60), 0) << ReadFile(dir_.path() + "/r1.err");
@@ -256,17 +311,21 @@ TEST_F(IntegrationTest, GarbageInARingFailsOnlyThatClientsRequests) {
 
 TEST_F(IntegrationTest, DoorbellFloodDoesNotKeepTheDaemonBusy) {
   Daemon d(dir_);
-  Process flood = Process::Start({Runfile("tests/programs/garbage_client"), "--doorbell-flood", "3"},
-                                 d.ClientEnv(), dir_.path() + "/flood.out",
-                                 dir_.path() + "/flood.err");
-  std::this_thread::sleep_for(std::chrono::milliseconds(700));  // open, and ringing
+  Process flood = Process::Start(
+      {Runfile("tests/programs/garbage_client"), "--doorbell-flood", "3"},
+      d.ClientEnv(), dir_.path() + "/flood.out", dir_.path() + "/flood.err");
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(700));  // open, and ringing
   double before = CpuSeconds(d.pid());
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   double used = CpuSeconds(d.pid()) - before;
-  EXPECT_LT(used, 0.3) << "psmd used " << used << " s of CPU in 1.5 s of doorbell flood";
+  EXPECT_LT(used, 0.3) << "psmd used " << used
+                       << " s of CPU in 1.5 s of doorbell flood";
   EXPECT_EQ(flood.Wait(10), 0) << ReadFile(dir_.path() + "/flood.err");
   std::string log = d.Log();
-  EXPECT_NE(log.find("rings its doorbell with nothing submitted"), std::string::npos) << log;
+  EXPECT_NE(log.find("rings its doorbell with nothing submitted"),
+            std::string::npos)
+      << log;
   // A client that rings for real is served as before.
   ExpectExchangeRuns(dir_, d, "rv", kJobA, 1000);
   EXPECT_TRUE(d.Stop());
@@ -275,7 +334,7 @@ TEST_F(IntegrationTest, DoorbellFloodDoesNotKeepTheDaemonBusy) {
 TEST_F(IntegrationTest, NoDaemonGivesAClearErrorWithinASecond) {
   std::string missing = dir_.path() + "/nobody-listens.sock";
   RunResult r = RunToEnd(dir_, ExchangeArgs(dir_, dir_.path(), 0, kJobA, 1, 1),
-                    {{"PSMD_SOCKET", missing}}, 10);
+                         {{"PSMD_SOCKET", missing}}, 10);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_LT(r.seconds, 1.0);
   EXPECT_NE(r.err.find(missing), std::string::npos) << r.err;
@@ -287,12 +346,14 @@ TEST_F(IntegrationTest, NoDaemonGivesAClearErrorWithinASecond) {
   strcpy(addr.sun_path, missing.c_str());
   ASSERT_EQ(bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   close(s);
-  r = RunToEnd(dir_, ExchangeArgs(dir_, dir_.path(), 0, kJobA, 1, 1), {{"PSMD_SOCKET", missing}}, 10);
+  r = RunToEnd(dir_, ExchangeArgs(dir_, dir_.path(), 0, kJobA, 1, 1),
+               {{"PSMD_SOCKET", missing}}, 10);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_LT(r.seconds, 1.0);
   EXPECT_NE(r.err.find(missing), std::string::npos) << r.err;
 
-  RunResult ctl = RunToEnd(dir_, {Runfile("tools/psmctl"), "--socket", missing + "x", "stats"}, {});
+  RunResult ctl = RunToEnd(
+      dir_, {Runfile("tools/psmctl"), "--socket", missing + "x", "stats"}, {});
   EXPECT_EQ(ctl.exit_code, 1);
   EXPECT_NE(ctl.err.find(missing + "x"), std::string::npos);
   EXPECT_EQ(std::count(ctl.err.begin(), ctl.err.end(), '\n'), 1) << ctl.err;
@@ -301,27 +362,34 @@ TEST_F(IntegrationTest, NoDaemonGivesAClearErrorWithinASecond) {
 TEST_F(IntegrationTest, EndpointsOfDifferentJobsCannotConnect) {
   Daemon d(dir_);
   std::string rv = Subdir(dir_, "rv");
-  Process r1 = Process::Start(ExchangeArgs(dir_, rv, 1, kJobB, 10, 10), d.ClientEnv(),
-                              dir_.path() + "/r1.out", dir_.path() + "/r1.err");
-  RunResult r0 = RunToEnd(dir_, ExchangeArgs(dir_, rv, 0, kJobA, 10, 10), d.ClientEnv());
+  Process r1 =
+      Process::Start(ExchangeArgs(dir_, rv, 1, kJobB, 10, 10), d.ClientEnv(),
+                     dir_.path() + "/r1.out", dir_.path() + "/r1.err");
+  RunResult r0 =
+      RunToEnd(dir_, ExchangeArgs(dir_, rv, 0, kJobA, 10, 10), d.ClientEnv());
   EXPECT_EQ(r0.exit_code, 3) << r0.out << r0.err;
   EXPECT_NE(r0.out.find("another job"), std::string::npos) << r0.out;
-  EXPECT_NE(r0.err.find("different jobs never connect"), std::string::npos) << r0.err;
+  EXPECT_NE(r0.err.find("different jobs never connect"), std::string::npos)
+      << r0.err;
   EXPECT_EQ(r1.Wait(30), 3);
 }
 
 TEST_F(IntegrationTest, IdleDaemonWithConnectedIdleClientsSleeps) {
   Daemon d(dir_);
   std::string rv = Subdir(dir_, "rv");
-  Process r1 = Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 10, 10, 4), d.ClientEnv(),
-                              dir_.path() + "/r1.out", dir_.path() + "/r1.err");
-  Process r0 = Process::Start(ExchangeArgs(dir_, rv, 0, kJobA, 10, 10, 4), d.ClientEnv(),
-                              dir_.path() + "/r0.out", dir_.path() + "/r0.err");
-  std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // opened and connected
+  Process r1 =
+      Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 10, 10, 4), d.ClientEnv(),
+                     dir_.path() + "/r1.out", dir_.path() + "/r1.err");
+  Process r0 =
+      Process::Start(ExchangeArgs(dir_, rv, 0, kJobA, 10, 10, 4), d.ClientEnv(),
+                     dir_.path() + "/r0.out", dir_.path() + "/r0.err");
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(1000));  // opened and connected
   double before = CpuSeconds(d.pid());
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));
   double used = CpuSeconds(d.pid()) - before;
-  EXPECT_LT(used / 2.5, 0.05) << "idle psmd used " << used << " s of CPU in 2.5 s";
+  EXPECT_LT(used / 2.5, 0.05)
+      << "idle psmd used " << used << " s of CPU in 2.5 s";
   EXPECT_EQ(r0.Wait(30), 0);
   EXPECT_EQ(r1.Wait(30), 0);
 }
@@ -344,11 +412,13 @@ TEST_F(IntegrationTest, PartialRequestOnTheControlSocketCostsNoCpu) {
   Daemon d(dir_);
   int s = ConnectRaw(d.socket());
   ASSERT_GE(s, 0);
-  ASSERT_EQ(send(s, "PRI", 3, 0), 3);  // the start of gRPC's preface, then nothing
+  ASSERT_EQ(send(s, "PRI", 3, 0),
+            3);  // the start of gRPC's preface, then nothing
   double before = CpuSeconds(d.pid());
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   double used = CpuSeconds(d.pid()) - before;
-  EXPECT_LT(used, 0.1) << "psmd used " << used << " s of CPU in 1.5 s on a 3-byte connection";
+  EXPECT_LT(used, 0.1) << "psmd used " << used
+                       << " s of CPU in 1.5 s on a 3-byte connection";
   close(s);
   EXPECT_TRUE(d.Stop());
 }
@@ -357,8 +427,8 @@ TEST_F(IntegrationTest, OutOfFileDescriptorsNeitherSpinsNorFloodsTheLog) {
   Daemon d(dir_);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   int open_fds = 0;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(d.pid()) +
-                                                           "/fd")) {
+  for (const auto& e : std::filesystem::directory_iterator(
+           "/proc/" + std::to_string(d.pid()) + "/fd")) {
     (void)e;
     open_fds++;
   }
@@ -370,12 +440,14 @@ TEST_F(IntegrationTest, OutOfFileDescriptorsNeitherSpinsNorFloodsTheLog) {
   std::vector<int> held;
   for (int i = 0; i < 40; i++) {
     int s = ConnectRaw(d.socket());
-    if (s >= 0) held.push_back(s);  // the backlog takes them; psmd runs out of fds
+    if (s >= 0)
+      held.push_back(s);  // the backlog takes them; psmd runs out of fds
   }
   double before = CpuSeconds(d.pid());
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   double used = CpuSeconds(d.pid()) - before;
-  EXPECT_LT(used, 0.2) << "psmd used " << used << " s of CPU in 1.5 s without free fds";
+  EXPECT_LT(used, 0.2) << "psmd used " << used
+                       << " s of CPU in 1.5 s without free fds";
   std::string log = d.Log();
   size_t lines = 0;
   for (size_t at = log.find("cannot accept"); at != std::string::npos;
@@ -394,8 +466,9 @@ TEST_F(IntegrationTest, OutOfFileDescriptorsNeitherSpinsNorFloodsTheLog) {
 TEST_F(IntegrationTest, SigtermRemovesSocketAndSegments) {
   auto d = std::make_unique<Daemon>(dir_);
   std::string rv = Subdir(dir_, "rv");
-  Process r1 = Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 10, 10, 30), d->ClientEnv(),
-                              dir_.path() + "/r1.out", dir_.path() + "/r1.err");
+  Process r1 = Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 10, 10, 30),
+                              d->ClientEnv(), dir_.path() + "/r1.out",
+                              dir_.path() + "/r1.err");
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   EXPECT_TRUE(d->Stop());
   EXPECT_NE(access(d->socket().c_str(), F_OK), 0) << "socket file left behind";
@@ -406,27 +479,34 @@ TEST_F(IntegrationTest, SigtermRemovesSocketAndSegments) {
 TEST_F(IntegrationTest, OtherUsersSeeNothingAndCannotClose) {
   Daemon d(dir_);
   std::string rv = Subdir(dir_, "rv");
-  Process r1 = Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 10, 10, 3), d.ClientEnv(),
-                              dir_.path() + "/r1.out", dir_.path() + "/r1.err");
+  Process r1 =
+      Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 10, 10, 3), d.ClientEnv(),
+                     dir_.path() + "/r1.out", dir_.path() + "/r1.err");
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   // The runfiles tree is private to root: run a copy of psmctl as nobody.
   const uid_t nobody = 65534;
   std::string psmctl = dir_.path() + "/psmctl";
-  ASSERT_EQ(system(("cp " + Runfile("tools/psmctl") + " " + psmctl + " && chmod 755 " + psmctl)
+  ASSERT_EQ(system(("cp " + Runfile("tools/psmctl") + " " + psmctl +
+                    " && chmod 755 " + psmctl)
                        .c_str()),
             0);
-  RunResult list = RunToEnd(dir_, {psmctl, "--socket", d.socket(), "endpoints"}, {}, 10, nobody);
+  RunResult list = RunToEnd(dir_, {psmctl, "--socket", d.socket(), "endpoints"},
+                            {}, 10, nobody);
   ASSERT_EQ(list.exit_code, 0) << list.err;
-  EXPECT_EQ(list.out.find(std::to_string(r1.pid())), std::string::npos) << list.out;
+  EXPECT_EQ(list.out.find(std::to_string(r1.pid())), std::string::npos)
+      << list.out;
   RunResult root_list = Psmctl(dir_, d, {"endpoints", "--json"});
   EXPECT_NE(root_list.out.find(std::to_string(r1.pid())), std::string::npos);
   std::string id = std::to_string(JsonNumber(root_list.out, "", "endpoint_id"));
-  RunResult refused = RunToEnd(dir_, {psmctl, "--socket", d.socket(), "close", id}, {}, 10, nobody);
+  RunResult refused = RunToEnd(
+      dir_, {psmctl, "--socket", d.socket(), "close", id}, {}, 10, nobody);
   EXPECT_EQ(refused.exit_code, 1);
-  EXPECT_NE(refused.err.find("only that uid or root may close it"), std::string::npos)
+  EXPECT_NE(refused.err.find("only that uid or root may close it"),
+            std::string::npos)
       << refused.err;
   EXPECT_EQ(Psmctl(dir_, d, {"close", id}).exit_code, 0);
-  EXPECT_EQ(Psmctl(dir_, d, {"endpoints", "--json"}).out.find(std::to_string(r1.pid())),
+  EXPECT_EQ(Psmctl(dir_, d, {"endpoints", "--json"})
+                .out.find(std::to_string(r1.pid())),
             std::string::npos);
   r1.Kill(SIGKILL);
   r1.Wait(5);
@@ -437,24 +517,26 @@ TEST_F(IntegrationTest, OneUidCannotTakeEveryEndpointSlot) {
   // Copies of the client program and library that uid nobody can run.
   const uid_t nobody = 65534;
   std::string exchange = dir_.path() + "/exchange";
-  ASSERT_EQ(system(("cp " + Runfile("tests/programs/exchange") + " " +
-                    Runfile("client/libpsm2.so.2") + " " + dir_.path() + " && chmod 755 " +
-                    exchange + " " + dir_.path() + "/libpsm2.so.2")
-                       .c_str()),
-            0);
+  ASSERT_EQ(
+      system(("cp " + Runfile("tests/programs/exchange") + " " +
+              Runfile("client/libpsm2.so.2") + " " + dir_.path() +
+              " && chmod 755 " + exchange + " " + dir_.path() + "/libpsm2.so.2")
+                 .c_str()),
+      0);
   auto env = d.ClientEnv();
   env["LD_LIBRARY_PATH"] = dir_.path();
   auto args = [&](const std::string& rv, int rank, int hold) {
-    std::vector<std::string> a = ExchangeArgs(dir_, rv, rank, kJobA, 10, 10, hold);
+    std::vector<std::string> a =
+        ExchangeArgs(dir_, rv, rank, kJobA, 10, 10, hold);
     a[0] = exchange;
     return a;
   };
   std::string rv = Subdir(dir_, "held");
   chmod(rv.c_str(), 0777);
-  Process h1 = Process::Start(args(rv, 1, 3), env, dir_.path() + "/h1.out", dir_.path() + "/h1.err",
-                              nobody);
-  Process h0 = Process::Start(args(rv, 0, 3), env, dir_.path() + "/h0.out", dir_.path() + "/h0.err",
-                              nobody);
+  Process h1 = Process::Start(args(rv, 1, 3), env, dir_.path() + "/h1.out",
+                              dir_.path() + "/h1.err", nobody);
+  Process h0 = Process::Start(args(rv, 0, 3), env, dir_.path() + "/h0.out",
+                              dir_.path() + "/h0.err", nobody);
   bool both_open = false;
   for (int i = 0; i < 200 && !both_open; i++) {
     RunResult list = Psmctl(dir_, d, {"endpoints", "--json"});
@@ -462,13 +544,15 @@ TEST_F(IntegrationTest, OneUidCannotTakeEveryEndpointSlot) {
                 list.out.find(std::to_string(h1.pid())) != std::string::npos;
     if (!both_open) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  ASSERT_TRUE(both_open) << ReadFile(dir_.path() + "/h0.err") << ReadFile(dir_.path() + "/h1.err");
+  ASSERT_TRUE(both_open) << ReadFile(dir_.path() + "/h0.err")
+                         << ReadFile(dir_.path() + "/h1.err");
   // A third endpoint of the same uid is refused, with the limit named.
   std::string rv3 = Subdir(dir_, "third");
   chmod(rv3.c_str(), 0777);
   RunResult third = RunToEnd(dir_, args(rv3, 0, 0), env, 10, nobody);
   EXPECT_EQ(third.exit_code, 2);
-  EXPECT_NE(third.err.find("--max-endpoints-per-uid"), std::string::npos) << third.err;
+  EXPECT_NE(third.err.find("--max-endpoints-per-uid"), std::string::npos)
+      << third.err;
   // Another uid (root) still opens and exchanges.
   ExpectExchangeRuns(dir_, d, "root", kJobB, 100);
   EXPECT_EQ(h0.Wait(30), 0) << ReadFile(dir_.path() + "/h0.err");
@@ -476,7 +560,8 @@ TEST_F(IntegrationTest, OneUidCannotTakeEveryEndpointSlot) {
   EXPECT_TRUE(d.Stop());
 }
 
-TEST_F(IntegrationTest, FloodOfUnexpectedMessagesStaysWithinTheBudgetAndArrivesIntact) {
+TEST_F(IntegrationTest,
+       FloodOfUnexpectedMessagesStaysWithinTheBudgetAndArrivesIntact) {
   // 1 Mi messages of 8 B and then 2 GiB of 32 KiB messages at a receiver that
   // posts nothing for 3 s. Without the budget psmd's memory grows by ~150 MB
   // (measured); with it, by at most the budget plus fixed overhead.
@@ -486,13 +571,18 @@ TEST_F(IntegrationTest, FloodOfUnexpectedMessagesStaysWithinTheBudgetAndArrivesI
   long long baseline = ResidentKiB(d.pid());
   ASSERT_GT(baseline, 0);
   auto args = [&](int rank) {
-    return std::vector<std::string>{Runfile("tests/programs/flood"), "--rank",
-                                    std::to_string(rank), "--dir", rv, "--idle-seconds", "3"};
+    return std::vector<std::string>{Runfile("tests/programs/flood"),
+                                    "--rank",
+                                    std::to_string(rank),
+                                    "--dir",
+                                    rv,
+                                    "--idle-seconds",
+                                    "3"};
   };
-  Process receiver = Process::Start(args(1), d.ClientEnv(), dir_.path() + "/r1.out",
-                                    dir_.path() + "/r1.err");
-  Process sender = Process::Start(args(0), d.ClientEnv(), dir_.path() + "/r0.out",
-                                  dir_.path() + "/r0.err");
+  Process receiver = Process::Start(
+      args(1), d.ClientEnv(), dir_.path() + "/r1.out", dir_.path() + "/r1.err");
+  Process sender = Process::Start(
+      args(0), d.ClientEnv(), dir_.path() + "/r0.out", dir_.path() + "/r0.err");
   long long peak = baseline;
   int receiver_exit = -1;
   for (int i = 0; i < 1200 && receiver_exit == -1; i++) {
@@ -501,32 +591,48 @@ TEST_F(IntegrationTest, FloodOfUnexpectedMessagesStaysWithinTheBudgetAndArrivesI
   }
   ASSERT_EQ(receiver_exit, 0) << ReadFile(dir_.path() + "/r1.err");
   ASSERT_EQ(sender.Wait(30), 0) << ReadFile(dir_.path() + "/r0.err");
-  EXPECT_NE(ReadFile(dir_.path() + "/r1.out").find("0 wrong"), std::string::npos);
+  EXPECT_NE(ReadFile(dir_.path() + "/r1.out").find("0 wrong"),
+            std::string::npos);
   const long long kFixedOverheadKiB = 16 << 10;
   EXPECT_LE(peak - baseline, (kBudgetMiB << 10) + kFixedOverheadKiB)
       << "psmd grew from " << baseline << " KiB to " << peak << " KiB";
   RunResult stats = Psmctl(dir_, d, {"stats", "--json"});
   EXPECT_GT(JsonNumber(stats.out, "total", "sends_held"), 0) << stats.out;
-  EXPECT_EQ(JsonNumber(stats.out, "total", "msgs_received"), (1 << 20) + 65536 + 2) << stats.out;
+  EXPECT_EQ(JsonNumber(stats.out, "total", "msgs_received"),
+            (1 << 20) + 65536 + 2)
+      << stats.out;
 }
 
 // Runs two flood pairs (tests/programs/flood) with the given job uuids, each
 // sending 256 Ki 8-byte messages at a receiver idle for 3 s, checks that
 // every message arrived intact and that psmd held some sends back, and
 // returns how much psmd's resident memory grew at its peak, in KiB.
-long long FloodTwoPairs(const TempDir& dir, const Daemon& d, const std::string uuids[2]) {
+long long FloodTwoPairs(const TempDir& dir, const Daemon& d,
+                        const std::string uuids[2]) {
   long long baseline = ResidentKiB(d.pid());
   EXPECT_GT(baseline, 0);
   std::vector<Process> receivers, senders;
   for (int p = 0; p < 2; p++) {
     std::string rv = Subdir(dir, "flood" + std::to_string(p));
     auto args = [&](int rank) {
-      return std::vector<std::string>{Runfile("tests/programs/flood"), "--rank",
-                                      std::to_string(rank), "--dir", rv, "--small", "262144",
-                                      "--bytes", "0", "--idle-seconds", "3", "--uuid", uuids[p]};
+      return std::vector<std::string>{Runfile("tests/programs/flood"),
+                                      "--rank",
+                                      std::to_string(rank),
+                                      "--dir",
+                                      rv,
+                                      "--small",
+                                      "262144",
+                                      "--bytes",
+                                      "0",
+                                      "--idle-seconds",
+                                      "3",
+                                      "--uuid",
+                                      uuids[p]};
     };
-    receivers.push_back(Process::Start(args(1), d.ClientEnv(), rv + "/1.out", rv + "/1.err"));
-    senders.push_back(Process::Start(args(0), d.ClientEnv(), rv + "/0.out", rv + "/0.err"));
+    receivers.push_back(
+        Process::Start(args(1), d.ClientEnv(), rv + "/1.out", rv + "/1.err"));
+    senders.push_back(
+        Process::Start(args(0), d.ClientEnv(), rv + "/0.out", rv + "/0.err"));
   }
   long long peak = baseline;
   std::vector<int> exits(receivers.size(), -1);
@@ -540,7 +646,8 @@ long long FloodTwoPairs(const TempDir& dir, const Daemon& d, const std::string u
     const std::string rv = dir.path() + "/flood" + std::to_string(r);
     EXPECT_EQ(exits[r], 0) << ReadFile(rv + "/1.err");
     EXPECT_EQ(senders[r].Wait(30), 0) << ReadFile(rv + "/0.err");
-    EXPECT_NE(ReadFile(rv + "/1.out").find("0 wrong"), std::string::npos) << ReadFile(rv + "/1.out");
+    EXPECT_NE(ReadFile(rv + "/1.out").find("0 wrong"), std::string::npos)
+        << ReadFile(rv + "/1.out");
   }
   RunResult stats = Psmctl(dir, d, {"stats", "--json"});
   EXPECT_GT(JsonNumber(stats.out, "total", "sends_held"), 0) << stats.out;
@@ -556,19 +663,22 @@ TEST_F(IntegrationTest, JobBudgetBoundsTheUnexpectedMessagesOfAllItsEndpoints) {
   // allows. Without the job budget both receivers fill up (2 x 32 MiB of
   // charged cost; psmd grew by 73 MB when run so).
   constexpr long long kJobBudgetMiB = 8;
-  Daemon d(dir_, {"--unexpected-mib", "64", "--job-unexpected-mib", std::to_string(kJobBudgetMiB)});
+  Daemon d(dir_, {"--unexpected-mib", "64", "--job-unexpected-mib",
+                  std::to_string(kJobBudgetMiB)});
   const std::string one_job[2] = {kJobA, kJobA};
-  EXPECT_LE(FloodTwoPairs(dir_, d, one_job), (kJobBudgetMiB << 10) + kFixedOverheadKiB);
+  EXPECT_LE(FloodTwoPairs(dir_, d, one_job),
+            (kJobBudgetMiB << 10) + kFixedOverheadKiB);
 }
 
 TEST_F(IntegrationTest, UidBudgetBoundsTheUnexpectedMessagesOfAllItsJobs) {
   // The pairs in two jobs of one uid, each job allowed 64 MiB, the uid 8 MiB:
   // a uid cannot multiply its budget by opening more job uuids.
   constexpr long long kUidBudgetMiB = 8;
-  Daemon d(dir_, {"--unexpected-mib", "64", "--job-unexpected-mib", "64", "--uid-unexpected-mib",
-                  std::to_string(kUidBudgetMiB)});
+  Daemon d(dir_, {"--unexpected-mib", "64", "--job-unexpected-mib", "64",
+                  "--uid-unexpected-mib", std::to_string(kUidBudgetMiB)});
   const std::string two_jobs[2] = {kJobA, kJobB};
-  EXPECT_LE(FloodTwoPairs(dir_, d, two_jobs), (kUidBudgetMiB << 10) + kFixedOverheadKiB);
+  EXPECT_LE(FloodTwoPairs(dir_, d, two_jobs),
+            (kUidBudgetMiB << 10) + kFixedOverheadKiB);
 }
 
 }  // namespace

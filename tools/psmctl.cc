@@ -1,11 +1,11 @@
 // psmctl: the operator's command line for psmd.
 //
 //   psmctl [--socket PATH] [--json] stats | endpoints | health
+#include <unistd.h>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <unistd.h>
 #include <string>
 
 #include "client/control_client.h"
@@ -80,10 +80,10 @@ std::string StatsJson(const psmd::v1::EndpointStats& s, bool with_identity) {
 }
 
 void PrintStatsRow(const char* name, const psmd::v1::EndpointStats& s) {
-  printf("%-10s %12" PRIu64 " %14" PRIu64 " %12" PRIu64 " %14" PRIu64 " %11" PRIu64 " %9" PRIu64
-         "\n",
-         name, s.msgs_sent(), s.bytes_sent(), s.msgs_received(), s.bytes_received(),
-         s.unexpected_msgs(), s.bad_descriptors());
+  printf("%-10s %12" PRIu64 " %14" PRIu64 " %12" PRIu64 " %14" PRIu64
+         " %11" PRIu64 " %9" PRIu64 "\n",
+         name, s.msgs_sent(), s.bytes_sent(), s.msgs_received(),
+         s.bytes_received(), s.unexpected_msgs(), s.bad_descriptors());
 }
 
 int Stats(ControlClient& control, bool json) {
@@ -91,20 +91,23 @@ int Stats(ControlClient& control, bool json) {
   if (CallError e = control.GetStats(&r); !e.ok()) return Fail(e);
   double uptime = static_cast<double>(r.uptime_ns()) / 1e9;
   if (json) {
-    printf("{\"uptime_seconds\": %.3f, \"endpoint_count\": %u, \"doorbells\": %" PRIu64
-           ", \"sleeps\": %" PRIu64 ",\n \"endpoints\": [",
-           uptime, r.endpoint_count(), r.doorbells(), r.sleeps());
+    printf(
+        "{\"uptime_seconds\": %.3f, \"endpoint_count\": %u, \"doorbells\": "
+        "%" PRIu64 ", \"sleeps\": %" PRIu64 ",\n \"endpoints\": [",
+        uptime, r.endpoint_count(), r.doorbells(), r.sleeps());
     for (int i = 0; i < r.endpoints_size(); i++) {
       printf("%s\n  %s", i ? "," : "", StatsJson(r.endpoints(i), true).c_str());
     }
     printf("],\n \"total\": %s}\n", StatsJson(r.total(), false).c_str());
     return 0;
   }
-  printf("psmd up %.1f s, %u endpoints, %" PRIu64 " doorbells, %" PRIu64 " sleeps\n", uptime,
-         r.endpoint_count(), r.doorbells(), r.sleeps());
-  printf("%-10s %12s %14s %12s %14s %11s %9s\n", "endpoint", "msgs_sent", "bytes_sent",
-         "msgs_recv", "bytes_recv", "unexpected", "bad_desc");
-  for (const auto& s : r.endpoints()) PrintStatsRow(std::to_string(s.endpoint_id()).c_str(), s);
+  printf("psmd up %.1f s, %u endpoints, %" PRIu64 " doorbells, %" PRIu64
+         " sleeps\n",
+         uptime, r.endpoint_count(), r.doorbells(), r.sleeps());
+  printf("%-10s %12s %14s %12s %14s %11s %9s\n", "endpoint", "msgs_sent",
+         "bytes_sent", "msgs_recv", "bytes_recv", "unexpected", "bad_desc");
+  for (const auto& s : r.endpoints())
+    PrintStatsRow(std::to_string(s.endpoint_id()).c_str(), s);
   PrintStatsRow("total", r.total());
   return 0;
 }
@@ -116,20 +119,23 @@ int Endpoints(ControlClient& control, bool json) {
     printf("[");
     for (int i = 0; i < r.endpoints_size(); i++) {
       const auto& e = r.endpoints(i);
-      printf("%s\n {\"endpoint_id\": %u, \"epid\": %s, \"job_uuid\": %s, \"pid\": %u, "
-             "\"uid\": %u, \"gid\": %u, \"label\": %s, \"connections\": %u}",
-             i ? "," : "", e.endpoint_id(), JsonString(Hex(e.epid())).c_str(),
-             JsonString(e.job_uuid()).c_str(), e.pid(), e.uid(), e.gid(),
-             JsonString(e.label()).c_str(), e.connections());
+      printf(
+          "%s\n {\"endpoint_id\": %u, \"epid\": %s, \"job_uuid\": %s, \"pid\": "
+          "%u, "
+          "\"uid\": %u, \"gid\": %u, \"label\": %s, \"connections\": %u}",
+          i ? "," : "", e.endpoint_id(), JsonString(Hex(e.epid())).c_str(),
+          JsonString(e.job_uuid()).c_str(), e.pid(), e.uid(), e.gid(),
+          JsonString(e.label()).c_str(), e.connections());
     }
     printf("]\n");
     return 0;
   }
-  printf("%-8s %-18s %-36s %8s %6s %5s  %s\n", "id", "epid", "job_uuid", "pid", "uid", "conns",
-         "label");
+  printf("%-8s %-18s %-36s %8s %6s %5s  %s\n", "id", "epid", "job_uuid", "pid",
+         "uid", "conns", "label");
   for (const auto& e : r.endpoints()) {
-    printf("%-8u %-18s %-36s %8u %6u %5u  %s\n", e.endpoint_id(), Hex(e.epid()).c_str(),
-           e.job_uuid().c_str(), e.pid(), e.uid(), e.connections(), e.label().c_str());
+    printf("%-8u %-18s %-36s %8u %6u %5u  %s\n", e.endpoint_id(),
+           Hex(e.epid()).c_str(), e.job_uuid().c_str(), e.pid(), e.uid(),
+           e.connections(), e.label().c_str());
   }
   return 0;
 }
@@ -139,11 +145,14 @@ int Health(ControlClient& control, bool json) {
   if (CallError e = control.Health(&r); !e.ok()) return Fail(e);
   double uptime = static_cast<double>(r.uptime_ns()) / 1e9;
   if (json) {
-    printf("{\"version\": %s, \"uptime_seconds\": %.3f, \"endpoint_count\": %u, \"pid\": %u}\n",
-           JsonString(r.version()).c_str(), uptime, r.endpoint_count(), r.daemon_pid());
+    printf(
+        "{\"version\": %s, \"uptime_seconds\": %.3f, \"endpoint_count\": %u, "
+        "\"pid\": %u}\n",
+        JsonString(r.version()).c_str(), uptime, r.endpoint_count(),
+        r.daemon_pid());
   } else {
-    printf("psmd %s (pid %u): up %.1f s, %u endpoints\n", r.version().c_str(), r.daemon_pid(),
-           uptime, r.endpoint_count());
+    printf("psmd %s (pid %u): up %.1f s, %u endpoints\n", r.version().c_str(),
+           r.daemon_pid(), uptime, r.endpoint_count());
   }
   return 0;
 }
@@ -152,10 +161,12 @@ int Close(ControlClient& control, const std::string& id_text) {
   char* end = nullptr;
   unsigned long id = strtoul(id_text.c_str(), &end, 10);
   if (id_text.empty() || *end != '\0' || id == 0 || id > 0xffffffffu) {
-    fprintf(stderr, "psmctl: close needs an endpoint id (see psmctl endpoints)\n");
+    fprintf(stderr,
+            "psmctl: close needs an endpoint id (see psmctl endpoints)\n");
     return 2;
   }
-  if (CallError e = control.CloseEndpoint(static_cast<uint32_t>(id)); !e.ok()) return Fail(e);
+  if (CallError e = control.CloseEndpoint(static_cast<uint32_t>(id)); !e.ok())
+    return Fail(e);
   printf("closed endpoint %lu\n", id);
   return 0;
 }
@@ -188,7 +199,9 @@ int main(int argc, char** argv) {
   }
   if (command.empty()) return Usage(stderr);
   if (access(socket.c_str(), F_OK) != 0) {
-    fprintf(stderr, "psmctl: no psmd socket at %s; is psmd running? (--socket or PSMD_SOCKET)\n",
+    fprintf(stderr,
+            "psmctl: no psmd socket at %s; is psmd running? (--socket or "
+            "PSMD_SOCKET)\n",
             socket.c_str());
     return 1;
   }

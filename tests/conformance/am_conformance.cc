@@ -57,9 +57,11 @@ bool g_waited_in_vain = false;
 // timeout is a thousand times what a case's few messages need, and short
 // enough that a broken implementation fails its cases instead of running the
 // program into run_pair.sh's kill.
-bool PollUntil(Pair& p, const std::function<bool()>& done, double timeout_s = 3) {
+bool PollUntil(Pair& p, const std::function<bool()>& done,
+               double timeout_s = 3) {
   if (g_waited_in_vain && timeout_s > 0.5) timeout_s = 0.5;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::duration<double>(timeout_s);
   while (!done()) {
     psm2_poll(p.ep);
     if (std::chrono::steady_clock::now() > deadline) {
@@ -75,7 +77,8 @@ bool PollUntil(Pair& p, const std::function<bool()>& done, double timeout_s = 3)
 // Intel's test does not progress), so that a message that never comes fails
 // the case instead of hanging it. An unmatched receive is cancelled and
 // completed on timeout.
-bool WaitRequest(Pair& p, psm2_mq_req_t* req, psm2_mq_status2_t* st, double timeout_s = 3) {
+bool WaitRequest(Pair& p, psm2_mq_req_t* req, psm2_mq_status2_t* st,
+                 double timeout_s = 3) {
   bool done = PollUntil(
       p, [&] { return psm2_mq_test2(req, st) == PSM2_OK; }, timeout_s);
   if (!done && psm2_mq_cancel(req) == PSM2_OK) psm2_mq_wait2(req, nullptr);
@@ -98,7 +101,8 @@ void FillPattern(void* buf, size_t len, uint64_t seed) {
   for (size_t j = 0; j < len; j++) b[j] = PatternByte(seed, j);
 }
 
-bool MatchesPattern(const std::vector<uint8_t>& data, size_t len, uint64_t seed) {
+bool MatchesPattern(const std::vector<uint8_t>& data, size_t len,
+                    uint64_t seed) {
   if (data.size() != len) return false;
   for (size_t j = 0; j < len; j++) {
     if (data[j] != PatternByte(seed, j)) return false;
@@ -109,7 +113,8 @@ bool MatchesPattern(const std::vector<uint8_t>& data, size_t len, uint64_t seed)
 // A distinct 64-bit argument value: all bits used, so a truncated or
 // byte-swapped argument is caught.
 uint64_t ArgValue(uint64_t seed, int i) {
-  return (0x0123456789abcdefULL ^ (seed * 0x9e3779b97f4a7c15ULL)) + static_cast<uint64_t>(i);
+  return (0x0123456789abcdefULL ^ (seed * 0x9e3779b97f4a7c15ULL)) +
+         static_cast<uint64_t>(i);
 }
 
 // One handler execution as the handler saw it. The payload is copied: the
@@ -124,8 +129,8 @@ struct Run {
   bool main_thread = false;
 };
 
-Run Capture(int which, psm2_am_token_t token, psm2_amarg_t* args, int nargs, void* src,
-            uint32_t len, void* hctx) {
+Run Capture(int which, psm2_am_token_t token, psm2_amarg_t* args, int nargs,
+            void* src, uint32_t len, void* hctx) {
   Run r;
   r.which = which;
   for (int i = 0; i < nargs; i++) r.args.push_back(args[i].u64);
@@ -144,9 +149,9 @@ Run Capture(int which, psm2_am_token_t token, psm2_amarg_t* args, int nargs, voi
 struct State {
   Pair* pair = nullptr;
   psm2_am_parameters params = {};
-  std::vector<int> idx;                  // this rank's handler indices for the case
-  std::vector<Run> runs;                 // request handler executions, in order
-  std::vector<Run> replies;              // reply handler executions, in order
+  std::vector<int> idx;      // this rank's handler indices for the case
+  std::vector<Run> runs;     // request handler executions, in order
+  std::vector<Run> replies;  // reply handler executions, in order
   std::vector<psm2_error_t> reply_errs;  // psm2_am_reply_short results
   int acks = 0;                          // Ack handler executions
   // Completion callbacks: contexts in call order and whether each ran on the
@@ -165,7 +170,8 @@ void ResetState(Pair& p) {
 
 void OnCompletion(void* ctx) {
   g.completions.push_back(ctx);
-  if (!pthread_equal(pthread_self(), g_main_thread)) g.completions_on_main = false;
+  if (!pthread_equal(pthread_self(), g_main_thread))
+    g.completions_on_main = false;
 }
 
 // Registers handler tables for one case and unregisters everything when the
@@ -180,8 +186,8 @@ class HandlerTable {
   std::vector<int> Add(std::initializer_list<psm2_am_handler_fn_t> fns) {
     std::vector<psm2_am_handler_fn_t> v(fns);
     std::vector<int> idx(v.size(), -1);
-    CONF_CHECK_OK(
-        psm2_am_register_handlers(p_.ep, v.data(), static_cast<int>(v.size()), idx.data()));
+    CONF_CHECK_OK(psm2_am_register_handlers(
+        p_.ep, v.data(), static_cast<int>(v.size()), idx.data()));
     return idx;
   }
   std::vector<int> Add2(std::initializer_list<psm2_am_handler_2_fn_t> fns,
@@ -189,8 +195,8 @@ class HandlerTable {
     std::vector<psm2_am_handler_2_fn_t> v(fns);
     std::vector<void*> c(hctx);
     std::vector<int> idx(v.size(), -1);
-    CONF_CHECK_OK(psm2_am_register_handlers_2(p_.ep, v.data(), static_cast<int>(v.size()), c.data(),
-                                              idx.data()));
+    CONF_CHECK_OK(psm2_am_register_handlers_2(
+        p_.ep, v.data(), static_cast<int>(v.size()), c.data(), idx.data()));
     return idx;
   }
 
@@ -198,11 +204,13 @@ class HandlerTable {
   Pair& p_;
 };
 
-psm2_error_t Request(Pair& p, int handler, std::vector<psm2_amarg_t> args, const void* src,
-                     size_t len, int flags = PSM2_AM_FLAG_NONE,
-                     psm2_am_completion_fn_t fn = nullptr, void* ctx = nullptr) {
+psm2_error_t Request(Pair& p, int handler, std::vector<psm2_amarg_t> args,
+                     const void* src, size_t len, int flags = PSM2_AM_FLAG_NONE,
+                     psm2_am_completion_fn_t fn = nullptr,
+                     void* ctx = nullptr) {
   return psm2_am_request_short(p.peer, static_cast<psm2_handler_t>(handler),
-                               args.empty() ? nullptr : args.data(), static_cast<int>(args.size()),
+                               args.empty() ? nullptr : args.data(),
+                               static_cast<int>(args.size()),
                                const_cast<void*>(src), len, flags, fn, ctx);
 }
 
@@ -222,14 +230,15 @@ psm2_amarg_t Words(uint32_t w0, uint32_t w1) {
 // Generic handlers. Record<K> / Record2<K> record into g.runs; ReplyRecord
 // records into g.replies; Ack counts.
 template <int K>
-int Record(psm2_am_token_t token, psm2_amarg_t* args, int nargs, void* src, uint32_t len) {
+int Record(psm2_am_token_t token, psm2_amarg_t* args, int nargs, void* src,
+           uint32_t len) {
   g.runs.push_back(Capture(K, token, args, nargs, src, len, nullptr));
   return 0;
 }
 
 template <int K>
-int Record2(psm2_am_token_t token, psm2_amarg_t* args, int nargs, void* src, uint32_t len,
-            void* hctx) {
+int Record2(psm2_am_token_t token, psm2_amarg_t* args, int nargs, void* src,
+            uint32_t len, void* hctx) {
   g.runs.push_back(Capture(K, token, args, nargs, src, len, hctx));
   return 0;
 }
@@ -242,11 +251,12 @@ int Ack(psm2_am_token_t, psm2_amarg_t*, int, void*, uint32_t) {
 // Responder modes (args[0].u32w0 of the request); args[0].u32w1 and args[1]
 // parameterise the reply.
 enum ResponderMode : uint32_t {
-  kReplyShaped = 1,      // one reply: args[0].u32w1 = reply nargs, args[1].u32w0 = reply
-                         // len, args[1].u32w1 = seed
-  kReplyTwice = 2,       // two replies, seeds 1 and 2
-  kReplyAskBack = 3,     // one reply that asks the requester to reply from its reply handler
-  kReplyAsync = 4,       // one reply with PSM2_AM_FLAG_ASYNC from g_async_reply_buf
+  kReplyShaped = 1,  // one reply: args[0].u32w1 = reply nargs, args[1].u32w0 =
+                     // reply len, args[1].u32w1 = seed
+  kReplyTwice = 2,   // two replies, seeds 1 and 2
+  kReplyAskBack =
+      3,  // one reply that asks the requester to reply from its reply handler
+  kReplyAsync = 4,  // one reply with PSM2_AM_FLAG_ASYNC from g_async_reply_buf
   kReplyCompletion = 5,  // one reply with a completion callback (&g_reply_ctx)
 };
 
@@ -266,7 +276,8 @@ void OnAsyncReplyDone(void* ctx) {
   g_async_reply_done = true;
 }
 
-int Responder(psm2_am_token_t token, psm2_amarg_t* args, int nargs, void* src, uint32_t len) {
+int Responder(psm2_am_token_t token, psm2_amarg_t* args, int nargs, void* src,
+              uint32_t len) {
   g.runs.push_back(Capture(0, token, args, nargs, src, len, nullptr));
   if (nargs < 2) return 0;  // every responder request carries two args
   const int reply_to = g.idx.at(kReplyHandlerSlot);
@@ -275,42 +286,45 @@ int Responder(psm2_am_token_t token, psm2_amarg_t* args, int nargs, void* src, u
       int rnargs = static_cast<int>(args[0].u32w1);
       uint32_t rlen = args[1].u32w0;
       uint64_t seed = args[1].u32w1;
-      if (rnargs > static_cast<int>(g.params.max_nargs) || rlen > g.params.max_reply_short) {
-        break;  // garbled request (a broken implementation): the case fails on the count
+      if (rnargs > static_cast<int>(g.params.max_nargs) ||
+          rlen > g.params.max_reply_short) {
+        break;  // garbled request (a broken implementation): the case fails on
+                // the count
       }
       std::vector<psm2_amarg_t> rargs(static_cast<size_t>(rnargs));
       for (int i = 0; i < rnargs; i++) rargs[i].u64 = ArgValue(seed, i);
       std::vector<uint8_t> payload(rlen);
       FillPattern(payload.data(), rlen, seed);
-      g.reply_errs.push_back(psm2_am_reply_short(token, reply_to, rargs.data(), rnargs,
-                                                 payload.data(), rlen, PSM2_AM_FLAG_NONE, nullptr,
-                                                 nullptr));
+      g.reply_errs.push_back(psm2_am_reply_short(
+          token, reply_to, rargs.data(), rnargs, payload.data(), rlen,
+          PSM2_AM_FLAG_NONE, nullptr, nullptr));
       break;
     }
     case kReplyTwice:
       for (uint64_t seed : {1, 2}) {
         psm2_amarg_t a = Arg(seed);
-        g.reply_errs.push_back(
-            psm2_am_reply_short(token, reply_to, &a, 1, nullptr, 0, 0, nullptr, nullptr));
+        g.reply_errs.push_back(psm2_am_reply_short(
+            token, reply_to, &a, 1, nullptr, 0, 0, nullptr, nullptr));
       }
       break;
     case kReplyAskBack: {
       psm2_amarg_t a = Arg(kPleaseReplyBack);
-      g.reply_errs.push_back(
-          psm2_am_reply_short(token, reply_to, &a, 1, nullptr, 0, 0, nullptr, nullptr));
+      g.reply_errs.push_back(psm2_am_reply_short(
+          token, reply_to, &a, 1, nullptr, 0, 0, nullptr, nullptr));
       break;
     }
     case kReplyAsync: {
       psm2_amarg_t a = Arg(77);
-      g.reply_errs.push_back(psm2_am_reply_short(token, reply_to, &a, 1, g_async_reply_buf.data(),
-                                                 g_async_reply_buf.size(), PSM2_AM_FLAG_ASYNC,
-                                                 OnAsyncReplyDone, &g_async_reply_buf));
+      g.reply_errs.push_back(
+          psm2_am_reply_short(token, reply_to, &a, 1, g_async_reply_buf.data(),
+                              g_async_reply_buf.size(), PSM2_AM_FLAG_ASYNC,
+                              OnAsyncReplyDone, &g_async_reply_buf));
       break;
     }
     case kReplyCompletion: {
       psm2_amarg_t a = Arg(55);
-      g.reply_errs.push_back(
-          psm2_am_reply_short(token, reply_to, &a, 1, nullptr, 0, 0, OnCompletion, &g_reply_ctx));
+      g.reply_errs.push_back(psm2_am_reply_short(
+          token, reply_to, &a, 1, nullptr, 0, 0, OnCompletion, &g_reply_ctx));
       break;
     }
     default:
@@ -322,7 +336,8 @@ int Responder(psm2_am_token_t token, psm2_amarg_t* args, int nargs, void* src, u
 psm2_error_t g_reply_back_err = PSM2_OK;
 int g_reply_back_calls = 0;
 
-int ReplyRecord(psm2_am_token_t token, psm2_amarg_t* args, int nargs, void* src, uint32_t len) {
+int ReplyRecord(psm2_am_token_t token, psm2_amarg_t* args, int nargs, void* src,
+                uint32_t len) {
   g.replies.push_back(Capture(1, token, args, nargs, src, len, nullptr));
   if (nargs >= 1 && args[0].u64 == kPleaseReplyBack) {
     // A reply from a reply handler, which the API forbids
@@ -330,8 +345,9 @@ int ReplyRecord(psm2_am_token_t token, psm2_amarg_t* args, int nargs, void* src,
     psm2_amarg_t a = Arg(0xB0B);
     static const char kBack[] = "back";
     g_reply_back_calls++;
-    g_reply_back_err = psm2_am_reply_short(token, g.idx.at(kReplyHandlerSlot), &a, 1,
-                                           const_cast<char*>(kBack), 4, 0, nullptr, nullptr);
+    g_reply_back_err =
+        psm2_am_reply_short(token, g.idx.at(kReplyHandlerSlot), &a, 1,
+                            const_cast<char*>(kBack), 4, 0, nullptr, nullptr);
   }
   return 0;
 }
@@ -341,7 +357,8 @@ void TouchFile(const std::string& path) { std::ofstream(path).put('\n'); }
 
 // Waits for a file with plain sleeps: makes no PSM2 call.
 bool WaitFileWithoutPsm(const std::string& path, double timeout_s) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::duration<double>(timeout_s);
   while (access(path.c_str(), F_OK) != 0) {
     if (std::chrono::steady_clock::now() > deadline) return false;
     usleep(200);
@@ -366,9 +383,11 @@ void GetParameters(Pair& p) {
   CONF_CHECK(params.max_request_short >= kMinRequestShort);
   CONF_CHECK(params.max_reply_short >= kMinReplyShort);
   if (p.rank == 0) {
-    printf("# %s: max_handlers=%u max_nargs=%u max_request_short=%u max_reply_short=%u\n",
-           p.impl.c_str(), params.max_handlers, params.max_nargs, params.max_request_short,
-           params.max_reply_short);
+    printf(
+        "# %s: max_handlers=%u max_nargs=%u max_request_short=%u "
+        "max_reply_short=%u\n",
+        p.impl.c_str(), params.max_handlers, params.max_nargs,
+        params.max_request_short, params.max_reply_short);
   }
 
   // Stable across calls.
@@ -380,7 +399,8 @@ void GetParameters(Pair& p) {
   unsigned char buf[32];
   memset(buf, 0xab, sizeof(buf));
   out = 12345;
-  CONF_CHECK_OK(psm2_am_get_parameters(p.ep, reinterpret_cast<psm2_am_parameters*>(buf), 8, &out));
+  CONF_CHECK_OK(psm2_am_get_parameters(
+      p.ep, reinterpret_cast<psm2_am_parameters*>(buf), 8, &out));
   CONF_CHECK_EQ(out, 8u);
   CONF_CHECK(memcmp(buf, &params, 8) == 0);
   bool untouched = true;
@@ -390,7 +410,8 @@ void GetParameters(Pair& p) {
   // Zero size: nothing written, size 0 returned.
   memset(buf, 0xab, sizeof(buf));
   out = 12345;
-  CONF_CHECK_OK(psm2_am_get_parameters(p.ep, reinterpret_cast<psm2_am_parameters*>(buf), 0, &out));
+  CONF_CHECK_OK(psm2_am_get_parameters(
+      p.ep, reinterpret_cast<psm2_am_parameters*>(buf), 0, &out));
   CONF_CHECK_EQ(out, 0u);
   CONF_CHECK_EQ(buf[0], 0xab);
 
@@ -398,15 +419,16 @@ void GetParameters(Pair& p) {
   // rest zeroed, and the size actually returned is reported.
   memset(buf, 0xab, sizeof(buf));
   out = 12345;
-  CONF_CHECK_OK(
-      psm2_am_get_parameters(p.ep, reinterpret_cast<psm2_am_parameters*>(buf), sizeof(buf), &out));
+  CONF_CHECK_OK(psm2_am_get_parameters(
+      p.ep, reinterpret_cast<psm2_am_parameters*>(buf), sizeof(buf), &out));
   CONF_CHECK_EQ(out, sizeof(psm2_am_parameters));
   CONF_CHECK(memcmp(buf, &params, sizeof(params)) == 0);
   bool zeroed = true;
   for (size_t i = sizeof(params); i < sizeof(buf); i++) zeroed &= (buf[i] == 0);
   CONF_CHECK(zeroed);
 
-  CONF_CHECK_EQ(psm2_am_get_parameters(p.ep, nullptr, sizeof(params), &out), PSM2_PARAM_ERR);
+  CONF_CHECK_EQ(psm2_am_get_parameters(p.ep, nullptr, sizeof(params), &out),
+                PSM2_PARAM_ERR);
 }
 
 // Index assignment: on an empty table indices are 0..n-1 in array order, a
@@ -435,23 +457,27 @@ void RegisterHandlersIndices(Pair& p) {
   // Rank 0 runs every handler on rank 1, each told which index it was sent to.
   if (p.rank == 0) {
     for (int idx : all)
-      CONF_CHECK_OK(Request(p, idx, {Arg(static_cast<uint64_t>(idx))}, nullptr, 0));
+      CONF_CHECK_OK(
+          Request(p, idx, {Arg(static_cast<uint64_t>(idx))}, nullptr, 0));
   } else {
     CONF_CHECK(PollUntil(p, [&] { return g.runs.size() >= all.size(); }));
     CONF_CHECK_EQ(g.runs.size(), all.size());
     for (size_t i = 0; i < g.runs.size() && i < all.size(); i++) {
       CONF_CHECK_EQ(g.runs[i].which, static_cast<int>(i));
-      CONF_CHECK(g.runs[i].args == std::vector<uint64_t>({static_cast<uint64_t>(all[i])}));
+      CONF_CHECK(g.runs[i].args ==
+                 std::vector<uint64_t>({static_cast<uint64_t>(all[i])}));
     }
   }
   p.Barrier("am_register_handlers_indices ran");
 
   // Fill the table: max_handlers entries in all, the last index max-1.
-  int remaining = static_cast<int>(g.params.max_handlers) - static_cast<int>(all.size());
-  std::vector<psm2_am_handler_fn_t> fill(remaining > 0 ? remaining : 0, Record<9>);
+  int remaining =
+      static_cast<int>(g.params.max_handlers) - static_cast<int>(all.size());
+  std::vector<psm2_am_handler_fn_t> fill(remaining > 0 ? remaining : 0,
+                                         Record<9>);
   std::vector<int> fill_idx(fill.size(), -1);
-  CONF_CHECK_OK(
-      psm2_am_register_handlers(p.ep, fill.data(), static_cast<int>(fill.size()), fill_idx.data()));
+  CONF_CHECK_OK(psm2_am_register_handlers(
+      p.ep, fill.data(), static_cast<int>(fill.size()), fill_idx.data()));
   if (!fill_idx.empty()) {
     CONF_CHECK_EQ(fill_idx.front(), static_cast<int>(all.size()));
     CONF_CHECK_EQ(fill_idx.back(), static_cast<int>(g.params.max_handlers) - 1);
@@ -510,8 +536,8 @@ void RequestArgsPayload(Pair& p) {
   for (int n = 0; n <= max_nargs; n++) plan.push_back({n, 0, 100u + n});
   // Lengths around small-packet boundaries (Intel inlines up to 48 bytes of
   // args + payload) and the maximum.
-  for (uint32_t len :
-       {1u, 7u, 8u, 9u, 40u, 48u, 49u, 64u, 255u, 256u, 1000u, 4096u, max_len - 1, max_len}) {
+  for (uint32_t len : {1u, 7u, 8u, 9u, 40u, 48u, 49u, 64u, 255u, 256u, 1000u,
+                       4096u, max_len - 1, max_len}) {
     if (len > max_len) continue;
     plan.push_back({0, len, 1000u + len});
     plan.push_back({max_nargs, len, 2000u + len});
@@ -525,7 +551,8 @@ void RequestArgsPayload(Pair& p) {
       std::vector<psm2_amarg_t> args(static_cast<size_t>(s.nargs));
       for (int i = 0; i < s.nargs; i++) args[i].u64 = ArgValue(s.seed, i);
       FillPattern(payload.data(), s.len, s.seed);
-      CONF_CHECK_OK(Request(p, g.idx[0], args, s.len ? payload.data() : nullptr, s.len));
+      CONF_CHECK_OK(
+          Request(p, g.idx[0], args, s.len ? payload.data() : nullptr, s.len));
     }
     psm2_epaddr_t out;
     CONF_CHECK_EQ(psm2_am_get_source(nullptr, &out), PSM2_PARAM_ERR);
@@ -536,10 +563,12 @@ void RequestArgsPayload(Pair& p) {
       const Run& r = g.runs[k];
       const Planned& s = plan[k];
       std::vector<uint64_t> want_args;
-      for (int i = 0; i < s.nargs; i++) want_args.push_back(ArgValue(s.seed, i));
+      for (int i = 0; i < s.nargs; i++)
+        want_args.push_back(ArgValue(s.seed, i));
       if (r.args != want_args || !MatchesPattern(r.payload, s.len, s.seed)) {
-        fprintf(stderr, "request %zu (nargs %d, len %u): got nargs %zu, len %zu\n", k, s.nargs,
-                s.len, r.args.size(), r.payload.size());
+        fprintf(stderr,
+                "request %zu (nargs %d, len %u): got nargs %zu, len %zu\n", k,
+                s.nargs, s.len, r.args.size(), r.payload.size());
       }
       CONF_CHECK(r.args == want_args);
       CONF_CHECK(MatchesPattern(r.payload, s.len, s.seed));
@@ -553,7 +582,8 @@ void RequestArgsPayload(Pair& p) {
 
 // Handler whose token is kept only for parameter checks of get_source.
 psm2_error_t g_get_source_null_out = PSM2_OK;
-int GetSourceNullOut(psm2_am_token_t token, psm2_amarg_t*, int, void*, uint32_t) {
+int GetSourceNullOut(psm2_am_token_t token, psm2_amarg_t*, int, void*,
+                     uint32_t) {
   g_get_source_null_out = psm2_am_get_source(token, nullptr);
   g.acks++;
   return 0;
@@ -595,9 +625,11 @@ void Reply(Pair& p) {
   if (p.rank == 0) {
     for (size_t k = 0; k < shapes.size(); k++) {
       const psm2_amarg_t a0 = Words(kReplyShaped, shapes[k].nargs);
-      const psm2_amarg_t a1 = Words(shapes[k].len, static_cast<uint32_t>(500 + k));
+      const psm2_amarg_t a1 =
+          Words(shapes[k].len, static_cast<uint32_t>(500 + k));
       uint64_t req_payload = 0x1122334455667788ULL;
-      CONF_CHECK_OK(Request(p, g.idx[0], {a0, a1}, &req_payload, sizeof(req_payload)));
+      CONF_CHECK_OK(
+          Request(p, g.idx[0], {a0, a1}, &req_payload, sizeof(req_payload)));
       // One reply per request, before the next request.
       bool replied = PollUntil(p, [&] { return g.replies.size() >= k + 1; });
       CONF_CHECK(replied);
@@ -607,7 +639,8 @@ void Reply(Pair& p) {
     for (size_t k = 0; k < g.replies.size() && k < shapes.size(); k++) {
       const Run& r = g.replies[k];
       std::vector<uint64_t> want;
-      for (uint32_t i = 0; i < shapes[k].nargs; i++) want.push_back(ArgValue(500 + k, i));
+      for (uint32_t i = 0; i < shapes[k].nargs; i++)
+        want.push_back(ArgValue(500 + k, i));
       CONF_CHECK(r.args == want);
       CONF_CHECK(MatchesPattern(r.payload, shapes[k].len, 500 + k));
       CONF_CHECK_OK(r.source_err);
@@ -638,22 +671,26 @@ void ReplyTwice(Pair& p) {
   g.idx = table.Add({Responder, ReplyRecord});
   p.Barrier("am_reply_twice registered");
   if (p.rank == 0) {
-    CONF_CHECK_OK(Request(p, g.idx[0], {Words(kReplyTwice, 0), Arg(0)}, nullptr, 0));
+    CONF_CHECK_OK(
+        Request(p, g.idx[0], {Words(kReplyTwice, 0), Arg(0)}, nullptr, 0));
     CONF_CHECK(PollUntil(p, [&] { return g.replies.size() >= replies; }));
   } else {
     CONF_CHECK(PollUntil(p, [&] { return g.runs.size() >= 1; }));
     CONF_CHECK_EQ(g.reply_errs.size(), 2u);
     if (g.reply_errs.size() == 2) {
       CONF_CHECK_OK(g.reply_errs[0]);
-      CONF_CHECK_EQ(g.reply_errs[1], replies == 2 ? PSM2_OK : PSM2_AM_INVALID_REPLY);
+      CONF_CHECK_EQ(g.reply_errs[1],
+                    replies == 2 ? PSM2_OK : PSM2_AM_INVALID_REPLY);
     }
   }
   p.Barrier("am_reply_twice replied");
   if (p.rank == 0) {
     psm2_poll(p.ep);
     CONF_CHECK_EQ(g.replies.size(), replies);
-    if (g.replies.size() >= 1) CONF_CHECK(g.replies[0].args == std::vector<uint64_t>({1}));
-    if (g.replies.size() == 2) CONF_CHECK(g.replies[1].args == std::vector<uint64_t>({2}));
+    if (g.replies.size() >= 1)
+      CONF_CHECK(g.replies[0].args == std::vector<uint64_t>({1}));
+    if (g.replies.size() == 2)
+      CONF_CHECK(g.replies[1].args == std::vector<uint64_t>({2}));
   }
 }
 
@@ -681,7 +718,8 @@ void CheckReplyOutcome(Pair& p, const std::function<void()>& check_delivered) {
   } else {
     CONF_CHECK_EQ(g_verdict, static_cast<uint64_t>(PSM2_AM_INVALID_REPLY));
     // Give a wrongly sent reply time to arrive.
-    auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    auto until =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
     PollUntil(p, [&] { return std::chrono::steady_clock::now() > until; });
   }
   CONF_CHECK_EQ(g.replies.size(), g_verdict == PSM2_OK ? 1u : 0u);
@@ -699,12 +737,15 @@ void ReplyFromReplyHandler(Pair& p) {
   g_verdict = ~0ULL;
   p.Barrier("am_reply_from_reply_handler registered");
   if (p.rank == 0) {
-    CONF_CHECK_OK(Request(p, g.idx[0], {Words(kReplyAskBack, 0), Arg(0)}, nullptr, 0));
+    CONF_CHECK_OK(
+        Request(p, g.idx[0], {Words(kReplyAskBack, 0), Arg(0)}, nullptr, 0));
     CONF_CHECK(PollUntil(p, [&] { return g.replies.size() >= 1; }));
     CONF_CHECK_EQ(g_reply_back_calls, 1);
-    CONF_CHECK(g_reply_back_err == PSM2_OK || g_reply_back_err == PSM2_AM_INVALID_REPLY);
-    CONF_CHECK_OK(Request(p, g.idx[2], {Arg(static_cast<uint64_t>(g_reply_back_err))}, nullptr, 0,
-                          PSM2_AM_FLAG_NOREPLY));
+    CONF_CHECK(g_reply_back_err == PSM2_OK ||
+               g_reply_back_err == PSM2_AM_INVALID_REPLY);
+    CONF_CHECK_OK(Request(p, g.idx[2],
+                          {Arg(static_cast<uint64_t>(g_reply_back_err))},
+                          nullptr, 0, PSM2_AM_FLAG_NOREPLY));
   } else {
     CONF_CHECK(PollUntil(p, [&] { return g.runs.size() >= 1; }));
     CONF_CHECK_EQ(g.reply_errs.size(), 1u);
@@ -730,7 +771,8 @@ void ReplyToNoReplyRequest(Pair& p) {
   if (p.rank == 0) {
     // One reply arg; three payload bytes from seed 9.
     const psm2_amarg_t a0 = Words(kReplyShaped, 1), a1 = Words(3, 9);
-    CONF_CHECK_OK(Request(p, g.idx[0], {a0, a1}, nullptr, 0, PSM2_AM_FLAG_NOREPLY));
+    CONF_CHECK_OK(
+        Request(p, g.idx[0], {a0, a1}, nullptr, 0, PSM2_AM_FLAG_NOREPLY));
     CheckReplyOutcome(p, [&] {
       CONF_CHECK(g.replies[0].args == std::vector<uint64_t>({ArgValue(9, 0)}));
       CONF_CHECK(MatchesPattern(g.replies[0].payload, 3, 9));
@@ -738,10 +780,11 @@ void ReplyToNoReplyRequest(Pair& p) {
   } else {
     CONF_CHECK(PollUntil(p, [&] { return g.runs.size() >= 1; }));
     CONF_CHECK_EQ(g.reply_errs.size(), 1u);
-    psm2_error_t err = g.reply_errs.empty() ? PSM2_INTERNAL_ERR : g.reply_errs[0];
+    psm2_error_t err =
+        g.reply_errs.empty() ? PSM2_INTERNAL_ERR : g.reply_errs[0];
     CONF_CHECK(err == PSM2_OK || err == PSM2_AM_INVALID_REPLY);
-    CONF_CHECK_OK(
-        Request(p, g.idx[2], {Arg(static_cast<uint64_t>(err))}, nullptr, 0, PSM2_AM_FLAG_NOREPLY));
+    CONF_CHECK_OK(Request(p, g.idx[2], {Arg(static_cast<uint64_t>(err))},
+                          nullptr, 0, PSM2_AM_FLAG_NOREPLY));
   }
 }
 
@@ -761,8 +804,8 @@ void Completion(Pair& p) {
   p.Barrier("am_completion registered");
   if (p.rank == 0) {
     CONF_CHECK(g.completions.empty());
-    CONF_CHECK_OK(
-        Request(p, sink, {Arg(1)}, nullptr, 0, PSM2_AM_FLAG_NOREPLY, OnCompletion, &ctx_one));
+    CONF_CHECK_OK(Request(p, sink, {Arg(1)}, nullptr, 0, PSM2_AM_FLAG_NOREPLY,
+                          OnCompletion, &ctx_one));
     // Rank 1 acks once the handler ran.
     CONF_CHECK(PollUntil(p, [&] { return g.acks >= 1; }));
     CONF_CHECK(PollUntil(p, [&] { return !g.completions.empty(); }));
@@ -771,8 +814,8 @@ void Completion(Pair& p) {
 
     // Many outstanding: every context exactly once.
     for (int i = 0; i < 100; i++) {
-      CONF_CHECK_OK(
-          Request(p, sink, {Arg(2 + i)}, &i, sizeof(i), PSM2_AM_FLAG_NONE, OnCompletion, &ctxs[i]));
+      CONF_CHECK_OK(Request(p, sink, {Arg(2 + i)}, &i, sizeof(i),
+                            PSM2_AM_FLAG_NONE, OnCompletion, &ctxs[i]));
     }
     CONF_CHECK(PollUntil(p, [&] { return g.acks >= 2; }));
     CONF_CHECK(PollUntil(p, [&] { return g.completions.size() >= 101; }));
@@ -787,7 +830,8 @@ void Completion(Pair& p) {
     CONF_CHECK(each_once);
 
     // A reply with a completion callback (runs on rank 1).
-    CONF_CHECK_OK(Request(p, g.idx[0], {Words(kReplyCompletion, 0), Arg(0)}, nullptr, 0));
+    CONF_CHECK_OK(
+        Request(p, g.idx[0], {Words(kReplyCompletion, 0), Arg(0)}, nullptr, 0));
     CONF_CHECK(PollUntil(p, [&] { return g.replies.size() >= 1; }));
     CONF_CHECK(g.completions_on_main);
   } else {
@@ -853,7 +897,8 @@ void Flags(Pair& p) {
       OnCompletion(c);
       auto* ctx = static_cast<Ctx*>(c);
       ctx->done++;
-      if (!ctx->owned.empty()) memset(ctx->owned.data(), 0xdd, ctx->owned.size());
+      if (!ctx->owned.empty())
+        memset(ctx->owned.data(), 0xdd, ctx->owned.size());
     };
     for (size_t k = 0; k < plan.size(); k++) {
       const Planned& s = plan[k];
@@ -861,24 +906,29 @@ void Flags(Pair& p) {
       if (s.flags & PSM2_AM_FLAG_ASYNC) {
         ctxs[k].owned.resize(s.len);
         FillPattern(ctxs[k].owned.data(), s.len, s.seed);
-        CONF_CHECK_OK(
-            Request(p, sink, args, ctxs[k].owned.data(), s.len, s.flags, on_done, &ctxs[k]));
+        CONF_CHECK_OK(Request(p, sink, args, ctxs[k].owned.data(), s.len,
+                              s.flags, on_done, &ctxs[k]));
       } else {
         FillPattern(shared.data(), s.len, s.seed);
-        CONF_CHECK_OK(Request(p, sink, args, shared.data(), s.len, s.flags, on_done, &ctxs[k]));
+        CONF_CHECK_OK(Request(p, sink, args, shared.data(), s.len, s.flags,
+                              on_done, &ctxs[k]));
         memset(shared.data(), 0xee, shared.size());
       }
-      args[0].u64 = args[1].u64 = 0xdeadbeef;  // args are never read after the call
+      args[0].u64 = args[1].u64 =
+          0xdeadbeef;  // args are never read after the call
     }
-    CONF_CHECK(PollUntil(p, [&] { return g.completions.size() >= plan.size(); }));
+    CONF_CHECK(
+        PollUntil(p, [&] { return g.completions.size() >= plan.size(); }));
     bool each_once = true;
     for (const Ctx& c : ctxs) each_once &= (c.done == 1);
     CONF_CHECK(each_once);
     // A reply sent with ASYNC.
-    CONF_CHECK_OK(Request(p, g.idx[0], {Words(kReplyAsync, 0), Arg(0)}, nullptr, 0));
+    CONF_CHECK_OK(
+        Request(p, g.idx[0], {Words(kReplyAsync, 0), Arg(0)}, nullptr, 0));
     CONF_CHECK(PollUntil(p, [&] { return g.replies.size() >= 1; }));
     if (!g.replies.empty()) {
-      CONF_CHECK(MatchesPattern(g.replies[0].payload, g.params.max_reply_short, 4242));
+      CONF_CHECK(
+          MatchesPattern(g.replies[0].payload, g.params.max_reply_short, 4242));
     }
   } else {
     // The sink's runs, then the responder's.
@@ -890,7 +940,9 @@ void Flags(Pair& p) {
       CONF_CHECK_EQ(r.which, 2);
       CONF_CHECK(r.args == std::vector<uint64_t>({s.seed, ~s.seed}));
       if (!MatchesPattern(r.payload, s.len, s.seed)) {
-        fprintf(stderr, "flags %d request %zu: payload differs from what was sent\n", s.flags, k);
+        fprintf(stderr,
+                "flags %d request %zu: payload differs from what was sent\n",
+                s.flags, k);
       }
       CONF_CHECK(MatchesPattern(r.payload, s.len, s.seed));
     }
@@ -908,13 +960,16 @@ int g_order_count = 0;
 int g_order_first_bad = -1;
 int g_order_bad_payloads = 0;
 
-int OrderHandler(psm2_am_token_t, psm2_amarg_t* args, int nargs, void* src, uint32_t len) {
+int OrderHandler(psm2_am_token_t, psm2_amarg_t* args, int nargs, void* src,
+                 uint32_t len) {
   int expect = g_order_count++;
   uint64_t seq = nargs >= 2 ? args[0].u64 : ~0ULL;
-  if (g_order_first_bad < 0 && (seq != static_cast<uint64_t>(expect) || args[1].u64 != ~seq)) {
+  if (g_order_first_bad < 0 &&
+      (seq != static_cast<uint64_t>(expect) || args[1].u64 != ~seq)) {
     g_order_first_bad = expect;
   }
-  uint32_t want_len = (expect % 3 == 0) ? 0u : static_cast<uint32_t>((expect * 37) % 600);
+  uint32_t want_len =
+      (expect % 3 == 0) ? 0u : static_cast<uint32_t>((expect * 37) % 600);
   if (len != want_len) {
     g_order_bad_payloads++;
   } else if (len > 0) {
@@ -944,8 +999,9 @@ void Order(Pair& p) {
       uint32_t len = (i % 3 == 0) ? 0u : static_cast<uint32_t>((i * 37) % 600);
       FillPattern(payload.data(), len, static_cast<uint64_t>(i));
       int flags = (i % 2) ? PSM2_AM_FLAG_NOREPLY : PSM2_AM_FLAG_NONE;
-      psm2_error_t err = Request(p, g.idx[0], {Arg(i), Arg(~static_cast<uint64_t>(i))},
-                                 payload.data(), len, flags);
+      psm2_error_t err =
+          Request(p, g.idx[0], {Arg(i), Arg(~static_cast<uint64_t>(i))},
+                  payload.data(), len, flags);
       if (err != PSM2_OK) {
         CONF_CHECK_OK(err);
         break;
@@ -986,7 +1042,8 @@ void HandlersRunInsidePsmCalls(Pair& p) {
     CONF_CHECK(PollUntil(
         p, [&] { return access(quiet.c_str(), F_OK) == 0; }, 30));
     for (int i = 0; i < kRequests; i++) {
-      CONF_CHECK_OK(Request(p, sink, {Arg(i)}, nullptr, 0, PSM2_AM_FLAG_NOREPLY));
+      CONF_CHECK_OK(
+          Request(p, sink, {Arg(i)}, nullptr, 0, PSM2_AM_FLAG_NOREPLY));
     }
     TouchFile(sent);
   } else {
@@ -1011,7 +1068,8 @@ void HandlersRunInsidePsmCalls(Pair& p) {
     CONF_CHECK(PollUntil(
         p, [&] { return access(waiting.c_str(), F_OK) == 0; }, 30));
     const psm2_amarg_t a0 = Words(kReplyShaped, 1), a1 = Words(0, 1);
-    for (int i = 0; i < kRequests; i++) CONF_CHECK_OK(Request(p, g.idx[0], {a0, a1}, nullptr, 0));
+    for (int i = 0; i < kRequests; i++)
+      CONF_CHECK_OK(Request(p, g.idx[0], {a0, a1}, nullptr, 0));
     CONF_CHECK(PollUntil(p, [&] { return g.replies.size() >= kRequests; }));
     uint32_t word = 0xfeedf00d;
     CONF_CHECK_OK(psm2_mq_send2(p.mq, p.peer, 0, &tag, &word, sizeof(word)));
@@ -1021,7 +1079,8 @@ void HandlersRunInsidePsmCalls(Pair& p) {
     uint32_t word = 0;
     psm2_mq_req_t req;
     psm2_mq_status2_t st;
-    CONF_CHECK_OK(psm2_mq_irecv2(p.mq, p.peer, &tag, &sel, 0, &word, sizeof(word), nullptr, &req));
+    CONF_CHECK_OK(psm2_mq_irecv2(p.mq, p.peer, &tag, &sel, 0, &word,
+                                 sizeof(word), nullptr, &req));
     TouchFile(waiting);
     CONF_CHECK_OK(psm2_mq_wait2(&req, &st));
     CONF_CHECK_EQ(word, 0xfeedf00du);
@@ -1039,11 +1098,13 @@ psm2_error_t g_fp_err = PSM2_INTERNAL_ERR;
 std::vector<uint8_t> g_fp_buf;
 int g_fp_context;
 
-int FpHandler(psm2_am_token_t token, psm2_amarg_t* args, int nargs, void* src, uint32_t len) {
+int FpHandler(psm2_am_token_t token, psm2_amarg_t* args, int nargs, void* src,
+              uint32_t len) {
   g.runs.push_back(Capture(0, token, args, nargs, src, len, nullptr));
   Pair& p = *g.pair;
   psm2_epaddr_t source = nullptr;
-  if (psm2_am_get_source(token, &source) != PSM2_OK || source == nullptr || nargs < 2) {
+  if (psm2_am_get_source(token, &source) != PSM2_OK || source == nullptr ||
+      nargs < 2) {
     return 0;  // the case fails on g_fp_err
   }
   // Two args (the documented minimum of max_nargs): args[0] = tag0 | op << 32,
@@ -1062,11 +1123,11 @@ int FpHandler(psm2_am_token_t token, psm2_amarg_t* args, int nargs, void* src, u
   } else {
     g_fp_buf.assign(msg_len, 0);
   }
-  g_fp_err = psm2_mq_fp_msg(p.ep, p.mq, source, &tag, &sel, 0, g_fp_buf.data(), msg_len,
-                            &g_fp_context, op, &g_fp_req);
+  g_fp_err = psm2_mq_fp_msg(p.ep, p.mq, source, &tag, &sel, 0, g_fp_buf.data(),
+                            msg_len, &g_fp_context, op, &g_fp_req);
   if (args[1].u32w1 == 1) {
-    psm2_am_reply_short(token, g.idx.at(kReplyHandlerSlot), nullptr, 0, nullptr, 0, 0, nullptr,
-                        nullptr);
+    psm2_am_reply_short(token, g.idx.at(kReplyHandlerSlot), nullptr, 0, nullptr,
+                        0, 0, nullptr, nullptr);
   }
   return 0;
 }
@@ -1095,7 +1156,8 @@ void FpMsgIrecv(Pair& p) {
     uint32_t len;
     bool send_first;
   };
-  for (Variant v : {Variant{0x1001, 4096, false}, Variant{0x1002, 1000, true}}) {
+  for (Variant v :
+       {Variant{0x1001, 4096, false}, Variant{0x1002, 1000, true}}) {
     g_fp_req = nullptr;
     g_fp_err = PSM2_INTERNAL_ERR;
     g.runs.clear();
@@ -1108,11 +1170,14 @@ void FpMsgIrecv(Pair& p) {
       std::vector<uint8_t> msg(v.len);
       FillPattern(msg.data(), v.len, v.tag0);
       // Reply once the receive is posted.
-      const psm2_amarg_t a0 = Words(v.tag0, PSM2_MQ_IRECV_FP), a1 = Words(v.len, 1);
-      if (v.send_first) CONF_CHECK_OK(psm2_mq_send2(p.mq, p.peer, 0, &tag, msg.data(), v.len));
+      const psm2_amarg_t a0 = Words(v.tag0, PSM2_MQ_IRECV_FP),
+                         a1 = Words(v.len, 1);
+      if (v.send_first)
+        CONF_CHECK_OK(psm2_mq_send2(p.mq, p.peer, 0, &tag, msg.data(), v.len));
       CONF_CHECK_OK(Request(p, g.idx[0], {a0, a1}, nullptr, 0));
       CONF_CHECK(PollUntil(p, [&] { return g.replies.size() >= 1; }));
-      if (!v.send_first) CONF_CHECK_OK(psm2_mq_send2(p.mq, p.peer, 0, &tag, msg.data(), v.len));
+      if (!v.send_first)
+        CONF_CHECK_OK(psm2_mq_send2(p.mq, p.peer, 0, &tag, msg.data(), v.len));
     } else {
       psm2_mq_status2_t st = {};
       if (AwaitHandlerRequest(p, &st)) {
@@ -1137,8 +1202,10 @@ void FpMsgIsend(Pair& p) {
   constexpr uint32_t kTag0 = 0x2001, kLen = 3000;
   p.Barrier("am_fp_msg_isend registered");
   if (p.rank == 0) {
-    const psm2_amarg_t a0 = Words(kTag0, PSM2_MQ_ISEND_FP), a1 = Words(kLen, 0);  // no reply
-    CONF_CHECK_OK(Request(p, g.idx[0], {a0, a1}, nullptr, 0, PSM2_AM_FLAG_NOREPLY));
+    const psm2_amarg_t a0 = Words(kTag0, PSM2_MQ_ISEND_FP),
+                       a1 = Words(kLen, 0);  // no reply
+    CONF_CHECK_OK(
+        Request(p, g.idx[0], {a0, a1}, nullptr, 0, PSM2_AM_FLAG_NOREPLY));
     psm2_mq_tag_t tag = {};
     tag.tag0 = kTag0;
     tag.tag2 = 0x5a;
@@ -1148,7 +1215,8 @@ void FpMsgIsend(Pair& p) {
     psm2_mq_req_t req;
     psm2_mq_status2_t st = {};
     CONF_CHECK_OK(psm2_mq_irecv2(p.mq, p.peer, &tag, &sel, 0, got.data(),
-                                 static_cast<uint32_t>(got.size()), nullptr, &req));
+                                 static_cast<uint32_t>(got.size()), nullptr,
+                                 &req));
     CONF_CHECK(WaitRequest(p, &req, &st));
     CONF_CHECK_EQ(st.msg_length, kLen);
     got.resize(st.nbytes);
@@ -1184,10 +1252,10 @@ void UnregisterHandlers(Pair& p) {
   static int ctx_dropped;
   if (p.rank == 0) {
     // Index 1 had Record<1> and now has nothing; max_handlers-1 never had one.
-    CONF_CHECK_OK(
-        Request(p, before[1], {Arg(2)}, nullptr, 0, PSM2_AM_FLAG_NONE, OnCompletion, &ctx_dropped));
-    CONF_CHECK_OK(Request(p, static_cast<int>(g.params.max_handlers) - 1, {Arg(3)}, nullptr, 0,
-                          PSM2_AM_FLAG_NOREPLY));
+    CONF_CHECK_OK(Request(p, before[1], {Arg(2)}, nullptr, 0, PSM2_AM_FLAG_NONE,
+                          OnCompletion, &ctx_dropped));
+    CONF_CHECK_OK(Request(p, static_cast<int>(g.params.max_handlers) - 1,
+                          {Arg(3)}, nullptr, 0, PSM2_AM_FLAG_NOREPLY));
     // Ordered after the dropped ones on the same flow.
     CONF_CHECK_OK(Request(p, after[0], {Arg(4)}, nullptr, 0));
     CONF_CHECK(PollUntil(p, [&] { return !g.completions.empty(); }));
@@ -1211,7 +1279,9 @@ void AmAndMqIndependent(Pair& p) {
   HandlerTable table(p);
   g.idx = table.Add({Responder, ReplyRecord});
   constexpr int kMessages = 2000, kRoundTrips = 200;
-  auto msg_len = [](int i) { return 1u + static_cast<uint32_t>((i * 53) % 1024); };
+  auto msg_len = [](int i) {
+    return 1u + static_cast<uint32_t>((i * 53) % 1024);
+  };
   auto msg_tag = [](int i) {
     psm2_mq_tag_t t = {};
     t.tag0 = 0x5000u + static_cast<uint32_t>(i);
@@ -1228,9 +1298,10 @@ void AmAndMqIndependent(Pair& p) {
       CONF_CHECK_OK(psm2_mq_send2(p.mq, p.peer, 0, &t, buf.data(), msg_len(i)));
     }
     for (int i = 0; i < kRoundTrips; i++) {
-      CONF_CHECK_OK(Request(p, g.idx[0],
-                            {Words(kReplyShaped, 1), Words(16, static_cast<uint32_t>(i))},
-                            nullptr, 0));
+      CONF_CHECK_OK(
+          Request(p, g.idx[0],
+                  {Words(kReplyShaped, 1), Words(16, static_cast<uint32_t>(i))},
+                  nullptr, 0));
     }
     CONF_CHECK(PollUntil(p, [&] { return g.replies.size() >= kRoundTrips; }));
     CONF_CHECK_EQ(g.replies.size(), static_cast<size_t>(kRoundTrips));
@@ -1252,7 +1323,8 @@ void AmAndMqIndependent(Pair& p) {
       psm2_mq_tag_t t = msg_tag(i);
       psm2_mq_req_t req;
       psm2_mq_status2_t st = {};
-      CONF_CHECK_OK(psm2_mq_irecv2(p.mq, p.peer, &t, &sel, 0, buf.data(), 1024, nullptr, &req));
+      CONF_CHECK_OK(psm2_mq_irecv2(p.mq, p.peer, &t, &sel, 0, buf.data(), 1024,
+                                   nullptr, &req));
       if (!WaitRequest(p, &req, &st)) {
         CONF_CHECK(false && "an MQ message never arrived");
         break;
@@ -1281,21 +1353,23 @@ void OverLimits(Pair& p) {
     std::vector<psm2_amarg_t> args(g.params.max_nargs + 1, Arg(7));
     std::vector<uint8_t> big(g.params.max_request_short + 1, 0x5a);
     CONF_CHECK_EQ(psm2_am_request_short(p.peer, g.idx[0], args.data(),
-                                        static_cast<int>(args.size()), nullptr, 0,
-                                        PSM2_AM_FLAG_NONE, nullptr, nullptr),
+                                        static_cast<int>(args.size()), nullptr,
+                                        0, PSM2_AM_FLAG_NONE, nullptr, nullptr),
                   PSM2_PARAM_ERR);
-    CONF_CHECK_EQ(psm2_am_request_short(p.peer, g.idx[0], args.data(), 1, big.data(),
-                                        big.size(), PSM2_AM_FLAG_NONE, nullptr, nullptr),
-                  PSM2_PARAM_ERR);
+    CONF_CHECK_EQ(
+        psm2_am_request_short(p.peer, g.idx[0], args.data(), 1, big.data(),
+                              big.size(), PSM2_AM_FLAG_NONE, nullptr, nullptr),
+        PSM2_PARAM_ERR);
     // At the limits exactly, it goes through.
     CONF_CHECK_OK(psm2_am_request_short(p.peer, g.idx[0], args.data(),
-                                        static_cast<int>(g.params.max_nargs), big.data(),
-                                        g.params.max_request_short, PSM2_AM_FLAG_NONE, nullptr,
-                                        nullptr));
+                                        static_cast<int>(g.params.max_nargs),
+                                        big.data(), g.params.max_request_short,
+                                        PSM2_AM_FLAG_NONE, nullptr, nullptr));
   } else if (p.impl == "psmd") {
     CONF_CHECK(PollUntil(p, [&] { return g.runs.size() >= 1; }));
     CONF_CHECK_EQ(g.runs.size(), 1u);
-    if (!g.runs.empty()) CONF_CHECK_EQ(g.runs[0].args.size(), g.params.max_nargs);
+    if (!g.runs.empty())
+      CONF_CHECK_EQ(g.runs[0].args.size(), g.params.max_nargs);
   }
   p.Barrier("am_over_limits done");
   psm2_poll(p.ep);
@@ -1307,25 +1381,26 @@ void OverLimits(Pair& p) {
 int main(int argc, char** argv) {
   using namespace psmd::conformance;
   g_main_thread = pthread_self();
-  return RunCases(argc, argv,
-                  {
-                      {"am_get_parameters", GetParameters},
-                      {"am_register_handlers_indices", RegisterHandlersIndices},
-                      {"am_register_handlers_2_hctx", RegisterHandlers2Hctx},
-                      {"am_request_args_payload", RequestArgsPayload},
-                      {"am_get_source_param_errors", GetSourceParamErrors},
-                      {"am_reply", Reply},
-                      {"am_reply_twice", ReplyTwice},
-                      {"am_reply_from_reply_handler", ReplyFromReplyHandler},
-                      {"am_reply_to_noreply_request", ReplyToNoReplyRequest},
-                      {"am_completion", Completion},
-                      {"am_flags", Flags},
-                      {"am_order", Order},
-                      {"am_handlers_run_inside_psm_calls", HandlersRunInsidePsmCalls},
-                      {"am_fp_msg_irecv", FpMsgIrecv},
-                      {"am_fp_msg_isend", FpMsgIsend},
-                      {"am_unregister_handlers", UnregisterHandlers},
-                      {"am_and_mq_independent", AmAndMqIndependent},
-                      {"am_over_limits", OverLimits},
-                  });
+  return RunCases(
+      argc, argv,
+      {
+          {"am_get_parameters", GetParameters},
+          {"am_register_handlers_indices", RegisterHandlersIndices},
+          {"am_register_handlers_2_hctx", RegisterHandlers2Hctx},
+          {"am_request_args_payload", RequestArgsPayload},
+          {"am_get_source_param_errors", GetSourceParamErrors},
+          {"am_reply", Reply},
+          {"am_reply_twice", ReplyTwice},
+          {"am_reply_from_reply_handler", ReplyFromReplyHandler},
+          {"am_reply_to_noreply_request", ReplyToNoReplyRequest},
+          {"am_completion", Completion},
+          {"am_flags", Flags},
+          {"am_order", Order},
+          {"am_handlers_run_inside_psm_calls", HandlersRunInsidePsmCalls},
+          {"am_fp_msg_irecv", FpMsgIrecv},
+          {"am_fp_msg_isend", FpMsgIsend},
+          {"am_unregister_handlers", UnregisterHandlers},
+          {"am_and_mq_independent", AmAndMqIndependent},
+          {"am_over_limits", OverLimits},
+      });
 }

@@ -34,7 +34,7 @@ using psmd::testing::CheckPsm;
 
 struct Flow {
   psm2_epaddr_t addr = nullptr;  // the peer (nullptr for this rank itself)
-  uint64_t received = 0;         // requests from it so far = the next expected seq
+  uint64_t received = 0;  // requests from it so far = the next expected seq
   uint64_t out_of_order = 0;
   uint64_t bad_payloads = 0;
 };
@@ -55,17 +55,20 @@ Job g_job;
 uint8_t PayloadByte(uint64_t sender, uint64_t seq, size_t j) {
   return static_cast<uint8_t>(sender * 89 + seq * 7 + j * 13);
 }
-uint32_t PayloadLen(uint64_t seq) { return static_cast<uint32_t>((seq * 29) % 97); }
+uint32_t PayloadLen(uint64_t seq) {
+  return static_cast<uint32_t>((seq * 29) % 97);
+}
 
 // args[0] = sender rank, args[1] = sequence number in the sender's flow to
 // this target.
-int FlowHandler(psm2_am_token_t token, psm2_amarg_t* args, int nargs, void* src, uint32_t len) {
+int FlowHandler(psm2_am_token_t token, psm2_amarg_t* args, int nargs, void* src,
+                uint32_t len) {
   Job& job = g_job;
   psm2_epaddr_t source = nullptr;
   psm2_am_get_source(token, &source);
   uint64_t sender = nargs >= 2 ? args[0].u64 : ~0ULL;
-  if (sender >= static_cast<uint64_t>(job.ranks) || job.flows[sender].addr == nullptr ||
-      job.flows[sender].addr != source) {
+  if (sender >= static_cast<uint64_t>(job.ranks) ||
+      job.flows[sender].addr == nullptr || job.flows[sender].addr != source) {
     job.wrong_source++;
     return 0;
   }
@@ -84,7 +87,8 @@ int FlowHandler(psm2_am_token_t token, psm2_amarg_t* args, int nargs, void* src,
     }
   }
   flow.received++;
-  if (job.last_flow >= 0 && job.last_flow != static_cast<int>(sender)) job.flow_switches++;
+  if (job.last_flow >= 0 && job.last_flow != static_cast<int>(sender))
+    job.flow_switches++;
   job.last_flow = static_cast<int>(sender);
   return 0;
 }
@@ -102,8 +106,9 @@ void Barrier(Job& job) {
     while (access(path.c_str(), F_OK) != 0) {
       psm2_poll(job.ep);
       if (std::chrono::steady_clock::now() > deadline) {
-        fprintf(stderr, "am_fanin rank %d: barrier %d timed out waiting for rank %d\n", job.rank,
-                seq, r);
+        fprintf(stderr,
+                "am_fanin rank %d: barrier %d timed out waiting for rank %d\n",
+                job.rank, seq, r);
         exit(3);
       }
       usleep(50);
@@ -140,10 +145,11 @@ int main(int argc, char** argv) {
     }
   }
   psm2_uuid_t uuid;
-  if (job.ranks < 3 || job.rank < 0 || job.rank >= job.ranks || job.dir.empty() ||
-      !psmd::testing::ParseUuid(uuid_text, uuid)) {
+  if (job.ranks < 3 || job.rank < 0 || job.rank >= job.ranks ||
+      job.dir.empty() || !psmd::testing::ParseUuid(uuid_text, uuid)) {
     fprintf(stderr,
-            "usage: am_fanin --rank R --dir DIR --ranks N (N >= 3; run_pair.sh --ranks N) "
+            "usage: am_fanin --rank R --dir DIR --ranks N (N >= 3; run_pair.sh "
+            "--ranks N) "
             "[--uuid HEX] [--count C]\n");
     return 2;
   }
@@ -162,21 +168,24 @@ int main(int argc, char** argv) {
   std::vector<psm2_epid_t> epids(peers.size());
   for (size_t i = 0; i < peers.size(); i++) {
     if (!psmd::testing::AwaitEpid(job.dir, peers[i], 30, &epids[i])) {
-      fprintf(stderr, "am_fanin rank %d: no epid from rank %d\n", job.rank, peers[i]);
+      fprintf(stderr, "am_fanin rank %d: no epid from rank %d\n", job.rank,
+              peers[i]);
       return 2;
     }
   }
   std::vector<psm2_error_t> errs(peers.size());
   std::vector<psm2_epaddr_t> addrs(peers.size());
-  CheckPsm(psm2_ep_connect(job.ep, static_cast<int>(peers.size()), epids.data(), nullptr,
-                           errs.data(), addrs.data(), 30 * 1000000000LL),
-           "psm2_ep_connect");
+  CheckPsm(
+      psm2_ep_connect(job.ep, static_cast<int>(peers.size()), epids.data(),
+                      nullptr, errs.data(), addrs.data(), 30 * 1000000000LL),
+      "psm2_ep_connect");
   job.flows.resize(static_cast<size_t>(job.ranks));
   for (size_t i = 0; i < peers.size(); i++) job.flows[peers[i]].addr = addrs[i];
 
   psm2_am_handler_fn_t handlers[] = {FlowHandler};
   int idx[1];
-  CheckPsm(psm2_am_register_handlers(job.ep, handlers, 1, idx), "psm2_am_register_handlers");
+  CheckPsm(psm2_am_register_handlers(job.ep, handlers, 1, idx),
+           "psm2_am_register_handlers");
   Barrier(job);  // every rank has registered: requests may flow
   // Rank 0 stays out of the library for a moment, so that the flows queue up
   // at it concurrently and their handler runs interleave (not required, but
@@ -191,16 +200,19 @@ int main(int argc, char** argv) {
   for (uint64_t seq = 0; seq < count && !send_failed; seq++) {
     for (size_t i = 0; i < peers.size(); i++) {
       uint32_t len = PayloadLen(seq);
-      for (uint32_t j = 0; j < len; j++) payload[j] = PayloadByte(job.rank, seq, j);
+      for (uint32_t j = 0; j < len; j++)
+        payload[j] = PayloadByte(job.rank, seq, j);
       psm2_amarg_t args[2];
       args[0].u64 = static_cast<uint64_t>(job.rank);
       args[1].u64 = seq;
       int flags = (seq % 2) ? PSM2_AM_FLAG_NOREPLY : PSM2_AM_FLAG_NONE;
-      psm2_error_t err = psm2_am_request_short(addrs[i], idx[0], args, 2, payload.data(), len,
-                                               flags, nullptr, nullptr);
+      psm2_error_t err =
+          psm2_am_request_short(addrs[i], idx[0], args, 2, payload.data(), len,
+                                flags, nullptr, nullptr);
       if (err != PSM2_OK) {
-        fprintf(stderr, "am_fanin rank %d: request %llu to rank %d: %s\n", job.rank,
-                static_cast<unsigned long long>(seq), peers[i], psm2_error_get_string(err));
+        fprintf(stderr, "am_fanin rank %d: request %llu to rank %d: %s\n",
+                job.rank, static_cast<unsigned long long>(seq), peers[i],
+                psm2_error_get_string(err));
         send_failed = true;
         break;
       }
@@ -217,16 +229,19 @@ int main(int argc, char** argv) {
     return true;
   };
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!all_in() && std::chrono::steady_clock::now() < deadline) psm2_poll(job.ep);
+  while (!all_in() && std::chrono::steady_clock::now() < deadline)
+    psm2_poll(job.ep);
   Barrier(job);  // nobody closes while another rank still needs it
 
   bool ok = !send_failed && all_in() && job.wrong_source == 0;
   for (int p : peers) {
     const Flow& f = job.flows[p];
-    ok = ok && f.received == count && f.out_of_order == 0 && f.bad_payloads == 0;
+    ok =
+        ok && f.received == count && f.out_of_order == 0 && f.bad_payloads == 0;
     if (f.received != count || f.out_of_order || f.bad_payloads) {
       fprintf(stderr,
-              "am_fanin rank %d: flow from rank %d: %llu of %llu requests, %llu out of order, "
+              "am_fanin rank %d: flow from rank %d: %llu of %llu requests, "
+              "%llu out of order, "
               "%llu bad payloads\n",
               job.rank, p, static_cast<unsigned long long>(f.received),
               static_cast<unsigned long long>(count),
@@ -235,15 +250,20 @@ int main(int argc, char** argv) {
     }
   }
   if (job.wrong_source) {
-    fprintf(stderr, "am_fanin rank %d: %llu requests whose source did not match their sender\n",
+    fprintf(stderr,
+            "am_fanin rank %d: %llu requests whose source did not match their "
+            "sender\n",
             job.rank, static_cast<unsigned long long>(job.wrong_source));
   }
   if (job.rank == 0) {
     printf(
-        "%s rank0 am_fanin: %d flows x %llu requests in, %llu out to each; %llu flow "
+        "%s rank0 am_fanin: %d flows x %llu requests in, %llu out to each; "
+        "%llu flow "
         "switches\n",
-        ok ? "PASS" : "FAIL", job.ranks - 1, static_cast<unsigned long long>(count),
-        static_cast<unsigned long long>(count), static_cast<unsigned long long>(job.flow_switches));
+        ok ? "PASS" : "FAIL", job.ranks - 1,
+        static_cast<unsigned long long>(count),
+        static_cast<unsigned long long>(count),
+        static_cast<unsigned long long>(job.flow_switches));
   } else {
     printf("%s rank%d am_fanin\n", ok ? "PASS" : "FAIL", job.rank);
   }

@@ -41,7 +41,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr uint32_t kNoSuchUnit = 0xffffffffu;  // what both report for a missing unit
+constexpr uint32_t kNoSuchUnit =
+    0xffffffffu;  // what both report for a missing unit
 const psm2_epaddr_t kUntouched = reinterpret_cast<psm2_epaddr_t>(0x1);
 constexpr psm2_error_t kUnset = static_cast<psm2_error_t>(99);
 
@@ -49,17 +50,21 @@ constexpr psm2_error_t kUnset = static_cast<psm2_error_t>(99);
 // Intel's text form.
 constexpr char kPairUuidText[] = "c0ffee00-c0ff-ee00-c0ff-ee00c0ffee00";
 
-#define CHECK_ERR(expr, want) CheckErrAt((expr), (want), #expr, __FILE__, __LINE__)
+#define CHECK_ERR(expr, want) \
+  CheckErrAt((expr), (want), #expr, __FILE__, __LINE__)
 
-void CheckErrAt(psm2_error_t got, psm2_error_t want, const char* expr, const char* file, int line) {
+void CheckErrAt(psm2_error_t got, psm2_error_t want, const char* expr,
+                const char* file, int line) {
   if (got == want) return;
   char buf[256];
-  snprintf(buf, sizeof(buf), "%s returned %d, expected %d", expr, static_cast<int>(got),
-           static_cast<int>(want));
+  snprintf(buf, sizeof(buf), "%s returned %d, expected %d", expr,
+           static_cast<int>(got), static_cast<int>(want));
   Check(false, buf, file, line);
 }
 
-std::string Cstr(const char* s, size_t max) { return std::string(s, strnlen(s, max)); }
+std::string Cstr(const char* s, size_t max) {
+  return std::string(s, strnlen(s, max));
+}
 
 // ---------------------------------------------------------------------------
 // Children
@@ -67,19 +72,24 @@ std::string Cstr(const char* s, size_t max) { return std::string(s, strnlen(s, m
 int g_child_failures = 0;
 
 #define CHILD_CHECK(cond) ChildCheck((cond), #cond, __LINE__)
-#define CHILD_CHECK_ERR(expr, want) ChildCheckErr((expr), (want), #expr, __LINE__)
+#define CHILD_CHECK_ERR(expr, want) \
+  ChildCheckErr((expr), (want), #expr, __LINE__)
 
 void ChildCheck(bool ok, const char* expr, int line) {
   if (ok) return;
   g_child_failures++;
-  fprintf(stderr, "core_conformance.cc:%d: child check failed: %s\n", line, expr);
+  fprintf(stderr, "core_conformance.cc:%d: child check failed: %s\n", line,
+          expr);
 }
 
-void ChildCheckErr(psm2_error_t got, psm2_error_t want, const char* expr, int line) {
+void ChildCheckErr(psm2_error_t got, psm2_error_t want, const char* expr,
+                   int line) {
   if (got == want) return;
   g_child_failures++;
-  fprintf(stderr, "core_conformance.cc:%d: child check failed: %s returned %d, expected %d\n", line,
-          expr, static_cast<int>(got), static_cast<int>(want));
+  fprintf(stderr,
+          "core_conformance.cc:%d: child check failed: %s returned %d, "
+          "expected %d\n",
+          line, expr, static_cast<int>(got), static_cast<int>(want));
 }
 
 bool IsPsmd() {
@@ -99,16 +109,20 @@ void InitOrDie() {
 // psm2_finalize.
 void ChildLifecycle() {
   // Callable before psm2_init.
-  CHILD_CHECK(psm2_get_capability_mask(~0ull) == (PSM2_MULTI_EP_CAP | PSM2_LIB_REFCOUNT_CAP));
+  CHILD_CHECK(psm2_get_capability_mask(~0ull) ==
+              (PSM2_MULTI_EP_CAP | PSM2_LIB_REFCOUNT_CAP));
   CHILD_CHECK(psm2_get_capability_mask(PSM2_MULTI_EP_CAP) == PSM2_MULTI_EP_CAP);
   CHILD_CHECK(psm2_get_capability_mask(0x100) == 0);
-  CHILD_CHECK(psm2_capabilities_bitset == (PSM2_MULTI_EP_CAP | PSM2_LIB_REFCOUNT_CAP));
+  CHILD_CHECK(psm2_capabilities_bitset ==
+              (PSM2_MULTI_EP_CAP | PSM2_LIB_REFCOUNT_CAP));
   psm2_uuid_t a = {}, b = {}, zero = {};
   psm2_uuid_generate(a);
   psm2_uuid_generate(b);
   CHILD_CHECK(memcmp(a, b, sizeof(a)) != 0);
   CHILD_CHECK(memcmp(a, zero, sizeof(a)) != 0);
-  CHILD_CHECK_ERR(psm2_error_register_handler(nullptr, PSM2_ERRHANDLER_NO_HANDLER), PSM2_OK);
+  CHILD_CHECK_ERR(
+      psm2_error_register_handler(nullptr, PSM2_ERRHANDLER_NO_HANDLER),
+      PSM2_OK);
 
   // Everything else needs psm2_init.
   uint32_t units = 99;
@@ -196,7 +210,8 @@ void ChildOpenOptions() {
     b.set(&o);
     psm2_error_t err = psm2_ep_open(uuid, &o, &ep, &epid);
     if (err != PSM2_PARAM_ERR) {
-      fprintf(stderr, "child: psm2_ep_open with %s returned %d\n", b.what, static_cast<int>(err));
+      fprintf(stderr, "child: psm2_ep_open with %s returned %d\n", b.what,
+              static_cast<int>(err));
       g_child_failures++;
     }
   }
@@ -222,15 +237,18 @@ void ChildOpenOptions() {
   // One endpoint per process unless PSM2_MULTI_EP is set.
   psm2_ep_t second = nullptr;
   psm2_epid_t second_epid = 0;
-  CHILD_CHECK_ERR(psm2_ep_open(uuid, nullptr, &second, &second_epid), PSM2_TOO_MANY_ENDPOINTS);
+  CHILD_CHECK_ERR(psm2_ep_open(uuid, nullptr, &second, &second_epid),
+                  PSM2_TOO_MANY_ENDPOINTS);
 
   // Close modes. psmd refuses an unknown mode; Intel's takes it as graceful.
   if (IsPsmd()) {
     CHILD_CHECK_ERR(psm2_ep_close(ep, 5, 0), PSM2_PARAM_ERR);
     CHILD_CHECK_ERR(psm2_ep_close(ep, PSM2_EP_CLOSE_GRACEFUL, 0), PSM2_OK);
     // Intel's asserts (or crashes) on these.
-    CHILD_CHECK_ERR(psm2_ep_close(ep, PSM2_EP_CLOSE_GRACEFUL, 0), PSM2_EP_WAS_CLOSED);
-    CHILD_CHECK_ERR(psm2_ep_close(nullptr, PSM2_EP_CLOSE_GRACEFUL, 0), PSM2_PARAM_ERR);
+    CHILD_CHECK_ERR(psm2_ep_close(ep, PSM2_EP_CLOSE_GRACEFUL, 0),
+                    PSM2_EP_WAS_CLOSED);
+    CHILD_CHECK_ERR(psm2_ep_close(nullptr, PSM2_EP_CLOSE_GRACEFUL, 0),
+                    PSM2_PARAM_ERR);
   } else {
     CHILD_CHECK_ERR(psm2_ep_close(ep, 5, 0), PSM2_OK);
   }
@@ -250,8 +268,8 @@ struct HandlerCall {
 HandlerCall g_handler;
 constexpr auto kHandlerResult = static_cast<psm2_error_t>(77);
 
-psm2_error_t RecordingHandler(psm2_ep_t ep, const psm2_error_t error, const char* message,
-                              psm2_error_token_t token) {
+psm2_error_t RecordingHandler(psm2_ep_t ep, const psm2_error_t error,
+                              const char* message, psm2_error_token_t token) {
   g_handler.calls++;
   g_handler.ep = ep;
   g_handler.error = error;
@@ -283,7 +301,8 @@ psm2_error_t EndpointError(psm2_ep_t ep) {
 void ChildHandlers() {
   // The global handler may be set before psm2_init; an endpoint takes the
   // global handler of the moment it opens.
-  CHILD_CHECK_ERR(psm2_error_register_handler(nullptr, RecordingHandler), PSM2_OK);
+  CHILD_CHECK_ERR(psm2_error_register_handler(nullptr, RecordingHandler),
+                  PSM2_OK);
   InitOrDie();
   psm2_uuid_t uuid;
   psm2_uuid_generate(uuid);
@@ -307,7 +326,8 @@ void ChildHandlers() {
   CHILD_CHECK(g_handler.error == PSM2_PARAM_ERR);
 
   // The endpoint's handler is its own from now on.
-  CHILD_CHECK_ERR(psm2_error_register_handler(ep, PSM2_ERRHANDLER_NO_HANDLER), PSM2_OK);
+  CHILD_CHECK_ERR(psm2_error_register_handler(ep, PSM2_ERRHANDLER_NO_HANDLER),
+                  PSM2_OK);
   g_handler = {};
   CHILD_CHECK_ERR(EndpointError(ep), PSM2_EPID_UNKNOWN);
   CHILD_CHECK(g_handler.calls == 0);
@@ -315,7 +335,9 @@ void ChildHandlers() {
   CHILD_CHECK(g_handler.calls == 1);
 
   CHILD_CHECK_ERR(psm2_error_register_handler(ep, RecordingHandler), PSM2_OK);
-  CHILD_CHECK_ERR(psm2_error_register_handler(nullptr, PSM2_ERRHANDLER_NO_HANDLER), PSM2_OK);
+  CHILD_CHECK_ERR(
+      psm2_error_register_handler(nullptr, PSM2_ERRHANDLER_NO_HANDLER),
+      PSM2_OK);
   g_handler = {};
   CHILD_CHECK_ERR(GlobalError(), PSM2_PARAM_ERR);
   CHILD_CHECK(g_handler.calls == 0);
@@ -324,7 +346,8 @@ void ChildHandlers() {
 
   if (IsPsmd()) {
     // Intel's takes a NULL handler and crashes at the next error.
-    CHILD_CHECK_ERR(psm2_error_register_handler(nullptr, nullptr), PSM2_PARAM_ERR);
+    CHILD_CHECK_ERR(psm2_error_register_handler(nullptr, nullptr),
+                    PSM2_PARAM_ERR);
   }
   CHILD_CHECK_ERR(psm2_ep_close(ep, PSM2_EP_CLOSE_GRACEFUL, 0), PSM2_OK);
   CHILD_CHECK_ERR(psm2_finalize(), PSM2_OK);
@@ -334,7 +357,9 @@ void ChildHandlers() {
 // status 255.
 void ChildPsmHandler() {
   InitOrDie();
-  CHILD_CHECK_ERR(psm2_error_register_handler(nullptr, PSM2_ERRHANDLER_PSM_HANDLER), PSM2_OK);
+  CHILD_CHECK_ERR(
+      psm2_error_register_handler(nullptr, PSM2_ERRHANDLER_PSM_HANDLER),
+      PSM2_OK);
   GlobalError();
   fprintf(stderr, "child: the PSM2 handler returned\n");
   g_child_failures++;
@@ -343,7 +368,8 @@ void ChildPsmHandler() {
 // psm2_error_defer from a handler hands the error to the PSM2 handler.
 void ChildDefer() {
   InitOrDie();
-  CHILD_CHECK_ERR(psm2_error_register_handler(nullptr, DeferringHandler), PSM2_OK);
+  CHILD_CHECK_ERR(psm2_error_register_handler(nullptr, DeferringHandler),
+                  PSM2_OK);
   GlobalError();
   fprintf(stderr, "child: psm2_error_defer returned\n");
   g_child_failures++;
@@ -369,7 +395,8 @@ void ChildMultiEndpoint() {
   int num = 4;
   CHILD_CHECK_ERR(psm2_ep_query(&num, info), PSM2_OK);
   CHILD_CHECK(num == 3);
-  if (num == 3) CHILD_CHECK(info[0].ep == a && info[1].ep == b && info[2].ep == c);
+  if (num == 3)
+    CHILD_CHECK(info[0].ep == a && info[1].ep == b && info[2].ep == c);
   num = 2;
   CHILD_CHECK_ERR(psm2_ep_query(&num, info), PSM2_OK);
   CHILD_CHECK(num == 2);
@@ -380,8 +407,10 @@ void ChildMultiEndpoint() {
   psm2_epid_t ids[3] = {b_id, c_id, nobody};
   psm2_error_t errs[3] = {kUnset, kUnset, kUnset};
   psm2_epaddr_t addrs[3] = {kUntouched, kUntouched, kUntouched};
-  CHILD_CHECK_ERR(psm2_ep_connect(a, 3, ids, nullptr, errs, addrs, 0), PSM2_EPID_INVALID_UUID_KEY);
-  CHILD_CHECK(errs[0] == PSM2_OK && addrs[0] != nullptr && addrs[0] != kUntouched);
+  CHILD_CHECK_ERR(psm2_ep_connect(a, 3, ids, nullptr, errs, addrs, 0),
+                  PSM2_EPID_INVALID_UUID_KEY);
+  CHILD_CHECK(errs[0] == PSM2_OK && addrs[0] != nullptr &&
+              addrs[0] != kUntouched);
   CHILD_CHECK(errs[1] == PSM2_EPID_INVALID_UUID_KEY && addrs[1] == nullptr);
   CHILD_CHECK(errs[2] == PSM2_EPID_UNREACHABLE && addrs[2] == nullptr);
   const psm2_epaddr_t a_to_b = addrs[0];
@@ -399,15 +428,20 @@ void ChildMultiEndpoint() {
   // Graceful close of an endpoint whose rendezvous send nobody receives:
   // it waits its timeout, then gives up.
   psm2_mq_t a_mq, b_mq;
-  CHILD_CHECK_ERR(psm2_mq_init(a, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &a_mq), PSM2_OK);
-  CHILD_CHECK_ERR(psm2_mq_init(b, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &b_mq), PSM2_OK);
+  CHILD_CHECK_ERR(psm2_mq_init(a, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &a_mq),
+                  PSM2_OK);
+  CHILD_CHECK_ERR(psm2_mq_init(b, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &b_mq),
+                  PSM2_OK);
   const uint32_t kBig = 1 << 20;  // far above the rendezvous threshold
   std::vector<uint8_t> out(kBig), in(kBig);
   for (uint32_t i = 0; i < kBig; i++) out[i] = static_cast<uint8_t>(i * 7 + 3);
   psm2_mq_req_t send;
-  CHILD_CHECK_ERR(psm2_mq_isend(a_mq, a_to_b, 0, 1, out.data(), kBig, nullptr, &send), PSM2_OK);
+  CHILD_CHECK_ERR(
+      psm2_mq_isend(a_mq, a_to_b, 0, 1, out.data(), kBig, nullptr, &send),
+      PSM2_OK);
   auto start = Clock::now();
-  CHILD_CHECK_ERR(psm2_ep_close(a, PSM2_EP_CLOSE_GRACEFUL, 200000000), PSM2_EP_CLOSE_TIMEOUT);
+  CHILD_CHECK_ERR(psm2_ep_close(a, PSM2_EP_CLOSE_GRACEFUL, 200000000),
+                  PSM2_EP_CLOSE_TIMEOUT);
   CHILD_CHECK(Clock::now() - start >= std::chrono::milliseconds(200));
 
   // A graceful close that the receiver lets finish: the message arrives.
@@ -415,30 +449,41 @@ void ChildMultiEndpoint() {
   psm2_epid_t d_id;
   CHILD_CHECK_ERR(psm2_ep_open(job, nullptr, &d, &d_id), PSM2_OK);
   psm2_mq_t d_mq;
-  CHILD_CHECK_ERR(psm2_mq_init(d, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &d_mq), PSM2_OK);
+  CHILD_CHECK_ERR(psm2_mq_init(d, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &d_mq),
+                  PSM2_OK);
   psm2_error_t err = kUnset;
   psm2_epaddr_t d_to_b = nullptr;
-  CHILD_CHECK_ERR(psm2_ep_connect(d, 1, &b_id, nullptr, &err, &d_to_b, 0), PSM2_OK);
-  CHILD_CHECK_ERR(psm2_mq_isend(d_mq, d_to_b, 0, 2, out.data(), kBig, nullptr, &send), PSM2_OK);
+  CHILD_CHECK_ERR(psm2_ep_connect(d, 1, &b_id, nullptr, &err, &d_to_b, 0),
+                  PSM2_OK);
+  CHILD_CHECK_ERR(
+      psm2_mq_isend(d_mq, d_to_b, 0, 2, out.data(), kBig, nullptr, &send),
+      PSM2_OK);
   psm2_mq_status_t status = {};
   std::thread receiver([&] {
     psm2_mq_req_t recv;
-    if (psm2_mq_irecv(b_mq, 2, ~0ull, 0, in.data(), kBig, nullptr, &recv) == PSM2_OK) {
+    if (psm2_mq_irecv(b_mq, 2, ~0ull, 0, in.data(), kBig, nullptr, &recv) ==
+        PSM2_OK) {
       psm2_mq_wait(&recv, &status);
     }
   });
-  CHILD_CHECK_ERR(psm2_ep_close(d, PSM2_EP_CLOSE_GRACEFUL, 10000000000LL), PSM2_OK);
+  CHILD_CHECK_ERR(psm2_ep_close(d, PSM2_EP_CLOSE_GRACEFUL, 10000000000LL),
+                  PSM2_OK);
   receiver.join();
   CHILD_CHECK(status.msg_length == kBig && status.nbytes == kBig);
   CHILD_CHECK(in == out);
 
   // A forced close does not wait.
   CHILD_CHECK_ERR(psm2_ep_open(job, nullptr, &d, &d_id), PSM2_OK);
-  CHILD_CHECK_ERR(psm2_mq_init(d, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &d_mq), PSM2_OK);
-  CHILD_CHECK_ERR(psm2_ep_connect(d, 1, &b_id, nullptr, &err, &d_to_b, 0), PSM2_OK);
-  CHILD_CHECK_ERR(psm2_mq_isend(d_mq, d_to_b, 0, 3, out.data(), kBig, nullptr, &send), PSM2_OK);
+  CHILD_CHECK_ERR(psm2_mq_init(d, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &d_mq),
+                  PSM2_OK);
+  CHILD_CHECK_ERR(psm2_ep_connect(d, 1, &b_id, nullptr, &err, &d_to_b, 0),
+                  PSM2_OK);
+  CHILD_CHECK_ERR(
+      psm2_mq_isend(d_mq, d_to_b, 0, 3, out.data(), kBig, nullptr, &send),
+      PSM2_OK);
   start = Clock::now();
-  CHILD_CHECK_ERR(psm2_ep_close(d, PSM2_EP_CLOSE_FORCE, 10000000000LL), PSM2_OK);
+  CHILD_CHECK_ERR(psm2_ep_close(d, PSM2_EP_CLOSE_FORCE, 10000000000LL),
+                  PSM2_OK);
   CHILD_CHECK(Clock::now() - start < std::chrono::seconds(2));
   CHILD_CHECK_ERR(psm2_finalize(), PSM2_OK);  // closes b and c
 }
@@ -514,7 +559,8 @@ void EpidFields(Pair& p) {
     CONF_CHECK_EQ(psm2_epid_nid(p.self_epid), p.self_epid >> 48);
     CONF_CHECK_EQ(psm2_epid_nid(p.peer_epid), psm2_epid_nid(p.self_epid));
     CONF_CHECK_EQ(psm2_epid_context(p.self_epid), p.self_epid & 0xffffffffu);
-    CONF_CHECK(psm2_epid_context(p.self_epid) != psm2_epid_context(p.peer_epid));
+    CONF_CHECK(psm2_epid_context(p.self_epid) !=
+               psm2_epid_context(p.peer_epid));
     CONF_CHECK_EQ(psm2_epid_nid(0x123456789abcdef0ull), 0x1234u);
     CONF_CHECK_EQ(psm2_epid_context(0x123456789abcdef0ull), 0x9abcdef0u);
   } else {
@@ -536,11 +582,15 @@ void ShareMemory(Pair& p) {
     // Another node id: not this psmd's. (Intel's without an adapter says 1
     // for any epid.)
     result = -1;
-    CHECK_ERR(psm2_ep_epid_share_memory(p.ep, p.peer_epid ^ (1ull << 50), &result), PSM2_OK);
+    CHECK_ERR(
+        psm2_ep_epid_share_memory(p.ep, p.peer_epid ^ (1ull << 50), &result),
+        PSM2_OK);
     CONF_CHECK_EQ(result, 0);
     // Intel's crashes on these.
-    CHECK_ERR(psm2_ep_epid_share_memory(p.ep, p.peer_epid, nullptr), PSM2_PARAM_ERR);
-    CHECK_ERR(psm2_ep_epid_share_memory(nullptr, p.peer_epid, &result), PSM2_PARAM_ERR);
+    CHECK_ERR(psm2_ep_epid_share_memory(p.ep, p.peer_epid, nullptr),
+              PSM2_PARAM_ERR);
+    CHECK_ERR(psm2_ep_epid_share_memory(nullptr, p.peer_epid, &result),
+              PSM2_PARAM_ERR);
   }
 }
 
@@ -573,7 +623,8 @@ void EpidLookup(Pair& p) {
 
   CHECK_ERR(psm2_ep_epid_lookup(0x999, &conn), PSM2_EPID_UNKNOWN);
   CHECK_ERR(psm2_ep_epid_lookup2(p.ep, 0x999, &conn), PSM2_EPID_UNKNOWN);
-  CHECK_ERR(psm2_ep_epid_lookup2(nullptr, p.peer_epid, &conn), PSM2_EP_WAS_CLOSED);
+  CHECK_ERR(psm2_ep_epid_lookup2(nullptr, p.peer_epid, &conn),
+            PSM2_EP_WAS_CLOSED);
   CHECK_ERR(psm2_ep_epid_lookup2(p.ep, p.peer_epid, nullptr), PSM2_PARAM_ERR);
 
   psm2_epid_t epid = 0;
@@ -592,29 +643,38 @@ void EpaddrContext(Pair& p) {
   // The same value as the option PSM2_CORE_OPT_EP_CTXT.
   void* ctxt = nullptr;
   uint64_t len = sizeof(ctxt);
-  CHECK_ERR(psm2_getopt(PSM2_COMPONENT_CORE, p.peer, PSM2_CORE_OPT_EP_CTXT, &ctxt, &len), PSM2_OK);
+  CHECK_ERR(psm2_getopt(PSM2_COMPONENT_CORE, p.peer, PSM2_CORE_OPT_EP_CTXT,
+                        &ctxt, &len),
+            PSM2_OK);
   CONF_CHECK(ctxt == &marker);
   CONF_CHECK_EQ(len, sizeof(void*));
   len = 4;
-  CHECK_ERR(psm2_getopt(PSM2_COMPONENT_CORE, p.peer, PSM2_CORE_OPT_EP_CTXT, &ctxt, &len),
+  CHECK_ERR(psm2_getopt(PSM2_COMPONENT_CORE, p.peer, PSM2_CORE_OPT_EP_CTXT,
+                        &ctxt, &len),
             PSM2_PARAM_ERR);
   CONF_CHECK_EQ(len, sizeof(void*));  // the size needed
   uint8_t big[16];
   len = sizeof(big);
-  CHECK_ERR(psm2_getopt(PSM2_COMPONENT_CORE, p.peer, PSM2_CORE_OPT_EP_CTXT, big, &len), PSM2_OK);
+  CHECK_ERR(psm2_getopt(PSM2_COMPONENT_CORE, p.peer, PSM2_CORE_OPT_EP_CTXT, big,
+                        &len),
+            PSM2_OK);
   CONF_CHECK_EQ(len, sizeof(big));  // left alone when large enough
   // Setting takes the pointer optval itself (that is how
   // psm2_epaddr_setctxt passes the context).
   int other = 0;
-  CHECK_ERR(psm2_setopt(PSM2_COMPONENT_CORE, p.peer, PSM2_CORE_OPT_EP_CTXT, &other, sizeof(void*)),
+  CHECK_ERR(psm2_setopt(PSM2_COMPONENT_CORE, p.peer, PSM2_CORE_OPT_EP_CTXT,
+                        &other, sizeof(void*)),
             PSM2_OK);
   CONF_CHECK(psm2_epaddr_getctxt(p.peer) == &other);
-  CHECK_ERR(psm2_setopt(PSM2_COMPONENT_CORE, p.peer, PSM2_CORE_OPT_EP_CTXT, &other, 4),
+  CHECK_ERR(psm2_setopt(PSM2_COMPONENT_CORE, p.peer, PSM2_CORE_OPT_EP_CTXT,
+                        &other, 4),
             PSM2_PARAM_ERR);
   len = sizeof(ctxt);
-  CHECK_ERR(psm2_getopt(PSM2_COMPONENT_CORE, nullptr, PSM2_CORE_OPT_EP_CTXT, &ctxt, &len),
+  CHECK_ERR(psm2_getopt(PSM2_COMPONENT_CORE, nullptr, PSM2_CORE_OPT_EP_CTXT,
+                        &ctxt, &len),
             PSM2_PARAM_ERR);
-  CHECK_ERR(psm2_setopt(PSM2_COMPONENT_CORE, nullptr, PSM2_CORE_OPT_EP_CTXT, &other, sizeof(void*)),
+  CHECK_ERR(psm2_setopt(PSM2_COMPONENT_CORE, nullptr, PSM2_CORE_OPT_EP_CTXT,
+                        &other, sizeof(void*)),
             PSM2_PARAM_ERR);
   CONF_CHECK(psm2_epaddr_getctxt(nullptr) == nullptr);
   psm2_epaddr_setctxt(nullptr, &marker);  // ignored
@@ -637,32 +697,45 @@ void EpaddrContext(Pair& p) {
 void CoreOptions(Pair& p) {
   uint32_t mask = 0;
   uint64_t len = sizeof(mask);
-  CHECK_ERR(psm2_getopt(PSM2_COMPONENT_CORE, nullptr, PSM2_CORE_OPT_DEBUG, &mask, &len), PSM2_OK);
+  CHECK_ERR(psm2_getopt(PSM2_COMPONENT_CORE, nullptr, PSM2_CORE_OPT_DEBUG,
+                        &mask, &len),
+            PSM2_OK);
   CONF_CHECK_EQ(mask, 1u);  // the default: informational messages on
   len = 2;
-  CHECK_ERR(psm2_getopt(PSM2_COMPONENT_CORE, nullptr, PSM2_CORE_OPT_DEBUG, &mask, &len),
+  CHECK_ERR(psm2_getopt(PSM2_COMPONENT_CORE, nullptr, PSM2_CORE_OPT_DEBUG,
+                        &mask, &len),
             PSM2_PARAM_ERR);
   CONF_CHECK_EQ(len, 4u);
   uint64_t wide = ~0ull;
   len = sizeof(wide);
-  CHECK_ERR(psm2_getopt(PSM2_COMPONENT_CORE, p.ep, PSM2_CORE_OPT_DEBUG, &wide, &len), PSM2_OK);
-  CONF_CHECK_EQ(static_cast<uint32_t>(wide), 1u);  // a uint32_t; the object does not matter
+  CHECK_ERR(
+      psm2_getopt(PSM2_COMPONENT_CORE, p.ep, PSM2_CORE_OPT_DEBUG, &wide, &len),
+      PSM2_OK);
+  CONF_CHECK_EQ(static_cast<uint32_t>(wide),
+                1u);  // a uint32_t; the object does not matter
   CONF_CHECK_EQ(len, sizeof(wide));
 
   uint32_t set = 0x4;
-  CHECK_ERR(psm2_setopt(PSM2_COMPONENT_CORE, nullptr, PSM2_CORE_OPT_DEBUG, &set, sizeof(set)),
+  CHECK_ERR(psm2_setopt(PSM2_COMPONENT_CORE, nullptr, PSM2_CORE_OPT_DEBUG, &set,
+                        sizeof(set)),
             PSM2_OK);
   len = sizeof(mask);
-  CHECK_ERR(psm2_getopt(PSM2_COMPONENT_CORE, nullptr, PSM2_CORE_OPT_DEBUG, &mask, &len), PSM2_OK);
+  CHECK_ERR(psm2_getopt(PSM2_COMPONENT_CORE, nullptr, PSM2_CORE_OPT_DEBUG,
+                        &mask, &len),
+            PSM2_OK);
   CONF_CHECK_EQ(mask, 0x4u);
-  CHECK_ERR(psm2_setopt(PSM2_COMPONENT_CORE, nullptr, PSM2_CORE_OPT_DEBUG, &set, 2),
-            PSM2_PARAM_ERR);
+  CHECK_ERR(
+      psm2_setopt(PSM2_COMPONENT_CORE, nullptr, PSM2_CORE_OPT_DEBUG, &set, 2),
+      PSM2_PARAM_ERR);
   set = 1;
-  CHECK_ERR(psm2_setopt(PSM2_COMPONENT_CORE, nullptr, PSM2_CORE_OPT_DEBUG, &set, sizeof(set)),
+  CHECK_ERR(psm2_setopt(PSM2_COMPONENT_CORE, nullptr, PSM2_CORE_OPT_DEBUG, &set,
+                        sizeof(set)),
             PSM2_OK);
 
-  CHECK_ERR(psm2_getopt(PSM2_COMPONENT_CORE, nullptr, 0x1ff, &mask, &len), PSM2_PARAM_ERR);
-  CHECK_ERR(psm2_setopt(PSM2_COMPONENT_CORE, nullptr, 0x1ff, &set, sizeof(set)), PSM2_PARAM_ERR);
+  CHECK_ERR(psm2_getopt(PSM2_COMPONENT_CORE, nullptr, 0x1ff, &mask, &len),
+            PSM2_PARAM_ERR);
+  CHECK_ERR(psm2_setopt(PSM2_COMPONENT_CORE, nullptr, 0x1ff, &set, sizeof(set)),
+            PSM2_PARAM_ERR);
   // Unknown component.
   const auto nine = static_cast<psm2_component_t>(9);
   CHECK_ERR(psm2_getopt(nine, p.ep, 1, &mask, &len), PSM2_PARAM_ERR);
@@ -672,7 +745,8 @@ void CoreOptions(Pair& p) {
 void AmOptions(Pair& p) {
   psm2_am_parameters params;
   size_t filled = 0;
-  CHECK_ERR(psm2_am_get_parameters(p.ep, &params, sizeof(params), &filled), PSM2_OK);
+  CHECK_ERR(psm2_am_get_parameters(p.ep, &params, sizeof(params), &filled),
+            PSM2_OK);
   struct Limit {
     int option;
     uint32_t expected;
@@ -681,17 +755,21 @@ void AmOptions(Pair& p) {
                           {PSM2_AM_OPT_NARGS, params.max_nargs},
                           {PSM2_AM_OPT_HANDLERS, params.max_handlers}};
   for (const Limit& l : limits) {
-    for (const void* obj : {static_cast<const void*>(nullptr), static_cast<const void*>(p.peer)}) {
+    for (const void* obj : {static_cast<const void*>(nullptr),
+                            static_cast<const void*>(p.peer)}) {
       uint32_t value = 0;
       uint64_t len = sizeof(value);
-      CHECK_ERR(psm2_getopt(PSM2_COMPONENT_AM, obj, l.option, &value, &len), PSM2_OK);
+      CHECK_ERR(psm2_getopt(PSM2_COMPONENT_AM, obj, l.option, &value, &len),
+                PSM2_OK);
       CONF_CHECK_EQ(value, l.expected);
     }
     uint32_t value = 5;
     uint64_t len = 2;
-    psm2_error_t short_get = psm2_getopt(PSM2_COMPONENT_AM, p.peer, l.option, &value, &len);
+    psm2_error_t short_get =
+        psm2_getopt(PSM2_COMPONENT_AM, p.peer, l.option, &value, &len);
     CONF_CHECK_EQ(len, 4u);  // the size needed
-    psm2_error_t set = psm2_setopt(PSM2_COMPONENT_AM, p.ep, l.option, &value, sizeof(value));
+    psm2_error_t set =
+        psm2_setopt(PSM2_COMPONENT_AM, p.ep, l.option, &value, sizeof(value));
     if (p.impl == "psmd") {
       CHECK_ERR(short_get, PSM2_PARAM_ERR);
       CHECK_ERR(set, PSM2_OPT_READONLY);
@@ -705,27 +783,34 @@ void AmOptions(Pair& p) {
   }
   uint32_t value = 0;
   uint64_t len = sizeof(value);
-  CHECK_ERR(psm2_getopt(PSM2_COMPONENT_AM, nullptr, 0x4ff, &value, &len), PSM2_PARAM_ERR);
+  CHECK_ERR(psm2_getopt(PSM2_COMPONENT_AM, nullptr, 0x4ff, &value, &len),
+            PSM2_PARAM_ERR);
 }
 
 void IbOptions(Pair& p) {
   uint32_t value = 1;
   uint64_t len = sizeof(value);
-  CHECK_ERR(psm2_getopt(PSM2_COMPONENT_IB, p.ep, 0x2ff, &value, &len), PSM2_PARAM_ERR);
-  CHECK_ERR(psm2_setopt(PSM2_COMPONENT_IB, p.ep, 0x2ff, &value, sizeof(value)), PSM2_PARAM_ERR);
+  CHECK_ERR(psm2_getopt(PSM2_COMPONENT_IB, p.ep, 0x2ff, &value, &len),
+            PSM2_PARAM_ERR);
+  CHECK_ERR(psm2_setopt(PSM2_COMPONENT_IB, p.ep, 0x2ff, &value, sizeof(value)),
+            PSM2_PARAM_ERR);
   if (p.impl == "psmd") {
     // No fabric, so no service levels. Intel's crashes on these without an
     // HFI endpoint.
-    CHECK_ERR(psm2_getopt(PSM2_COMPONENT_IB, p.ep, PSM2_IB_OPT_DF_SL, &value, &len),
+    CHECK_ERR(
+        psm2_getopt(PSM2_COMPONENT_IB, p.ep, PSM2_IB_OPT_DF_SL, &value, &len),
+        PSM2_PARAM_ERR);
+    CHECK_ERR(psm2_setopt(PSM2_COMPONENT_IB, p.ep, PSM2_IB_OPT_DF_SL, &value,
+                          sizeof(value)),
               PSM2_PARAM_ERR);
-    CHECK_ERR(psm2_setopt(PSM2_COMPONENT_IB, p.ep, PSM2_IB_OPT_DF_SL, &value, sizeof(value)),
-              PSM2_PARAM_ERR);
-    CHECK_ERR(psm2_getopt(PSM2_COMPONENT_IB, p.peer, PSM2_IB_OPT_EP_SL, &value, &len),
-              PSM2_PARAM_ERR);
+    CHECK_ERR(
+        psm2_getopt(PSM2_COMPONENT_IB, p.peer, PSM2_IB_OPT_EP_SL, &value, &len),
+        PSM2_PARAM_ERR);
   }
 }
 
-uint32_t Query32(psm2_info_query_t q, std::initializer_list<psm2_info_query_arg_t> args,
+uint32_t Query32(psm2_info_query_t q,
+                 std::initializer_list<psm2_info_query_arg_t> args,
                  psm2_error_t* err) {
   std::vector<psm2_info_query_arg_t> a(args);
   uint32_t out = 0xdeadbeef;
@@ -741,9 +826,15 @@ psm2_info_query_arg_t Arg(V value) {
   a.*kMember = value;
   return a;
 }
-psm2_info_query_arg_t Unit(uint32_t unit) { return Arg<&psm2_info_query_arg_t::unit>(unit); }
-psm2_info_query_arg_t Port(uint32_t port) { return Arg<&psm2_info_query_arg_t::port>(port); }
-psm2_info_query_arg_t Mq(psm2_mq_t mq) { return Arg<&psm2_info_query_arg_t::mq>(mq); }
+psm2_info_query_arg_t Unit(uint32_t unit) {
+  return Arg<&psm2_info_query_arg_t::unit>(unit);
+}
+psm2_info_query_arg_t Port(uint32_t port) {
+  return Arg<&psm2_info_query_arg_t::port>(port);
+}
+psm2_info_query_arg_t Mq(psm2_mq_t mq) {
+  return Arg<&psm2_info_query_arg_t::mq>(mq);
+}
 psm2_info_query_arg_t Addr(psm2_epaddr_t epaddr) {
   return Arg<&psm2_info_query_arg_t::epaddr>(epaddr);
 }
@@ -773,44 +864,55 @@ void InfoQuery(Pair& p) {
   status = Query32(PSM2_INFO_QUERY_UNIT_PORT_STATUS, {Unit(0), Port(1)}, &err);
   CHECK_ERR(err, PSM2_OK);
   if (psmd) CONF_CHECK_EQ(status, 1u);
-  CONF_CHECK_EQ(Query32(PSM2_INFO_QUERY_UNIT_STATUS, {Unit(1)}, &err), kNoSuchUnit);
+  CONF_CHECK_EQ(Query32(PSM2_INFO_QUERY_UNIT_STATUS, {Unit(1)}, &err),
+                kNoSuchUnit);
   CHECK_ERR(err, PSM2_OK);
-  CONF_CHECK_EQ(Query32(PSM2_INFO_QUERY_UNIT_PORT_STATUS, {Unit(0), Port(2)}, &err), kNoSuchUnit);
+  CONF_CHECK_EQ(
+      Query32(PSM2_INFO_QUERY_UNIT_PORT_STATUS, {Unit(0), Port(2)}, &err),
+      kNoSuchUnit);
   CHECK_ERR(err, PSM2_OK);
   uint32_t contexts = Query32(PSM2_INFO_QUERY_NUM_CONTEXTS, {Unit(0)}, &err);
   CHECK_ERR(err, PSM2_OK);
-  uint32_t free_contexts = Query32(PSM2_INFO_QUERY_NUM_FREE_CONTEXTS, {Unit(0)}, &err);
+  uint32_t free_contexts =
+      Query32(PSM2_INFO_QUERY_NUM_FREE_CONTEXTS, {Unit(0)}, &err);
   CHECK_ERR(err, PSM2_OK);
   if (psmd) {
     // psmd's endpoints: both ranks hold one.
     CONF_CHECK(contexts >= 2);
     CONF_CHECK(free_contexts <= contexts - 2);
   }
-  CONF_CHECK_EQ(Query32(PSM2_INFO_QUERY_NUM_CONTEXTS, {Unit(1)}, &err), kNoSuchUnit);
+  CONF_CHECK_EQ(Query32(PSM2_INFO_QUERY_NUM_CONTEXTS, {Unit(1)}, &err),
+                kNoSuchUnit);
   CHECK_ERR(err, PSM2_OK);
-  CONF_CHECK_EQ(Query32(PSM2_INFO_QUERY_FEATURE_MASK, {}, &err), 0u);  // no GPU support
+  CONF_CHECK_EQ(Query32(PSM2_INFO_QUERY_FEATURE_MASK, {}, &err),
+                0u);  // no GPU support
   CHECK_ERR(err, PSM2_OK);
 
   char name[64] = {};
   psm2_info_query_arg_t length = Length(sizeof(name));
-  CHECK_ERR(psm2_info_query(PSM2_INFO_QUERY_NETWORK_TYPE, name, 1, &length), PSM2_OK);
+  CHECK_ERR(psm2_info_query(PSM2_INFO_QUERY_NETWORK_TYPE, name, 1, &length),
+            PSM2_OK);
   CONF_CHECK(Cstr(name, sizeof(name)) == (psmd ? "psmd" : "Intel(R) OPA"));
   length = Length(2);
-  CHECK_ERR(psm2_info_query(PSM2_INFO_QUERY_NETWORK_TYPE, name, 1, &length), PSM2_INTERNAL_ERR);
+  CHECK_ERR(psm2_info_query(PSM2_INFO_QUERY_NETWORK_TYPE, name, 1, &length),
+            PSM2_INTERNAL_ERR);
 
   // Argument counts are checked, then the query number.
-  static const size_t kArgs[PSM2_INFO_QUERY_LAST] = {0, 0, 1, 2, 1, 1, 2, 3, 3, 2, 2, 1, 0};
+  static const size_t kArgs[PSM2_INFO_QUERY_LAST] = {0, 0, 1, 2, 1, 1, 2,
+                                                     3, 3, 2, 2, 1, 0};
   psm2_info_query_arg_t many[4];
   memset(many, 0, sizeof(many));
   for (int q = 0; q < PSM2_INFO_QUERY_LAST; q++) {
     uint32_t out[16];
-    CHECK_ERR(psm2_info_query(static_cast<psm2_info_query_t>(q), out, kArgs[q] + 1, many),
+    CHECK_ERR(psm2_info_query(static_cast<psm2_info_query_t>(q), out,
+                              kArgs[q] + 1, many),
               PSM2_PARAM_ERR);
   }
   for (int q : {static_cast<int>(PSM2_INFO_QUERY_LAST), 14, -1}) {
     uint32_t out;
-    CHECK_ERR(psm2_info_query(static_cast<psm2_info_query_t>(q), &out, 0, nullptr),
-              PSM2_IQ_INVALID_QUERY);
+    CHECK_ERR(
+        psm2_info_query(static_cast<psm2_info_query_t>(q), &out, 0, nullptr),
+        PSM2_IQ_INVALID_QUERY);
   }
 
   // Per connection: the peer is reached through shared memory, the
@@ -820,36 +922,46 @@ void InfoQuery(Pair& p) {
   CHECK_ERR(err, PSM2_OK);
   psm2_epaddr_t self = nullptr;
   psm2_error_t self_err = kUnset;
-  CHECK_ERR(psm2_ep_connect(p.ep, 1, &p.self_epid, nullptr, &self_err, &self, 0), PSM2_OK);
+  CHECK_ERR(
+      psm2_ep_connect(p.ep, 1, &p.self_epid, nullptr, &self_err, &self, 0),
+      PSM2_OK);
   CONF_CHECK_EQ(Query32(PSM2_INFO_QUERY_CONFIG, {Mq(p.mq), Addr(self)}, &err),
                 static_cast<uint32_t>(PSM2_INFO_QUERY_CONFIG_SELF));
   CHECK_ERR(err, PSM2_OK);
-  CONF_CHECK_EQ(Query32(PSM2_INFO_QUERY_MTU, {Mq(p.mq), Addr(p.peer)}, &err), 0u);
+  CONF_CHECK_EQ(Query32(PSM2_INFO_QUERY_MTU, {Mq(p.mq), Addr(p.peer)}, &err),
+                0u);
   CHECK_ERR(err, PSM2_OK);
   if (psmd) {
     // Intel's crashes on these over shared memory (the queries reach its
     // fabric code).
     uint32_t rndv = 0;
     CHECK_ERR(psm2_mq_getopt(p.mq, PSM2_MQ_RNDV_SHM_SZ, &rndv), PSM2_OK);
-    CONF_CHECK_EQ(
-        Query32(PSM2_INFO_QUERY_THRESH,
-                {Mq(p.mq), Addr(p.peer), Thresh(PSM2_INFO_QUERY_THRESH_AMSH_START)}, &err),
-        rndv);
+    CONF_CHECK_EQ(Query32(PSM2_INFO_QUERY_THRESH,
+                          {Mq(p.mq), Addr(p.peer),
+                           Thresh(PSM2_INFO_QUERY_THRESH_AMSH_START)},
+                          &err),
+                  rndv);
     CHECK_ERR(err, PSM2_OK);
     CONF_CHECK_EQ(Query32(PSM2_INFO_QUERY_THRESH,
-                          {Mq(p.mq), Addr(self), Thresh(PSM2_INFO_QUERY_THRESH_SELF_START)}, &err),
+                          {Mq(p.mq), Addr(self),
+                           Thresh(PSM2_INFO_QUERY_THRESH_SELF_START)},
+                          &err),
                   rndv);
     CHECK_ERR(err, PSM2_OK);
     Query32(PSM2_INFO_QUERY_THRESH,
-            {Mq(p.mq), Addr(p.peer), Thresh(PSM2_INFO_QUERY_THRESH_IPS_RNDV)}, &err);
+            {Mq(p.mq), Addr(p.peer), Thresh(PSM2_INFO_QUERY_THRESH_IPS_RNDV)},
+            &err);
     CHECK_ERR(err, PSM2_IQ_INVALID_QUERY);
     Query32(PSM2_INFO_QUERY_LINK_SPEED, {Mq(p.mq), Addr(p.peer)}, &err);
     CHECK_ERR(err, PSM2_IQ_INVALID_QUERY);
-    psm2_info_query_arg_t args[3] = {Mq(p.mq), Addr(p.peer), Length(sizeof(name))};
-    CHECK_ERR(psm2_info_query(PSM2_INFO_QUERY_DEVICE_NAME, name, 3, args), PSM2_OK);
+    psm2_info_query_arg_t args[3] = {Mq(p.mq), Addr(p.peer),
+                                     Length(sizeof(name))};
+    CHECK_ERR(psm2_info_query(PSM2_INFO_QUERY_DEVICE_NAME, name, 3, args),
+              PSM2_OK);
     CONF_CHECK(Cstr(name, sizeof(name)) == "psmd_0");
     args[2] = Length(3);
-    CHECK_ERR(psm2_info_query(PSM2_INFO_QUERY_DEVICE_NAME, name, 3, args), PSM2_INTERNAL_ERR);
+    CHECK_ERR(psm2_info_query(PSM2_INFO_QUERY_DEVICE_NAME, name, 3, args),
+              PSM2_INTERNAL_ERR);
     Query32(PSM2_INFO_QUERY_CONFIG, {Mq(nullptr), Addr(p.peer)}, &err);
     CHECK_ERR(err, PSM2_PARAM_ERR);
   }
@@ -862,7 +974,8 @@ void ConnectArrays(Pair& p) {
   int mask[3] = {0, 1, 1};
   psm2_error_t errs[3] = {kUnset, kUnset, kUnset};
   psm2_epaddr_t addrs[3] = {kUntouched, kUntouched, kUntouched};
-  CHECK_ERR(psm2_ep_connect(p.ep, 2, ids, mask, errs, addrs, 1000000000), PSM2_OK);
+  CHECK_ERR(psm2_ep_connect(p.ep, 2, ids, mask, errs, addrs, 1000000000),
+            PSM2_OK);
   CONF_CHECK(errs[0] == PSM2_OK && errs[1] == PSM2_OK);
   CONF_CHECK(addrs[0] == kUntouched && addrs[1] == p.peer);
   if (p.impl == "psmd") {
@@ -871,7 +984,9 @@ void ConnectArrays(Pair& p) {
     // PSM2_EPID_UNREACHABLE.)
     errs[1] = errs[2] = kUnset;
     addrs[1] = addrs[2] = kUntouched;
-    CHECK_ERR(psm2_ep_connect(p.ep, 2, ids + 1, nullptr, errs + 1, addrs + 1, 0), PSM2_OK);
+    CHECK_ERR(
+        psm2_ep_connect(p.ep, 2, ids + 1, nullptr, errs + 1, addrs + 1, 0),
+        PSM2_OK);
     CONF_CHECK(errs[1] == PSM2_OK && errs[2] == PSM2_OK);
     CONF_CHECK(addrs[1] == p.peer && addrs[2] == p.peer);
   }
@@ -882,11 +997,16 @@ void ConnectArrays(Pair& p) {
   CHECK_ERR(psm2_ep_connect(p.ep, 1, ids, none, errs, addrs, 0), PSM2_OK);
   CONF_CHECK(errs[0] == PSM2_OK && addrs[0] == kUntouched);
 
-  CHECK_ERR(psm2_ep_connect(p.ep, 0, ids, nullptr, errs, addrs, 0), PSM2_PARAM_ERR);
-  CHECK_ERR(psm2_ep_connect(p.ep, -1, ids, nullptr, errs, addrs, 0), PSM2_PARAM_ERR);
-  CHECK_ERR(psm2_ep_connect(nullptr, 1, ids, nullptr, errs, addrs, 0), PSM2_PARAM_ERR);
-  CHECK_ERR(psm2_ep_connect(p.ep, 1, nullptr, nullptr, errs, addrs, 0), PSM2_PARAM_ERR);
-  CHECK_ERR(psm2_ep_connect(p.ep, 1, ids, nullptr, errs, nullptr, 0), PSM2_PARAM_ERR);
+  CHECK_ERR(psm2_ep_connect(p.ep, 0, ids, nullptr, errs, addrs, 0),
+            PSM2_PARAM_ERR);
+  CHECK_ERR(psm2_ep_connect(p.ep, -1, ids, nullptr, errs, addrs, 0),
+            PSM2_PARAM_ERR);
+  CHECK_ERR(psm2_ep_connect(nullptr, 1, ids, nullptr, errs, addrs, 0),
+            PSM2_PARAM_ERR);
+  CHECK_ERR(psm2_ep_connect(p.ep, 1, nullptr, nullptr, errs, addrs, 0),
+            PSM2_PARAM_ERR);
+  CHECK_ERR(psm2_ep_connect(p.ep, 1, ids, nullptr, errs, nullptr, 0),
+            PSM2_PARAM_ERR);
 
   if (p.impl == "psmd") {
     // An epid that no endpoint has: unreachable at once, whatever the
@@ -895,8 +1015,9 @@ void ConnectArrays(Pair& p) {
     errs[0] = errs[1] = kUnset;
     addrs[0] = addrs[1] = kUntouched;
     auto start = Clock::now();
-    CHECK_ERR(psm2_ep_connect(p.ep, 2, mixed, nullptr, errs, addrs, 5000000000LL),
-              PSM2_EPID_UNREACHABLE);
+    CHECK_ERR(
+        psm2_ep_connect(p.ep, 2, mixed, nullptr, errs, addrs, 5000000000LL),
+        PSM2_EPID_UNREACHABLE);
     CONF_CHECK(Clock::now() - start < std::chrono::seconds(2));
     CONF_CHECK(errs[0] == PSM2_OK && addrs[0] == p.peer);
     CONF_CHECK(errs[1] == PSM2_EPID_UNREACHABLE && addrs[1] == nullptr);
@@ -909,7 +1030,8 @@ void Disconnect(Pair& p) {
     psm2_epaddr_t addrs[2] = {p.peer, p.peer};
     int mask[2] = {1, 0};
     psm2_error_t errs[2] = {kUnset, kUnset};
-    CHECK_ERR(psm2_ep_disconnect(p.ep, 2, addrs, mask, errs, 1000000000), PSM2_OK);
+    CHECK_ERR(psm2_ep_disconnect(p.ep, 2, addrs, mask, errs, 1000000000),
+              PSM2_OK);
     CONF_CHECK(errs[0] == PSM2_OK && addrs[0] == nullptr);
     CONF_CHECK(errs[1] == kUnset && addrs[1] == p.peer);  // masked: untouched
 
@@ -922,29 +1044,35 @@ void Disconnect(Pair& p) {
     psm2_epconn_t conn;
     CHECK_ERR(psm2_ep_epid_lookup(p.peer_epid, &conn), PSM2_OK);
     CONF_CHECK(conn.addr == p.peer);
-    CHECK_ERR(psm2_ep_disconnect(p.ep, 0, addrs, nullptr, errs, 0), PSM2_PARAM_ERR);
-    CHECK_ERR(psm2_ep_disconnect(nullptr, 1, addrs, nullptr, errs, 0), PSM2_PARAM_ERR);
+    CHECK_ERR(psm2_ep_disconnect(p.ep, 0, addrs, nullptr, errs, 0),
+              PSM2_PARAM_ERR);
+    CHECK_ERR(psm2_ep_disconnect(nullptr, 1, addrs, nullptr, errs, 0),
+              PSM2_PARAM_ERR);
     if (p.impl == "psmd") {
       // psmd refuses to send to a peer after disconnecting from it (Intel's
       // still delivers over shared memory) and rejects an unknown mode
       // (Intel's takes it as graceful).
       CHECK_ERR(psm2_mq_send(p.mq, p.peer, 0, 5, buf, 1), PSM2_EPID_UNKNOWN);
-      CHECK_ERR(psm2_ep_disconnect2(p.ep, 1, addrs, nullptr, errs, 7, 0), PSM2_PARAM_ERR);
+      CHECK_ERR(psm2_ep_disconnect2(p.ep, 1, addrs, nullptr, errs, 7, 0),
+                PSM2_PARAM_ERR);
     }
 
     // Reconnecting gives back the same epaddr.
     psm2_epaddr_t again = nullptr;
     psm2_error_t err = kUnset;
-    CHECK_ERR(psm2_ep_connect(p.ep, 1, &p.peer_epid, nullptr, &err, &again, 0), PSM2_OK);
+    CHECK_ERR(psm2_ep_connect(p.ep, 1, &p.peer_epid, nullptr, &err, &again, 0),
+              PSM2_OK);
     CONF_CHECK(again == p.peer);
     CHECK_ERR(psm2_mq_send(p.mq, p.peer, 0, 6, buf, 1), PSM2_OK);
 
     // Forced, then reconnected.
     addrs[0] = p.peer;
-    CHECK_ERR(psm2_ep_disconnect2(p.ep, 1, addrs, nullptr, errs, PSM2_EP_DISCONNECT_FORCE, 0),
+    CHECK_ERR(psm2_ep_disconnect2(p.ep, 1, addrs, nullptr, errs,
+                                  PSM2_EP_DISCONNECT_FORCE, 0),
               PSM2_OK);
     CONF_CHECK(errs[0] == PSM2_OK && addrs[0] == nullptr);
-    CHECK_ERR(psm2_ep_connect(p.ep, 1, &p.peer_epid, nullptr, &err, &again, 0), PSM2_OK);
+    CHECK_ERR(psm2_ep_connect(p.ep, 1, &p.peer_epid, nullptr, &err, &again, 0),
+              PSM2_OK);
     CONF_CHECK(again == p.peer);
     CHECK_ERR(psm2_mq_send(p.mq, p.peer, 0, 7, buf, 1), PSM2_OK);
   } else {
@@ -952,7 +1080,8 @@ void Disconnect(Pair& p) {
     for (uint64_t tag : {6u, 7u}) {
       psm2_mq_req_t req;
       psm2_mq_status_t status = {};
-      CHECK_ERR(psm2_mq_irecv(p.mq, 0, 0, 0, buf, sizeof(buf), nullptr, &req), PSM2_OK);
+      CHECK_ERR(psm2_mq_irecv(p.mq, 0, 0, 0, buf, sizeof(buf), nullptr, &req),
+                PSM2_OK);
       CHECK_ERR(psm2_mq_wait(&req, &status), PSM2_OK);
       CONF_CHECK_EQ(status.msg_tag, tag);
     }
@@ -964,7 +1093,8 @@ void Disconnect(Pair& p) {
 
 int main(int argc, char** argv) {
   using namespace psmd::conformance;
-  if (argc == 3 && strcmp(argv[1], "--child") == 0) return RunChildScenario(argv[2]);
+  if (argc == 3 && strcmp(argv[1], "--child") == 0)
+    return RunChildScenario(argv[2]);
   std::vector<Case> cases = {
       {"child_lifecycle", ChildCase("lifecycle")},
       {"child_open_options", ChildCase("open_options")},

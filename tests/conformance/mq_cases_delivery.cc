@@ -24,7 +24,8 @@ void ExpectedAndUnexpected(Pair& p) {
     p.Barrier("expected posted");
     MQ_CHECK_ERR(psm2_mq_send(p.mq, p.peer, 0, 41, a.data(), kExpLen), PSM2_OK);
     p.Barrier("expected received");
-    MQ_CHECK_ERR(psm2_mq_send(p.mq, p.peer, 0, 42, b.data(), kUnexpLen), PSM2_OK);
+    MQ_CHECK_ERR(psm2_mq_send(p.mq, p.peer, 0, 42, b.data(), kUnexpLen),
+                 PSM2_OK);
     p.Barrier("unexpected sent");
     return;
   }
@@ -33,19 +34,24 @@ void ExpectedAndUnexpected(Pair& p) {
   psm2_mq_get_stats(p.mq, &s0);
   psm2_mq_req_t r;
   psm2_mq_status_t st;
-  MQ_CHECK_ERR(psm2_mq_irecv(p.mq, 41, ~0ull, 0, a.data(), kExpLen, nullptr, &r), PSM2_OK);
+  MQ_CHECK_ERR(
+      psm2_mq_irecv(p.mq, 41, ~0ull, 0, a.data(), kExpLen, nullptr, &r),
+      PSM2_OK);
   AwaitPosted(p);
   p.Barrier("expected posted");
   if (Finish(p, &r, &st, "expected receive")) {
-    MQ_CHECK(st.msg_length == kExpLen && FirstMismatch(a.data(), kExpLen, 41) < 0 &&
-             a.GuardIntact(), "expected message: %u bytes, mismatch at %ld", st.msg_length,
+    MQ_CHECK(st.msg_length == kExpLen &&
+                 FirstMismatch(a.data(), kExpLen, 41) < 0 && a.GuardIntact(),
+             "expected message: %u bytes, mismatch at %ld", st.msg_length,
              FirstMismatch(a.data(), kExpLen, 41));
   }
   psm2_mq_get_stats(p.mq, &s1);
-  MQ_CHECK(s1.rx_user_num - s0.rx_user_num == 1 && s1.rx_user_bytes - s0.rx_user_bytes ==
-           kExpLen, "expected message: rx_user_num +%" PRIu64 ", rx_user_bytes +%" PRIu64
-           ", want +1, +%u", s1.rx_user_num - s0.rx_user_num,
-           s1.rx_user_bytes - s0.rx_user_bytes, kExpLen);
+  MQ_CHECK(s1.rx_user_num - s0.rx_user_num == 1 &&
+               s1.rx_user_bytes - s0.rx_user_bytes == kExpLen,
+           "expected message: rx_user_num +%" PRIu64 ", rx_user_bytes +%" PRIu64
+           ", want +1, +%u",
+           s1.rx_user_num - s0.rx_user_num, s1.rx_user_bytes - s0.rx_user_bytes,
+           kExpLen);
   MQ_CHECK(s1.rx_sys_num == s0.rx_sys_num && s1.rx_sys_bytes == s0.rx_sys_bytes,
            "expected message counted as unexpected: rx_sys_num +%" PRIu64,
            s1.rx_sys_num - s0.rx_sys_num);
@@ -58,26 +64,33 @@ void ExpectedAndUnexpected(Pair& p) {
   // waited only when the receive completes, and counts it then.
   const bool intel = p.impl == "intel";
   const psm2_mq_stats_t& counted = intel ? s2 : s3;
-  MQ_CHECK_ERR(psm2_mq_irecv(p.mq, 42, ~0ull, 0, b.data(), kUnexpLen, nullptr, &r), PSM2_OK);
+  MQ_CHECK_ERR(
+      psm2_mq_irecv(p.mq, 42, ~0ull, 0, b.data(), kUnexpLen, nullptr, &r),
+      PSM2_OK);
   if (Finish(p, &r, &st, "unexpected receive")) {
-    MQ_CHECK(st.msg_length == kUnexpLen && FirstMismatch(b.data(), kUnexpLen, 42) < 0 &&
-             b.GuardIntact(), "unexpected message: %u bytes, mismatch at %ld", st.msg_length,
+    MQ_CHECK(st.msg_length == kUnexpLen &&
+                 FirstMismatch(b.data(), kUnexpLen, 42) < 0 && b.GuardIntact(),
+             "unexpected message: %u bytes, mismatch at %ld", st.msg_length,
              FirstMismatch(b.data(), kUnexpLen, 42));
   }
   psm2_mq_get_stats(p.mq, &s3);
   MQ_CHECK(counted.rx_sys_num - s1.rx_sys_num == 1 &&
-           counted.rx_sys_bytes - s1.rx_sys_bytes == kUnexpLen,
+               counted.rx_sys_bytes - s1.rx_sys_bytes == kUnexpLen,
            "unexpected message: rx_sys_num +%" PRIu64 ", rx_sys_bytes +%" PRIu64
-           ", want +1, +%u", counted.rx_sys_num - s1.rx_sys_num,
+           ", want +1, +%u",
+           counted.rx_sys_num - s1.rx_sys_num,
            counted.rx_sys_bytes - s1.rx_sys_bytes, kUnexpLen);
   if (intel) {
-    MQ_CHECK(s3.rx_user_num == s2.rx_user_num && s3.rx_sys_num == s2.rx_sys_num &&
-             s3.rx_user_bytes == s2.rx_user_bytes && s3.rx_sys_bytes == s2.rx_sys_bytes,
-             "receiving an already counted unexpected message changed the counters: "
-             "rx_user_num +%" PRIu64 ", rx_sys_num +%" PRIu64, s3.rx_user_num - s2.rx_user_num,
-             s3.rx_sys_num - s2.rx_sys_num);
+    MQ_CHECK(
+        s3.rx_user_num == s2.rx_user_num && s3.rx_sys_num == s2.rx_sys_num &&
+            s3.rx_user_bytes == s2.rx_user_bytes &&
+            s3.rx_sys_bytes == s2.rx_sys_bytes,
+        "receiving an already counted unexpected message changed the counters: "
+        "rx_user_num +%" PRIu64 ", rx_sys_num +%" PRIu64,
+        s3.rx_user_num - s2.rx_user_num, s3.rx_sys_num - s2.rx_sys_num);
   }
-  MQ_CHECK(s3.rx_user_num == s1.rx_user_num, "an unexpected message counted as rx_user");
+  MQ_CHECK(s3.rx_user_num == s1.rx_user_num,
+           "an unexpected message counted as rx_user");
 }
 
 // A message larger than the receive buffer is truncated: error_code
@@ -105,8 +118,9 @@ void Truncation(Pair& p) {
     for (int i = 0; i < kN; i++) {
       data[i].resize(ts[i].sent);
       Fill(data[i].data(), ts[i].sent, ts[i].tag);
-      MQ_CHECK_ERR(psm2_mq_isend(p.mq, p.peer, 0, ts[i].tag, data[i].data(), ts[i].sent,
-                                 Ctx(ts[i].tag), &reqs[i]), PSM2_OK);
+      MQ_CHECK_ERR(psm2_mq_isend(p.mq, p.peer, 0, ts[i].tag, data[i].data(),
+                                 ts[i].sent, Ctx(ts[i].tag), &reqs[i]),
+                   PSM2_OK);
     }
     p.Barrier("sent");
     for (int i = 0; i < kN; i++) {
@@ -114,8 +128,9 @@ void Truncation(Pair& p) {
       if (Finish(p, &reqs[i], &st, std::string("send, ") + ts[i].what)) {
         // The sender does not learn about the truncation.
         MQ_CHECK(st.error_code == PSM2_OK && st.context == Ctx(ts[i].tag) &&
-                 st.msg_length == ts[i].sent, "%s: send status error %d, length %u",
-                 ts[i].what, st.error_code, st.msg_length);
+                     st.msg_length == ts[i].sent,
+                 "%s: send status error %d, length %u", ts[i].what,
+                 st.error_code, st.msg_length);
       }
     }
     return;
@@ -124,25 +139,30 @@ void Truncation(Pair& p) {
   for (const T& t : ts) bufs.emplace_back(t.buf_len);
   std::vector<psm2_mq_req_t> reqs(kN);
   auto post = [&](int i) {
-    MQ_CHECK_ERR(psm2_mq_irecv(p.mq, ts[i].tag, ~0ull, 0, bufs[i].data(), ts[i].buf_len,
-                               nullptr, &reqs[i]), PSM2_OK);
+    MQ_CHECK_ERR(psm2_mq_irecv(p.mq, ts[i].tag, ~0ull, 0, bufs[i].data(),
+                               ts[i].buf_len, nullptr, &reqs[i]),
+                 PSM2_OK);
   };
-  auto check = [&](int i, uint32_t msg_length, uint32_t nbytes, psm2_error_t code) {
+  auto check = [&](int i, uint32_t msg_length, uint32_t nbytes,
+                   psm2_error_t code) {
     const T& t = ts[i];
     // Intel reports the buffer length as msg_length when a rendezvous
     // message truncates into a receive posted before it arrived (its RTS
     // handler overwrites the sender's length); the documented value, the
     // sent length, is accepted too.
-    const bool length_ok =
-        msg_length == t.sent || (t.rndv && !t.unexpected && msg_length == t.buf_len);
+    const bool length_ok = msg_length == t.sent ||
+                           (t.rndv && !t.unexpected && msg_length == t.buf_len);
     MQ_CHECK(code == PSM2_MQ_TRUNCATION && nbytes == t.buf_len && length_ok,
-             "%s: error_code %d, nbytes %u, msg_length %u; want PSM2_MQ_TRUNCATION, %u, %u",
+             "%s: error_code %d, nbytes %u, msg_length %u; want "
+             "PSM2_MQ_TRUNCATION, %u, %u",
              t.what, code, nbytes, msg_length, t.buf_len, t.sent);
     long mismatch = FirstMismatch(bufs[i].data(), t.buf_len, t.tag);
-    MQ_CHECK(mismatch < 0, "%s: delivered bytes differ from the sent ones at %ld", t.what,
+    MQ_CHECK(mismatch < 0,
+             "%s: delivered bytes differ from the sent ones at %ld", t.what,
              mismatch);
-    MQ_CHECK(bufs[i].GuardIntact(), "%s: bytes written past the %u-byte receive buffer",
-             t.what, t.buf_len);
+    MQ_CHECK(bufs[i].GuardIntact(),
+             "%s: bytes written past the %u-byte receive buffer", t.what,
+             t.buf_len);
   };
   for (int i = 0; i < kN; i++) {
     if (!ts[i].unexpected) post(i);
@@ -167,13 +187,17 @@ void Truncation(Pair& p) {
 
 // Every size from 0 to 64 MiB arrives intact, expected and unexpected.
 void MessageSizes(Pair& p) {
-  const std::vector<uint32_t> sizes = {0,     1,     7,     8,     63,        64,
-                                       65,    4095,  4096,  8192,  65535,     65536,
-                                       65537, 1u << 20, (4u << 20) + 3, 64u << 20};
+  const std::vector<uint32_t> sizes = {
+      0,        1,     7,     8,        63,
+      64,       65,    4095,  4096,     8192,
+      65535,    65536, 65537, 1u << 20, (4u << 20) + 3,
+      64u << 20};
   const int n = static_cast<int>(sizes.size());
   for (int unexpected = 0; unexpected < 2; unexpected++) {
     const std::string name = unexpected ? "unexpected" : "expected";
-    auto seed = [&](int i) { return sizes[i] * 3u + i * 7u + unexpected * 1000u; };
+    auto seed = [&](int i) {
+      return sizes[i] * 3u + i * 7u + unexpected * 1000u;
+    };
     if (p.rank == kSender) {
       std::vector<std::vector<uint8_t>> data(n);
       std::vector<psm2_mq_req_t> reqs(n);
@@ -183,12 +207,14 @@ void MessageSizes(Pair& p) {
       }
       if (!unexpected) p.Barrier(name + ": posted");
       for (int i = 0; i < n; i++) {
-        MQ_CHECK_ERR(psm2_mq_isend(p.mq, p.peer, 0, 0x1500 + i, data[i].data(), sizes[i],
-                                   nullptr, &reqs[i]), PSM2_OK);
+        MQ_CHECK_ERR(psm2_mq_isend(p.mq, p.peer, 0, 0x1500 + i, data[i].data(),
+                                   sizes[i], nullptr, &reqs[i]),
+                     PSM2_OK);
       }
       if (unexpected) p.Barrier(name + ": sent");
       for (int i = 0; i < n; i++) {
-        Finish(p, &reqs[i], name + ": isend of " + std::to_string(sizes[i]) + " bytes");
+        Finish(p, &reqs[i],
+               name + ": isend of " + std::to_string(sizes[i]) + " bytes");
       }
       continue;
     }
@@ -196,13 +222,15 @@ void MessageSizes(Pair& p) {
     for (uint32_t s : sizes) bufs.emplace_back(s);
     std::vector<psm2_mq_req_t> reqs(n);
     auto post = [&](int i) {
-      MQ_CHECK_ERR(psm2_mq_irecv(p.mq, 0x1500 + i, ~0ull, 0, bufs[i].data(), sizes[i], nullptr,
-                                 &reqs[i]), PSM2_OK);
+      MQ_CHECK_ERR(psm2_mq_irecv(p.mq, 0x1500 + i, ~0ull, 0, bufs[i].data(),
+                                 sizes[i], nullptr, &reqs[i]),
+                   PSM2_OK);
     };
     if (unexpected) {
       p.Barrier(name + ": sent");
       for (int i = 0; i < n; i++) {
-        AwaitUnexpected(p, Tag(0x1500 + i), name + " " + std::to_string(sizes[i]) + " bytes");
+        AwaitUnexpected(p, Tag(0x1500 + i),
+                        name + " " + std::to_string(sizes[i]) + " bytes");
       }
       for (int i = 0; i < n; i++) post(i);
     } else {
@@ -211,12 +239,17 @@ void MessageSizes(Pair& p) {
     }
     for (int i = 0; i < n; i++) {
       psm2_mq_status_t st;
-      if (!Finish(p, &reqs[i], &st, name + ": receive of " + std::to_string(sizes[i]))) continue;
+      if (!Finish(p, &reqs[i], &st,
+                  name + ": receive of " + std::to_string(sizes[i])))
+        continue;
       long mismatch = FirstMismatch(bufs[i].data(), sizes[i], seed(i));
-      MQ_CHECK(st.msg_length == sizes[i] && st.nbytes == sizes[i] && st.error_code == PSM2_OK &&
-               mismatch < 0 && bufs[i].GuardIntact(), "%s %u bytes: msg_length %u, nbytes %u, "
-               "error %d, first wrong byte %ld, guard %s", name.c_str(), sizes[i], st.msg_length,
-               st.nbytes, st.error_code, mismatch, bufs[i].GuardIntact() ? "intact" : "HIT");
+      MQ_CHECK(st.msg_length == sizes[i] && st.nbytes == sizes[i] &&
+                   st.error_code == PSM2_OK && mismatch < 0 &&
+                   bufs[i].GuardIntact(),
+               "%s %u bytes: msg_length %u, nbytes %u, "
+               "error %d, first wrong byte %ld, guard %s",
+               name.c_str(), sizes[i], st.msg_length, st.nbytes, st.error_code,
+               mismatch, bufs[i].GuardIntact() ? "intact" : "HIT");
     }
   }
 }
@@ -229,32 +262,42 @@ void Options(Pair& p) {
   uint32_t orig_hfi = 0, orig_shm = 0;
   MQ_CHECK_ERR(psm2_mq_getopt(p.mq, PSM2_MQ_RNDV_HFI_SZ, &orig_hfi), PSM2_OK);
   MQ_CHECK_ERR(psm2_mq_getopt(p.mq, PSM2_MQ_RNDV_SHM_SZ, &orig_shm), PSM2_OK);
-  MQ_CHECK(orig_shm > 0 && orig_hfi > 0, "rendezvous thresholds read as %u (HFI), %u (SHM)",
-           orig_hfi, orig_shm);
+  MQ_CHECK(orig_shm > 0 && orig_hfi > 0,
+           "rendezvous thresholds read as %u (HFI), %u (SHM)", orig_hfi,
+           orig_shm);
 
   // Values are uint32_t: getopt writes exactly four bytes.
   uint64_t wide = 0xA5A5A5A5A5A5A5A5ull;
   MQ_CHECK_ERR(psm2_mq_getopt(p.mq, PSM2_MQ_RNDV_SHM_SZ, &wide), PSM2_OK);
-  MQ_CHECK((wide >> 32) == 0xA5A5A5A5u && static_cast<uint32_t>(wide) == orig_shm,
-           "getopt(RNDV_SHM_SZ) into 8 bytes gave %016" PRIx64 ": want a 4-byte write of %u",
-           wide, orig_shm);
+  MQ_CHECK(
+      (wide >> 32) == 0xA5A5A5A5u && static_cast<uint32_t>(wide) == orig_shm,
+      "getopt(RNDV_SHM_SZ) into 8 bytes gave %016" PRIx64
+      ": want a 4-byte write of %u",
+      wide, orig_shm);
 
   for (int key : {PSM2_MQ_RNDV_HFI_SZ, PSM2_MQ_RNDV_SHM_SZ}) {
     const uint32_t orig = key == PSM2_MQ_RNDV_HFI_SZ ? orig_hfi : orig_shm;
     uint32_t v = orig + 4321, got = 0;
     MQ_CHECK_ERR(psm2_mq_setopt(p.mq, key, &v), PSM2_OK);
     MQ_CHECK_ERR(psm2_mq_getopt(p.mq, key, &got), PSM2_OK);
-    MQ_CHECK(got == v, "psm2_mq_setopt(0x%x, %u) then getopt gave %u", key, v, got);
+    MQ_CHECK(got == v, "psm2_mq_setopt(0x%x, %u) then getopt gave %u", key, v,
+             got);
     // The same through the generic calls; the MQ is the component object.
     v = orig + 1234;
     got = 0;
     uint64_t len = sizeof(got);
-    MQ_CHECK_ERR(psm2_setopt(PSM2_COMPONENT_MQ, p.mq, key, &v, sizeof(v)), PSM2_OK);
-    MQ_CHECK_ERR(psm2_getopt(PSM2_COMPONENT_MQ, p.mq, key, &got, &len), PSM2_OK);
-    MQ_CHECK(got == v && len == sizeof(got), "psm2_setopt(MQ, 0x%x, %u) then psm2_getopt "
-             "gave %u (optlen %" PRIu64 ")", key, v, got, len);
+    MQ_CHECK_ERR(psm2_setopt(PSM2_COMPONENT_MQ, p.mq, key, &v, sizeof(v)),
+                 PSM2_OK);
+    MQ_CHECK_ERR(psm2_getopt(PSM2_COMPONENT_MQ, p.mq, key, &got, &len),
+                 PSM2_OK);
+    MQ_CHECK(got == v && len == sizeof(got),
+             "psm2_setopt(MQ, 0x%x, %u) then psm2_getopt "
+             "gave %u (optlen %" PRIu64 ")",
+             key, v, got, len);
     MQ_CHECK_ERR(psm2_mq_getopt(p.mq, key, &got), PSM2_OK);
-    MQ_CHECK(got == v, "psm2_mq_getopt does not see psm2_setopt's value: %u, want %u", got, v);
+    MQ_CHECK(got == v,
+             "psm2_mq_getopt does not see psm2_setopt's value: %u, want %u",
+             got, v);
     MQ_CHECK_ERR(psm2_mq_setopt(p.mq, key, &orig), PSM2_OK);
   }
 
@@ -263,18 +306,23 @@ void Options(Pair& p) {
   // that or the value set is accepted.
   uint32_t mb = 77, got_mb = 0xC0FFEE;
   MQ_CHECK_ERR(psm2_mq_setopt(p.mq, PSM2_MQ_MAX_SYSBUF_MBYTES, &mb), PSM2_OK);
-  MQ_CHECK_ERR(psm2_mq_getopt(p.mq, PSM2_MQ_MAX_SYSBUF_MBYTES, &got_mb), PSM2_OK);
-  MQ_CHECK(got_mb == 0xC0FFEE || got_mb == mb, "getopt(MAX_SYSBUF_MBYTES) gave %u after "
-           "setting %u", got_mb, mb);
+  MQ_CHECK_ERR(psm2_mq_getopt(p.mq, PSM2_MQ_MAX_SYSBUF_MBYTES, &got_mb),
+               PSM2_OK);
+  MQ_CHECK(got_mb == 0xC0FFEE || got_mb == mb,
+           "getopt(MAX_SYSBUF_MBYTES) gave %u after "
+           "setting %u",
+           got_mb, mb);
 
   // Unknown keys: PSM2_PARAM_ERR from every entry point, output untouched.
   uint32_t junk = 0xDEADBEEF;
   uint64_t len = sizeof(junk);
   MQ_CHECK_ERR(psm2_mq_getopt(p.mq, kUnknownKey, &junk), PSM2_PARAM_ERR);
   MQ_CHECK_ERR(psm2_mq_setopt(p.mq, kUnknownKey, &junk), PSM2_PARAM_ERR);
-  MQ_CHECK_ERR(psm2_getopt(PSM2_COMPONENT_MQ, p.mq, kUnknownKey, &junk, &len), PSM2_PARAM_ERR);
-  MQ_CHECK_ERR(psm2_setopt(PSM2_COMPONENT_MQ, p.mq, kUnknownKey, &junk, sizeof(junk)),
+  MQ_CHECK_ERR(psm2_getopt(PSM2_COMPONENT_MQ, p.mq, kUnknownKey, &junk, &len),
                PSM2_PARAM_ERR);
+  MQ_CHECK_ERR(
+      psm2_setopt(PSM2_COMPONENT_MQ, p.mq, kUnknownKey, &junk, sizeof(junk)),
+      PSM2_PARAM_ERR);
   MQ_CHECK(junk == 0xDEADBEEF, "getopt of an unknown key wrote %08x", junk);
 
   // psm2_mq_init again on the same endpoint: Intel returns the existing MQ
@@ -283,14 +331,18 @@ void Options(Pair& p) {
   uint32_t want_shm = orig_shm + 999;
   struct psm2_optkey opt = {PSM2_MQ_RNDV_SHM_SZ, &want_shm};
   psm2_mq_t again = nullptr;
-  MQ_CHECK_ERR(psm2_mq_init(p.ep, PSM2_MQ_ORDERMASK_ALL, &opt, 1, &again), PSM2_OK);
-  MQ_CHECK(again == p.mq, "a second psm2_mq_init on the endpoint returned another MQ handle");
+  MQ_CHECK_ERR(psm2_mq_init(p.ep, PSM2_MQ_ORDERMASK_ALL, &opt, 1, &again),
+               PSM2_OK);
+  MQ_CHECK(again == p.mq,
+           "a second psm2_mq_init on the endpoint returned another MQ handle");
   uint32_t got = 0;
   MQ_CHECK_ERR(psm2_mq_getopt(p.mq, PSM2_MQ_RNDV_SHM_SZ, &got), PSM2_OK);
-  MQ_CHECK(got == want_shm, "psm2_mq_init with RNDV_SHM_SZ=%u: getopt gives %u", want_shm, got);
+  MQ_CHECK(got == want_shm, "psm2_mq_init with RNDV_SHM_SZ=%u: getopt gives %u",
+           want_shm, got);
   struct psm2_optkey bad = {kUnknownKey, &want_shm};
   psm2_mq_t untouched = nullptr;
-  MQ_CHECK_ERR(psm2_mq_init(p.ep, PSM2_MQ_ORDERMASK_ALL, &bad, 1, &untouched), PSM2_PARAM_ERR);
+  MQ_CHECK_ERR(psm2_mq_init(p.ep, PSM2_MQ_ORDERMASK_ALL, &bad, 1, &untouched),
+               PSM2_PARAM_ERR);
   MQ_CHECK_ERR(psm2_mq_setopt(p.mq, PSM2_MQ_RNDV_SHM_SZ, &orig_shm), PSM2_OK);
   MQ_CHECK_ERR(psm2_mq_getopt(p.mq, PSM2_MQ_RNDV_SHM_SZ, &got), PSM2_OK);
   MQ_CHECK(got == orig_shm, "RNDV_SHM_SZ not restored: %u", got);
@@ -340,22 +392,27 @@ void StatsCounters(Pair& p) {
         psm2_mq_stats_t a = Stats(p);
         p.Barrier(std::string(what) + ": posted");
         psm2_mq_req_t req;
-        MQ_CHECK_ERR(psm2_mq_isend(p.mq, p.peer, 0, 170, data.data(), size, nullptr, &req),
+        MQ_CHECK_ERR(psm2_mq_isend(p.mq, p.peer, 0, 170, data.data(), size,
+                                   nullptr, &req),
                      PSM2_OK);
         p.Barrier(std::string(what) + ": sent");
         Finish(p, &req, what);
         psm2_mq_stats_t b = Stats(p);
         const uint64_t n = rndv ? rndv_count : 1;
         MQ_CHECK(b.tx_num - a.tx_num == n && b.tx_shm_num - a.tx_shm_num == 1,
-                 "%s: tx_num +%" PRIu64 " (want +%" PRIu64 "), tx_shm_num +%" PRIu64
-                 " (want +1)", what, b.tx_num - a.tx_num, n, b.tx_shm_num - a.tx_shm_num);
+                 "%s: tx_num +%" PRIu64 " (want +%" PRIu64
+                 "), tx_shm_num +%" PRIu64 " (want +1)",
+                 what, b.tx_num - a.tx_num, n, b.tx_shm_num - a.tx_shm_num);
         MQ_CHECK(b.tx_eager_num - a.tx_eager_num == (rndv ? 0 : 1) &&
-                 b.tx_eager_bytes - a.tx_eager_bytes == (rndv ? 0 : size) &&
-                 b.tx_rndv_num - a.tx_rndv_num == (rndv ? rndv_count : 0) &&
-                 b.tx_rndv_bytes - a.tx_rndv_bytes == (rndv ? rndv_count * size : 0),
-                 "%s: tx_eager_num +%" PRIu64 ", tx_eager_bytes +%" PRIu64 ", tx_rndv_num +%"
-                 PRIu64 ", tx_rndv_bytes +%" PRIu64, what, b.tx_eager_num - a.tx_eager_num,
-                 b.tx_eager_bytes - a.tx_eager_bytes, b.tx_rndv_num - a.tx_rndv_num,
+                     b.tx_eager_bytes - a.tx_eager_bytes == (rndv ? 0 : size) &&
+                     b.tx_rndv_num - a.tx_rndv_num == (rndv ? rndv_count : 0) &&
+                     b.tx_rndv_bytes - a.tx_rndv_bytes ==
+                         (rndv ? rndv_count * size : 0),
+                 "%s: tx_eager_num +%" PRIu64 ", tx_eager_bytes +%" PRIu64
+                 ", tx_rndv_num +%" PRIu64 ", tx_rndv_bytes +%" PRIu64,
+                 what, b.tx_eager_num - a.tx_eager_num,
+                 b.tx_eager_bytes - a.tx_eager_bytes,
+                 b.tx_rndv_num - a.tx_rndv_num,
                  b.tx_rndv_bytes - a.tx_rndv_bytes);
         MQ_CHECK(b.rx_user_num == a.rx_user_num && b.rx_sys_num == a.rx_sys_num,
                  "%s: sending changed the sender's receive counters", what);
@@ -365,8 +422,9 @@ void StatsCounters(Pair& p) {
       psm2_mq_req_t req;
       psm2_mq_stats_t a = Stats(p);
       if (!unexpected) {
-        MQ_CHECK_ERR(psm2_mq_irecv(p.mq, 170, ~0ull, 0, buf.data(), size, nullptr, &req),
-                     PSM2_OK);
+        MQ_CHECK_ERR(
+            psm2_mq_irecv(p.mq, 170, ~0ull, 0, buf.data(), size, nullptr, &req),
+            PSM2_OK);
         AwaitPosted(p);
       }
       p.Barrier(std::string(what) + ": posted");
@@ -377,31 +435,39 @@ void StatsCounters(Pair& p) {
         m = Stats(p);
         const bool sys_now = intel && !rndv;
         MQ_CHECK(m.rx_sys_num - a.rx_sys_num == (sys_now ? 1 : 0) &&
-                 m.rx_sys_bytes - a.rx_sys_bytes == (sys_now ? size : 0) &&
-                 m.rx_user_num == a.rx_user_num, "%s, on arrival: rx_sys_num +%" PRIu64
-                 ", rx_sys_bytes +%" PRIu64 ", rx_user_num +%" PRIu64, what,
-                 m.rx_sys_num - a.rx_sys_num, m.rx_sys_bytes - a.rx_sys_bytes,
+                     m.rx_sys_bytes - a.rx_sys_bytes == (sys_now ? size : 0) &&
+                     m.rx_user_num == a.rx_user_num,
+                 "%s, on arrival: rx_sys_num +%" PRIu64
+                 ", rx_sys_bytes +%" PRIu64 ", rx_user_num +%" PRIu64,
+                 what, m.rx_sys_num - a.rx_sys_num,
+                 m.rx_sys_bytes - a.rx_sys_bytes,
                  m.rx_user_num - a.rx_user_num);
-        MQ_CHECK_ERR(psm2_mq_irecv(p.mq, 170, ~0ull, 0, buf.data(), size, nullptr, &req),
-                     PSM2_OK);
+        MQ_CHECK_ERR(
+            psm2_mq_irecv(p.mq, 170, ~0ull, 0, buf.data(), size, nullptr, &req),
+            PSM2_OK);
       }
       if (Finish(p, &req, what)) {
-        MQ_CHECK(FirstMismatch(buf.data(), size, 17) < 0, "%s: payload wrong", what);
+        MQ_CHECK(FirstMismatch(buf.data(), size, 17) < 0, "%s: payload wrong",
+                 what);
       }
       psm2_mq_stats_t b = Stats(p);
       const bool counts_user = !unexpected || rndv;
       const bool sys_at_receipt = !intel && unexpected && !rndv;
-      MQ_CHECK(b.rx_user_num - m.rx_user_num == (counts_user ? 1 : 0) &&
-               b.rx_user_bytes - m.rx_user_bytes == (counts_user ? size : 0) &&
-               b.rx_sys_num - m.rx_sys_num == (sys_at_receipt ? 1 : 0) &&
-               b.rx_sys_bytes - m.rx_sys_bytes == (sys_at_receipt ? size : 0),
-               "%s, on receipt: rx_user_num +%" PRIu64 ", rx_user_bytes +%" PRIu64
-               ", rx_sys_num +%" PRIu64, what, b.rx_user_num - m.rx_user_num,
-               b.rx_user_bytes - m.rx_user_bytes, b.rx_sys_num - m.rx_sys_num);
-      MQ_CHECK(b.rx_shm_num - a.rx_shm_num == (intel ? 0 : 1) && b.tx_num == a.tx_num,
-               "%s: rx_shm_num +%" PRIu64 " (Intel never counts it, psmd counts each), "
-               "tx_num +%" PRIu64, what,
-               b.rx_shm_num - a.rx_shm_num, b.tx_num - a.tx_num);
+      MQ_CHECK(
+          b.rx_user_num - m.rx_user_num == (counts_user ? 1 : 0) &&
+              b.rx_user_bytes - m.rx_user_bytes == (counts_user ? size : 0) &&
+              b.rx_sys_num - m.rx_sys_num == (sys_at_receipt ? 1 : 0) &&
+              b.rx_sys_bytes - m.rx_sys_bytes == (sys_at_receipt ? size : 0),
+          "%s, on receipt: rx_user_num +%" PRIu64 ", rx_user_bytes +%" PRIu64
+          ", rx_sys_num +%" PRIu64,
+          what, b.rx_user_num - m.rx_user_num,
+          b.rx_user_bytes - m.rx_user_bytes, b.rx_sys_num - m.rx_sys_num);
+      MQ_CHECK(b.rx_shm_num - a.rx_shm_num == (intel ? 0 : 1) &&
+                   b.tx_num == a.tx_num,
+               "%s: rx_shm_num +%" PRIu64
+               " (Intel never counts it, psmd counts each), "
+               "tx_num +%" PRIu64,
+               what, b.rx_shm_num - a.rx_shm_num, b.tx_num - a.tx_num);
     }
   }
 
@@ -412,21 +478,27 @@ void StatsCounters(Pair& p) {
     MQ_CHECK_ERR(psm2_mq_setopt(p.mq, PSM2_MQ_RNDV_SHM_SZ, &kLowThr), PSM2_OK);
     psm2_mq_stats_t a = Stats(p);
     p.Barrier("low threshold posted");
-    MQ_CHECK_ERR(psm2_mq_send(p.mq, p.peer, 0, 171, data.data(), kSize), PSM2_OK);
+    MQ_CHECK_ERR(psm2_mq_send(p.mq, p.peer, 0, 171, data.data(), kSize),
+                 PSM2_OK);
     psm2_mq_stats_t b = Stats(p);
-    MQ_CHECK(b.tx_rndv_num - a.tx_rndv_num == rndv_count && b.tx_eager_num == a.tx_eager_num,
-             "an %u-byte send with RNDV_SHM_SZ = %u: tx_rndv_num +%" PRIu64 ", tx_eager_num +%"
-             PRIu64, kSize, kLowThr, b.tx_rndv_num - a.tx_rndv_num,
+    MQ_CHECK(b.tx_rndv_num - a.tx_rndv_num == rndv_count &&
+                 b.tx_eager_num == a.tx_eager_num,
+             "an %u-byte send with RNDV_SHM_SZ = %u: tx_rndv_num +%" PRIu64
+             ", tx_eager_num +%" PRIu64,
+             kSize, kLowThr, b.tx_rndv_num - a.tx_rndv_num,
              b.tx_eager_num - a.tx_eager_num);
     MQ_CHECK_ERR(psm2_mq_setopt(p.mq, PSM2_MQ_RNDV_SHM_SZ, &thr), PSM2_OK);
     return;
   }
   std::vector<uint8_t> buf(kSize);
   psm2_mq_req_t req;
-  MQ_CHECK_ERR(psm2_mq_irecv(p.mq, 171, ~0ull, 0, buf.data(), kSize, nullptr, &req), PSM2_OK);
+  MQ_CHECK_ERR(
+      psm2_mq_irecv(p.mq, 171, ~0ull, 0, buf.data(), kSize, nullptr, &req),
+      PSM2_OK);
   p.Barrier("low threshold posted");
   if (Finish(p, &req, "receive under a low threshold")) {
-    MQ_CHECK(FirstMismatch(buf.data(), kSize, 17) < 0, "payload under a low threshold wrong");
+    MQ_CHECK(FirstMismatch(buf.data(), kSize, 17) < 0,
+             "payload under a low threshold wrong");
   }
 }
 

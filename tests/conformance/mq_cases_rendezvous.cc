@@ -13,7 +13,8 @@
 namespace psmd::conformance::mq {
 namespace {
 
-constexpr uint32_t kEagerA = 500, kEagerB = 600, kRndvLen = 300000, kTag64Len = 1000;
+constexpr uint32_t kEagerA = 500, kEagerB = 600, kRndvLen = 300000,
+                   kTag64Len = 1000;
 
 // Completes *req and checks that its status reports success: a sender whose
 // message was delivered must not see an error.
@@ -21,8 +22,8 @@ void FinishOk(Pair& p, psm2_mq_req_t* req, const std::string& what) {
   psm2_mq_status2_t st;
   st.error_code = PSM2_INTERNAL_ERR;
   if (Finish(p, req, &st, what)) {
-    MQ_CHECK(st.error_code == PSM2_OK, "%s: completed with error %d (%s)", what.c_str(),
-             st.error_code, psm2_error_get_string(st.error_code));
+    MQ_CHECK(st.error_code == PSM2_OK, "%s: completed with error %d (%s)",
+             what.c_str(), st.error_code, psm2_error_get_string(st.error_code));
   }
 }
 
@@ -38,15 +39,16 @@ psm2_epaddr_t ConnectSelf(Pair& p) {
 }
 
 // Receives into a fresh buffer of `len` and checks the bytes against `seed`.
-void CheckReceived(Pair& p, psm2_mq_req_t* req, const std::vector<uint8_t>& buf, uint32_t len,
-                   uint32_t seed, const std::string& what) {
+void CheckReceived(Pair& p, psm2_mq_req_t* req, const std::vector<uint8_t>& buf,
+                   uint32_t len, uint32_t seed, const std::string& what) {
   psm2_mq_status2_t st;
   if (!Finish(p, req, &st, what)) return;
   MQ_CHECK(st.error_code == PSM2_OK && st.msg_length == len && st.nbytes == len,
-           "%s: error %d, length %u, nbytes %u, want %u", what.c_str(), st.error_code,
-           st.msg_length, st.nbytes, len);
-  MQ_CHECK(FirstMismatch(buf.data(), len, seed) < 0, "%s: payload wrong at byte %ld",
-           what.c_str(), FirstMismatch(buf.data(), len, seed));
+           "%s: error %d, length %u, nbytes %u, want %u", what.c_str(),
+           st.error_code, st.msg_length, st.nbytes, len);
+  MQ_CHECK(FirstMismatch(buf.data(), len, seed) < 0,
+           "%s: payload wrong at byte %ld", what.c_str(),
+           FirstMismatch(buf.data(), len, seed));
 }
 
 // The sequence of the drop-in bug report: two eager messages P, a
@@ -56,7 +58,8 @@ void CheckReceived(Pair& p, psm2_mq_req_t* req, const std::vector<uint8_t>& buf,
 // the other messages between claiming Q and receiving it. Every sender
 // request must complete with PSM2_OK.
 void ClaimedRendezvous(Pair& p, bool between) {
-  const psm2_mq_tag_t kP = Tag(0x51, 7), kQ = Tag(0x52, 7), kMarker = Tag(0x53, 7);
+  const psm2_mq_tag_t kP = Tag(0x51, 7), kQ = Tag(0x52, 7),
+                      kMarker = Tag(0x53, 7);
   const uint64_t kTag64 = 0x54;
   if (p.rank == kSender) {
     std::vector<uint8_t> a(kEagerA), b(kEagerB), q(kRndvLen), t(kTag64Len);
@@ -68,16 +71,18 @@ void ClaimedRendezvous(Pair& p, bool between) {
     MQ_CHECK_ERR(Isend2(p, 0, kP, a.data(), kEagerA, nullptr, &r[0]), PSM2_OK);
     MQ_CHECK_ERR(Isend2(p, 0, kP, b.data(), kEagerB, nullptr, &r[1]), PSM2_OK);
     MQ_CHECK_ERR(Isend2(p, 0, kQ, q.data(), kRndvLen, nullptr, &r[2]), PSM2_OK);
-    MQ_CHECK_ERR(psm2_mq_isend(p.mq, p.peer, 0, kTag64, t.data(), kTag64Len, nullptr, &r[3]),
+    MQ_CHECK_ERR(psm2_mq_isend(p.mq, p.peer, 0, kTag64, t.data(), kTag64Len,
+                               nullptr, &r[3]),
                  PSM2_OK);
     MQ_CHECK_ERR(Isend2(p, 0, kMarker, nullptr, 0, nullptr, &r[4]), PSM2_OK);
-    const char* names[] = {"first eager P", "second eager P", "rendezvous Q", "64-bit message",
-                           "marker"};
+    const char* names[] = {"first eager P", "second eager P", "rendezvous Q",
+                           "64-bit message", "marker"};
     // Blocking waits, as MPI_Wait: the variant the bug report used.
     for (int i = 0; i < 5; i++) {
       psm2_mq_status2_t st;
       MQ_CHECK_ERR(psm2_mq_wait2(&r[i], &st), PSM2_OK);
-      MQ_CHECK(st.error_code == PSM2_OK, "send of %s: completed with error %d (%s)", names[i],
+      MQ_CHECK(st.error_code == PSM2_OK,
+               "send of %s: completed with error %d (%s)", names[i],
                st.error_code, psm2_error_get_string(st.error_code));
     }
     p.Barrier("received");
@@ -86,43 +91,60 @@ void ClaimedRendezvous(Pair& p, bool between) {
   AwaitUnexpected(p, kMarker, "marker");
   std::vector<uint8_t> a(kEagerA), b(kEagerB), q(kRndvLen), t(kTag64Len);
   psm2_mq_status2_t st;
-  psm2_mq_req_t claimed_p = PSM2_MQ_REQINVALID, recv_b, claimed_q = PSM2_MQ_REQINVALID;
+  psm2_mq_req_t claimed_p = PSM2_MQ_REQINVALID, recv_b,
+                claimed_q = PSM2_MQ_REQINVALID;
   psm2_mq_tag_t tag = kP, sel = kExact;
-  MQ_CHECK_ERR(psm2_mq_improbe2(p.mq, PSM2_MQ_ANY_ADDR, &tag, &sel, &claimed_p, &st), PSM2_OK);
-  MQ_CHECK(st.msg_length == kEagerA, "improbe2 of P: length %u, want %u", st.msg_length,
-           kEagerA);
-  MQ_CHECK_ERR(Irecv2(p, PSM2_MQ_ANY_ADDR, kP, kExact, b.data(), kEagerB, nullptr, &recv_b),
+  MQ_CHECK_ERR(
+      psm2_mq_improbe2(p.mq, PSM2_MQ_ANY_ADDR, &tag, &sel, &claimed_p, &st),
+      PSM2_OK);
+  MQ_CHECK(st.msg_length == kEagerA, "improbe2 of P: length %u, want %u",
+           st.msg_length, kEagerA);
+  MQ_CHECK_ERR(Irecv2(p, PSM2_MQ_ANY_ADDR, kP, kExact, b.data(), kEagerB,
+                      nullptr, &recv_b),
                PSM2_OK);
   if (claimed_p != PSM2_MQ_REQINVALID) {
-    MQ_CHECK_ERR(psm2_mq_imrecv(p.mq, 0, a.data(), kEagerA, nullptr, &claimed_p), PSM2_OK);
+    MQ_CHECK_ERR(
+        psm2_mq_imrecv(p.mq, 0, a.data(), kEagerA, nullptr, &claimed_p),
+        PSM2_OK);
   }
   tag = kQ;
-  MQ_CHECK_ERR(psm2_mq_improbe2(p.mq, p.peer, &tag, &sel, &claimed_q, &st), PSM2_OK);
+  MQ_CHECK_ERR(psm2_mq_improbe2(p.mq, p.peer, &tag, &sel, &claimed_q, &st),
+               PSM2_OK);
   MQ_CHECK(st.msg_length == kRndvLen && st.msg_peer == p.peer,
-           "improbe2 of Q: length %u, want %u; peer %s", st.msg_length, kRndvLen,
-           st.msg_peer == p.peer ? "ok" : "WRONG");
+           "improbe2 of Q: length %u, want %u; peer %s", st.msg_length,
+           kRndvLen, st.msg_peer == p.peer ? "ok" : "WRONG");
   psm2_mq_req_t recv_t, recv_marker;
   char marker;
   auto receive_rest = [&] {
-    MQ_CHECK_ERR(psm2_mq_irecv(p.mq, kTag64, ~0ull, 0, t.data(), kTag64Len, nullptr, &recv_t),
+    MQ_CHECK_ERR(psm2_mq_irecv(p.mq, kTag64, ~0ull, 0, t.data(), kTag64Len,
+                               nullptr, &recv_t),
                  PSM2_OK);
-    MQ_CHECK_ERR(Irecv2(p, p.peer, kMarker, kExact, &marker, 0, nullptr, &recv_marker), PSM2_OK);
+    MQ_CHECK_ERR(
+        Irecv2(p, p.peer, kMarker, kExact, &marker, 0, nullptr, &recv_marker),
+        PSM2_OK);
     CheckReceived(p, &recv_t, t, kTag64Len, 4, "64-bit message");
     FinishOk(p, &recv_marker, "marker");
   };
   if (between) receive_rest();
   if (claimed_q != PSM2_MQ_REQINVALID) {
-    MQ_CHECK_ERR(psm2_mq_imrecv(p.mq, 0, q.data(), kRndvLen, nullptr, &claimed_q), PSM2_OK);
+    MQ_CHECK_ERR(
+        psm2_mq_imrecv(p.mq, 0, q.data(), kRndvLen, nullptr, &claimed_q),
+        PSM2_OK);
     CheckReceived(p, &claimed_q, q, kRndvLen, 3, "imrecv of Q");
   }
-  if (claimed_p != PSM2_MQ_REQINVALID) CheckReceived(p, &claimed_p, a, kEagerA, 1, "imrecv of P");
+  if (claimed_p != PSM2_MQ_REQINVALID)
+    CheckReceived(p, &claimed_p, a, kEagerA, 1, "imrecv of P");
   CheckReceived(p, &recv_b, b, kEagerB, 2, "irecv2 of the second P");
   if (!between) receive_rest();
   p.Barrier("received");
 }
 
-void ClaimedRendezvousSenderStatus(Pair& p) { ClaimedRendezvous(p, /*between=*/false); }
-void ClaimedRendezvousAfterOtherReceives(Pair& p) { ClaimedRendezvous(p, /*between=*/true); }
+void ClaimedRendezvousSenderStatus(Pair& p) {
+  ClaimedRendezvous(p, /*between=*/false);
+}
+void ClaimedRendezvousAfterOtherReceives(Pair& p) {
+  ClaimedRendezvous(p, /*between=*/true);
+}
 
 // A claimed rendezvous message whose receive buffer is smaller than the
 // message: the receiver reports truncation, the sender success.
@@ -143,14 +165,19 @@ void ClaimedRendezvousTruncated(Pair& p) {
   psm2_mq_status2_t st;
   psm2_mq_req_t claimed = PSM2_MQ_REQINVALID;
   psm2_mq_tag_t tag = kQ, sel = kExact;
-  MQ_CHECK_ERR(psm2_mq_improbe2(p.mq, PSM2_MQ_ANY_ADDR, &tag, &sel, &claimed, &st), PSM2_OK);
+  MQ_CHECK_ERR(
+      psm2_mq_improbe2(p.mq, PSM2_MQ_ANY_ADDR, &tag, &sel, &claimed, &st),
+      PSM2_OK);
   if (claimed != PSM2_MQ_REQINVALID) {
-    MQ_CHECK_ERR(psm2_mq_imrecv(p.mq, 0, q.data(), kShort, nullptr, &claimed), PSM2_OK);
+    MQ_CHECK_ERR(psm2_mq_imrecv(p.mq, 0, q.data(), kShort, nullptr, &claimed),
+                 PSM2_OK);
     if (Finish(p, &claimed, &st, "truncated imrecv")) {
-      MQ_CHECK(st.error_code == PSM2_MQ_TRUNCATION && st.msg_length == kRndvLen &&
-               st.nbytes == kShort, "truncated imrecv: error %d, length %u, nbytes %u",
+      MQ_CHECK(st.error_code == PSM2_MQ_TRUNCATION &&
+                   st.msg_length == kRndvLen && st.nbytes == kShort,
+               "truncated imrecv: error %d, length %u, nbytes %u",
                st.error_code, st.msg_length, st.nbytes);
-      MQ_CHECK(FirstMismatch(q.data(), kShort, 5) < 0, "truncated imrecv: payload wrong");
+      MQ_CHECK(FirstMismatch(q.data(), kShort, 5) < 0,
+               "truncated imrecv: payload wrong");
     }
   }
   p.Barrier("received");
@@ -173,25 +200,32 @@ void ImrecvOfEagerMessageCompletesAtOnce(Pair& p) {
     return;
   }
   for (uint32_t len : kLens) {
-    const std::string what = "imrecv of a claimed " + std::to_string(len) + "-byte message";
+    const std::string what =
+        "imrecv of a claimed " + std::to_string(len) + "-byte message";
     AwaitUnexpected(p, Tag(0x56, len), what);
     psm2_mq_req_t req = PSM2_MQ_REQINVALID;
     psm2_mq_status2_t st;
     psm2_mq_tag_t tag = Tag(0x56, len), sel = kExact;
-    MQ_CHECK_ERR(psm2_mq_improbe2(p.mq, PSM2_MQ_ANY_ADDR, &tag, &sel, &req, &st), PSM2_OK);
+    MQ_CHECK_ERR(
+        psm2_mq_improbe2(p.mq, PSM2_MQ_ANY_ADDR, &tag, &sel, &req, &st),
+        PSM2_OK);
     if (req == PSM2_MQ_REQINVALID) continue;
     std::vector<uint8_t> in(len + 1, 0xEE);
-    MQ_CHECK_ERR(psm2_mq_imrecv(p.mq, 0, in.data(), len, nullptr, &req), PSM2_OK);
+    MQ_CHECK_ERR(psm2_mq_imrecv(p.mq, 0, in.data(), len, nullptr, &req),
+                 PSM2_OK);
     MQ_CHECK(FirstMismatch(in.data(), len, len) < 0 && in[len] == 0xEE,
-             "%s: payload not in the buffer when imrecv returned (first wrong byte %ld)",
+             "%s: payload not in the buffer when imrecv returned (first wrong "
+             "byte %ld)",
              what.c_str(), FirstMismatch(in.data(), len, len));
     psm2_error_t err = psm2_mq_test2(&req, &st);
-    MQ_CHECK(err == PSM2_OK, "%s: psm2_mq_test2 right after imrecv returned %d, want PSM2_OK",
+    MQ_CHECK(err == PSM2_OK,
+             "%s: psm2_mq_test2 right after imrecv returned %d, want PSM2_OK",
              what.c_str(), err);
     if (err == PSM2_OK) {
-      MQ_CHECK(st.error_code == PSM2_OK && st.msg_length == len && st.nbytes == len,
-               "%s: error %d, length %u, nbytes %u", what.c_str(), st.error_code, st.msg_length,
-               st.nbytes);
+      MQ_CHECK(
+          st.error_code == PSM2_OK && st.msg_length == len && st.nbytes == len,
+          "%s: error %d, length %u, nbytes %u", what.c_str(), st.error_code,
+          st.msg_length, st.nbytes);
     } else {
       Finish(p, &req, what);
     }
@@ -210,13 +244,15 @@ void NullBufferSendFailsBothEnds(Pair& p) {
     psm2_mq_req_t r;
     MQ_CHECK_ERR(Isend2(p, 0, kTag, nullptr, 8, nullptr, &r), PSM2_OK);
     psm2_mq_status2_t st;
-    if (Finish(p, &r, &st, "send from NULL")) MQ_CHECK_ERR(st.error_code, PSM2_PARAM_ERR);
+    if (Finish(p, &r, &st, "send from NULL"))
+      MQ_CHECK_ERR(st.error_code, PSM2_PARAM_ERR);
     p.Barrier("received");
     return;
   }
   uint64_t buf = 0;
   psm2_mq_req_t r;
-  MQ_CHECK_ERR(Irecv2(p, PSM2_MQ_ANY_ADDR, kTag, kExact, &buf, 8, nullptr, &r), PSM2_OK);
+  MQ_CHECK_ERR(Irecv2(p, PSM2_MQ_ANY_ADDR, kTag, kExact, &buf, 8, nullptr, &r),
+               PSM2_OK);
   psm2_mq_status2_t st;
   if (Finish(p, &r, &st, "receive of a send from NULL")) {
     MQ_CHECK_ERR(st.error_code, PSM2_PARAM_ERR);
@@ -239,12 +275,15 @@ void SendToSelfCompletesUnposted(Pair& p) {
     Fill(out.data(), len, ++seed);
     psm2_mq_tag_t tag = Tag(0x60, len, static_cast<uint32_t>(p.rank));
     psm2_mq_req_t send;
-    MQ_CHECK_ERR(psm2_mq_isend2(p.mq, self, 0, &tag, out.data(), len, nullptr, &send), PSM2_OK);
+    MQ_CHECK_ERR(
+        psm2_mq_isend2(p.mq, self, 0, &tag, out.data(), len, nullptr, &send),
+        PSM2_OK);
     FinishOk(p, &send, what);
     // The application may reuse its buffer once the send completed.
     memset(out.data(), 0, len);
     psm2_mq_req_t recv;
-    MQ_CHECK_ERR(Irecv2(p, self, tag, kExact, in.data(), len, nullptr, &recv), PSM2_OK);
+    MQ_CHECK_ERR(Irecv2(p, self, tag, kExact, in.data(), len, nullptr, &recv),
+                 PSM2_OK);
     CheckReceived(p, &recv, in, len, seed, "receive of " + what);
   }
 }
@@ -262,24 +301,31 @@ void SelfSendJoinsIpeekWhenMatched(Pair& p) {
     Fill(out.data(), len, len);
     psm2_mq_tag_t tag = Tag(0x61, len, static_cast<uint32_t>(p.rank));
     psm2_mq_req_t send, peeked;
-    MQ_CHECK_ERR(psm2_mq_isend2(p.mq, self, 0, &tag, out.data(), len, Ctx(1), &send), PSM2_OK);
+    MQ_CHECK_ERR(
+        psm2_mq_isend2(p.mq, self, 0, &tag, out.data(), len, Ctx(1), &send),
+        PSM2_OK);
     PollFor(p, 0.05);
     MQ_CHECK(psm2_mq_ipeek2(p.mq, &peeked, nullptr) == PSM2_MQ_NO_COMPLETIONS,
-             "%s: ipeek returned a request before any receive was posted", what.c_str());
+             "%s: ipeek returned a request before any receive was posted",
+             what.c_str());
     psm2_mq_req_t recv;
-    MQ_CHECK_ERR(Irecv2(p, self, tag, kExact, in.data(), len, Ctx(2), &recv), PSM2_OK);
+    MQ_CHECK_ERR(Irecv2(p, self, tag, kExact, in.data(), len, Ctx(2), &recv),
+                 PSM2_OK);
     // Both complete, and ipeek returns both.
     int seen = 0;
     auto t0 = Clock::now();
     while (seen < 2 && SecondsSince(t0) < kCompleteTimeoutS) {
       psm2_mq_status2_t st;
       if (psm2_mq_ipeek2(p.mq, &peeked, &st) != PSM2_OK) continue;
-      MQ_CHECK(peeked == send || peeked == recv, "%s: ipeek returned a stranger", what.c_str());
+      MQ_CHECK(peeked == send || peeked == recv,
+               "%s: ipeek returned a stranger", what.c_str());
       MQ_CHECK_ERR(psm2_mq_test2(&peeked, &st), PSM2_OK);
       seen++;
     }
-    MQ_CHECK(seen == 2, "%s: ipeek returned %d of the send and its receive", what.c_str(), seen);
-    MQ_CHECK(FirstMismatch(in.data(), len, len) < 0, "%s: payload wrong", what.c_str());
+    MQ_CHECK(seen == 2, "%s: ipeek returned %d of the send and its receive",
+             what.c_str(), seen);
+    MQ_CHECK(FirstMismatch(in.data(), len, len) < 0, "%s: payload wrong",
+             what.c_str());
   }
 }
 
@@ -287,13 +333,18 @@ void SelfSendJoinsIpeekWhenMatched(Pair& p) {
 
 std::vector<Case> RendezvousCases() {
   return {
-      {"claimed_rendezvous_sender_status", Checked(ClaimedRendezvousSenderStatus)},
-      {"claimed_rendezvous_after_other_receives", Checked(ClaimedRendezvousAfterOtherReceives)},
+      {"claimed_rendezvous_sender_status",
+       Checked(ClaimedRendezvousSenderStatus)},
+      {"claimed_rendezvous_after_other_receives",
+       Checked(ClaimedRendezvousAfterOtherReceives)},
       {"claimed_rendezvous_truncated", Checked(ClaimedRendezvousTruncated)},
-      {"imrecv_of_eager_message_completes_at_once", Checked(ImrecvOfEagerMessageCompletesAtOnce)},
-      {"null_buffer_send_fails_both_ends", Checked(NullBufferSendFailsBothEnds)},
+      {"imrecv_of_eager_message_completes_at_once",
+       Checked(ImrecvOfEagerMessageCompletesAtOnce)},
+      {"null_buffer_send_fails_both_ends",
+       Checked(NullBufferSendFailsBothEnds)},
       {"send_to_self_completes_unposted", Checked(SendToSelfCompletesUnposted)},
-      {"self_send_joins_ipeek_when_matched", Checked(SelfSendJoinsIpeekWhenMatched)},
+      {"self_send_joins_ipeek_when_matched",
+       Checked(SelfSendJoinsIpeekWhenMatched)},
   };
 }
 

@@ -6,7 +6,8 @@
 
 namespace psmd::conformance::mq {
 
-void CheckMsg(bool ok, const char* expr, const char* file, int line, const char* fmt, ...) {
+void CheckMsg(bool ok, const char* expr, const char* file, int line,
+              const char* fmt, ...) {
   if (ok) {
     Check(true, expr, file, line);
     return;
@@ -19,15 +20,16 @@ void CheckMsg(bool ok, const char* expr, const char* file, int line, const char*
   Check(false, (std::string(msg) + " [" + expr + "]").c_str(), file, line);
 }
 
-void CheckErr(psm2_error_t got, psm2_error_t want, const char* expr, const char* file,
-              int line) {
+void CheckErr(psm2_error_t got, psm2_error_t want, const char* expr,
+              const char* file, int line) {
   if (got == want) {
     Check(true, expr, file, line);
     return;
   }
   char msg[768];
-  snprintf(msg, sizeof(msg), "%s returned %d (%s), want %d (%s)", expr, static_cast<int>(got),
-           psm2_error_get_string(got), static_cast<int>(want), psm2_error_get_string(want));
+  snprintf(msg, sizeof(msg), "%s returned %d (%s), want %d (%s)", expr,
+           static_cast<int>(got), psm2_error_get_string(got),
+           static_cast<int>(want), psm2_error_get_string(want));
   Check(false, msg, file, line);
 }
 
@@ -37,22 +39,24 @@ std::string Str(const psm2_mq_tag_t& t) {
   return s;
 }
 
-psm2_error_t Irecv2(Pair& p, psm2_epaddr_t src, psm2_mq_tag_t tag, psm2_mq_tag_t sel, void* buf,
-                    uint32_t len, void* ctx, psm2_mq_req_t* req) {
+psm2_error_t Irecv2(Pair& p, psm2_epaddr_t src, psm2_mq_tag_t tag,
+                    psm2_mq_tag_t sel, void* buf, uint32_t len, void* ctx,
+                    psm2_mq_req_t* req) {
   return psm2_mq_irecv2(p.mq, src, &tag, &sel, 0, buf, len, ctx, req);
 }
 
-psm2_error_t Isend2(Pair& p, uint32_t flags, psm2_mq_tag_t tag, const void* buf, uint32_t len,
-                    void* ctx, psm2_mq_req_t* req) {
+psm2_error_t Isend2(Pair& p, uint32_t flags, psm2_mq_tag_t tag, const void* buf,
+                    uint32_t len, void* ctx, psm2_mq_req_t* req) {
   return psm2_mq_isend2(p.mq, p.peer, flags, &tag, buf, len, ctx, req);
 }
 
-psm2_error_t Send2(Pair& p, uint32_t flags, psm2_mq_tag_t tag, const void* buf, uint32_t len) {
+psm2_error_t Send2(Pair& p, uint32_t flags, psm2_mq_tag_t tag, const void* buf,
+                   uint32_t len) {
   return psm2_mq_send2(p.mq, p.peer, flags, &tag, buf, len);
 }
 
-psm2_error_t Iprobe2(Pair& p, psm2_epaddr_t src, psm2_mq_tag_t tag, psm2_mq_tag_t sel,
-                     psm2_mq_status2_t* st) {
+psm2_error_t Iprobe2(Pair& p, psm2_epaddr_t src, psm2_mq_tag_t tag,
+                     psm2_mq_tag_t sel, psm2_mq_status2_t* st) {
   return psm2_mq_iprobe2(p.mq, src, &tag, &sel, st);
 }
 
@@ -106,14 +110,15 @@ bool Finish(Pair& p, psm2_mq_req_t* req, const std::string& what) {
   return Finish(p, req, &st, what);
 }
 
-bool AwaitUnexpected(Pair& p, psm2_mq_tag_t tag, const std::string& what, psm2_mq_tag_t sel) {
+bool AwaitUnexpected(Pair& p, psm2_mq_tag_t tag, const std::string& what,
+                     psm2_mq_tag_t sel) {
   auto t0 = Clock::now();
   while (SecondsSince(t0) < kArrivalTimeoutS) {
     if (Iprobe2(p, PSM2_MQ_ANY_ADDR, tag, sel, nullptr) == PSM2_OK) return true;
     psm2_poll(p.ep);
   }
-  MQ_CHECK(false, "%s: message %s never became visible to psm2_mq_iprobe2", what.c_str(),
-           Str(tag).c_str());
+  MQ_CHECK(false, "%s: message %s never became visible to psm2_mq_iprobe2",
+           what.c_str(), Str(tag).c_str());
   return false;
 }
 
@@ -128,11 +133,16 @@ void DrainLeftovers(Pair& p) {
     psm2_mq_req_t req = PSM2_MQ_REQINVALID;
     psm2_mq_status2_t st;
     psm2_mq_tag_t tag = kAnyTag, sel = kAnyTag;
-    if (psm2_mq_improbe2(p.mq, PSM2_MQ_ANY_ADDR, &tag, &sel, &req, &st) != PSM2_OK) return;
-    MQ_CHECK(false, "rank %d: message %s (%u bytes) left unreceived at the end of the case",
-             p.rank, Str(st.msg_tag).c_str(), st.msg_length);
+    if (psm2_mq_improbe2(p.mq, PSM2_MQ_ANY_ADDR, &tag, &sel, &req, &st) !=
+        PSM2_OK)
+      return;
+    MQ_CHECK(
+        false,
+        "rank %d: message %s (%u bytes) left unreceived at the end of the case",
+        p.rank, Str(st.msg_tag).c_str(), st.msg_length);
     std::vector<uint8_t> sink(st.msg_length + 1);
-    if (psm2_mq_imrecv(p.mq, 0, sink.data(), st.msg_length, nullptr, &req) == PSM2_OK) {
+    if (psm2_mq_imrecv(p.mq, 0, sink.data(), st.msg_length, nullptr, &req) ==
+        PSM2_OK) {
       Finish(p, &req, "draining a leftover message");
     }
   }

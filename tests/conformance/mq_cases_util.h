@@ -39,15 +39,16 @@ inline constexpr double kArrivalTimeoutS = 5.0;
 // Checks that say what went wrong (pair.h's CONF_CHECK prints only the
 // expression).
 
-void CheckMsg(bool ok, const char* expr, const char* file, int line, const char* fmt, ...)
-    __attribute__((format(printf, 5, 6)));
+void CheckMsg(bool ok, const char* expr, const char* file, int line,
+              const char* fmt, ...) __attribute__((format(printf, 5, 6)));
 
 // Prints both codes by name when got != want.
-void CheckErr(psm2_error_t got, psm2_error_t want, const char* expr, const char* file,
-              int line);
+void CheckErr(psm2_error_t got, psm2_error_t want, const char* expr,
+              const char* file, int line);
 
-#define MQ_CHECK(cond, ...) \
-  ::psmd::conformance::mq::CheckMsg((cond), #cond, __FILE__, __LINE__, __VA_ARGS__)
+#define MQ_CHECK(cond, ...)                                            \
+  ::psmd::conformance::mq::CheckMsg((cond), #cond, __FILE__, __LINE__, \
+                                    __VA_ARGS__)
 #define MQ_CHECK_ERR(expr, want) \
   ::psmd::conformance::mq::CheckErr((expr), (want), #expr, __FILE__, __LINE__)
 
@@ -63,8 +64,10 @@ inline psm2_mq_tag_t Tag(uint32_t t0, uint32_t t1 = 0, uint32_t t2 = 0) {
   return t;
 }
 
-inline const psm2_mq_tag_t kExact = Tag(kAll, kAll, kAll);  // selector: every bit counts
-inline const psm2_mq_tag_t kAnyTag = Tag(0, 0, 0);          // selector: matches anything
+inline const psm2_mq_tag_t kExact =
+    Tag(kAll, kAll, kAll);  // selector: every bit counts
+inline const psm2_mq_tag_t kAnyTag =
+    Tag(0, 0, 0);  // selector: matches anything
 
 inline bool SameTag(const psm2_mq_tag_t& a, const psm2_mq_tag_t& b) {
   return a.tag0 == b.tag0 && a.tag1 == b.tag1 && a.tag2 == b.tag2;
@@ -82,13 +85,15 @@ inline void* Ctx(uintptr_t v) { return reinterpret_cast<void*>(v); }
 
 // By-value shims: the PSM2 prototypes take tags through non-const pointers.
 // Sends go to p.peer.
-psm2_error_t Irecv2(Pair& p, psm2_epaddr_t src, psm2_mq_tag_t tag, psm2_mq_tag_t sel, void* buf,
+psm2_error_t Irecv2(Pair& p, psm2_epaddr_t src, psm2_mq_tag_t tag,
+                    psm2_mq_tag_t sel, void* buf, uint32_t len, void* ctx,
+                    psm2_mq_req_t* req);
+psm2_error_t Isend2(Pair& p, uint32_t flags, psm2_mq_tag_t tag, const void* buf,
                     uint32_t len, void* ctx, psm2_mq_req_t* req);
-psm2_error_t Isend2(Pair& p, uint32_t flags, psm2_mq_tag_t tag, const void* buf, uint32_t len,
-                    void* ctx, psm2_mq_req_t* req);
-psm2_error_t Send2(Pair& p, uint32_t flags, psm2_mq_tag_t tag, const void* buf, uint32_t len);
-psm2_error_t Iprobe2(Pair& p, psm2_epaddr_t src, psm2_mq_tag_t tag, psm2_mq_tag_t sel,
-                     psm2_mq_status2_t* st);
+psm2_error_t Send2(Pair& p, uint32_t flags, psm2_mq_tag_t tag, const void* buf,
+                   uint32_t len);
+psm2_error_t Iprobe2(Pair& p, psm2_epaddr_t src, psm2_mq_tag_t tag,
+                     psm2_mq_tag_t sel, psm2_mq_status2_t* st);
 
 // ---------------------------------------------------------------------------
 // Payloads: a byte pattern that depends on the position and on a seed (made
@@ -104,7 +109,8 @@ long FirstMismatch(const void* buf, size_t len, uint32_t seed);
 // may touch.
 class GuardedBuf {
  public:
-  explicit GuardedBuf(size_t len) : len_(len), bytes_(len + kGuard, kGuardByte) {}
+  explicit GuardedBuf(size_t len)
+      : len_(len), bytes_(len + kGuard, kGuardByte) {}
   uint8_t* data() { return bytes_.data(); }
   bool GuardIntact() const;
 
@@ -156,11 +162,14 @@ void Abandon(Pair& p, psm2_mq_req_t* req);
 template <typename Status>
 bool Finish(Pair& p, psm2_mq_req_t* req, Status* st, const std::string& what) {
   if (PollUntilDone(p, req, st, kCompleteTimeoutS)) {
-    MQ_CHECK(*req == PSM2_MQ_REQINVALID, "%s: a completed request was not reset to "
-             "PSM2_MQ_REQINVALID", what.c_str());
+    MQ_CHECK(*req == PSM2_MQ_REQINVALID,
+             "%s: a completed request was not reset to "
+             "PSM2_MQ_REQINVALID",
+             what.c_str());
     return true;
   }
-  MQ_CHECK(false, "%s: request did not complete within %.0f s", what.c_str(), kCompleteTimeoutS);
+  MQ_CHECK(false, "%s: request did not complete within %.0f s", what.c_str(),
+           kCompleteTimeoutS);
   Abandon(p, req);
   return false;
 }

@@ -23,8 +23,8 @@ void EagerRoundTrip(Pair& p) {
     psm2_mq_tag_t sel;
     memset(&sel, 0xff, sizeof(sel));
     psm2_mq_req_t req;
-    CONF_CHECK_OK(psm2_mq_irecv2(p.mq, PSM2_MQ_ANY_ADDR, &tag, &sel, 0, buf, sizeof(buf),
-                                 nullptr, &req));
+    CONF_CHECK_OK(psm2_mq_irecv2(p.mq, PSM2_MQ_ANY_ADDR, &tag, &sel, 0, buf,
+                                 sizeof(buf), nullptr, &req));
     CONF_CHECK_OK(psm2_mq_wait2(&req, &st));
     CONF_CHECK_EQ(st.msg_length, 6u);
     CONF_CHECK(strcmp(buf, "hello") == 0);

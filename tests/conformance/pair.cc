@@ -16,14 +16,17 @@ namespace {
 bool g_case_failed = false;
 const char* g_case_name = "";
 
-bool FileExists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
+bool FileExists(const std::string& path) {
+  return access(path.c_str(), F_OK) == 0;
+}
 
 }  // namespace
 
 void Check(bool ok, const char* expr, const char* file, int line) {
   if (ok) return;
   g_case_failed = true;
-  fprintf(stderr, "%s:%d: case %s: check failed: %s\n", file, line, g_case_name, expr);
+  fprintf(stderr, "%s:%d: case %s: check failed: %s\n", file, line, g_case_name,
+          expr);
 }
 
 void Pair::Barrier(const std::string& name) {
@@ -35,8 +38,9 @@ void Pair::Barrier(const std::string& name) {
   while (!FileExists(other)) {
     psm2_poll(ep);
     if (std::chrono::steady_clock::now() > deadline) {
-      fprintf(stderr, "rank %d: barrier %d (%s) timed out: the peer never arrived\n", rank,
-              seq, name.c_str());
+      fprintf(stderr,
+              "rank %d: barrier %d (%s) timed out: the peer never arrived\n",
+              rank, seq, name.c_str());
       exit(3);
     }
     usleep(50);
@@ -68,8 +72,11 @@ int RunCases(int argc, char** argv, const std::vector<Case>& cases) {
       for (const Case& c : cases) printf("%s\n", c.name.c_str());
       return 0;
     } else {
-      fprintf(stderr, "unknown argument %s\nusage: %s --rank 0|1 --dir DIR [--uuid HEX] "
-              "[--case NAME] [--list]\n", arg.c_str(), argv[0]);
+      fprintf(
+          stderr,
+          "unknown argument %s\nusage: %s --rank 0|1 --dir DIR [--uuid HEX] "
+          "[--case NAME] [--list]\n",
+          arg.c_str(), argv[0]);
       return 2;
     }
   }
@@ -85,7 +92,8 @@ int RunCases(int argc, char** argv, const std::vector<Case>& cases) {
     fprintf(stderr, "bad --uuid %s\n", uuid_text.c_str());
     return 2;
   }
-  psmd::testing::ConnectedPair c = psmd::testing::OpenAndConnect(uuid, pair.dir, pair.rank);
+  psmd::testing::ConnectedPair c =
+      psmd::testing::OpenAndConnect(uuid, pair.dir, pair.rank);
   pair.ep = c.ep;
   pair.mq = c.mq;
   pair.self_epid = c.self_epid;
@@ -102,7 +110,8 @@ int RunCases(int argc, char** argv, const std::vector<Case>& cases) {
     pair.Barrier(c.name);
     ran++;
     if (g_case_failed) failed++;
-    printf("%s rank%d %s\n", g_case_failed ? "FAIL" : "PASS", pair.rank, c.name.c_str());
+    printf("%s rank%d %s\n", g_case_failed ? "FAIL" : "PASS", pair.rank,
+           c.name.c_str());
     fflush(stdout);
   }
   if (ran == 0) {

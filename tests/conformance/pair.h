@@ -31,14 +31,14 @@
 namespace psmd::conformance {
 
 struct Pair {
-  int rank = 0;           // 0 or 1
+  int rank = 0;  // 0 or 1
   psm2_ep_t ep = nullptr;
   psm2_mq_t mq = nullptr;
   psm2_epid_t self_epid = 0;
   psm2_epid_t peer_epid = 0;
   psm2_epaddr_t peer = nullptr;
-  std::string dir;        // shared scratch directory of this run
-  std::string impl;       // "psmd" or "intel" (PSMD_CONFORMANCE_IMPL)
+  std::string dir;   // shared scratch directory of this run
+  std::string impl;  // "psmd" or "intel" (PSMD_CONFORMANCE_IMPL)
 
   // Both ranks return only once both have reached their n-th Barrier call
   // (the name is for diagnostics). Polls the endpoint while waiting.
@@ -56,23 +56,25 @@ struct Case {
 
 // A failed check inside a case: prints where and what, and marks the case
 // failed. Execution of the case continues (so both ranks stay in step).
-#define CONF_CHECK(cond)                                                    \
+#define CONF_CHECK(cond) \
   ::psmd::conformance::Check((cond), #cond, __FILE__, __LINE__)
-#define CONF_CHECK_EQ(a, b)                                                 \
+#define CONF_CHECK_EQ(a, b) \
   ::psmd::conformance::CheckEq((a), (b), #a " == " #b, __FILE__, __LINE__)
-#define CONF_CHECK_OK(err)                                                  \
+#define CONF_CHECK_OK(err)                                                   \
   ::psmd::conformance::CheckEq(static_cast<int>(err), 0, #err " is PSM2_OK", \
                                __FILE__, __LINE__)
 
 void Check(bool ok, const char* expr, const char* file, int line);
 
 template <typename A, typename B>
-void CheckEq(const A& a, const B& b, const char* expr, const char* file, int line) {
+void CheckEq(const A& a, const B& b, const char* expr, const char* file,
+             int line) {
   bool ok = (a == b);
   if (!ok) {
     char buf[128];
     snprintf(buf, sizeof(buf), " (got %llu vs %llu)",
-             static_cast<unsigned long long>(a), static_cast<unsigned long long>(b));
+             static_cast<unsigned long long>(a),
+             static_cast<unsigned long long>(b));
     Check(false, (std::string(expr) + buf).c_str(), file, line);
   } else {
     Check(true, expr, file, line);

@@ -24,7 +24,9 @@ void Check(bool ok, const char* what) {
   }
 }
 
-uint8_t Pattern(uint64_t seed, uint64_t i) { return static_cast<uint8_t>(seed * 977 + i * 13 + (i >> 9)); }
+uint8_t Pattern(uint64_t seed, uint64_t i) {
+  return static_cast<uint8_t>(seed * 977 + i * 13 + (i >> 9));
+}
 
 void Fill(std::vector<uint8_t>& b, uint64_t seed) {
   for (size_t i = 0; i < b.size(); i++) b[i] = Pattern(seed, i);
@@ -54,9 +56,11 @@ void AnySourceAnyTagOrder() {
   for (int n = 0; n < kCount * (g_size - 1); n++) {
     int payload[2];
     MPI_Status st;
-    MPI_Recv(payload, 2, MPI_INT, MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &st);
+    MPI_Recv(payload, 2, MPI_INT, MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD,
+             &st);
     int src = st.MPI_SOURCE;
-    ok &= payload[0] == src && payload[1] == next[src] && st.MPI_TAG == next[src] % 97;
+    ok &= payload[0] == src && payload[1] == next[src] &&
+          st.MPI_TAG == next[src] % 97;
     next[src]++;
   }
   Check(ok, "MPI_ANY_SOURCE/MPI_ANY_TAG: per-source order and tags");
@@ -84,7 +88,8 @@ void Probes() {
       MPI_Get_count(&st, MPI_BYTE, &count);
       ok &= count == s;
       std::vector<uint8_t> b(count > 0 ? count : 1);
-      MPI_Recv(b.data(), count, MPI_BYTE, 1, 50, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      MPI_Recv(b.data(), count, MPI_BYTE, 1, 50, MPI_COMM_WORLD,
+               MPI_STATUS_IGNORE);
       ok &= Intact(b, s, s);
     }
     Check(ok, "MPI_Iprobe + MPI_Get_count + MPI_Recv");
@@ -153,12 +158,15 @@ void LargeMessages() {
       std::vector<uint8_t> out(s), in(s);
       Fill(out, s + g_rank);
       MPI_Request r;
-      if (!unexpected) MPI_Irecv(in.data(), s, MPI_BYTE, peer, 70, MPI_COMM_WORLD, &r);
+      if (!unexpected)
+        MPI_Irecv(in.data(), s, MPI_BYTE, peer, 70, MPI_COMM_WORLD, &r);
       if (unexpected && g_rank % 2 == 0) {
         MPI_Send(out.data(), s, MPI_BYTE, peer, 70, MPI_COMM_WORLD);
-        MPI_Recv(in.data(), s, MPI_BYTE, peer, 70, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        MPI_Recv(in.data(), s, MPI_BYTE, peer, 70, MPI_COMM_WORLD,
+                 MPI_STATUS_IGNORE);
       } else if (unexpected) {
-        MPI_Recv(in.data(), s, MPI_BYTE, peer, 70, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        MPI_Recv(in.data(), s, MPI_BYTE, peer, 70, MPI_COMM_WORLD,
+                 MPI_STATUS_IGNORE);
         MPI_Send(out.data(), s, MPI_BYTE, peer, 70, MPI_COMM_WORLD);
       } else {
         MPI_Send(out.data(), s, MPI_BYTE, peer, 70, MPI_COMM_WORLD);
@@ -188,13 +196,15 @@ void AllToAllRandom() {
   }
   std::vector<uint8_t> out(stotal + 1), in(rtotal + 1);
   for (int j = 0; j < g_size; j++) {
-    for (int i = 0; i < sc[j]; i++) out[sd[j] + i] = Pattern(g_rank * 31 + j, i);
+    for (int i = 0; i < sc[j]; i++)
+      out[sd[j] + i] = Pattern(g_rank * 31 + j, i);
   }
-  MPI_Alltoallv(out.data(), sc.data(), sd.data(), MPI_BYTE, in.data(), rc.data(), rd.data(),
-                MPI_BYTE, MPI_COMM_WORLD);
+  MPI_Alltoallv(out.data(), sc.data(), sd.data(), MPI_BYTE, in.data(),
+                rc.data(), rd.data(), MPI_BYTE, MPI_COMM_WORLD);
   bool ok = true;
   for (int j = 0; j < g_size; j++) {
-    for (int i = 0; i < rc[j]; i++) ok &= in[rd[j] + i] == Pattern(j * 31 + g_rank, i);
+    for (int i = 0; i < rc[j]; i++)
+      ok &= in[rd[j] + i] == Pattern(j * 31 + g_rank, i);
   }
   Check(ok, "MPI_Alltoallv of random sizes, intact");
 }

@@ -7,8 +7,9 @@
 // payload derived from (seed, i); rank 1 receives them one by one with exact
 // tags and checks length, tag, order and every byte; then rank 1 sends one
 // acknowledgement back. Rank 1 completes even-numbered receives with
-// psm2_mq_wait2 and odd ones with psm2_mq_test2 + psm2_poll. Exit 0 on success, 1 on a data error, 2 on an API
-// error, 3 when psm2_ep_connect fails (printing the PSM2 error).
+// psm2_mq_wait2 and odd ones with psm2_mq_test2 + psm2_poll. Exit 0 on success,
+// 1 on a data error, 2 on an API error, 3 when psm2_ep_connect fails (printing
+// the PSM2 error).
 // --hold-seconds keeps both ranks connected and idle before exchanging (for
 // idle-CPU tests). --no-ack makes rank 0 close its endpoint right after its
 // last send and rank 1 start receiving only after that, so every message is
@@ -37,7 +38,8 @@ uint64_t Mix(uint64_t x) {
 }
 
 uint32_t SizeOf(uint64_t seed, uint32_t i, uint32_t max_size) {
-  return static_cast<uint32_t>(Mix(seed * 1000003 + i) % (uint64_t{max_size} + 1));
+  return static_cast<uint32_t>(Mix(seed * 1000003 + i) %
+                               (uint64_t{max_size} + 1));
 }
 
 void Fill(uint64_t seed, uint32_t i, uint8_t* buf, uint32_t len) {
@@ -66,21 +68,30 @@ int main(int argc, char** argv) {
       continue;
     }
     std::string value = i + 1 < argc ? argv[i + 1] : "";
-    if (flag == "--rank") rank = atoi(value.c_str());
-    else if (flag == "--dir") dir = value;
-    else if (flag == "--uuid") uuid_text = value;
-    else if (flag == "--messages") messages = static_cast<uint32_t>(strtoul(value.c_str(), nullptr, 10));
-    else if (flag == "--max-size") max_size = static_cast<uint32_t>(strtoul(value.c_str(), nullptr, 10));
-    else if (flag == "--seed") seed = strtoull(value.c_str(), nullptr, 10);
-    else if (flag == "--hold-seconds") hold_seconds = static_cast<unsigned>(atoi(value.c_str()));
+    if (flag == "--rank")
+      rank = atoi(value.c_str());
+    else if (flag == "--dir")
+      dir = value;
+    else if (flag == "--uuid")
+      uuid_text = value;
+    else if (flag == "--messages")
+      messages = static_cast<uint32_t>(strtoul(value.c_str(), nullptr, 10));
+    else if (flag == "--max-size")
+      max_size = static_cast<uint32_t>(strtoul(value.c_str(), nullptr, 10));
+    else if (flag == "--seed")
+      seed = strtoull(value.c_str(), nullptr, 10);
+    else if (flag == "--hold-seconds")
+      hold_seconds = static_cast<unsigned>(atoi(value.c_str()));
     else {
       fprintf(stderr, "exchange: unknown flag %s\n", flag.c_str());
       return 2;
     }
   }
   psm2_uuid_t uuid;
-  if ((rank != 0 && rank != 1) || dir.empty() || !psmd::testing::ParseUuid(uuid_text, uuid)) {
-    fprintf(stderr, "usage: exchange --rank 0|1 --dir DIR [--uuid HEX32] ...\n");
+  if ((rank != 0 && rank != 1) || dir.empty() ||
+      !psmd::testing::ParseUuid(uuid_text, uuid)) {
+    fprintf(stderr,
+            "usage: exchange --rank 0|1 --dir DIR [--uuid HEX32] ...\n");
     return 2;
   }
   alarm(120);  // a hung exchange must fail, not block the test suite
@@ -90,26 +101,31 @@ int main(int argc, char** argv) {
   psmd::testing::InitAndOpen(uuid, &ep, &epid);
   if (!psmd::testing::PublishEpid(dir, rank, epid) ||
       !psmd::testing::AwaitEpid(dir, 1 - rank, 30, &peer_epid)) {
-    fprintf(stderr, "rank %d: epid exchange through %s failed\n", rank, dir.c_str());
+    fprintf(stderr, "rank %d: epid exchange through %s failed\n", rank,
+            dir.c_str());
     return 2;
   }
   psm2_epaddr_t peer;
   psm2_error_t conn_err;
-  psm2_error_t err = psm2_ep_connect(ep, 1, &peer_epid, nullptr, &conn_err, &peer, 0);
+  psm2_error_t err =
+      psm2_ep_connect(ep, 1, &peer_epid, nullptr, &conn_err, &peer, 0);
   // Barrier: neither rank closes before both have tried to connect.
   psm2_epid_t ignored;
   if (!psmd::testing::PublishEpid(dir, 10 + rank, 1) ||
       !psmd::testing::AwaitEpid(dir, 10 + (1 - rank), 30, &ignored)) {
-    fprintf(stderr, "rank %d: connect barrier through %s failed\n", rank, dir.c_str());
+    fprintf(stderr, "rank %d: connect barrier through %s failed\n", rank,
+            dir.c_str());
     return 2;
   }
   if (err != PSM2_OK) {
-    printf("rank %d: connect failed: %s\n", rank, psm2_error_get_string(conn_err));
+    printf("rank %d: connect failed: %s\n", rank,
+           psm2_error_get_string(conn_err));
     fflush(stdout);
     return 3;
   }
   psm2_mq_t mq;
-  psmd::testing::CheckPsm(psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq), "psm2_mq_init");
+  psmd::testing::CheckPsm(
+      psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq), "psm2_mq_init");
   if (hold_seconds > 0) sleep(hold_seconds);
 
   std::vector<uint8_t> buf(max_size + 1), want(max_size + 1);
@@ -125,7 +141,8 @@ int main(int argc, char** argv) {
       psm2_mq_tag_t tag{};
       tag.tag0 = i;
       tag.tag1 = 0x5e4d;
-      psmd::testing::CheckPsm(psm2_mq_send2(mq, peer, 0, &tag, buf.data(), len), "psm2_mq_send2");
+      psmd::testing::CheckPsm(psm2_mq_send2(mq, peer, 0, &tag, buf.data(), len),
+                              "psm2_mq_send2");
       bytes += len;
     }
     if (!ack) {
@@ -137,12 +154,15 @@ int main(int argc, char** argv) {
     }
     psm2_mq_req_t req;
     uint32_t acked = 0;
-    psmd::testing::CheckPsm(psm2_mq_irecv2(mq, peer, &ack_tag, &all_bits, 0, &acked, sizeof(acked), nullptr, &req),
-          "psm2_mq_irecv2");
+    psmd::testing::CheckPsm(
+        psm2_mq_irecv2(mq, peer, &ack_tag, &all_bits, 0, &acked, sizeof(acked),
+                       nullptr, &req),
+        "psm2_mq_irecv2");
     psm2_mq_status2_t st;
     psmd::testing::CheckPsm(psm2_mq_wait2(&req, &st), "psm2_mq_wait2");
     if (acked != messages) {
-      fprintf(stderr, "rank 0: receiver acknowledged %u of %u messages\n", acked, messages);
+      fprintf(stderr, "rank 0: receiver acknowledged %u of %u messages\n",
+              acked, messages);
       return 1;
     }
     printf("rank 0: sent %u messages, %llu bytes\n", messages,
@@ -155,8 +175,10 @@ int main(int argc, char** argv) {
       tag.tag0 = i;
       tag.tag1 = 0x5e4d;
       psm2_mq_req_t req;
-      psmd::testing::CheckPsm(psm2_mq_irecv2(mq, peer, &tag, &all_bits, 0, buf.data(), max_size, nullptr, &req),
-            "psm2_mq_irecv2");
+      psmd::testing::CheckPsm(
+          psm2_mq_irecv2(mq, peer, &tag, &all_bits, 0, buf.data(), max_size,
+                         nullptr, &req),
+          "psm2_mq_irecv2");
       psm2_mq_status2_t st;
       if (i % 2 == 0) {
         psmd::testing::CheckPsm(psm2_mq_wait2(&req, &st), "psm2_mq_wait2");
@@ -165,32 +187,40 @@ int main(int argc, char** argv) {
         psm2_error_t t;
         while ((t = psm2_mq_test2(&req, &st)) == PSM2_MQ_NO_COMPLETIONS) {
           psm2_error_t p = psm2_poll(ep);
-          if (p != PSM2_OK && p != PSM2_OK_NO_PROGRESS) psmd::testing::CheckPsm(p, "psm2_poll");
+          if (p != PSM2_OK && p != PSM2_OK_NO_PROGRESS)
+            psmd::testing::CheckPsm(p, "psm2_poll");
         }
         psmd::testing::CheckPsm(t, "psm2_mq_test2");
         if (req != PSM2_MQ_REQINVALID) {
-          fprintf(stderr, "rank 1: psm2_mq_test2 did not invalidate a completed request\n");
+          fprintf(
+              stderr,
+              "rank 1: psm2_mq_test2 did not invalidate a completed request\n");
           return 1;
         }
       }
       uint32_t len = SizeOf(seed, i, max_size);
       Fill(seed, i, want.data(), len);
-      if (st.error_code != PSM2_OK || st.msg_length != len || st.nbytes != len ||
-          st.msg_tag.tag0 != i || st.msg_peer != peer ||
+      if (st.error_code != PSM2_OK || st.msg_length != len ||
+          st.nbytes != len || st.msg_tag.tag0 != i || st.msg_peer != peer ||
           memcmp(buf.data(), want.data(), len) != 0) {
         fprintf(stderr,
-                "rank 1: message %u wrong: error %d, length %u/%u (want %u), tag %u, data %s\n",
-                i, st.error_code, st.msg_length, st.nbytes, len, st.msg_tag.tag0,
+                "rank 1: message %u wrong: error %d, length %u/%u (want %u), "
+                "tag %u, data %s\n",
+                i, st.error_code, st.msg_length, st.nbytes, len,
+                st.msg_tag.tag0,
                 memcmp(buf.data(), want.data(), len) ? "differs" : "same");
         return 1;
       }
       bytes += len;
     }
     if (ack) {
-      psmd::testing::CheckPsm(psm2_mq_send2(mq, peer, 0, &ack_tag, &messages, sizeof(messages)), "psm2_mq_send2");
+      psmd::testing::CheckPsm(
+          psm2_mq_send2(mq, peer, 0, &ack_tag, &messages, sizeof(messages)),
+          "psm2_mq_send2");
     }
-    printf("rank 1: received %u messages, %llu bytes, all intact and in order\n", messages,
-           static_cast<unsigned long long>(bytes));
+    printf(
+        "rank 1: received %u messages, %llu bytes, all intact and in order\n",
+        messages, static_cast<unsigned long long>(bytes));
   }
   fflush(stdout);
   psm2_mq_finalize(mq);

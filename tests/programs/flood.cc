@@ -8,10 +8,11 @@
 // all tagged with their sequence number, with isend and a window of reusable
 // buffers. The small ones matter: their payload travels inside the
 // descriptor and their sends complete at once, so only psmd's budget (not the
-// sender's pool region) stops them from piling up in the daemon. Rank 1 connects, stays idle for S seconds (psmd must
-// hold the sender back, not buffer without bound), then receives everything
-// with a wildcard tag and checks order (tags in sequence: MPI non-overtaking)
-// and every byte. Both print a one-line summary; exit 0 only if all is well.
+// sender's pool region) stops them from piling up in the daemon. Rank 1
+// connects, stays idle for S seconds (psmd must hold the sender back, not
+// buffer without bound), then receives everything with a wildcard tag and
+// checks order (tags in sequence: MPI non-overtaking) and every byte. Both
+// print a one-line summary; exit 0 only if all is well.
 #include <psm2.h>
 #include <psm2_mq.h>
 #include <unistd.h>
@@ -62,19 +63,27 @@ int main(int argc, char** argv) {
   double idle_s = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--rank") rank = atoi(argv[i + 1]);
-    else if (a == "--dir") dir = argv[i + 1];
-    else if (a == "--small") g_small_count = strtoull(argv[i + 1], nullptr, 0);
-    else if (a == "--bytes") total = strtoull(argv[i + 1], nullptr, 0);
-    else if (a == "--idle-seconds") idle_s = atof(argv[i + 1]);
-    else if (a == "--uuid") uuid_text = argv[i + 1];
+    if (a == "--rank")
+      rank = atoi(argv[i + 1]);
+    else if (a == "--dir")
+      dir = argv[i + 1];
+    else if (a == "--small")
+      g_small_count = strtoull(argv[i + 1], nullptr, 0);
+    else if (a == "--bytes")
+      total = strtoull(argv[i + 1], nullptr, 0);
+    else if (a == "--idle-seconds")
+      idle_s = atof(argv[i + 1]);
+    else if (a == "--uuid")
+      uuid_text = argv[i + 1];
     else {
       fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
     }
   }
   if ((rank != 0 && rank != 1) || dir.empty()) {
-    fprintf(stderr, "usage: flood --rank 0|1 --dir DIR [--small N] [--bytes N] [--idle-seconds S]\n");
+    fprintf(stderr,
+            "usage: flood --rank 0|1 --dir DIR [--small N] [--bytes N] "
+            "[--idle-seconds S]\n");
     return 2;
   }
   const uint64_t messages = g_small_count + (total + kLarge - 1) / kLarge;
@@ -84,25 +93,29 @@ int main(int argc, char** argv) {
     fprintf(stderr, "flood: bad --uuid '%s'\n", uuid_text.c_str());
     return 2;
   }
-  psmd::testing::ConnectedPair pair = psmd::testing::OpenAndConnect(uuid, dir, rank);
+  psmd::testing::ConnectedPair pair =
+      psmd::testing::OpenAndConnect(uuid, dir, rank);
   psm2_ep_t ep = pair.ep;
   psm2_mq_t mq = pair.mq;
   psm2_epaddr_t addr = pair.peer;
 
   if (rank == 0) {
-    std::vector<std::vector<uint8_t>> bufs(kWindow, std::vector<uint8_t>(kLarge));
+    std::vector<std::vector<uint8_t>> bufs(kWindow,
+                                           std::vector<uint8_t>(kLarge));
     std::vector<psm2_mq_req_t> reqs(kWindow, PSM2_MQ_REQINVALID);
     for (uint64_t seq = 0; seq < messages; seq++) {
       int slot = static_cast<int>(seq % kWindow);
       CheckPsm(psm2_mq_wait2(&reqs[slot], nullptr), "psm2_mq_wait2 (send)");
       Fill(bufs[slot].data(), seq);
       psm2_mq_tag_t tag = TagOf(seq);
-      CheckPsm(psm2_mq_isend2(mq, addr, 0, &tag, bufs[slot].data(), SizeOf(seq), nullptr,
-                              &reqs[slot]),
+      CheckPsm(psm2_mq_isend2(mq, addr, 0, &tag, bufs[slot].data(), SizeOf(seq),
+                              nullptr, &reqs[slot]),
                "psm2_mq_isend2");
     }
-    for (auto& r : reqs) CheckPsm(psm2_mq_wait2(&r, nullptr), "psm2_mq_wait2 (send)");
-    printf("rank 0: sent %llu messages\n", static_cast<unsigned long long>(messages));
+    for (auto& r : reqs)
+      CheckPsm(psm2_mq_wait2(&r, nullptr), "psm2_mq_wait2 (send)");
+    printf("rank 0: sent %llu messages\n",
+           static_cast<unsigned long long>(messages));
   } else {
     usleep(static_cast<useconds_t>(idle_s * 1e6));
     std::vector<uint8_t> buf(kLarge);
@@ -110,23 +123,26 @@ int main(int argc, char** argv) {
     uint64_t bad = 0;
     for (uint64_t seq = 0; seq < messages; seq++) {
       psm2_mq_req_t req;
-      CheckPsm(psm2_mq_irecv2(mq, PSM2_MQ_ANY_ADDR, &any, &wild, 0, buf.data(), kLarge, nullptr,
-                              &req),
+      CheckPsm(psm2_mq_irecv2(mq, PSM2_MQ_ANY_ADDR, &any, &wild, 0, buf.data(),
+                              kLarge, nullptr, &req),
                "psm2_mq_irecv2");
       psm2_mq_status2_t st;
       CheckPsm(psm2_mq_wait2(&req, &st), "psm2_mq_wait2 (recv)");
       psm2_mq_tag_t want = TagOf(seq);
       bool ok = st.error_code == PSM2_OK && st.nbytes == SizeOf(seq) &&
                 memcmp(&st.msg_tag, &want, sizeof(want)) == 0;
-      for (uint32_t i = 0; ok && i < st.nbytes; i++) ok = buf[i] == PatternByte(seq, i);
+      for (uint32_t i = 0; ok && i < st.nbytes; i++)
+        ok = buf[i] == PatternByte(seq, i);
       if (!ok && bad++ < 5) {
-        fprintf(stderr, "rank 1: message %llu wrong (tag0 %u, %u bytes, error %d)\n",
-                static_cast<unsigned long long>(seq), st.msg_tag.tag0, st.nbytes,
-                st.error_code);
+        fprintf(stderr,
+                "rank 1: message %llu wrong (tag0 %u, %u bytes, error %d)\n",
+                static_cast<unsigned long long>(seq), st.msg_tag.tag0,
+                st.nbytes, st.error_code);
       }
     }
     printf("rank 1: received %llu messages, %llu wrong\n",
-           static_cast<unsigned long long>(messages), static_cast<unsigned long long>(bad));
+           static_cast<unsigned long long>(messages),
+           static_cast<unsigned long long>(bad));
     if (bad != 0) return 1;
   }
   // Neither side leaves before the other is done with its requests.
@@ -136,7 +152,8 @@ int main(int argc, char** argv) {
   psm2_mq_tag_t all;
   memset(&all, 0xff, sizeof(all));
   psm2_mq_req_t req;
-  CheckPsm(psm2_mq_irecv2(mq, addr, &done, &all, 0, &byte, 1, nullptr, &req), "irecv done");
+  CheckPsm(psm2_mq_irecv2(mq, addr, &done, &all, 0, &byte, 1, nullptr, &req),
+           "irecv done");
   CheckPsm(psm2_mq_send2(mq, addr, 0, &done, &byte, 1), "send done");
   CheckPsm(psm2_mq_wait2(&req, nullptr), "wait done");
   psm2_ep_close(ep, PSM2_EP_CLOSE_GRACEFUL, 0);

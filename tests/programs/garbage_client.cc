@@ -36,11 +36,13 @@ void Expect(bool ok, const char* what) {
 void PushRaw(psm2_ep_t ep, const shm::SubmissionDesc& d, bool message_ring) {
   auto& ring = message_ring ? ep->msg_sq : ep->ctl_sq;
   while (!ring.TryPush(d)) ep->Progress();
-  psmd::shm::RingEventFd(ep->doorbell_fd);  // unconditionally: the daemon may sleep
+  psmd::shm::RingEventFd(
+      ep->doorbell_fd);  // unconditionally: the daemon may sleep
 }
 
 // Publishes a raw descriptor for a fresh request and waits for its completion.
-psm2_error_t SubmitRaw(psm2_ep_t ep, shm::SubmissionDesc d, bool message_ring = false) {
+psm2_error_t SubmitRaw(psm2_ep_t ep, shm::SubmissionDesc d,
+                       bool message_ring = false) {
   std::lock_guard<std::recursive_mutex> lock(ep->mu);
   psm2_mq_req* r = ep->NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
   r->state = psm2_mq_req::State::kPosted;
@@ -63,60 +65,72 @@ int main(int argc, char** argv) {
   psmd::testing::InitAndOpen(uuid, &ep, &epid);
   if (argc == 3 && strcmp(argv[1], "--doorbell-flood") == 0) {
     // Rings its doorbell with nothing submitted, as fast as it can.
-    auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(atof(argv[2]));
-    while (std::chrono::steady_clock::now() < end) psmd::shm::RingEventFd(ep->doorbell_fd);
+    auto end = std::chrono::steady_clock::now() +
+               std::chrono::duration<double>(atof(argv[2]));
+    while (std::chrono::steady_clock::now() < end)
+      psmd::shm::RingEventFd(ep->doorbell_fd);
     return 0;
   }
   psm2_epaddr_t self;
   psm2_error_t conn_err;
-  if (psm2_ep_connect(ep, 1, &epid, nullptr, &conn_err, &self, 0) != PSM2_OK) return 2;
+  if (psm2_ep_connect(ep, 1, &epid, nullptr, &conn_err, &self, 0) != PSM2_OK)
+    return 2;
   psm2_mq_t mq;
   psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq);
 
   shm::SubmissionDesc d{};
   d.op = static_cast<shm::SubmitOp>(77);
-  Expect(SubmitRaw(ep, d) == PSM2_PARAM_ERR, "unknown opcode fails with PSM2_PARAM_ERR");
+  Expect(SubmitRaw(ep, d) == PSM2_PARAM_ERR,
+         "unknown opcode fails with PSM2_PARAM_ERR");
 
   d = {};
   d.op = shm::SubmitOp::kSend;
   d.peer = 999;
-  Expect(SubmitRaw(ep, d, true) == PSM2_EPID_UNKNOWN, "send to an unconnected slot fails");
+  Expect(SubmitRaw(ep, d, true) == PSM2_EPID_UNKNOWN,
+         "send to an unconnected slot fails");
 
   d = {};
   d.op = shm::SubmitOp::kSend;
   d.peer = self->slot;
   d.len = 1000;
   d.body.pool.pool_offset = 0;  // outside (before) our region, or its header
-  Expect(SubmitRaw(ep, d, true) == PSM2_PARAM_ERR, "payload offset outside own region fails");
+  Expect(SubmitRaw(ep, d, true) == PSM2_PARAM_ERR,
+         "payload offset outside own region fails");
 
   d.body.pool.pool_offset = ~uint64_t{0} - 63;  // would overflow offset + len
-  Expect(SubmitRaw(ep, d, true) == PSM2_PARAM_ERR, "overflowing payload offset fails");
+  Expect(SubmitRaw(ep, d, true) == PSM2_PARAM_ERR,
+         "overflowing payload offset fails");
 
   d.len = 0xffffffffu;
   d.body.pool.pool_offset = ep->arena.MaxPayload();
-  Expect(SubmitRaw(ep, d, true) == PSM2_PARAM_ERR, "length beyond the region fails");
+  Expect(SubmitRaw(ep, d, true) == PSM2_PARAM_ERR,
+         "length beyond the region fails");
 
   d = {};
   d.op = shm::SubmitOp::kRecv;
   d.flags = 0xff;
-  Expect(SubmitRaw(ep, d) == PSM2_PARAM_ERR, "receive with unknown flags fails");
+  Expect(SubmitRaw(ep, d) == PSM2_PARAM_ERR,
+         "receive with unknown flags fails");
 
   d = {};
   d.op = shm::SubmitOp::kRndvData;
   d.len = 64;
   d.body.rndv.transfer = 12345;
   d.body.rndv.pool_offset = ep->arena.MaxPayload();  // inside nobody's transfer
-  Expect(SubmitRaw(ep, d) == PSM2_PARAM_ERR, "rendezvous chunk of no transfer fails");
+  Expect(SubmitRaw(ep, d) == PSM2_PARAM_ERR,
+         "rendezvous chunk of no transfer fails");
 
   d = {};
   d.op = shm::SubmitOp::kClaimedRecv;
-  Expect(SubmitRaw(ep, d) == PSM2_MQ_NO_COMPLETIONS, "receive of an unclaimed message fails");
+  Expect(SubmitRaw(ep, d) == PSM2_MQ_NO_COMPLETIONS,
+         "receive of an unclaimed message fails");
 
   d = {};
   d.op = shm::SubmitOp::kSetOption;
   d.body.option.key = 999;
   Expect(SubmitRaw(ep, d) == PSM2_PARAM_ERR, "unknown option fails");
-  d.body.option.key = static_cast<uint32_t>(shm::QueueOption::kUnexpectedBudgetBytes);
+  d.body.option.key =
+      static_cast<uint32_t>(shm::QueueOption::kUnexpectedBudgetBytes);
   d.body.option.value = ~uint64_t{0};
   Expect(SubmitRaw(ep, d) == PSM2_PARAM_ERR, "budget above psmd's cap fails");
 
@@ -129,9 +143,11 @@ int main(int argc, char** argv) {
     for (auto& w : words) w = rng();
     memcpy(&junk, words, sizeof(junk));
     if (junk.op == shm::SubmitOp::kRecv || junk.op == shm::SubmitOp::kCancel ||
-        junk.op == shm::SubmitOp::kProbe || junk.op == shm::SubmitOp::kRndvSend ||
+        junk.op == shm::SubmitOp::kProbe ||
+        junk.op == shm::SubmitOp::kRndvSend ||
         junk.op == shm::SubmitOp::kSetOption) {
-      junk.op = shm::SubmitOp::kInvalid;  // these could be valid and just be queued
+      junk.op =
+          shm::SubmitOp::kInvalid;  // these could be valid and just be queued
     }
     std::lock_guard<std::recursive_mutex> lock(ep->mu);
     PushRaw(ep, junk, i % 2 == 0);
@@ -145,7 +161,8 @@ int main(int argc, char** argv) {
   memset(out, 'x', sizeof(out));
   psm2_mq_req_t rreq;
   psm2_mq_irecv2(mq, self, &tag, &sel, 0, in, sizeof(in), nullptr, &rreq);
-  Expect(psm2_mq_send2(mq, self, 0, &tag, out, sizeof(out)) == PSM2_OK, "valid send works");
+  Expect(psm2_mq_send2(mq, self, 0, &tag, out, sizeof(out)) == PSM2_OK,
+         "valid send works");
   psm2_mq_status2_t st;
   Expect(psm2_mq_wait2(&rreq, &st) == PSM2_OK && st.error_code == PSM2_OK &&
              memcmp(in, out, sizeof(in)) == 0,

@@ -55,7 +55,8 @@ psm2_mq_tag_t Exact() {
 void Touch(const std::string& path) { std::ofstream(path) << "1\n"; }
 
 void AwaitFile(const std::string& path) {
-  while (access(path.c_str(), F_OK) != 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  while (access(path.c_str(), F_OK) != 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
 }
 
 long long NowMs() {
@@ -74,7 +75,8 @@ psm2_error_t WaitAndReport(psm2_mq_req_t* req) {
 }
 
 void PollFor(psm2_ep_t ep, double seconds) {
-  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  auto end =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   while (std::chrono::steady_clock::now() < end) psm2_poll(ep);
 }
 
@@ -83,7 +85,9 @@ int StalledSender(psmd::testing::ConnectedPair& c, const std::string& dir) {
   AwaitFile(dir + "/posted");
   psm2_mq_tag_t tag = Tag(1);
   psm2_mq_req_t req;
-  CheckPsm(psm2_mq_isend2(c.mq, c.peer, 0, &tag, buf.data(), kLarge, nullptr, &req), "isend2");
+  CheckPsm(
+      psm2_mq_isend2(c.mq, c.peer, 0, &tag, buf.data(), kLarge, nullptr, &req),
+      "isend2");
   // Streams until the receiver has the first MiB, then stops calling PSM2:
   // the receiver stays in the middle of the message.
   while (access((dir + "/streaming").c_str(), F_OK) != 0) psm2_poll(c.ep);
@@ -95,7 +99,8 @@ int WaitingReceiver(psmd::testing::ConnectedPair& c, const std::string& dir) {
   std::vector<uint8_t> buf(kLarge);
   psm2_mq_tag_t tag = Tag(1), sel = Exact();
   psm2_mq_req_t req;
-  CheckPsm(psm2_mq_irecv2(c.mq, c.peer, &tag, &sel, 0, buf.data(), kLarge, nullptr, &req),
+  CheckPsm(psm2_mq_irecv2(c.mq, c.peer, &tag, &sel, 0, buf.data(), kLarge,
+                          nullptr, &req),
            "irecv2");
   Touch(dir + "/posted");
   // The message's bytes land in order: once the first MiB is in, the
@@ -110,10 +115,13 @@ int StuckSender(psmd::testing::ConnectedPair& c, const std::string& dir) {
   AwaitFile(dir + "/posted");
   psm2_mq_tag_t eager = Tag(2), big = Tag(3);
   for (uint32_t i = 0; i < kEagerCount; i++) {
-    CheckPsm(psm2_mq_send2(c.mq, c.peer, 0, &eager, small.data(), kEagerLen), "send2");
+    CheckPsm(psm2_mq_send2(c.mq, c.peer, 0, &eager, small.data(), kEagerLen),
+             "send2");
   }
   psm2_mq_req_t req;
-  CheckPsm(psm2_mq_isend2(c.mq, c.peer, 0, &big, large.data(), kLarge, nullptr, &req), "isend2");
+  CheckPsm(psm2_mq_isend2(c.mq, c.peer, 0, &big, large.data(), kLarge, nullptr,
+                          &req),
+           "isend2");
   PollFor(c.ep, 1.0);  // the region fills: the receiver reads nothing
   Touch(dir + "/stuck");
   if (WaitAndReport(&req) == PSM2_OK) return 1;
@@ -122,14 +130,18 @@ int StuckSender(psmd::testing::ConnectedPair& c, const std::string& dir) {
   // moves only if the dead receiver's chunks came back.
   psm2_epaddr_t self;
   psm2_error_t conn_err;
-  CheckPsm(psm2_ep_connect(c.ep, 1, &c.self_epid, nullptr, &conn_err, &self, 10'000'000'000LL),
+  CheckPsm(psm2_ep_connect(c.ep, 1, &c.self_epid, nullptr, &conn_err, &self,
+                           10'000'000'000LL),
            "connect to self");
   std::vector<uint8_t> out(60000, 0x11), in(60000);
   psm2_mq_tag_t tag = Tag(4), sel = Exact();
   for (int i = 0; i < 200; i++) {
     psm2_mq_req_t s, r;
-    CheckPsm(psm2_mq_isend2(c.mq, self, 0, &tag, out.data(), out.size(), nullptr, &s), "isend2");
-    CheckPsm(psm2_mq_irecv2(c.mq, self, &tag, &sel, 0, in.data(), in.size(), nullptr, &r),
+    CheckPsm(psm2_mq_isend2(c.mq, self, 0, &tag, out.data(), out.size(),
+                            nullptr, &s),
+             "isend2");
+    CheckPsm(psm2_mq_irecv2(c.mq, self, &tag, &sel, 0, in.data(), in.size(),
+                            nullptr, &r),
              "irecv2");
     CheckPsm(psm2_mq_wait2(&s, nullptr), "wait2");
     CheckPsm(psm2_mq_wait2(&r, nullptr), "wait2");
@@ -147,11 +159,13 @@ int IdleReceiver(psmd::testing::ConnectedPair& c, const std::string& dir) {
   psm2_mq_tag_t eager = Tag(2), big = Tag(3), sel = Exact();
   psm2_mq_req_t req;
   for (uint32_t i = 0; i < kEagerCount; i++) {
-    CheckPsm(psm2_mq_irecv2(c.mq, c.peer, &eager, &sel, 0, small.data() + i * size_t{kEagerLen},
-                            kEagerLen, nullptr, &req),
+    CheckPsm(psm2_mq_irecv2(c.mq, c.peer, &eager, &sel, 0,
+                            small.data() + i * size_t{kEagerLen}, kEagerLen,
+                            nullptr, &req),
              "irecv2");
   }
-  CheckPsm(psm2_mq_irecv2(c.mq, c.peer, &big, &sel, 0, large.data(), kLarge, nullptr, &req),
+  CheckPsm(psm2_mq_irecv2(c.mq, c.peer, &big, &sel, 0, large.data(), kLarge,
+                          nullptr, &req),
            "irecv2");
   Touch(dir + "/posted");
   pause();
@@ -172,10 +186,12 @@ int main(int argc, char** argv) {
   }
   psm2_uuid_t uuid;
   if (rank < 0 || dir.empty() || !psmd::testing::ParseUuid(uuid_text, uuid)) {
-    fprintf(stderr, "usage: peer_death --role ROLE --rank R --dir DIR --uuid UUID\n");
+    fprintf(stderr,
+            "usage: peer_death --role ROLE --rank R --dir DIR --uuid UUID\n");
     return 2;
   }
-  psmd::testing::ConnectedPair c = psmd::testing::OpenAndConnect(uuid, dir, rank);
+  psmd::testing::ConnectedPair c =
+      psmd::testing::OpenAndConnect(uuid, dir, rank);
   if (role == "stalled-sender") return StalledSender(c, dir);
   if (role == "waiting-receiver") return WaitingReceiver(c, dir);
   if (role == "stuck-sender") return StuckSender(c, dir);

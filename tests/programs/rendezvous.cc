@@ -22,9 +22,11 @@ bool PublishEpid(const std::string& dir, int rank, psm2_epid_t epid) {
   return rename(tmp.c_str(), path.c_str()) == 0;
 }
 
-bool AwaitEpid(const std::string& dir, int rank, double timeout_s, psm2_epid_t* epid) {
+bool AwaitEpid(const std::string& dir, int rank, double timeout_s,
+               psm2_epid_t* epid) {
   std::string path = dir + "/rank" + std::to_string(rank) + ".epid";
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::duration<double>(timeout_s);
   while (std::chrono::steady_clock::now() < deadline) {
     std::ifstream in(path);
     unsigned long long v = 0;
@@ -65,12 +67,16 @@ void InitAndOpen(const psm2_uuid_t uuid, psm2_ep_t* ep, psm2_epid_t* epid) {
   CheckPsm(psm2_ep_open(uuid, nullptr, ep, epid), "psm2_ep_open");
 }
 
-ConnectedPair OpenAndConnect(const psm2_uuid_t uuid, const std::string& dir, int rank) {
+ConnectedPair OpenAndConnect(const psm2_uuid_t uuid, const std::string& dir,
+                             int rank) {
   ConnectedPair c;
   InitAndOpen(uuid, &c.ep, &c.self_epid);
-  CheckPsm(psm2_mq_init(c.ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &c.mq), "psm2_mq_init");
-  if (!PublishEpid(dir, rank, c.self_epid) || !AwaitEpid(dir, 1 - rank, 60, &c.peer_epid)) {
-    fprintf(stderr, "rank %d: epid exchange through %s failed\n", rank, dir.c_str());
+  CheckPsm(psm2_mq_init(c.ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &c.mq),
+           "psm2_mq_init");
+  if (!PublishEpid(dir, rank, c.self_epid) ||
+      !AwaitEpid(dir, 1 - rank, 60, &c.peer_epid)) {
+    fprintf(stderr, "rank %d: epid exchange through %s failed\n", rank,
+            dir.c_str());
     exit(2);
   }
   psm2_error_t conn_err = PSM2_OK;

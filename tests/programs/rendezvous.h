@@ -14,7 +14,8 @@ namespace psmd::testing {
 bool PublishEpid(const std::string& dir, int rank, psm2_epid_t epid);
 
 // Waits up to timeout_s for `rank`'s epid to appear under `dir`.
-bool AwaitEpid(const std::string& dir, int rank, double timeout_s, psm2_epid_t* epid);
+bool AwaitEpid(const std::string& dir, int rank, double timeout_s,
+               psm2_epid_t* epid);
 
 // Parses a job uuid written as 32 hex digits (dashes allowed).
 bool ParseUuid(const std::string& text, psm2_uuid_t out);
@@ -37,7 +38,8 @@ struct ConnectedPair {
 };
 
 // Prints what failed and exits(2) on any failure.
-ConnectedPair OpenAndConnect(const psm2_uuid_t uuid, const std::string& dir, int rank);
+ConnectedPair OpenAndConnect(const psm2_uuid_t uuid, const std::string& dir,
+                             int rank);
 
 }  // namespace psmd::testing
 
