@@ -71,13 +71,10 @@ void SubmitActiveMessage(psm2_ep_t ep, shm::SubmitOp op, uint32_t peer,
                          psm2_handler_t handler, const psm2_amarg_t* args,
                          int nargs, const void* src, size_t len, int flags,
                          psm2_am_completion_fn_t completion_fn, void* context) {
-  shm::SubmissionDesc d{};
-  d.op = op;
-  d.peer = peer;
-  d.tag[0] = handler;
-  d.tag[1] = static_cast<uint32_t>(nargs);
+  shm::SubmissionDesc d = shm::PrepActiveMessage(
+      op == shm::SubmitOp::kAmReply, peer, 0, handler,
+      static_cast<uint32_t>(nargs), static_cast<uint32_t>(len));
   const uint32_t arg_bytes = static_cast<uint32_t>(nargs) * shm::kAmArgBytes;
-  d.len = arg_bytes + static_cast<uint32_t>(len);
   if (op == shm::SubmitOp::kAmRequest && (flags & PSM2_AM_FLAG_NOREPLY))
     d.flags |= shm::kAmNoReply;
   psm2_mq_req* r = nullptr;
@@ -88,7 +85,7 @@ void SubmitActiveMessage(psm2_ep_t ep, shm::SubmitOp op, uint32_t peer,
     r->am_done_context = context;
     d.req = psmd::client::TokenOf(r);
   }
-  if (d.len <= shm::kInlineMax) {
+  if (shm::IsInline(d.len)) {
     if (arg_bytes > 0) std::memcpy(d.body.inline_data, args, arg_bytes);
     if (len > 0) std::memcpy(d.body.inline_data + arg_bytes, src, len);
     ep->Submit(r, d, nullptr);
@@ -145,13 +142,14 @@ psm2_error_t psm2_am_request_short(psm2_epaddr_t epaddr, psm2_handler_t handler,
   psm2_error_t err = CheckMessage(handler, args, nargs, src, len, flags);
   if (err != PSM2_OK) return err;
   psm2_ep_t ep = epaddr->ep;
+  std::lock_guard<std::recursive_mutex> lock(ep->mu);
+  // Under the lock: psm2_ep_connect sets the slot under it.
   if (epaddr->slot == psmd::client::kNoSlot) {
     return Library::Report(
         PSM2_EPID_UNKNOWN,
         "active message to an epaddr that this endpoint has not connected "
         "(call psm2_ep_connect first)");
   }
-  std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
   SubmitActiveMessage(ep, shm::SubmitOp::kAmRequest, epaddr->slot, handler,
                       args, nargs, src, len, flags, completion_fn,

@@ -162,12 +162,10 @@ void psm2_uuid_generate(psm2_uuid_t uuid_out) {
   uuid_out[8] = static_cast<uint8_t>((uuid_out[8] & 0x3f) | 0x80);
 }
 
-uint64_t psm2_epid_nid(psm2_epid_t epid) {
-  return psmd::client::NodeIdOf(epid);
-}
+uint64_t psm2_epid_nid(psm2_epid_t epid) { return psmd::shm::NodeIdOf(epid); }
 
 uint64_t psm2_epid_context(psm2_epid_t epid) {
-  return psmd::client::EndpointIdOf(epid);
+  return psmd::shm::EndpointIdOf(epid);
 }
 
 uint64_t psm2_epid_port(psm2_epid_t epid) { return psm2_epid_context(epid); }
@@ -441,8 +439,7 @@ psm2_error_t psm2_ep_epid_share_memory(psm2_ep_t ep, psm2_epid_t epid,
   }
   // Every endpoint of a node is served by that node's psmd, through shared
   // memory; the node id is in the epid.
-  *result =
-      psmd::client::NodeIdOf(epid) == psmd::client::NodeIdOf(ep->epid) ? 1 : 0;
+  *result = psmd::shm::NodeIdOf(epid) == psmd::shm::NodeIdOf(ep->epid) ? 1 : 0;
   return PSM2_OK;
 }
 

@@ -35,6 +35,7 @@ uint64_t Tag64Of(const psm2_mq_tag_t& t) {
   return (uint64_t{t.tag1} << 32) | t.tag0;
 }
 
+// Requires ep->mu (psm2_ep_connect writes addr->slot under it).
 bool Connected(psm2_ep_t ep, psm2_epaddr_t addr) {
   return addr->ep == ep && addr->slot != psmd::client::kNoSlot;
 }
@@ -68,13 +69,14 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags,
     flags &= ~PSM2_MQ_FLAG_SENDSYNC;
   }
   psm2_ep_t ep = mq->ep;
+  std::lock_guard<std::recursive_mutex> lock(ep->mu);
+  // Under the lock: psm2_ep_connect sets the slot under it.
   if (!Connected(ep, dest)) {
     return Library::Report(
         PSM2_EPID_UNKNOWN,
         "send to an epaddr that this endpoint has not connected "
         "(call psm2_ep_connect first)");
   }
-  std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
   psm2_mq_req* r = ep->NewRequest(psm2_mq_req::Kind::kSend, context);
   r->user.tag = *stag;
@@ -83,23 +85,19 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags,
   r->user.peer = dest;
   r->user.buf = static_cast<uint8_t*>(const_cast<void*>(buf));
   r->user.buf_len = len;
-  shm::SubmissionDesc d{};
   // Above the threshold, or too big for the send region, the payload waits
   // with the sender until the receiver matched (rendezvous): unexpected
   // large messages then cost the receiver nothing.
   bool rendezvous = len > mq->rndv_shm_bytes ||
-                    (len > shm::kInlineMax && len > ep->arena.MaxPayload());
-  d.op = rendezvous ? shm::SubmitOp::kRndvSend : shm::SubmitOp::kSend;
+                    (!shm::IsInline(len) && len > ep->arena.MaxPayload());
+  shm::SubmissionDesc d = shm::PrepSend(dest->slot, psmd::client::TokenOf(r),
+                                        stag->tag, len, rendezvous);
   d.flags =
       (!rendezvous && (flags & PSM2_MQ_FLAG_SENDSYNC)) ? shm::kSendSync : 0;
   if (failed) {
     d.flags = shm::kSendFailed;
     r->user.error_code = PSM2_PARAM_ERR;
   }
-  d.peer = dest->slot;
-  d.req = psmd::client::TokenOf(r);
-  std::memcpy(d.tag, stag->tag, sizeof(d.tag));
-  d.len = len;
   // A send to ourselves completes at once for psm2_mq_test and wait, but
   // enters the ipeek queue only once its receive matched it, as with Intel's
   // self device (req->self_send). A rendezvous one would otherwise wait for
@@ -118,7 +116,7 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags,
     d.req = psmd::client::TokenOf(self_copy);
   } else if (rendezvous) {
     r->send_buf = static_cast<const uint8_t*>(buf);
-  } else if (len <= shm::kInlineMax && len > 0) {
+  } else if (shm::IsInline(len) && len > 0) {
     std::memcpy(d.body.inline_data, buf, len);
   }
   psm2_mq_stats_t& s = mq->stats;
@@ -145,27 +143,25 @@ psm2_error_t PostRecv(psm2_mq_t mq, psm2_epaddr_t src,
     return PSM2_PARAM_ERR;
   }
   psm2_ep_t ep = mq->ep;
+  std::lock_guard<std::recursive_mutex> lock(ep->mu);
+  // Under the lock: psm2_ep_connect sets the slot under it.
   if (src != nullptr && !Connected(ep, src)) {
     return Library::Report(
         PSM2_EPID_UNKNOWN,
         "receive from an epaddr that this endpoint has not connected "
         "(call psm2_ep_connect first, or use PSM2_MQ_ANY_ADDR)");
   }
-  std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
   psm2_mq_req* r = ep->NewRequest(psm2_mq_req::Kind::kRecv, context);
   r->user.buf = static_cast<uint8_t*>(buf);
   r->user.buf_len = len;
   r->user.tag = *rtag;
   r->user.tagsel = *rtagsel;
-  shm::SubmissionDesc d{};
-  d.op = shm::SubmitOp::kRecv;
-  d.peer = src == nullptr ? shm::kAnySlot : src->slot;
-  d.req = psmd::client::TokenOf(r);
-  std::memcpy(d.tag, rtag->tag, sizeof(d.tag));
-  std::memcpy(d.body.recv.tagsel, rtagsel->tag, sizeof(d.body.recv.tagsel));
-  d.len = len;
-  ep->Submit(r, d, nullptr);
+  ep->Submit(
+      r,
+      shm::PrepRecv(src == nullptr ? shm::kAnySlot : src->slot,
+                    psmd::client::TokenOf(r), rtag->tag, rtagsel->tag, len),
+      nullptr);
   *req = r;
   return PSM2_OK;
 }
@@ -228,22 +224,19 @@ psm2_error_t Probe(psm2_mq_t mq, psm2_epaddr_t src, const psm2_mq_tag_t* rtag,
   if (mq == nullptr || rtag == nullptr || rtagsel == nullptr)
     return PSM2_PARAM_ERR;
   psm2_ep_t ep = mq->ep;
+  std::lock_guard<std::recursive_mutex> lock(ep->mu);
+  // Under the lock: psm2_ep_connect sets the slot under it.
   if (src != nullptr && !Connected(ep, src)) {
     return Library::Report(
         PSM2_EPID_UNKNOWN,
         "probe for an epaddr that this endpoint has not connected");
   }
-  std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
   psm2_mq_req* r = ep->NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
-  shm::SubmissionDesc d{};
-  d.op = shm::SubmitOp::kProbe;
-  d.flags = claimed != nullptr ? shm::kProbeRemove : 0;
-  d.peer = src == nullptr ? shm::kAnySlot : src->slot;
-  d.req = psmd::client::TokenOf(r);
-  std::memcpy(d.tag, rtag->tag, sizeof(d.tag));
-  std::memcpy(d.body.recv.tagsel, rtagsel->tag, sizeof(d.body.recv.tagsel));
-  psm2_error_t err = ep->RoundTrip(r, d);
+  psm2_error_t err = ep->RoundTrip(
+      r, shm::PrepProbe(src == nullptr ? shm::kAnySlot : src->slot,
+                        psmd::client::TokenOf(r), rtag->tag, rtagsel->tag,
+                        /*claim=*/claimed != nullptr));
   if (err != PSM2_OK) {
     ep->FreeRequest(r);
     return err == PSM2_MQ_NO_COMPLETIONS
@@ -418,11 +411,7 @@ psm2_error_t psm2_mq_imrecv(psm2_mq_t mq, uint32_t flags, void* buf,
     return PSM2_OK;
   }
   r->state = State::kDeferred;
-  shm::SubmissionDesc d{};
-  d.op = shm::SubmitOp::kClaimedRecv;
-  d.req = psmd::client::TokenOf(r);
-  d.len = len;
-  ep->Submit(r, d, nullptr);
+  ep->Submit(r, shm::PrepClaimedRecv(psmd::client::TokenOf(r), len), nullptr);
   return PSM2_OK;
 }
 
@@ -552,11 +541,8 @@ psm2_error_t psm2_mq_cancel(psm2_mq_req_t* request) {
     }
   } else if (r->state == State::kPosted) {
     psm2_mq_req* c = ep->NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
-    shm::SubmissionDesc d{};
-    d.op = shm::SubmitOp::kCancel;
-    d.req = psmd::client::TokenOf(c);
-    d.body.cancel.target = psmd::client::TokenOf(r);
-    psm2_error_t err = ep->RoundTrip(c, d);
+    psm2_error_t err = ep->RoundTrip(
+        c, shm::PrepCancel(psmd::client::TokenOf(c), psmd::client::TokenOf(r)));
     ep->FreeRequest(c);
     if (err != PSM2_OK) return PSM2_MQ_NO_COMPLETIONS;  // matched meanwhile
     if (r->holds_credit) {  // psmd will never answer the receive now

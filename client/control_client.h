@@ -17,7 +17,7 @@
 
 namespace psmd::client {
 
-inline constexpr char kDefaultSocket[] = "/run/psmd/psmd.sock";
+inline constexpr const char* kDefaultSocket = shm::kDefaultSocketPath;
 
 // The daemon's socket: $PSMD_SOCKET, else the default.
 std::string SocketPath();

@@ -8,6 +8,7 @@
 
 #include "client/library.h"
 #include "shm/doorbell.h"
+#include "shm/segment.h"
 
 using psmd::client::CallError;
 using psmd::client::Deferred;
@@ -75,34 +76,24 @@ CallError psm2_ep::Open(psmd::client::ControlClient* control,
   if (!shm::Mapping::Attach(fds.pool, reply.pool_bytes(), &ep->pool, &error)) {
     return fail("job pool: " + error);
   }
-  const shm::SegmentHeader& h = *shm::HeaderOf(ep->segment.base());
-  shm::SegmentGeometry g = shm::ComputeGeometry(h.sq_capacity, h.cq_capacity);
-  if (h.magic != shm::kSegmentMagic || h.version != shm::kLayoutVersion ||
-      !shm::IsPowerOfTwo(h.sq_capacity) || !shm::IsPowerOfTwo(h.cq_capacity) ||
-      g.bytes != reply.segment_bytes() || g.msg_sq_offset != h.msg_sq_offset ||
-      g.ctl_sq_offset != h.ctl_sq_offset || g.cq_offset != h.cq_offset ||
-      h.region_offset + h.region_bytes > reply.pool_bytes() ||
-      h.inline_max != shm::kInlineMax) {
-    return fail(
-        "segment layout does not match this library (psmd and libpsmclient "
-        "from "
-        "different versions?)");
+  shm::SegmentParams params;
+  if (!shm::ReadSegmentHeader(ep->segment.base(), reply.segment_bytes(),
+                              reply.pool_bytes(), &params, &error)) {
+    return fail(error);
   }
-  ep->ctl = shm::ControlOf(ep->segment.base());
-  ep->msg_sq = shm::RingProducer<shm::SubmissionDesc>(
-      &ep->ctl->msg_sq, shm::MessageSlotsOf(ep->segment.base(), g),
-      g.sq_capacity);
-  ep->ctl_sq = shm::RingProducer<shm::SubmissionDesc>(
-      &ep->ctl->ctl_sq, shm::ControlSlotsOf(ep->segment.base(), g),
-      g.sq_capacity);
-  ep->cq = shm::RingConsumer<shm::CompletionDesc>(
-      &ep->ctl->cq, shm::CompletionSlotsOf(ep->segment.base(), g),
-      g.cq_capacity);
-  ep->credits = g.cq_capacity;
-  ep->arena = shm::SendArena(ep->pool.base(), h.region_offset, h.region_bytes);
+  shm::ClientRings rings =
+      shm::ClientRingsOf(ep->segment.base(), params.geometry);
+  ep->ctl = rings.control;
+  ep->msg_sq = rings.msg_sq;
+  ep->ctl_sq = rings.ctl_sq;
+  ep->cq = rings.cq;
+  ep->credits = params.geometry.cq_capacity;
+  ep->arena = shm::SendArena(ep->pool.base(), params.region_offset,
+                             params.region_bytes);
   ep->mq.ep = ep.get();
-  ep->mq.max_sysbuf_mbytes = static_cast<uint32_t>(h.unexpected_budget >> 20);
-  ep->max_unexpected_budget = h.max_unexpected_budget;
+  ep->mq.max_sysbuf_mbytes =
+      static_cast<uint32_t>(params.unexpected_budget >> 20);
+  ep->max_unexpected_budget = params.max_unexpected_budget;
   *out = std::move(ep);
   return {};
 }
@@ -231,10 +222,9 @@ void psm2_ep::RemoveFromDoneList(psm2_mq_req* req) {
 Deferred* psm2_ep::Submit(psm2_mq_req* req, const shm::SubmissionDesc& desc,
                           const void* payload, const void* prefix,
                           uint32_t prefix_len) {
-  bool message = desc.op == shm::SubmitOp::kSend ||
-                 desc.op == shm::SubmitOp::kRndvSend ||
-                 desc.op == shm::SubmitOp::kAmRequest;
-  auto& queue = message ? deferred_msg : deferred_ctl;
+  auto& queue = shm::TraitsOf(desc.op).ring == shm::Ring::kMessage
+                    ? deferred_msg
+                    : deferred_ctl;
   queue.push_back(Deferred{req, desc, payload, prefix, prefix_len, {}});
   FlushDeferred();
   RingDoorbell();
@@ -254,17 +244,10 @@ bool psm2_ep::TryPublish(Deferred& d,
   const shm::SubmitOp op = d.desc.op;
   const bool am =
       op == shm::SubmitOp::kAmRequest || op == shm::SubmitOp::kAmReply;
-  // Invariant 2.
-  const bool needs_credit = am ? (d.desc.flags & shm::kAmWantsAck) != 0
-                               : op == shm::SubmitOp::kProbe ||
-                                     op == shm::SubmitOp::kCancel ||
-                                     op == shm::SubmitOp::kSetOption;
+  const bool needs_credit = shm::TakesCredit(d.desc);  // invariant 2
   if (needs_credit && credits == 0) return false;
   if (ring.FreeSlots() == 0) return false;
-  bool pooled =
-      ((op == shm::SubmitOp::kSend || am) && d.desc.len > shm::kInlineMax) ||
-      op == shm::SubmitOp::kRndvData;
-  if (pooled) {
+  if (shm::PayloadInPool(d.desc)) {
     auto off = arena.Allocate(d.desc.len);
     if (!off) return false;  // back-pressure: receivers have not drained yet
     // (memcpy's pointers must not be null even for 0 bytes: AM arguments
@@ -275,11 +258,7 @@ bool psm2_ep::TryPublish(Deferred& d,
       std::memcpy(pool.base() + *off + d.prefix_len, d.payload,
                   d.desc.len - d.prefix_len);
     }
-    if (op == shm::SubmitOp::kRndvData) {
-      d.desc.body.rndv.pool_offset = *off;
-    } else {
-      d.desc.body.pool.pool_offset = *off;
-    }
+    d.desc.body.pool.pool_offset = *off;  // (aliases body.rndv.pool_offset)
   }
   ring.TryPush(d.desc);
   pending_doorbell_ = true;
@@ -298,8 +277,8 @@ bool psm2_ep::TryPublish(Deferred& d,
   } else if ((op == shm::SubmitOp::kSend &&
               (!(d.desc.flags & shm::kSendSync) || d.req->self_send)) ||
              (am && !needs_credit)) {
-    // Eager: the payload is in the pool (or the descriptor), so the user's
-    // buffer is free again: local completion.
+    // Eager (or an active message nobody waits on): the payload is in the
+    // pool or the descriptor, so the user's buffer is free again.
     MarkComplete(d.req);
   } else {
     d.req->state = psm2_mq_req::State::kPosted;
@@ -330,12 +309,7 @@ bool psm2_ep::FlushDeferred() {
 void psm2_ep::RingDoorbell() {
   if (!pending_doorbell_) return;
   pending_doorbell_ = false;
-  // Full fence: the published tail must be visible before we read the
-  // daemon's sleeping flag; the daemon does set-flag / fence / check-rings.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (ctl->doorbells.daemon_sleeping.load(std::memory_order_relaxed) != 0) {
-    shm::RingEventFd(doorbell_fd);
-  }
+  if (shm::DaemonAsleep(ctl->doorbells)) shm::RingEventFd(doorbell_fd);
 }
 
 bool psm2_ep::Progress() {
@@ -350,14 +324,7 @@ bool psm2_ep::Progress() {
     for (size_t i = 0; i < n; i++) HandleCompletion(batch[i]);
     did = true;
   }
-  if (did) {
-    // Full fence: the ring space we freed must be visible before we read
-    // the daemon's flag; it sets the flag, fences, then checks for space.
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (ctl->doorbells.cq_space_wanted.load(std::memory_order_relaxed) != 0) {
-      pending_doorbell_ = true;
-    }
-  }
+  if (did && shm::DaemonWantsCqSpace(ctl->doorbells)) pending_doorbell_ = true;
   if (!deferred_ctl.empty() || !deferred_msg.empty()) did |= FlushDeferred();
   RingDoorbell();
   in_progress_ = false;
@@ -503,13 +470,7 @@ void psm2_ep::RunAmHandler(const shm::CompletionDesc& c) {
 }
 
 void psm2_ep::SendAmAck(const shm::CompletionDesc& c, psm2_error_t error) {
-  shm::SubmissionDesc d{};
-  d.op = shm::SubmitOp::kAmAck;
-  d.peer = c.tag[2];
-  d.body.ack.request = c.req;
-  d.body.ack.error = error;
-  d.body.ack.handler = c.tag[0];
-  Submit(nullptr, d, nullptr);
+  Submit(nullptr, shm::PrepAmAck(c.tag[2], c.req, c.tag[0], error), nullptr);
 }
 
 void psm2_ep::AmAcknowledged(const shm::CompletionDesc& c) {
@@ -658,14 +619,12 @@ void psm2_ep::StartStreaming(psm2_mq_req* req, const shm::CompletionDesc& c) {
   // queue chunks until memory ran out.
   for (uint64_t off = 0; off < req->send_bytes;
        off += psmd::client::kRndvChunkBytes) {
-    shm::SubmissionDesc d{};
-    d.op = shm::SubmitOp::kRndvData;
-    d.req = psmd::client::TokenOf(req);
-    d.len = static_cast<uint32_t>(std::min<uint64_t>(
+    const auto len = static_cast<uint32_t>(std::min<uint64_t>(
         psmd::client::kRndvChunkBytes, req->send_bytes - off));
-    d.body.rndv.transfer = req->transfer;
-    d.body.rndv.offset = off;
-    deferred_ctl.push_back(Deferred{req, d, req->send_buf + off});
+    deferred_ctl.push_back(Deferred{
+        req,
+        shm::PrepRndvData(psmd::client::TokenOf(req), req->transfer, off, len),
+        req->send_buf + off});
   }
   FlushDeferred();
 }
@@ -678,11 +637,7 @@ void psm2_ep::DropQueuedChunks(psm2_mq_req* req) {
 
 void psm2_ep::SleepForCompletions() {
   shm::Doorbells& bells = ctl->doorbells;
-  uint32_t seen = bells.cq_futex.load(std::memory_order_acquire);
-  bells.client_waiting.store(1, std::memory_order_relaxed);
-  // Full fence: our waiting flag must be visible before we re-check the ring,
-  // mirroring the daemon's publish / fence / read-flag order.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  uint32_t seen = shm::ClientPrepareToSleep(bells);
   if (cq.Available() == 0) {
     mu.unlock();  // let other application threads use the endpoint meanwhile
     bool blocked = !deferred_msg.empty() || !deferred_ctl.empty();
@@ -690,7 +645,7 @@ void psm2_ep::SleepForCompletions() {
                    blocked ? kDeferredSliceNs : kSleepSliceNs);
     mu.lock();
   }
-  bells.client_waiting.store(0, std::memory_order_relaxed);
+  shm::ClientAwake(bells);
   // The attach connection hangs up when the daemon dies or closes us.
   pollfd p{liveness_fd, POLLIN | POLLRDHUP, 0};
   if (!daemon_lost && poll(&p, 1, 0) > 0) {

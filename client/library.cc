@@ -141,7 +141,7 @@ std::string Library::Describe(psm2_epid_t epid, psm2_epaddr_t epaddr) {
   std::lock_guard<std::mutex> lock(mu);
   auto label = epaddr != nullptr ? labels.find(epaddr) : labels.end();
   if (label != labels.end()) text = "\"" + label->second + "\" (" + text + ")";
-  auto host = hostnames.find(NodeIdOf(epid));
+  auto host = hostnames.find(psmd::shm::NodeIdOf(epid));
   if (host != hostnames.end()) text += " on " + host->second;
   return text;
 }

@@ -22,18 +22,13 @@
 
 #include "client/control_client.h"
 #include "client/endpoint.h"
+#include "shm/epid.h"
 
 namespace psmd::client {
 
 // Bit of PSM2_CORE_OPT_DEBUG (Intel's __HFI_INFO, on by default) that makes
 // libpsmclient print each error report on stderr.
 inline constexpr uint32_t kDebugPrintErrors = 0x1;
-
-// An epid as psmd mints it (daemon/registry.cc): node id << 48 | boot nonce
-// << 32 | endpoint id. The node id is what psm2_epid_nid reports and the
-// endpoint id what psm2_epid_context (and _port) report.
-inline uint64_t NodeIdOf(psm2_epid_t epid) { return epid >> 48; }
-inline uint64_t EndpointIdOf(psm2_epid_t epid) { return epid & 0xffffffffu; }
 
 // "0x..." for messages.
 std::string EpidText(psm2_epid_t epid);

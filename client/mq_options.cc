@@ -23,13 +23,9 @@ psm2_error_t SetBudget(psm2_mq_t mq, uint64_t mbytes) {
   std::lock_guard<std::recursive_mutex> lock(ep->mu);
   if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
   psm2_mq_req* r = ep->NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
-  shm::SubmissionDesc d{};
-  d.op = shm::SubmitOp::kSetOption;
-  d.req = TokenOf(r);
-  d.body.option.key =
-      static_cast<uint32_t>(shm::QueueOption::kUnexpectedBudgetBytes);
-  d.body.option.value = bytes;
-  psm2_error_t err = ep->RoundTrip(r, d);
+  psm2_error_t err = ep->RoundTrip(
+      r, shm::PrepSetOption(TokenOf(r),
+                            shm::QueueOption::kUnexpectedBudgetBytes, bytes));
   ep->FreeRequest(r);
   if (err == PSM2_OK) mq->max_sysbuf_mbytes = static_cast<uint32_t>(mbytes);
   return err;

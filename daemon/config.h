@@ -6,10 +6,12 @@
 #include <cstdint>
 #include <string>
 
+#include "shm/attach.h"
+
 namespace psmd {
 
 struct Config {
-  std::string socket_path = "/run/psmd/psmd.sock";
+  std::string socket_path = shm::kDefaultSocketPath;
   std::string log_level = "info";
   // How long the progress thread polls after its last piece of work before
   // it sleeps in epoll until a client rings (microseconds).

@@ -9,6 +9,7 @@
 
 #include "shm/doorbell.h"
 #include "shm/pool.h"
+#include "shm/segment.h"
 
 namespace psmd {
 
@@ -36,14 +37,6 @@ RecvPattern PatternOf(const Endpoint& ep, const shm::SubmissionDesc& d) {
   return p;
 }
 
-// Ops whose `peer` is a connection slot (kAmReply and kAmAck name an
-// endpoint id instead: the requester, who need not be connected back).
-bool UsesPeer(shm::SubmitOp op) {
-  return op == shm::SubmitOp::kSend || op == shm::SubmitOp::kRndvSend ||
-         op == shm::SubmitOp::kRecv || op == shm::SubmitOp::kProbe ||
-         op == shm::SubmitOp::kAmRequest;
-}
-
 // Active messages waiting in a target's completion overflow beyond which
 // further requests to it are held: a target that stops polling must not make
 // psmd buffer without bound.
@@ -53,14 +46,11 @@ constexpr size_t kAmOverflowLimit = 1024;
 
 void MqEngine::Add(std::shared_ptr<Endpoint> ep) {
   Endpoint* raw = ep.get();
-  const shm::SegmentGeometry& g = raw->geometry;
-  void* base = raw->segment.base();
-  raw->msg_sq = shm::RingConsumer<shm::SubmissionDesc>(
-      &raw->control()->msg_sq, shm::MessageSlotsOf(base, g), g.sq_capacity);
-  raw->ctl_sq = shm::RingConsumer<shm::SubmissionDesc>(
-      &raw->control()->ctl_sq, shm::ControlSlotsOf(base, g), g.sq_capacity);
-  raw->cq = shm::RingProducer<shm::CompletionDesc>(
-      &raw->control()->cq, shm::CompletionSlotsOf(base, g), g.cq_capacity);
+  shm::DaemonRings rings =
+      shm::DaemonRingsOf(raw->segment.base(), raw->geometry);
+  raw->msg_sq = rings.msg_sq;
+  raw->ctl_sq = rings.ctl_sq;
+  raw->cq = rings.cq;
   by_id_[raw->id] = std::move(ep);
   order_.push_back(raw);
 }
@@ -188,7 +178,7 @@ bool MqEngine::PollControl(Endpoint& ep) {
   shm::SubmissionDesc batch[kBatch];
   size_t n = ep.ctl_sq.PopBatch(batch, kBatch);
   PrefetchMatches(ep, batch, n);
-  for (size_t i = 0; i < n; i++) Dispatch(ep, batch[i]);
+  for (size_t i = 0; i < n; i++) Dispatch(ep, batch[i], shm::Ring::kControl);
   CheckRings(ep);
   return did || n > 0;
 }
@@ -205,7 +195,8 @@ void MqEngine::CheckRings(Endpoint& ep) {
 bool MqEngine::PollMessages(Endpoint& ep) {
   bool did = false;
   while (!ep.held_sends.empty()) {
-    if (!Dispatch(ep, ep.held_sends.front())) return did;  // still over budget
+    if (!Dispatch(ep, ep.held_sends.front(), shm::Ring::kMessage))
+      return did;  // still over budget
     ep.held_sends.pop_front();
     did = true;
   }
@@ -213,7 +204,7 @@ bool MqEngine::PollMessages(Endpoint& ep) {
   size_t n = ep.msg_sq.PopBatch(batch, kBatch);
   PrefetchMatches(ep, batch, n);
   for (size_t i = 0; i < n; i++) {
-    if (!Dispatch(ep, batch[i])) {
+    if (!Dispatch(ep, batch[i], shm::Ring::kMessage)) {
       ep.counters.sends_held.Add(1);
       ep.held_sends.assign(batch + i, batch + n);
       return true;
@@ -259,14 +250,37 @@ void MqEngine::PrefetchMatches(Endpoint& ep, const shm::SubmissionDesc* batch,
       [](const auto& queue, const auto& key) { queue.prefetch_entry(key); });
 }
 
-bool MqEngine::Dispatch(Endpoint& ep, const shm::SubmissionDesc& d) {
+// Indexed by SubmitOp, row for row with shm::kOpTraits.
+const MqEngine::Handler MqEngine::kHandlers[shm::kSubmitOpCount] = {
+    /* kInvalid     */ nullptr,  // rejected by validation
+    /* kSend        */ &MqEngine::HandleSend,
+    /* kRecv        */ &MqEngine::HandleRecv,
+    /* kCancel      */ &MqEngine::HandleCancel,
+    /* kRndvSend    */ &MqEngine::HandleSend,
+    /* kRndvData    */ &MqEngine::HandleRndvData,
+    /* kProbe       */ &MqEngine::HandleProbe,
+    /* kClaimedRecv */ &MqEngine::HandleClaimedRecv,
+    /* kSetOption   */ &MqEngine::HandleSetOption,
+    /* kAmRequest   */ &MqEngine::HandleAmRequest,
+    /* kAmReply     */ &MqEngine::HandleAmReply,
+    /* kAmAck       */ &MqEngine::HandleAmAck,
+};
+
+bool MqEngine::Dispatch(Endpoint& ep, const shm::SubmissionDesc& d,
+                        shm::Ring ring) {
   SubmissionBounds bounds;
   bounds.peer_slots = static_cast<uint32_t>(ep.peers.size());
   bounds.region = ep.region;
-  Rejection r = ValidateSubmission(d, bounds);
-  if (r == Rejection::kNone && UsesPeer(d.op) && d.peer != shm::kAnySlot &&
-      ep.peers[d.peer].endpoint_id == 0) {
-    r = Rejection::kBadPeer;
+  Rejection r = ValidateSubmission(d, ring, bounds);
+  if (r == Rejection::kNone) {
+    // A slot in range may still have been disconnected.
+    const shm::PeerField peer = shm::TraitsOf(d.op).peer;
+    const bool names_slot =
+        peer == shm::PeerField::kSlot || peer == shm::PeerField::kSlotOrAny;
+    if (names_slot && d.peer != shm::kAnySlot &&
+        ep.peers[d.peer].endpoint_id == 0) {
+      r = Rejection::kBadPeer;
+    }
   }
   if (r != Rejection::kNone) {
     ReportBadDescriptor(ep, RejectionName(r));
@@ -274,40 +288,7 @@ bool MqEngine::Dispatch(Endpoint& ep, const shm::SubmissionDesc& d) {
               r == Rejection::kBadPeer ? PSM2_EPID_UNKNOWN : PSM2_PARAM_ERR);
     return true;
   }
-  switch (d.op) {
-    case shm::SubmitOp::kSend:
-    case shm::SubmitOp::kRndvSend:
-      return HandleSend(ep, d);
-    case shm::SubmitOp::kRecv:
-      HandleRecv(ep, d);
-      break;
-    case shm::SubmitOp::kCancel:
-      HandleCancel(ep, d);
-      break;
-    case shm::SubmitOp::kProbe:
-      HandleProbe(ep, d);
-      break;
-    case shm::SubmitOp::kClaimedRecv:
-      HandleClaimedRecv(ep, d);
-      break;
-    case shm::SubmitOp::kRndvData:
-      HandleRndvData(ep, d);
-      break;
-    case shm::SubmitOp::kSetOption:
-      HandleSetOption(ep, d);
-      break;
-    case shm::SubmitOp::kAmRequest:
-      return HandleAmRequest(ep, d);
-    case shm::SubmitOp::kAmReply:
-      HandleAmReply(ep, d);
-      break;
-    case shm::SubmitOp::kAmAck:
-      HandleAmAck(ep, d);
-      break;
-    default:
-      break;  // unreachable: validated above
-  }
-  return true;
+  return (this->*kHandlers[static_cast<uint8_t>(d.op)])(ep, d);
 }
 
 bool MqEngine::HandleSend(Endpoint& sender, const shm::SubmissionDesc& d) {
@@ -320,7 +301,7 @@ bool MqEngine::HandleSend(Endpoint& sender, const shm::SubmissionDesc& d) {
   m.sender_req = d.req;
   if (m.rendezvous) {
     // No payload yet: the sender streams it after the match (kRndvGo).
-  } else if (d.len <= shm::kInlineMax) {
+  } else if (shm::IsInline(d.len)) {
     std::memcpy(m.inline_data, d.body.inline_data, d.len);
   } else {
     m.pool_offset = d.body.pool.pool_offset;
@@ -360,19 +341,20 @@ bool MqEngine::HandleSend(Endpoint& sender, const shm::SubmissionDesc& d) {
   return true;
 }
 
-void MqEngine::HandleRecv(Endpoint& receiver, const shm::SubmissionDesc& d) {
+bool MqEngine::HandleRecv(Endpoint& receiver, const shm::SubmissionDesc& d) {
   RecvPattern p = PatternOf(receiver, d);
   receiver.counters.posted_recvs.Add(1);
   MsgKey key;
   if (auto m = receiver.unexpected.take(p, &key)) {
     Uncharge(receiver, *m);
     Deliver(receiver, d.req, d.len, key, *m, /*was_unexpected=*/true);
-    return;
+    return true;
   }
   receiver.posted.post(p, PostedRecv{d.req, d.len});
+  return true;
 }
 
-void MqEngine::HandleCancel(Endpoint& ep, const shm::SubmissionDesc& d) {
+bool MqEngine::HandleCancel(Endpoint& ep, const shm::SubmissionDesc& d) {
   shm::CompletionDesc c{};
   c.op = shm::CompleteOp::kCancelDone;
   c.req = d.req;
@@ -380,9 +362,10 @@ void MqEngine::HandleCancel(Endpoint& ep, const shm::SubmissionDesc& d) {
       [&](const PostedRecv& r) { return r.req == d.body.cancel.target; });
   c.error = removed ? PSM2_OK : PSM2_MQ_NO_COMPLETIONS;
   Post(ep, c);
+  return true;
 }
 
-void MqEngine::HandleProbe(Endpoint& ep, const shm::SubmissionDesc& d) {
+bool MqEngine::HandleProbe(Endpoint& ep, const shm::SubmissionDesc& d) {
   ep.counters.probes.Add(1);
   RecvPattern p = PatternOf(ep, d);
   shm::CompletionDesc c{};
@@ -400,7 +383,7 @@ void MqEngine::HandleProbe(Endpoint& ep, const shm::SubmissionDesc& d) {
   if (found == nullptr) {
     c.error = PSM2_MQ_NO_COMPLETIONS;
     Post(ep, c);
-    return;
+    return true;
   }
   c.error = PSM2_OK;
   std::memcpy(c.tag, key.tag.w, sizeof(c.tag));
@@ -419,7 +402,7 @@ void MqEngine::HandleProbe(Endpoint& ep, const shm::SubmissionDesc& d) {
     Post(ep, c);
     if (taken->flags & shm::kSendSync)
       CompleteSync(taken->sender_id, taken->sender_req, PSM2_OK);
-    return;
+    return true;
   }
   if (taken) {
     // Still charged to the budget until received. A client reusing a token
@@ -431,22 +414,24 @@ void MqEngine::HandleProbe(Endpoint& ep, const shm::SubmissionDesc& d) {
     }
   }
   Post(ep, c);
+  return true;
 }
 
-void MqEngine::HandleClaimedRecv(Endpoint& ep, const shm::SubmissionDesc& d) {
+bool MqEngine::HandleClaimedRecv(Endpoint& ep, const shm::SubmissionDesc& d) {
   auto it = ep.claimed.find(d.req);
   if (it == ep.claimed.end()) {
     ReportBadDescriptor(ep, "receive of a message no matched probe claimed");
     PostError(ep, d.req, PSM2_MQ_NO_COMPLETIONS);
-    return;
+    return true;
   }
   ClaimedMsg c = it->second;
   ep.claimed.erase(it);
   Uncharge(ep, c.msg);
   Deliver(ep, d.req, d.len, c.key, c.msg, /*was_unexpected=*/true);
+  return true;
 }
 
-void MqEngine::HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
+bool MqEngine::HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
   auto it = transfers_.find(d.body.rndv.transfer);
   if (it == transfers_.end() || it->second.sender_id != sender.id ||
       d.body.rndv.offset != it->second.forwarded ||
@@ -456,7 +441,7 @@ void MqEngine::HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
     ReportBadDescriptor(
         sender, "rendezvous chunk out of order or for an unknown transfer");
     PostError(sender, d.req, PSM2_PARAM_ERR);
-    return;
+    return true;
   }
   Transfer& t = it->second;
   Endpoint* receiver = Find(t.receiver_id);
@@ -473,9 +458,10 @@ void MqEngine::HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
   }
   t.forwarded += d.len;
   if (t.forwarded == t.send_bytes) transfers_.erase(it);
+  return true;
 }
 
-void MqEngine::HandleSetOption(Endpoint& ep, const shm::SubmissionDesc& d) {
+bool MqEngine::HandleSetOption(Endpoint& ep, const shm::SubmissionDesc& d) {
   shm::CompletionDesc c{};
   c.op = shm::CompleteOp::kOptionSet;
   c.req = d.req;
@@ -494,12 +480,13 @@ void MqEngine::HandleSetOption(Endpoint& ep, const shm::SubmissionDesc& d) {
       break;
   }
   Post(ep, c);
+  return true;
 }
 
 bool MqEngine::HandleAmRequest(Endpoint& sender, const shm::SubmissionDesc& d) {
   Endpoint* target = Find(sender.peers[d.peer].endpoint_id);
   if (target == nullptr || target->faulted) {
-    if (d.len > shm::kInlineMax)
+    if (!shm::IsInline(d.len))
       shm::ReleaseChunk(sender.job->pool().base(), d.body.pool.pool_offset);
     PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
     return true;
@@ -514,23 +501,24 @@ bool MqEngine::HandleAmRequest(Endpoint& sender, const shm::SubmissionDesc& d) {
   return true;
 }
 
-void MqEngine::HandleAmReply(Endpoint& sender, const shm::SubmissionDesc& d) {
+bool MqEngine::HandleAmReply(Endpoint& sender, const shm::SubmissionDesc& d) {
   Endpoint* target = FindInJob(sender, d.peer);
   if (target == nullptr) {
-    if (d.len > shm::kInlineMax)
+    if (!shm::IsInline(d.len))
       shm::ReleaseChunk(sender.job->pool().base(), d.body.pool.pool_offset);
     PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
-    return;
+    return true;
   }
   ForwardActiveMessage(
       sender, *target, d, shm::CompleteOp::kAmReply,
       (d.flags & shm::kAmWantsAck) ? shm::kAmRequestWantsAck : 0);
   sender.counters.am_replies_sent.Add(1);
+  return true;
 }
 
-void MqEngine::HandleAmAck(Endpoint& sender, const shm::SubmissionDesc& d) {
+bool MqEngine::HandleAmAck(Endpoint& sender, const shm::SubmissionDesc& d) {
   Endpoint* target = FindInJob(sender, d.peer);
-  if (target == nullptr) return;  // the requester is gone: nobody to tell
+  if (target == nullptr) return true;  // the requester is gone: nobody to tell
   shm::CompletionDesc c{};
   c.op = shm::CompleteOp::kAmAcked;
   c.req = d.body.ack.request;
@@ -538,6 +526,7 @@ void MqEngine::HandleAmAck(Endpoint& sender, const shm::SubmissionDesc& d) {
   c.tag[0] = d.body.ack.handler;
   c.src_epid = sender.epid;
   Post(*target, c);
+  return true;
 }
 
 void MqEngine::ForwardActiveMessage(const Endpoint& sender, Endpoint& target,
@@ -552,7 +541,7 @@ void MqEngine::ForwardActiveMessage(const Endpoint& sender, Endpoint& target,
   c.tag[2] = sender.id;
   c.msg_len = d.len;
   c.src_epid = sender.epid;
-  if (d.len <= shm::kInlineMax) {
+  if (shm::IsInline(d.len)) {
     c.flags |= shm::kPayloadInline;
     std::memcpy(c.body.inline_data, d.body.inline_data, d.len);
   } else {
@@ -597,7 +586,7 @@ void MqEngine::Deliver(Endpoint& receiver, uint64_t recv_req, uint32_t capacity,
 void MqEngine::AttachEagerPayload(shm::CompletionDesc& c,
                                   const UnexpectedMsg& m) {
   if (m.flags & shm::kSendFailed) c.flags |= shm::kPayloadFailed;
-  if (m.len <= shm::kInlineMax) {
+  if (shm::IsInline(m.len)) {
     c.flags |= shm::kPayloadInline;
     std::memcpy(c.body.inline_data, m.inline_data, m.len);
   } else {
@@ -681,7 +670,7 @@ void MqEngine::Post(Endpoint& ep, const shm::CompletionDesc& c) {
     return;
   }
   if (ep.cq_overflow.empty()) {
-    ep.control()->doorbells.cq_space_wanted.store(1, std::memory_order_relaxed);
+    shm::SetCqSpaceWanted(ep.control()->doorbells, true);
   }
   ep.cq_overflow.push_back(c);
 }
@@ -694,7 +683,7 @@ bool MqEngine::FlushOverflow(Endpoint& ep) {
   }
   if (did) ep.notify_pending = true;
   if (ep.cq_overflow.empty()) {
-    ep.control()->doorbells.cq_space_wanted.store(0, std::memory_order_relaxed);
+    shm::SetCqSpaceWanted(ep.control()->doorbells, false);
   }
   return did;
 }
@@ -703,21 +692,13 @@ void MqEngine::NotifyClients() {
   for (Endpoint* ep : order_) {
     if (!ep->notify_pending) continue;
     ep->notify_pending = false;
-    shm::Doorbells& bells = ep->control()->doorbells;
-    // Full fence: our ring stores must be visible before we read the client's
-    // waiting flag, mirroring the client's store-flag/fence/check-ring order,
-    // so at least one side sees the other (no lost wake-up).
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (bells.client_waiting.load(std::memory_order_relaxed) != 0) {
-      bells.cq_futex.fetch_add(1, std::memory_order_release);
-      shm::FutexWakeAll(&bells.cq_futex);
-    }
+    shm::WakeClientIfWaiting(ep->control()->doorbells);
   }
 }
 
 void MqEngine::ReleasePayload(const Endpoint& any_of_job,
                               const UnexpectedMsg& m) {
-  if (!m.rendezvous && m.len > shm::kInlineMax) {
+  if (!m.rendezvous && !shm::IsInline(m.len)) {
     shm::ReleaseChunk(any_of_job.job->pool().base(), m.pool_offset);
   }
 }

@@ -98,18 +98,23 @@ class MqEngine {
   bool PollMessages(Endpoint& ep);
   // Faults the endpoint if the client scribbled on a ring's indices.
   void CheckRings(Endpoint& ep);
-  // False when the descriptor is a send that must wait (invariant 4).
-  bool Dispatch(Endpoint& ep, const shm::SubmissionDesc& d);
+  // Validates `d`, taken from `ring`, and runs its handler. False when the
+  // descriptor is a send that must wait (invariant 4).
+  bool Dispatch(Endpoint& ep, const shm::SubmissionDesc& d, shm::Ring ring);
+  // A handler per op (kHandlers, row for row with shm::kOpTraits). Returns
+  // false only for a message-ring op that must wait for its receiver.
+  using Handler = bool (MqEngine::*)(Endpoint&, const shm::SubmissionDesc&);
+  static const Handler kHandlers[shm::kSubmitOpCount];
   bool HandleSend(Endpoint& sender, const shm::SubmissionDesc& d);
-  void HandleRecv(Endpoint& receiver, const shm::SubmissionDesc& d);
-  void HandleCancel(Endpoint& ep, const shm::SubmissionDesc& d);
-  void HandleProbe(Endpoint& ep, const shm::SubmissionDesc& d);
-  void HandleClaimedRecv(Endpoint& ep, const shm::SubmissionDesc& d);
-  void HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d);
-  void HandleSetOption(Endpoint& ep, const shm::SubmissionDesc& d);
+  bool HandleRecv(Endpoint& receiver, const shm::SubmissionDesc& d);
+  bool HandleCancel(Endpoint& ep, const shm::SubmissionDesc& d);
+  bool HandleProbe(Endpoint& ep, const shm::SubmissionDesc& d);
+  bool HandleClaimedRecv(Endpoint& ep, const shm::SubmissionDesc& d);
+  bool HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d);
+  bool HandleSetOption(Endpoint& ep, const shm::SubmissionDesc& d);
   bool HandleAmRequest(Endpoint& sender, const shm::SubmissionDesc& d);
-  void HandleAmReply(Endpoint& sender, const shm::SubmissionDesc& d);
-  void HandleAmAck(Endpoint& sender, const shm::SubmissionDesc& d);
+  bool HandleAmReply(Endpoint& sender, const shm::SubmissionDesc& d);
+  bool HandleAmAck(Endpoint& sender, const shm::SubmissionDesc& d);
   void ForwardActiveMessage(const Endpoint& sender, Endpoint& target,
                             const shm::SubmissionDesc& d, shm::CompleteOp op,
                             uint8_t flags);

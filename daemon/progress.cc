@@ -209,12 +209,9 @@ int ProgressWorker::ResumeMutedDoorbells(uint64_t now_ns) {
 void ProgressWorker::Sleep() {
   const auto& eps = engine_.endpoints();
   for (Endpoint* ep : eps) {
-    ep->control()->doorbells.daemon_sleeping.store(1,
-                                                   std::memory_order_relaxed);
+    shm::SetDaemonSleeping(ep->control()->doorbells, true);
   }
-  // Full fence: the flags must be visible before we re-check the rings (the
-  // client does publish / fence / read flag; see the header comment).
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  shm::WakeupFence();  // the flags before the re-check (shm/doorbell.h)
   bool work = engine_.AnySubmissionPending() ||
               commands_pending_.load(std::memory_order_acquire) || stop_.load();
   if (!work) {
@@ -239,8 +236,7 @@ void ProgressWorker::Sleep() {
     }
   }
   for (Endpoint* ep : engine_.endpoints()) {
-    ep->control()->doorbells.daemon_sleeping.store(0,
-                                                   std::memory_order_relaxed);
+    shm::SetDaemonSleeping(ep->control()->doorbells, false);
   }
 }
 

@@ -11,7 +11,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include "shm/epid.h"
 #include "shm/layout.h"
+#include "shm/segment.h"
 
 namespace psmd {
 
@@ -112,8 +114,7 @@ ControlError Registry::Open(const Credentials& who, const Uuid& uuid,
 
   auto ep = std::make_shared<Endpoint>();
   ep->id = next_id_++;
-  ep->epid = (uint64_t{config_.node_id} << 48) | (uint64_t{boot_nonce_} << 32) |
-             ep->id;
+  ep->epid = shm::MakeEpid(config_.node_id, boot_nonce_, ep->id);
   ep->job = job;
   ep->uid = who.uid;
   ep->gid = who.gid;
@@ -135,23 +136,16 @@ ControlError Registry::Open(const Credentials& who, const Uuid& uuid,
     return fail(std::string("eventfd: ") + strerror(errno));
 
   // The header is written once, before anyone else can map the segment.
-  shm::SegmentHeader* h = shm::HeaderOf(ep->segment.base());
-  h->magic = shm::kSegmentMagic;
-  h->version = shm::kLayoutVersion;
-  h->endpoint_id = ep->id;
-  h->epid = ep->epid;
-  h->segment_bytes = ep->geometry.bytes;
-  h->sq_capacity = ep->geometry.sq_capacity;
-  h->cq_capacity = ep->geometry.cq_capacity;
-  h->msg_sq_offset = ep->geometry.msg_sq_offset;
-  h->ctl_sq_offset = ep->geometry.ctl_sq_offset;
-  h->cq_offset = ep->geometry.cq_offset;
-  h->pool_bytes = job->pool().size();
-  h->region_offset = ep->region.offset;
-  h->region_bytes = ep->region.bytes;
-  h->inline_max = shm::kInlineMax;
-  h->unexpected_budget = config_.unexpected_budget_bytes;
-  h->max_unexpected_budget = config_.max_unexpected_budget_bytes;
+  shm::SegmentParams params;
+  params.endpoint_id = ep->id;
+  params.epid = ep->epid;
+  params.geometry = ep->geometry;
+  params.pool_bytes = job->pool().size();
+  params.region_offset = ep->region.offset;
+  params.region_bytes = ep->region.bytes;
+  params.unexpected_budget = config_.unexpected_budget_bytes;
+  params.max_unexpected_budget = config_.max_unexpected_budget_bytes;
+  shm::WriteSegmentHeader(ep->segment.base(), params);
   ep->unexpected_budget = config_.unexpected_budget_bytes;
 
   job->endpoints++;

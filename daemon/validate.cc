@@ -22,79 +22,57 @@ Rejection ValidatePoolRange(uint64_t off, uint32_t len, const SendRegion& r) {
   return Rejection::kNone;
 }
 
-Rejection ValidateSend(const shm::SubmissionDesc& d,
-                       const SubmissionBounds& b) {
-  if ((d.flags & ~(shm::kSendSync | shm::kSendFailed)) != 0)
-    return Rejection::kBadFlags;
-  if (!PeerInRange(d.peer, b, /*any_allowed=*/false))
-    return Rejection::kBadPeer;
-  if ((d.flags & shm::kSendFailed) &&
-      (d.len != 0 || d.op != shm::SubmitOp::kSend)) {
-    return Rejection::kBadFlags;
-  }
-  if (d.len <= shm::kInlineMax) return Rejection::kNone;
-  return ValidatePoolRange(d.body.pool.pool_offset, d.len, b.region);
-}
-
-Rejection ValidateMatching(const shm::SubmissionDesc& d,
-                           const SubmissionBounds& b, uint8_t allowed_flags) {
-  if ((d.flags & ~allowed_flags) != 0) return Rejection::kBadFlags;
-  if (!PeerInRange(d.peer, b, /*any_allowed=*/true)) return Rejection::kBadPeer;
-  return Rejection::kNone;
-}
-
 // An active message: handler index, argument count and payload within the
-// limits, and its bytes inline or inside the sender's region.
-Rejection ValidateActiveMessage(const shm::SubmissionDesc& d,
-                                const SubmissionBounds& b) {
+// limits.
+Rejection ValidateActiveMessage(const shm::SubmissionDesc& d) {
   uint32_t handler = d.tag[0], nargs = d.tag[1];
   if (handler >= shm::kAmMaxHandlers || nargs > shm::kAmMaxArgs)
     return Rejection::kBadLength;
   uint32_t arg_bytes = nargs * shm::kAmArgBytes;
   if (d.len < arg_bytes || d.len - arg_bytes > shm::kAmMaxPayload)
     return Rejection::kBadLength;
-  if (d.len <= shm::kInlineMax) return Rejection::kNone;
-  return ValidatePoolRange(d.body.pool.pool_offset, d.len, b.region);
+  return Rejection::kNone;
 }
 
 }  // namespace
 
-Rejection ValidateSubmission(const shm::SubmissionDesc& d,
+Rejection ValidateSubmission(const shm::SubmissionDesc& d, shm::Ring ring,
                              const SubmissionBounds& b) {
+  // What the op table says (shm/descriptor.h) ...
+  const shm::OpTraits& t = shm::TraitsOf(d.op);
+  if (!t.valid) return Rejection::kBadOpcode;
+  if (t.ring != ring) return Rejection::kWrongRing;
+  if ((d.flags & ~t.allowed_flags) != 0) return Rejection::kBadFlags;
+  if (t.peer == shm::PeerField::kSlot &&
+      !PeerInRange(d.peer, b, /*any_allowed=*/false)) {
+    return Rejection::kBadPeer;
+  }
+  if (t.peer == shm::PeerField::kSlotOrAny &&
+      !PeerInRange(d.peer, b, /*any_allowed=*/true)) {
+    return Rejection::kBadPeer;
+  }
+  // ... the rules of single ops ...
+  Rejection r = Rejection::kNone;
   switch (d.op) {
     case shm::SubmitOp::kSend:
-      return ValidateSend(d, b);
-    case shm::SubmitOp::kRndvSend:
-      if (d.flags != 0) return Rejection::kBadFlags;
-      if (!PeerInRange(d.peer, b, /*any_allowed=*/false))
-        return Rejection::kBadPeer;
-      return Rejection::kNone;
-    case shm::SubmitOp::kRecv:
-      return ValidateMatching(d, b, 0);
-    case shm::SubmitOp::kProbe:
-      return ValidateMatching(d, b, shm::kProbeRemove);
+      // A failed send stands for a message that carries nothing.
+      if ((d.flags & shm::kSendFailed) && d.len != 0) r = Rejection::kBadFlags;
+      break;
     case shm::SubmitOp::kRndvData:
-      if (d.flags != 0) return Rejection::kBadFlags;
-      if (d.len == 0) return Rejection::kBadLength;
-      return ValidatePoolRange(d.body.rndv.pool_offset, d.len, b.region);
+      if (d.len == 0) r = Rejection::kBadLength;
+      break;
     case shm::SubmitOp::kAmRequest:
-      if ((d.flags & ~(shm::kAmNoReply | shm::kAmWantsAck)) != 0)
-        return Rejection::kBadFlags;
-      if (!PeerInRange(d.peer, b, /*any_allowed=*/false))
-        return Rejection::kBadPeer;
-      return ValidateActiveMessage(d, b);
     case shm::SubmitOp::kAmReply:
-      if ((d.flags & ~shm::kAmWantsAck) != 0) return Rejection::kBadFlags;
-      return ValidateActiveMessage(d, b);
-    case shm::SubmitOp::kAmAck:
-    case shm::SubmitOp::kCancel:
-    case shm::SubmitOp::kClaimedRecv:
-    case shm::SubmitOp::kSetOption:
-      if (d.flags != 0) return Rejection::kBadFlags;
-      return Rejection::kNone;
+      r = ValidateActiveMessage(d);
+      break;
     default:
-      return Rejection::kBadOpcode;
+      break;
   }
+  if (r != Rejection::kNone) return r;
+  // ... and where the payload is.
+  if (shm::PayloadInPool(d))
+    return ValidatePoolRange(d.body.pool.pool_offset, d.len, b.region);
+  return Rejection::kNone;
 }
 
 const char* RejectionName(Rejection r) {
@@ -105,6 +83,8 @@ const char* RejectionName(Rejection r) {
       return "unknown opcode";
     case Rejection::kBadFlags:
       return "unknown flags";
+    case Rejection::kWrongRing:
+      return "operation on the wrong submission ring";
     case Rejection::kBadPeer:
       return "peer slot not connected";
     case Rejection::kBadLength:

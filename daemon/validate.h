@@ -26,13 +26,16 @@ struct SubmissionBounds {
 enum class Rejection {
   kNone = 0,
   kBadOpcode,
+  kWrongRing,
   kBadFlags,
   kBadPeer,
   kBadLength,
   kBadPoolOffset,
 };
 
-Rejection ValidateSubmission(const shm::SubmissionDesc& d,
+// `ring` is the ring the descriptor was taken from; the op table
+// (shm/descriptor.h) says which one each op must travel on.
+Rejection ValidateSubmission(const shm::SubmissionDesc& d, shm::Ring ring,
                              const SubmissionBounds& bounds);
 
 // A short, operator-readable name ("bad pool offset").

@@ -16,6 +16,10 @@
 
 namespace psmd::shm {
 
+// Where psmd listens (gRPC control and the attach handshake) unless told
+// otherwise (psmd --socket; clients and psmctl: $PSMD_SOCKET).
+inline constexpr char kDefaultSocketPath[] = "/run/psmd/psmd.sock";
+
 inline constexpr char kAttachMagic[8] = {'P', 'S', 'M', 'D',
                                          'A', 'T', 'T', '1'};
 inline constexpr size_t kAttachTokenBytes = 16;

@@ -16,6 +16,10 @@ namespace psmd::shm {
 // Payloads up to this size travel inside the descriptor, not in the pool.
 inline constexpr uint32_t kInlineMax = 24;
 
+// The one rule both sides apply to every payload (eager message, AM
+// arguments and payload, claimed message): inline or in the pool.
+constexpr bool IsInline(uint64_t len) { return len <= kInlineMax; }
+
 // Connection slot meaning "any source" in a receive.
 inline constexpr uint32_t kAnySlot = 0xffffffffu;
 
@@ -113,6 +117,235 @@ struct SubmissionDesc {
 static_assert(sizeof(SubmissionDesc) == 64);
 static_assert(std::is_trivially_copyable_v<SubmissionDesc>);
 static_assert(offsetof(SubmissionDesc, body) == 32);
+
+// ---- Operation traits: the one place that says how each op travels ----
+//
+// The client's ring choice, credits and payload placement (client/
+// endpoint.cc), the daemon's validator (daemon/validate.cc) and the engine's
+// dispatch (daemon/mq_engine.cc) all read this table. Adding an operation
+// touches three places: its row here and its builder below, and its handler
+// in the engine (docs/design.md, "Adding an operation").
+
+enum class Ring : uint8_t {
+  kMessage,  // msg_sq: may be held back for the receiver's budget
+  kControl,  // ctl_sq: always drained
+};
+
+// What SubmissionDesc::peer names.
+enum class PeerField : uint8_t {
+  kUnused,      // ignored
+  kSlot,        // a connected slot of the sender
+  kSlotOrAny,   // a connected slot, or kAnySlot
+  kEndpointId,  // a psmd endpoint id (replies and acks go back to a sender
+                // that may not be connected to us); the engine checks it
+};
+
+enum class PayloadKind : uint8_t {
+  kNone,
+  kInlineOrPool,  // `len` bytes, inline when IsInline(len), else in the
+                  // sender's pool region at body.pool.pool_offset
+  kPool,          // always in the pool (rendezvous chunk), len > 0
+};
+
+// Whether the submission holds a completion-ring credit until its answer is
+// reaped (client/endpoint.h, invariant 2).
+enum class CreditRule : uint8_t {
+  kNever,
+  kAlways,      // round trips: probe, cancel, option
+  kIfWantsAck,  // active messages with kAmWantsAck
+};
+
+struct OpTraits {
+  bool valid;
+  Ring ring;
+  PeerField peer;
+  PayloadKind payload;
+  CreditRule credit;
+  uint8_t allowed_flags;
+};
+
+inline constexpr uint8_t kSubmitOpCount = 12;
+
+// Indexed by SubmitOp.
+inline constexpr OpTraits kOpTraits[kSubmitOpCount] = {
+    /* kInvalid    */ {false, Ring::kControl, PeerField::kUnused,
+                       PayloadKind::kNone, CreditRule::kNever, 0},
+    /* kSend       */
+    {true, Ring::kMessage, PeerField::kSlot, PayloadKind::kInlineOrPool,
+     CreditRule::kNever, kSendSync | kSendFailed},
+    /* kRecv       */
+    {true, Ring::kControl, PeerField::kSlotOrAny, PayloadKind::kNone,
+     CreditRule::kNever, 0},
+    /* kCancel     */
+    {true, Ring::kControl, PeerField::kUnused, PayloadKind::kNone,
+     CreditRule::kAlways, 0},
+    /* kRndvSend   */
+    {true, Ring::kMessage, PeerField::kSlot, PayloadKind::kNone,
+     CreditRule::kNever, 0},
+    /* kRndvData   */
+    {true, Ring::kControl, PeerField::kUnused, PayloadKind::kPool,
+     CreditRule::kNever, 0},
+    /* kProbe      */
+    {true, Ring::kControl, PeerField::kSlotOrAny, PayloadKind::kNone,
+     CreditRule::kAlways, kProbeRemove},
+    /* kClaimedRecv*/
+    {true, Ring::kControl, PeerField::kUnused, PayloadKind::kNone,
+     CreditRule::kNever, 0},
+    /* kSetOption  */
+    {true, Ring::kControl, PeerField::kUnused, PayloadKind::kNone,
+     CreditRule::kAlways, 0},
+    /* kAmRequest  */
+    {true, Ring::kMessage, PeerField::kSlot, PayloadKind::kInlineOrPool,
+     CreditRule::kIfWantsAck, kAmNoReply | kAmWantsAck},
+    /* kAmReply    */
+    {true, Ring::kControl, PeerField::kEndpointId, PayloadKind::kInlineOrPool,
+     CreditRule::kIfWantsAck, kAmWantsAck},
+    /* kAmAck      */
+    {true, Ring::kControl, PeerField::kEndpointId, PayloadKind::kNone,
+     CreditRule::kNever, 0},
+};
+static_assert(static_cast<uint8_t>(SubmitOp::kAmAck) + 1 == kSubmitOpCount,
+              "every SubmitOp has a row in kOpTraits");
+
+// The traits of `op`; an unknown op (a value no row has) is the invalid row.
+constexpr const OpTraits& TraitsOf(SubmitOp op) {
+  const uint8_t i = static_cast<uint8_t>(op);
+  return kOpTraits[i < kSubmitOpCount ? i : 0];
+}
+
+constexpr bool TakesCredit(const SubmissionDesc& d) {
+  switch (TraitsOf(d.op).credit) {
+    case CreditRule::kAlways:
+      return true;
+    case CreditRule::kIfWantsAck:
+      return (d.flags & kAmWantsAck) != 0;
+    case CreditRule::kNever:
+      break;
+  }
+  return false;
+}
+
+// Whether the submission's payload lives in the pool (at
+// body.pool.pool_offset, which kRndvData's body.rndv.pool_offset aliases).
+constexpr bool PayloadInPool(const SubmissionDesc& d) {
+  switch (TraitsOf(d.op).payload) {
+    case PayloadKind::kPool:
+      return true;
+    case PayloadKind::kInlineOrPool:
+      return !IsInline(d.len);
+    case PayloadKind::kNone:
+      break;
+  }
+  return false;
+}
+static_assert(offsetof(SubmissionDesc, body.pool.pool_offset) ==
+              offsetof(SubmissionDesc, body.rndv.pool_offset));
+
+// ---- Builders, one per op (liburing's io_uring_prep_* are the model) ----
+// Each fills a zeroed descriptor; the caller adds payload bytes or a pool
+// offset (PayloadInPool) and flags beyond the ones named here.
+
+inline SubmissionDesc PrepSend(uint32_t slot, uint64_t req,
+                               const uint32_t tag[3], uint32_t len,
+                               bool rendezvous) {
+  SubmissionDesc d{};
+  d.op = rendezvous ? SubmitOp::kRndvSend : SubmitOp::kSend;
+  d.peer = slot;
+  d.req = req;
+  for (int i = 0; i < 3; i++) d.tag[i] = tag[i];
+  d.len = len;
+  return d;
+}
+
+inline SubmissionDesc PrepRecv(uint32_t slot_or_any, uint64_t req,
+                               const uint32_t tag[3], const uint32_t tagsel[3],
+                               uint32_t capacity) {
+  SubmissionDesc d{};
+  d.op = SubmitOp::kRecv;
+  d.peer = slot_or_any;
+  d.req = req;
+  for (int i = 0; i < 3; i++) {
+    d.tag[i] = tag[i];
+    d.body.recv.tagsel[i] = tagsel[i];
+  }
+  d.len = capacity;
+  return d;
+}
+
+inline SubmissionDesc PrepProbe(uint32_t slot_or_any, uint64_t req,
+                                const uint32_t tag[3], const uint32_t tagsel[3],
+                                bool claim) {
+  SubmissionDesc d = PrepRecv(slot_or_any, req, tag, tagsel, 0);
+  d.op = SubmitOp::kProbe;
+  d.flags = claim ? kProbeRemove : 0;
+  return d;
+}
+
+inline SubmissionDesc PrepCancel(uint64_t req, uint64_t target) {
+  SubmissionDesc d{};
+  d.op = SubmitOp::kCancel;
+  d.req = req;
+  d.body.cancel.target = target;
+  return d;
+}
+
+// Receive the rendezvous message claimed by probe `req` into `capacity`.
+inline SubmissionDesc PrepClaimedRecv(uint64_t req, uint32_t capacity) {
+  SubmissionDesc d{};
+  d.op = SubmitOp::kClaimedRecv;
+  d.req = req;
+  d.len = capacity;
+  return d;
+}
+
+inline SubmissionDesc PrepRndvData(uint64_t req, uint64_t transfer,
+                                   uint64_t offset, uint32_t len) {
+  SubmissionDesc d{};
+  d.op = SubmitOp::kRndvData;
+  d.req = req;
+  d.len = len;
+  d.body.rndv.transfer = transfer;
+  d.body.rndv.offset = offset;
+  return d;
+}
+
+inline SubmissionDesc PrepSetOption(uint64_t req, QueueOption key,
+                                    uint64_t value) {
+  SubmissionDesc d{};
+  d.op = SubmitOp::kSetOption;
+  d.req = req;
+  d.body.option.key = static_cast<uint32_t>(key);
+  d.body.option.value = value;
+  return d;
+}
+
+// An active-message request (to connection slot `peer`) or reply (to
+// endpoint id `peer`) of `nargs` arguments and `payload_len` bytes.
+inline SubmissionDesc PrepActiveMessage(bool reply, uint32_t peer, uint64_t req,
+                                        uint32_t handler, uint32_t nargs,
+                                        uint32_t payload_len) {
+  SubmissionDesc d{};
+  d.op = reply ? SubmitOp::kAmReply : SubmitOp::kAmRequest;
+  d.peer = peer;
+  d.req = req;
+  d.tag[0] = handler;
+  d.tag[1] = nargs;
+  d.len = nargs * kAmArgBytes + payload_len;
+  return d;
+}
+
+// Tells endpoint `sender` that the handler of its request `request` ran
+// (or why not).
+inline SubmissionDesc PrepAmAck(uint32_t sender, uint64_t request,
+                                uint32_t handler, int32_t error) {
+  SubmissionDesc d{};
+  d.op = SubmitOp::kAmAck;
+  d.peer = sender;
+  d.body.ack.request = request;
+  d.body.ack.handler = handler;
+  d.body.ack.error = error;
+  return d;
+}
 
 enum class CompleteOp : uint8_t {
   kInvalid = 0,

@@ -15,6 +15,8 @@
 #include <cerrno>
 #include <cstdint>
 
+#include "shm/layout.h"
+
 namespace psmd::shm {
 
 // Sleeps while *word == expected, at most timeout_ns (<0: no limit).
@@ -49,6 +51,75 @@ inline void DrainEventFd(int fd) {
   uint64_t value;
   ssize_t r = read(fd, &value, sizeof(value));
   (void)r;
+}
+
+// The wake-up protocol on a segment's Doorbells (docs/design.md, "Wake-up").
+// A side about to sleep stores its flag, issues a full fence, and re-checks
+// for work; the other side publishes work, issues a full fence, and reads the
+// flag. Because both fences are full, at least one side sees the other's
+// store: either the sleeper finds the work, or the publisher sees the flag
+// and wakes it. No wake-up is lost, and no side pays for a syscall while the
+// other is awake.
+//
+//   client publishes submissions   -> DaemonAsleep()        -> ring eventfd
+//   daemon about to sleep          -> SetDaemonSleeping(1), WakeupFence(),
+//                                     re-check every ring, epoll_wait
+//   daemon publishes completions   -> WakeClientIfWaiting()
+//   client about to sleep          -> ClientPrepareToSleep(), re-check the
+//                                     completion ring, FutexWait, ClientAwake()
+//   daemon's completions wait for ring space -> SetCqSpaceWanted(1), and the
+//   client, after reaping, DaemonWantsCqSpace() -> ring eventfd
+
+// The full fence both sides put between their own stores and reading the
+// other side's flag (a store-load order, which release/acquire cannot give).
+inline void WakeupFence() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+// Client, after publishing submissions: must it ring the doorbell eventfd?
+inline bool DaemonAsleep(const Doorbells& bells) {
+  WakeupFence();
+  return bells.daemon_sleeping.load(std::memory_order_relaxed) != 0;
+}
+
+// Client, after reaping completions: does the daemon wait for ring space
+// (so that the space just freed is work for it)?
+inline bool DaemonWantsCqSpace(const Doorbells& bells) {
+  WakeupFence();
+  return bells.cq_space_wanted.load(std::memory_order_relaxed) != 0;
+}
+
+// Client: announces that it is about to sleep and returns the futex value
+// to sleep on; the caller then re-checks its completion ring.
+inline uint32_t ClientPrepareToSleep(Doorbells& bells) {
+  uint32_t seen = bells.cq_futex.load(std::memory_order_acquire);
+  bells.client_waiting.store(1, std::memory_order_relaxed);
+  WakeupFence();
+  return seen;
+}
+
+inline void ClientAwake(Doorbells& bells) {
+  bells.client_waiting.store(0, std::memory_order_relaxed);
+}
+
+// Daemon, after publishing completions: wakes the client if it sleeps.
+inline void WakeClientIfWaiting(Doorbells& bells) {
+  WakeupFence();
+  if (bells.client_waiting.load(std::memory_order_relaxed) != 0) {
+    bells.cq_futex.fetch_add(1, std::memory_order_release);
+    FutexWakeAll(&bells.cq_futex);
+  }
+}
+
+// Daemon: its sleeping flag (the caller fences once after setting it on
+// every endpoint, then re-checks every ring).
+inline void SetDaemonSleeping(Doorbells& bells, bool sleeping) {
+  bells.daemon_sleeping.store(sleeping ? 1 : 0, std::memory_order_relaxed);
+}
+
+// Daemon: completions wait for space in the completion ring.
+inline void SetCqSpaceWanted(Doorbells& bells, bool wanted) {
+  bells.cq_space_wanted.store(wanted ? 1 : 0, std::memory_order_relaxed);
 }
 
 }  // namespace psmd::shm
