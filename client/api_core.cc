@@ -338,8 +338,7 @@ psm2_error_t psm2_ep_open(const psm2_uuid_t unique_job_key,
         "the same rule)");
   }
   std::unique_ptr<psm2_ep> opened;
-  psmd::client::CallError err =
-      psm2_ep::Open(lib.control(), unique_job_key, &opened);
+  psmd::Status err = psm2_ep::Open(lib.control(), unique_job_key, &opened);
   if (!err.ok()) {
     {
       std::lock_guard<std::mutex> lock(lib.mu);
@@ -408,7 +407,7 @@ psm2_error_t psm2_ep_close(psm2_ep_t ep, int mode, int64_t timeout) {
   lib.ForgetEndpointHandler(ep);
   if (!owned)
     return Library::Report(PSM2_EP_WAS_CLOSED, not_open);  // by another thread
-  psmd::client::CallError err;
+  psmd::Status err;
   if (!owned->daemon_lost) err = owned->control->CloseEndpoint(owned->id);
   // Unmapping and closing the fds (the destructor) releases the segments;
   // closing the attach connection tells the daemon in any case.
@@ -458,7 +457,7 @@ psm2_error_t psm2_ep_connect(psm2_ep_t ep, int num_of_epid,
   std::string failures;
   if (!wanted.empty()) {
     psmd::v1::ConnectReply reply;
-    psmd::client::CallError err = ep->control->Connect(ep->id, wanted, &reply);
+    psmd::Status err = ep->control->Connect(ep->id, wanted, &reply);
     if (err.ok() && reply.results_size() != static_cast<int>(wanted.size())) {
       err = {PSM2_INTERNAL_ERR, "psm2_ep_connect: psmd answered " +
                                     std::to_string(reply.results_size()) +

@@ -61,7 +61,7 @@ bool UnitPresent() {
 // Asks psmd how many endpoints it serves and may serve.
 psm2_error_t DaemonCapacity(uint32_t* in_use, uint32_t* max) {
   psmd::v1::HealthReply health;
-  psmd::client::CallError err = Library::Get().control()->Health(&health);
+  psmd::Status err = Library::Get().control()->Health(&health);
   if (!err.ok()) {
     return Library::Report(static_cast<psm2_error_t>(err.code),
                            "psm2_info_query: " + err.message);

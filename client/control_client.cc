@@ -42,13 +42,14 @@ void ControlClient::Prepare(grpc::ClientContext* ctx) const {
   ctx->set_wait_for_ready(false);
 }
 
-CallError ControlClient::FromStatus(const grpc::Status& status,
-                                    const char* what) const {
+Status ControlClient::FromStatus(const grpc::Status& status,
+                                 const char* what) const {
   if (status.ok()) return {};
-  CallError e;
+  Status e;
   if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-    e.code = atoi(status.error_details().c_str());
-    if (e.code == 0) e.code = PSM2_INTERNAL_ERR;
+    // The daemon puts the psm2_error_t in the details (control_service.cc).
+    e.code = static_cast<psm2_error_t>(atoi(status.error_details().c_str()));
+    if (e.code == PSM2_OK) e.code = PSM2_INTERNAL_ERR;
     e.message = std::string(what) + ": " + status.error_message();
     return e;
   }
@@ -66,9 +67,9 @@ CallError ControlClient::FromStatus(const grpc::Status& status,
   return e;
 }
 
-CallError ControlClient::OpenEndpoint(const std::array<uint8_t, 16>& uuid,
-                                      const std::string& label,
-                                      v1::OpenEndpointReply* reply) {
+Status ControlClient::OpenEndpoint(const std::array<uint8_t, 16>& uuid,
+                                   const std::string& label,
+                                   v1::OpenEndpointReply* reply) {
   // Check the socket first: a clear message and no gRPC connect back-off.
   if (access(socket_path_.c_str(), F_OK) != 0) {
     return {PSM2_EP_NO_DEVICE,
@@ -87,7 +88,7 @@ CallError ControlClient::OpenEndpoint(const std::array<uint8_t, 16>& uuid,
   return FromStatus(stub_->OpenEndpoint(&ctx, req, reply), "psm2_ep_open");
 }
 
-CallError ControlClient::Attach(const std::string& token, AttachedFds* fds) {
+Status ControlClient::Attach(const std::string& token, AttachedFds* fds) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (socket_path_.size() >= sizeof(addr.sun_path)) {
@@ -131,7 +132,8 @@ CallError ControlClient::Attach(const std::string& token, AttachedFds* fds) {
   if (reply.status != 0 || n != shm::kAttachFdCount) {
     for (int i = 0; i < n; i++) close(received[i]);
     close(sock);
-    return {reply.status != 0 ? reply.status : PSM2_INTERNAL_ERR,
+    return {reply.status != PSM2_OK ? static_cast<psm2_error_t>(reply.status)
+                                    : PSM2_INTERNAL_ERR,
             "psm2_ep_open: psmd refused the attach request"};
   }
   tv = {0, 0};
@@ -143,7 +145,7 @@ CallError ControlClient::Attach(const std::string& token, AttachedFds* fds) {
   return {};
 }
 
-CallError ControlClient::CloseEndpoint(uint32_t endpoint_id) {
+Status ControlClient::CloseEndpoint(uint32_t endpoint_id) {
   v1::CloseEndpointRequest req;
   req.set_endpoint_id(endpoint_id);
   v1::CloseEndpointReply reply;
@@ -152,9 +154,9 @@ CallError ControlClient::CloseEndpoint(uint32_t endpoint_id) {
   return FromStatus(stub_->CloseEndpoint(&ctx, req, &reply), "psm2_ep_close");
 }
 
-CallError ControlClient::Connect(uint32_t endpoint_id,
-                                 const std::vector<uint64_t>& epids,
-                                 v1::ConnectReply* reply) {
+Status ControlClient::Connect(uint32_t endpoint_id,
+                              const std::vector<uint64_t>& epids,
+                              v1::ConnectReply* reply) {
   v1::ConnectRequest req;
   req.set_endpoint_id(endpoint_id);
   for (uint64_t e : epids) req.add_epids(e);
@@ -163,9 +165,9 @@ CallError ControlClient::Connect(uint32_t endpoint_id,
   return FromStatus(stub_->Connect(&ctx, req, reply), "psm2_ep_connect");
 }
 
-CallError ControlClient::Disconnect(uint32_t endpoint_id,
-                                    const std::vector<uint32_t>& slots,
-                                    v1::DisconnectReply* reply) {
+Status ControlClient::Disconnect(uint32_t endpoint_id,
+                                 const std::vector<uint32_t>& slots,
+                                 v1::DisconnectReply* reply) {
   v1::DisconnectRequest req;
   req.set_endpoint_id(endpoint_id);
   for (uint32_t s : slots) req.add_slots(s);
@@ -174,14 +176,14 @@ CallError ControlClient::Disconnect(uint32_t endpoint_id,
   return FromStatus(stub_->Disconnect(&ctx, req, reply), "psm2_ep_disconnect");
 }
 
-CallError ControlClient::GetStats(v1::GetStatsReply* reply) {
+Status ControlClient::GetStats(v1::GetStatsReply* reply) {
   grpc::ClientContext ctx;
   Prepare(&ctx);
   return FromStatus(stub_->GetStats(&ctx, v1::GetStatsRequest(), reply),
                     "stats");
 }
 
-CallError ControlClient::ListEndpoints(v1::ListEndpointsReply* reply) {
+Status ControlClient::ListEndpoints(v1::ListEndpointsReply* reply) {
   grpc::ClientContext ctx;
   Prepare(&ctx);
   return FromStatus(
@@ -189,7 +191,7 @@ CallError ControlClient::ListEndpoints(v1::ListEndpointsReply* reply) {
       "endpoints");
 }
 
-CallError ControlClient::Health(v1::HealthReply* reply) {
+Status ControlClient::Health(v1::HealthReply* reply) {
   grpc::ClientContext ctx;
   Prepare(&ctx);
   return FromStatus(stub_->Health(&ctx, v1::HealthRequest(), reply), "health");

@@ -14,6 +14,7 @@
 
 #include "proto/control.grpc.pb.h"
 #include "shm/attach.h"
+#include "shm/status.h"
 
 namespace psmd::client {
 
@@ -21,13 +22,6 @@ inline constexpr const char* kDefaultSocket = shm::kDefaultSocketPath;
 
 // The daemon's socket: $PSMD_SOCKET, else the default.
 std::string SocketPath();
-
-// A failed control call: the PSM2 error to return and what to tell the user.
-struct CallError {
-  int code = 0;
-  std::string message;
-  bool ok() const { return code == 0; }
-};
 
 struct AttachedFds {
   int segment = -1;
@@ -43,22 +37,21 @@ class ControlClient {
 
   const std::string& socket_path() const { return socket_path_; }
 
-  CallError OpenEndpoint(const std::array<uint8_t, 16>& uuid,
-                         const std::string& label,
-                         v1::OpenEndpointReply* reply);
-  CallError Attach(const std::string& token, AttachedFds* fds);
-  CallError CloseEndpoint(uint32_t endpoint_id);
-  CallError Connect(uint32_t endpoint_id, const std::vector<uint64_t>& epids,
-                    v1::ConnectReply* reply);
-  CallError Disconnect(uint32_t endpoint_id, const std::vector<uint32_t>& slots,
-                       v1::DisconnectReply* reply);
-  CallError GetStats(v1::GetStatsReply* reply);
-  CallError ListEndpoints(v1::ListEndpointsReply* reply);
-  CallError Health(v1::HealthReply* reply);
+  Status OpenEndpoint(const std::array<uint8_t, 16>& uuid,
+                      const std::string& label, v1::OpenEndpointReply* reply);
+  Status Attach(const std::string& token, AttachedFds* fds);
+  Status CloseEndpoint(uint32_t endpoint_id);
+  Status Connect(uint32_t endpoint_id, const std::vector<uint64_t>& epids,
+                 v1::ConnectReply* reply);
+  Status Disconnect(uint32_t endpoint_id, const std::vector<uint32_t>& slots,
+                    v1::DisconnectReply* reply);
+  Status GetStats(v1::GetStatsReply* reply);
+  Status ListEndpoints(v1::ListEndpointsReply* reply);
+  Status Health(v1::HealthReply* reply);
 
  private:
-  // Converts a gRPC status into a CallError that names the socket and the fix.
-  CallError FromStatus(const grpc::Status& status, const char* what) const;
+  // Converts a gRPC status into a Status that names the socket and the fix.
+  Status FromStatus(const grpc::Status& status, const char* what) const;
   void Prepare(grpc::ClientContext* ctx) const;
 
   std::string socket_path_;

@@ -8,9 +8,10 @@
 
 #include "client/library.h"
 #include "shm/doorbell.h"
+#include "shm/payload.h"
 #include "shm/segment.h"
 
-using psmd::client::CallError;
+using psmd::Status;
 using psmd::client::Deferred;
 namespace shm = psmd::shm;
 
@@ -42,12 +43,12 @@ psm2_ep::~psm2_ep() {
   if (liveness_fd >= 0) close(liveness_fd);
 }
 
-CallError psm2_ep::Open(psmd::client::ControlClient* control,
-                        const psm2_uuid_t uuid, std::unique_ptr<psm2_ep>* out) {
+Status psm2_ep::Open(psmd::client::ControlClient* control,
+                     const psm2_uuid_t uuid, std::unique_ptr<psm2_ep>* out) {
   std::array<uint8_t, 16> key;
   std::memcpy(key.data(), uuid, key.size());
   psmd::v1::OpenEndpointReply reply;
-  CallError err = control->OpenEndpoint(key, ProgramName(), &reply);
+  Status err = control->OpenEndpoint(key, ProgramName(), &reply);
   if (!err.ok()) return err;
   psmd::client::AttachedFds fds;
   err = control->Attach(reply.attach_token(), &fds);
@@ -67,7 +68,7 @@ CallError psm2_ep::Open(psmd::client::ControlClient* control,
     if (ep->segment.fd() < 0 && fds.segment >= 0) close(fds.segment);
     if (ep->pool.fd() < 0 && fds.pool >= 0) close(fds.pool);
     control->CloseEndpoint(ep->id);
-    return CallError{PSM2_SHMEM_SEGMENT_ERR, "psm2_ep_open: " + what};
+    return Status{PSM2_SHMEM_SEGMENT_ERR, "psm2_ep_open: " + what};
   };
   if (!shm::Mapping::Attach(fds.segment, reply.segment_bytes(), &ep->segment,
                             &error)) {
@@ -151,10 +152,7 @@ psm2_mq_req* psm2_ep::CopyForSelf(const void* buf, uint32_t len,
 
 void psm2_ep::FreeRequest(psm2_mq_req* req) {
   RemoveFromDoneList(req);
-  if (req->claimed.present && !req->claimed.is_inline) {
-    shm::ReleaseChunk(pool.base(), req->claimed.pool_offset);  // never received
-  }
-  req->claimed.present = false;
+  TakeClaimedPayload(req);  // never received: released here
   if (req->has_self_copy) {
     auto copy = self_copies.find(req->index);
     self_copy_bytes -= copy->second.size();
@@ -333,10 +331,12 @@ bool psm2_ep::Progress() {
 
 void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
   using State = psm2_mq_req::State;
+  // Released when this returns, unless a request keeps it (a claim).
+  shm::PoolPayload payload = shm::PayloadOf(pool.base(), c);
   switch (c.op) {  // active messages carry the sender's token, not ours
     case shm::CompleteOp::kAmRequest:
     case shm::CompleteOp::kAmReply:
-      RunAmHandler(c);
+      RunAmHandler(c, payload);
       return;
     case shm::CompleteOp::kAmAcked:
       AmAcknowledged(c);
@@ -360,15 +360,8 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
   if (req == nullptr || (req->state != expected && !transfer_error)) {
     // Stale token (e.g. a send that had already completed locally): the only
     // such completions are errors for requests the application let go of,
-    // and payloads of a receive that failed meanwhile, given back here.
-    const bool eager_payload = c.op == shm::CompleteOp::kRecvDone ||
-                               (c.op == shm::CompleteOp::kProbeDone &&
-                                (c.flags & shm::kPayloadClaimed));
-    if (eager_payload && !(c.flags & shm::kPayloadInline)) {
-      shm::ReleaseChunk(pool.base(), c.body.pool.pool_offset);
-    } else if (chunk) {
-      shm::ReleaseChunk(pool.base(), c.body.chunk.pool_offset);
-    }
+    // and payloads of a receive that failed meanwhile, given back (payload's
+    // destructor).
     return;
   }
   if (req->holds_credit && !chunk) {
@@ -377,13 +370,13 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
   }
   switch (c.op) {
     case shm::CompleteOp::kRecvDone:
-      CompleteEager(req, c);
+      CompleteEager(req, c, payload);
       return;
     case shm::CompleteOp::kRecvRndv:
       StartRendezvousReceive(req, c);
       return;
     case shm::CompleteOp::kRndvChunk:
-      ReceiveChunk(req, c);
+      ReceiveChunk(req, c, payload);
       return;
     case shm::CompleteOp::kRndvGo:
       StartStreaming(req, c);
@@ -398,7 +391,7 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
           std::memcpy(req->claimed.inline_data, c.body.inline_data,
                       shm::kInlineMax);
         } else {
-          req->claimed.pool_offset = c.body.pool.pool_offset;
+          req->claimed.pool_offset = payload.Take();  // ReceiveClaimed's now
         }
       }
       req->user.error_code = static_cast<uint32_t>(c.error);
@@ -419,12 +412,12 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
   MarkComplete(req);
 }
 
-void psm2_ep::RunAmHandler(const shm::CompletionDesc& c) {
+void psm2_ep::RunAmHandler(const shm::CompletionDesc& c,
+                           const shm::PoolPayload& payload) {
   const bool request = c.op == shm::CompleteOp::kAmRequest;
   const uint32_t index = c.tag[0], nargs = c.tag[1];
-  const bool inline_payload = (c.flags & shm::kPayloadInline) != 0;
-  const uint8_t* blob = inline_payload ? c.body.inline_data
-                                       : pool.base() + c.body.pool.pool_offset;
+  const bool inline_payload = !payload;
+  const uint8_t* blob = inline_payload ? c.body.inline_data : payload.data();
   // psmd checked index, nargs and lengths against the limits.
   psm2_amarg_t args[shm::kAmMaxArgs];
   std::memcpy(args, blob, nargs * shm::kAmArgBytes);
@@ -466,7 +459,6 @@ void psm2_ep::RunAmHandler(const shm::CompletionDesc& c) {
     }
     if (c.flags & shm::kAmRequestWantsAck) SendAmAck(c, PSM2_OK);
   }
-  if (!inline_payload) shm::ReleaseChunk(pool.base(), c.body.pool.pool_offset);
 }
 
 void psm2_ep::SendAmAck(const shm::CompletionDesc& c, psm2_error_t error) {
@@ -508,17 +500,14 @@ void psm2_ep::SetMatchedStatus(psm2_mq_req* req, const shm::CompletionDesc& c) {
   req->was_unexpected = (c.flags & shm::kWasUnexpected) != 0;
 }
 
-void psm2_ep::CompleteEager(psm2_mq_req* req, const shm::CompletionDesc& c) {
+void psm2_ep::CompleteEager(psm2_mq_req* req, const shm::CompletionDesc& c,
+                            shm::PoolPayload& payload) {
   SetMatchedStatus(req, c);
   if (c.flags & shm::kPayloadFailed) req->user.error_code = PSM2_PARAM_ERR;
   uint32_t n = req->user.recv_msglen;
-  if (c.flags & shm::kPayloadInline) {
-    if (n > 0) std::memcpy(req->user.buf, c.body.inline_data, n);
-  } else {
-    if (n > 0)
-      std::memcpy(req->user.buf, pool.base() + c.body.pool.pool_offset, n);
-    shm::ReleaseChunk(pool.base(), c.body.pool.pool_offset);
-  }
+  const uint8_t* src = payload ? payload.data() : c.body.inline_data;
+  if (n > 0) std::memcpy(req->user.buf, src, n);
+  payload.Release();
   CountReceive(req, /*rendezvous=*/false);
   MarkComplete(req);
 }
@@ -529,13 +518,9 @@ void psm2_ep::ReceiveClaimed(psm2_mq_req* req) {
   u.error_code = req->claimed.failed         ? PSM2_PARAM_ERR
                  : u.send_msglen > u.buf_len ? PSM2_MQ_TRUNCATION
                                              : PSM2_OK;
-  const uint8_t* src = req->claimed.is_inline
-                           ? req->claimed.inline_data
-                           : pool.base() + req->claimed.pool_offset;
+  shm::PoolPayload payload = TakeClaimedPayload(req);
+  const uint8_t* src = payload ? payload.data() : req->claimed.inline_data;
   if (u.recv_msglen > 0) std::memcpy(u.buf, src, u.recv_msglen);
-  if (!req->claimed.is_inline)
-    shm::ReleaseChunk(pool.base(), req->claimed.pool_offset);
-  req->claimed.present = false;
   CountReceive(req, /*rendezvous=*/false);
   MarkComplete(req);
 }
@@ -552,20 +537,27 @@ void psm2_ep::StartRendezvousReceive(psm2_mq_req* req,
   }
 }
 
-void psm2_ep::ReceiveChunk(psm2_mq_req* req, const shm::CompletionDesc& c) {
+shm::PoolPayload psm2_ep::TakeClaimedPayload(psm2_mq_req* req) {
+  const bool pooled = req->claimed.present && !req->claimed.is_inline;
+  req->claimed.present = false;
+  if (!pooled) return {};
+  return shm::PoolPayload(pool.base(), req->claimed.pool_offset);
+}
+
+void psm2_ep::ReceiveChunk(psm2_mq_req* req, const shm::CompletionDesc& c,
+                           shm::PoolPayload& payload) {
   uint64_t off = c.body.chunk.offset;
   uint32_t len = c.body.chunk.len;
   // psmd forwards chunks in order and never past what we accept; checked
   // anyway so that no byte lands outside the user's buffer.
   if (off != req->received_bytes ||
       len > req->expect_bytes - req->received_bytes) {
-    shm::ReleaseChunk(pool.base(), c.body.chunk.pool_offset);
     req->user.error_code = PSM2_INTERNAL_ERR;
     MarkComplete(req);
     return;
   }
-  std::memcpy(req->user.buf + off, pool.base() + c.body.chunk.pool_offset, len);
-  shm::ReleaseChunk(pool.base(), c.body.chunk.pool_offset);
+  std::memcpy(req->user.buf + off, payload.data(), len);
+  payload.Release();  // before completing: the sender may reuse it at once
   req->received_bytes += len;
   if (req->received_bytes == req->expect_bytes) {
     CountReceive(req, /*rendezvous=*/true);

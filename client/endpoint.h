@@ -49,6 +49,7 @@
 #include "shm/descriptor.h"
 #include "shm/layout.h"
 #include "shm/mapping.h"
+#include "shm/payload.h"
 #include "shm/pool.h"
 #include "shm/ring.h"
 
@@ -202,9 +203,9 @@ struct psm2_ep {
   psm2_ep& operator=(const psm2_ep&) = delete;
 
   // Opens, attaches and maps; on failure returns the error and message.
-  static psmd::client::CallError Open(psmd::client::ControlClient* control,
-                                      const psm2_uuid_t uuid,
-                                      std::unique_ptr<psm2_ep>* out);
+  static psmd::Status Open(psmd::client::ControlClient* control,
+                           const psm2_uuid_t uuid,
+                           std::unique_ptr<psm2_ep>* out);
 
   std::recursive_mutex
       mu;  // recursive: AM handlers call PSM2 from inside progress
@@ -295,14 +296,20 @@ struct psm2_ep {
                   psmd::shm::RingProducer<psmd::shm::SubmissionDesc>& ring);
   void RingDoorbell();
   void HandleCompletion(const psmd::shm::CompletionDesc& c);
-  void CompleteEager(psm2_mq_req* req, const psmd::shm::CompletionDesc& c);
+  void CompleteEager(psm2_mq_req* req, const psmd::shm::CompletionDesc& c,
+                     psmd::shm::PoolPayload& payload);
+  // The pool chunk of a claimed eager message (none if inline or absent);
+  // the request no longer holds it.
+  psmd::shm::PoolPayload TakeClaimedPayload(psm2_mq_req* req);
   void StartRendezvousReceive(psm2_mq_req* req,
                               const psmd::shm::CompletionDesc& c);
-  void ReceiveChunk(psm2_mq_req* req, const psmd::shm::CompletionDesc& c);
+  void ReceiveChunk(psm2_mq_req* req, const psmd::shm::CompletionDesc& c,
+                    psmd::shm::PoolPayload& payload);
   void StartStreaming(psm2_mq_req* req, const psmd::shm::CompletionDesc& c);
   void DropQueuedChunks(psm2_mq_req* req);
   void SetMatchedStatus(psm2_mq_req* req, const psmd::shm::CompletionDesc& c);
-  void RunAmHandler(const psmd::shm::CompletionDesc& c);
+  void RunAmHandler(const psmd::shm::CompletionDesc& c,
+                    const psmd::shm::PoolPayload& payload);
   void AmAcknowledged(const psmd::shm::CompletionDesc& c);
   void SendAmAck(const psmd::shm::CompletionDesc& c, psm2_error_t error);
   void CountReceive(const psm2_mq_req* req, bool rendezvous);

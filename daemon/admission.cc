@@ -295,9 +295,9 @@ void Admission::HandleAttach(int fd, const Credentials& creds) {
   shm::AttachReply reply{};
   int fds[shm::kAttachFdCount];
   uint32_t endpoint_id = 0;
-  ControlError err;
+  Status err;
   if (n != static_cast<ssize_t>(sizeof(req))) {
-    err = {EPROTO, "short attach request"};
+    err = {PSM2_PARAM_ERR, "short attach request"};
   } else {
     AttachToken token;
     std::memcpy(token.data(), req.token, token.size());

@@ -10,7 +10,7 @@ namespace {
 
 // Control errors travel as FAILED_PRECONDITION with the psm2_error_t in the
 // error details, so the client can return the same code to the application.
-grpc::Status ToStatus(const ControlError& e) {
+grpc::Status ToStatus(const Status& e) {
   if (e.ok()) return grpc::Status::OK;
   return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, e.message,
                       std::to_string(e.code));
@@ -81,7 +81,7 @@ grpc::Status ControlService::OpenEndpoint(grpc::ServerContext* ctx,
   Uuid uuid;
   std::copy(req->job_uuid().begin(), req->job_uuid().end(), uuid.begin());
   OpenedEndpoint opened;
-  ControlError e = registry_->Open(who, uuid, req->label(), &opened);
+  Status e = registry_->Open(who, uuid, req->label(), &opened);
   if (!e.ok()) return ToStatus(e);
   reply->set_endpoint_id(opened.id);
   reply->set_epid(opened.epid);
@@ -106,8 +106,7 @@ grpc::Status ControlService::Connect(grpc::ServerContext* ctx,
   if (auto s = Identify(ctx, &who); !s.ok()) return s;
   std::vector<uint64_t> epids(req->epids().begin(), req->epids().end());
   std::vector<ConnectOutcome> outcomes;
-  ControlError e =
-      registry_->Connect(who, req->endpoint_id(), epids, &outcomes);
+  Status e = registry_->Connect(who, req->endpoint_id(), epids, &outcomes);
   if (!e.ok()) return ToStatus(e);
   for (const ConnectOutcome& o : outcomes) {
     v1::ConnectResult* r = reply->add_results();
@@ -125,8 +124,7 @@ grpc::Status ControlService::Disconnect(grpc::ServerContext* ctx,
   if (auto s = Identify(ctx, &who); !s.ok()) return s;
   std::vector<uint32_t> slots(req->slots().begin(), req->slots().end());
   std::vector<int> errors;
-  ControlError e =
-      registry_->Disconnect(who, req->endpoint_id(), slots, &errors);
+  Status e = registry_->Disconnect(who, req->endpoint_id(), slots, &errors);
   if (!e.ok()) return ToStatus(e);
   for (int err : errors) reply->add_errors(err);
   return grpc::Status::OK;

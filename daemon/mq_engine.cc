@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "shm/doorbell.h"
+#include "shm/payload.h"
 #include "shm/pool.h"
 #include "shm/segment.h"
 
@@ -432,12 +433,13 @@ bool MqEngine::HandleClaimedRecv(Endpoint& ep, const shm::SubmissionDesc& d) {
 }
 
 bool MqEngine::HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
+  // The pool range was validated, so the chunk can safely be given back if
+  // it goes nowhere.
+  shm::PoolPayload chunk = shm::PayloadOf(sender.job->pool().base(), d);
   auto it = transfers_.find(d.body.rndv.transfer);
   if (it == transfers_.end() || it->second.sender_id != sender.id ||
       d.body.rndv.offset != it->second.forwarded ||
       d.len > it->second.send_bytes - it->second.forwarded) {
-    // The pool range was validated, so the chunk can safely be given back.
-    shm::ReleaseChunk(sender.job->pool().base(), d.body.rndv.pool_offset);
     ReportBadDescriptor(
         sender, "rendezvous chunk out of order or for an unknown transfer");
     PostError(sender, d.req, PSM2_PARAM_ERR);
@@ -445,13 +447,11 @@ bool MqEngine::HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
   }
   Transfer& t = it->second;
   Endpoint* receiver = Find(t.receiver_id);
-  if (receiver == nullptr || receiver->faulted) {
-    shm::ReleaseChunk(sender.job->pool().base(), d.body.rndv.pool_offset);
-  } else {
+  if (receiver != nullptr && !receiver->faulted) {
     shm::CompletionDesc c{};
     c.op = shm::CompleteOp::kRndvChunk;
     c.req = t.recv_req;
-    c.body.chunk.pool_offset = d.body.rndv.pool_offset;
+    c.body.chunk.pool_offset = chunk.Take();
     c.body.chunk.offset = t.forwarded;
     c.body.chunk.len = d.len;
     Post(*receiver, c);
@@ -486,8 +486,7 @@ bool MqEngine::HandleSetOption(Endpoint& ep, const shm::SubmissionDesc& d) {
 bool MqEngine::HandleAmRequest(Endpoint& sender, const shm::SubmissionDesc& d) {
   Endpoint* target = Find(sender.peers[d.peer].endpoint_id);
   if (target == nullptr || target->faulted) {
-    if (!shm::IsInline(d.len))
-      shm::ReleaseChunk(sender.job->pool().base(), d.body.pool.pool_offset);
+    shm::PayloadOf(sender.job->pool().base(), d).Release();
     PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
     return true;
   }
@@ -504,8 +503,7 @@ bool MqEngine::HandleAmRequest(Endpoint& sender, const shm::SubmissionDesc& d) {
 bool MqEngine::HandleAmReply(Endpoint& sender, const shm::SubmissionDesc& d) {
   Endpoint* target = FindInJob(sender, d.peer);
   if (target == nullptr) {
-    if (!shm::IsInline(d.len))
-      shm::ReleaseChunk(sender.job->pool().base(), d.body.pool.pool_offset);
+    shm::PayloadOf(sender.job->pool().base(), d).Release();
     PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
     return true;
   }
@@ -704,31 +702,16 @@ void MqEngine::ReleasePayload(const Endpoint& any_of_job,
 }
 
 void MqEngine::ReleaseUnread(const Endpoint& ep, const shm::CompletionDesc& c) {
-  uint64_t offset;
-  switch (c.op) {
-    case shm::CompleteOp::kRndvChunk:
-      offset = c.body.chunk.pool_offset;
-      break;
-    case shm::CompleteOp::kProbeDone:
-      if (!(c.flags & shm::kPayloadClaimed)) return;
-      [[fallthrough]];
-    case shm::CompleteOp::kRecvDone:
-    case shm::CompleteOp::kAmRequest:
-    case shm::CompleteOp::kAmReply:
-      if (c.flags & shm::kPayloadInline) return;
-      offset = c.body.pool.pool_offset;
-      break;
-    default:
-      return;
-  }
+  if (!shm::CompletionCarriesChunk(c)) return;
   // Entries of the completion ring lie in memory the client could write:
   // only a chunk position inside the job's pool is touched.
+  const uint64_t offset = shm::ChunkOffsetOf(c);
   const shm::Mapping& pool = ep.job->pool();
   if (offset < shm::kChunkHeaderBytes || offset >= pool.size() ||
       offset % shm::kChunkHeaderBytes != 0) {
     return;
   }
-  shm::ReleaseChunk(pool.base(), offset);
+  shm::PoolPayload(pool.base(), offset).Release();
 }
 
 void MqEngine::ReportBadDescriptor(Endpoint& ep, const char* what) {

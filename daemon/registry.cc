@@ -54,8 +54,8 @@ Registry::Registry(const Config& config, ProgressWorker* worker)
 
 Registry::~Registry() { RemoveAll(); }
 
-ControlError Registry::Open(const Credentials& who, const Uuid& uuid,
-                            const std::string& label, OpenedEndpoint* out) {
+Status Registry::Open(const Credentials& who, const Uuid& uuid,
+                      const std::string& label, OpenedEndpoint* out) {
   std::lock_guard<std::mutex> lock(mu_);
   if (records_.size() >= config_.max_endpoints) {
     return {PSM2_TOO_MANY_ENDPOINTS,
@@ -125,7 +125,7 @@ ControlError Registry::Open(const Credentials& who, const Uuid& uuid,
   auto fail = [&](const std::string& what) {
     job->RetireRegion(*region);
     if (job->endpoints == 0) jobs_.erase(key);
-    return ControlError{PSM2_NO_MEMORY, what};
+    return Status{PSM2_NO_MEMORY, what};
   };
   if (!shm::Mapping::Create("psmd-endpoint", ep->geometry.bytes, who.uid,
                             who.gid, &ep->segment, &error)) {
@@ -169,9 +169,9 @@ ControlError Registry::Open(const Credentials& who, const Uuid& uuid,
   return {};
 }
 
-ControlError Registry::Attach(const AttachToken& token, const Credentials& who,
-                              int liveness_fd, int fds[shm::kAttachFdCount],
-                              uint32_t* endpoint_id) {
+Status Registry::Attach(const AttachToken& token, const Credentials& who,
+                        int liveness_fd, int fds[shm::kAttachFdCount],
+                        uint32_t* endpoint_id) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [id, rec] : records_) {
     if (rec.attached || rec.token != token) continue;
@@ -265,8 +265,8 @@ void Registry::Retire(std::shared_ptr<Endpoint> ep) {
   // pool too once the job's last endpoint is gone.
 }
 
-ControlError Registry::FindControllable(const Credentials& who, uint32_t id,
-                                        Record** out) {
+Status Registry::FindControllable(const Credentials& who, uint32_t id,
+                                  Record** out) {
   auto it = records_.find(id);
   if (it == records_.end()) {
     return {PSM2_PARAM_ERR,
@@ -282,12 +282,12 @@ ControlError Registry::FindControllable(const Credentials& who, uint32_t id,
   return {};
 }
 
-ControlError Registry::Close(const Credentials& who, uint32_t id) {
+Status Registry::Close(const Credentials& who, uint32_t id) {
   std::shared_ptr<Endpoint> ep;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Record* found = nullptr;
-    if (ControlError e = FindControllable(who, id, &found); !e.ok()) return e;
+    if (Status e = FindControllable(who, id, &found); !e.ok()) return e;
     ep = Unlink(id);
   }
   Retire(std::move(ep));
@@ -307,9 +307,9 @@ void Registry::ConnectionLost(uint32_t id) {
   Retire(std::move(ep));
 }
 
-ControlError Registry::Connect(const Credentials& who, uint32_t id,
-                               const std::vector<uint64_t>& epids,
-                               std::vector<ConnectOutcome>* out) {
+Status Registry::Connect(const Credentials& who, uint32_t id,
+                         const std::vector<uint64_t>& epids,
+                         std::vector<ConnectOutcome>* out) {
   struct NewLink {
     uint32_t slot;
     PeerLink link;
@@ -318,7 +318,7 @@ ControlError Registry::Connect(const Credentials& who, uint32_t id,
   {
     std::lock_guard<std::mutex> lock(mu_);
     Record* found = nullptr;
-    if (ControlError e = FindControllable(who, id, &found); !e.ok()) return e;
+    if (Status e = FindControllable(who, id, &found); !e.ok()) return e;
     Record& rec = *found;
     out->clear();
     for (uint64_t epid : epids) {
@@ -359,14 +359,14 @@ ControlError Registry::Connect(const Credentials& who, uint32_t id,
   return {};
 }
 
-ControlError Registry::Disconnect(const Credentials& who, uint32_t id,
-                                  const std::vector<uint32_t>& slots,
-                                  std::vector<int>* errors) {
+Status Registry::Disconnect(const Credentials& who, uint32_t id,
+                            const std::vector<uint32_t>& slots,
+                            std::vector<int>* errors) {
   std::vector<uint32_t> cleared;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Record* found = nullptr;
-    if (ControlError e = FindControllable(who, id, &found); !e.ok()) return e;
+    if (Status e = FindControllable(who, id, &found); !e.ok()) return e;
     Record& rec = *found;
     errors->clear();
     for (uint32_t slot : slots) {

@@ -25,6 +25,7 @@
 #include "daemon/job.h"
 #include "daemon/progress.h"
 #include "shm/attach.h"
+#include "shm/status.h"
 
 namespace psmd {
 
@@ -34,14 +35,6 @@ struct Credentials {
   uid_t uid = 0;
   gid_t gid = 0;
   bool is_root() const { return uid == 0; }
-};
-
-// An error for the control plane: a PSM2 error code plus a message that names
-// the thing and the fix. code == 0 means success.
-struct ControlError {
-  int code = 0;
-  std::string message;
-  bool ok() const { return code == 0; }
 };
 
 using AttachToken = std::array<uint8_t, shm::kAttachTokenBytes>;
@@ -81,23 +74,23 @@ class Registry {
   Registry(const Config& config, ProgressWorker* worker);
   ~Registry();
 
-  ControlError Open(const Credentials& who, const Uuid& uuid,
-                    const std::string& label, OpenedEndpoint* out);
+  Status Open(const Credentials& who, const Uuid& uuid,
+              const std::string& label, OpenedEndpoint* out);
   // Redeems an attach token. On success fills fds (borrowed: valid while the
   // endpoint lives; the caller sends them, it does not close them) and binds
   // the endpoint's life to `liveness_fd`.
-  ControlError Attach(const AttachToken& token, const Credentials& who,
-                      int liveness_fd, int fds[shm::kAttachFdCount],
-                      uint32_t* endpoint_id);
-  ControlError Close(const Credentials& who, uint32_t id);
+  Status Attach(const AttachToken& token, const Credentials& who,
+                int liveness_fd, int fds[shm::kAttachFdCount],
+                uint32_t* endpoint_id);
+  Status Close(const Credentials& who, uint32_t id);
   // The attach connection hung up: the client is gone (or closed).
   void ConnectionLost(uint32_t id);
-  ControlError Connect(const Credentials& who, uint32_t id,
-                       const std::vector<uint64_t>& epids,
-                       std::vector<ConnectOutcome>* out);
-  ControlError Disconnect(const Credentials& who, uint32_t id,
-                          const std::vector<uint32_t>& slots,
-                          std::vector<int>* errors);
+  Status Connect(const Credentials& who, uint32_t id,
+                 const std::vector<uint64_t>& epids,
+                 std::vector<ConnectOutcome>* out);
+  Status Disconnect(const Credentials& who, uint32_t id,
+                    const std::vector<uint32_t>& slots,
+                    std::vector<int>* errors);
   // Endpoints the caller may see: its own uid's, or all for root.
   std::vector<EndpointSnapshot> Snapshot(const Credentials& who);
   // Counters of the closed endpoints the caller may see, summed (so totals
@@ -127,8 +120,7 @@ class Registry {
   std::shared_ptr<Endpoint> Unlink(uint32_t id);
   void Retire(std::shared_ptr<Endpoint> ep);
   // The record of endpoint `id` if `who` may act on it (mu_ held).
-  ControlError FindControllable(const Credentials& who, uint32_t id,
-                                Record** out);
+  Status FindControllable(const Credentials& who, uint32_t id, Record** out);
   bool MayControl(const Credentials& who, const Endpoint& ep) const {
     return who.is_root() || who.uid == ep.uid;
   }

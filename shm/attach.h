@@ -32,7 +32,7 @@ struct AttachRequest {
 static_assert(sizeof(AttachRequest) == 24);
 
 struct AttachReply {
-  int32_t status;  // 0, or an errno-style code
+  int32_t status;  // a psm2_error_t: PSM2_OK, or why the attach failed
   uint32_t nfds;
 };
 

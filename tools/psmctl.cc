@@ -12,7 +12,7 @@
 
 namespace {
 
-using psmd::client::CallError;
+using psmd::Status;
 using psmd::client::ControlClient;
 
 int Usage(FILE* out) {
@@ -28,7 +28,7 @@ int Usage(FILE* out) {
   return out == stdout ? 0 : 2;
 }
 
-int Fail(const CallError& e) {
+int Fail(const Status& e) {
   fprintf(stderr, "psmctl: %s\n", e.message.c_str());
   return 1;
 }
@@ -88,7 +88,7 @@ void PrintStatsRow(const char* name, const psmd::v1::EndpointStats& s) {
 
 int Stats(ControlClient& control, bool json) {
   psmd::v1::GetStatsReply r;
-  if (CallError e = control.GetStats(&r); !e.ok()) return Fail(e);
+  if (Status e = control.GetStats(&r); !e.ok()) return Fail(e);
   double uptime = static_cast<double>(r.uptime_ns()) / 1e9;
   if (json) {
     printf(
@@ -114,7 +114,7 @@ int Stats(ControlClient& control, bool json) {
 
 int Endpoints(ControlClient& control, bool json) {
   psmd::v1::ListEndpointsReply r;
-  if (CallError e = control.ListEndpoints(&r); !e.ok()) return Fail(e);
+  if (Status e = control.ListEndpoints(&r); !e.ok()) return Fail(e);
   if (json) {
     printf("[");
     for (int i = 0; i < r.endpoints_size(); i++) {
@@ -142,7 +142,7 @@ int Endpoints(ControlClient& control, bool json) {
 
 int Health(ControlClient& control, bool json) {
   psmd::v1::HealthReply r;
-  if (CallError e = control.Health(&r); !e.ok()) return Fail(e);
+  if (Status e = control.Health(&r); !e.ok()) return Fail(e);
   double uptime = static_cast<double>(r.uptime_ns()) / 1e9;
   if (json) {
     printf(
@@ -165,7 +165,7 @@ int Close(ControlClient& control, const std::string& id_text) {
             "psmctl: close needs an endpoint id (see psmctl endpoints)\n");
     return 2;
   }
-  if (CallError e = control.CloseEndpoint(static_cast<uint32_t>(id)); !e.ok())
+  if (Status e = control.CloseEndpoint(static_cast<uint32_t>(id)); !e.ok())
     return Fail(e);
   printf("closed endpoint %lu\n", id);
   return 0;
