@@ -23,7 +23,7 @@ template <typename Fill>
 psm2_error_t Register(psm2_ep_t ep, int num, int* indices, Fill fill) {
   if (ep == nullptr || num < 0 || (num > 0 && indices == nullptr))
     return PSM2_PARAM_ERR;
-  std::lock_guard<std::recursive_mutex> lock(ep->mu);
+  psmd::client::EndpointLock lock(&ep->mu);
   if (ep->am_handlers.size() + static_cast<size_t>(num) > shm::kAmMaxHandlers) {
     return Library::Report(PSM2_EP_NO_RESOURCES,
                            "psm2_am_register_handlers: " + std::to_string(num) +
@@ -70,7 +70,8 @@ psm2_error_t CheckMessage(psm2_handler_t handler, const psm2_amarg_t* args,
 void SubmitActiveMessage(psm2_ep_t ep, shm::SubmitOp op, uint32_t peer,
                          psm2_handler_t handler, const psm2_amarg_t* args,
                          int nargs, const void* src, size_t len, int flags,
-                         psm2_am_completion_fn_t completion_fn, void* context) {
+                         psm2_am_completion_fn_t completion_fn, void* context)
+    PSMD_REQUIRES(ep->mu) {
   shm::SubmissionDesc d = shm::PrepActiveMessage(
       op == shm::SubmitOp::kAmReply, peer, 0, handler,
       static_cast<uint32_t>(nargs), static_cast<uint32_t>(len));
@@ -129,7 +130,7 @@ psm2_error_t psm2_am_register_handlers_2(psm2_ep_t ep,
 
 void psm2_am_unregister_handlers(psm2_ep_t ep) {
   if (ep == nullptr) return;
-  std::lock_guard<std::recursive_mutex> lock(ep->mu);
+  psmd::client::EndpointLock lock(&ep->mu);
   ep->am_handlers.clear();
 }
 
@@ -142,7 +143,7 @@ psm2_error_t psm2_am_request_short(psm2_epaddr_t epaddr, psm2_handler_t handler,
   psm2_error_t err = CheckMessage(handler, args, nargs, src, len, flags);
   if (err != PSM2_OK) return err;
   psm2_ep_t ep = epaddr->ep;
-  std::lock_guard<std::recursive_mutex> lock(ep->mu);
+  psmd::client::EndpointLock lock(&ep->mu);
   // Under the lock: psm2_ep_connect sets the slot under it.
   if (epaddr->slot == psmd::client::kNoSlot) {
     return Library::Report(
@@ -176,7 +177,7 @@ psm2_error_t psm2_am_reply_short(psm2_am_token_t token, psm2_handler_t handler,
   psm2_error_t err = CheckMessage(handler, args, nargs, src, len, flags);
   if (err != PSM2_OK) return err;
   psm2_ep_t ep = t->ep;
-  std::lock_guard<std::recursive_mutex> lock(ep->mu);
+  psmd::client::EndpointLock lock(&ep->mu);
   if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
   t->replied = true;
   SubmitActiveMessage(ep, shm::SubmitOp::kAmReply, t->src_endpoint, handler,
@@ -189,7 +190,7 @@ psm2_error_t psm2_am_get_source(psm2_am_token_t token,
                                 psm2_epaddr_t* epaddr_out) {
   if (token == nullptr || epaddr_out == nullptr) return PSM2_PARAM_ERR;
   auto* t = static_cast<AmToken*>(token);
-  std::lock_guard<std::recursive_mutex> lock(t->ep->mu);
+  psmd::client::EndpointLock lock(&t->ep->mu);
   *epaddr_out = t->ep->EpaddrFor(t->src_epid);
   return PSM2_OK;
 }

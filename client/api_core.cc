@@ -103,15 +103,14 @@ psm2_error_t CheckOpenOptions(const psm2_ep_open_opts& o) {
 // How much work ep still holds that only this library can hand to psmd:
 // submissions waiting for ring or pool space, and rendezvous sends whose
 // payload has not been streamed yet (the receiver needs our copy).
-// Requires ep->mu.
-size_t UnfinishedSends(psm2_ep_t ep) {
+size_t UnfinishedSends(psm2_ep_t ep) PSMD_REQUIRES(ep->mu) {
   size_t n = ep->deferred_msg.size() + ep->deferred_ctl.size();
-  for (const psm2_mq_req* r : ep->requests) {
-    if (r != nullptr && r->kind == psm2_mq_req::Kind::kSend &&
-        r->send_buf != nullptr && r->state != psm2_mq_req::State::kComplete) {
+  ep->requests.ForEach([&](const psm2_mq_req* r) PSMD_REQUIRES(ep->mu) {
+    if (r->kind == psm2_mq_req::Kind::kSend && r->send_buf != nullptr &&
+        r->state != psm2_mq_req::State::kComplete) {
       n++;
     }
-  }
+  });
   return n;
 }
 
@@ -121,16 +120,16 @@ size_t DrainSends(psm2_ep_t ep, int64_t timeout_ns) {
   const Clock::time_point deadline =
       Clock::now() + (timeout_ns > 0 ? std::chrono::nanoseconds(timeout_ns)
                                      : std::chrono::nanoseconds(kMaxCloseWait));
-  std::unique_lock<std::recursive_mutex> lock(ep->mu);
+  psmd::client::EndpointLock lock(&ep->mu);
   size_t left;
   while ((left = UnfinishedSends(ep)) > 0 && !ep->daemon_lost &&
          Clock::now() < deadline) {
     if (ep->Progress()) continue;
     // Nothing moved: the receivers have to act. Let other threads use the
     // endpoint meanwhile.
-    lock.unlock();
+    lock.Unlock();
     usleep(50);
-    lock.lock();
+    lock.Lock();
   }
   return ep->daemon_lost ? 0 : left;
 }
@@ -408,7 +407,12 @@ psm2_error_t psm2_ep_close(psm2_ep_t ep, int mode, int64_t timeout) {
   if (!owned)
     return Library::Report(PSM2_EP_WAS_CLOSED, not_open);  // by another thread
   psmd::Status err;
-  if (!owned->daemon_lost) err = owned->control->CloseEndpoint(owned->id);
+  bool lost;
+  {
+    psmd::client::EndpointLock lock(&owned->mu);
+    lost = owned->daemon_lost;
+  }
+  if (!lost) err = owned->control->CloseEndpoint(owned->id);
   // Unmapping and closing the fds (the destructor) releases the segments;
   // closing the attach connection tells the daemon in any case.
   owned.reset();
@@ -470,7 +474,7 @@ psm2_error_t psm2_ep_connect(psm2_ep_t ep, int num_of_epid,
       return Library::Report(ep, static_cast<psm2_error_t>(err.code),
                              err.message);
     }
-    std::lock_guard<std::recursive_mutex> lock(ep->mu);
+    psmd::client::EndpointLock lock(&ep->mu);
     for (size_t k = 0; k < wanted.size(); k++) {
       const int i = index_of[k];
       const psmd::v1::ConnectResult& r = reply.results(static_cast<int>(k));
@@ -536,7 +540,7 @@ psm2_error_t psm2_ep_disconnect2(psm2_ep_t ep, int num_of_epaddr,
   }
   // The same epaddr twice gets the first one's result, as with Intel's.
   std::unordered_map<psm2_epaddr_t, psm2_error_t> done;
-  std::lock_guard<std::recursive_mutex> lock(ep->mu);
+  psmd::client::EndpointLock lock(&ep->mu);
   for (int i = 0; i < num_of_epaddr; i++) {
     if (array_of_epaddr_mask != nullptr && array_of_epaddr_mask[i] == 0)
       continue;
@@ -571,7 +575,7 @@ psm2_error_t psm2_ep_disconnect(psm2_ep_t ep, int num_of_epaddr,
 
 psm2_error_t psm2_poll(psm2_ep_t ep) {
   if (ep == nullptr) return PSM2_PARAM_ERR;
-  std::lock_guard<std::recursive_mutex> lock(ep->mu);
+  psmd::client::EndpointLock lock(&ep->mu);
   if (ep->Progress()) return PSM2_OK;
   ep->IdleYield();
   return PSM2_OK_NO_PROGRESS;

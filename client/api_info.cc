@@ -126,7 +126,7 @@ psm2_error_t QueryThreshold(psm2_mq_t mq, psm2_epaddr_t epaddr,
             "(_SELF_START for a "
             "connection to the endpoint itself)");
   }
-  std::lock_guard<std::recursive_mutex> lock(mq->ep->mu);
+  psmd::client::EndpointLock lock(&mq->ep->mu);
   *out = mq->rndv_shm_bytes;
   return PSM2_OK;
 }

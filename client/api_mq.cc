@@ -35,8 +35,8 @@ uint64_t Tag64Of(const psm2_mq_tag_t& t) {
   return (uint64_t{t.tag1} << 32) | t.tag0;
 }
 
-// Requires ep->mu (psm2_ep_connect writes addr->slot under it).
-bool Connected(psm2_ep_t ep, psm2_epaddr_t addr) {
+// psm2_ep_connect writes addr->slot under ep->mu.
+bool Connected(psm2_ep_t ep, psm2_epaddr_t addr) PSMD_REQUIRES(ep->mu) {
   return addr->ep == ep && addr->slot != psmd::client::kNoSlot;
 }
 
@@ -69,7 +69,7 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags,
     flags &= ~PSM2_MQ_FLAG_SENDSYNC;
   }
   psm2_ep_t ep = mq->ep;
-  std::lock_guard<std::recursive_mutex> lock(ep->mu);
+  psmd::client::EndpointLock lock(&ep->mu);
   // Under the lock: psm2_ep_connect sets the slot under it.
   if (!Connected(ep, dest)) {
     return Library::Report(
@@ -143,7 +143,7 @@ psm2_error_t PostRecv(psm2_mq_t mq, psm2_epaddr_t src,
     return PSM2_PARAM_ERR;
   }
   psm2_ep_t ep = mq->ep;
-  std::lock_guard<std::recursive_mutex> lock(ep->mu);
+  psmd::client::EndpointLock lock(&ep->mu);
   // Under the lock: psm2_ep_connect sets the slot under it.
   if (src != nullptr && !Connected(ep, src)) {
     return Library::Report(
@@ -192,7 +192,7 @@ psm2_error_t Finish(psm2_mq_req_t* request, Status* status, bool block,
   psm2_mq_req* r = *request;
   if (r == PSM2_MQ_REQINVALID) return PSM2_OK;  // nothing to wait for
   psm2_ep_t ep = r->mq->ep;
-  std::lock_guard<std::recursive_mutex> lock(ep->mu);
+  psmd::client::EndpointLock lock(&ep->mu);
   if (r->state == State::kClaimed) {
     return Library::Report(
         PSM2_PARAM_ERR,
@@ -224,7 +224,7 @@ psm2_error_t Probe(psm2_mq_t mq, psm2_epaddr_t src, const psm2_mq_tag_t* rtag,
   if (mq == nullptr || rtag == nullptr || rtagsel == nullptr)
     return PSM2_PARAM_ERR;
   psm2_ep_t ep = mq->ep;
-  std::lock_guard<std::recursive_mutex> lock(ep->mu);
+  psmd::client::EndpointLock lock(&ep->mu);
   // Under the lock: psm2_ep_connect sets the slot under it.
   if (src != nullptr && !Connected(ep, src)) {
     return Library::Report(
@@ -263,7 +263,7 @@ template <typename Status, typename Fill>
 psm2_error_t Peek(psm2_mq_t mq, psm2_mq_req_t* req, Status* status, Fill fill) {
   if (mq == nullptr || req == nullptr) return PSM2_PARAM_ERR;
   psm2_ep_t ep = mq->ep;
-  std::lock_guard<std::recursive_mutex> lock(ep->mu);
+  psmd::client::EndpointLock lock(&ep->mu);
   if (mq->done_head == nullptr) ep->Progress();
   psm2_mq_req* r = mq->done_head;
   if (r == nullptr) {
@@ -395,7 +395,7 @@ psm2_error_t psm2_mq_imrecv(psm2_mq_t mq, uint32_t flags, void* buf,
   }
   psm2_mq_req* r = *reqo;
   psm2_ep_t ep = mq->ep;
-  std::lock_guard<std::recursive_mutex> lock(ep->mu);
+  psmd::client::EndpointLock lock(&ep->mu);
   if (r->mq != mq || r->state != State::kClaimed) {
     return Library::Report(
         PSM2_PARAM_ERR,
@@ -456,7 +456,7 @@ psm2_error_t psm2_mq_ipeek2(psm2_mq_t mq, psm2_mq_req_t* req,
 psm2_error_t psm2_mq_ipeek_dequeue(psm2_mq_t mq, psm2_mq_req_t* req) {
   if (mq == nullptr || req == nullptr) return PSM2_PARAM_ERR;
   psm2_ep_t ep = mq->ep;
-  std::lock_guard<std::recursive_mutex> lock(ep->mu);
+  psmd::client::EndpointLock lock(&ep->mu);
   if (mq->done_head == nullptr) ep->Progress();
   psm2_mq_req* r = mq->done_head;
   if (r == nullptr) return PSM2_MQ_NO_COMPLETIONS;
@@ -471,7 +471,7 @@ psm2_error_t psm2_mq_ipeek_dequeue_multi(psm2_mq_t mq, void* status_array,
   if (mq == nullptr || status_copy == nullptr || count == nullptr)
     return PSM2_PARAM_ERR;
   psm2_ep_t ep = mq->ep;
-  std::lock_guard<std::recursive_mutex> lock(ep->mu);
+  psmd::client::EndpointLock lock(&ep->mu);
   int wanted = *count;
   int stored = 0;
   if (wanted > 0 && mq->done_head == nullptr) ep->Progress();
@@ -498,7 +498,7 @@ psm2_error_t psm2_mq_ipeek_dequeue_multi(psm2_mq_t mq, void* status_array,
 psm2_error_t psm2_mq_req_free(psm2_mq_t mq, psm2_mq_req_t req) {
   if (req == nullptr) return PSM2_OK;
   if (mq == nullptr || req->mq != mq) return PSM2_PARAM_ERR;
-  std::lock_guard<std::recursive_mutex> lock(mq->ep->mu);
+  psmd::client::EndpointLock lock(&mq->ep->mu);
   mq->ep->FreeRequest(req);
   return PSM2_OK;
 }
@@ -525,7 +525,7 @@ psm2_error_t psm2_mq_cancel(psm2_mq_req_t* request) {
     return PSM2_MQ_NO_COMPLETIONS;  // as Intel's
   psm2_mq_req* r = *request;
   psm2_ep_t ep = r->mq->ep;
-  std::lock_guard<std::recursive_mutex> lock(ep->mu);
+  psmd::client::EndpointLock lock(&ep->mu);
   if (r->kind != psm2_mq_req::Kind::kRecv) {
     return Library::Report(PSM2_PARAM_ERR,
                            "psm2_mq_cancel: only receives can be cancelled");
@@ -561,7 +561,7 @@ psm2_error_t psm2_mq_cancel(psm2_mq_req_t* request) {
 
 void psm2_mq_get_stats(psm2_mq_t mq, psm2_mq_stats_t* stats) {
   if (mq == nullptr || stats == nullptr) return;
-  std::lock_guard<std::recursive_mutex> lock(mq->ep->mu);
+  psmd::client::EndpointLock lock(&mq->ep->mu);
   *stats = mq->stats;
 }
 

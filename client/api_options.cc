@@ -50,7 +50,7 @@ psm2_error_t CoreSetopt(const void* obj, int optname, const void* optval,
       // optval itself, not what it points to.
       if (obj == nullptr || optlen < sizeof(void*)) break;
       auto* epaddr = static_cast<psm2_epaddr_t>(const_cast<void*>(obj));
-      std::lock_guard<std::recursive_mutex> lock(epaddr->ep->mu);
+      psmd::client::EndpointLock lock(&epaddr->ep->mu);
       epaddr->ctxt = const_cast<void*>(optval);
       return PSM2_OK;
     }
@@ -84,7 +84,7 @@ psm2_error_t CoreGetopt(const void* obj, int optname, void* optval,
       if (*optlen < sizeof(void*))
         return TooSmall("CORE", optname, optlen, sizeof(void*));
       auto* epaddr = static_cast<psm2_epaddr_t>(const_cast<void*>(obj));
-      std::lock_guard<std::recursive_mutex> lock(epaddr->ep->mu);
+      psmd::client::EndpointLock lock(&epaddr->ep->mu);
       *static_cast<void**>(optval) = epaddr->ctxt;
       return PSM2_OK;
     }

@@ -38,7 +38,6 @@ std::string ProgramName() {
 }  // namespace
 
 psm2_ep::~psm2_ep() {
-  for (psm2_mq_req* r : requests) delete r;
   if (doorbell_fd >= 0) close(doorbell_fd);
   if (liveness_fd >= 0) close(liveness_fd);
 }
@@ -77,6 +76,9 @@ Status psm2_ep::Open(psmd::client::ControlClient* control,
   if (!shm::Mapping::Attach(fds.pool, reply.pool_bytes(), &ep->pool, &error)) {
     return fail("job pool: " + error);
   }
+  // Not shared yet; locked all the same, so that every write of a guarded
+  // field is seen under the mutex.
+  psmd::client::EndpointLock lock(&ep->mu);
   shm::SegmentParams params;
   if (!shm::ReadSegmentHeader(ep->segment.base(), reply.segment_bytes(),
                               reply.pool_bytes(), &params, &error)) {
@@ -112,20 +114,7 @@ psm2_epaddr_t psm2_ep::EpaddrFor(psm2_epid_t peer_epid) {
 }
 
 psm2_mq_req* psm2_ep::NewRequest(psm2_mq_req::Kind kind, void* context) {
-  psm2_mq_req* r;
-  if (!free_indices.empty()) {
-    uint32_t index = free_indices.back();
-    free_indices.pop_back();
-    r = requests[index];
-    uint32_t generation = r->generation + 1;
-    *r = psm2_mq_req{};
-    r->index = index;
-    r->generation = generation;
-  } else {
-    r = new psm2_mq_req{};
-    r->index = static_cast<uint32_t>(requests.size());
-    requests.push_back(r);
-  }
+  psm2_mq_req* r = requests.New();
   r->kind = kind;
   r->state = psm2_mq_req::State::kDeferred;
   r->mq = &mq;
@@ -159,18 +148,7 @@ void psm2_ep::FreeRequest(psm2_mq_req* req) {
     self_copies.erase(copy);
     req->has_self_copy = false;
   }
-  req->generation++;  // stale tokens no longer resolve to it
-  req->state = psm2_mq_req::State::kComplete;
-  req->free_when_done = false;
-  free_indices.push_back(req->index);
-}
-
-psm2_mq_req* psm2_ep::Lookup(uint64_t token) {
-  uint32_t index = static_cast<uint32_t>(token);
-  uint32_t generation = static_cast<uint32_t>(token >> 32);
-  if (index >= requests.size()) return nullptr;
-  psm2_mq_req* r = requests[index];
-  return r->generation == generation ? r : nullptr;
+  requests.Free(req);
 }
 
 void psm2_ep::MarkComplete(psm2_mq_req* req) {
@@ -344,7 +322,7 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
     default:
       break;
   }
-  psm2_mq_req* req = Lookup(c.req);
+  psm2_mq_req* req = requests.Lookup(c.req);
   if (req != nullptr && req->self_send && c.op == shm::CompleteOp::kSendDone) {
     SelfSendMatched(req);
     return;
@@ -466,7 +444,7 @@ void psm2_ep::SendAmAck(const shm::CompletionDesc& c, psm2_error_t error) {
 }
 
 void psm2_ep::AmAcknowledged(const shm::CompletionDesc& c) {
-  psm2_mq_req* req = Lookup(c.req);
+  psm2_mq_req* req = requests.Lookup(c.req);
   bool ours = req != nullptr && req->kind == psm2_mq_req::Kind::kAm &&
               req->state == psm2_mq_req::State::kPosted;
   if (c.error != PSM2_OK) {
@@ -587,7 +565,7 @@ void psm2_ep::CountReceive(const psm2_mq_req* req, bool rendezvous) {
 void psm2_ep::StartStreaming(psm2_mq_req* req, const shm::CompletionDesc& c) {
   if (req->has_self_copy) {  // the receive matched our copy: the send is
                              // matched
-    if (psm2_mq_req* send = Lookup(req->self_copy_of)) {
+    if (psm2_mq_req* send = requests.Lookup(req->self_copy_of)) {
       if (send->self_send) SelfSendMatched(send);
     }
   }
@@ -631,11 +609,12 @@ void psm2_ep::SleepForCompletions() {
   shm::Doorbells& bells = ctl->doorbells;
   uint32_t seen = shm::ClientPrepareToSleep(bells);
   if (cq.Available() == 0) {
-    mu.unlock();  // let other application threads use the endpoint meanwhile
-    bool blocked = !deferred_msg.empty() || !deferred_ctl.empty();
+    // Read before unlocking: other threads may submit meanwhile.
+    const bool blocked = !deferred_msg.empty() || !deferred_ctl.empty();
+    mu.Unlock();  // let other application threads use the endpoint meanwhile
     shm::FutexWait(&bells.cq_futex, seen,
                    blocked ? kDeferredSliceNs : kSleepSliceNs);
-    mu.lock();
+    mu.Lock();
   }
   shm::ClientAwake(bells);
   // The attach connection hangs up when the daemon dies or closes us.
@@ -651,12 +630,11 @@ void psm2_ep::SleepForCompletions() {
 }
 
 void psm2_ep::FailAllPending(psm2_error_t error) {
-  for (psm2_mq_req* r : requests) {
-    if (r->state == psm2_mq_req::State::kComplete)
-      continue;  // includes free slots
+  requests.ForEach([&](psm2_mq_req* r) PSMD_REQUIRES(mu) {
+    if (r->state == psm2_mq_req::State::kComplete) return;  // or free
     r->user.error_code = error;
     MarkComplete(r);
-  }
+  });
   deferred_msg.clear();
   deferred_ctl.clear();
 }

@@ -39,13 +39,14 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
 
 #include "client/control_client.h"
+#include "client/mutex.h"
+#include "client/request_table.h"
 #include "shm/descriptor.h"
 #include "shm/layout.h"
 #include "shm/mapping.h"
@@ -207,8 +208,9 @@ struct psm2_ep {
                            const psm2_uuid_t uuid,
                            std::unique_ptr<psm2_ep>* out);
 
-  std::recursive_mutex
-      mu;  // recursive: AM handlers call PSM2 from inside progress
+  // Recursive: AM handlers call PSM2 from inside progress (client/mutex.h).
+  psmd::client::EndpointMutex mu;
+  // Set by Open, then constant.
   psmd::client::ControlClient* control = nullptr;
   uint32_t id = 0;
   psm2_epid_t epid = 0;
@@ -218,41 +220,48 @@ struct psm2_ep {
   int doorbell_fd = -1;
   int liveness_fd = -1;
   psmd::shm::SegmentControl* ctl = nullptr;
-  psmd::shm::RingProducer<psmd::shm::SubmissionDesc> msg_sq;
-  psmd::shm::RingProducer<psmd::shm::SubmissionDesc> ctl_sq;
-  psmd::shm::RingConsumer<psmd::shm::CompletionDesc> cq;
-  psmd::shm::SendArena arena;
-  uint32_t credits = 0;
-  bool daemon_lost = false;
   uint64_t max_unexpected_budget = 0;  // from the segment header
+
+  psmd::shm::RingProducer<psmd::shm::SubmissionDesc> msg_sq PSMD_GUARDED_BY(mu);
+  psmd::shm::RingProducer<psmd::shm::SubmissionDesc> ctl_sq PSMD_GUARDED_BY(mu);
+  psmd::shm::RingConsumer<psmd::shm::CompletionDesc> cq PSMD_GUARDED_BY(mu);
+  psmd::shm::SendArena arena PSMD_GUARDED_BY(mu);
+  uint32_t credits PSMD_GUARDED_BY(mu) = 0;
+  bool daemon_lost PSMD_GUARDED_BY(mu) = false;
   // Payload copies of rendezvous sends to ourselves, by the index of the
   // request that carries each, and their bytes; kept within the MQ's
   // unexpected budget (PSM2_MQ_MAX_SYSBUF_MBYTES).
-  std::unordered_map<uint32_t, std::vector<uint8_t>> self_copies;
-  uint64_t self_copy_bytes = 0;
+  std::unordered_map<uint32_t, std::vector<uint8_t>> self_copies
+      PSMD_GUARDED_BY(mu);
+  uint64_t self_copy_bytes PSMD_GUARDED_BY(mu) = 0;
 
-  psm2_mq mq;  // the endpoint's one matched queue
+  psm2_mq mq PSMD_GUARDED_BY(mu);  // the endpoint's one matched queue
 
-  std::unordered_map<psm2_epid_t, std::unique_ptr<psm2_epaddr>> epaddrs;
-  std::vector<psm2_mq_req*> requests;  // by index; nullptr = free slot
-  std::vector<uint32_t> free_indices;
-  std::deque<psmd::client::Deferred> deferred_msg;   // for msg_sq
-  std::deque<psmd::client::Deferred> deferred_ctl;   // for ctl_sq
-  std::vector<psmd::client::AmHandler> am_handlers;  // by index
+  std::unordered_map<psm2_epid_t, std::unique_ptr<psm2_epaddr>> epaddrs
+      PSMD_GUARDED_BY(mu);
+  psmd::client::RequestTable requests PSMD_GUARDED_BY(mu);
+  std::deque<psmd::client::Deferred> deferred_msg
+      PSMD_GUARDED_BY(mu);  // msg_sq
+  std::deque<psmd::client::Deferred> deferred_ctl
+      PSMD_GUARDED_BY(mu);  // ctl_sq
+  std::vector<psmd::client::AmHandler> am_handlers
+      PSMD_GUARDED_BY(mu);  // by index
 
-  // --- everything below requires `mu` held ---
-  psm2_epaddr_t EpaddrFor(psm2_epid_t epid);
-  psm2_mq_req* NewRequest(psm2_mq_req::Kind kind, void* context);
+  // --- everything below requires `mu` held (PSMD_REQUIRES: checked by clang)
+  // ---
+  psm2_epaddr_t EpaddrFor(psm2_epid_t epid) PSMD_REQUIRES(mu);
+  psm2_mq_req* NewRequest(psm2_mq_req::Kind kind, void* context)
+      PSMD_REQUIRES(mu);
   // For a rendezvous send of `len` bytes to this endpoint itself: a copy of
   // the payload in an internal request that carries the protocol, so that
   // the application's send completes before the receive is posted, as with
   // Intel's self device. Null (send by plain rendezvous) when the copies
   // would exceed the unexpected budget.
   psm2_mq_req* CopyForSelf(const void* buf, uint32_t len,
-                           const psm2_mq_req* send);
+                           const psm2_mq_req* send) PSMD_REQUIRES(mu);
   // A receive matched the self send `req` (invariant 4).
-  void SelfSendMatched(psm2_mq_req* req);
-  void FreeRequest(psm2_mq_req* req);
+  void SelfSendMatched(psm2_mq_req* req) PSMD_REQUIRES(mu);
+  void FreeRequest(psm2_mq_req* req) PSMD_REQUIRES(mu);
   // Queues or posts a submission (invariant 1). For sends `payload` is the
   // user's buffer, copied into the pool before the descriptor is published.
   // Returns the queued submission if it could not be published at once
@@ -261,63 +270,71 @@ struct psm2_ep {
                                  const psmd::shm::SubmissionDesc& desc,
                                  const void* payload,
                                  const void* prefix = nullptr,
-                                 uint32_t prefix_len = 0);
+                                 uint32_t prefix_len = 0) PSMD_REQUIRES(mu);
   // Publishes `desc` (a probe, cancel or option, with req's token) and waits
   // for the daemon's answer, which lands in req->user (error_code and, for a
   // probe that found a message, its status). Returns the answer's error.
   psm2_error_t RoundTrip(psm2_mq_req* req,
-                         const psmd::shm::SubmissionDesc& desc);
+                         const psmd::shm::SubmissionDesc& desc)
+      PSMD_REQUIRES(mu);
   // Reaps completions and flushes deferred submissions. Returns true when
   // anything happened.
-  bool Progress();
+  bool Progress() PSMD_REQUIRES(mu);
   // Blocks until `done()` holds: spins briefly, then sleeps on the
   // completion-ring futex (docs/design.md, "Wake-up").
   template <typename Done>
-  void WaitUntil(Done done);
+  void WaitUntil(Done done) PSMD_REQUIRES(mu);
   // Marks req complete and, unless the application let go of it, appends it
   // to the MQ's ipeek list (a self send: once also matched, invariant 4).
-  void MarkComplete(psm2_mq_req* req);
+  void MarkComplete(psm2_mq_req* req) PSMD_REQUIRES(mu);
   // psm2_mq_imrecv of a claimed eager message (req->claimed.present): copies
   // the payload into req->user.buf and completes the request.
-  void ReceiveClaimed(psm2_mq_req* req);
+  void ReceiveClaimed(psm2_mq_req* req) PSMD_REQUIRES(mu);
   // Called when a non-blocking call (psm2_poll, a test, a peek) found
   // nothing: applications spin on those, and on a node with fewer cores than
   // busy processes psmd, which does the work they wait for, would otherwise
   // get the CPU only when the scheduler preempts them (milliseconds).
   // sched_yield hands the core over if psmd wants it, else returns at once.
   void IdleYield() { sched_yield(); }
-  void RemoveFromDoneList(psm2_mq_req* req);
+  void RemoveFromDoneList(psm2_mq_req* req) PSMD_REQUIRES(mu);
 
  private:
-  bool FlushDeferred();
+  bool FlushDeferred() PSMD_REQUIRES(mu);
   bool FlushQueue(std::deque<psmd::client::Deferred>& queue,
-                  psmd::shm::RingProducer<psmd::shm::SubmissionDesc>& ring);
+                  psmd::shm::RingProducer<psmd::shm::SubmissionDesc>& ring)
+      PSMD_REQUIRES(mu);
   bool TryPublish(psmd::client::Deferred& d,
-                  psmd::shm::RingProducer<psmd::shm::SubmissionDesc>& ring);
-  void RingDoorbell();
-  void HandleCompletion(const psmd::shm::CompletionDesc& c);
+                  psmd::shm::RingProducer<psmd::shm::SubmissionDesc>& ring)
+      PSMD_REQUIRES(mu);
+  void RingDoorbell() PSMD_REQUIRES(mu);
+  void HandleCompletion(const psmd::shm::CompletionDesc& c) PSMD_REQUIRES(mu);
   void CompleteEager(psm2_mq_req* req, const psmd::shm::CompletionDesc& c,
-                     psmd::shm::PoolPayload& payload);
-  // The pool chunk of a claimed eager message (none if inline or absent);
-  // the request no longer holds it.
-  psmd::shm::PoolPayload TakeClaimedPayload(psm2_mq_req* req);
+                     psmd::shm::PoolPayload& payload) PSMD_REQUIRES(mu);
+  // The pool chunk of a claimed eager message (none if inline or absent)
+  // PSMD_REQUIRES(mu); the request no longer holds it.
+  psmd::shm::PoolPayload TakeClaimedPayload(psm2_mq_req* req) PSMD_REQUIRES(mu);
   void StartRendezvousReceive(psm2_mq_req* req,
-                              const psmd::shm::CompletionDesc& c);
+                              const psmd::shm::CompletionDesc& c)
+      PSMD_REQUIRES(mu);
   void ReceiveChunk(psm2_mq_req* req, const psmd::shm::CompletionDesc& c,
-                    psmd::shm::PoolPayload& payload);
-  void StartStreaming(psm2_mq_req* req, const psmd::shm::CompletionDesc& c);
-  void DropQueuedChunks(psm2_mq_req* req);
-  void SetMatchedStatus(psm2_mq_req* req, const psmd::shm::CompletionDesc& c);
+                    psmd::shm::PoolPayload& payload) PSMD_REQUIRES(mu);
+  void StartStreaming(psm2_mq_req* req, const psmd::shm::CompletionDesc& c)
+      PSMD_REQUIRES(mu);
+  void DropQueuedChunks(psm2_mq_req* req) PSMD_REQUIRES(mu);
+  void SetMatchedStatus(psm2_mq_req* req, const psmd::shm::CompletionDesc& c)
+      PSMD_REQUIRES(mu);
   void RunAmHandler(const psmd::shm::CompletionDesc& c,
-                    const psmd::shm::PoolPayload& payload);
-  void AmAcknowledged(const psmd::shm::CompletionDesc& c);
-  void SendAmAck(const psmd::shm::CompletionDesc& c, psm2_error_t error);
-  void CountReceive(const psm2_mq_req* req, bool rendezvous);
-  psm2_mq_req* Lookup(uint64_t token);
-  void SleepForCompletions();
-  void FailAllPending(psm2_error_t error);
-  bool pending_doorbell_ = false;
-  bool in_progress_ = false;  // Progress is running (a handler called back in)
+                    const psmd::shm::PoolPayload& payload) PSMD_REQUIRES(mu);
+  void AmAcknowledged(const psmd::shm::CompletionDesc& c) PSMD_REQUIRES(mu);
+  void SendAmAck(const psmd::shm::CompletionDesc& c, psm2_error_t error)
+      PSMD_REQUIRES(mu);
+  void CountReceive(const psm2_mq_req* req, bool rendezvous) PSMD_REQUIRES(mu);
+  psm2_mq_req* Lookup(uint64_t token) PSMD_REQUIRES(mu);
+  void SleepForCompletions() PSMD_REQUIRES(mu);
+  void FailAllPending(psm2_error_t error) PSMD_REQUIRES(mu);
+  bool pending_doorbell_ PSMD_GUARDED_BY(mu) = false;
+  bool in_progress_ PSMD_GUARDED_BY(mu) =
+      false;  // Progress is running (a handler called back in)
 };
 
 template <typename Done>

@@ -20,7 +20,7 @@ psm2_error_t SetBudget(psm2_mq_t mq, uint64_t mbytes) {
                             std::to_string(ep->max_unexpected_budget >> 20) +
                             " (psmd --max-unexpected-mib)");
   }
-  std::lock_guard<std::recursive_mutex> lock(ep->mu);
+  psmd::client::EndpointLock lock(&ep->mu);
   if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
   psm2_mq_req* r = ep->NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
   psm2_error_t err = ep->RoundTrip(
@@ -61,7 +61,7 @@ psm2_error_t InitMqOptions(psm2_mq_t mq) {
 }
 
 psm2_error_t GetMqOption(psm2_mq_t mq, int option, uint32_t* value) {
-  std::lock_guard<std::recursive_mutex> lock(mq->ep->mu);
+  psmd::client::EndpointLock lock(&mq->ep->mu);
   switch (option) {
     case PSM2_MQ_RNDV_SHM_SZ:
       *value = mq->rndv_shm_bytes;
@@ -81,12 +81,12 @@ psm2_error_t SetMqOption(psm2_mq_t mq, int option, uint64_t value) {
   if (value > UINT32_MAX) return PSM2_PARAM_ERR;
   switch (option) {
     case PSM2_MQ_RNDV_SHM_SZ: {
-      std::lock_guard<std::recursive_mutex> lock(mq->ep->mu);
+      psmd::client::EndpointLock lock(&mq->ep->mu);
       mq->rndv_shm_bytes = static_cast<uint32_t>(value);
       return PSM2_OK;
     }
     case PSM2_MQ_RNDV_HFI_SZ: {
-      std::lock_guard<std::recursive_mutex> lock(mq->ep->mu);
+      psmd::client::EndpointLock lock(&mq->ep->mu);
       mq->rndv_hfi_bytes = static_cast<uint32_t>(value);
       return PSM2_OK;
     }

@@ -52,11 +52,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <new>
 #include <optional>
-#include <stdexcept>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -174,8 +175,8 @@ class NodePool {
     return capacity() * sizeof(Node) + chunks_.capacity() * sizeof(chunks_[0]);
   }
 
-  // Allocates if needed so that the next acquire() neither allocates nor
-  // throws.
+  // Allocates if needed so that the next acquire() does not allocate (only
+  // allocation can throw: std::bad_alloc).
   void reserve_one() {
     if (free_ == kNil) grow();
   }
@@ -201,8 +202,14 @@ class NodePool {
   static constexpr Index kChunkSize = Index{1} << kChunkBits;
   static constexpr Index kChunkMask = kChunkSize - 1;
   void grow() {
-    if (chunks_.size() >= (kNil >> kChunkBits))
-      throw std::length_error("matcher: node pool full");
+    if (chunks_.size() >= (kNil >> kChunkBits)) {
+      // 2^32 queued entries: the per-uid memory budgets end a tenant long
+      // before this. Reaching it means those bounds are broken, and no
+      // caller could recover a consistent queue: stop loudly.
+      std::fprintf(stderr, "psmd: matcher node pool exhausted (%u nodes)\n",
+                   static_cast<unsigned>(kNil));
+      std::abort();
+    }
     const Index base = static_cast<Index>(chunks_.size()) * kChunkSize;
     chunks_.push_back(std::make_unique<Node[]>(kChunkSize));
     // Thread the new chunk onto the free list in index order so that a
@@ -999,8 +1006,11 @@ class UnexpectedQueue {
       begin_ = 0;
       if (out < arrivals_.capacity()) return;
     }
-    if (arrivals_.capacity() >= kMaxArrivals)
-      throw std::length_error("matcher: arrival log full");
+    if (arrivals_.capacity() >= kMaxArrivals) {
+      // As for the node pool: beyond every tenant's budget; stop loudly.
+      std::fprintf(stderr, "psmd: matcher arrival log exhausted\n");
+      std::abort();
+    }
     arrivals_.reserve(std::max<size_t>(64, arrivals_.capacity() * 2));
   }
 

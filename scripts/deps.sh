@@ -7,7 +7,7 @@ PACKAGES=(
   bazel-bootstrap g++ python3
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev
-  libgtest-dev libgmock-dev libbenchmark-dev clang-format
+  libgtest-dev libgmock-dev libbenchmark-dev clang-format clang-14
   libpsm2-dev libpsm2-2 uuid-dev
   openmpi-bin libopenmpi-dev libfabric-bin netpipe-openmpi python3-mpi4py
   openssh-client  # Open MPI's launcher looks for ssh even for local ranks

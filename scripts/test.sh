@@ -10,13 +10,17 @@ bazel build //... || { echo "0 passed, 1 failed"; exit 1; }
 mpi4py_tests=$(cd .. && pwd)/shared/external/mpi4py-3.1.4-test/test
 bazel test //... --test_output=errors --test_env=PSMD_MPI4PY_TESTS="$mpi4py_tests"
 status=$?
-# Formatting is a check of its own (the tree follows .clang-format).
-if scripts/format.sh --check; then format_failed=0; else format_failed=1; status=1; fi
+# Checks of their own, each counted once: formatting (.clang-format) and
+# Clang's thread-safety analysis of the library's lock annotations.
+checks_failed=0
+scripts/format.sh --check || { checks_failed=$((checks_failed + 1)); status=1; }
+bazel build --config=thread-safety //client:libpsm2.so.2 ||
+  { checks_failed=$((checks_failed + 1)); status=1; }
 
-FORMAT_FAILED=$format_failed python3 - <<'PY'
+CHECKS_FAILED=$checks_failed python3 - <<'PY'
 import glob, os, xml.etree.ElementTree as ET
-failed = int(os.environ["FORMAT_FAILED"])
-passed = 1 - failed
+failed = int(os.environ["CHECKS_FAILED"])
+passed = 2 - failed
 for path in glob.glob("bazel-testlogs/**/test.xml", recursive=True):
     try:
         root = ET.parse(path).getroot()

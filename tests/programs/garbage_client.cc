@@ -43,7 +43,7 @@ void PushRaw(psm2_ep_t ep, const shm::SubmissionDesc& d, bool message_ring) {
 // Publishes a raw descriptor for a fresh request and waits for its completion.
 psm2_error_t SubmitRaw(psm2_ep_t ep, shm::SubmissionDesc d,
                        bool message_ring = false) {
-  std::lock_guard<std::recursive_mutex> lock(ep->mu);
+  psmd::client::EndpointLock lock(&ep->mu);
   psm2_mq_req* r = ep->NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
   r->state = psm2_mq_req::State::kPosted;
   d.req = psmd::client::TokenOf(r);
@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
       junk.op =
           shm::SubmitOp::kInvalid;  // these could be valid and just be queued
     }
-    std::lock_guard<std::recursive_mutex> lock(ep->mu);
+    psmd::client::EndpointLock lock(&ep->mu);
     PushRaw(ep, junk, i % 2 == 0);
   }
 

@@ -1,0 +1,302 @@
+// MqEngine on in-memory segments: real rings, a real job pool, the engine
+// driven by hand from the test thread (its single-threaded design allows
+// it). The client side of each endpoint is shm/'s own view of a segment
+// (ClientRingsOf), so these tests exercise the wire contract as well.
+#include "daemon/mq_engine.h"
+
+#include <gtest/gtest.h>
+#include <psm2.h>
+#include <psm2_mq.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "shm/payload.h"
+#include "shm/pool.h"
+#include "shm/segment.h"
+
+namespace psmd {
+namespace {
+
+constexpr uint32_t kRingCapacity = 64;
+constexpr uint64_t kRegionBytes = 1 << 20;
+constexpr uint32_t kEndpoints = 3;
+constexpr uint64_t kBudget = 1 << 20;
+
+// One endpoint as its client sees it.
+struct ClientSide {
+  uint32_t id = 0;
+  uint64_t epid = 0;
+  shm::ClientRings rings;
+  shm::SendArena arena;
+  uint64_t next_token = 1;
+};
+
+class MqEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string error;
+    shm::Mapping pool;
+    ASSERT_TRUE(shm::Mapping::Create("test-pool", kEndpoints * kRegionBytes,
+                                     geteuid(), getegid(), &pool, &error))
+        << error;
+    job_ = std::make_shared<Job>(JobKey{Uuid{1}, geteuid()}, std::move(pool),
+                                 kEndpoints, kRegionBytes,
+                                 std::make_shared<UidAccount>());
+    for (uint32_t i = 0; i < kEndpoints; i++) AddEndpoint(i + 1);
+    // Every endpoint is connected to every endpoint (itself included) at
+    // slot = the peer's index.
+    for (uint32_t i = 0; i < kEndpoints; i++) {
+      for (uint32_t j = 0; j < kEndpoints; j++) {
+        engine_.SetPeer(clients_[i].id, j,
+                        PeerLink{clients_[j].id, clients_[j].epid});
+      }
+    }
+  }
+
+  void AddEndpoint(uint32_t id) {
+    auto ep = std::make_shared<Endpoint>();
+    ep->id = id;
+    ep->epid = 0x1000 + id;
+    ep->job = job_;
+    ep->uid = geteuid();
+    ep->region = *job_->TakeRegion();
+    ep->geometry = shm::ComputeGeometry(kRingCapacity, kRingCapacity);
+    ep->unexpected_budget = kBudget;
+    std::string error;
+    ASSERT_TRUE(shm::Mapping::Create("test-endpoint", ep->geometry.bytes,
+                                     geteuid(), getegid(), &ep->segment,
+                                     &error))
+        << error;
+    job_->endpoints++;
+    ClientSide c;
+    c.id = id;
+    c.epid = ep->epid;
+    c.rings = shm::ClientRingsOf(ep->segment.base(), ep->geometry);
+    c.arena = shm::SendArena(job_->pool().base(), ep->region.offset,
+                             ep->region.bytes);
+    endpoints_.push_back(ep);
+    clients_.push_back(c);
+    engine_.Add(ep);
+  }
+
+  // Publishes `d` on the ring its op belongs on (or on `ring` if given).
+  void Submit(uint32_t from, shm::SubmissionDesc d) {
+    Submit(from, d, shm::TraitsOf(d.op).ring);
+  }
+  void Submit(uint32_t from, shm::SubmissionDesc d, shm::Ring ring) {
+    auto& r = ring == shm::Ring::kMessage ? clients_[from].rings.msg_sq
+                                          : clients_[from].rings.ctl_sq;
+    ASSERT_TRUE(r.TryPush(d));
+  }
+
+  uint64_t Token(uint32_t from) { return clients_[from].next_token++; }
+
+  // An eager send of `payload` from endpoint `from` to `to`; pooled when
+  // the payload is not inline. Returns the token.
+  uint64_t Send(uint32_t from, uint32_t to, uint32_t tag0,
+                const std::string& payload, uint8_t flags = 0) {
+    const uint32_t tag[3] = {tag0, 0, 0};
+    const uint64_t token = Token(from);
+    auto len = static_cast<uint32_t>(payload.size());
+    shm::SubmissionDesc d = shm::PrepSend(to, token, tag, len, false);
+    d.flags = flags;
+    if (shm::PayloadInPool(d)) {
+      auto off = clients_[from].arena.Allocate(len);
+      EXPECT_TRUE(off.has_value());
+      std::memcpy(job_->pool().base() + *off, payload.data(), len);
+      d.body.pool.pool_offset = *off;
+    } else {
+      std::memcpy(d.body.inline_data, payload.data(), len);
+    }
+    Submit(from, d);
+    return token;
+  }
+
+  uint64_t Recv(uint32_t at, uint32_t from_slot, uint32_t tag0,
+                uint32_t capacity) {
+    const uint32_t tag[3] = {tag0, 0, 0};
+    const uint32_t sel[3] = {~0u, ~0u, ~0u};
+    const uint64_t token = Token(at);
+    Submit(at, shm::PrepRecv(from_slot, token, tag, sel, capacity));
+    return token;
+  }
+
+  // Runs the engine until it has nothing left to do.
+  void Drain() {
+    for (int i = 0; i < 100 && engine_.PollAll(); i++) {
+    }
+  }
+
+  std::vector<shm::CompletionDesc> Reap(uint32_t at) {
+    std::vector<shm::CompletionDesc> out;
+    shm::CompletionDesc c;
+    while (clients_[at].rings.cq.PopBatch(&c, 1) == 1) out.push_back(c);
+    return out;
+  }
+
+  // The payload a kRecvDone delivers (and releases its chunk, as a client).
+  std::string PayloadOf(const shm::CompletionDesc& c) {
+    shm::PoolPayload chunk = shm::PayloadOf(job_->pool().base(), c);
+    const uint8_t* src = chunk ? chunk.data() : c.body.inline_data;
+    return std::string(reinterpret_cast<const char*>(src), c.msg_len);
+  }
+
+  MqEngine engine_{/*max_unexpected_budget=*/1 << 30,
+                   /*job_unexpected_budget=*/1 << 30,
+                   /*uid_unexpected_budget=*/1 << 30};
+  std::shared_ptr<Job> job_;
+  std::vector<std::shared_ptr<Endpoint>> endpoints_;
+  std::vector<ClientSide> clients_;
+};
+
+TEST_F(MqEngineTest, UnexpectedAndExpectedMessagesArriveIntact) {
+  Send(0, 1, 7, "inline");           // unexpected at endpoint 1
+  const std::string big(5000, 'x');  // pooled
+  Drain();
+  uint64_t r1 = Recv(1, 0, 7, 64);
+  uint64_t r2 = Recv(1, 0, 8, 8192);  // expected: posted first
+  Drain();
+  Send(0, 1, 8, big);
+  Drain();
+  auto done = Reap(1);
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(done[0].op, shm::CompleteOp::kRecvDone);
+  EXPECT_EQ(done[0].req, r1);
+  EXPECT_TRUE(done[0].flags & shm::kWasUnexpected);
+  EXPECT_EQ(PayloadOf(done[0]), "inline");
+  EXPECT_EQ(done[1].req, r2);
+  EXPECT_FALSE(done[1].flags & shm::kWasUnexpected);
+  EXPECT_EQ(PayloadOf(done[1]), big);
+  EXPECT_EQ(done[1].src_epid, clients_[0].epid);
+  // Released chunks are reclaimed: the sender's region is empty again.
+  clients_[0].arena.Allocate(1);
+  EXPECT_LT(clients_[0].arena.used(), 4096u);
+}
+
+TEST_F(MqEngineTest, MessagesFromOneSenderMatchInOrder) {
+  for (int i = 0; i < 10; i++) Send(0, 1, 5, std::string(1, char('a' + i)));
+  Drain();
+  std::string got;
+  for (int i = 0; i < 10; i++) Recv(1, shm::kAnySlot, 5, 1);
+  Drain();
+  for (const auto& c : Reap(1)) got += PayloadOf(c);
+  EXPECT_EQ(got, "abcdefghij");  // invariant 1
+}
+
+TEST_F(MqEngineTest, SyncSendCompletesOnlyOnceMatched) {
+  uint64_t s = Send(0, 1, 3, "sync", shm::kSendSync);
+  Drain();
+  EXPECT_TRUE(Reap(0).empty());
+  Recv(1, 0, 3, 16);
+  Drain();
+  auto done = Reap(0);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].op, shm::CompleteOp::kSendDone);
+  EXPECT_EQ(done[0].req, s);
+}
+
+TEST_F(MqEngineTest, CancelSucceedsOnlyBeforeTheMatch) {
+  uint64_t r = Recv(1, 0, 9, 16);
+  Drain();
+  uint64_t c = Token(1);
+  Submit(1, shm::PrepCancel(c, r));
+  Drain();
+  auto done = Reap(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].op, shm::CompleteOp::kCancelDone);
+  EXPECT_EQ(done[0].error, PSM2_OK);
+  // The cancelled receive is gone: a message now waits as unexpected.
+  Send(0, 1, 9, "late");
+  Drain();
+  EXPECT_TRUE(Reap(1).empty());
+  Submit(1, shm::PrepCancel(Token(1), r));  // nothing left to cancel
+  Drain();
+  done = Reap(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].error, PSM2_MQ_NO_COMPLETIONS);
+}
+
+TEST_F(MqEngineTest, MalformedSubmissionsGetOneErrorEach) {
+  // A send on the control ring (it would escape the budget hold-back), a
+  // send to an unconnected slot, an unknown op.
+  const uint32_t tag[3] = {1, 0, 0};
+  Submit(0, shm::PrepSend(1, 11, tag, 4, false), shm::Ring::kControl);
+  Submit(0, shm::PrepSend(kEndpoints + 5, 12, tag, 4, false));
+  shm::SubmissionDesc bad{};
+  bad.op = static_cast<shm::SubmitOp>(77);
+  bad.req = 13;
+  Submit(0, bad, shm::Ring::kControl);
+  Drain();
+  auto done = Reap(0);
+  ASSERT_EQ(done.size(), 3u);  // invariant 2
+  for (const auto& c : done) EXPECT_EQ(c.op, shm::CompleteOp::kError);
+  EXPECT_EQ(endpoints_[0]->counters.bad_descriptors.Get(), 3u);
+  EXPECT_TRUE(Reap(1).empty());  // nothing reached the receiver
+}
+
+TEST_F(MqEngineTest, SendsBeyondTheReceiversBudgetWaitAndNothingIsLost) {
+  endpoints_[1]->unexpected_budget = 16 << 10;
+  const std::string chunk(4000, 'm');
+  for (int i = 0; i < 20; i++) Send(0, 1, 1, chunk);  // 80 KB > 16 KiB
+  Drain();
+  EXPECT_GT(endpoints_[0]->counters.sends_held.Get(), 0u);  // invariant 4
+  EXPECT_LE(endpoints_[1]->unexpected_cost, (16u << 10) + 4000 + 256);
+  int received = 0;
+  for (int round = 0; round < 40 && received < 20; round++) {
+    Recv(1, 0, 1, 4000);
+    Drain();
+    for (const auto& c : Reap(1)) {
+      EXPECT_EQ(PayloadOf(c), chunk);
+      received++;
+    }
+  }
+  EXPECT_EQ(received, 20);
+}
+
+TEST_F(MqEngineTest, RemovingAReceiverReleasesWhatWaitedForIt) {
+  const std::string big(3000, 'q');
+  for (int i = 0; i < 5; i++) Send(0, 1, 2, big);
+  uint64_t sync = Send(0, 1, 2, "s", shm::kSendSync);
+  Drain();
+  EXPECT_GT(clients_[0].arena.used(), 5 * 3000u);
+  engine_.Remove(clients_[1].id);
+  Drain();
+  // The sync sender hears of it; the pooled payloads are released.
+  auto done = Reap(0);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].req, sync);
+  EXPECT_EQ(done[0].error, PSM2_EPID_UNREACHABLE);
+  clients_[0].arena.Allocate(1);
+  EXPECT_LT(clients_[0].arena.used(), 4096u);
+}
+
+TEST_F(MqEngineTest, AFullCompletionRingHoldsBackSubmissions) {
+  // More completions than the ring holds: the rest wait in the overflow
+  // queue, the receiver's submissions are not read meanwhile, and every
+  // completion arrives once the client reaps (invariant 3).
+  const int n = kRingCapacity + 10;
+  for (int i = 0; i < n; i++) {
+    Send(0, 1, 4, "x");
+    if (i % 32 == 31) Drain();  // keep the sender's ring from filling
+  }
+  Drain();
+  for (int i = 0; i < n; i++) {
+    Recv(1, 0, 4, 1);
+    if (i % 32 == 31) Drain();  // keep the receiver's ring from filling
+  }
+  Drain();
+  int got = static_cast<int>(Reap(1).size());
+  EXPECT_EQ(got, static_cast<int>(kRingCapacity));
+  EXPECT_FALSE(endpoints_[1]->cq_overflow.empty());
+  Drain();
+  got += static_cast<int>(Reap(1).size());
+  Drain();
+  got += static_cast<int>(Reap(1).size());
+  EXPECT_EQ(got, n);
+}
+
+}  // namespace
+}  // namespace psmd
