@@ -7,8 +7,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 #include "hw/socket/socket_fabric.h"
 
@@ -88,6 +90,18 @@ bool Expect(const std::vector<Node*>& nodes, Node* node, EventType type,
             Event* out, int timeout_ms) {
   return PumpUntil(
       nodes, [&] { return node->Take(type, out); }, timeout_ms);
+}
+
+void WhilePumping(const std::vector<Node*>& nodes,
+                  const std::function<void()>& fn) {
+  std::atomic<bool> finished{false};
+  std::thread worker([&] {
+    fn();
+    finished = true;
+  });
+  PumpUntil(
+      nodes, [&] { return finished.load(); }, 60000);
+  worker.join();
 }
 
 RawPeer::~RawPeer() {

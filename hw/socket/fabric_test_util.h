@@ -43,6 +43,11 @@ bool PumpUntil(const std::vector<Node*>& nodes,
 bool Expect(const std::vector<Node*>& nodes, Node* node, EventType type,
             Event* out, int timeout_ms = 5000);
 
+// Runs fn on a thread of its own (it may block, e.g. on a RawPeer) while
+// pumping `nodes`; returns when fn has returned.
+void WhilePumping(const std::vector<Node*>& nodes,
+                  const std::function<void()>& fn);
+
 // A blocking TCP client with 5 s timeouts, speaking frames by hand.
 class RawPeer {
  public:

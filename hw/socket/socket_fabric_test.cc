@@ -7,12 +7,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <numeric>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "hw/socket/fabric_test_util.h"
@@ -474,21 +472,14 @@ TEST(SocketFabric, BadPeersAreDroppedOthersContinue) {
     ASSERT_TRUE(raw->Connect(at.host, at.port));
     FrameHeader h;
     std::string payload;
-    // The fabric answers from its progress loop.
-    std::atomic<bool> read{false};
-    std::thread reader([&] { read = raw->ReadFrame(&h, &payload); });
-    PumpUntil(
-        both, [&] { return read.load(); }, 3000);
-    reader.join();
+    bool read = false;
+    testing::WhilePumping(both, [&] { read = raw->ReadFrame(&h, &payload); });
     ASSERT_TRUE(read);
     EXPECT_EQ(h.type, FrameType::kChallenge);
   };
   auto expect_dropped = [&](RawPeer* raw) {
-    std::atomic<bool> closed{false};
-    std::thread reader([&] { closed = raw->ClosedByPeer(); });
-    PumpUntil(
-        both, [&] { return closed.load(); }, 3000);
-    reader.join();
+    bool closed = false;
+    testing::WhilePumping(both, [&] { closed = raw->ClosedByPeer(); });
     EXPECT_TRUE(closed);
   };
 
