@@ -54,6 +54,11 @@ bool SplitHostPort(const std::string& text, std::string* host,
     *host = text.substr(0, colon);
     *port = colon == std::string::npos ? "" : text.substr(colon + 1);
   }
+  bool separator = text.size() > host->size() + (text[0] == '[' ? 2 : 0);
+  if (separator && port->empty()) {
+    *error = "'" + text + "': nothing after ':'";
+    return false;
+  }
   if (!ValidIp(*host)) {
     *error = "'" + text + "': '" + *host + "' is not a numeric IP address";
     return false;
