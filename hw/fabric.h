@@ -27,6 +27,8 @@
 // survives; the other side's Connect handle is bound to it (the user sees
 // one kConnected on its handle, never a second connection).
 //
+// Destroying a Fabric closes everything at once, without events.
+//
 // Thread-safety: a Fabric is used by one thread (the progress worker); only
 // event_fd() may be watched from elsewhere. Backends may run helper
 // threads of their own (authentication) without the caller noticing.

@@ -124,7 +124,7 @@ FrameError DecodeChallenge(const uint8_t* in, size_t size,
   out->node = Get64(in);
   out->incarnation = Get64(in + 8);
   std::memcpy(out->nonce, in + 16, kNonceSize);
-  if (out->node == 0) return FrameError::kBadPayload;
+  if (out->node == 0 || out->incarnation == 0) return FrameError::kBadPayload;
   return FrameError::kOk;
 }
 
@@ -162,7 +162,9 @@ FrameError DecodeHello(const uint8_t* in, size_t size, HelloPayload* out) {
     uint8_t c = in[kHelloFixedSize + i];
     if (c < 0x21 || c > 0x7e) return FrameError::kBadPayload;
   }
-  if (out->node == 0 || out->target_node == 0) return FrameError::kBadPayload;
+  if (out->node == 0 || out->incarnation == 0 || out->target_node == 0) {
+    return FrameError::kBadPayload;
+  }
   out->credential.assign(reinterpret_cast<const char*>(in) + kHelloFixedSize,
                          cred_len);
   return FrameError::kOk;
@@ -180,7 +182,7 @@ FrameError DecodeWelcome(const uint8_t* in, size_t size, WelcomePayload* out) {
   if (size != kWelcomeSize) return FrameError::kBadPayload;
   out->node = Get64(in);
   out->incarnation = Get64(in + 8);
-  if (out->node == 0) return FrameError::kBadPayload;
+  if (out->node == 0 || out->incarnation == 0) return FrameError::kBadPayload;
   return FrameError::kOk;
 }
 

@@ -84,6 +84,8 @@ FrameError DecodeFrameHeader(const uint8_t* in, size_t size,
 
 // ---- handshake payloads ----
 
+// Node ids and incarnations are never zero on the wire.
+
 // Acceptor -> connector, first frame on a new connection.
 struct ChallengePayload {
   uint64_t node = 0;         // acceptor's node id

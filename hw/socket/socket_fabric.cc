@@ -37,6 +37,10 @@ enum OpKind : uint64_t {
 };
 constexpr uint64_t kOpMask = 7;
 constexpr size_t kMaxSendIov = 256;  // per sendmsg, well under IOV_MAX
+// Per connection: one read takes up to this much, so many small frames
+// arrive with one completion. It bounds what a connection with no receive
+// posted holds (the rest waits in the kernel, holding the sender back).
+constexpr size_t kStageSize = 16384;
 constexpr int64_t kDeadlineCheckNs = 10'000'000;
 
 int64_t NowNs() {
@@ -116,7 +120,11 @@ class SocketFabric final : public Fabric {
     kRefusing,    // incoming: a Refuse is being sent, then close
     kOpen,
   };
-  enum class RxPhase { kHeader, kPayload, kDrain, kControl };
+  // kStage: frames are parsed from the staging buffer (small payloads are
+  // copied out of it); kPayload: the rest of a large payload is received
+  // straight into the posted receive; kDrain: the rest of a truncated one
+  // is discarded.
+  enum class RxPhase { kStage, kPayload, kDrain };
 
   struct PendingSend {
     uint8_t header[kFrameHeaderSize];
@@ -163,13 +171,16 @@ class SocketFabric final : public Fabric {
     HelloPayload hello;                  // incoming: what the peer said
 
     // Receive side.
-    RxPhase rx_phase = RxPhase::kHeader;
+    RxPhase rx_phase = RxPhase::kStage;
     bool rx_inflight = false;
-    uint8_t rx_header_bytes[kFrameHeaderSize];
-    size_t rx_got = 0;
+    bool rx_parsing = false;           // ParseStage is on the stack
+    bool rx_reparse = false;           // ... and should run once more
+    std::unique_ptr<uint8_t[]> stage;  // kStageSize bytes, from the first read
+    size_t stage_begin = 0;
+    size_t stage_end = 0;
+    size_t rx_got = 0;   // payload bytes of the current frame consumed
     size_t rx_take = 0;  // payload bytes going into the posted receive
     FrameHeader rx_header;
-    std::string rx_control;
     std::vector<iovec> rx_iov;
     msghdr rx_msg{};
     std::deque<PostedRecv> recvs;
@@ -197,6 +208,8 @@ class SocketFabric final : public Fabric {
   Conn* NewConn(bool outgoing);
   void StartAttempt(Conn* c);
   void SetLinkOptions(int fd);
+  void PumpRx(Conn* c);
+  void ParseStage(Conn* c);
   void ArmRecv(Conn* c);
   void FlushSends(Conn* c);
   void QueueControl(Conn* c, FrameType type, std::string payload,
@@ -215,7 +228,7 @@ class SocketFabric final : public Fabric {
   void OnAccept(Listener* l, int res);
   void OnRecv(Conn* c, int res);
   void OnSend(Conn* c, int res);
-  void OnControl(Conn* c);
+  void OnControl(Conn* c, FrameType type, const uint8_t* p, size_t n);
   void OnData(Conn* c, ErrorClass error);
   void OnAuthResults();
   void CheckDeadlines(int64_t now);
@@ -250,6 +263,7 @@ class SocketFabric final : public Fabric {
   uint64_t next_serial_ = 1;
   uint32_t handshakes_ = 0;
   int64_t next_check_ns_ = 0;
+  int64_t next_limit_log_ns_ = 0;
   // Connector nonces seen within the credential TTL (replay defence).
   std::unordered_map<std::string, int64_t> nonces_;
   std::deque<Event> events_;
@@ -310,7 +324,14 @@ bool SocketFabric::Open(std::string* error) {
   attempt_ts_.tv_sec = opt_.connect_attempt_ms / 1000;
   attempt_ts_.tv_nsec = (opt_.connect_attempt_ms % 1000) * 1'000'000ll;
 
-  int err = io_uring_queue_init(opt_.ring_entries, &ring_, 0);
+  // The completion queue holds every operation that can be in flight (a
+  // few per connection, one per listener), so it never overflows.
+  io_uring_params params{};
+  params.flags = IORING_SETUP_CQSIZE;
+  params.cq_entries = std::min<uint32_t>(
+      65536, std::max<uint32_t>(opt_.ring_entries * 2,
+                                4 * opt_.max_connections + 256));
+  int err = io_uring_queue_init_params(opt_.ring_entries, &ring_, &params);
   if (err < 0) {
     *error = std::string("io_uring is not available: ") + std::strerror(-err);
     return false;
@@ -522,7 +543,7 @@ ErrorClass SocketFabric::PostRecv(ConnId id, const iovec* iov, int iovcnt,
     r.capacity += iov[i].iov_len;
   }
   r.cookie = cookie;
-  ArmRecv(c);
+  PumpRx(c);
   return ErrorClass::kOk;
 }
 
@@ -622,14 +643,12 @@ void SocketFabric::Finish(Conn* c) {
 void SocketFabric::OpenLink(Conn* c) {
   c->state = State::kOpen;
   c->opened = true;
-  c->rx_phase = RxPhase::kHeader;
-  c->rx_got = 0;
   if (c->counted_handshake) {
     c->counted_handshake = false;
     handshakes_--;
   }
   FlushSends(c);
-  ArmRecv(c);
+  PumpRx(c);
 }
 
 void SocketFabric::QueueControl(Conn* c, FrameType type, std::string payload,
@@ -731,21 +750,99 @@ void SocketFabric::Adopt(Conn* incoming, Conn* handle) {
 
 // ---- receiving ----
 
+// Parses what the staging buffer holds, then asks the kernel for more if
+// a frame is incomplete. Re-entrant calls (a handshake frame that opens
+// the link) only ask the running parse to go once more.
+void SocketFabric::PumpRx(Conn* c) {
+  if (c->rx_parsing) {
+    c->rx_reparse = true;
+    return;
+  }
+  c->rx_parsing = true;
+  do {
+    c->rx_reparse = false;
+    ParseStage(c);
+  } while (c->rx_reparse && !c->closing);
+  c->rx_parsing = false;
+  ArmRecv(c);
+}
+
+void SocketFabric::ParseStage(Conn* c) {
+  while (!c->closing && c->rx_phase == RxPhase::kStage &&
+         (c->state == State::kHandshake || c->state == State::kOpen)) {
+    size_t avail = c->stage_end - c->stage_begin;
+    if (avail < kFrameHeaderSize) return;
+    // Back-pressure: a frame waits until a receive is posted for it.
+    if (c->state == State::kOpen && c->recvs.empty()) return;
+    const uint8_t* p = c->stage.get() + c->stage_begin;
+    FrameHeader h;
+    FrameError e = DecodeFrameHeader(p, avail, opt_.limits, &h);
+    if (e != FrameError::kOk) {
+      BadFrame(c, std::string("bad frame header: ") + FrameErrorName(e));
+      return;
+    }
+    bool data = h.type == FrameType::kData;
+    if (data != (c->state == State::kOpen)) {
+      BadFrame(c, data ? "data frame before the handshake finished"
+                       : "handshake frame on an open connection");
+      return;
+    }
+    if (!data) {  // whole in the stage (at most 64 + 1024 bytes)
+      if (avail < kFrameHeaderSize + h.length) return;
+      c->stage_begin += kFrameHeaderSize + h.length;
+      OnControl(c, h.type, p + kFrameHeaderSize, h.length);
+      continue;
+    }
+    c->stage_begin += kFrameHeaderSize;
+    c->rx_header = h;
+    c->rx_take = std::min<size_t>(h.length, c->recvs.front().capacity);
+    c->rx_got = 0;
+    // Copy what the stage has of the payload into the posted iovecs.
+    size_t n = std::min(avail - kFrameHeaderSize, c->rx_take);
+    const uint8_t* src = p + kFrameHeaderSize;
+    for (const iovec& v : c->recvs.front().iov) {
+      if (c->rx_got == n) break;
+      size_t k = std::min(v.iov_len, n - c->rx_got);
+      std::memcpy(v.iov_base, src + c->rx_got, k);
+      c->rx_got += k;
+    }
+    c->stage_begin += n;
+    if (c->rx_got < c->rx_take) {
+      c->rx_phase = RxPhase::kPayload;
+      return;
+    }
+    size_t extra =
+        std::min(c->stage_end - c->stage_begin, size_t{h.length} - c->rx_got);
+    c->stage_begin += extra;
+    c->rx_got += extra;
+    if (c->rx_got < h.length) {
+      c->rx_phase = RxPhase::kDrain;
+      return;
+    }
+    OnData(c,
+           c->rx_take == h.length ? ErrorClass::kOk : ErrorClass::kTruncated);
+  }
+}
+
 void SocketFabric::ArmRecv(Conn* c) {
   if (c->closing || c->rx_inflight || c->fd < 0) return;
   if (c->state != State::kHandshake && c->state != State::kOpen) return;
-  // Back-pressure: with no receive posted, nothing is read and TCP's
-  // window fills up on the sender's side.
-  if (c->state == State::kOpen && c->rx_phase == RxPhase::kHeader &&
-      c->recvs.empty()) {
-    return;
-  }
-  io_uring_sqe* sqe = Sqe();
+  io_uring_sqe* sqe = nullptr;
   switch (c->rx_phase) {
-    case RxPhase::kHeader:
-      io_uring_prep_recv(sqe, c->fd, c->rx_header_bytes + c->rx_got,
-                         kFrameHeaderSize - c->rx_got, 0);
+    case RxPhase::kStage: {
+      if (c->state == State::kOpen && c->recvs.empty()) return;
+      if (c->stage == nullptr) c->stage.reset(new uint8_t[kStageSize]);
+      // What is left is less than one frame (ParseStage took the rest),
+      // so moving it to the front is cheap.
+      size_t left = c->stage_end - c->stage_begin;
+      std::memmove(c->stage.get(), c->stage.get() + c->stage_begin, left);
+      c->stage_begin = 0;
+      c->stage_end = left;
+      sqe = Sqe();
+      io_uring_prep_recv(sqe, c->fd, c->stage.get() + left, kStageSize - left,
+                         0);
       break;
+    }
     case RxPhase::kPayload: {
       // The posted iovecs, past what has arrived, up to rx_take bytes.
       c->rx_iov.clear();
@@ -765,17 +862,15 @@ void SocketFabric::ArmRecv(Conn* c) {
       c->rx_msg = {};
       c->rx_msg.msg_iov = c->rx_iov.data();
       c->rx_msg.msg_iovlen = c->rx_iov.size();
+      sqe = Sqe();
       io_uring_prep_recvmsg(sqe, c->fd, &c->rx_msg, 0);
       break;
     }
     case RxPhase::kDrain:
+      sqe = Sqe();
       io_uring_prep_recv(
           sqe, c->fd, drain_,
           std::min(sizeof drain_, c->rx_header.length - c->rx_got), 0);
-      break;
-    case RxPhase::kControl:
-      io_uring_prep_recv(sqe, c->fd, c->rx_control.data() + c->rx_got,
-                         c->rx_control.size() - c->rx_got, 0);
       break;
   }
   io_uring_sqe_set_data64(sqe, reinterpret_cast<uint64_t>(c) | kOpRecv);
@@ -795,59 +890,25 @@ void SocketFabric::OnRecv(Conn* c, int res) {
     Fail(c, FromErrno(-res));
     return;
   }
-  c->rx_got += res;
   switch (c->rx_phase) {
-    case RxPhase::kHeader: {
-      if (c->rx_got < kFrameHeaderSize) break;
-      FrameError e = DecodeFrameHeader(c->rx_header_bytes, kFrameHeaderSize,
-                                       opt_.limits, &c->rx_header);
-      if (e != FrameError::kOk) {
-        BadFrame(c, std::string("bad frame header: ") + FrameErrorName(e));
-        return;
-      }
-      c->rx_got = 0;
-      bool data = c->rx_header.type == FrameType::kData;
-      if (data != (c->state == State::kOpen)) {
-        BadFrame(c, data ? "data frame before the handshake finished"
-                         : "handshake frame on an open connection");
-        return;
-      }
-      if (!data) {
-        c->rx_control.assign(c->rx_header.length, '\0');
-        c->rx_phase = RxPhase::kControl;
-        if (c->rx_header.length == 0) {
-          OnControl(c);
-          return;
-        }
-        break;
-      }
-      c->rx_take =
-          std::min<size_t>(c->rx_header.length, c->recvs.front().capacity);
-      if (c->rx_header.length == 0) {
-        OnData(c, ErrorClass::kOk);
-        return;
-      }
-      c->rx_phase = c->rx_take > 0 ? RxPhase::kPayload : RxPhase::kDrain;
+    case RxPhase::kStage:
+      c->stage_end += res;
       break;
-    }
     case RxPhase::kPayload:
+      c->rx_got += res;
       if (c->rx_got < c->rx_take) break;
       if (c->rx_take == c->rx_header.length) {
         OnData(c, ErrorClass::kOk);
-        return;
+      } else {
+        c->rx_phase = RxPhase::kDrain;
       }
-      c->rx_phase = RxPhase::kDrain;
       break;
     case RxPhase::kDrain:
-      if (c->rx_got < c->rx_header.length) break;
-      OnData(c, ErrorClass::kTruncated);
-      return;
-    case RxPhase::kControl:
-      if (c->rx_got < c->rx_control.size()) break;
-      OnControl(c);
-      return;
+      c->rx_got += res;
+      if (c->rx_got == c->rx_header.length) OnData(c, ErrorClass::kTruncated);
+      break;
   }
-  ArmRecv(c);
+  PumpRx(c);
 }
 
 void SocketFabric::OnData(Conn* c, ErrorClass error) {
@@ -862,17 +923,12 @@ void SocketFabric::OnData(Conn* c, ErrorClass error) {
   e.length = static_cast<uint32_t>(c->rx_take);
   e.fields = c->rx_header.fields;
   events_.push_back(e);
-  c->rx_phase = RxPhase::kHeader;
+  c->rx_phase = RxPhase::kStage;
   c->rx_got = 0;
-  ArmRecv(c);
 }
 
-void SocketFabric::OnControl(Conn* c) {
-  const auto* p = reinterpret_cast<const uint8_t*>(c->rx_control.data());
-  size_t n = c->rx_control.size();
-  FrameType type = c->rx_header.type;
-  c->rx_phase = RxPhase::kHeader;
-  c->rx_got = 0;
+void SocketFabric::OnControl(Conn* c, FrameType type, const uint8_t* p,
+                             size_t n) {
   FrameError e = FrameError::kBadPayload;
   if (c->outgoing && type == FrameType::kChallenge &&
       c->peer_incarnation == 0) {
@@ -967,9 +1023,7 @@ void SocketFabric::OnControl(Conn* c) {
   }
   if (e != FrameError::kOk) {
     BadFrame(c, std::string("handshake: ") + FrameErrorName(e));
-    return;
   }
-  ArmRecv(c);
 }
 
 bool SocketFabric::RememberNonce(const uint8_t nonce[kNonceSize], int64_t now) {
@@ -1007,7 +1061,7 @@ void SocketFabric::OnAuthResults() {
       QueueControl(c, FrameType::kHello,
                    EncodeHello({opt_.node_id, incarnation_, c->peer_node,
                                 AuthMode::kMunge, r.data}));
-      ArmRecv(c);
+      PumpRx(c);
       continue;
     }
     CredentialPayload cp;
@@ -1107,7 +1161,7 @@ void SocketFabric::OnConnect(Conn* c, int res) {
   }
   SetLinkOptions(c->fd);
   c->state = State::kHandshake;
-  ArmRecv(c);
+  PumpRx(c);
 }
 
 void SocketFabric::OnAccept(Listener* l, int res) {
@@ -1125,6 +1179,15 @@ void SocketFabric::OnAccept(Listener* l, int res) {
   if (handshakes_ >= opt_.max_handshakes ||
       owned_.size() >= opt_.max_connections) {
     close(res);
+    int64_t now = NowNs();
+    if (now >= next_limit_log_ns_) {  // at most one line a second
+      next_limit_log_ns_ = now + 1'000'000'000;
+      spdlog::warn(
+          "fabric: refusing connections on {}:{}: {} handshakes, {} "
+          "connections (limits {}, {})",
+          l->host, l->port, handshakes_, owned_.size(), opt_.max_handshakes,
+          opt_.max_connections);
+    }
     return;
   }
   Conn* c = NewConn(false);
@@ -1139,7 +1202,7 @@ void SocketFabric::OnAccept(Listener* l, int res) {
   ch.incarnation = incarnation_;
   std::memcpy(ch.nonce, c->challenge, kNonceSize);
   QueueControl(c, FrameType::kChallenge, EncodeChallenge(ch));
-  ArmRecv(c);
+  PumpRx(c);
 }
 
 void SocketFabric::HandleCqe(const io_uring_cqe* cqe) {
