@@ -9,9 +9,11 @@
 //
 // Per connection: one sendmsg in flight at a time, covering as many queued
 // frames as fit (up to 256 iovecs), so frames stay in order and small
-// frames are batched; a frame's payload is received straight into the
-// posted receive's iovecs (no staging copy). See hw/fabric.h for the
-// contract and docs/design.md for the handshake and limits.
+// frames are batched. Each read takes up to 16 KiB into a per-connection
+// staging buffer whose frames are copied into the posted receives; the
+// unread rest of a large payload is received straight into the posted
+// iovecs. See hw/fabric.h for the contract and docs/design.md for the
+// handshake and limits.
 //
 // Thread-safety: as hw::Fabric (one thread), plus a private MUNGE helper
 // thread when authentication is on.
