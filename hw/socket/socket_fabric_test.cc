@@ -2,6 +2,7 @@
 // authentication (munge_fabric_test.cc covers MUNGE).
 #include "hw/socket/socket_fabric.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -354,6 +355,39 @@ TEST(SocketFabric, ListenRangesAndAddressFallback) {
   EXPECT_EQ(e.conn, ac);
   EXPECT_EQ(e.cookie, 7u);
   EXPECT_EQ(e.error, ErrorClass::kConnFailed);
+}
+
+// An address that never answers (a listener whose backlog is full drops
+// SYNs) costs one connect_attempt_ms, then the next address is tried.
+TEST(SocketFabric, SilentAddressTimesOutThenTheNextIsTried) {
+  int silent = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  inet_pton(AF_INET, "127.0.0.9", &sa.sin_addr);
+  ASSERT_EQ(bind(silent, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(listen(silent, 0), 0);
+  socklen_t len = sizeof sa;
+  getsockname(silent, reinterpret_cast<sockaddr*>(&sa), &len);
+  uint16_t port = ntohs(sa.sin_port);
+  RawPeer filler;  // takes the only backlog slot
+  ASSERT_TRUE(filler.Connect("127.0.0.9", port));
+
+  FabricOptions o = NoAuth();
+  o.connect_attempt_ms = 300;
+  auto a = OpenNode(1, {"127.0.0.2"}, o);
+  auto b = OpenNode(2, {"127.0.0.3"}, o);
+  std::string desc = "2@127.0.0.9:" + std::to_string(port) + ",127.0.0.3:" +
+                     std::to_string(FirstAddress(*b->fabric).port);
+  auto start = std::chrono::steady_clock::now();
+  ConnId ab;
+  ASSERT_EQ(a->fabric->Connect(desc, 0, &ab), ErrorClass::kOk);
+  Event e;
+  ASSERT_TRUE(Expect({a.get(), b.get()}, a.get(), EventType::kConnected, &e));
+  EXPECT_EQ(e.error, ErrorClass::kOk) << ErrorClassName(e.error);
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, std::chrono::milliseconds(250));
+  EXPECT_LT(took, std::chrono::milliseconds(1500));
+  close(silent);
 }
 
 TEST(SocketFabric, RefusesUnauthenticatedNonLoopback) {
