@@ -105,6 +105,22 @@ TEST(SocketFabric, FramesWithIovecsBothWays) {
   EXPECT_EQ(again, ab);
 }
 
+TEST(SocketFabric, Ipv6) {
+  auto a = OpenNode(1, {"[::1]"}, NoAuth());
+  auto b = OpenNode(2, {"[::1]:0"}, NoAuth());
+  EXPECT_EQ(b->fabric->HostDescription().rfind("2@[::1]:", 0), 0u)
+      << b->fabric->HostDescription();
+  ConnId ab, ba;
+  Link(a.get(), b.get(), &ab, &ba);
+  uint64_t token = 77, got = 0;
+  iovec out{&token, 8}, in{&got, 8};
+  ASSERT_EQ(b->fabric->PostRecv(ba, &in, 1, 0), ErrorClass::kOk);
+  ASSERT_EQ(a->fabric->PostSend(ab, {}, &out, 1, 0), ErrorClass::kOk);
+  Event e;
+  ASSERT_TRUE(Expect({a.get(), b.get()}, b.get(), EventType::kRecvDone, &e));
+  EXPECT_EQ(got, 77u);
+}
+
 TEST(SocketFabric, TruncatedFrameKeepsTheConnection) {
   auto a = OpenNode(1, {"127.0.0.2"}, NoAuth());
   auto b = OpenNode(2, {"127.0.0.3"}, NoAuth());
