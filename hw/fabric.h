@@ -89,6 +89,23 @@ struct Event {
   FrameFields fields;      // kRecvDone: the frame's header fields
 };
 
+// Counters per peer node, for psmctl stats. Failures of peers that never
+// authenticated are counted under node 0 (a claimed node id is not
+// trusted, and counting under it would let anyone add rows).
+struct PeerStats {
+  uint64_t node = 0;
+  uint64_t frames_sent = 0;  // data frames whose send completed
+  uint64_t bytes_sent = 0;   // their payload bytes
+  uint64_t frames_received = 0;
+  uint64_t bytes_received = 0;
+  uint64_t connects = 0;          // connections opened (either side); more
+                                  // than one means reconnects
+  uint64_t disconnects = 0;       // open connections that ended not by Close
+  uint64_t connect_failures = 0;  // our Connects that failed
+  uint64_t auth_failures = 0;     // handshakes refused for authentication
+  uint64_t bad_frames = 0;        // connections dropped for an invalid frame
+};
+
 struct FabricOptions {
   uint64_t node_id = 0;  // non-zero, unique among the nodes
   // "ADDR[:PORT[-PORT]]" (IPv6 as "[ADDR]:PORT"); port 0 or none: any.
@@ -134,6 +151,9 @@ class Fabric {
   // Wait sleeps up to timeout_ms (-1: no limit) for the first one.
   virtual int Poll(Event* events, int max) = 0;
   virtual int Wait(Event* events, int max, int timeout_ms) = 0;
+
+  // One row per node seen (ordered by node id), node 0 first if any.
+  virtual std::vector<PeerStats> Stats() const = 0;
 };
 
 // ---- addresses (shared by the backends) ----

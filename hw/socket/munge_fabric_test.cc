@@ -260,6 +260,15 @@ TEST_F(MungeFabric, WrongKeyAndNoAuthAreRefused) {
   EXPECT_EQ(e.error, ErrorClass::kAuthFailed) << ErrorClassName(e.error);
   EXPECT_EQ(b_->Count(EventType::kAccepted), 0u);
   ExpectBystanderWorks(13);
+  // b counts both under node 0 (they never authenticated); c under b.
+  std::vector<PeerStats> rows = b_->fabric->Stats();
+  ASSERT_GE(rows.size(), 1u);
+  EXPECT_EQ(rows[0].node, 0u);
+  EXPECT_EQ(rows[0].auth_failures, 2u);
+  rows = c->fabric->Stats();
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].node, 2u);
+  EXPECT_EQ(rows[0].auth_failures, 1u);
 }
 
 TEST_F(MungeFabric, ReplayedCredentialAndReusedNonceAreRefused) {

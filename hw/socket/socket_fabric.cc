@@ -16,6 +16,7 @@
 #include <cstring>
 #include <deque>
 #include <list>
+#include <map>
 #include <random>
 #include <unordered_map>
 
@@ -109,6 +110,7 @@ class SocketFabric final : public Fabric {
   ErrorClass Close(ConnId conn) override;
   int Poll(Event* events, int max) override;
   int Wait(Event* events, int max, int timeout_ms) override;
+  std::vector<PeerStats> Stats() const override;
 
  private:
   enum class State {
@@ -235,6 +237,16 @@ class SocketFabric final : public Fabric {
   bool RememberNonce(const uint8_t nonce[kNonceSize], int64_t now);
   void Collect(Event* events, int max, int* n);
 
+  PeerStats& StatsOf(uint64_t node) {
+    PeerStats& p = stats_[node];
+    p.node = node;
+    return p;
+  }
+  // The row for a peer that may not have authenticated.
+  PeerStats& UntrustedStatsOf(const Conn* c) {
+    return StatsOf(c->visible ? c->peer_node : 0);
+  }
+
   Conn* Find(ConnId id) {
     auto it = by_id_.find(id);
     return it == by_id_.end() ? nullptr : it->second;
@@ -267,6 +279,7 @@ class SocketFabric final : public Fabric {
   // Connector nonces seen within the credential TTL (replay defence).
   std::unordered_map<std::string, int64_t> nonces_;
   std::deque<Event> events_;
+  std::map<uint64_t, PeerStats> stats_;
   uint8_t drain_[16384];
 };
 
@@ -627,9 +640,11 @@ void SocketFabric::Finish(Conn* c) {
       Emit(EventType::kRecvDone, c, op_error, r.cookie);
     }
     if (c->opened) {
+      if (!c->local_close) StatsOf(c->peer_node).disconnects++;
       Emit(EventType::kClosed, c,
            c->local_close ? ErrorClass::kOk : c->close_error, 0);
     } else {
+      if (!c->local_close) StatsOf(c->peer_node).connect_failures++;
       Emit(EventType::kConnected, c, c->close_error, c->cookie);
     }
     if (auto it = by_id_.find(c->id); it != by_id_.end() && it->second == c) {
@@ -643,6 +658,7 @@ void SocketFabric::Finish(Conn* c) {
 void SocketFabric::OpenLink(Conn* c) {
   c->state = State::kOpen;
   c->opened = true;
+  StatsOf(c->peer_node).connects++;
   if (c->counted_handshake) {
     c->counted_handshake = false;
     handshakes_--;
@@ -673,15 +689,22 @@ void SocketFabric::QueueControl(Conn* c, FrameType type, std::string payload,
 void SocketFabric::Refuse(Conn* c, RefuseReason reason, const char* why) {
   spdlog::warn("fabric: refused connection from node {}: {}", c->hello.node,
                why);
+  if (reason == RefuseReason::kAuth) UntrustedStatsOf(c).auth_failures++;
   c->state = State::kRefusing;
   QueueControl(c, FrameType::kRefuse, EncodeRefuse(reason), true);
 }
 
 void SocketFabric::BadFrame(Conn* c, const std::string& what) {
+  UntrustedStatsOf(c).bad_frames++;
   if (!c->bad_frame_logged) {
     c->bad_frame_logged = true;
-    spdlog::warn("fabric: dropping connection {} (node {}): {}", c->id,
-                 c->peer_node, what);
+    if (c->visible) {
+      spdlog::warn("fabric: dropping connection {} to node {}: {}", c->id,
+                   c->peer_node, what);
+    } else {
+      spdlog::warn("fabric: dropping a connection before authentication: {}",
+                   what);
+    }
   }
   Fail(c, ErrorClass::kBadFrame);
 }
@@ -923,6 +946,9 @@ void SocketFabric::OnData(Conn* c, ErrorClass error) {
   e.length = static_cast<uint32_t>(c->rx_take);
   e.fields = c->rx_header.fields;
   events_.push_back(e);
+  PeerStats& st = StatsOf(c->peer_node);
+  st.frames_received++;
+  st.bytes_received += c->rx_header.length;
   c->rx_phase = RxPhase::kStage;
   c->rx_got = 0;
 }
@@ -984,6 +1010,7 @@ void SocketFabric::OnControl(Conn* c, FrameType type, const uint8_t* p,
           return;
         case RefuseReason::kAuth:
           spdlog::warn("fabric: node {} refused our credential", c->peer_node);
+          StatsOf(c->peer_node).auth_failures++;
           Fail(c, ErrorClass::kAuthFailed);
           return;
         case RefuseReason::kWrongNode:
@@ -1133,6 +1160,9 @@ void SocketFabric::OnSend(Conn* c, int res) {
     if (s.sent < s.total) break;
     if (!s.internal) {
       Emit(EventType::kSendDone, c, ErrorClass::kOk, s.cookie);
+      PeerStats& st = StatsOf(c->peer_node);
+      st.frames_sent++;
+      st.bytes_sent += s.total - kFrameHeaderSize;
       c->tx_app_frames--;
       c->tx_app_bytes -= s.total;
     }
@@ -1311,6 +1341,12 @@ int SocketFabric::Wait(Event* events, int max, int timeout_ms) {
     n = Poll(events, max);
   }
   return n;
+}
+
+std::vector<PeerStats> SocketFabric::Stats() const {
+  std::vector<PeerStats> rows;
+  for (const auto& [node, row] : stats_) rows.push_back(row);
+  return rows;
 }
 
 }  // namespace

@@ -98,6 +98,20 @@ TEST(SocketFabric, FramesWithIovecsBothWays) {
   EXPECT_EQ(e.length, 0u);
   EXPECT_EQ(e.cookie, 9u);
 
+  // Per-peer counters on both sides.
+  std::vector<PeerStats> at_a = a->fabric->Stats(), at_b = b->fabric->Stats();
+  ASSERT_EQ(at_a.size(), 1u);
+  EXPECT_EQ(at_a[0].node, 2u);
+  EXPECT_EQ(at_a[0].connects, 1u);
+  EXPECT_EQ(at_a[0].frames_sent, 1u);
+  EXPECT_EQ(at_a[0].bytes_sent, p1.size() + p2.size() + p3.size());
+  EXPECT_EQ(at_a[0].frames_received, 1u);
+  EXPECT_EQ(at_a[0].bytes_received, 0u);
+  ASSERT_EQ(at_b.size(), 1u);
+  EXPECT_EQ(at_b[0].node, 1u);
+  EXPECT_EQ(at_b[0].frames_received, 1u);
+  EXPECT_EQ(at_b[0].bytes_received, p1.size() + p2.size() + p3.size());
+
   // A second Connect to the same node is the same connection.
   ConnId again;
   EXPECT_EQ(a->fabric->Connect(b->fabric->HostDescription(), 0, &again),
@@ -371,6 +385,10 @@ TEST(SocketFabric, ListenRangesAndAddressFallback) {
   EXPECT_EQ(e.conn, ac);
   EXPECT_EQ(e.cookie, 7u);
   EXPECT_EQ(e.error, ErrorClass::kConnFailed);
+  std::vector<PeerStats> rows = a->fabric->Stats();
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1].node, 3u);
+  EXPECT_EQ(rows[1].connect_failures, 1u);
 }
 
 // An address that never answers (a listener whose backlog is full drops
@@ -585,6 +603,18 @@ TEST(SocketFabric, BadPeersAreDroppedOthersContinue) {
     expect_dropped(&raw);
   }
   exchange(3);
+  // Bad frames before authentication count under node 0, after it under
+  // the node; the good link was never dropped.
+  std::vector<PeerStats> rows = b->fabric->Stats();
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].node, 0u);
+  EXPECT_EQ(rows[0].bad_frames, 3u);
+  EXPECT_EQ(rows[1].node, 1u);
+  EXPECT_EQ(rows[1].disconnects, 0u);
+  EXPECT_EQ(rows[1].frames_received, 3u);
+  EXPECT_EQ(rows[2].node, 7u);
+  EXPECT_EQ(rows[2].bad_frames, 1u);
+  EXPECT_EQ(rows[2].disconnects, 1u);
 }
 
 }  // namespace
