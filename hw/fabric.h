@@ -13,6 +13,10 @@
 //   PostRecv    a buffer (iovec list) for the next frame on a connection;
 //               with none posted nothing is read, so TCP holds the sender
 //               back (this is the back-pressure path)
+//   PostRecvHeader + PostPayload
+//               the next frame's header first (kHeader), then the user
+//               says where its payload goes, chosen from the header: how
+//               a rendezvous chunk lands in its final place with no copy
 //   Close       every pending operation completes with kCanceled, then
 //               one kClosed event
 //   Poll/Wait   deliver events; Poll never enters the kernel when nothing
@@ -75,7 +79,9 @@ enum class EventType {
   kConnected,  // Connect finished (error says whether it worked)
   kAccepted,   // a peer connected to us and authenticated; new conn
   kSendDone,   // a posted send finished (error kOk or why not)
-  kRecvDone,   // a frame arrived into a posted receive
+  kRecvDone,   // a frame arrived into a posted receive (or PostPayload)
+  kHeader,     // a header-only receive got a header; `length` is the
+               // payload's size (0: the frame is complete)
   kClosed,     // the connection is gone (error: why); its id is dead
 };
 
@@ -145,6 +151,14 @@ class Fabric {
                               uint64_t cookie) = 0;
   virtual ErrorClass PostRecv(ConnId conn, const iovec* iov, int iovcnt,
                               uint64_t cookie) = 0;
+  // Header-first receiving. The next frame's header ends this receive as a
+  // kHeader event; if its payload is not empty, nothing more is read from
+  // the connection until PostPayload gives the payload's iovecs (kRecvDone
+  // follows, truncated past their capacity as with PostRecv). PostPayload
+  // at any other time is kBadArg.
+  virtual ErrorClass PostRecvHeader(ConnId conn, uint64_t cookie) = 0;
+  virtual ErrorClass PostPayload(ConnId conn, const iovec* iov, int iovcnt,
+                                 uint64_t cookie) = 0;
   virtual ErrorClass Close(ConnId conn) = 0;
 
   // Up to `max` events into `events`; returns how many. Poll never blocks;

@@ -107,6 +107,9 @@ class SocketFabric final : public Fabric {
                       int iovcnt, uint64_t cookie) override;
   ErrorClass PostRecv(ConnId conn, const iovec* iov, int iovcnt,
                       uint64_t cookie) override;
+  ErrorClass PostRecvHeader(ConnId conn, uint64_t cookie) override;
+  ErrorClass PostPayload(ConnId conn, const iovec* iov, int iovcnt,
+                         uint64_t cookie) override;
   ErrorClass Close(ConnId conn) override;
   int Poll(Event* events, int max) override;
   int Wait(Event* events, int max, int timeout_ms) override;
@@ -126,7 +129,9 @@ class SocketFabric final : public Fabric {
   // copied out of it); kPayload: the rest of a large payload is received
   // straight into the posted receive; kDrain: the rest of a truncated one
   // is discarded.
-  enum class RxPhase { kStage, kPayload, kDrain };
+  // kAwaitPayload: a header went to a header-only receive; nothing is
+  // read until PostPayload says where its payload goes.
+  enum class RxPhase { kStage, kPayload, kDrain, kAwaitPayload };
 
   struct PendingSend {
     uint8_t header[kFrameHeaderSize];
@@ -142,6 +147,7 @@ class SocketFabric final : public Fabric {
     std::vector<iovec> iov;
     size_t capacity = 0;
     uint64_t cookie = 0;
+    bool header_only = false;
   };
 
   struct alignas(8) Conn {
@@ -208,10 +214,13 @@ class SocketFabric final : public Fabric {
   void ArmAccept(Listener* l);
   void ArmAuthNotify();
   Conn* NewConn(bool outgoing);
+  bool MakeRecv(const iovec* iov, int iovcnt, uint64_t cookie,
+                PostedRecv* r) const;
   void StartAttempt(Conn* c);
   void SetLinkOptions(int fd);
   void PumpRx(Conn* c);
   void ParseStage(Conn* c);
+  void StartPayload(Conn* c);
   void ArmRecv(Conn* c);
   void FlushSends(Conn* c);
   void QueueControl(Conn* c, FrameType type, std::string payload,
@@ -546,18 +555,51 @@ ErrorClass SocketFabric::PostRecv(ConnId id, const iovec* iov, int iovcnt,
                                   uint64_t cookie) {
   Conn* c = Find(id);
   if (c == nullptr || c->closing) return ErrorClass::kBadConn;
-  if (iovcnt < 0 || static_cast<uint32_t>(iovcnt) > opt_.max_iov ||
-      (iovcnt > 0 && iov == nullptr)) {
-    return ErrorClass::kBadArg;
-  }
-  PostedRecv& r = c->recvs.emplace_back();
-  for (int i = 0; i < iovcnt; i++) {
-    if (iov[i].iov_len > 0) r.iov.push_back(iov[i]);
-    r.capacity += iov[i].iov_len;
-  }
-  r.cookie = cookie;
+  PostedRecv r;
+  if (!MakeRecv(iov, iovcnt, cookie, &r)) return ErrorClass::kBadArg;
+  c->recvs.push_back(std::move(r));
   PumpRx(c);
   return ErrorClass::kOk;
+}
+
+ErrorClass SocketFabric::PostRecvHeader(ConnId id, uint64_t cookie) {
+  Conn* c = Find(id);
+  if (c == nullptr || c->closing) return ErrorClass::kBadConn;
+  PostedRecv& r = c->recvs.emplace_back();
+  r.cookie = cookie;
+  r.header_only = true;
+  PumpRx(c);
+  return ErrorClass::kOk;
+}
+
+ErrorClass SocketFabric::PostPayload(ConnId id, const iovec* iov, int iovcnt,
+                                     uint64_t cookie) {
+  Conn* c = Find(id);
+  if (c == nullptr || c->closing) return ErrorClass::kBadConn;
+  PostedRecv r;
+  if (c->rx_phase != RxPhase::kAwaitPayload ||
+      !MakeRecv(iov, iovcnt, cookie, &r)) {
+    return ErrorClass::kBadArg;
+  }
+  c->recvs.push_front(std::move(r));
+  c->rx_phase = RxPhase::kStage;
+  StartPayload(c);
+  PumpRx(c);
+  return ErrorClass::kOk;
+}
+
+bool SocketFabric::MakeRecv(const iovec* iov, int iovcnt, uint64_t cookie,
+                            PostedRecv* r) const {
+  if (iovcnt < 0 || static_cast<uint32_t>(iovcnt) > opt_.max_iov ||
+      (iovcnt > 0 && iov == nullptr)) {
+    return false;
+  }
+  for (int i = 0; i < iovcnt; i++) {
+    if (iov[i].iov_len > 0) r->iov.push_back(iov[i]);
+    r->capacity += iov[i].iov_len;
+  }
+  r->cookie = cookie;
+  return true;
 }
 
 ErrorClass SocketFabric::Close(ConnId id) {
@@ -637,7 +679,8 @@ void SocketFabric::Finish(Conn* c) {
       if (!s.internal) Emit(EventType::kSendDone, c, op_error, s.cookie);
     }
     for (PostedRecv& r : c->recvs) {
-      Emit(EventType::kRecvDone, c, op_error, r.cookie);
+      Emit(r.header_only ? EventType::kHeader : EventType::kRecvDone, c,
+           op_error, r.cookie);
     }
     if (c->opened) {
       if (!c->local_close) StatsOf(c->peer_node).disconnects++;
@@ -791,6 +834,9 @@ void SocketFabric::PumpRx(Conn* c) {
 }
 
 void SocketFabric::ParseStage(Conn* c) {
+  // A read into the stage is only in flight when what it holds is not a
+  // whole frame; its completion parses again.
+  if (c->rx_inflight) return;
   while (!c->closing && c->rx_phase == RxPhase::kStage &&
          (c->state == State::kHandshake || c->state == State::kOpen)) {
     size_t avail = c->stage_end - c->stage_begin;
@@ -818,33 +864,57 @@ void SocketFabric::ParseStage(Conn* c) {
     }
     c->stage_begin += kFrameHeaderSize;
     c->rx_header = h;
-    c->rx_take = std::min<size_t>(h.length, c->recvs.front().capacity);
-    c->rx_got = 0;
-    // Copy what the stage has of the payload into the posted iovecs.
-    size_t n = std::min(avail - kFrameHeaderSize, c->rx_take);
-    const uint8_t* src = p + kFrameHeaderSize;
-    for (const iovec& v : c->recvs.front().iov) {
-      if (c->rx_got == n) break;
-      size_t k = std::min(v.iov_len, n - c->rx_got);
-      std::memcpy(v.iov_base, src + c->rx_got, k);
-      c->rx_got += k;
+    if (c->recvs.front().header_only) {
+      PostedRecv r = std::move(c->recvs.front());
+      c->recvs.pop_front();
+      Event ev;
+      ev.type = EventType::kHeader;
+      ev.conn = c->id;
+      ev.cookie = r.cookie;
+      ev.peer_node = c->peer_node;
+      ev.length = h.length;
+      ev.fields = h.fields;
+      events_.push_back(ev);
+      if (h.length > 0) {
+        c->rx_phase = RxPhase::kAwaitPayload;
+        return;
+      }
+      StatsOf(c->peer_node).frames_received++;
+      continue;
     }
-    c->stage_begin += n;
-    if (c->rx_got < c->rx_take) {
-      c->rx_phase = RxPhase::kPayload;
-      return;
-    }
-    size_t extra =
-        std::min(c->stage_end - c->stage_begin, size_t{h.length} - c->rx_got);
-    c->stage_begin += extra;
-    c->rx_got += extra;
-    if (c->rx_got < h.length) {
-      c->rx_phase = RxPhase::kDrain;
-      return;
-    }
-    OnData(c,
-           c->rx_take == h.length ? ErrorClass::kOk : ErrorClass::kTruncated);
+    StartPayload(c);
   }
+}
+
+// The current frame's payload goes to the front posted receive: what the
+// stage holds is copied, the rest is read straight into the iovecs (or
+// discarded past their capacity).
+void SocketFabric::StartPayload(Conn* c) {
+  const FrameHeader& h = c->rx_header;
+  c->rx_take = std::min<size_t>(h.length, c->recvs.front().capacity);
+  c->rx_got = 0;
+  size_t n = std::min(c->stage_end - c->stage_begin, c->rx_take);
+  const uint8_t* src = c->stage.get() + c->stage_begin;
+  for (const iovec& v : c->recvs.front().iov) {
+    if (c->rx_got == n) break;
+    size_t k = std::min(v.iov_len, n - c->rx_got);
+    std::memcpy(v.iov_base, src + c->rx_got, k);
+    c->rx_got += k;
+  }
+  c->stage_begin += n;
+  if (c->rx_got < c->rx_take) {
+    c->rx_phase = RxPhase::kPayload;
+    return;
+  }
+  size_t extra =
+      std::min(c->stage_end - c->stage_begin, size_t{h.length} - c->rx_got);
+  c->stage_begin += extra;
+  c->rx_got += extra;
+  if (c->rx_got < h.length) {
+    c->rx_phase = RxPhase::kDrain;
+    return;
+  }
+  OnData(c, c->rx_take == h.length ? ErrorClass::kOk : ErrorClass::kTruncated);
 }
 
 void SocketFabric::ArmRecv(Conn* c) {
@@ -889,6 +959,8 @@ void SocketFabric::ArmRecv(Conn* c) {
       io_uring_prep_recvmsg(sqe, c->fd, &c->rx_msg, 0);
       break;
     }
+    case RxPhase::kAwaitPayload:
+      return;
     case RxPhase::kDrain:
       sqe = Sqe();
       io_uring_prep_recv(
@@ -929,6 +1001,8 @@ void SocketFabric::OnRecv(Conn* c, int res) {
     case RxPhase::kDrain:
       c->rx_got += res;
       if (c->rx_got == c->rx_header.length) OnData(c, ErrorClass::kTruncated);
+      break;
+    case RxPhase::kAwaitPayload:  // nothing is read in this phase
       break;
   }
   PumpRx(c);

@@ -135,6 +135,72 @@ TEST(SocketFabric, Ipv6) {
   EXPECT_EQ(got, 77u);
 }
 
+// Header-first receiving: the receiver reads each header, then places the
+// payload where the header's offset says (as a rendezvous chunk lands in
+// its pool region), with ordinary receives mixed in.
+TEST(SocketFabric, HeaderFirstReceivesLandWhereTheHeaderSays) {
+  auto a = OpenNode(1, {"127.0.0.2"}, NoAuth());
+  auto b = OpenNode(2, {"127.0.0.3"}, NoAuth());
+  std::vector<Node*> both = {a.get(), b.get()};
+  ConnId ab, ba;
+  Link(a.get(), b.get(), &ab, &ba);
+  std::string region(3u << 20, '\0');
+  std::string big = Pattern(2u << 20, 5), small = Pattern(100, 6);
+  struct Chunk {
+    const std::string* data;
+    uint64_t offset;
+  };
+  std::vector<Chunk> chunks = {{&big, 1u << 20}, {&small, 7}, {nullptr, 0}};
+  for (size_t i = 0; i < chunks.size(); i++) {
+    FrameFields f;
+    f.offset = chunks[i].offset;
+    iovec v{
+        chunks[i].data ? const_cast<char*>(chunks[i].data->data()) : nullptr,
+        chunks[i].data ? chunks[i].data->size() : 0};
+    ASSERT_EQ(a->fabric->PostSend(ab, f, &v, chunks[i].data ? 1 : 0, i),
+              ErrorClass::kOk);
+  }
+  std::string tail = "ordinary";
+  iovec tv{tail.data(), tail.size()};
+  ASSERT_EQ(a->fabric->PostSend(ab, {}, &tv, 1, 9), ErrorClass::kOk);
+
+  iovec nowhere{region.data(), 1};
+  EXPECT_EQ(b->fabric->PostPayload(ba, &nowhere, 1, 0), ErrorClass::kBadArg);
+  for (size_t i = 0; i < chunks.size(); i++) {
+    ASSERT_EQ(b->fabric->PostRecvHeader(ba, 100 + i), ErrorClass::kOk);
+    Event e;
+    ASSERT_TRUE(Expect(both, b.get(), EventType::kHeader, &e));
+    EXPECT_EQ(e.error, ErrorClass::kOk);
+    EXPECT_EQ(e.cookie, 100 + i);
+    EXPECT_EQ(e.fields.offset, chunks[i].offset);
+    if (chunks[i].data == nullptr) {
+      EXPECT_EQ(e.length, 0u);
+      continue;
+    }
+    ASSERT_EQ(e.length, chunks[i].data->size());
+    iovec dest{region.data() + e.fields.offset, e.length};
+    ASSERT_EQ(b->fabric->PostPayload(ba, &dest, 1, 200 + i), ErrorClass::kOk);
+    ASSERT_TRUE(Expect(both, b.get(), EventType::kRecvDone, &e));
+    EXPECT_EQ(e.error, ErrorClass::kOk);
+    EXPECT_EQ(e.cookie, 200 + i);
+    EXPECT_EQ(e.length, chunks[i].data->size());
+  }
+  EXPECT_EQ(region.substr(1u << 20, big.size()), big);
+  EXPECT_EQ(region.substr(7, small.size()), small);
+  std::string got(20, '\0');
+  iovec gv{got.data(), got.size()};
+  ASSERT_EQ(b->fabric->PostRecv(ba, &gv, 1, 300), ErrorClass::kOk);
+  Event e;
+  ASSERT_TRUE(Expect(both, b.get(), EventType::kRecvDone, &e));
+  EXPECT_EQ(got.substr(0, e.length), tail);
+  // A header-only receive pending at close ends as a kHeader with the error.
+  ASSERT_EQ(b->fabric->PostRecvHeader(ba, 400), ErrorClass::kOk);
+  ASSERT_EQ(b->fabric->Close(ba), ErrorClass::kOk);
+  ASSERT_TRUE(Expect(both, b.get(), EventType::kHeader, &e));
+  EXPECT_EQ(e.cookie, 400u);
+  EXPECT_EQ(e.error, ErrorClass::kCanceled);
+}
+
 TEST(SocketFabric, TruncatedFrameKeepsTheConnection) {
   auto a = OpenNode(1, {"127.0.0.2"}, NoAuth());
   auto b = OpenNode(2, {"127.0.0.3"}, NoAuth());
