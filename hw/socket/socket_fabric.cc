@@ -338,6 +338,12 @@ bool SocketFabric::Open(std::string* error) {
           text + "' is not (use MUNGE authentication)";
       return false;
     }
+    if (a.host == "0.0.0.0" || a.host == "::") {
+      *error = "fabric listen address '" + text +
+               "': give each interface's own address, not a wildcard (the "
+               "host description must name addresses peers can reach)";
+      return false;
+    }
     addresses.push_back(a);
   }
   std::random_device rd;

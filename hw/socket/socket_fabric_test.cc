@@ -497,6 +497,9 @@ TEST(SocketFabric, RefusesUnauthenticatedNonLoopback) {
   std::string error;
   EXPECT_EQ(OpenSocketFabric(o, &error), nullptr);
   EXPECT_NE(error.find("loopback"), std::string::npos) << error;
+  o.auth = AuthMode::kMunge;
+  EXPECT_EQ(OpenSocketFabric(o, &error), nullptr);
+  EXPECT_NE(error.find("wildcard"), std::string::npos) << error;
   auto a = OpenNode(1, {"127.0.0.2"}, NoAuth());
   ConnId c;
   EXPECT_EQ(a->fabric->Connect("2@10.1.2.3:5000", 0, &c), ErrorClass::kBadHost);
