@@ -490,6 +490,36 @@ TEST(SocketFabric, SilentAddressTimesOutThenTheNextIsTried) {
   close(silent);
 }
 
+// A listener that completes TCP connections but never speaks (the kernel
+// accepts into the backlog): the connect ends with kTimeout after
+// timeout_ms, not later and not never.
+TEST(SocketFabric, MuteAcceptorTimesOut) {
+  int mute = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  inet_pton(AF_INET, "127.0.0.9", &sa.sin_addr);
+  ASSERT_EQ(bind(mute, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(listen(mute, 16), 0);
+  socklen_t len = sizeof sa;
+  getsockname(mute, reinterpret_cast<sockaddr*>(&sa), &len);
+
+  FabricOptions o = NoAuth();
+  o.timeout_ms = 400;
+  auto a = OpenNode(1, {"127.0.0.2"}, o);
+  auto start = std::chrono::steady_clock::now();
+  ConnId ab;
+  ASSERT_EQ(a->fabric->Connect(
+                "2@127.0.0.9:" + std::to_string(ntohs(sa.sin_port)), 0, &ab),
+            ErrorClass::kOk);
+  Event e;
+  ASSERT_TRUE(Expect({a.get()}, a.get(), EventType::kConnected, &e));
+  EXPECT_EQ(e.error, ErrorClass::kTimeout) << ErrorClassName(e.error);
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, std::chrono::milliseconds(380));
+  EXPECT_LT(took, std::chrono::milliseconds(1500));
+  close(mute);
+}
+
 TEST(SocketFabric, RefusesUnauthenticatedNonLoopback) {
   FabricOptions o = NoAuth();
   o.node_id = 1;
