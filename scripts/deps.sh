@@ -9,6 +9,8 @@ PACKAGES=(
   libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang-format clang-14
   libpsm2-dev libpsm2-2 uuid-dev
+  liburing-dev munge libmunge-dev  # hw/socket: io_uring, MUNGE auth
+  clang libclang-rt-14-dev  # hw/frame_fuzz: libFuzzer
   openmpi-bin libopenmpi-dev libfabric-bin netpipe-openmpi python3-mpi4py
   openssh-client  # Open MPI's launcher looks for ssh even for local ranks
 )

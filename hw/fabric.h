@@ -1,0 +1,202 @@
+// The fabric: how one node's daemon exchanges frames with other nodes'
+// daemons. A backend (hw/socket/ today; libfabric or verbs later, each one
+// more folder) implements `Fabric`. The model follows MPICH's sock layer:
+// every operation is *posted* and finishes as an *event* returned by one
+// poll/wait call; failures are error classes, not errno values.
+//
+//   Open        listen on every configured address (a port range per
+//               address: the first free port is taken)
+//   Connect     reach a node by its host description, which lists all its
+//               listen addresses; they are tried in turn
+//   PostSend    one frame (header fields + an iovec list); its buffers
+//               must stay valid until its kSendDone event
+//   PostRecv    a buffer (iovec list) for the next frame on a connection;
+//               with none posted nothing is read, so TCP holds the sender
+//               back (this is the back-pressure path)
+//   PostRecvHeader + PostPayload
+//               the next frame's header first (kHeader), then the user
+//               says where its payload goes, chosen from the header: how
+//               a rendezvous chunk lands in its final place with no copy
+//   Close       every pending operation completes with kCanceled, then
+//               one kClosed event
+//   Poll/Wait   deliver events; Poll never enters the kernel when nothing
+//               is there, Wait sleeps up to a timeout
+//
+// hw/ knows nothing of tags, endpoints or PSM2: the frame fields it carries
+// for its user are opaque (see frame.h).
+//
+// One connection per node pair: Connect to a node that already has one
+// returns it (kAlreadyConnected). When two nodes connect to each other at
+// the same time, the connection opened by the node with the lower node id
+// survives; the other side's Connect handle is bound to it (the user sees
+// one kConnected on its handle, never a second connection).
+//
+// Destroying a Fabric closes everything at once, without events.
+//
+// Thread-safety: a Fabric is used by one thread (the progress worker); only
+// event_fd() may be watched from elsewhere. Backends may run helper
+// threads of their own (authentication) without the caller noticing.
+#ifndef PSMD_HW_FABRIC_H_
+#define PSMD_HW_FABRIC_H_
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hw/frame.h"
+
+namespace psmd::hw {
+
+// Error classes (MPIDU_SOCK_ERR_* in spirit): what the caller can act on.
+enum class ErrorClass {
+  kOk = 0,
+  kBusy,              // back-pressure: too much in flight on this
+                      // connection; retry after one of its kSendDone
+  kBadConn,           // no such connection (closed, never opened)
+  kBadArg,            // malformed request (too many iovecs, too long, ...)
+  kBadHost,           // host description not valid
+  kAlreadyConnected,  // Connect: the node has a connection; *conn is it
+  kConnFailed,        // no address of the node could be reached
+  kAuthFailed,        // the peer refused our credential, or sent a bad one
+  kPeerClosed,        // the peer closed the connection
+  kConnReset,         // the connection broke (reset, I/O error)
+  kTimeout,           // connect/handshake or an unacknowledged send timed out
+  kBadFrame,          // the peer sent an invalid frame; connection dropped
+  kTruncated,         // a frame longer than the posted receive; the rest
+                      // was discarded, the connection goes on
+  kCanceled,          // the operation was ended by a local Close
+  kLimit,             // a configured limit (connections, ...) is reached
+  kFail,              // anything else (logged with the cause)
+};
+const char* ErrorClassName(ErrorClass e);
+
+using ConnId = uint64_t;  // never reused within one Fabric; 0 is none
+
+enum class EventType {
+  kConnected,  // Connect finished (error says whether it worked)
+  kAccepted,   // a peer connected to us and authenticated; new conn
+  kSendDone,   // a posted send finished (error kOk or why not)
+  kRecvDone,   // a frame arrived into a posted receive (or PostPayload)
+  kHeader,     // a header-only receive got a header; `length` is the
+               // payload's size (0: the frame is complete)
+  kClosed,     // the connection is gone (error: why); its id is dead
+};
+
+struct Event {
+  EventType type = EventType::kClosed;
+  ErrorClass error = ErrorClass::kOk;
+  ConnId conn = 0;
+  uint64_t cookie = 0;     // what the Connect/PostSend/PostRecv was given
+  uint64_t peer_node = 0;  // kConnected, kAccepted
+  uint32_t length = 0;     // kRecvDone: payload bytes placed
+  FrameFields fields;      // kRecvDone: the frame's header fields
+};
+
+// Counters per peer node, for psmctl stats. Failures of peers that never
+// authenticated are counted under node 0 (a claimed node id is not
+// trusted, and counting under it would let anyone add rows).
+struct PeerStats {
+  uint64_t node = 0;
+  uint64_t frames_sent = 0;  // data frames whose send completed
+  uint64_t bytes_sent = 0;   // their payload bytes
+  uint64_t frames_received = 0;
+  uint64_t bytes_received = 0;
+  uint64_t connects = 0;          // connections opened (either side); more
+                                  // than one means reconnects
+  uint64_t disconnects = 0;       // open connections that ended not by Close
+  uint64_t connect_failures = 0;  // our Connects that failed
+  uint64_t auth_failures = 0;     // handshakes refused for authentication
+  uint64_t bad_frames = 0;        // connections dropped for an invalid frame
+};
+
+struct FabricOptions {
+  uint64_t node_id = 0;  // non-zero, unique among the nodes
+  // "ADDR[:PORT[-PORT]]" (IPv6 as "[ADDR]:PORT"); port 0 or none: any.
+  std::vector<std::string> listen;
+  AuthMode auth = AuthMode::kMunge;
+  std::string munge_socket;   // empty: libmunge's default
+  uint32_t required_uid = 0;  // the uid peer credentials must carry
+  // Connect + handshake, and unacknowledged data on an open connection
+  // (TCP_USER_TIMEOUT, keepalive), must finish within this.
+  uint32_t timeout_ms = 5000;
+  uint32_t connect_attempt_ms = 1000;  // per address tried
+  FrameLimits limits;
+  uint32_t max_iov = 16;  // per PostSend / PostRecv
+  // Back-pressure: sends posted and not yet done, per connection.
+  uint32_t max_send_frames = 256;
+  uint64_t max_send_bytes = 32u << 20;
+  uint32_t max_connections = 4096;
+  uint32_t max_handshakes = 64;     // incoming, not yet authenticated
+  uint32_t credential_ttl_s = 300;  // how long connector nonces are kept
+  uint32_t ring_entries = 256;
+};
+
+class Fabric {
+ public:
+  virtual ~Fabric() = default;
+
+  // "NODE@ADDR:PORT,ADDR:PORT..." with the ports actually bound.
+  virtual std::string HostDescription() const = 0;
+  // Readable whenever an event may be ready (an eventfd: read it to
+  // rearm), for the daemon's epoll sleep. Poll after it fires.
+  virtual int event_fd() const = 0;
+
+  virtual ErrorClass Connect(const std::string& host_description,
+                             uint64_t cookie, ConnId* conn) = 0;
+  virtual ErrorClass PostSend(ConnId conn, const FrameFields& fields,
+                              const iovec* iov, int iovcnt,
+                              uint64_t cookie) = 0;
+  virtual ErrorClass PostRecv(ConnId conn, const iovec* iov, int iovcnt,
+                              uint64_t cookie) = 0;
+  // Header-first receiving. The next frame's header ends this receive as a
+  // kHeader event; if its payload is not empty, nothing more is read from
+  // the connection until PostPayload gives the payload's iovecs (kRecvDone
+  // follows, truncated past their capacity as with PostRecv). PostPayload
+  // at any other time is kBadArg.
+  virtual ErrorClass PostRecvHeader(ConnId conn, uint64_t cookie) = 0;
+  virtual ErrorClass PostPayload(ConnId conn, const iovec* iov, int iovcnt,
+                                 uint64_t cookie) = 0;
+  virtual ErrorClass Close(ConnId conn) = 0;
+
+  // Up to `max` events into `events`; returns how many. Poll never blocks;
+  // Wait sleeps up to timeout_ms (-1: no limit) for the first one.
+  virtual int Poll(Event* events, int max) = 0;
+  virtual int Wait(Event* events, int max, int timeout_ms) = 0;
+
+  // One row per node seen (ordered by node id), node 0 first if any.
+  virtual std::vector<PeerStats> Stats() const = 0;
+};
+
+// ---- addresses (shared by the backends) ----
+
+struct ListenAddress {
+  std::string host;  // numeric IPv4 or IPv6
+  uint16_t port_lo = 0;
+  uint16_t port_hi = 0;
+};
+// Parses "ADDR[:PORT[-PORT]]"; false with *error naming the problem.
+bool ParseListenAddress(const std::string& text, ListenAddress* out,
+                        std::string* error);
+
+struct HostAddress {
+  std::string host;
+  uint16_t port = 0;
+};
+struct HostDescription {
+  uint64_t node = 0;
+  std::vector<HostAddress> addresses;  // tried in this order
+};
+// At most this many addresses in one description.
+inline constexpr size_t kMaxHostAddresses = 16;
+std::string FormatHostDescription(const HostDescription& d);
+bool ParseHostDescription(const std::string& text, HostDescription* out,
+                          std::string* error);
+// Whether `host` (numeric) is a loopback address (127/8 or ::1).
+bool IsLoopback(const std::string& host);
+
+}  // namespace psmd::hw
+
+#endif  // PSMD_HW_FABRIC_H_

@@ -1,0 +1,1441 @@
+#include "hw/socket/socket_fabric.h"
+
+#include <arpa/inet.h>
+#include <liburing.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <list>
+#include <map>
+#include <random>
+#include <unordered_map>
+
+#include "hw/socket/munge_auth.h"
+
+namespace psmd::hw {
+namespace {
+
+// The low bits of an io_uring user_data name the operation; the rest is
+// the Conn or Listener it belongs to (both 8-byte aligned).
+enum OpKind : uint64_t {
+  kOpConnect = 1,
+  kOpLinkTimeout = 2,
+  kOpRecv = 3,
+  kOpSend = 4,
+  kOpCancel = 5,
+  kOpAccept = 6,
+  kOpAuthNotify = 7,
+};
+constexpr uint64_t kOpMask = 7;
+constexpr size_t kMaxSendIov = 256;  // per sendmsg, well under IOV_MAX
+// Per connection: one read takes up to this much, so many small frames
+// arrive with one completion. It bounds what a connection with no receive
+// posted holds (the rest waits in the kernel, holding the sender back).
+constexpr size_t kStageSize = 16384;
+constexpr int64_t kDeadlineCheckNs = 10'000'000;
+
+int64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // vDSO: no syscall
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+ErrorClass FromErrno(int err) {
+  switch (err) {
+    case ECONNRESET:
+    case EPIPE:
+    case ECONNABORTED:
+      return ErrorClass::kConnReset;
+    case ETIMEDOUT:
+      return ErrorClass::kTimeout;
+    case ECONNREFUSED:
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+    case EADDRNOTAVAIL:
+      return ErrorClass::kConnFailed;
+    case ECANCELED:
+      return ErrorClass::kCanceled;
+    default:
+      return ErrorClass::kFail;
+  }
+}
+
+bool MakeSockaddr(const std::string& host, uint16_t port, sockaddr_storage* ss,
+                  socklen_t* len) {
+  std::memset(ss, 0, sizeof *ss);
+  auto* s4 = reinterpret_cast<sockaddr_in*>(ss);
+  if (inet_pton(AF_INET, host.c_str(), &s4->sin_addr) == 1) {
+    s4->sin_family = AF_INET;
+    s4->sin_port = htons(port);
+    *len = sizeof *s4;
+    return true;
+  }
+  auto* s6 = reinterpret_cast<sockaddr_in6*>(ss);
+  if (inet_pton(AF_INET6, host.c_str(), &s6->sin6_addr) == 1) {
+    s6->sin6_family = AF_INET6;
+    s6->sin6_port = htons(port);
+    *len = sizeof *s6;
+    return true;
+  }
+  return false;
+}
+
+class SocketFabric final : public Fabric {
+ public:
+  explicit SocketFabric(const FabricOptions& options) : opt_(options) {}
+  ~SocketFabric() override;
+
+  bool Open(std::string* error);
+
+  std::string HostDescription() const override {
+    return FormatHostDescription(self_);
+  }
+  int event_fd() const override { return event_fd_; }
+  ErrorClass Connect(const std::string& host_description, uint64_t cookie,
+                     ConnId* conn) override;
+  ErrorClass PostSend(ConnId conn, const FrameFields& fields, const iovec* iov,
+                      int iovcnt, uint64_t cookie) override;
+  ErrorClass PostRecv(ConnId conn, const iovec* iov, int iovcnt,
+                      uint64_t cookie) override;
+  ErrorClass PostRecvHeader(ConnId conn, uint64_t cookie) override;
+  ErrorClass PostPayload(ConnId conn, const iovec* iov, int iovcnt,
+                         uint64_t cookie) override;
+  ErrorClass Close(ConnId conn) override;
+  int Poll(Event* events, int max) override;
+  int Wait(Event* events, int max, int timeout_ms) override;
+  std::vector<PeerStats> Stats() const override;
+
+ private:
+  enum class State {
+    kConnecting,  // outgoing: TCP connect in progress
+    kHandshake,   // reading handshake frames
+    kAuth,        // waiting for the MUNGE helper
+    kWaitPeer,    // outgoing refused as a duplicate: the peer's own
+                  // connection to us will be bound to this handle
+    kRefusing,    // incoming: a Refuse is being sent, then close
+    kOpen,
+  };
+  // kStage: frames are parsed from the staging buffer (small payloads are
+  // copied out of it); kPayload: the rest of a large payload is received
+  // straight into the posted receive; kDrain: the rest of a truncated one
+  // is discarded.
+  // kAwaitPayload: a header went to a header-only receive; nothing is
+  // read until PostPayload says where its payload goes.
+  enum class RxPhase { kStage, kPayload, kDrain, kAwaitPayload };
+
+  struct PendingSend {
+    uint8_t header[kFrameHeaderSize];
+    std::string control;  // handshake payload (owned here)
+    std::vector<iovec> iov;
+    size_t total = 0;
+    size_t sent = 0;
+    uint64_t cookie = 0;
+    bool internal = false;     // a handshake frame: no event
+    bool close_after = false;  // close the connection once sent
+  };
+  struct PostedRecv {
+    std::vector<iovec> iov;
+    size_t capacity = 0;
+    uint64_t cookie = 0;
+    bool header_only = false;
+  };
+
+  struct alignas(8) Conn {
+    ConnId id = 0;        // the user's handle (0 until visible)
+    uint64_t serial = 0;  // never changes; names it to the MUNGE helper
+    bool outgoing = false;
+    bool visible = false;  // the user knows it: events are delivered
+    bool opened = false;   // reached kOpen once
+    State state = State::kConnecting;
+    int fd = -1;
+    uint64_t cookie = 0;  // Connect's
+    uint64_t peer_node = 0;
+    uint64_t peer_incarnation = 0;
+    int64_t deadline_ns = 0;  // for every state before kOpen
+    int inflight = 0;         // io_uring operations not yet completed
+    bool closing = false;
+    bool local_close = false;
+    bool counted_handshake = false;
+    ErrorClass close_error = ErrorClass::kOk;
+    bool bad_frame_logged = false;
+
+    std::vector<HostAddress> addresses;
+    size_t next_address = 0;
+    sockaddr_storage addr;
+    socklen_t addr_len = 0;
+
+    uint8_t challenge[kNonceSize] = {};  // incoming: ours; outgoing: theirs
+    uint8_t nonce[kNonceSize] = {};      // outgoing: our credential nonce
+    HelloPayload hello;                  // incoming: what the peer said
+
+    // Receive side.
+    RxPhase rx_phase = RxPhase::kStage;
+    bool rx_inflight = false;
+    bool rx_parsing = false;           // ParseStage is on the stack
+    bool rx_reparse = false;           // ... and should run once more
+    std::unique_ptr<uint8_t[]> stage;  // kStageSize bytes, from the first read
+    size_t stage_begin = 0;
+    size_t stage_end = 0;
+    size_t rx_got = 0;   // payload bytes of the current frame consumed
+    size_t rx_take = 0;  // payload bytes going into the posted receive
+    FrameHeader rx_header;
+    std::vector<iovec> rx_iov;
+    msghdr rx_msg{};
+    std::deque<PostedRecv> recvs;
+
+    // Send side.
+    std::list<PendingSend> tx;
+    bool tx_inflight = false;
+    uint32_t tx_app_frames = 0;
+    uint64_t tx_app_bytes = 0;
+    std::vector<iovec> tx_iov;
+    msghdr tx_msg{};
+  };
+
+  struct alignas(8) Listener {
+    int fd = -1;
+    std::string host;
+    uint16_t port = 0;
+    bool paused = false;  // out of fds: accepting resumes at the next check
+  };
+
+  io_uring_sqe* Sqe();
+  void Submit();
+  void ArmAccept(Listener* l);
+  void ArmAuthNotify();
+  Conn* NewConn(bool outgoing);
+  bool MakeRecv(const iovec* iov, int iovcnt, uint64_t cookie,
+                PostedRecv* r) const;
+  void StartAttempt(Conn* c);
+  void SetLinkOptions(int fd);
+  void PumpRx(Conn* c);
+  void ParseStage(Conn* c);
+  void StartPayload(Conn* c);
+  void ArmRecv(Conn* c);
+  void FlushSends(Conn* c);
+  void QueueControl(Conn* c, FrameType type, std::string payload,
+                    bool close_after = false);
+  void Fail(Conn* c, ErrorClass error);
+  void Finish(Conn* c);
+  void Refuse(Conn* c, RefuseReason reason, const char* why);
+  void Admit(Conn* c);
+  void Adopt(Conn* incoming, Conn* handle);
+  void OpenLink(Conn* c);
+  void BadFrame(Conn* c, const std::string& what);
+  void Emit(EventType type, const Conn* c, ErrorClass error, uint64_t cookie);
+
+  void HandleCqe(const io_uring_cqe* cqe);
+  void OnConnect(Conn* c, int res);
+  void OnAccept(Listener* l, int res);
+  void OnRecv(Conn* c, int res);
+  void OnSend(Conn* c, int res);
+  void OnControl(Conn* c, FrameType type, const uint8_t* p, size_t n);
+  void OnData(Conn* c, ErrorClass error);
+  void OnAuthResults();
+  void CheckDeadlines(int64_t now);
+  bool RememberNonce(const uint8_t nonce[kNonceSize], int64_t now);
+  void Collect(Event* events, int max, int* n);
+
+  PeerStats& StatsOf(uint64_t node) {
+    PeerStats& p = stats_[node];
+    p.node = node;
+    return p;
+  }
+  // The row for a peer that may not have authenticated.
+  PeerStats& UntrustedStatsOf(const Conn* c) {
+    return StatsOf(c->visible ? c->peer_node : 0);
+  }
+
+  Conn* Find(ConnId id) {
+    auto it = by_id_.find(id);
+    return it == by_id_.end() ? nullptr : it->second;
+  }
+
+  const FabricOptions opt_;
+  psmd::hw::HostDescription self_;
+  uint64_t incarnation_ = 0;
+  std::mt19937_64 rng_;
+  io_uring ring_{};
+  bool ring_ok_ = false;
+  int event_fd_ = -1;
+  int auth_fd_ = -1;
+  uint64_t auth_buf_ = 0;
+  __kernel_timespec attempt_ts_{};  // per-address connect timeout
+  std::unique_ptr<MungeAuth> auth_;
+  std::vector<std::unique_ptr<Listener>> listeners_;
+
+  std::unordered_map<Conn*, std::unique_ptr<Conn>> owned_;
+  std::unordered_map<ConnId, Conn*> by_id_;
+  std::unordered_map<uint64_t, Conn*> by_serial_;
+  // The one connection (pending outgoing or open) to each node.
+  std::unordered_map<uint64_t, Conn*> by_node_;
+  std::vector<Conn*> finish_;  // closing: check whether they can go
+  ConnId next_id_ = 1;
+  uint64_t next_serial_ = 1;
+  uint32_t handshakes_ = 0;
+  int64_t next_check_ns_ = 0;
+  int64_t next_limit_log_ns_ = 0;
+  // Connector nonces seen within the credential TTL (replay defence).
+  std::unordered_map<std::string, int64_t> nonces_;
+  std::deque<Event> events_;
+  std::map<uint64_t, PeerStats> stats_;
+  uint8_t drain_[16384];
+};
+
+SocketFabric::~SocketFabric() {
+  for (auto& [c, owner] : owned_) {
+    if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
+  }
+  // Tear the ring down before the buffers its operations point into.
+  if (ring_ok_) io_uring_queue_exit(&ring_);
+  auth_.reset();
+  for (auto& [c, owner] : owned_) {
+    if (c->fd >= 0) close(c->fd);
+  }
+  for (auto& l : listeners_) close(l->fd);
+  if (event_fd_ >= 0) close(event_fd_);
+  if (auth_fd_ >= 0) close(auth_fd_);
+}
+
+bool SocketFabric::Open(std::string* error) {
+  if (opt_.node_id == 0) {
+    *error = "the fabric needs a non-zero node id";
+    return false;
+  }
+  if (opt_.listen.empty()) {
+    *error = "the fabric needs at least one listen address";
+    return false;
+  }
+  if (opt_.max_send_bytes < opt_.limits.max_payload + kFrameHeaderSize ||
+      opt_.max_send_frames == 0 || opt_.max_iov == 0 ||
+      opt_.max_iov > kMaxSendIov - 1) {
+    *error =
+        "fabric limits: max_send_bytes must hold one largest frame, and "
+        "max_iov must be 1-255";
+    return false;
+  }
+  std::vector<ListenAddress> addresses;
+  for (const std::string& text : opt_.listen) {
+    ListenAddress a;
+    if (!ParseListenAddress(text, &a, error)) {
+      *error = "fabric listen address " + *error;
+      return false;
+    }
+    if (opt_.auth == AuthMode::kNone && !IsLoopback(a.host)) {
+      *error =
+          "fabric auth 'none' is only allowed when every address is "
+          "loopback; '" +
+          text + "' is not (use MUNGE authentication)";
+      return false;
+    }
+    if (a.host == "0.0.0.0" || a.host == "::") {
+      *error = "fabric listen address '" + text +
+               "': give each interface's own address, not a wildcard (the "
+               "host description must name addresses peers can reach)";
+      return false;
+    }
+    addresses.push_back(a);
+  }
+  std::random_device rd;
+  rng_.seed((uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(NowNs()));
+  incarnation_ = rng_() | 1;
+  attempt_ts_.tv_sec = opt_.connect_attempt_ms / 1000;
+  attempt_ts_.tv_nsec = (opt_.connect_attempt_ms % 1000) * 1'000'000ll;
+
+  // The completion queue holds every operation that can be in flight (a
+  // few per connection, one per listener), so it never overflows.
+  io_uring_params params{};
+  params.flags = IORING_SETUP_CQSIZE;
+  params.cq_entries = std::min<uint32_t>(
+      65536, std::max<uint32_t>(opt_.ring_entries * 2,
+                                4 * opt_.max_connections + 256));
+  int err = io_uring_queue_init_params(opt_.ring_entries, &ring_, &params);
+  if (err < 0) {
+    *error = std::string("io_uring is not available: ") + std::strerror(-err);
+    return false;
+  }
+  ring_ok_ = true;
+  event_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  auth_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (event_fd_ < 0 || auth_fd_ < 0 ||
+      io_uring_register_eventfd(&ring_, event_fd_) < 0) {
+    *error = std::string("fabric eventfd: ") + std::strerror(errno);
+    return false;
+  }
+
+  self_.node = opt_.node_id;
+  for (const ListenAddress& a : addresses) {
+    auto l = std::make_unique<Listener>();
+    l->host = a.host;
+    int last_errno = 0;
+    for (uint32_t port = a.port_lo; port <= a.port_hi; port++) {
+      sockaddr_storage ss;
+      socklen_t len;
+      MakeSockaddr(a.host, static_cast<uint16_t>(port), &ss, &len);
+      int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) {
+        last_errno = errno;
+        break;
+      }
+      int one = 1;
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      if (bind(fd, reinterpret_cast<sockaddr*>(&ss), len) == 0 &&
+          listen(fd, 128) == 0) {
+        getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+        l->port = ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+        l->fd = fd;
+        break;
+      }
+      last_errno = errno;
+      close(fd);
+    }
+    if (l->fd < 0) {
+      *error = "fabric: cannot listen on " + a.host + " ports " +
+               std::to_string(a.port_lo) + "-" + std::to_string(a.port_hi) +
+               ": " + std::strerror(last_errno) +
+               " (give a free port or a wider range)";
+      return false;
+    }
+    self_.addresses.push_back({l->host, l->port});
+    listeners_.push_back(std::move(l));
+  }
+  if (opt_.auth == AuthMode::kMunge) {
+    auth_ = std::make_unique<MungeAuth>(opt_.munge_socket, auth_fd_);
+  }
+  for (auto& l : listeners_) ArmAccept(l.get());
+  ArmAuthNotify();
+  Submit();
+  spdlog::info("fabric: node {} listening at {} (auth {})", opt_.node_id,
+               HostDescription(),
+               opt_.auth == AuthMode::kMunge ? "munge" : "none");
+  return true;
+}
+
+// ---- submissions ----
+
+io_uring_sqe* SocketFabric::Sqe() {
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  while (sqe == nullptr) {  // the queue is full: hand the batch over
+    io_uring_submit(&ring_);
+    sqe = io_uring_get_sqe(&ring_);
+  }
+  return sqe;
+}
+
+void SocketFabric::Submit() {
+  if (io_uring_sq_ready(&ring_) > 0) io_uring_submit(&ring_);
+}
+
+void SocketFabric::ArmAccept(Listener* l) {
+  io_uring_sqe* sqe = Sqe();
+  io_uring_prep_accept(sqe, l->fd, nullptr, nullptr,
+                       SOCK_NONBLOCK | SOCK_CLOEXEC);
+  io_uring_sqe_set_data64(sqe, reinterpret_cast<uint64_t>(l) | kOpAccept);
+}
+
+void SocketFabric::ArmAuthNotify() {
+  io_uring_sqe* sqe = Sqe();
+  io_uring_prep_read(sqe, auth_fd_, &auth_buf_, sizeof auth_buf_, 0);
+  io_uring_sqe_set_data64(sqe, kOpAuthNotify);
+}
+
+SocketFabric::Conn* SocketFabric::NewConn(bool outgoing) {
+  auto owner = std::make_unique<Conn>();
+  Conn* c = owner.get();
+  c->outgoing = outgoing;
+  c->serial = next_serial_++;
+  c->deadline_ns = NowNs() + int64_t{opt_.timeout_ms} * 1'000'000;
+  owned_[c] = std::move(owner);
+  by_serial_[c->serial] = c;
+  return c;
+}
+
+void SocketFabric::SetLinkOptions(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  // A dead peer or link is noticed within about timeout_ms: unacknowledged
+  // data by TCP_USER_TIMEOUT, an idle link by keepalive probes.
+  unsigned int user_timeout = opt_.timeout_ms;
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout,
+             sizeof user_timeout);
+  int idle = std::max(1u, opt_.timeout_ms / 2000);
+  int count = std::max(1u, opt_.timeout_ms / 2000);
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &one, sizeof one);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+}
+
+// ---- the user's calls ----
+
+ErrorClass SocketFabric::Connect(const std::string& host_description,
+                                 uint64_t cookie, ConnId* conn) {
+  psmd::hw::HostDescription d;
+  std::string error;
+  if (!ParseHostDescription(host_description, &d, &error)) {
+    spdlog::warn("fabric: connect: {}", error);
+    return ErrorClass::kBadHost;
+  }
+  if (d.node == opt_.node_id) {
+    spdlog::warn("fabric: connect: '{}' is this node", host_description);
+    return ErrorClass::kBadHost;
+  }
+  if (opt_.auth == AuthMode::kNone) {
+    for (const HostAddress& a : d.addresses) {
+      if (!IsLoopback(a.host)) {
+        spdlog::warn(
+            "fabric: connect: auth 'none' reaches loopback peers only, "
+            "not {}",
+            a.host);
+        return ErrorClass::kBadHost;
+      }
+    }
+  }
+  if (auto it = by_node_.find(d.node); it != by_node_.end()) {
+    *conn = it->second->id;
+    return ErrorClass::kAlreadyConnected;
+  }
+  if (owned_.size() >= opt_.max_connections) return ErrorClass::kLimit;
+  Conn* c = NewConn(true);
+  c->id = next_id_++;
+  c->visible = true;
+  c->cookie = cookie;
+  c->peer_node = d.node;
+  c->addresses = d.addresses;
+  by_id_[c->id] = c;
+  by_node_[d.node] = c;
+  *conn = c->id;
+  StartAttempt(c);
+  return ErrorClass::kOk;
+}
+
+ErrorClass SocketFabric::PostSend(ConnId id, const FrameFields& fields,
+                                  const iovec* iov, int iovcnt,
+                                  uint64_t cookie) {
+  Conn* c = Find(id);
+  if (c == nullptr || c->closing) return ErrorClass::kBadConn;
+  if (iovcnt < 0 || static_cast<uint32_t>(iovcnt) > opt_.max_iov ||
+      (iovcnt > 0 && iov == nullptr)) {
+    return ErrorClass::kBadArg;
+  }
+  size_t length = 0;
+  for (int i = 0; i < iovcnt; i++) length += iov[i].iov_len;
+  if (length > opt_.limits.max_payload ||
+      fields.offset > opt_.limits.max_offset ||
+      length > opt_.limits.max_offset - fields.offset) {
+    return ErrorClass::kBadArg;
+  }
+  if (c->tx_app_frames >= opt_.max_send_frames ||
+      c->tx_app_bytes + length + kFrameHeaderSize > opt_.max_send_bytes) {
+    return ErrorClass::kBusy;
+  }
+  PendingSend& s = c->tx.emplace_back();
+  FrameHeader h;
+  h.type = FrameType::kData;
+  h.length = static_cast<uint32_t>(length);
+  h.fields = fields;
+  EncodeFrameHeader(h, s.header);
+  s.iov.push_back({s.header, kFrameHeaderSize});
+  for (int i = 0; i < iovcnt; i++) {
+    if (iov[i].iov_len > 0) s.iov.push_back(iov[i]);
+  }
+  s.total = kFrameHeaderSize + length;
+  s.cookie = cookie;
+  c->tx_app_frames++;
+  c->tx_app_bytes += s.total;
+  FlushSends(c);
+  return ErrorClass::kOk;
+}
+
+ErrorClass SocketFabric::PostRecv(ConnId id, const iovec* iov, int iovcnt,
+                                  uint64_t cookie) {
+  Conn* c = Find(id);
+  if (c == nullptr || c->closing) return ErrorClass::kBadConn;
+  PostedRecv r;
+  if (!MakeRecv(iov, iovcnt, cookie, &r)) return ErrorClass::kBadArg;
+  c->recvs.push_back(std::move(r));
+  PumpRx(c);
+  return ErrorClass::kOk;
+}
+
+ErrorClass SocketFabric::PostRecvHeader(ConnId id, uint64_t cookie) {
+  Conn* c = Find(id);
+  if (c == nullptr || c->closing) return ErrorClass::kBadConn;
+  PostedRecv& r = c->recvs.emplace_back();
+  r.cookie = cookie;
+  r.header_only = true;
+  PumpRx(c);
+  return ErrorClass::kOk;
+}
+
+ErrorClass SocketFabric::PostPayload(ConnId id, const iovec* iov, int iovcnt,
+                                     uint64_t cookie) {
+  Conn* c = Find(id);
+  if (c == nullptr || c->closing) return ErrorClass::kBadConn;
+  PostedRecv r;
+  if (c->rx_phase != RxPhase::kAwaitPayload ||
+      !MakeRecv(iov, iovcnt, cookie, &r)) {
+    return ErrorClass::kBadArg;
+  }
+  c->recvs.push_front(std::move(r));
+  c->rx_phase = RxPhase::kStage;
+  StartPayload(c);
+  PumpRx(c);
+  return ErrorClass::kOk;
+}
+
+bool SocketFabric::MakeRecv(const iovec* iov, int iovcnt, uint64_t cookie,
+                            PostedRecv* r) const {
+  if (iovcnt < 0 || static_cast<uint32_t>(iovcnt) > opt_.max_iov ||
+      (iovcnt > 0 && iov == nullptr)) {
+    return false;
+  }
+  for (int i = 0; i < iovcnt; i++) {
+    if (iov[i].iov_len > 0) r->iov.push_back(iov[i]);
+    r->capacity += iov[i].iov_len;
+  }
+  r->cookie = cookie;
+  return true;
+}
+
+ErrorClass SocketFabric::Close(ConnId id) {
+  Conn* c = Find(id);
+  if (c == nullptr || c->closing) return ErrorClass::kBadConn;
+  c->local_close = true;
+  Fail(c, ErrorClass::kCanceled);
+  return ErrorClass::kOk;
+}
+
+// ---- connection life ----
+
+void SocketFabric::StartAttempt(Conn* c) {
+  while (c->next_address < c->addresses.size()) {
+    const HostAddress& a = c->addresses[c->next_address++];
+    if (!MakeSockaddr(a.host, a.port, &c->addr, &c->addr_len)) continue;
+    c->fd = socket(c->addr.ss_family,
+                   SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (c->fd < 0) {
+      spdlog::warn("fabric: socket for {}: {}", a.host, std::strerror(errno));
+      continue;
+    }
+    io_uring_sqe* sqe = Sqe();
+    io_uring_prep_connect(sqe, c->fd, reinterpret_cast<sockaddr*>(&c->addr),
+                          c->addr_len);
+    io_uring_sqe_set_data64(sqe, reinterpret_cast<uint64_t>(c) | kOpConnect);
+    sqe->flags |= IOSQE_IO_LINK;
+    sqe = Sqe();
+    io_uring_prep_link_timeout(sqe, &attempt_ts_, 0);
+    io_uring_sqe_set_data64(sqe,
+                            reinterpret_cast<uint64_t>(c) | kOpLinkTimeout);
+    c->inflight += 2;
+    return;
+  }
+  spdlog::warn("fabric: node {} unreachable at every address", c->peer_node);
+  Fail(c, ErrorClass::kConnFailed);
+}
+
+void SocketFabric::Emit(EventType type, const Conn* c, ErrorClass error,
+                        uint64_t cookie) {
+  Event e;
+  e.type = type;
+  e.conn = c->id;
+  e.error = error;
+  e.cookie = cookie;
+  e.peer_node = c->peer_node;
+  events_.push_back(e);
+}
+
+void SocketFabric::Fail(Conn* c, ErrorClass error) {
+  if (c->closing) return;
+  c->closing = true;
+  c->close_error = error;
+  if (auto it = by_node_.find(c->peer_node);
+      it != by_node_.end() && it->second == c) {
+    by_node_.erase(it);
+  }
+  if (c->fd >= 0) {
+    // Ends the operations in flight on the socket; their completions
+    // arrive before the connection is released.
+    shutdown(c->fd, SHUT_RDWR);
+    io_uring_sqe* sqe = Sqe();
+    io_uring_prep_cancel_fd(sqe, c->fd, IORING_ASYNC_CANCEL_ALL);
+    io_uring_sqe_set_data64(sqe, reinterpret_cast<uint64_t>(c) | kOpCancel);
+    c->inflight++;
+  }
+  finish_.push_back(c);
+}
+
+void SocketFabric::Finish(Conn* c) {
+  if (c->fd >= 0) close(c->fd);
+  c->fd = -1;
+  if (c->counted_handshake) handshakes_--;
+  if (c->visible) {
+    ErrorClass op_error = c->close_error;
+    for (PendingSend& s : c->tx) {
+      if (!s.internal) Emit(EventType::kSendDone, c, op_error, s.cookie);
+    }
+    for (PostedRecv& r : c->recvs) {
+      Emit(r.header_only ? EventType::kHeader : EventType::kRecvDone, c,
+           op_error, r.cookie);
+    }
+    if (c->opened) {
+      if (!c->local_close) StatsOf(c->peer_node).disconnects++;
+      Emit(EventType::kClosed, c,
+           c->local_close ? ErrorClass::kOk : c->close_error, 0);
+    } else {
+      if (!c->local_close) StatsOf(c->peer_node).connect_failures++;
+      Emit(EventType::kConnected, c, c->close_error, c->cookie);
+    }
+    if (auto it = by_id_.find(c->id); it != by_id_.end() && it->second == c) {
+      by_id_.erase(it);
+    }
+  }
+  by_serial_.erase(c->serial);
+  owned_.erase(c);
+}
+
+void SocketFabric::OpenLink(Conn* c) {
+  c->state = State::kOpen;
+  c->opened = true;
+  StatsOf(c->peer_node).connects++;
+  if (c->counted_handshake) {
+    c->counted_handshake = false;
+    handshakes_--;
+  }
+  FlushSends(c);
+  PumpRx(c);
+}
+
+void SocketFabric::QueueControl(Conn* c, FrameType type, std::string payload,
+                                bool close_after) {
+  // Handshake frames go before the user's frames queued while connecting.
+  auto pos = std::find_if(c->tx.begin(), c->tx.end(),
+                          [](const PendingSend& s) { return !s.internal; });
+  PendingSend& s = *c->tx.emplace(pos);
+  FrameHeader h;
+  h.type = type;
+  h.length = static_cast<uint32_t>(payload.size());
+  EncodeFrameHeader(h, s.header);
+  s.control = std::move(payload);
+  s.iov.push_back({s.header, kFrameHeaderSize});
+  if (!s.control.empty()) s.iov.push_back({s.control.data(), s.control.size()});
+  s.total = kFrameHeaderSize + s.control.size();
+  s.internal = true;
+  s.close_after = close_after;
+  FlushSends(c);
+}
+
+void SocketFabric::Refuse(Conn* c, RefuseReason reason, const char* why) {
+  spdlog::warn("fabric: refused connection from node {}: {}", c->hello.node,
+               why);
+  if (reason == RefuseReason::kAuth) UntrustedStatsOf(c).auth_failures++;
+  c->state = State::kRefusing;
+  QueueControl(c, FrameType::kRefuse, EncodeRefuse(reason), true);
+}
+
+void SocketFabric::BadFrame(Conn* c, const std::string& what) {
+  UntrustedStatsOf(c).bad_frames++;
+  if (!c->bad_frame_logged) {
+    c->bad_frame_logged = true;
+    if (c->visible) {
+      spdlog::warn("fabric: dropping connection {} to node {}: {}", c->id,
+                   c->peer_node, what);
+    } else {
+      spdlog::warn("fabric: dropping a connection before authentication: {}",
+                   what);
+    }
+  }
+  Fail(c, ErrorClass::kBadFrame);
+}
+
+// One connection per node pair: see hw/fabric.h for the rule.
+void SocketFabric::Admit(Conn* c) {
+  uint64_t node = c->hello.node;
+  auto it = by_node_.find(node);
+  if (it != by_node_.end() && it->second->state == State::kOpen) {
+    if (it->second->peer_incarnation == c->hello.incarnation) {
+      Refuse(c, RefuseReason::kDuplicate, "already connected");
+      return;
+    }
+    spdlog::info("fabric: node {} restarted; replacing its connection", node);
+    Fail(it->second, ErrorClass::kConnReset);
+    it = by_node_.end();
+  }
+  c->peer_node = node;
+  c->peer_incarnation = c->hello.incarnation;
+  if (it != by_node_.end()) {
+    if (node > opt_.node_id) {
+      Refuse(c, RefuseReason::kDuplicate, "our own connection to it wins");
+      return;
+    }
+    QueueControl(c, FrameType::kWelcome,
+                 EncodeWelcome({opt_.node_id, incarnation_}));
+    Adopt(c, it->second);
+    return;
+  }
+  if (owned_.size() > opt_.max_connections) {
+    Refuse(c, RefuseReason::kBusy, "too many connections");
+    return;
+  }
+  QueueControl(c, FrameType::kWelcome,
+               EncodeWelcome({opt_.node_id, incarnation_}));
+  c->id = next_id_++;
+  c->visible = true;
+  by_id_[c->id] = c;
+  by_node_[node] = c;
+  OpenLink(c);
+  Emit(EventType::kAccepted, c, ErrorClass::kOk, 0);
+}
+
+// The peer's connection (`incoming`) takes over the user's pending Connect
+// handle; the handle's own socket is closed without events.
+void SocketFabric::Adopt(Conn* incoming, Conn* handle) {
+  incoming->id = handle->id;
+  incoming->cookie = handle->cookie;
+  incoming->visible = true;
+  auto first_app =
+      std::find_if(handle->tx.begin(), handle->tx.end(),
+                   [](const PendingSend& s) { return !s.internal; });
+  incoming->tx.splice(incoming->tx.end(), handle->tx, first_app,
+                      handle->tx.end());
+  incoming->tx_app_frames = handle->tx_app_frames;
+  incoming->tx_app_bytes = handle->tx_app_bytes;
+  incoming->recvs = std::move(handle->recvs);
+  handle->recvs.clear();
+  handle->visible = false;
+  Fail(handle, ErrorClass::kCanceled);
+  by_id_[incoming->id] = incoming;
+  by_node_[incoming->peer_node] = incoming;
+  OpenLink(incoming);
+  Emit(EventType::kConnected, incoming, ErrorClass::kOk, incoming->cookie);
+}
+
+// ---- receiving ----
+
+// Parses what the staging buffer holds, then asks the kernel for more if
+// a frame is incomplete. Re-entrant calls (a handshake frame that opens
+// the link) only ask the running parse to go once more.
+void SocketFabric::PumpRx(Conn* c) {
+  if (c->rx_parsing) {
+    c->rx_reparse = true;
+    return;
+  }
+  c->rx_parsing = true;
+  do {
+    c->rx_reparse = false;
+    ParseStage(c);
+  } while (c->rx_reparse && !c->closing);
+  c->rx_parsing = false;
+  ArmRecv(c);
+}
+
+void SocketFabric::ParseStage(Conn* c) {
+  // A read into the stage is only in flight when what it holds is not a
+  // whole frame; its completion parses again.
+  if (c->rx_inflight) return;
+  while (!c->closing && c->rx_phase == RxPhase::kStage &&
+         (c->state == State::kHandshake || c->state == State::kOpen)) {
+    size_t avail = c->stage_end - c->stage_begin;
+    if (avail < kFrameHeaderSize) return;
+    // Back-pressure: a frame waits until a receive is posted for it.
+    if (c->state == State::kOpen && c->recvs.empty()) return;
+    const uint8_t* p = c->stage.get() + c->stage_begin;
+    FrameHeader h;
+    FrameError e = DecodeFrameHeader(p, avail, opt_.limits, &h);
+    if (e != FrameError::kOk) {
+      BadFrame(c, std::string("bad frame header: ") + FrameErrorName(e));
+      return;
+    }
+    bool data = h.type == FrameType::kData;
+    if (data != (c->state == State::kOpen)) {
+      BadFrame(c, data ? "data frame before the handshake finished"
+                       : "handshake frame on an open connection");
+      return;
+    }
+    if (!data) {  // whole in the stage (at most 64 + 1024 bytes)
+      if (avail < kFrameHeaderSize + h.length) return;
+      c->stage_begin += kFrameHeaderSize + h.length;
+      OnControl(c, h.type, p + kFrameHeaderSize, h.length);
+      continue;
+    }
+    c->stage_begin += kFrameHeaderSize;
+    c->rx_header = h;
+    if (c->recvs.front().header_only) {
+      PostedRecv r = std::move(c->recvs.front());
+      c->recvs.pop_front();
+      Event ev;
+      ev.type = EventType::kHeader;
+      ev.conn = c->id;
+      ev.cookie = r.cookie;
+      ev.peer_node = c->peer_node;
+      ev.length = h.length;
+      ev.fields = h.fields;
+      events_.push_back(ev);
+      if (h.length > 0) {
+        c->rx_phase = RxPhase::kAwaitPayload;
+        return;
+      }
+      StatsOf(c->peer_node).frames_received++;
+      continue;
+    }
+    StartPayload(c);
+  }
+}
+
+// The current frame's payload goes to the front posted receive: what the
+// stage holds is copied, the rest is read straight into the iovecs (or
+// discarded past their capacity).
+void SocketFabric::StartPayload(Conn* c) {
+  const FrameHeader& h = c->rx_header;
+  c->rx_take = std::min<size_t>(h.length, c->recvs.front().capacity);
+  c->rx_got = 0;
+  size_t n = std::min(c->stage_end - c->stage_begin, c->rx_take);
+  const uint8_t* src = c->stage.get() + c->stage_begin;
+  for (const iovec& v : c->recvs.front().iov) {
+    if (c->rx_got == n) break;
+    size_t k = std::min(v.iov_len, n - c->rx_got);
+    std::memcpy(v.iov_base, src + c->rx_got, k);
+    c->rx_got += k;
+  }
+  c->stage_begin += n;
+  if (c->rx_got < c->rx_take) {
+    c->rx_phase = RxPhase::kPayload;
+    return;
+  }
+  size_t extra =
+      std::min(c->stage_end - c->stage_begin, size_t{h.length} - c->rx_got);
+  c->stage_begin += extra;
+  c->rx_got += extra;
+  if (c->rx_got < h.length) {
+    c->rx_phase = RxPhase::kDrain;
+    return;
+  }
+  OnData(c, c->rx_take == h.length ? ErrorClass::kOk : ErrorClass::kTruncated);
+}
+
+void SocketFabric::ArmRecv(Conn* c) {
+  if (c->closing || c->rx_inflight || c->fd < 0) return;
+  if (c->state != State::kHandshake && c->state != State::kOpen) return;
+  io_uring_sqe* sqe = nullptr;
+  switch (c->rx_phase) {
+    case RxPhase::kStage: {
+      if (c->state == State::kOpen && c->recvs.empty()) return;
+      if (c->stage == nullptr) c->stage.reset(new uint8_t[kStageSize]);
+      // What is left is less than one frame (ParseStage took the rest),
+      // so moving it to the front is cheap.
+      size_t left = c->stage_end - c->stage_begin;
+      std::memmove(c->stage.get(), c->stage.get() + c->stage_begin, left);
+      c->stage_begin = 0;
+      c->stage_end = left;
+      sqe = Sqe();
+      io_uring_prep_recv(sqe, c->fd, c->stage.get() + left, kStageSize - left,
+                         0);
+      break;
+    }
+    case RxPhase::kPayload: {
+      // The posted iovecs, past what has arrived, up to rx_take bytes.
+      c->rx_iov.clear();
+      size_t skip = c->rx_got;
+      size_t want = c->rx_take - c->rx_got;
+      for (const iovec& v : c->recvs.front().iov) {
+        if (want == 0) break;
+        if (skip >= v.iov_len) {
+          skip -= v.iov_len;
+          continue;
+        }
+        size_t n = std::min(v.iov_len - skip, want);
+        c->rx_iov.push_back({static_cast<char*>(v.iov_base) + skip, n});
+        want -= n;
+        skip = 0;
+      }
+      c->rx_msg = {};
+      c->rx_msg.msg_iov = c->rx_iov.data();
+      c->rx_msg.msg_iovlen = c->rx_iov.size();
+      sqe = Sqe();
+      io_uring_prep_recvmsg(sqe, c->fd, &c->rx_msg, 0);
+      break;
+    }
+    case RxPhase::kAwaitPayload:
+      return;
+    case RxPhase::kDrain:
+      sqe = Sqe();
+      io_uring_prep_recv(
+          sqe, c->fd, drain_,
+          std::min(sizeof drain_, c->rx_header.length - c->rx_got), 0);
+      break;
+  }
+  io_uring_sqe_set_data64(sqe, reinterpret_cast<uint64_t>(c) | kOpRecv);
+  c->rx_inflight = true;
+  c->inflight++;
+}
+
+void SocketFabric::OnRecv(Conn* c, int res) {
+  c->rx_inflight = false;
+  if (c->closing) return;
+  if (res == 0) {
+    Fail(c, c->state == State::kOpen ? ErrorClass::kPeerClosed
+                                     : ErrorClass::kConnFailed);
+    return;
+  }
+  if (res < 0) {
+    Fail(c, FromErrno(-res));
+    return;
+  }
+  switch (c->rx_phase) {
+    case RxPhase::kStage:
+      c->stage_end += res;
+      break;
+    case RxPhase::kPayload:
+      c->rx_got += res;
+      if (c->rx_got < c->rx_take) break;
+      if (c->rx_take == c->rx_header.length) {
+        OnData(c, ErrorClass::kOk);
+      } else {
+        c->rx_phase = RxPhase::kDrain;
+      }
+      break;
+    case RxPhase::kDrain:
+      c->rx_got += res;
+      if (c->rx_got == c->rx_header.length) OnData(c, ErrorClass::kTruncated);
+      break;
+    case RxPhase::kAwaitPayload:  // nothing is read in this phase
+      break;
+  }
+  PumpRx(c);
+}
+
+void SocketFabric::OnData(Conn* c, ErrorClass error) {
+  PostedRecv r = std::move(c->recvs.front());
+  c->recvs.pop_front();
+  Event e;
+  e.type = EventType::kRecvDone;
+  e.conn = c->id;
+  e.error = error;
+  e.cookie = r.cookie;
+  e.peer_node = c->peer_node;
+  e.length = static_cast<uint32_t>(c->rx_take);
+  e.fields = c->rx_header.fields;
+  events_.push_back(e);
+  PeerStats& st = StatsOf(c->peer_node);
+  st.frames_received++;
+  st.bytes_received += c->rx_header.length;
+  c->rx_phase = RxPhase::kStage;
+  c->rx_got = 0;
+}
+
+void SocketFabric::OnControl(Conn* c, FrameType type, const uint8_t* p,
+                             size_t n) {
+  FrameError e = FrameError::kBadPayload;
+  if (c->outgoing && type == FrameType::kChallenge &&
+      c->peer_incarnation == 0) {
+    ChallengePayload ch;
+    e = DecodeChallenge(p, n, &ch);
+    if (e == FrameError::kOk) {
+      if (ch.node != c->peer_node) {
+        spdlog::warn("fabric: {} is node {}, not node {}",
+                     c->addresses[c->next_address - 1].host, ch.node,
+                     c->peer_node);
+        Fail(c, ErrorClass::kBadHost);
+        return;
+      }
+      c->peer_incarnation = ch.incarnation;
+      std::memcpy(c->challenge, ch.nonce, kNonceSize);
+      for (auto& b : c->nonce) b = static_cast<uint8_t>(rng_());
+      if (opt_.auth == AuthMode::kNone) {
+        QueueControl(c, FrameType::kHello,
+                     EncodeHello({opt_.node_id, incarnation_, c->peer_node,
+                                  AuthMode::kNone, ""}));
+      } else {
+        CredentialPayload cp;
+        std::memcpy(cp.challenge, c->challenge, kNonceSize);
+        std::memcpy(cp.nonce, c->nonce, kNonceSize);
+        cp.connector_node = opt_.node_id;
+        cp.acceptor_node = c->peer_node;
+        c->state = State::kAuth;
+        auth_->Encode(c->serial, EncodeCredentialPayload(cp));
+        return;
+      }
+    }
+  } else if (c->outgoing && type == FrameType::kWelcome &&
+             c->peer_incarnation != 0) {
+    WelcomePayload w;
+    e = DecodeWelcome(p, n, &w);
+    if (e == FrameError::kOk) {
+      if (w.node != c->peer_node || w.incarnation != c->peer_incarnation) {
+        BadFrame(c, "welcome from another node than the challenge");
+        return;
+      }
+      OpenLink(c);
+      Emit(EventType::kConnected, c, ErrorClass::kOk, c->cookie);
+      return;
+    }
+  } else if (c->outgoing && type == FrameType::kRefuse) {
+    RefuseReason reason;
+    e = DecodeRefuse(p, n, &reason);
+    if (e == FrameError::kOk) {
+      switch (reason) {
+        case RefuseReason::kDuplicate:
+          // The peer's connection to us is the one that survives.
+          c->state = State::kWaitPeer;
+          return;
+        case RefuseReason::kAuth:
+          spdlog::warn("fabric: node {} refused our credential", c->peer_node);
+          StatsOf(c->peer_node).auth_failures++;
+          Fail(c, ErrorClass::kAuthFailed);
+          return;
+        case RefuseReason::kWrongNode:
+          Fail(c, ErrorClass::kBadHost);
+          return;
+        case RefuseReason::kBusy:
+          Fail(c, ErrorClass::kLimit);
+          return;
+      }
+    }
+  } else if (!c->outgoing && type == FrameType::kHello && c->hello.node == 0) {
+    e = DecodeHello(p, n, &c->hello);
+    if (e == FrameError::kOk) {
+      if (c->hello.target_node != opt_.node_id) {
+        Refuse(c, RefuseReason::kWrongNode, "it meant another node");
+        return;
+      }
+      if (c->hello.node == opt_.node_id) {
+        Refuse(c, RefuseReason::kWrongNode, "it claims our own node id");
+        return;
+      }
+      if (c->hello.auth != opt_.auth) {
+        Refuse(c, RefuseReason::kAuth, "authentication mode differs");
+        return;
+      }
+      if (opt_.auth == AuthMode::kNone) {
+        Admit(c);
+        return;
+      }
+      c->state = State::kAuth;
+      auth_->Decode(c->serial, c->hello.credential);
+      return;
+    }
+  } else {
+    BadFrame(c, "unexpected handshake frame");
+    return;
+  }
+  if (e != FrameError::kOk) {
+    BadFrame(c, std::string("handshake: ") + FrameErrorName(e));
+  }
+}
+
+bool SocketFabric::RememberNonce(const uint8_t nonce[kNonceSize], int64_t now) {
+  std::string key(reinterpret_cast<const char*>(nonce), kNonceSize);
+  if (nonces_.size() >= 65536) {
+    for (auto it = nonces_.begin(); it != nonces_.end();) {
+      it = it->second <= now ? nonces_.erase(it) : std::next(it);
+    }
+    if (nonces_.size() >= 65536) return false;  // bounded: refuse instead
+  }
+  auto [it, fresh] = nonces_.try_emplace(
+      key, now + int64_t{opt_.credential_ttl_s} * 1'000'000'000);
+  if (!fresh && it->second <= now) {
+    it->second = now + int64_t{opt_.credential_ttl_s} * 1'000'000'000;
+    return true;
+  }
+  return fresh;
+}
+
+void SocketFabric::OnAuthResults() {
+  std::vector<MungeAuth::Result> results;
+  auth_->TakeResults(&results);
+  for (MungeAuth::Result& r : results) {
+    auto it = by_serial_.find(r.token);
+    if (it == by_serial_.end()) continue;
+    Conn* c = it->second;
+    if (c->closing || c->state != State::kAuth) continue;
+    if (c->outgoing) {
+      if (!r.ok) {
+        spdlog::error("fabric: MUNGE cannot encode a credential: {}", r.error);
+        Fail(c, ErrorClass::kAuthFailed);
+        continue;
+      }
+      c->state = State::kHandshake;
+      QueueControl(c, FrameType::kHello,
+                   EncodeHello({opt_.node_id, incarnation_, c->peer_node,
+                                AuthMode::kMunge, r.data}));
+      PumpRx(c);
+      continue;
+    }
+    CredentialPayload cp;
+    if (!r.ok) {
+      Refuse(c, RefuseReason::kAuth, r.error.c_str());
+    } else if (r.uid != opt_.required_uid) {
+      Refuse(c, RefuseReason::kAuth, "credential of the wrong uid");
+    } else if (DecodeCredentialPayload(
+                   reinterpret_cast<const uint8_t*>(r.data.data()),
+                   r.data.size(), &cp) != FrameError::kOk ||
+               std::memcmp(cp.challenge, c->challenge, kNonceSize) != 0 ||
+               cp.connector_node != c->hello.node ||
+               cp.acceptor_node != opt_.node_id) {
+      Refuse(c, RefuseReason::kAuth,
+             "credential not made for this connection (replayed?)");
+    } else if (!RememberNonce(cp.nonce, NowNs())) {
+      Refuse(c, RefuseReason::kAuth, "credential nonce seen before");
+    } else {
+      Admit(c);
+    }
+  }
+}
+
+// ---- sending ----
+
+void SocketFabric::FlushSends(Conn* c) {
+  if (c->closing || c->fd < 0 || c->tx_inflight || c->tx.empty()) return;
+  if (c->state == State::kConnecting) return;
+  c->tx_iov.clear();
+  for (const PendingSend& s : c->tx) {
+    if (!s.internal && c->state != State::kOpen) break;
+    size_t skip = s.sent;
+    for (const iovec& v : s.iov) {
+      if (skip >= v.iov_len) {
+        skip -= v.iov_len;
+        continue;
+      }
+      c->tx_iov.push_back(
+          {static_cast<char*>(v.iov_base) + skip, v.iov_len - skip});
+      skip = 0;
+    }
+    if (c->tx_iov.size() + opt_.max_iov + 1 > kMaxSendIov) break;
+  }
+  if (c->tx_iov.empty()) return;
+  c->tx_msg = {};
+  c->tx_msg.msg_iov = c->tx_iov.data();
+  c->tx_msg.msg_iovlen = c->tx_iov.size();
+  io_uring_sqe* sqe = Sqe();
+  io_uring_prep_sendmsg(sqe, c->fd, &c->tx_msg, MSG_NOSIGNAL);
+  io_uring_sqe_set_data64(sqe, reinterpret_cast<uint64_t>(c) | kOpSend);
+  c->tx_inflight = true;
+  c->inflight++;
+}
+
+void SocketFabric::OnSend(Conn* c, int res) {
+  c->tx_inflight = false;
+  if (c->closing) return;
+  if (res <= 0) {
+    Fail(c, res == 0 ? ErrorClass::kConnReset : FromErrno(-res));
+    return;
+  }
+  size_t left = res;
+  bool close_after = false;
+  while (left > 0 && !c->tx.empty()) {
+    PendingSend& s = c->tx.front();
+    size_t n = std::min(left, s.total - s.sent);
+    s.sent += n;
+    left -= n;
+    if (s.sent < s.total) break;
+    if (!s.internal) {
+      Emit(EventType::kSendDone, c, ErrorClass::kOk, s.cookie);
+      PeerStats& st = StatsOf(c->peer_node);
+      st.frames_sent++;
+      st.bytes_sent += s.total - kFrameHeaderSize;
+      c->tx_app_frames--;
+      c->tx_app_bytes -= s.total;
+    }
+    close_after |= s.close_after;
+    c->tx.pop_front();
+  }
+  if (close_after) {
+    Fail(c, ErrorClass::kAuthFailed);
+    return;
+  }
+  FlushSends(c);
+}
+
+// ---- completions ----
+
+void SocketFabric::OnConnect(Conn* c, int res) {
+  if (c->closing) return;
+  if (res < 0) {
+    const HostAddress& a = c->addresses[c->next_address - 1];
+    spdlog::info("fabric: node {} at {}:{}: {}", c->peer_node, a.host, a.port,
+                 res == -ECANCELED ? "no answer in time" : std::strerror(-res));
+    close(c->fd);
+    c->fd = -1;
+    StartAttempt(c);
+    return;
+  }
+  SetLinkOptions(c->fd);
+  c->state = State::kHandshake;
+  PumpRx(c);
+}
+
+void SocketFabric::OnAccept(Listener* l, int res) {
+  if (res < 0) {
+    if (res == -EMFILE || res == -ENFILE || res == -ENOBUFS || res == -ENOMEM) {
+      spdlog::warn("fabric: accept on {}:{}: {}; pausing", l->host, l->port,
+                   std::strerror(-res));
+      l->paused = true;  // CheckDeadlines resumes it
+      return;
+    }
+    ArmAccept(l);
+    return;
+  }
+  ArmAccept(l);
+  if (handshakes_ >= opt_.max_handshakes ||
+      owned_.size() >= opt_.max_connections) {
+    close(res);
+    int64_t now = NowNs();
+    if (now >= next_limit_log_ns_) {  // at most one line a second
+      next_limit_log_ns_ = now + 1'000'000'000;
+      spdlog::warn(
+          "fabric: refusing connections on {}:{}: {} handshakes, {} "
+          "connections (limits {}, {})",
+          l->host, l->port, handshakes_, owned_.size(), opt_.max_handshakes,
+          opt_.max_connections);
+    }
+    return;
+  }
+  Conn* c = NewConn(false);
+  c->fd = res;
+  c->state = State::kHandshake;
+  c->counted_handshake = true;
+  handshakes_++;
+  SetLinkOptions(c->fd);
+  for (auto& b : c->challenge) b = static_cast<uint8_t>(rng_());
+  ChallengePayload ch;
+  ch.node = opt_.node_id;
+  ch.incarnation = incarnation_;
+  std::memcpy(ch.nonce, c->challenge, kNonceSize);
+  QueueControl(c, FrameType::kChallenge, EncodeChallenge(ch));
+  PumpRx(c);
+}
+
+void SocketFabric::HandleCqe(const io_uring_cqe* cqe) {
+  uint64_t data = io_uring_cqe_get_data64(cqe);
+  uint64_t kind = data & kOpMask;
+  if (kind == kOpAuthNotify) {
+    ArmAuthNotify();
+    if (auth_ != nullptr) OnAuthResults();
+    return;
+  }
+  if (kind == kOpAccept) {
+    OnAccept(reinterpret_cast<Listener*>(data & ~kOpMask), cqe->res);
+    return;
+  }
+  Conn* c = reinterpret_cast<Conn*>(data & ~kOpMask);
+  c->inflight--;
+  switch (kind) {
+    case kOpConnect:
+      OnConnect(c, cqe->res);
+      break;
+    case kOpRecv:
+      OnRecv(c, cqe->res);
+      break;
+    case kOpSend:
+      OnSend(c, cqe->res);
+      break;
+    default:  // link timeouts and cancels only count
+      break;
+  }
+}
+
+void SocketFabric::CheckDeadlines(int64_t now) {
+  next_check_ns_ = now + kDeadlineCheckNs;
+  for (auto& l : listeners_) {
+    if (l->paused) {
+      l->paused = false;
+      ArmAccept(l.get());
+    }
+  }
+  std::vector<Conn*> late;
+  for (auto& [c, owner] : owned_) {
+    if (!c->closing && c->state != State::kOpen && c->deadline_ns <= now) {
+      late.push_back(c);
+    }
+  }
+  for (Conn* c : late) {
+    spdlog::warn("fabric: connection to node {} not established in {} ms",
+                 c->peer_node ? c->peer_node : c->hello.node, opt_.timeout_ms);
+    Fail(c, ErrorClass::kTimeout);
+  }
+}
+
+void SocketFabric::Collect(Event* events, int max, int* n) {
+  while (*n < max && !events_.empty()) {
+    events[(*n)++] = events_.front();
+    events_.pop_front();
+  }
+}
+
+int SocketFabric::Poll(Event* events, int max) {
+  Submit();
+  int64_t now = NowNs();
+  if (now >= next_check_ns_) CheckDeadlines(now);
+  io_uring_cqe* cqe;
+  unsigned head, seen = 0;
+  // Completions are read from the shared ring: no syscall when idle.
+  io_uring_for_each_cqe(&ring_, head, cqe) {
+    HandleCqe(cqe);
+    seen++;
+  }
+  io_uring_cq_advance(&ring_, seen);
+  // Connections whose last operation has completed can go now.
+  if (!finish_.empty()) {
+    std::vector<Conn*> closing;
+    closing.swap(finish_);
+    for (Conn* c : closing) {
+      if (c->inflight == 0) {
+        Finish(c);
+      } else {
+        finish_.push_back(c);
+      }
+    }
+  }
+  Submit();
+  int n = 0;
+  Collect(events, max, &n);
+  return n;
+}
+
+int SocketFabric::Wait(Event* events, int max, int timeout_ms) {
+  int n = Poll(events, max);
+  if (n > 0 || timeout_ms == 0) return n;
+  int64_t limit_ns =
+      timeout_ms < 0 ? INT64_MAX / 2 : int64_t{timeout_ms} * 1'000'000;
+  int64_t end = NowNs() + limit_ns;
+  while (n == 0) {
+    int64_t now = NowNs();
+    if (now >= end) break;
+    // Wake for deadlines while connections are being set up.
+    int64_t sleep_ns = std::min(end - now, kDeadlineCheckNs * 10);
+    __kernel_timespec ts;
+    ts.tv_sec = sleep_ns / 1'000'000'000;
+    ts.tv_nsec = sleep_ns % 1'000'000'000;
+    io_uring_cqe* cqe;
+    io_uring_wait_cqe_timeout(&ring_, &cqe, &ts);
+    n = Poll(events, max);
+  }
+  return n;
+}
+
+std::vector<PeerStats> SocketFabric::Stats() const {
+  std::vector<PeerStats> rows;
+  for (const auto& [node, row] : stats_) rows.push_back(row);
+  return rows;
+}
+
+}  // namespace
+
+std::unique_ptr<Fabric> OpenSocketFabric(const FabricOptions& options,
+                                         std::string* error) {
+  auto f = std::make_unique<SocketFabric>(options);
+  if (!f->Open(error)) return nullptr;
+  return f;
+}
+
+}  // namespace psmd::hw

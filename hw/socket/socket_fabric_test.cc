@@ -1,0 +1,720 @@
+// The socket fabric over real loopback sockets (127.0.0.x), without
+// authentication (munge_fabric_test.cc covers MUNGE).
+#include "hw/socket/socket_fabric.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "hw/socket/fabric_test_util.h"
+
+namespace psmd::hw {
+namespace {
+
+using testing::Expect;
+using testing::FirstAddress;
+using testing::Node;
+using testing::OpenNode;
+using testing::PumpUntil;
+using testing::RawPeer;
+
+FabricOptions NoAuth() {
+  FabricOptions o;
+  o.auth = AuthMode::kNone;
+  o.timeout_ms = 2000;
+  return o;
+}
+
+// Connects a to b; returns a's and b's connection ids.
+void Link(Node* a, Node* b, ConnId* at_a, ConnId* at_b) {
+  ASSERT_EQ(a->fabric->Connect(b->fabric->HostDescription(), 42, at_a),
+            ErrorClass::kOk);
+  Event e;
+  ASSERT_TRUE(Expect({a, b}, a, EventType::kConnected, &e));
+  EXPECT_EQ(e.error, ErrorClass::kOk) << ErrorClassName(e.error);
+  EXPECT_EQ(e.conn, *at_a);
+  EXPECT_EQ(e.cookie, 42u);
+  ASSERT_TRUE(Expect({a, b}, b, EventType::kAccepted, &e));
+  *at_b = e.conn;
+}
+
+std::string Pattern(size_t n, uint32_t seed) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; i++) s[i] = static_cast<char>((i * 131 + seed));
+  return s;
+}
+
+TEST(SocketFabric, FramesWithIovecsBothWays) {
+  auto a = OpenNode(1, {"127.0.0.2"}, NoAuth());
+  auto b = OpenNode(2, {"127.0.0.3"}, NoAuth());
+  ConnId ab, ba;
+  Link(a.get(), b.get(), &ab, &ba);
+
+  std::string p1 = "hello ", p2 = "fabric", p3(1000, 'x');
+  iovec out[3] = {
+      {p1.data(), p1.size()}, {p2.data(), p2.size()}, {p3.data(), p3.size()}};
+  FrameFields f;
+  f.op = 7;
+  f.uid = 1000;
+  f.src = 0x1111;
+  f.dst = 0x2222;
+  std::memset(f.job, 0xab, sizeof f.job);
+  f.offset = 4096;
+  f.aux = 99;
+  ASSERT_EQ(a->fabric->PostSend(ab, f, out, 3, 5), ErrorClass::kOk);
+  std::string r1(10, '\0'), r2(2000, '\0');
+  iovec in[2] = {{r1.data(), r1.size()}, {r2.data(), r2.size()}};
+  ASSERT_EQ(b->fabric->PostRecv(ba, in, 2, 6), ErrorClass::kOk);
+
+  Event e;
+  ASSERT_TRUE(Expect({a.get(), b.get()}, b.get(), EventType::kRecvDone, &e));
+  EXPECT_EQ(e.error, ErrorClass::kOk);
+  EXPECT_EQ(e.cookie, 6u);
+  EXPECT_EQ(e.length, p1.size() + p2.size() + p3.size());
+  EXPECT_EQ(e.fields.op, 7);
+  EXPECT_EQ(e.fields.uid, 1000u);
+  EXPECT_EQ(e.fields.src, 0x1111u);
+  EXPECT_EQ(e.fields.dst, 0x2222u);
+  EXPECT_EQ(e.fields.job[15], 0xab);
+  EXPECT_EQ(e.fields.offset, 4096u);
+  EXPECT_EQ(e.fields.aux, 99u);
+  EXPECT_EQ(r1 + r2.substr(0, e.length - 10), p1 + p2 + p3);
+  ASSERT_TRUE(Expect({a.get(), b.get()}, a.get(), EventType::kSendDone, &e));
+  EXPECT_EQ(e.cookie, 5u);
+  EXPECT_EQ(e.error, ErrorClass::kOk);
+
+  // And back, with an empty frame (header only).
+  ASSERT_EQ(b->fabric->PostSend(ba, f, nullptr, 0, 8), ErrorClass::kOk);
+  ASSERT_EQ(a->fabric->PostRecv(ab, in, 1, 9), ErrorClass::kOk);
+  ASSERT_TRUE(Expect({a.get(), b.get()}, a.get(), EventType::kRecvDone, &e));
+  EXPECT_EQ(e.length, 0u);
+  EXPECT_EQ(e.cookie, 9u);
+
+  // Per-peer counters on both sides.
+  std::vector<PeerStats> at_a = a->fabric->Stats(), at_b = b->fabric->Stats();
+  ASSERT_EQ(at_a.size(), 1u);
+  EXPECT_EQ(at_a[0].node, 2u);
+  EXPECT_EQ(at_a[0].connects, 1u);
+  EXPECT_EQ(at_a[0].frames_sent, 1u);
+  EXPECT_EQ(at_a[0].bytes_sent, p1.size() + p2.size() + p3.size());
+  EXPECT_EQ(at_a[0].frames_received, 1u);
+  EXPECT_EQ(at_a[0].bytes_received, 0u);
+  ASSERT_EQ(at_b.size(), 1u);
+  EXPECT_EQ(at_b[0].node, 1u);
+  EXPECT_EQ(at_b[0].frames_received, 1u);
+  EXPECT_EQ(at_b[0].bytes_received, p1.size() + p2.size() + p3.size());
+
+  // A second Connect to the same node is the same connection.
+  ConnId again;
+  EXPECT_EQ(a->fabric->Connect(b->fabric->HostDescription(), 0, &again),
+            ErrorClass::kAlreadyConnected);
+  EXPECT_EQ(again, ab);
+}
+
+TEST(SocketFabric, Ipv6) {
+  auto a = OpenNode(1, {"[::1]"}, NoAuth());
+  auto b = OpenNode(2, {"[::1]:0"}, NoAuth());
+  EXPECT_EQ(b->fabric->HostDescription().rfind("2@[::1]:", 0), 0u)
+      << b->fabric->HostDescription();
+  ConnId ab, ba;
+  Link(a.get(), b.get(), &ab, &ba);
+  uint64_t token = 77, got = 0;
+  iovec out{&token, 8}, in{&got, 8};
+  ASSERT_EQ(b->fabric->PostRecv(ba, &in, 1, 0), ErrorClass::kOk);
+  ASSERT_EQ(a->fabric->PostSend(ab, {}, &out, 1, 0), ErrorClass::kOk);
+  Event e;
+  ASSERT_TRUE(Expect({a.get(), b.get()}, b.get(), EventType::kRecvDone, &e));
+  EXPECT_EQ(got, 77u);
+}
+
+// Header-first receiving: the receiver reads each header, then places the
+// payload where the header's offset says (as a rendezvous chunk lands in
+// its pool region), with ordinary receives mixed in.
+TEST(SocketFabric, HeaderFirstReceivesLandWhereTheHeaderSays) {
+  auto a = OpenNode(1, {"127.0.0.2"}, NoAuth());
+  auto b = OpenNode(2, {"127.0.0.3"}, NoAuth());
+  std::vector<Node*> both = {a.get(), b.get()};
+  ConnId ab, ba;
+  Link(a.get(), b.get(), &ab, &ba);
+  std::string region(3u << 20, '\0');
+  std::string big = Pattern(2u << 20, 5), small = Pattern(100, 6);
+  struct Chunk {
+    const std::string* data;
+    uint64_t offset;
+  };
+  std::vector<Chunk> chunks = {{&big, 1u << 20}, {&small, 7}, {nullptr, 0}};
+  for (size_t i = 0; i < chunks.size(); i++) {
+    FrameFields f;
+    f.offset = chunks[i].offset;
+    iovec v{
+        chunks[i].data ? const_cast<char*>(chunks[i].data->data()) : nullptr,
+        chunks[i].data ? chunks[i].data->size() : 0};
+    ASSERT_EQ(a->fabric->PostSend(ab, f, &v, chunks[i].data ? 1 : 0, i),
+              ErrorClass::kOk);
+  }
+  std::string tail = "ordinary";
+  iovec tv{tail.data(), tail.size()};
+  ASSERT_EQ(a->fabric->PostSend(ab, {}, &tv, 1, 9), ErrorClass::kOk);
+
+  iovec nowhere{region.data(), 1};
+  EXPECT_EQ(b->fabric->PostPayload(ba, &nowhere, 1, 0), ErrorClass::kBadArg);
+  for (size_t i = 0; i < chunks.size(); i++) {
+    ASSERT_EQ(b->fabric->PostRecvHeader(ba, 100 + i), ErrorClass::kOk);
+    Event e;
+    ASSERT_TRUE(Expect(both, b.get(), EventType::kHeader, &e));
+    EXPECT_EQ(e.error, ErrorClass::kOk);
+    EXPECT_EQ(e.cookie, 100 + i);
+    EXPECT_EQ(e.fields.offset, chunks[i].offset);
+    if (chunks[i].data == nullptr) {
+      EXPECT_EQ(e.length, 0u);
+      continue;
+    }
+    ASSERT_EQ(e.length, chunks[i].data->size());
+    iovec dest{region.data() + e.fields.offset, e.length};
+    ASSERT_EQ(b->fabric->PostPayload(ba, &dest, 1, 200 + i), ErrorClass::kOk);
+    ASSERT_TRUE(Expect(both, b.get(), EventType::kRecvDone, &e));
+    EXPECT_EQ(e.error, ErrorClass::kOk);
+    EXPECT_EQ(e.cookie, 200 + i);
+    EXPECT_EQ(e.length, chunks[i].data->size());
+  }
+  EXPECT_EQ(region.substr(1u << 20, big.size()), big);
+  EXPECT_EQ(region.substr(7, small.size()), small);
+  std::string got(20, '\0');
+  iovec gv{got.data(), got.size()};
+  ASSERT_EQ(b->fabric->PostRecv(ba, &gv, 1, 300), ErrorClass::kOk);
+  Event e;
+  ASSERT_TRUE(Expect(both, b.get(), EventType::kRecvDone, &e));
+  EXPECT_EQ(got.substr(0, e.length), tail);
+  // A header-only receive pending at close ends as a kHeader with the error.
+  ASSERT_EQ(b->fabric->PostRecvHeader(ba, 400), ErrorClass::kOk);
+  ASSERT_EQ(b->fabric->Close(ba), ErrorClass::kOk);
+  ASSERT_TRUE(Expect(both, b.get(), EventType::kHeader, &e));
+  EXPECT_EQ(e.cookie, 400u);
+  EXPECT_EQ(e.error, ErrorClass::kCanceled);
+}
+
+TEST(SocketFabric, TruncatedFrameKeepsTheConnection) {
+  auto a = OpenNode(1, {"127.0.0.2"}, NoAuth());
+  auto b = OpenNode(2, {"127.0.0.3"}, NoAuth());
+  ConnId ab, ba;
+  Link(a.get(), b.get(), &ab, &ba);
+  std::string big = Pattern(100000, 1), small = "after";
+  iovec o1{big.data(), big.size()}, o2{small.data(), small.size()};
+  ASSERT_EQ(a->fabric->PostSend(ab, {}, &o1, 1, 1), ErrorClass::kOk);
+  ASSERT_EQ(a->fabric->PostSend(ab, {}, &o2, 1, 2), ErrorClass::kOk);
+  std::string r1(100, '\0'), r2(100, '\0');
+  iovec i1{r1.data(), r1.size()}, i2{r2.data(), r2.size()};
+  ASSERT_EQ(b->fabric->PostRecv(ba, &i1, 1, 1), ErrorClass::kOk);
+  ASSERT_EQ(b->fabric->PostRecv(ba, &i2, 1, 2), ErrorClass::kOk);
+  Event e;
+  ASSERT_TRUE(Expect({a.get(), b.get()}, b.get(), EventType::kRecvDone, &e));
+  EXPECT_EQ(e.error, ErrorClass::kTruncated);
+  EXPECT_EQ(e.length, 100u);
+  EXPECT_EQ(r1, big.substr(0, 100));
+  ASSERT_TRUE(Expect({a.get(), b.get()}, b.get(), EventType::kRecvDone, &e));
+  EXPECT_EQ(e.error, ErrorClass::kOk);
+  EXPECT_EQ(r2.substr(0, e.length), small);
+}
+
+// A receiver that posts no receives holds the sender back: the sender's
+// queue fills to its bound and PostSend says kBusy; nothing is lost, and
+// once receives are posted every frame arrives, in order.
+TEST(SocketFabric, BackPressureAndOrderWithLargeFrames) {
+  FabricOptions o = NoAuth();
+  o.max_send_frames = 16;
+  o.max_send_bytes = 8u << 20;
+  auto a = OpenNode(1, {"127.0.0.2"}, o);
+  auto b = OpenNode(2, {"127.0.0.3"}, o);
+  ConnId ab, ba;
+  Link(a.get(), b.get(), &ab, &ba);
+
+  constexpr int kFrames = 48;
+  std::vector<std::string> payloads;
+  for (int i = 0; i < kFrames; i++) {
+    // 1 MiB frames, one of 4 MiB (the default limit) among them.
+    payloads.push_back(Pattern(i == 20 ? (4u << 20) - 64 : (1u << 20), i));
+  }
+  int posted = 0, done = 0;
+  bool saw_busy = false;
+  auto post_more = [&] {
+    while (posted < kFrames) {
+      FrameFields f;
+      f.aux = posted;
+      iovec v{payloads[posted].data(), payloads[posted].size()};
+      ErrorClass r = a->fabric->PostSend(ab, f, &v, 1, posted);
+      if (r == ErrorClass::kBusy) {
+        saw_busy = true;
+        return;
+      }
+      ASSERT_EQ(r, ErrorClass::kOk);
+      posted++;
+    }
+  };
+  auto count_done = [&] {
+    Event e;
+    while (a->Take(EventType::kSendDone, &e)) {
+      ASSERT_EQ(e.error, ErrorClass::kOk);
+      ASSERT_EQ(e.cookie, static_cast<uint64_t>(done));
+      done++;
+    }
+  };
+  // Phase 1: b reads nothing for 300 ms.
+  auto until =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  while (std::chrono::steady_clock::now() < until) {
+    post_more();
+    a->Pump(1);
+    b->Pump(1);
+    count_done();
+  }
+  EXPECT_TRUE(saw_busy);
+  EXPECT_LT(done, kFrames / 2) << "the sender was not held back";
+  EXPECT_LE(posted - done, 16);
+
+  // Phase 2: b receives; every frame arrives whole and in order.
+  std::vector<char> buf(4u << 20);
+  int received = 0;
+  bool receiving = false;
+  ASSERT_TRUE(PumpUntil(
+      {a.get(), b.get()},
+      [&] {
+        post_more();
+        count_done();
+        if (!receiving) {
+          iovec v{buf.data(), buf.size()};
+          EXPECT_EQ(b->fabric->PostRecv(ba, &v, 1, received), ErrorClass::kOk);
+          receiving = true;
+        }
+        Event e;
+        if (b->Take(EventType::kRecvDone, &e)) {
+          EXPECT_EQ(e.error, ErrorClass::kOk);
+          EXPECT_EQ(e.fields.aux, static_cast<uint64_t>(received));
+          EXPECT_EQ(e.length, payloads[received].size());
+          EXPECT_EQ(
+              std::memcmp(buf.data(), payloads[received].data(), e.length), 0)
+              << "frame " << received;
+          received++;
+          receiving = false;
+        }
+        return received == kFrames && done == kFrames;
+      },
+      20000));
+}
+
+TEST(SocketFabric, ManySmallFramesKeepOrder) {
+  auto a = OpenNode(1, {"127.0.0.2"}, NoAuth());
+  auto b = OpenNode(2, {"127.0.0.3"}, NoAuth());
+  ConnId ab, ba;
+  Link(a.get(), b.get(), &ab, &ba);
+  constexpr int kFrames = 20000;
+  std::vector<uint64_t> values(kFrames);
+  std::iota(values.begin(), values.end(), 0);
+  std::vector<uint64_t> slots(64);
+  int posted = 0, done = 0, received = 0, recv_posted = 0;
+  ASSERT_TRUE(PumpUntil(
+      {a.get(), b.get()},
+      [&] {
+        while (posted < kFrames) {
+          iovec v{&values[posted], 8};
+          if (a->fabric->PostSend(ab, {}, &v, 1, posted) != ErrorClass::kOk) {
+            break;
+          }
+          posted++;
+        }
+        while (recv_posted - received < 64 && recv_posted < kFrames) {
+          iovec v{&slots[recv_posted % 64], 8};
+          EXPECT_EQ(b->fabric->PostRecv(ba, &v, 1, recv_posted),
+                    ErrorClass::kOk);
+          recv_posted++;
+        }
+        Event e;
+        while (a->Take(EventType::kSendDone, &e)) done++;
+        while (b->Take(EventType::kRecvDone, &e)) {
+          EXPECT_EQ(e.cookie, static_cast<uint64_t>(received));
+          EXPECT_EQ(slots[e.cookie % 64], e.cookie);
+          received++;
+        }
+        return received == kFrames && done == kFrames;
+      },
+      30000));
+}
+
+// Three nodes, every pair connected once: a and c connect to b, and b and
+// c connect to each other at the same time (one connection survives and
+// both handles are bound to it).
+TEST(SocketFabric, ThreeNodesAndSimultaneousConnect) {
+  auto a = OpenNode(1, {"127.0.0.2"}, NoAuth());
+  auto b = OpenNode(2, {"127.0.0.3"}, NoAuth());
+  auto c = OpenNode(3, {"127.0.0.4"}, NoAuth());
+  std::vector<Node*> all = {a.get(), b.get(), c.get()};
+  ConnId ab, ba;
+  Link(a.get(), b.get(), &ab, &ba);
+  ConnId ac, ca;
+  Link(a.get(), c.get(), &ac, &ca);
+
+  ConnId bc, cb;
+  ASSERT_EQ(b->fabric->Connect(c->fabric->HostDescription(), 1, &bc),
+            ErrorClass::kOk);
+  ASSERT_EQ(c->fabric->Connect(b->fabric->HostDescription(), 2, &cb),
+            ErrorClass::kOk);
+  Event e;
+  ASSERT_TRUE(Expect(all, b.get(), EventType::kConnected, &e));
+  EXPECT_EQ(e.error, ErrorClass::kOk) << ErrorClassName(e.error);
+  EXPECT_EQ(e.conn, bc);
+  ASSERT_TRUE(Expect(all, c.get(), EventType::kConnected, &e));
+  EXPECT_EQ(e.error, ErrorClass::kOk) << ErrorClassName(e.error);
+  EXPECT_EQ(e.conn, cb);
+  PumpUntil(
+      all, [] { return false; }, 200);
+  EXPECT_EQ(b->Count(EventType::kAccepted), 0u);
+  EXPECT_EQ(c->Count(EventType::kAccepted), 0u);
+  EXPECT_EQ(b->Count(EventType::kClosed), 0u);
+  EXPECT_EQ(c->Count(EventType::kClosed), 0u);
+
+  // Every pair exchanges a frame each way; the frame names its sender.
+  struct Pair {
+    Node* from;
+    ConnId conn;
+    Node* to;
+    ConnId back;
+  };
+  std::vector<Pair> pairs = {
+      {a.get(), ab, b.get(), ba}, {b.get(), ba, a.get(), ab},
+      {a.get(), ac, c.get(), ca}, {c.get(), ca, a.get(), ac},
+      {b.get(), bc, c.get(), cb}, {c.get(), cb, b.get(), bc}};
+  uint64_t tokens[6];
+  uint64_t got[6];
+  for (int i = 0; i < 6; i++) {
+    tokens[i] = 1000 + i;
+    iovec out{&tokens[i], 8};
+    iovec in{&got[i], 8};
+    ASSERT_EQ(pairs[i].to->fabric->PostRecv(pairs[i].back, &in, 1, i),
+              ErrorClass::kOk);
+    ASSERT_EQ(pairs[i].from->fabric->PostSend(pairs[i].conn, {}, &out, 1, i),
+              ErrorClass::kOk);
+    ASSERT_TRUE(Expect(all, pairs[i].to, EventType::kRecvDone, &e));
+    EXPECT_EQ(e.error, ErrorClass::kOk);
+    EXPECT_EQ(got[i], tokens[i]);
+  }
+}
+
+TEST(SocketFabric, ListenRangesAndAddressFallback) {
+  auto first = OpenNode(9, {"127.0.0.6"}, NoAuth());
+  uint16_t taken = FirstAddress(*first->fabric).port;
+  std::string range =
+      "127.0.0.6:" + std::to_string(taken) + "-" + std::to_string(taken + 20);
+  // b listens on two addresses; on the first, the range's first port is
+  // taken, so the next free one is used.
+  auto b = OpenNode(2, {range, "127.0.0.3"}, NoAuth());
+  HostDescription d;
+  std::string error;
+  ASSERT_TRUE(ParseHostDescription(b->fabric->HostDescription(), &d, &error));
+  ASSERT_EQ(d.addresses.size(), 2u);
+  EXPECT_EQ(d.addresses[0].host, "127.0.0.6");
+  EXPECT_GT(d.addresses[0].port, taken);
+  EXPECT_LE(d.addresses[0].port, taken + 20);
+  EXPECT_EQ(d.addresses[1].host, "127.0.0.3");
+
+  // A range with no free port is a clear error.
+  FabricOptions o = NoAuth();
+  o.node_id = 5;
+  o.listen = {"127.0.0.6:" + std::to_string(taken)};
+  EXPECT_EQ(OpenSocketFabric(o, &error), nullptr);
+  EXPECT_NE(error.find("cannot listen"), std::string::npos) << error;
+
+  // The first address listed is dead (nothing listens there): the second
+  // is tried and works.
+  auto a = OpenNode(1, {"127.0.0.2"}, NoAuth());
+  std::string desc = "2@127.0.0.7:" + std::to_string(taken) +
+                     ",127.0.0.3:" + std::to_string(d.addresses[1].port);
+  ConnId ab;
+  ASSERT_EQ(a->fabric->Connect(desc, 0, &ab), ErrorClass::kOk);
+  Event e;
+  ASSERT_TRUE(Expect({a.get(), b.get()}, a.get(), EventType::kConnected, &e));
+  EXPECT_EQ(e.error, ErrorClass::kOk) << ErrorClassName(e.error);
+
+  // Every address dead: the connect fails with kConnFailed.
+  ConnId ac;
+  ASSERT_EQ(a->fabric->Connect("3@127.0.0.7:" + std::to_string(taken) +
+                                   ",127.0.0.8:" + std::to_string(taken),
+                               7, &ac),
+            ErrorClass::kOk);
+  ASSERT_TRUE(Expect({a.get()}, a.get(), EventType::kConnected, &e));
+  EXPECT_EQ(e.conn, ac);
+  EXPECT_EQ(e.cookie, 7u);
+  EXPECT_EQ(e.error, ErrorClass::kConnFailed);
+  std::vector<PeerStats> rows = a->fabric->Stats();
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1].node, 3u);
+  EXPECT_EQ(rows[1].connect_failures, 1u);
+}
+
+// An address that never answers (a listener whose backlog is full drops
+// SYNs) costs one connect_attempt_ms, then the next address is tried.
+TEST(SocketFabric, SilentAddressTimesOutThenTheNextIsTried) {
+  int silent = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  inet_pton(AF_INET, "127.0.0.9", &sa.sin_addr);
+  ASSERT_EQ(bind(silent, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(listen(silent, 0), 0);
+  socklen_t len = sizeof sa;
+  getsockname(silent, reinterpret_cast<sockaddr*>(&sa), &len);
+  uint16_t port = ntohs(sa.sin_port);
+  RawPeer filler;  // takes the only backlog slot
+  ASSERT_TRUE(filler.Connect("127.0.0.9", port));
+
+  FabricOptions o = NoAuth();
+  o.connect_attempt_ms = 300;
+  auto a = OpenNode(1, {"127.0.0.2"}, o);
+  auto b = OpenNode(2, {"127.0.0.3"}, o);
+  std::string desc = "2@127.0.0.9:" + std::to_string(port) + ",127.0.0.3:" +
+                     std::to_string(FirstAddress(*b->fabric).port);
+  auto start = std::chrono::steady_clock::now();
+  ConnId ab;
+  ASSERT_EQ(a->fabric->Connect(desc, 0, &ab), ErrorClass::kOk);
+  Event e;
+  ASSERT_TRUE(Expect({a.get(), b.get()}, a.get(), EventType::kConnected, &e));
+  EXPECT_EQ(e.error, ErrorClass::kOk) << ErrorClassName(e.error);
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, std::chrono::milliseconds(250));
+  EXPECT_LT(took, std::chrono::milliseconds(1500));
+  close(silent);
+}
+
+// A listener that completes TCP connections but never speaks (the kernel
+// accepts into the backlog): the connect ends with kTimeout after
+// timeout_ms, not later and not never.
+TEST(SocketFabric, MuteAcceptorTimesOut) {
+  int mute = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  inet_pton(AF_INET, "127.0.0.9", &sa.sin_addr);
+  ASSERT_EQ(bind(mute, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(listen(mute, 16), 0);
+  socklen_t len = sizeof sa;
+  getsockname(mute, reinterpret_cast<sockaddr*>(&sa), &len);
+
+  FabricOptions o = NoAuth();
+  o.timeout_ms = 400;
+  auto a = OpenNode(1, {"127.0.0.2"}, o);
+  auto start = std::chrono::steady_clock::now();
+  ConnId ab;
+  ASSERT_EQ(a->fabric->Connect(
+                "2@127.0.0.9:" + std::to_string(ntohs(sa.sin_port)), 0, &ab),
+            ErrorClass::kOk);
+  Event e;
+  ASSERT_TRUE(Expect({a.get()}, a.get(), EventType::kConnected, &e));
+  EXPECT_EQ(e.error, ErrorClass::kTimeout) << ErrorClassName(e.error);
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, std::chrono::milliseconds(380));
+  EXPECT_LT(took, std::chrono::milliseconds(1500));
+  close(mute);
+}
+
+TEST(SocketFabric, RefusesUnauthenticatedNonLoopback) {
+  FabricOptions o = NoAuth();
+  o.node_id = 1;
+  o.listen = {"0.0.0.0"};
+  std::string error;
+  EXPECT_EQ(OpenSocketFabric(o, &error), nullptr);
+  EXPECT_NE(error.find("loopback"), std::string::npos) << error;
+  o.auth = AuthMode::kMunge;
+  EXPECT_EQ(OpenSocketFabric(o, &error), nullptr);
+  EXPECT_NE(error.find("wildcard"), std::string::npos) << error;
+  auto a = OpenNode(1, {"127.0.0.2"}, NoAuth());
+  ConnId c;
+  EXPECT_EQ(a->fabric->Connect("2@10.1.2.3:5000", 0, &c), ErrorClass::kBadHost);
+  EXPECT_EQ(a->fabric->Connect("nonsense", 0, &c), ErrorClass::kBadHost);
+  EXPECT_EQ(a->fabric->Connect(a->fabric->HostDescription(), 0, &c),
+            ErrorClass::kBadHost);
+}
+
+TEST(SocketFabric, LocalCloseCancelsPendingOperations) {
+  auto a = OpenNode(1, {"127.0.0.2"}, NoAuth());
+  auto b = OpenNode(2, {"127.0.0.3"}, NoAuth());
+  ConnId ab, ba;
+  Link(a.get(), b.get(), &ab, &ba);
+  uint64_t slot;
+  iovec in{&slot, 8};
+  ASSERT_EQ(a->fabric->PostRecv(ab, &in, 1, 3), ErrorClass::kOk);
+  a->Pump(1);
+  ASSERT_EQ(a->fabric->Close(ab), ErrorClass::kOk);
+  EXPECT_EQ(a->fabric->Close(ab), ErrorClass::kBadConn);
+  EXPECT_EQ(a->fabric->PostRecv(ab, &in, 1, 4), ErrorClass::kBadConn);
+  Event e;
+  ASSERT_TRUE(Expect({a.get(), b.get()}, a.get(), EventType::kRecvDone, &e));
+  EXPECT_EQ(e.error, ErrorClass::kCanceled);
+  ASSERT_TRUE(Expect({a.get(), b.get()}, a.get(), EventType::kClosed, &e));
+  EXPECT_EQ(e.error, ErrorClass::kOk);
+  // The peer sees the close on its next receive.
+  ASSERT_EQ(b->fabric->PostRecv(ba, &in, 1, 5), ErrorClass::kOk);
+  ASSERT_TRUE(Expect({a.get(), b.get()}, b.get(), EventType::kClosed, &e));
+  EXPECT_EQ(e.error, ErrorClass::kPeerClosed);
+  // And a new connection between the two works.
+  Link(a.get(), b.get(), &ab, &ba);
+}
+
+// A peer process killed with SIGKILL: the survivor's pending receive and
+// the connection end with an error well within the timeout.
+TEST(SocketFabric, KilledPeerGivesAnErrorInBoundedTime) {
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(pipefd[0]);
+    FabricOptions o = NoAuth();
+    o.node_id = 2;
+    o.listen = {"127.0.0.3"};
+    std::string error;
+    auto f = OpenSocketFabric(o, &error);
+    if (f == nullptr) _exit(1);
+    std::string desc = f->HostDescription() + "\n";
+    if (write(pipefd[1], desc.data(), desc.size()) < 0) _exit(1);
+    Event ev[16];
+    while (true) f->Wait(ev, 16, 100);
+  }
+  close(pipefd[1]);
+  std::string desc;
+  char ch;
+  while (read(pipefd[0], &ch, 1) == 1 && ch != '\n') desc += ch;
+  close(pipefd[0]);
+
+  auto a = OpenNode(1, {"127.0.0.2"}, NoAuth());
+  ConnId ab;
+  ASSERT_EQ(a->fabric->Connect(desc, 0, &ab), ErrorClass::kOk);
+  Event e;
+  ASSERT_TRUE(Expect({a.get()}, a.get(), EventType::kConnected, &e));
+  ASSERT_EQ(e.error, ErrorClass::kOk) << ErrorClassName(e.error);
+  uint64_t slot;
+  iovec in{&slot, 8};
+  ASSERT_EQ(a->fabric->PostRecv(ab, &in, 1, 1), ErrorClass::kOk);
+  a->Pump(10);
+  auto start = std::chrono::steady_clock::now();
+  kill(child, SIGKILL);
+  int status;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(Expect({a.get()}, a.get(), EventType::kRecvDone, &e, 3000));
+  EXPECT_NE(e.error, ErrorClass::kOk);
+  ASSERT_TRUE(Expect({a.get()}, a.get(), EventType::kClosed, &e, 3000));
+  EXPECT_TRUE(e.error == ErrorClass::kPeerClosed ||
+              e.error == ErrorClass::kConnReset)
+      << ErrorClassName(e.error);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+}
+
+// Garbage, bad frames and half handshakes from raw sockets drop that
+// connection only; the good connection goes on.
+TEST(SocketFabric, BadPeersAreDroppedOthersContinue) {
+  FabricOptions o = NoAuth();
+  o.timeout_ms = 500;  // the silent peer below is dropped after this
+  auto a = OpenNode(1, {"127.0.0.2"}, o);
+  auto b = OpenNode(2, {"127.0.0.3"}, o);
+  std::vector<Node*> both = {a.get(), b.get()};
+  ConnId ab, ba;
+  Link(a.get(), b.get(), &ab, &ba);
+  HostAddress at = FirstAddress(*b->fabric);
+
+  auto exchange = [&](uint64_t token) {
+    uint64_t got = 0;
+    iovec out{&token, 8}, in{&got, 8};
+    ASSERT_EQ(b->fabric->PostRecv(ba, &in, 1, 0), ErrorClass::kOk);
+    ASSERT_EQ(a->fabric->PostSend(ab, {}, &out, 1, 0), ErrorClass::kOk);
+    Event e;
+    ASSERT_TRUE(Expect(both, b.get(), EventType::kRecvDone, &e));
+    EXPECT_EQ(e.error, ErrorClass::kOk);
+    EXPECT_EQ(got, token);
+  };
+
+  auto challenge = [&](RawPeer* raw) {
+    ASSERT_TRUE(raw->Connect(at.host, at.port));
+    FrameHeader h;
+    std::string payload;
+    bool read = false;
+    testing::WhilePumping(both, [&] { read = raw->ReadFrame(&h, &payload); });
+    ASSERT_TRUE(read);
+    EXPECT_EQ(h.type, FrameType::kChallenge);
+  };
+  auto expect_dropped = [&](RawPeer* raw) {
+    bool closed = false;
+    testing::WhilePumping(both, [&] { closed = raw->ClosedByPeer(); });
+    EXPECT_TRUE(closed);
+  };
+
+  {  // Random bytes instead of a hello.
+    RawPeer raw;
+    challenge(&raw);
+    std::string junk = Pattern(200, 3);
+    ASSERT_TRUE(raw.Send(junk.data(), junk.size()));
+    expect_dropped(&raw);
+  }
+  exchange(1);
+  {  // A hello whose length is beyond any handshake frame.
+    RawPeer raw;
+    challenge(&raw);
+    ASSERT_TRUE(raw.SendFrame(FrameType::kHello, std::string(5000, 'a')));
+    expect_dropped(&raw);
+  }
+  {  // A data frame before the handshake.
+    RawPeer raw;
+    challenge(&raw);
+    ASSERT_TRUE(raw.SendFrame(FrameType::kData, "early"));
+    expect_dropped(&raw);
+  }
+  {  // Says nothing at all: dropped after the timeout.
+    RawPeer raw;
+    challenge(&raw);
+    expect_dropped(&raw);
+  }
+  exchange(2);
+  {  // A proper handshake, then a frame longer than the limit.
+    RawPeer raw;
+    challenge(&raw);
+    ASSERT_TRUE(raw.SendFrame(FrameType::kHello,
+                              EncodeHello({7, 77, 2, AuthMode::kNone, ""})));
+    Event e;
+    ASSERT_TRUE(Expect(both, b.get(), EventType::kAccepted, &e));
+    EXPECT_EQ(e.peer_node, 7u);
+    ConnId raw_conn = e.conn;
+    uint64_t slot;
+    iovec in{&slot, 8};
+    ASSERT_EQ(b->fabric->PostRecv(raw_conn, &in, 1, 0), ErrorClass::kOk);
+    uint8_t bytes[kFrameHeaderSize];
+    FrameHeader h;
+    h.length = (4u << 20) + 1;
+    EncodeFrameHeader(h, bytes);
+    ASSERT_TRUE(raw.Send(bytes, sizeof bytes));
+    ASSERT_TRUE(Expect(both, b.get(), EventType::kClosed, &e));
+    EXPECT_EQ(e.conn, raw_conn);
+    EXPECT_EQ(e.error, ErrorClass::kBadFrame);
+    ASSERT_TRUE(b->Take(EventType::kRecvDone, &e));  // came before kClosed
+    EXPECT_EQ(e.conn, raw_conn);
+    EXPECT_EQ(e.error, ErrorClass::kBadFrame);
+    expect_dropped(&raw);
+  }
+  exchange(3);
+  // Bad frames before authentication count under node 0, after it under
+  // the node; the good link was never dropped.
+  std::vector<PeerStats> rows = b->fabric->Stats();
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].node, 0u);
+  EXPECT_EQ(rows[0].bad_frames, 3u);
+  EXPECT_EQ(rows[1].node, 1u);
+  EXPECT_EQ(rows[1].disconnects, 0u);
+  EXPECT_EQ(rows[1].frames_received, 3u);
+  EXPECT_EQ(rows[2].node, 7u);
+  EXPECT_EQ(rows[2].bad_frames, 1u);
+  EXPECT_EQ(rows[2].disconnects, 1u);
+}
+
+}  // namespace
+}  // namespace psmd::hw
