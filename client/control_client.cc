@@ -189,6 +189,13 @@ CallError ControlClient::ListEndpoints(v1::ListEndpointsReply* reply) {
       "endpoints");
 }
 
+CallError ControlClient::ListJobs(v1::ListJobsReply* reply) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  return FromStatus(stub_->ListJobs(&ctx, v1::ListJobsRequest(), reply),
+                    "jobs");
+}
+
 CallError ControlClient::Health(v1::HealthReply* reply) {
   grpc::ClientContext ctx;
   Prepare(&ctx);

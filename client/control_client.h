@@ -54,6 +54,7 @@ class ControlClient {
                        v1::DisconnectReply* reply);
   CallError GetStats(v1::GetStatsReply* reply);
   CallError ListEndpoints(v1::ListEndpointsReply* reply);
+  CallError ListJobs(v1::ListJobsReply* reply);
   CallError Health(v1::HealthReply* reply);
 
  private:

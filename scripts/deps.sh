@@ -6,11 +6,13 @@ set -euo pipefail
 PACKAGES=(
   bazel-bootstrap g++ python3
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libspdlog-dev libfmt-dev
+  libspdlog-dev libfmt-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang-format
   libpsm2-dev libpsm2-2 uuid-dev
   openmpi-bin libopenmpi-dev libfabric-bin netpipe-openmpi python3-mpi4py
   openssh-client  # Open MPI's launcher looks for ssh even for local ranks
+  python3-prometheus-client  # tests parse psmctl's Prometheus output with it
+  scdoc dpkg-dev debootstrap  # man pages, the .deb and its clean-root test
 )
 
 missing=()
