@@ -426,8 +426,7 @@ void AddHealth(CLI::App& app, Options& opts, std::function<int()>* run) {
   cmd->add_option("--max-stall", opts.max_stall,
                   "Seconds without a turn of the progress worker after "
                   "which psmd counts as stalled")
-      ->option_text("SECONDS")
-      ->capture_default_str()
+      ->option_text("SECONDS (default 5)")
       ->check(CLI::PositiveNumber);
   cmd->callback([&opts, run] {
     *run = [&opts] {
