@@ -71,13 +71,14 @@ if ((build)); then
 fi
 bin=bazel-bin
 version=$(cat VERSION)
+[[ -z "$destdir" ]] || mkdir -p -- "$destdir"
 installed=()  # files and links, as installed (without destdir)
 created=()    # directories this run created
 
 # mkdirs DIR: creates DIR (without destdir) and records what did not exist.
 mkdirs() {
   local dir=$1
-  while [[ ! -d "$destdir$dir" ]]; do
+  while [[ "$dir" != / && ! -d "$destdir$dir" ]]; do
     created+=("$dir")
     dir=$(dirname "$dir")
   done

@@ -12,11 +12,13 @@ bazel test //... --test_output=errors --test_env=PSMD_MPI4PY_TESTS="$mpi4py_test
 status=$?
 # Formatting is a check of its own (the tree follows .clang-format).
 if scripts/format.sh --check; then format_failed=0; else format_failed=1; status=1; fi
+# So is the install: prefix install/uninstall and the .deb in a clean root.
+if scripts/test_install.sh; then install_failed=0; else install_failed=1; status=1; fi
 
-FORMAT_FAILED=$format_failed python3 - <<'PY'
+FORMAT_FAILED=$format_failed INSTALL_FAILED=$install_failed python3 - <<'PY'
 import glob, os, xml.etree.ElementTree as ET
-failed = int(os.environ["FORMAT_FAILED"])
-passed = 1 - failed
+failed = int(os.environ["FORMAT_FAILED"]) + int(os.environ["INSTALL_FAILED"])
+passed = 2 - failed
 for path in glob.glob("bazel-testlogs/**/test.xml", recursive=True):
     try:
         root = ET.parse(path).getroot()
