@@ -15,6 +15,7 @@
 
 #include "client/control_client.h"
 #include "client/endpoint.h"
+#include "client/identify.h"
 #include "client/library.h"
 
 using psmd::client::Library;
@@ -169,6 +170,7 @@ psm2_error_t psm2_init(int* api_verno_major, int* api_verno_minor) {
                                  std::to_string(*api_verno_minor));
     }
     lib.multi_ep = EnvYes("PSM2_MULTI_EP");
+    psmd::client::IdentifyLibrary();
   }
   lib.init_count++;
   *api_verno_major = PSM2_VERNO_MAJOR;
@@ -347,6 +349,8 @@ psm2_error_t psm2_ep_open(const psm2_uuid_t unique_job_key,
   }
   *ep = opened.get();
   *epid = opened->epid;
+  psmd::client::IdentifyEndpoint(opened->epid, opened->daemon_version,
+                                 opened->control->socket_path());
   lib.AdoptGlobalHandler(opened.get());
   std::lock_guard<std::mutex> lock(lib.mu);
   lib.opening--;

@@ -191,6 +191,13 @@ Status ControlClient::ListEndpoints(v1::ListEndpointsReply* reply) {
       "endpoints");
 }
 
+Status ControlClient::ListJobs(v1::ListJobsReply* reply) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  return FromStatus(stub_->ListJobs(&ctx, v1::ListJobsRequest(), reply),
+                    "jobs");
+}
+
 Status ControlClient::Health(v1::HealthReply* reply) {
   grpc::ClientContext ctx;
   Prepare(&ctx);

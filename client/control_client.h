@@ -47,6 +47,7 @@ class ControlClient {
                     v1::DisconnectReply* reply);
   Status GetStats(v1::GetStatsReply* reply);
   Status ListEndpoints(v1::ListEndpointsReply* reply);
+  Status ListJobs(v1::ListJobsReply* reply);
   Status Health(v1::HealthReply* reply);
 
  private:

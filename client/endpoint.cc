@@ -59,6 +59,7 @@ Status psm2_ep::Open(psmd::client::ControlClient* control,
   ep->control = control;
   ep->id = reply.endpoint_id();
   ep->epid = reply.epid();
+  ep->daemon_version = reply.daemon_version();
   std::memcpy(ep->uuid, uuid, sizeof(ep->uuid));
   ep->doorbell_fd = fds.doorbell;
   ep->liveness_fd = fds.liveness;

@@ -215,6 +215,7 @@ struct psm2_ep {
   uint32_t id = 0;
   psm2_epid_t epid = 0;
   psm2_uuid_t uuid{};
+  std::string daemon_version;  // as psmd reported it (PSM2_IDENTIFY)
   psmd::shm::Mapping segment;
   psmd::shm::Mapping pool;
   int doorbell_fd = -1;

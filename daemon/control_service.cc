@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "version/version.h"
+
 namespace psmd {
 
 namespace {
@@ -16,23 +18,26 @@ grpc::Status ToStatus(const Status& e) {
                       std::to_string(e.code));
 }
 
+void FillCounters(const counters::Values& values, v1::EndpointStats* out) {
+  auto* map = out->mutable_counters();
+  for (size_t i = 0; i < counters::kNumCounters; i++) {
+    (*map)[counters::kAll[i].name] = values[i];
+  }
+}
+
 void FillStats(const EndpointSnapshot& s, v1::EndpointStats* out) {
   out->set_endpoint_id(s.id);
   out->set_epid(s.epid);
-  out->set_msgs_sent(s.msgs_sent);
-  out->set_bytes_sent(s.bytes_sent);
-  out->set_msgs_received(s.msgs_received);
-  out->set_bytes_received(s.bytes_received);
-  out->set_unexpected_msgs(s.unexpected_msgs);
-  out->set_unexpected_bytes(s.unexpected_bytes);
-  out->set_posted_recvs(s.posted_recvs);
-  out->set_rndv_msgs_sent(s.rndv_msgs_sent);
-  out->set_rndv_bytes_sent(s.rndv_bytes_sent);
-  out->set_probes(s.probes);
-  out->set_sends_held(s.sends_held);
-  out->set_am_requests_sent(s.am_requests_sent);
-  out->set_am_replies_sent(s.am_replies_sent);
-  out->set_bad_descriptors(s.bad_descriptors);
+  out->set_job_uuid(UuidToString(s.uuid));
+  out->set_uid(s.uid);
+  out->set_pid(static_cast<uint32_t>(s.pid));
+  out->set_label(s.label);
+  FillCounters(s.counters, out);
+}
+
+std::string VersionText() {
+  return std::string(version::Version()) + " (commit " + version::Commit() +
+         ")";
 }
 
 }  // namespace
@@ -61,7 +66,9 @@ grpc::Status ControlService::Identify(grpc::ServerContext* ctx,
 grpc::Status ControlService::Health(grpc::ServerContext*,
                                     const v1::HealthRequest*,
                                     v1::HealthReply* reply) {
-  reply->set_version(kVersion);
+  reply->set_version(version::Version());
+  reply->set_commit(version::Commit());
+  reply->set_worker_last_turn_age_ns(worker_->LastTurnAgeNs());
   reply->set_uptime_ns(UptimeNs());
   reply->set_endpoint_count(static_cast<uint32_t>(registry_->endpoint_count()));
   reply->set_max_endpoints(registry_->max_endpoints());
@@ -88,6 +95,7 @@ grpc::Status ControlService::OpenEndpoint(grpc::ServerContext* ctx,
   reply->set_attach_token(opened.token.data(), opened.token.size());
   reply->set_segment_bytes(opened.segment_bytes);
   reply->set_pool_bytes(opened.pool_bytes);
+  reply->set_daemon_version(VersionText());
   return grpc::Status::OK;
 }
 
@@ -138,14 +146,12 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
   std::vector<EndpointSnapshot> snaps = registry_->Snapshot(who);
   reply->set_uptime_ns(UptimeNs());
   reply->set_endpoint_count(static_cast<uint32_t>(snaps.size()));
-  EndpointSnapshot total = registry_->ClosedTotals(who);
+  counters::Values total = registry_->ClosedTotals(who);
   for (const EndpointSnapshot& s : snaps) {
     FillStats(s, reply->add_endpoints());
-    AccumulateCounters(s, &total);
+    counters::Accumulate(s.counters, &total);
   }
-  FillStats(total, reply->mutable_total());
-  reply->mutable_total()->clear_endpoint_id();
-  reply->mutable_total()->clear_epid();
+  FillCounters(total, reply->mutable_total());
   reply->set_doorbells(worker_->doorbells());
   reply->set_sleeps(worker_->sleeps());
   return grpc::Status::OK;
@@ -166,6 +172,28 @@ grpc::Status ControlService::ListEndpoints(grpc::ServerContext* ctx,
     info->set_gid(s.gid);
     info->set_label(s.label);
     info->set_connections(s.connections);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::ListJobs(grpc::ServerContext* ctx,
+                                      const v1::ListJobsRequest*,
+                                      v1::ListJobsReply* reply) {
+  Credentials who;
+  if (auto s = Identify(ctx, &who); !s.ok()) return s;
+  const Config& c = registry_->config();
+  for (const JobSnapshot& j : registry_->Jobs(who)) {
+    v1::JobInfo* info = reply->add_jobs();
+    info->set_job_uuid(UuidToString(j.uuid));
+    info->set_uid(j.uid);
+    for (uint32_t id : j.endpoint_ids) info->add_endpoint_ids(id);
+    info->set_pool_bytes(j.pool_bytes);
+    info->set_region_bytes(c.region_bytes);
+    info->set_max_endpoints(c.max_endpoints_per_job);
+    info->set_unexpected_budget_bytes(c.unexpected_budget_bytes);
+    info->set_max_unexpected_budget_bytes(c.max_unexpected_budget_bytes);
+    info->set_job_unexpected_budget_bytes(c.job_unexpected_budget_bytes);
+    info->set_uid_unexpected_budget_bytes(c.uid_unexpected_budget_bytes);
   }
   return grpc::Status::OK;
 }

@@ -15,8 +15,6 @@
 
 namespace psmd {
 
-inline constexpr char kVersion[] = "0.1.0";
-
 class ControlService final : public v1::Control::Service {
  public:
   ControlService(Registry* registry, Admission* admission,
@@ -41,6 +39,9 @@ class ControlService final : public v1::Control::Service {
   grpc::Status ListEndpoints(grpc::ServerContext* ctx,
                              const v1::ListEndpointsRequest* req,
                              v1::ListEndpointsReply* reply) override;
+  grpc::Status ListJobs(grpc::ServerContext* ctx,
+                        const v1::ListJobsRequest* req,
+                        v1::ListJobsReply* reply) override;
 
  private:
   // Fills *who from the kernel-reported credentials of the caller's

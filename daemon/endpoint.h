@@ -24,6 +24,7 @@
 #include "daemon/job.h"
 #include "daemon/matcher.h"
 #include "daemon/validate.h"
+#include "proto/counters.h"
 #include "shm/descriptor.h"
 #include "shm/layout.h"
 #include "shm/mapping.h"
@@ -44,17 +45,19 @@ class Counter {
   std::atomic<uint64_t> v_{0};
 };
 
+// One Counter per entry of the list in proto/counters.h.
 struct EndpointCounters {
-  Counter msgs_sent, bytes_sent;
-  Counter rndv_msgs_sent, rndv_bytes_sent;  // part of msgs_sent / bytes_sent
-  Counter msgs_received, bytes_received;
-  Counter unexpected_msgs, unexpected_bytes;
-  Counter posted_recvs;
-  Counter probes;
-  Counter sends_held;
-  Counter am_requests_sent, am_replies_sent;  // times a send waited for its
-                                              // receiver's unexpected budget
-  Counter bad_descriptors;
+#define PSMD_COUNTER_FIELD(name, metric, unit, help) Counter name;
+  PSMD_ENDPOINT_COUNTERS(PSMD_COUNTER_FIELD)
+#undef PSMD_COUNTER_FIELD
+
+  counters::Values Values() const {
+    return {{
+#define PSMD_COUNTER_VALUE(name, metric, unit, help) name.Get(),
+        PSMD_ENDPOINT_COUNTERS(PSMD_COUNTER_VALUE)
+#undef PSMD_COUNTER_VALUE
+    }};
+  }
 };
 
 // What one unexpected message is charged against its receiver's budget

@@ -13,6 +13,7 @@
 #include "daemon/control_service.h"
 #include "daemon/progress.h"
 #include "daemon/registry.h"
+#include "version/version.h"
 
 int main(int argc, char** argv) {
   psmd::Config config;
@@ -60,8 +61,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   admission.Start(server.get());
-  spdlog::info("psmd {} serving {} (pid {}, spin {} us)", psmd::kVersion,
-               config.socket_path, getpid(), config.spin_us);
+  spdlog::info("psmd {} serving {} (pid {}, spin {} us)",
+               psmd::version::Version(), config.socket_path, getpid(),
+               config.spin_us);
 
   int sig = 0;
   sigwait(&stop_signals, &sig);

@@ -1,5 +1,6 @@
 #include "daemon/progress.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -56,7 +57,9 @@ bool ProgressWorker::Start(std::string* error) {
   ev.events = EPOLLIN;
   ev.data.u64 = kWakeTag;
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+  last_turn_ns_.store(NowNs(), std::memory_order_relaxed);
   thread_ = std::thread([this] { Loop(); });
+  pthread_setname_np(thread_.native_handle(), kThreadName);
   return true;
 }
 
@@ -119,6 +122,12 @@ void ProgressWorker::ClearPeer(uint32_t id, uint32_t slot) {
   RunSync([&] { engine_.ClearPeer(id, slot); });
 }
 
+uint64_t ProgressWorker::LastTurnAgeNs() const {
+  uint64_t now = NowNs();
+  uint64_t last = last_turn_ns_.load(std::memory_order_relaxed);
+  return now > last ? now - last : 0;
+}
+
 void ProgressWorker::RunCommands() {
   std::deque<std::function<void()>> batch;
   {
@@ -133,12 +142,16 @@ void ProgressWorker::Loop() {
   const uint64_t spin_ns = uint64_t{config_.spin_us} * 1000;
   uint64_t last_work = NowNs();
   uint32_t idle_passes = 0;
+  uint32_t busy_passes = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
     if (commands_pending_.load(std::memory_order_acquire)) RunCommands();
     bool did = engine_.PollAll();
     engine_.NotifyClients();
     if (did) {
       idle_passes = 0;
+      if (++busy_passes % kHeartbeatPasses == 0) {
+        last_turn_ns_.store(NowNs(), std::memory_order_relaxed);
+      }
       continue;
     }
     // Reading the clock costs more than a pass over a few rings; look at it
@@ -150,6 +163,7 @@ void ProgressWorker::Loop() {
       continue;
     }
     uint64_t now = NowNs();
+    last_turn_ns_.store(now, std::memory_order_relaxed);
     if (muted_doorbells_ > 0) ResumeMutedDoorbells(now);
     if (idle_passes == 64) last_work = now;
     if (now - last_work < spin_ns) continue;
@@ -218,10 +232,14 @@ void ProgressWorker::Sleep() {
     sleeps_.fetch_add(1, std::memory_order_relaxed);
     epoll_event events[64];
     int n;
+    // Bounded, so that an idle worker still turns (LastTurnAgeNs).
+    int timeout_ms = ResumeMutedDoorbells(NowNs());
+    if (timeout_ms < 0 || timeout_ms > kMaxSleepMs) timeout_ms = kMaxSleepMs;
     do {
-      n = epoll_wait(epoll_fd_, events, 64, ResumeMutedDoorbells(NowNs()));
+      n = epoll_wait(epoll_fd_, events, 64, timeout_ms);
     } while (n < 0 && errno == EINTR);
     const uint64_t now = NowNs();
+    last_turn_ns_.store(now, std::memory_order_relaxed);
     for (int i = 0; i < n; i++) {
       if (events[i].data.u64 == kWakeTag) {
         shm::DrainEventFd(wake_fd_);

@@ -47,6 +47,17 @@ class ProgressWorker {
     return doorbells_.load(std::memory_order_relaxed);
   }
   uint64_t sleeps() const { return sleeps_.load(std::memory_order_relaxed); }
+  // Nanoseconds since the worker last went round its loop (psmctl health).
+  // The worker notes the time every kHeartbeatPasses busy passes, on every
+  // clock check when idle, and after every sleep, and sleeps at most
+  // kMaxSleepMs, so a healthy worker's age stays near a second or below.
+  uint64_t LastTurnAgeNs() const;
+
+  // The worker thread's name (/proc/PID/task/TID/comm), so that an operator
+  // or a test can find it.
+  static constexpr char kThreadName[] = "psmd-worker";
+  static constexpr int kMaxSleepMs = 1000;
+  static constexpr uint32_t kHeartbeatPasses = 4096;
 
  private:
   // Runs fn on the worker thread and waits until it has run.
@@ -76,6 +87,7 @@ class ProgressWorker {
   uint32_t muted_doorbells_ = 0;  // worker only
   std::atomic<uint64_t> doorbells_{0};
   std::atomic<uint64_t> sleeps_{0};
+  std::atomic<uint64_t> last_turn_ns_{0};  // steady clock
 };
 
 }  // namespace psmd

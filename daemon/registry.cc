@@ -194,44 +194,6 @@ Status Registry::Attach(const AttachToken& token, const Credentials& who,
   return {PSM2_PARAM_ERR, "unknown or expired attach token"};
 }
 
-void AccumulateCounters(const EndpointSnapshot& b, EndpointSnapshot* a) {
-  a->msgs_sent += b.msgs_sent;
-  a->bytes_sent += b.bytes_sent;
-  a->msgs_received += b.msgs_received;
-  a->bytes_received += b.bytes_received;
-  a->unexpected_msgs += b.unexpected_msgs;
-  a->unexpected_bytes += b.unexpected_bytes;
-  a->posted_recvs += b.posted_recvs;
-  a->bad_descriptors += b.bad_descriptors;
-  a->rndv_msgs_sent += b.rndv_msgs_sent;
-  a->rndv_bytes_sent += b.rndv_bytes_sent;
-  a->probes += b.probes;
-  a->sends_held += b.sends_held;
-  a->am_requests_sent += b.am_requests_sent;
-  a->am_replies_sent += b.am_replies_sent;
-}
-
-namespace {
-
-void CopyCounters(const EndpointCounters& c, EndpointSnapshot* s) {
-  s->msgs_sent = c.msgs_sent.Get();
-  s->bytes_sent = c.bytes_sent.Get();
-  s->msgs_received = c.msgs_received.Get();
-  s->bytes_received = c.bytes_received.Get();
-  s->unexpected_msgs = c.unexpected_msgs.Get();
-  s->unexpected_bytes = c.unexpected_bytes.Get();
-  s->posted_recvs = c.posted_recvs.Get();
-  s->bad_descriptors = c.bad_descriptors.Get();
-  s->rndv_msgs_sent = c.rndv_msgs_sent.Get();
-  s->rndv_bytes_sent = c.rndv_bytes_sent.Get();
-  s->probes = c.probes.Get();
-  s->sends_held = c.sends_held.Get();
-  s->am_requests_sent = c.am_requests_sent.Get();
-  s->am_replies_sent = c.am_replies_sent.Get();
-}
-
-}  // namespace
-
 std::shared_ptr<Endpoint> Registry::Unlink(uint32_t id) {
   auto it = records_.find(id);
   if (it == records_.end()) return nullptr;
@@ -252,10 +214,9 @@ void Registry::Retire(std::shared_ptr<Endpoint> ep) {
   worker_->RemoveEndpoint(ep->id);
   {
     // Counters are final now that the worker has dropped the endpoint.
-    EndpointSnapshot last;
-    CopyCounters(ep->counters, &last);
+    counters::Values last = ep->counters.Values();
     std::lock_guard<std::mutex> lock(mu_);
-    AccumulateCounters(last, &closed_totals_[ep->uid]);
+    counters::Accumulate(last, &closed_totals_[ep->uid]);
   }
   spdlog::info(
       "closed endpoint {} epid {:#x} (pid {}): sent {} msgs, received {} msgs",
@@ -403,7 +364,7 @@ std::vector<EndpointSnapshot> Registry::Snapshot(const Credentials& who) {
     s.gid = ep.gid;
     s.label = ep.label;
     s.connections = static_cast<uint32_t>(rec.slot_by_epid.size());
-    CopyCounters(ep.counters, &s);
+    s.counters = ep.counters.Values();
     out.push_back(std::move(s));
   }
   std::sort(out.begin(), out.end(),
@@ -413,13 +374,33 @@ std::vector<EndpointSnapshot> Registry::Snapshot(const Credentials& who) {
   return out;
 }
 
-EndpointSnapshot Registry::ClosedTotals(const Credentials& who) {
+counters::Values Registry::ClosedTotals(const Credentials& who) {
   std::lock_guard<std::mutex> lock(mu_);
-  EndpointSnapshot total;
+  counters::Values total{};
   for (const auto& [uid, t] : closed_totals_) {
-    if (who.is_root() || who.uid == uid) AccumulateCounters(t, &total);
+    if (who.is_root() || who.uid == uid) counters::Accumulate(t, &total);
   }
   return total;
+}
+
+std::vector<JobSnapshot> Registry::Jobs(const Credentials& who) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<JobKey, JobSnapshot> jobs;  // ordered: a stable listing
+  for (const auto& [id, rec] : records_) {
+    const Endpoint& ep = *rec.ep;
+    if (!MayControl(who, ep)) continue;
+    JobSnapshot& j = jobs[ep.job->key()];
+    j.uuid = ep.job->key().uuid;
+    j.uid = ep.uid;
+    j.pool_bytes = ep.job->pool().size();
+    j.endpoint_ids.push_back(ep.id);
+  }
+  std::vector<JobSnapshot> out;
+  for (auto& [key, j] : jobs) {
+    std::sort(j.endpoint_ids.begin(), j.endpoint_ids.end());
+    out.push_back(std::move(j));
+  }
+  return out;
 }
 
 size_t Registry::endpoint_count() {

@@ -62,11 +62,15 @@ struct EndpointSnapshot {
   gid_t gid = 0;
   std::string label;
   uint32_t connections = 0;
-  uint64_t msgs_sent = 0, bytes_sent = 0, msgs_received = 0, bytes_received = 0;
-  uint64_t unexpected_msgs = 0, unexpected_bytes = 0, posted_recvs = 0,
-           bad_descriptors = 0;
-  uint64_t rndv_msgs_sent = 0, rndv_bytes_sent = 0, probes = 0, sends_held = 0;
-  uint64_t am_requests_sent = 0, am_replies_sent = 0;
+  counters::Values counters{};
+};
+
+// A job as psmctl lists it, with the budgets that apply to it.
+struct JobSnapshot {
+  Uuid uuid{};
+  uid_t uid = 0;
+  std::vector<uint32_t> endpoint_ids;  // open endpoints, ascending
+  uint64_t pool_bytes = 0;
 };
 
 class Registry {
@@ -95,7 +99,10 @@ class Registry {
   std::vector<EndpointSnapshot> Snapshot(const Credentials& who);
   // Counters of the closed endpoints the caller may see, summed (so totals
   // cover the daemon's lifetime, not only the endpoints open now).
-  EndpointSnapshot ClosedTotals(const Credentials& who);
+  counters::Values ClosedTotals(const Credentials& who);
+  // Jobs the caller may see (its own uid's, or all for root), by uuid.
+  std::vector<JobSnapshot> Jobs(const Credentials& who);
+  const Config& config() const { return config_; }
   size_t endpoint_count();
   // The most endpoints psmd serves at once (--max-endpoints).
   uint32_t max_endpoints() const { return config_.max_endpoints; }
@@ -142,11 +149,8 @@ class Registry {
       quota_complaint_;
   std::unordered_map<uint64_t, uint32_t> id_by_epid_;
   std::map<JobKey, std::shared_ptr<Job>> jobs_;
-  std::map<uid_t, EndpointSnapshot> closed_totals_;  // by owner uid
+  std::map<uid_t, counters::Values> closed_totals_;  // by owner uid
 };
-
-// Adds b's counters to a's.
-void AccumulateCounters(const EndpointSnapshot& b, EndpointSnapshot* a);
 
 }  // namespace psmd
 

@@ -6,13 +6,15 @@ set -euo pipefail
 PACKAGES=(
   bazel-bootstrap g++ python3
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libspdlog-dev libfmt-dev
+  libspdlog-dev libfmt-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang-format clang-14
   libpsm2-dev libpsm2-2 uuid-dev
   liburing-dev munge libmunge-dev  # hw/socket: io_uring, MUNGE auth
   clang libclang-rt-14-dev  # hw/frame_fuzz: libFuzzer
   openmpi-bin libopenmpi-dev libfabric-bin netpipe-openmpi python3-mpi4py
   openssh-client  # Open MPI's launcher looks for ssh even for local ranks
+  python3-prometheus-client  # tests parse psmctl's Prometheus output with it
+  scdoc dpkg-dev debootstrap  # man pages, the .deb and its clean-root test
 )
 
 missing=()

@@ -10,17 +10,20 @@ bazel build //... || { echo "0 passed, 1 failed"; exit 1; }
 mpi4py_tests=$(cd .. && pwd)/shared/external/mpi4py-3.1.4-test/test
 bazel test //... --test_output=errors --test_env=PSMD_MPI4PY_TESTS="$mpi4py_tests"
 status=$?
-# Checks of their own, each counted once: formatting (.clang-format) and
-# Clang's thread-safety analysis of the library's lock annotations.
+# Checks of their own, each counted once: formatting (.clang-format),
+# Clang's thread-safety analysis of the library's lock annotations, and the
+# install (prefix install/uninstall and the .deb in a clean root).
+checks=3
 checks_failed=0
 scripts/format.sh --check || { checks_failed=$((checks_failed + 1)); status=1; }
 bazel build --config=thread-safety //client:libpsm2.so.2 ||
   { checks_failed=$((checks_failed + 1)); status=1; }
+scripts/test_install.sh || { checks_failed=$((checks_failed + 1)); status=1; }
 
-CHECKS_FAILED=$checks_failed python3 - <<'PY'
+CHECKS=$checks CHECKS_FAILED=$checks_failed python3 - <<'PY'
 import glob, os, xml.etree.ElementTree as ET
 failed = int(os.environ["CHECKS_FAILED"])
-passed = 2 - failed
+passed = int(os.environ["CHECKS"]) - failed
 for path in glob.glob("bazel-testlogs/**/test.xml", recursive=True):
     try:
         root = ET.parse(path).getroot()

@@ -1,36 +1,54 @@
-// psmctl: the operator's command line for psmd.
-//
-//   psmctl [--socket PATH] [--json] stats | endpoints | health
+// psmctl: the operator's command line for psmd (psmctl(8)). One subcommand
+// per question an operator asks; each is an Add* function below, registered
+// in main(). Counters are named and formatted from the one list in
+// proto/counters.h, so a new counter shows up here without a change.
 #include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
+#include <map>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "client/control_client.h"
+#include "proto/counters.h"
+#include "tools/format.h"
+#include "version/version.h"
 
 namespace {
 
 using psmd::Status;
 using psmd::client::ControlClient;
+using psmd::tools::Human;
+using psmd::tools::HumanRate;
+using psmd::tools::JsonString;
+using psmd::tools::Printable;
+using psmd::tools::PromLabel;
+namespace counters = psmd::counters;
 
-int Usage(FILE* out) {
-  fprintf(out,
-          "usage: psmctl [--socket PATH] [--json] COMMAND\n"
-          "commands:\n"
-          "  stats      messages and bytes per endpoint and in total, uptime\n"
-          "  endpoints  open endpoints: id, epid, job uuid, pid, uid\n"
-          "  health     daemon version, uptime, endpoint count\n"
-          "  close ID   close endpoint ID (its owner's uid or root only)\n"
-          "The socket defaults to $PSMD_SOCKET, else %s.\n",
-          psmd::client::kDefaultSocket);
-  return out == stdout ? 0 : 2;
-}
+// Exit codes: 0 done, 1 the daemon failed or is unhealthy, 2 bad usage.
+constexpr int kFailed = 1;
+constexpr int kUsage = 2;
+
+// The command line: where the daemon is and how to write (every command),
+// then each command's own options.
+struct Options {
+  std::string socket = psmd::client::SocketPath();
+  std::string format = "table";
+  bool json = false;      // --json, kept from psmctl 0.5: --format json
+  double watch = 0;       // stats --watch SECONDS (0: totals)
+  int count = 0;          // stats --count N
+  double max_stall = 5;   // health --max-stall SECONDS
+  uint32_t close_id = 0;  // close ID
+};
 
 int Fail(const Status& e) {
   fprintf(stderr, "psmctl: %s\n", e.message.c_str());
-  return 1;
+  return kFailed;
 }
 
 std::string Hex(uint64_t v) {
@@ -39,90 +57,264 @@ std::string Hex(uint64_t v) {
   return buf;
 }
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      snprintf(buf, sizeof(buf), "\\u%04x", c);
+// ---- stats ----
+
+// A row of counters: one endpoint, one job's open endpoints, or the total.
+struct Row {
+  std::string heading;
+  counters::Values values{};
+};
+
+counters::Values ValuesOf(const psmd::v1::EndpointStats& s) {
+  counters::Values v{};
+  for (size_t i = 0; i < counters::kNumCounters; i++) {
+    auto it = s.counters().find(counters::kAll[i].name);
+    if (it != s.counters().end()) v[i] = it->second;
+  }
+  return v;
+}
+
+// A job as stats shows it: (uuid, uid) and the sum of its open endpoints.
+using JobKey = std::pair<std::string, uint32_t>;
+
+std::map<JobKey, counters::Values> JobTotals(const psmd::v1::GetStatsReply& r) {
+  std::map<JobKey, counters::Values> jobs;
+  for (const auto& e : r.endpoints()) {
+    counters::Accumulate(ValuesOf(e), &jobs[{e.job_uuid(), e.uid()}]);
+  }
+  return jobs;
+}
+
+std::string JobHeading(const JobKey& job) {
+  return "job " + job.first.substr(0, 8) + "/" + std::to_string(job.second);
+}
+
+std::vector<Row> Rows(const psmd::v1::GetStatsReply& r) {
+  std::vector<Row> rows;
+  for (const auto& e : r.endpoints()) {
+    rows.push_back({"ep " + std::to_string(e.endpoint_id()), ValuesOf(e)});
+  }
+  for (const auto& [job, values] : JobTotals(r)) {
+    rows.push_back({JobHeading(job), values});
+  }
+  rows.push_back({"total", ValuesOf(r.total())});
+  return rows;
+}
+
+void PrintIdentities(const psmd::v1::GetStatsReply& r) {
+  printf("%-8s %-18s %-36s %6s %8s  %s\n", "endpoint", "epid", "job_uuid",
+         "uid", "pid", "label");
+  for (const auto& e : r.endpoints()) {
+    printf("%-8u %-18s %-36s %6u %8u  %s\n", e.endpoint_id(),
+           Hex(e.epid()).c_str(), Printable(e.job_uuid()).c_str(), e.uid(),
+           e.pid(), Printable(e.label()).c_str());
+  }
+}
+
+// Counters down, endpoints / jobs / total across: a new counter is one more
+// line, however many there are. `rate_seconds` > 0: values are per second.
+void PrintCounterTable(const std::vector<Row>& rows, double rate_seconds) {
+  printf("\n%-18s", "counter");
+  for (const Row& row : rows) printf(" %16s", row.heading.c_str());
+  printf("\n");
+  for (size_t i = 0; i < counters::kNumCounters; i++) {
+    printf("%-18s", counters::kAll[i].name);
+    for (const Row& row : rows) {
+      double v = static_cast<double>(row.values[i]);
+      std::string text =
+          rate_seconds > 0 ? HumanRate(v / rate_seconds, counters::kAll[i].unit)
+                           : Human(v, counters::kAll[i].unit);
+      printf(" %16s", text.c_str());
+    }
+    printf("\n");
+  }
+}
+
+std::string CountersJson(const counters::Values& v, double rate_seconds) {
+  std::string out;
+  for (size_t i = 0; i < counters::kNumCounters; i++) {
+    out += i ? ", " : "";
+    out += JsonString(counters::kAll[i].name) + ": ";
+    if (rate_seconds > 0) {
+      char buf[32];
+      snprintf(buf, sizeof(buf), "%.3f",
+               static_cast<double>(v[i]) / rate_seconds);
       out += buf;
     } else {
-      out += c;
+      out += std::to_string(v[i]);
     }
   }
-  return out + "\"";
+  return out;
 }
 
-std::string StatsJson(const psmd::v1::EndpointStats& s, bool with_identity) {
-  std::string out = "{";
-  if (with_identity) {
-    out += "\"endpoint_id\": " + std::to_string(s.endpoint_id()) + ", ";
-    out += "\"epid\": " + JsonString(Hex(s.epid())) + ", ";
+void PrintStatsJson(const psmd::v1::GetStatsReply& r) {
+  printf(
+      "{\"uptime_seconds\": %.3f, \"endpoint_count\": %u, \"doorbells\": "
+      "%" PRIu64 ", \"sleeps\": %" PRIu64 ",\n \"endpoints\": [",
+      static_cast<double>(r.uptime_ns()) / 1e9, r.endpoint_count(),
+      r.doorbells(), r.sleeps());
+  for (int i = 0; i < r.endpoints_size(); i++) {
+    const auto& e = r.endpoints(i);
+    printf(
+        "%s\n  {\"endpoint_id\": %u, \"epid\": %s, \"job_uuid\": %s, "
+        "\"uid\": %u, \"pid\": %u, \"label\": %s, %s}",
+        i ? "," : "", e.endpoint_id(), JsonString(Hex(e.epid())).c_str(),
+        JsonString(e.job_uuid()).c_str(), e.uid(), e.pid(),
+        JsonString(e.label()).c_str(), CountersJson(ValuesOf(e), 0).c_str());
   }
-  out += "\"msgs_sent\": " + std::to_string(s.msgs_sent());
-  out += ", \"bytes_sent\": " + std::to_string(s.bytes_sent());
-  out += ", \"msgs_received\": " + std::to_string(s.msgs_received());
-  out += ", \"bytes_received\": " + std::to_string(s.bytes_received());
-  out += ", \"unexpected_msgs\": " + std::to_string(s.unexpected_msgs());
-  out += ", \"unexpected_bytes\": " + std::to_string(s.unexpected_bytes());
-  out += ", \"posted_recvs\": " + std::to_string(s.posted_recvs());
-  out += ", \"rndv_msgs_sent\": " + std::to_string(s.rndv_msgs_sent());
-  out += ", \"rndv_bytes_sent\": " + std::to_string(s.rndv_bytes_sent());
-  out += ", \"probes\": " + std::to_string(s.probes());
-  out += ", \"sends_held\": " + std::to_string(s.sends_held());
-  out += ", \"am_requests_sent\": " + std::to_string(s.am_requests_sent());
-  out += ", \"am_replies_sent\": " + std::to_string(s.am_replies_sent());
-  out += ", \"bad_descriptors\": " + std::to_string(s.bad_descriptors());
-  return out + "}";
+  printf("],\n \"jobs\": [");
+  bool first = true;
+  for (const auto& [job, values] : JobTotals(r)) {
+    printf("%s\n  {\"job_uuid\": %s, \"uid\": %u, %s}", first ? "" : ",",
+           JsonString(job.first).c_str(), job.second,
+           CountersJson(values, 0).c_str());
+    first = false;
+  }
+  printf("],\n \"total\": {%s}}\n",
+         CountersJson(ValuesOf(r.total()), 0).c_str());
 }
 
-void PrintStatsRow(const char* name, const psmd::v1::EndpointStats& s) {
-  printf("%-10s %12" PRIu64 " %14" PRIu64 " %12" PRIu64 " %14" PRIu64
-         " %11" PRIu64 " %9" PRIu64 "\n",
-         name, s.msgs_sent(), s.bytes_sent(), s.msgs_received(),
-         s.bytes_received(), s.unexpected_msgs(), s.bad_descriptors());
+// node_exporter's textfile collector format: one family per counter, a
+// sample per job (labels job and uid) summed over its open endpoints, and
+// the daemon's own gauges and counters.
+void PrintStatsPrometheus(const psmd::v1::GetStatsReply& r) {
+  auto family = [](const std::string& name, const char* type,
+                   const char* help) {
+    printf("# HELP %s %s\n# TYPE %s %s\n", name.c_str(), help, name.c_str(),
+           type);
+  };
+  family("psmd_uptime_seconds", "gauge", "Seconds since psmd started.");
+  printf("psmd_uptime_seconds %.3f\n",
+         static_cast<double>(r.uptime_ns()) / 1e9);
+  family("psmd_endpoints", "gauge", "Endpoints open now.");
+  printf("psmd_endpoints %u\n", r.endpoint_count());
+  family("psmd_doorbells_total", "counter",
+         "Times a client woke the sleeping progress worker.");
+  printf("psmd_doorbells_total %" PRIu64 "\n", r.doorbells());
+  family("psmd_sleeps_total", "counter",
+         "Times the progress worker went to sleep.");
+  printf("psmd_sleeps_total %" PRIu64 "\n", r.sleeps());
+  auto jobs = JobTotals(r);
+  for (size_t i = 0; i < counters::kNumCounters; i++) {
+    std::string name =
+        std::string("psmd_") + counters::kAll[i].metric + "_total";
+    family(name, "counter", counters::kAll[i].help);
+    for (const auto& [job, values] : jobs) {
+      printf("%s{job=%s,uid=\"%u\"} %" PRIu64 "\n", name.c_str(),
+             PromLabel(job.first).c_str(), job.second, values[i]);
+    }
+  }
 }
 
-int Stats(ControlClient& control, bool json) {
+int ShowStats(ControlClient& control, const std::string& format) {
   psmd::v1::GetStatsReply r;
   if (Status e = control.GetStats(&r); !e.ok()) return Fail(e);
-  double uptime = static_cast<double>(r.uptime_ns()) / 1e9;
-  if (json) {
-    printf(
-        "{\"uptime_seconds\": %.3f, \"endpoint_count\": %u, \"doorbells\": "
-        "%" PRIu64 ", \"sleeps\": %" PRIu64 ",\n \"endpoints\": [",
-        uptime, r.endpoint_count(), r.doorbells(), r.sleeps());
-    for (int i = 0; i < r.endpoints_size(); i++) {
-      printf("%s\n  %s", i ? "," : "", StatsJson(r.endpoints(i), true).c_str());
-    }
-    printf("],\n \"total\": %s}\n", StatsJson(r.total(), false).c_str());
-    return 0;
+  if (format == "json") {
+    PrintStatsJson(r);
+  } else if (format == "prometheus") {
+    PrintStatsPrometheus(r);
+  } else {
+    printf("psmd up %.1f s, %u endpoints, %" PRIu64 " doorbells, %" PRIu64
+           " sleeps\n",
+           static_cast<double>(r.uptime_ns()) / 1e9, r.endpoint_count(),
+           r.doorbells(), r.sleeps());
+    PrintIdentities(r);
+    PrintCounterTable(Rows(r), 0);
   }
-  printf("psmd up %.1f s, %u endpoints, %" PRIu64 " doorbells, %" PRIu64
-         " sleeps\n",
-         uptime, r.endpoint_count(), r.doorbells(), r.sleeps());
-  printf("%-10s %12s %14s %12s %14s %11s %9s\n", "endpoint", "msgs_sent",
-         "bytes_sent", "msgs_recv", "bytes_recv", "unexpected", "bad_desc");
-  for (const auto& s : r.endpoints())
-    PrintStatsRow(std::to_string(s.endpoint_id()).c_str(), s);
-  PrintStatsRow("total", r.total());
   return 0;
 }
 
-int Endpoints(ControlClient& control, bool json) {
+// Rates over each interval: per endpoint open at both ends of it, per job,
+// and in total. `samples` 0: until interrupted.
+int WatchStats(ControlClient& control, const std::string& format,
+               double interval, int samples) {
+  psmd::v1::GetStatsReply before;
+  if (Status e = control.GetStats(&before); !e.ok()) return Fail(e);
+  for (int n = 0; samples == 0 || n < samples; n++) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(interval));
+    psmd::v1::GetStatsReply after;
+    if (Status e = control.GetStats(&after); !e.ok()) return Fail(e);
+    double seconds =
+        static_cast<double>(after.uptime_ns() - before.uptime_ns()) / 1e9;
+    std::map<uint32_t, counters::Values> earlier;
+    for (const auto& e : before.endpoints()) {
+      earlier[e.endpoint_id()] = ValuesOf(e);
+    }
+    // Deltas: endpoints new in this interval count from zero.
+    psmd::v1::GetStatsReply delta = after;
+    for (auto& e : *delta.mutable_endpoints()) {
+      counters::Values was = earlier[e.endpoint_id()];
+      for (size_t i = 0; i < counters::kNumCounters; i++) {
+        (*e.mutable_counters())[counters::kAll[i].name] -= was[i];
+      }
+    }
+    counters::Values total_was = ValuesOf(before.total());
+    for (size_t i = 0; i < counters::kNumCounters; i++) {
+      (*delta.mutable_total()->mutable_counters())[counters::kAll[i].name] -=
+          total_was[i];
+    }
+    if (format == "json") {
+      printf("{\"interval_seconds\": %.3f, \"endpoints\": [", seconds);
+      for (int i = 0; i < delta.endpoints_size(); i++) {
+        const auto& e = delta.endpoints(i);
+        printf("%s{\"endpoint_id\": %u, \"per_second\": {%s}}", i ? ", " : "",
+               e.endpoint_id(), CountersJson(ValuesOf(e), seconds).c_str());
+      }
+      printf("], \"total_per_second\": {%s}}\n",
+             CountersJson(ValuesOf(delta.total()), seconds).c_str());
+    } else {
+      printf("psmd rates over %.1f s, %u endpoints\n", seconds,
+             after.endpoint_count());
+      PrintCounterTable(Rows(delta), seconds);
+      printf("\n");
+    }
+    fflush(stdout);
+    before = std::move(after);
+  }
+  return 0;
+}
+
+void AddStats(CLI::App& app, Options& opts, std::function<int()>* run) {
+  auto* cmd = app.add_subcommand(
+      "stats",
+      "Counters per endpoint (with its job uuid, uid and pid), per job and in "
+      "total since psmd started");
+  auto* watch = cmd->add_option(
+      "--watch", opts.watch, "Show rates over every SECONDS instead of totals");
+  watch->option_text("SECONDS")->check(CLI::Range(0.05, 86400.0));
+  cmd->add_option("--count", opts.count,
+                  "With --watch: stop after N intervals (0: until interrupted)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber)
+      ->needs(watch);
+  cmd->callback([&opts, run] {
+    *run = [&opts] {
+      ControlClient control(opts.socket);
+      if (opts.watch == 0) return ShowStats(control, opts.format);
+      if (opts.format == "prometheus") {
+        fprintf(stderr,
+                "psmctl: --watch shows rates; for Prometheus export totals "
+                "and let it compute rates (rate())\n");
+        return kUsage;
+      }
+      return WatchStats(control, opts.format, opts.watch, opts.count);
+    };
+  });
+}
+
+// ---- endpoints ----
+
+int ShowEndpoints(ControlClient& control, const std::string& format) {
   psmd::v1::ListEndpointsReply r;
   if (Status e = control.ListEndpoints(&r); !e.ok()) return Fail(e);
-  if (json) {
+  if (format == "json") {
     printf("[");
     for (int i = 0; i < r.endpoints_size(); i++) {
       const auto& e = r.endpoints(i);
       printf(
-          "%s\n {\"endpoint_id\": %u, \"epid\": %s, \"job_uuid\": %s, \"pid\": "
-          "%u, "
-          "\"uid\": %u, \"gid\": %u, \"label\": %s, \"connections\": %u}",
+          "%s\n {\"endpoint_id\": %u, \"epid\": %s, \"job_uuid\": %s, "
+          "\"pid\": %u, \"uid\": %u, \"gid\": %u, \"label\": %s, "
+          "\"connections\": %u}",
           i ? "," : "", e.endpoint_id(), JsonString(Hex(e.epid())).c_str(),
           JsonString(e.job_uuid()).c_str(), e.pid(), e.uid(), e.gid(),
           JsonString(e.label()).c_str(), e.connections());
@@ -134,82 +326,222 @@ int Endpoints(ControlClient& control, bool json) {
          "uid", "conns", "label");
   for (const auto& e : r.endpoints()) {
     printf("%-8u %-18s %-36s %8u %6u %5u  %s\n", e.endpoint_id(),
-           Hex(e.epid()).c_str(), e.job_uuid().c_str(), e.pid(), e.uid(),
-           e.connections(), e.label().c_str());
+           Hex(e.epid()).c_str(), Printable(e.job_uuid()).c_str(), e.pid(),
+           e.uid(), e.connections(), Printable(e.label()).c_str());
   }
   return 0;
 }
 
-int Health(ControlClient& control, bool json) {
+// ---- jobs ----
+
+int ShowJobs(ControlClient& control, const std::string& format) {
+  psmd::v1::ListJobsReply r;
+  if (Status e = control.ListJobs(&r); !e.ok()) return Fail(e);
+  auto ids = [](const psmd::v1::JobInfo& j, const char* sep) {
+    std::string out;
+    for (int i = 0; i < j.endpoint_ids_size(); i++) {
+      out += (i ? sep : "") + std::to_string(j.endpoint_ids(i));
+    }
+    return out;
+  };
+  if (format == "json") {
+    printf("[");
+    for (int i = 0; i < r.jobs_size(); i++) {
+      const auto& j = r.jobs(i);
+      printf(
+          "%s\n {\"job_uuid\": %s, \"uid\": %u, \"endpoints\": [%s], "
+          "\"pool_bytes\": %" PRIu64 ", \"region_bytes\": %" PRIu64
+          ", \"max_endpoints\": %u, \"unexpected_budget_bytes\": %" PRIu64
+          ", \"max_unexpected_budget_bytes\": %" PRIu64
+          ", \"job_unexpected_budget_bytes\": %" PRIu64
+          ", \"uid_unexpected_budget_bytes\": %" PRIu64 "}",
+          i ? "," : "", JsonString(j.job_uuid()).c_str(), j.uid(),
+          ids(j, ", ").c_str(), j.pool_bytes(), j.region_bytes(),
+          j.max_endpoints(), j.unexpected_budget_bytes(),
+          j.max_unexpected_budget_bytes(), j.job_unexpected_budget_bytes(),
+          j.uid_unexpected_budget_bytes());
+    }
+    printf("]\n");
+    return 0;
+  }
+  const auto bytes = counters::Unit::kBytes;
+  printf("%-36s %6s %-16s %10s %10s %12s %10s %10s\n", "job_uuid", "uid",
+         "endpoints", "pool", "ep_budget", "ep_max", "job_budget",
+         "uid_budget");
+  for (const auto& j : r.jobs()) {
+    std::string eps =
+        ids(j, ",") + " (of " + std::to_string(j.max_endpoints()) + ")";
+    printf("%-36s %6u %-16s %10s %10s %12s %10s %10s\n",
+           Printable(j.job_uuid()).c_str(), j.uid(), eps.c_str(),
+           Human(j.pool_bytes(), bytes).c_str(),
+           Human(j.unexpected_budget_bytes(), bytes).c_str(),
+           Human(j.max_unexpected_budget_bytes(), bytes).c_str(),
+           Human(j.job_unexpected_budget_bytes(), bytes).c_str(),
+           Human(j.uid_unexpected_budget_bytes(), bytes).c_str());
+  }
+  return 0;
+}
+
+// ---- health ----
+
+int ShowHealth(ControlClient& control, const std::string& format,
+               double max_stall) {
   psmd::v1::HealthReply r;
   if (Status e = control.Health(&r); !e.ok()) return Fail(e);
   double uptime = static_cast<double>(r.uptime_ns()) / 1e9;
-  if (json) {
+  double age = static_cast<double>(r.worker_last_turn_age_ns()) / 1e9;
+  bool healthy = age <= max_stall;
+  if (format == "json") {
     printf(
-        "{\"version\": %s, \"uptime_seconds\": %.3f, \"endpoint_count\": %u, "
-        "\"pid\": %u}\n",
-        JsonString(r.version()).c_str(), uptime, r.endpoint_count(),
-        r.daemon_pid());
+        "{\"healthy\": %s, \"version\": %s, \"commit\": %s, "
+        "\"uptime_seconds\": %.3f, \"endpoint_count\": %u, "
+        "\"max_endpoints\": %u, \"pid\": %u, "
+        "\"worker_last_turn_seconds\": %.3f, \"max_stall_seconds\": %.3f}\n",
+        healthy ? "true" : "false", JsonString(r.version()).c_str(),
+        JsonString(r.commit()).c_str(), uptime, r.endpoint_count(),
+        r.max_endpoints(), r.daemon_pid(), age, max_stall);
   } else {
-    printf("psmd %s (pid %u): up %.1f s, %u endpoints\n", r.version().c_str(),
-           r.daemon_pid(), uptime, r.endpoint_count());
+    printf(
+        "psmd %s (commit %s, pid %u): up %.1f s, %u of %u endpoints, "
+        "progress worker last turned %.3f s ago: %s\n",
+        r.version().c_str(), r.commit().c_str(), r.daemon_pid(), uptime,
+        r.endpoint_count(), r.max_endpoints(), age,
+        healthy ? "healthy" : "STALLED");
+  }
+  if (!healthy) {
+    fprintf(stderr,
+            "psmctl: psmd's progress worker has not turned for %.1f s (bound "
+            "%.1f s): clients make no progress\n",
+            age, max_stall);
+    return kFailed;
   }
   return 0;
 }
 
-int Close(ControlClient& control, const std::string& id_text) {
-  char* end = nullptr;
-  unsigned long id = strtoul(id_text.c_str(), &end, 10);
-  if (id_text.empty() || *end != '\0' || id == 0 || id > 0xffffffffu) {
-    fprintf(stderr,
-            "psmctl: close needs an endpoint id (see psmctl endpoints)\n");
-    return 2;
-  }
-  if (Status e = control.CloseEndpoint(static_cast<uint32_t>(id)); !e.ok())
-    return Fail(e);
-  printf("closed endpoint %lu\n", id);
-  return 0;
+void AddHealth(CLI::App& app, Options& opts, std::function<int()>* run) {
+  auto* cmd = app.add_subcommand(
+      "health",
+      "Daemon version, uptime, endpoint count; exits 1 when the progress "
+      "worker has not turned within --max-stall");
+  cmd->add_option("--max-stall", opts.max_stall,
+                  "Seconds without a turn of the progress worker after "
+                  "which psmd counts as stalled")
+      ->option_text("SECONDS (default 5)")
+      ->check(CLI::PositiveNumber);
+  cmd->callback([&opts, run] {
+    *run = [&opts] {
+      ControlClient control(opts.socket);
+      return ShowHealth(control, opts.format, opts.max_stall);
+    };
+  });
+}
+
+// ---- close ----
+
+void AddClose(CLI::App& app, Options& opts, std::function<int()>* run) {
+  auto* cmd = app.add_subcommand(
+      "close", "Close endpoint ID (its owner's uid or root only)");
+  cmd->add_option("ID", opts.close_id,
+                  "Endpoint id, as psmctl endpoints lists it")
+      ->required()
+      ->check(CLI::Range(1u, 0xffffffffu));
+  cmd->callback([&opts, run] {
+    *run = [&opts] {
+      ControlClient control(opts.socket);
+      if (Status e = control.CloseEndpoint(opts.close_id); !e.ok())
+        return Fail(e);
+      printf("closed endpoint %u\n", opts.close_id);
+      return 0;
+    };
+  });
+}
+
+// A subcommand whose only input is the shared options.
+void AddSimple(CLI::App& app, Options& opts, std::function<int()>* run,
+               const char* name, const char* help,
+               int (*show)(ControlClient&, const std::string&)) {
+  auto* cmd = app.add_subcommand(name, help);
+  cmd->callback([&opts, run, show] {
+    *run = [&opts, show] {
+      ControlClient control(opts.socket);
+      return show(control, opts.format);
+    };
+  });
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string socket = psmd::client::SocketPath();
-  bool json = false;
-  std::string command;
-  std::string operand;
-  for (int i = 1; i < argc; i++) {
-    std::string arg = argv[i];
-    if (arg == "--socket" && i + 1 < argc) {
-      socket = argv[++i];
-    } else if (arg.rfind("--socket=", 0) == 0) {
-      socket = arg.substr(9);
-    } else if (arg == "--json") {
-      json = true;
-    } else if (arg == "--help" || arg == "-h") {
-      return Usage(stdout);
-    } else if (command.empty() && arg[0] != '-') {
-      command = arg;
-    } else if (command == "close" && operand.empty()) {
-      operand = arg;
-    } else {
-      fprintf(stderr, "psmctl: unexpected argument '%s'\n", arg.c_str());
-      return Usage(stderr);
-    }
+  Options opts;
+  CLI::App app(
+      "psmctl: ask psmd, the node's PSM2 daemon, what it is doing (psmctl(8))",
+      "psmctl");
+  app.set_version_flag("--version", std::string("psmctl ") +
+                                        psmd::version::Version() + " (commit " +
+                                        psmd::version::Commit() + ")");
+  app.add_option("--socket", opts.socket,
+                 "psmd's control socket ($PSMD_SOCKET, else " +
+                     std::string(psmd::client::kDefaultSocket) + ")")
+      ->option_text("PATH")
+      ->capture_default_str();
+  app.add_option("--format", opts.format,
+                 "table (human-readable numbers), json (exact numbers) or "
+                 "prometheus (stats only: node_exporter textfile format)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"table", "json", "prometheus"}));
+  app.add_flag("--json", opts.json, "Same as --format json");
+
+  // The subcommands. Each registers its options and, when chosen, sets `run`.
+  // The daemon's effective configuration (`config`, GetConfig) is added here
+  // the same way.
+  std::function<int()> run;
+  AddStats(app, opts, &run);
+  AddSimple(app, opts, &run, "endpoints",
+            "Open endpoints: id, epid, job uuid, pid, uid, connections, label",
+            ShowEndpoints);
+  AddSimple(app, opts, &run, "jobs",
+            "Jobs: their endpoints, payload pool and unexpected-message "
+            "budgets",
+            ShowJobs);
+  AddHealth(app, opts, &run);
+  AddClose(app, opts, &run);
+  for (CLI::App* cmd : app.get_subcommands({})) cmd->fallthrough();
+  // Anything unmatched is kept (not an error inside CLI11) so that a
+  // mistyped command gets its own message below.
+  app.allow_extras();
+  app.require_subcommand(0, 1);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : kUsage;
   }
-  if (command.empty()) return Usage(stderr);
-  if (access(socket.c_str(), F_OK) != 0) {
+  std::vector<std::string> extra = app.remaining();
+  if (!extra.empty()) {
+    const std::string& word = extra.front();
+    bool command_missing = app.get_subcommands().empty() && word[0] != '-';
+    fprintf(stderr, "psmctl: %s '%s' (see psmctl --help)\n",
+            command_missing ? "unknown command" : "unexpected argument",
+            word.c_str());
+    return kUsage;
+  }
+  if (!run) {
+    fprintf(stderr, "%s", app.help().c_str());
+    return kUsage;
+  }
+  if (opts.json) opts.format = "json";
+  if (opts.format == "prometheus" &&
+      app.get_subcommands().front()->get_name() != "stats") {
+    fprintf(stderr, "psmctl: --format prometheus is for stats only\n");
+    return kUsage;
+  }
+  if (access(opts.socket.c_str(), F_OK) != 0) {
     fprintf(stderr,
             "psmctl: no psmd socket at %s; is psmd running? (--socket or "
             "PSMD_SOCKET)\n",
-            socket.c_str());
-    return 1;
+            opts.socket.c_str());
+    return kFailed;
   }
-  ControlClient control(socket);
-  if (command == "stats") return Stats(control, json);
-  if (command == "endpoints") return Endpoints(control, json);
-  if (command == "health") return Health(control, json);
-  if (command == "close") return Close(control, operand);
-  fprintf(stderr, "psmctl: unknown command '%s'\n", command.c_str());
-  return Usage(stderr);
+  return run();
 }

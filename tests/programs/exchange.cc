@@ -1,7 +1,7 @@
 // exchange: one rank of a two-rank tagged-message exchange through PSM2.
 //
 //   exchange --rank 0|1 --dir DIR [--uuid HEX] [--messages N] [--max-size B]
-//            [--seed S] [--hold-seconds T]
+//            [--seed S] [--hold-seconds T] [--linger-seconds T]
 //
 // Rank 0 sends N messages of pseudo-random sizes in [0, B] with tag i and a
 // payload derived from (seed, i); rank 1 receives them one by one with exact
@@ -11,9 +11,10 @@
 // 1 on a data error, 2 on an API error, 3 when psm2_ep_connect fails (printing
 // the PSM2 error).
 // --hold-seconds keeps both ranks connected and idle before exchanging (for
-// idle-CPU tests). --no-ack makes rank 0 close its endpoint right after its
-// last send and rank 1 start receiving only after that, so every message is
-// received from a sender that has already gone.
+// idle-CPU tests); --linger-seconds keeps them open after it (for psmctl
+// tests, which look at the counters of open endpoints). --no-ack makes rank 0
+// close its endpoint right after its last send and rank 1 start receiving only
+// after that, so every message is received from a sender that has already gone.
 #include <psm2.h>
 #include <psm2_mq.h>
 #include <unistd.h>
@@ -59,6 +60,7 @@ int main(int argc, char** argv) {
   uint32_t messages = 1000, max_size = 8192;
   uint64_t seed = 1;
   unsigned hold_seconds = 0;
+  unsigned linger_seconds = 0;
   bool ack = true;
   for (int i = 1; i < argc; i += 2) {
     std::string flag = argv[i];
@@ -82,6 +84,8 @@ int main(int argc, char** argv) {
       seed = strtoull(value.c_str(), nullptr, 10);
     else if (flag == "--hold-seconds")
       hold_seconds = static_cast<unsigned>(atoi(value.c_str()));
+    else if (flag == "--linger-seconds")
+      linger_seconds = static_cast<unsigned>(atoi(value.c_str()));
     else {
       fprintf(stderr, "exchange: unknown flag %s\n", flag.c_str());
       return 2;
@@ -223,6 +227,7 @@ int main(int argc, char** argv) {
         messages, static_cast<unsigned long long>(bytes));
   }
   fflush(stdout);
+  if (linger_seconds > 0) sleep(linger_seconds);
   psm2_mq_finalize(mq);
   psm2_ep_close(ep, PSM2_EP_CLOSE_GRACEFUL, 0);
   psm2_finalize();

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# Installs psmd (builds it first) or removes what an earlier run installed.
+#
+#   scripts/install.sh [--prefix P] [--destdir D] [--sysconfdir S] [--no-build]
+#   scripts/install.sh --uninstall [--prefix P] [--destdir D]
+#
+# Installs, under D (default: none) + P (default /usr/local):
+#   sbin/psmd, bin/psmctl
+#   lib/libpsmclient.so                    (its SONAME is libpsmclient.so)
+#   lib/psmd/libpsm2.so.2 -> libpsm2.so.2.2, lib/psmd/libpsm2.so -> .so.2
+#                                          the drop-in, in a directory of its
+#                                          own so that it never shadows
+#                                          Intel's libpsm2 unless asked to
+#                                          (LD_LIBRARY_PATH=P/lib/psmd)
+#   include/psmd/psm2*.h                   (beside, not over, libpsm2-dev's)
+#   lib/pkgconfig/psmclient.pc, psm2.pc    (psm2.pc points at the drop-in)
+#   lib/systemd/system/psmd.service        (ExecStart pointed at P/sbin/psmd)
+#   S/psmd/psmd.toml                       (S: /etc for P=/usr, else P/etc;
+#                                          when deploy/psmd.toml exists)
+#   share/man/man5/psmd.toml.5, man8/psmd.8, man8/psmctl.8   (from scdoc)
+#   share/doc/psmd/                        README.md, docs/*.md
+#   share/psmd/install-manifest            what --uninstall removes
+# --uninstall removes exactly the files in the manifest and the directories
+# this install created (when they are empty again), and nothing else.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+prefix=/usr/local
+destdir=
+sysconfdir=
+build=1
+uninstall=0
+while (($# > 0)); do
+  case "$1" in
+    --prefix) prefix=$2; shift 2 ;;
+    --prefix=*) prefix=${1#*=}; shift ;;
+    --destdir) destdir=$2; shift 2 ;;
+    --destdir=*) destdir=${1#*=}; shift ;;
+    --sysconfdir) sysconfdir=$2; shift 2 ;;
+    --sysconfdir=*) sysconfdir=${1#*=}; shift ;;
+    --no-build) build=0; shift ;;
+    --uninstall) uninstall=1; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "install.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[[ "$prefix" == /* ]] || { echo "install.sh: --prefix must be absolute" >&2; exit 2; }
+if [[ -z "$sysconfdir" ]]; then
+  if [[ "$prefix" == /usr ]]; then sysconfdir=/etc; else sysconfdir=$prefix/etc; fi
+fi
+root=$destdir$prefix
+manifest_rel=share/psmd/install-manifest
+manifest=$root/$manifest_rel
+
+if ((uninstall)); then
+  [[ -f "$manifest" ]] || { echo "install.sh: nothing installed at $root (no $manifest)" >&2; exit 1; }
+  # "f PATH" lines first, then "d PATH" lines deepest first (install.sh
+  # writes them so); rmdir keeps a directory someone else filled since.
+  while read -r kind path; do
+    case "$kind" in
+      f) rm -f -- "$destdir$path" ;;
+      d) rmdir -- "$destdir$path" 2>/dev/null || true ;;
+    esac
+  done < "$manifest"
+  echo "psmd uninstalled from $root"
+  exit 0
+fi
+
+if ((build)); then
+  bazel build //:psmd //:psmctl //:psmclient //:libpsm2 >&2
+fi
+bin=bazel-bin
+version=$(cat VERSION)
+[[ -z "$destdir" ]] || mkdir -p -- "$destdir"
+installed=()  # files and links, as installed (without destdir)
+created=()    # directories this run created
+
+# mkdirs DIR: creates DIR (without destdir) and records what did not exist.
+mkdirs() {
+  local dir=$1
+  while [[ "$dir" != / && ! -d "$destdir$dir" ]]; do
+    created+=("$dir")
+    dir=$(dirname "$dir")
+  done
+  mkdir -p -- "$destdir$1"
+}
+# put SRC DEST MODE: copies one file and records it.
+put() {
+  mkdirs "$(dirname "$2")"
+  install -m "$3" -- "$1" "$destdir$2"
+  installed+=("$2")
+}
+link() {  # link TARGET NAME
+  mkdirs "$(dirname "$2")"
+  ln -sfn -- "$1" "$destdir$2"
+  installed+=("$2")
+}
+
+put "$bin/daemon/psmd" "$prefix/sbin/psmd" 0755
+put "$bin/tools/psmctl" "$prefix/bin/psmctl" 0755
+put "$bin/client/libpsmclient.so" "$prefix/lib/libpsmclient.so" 0755
+put "$bin/client/libpsm2.so.2" "$prefix/lib/psmd/libpsm2.so.2.2" 0755
+link libpsm2.so.2.2 "$prefix/lib/psmd/libpsm2.so.2"
+link libpsm2.so.2 "$prefix/lib/psmd/libpsm2.so"
+for h in include/psm2*.h; do
+  put "$h" "$prefix/include/psmd/$(basename "$h")" 0644
+done
+
+pc() {  # pc NAME DESCRIPTION LIBDIR LIB
+  local tmp
+  tmp=$(mktemp)
+  cat > "$tmp" <<EOF
+prefix=$prefix
+libdir=$3
+includedir=\${prefix}/include/psmd
+
+Name: $1
+Description: $2
+Version: $version
+Libs: -L\${libdir} -Wl,-rpath,\${libdir} -l$4
+Cflags: -I\${includedir}
+EOF
+  put "$tmp" "$prefix/lib/pkgconfig/$1.pc" 0644
+  rm -f "$tmp"
+}
+pc psmclient "The PSM2 API served by psmd (libpsmclient)" "\${prefix}/lib" psmclient
+pc psm2 "The PSM2 API served by psmd (drop-in libpsm2.so.2)" "\${prefix}/lib/psmd" psm2
+
+unit=$(mktemp)
+sed "s|/usr/sbin/psmd|$prefix/sbin/psmd|g; s|/usr/share/doc/psmd|$prefix/share/doc/psmd|g" \
+  deploy/psmd.service > "$unit"
+put "$unit" "$prefix/lib/systemd/system/psmd.service" 0644
+rm -f "$unit"
+if [[ -f deploy/psmd.socket ]]; then
+  put deploy/psmd.socket "$prefix/lib/systemd/system/psmd.socket" 0644
+fi
+if [[ -f deploy/psmd.toml ]]; then
+  put deploy/psmd.toml "$sysconfdir/psmd/psmd.toml" 0644
+fi
+
+man=$(mktemp -d)
+for src in docs/man/*.scd; do
+  page=$(basename "$src" .scd)  # psmd.8, psmctl.8, psmd.toml.5
+  scdoc < "$src" > "$man/$page"
+  put "$man/$page" "$prefix/share/man/man${page##*.}/$page" 0644
+done
+rm -rf "$man"
+for doc in README.md docs/*.md; do
+  put "$doc" "$prefix/share/doc/psmd/$(basename "$doc")" 0644
+done
+
+mkdirs "$prefix/$(dirname "$manifest_rel")"
+installed+=("$prefix/$manifest_rel")
+{
+  printf 'f %s\n' "${installed[@]}"
+  if ((${#created[@]} > 0)); then
+    printf '%s\n' "${created[@]}" | awk '{ print length, $0 }' | sort -rn |
+      cut -d' ' -f2- | sed 's/^/d /'
+  fi
+} > "$manifest"
+echo "psmd $version installed under $root (${#installed[@]} files; remove with" \
+  "scripts/install.sh --uninstall --prefix $prefix${destdir:+ --destdir $destdir})"

@@ -1,0 +1,36 @@
+// How psmctl writes numbers and strings: human-readable by default (1.2 M,
+// 3.4 GiB), exact in JSON and Prometheus; client-supplied text escaped so
+// that it cannot break a table row, a JSON string or a label value.
+//
+// Thread-safety: pure functions.
+#ifndef PSMD_TOOLS_FORMAT_H_
+#define PSMD_TOOLS_FORMAT_H_
+
+#include <cstdint>
+#include <string>
+
+#include "proto/counters.h"
+
+namespace psmd::tools {
+
+// 999 -> "999", 1234567 -> "1.2 M"; bytes: 1023 -> "1023 B",
+// 3.4 * 2^30 -> "3.4 GiB".
+std::string Human(double value, counters::Unit unit);
+
+// Human() of a rate, with "/s".
+std::string HumanRate(double per_second, counters::Unit unit);
+
+// A JSON string literal, quotes included.
+std::string JsonString(const std::string& s);
+
+// A Prometheus label value (backslash, quote and newline escaped), quotes
+// included.
+std::string PromLabel(const std::string& s);
+
+// Printable ASCII kept, anything else as \xNN: a client's label cannot
+// split or forge a row of psmctl's table.
+std::string Printable(const std::string& s);
+
+}  // namespace psmd::tools
+
+#endif  // PSMD_TOOLS_FORMAT_H_

@@ -1,0 +1,55 @@
+#include "tools/format.h"
+
+#include <gtest/gtest.h>
+
+namespace psmd::tools {
+namespace {
+
+using counters::Unit;
+
+TEST(HumanTest, CountsUseDecimalPrefixes) {
+  EXPECT_EQ(Human(0, Unit::kCount), "0");
+  EXPECT_EQ(Human(999, Unit::kCount), "999");
+  EXPECT_EQ(Human(1000, Unit::kCount), "1.0 k");
+  EXPECT_EQ(Human(1234567, Unit::kCount), "1.2 M");
+  EXPECT_EQ(Human(18446744073709551615.0, Unit::kCount), "18.4 E");
+}
+
+TEST(HumanTest, BytesUseBinaryPrefixes) {
+  EXPECT_EQ(Human(1023, Unit::kBytes), "1023 B");
+  EXPECT_EQ(Human(1024, Unit::kBytes), "1.0 KiB");
+  EXPECT_EQ(Human(3.4 * (1ull << 30), Unit::kBytes), "3.4 GiB");
+}
+
+TEST(HumanTest, RatesKeepAFractionAndSayPerSecond) {
+  EXPECT_EQ(HumanRate(12.5, Unit::kCount), "12.5 /s");
+  EXPECT_EQ(HumanRate(1.5e6, Unit::kCount), "1.5 M/s");
+  EXPECT_EQ(HumanRate(2048, Unit::kBytes), "2.0 KiB/s");
+  EXPECT_EQ(HumanRate(3, Unit::kBytes), "3 B/s");
+}
+
+TEST(EscapeTest, ClientTextCannotBreakOutOfItsField) {
+  std::string forged = "x\n2026-01-01T00:00:00 critical \"node\" failed\\";
+  EXPECT_EQ(Printable(forged),
+            "x\\x0a2026-01-01T00:00:00 critical \"node\" failed\\x5c");
+  EXPECT_EQ(JsonString(forged),
+            "\"x\\u000a2026-01-01T00:00:00 critical \\\"node\\\" failed\\\\\"");
+  EXPECT_EQ(PromLabel(forged),
+            "\"x\\n2026-01-01T00:00:00 critical \\\"node\\\" failed\\\\\"");
+}
+
+TEST(CountersTest, EveryCounterHasANameMetricAndHelp) {
+  for (const counters::Info& c : counters::kAll) {
+    EXPECT_NE(std::string(c.name), "");
+    EXPECT_NE(std::string(c.help), "");
+    // Prometheus: unit last, and _total is added by psmctl.
+    std::string metric = c.metric;
+    EXPECT_EQ(metric.find("_total"), std::string::npos) << metric;
+    if (c.unit == Unit::kBytes) {
+      EXPECT_EQ(metric.substr(metric.size() - 6), "_bytes") << metric;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace psmd::tools
