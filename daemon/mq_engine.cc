@@ -491,7 +491,7 @@ bool MqEngine::HandleAmRequest(Endpoint& sender, const shm::SubmissionDesc& d) {
     return true;
   }
   if (target->cq_overflow.size() >= kAmOverflowLimit)
-    return false;  // invariant 4
+    return false;  // held (invariant 6)
   uint8_t flags = 0;
   if (d.flags & shm::kAmNoReply) flags |= shm::kAmRequestNoReply;
   if (d.flags & shm::kAmWantsAck) flags |= shm::kAmRequestWantsAck;

@@ -56,6 +56,25 @@ Registry::~Registry() { RemoveAll(); }
 
 Status Registry::Open(const Credentials& who, const Uuid& uuid,
                       const std::string& label, OpenedEndpoint* out) {
+  std::shared_ptr<Endpoint> ep;
+  if (Status e = Reserve(who, uuid, label, out, &ep); !e.ok()) return e;
+  // Not under mu_: the worker may be busy, and opens, attaches and closes
+  // of every other tenant must not wait for it.
+  worker_->AddEndpoint(ep);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    records_.at(ep->id).ready = true;
+    id_by_epid_[ep->epid] = ep->id;
+  }
+  spdlog::info("opened endpoint {} epid {:#x} for pid {} uid {} job {} ({})",
+               ep->id, ep->epid, who.pid, who.uid, UuidToString(uuid),
+               ep->label);
+  return {};
+}
+
+Status Registry::Reserve(const Credentials& who, const Uuid& uuid,
+                         const std::string& label, OpenedEndpoint* out,
+                         std::shared_ptr<Endpoint>* reserved) {
   std::lock_guard<std::mutex> lock(mu_);
   if (records_.size() >= config_.max_endpoints) {
     return {PSM2_TOO_MANY_ENDPOINTS,
@@ -159,13 +178,8 @@ Status Registry::Open(const Credentials& who, const Uuid& uuid,
   out->token = rec.token;
   out->segment_bytes = ep->geometry.bytes;
   out->pool_bytes = job->pool().size();
-  id_by_epid_[ep->epid] = ep->id;
   records_.emplace(ep->id, std::move(rec));
-  // Adding to the worker under mu_ is safe: the worker never takes mu_.
-  worker_->AddEndpoint(ep);
-  spdlog::info("opened endpoint {} epid {:#x} for pid {} uid {} job {} ({})",
-               ep->id, ep->epid, who.pid, who.uid, UuidToString(uuid),
-               ep->label);
+  *reserved = ep;
   return {};
 }
 
@@ -174,7 +188,7 @@ Status Registry::Attach(const AttachToken& token, const Credentials& who,
                         uint32_t* endpoint_id) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [id, rec] : records_) {
-    if (rec.attached || rec.token != token) continue;
+    if (!rec.ready || rec.attached || rec.token != token) continue;
     // The token is a capability, but only for the process that opened it.
     if (rec.ep->uid != who.uid || rec.ep->pid != who.pid) {
       return {PSM2_PARAM_ERR, "attach token presented by pid " +
@@ -196,7 +210,7 @@ Status Registry::Attach(const AttachToken& token, const Credentials& who,
 
 std::shared_ptr<Endpoint> Registry::Unlink(uint32_t id) {
   auto it = records_.find(id);
-  if (it == records_.end()) return nullptr;
+  if (it == records_.end() || !it->second.ready) return nullptr;
   std::shared_ptr<Endpoint> ep = std::move(it->second.ep);
   // Wake the client's side of the attach connection so it notices too.
   if (it->second.liveness_fd >= 0) shutdown(it->second.liveness_fd, SHUT_RDWR);
@@ -229,7 +243,7 @@ void Registry::Retire(std::shared_ptr<Endpoint> ep) {
 Status Registry::FindControllable(const Credentials& who, uint32_t id,
                                   Record** out) {
   auto it = records_.find(id);
-  if (it == records_.end()) {
+  if (it == records_.end() || !it->second.ready) {
     return {PSM2_PARAM_ERR,
             "no endpoint " + std::to_string(id) + " (already closed?)"};
   }

@@ -116,12 +116,21 @@ class Registry {
     std::shared_ptr<Endpoint> ep;
     AttachToken token{};
     bool attached = false;
+    // False until the progress worker serves the endpoint: Open adds it
+    // there without mu_ held, and until then nobody may attach, connect
+    // to, or close it (a close would reach the worker before the add).
+    bool ready = false;
     std::chrono::steady_clock::time_point opened;
     int liveness_fd = -1;
     std::map<uint64_t, uint32_t>
         slot_by_epid;  // connections made by this endpoint
   };
 
+  // Open's first half, under mu_: checks quotas, creates the segment and
+  // the record (not ready yet).
+  Status Reserve(const Credentials& who, const Uuid& uuid,
+                 const std::string& label, OpenedEndpoint* out,
+                 std::shared_ptr<Endpoint>* reserved);
   // Takes the endpoint out of every table (mu_ held); the caller then removes
   // it from the worker without the lock.
   std::shared_ptr<Endpoint> Unlink(uint32_t id);

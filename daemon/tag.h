@@ -5,7 +5,7 @@
 // carries a source filter (one endpoint id, or kAnySource), a 96-bit tag and a
 // 96-bit selector; it matches a message iff the source filter accepts the
 // message's source and ((stag ^ rtag) & rsel) == 0 in every word, exactly as
-// documented for psm2_mq_irecv2 (see /work/shared/seeds/psm2_mq.h.txt).
+// documented for psm2_mq_irecv2 (psm2_mq.h).
 //
 // 64-bit PSM tags are 96-bit tags with w[2] == 0 (PSM2 does the same; see
 // Tag64()).
