@@ -9,6 +9,7 @@
 #include <chrono>
 
 #include "daemon/admission.h"
+#include "daemon/config.h"
 #include "daemon/progress.h"
 #include "daemon/registry.h"
 #include "proto/control.grpc.pb.h"
@@ -19,8 +20,11 @@ inline constexpr char kVersion[] = "0.1.0";
 
 class ControlService final : public v1::Control::Service {
  public:
+  // `config` is the configuration in force (replaced on SIGHUP), read from
+  // `config_path`.
   ControlService(Registry* registry, Admission* admission,
-                 ProgressWorker* worker);
+                 ProgressWorker* worker, const SharedConfig* config,
+                 std::string config_path);
 
   grpc::Status Health(grpc::ServerContext* ctx, const v1::HealthRequest* req,
                       v1::HealthReply* reply) override;
@@ -41,6 +45,9 @@ class ControlService final : public v1::Control::Service {
   grpc::Status ListEndpoints(grpc::ServerContext* ctx,
                              const v1::ListEndpointsRequest* req,
                              v1::ListEndpointsReply* reply) override;
+  grpc::Status GetConfig(grpc::ServerContext* ctx,
+                         const v1::GetConfigRequest* req,
+                         v1::GetConfigReply* reply) override;
 
  private:
   // Fills *who from the kernel-reported credentials of the caller's
@@ -51,6 +58,8 @@ class ControlService final : public v1::Control::Service {
   Registry* const registry_;
   Admission* const admission_;
   ProgressWorker* const worker_;
+  const SharedConfig* const config_;
+  const std::string config_path_;
   const std::chrono::steady_clock::time_point started_;
 };
 

@@ -7,6 +7,8 @@ PACKAGES=(
   bazel-bootstrap g++ python3
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev
+  libsystemd-dev libtomlplusplus-dev libcli11-dev
+  systemd  # systemd-analyze verify/security checks deploy/psmd.service
   libgtest-dev libgmock-dev libbenchmark-dev clang-format
   libpsm2-dev libpsm2-2 uuid-dev
   openmpi-bin libopenmpi-dev libfabric-bin netpipe-openmpi python3-mpi4py
