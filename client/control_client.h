@@ -55,6 +55,7 @@ class ControlClient {
   CallError GetStats(v1::GetStatsReply* reply);
   CallError ListEndpoints(v1::ListEndpointsReply* reply);
   CallError Health(v1::HealthReply* reply);
+  CallError GetConfig(v1::GetConfigReply* reply);
 
  private:
   // Converts a gRPC status into a CallError that names the socket and the fix.

@@ -23,6 +23,7 @@ int Usage(FILE* out) {
           "  endpoints  open endpoints: id, epid, job uuid, pid, uid\n"
           "  health     daemon version, uptime, endpoint count\n"
           "  close ID   close endpoint ID (its owner's uid or root only)\n"
+          "  config     the daemon's effective configuration (TOML)\n"
           "The socket defaults to $PSMD_SOCKET, else %s.\n",
           psmd::client::kDefaultSocket);
   return out == stdout ? 0 : 2;
@@ -140,6 +141,15 @@ int Endpoints(ControlClient& control, bool json) {
   return 0;
 }
 
+// The daemon's effective configuration, as TOML psmd reads.
+int Config(ControlClient& control) {
+  psmd::v1::GetConfigReply r;
+  if (CallError e = control.GetConfig(&r); !e.ok()) return Fail(e);
+  printf("# effective configuration of psmd (file: %s)\n%s",
+         r.config_path().c_str(), r.toml().c_str());
+  return 0;
+}
+
 int Health(ControlClient& control, bool json) {
   psmd::v1::HealthReply r;
   if (CallError e = control.Health(&r); !e.ok()) return Fail(e);
@@ -210,6 +220,7 @@ int main(int argc, char** argv) {
   if (command == "endpoints") return Endpoints(control, json);
   if (command == "health") return Health(control, json);
   if (command == "close") return Close(control, operand);
+  if (command == "config") return Config(control);
   fprintf(stderr, "psmctl: unknown command '%s'\n", command.c_str());
   return Usage(stderr);
 }
