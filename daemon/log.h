@@ -61,20 +61,26 @@ class RateLimiter {
 // The limiter of warnings a client can cause: 5 lines per uid per 10 s.
 RateLimiter& ClientWarningLimiter();
 
-// Logs a warning that a client of `uid` caused, unless that uid has used up
-// its share; the next line let through says how many were suppressed.
+// Logs a line that a client of `uid` caused, unless that uid has used up its
+// share; the next line let through says how many were suppressed.
 template <typename... Args>
-void WarnClient(uint32_t uid, fmt::format_string<Args...> format,
-                Args&&... args) {
+void LogClient(spdlog::level::level_enum level, uint32_t uid,
+               fmt::format_string<Args...> format, Args&&... args) {
   uint64_t suppressed = 0;
   if (!ClientWarningLimiter().Allow(uid, &suppressed)) return;
   std::string line = fmt::format(format, std::forward<Args>(args)...);
   if (suppressed == 0) {
-    spdlog::warn("{}", line);
+    spdlog::log(level, "{}", line);
   } else {
-    spdlog::warn("{} ({} more warnings about uid {} suppressed)", line,
-                 suppressed, uid);
+    spdlog::log(level, "{} ({} more warnings about uid {} suppressed)", line,
+                suppressed, uid);
   }
+}
+
+template <typename... Args>
+void WarnClient(uint32_t uid, fmt::format_string<Args...> format,
+                Args&&... args) {
+  LogClient(spdlog::level::warn, uid, format, std::forward<Args>(args)...);
 }
 
 }  // namespace psmd
