@@ -49,6 +49,8 @@ void Reload(const psmd::ConfigLoader& loader, psmd::SharedConfig* shared,
   next.log_level = fresh.log_level;
   next.spin_us = fresh.spin_us;
   next.unexpected_budget_bytes = fresh.unexpected_budget_bytes;
+  // The new level first, so that the lines below follow it.
+  spdlog::set_level(spdlog::level::from_str(next.log_level));
   for (const auto& change : psmd::ConfigChanges(running, fresh)) {
     std::string key = change.substr(0, change.find(':'));
     if (kReloadable.count(key) != 0) {
@@ -58,7 +60,6 @@ void Reload(const psmd::ConfigLoader& loader, psmd::SharedConfig* shared,
                    psmd::Escaped(change));
     }
   }
-  spdlog::set_level(spdlog::level::from_str(next.log_level));
   worker->SetSpinUs(next.spin_us);
   registry->SetDefaultUnexpectedBudget(next.unexpected_budget_bytes);
   shared->Set(next);
