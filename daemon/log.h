@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -58,21 +59,28 @@ class RateLimiter {
   std::unordered_map<uint64_t, Window> windows_;  // guarded by mu_
 };
 
-// The limiter of warnings a client can cause: 5 lines per uid per 10 s.
+// The limiter of lines a client can cause: 5 per uid and kind per 10 s.
 RateLimiter& ClientWarningLimiter();
 
 // Logs a line that a client of `uid` caused, unless that uid has used up its
-// share; the next line let through says how many were suppressed.
+// share of lines of this kind (this format): one kind of complaint cannot
+// hide another. The next line let through says how many were suppressed.
 template <typename... Args>
 void LogClient(spdlog::level::level_enum level, uint32_t uid,
                fmt::format_string<Args...> format, Args&&... args) {
+  const fmt::string_view text = format;
+  const uint64_t kind =
+      std::hash<std::string_view>()(std::string_view(text.data(), text.size()));
   uint64_t suppressed = 0;
-  if (!ClientWarningLimiter().Allow(uid, &suppressed)) return;
+  if (!ClientWarningLimiter().Allow((uint64_t{uid} << 32) ^ (kind >> 32),
+                                    &suppressed)) {
+    return;
+  }
   std::string line = fmt::format(format, std::forward<Args>(args)...);
   if (suppressed == 0) {
     spdlog::log(level, "{}", line);
   } else {
-    spdlog::log(level, "{} ({} more warnings about uid {} suppressed)", line,
+    spdlog::log(level, "{} ({} more like it about uid {} suppressed)", line,
                 suppressed, uid);
   }
 }

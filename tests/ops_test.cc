@@ -449,5 +449,45 @@ TEST(SocketPathTest, AStaleSocketIsReplaced) {
   EXPECT_TRUE(d.Stop());
 }
 
+// systemd-socket-activate (from systemd) plays psmd.socket: it listens, and
+// on the first connection execs psmd with LISTEN_FDS/LISTEN_PID set.
+TEST(SocketActivationTest, PsmdServesThePassedSocketAndLeavesItsFile) {
+  TempDir dir;
+  const char kActivate[] = "/usr/bin/systemd-socket-activate";
+  ASSERT_EQ(access(kActivate, X_OK), 0) << "scripts/deps.sh installs systemd";
+  std::string path = dir.path() + "/psmd.sock";
+  std::string log = dir.path() + "/psmd.log";
+  Process activate = Process::Start(
+      {kActivate, "-l", path, Psmd(), "--socket", path}, {}, log, log);
+  struct stat st;
+  for (int i = 0; i < 500 && stat(path.c_str(), &st) != 0; i++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  // The first connection starts psmd, which then answers it.
+  RunResult health =
+      RunToEnd(dir, {Runfile("tools/psmctl"), "--socket", path, "health"}, {});
+  EXPECT_EQ(health.exit_code, 0) << health.err << ReadFile(log);
+  EXPECT_NE(ReadFile(log).find("serving " + path + " from systemd"),
+            std::string::npos)
+      << ReadFile(log);
+  activate.Kill(SIGTERM);
+  EXPECT_EQ(activate.Wait(10), 0) << ReadFile(log);
+  EXPECT_EQ(lstat(path.c_str(), &st), 0) << "the socket file is systemd's";
+
+  // A passed socket on another path than psmd's is refused, naming the fix.
+  std::string other = dir.path() + "/other.sock";
+  Process wrong = Process::Start(
+      {kActivate, "-l", other, Psmd(), "--socket", path}, {}, log, log);
+  for (int i = 0; i < 500 && stat(other.c_str(), &st) != 0; i++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  RunToEnd(dir, {Runfile("tools/psmctl"), "--socket", other, "health"}, {});
+  EXPECT_EQ(wrong.Wait(10), 1);
+  EXPECT_NE(ReadFile(log).find("make ListenStream= in psmd.socket and socket "
+                               "in psmd.toml the same path"),
+            std::string::npos)
+      << ReadFile(log);
+}
+
 }  // namespace
 }  // namespace psmd::testing
