@@ -204,4 +204,11 @@ Status ControlClient::Health(v1::HealthReply* reply) {
   return FromStatus(stub_->Health(&ctx, v1::HealthRequest(), reply), "health");
 }
 
+Status ControlClient::GetConfig(v1::GetConfigReply* reply) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  return FromStatus(stub_->GetConfig(&ctx, v1::GetConfigRequest(), reply),
+                    "config");
+}
+
 }  // namespace psmd::client

@@ -49,6 +49,7 @@ class ControlClient {
   Status ListEndpoints(v1::ListEndpointsReply* reply);
   Status ListJobs(v1::ListJobsReply* reply);
   Status Health(v1::HealthReply* reply);
+  Status GetConfig(v1::GetConfigReply* reply);
 
  private:
   // Converts a gRPC status into a Status that names the socket and the fix.

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,6 +17,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "daemon/log.h"
 #include "shm/attach.h"
 #include "shm/doorbell.h"
 
@@ -58,6 +60,54 @@ Admission::Admission(const Config& config, Registry* registry)
 Admission::~Admission() { Stop(); }
 
 bool Admission::Bind(std::string* error) {
+  int n = sd_listen_fds(1);
+  if (n < 0) {
+    *error = std::string("socket activation: ") + strerror(-n);
+    return false;
+  }
+  if (n > 1) {
+    *error = "systemd passed " + std::to_string(n) +
+             " sockets; psmd.socket must have exactly one ListenStream=";
+    return false;
+  }
+  if (!(n == 1 ? TakeActivatedSocket(error) : CreateSocket(error))) {
+    return false;
+  }
+  // Room for the round-robin gRPC fd numbers (see the header comment).
+  struct rlimit lim;
+  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &lim);
+  }
+  getrlimit(RLIMIT_NOFILE, &lim);
+  high_fd_floor_ =
+      lim.rlim_cur > 4096 ? 1024 : static_cast<int>(lim.rlim_cur / 2);
+  next_high_fd_ = high_fd_floor_;
+  return true;
+}
+
+bool Admission::TakeActivatedSocket(std::string* error) {
+  const int fd = SD_LISTEN_FDS_START;
+  if (sd_is_socket_unix(fd, SOCK_STREAM, 1, config_.socket_path.c_str(), 0) <=
+      0) {
+    *error =
+        "the socket systemd passed is not a listening Unix stream "
+        "socket on " +
+        config_.socket_path +
+        "; make ListenStream= in psmd.socket and socket in psmd.toml "
+        "the same path";
+    return false;
+  }
+  fcntl(fd, F_SETFD, FD_CLOEXEC);
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  // systemd owns the file (and its mode, SocketMode=): it is never unlinked
+  // here, so clients may connect while psmd restarts.
+  listen_fd_ = fd;
+  activated_ = true;
+  return true;
+}
+
+bool Admission::CreateSocket(std::string* error) {
   const std::string& path = config_.socket_path;
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -71,16 +121,7 @@ bool Admission::Bind(std::string* error) {
     *error = "cannot create the directory of " + path + ": " + strerror(errno);
     return false;
   }
-  // A live daemon on this path answers a connect; a stale file does not.
-  int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    close(probe);
-    *error = "another psmd is already serving " + path +
-             "; stop it or pass another --socket";
-    return false;
-  }
-  close(probe);
-  unlink(path.c_str());
+  if (!RemoveStaleSocket(addr, error)) return false;
   listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (listen_fd_ < 0 ||
       bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
@@ -95,16 +136,44 @@ bool Admission::Bind(std::string* error) {
     *error = "cannot listen on " + path + ": " + strerror(errno);
     return false;
   }
-  // Room for the round-robin gRPC fd numbers (see the header comment).
-  struct rlimit lim;
-  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
-    lim.rlim_cur = lim.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &lim);
+  return true;
+}
+
+bool Admission::RemoveStaleSocket(const sockaddr_un& addr, std::string* error) {
+  const std::string& path = config_.socket_path;
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return true;
+    *error = "cannot examine " + path + ": " + strerror(errno);
+    return false;
   }
-  getrlimit(RLIMIT_NOFILE, &lim);
-  high_fd_floor_ =
-      lim.rlim_cur > 4096 ? 1024 : static_cast<int>(lim.rlim_cur / 2);
-  next_high_fd_ = high_fd_floor_;
+  if (!S_ISSOCK(st.st_mode)) {
+    *error = path +
+             " exists and is not a socket; psmd will not remove it. Move it "
+             "away or pass another --socket";
+    return false;
+  }
+  // A live daemon on this path answers a connect; a stale socket refuses.
+  int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int rc =
+      connect(probe, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  int connect_errno = errno;
+  close(probe);
+  if (rc == 0) {
+    *error = "another process (a running psmd?) is serving " + path +
+             "; stop it or pass another --socket";
+    return false;
+  }
+  if (connect_errno != ECONNREFUSED) {
+    *error = "cannot tell whether the socket " + path +
+             " is in use (connect: " + strerror(connect_errno) +
+             "); remove it if nothing serves it, or pass another --socket";
+    return false;
+  }
+  if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+    *error = "cannot remove the stale socket " + path + ": " + strerror(errno);
+    return false;
+  }
   return true;
 }
 
@@ -273,10 +342,10 @@ void Admission::Classify(int fd) {
     HandleAttach(fd, creds);
     return;
   }
-  spdlog::warn(
-      "control socket: pid {} uid {} sent neither gRPC nor an attach request; "
-      "closed",
-      it->second.creds.pid, it->second.creds.uid);
+  WarnClient(it->second.creds.uid,
+             "control socket: pid {} uid {} sent neither gRPC nor an attach "
+             "request; closed",
+             it->second.creds.pid, it->second.creds.uid);
   DropPending(fd);
 }
 
@@ -304,8 +373,8 @@ void Admission::HandleAttach(int fd, const Credentials& creds) {
     err = registry_->Attach(token, creds, fd, fds, &endpoint_id);
   }
   if (!err.ok()) {
-    spdlog::warn("attach from pid {} uid {} refused: {}", creds.pid, creds.uid,
-                 err.message);
+    WarnClient(creds.uid, "attach from pid {} uid {} refused: {}", creds.pid,
+               creds.uid, err.message);
     reply.status = err.code;
     shm::SendWithFds(fd, &reply, sizeof(reply), nullptr, 0);
     close(fd);

@@ -16,6 +16,8 @@
 #ifndef PSMD_DAEMON_ADMISSION_H_
 #define PSMD_DAEMON_ADMISSION_H_
 
+#include <sys/un.h>
+
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -38,12 +40,17 @@ class Admission {
   Admission(const Config& config, Registry* registry);
   ~Admission();
 
-  // Creates the socket (refusing if another psmd answers on it).
+  // Takes the listening socket systemd passed (socket activation, psmd.socket)
+  // or creates one. An existing file at the path is removed only when it is a
+  // socket nothing listens on; anything else is an error naming the fix.
   bool Bind(std::string* error);
   // Starts accepting; gRPC connections go to `server`.
   void Start(grpc::Server* server);
   // Stops accepting, closes every connection it owns, removes the socket file.
   void Stop();
+
+  // True when the listening socket came from systemd (psmd.socket).
+  bool activated() const { return activated_; }
 
   // Credentials of the gRPC peer named `peer` (ServerContext::peer()).
   bool CredentialsOf(const std::string& peer, Credentials* out);
@@ -53,6 +60,9 @@ class Admission {
     Credentials creds;
     std::chrono::steady_clock::time_point since;
   };
+  bool TakeActivatedSocket(std::string* error);
+  bool CreateSocket(std::string* error);
+  bool RemoveStaleSocket(const sockaddr_un& addr, std::string* error);
   void Loop();
   void Accept();
   void Classify(int fd);
@@ -73,7 +83,8 @@ class Admission {
   int epoll_fd_ = -1;
   int stop_fd_ = -1;
   std::thread thread_;
-  bool bound_ = false;
+  bool bound_ = false;      // we created the socket file (and remove it)
+  bool activated_ = false;  // the socket came from systemd
 
   // Admission-thread state.
   std::unordered_map<int, Pending> pending_;

@@ -1,17 +1,23 @@
 #include "daemon/config.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <map>
+#include <sstream>
+
+#include <toml++/toml.h>
+#include <CLI/CLI.hpp>
 
 #include "shm/ring.h"
+#include "version/version.h"
 
 namespace psmd {
 namespace {
 
 bool ParseUnsigned(const std::string& text, uint64_t max, uint64_t* out) {
-  if (text.empty()) return false;
+  if (text.empty() || text[0] < '0' || text[0] > '9') return false;
   char* end = nullptr;
   errno = 0;
   unsigned long long v = strtoull(text.c_str(), &end, 10);
@@ -20,126 +26,296 @@ bool ParseUnsigned(const std::string& text, uint64_t max, uint64_t* out) {
   return true;
 }
 
-}  // namespace
+// One setting: its file key (the flag is "--" + key with '-' for '_'), what
+// it means, what values it takes, and how it is read from and written to a
+// Config.
+struct Setting {
+  const char* key;
+  const char* help;
+  const char* expected;
+  bool is_string;
+  std::function<bool(const std::string&, Config*)> set;
+  std::function<std::string(const Config&)> get;
+};
 
-std::string FlagsUsage() {
-  return "usage: psmd [--socket PATH] [--log-level "
-         "trace|debug|info|warn|error|off]\n"
-         "            [--spin-us N] [--sq-slots N] [--cq-slots N] "
-         "[--region-mib N]\n"
-         "            [--max-endpoints-per-job N] [--max-endpoints N]\n"
-         "            [--max-endpoints-per-uid N] [--node-id N]\n"
-         "            [--unexpected-mib N] [--max-unexpected-mib N] "
-         "[--job-unexpected-mib N]\n"
-         "            [--uid-unexpected-mib N]\n";
+template <typename T>
+Setting Number(const char* key, T Config::*field, uint64_t min, uint64_t max,
+               const char* help, const char* expected) {
+  return {key,
+          help,
+          expected,
+          false,
+          [=](const std::string& v, Config* c) {
+            uint64_t n;
+            if (!ParseUnsigned(v, max, &n) || n < min) return false;
+            c->*field = static_cast<T>(n);
+            return true;
+          },
+          [=](const Config& c) { return std::to_string(c.*field); }};
 }
 
-bool ParseFlags(int argc, char** argv, Config* c, bool* help,
-                std::string* error) {
-  *help = false;
-  using Setter = std::function<bool(const std::string&)>;
-  auto number = [](auto* field, uint64_t max) -> Setter {
-    return [field, max](const std::string& v) {
-      uint64_t n;
-      if (!ParseUnsigned(v, max, &n)) return false;
-      *field = static_cast<std::remove_pointer_t<decltype(field)>>(n);
-      return true;
-    };
+Setting Mebibytes(const char* key, uint64_t Config::*field, const char* help) {
+  return {key,
+          help,
+          "MiB, 1 to 1048576",
+          false,
+          [=](const std::string& v, Config* c) {
+            uint64_t n;
+            if (!ParseUnsigned(v, 1u << 20, &n) || n == 0) return false;
+            c->*field = n << 20;
+            return true;
+          },
+          [=](const Config& c) { return std::to_string((c.*field) >> 20); }};
+}
+
+Setting Slots(const char* key, uint32_t Config::*field, const char* help) {
+  return {
+      key,
+      help,
+      "a power of two from 8 to 1048576",
+      false,
+      [=](const std::string& v, Config* c) {
+        uint64_t n;
+        if (!ParseUnsigned(v, 1u << 20, &n) || !shm::IsPowerOfTwo(n) || n < 8)
+          return false;
+        c->*field = static_cast<uint32_t>(n);
+        return true;
+      },
+      [=](const Config& c) { return std::to_string(c.*field); }};
+}
+
+Setting OneOf(const char* key, std::string Config::*field,
+              std::vector<std::string> choices, const char* help,
+              const char* expected) {
+  return {key,
+          help,
+          expected,
+          true,
+          [=](const std::string& v, Config* c) {
+            for (const auto& choice : choices) {
+              if (v == choice) {
+                c->*field = v;
+                return true;
+              }
+            }
+            return false;
+          },
+          [=](const Config& c) { return c.*field; }};
+}
+
+const std::vector<Setting>& Settings() {
+  static const auto* settings = new std::vector<Setting>{
+      {"socket", "the control socket clients connect to",
+       "a path shorter than 108 bytes", true,
+       [](const std::string& v, Config* c) {
+         if (v.empty() || v.size() >= 108) return false;
+         c->socket_path = v;
+         return true;
+       },
+       [](const Config& c) { return c.socket_path; }},
+      OneOf("log_level", &Config::log_level,
+            {"trace", "debug", "info", "warn", "error", "off"},
+            "least severe log level written (reloaded on SIGHUP)",
+            "one of trace, debug, info, warn, error, off"),
+      OneOf("log_target", &Config::log_target, {"auto", "stderr", "journal"},
+            "where the log goes: auto (the journal when stderr is connected "
+            "to it, else stderr), stderr or journal",
+            "one of auto, stderr, journal"),
+      Number("spin_us", &Config::spin_us, 0, 10'000'000,
+             "microseconds the progress worker polls after its last work "
+             "before it sleeps (reloaded on SIGHUP)",
+             "microseconds, 0 to 10000000"),
+      Slots("sq_slots", &Config::sq_capacity,
+            "submission ring slots per endpoint"),
+      Slots("cq_slots", &Config::cq_capacity,
+            "completion ring slots per endpoint"),
+      Mebibytes("region_mib", &Config::region_bytes,
+                "send region of each endpoint in its job's payload pool"),
+      Number("max_endpoints_per_job", &Config::max_endpoints_per_job, 1, 4096,
+             "endpoints one job may open on this node", "1 to 4096"),
+      Number("max_endpoints", &Config::max_endpoints, 1, 1u << 20,
+             "endpoints psmd serves at once", "1 to 1048576"),
+      Number("max_endpoints_per_uid", &Config::max_endpoints_per_uid, 1,
+             1u << 20, "endpoints one non-root uid may hold at once",
+             "1 to 1048576"),
+      Mebibytes("unexpected_mib", &Config::unexpected_budget_bytes,
+                "unexpected-message budget a new endpoint gets (reloaded on "
+                "SIGHUP)"),
+      Mebibytes("max_unexpected_mib", &Config::max_unexpected_budget_bytes,
+                "most unexpected-message budget an endpoint may ask for "
+                "(PSM2_MQ_MAX_SYSBUF_MBYTES)"),
+      Mebibytes("job_unexpected_mib", &Config::job_unexpected_budget_bytes,
+                "unexpected-message budget of all endpoints of one job"),
+      Mebibytes("uid_unexpected_mib", &Config::uid_unexpected_budget_bytes,
+                "unexpected-message budget of all jobs of one uid"),
+      Number("node_id", &Config::node_id, 0, 0xffff,
+             "high bits of every endpoint id minted on this node",
+             "0 to 65535"),
   };
-  auto mebibytes = [](uint64_t* field) -> Setter {
-    return [field](const std::string& v) {
-      uint64_t n;
-      if (!ParseUnsigned(v, 1u << 20, &n) || n == 0) return false;
-      *field = n << 20;
-      return true;
-    };
-  };
-  auto power_of_two = [](uint32_t* field) -> Setter {
-    return [field](const std::string& v) {
-      uint64_t n;
-      if (!ParseUnsigned(v, 1u << 20, &n) || !shm::IsPowerOfTwo(n) || n < 8)
-        return false;
-      *field = static_cast<uint32_t>(n);
-      return true;
-    };
-  };
-  std::map<std::string, std::pair<Setter, const char*>> flags = {
-      {"--socket",
-       {[c](const std::string& v) {
-          c->socket_path = v;
-          return !v.empty() && v.size() < 108;
-        },
-        "a path shorter than 108 bytes"}},
-      {"--log-level",
-       {[c](const std::string& v) {
-          c->log_level = v;
-          return v == "trace" || v == "debug" || v == "info" || v == "warn" ||
-                 v == "error" || v == "off";
-        },
-        "one of trace, debug, info, warn, error, off"}},
-      {"--spin-us",
-       {number(&c->spin_us, 10'000'000), "microseconds, 0 to 10000000"}},
-      {"--sq-slots",
-       {power_of_two(&c->sq_capacity), "a power of two from 8 to 1048576"}},
-      {"--cq-slots",
-       {power_of_two(&c->cq_capacity), "a power of two from 8 to 1048576"}},
-      {"--region-mib", {mebibytes(&c->region_bytes), "MiB, 1 to 1048576"}},
-      {"--unexpected-mib",
-       {mebibytes(&c->unexpected_budget_bytes), "MiB, 1 to 1048576"}},
-      {"--max-unexpected-mib",
-       {mebibytes(&c->max_unexpected_budget_bytes), "MiB, 1 to 1048576"}},
-      {"--job-unexpected-mib",
-       {mebibytes(&c->job_unexpected_budget_bytes), "MiB, 1 to 1048576"}},
-      {"--uid-unexpected-mib",
-       {mebibytes(&c->uid_unexpected_budget_bytes), "MiB, 1 to 1048576"}},
-      {"--max-endpoints-per-job",
-       {number(&c->max_endpoints_per_job, 4096), "1 to 4096"}},
-      {"--max-endpoints",
-       {number(&c->max_endpoints, 1u << 20), "1 to 1048576"}},
-      {"--max-endpoints-per-uid",
-       {number(&c->max_endpoints_per_uid, 1u << 20), "1 to 1048576"}},
-      {"--node-id", {number(&c->node_id, 0xffff), "0 to 65535"}},
-  };
-  for (int i = 1; i < argc; i++) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      *help = true;
-      return true;
+  return *settings;
+}
+
+std::string FlagOf(const char* key) {
+  std::string flag = std::string("--") + key;
+  for (char& ch : flag) {
+    if (ch == '_') ch = '-';
+  }
+  return flag;
+}
+
+// Checks that need more than one value.
+void CheckTogether(const Config& c, std::vector<std::string>* errors) {
+  if (c.unexpected_budget_bytes > c.max_unexpected_budget_bytes) {
+    errors->push_back(
+        "unexpected_mib (--unexpected-mib) must not exceed max_unexpected_mib "
+        "(--max-unexpected-mib)");
+  }
+}
+
+// The text of a TOML value as a setting takes it, or false when its type is
+// wrong for the setting.
+bool ValueText(const toml::node& node, const Setting& s, std::string* out) {
+  if (s.is_string) {
+    if (!node.is_string()) return false;
+    *out = node.as_string()->get();
+    return true;
+  }
+  if (!node.is_integer()) return false;
+  *out = std::to_string(node.as_integer()->get());
+  return true;
+}
+
+}  // namespace
+
+std::string ConfigToToml(const Config& config) {
+  std::ostringstream out;
+  for (const Setting& s : Settings()) {
+    std::string text = s.get(config);
+    toml::table line;
+    if (s.is_string) {
+      line.insert(s.key, text);
+    } else {
+      line.insert(s.key, static_cast<int64_t>(std::stoull(text)));
     }
-    std::string value;
-    bool has_value = false;
-    if (auto eq = arg.find('='); eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_value = true;
+    out << line << "\n";
+  }
+  return out.str();
+}
+
+std::vector<std::string> ConfigChanges(const Config& a, const Config& b) {
+  std::vector<std::string> changes;
+  for (const Setting& s : Settings()) {
+    std::string before = s.get(a), after = s.get(b);
+    if (before != after) {
+      changes.push_back(std::string(s.key) + ": " + before + " -> " + after);
     }
-    auto it = flags.find(arg);
-    if (it == flags.end()) {
-      *error = "unknown flag '" + arg + "' (see psmd --help)";
-      return false;
-    }
-    if (!has_value) {
-      if (i + 1 >= argc) {
-        *error = "flag " + arg + " needs a value: " + it->second.second;
-        return false;
+  }
+  return changes;
+}
+
+int ConfigLoader::ParseCommandLine(int argc, char** argv) {
+  CLI::App app{
+      "psmd: the per-node PSM2 messaging daemon. Every setting may also be "
+      "given in the configuration file (key = flag name with '_' for '-'); "
+      "a flag wins over the file."};
+  app.name("psmd");
+  const Config defaults;
+  bool version = false;
+  app.add_flag("--version", version, "print the version and commit, and exit");
+  app.add_option("--config", config_path_,
+                 "configuration file (TOML); a missing default file is no "
+                 "error, a missing --config file is")
+      ->default_str(kDefaultConfigPath)
+      ->type_name("PATH");
+  app.add_flag("--check-config", check_config_,
+               "print the effective configuration and exit 0, or one line per "
+               "bad value and exit 2");
+  std::map<std::string, std::string> given;
+  std::vector<std::pair<std::string, CLI::Option*>> options;
+  for (const Setting& s : Settings()) {
+    CLI::Option* opt =
+        app.add_option(FlagOf(s.key), given[s.key],
+                       std::string(s.help) + " [" + s.expected + "]")
+            ->default_str(s.get(defaults))
+            ->type_name(s.is_string ? "TEXT" : "N");
+    options.emplace_back(s.key, opt);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    fprintf(stderr, "psmd: %s (see psmd --help)\n", e.what());
+    return 2;
+  }
+  if (version) {
+    printf("psmd %s (commit %s)\n", version::Version(), version::Commit());
+    return 0;
+  }
+  config_path_given_ = app.count("--config") > 0;
+  for (const auto& [key, opt] : options) {
+    if (opt->count() > 0) flags_[key] = given[key];
+  }
+  return -1;
+}
+
+bool ConfigLoader::Load(Config* out, std::vector<std::string>* errors) const {
+  Config c;
+  const size_t errors_before = errors->size();
+  FILE* probe = fopen(config_path_.c_str(), "r");
+  if (probe == nullptr && (config_path_given_ || errno != ENOENT)) {
+    errors->push_back(config_path_ + ": cannot read: " + strerror(errno));
+  }
+  if (probe != nullptr) {
+    fclose(probe);
+    // In file order (the table iterates by key), one line each.
+    std::vector<std::pair<uint32_t, std::string>> file_errors;
+    try {
+      toml::table file = toml::parse_file(config_path_);
+      for (const auto& [key, node] : file) {
+        const uint32_t line = node.source().begin.line;
+        const std::string where = config_path_ + ":" + std::to_string(line);
+        auto fail = [&](std::string text) {
+          file_errors.emplace_back(line, where + ": " + text);
+        };
+        const Setting* setting = nullptr;
+        for (const Setting& s : Settings()) {
+          if (key.str() == s.key) setting = &s;
+        }
+        if (setting == nullptr) {
+          fail("unknown key '" + std::string(key.str()) +
+               "' (psmd --help lists the settings)");
+          continue;
+        }
+        std::string text;
+        if (!ValueText(node, *setting, &text)) {
+          fail(std::string(setting->key) + ": expected " +
+               (setting->is_string ? "a string: " : "a number: ") +
+               setting->expected);
+        } else if (!setting->set(text, &c)) {
+          fail(std::string(setting->key) + " = " + text + ": expected " +
+               setting->expected);
+        }
       }
-      value = argv[++i];
+    } catch (const toml::parse_error& e) {
+      errors->push_back(config_path_ + ":" +
+                        std::to_string(e.source().begin.line) + ": " +
+                        std::string(e.description()));
     }
-    if (!it->second.first(value)) {
-      *error = "bad value '" + value + "' for " + arg + ": expected " +
-               it->second.second;
-      return false;
+    std::sort(file_errors.begin(), file_errors.end());
+    for (auto& [line, text] : file_errors) errors->push_back(std::move(text));
+  }
+  for (const Setting& s : Settings()) {
+    auto it = flags_.find(s.key);
+    if (it == flags_.end()) continue;
+    if (!s.set(it->second, &c)) {
+      errors->push_back(FlagOf(s.key) + " " + it->second + ": expected " +
+                        s.expected);
     }
   }
-  if (c->max_endpoints_per_job == 0 || c->max_endpoints == 0 ||
-      c->max_endpoints_per_uid == 0) {
-    *error = "endpoint limits must be at least 1";
-    return false;
-  }
-  if (c->unexpected_budget_bytes > c->max_unexpected_budget_bytes) {
-    *error = "--unexpected-mib must not exceed --max-unexpected-mib";
-    return false;
-  }
+  CheckTogether(c, errors);
+  if (errors->size() != errors_before) return false;
+  *out = c;
   return true;
 }
 

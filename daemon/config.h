@@ -1,10 +1,18 @@
-// psmd's configuration: command-line flags with defaults suited to a compute
-// node. Parsed once at start-up; immutable afterwards.
+// psmd's configuration: defaults suited to a compute node, then the TOML file
+// (/etc/psmd/psmd.toml or --config PATH), then command-line flags, the flag
+// winning. Every setting is both a file key and a flag, described once in the
+// table in config.cc. Values are checked the same way from either source.
+//
+// Thread-safety: a Config is a plain value; ConfigLoader is used by the main
+// thread only (at start-up and on SIGHUP).
 #ifndef PSMD_DAEMON_CONFIG_H_
 #define PSMD_DAEMON_CONFIG_H_
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "shm/attach.h"
 
@@ -13,6 +21,9 @@ namespace psmd {
 struct Config {
   std::string socket_path = shm::kDefaultSocketPath;
   std::string log_level = "info";
+  // auto: the journal when stderr is connected to it (JOURNAL_STREAM), else
+  // stderr.
+  std::string log_target = "auto";
   // How long the progress thread polls after its last piece of work before
   // it sleeps in epoll until a client rings (microseconds).
   uint32_t spin_us = 200;
@@ -37,12 +48,58 @@ struct Config {
   uint16_t node_id = 0;  // high bits of every epid minted here
 };
 
-// Parses argv into *config. Returns false and fills *error (naming the flag
-// and the fix) on a bad command line; sets *help when --help was asked.
-bool ParseFlags(int argc, char** argv, Config* config, bool* help,
-                std::string* error);
+inline constexpr char kDefaultConfigPath[] = "/etc/psmd/psmd.toml";
 
-std::string FlagsUsage();
+// The effective configuration as a TOML document that psmd reads back to the
+// same Config (psmd --check-config, psmctl config).
+std::string ConfigToToml(const Config& config);
+
+// "key: old -> new" for every setting that differs between a and b.
+std::vector<std::string> ConfigChanges(const Config& a, const Config& b);
+
+// The configuration in force, read by control handlers while SIGHUP may
+// replace it. Thread-safe.
+class SharedConfig {
+ public:
+  explicit SharedConfig(const Config& config) : config_(config) {}
+  Config Get() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return config_;
+  }
+  void Set(const Config& config) {
+    std::lock_guard<std::mutex> lock(mu_);
+    config_ = config;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  Config config_;  // guarded by mu_
+};
+
+// Reads the command line once, and builds a Config from defaults, the file and
+// the flags whenever asked (again on SIGHUP, so that an edited file is seen
+// and the flags still win).
+class ConfigLoader {
+ public:
+  // Parses argv. Returns -1 to go on; otherwise the exit code psmd should
+  // end with, having printed what was asked (--help, --version: 0) or what
+  // was wrong (2).
+  int ParseCommandLine(int argc, char** argv);
+
+  // Defaults, then the file, then the flags. Returns false with one line per
+  // bad value or unknown key in *errors (each naming the file and line, or
+  // the flag, and what is expected).
+  bool Load(Config* out, std::vector<std::string>* errors) const;
+
+  bool check_config() const { return check_config_; }
+  const std::string& config_path() const { return config_path_; }
+
+ private:
+  std::string config_path_ = kDefaultConfigPath;
+  bool config_path_given_ = false;
+  bool check_config_ = false;
+  std::map<std::string, std::string> flags_;  // file key -> flag value
+};
 
 }  // namespace psmd
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <utility>
 
 #include "version/version.h"
 
@@ -43,10 +44,14 @@ std::string VersionText() {
 }  // namespace
 
 ControlService::ControlService(Registry* registry, Admission* admission,
-                               ProgressWorker* worker)
+                               ProgressWorker* worker,
+                               const SharedConfig* config,
+                               std::string config_path)
     : registry_(registry),
       admission_(admission),
       worker_(worker),
+      config_(config),
+      config_path_(std::move(config_path)),
       started_(std::chrono::steady_clock::now()) {}
 
 uint64_t ControlService::UptimeNs() const {
@@ -73,6 +78,14 @@ grpc::Status ControlService::Health(grpc::ServerContext*,
   reply->set_endpoint_count(static_cast<uint32_t>(registry_->endpoint_count()));
   reply->set_max_endpoints(registry_->max_endpoints());
   reply->set_daemon_pid(static_cast<uint32_t>(getpid()));
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::GetConfig(grpc::ServerContext*,
+                                       const v1::GetConfigRequest*,
+                                       v1::GetConfigReply* reply) {
+  reply->set_toml(ConfigToToml(config_->Get()));
+  reply->set_config_path(config_path_);
   return grpc::Status::OK;
 }
 

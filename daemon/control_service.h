@@ -9,6 +9,7 @@
 #include <chrono>
 
 #include "daemon/admission.h"
+#include "daemon/config.h"
 #include "daemon/progress.h"
 #include "daemon/registry.h"
 #include "proto/control.grpc.pb.h"
@@ -17,8 +18,11 @@ namespace psmd {
 
 class ControlService final : public v1::Control::Service {
  public:
+  // `config` is the configuration in force (replaced on SIGHUP), read from
+  // `config_path`.
   ControlService(Registry* registry, Admission* admission,
-                 ProgressWorker* worker);
+                 ProgressWorker* worker, const SharedConfig* config,
+                 std::string config_path);
 
   grpc::Status Health(grpc::ServerContext* ctx, const v1::HealthRequest* req,
                       v1::HealthReply* reply) override;
@@ -42,6 +46,9 @@ class ControlService final : public v1::Control::Service {
   grpc::Status ListJobs(grpc::ServerContext* ctx,
                         const v1::ListJobsRequest* req,
                         v1::ListJobsReply* reply) override;
+  grpc::Status GetConfig(grpc::ServerContext* ctx,
+                         const v1::GetConfigRequest* req,
+                         v1::GetConfigReply* reply) override;
 
  private:
   // Fills *who from the kernel-reported credentials of the caller's
@@ -52,6 +59,8 @@ class ControlService final : public v1::Control::Service {
   Registry* const registry_;
   Admission* const admission_;
   ProgressWorker* const worker_;
+  const SharedConfig* const config_;
+  const std::string config_path_;
   const std::chrono::steady_clock::time_point started_;
 };
 

@@ -151,7 +151,6 @@ class Endpoint {
   uint32_t idle_doorbells = 0;
   uint64_t idle_doorbell_window_ns = 0;  // start of the current second
   uint64_t doorbell_muted_until_ns = 0;  // 0: listened to
-  uint64_t last_mute_logged_ns = 0;
 
   EndpointCounters counters;
 };

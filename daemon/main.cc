@@ -1,58 +1,118 @@
-// psmd: the per-node PSM2 progress daemon. See docs/design.md.
+// psmd: the per-node PSM2 progress daemon. See docs/design.md and, for running
+// it as a service, docs/operations.md.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <systemd/sd-daemon.h>
 
 #include <cstdio>
 #include <memory>
+#include <set>
 
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "daemon/admission.h"
 #include "daemon/config.h"
 #include "daemon/control_service.h"
+#include "daemon/log.h"
 #include "daemon/progress.h"
 #include "daemon/registry.h"
 #include "version/version.h"
 
+namespace {
+
+// How often the main thread refreshes the STATUS= line systemd shows.
+constexpr int kStatusPeriodS = 10;
+
+// SIGHUP: reads the file again (the flags still win) and applies what can
+// change without disturbing open endpoints; the rest waits for a restart.
+void Reload(const psmd::ConfigLoader& loader, psmd::SharedConfig* shared,
+            psmd::Registry* registry, psmd::ProgressWorker* worker) {
+  psmd::Config running = shared->Get();
+  psmd::Config fresh;
+  std::vector<std::string> errors;
+  if (!loader.Load(&fresh, &errors)) {
+    for (const auto& e : errors) spdlog::error("reload: {}", e);
+    spdlog::error("reload refused: the configuration in force is unchanged");
+    return;
+  }
+  if (fresh.unexpected_budget_bytes > running.max_unexpected_budget_bytes) {
+    spdlog::error(
+        "reload refused: unexpected_mib {} exceeds max_unexpected_mib {} in "
+        "force (which changes only at restart)",
+        fresh.unexpected_budget_bytes >> 20,
+        running.max_unexpected_budget_bytes >> 20);
+    return;
+  }
+  static const std::set<std::string> kReloadable = {"log_level", "spin_us",
+                                                    "unexpected_mib"};
+  psmd::Config next = running;
+  next.log_level = fresh.log_level;
+  next.spin_us = fresh.spin_us;
+  next.unexpected_budget_bytes = fresh.unexpected_budget_bytes;
+  // The new level first, so that the lines below follow it.
+  spdlog::set_level(spdlog::level::from_str(next.log_level));
+  for (const auto& change : psmd::ConfigChanges(running, fresh)) {
+    std::string key = change.substr(0, change.find(':'));
+    if (kReloadable.count(key) != 0) {
+      spdlog::info("reload: {}", psmd::Escaped(change));
+    } else {
+      spdlog::warn("reload: {} takes effect only when psmd restarts",
+                   psmd::Escaped(change));
+    }
+  }
+  worker->SetSpinUs(next.spin_us);
+  registry->SetDefaultUnexpectedBudget(next.unexpected_budget_bytes);
+  shared->Set(next);
+  spdlog::info("reload done");
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  psmd::ConfigLoader loader;
+  if (int code = loader.ParseCommandLine(argc, argv); code >= 0) return code;
   psmd::Config config;
-  bool help = false;
-  std::string error;
-  if (!psmd::ParseFlags(argc, argv, &config, &help, &error)) {
-    fprintf(stderr, "psmd: %s\n%s", error.c_str(), psmd::FlagsUsage().c_str());
+  std::vector<std::string> errors;
+  if (!loader.Load(&config, &errors)) {
+    for (const auto& e : errors) fprintf(stderr, "psmd: %s\n", e.c_str());
     return 2;
   }
-  if (help) {
-    printf("%s", psmd::FlagsUsage().c_str());
+  if (loader.check_config()) {
+    printf("%s", psmd::ConfigToToml(config).c_str());
     return 0;
   }
-  auto logger = spdlog::stderr_color_mt("psmd");
-  spdlog::set_default_logger(logger);
-  spdlog::set_level(spdlog::level::from_str(config.log_level));
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+  std::string log_target = psmd::SetUpLogging(config);
 
   // Signals are taken synchronously by the main thread; every other thread
   // inherits the blocked mask.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  psmd::SharedConfig shared(config);
   psmd::ProgressWorker worker(config);
+  uint64_t watchdog_us = 0;
+  if (sd_watchdog_enabled(0, &watchdog_us) > 0) {
+    worker.EnableWatchdog(watchdog_us);
+  }
   psmd::Registry registry(config, &worker);
   psmd::Admission admission(config, &registry);
+  std::string error;
   if (!admission.Bind(&error)) {
     spdlog::critical("{}", error);
+    sd_notifyf(0, "STATUS=failed: %s", error.c_str());
     return 1;
   }
   if (!worker.Start(&error)) {
     spdlog::critical("{}", error);
     return 1;
   }
-  psmd::ControlService service(&registry, &admission, &worker);
+  psmd::ControlService service(&registry, &admission, &worker, &shared,
+                               loader.config_path());
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -61,13 +121,37 @@ int main(int argc, char** argv) {
     return 1;
   }
   admission.Start(server.get());
-  spdlog::info("psmd {} serving {} (pid {}, spin {} us)",
-               psmd::version::Version(), config.socket_path, getpid(),
-               config.spin_us);
+  spdlog::info(
+      "psmd {} (commit {}) serving {}{} (pid {}, spin {} us, log to {}{})",
+      psmd::version::Version(), psmd::version::Commit(),
+      psmd::Escaped(config.socket_path),
+      admission.activated() ? " from systemd" : "", getpid(), config.spin_us,
+      log_target,
+      watchdog_us ? ", watchdog " + std::to_string(watchdog_us) + " us" : "");
+  // The socket is listening and its connections are handled: clients that
+  // systemd started after us may connect now.
+  sd_notifyf(0, "READY=1\nSTATUS=serving %s, 0 endpoints",
+             config.socket_path.c_str());
 
   int sig = 0;
-  sigwait(&stop_signals, &sig);
+  for (;;) {
+    timespec period{kStatusPeriodS, 0};
+    sig = sigtimedwait(&signals, nullptr, &period);
+    if (sig == SIGHUP) {
+      // The log goes to stderr or the journal, never to a file psmd opened,
+      // so there is no log file to reopen (docs/operations.md).
+      sd_notify(0, "RELOADING=1");
+      spdlog::info("SIGHUP: reloading {}", psmd::Escaped(loader.config_path()));
+      Reload(loader, &shared, &registry, &worker);
+    } else if (sig > 0) {
+      break;
+    }
+    sd_notifyf(0, "%sSTATUS=serving %s, %zu endpoints",
+               sig == SIGHUP ? "READY=1\n" : "", config.socket_path.c_str(),
+               registry.endpoint_count());
+  }
   spdlog::info("signal {}: shutting down", sig);
+  sd_notify(0, "STOPPING=1\nSTATUS=stopping");
   admission.Stop();  // no new connections; socket file removed
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   registry.RemoveAll();  // every segment unmapped and closed

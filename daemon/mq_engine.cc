@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "daemon/log.h"
 #include "shm/doorbell.h"
 #include "shm/payload.h"
 #include "shm/pool.h"
@@ -107,7 +108,6 @@ void MqEngine::Remove(uint32_t id) {
     ++t;
   }
   order_.erase(std::find(order_.begin(), order_.end(), &ep));
-  last_complaint_.erase(id);
   by_id_.erase(it);
 }
 
@@ -186,10 +186,10 @@ bool MqEngine::PollControl(Endpoint& ep) {
 
 void MqEngine::CheckRings(Endpoint& ep) {
   if (ep.faulted || !(ep.msg_sq.corrupt() || ep.ctl_sq.corrupt())) return;
-  spdlog::error(
-      "endpoint {} (pid {}): submission ring indices corrupted by the client; "
-      "the endpoint is no longer served — close and reopen it",
-      ep.id, ep.pid);
+  LogClient(spdlog::level::err, ep.uid,
+            "endpoint {} (pid {}): submission ring indices corrupted by the "
+            "client; the endpoint is no longer served — close and reopen it",
+            ep.id, ep.pid);
   ep.faulted = true;
 }
 
@@ -659,11 +659,10 @@ void MqEngine::Post(Endpoint& ep, const shm::CompletionDesc& c) {
     return;
   }
   if (ep.cq.corrupt()) {
-    spdlog::error(
-        "endpoint {} (pid {}): completion ring indices corrupted by the "
-        "client; "
-        "the endpoint is no longer served — close and reopen it",
-        ep.id, ep.pid);
+    LogClient(spdlog::level::err, ep.uid,
+              "endpoint {} (pid {}): completion ring indices corrupted by the "
+              "client; the endpoint is no longer served — close and reopen it",
+              ep.id, ep.pid);
     ep.faulted = true;
     return;
   }
@@ -716,16 +715,11 @@ void MqEngine::ReleaseUnread(const Endpoint& ep, const shm::CompletionDesc& c) {
 
 void MqEngine::ReportBadDescriptor(Endpoint& ep, const char* what) {
   ep.counters.bad_descriptors.Add(1);
-  // Rate-limited: a client spraying garbage must not flood the log.
-  auto now = std::chrono::steady_clock::now();
-  auto [it, first] = last_complaint_.try_emplace(ep.id, now);
-  if (!first && now - it->second < std::chrono::seconds(1)) return;
-  it->second = now;
-  spdlog::warn(
-      "endpoint {} (pid {}, uid {}): rejected submission: {} ({} rejected so "
-      "far); "
-      "the request completes with an error",
-      ep.id, ep.pid, ep.uid, what, ep.counters.bad_descriptors.Get());
+  // Rate-limited per uid: a client spraying garbage must not flood the log.
+  WarnClient(ep.uid,
+             "endpoint {} (pid {}, uid {}): rejected submission: {} ({} "
+             "rejected so far); the request completes with an error",
+             ep.id, ep.pid, ep.uid, what, ep.counters.bad_descriptors.Get());
 }
 
 }  // namespace psmd

@@ -150,8 +150,6 @@ class MqEngine {
 
   std::unordered_map<uint32_t, std::shared_ptr<Endpoint>> by_id_;
   std::vector<Endpoint*> order_;
-  std::unordered_map<uint32_t, std::chrono::steady_clock::time_point>
-      last_complaint_;
   const uint64_t max_unexpected_budget_;
   const uint64_t job_unexpected_budget_;
   const uint64_t uid_unexpected_budget_;

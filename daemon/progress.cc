@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "daemon/log.h"
 #include "shm/doorbell.h"
 
 namespace psmd {
@@ -35,10 +37,10 @@ uint64_t NowNs() {
 }  // namespace
 
 ProgressWorker::ProgressWorker(const Config& config)
-    : config_(config),
-      engine_(config.max_unexpected_budget_bytes,
+    : engine_(config.max_unexpected_budget_bytes,
               config.job_unexpected_budget_bytes,
-              config.uid_unexpected_budget_bytes) {}
+              config.uid_unexpected_budget_bytes),
+      spin_us_(config.spin_us) {}
 
 ProgressWorker::~ProgressWorker() {
   Stop();
@@ -59,8 +61,23 @@ bool ProgressWorker::Start(std::string* error) {
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
   last_turn_ns_.store(NowNs(), std::memory_order_relaxed);
   thread_ = std::thread([this] { Loop(); });
+  // Named so that operators (top -H) and tests can find it.
   pthread_setname_np(thread_.native_handle(), kThreadName);
   return true;
+}
+
+void ProgressWorker::EnableWatchdog(uint64_t interval_us) {
+  // A quarter of the interval: a ping may come up to one clock check and
+  // one sleep late and still be on time.
+  watchdog_ping_ns_ = std::max<uint64_t>(interval_us * 1000 / 4, 1'000'000);
+}
+
+void ProgressWorker::NoteTurn(uint64_t now_ns) {
+  last_turn_ns_.store(now_ns, std::memory_order_relaxed);
+  if (watchdog_ping_ns_ == 0 || now_ns - last_ping_ns_ < watchdog_ping_ns_)
+    return;
+  last_ping_ns_ = now_ns;
+  sd_notify(0, "WATCHDOG=1");
 }
 
 void ProgressWorker::Stop() {
@@ -139,7 +156,6 @@ void ProgressWorker::RunCommands() {
 }
 
 void ProgressWorker::Loop() {
-  const uint64_t spin_ns = uint64_t{config_.spin_us} * 1000;
   uint64_t last_work = NowNs();
   uint32_t idle_passes = 0;
   uint32_t busy_passes = 0;
@@ -149,9 +165,7 @@ void ProgressWorker::Loop() {
     engine_.NotifyClients();
     if (did) {
       idle_passes = 0;
-      if (++busy_passes % kHeartbeatPasses == 0) {
-        last_turn_ns_.store(NowNs(), std::memory_order_relaxed);
-      }
+      if (++busy_passes % kHeartbeatPasses == 0) NoteTurn(NowNs());
       continue;
     }
     // Reading the clock costs more than a pass over a few rings; look at it
@@ -163,9 +177,11 @@ void ProgressWorker::Loop() {
       continue;
     }
     uint64_t now = NowNs();
-    last_turn_ns_.store(now, std::memory_order_relaxed);
+    NoteTurn(now);
     if (muted_doorbells_ > 0) ResumeMutedDoorbells(now);
     if (idle_passes == 64) last_work = now;
+    const uint64_t spin_ns =
+        uint64_t{spin_us_.load(std::memory_order_relaxed)} * 1000;
     if (now - last_work < spin_ns) continue;
     Sleep();
     idle_passes = 0;
@@ -189,15 +205,11 @@ void ProgressWorker::NoteIdleDoorbell(Endpoint& ep, uint64_t now_ns) {
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, ep.doorbell_fd, nullptr);
   ep.doorbell_muted_until_ns = now_ns + kMuteNs;
   muted_doorbells_++;
-  if (now_ns - ep.last_mute_logged_ns >= 10 * kSecondNs ||
-      ep.last_mute_logged_ns == 0) {
-    ep.last_mute_logged_ns = now_ns;
-    spdlog::warn(
-        "endpoint {} (pid {}, uid {}) rings its doorbell with nothing "
-        "submitted ({} in "
-        "under a second); not listening to it for {} ms at a time",
-        ep.id, ep.pid, ep.uid, ep.idle_doorbells, kMuteNs / 1'000'000);
-  }
+  WarnClient(ep.uid,
+             "endpoint {} (pid {}, uid {}) rings its doorbell with nothing "
+             "submitted ({} in under a second); not listening to it for {} ms "
+             "at a time",
+             ep.id, ep.pid, ep.uid, ep.idle_doorbells, kMuteNs / 1'000'000);
 }
 
 int ProgressWorker::ResumeMutedDoorbells(uint64_t now_ns) {
@@ -235,11 +247,15 @@ void ProgressWorker::Sleep() {
     // Bounded, so that an idle worker still turns (LastTurnAgeNs).
     int timeout_ms = ResumeMutedDoorbells(NowNs());
     if (timeout_ms < 0 || timeout_ms > kMaxSleepMs) timeout_ms = kMaxSleepMs;
+    if (watchdog_ping_ns_ != 0) {  // wake to ping even when no client rings
+      timeout_ms =
+          std::min(timeout_ms, static_cast<int>(watchdog_ping_ns_ / 1'000'000));
+    }
     do {
       n = epoll_wait(epoll_fd_, events, 64, timeout_ms);
     } while (n < 0 && errno == EINTR);
     const uint64_t now = NowNs();
-    last_turn_ns_.store(now, std::memory_order_relaxed);
+    NoteTurn(now);
     for (int i = 0; i < n; i++) {
       if (events[i].data.u64 == kWakeTag) {
         shm::DrainEventFd(wake_fd_);

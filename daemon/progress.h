@@ -35,8 +35,15 @@ class ProgressWorker {
   ProgressWorker(const ProgressWorker&) = delete;
   ProgressWorker& operator=(const ProgressWorker&) = delete;
 
+  // Before Start: send systemd WATCHDOG=1 from the worker's loop at least
+  // every interval_us / 4, so that pings stop when this thread is stuck.
+  void EnableWatchdog(uint64_t interval_us);
   bool Start(std::string* error);
   void Stop();
+  // Takes effect at the worker's next idle stretch (SIGHUP reload).
+  void SetSpinUs(uint32_t spin_us) {
+    spin_us_.store(spin_us, std::memory_order_relaxed);
+  }
 
   void AddEndpoint(std::shared_ptr<Endpoint> ep);
   void RemoveEndpoint(uint32_t id);
@@ -55,7 +62,7 @@ class ProgressWorker {
 
   // The worker thread's name (/proc/PID/task/TID/comm), so that an operator
   // or a test can find it.
-  static constexpr char kThreadName[] = "psmd-worker";
+  static constexpr char kThreadName[] = "psmd-progress";
   static constexpr int kMaxSleepMs = 1000;
   static constexpr uint32_t kHeartbeatPasses = 4096;
 
@@ -72,8 +79,10 @@ class ProgressWorker {
   // Puts muted doorbells whose time is over back into epoll; returns the ms
   // until the next one is due (-1: none muted), for epoll_wait's timeout.
   int ResumeMutedDoorbells(uint64_t now_ns);
+  // The worker turned: notes the time (LastTurnAgeNs) and, under systemd's
+  // watchdog, pings it at most every watchdog_ping_ns_.
+  void NoteTurn(uint64_t now_ns);
 
-  const Config config_;
   MqEngine engine_;
   std::thread thread_;
   int epoll_fd_ = -1;
@@ -85,6 +94,9 @@ class ProgressWorker {
   std::atomic<bool> stop_{false};
 
   uint32_t muted_doorbells_ = 0;  // worker only
+  std::atomic<uint32_t> spin_us_;
+  uint64_t watchdog_ping_ns_ = 0;  // 0: no watchdog; set before Start
+  uint64_t last_ping_ns_ = 0;      // worker only
   std::atomic<uint64_t> doorbells_{0};
   std::atomic<uint64_t> sleeps_{0};
   std::atomic<uint64_t> last_turn_ns_{0};  // steady clock

@@ -11,6 +11,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "daemon/log.h"
+
 #include "shm/epid.h"
 #include "shm/layout.h"
 #include "shm/segment.h"
@@ -84,17 +86,10 @@ Status Registry::Reserve(const Credentials& who, const Uuid& uuid,
   }
   if (!who.is_root() &&
       open_by_uid_[who.uid] >= config_.max_endpoints_per_uid) {
-    // Logged at most once a second per uid: a refused tenant retrying in a
-    // loop must not flood the log.
-    auto now = std::chrono::steady_clock::now();
-    auto [last, first] = quota_complaint_.try_emplace(who.uid, now);
-    if (first || now - last->second >= std::chrono::seconds(1)) {
-      last->second = now;
-      spdlog::warn(
-          "uid {} (pid {}) refused an endpoint: it holds {} "
-          "(--max-endpoints-per-uid)",
-          who.uid, who.pid, config_.max_endpoints_per_uid);
-    }
+    WarnClient(who.uid,
+               "uid {} (pid {}) refused an endpoint: it holds {} "
+               "(--max-endpoints-per-uid)",
+               who.uid, who.pid, config_.max_endpoints_per_uid);
     return {PSM2_TOO_MANY_ENDPOINTS,
             "uid " + std::to_string(who.uid) + " holds its maximum of " +
                 std::to_string(config_.max_endpoints_per_uid) +
@@ -138,7 +133,8 @@ Status Registry::Reserve(const Credentials& who, const Uuid& uuid,
   ep->uid = who.uid;
   ep->gid = who.gid;
   ep->pid = who.pid;
-  ep->label = label.substr(0, 64);
+  // Escaped once here: the label is logged and shown by psmctl.
+  ep->label = Escaped(label.substr(0, 64));
   ep->region = *region;
   ep->geometry = shm::ComputeGeometry(config_.sq_capacity, config_.cq_capacity);
   auto fail = [&](const std::string& what) {
@@ -422,6 +418,11 @@ size_t Registry::endpoint_count() {
   return records_.size();
 }
 
+void Registry::SetDefaultUnexpectedBudget(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  config_.unexpected_budget_bytes = bytes;
+}
+
 void Registry::ExpireUnattached() {
   std::vector<std::shared_ptr<Endpoint>> expired;
   {
@@ -433,9 +434,11 @@ void Registry::ExpireUnattached() {
         ids.push_back(id);
     }
     for (uint32_t id : ids) {
-      spdlog::warn(
-          "endpoint {}: pid {} never attached its segments; reclaiming it", id,
-          records_.at(id).ep->pid);
+      const Endpoint& ep = *records_.at(id).ep;
+      WarnClient(ep.uid,
+                 "endpoint {}: pid {} uid {} never attached its segments; "
+                 "reclaiming it",
+                 id, ep.pid, ep.uid);
       expired.push_back(Unlink(id));
     }
   }

@@ -106,6 +106,9 @@ class Registry {
   size_t endpoint_count();
   // The most endpoints psmd serves at once (--max-endpoints).
   uint32_t max_endpoints() const { return config_.max_endpoints; }
+  // The unexpected-message budget endpoints opened from now on get (SIGHUP
+  // reload); open endpoints keep theirs.
+  void SetDefaultUnexpectedBudget(uint64_t bytes);
   // Removes endpoints whose attach token was not redeemed in time.
   void ExpireUnattached();
   // Removes every endpoint (daemon shutdown).
@@ -141,7 +144,7 @@ class Registry {
     return who.is_root() || who.uid == ep.uid;
   }
 
-  const Config config_;
+  Config config_;  // unexpected_budget_bytes guarded by mu_; rest constant
   ProgressWorker* const worker_;
   const uint16_t boot_nonce_;
 
@@ -152,10 +155,6 @@ class Registry {
       open_by_uid_;  // open endpoints per owner uid
   // Each uid's account, shared by its jobs while any lives.
   std::unordered_map<uid_t, std::weak_ptr<UidAccount>> uid_accounts_;
-  // Last refusal logged per uid (rate limit); bounded by the uids that ever
-  // connected, which the kernel bounds.
-  std::unordered_map<uid_t, std::chrono::steady_clock::time_point>
-      quota_complaint_;
   std::unordered_map<uint64_t, uint32_t> id_by_epid_;
   std::map<JobKey, std::shared_ptr<Job>> jobs_;
   std::map<uid_t, counters::Values> closed_totals_;  // by owner uid

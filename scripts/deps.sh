@@ -6,7 +6,9 @@ set -euo pipefail
 PACKAGES=(
   bazel-bootstrap g++ python3
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libspdlog-dev libfmt-dev libcli11-dev
+  libspdlog-dev libfmt-dev
+  libsystemd-dev libtomlplusplus-dev libcli11-dev
+  systemd  # systemd-analyze verify/security checks deploy/psmd.service
   libgtest-dev libgmock-dev libbenchmark-dev clang-format clang-14
   libpsm2-dev libpsm2-2 uuid-dev
   liburing-dev munge libmunge-dev  # hw/socket: io_uring, MUNGE auth

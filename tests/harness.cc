@@ -4,7 +4,9 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -115,15 +117,23 @@ void Process::Kill(int sig) {
   if (pid_ > 0) kill(pid_, sig);
 }
 
-Daemon::Daemon(const TempDir& dir, std::vector<std::string> extra_flags) {
+Daemon::Daemon(const TempDir& dir, std::vector<std::string> extra_flags,
+               const std::map<std::string, std::string>& env) {
   socket_ = dir.path() + "/psmd.sock";
   log_path_ = dir.path() + "/psmd.log";
   std::vector<std::string> argv = {Runfile("daemon/psmd"), "--socket", socket_};
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
-  process_ = Process::Start(argv, {}, log_path_, log_path_);
+  process_ = Process::Start(argv, env, log_path_, log_path_);
+  // Ready when the socket accepts (a file may be there before: a stale one).
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  strncpy(addr.sun_path, socket_.c_str(), sizeof(addr.sun_path) - 1);
   for (int i = 0; i < 500; i++) {
-    struct stat st;
-    if (stat(socket_.c_str(), &st) == 0) return;
+    int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    bool up =
+        connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    close(probe);
+    if (up) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }
@@ -149,6 +159,25 @@ std::string ReadFile(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+std::vector<std::string> ExchangeArgs(const TempDir&,
+                                      const std::string& rendezvous, int rank,
+                                      const std::string& uuid, int messages,
+                                      int max_size, int hold_seconds) {
+  return {Runfile("tests/programs/exchange"),
+          "--rank",
+          std::to_string(rank),
+          "--dir",
+          rendezvous,
+          "--uuid",
+          uuid,
+          "--messages",
+          std::to_string(messages),
+          "--max-size",
+          std::to_string(max_size),
+          "--hold-seconds",
+          std::to_string(hold_seconds)};
 }
 
 RunResult RunToEnd(const TempDir& dir, const std::vector<std::string>& argv,

@@ -55,11 +55,11 @@ class Process {
   int status_ = 0;
 };
 
-// A running psmd on `dir`/psmd.sock.
+// A running psmd on `dir`/psmd.sock, with `env` added to its environment.
 class Daemon {
  public:
-  explicit Daemon(const TempDir& dir,
-                  std::vector<std::string> extra_flags = {});
+  explicit Daemon(const TempDir& dir, std::vector<std::string> extra_flags = {},
+                  const std::map<std::string, std::string>& env = {});
   ~Daemon();                        // SIGTERM, then SIGKILL after 5 s
   bool Stop(double timeout_s = 5);  // true when it exited 0
   const std::string& socket() const { return socket_; }
@@ -89,6 +89,15 @@ RunResult RunToEnd(const TempDir& dir, const std::vector<std::string>& argv,
                    uid_t run_as = static_cast<uid_t>(-1));
 
 std::string ReadFile(const std::string& path);
+
+// argv of tests/programs/exchange: rank `rank` of a pair that meets in
+// directory `rendezvous` and exchanges `messages` messages of up to
+// `max_size` bytes in job `uuid` (32 hex digits), after holding its
+// endpoint open and idle for `hold_seconds`.
+std::vector<std::string> ExchangeArgs(const TempDir& dir,
+                                      const std::string& rendezvous, int rank,
+                                      const std::string& uuid, int messages,
+                                      int max_size, int hold_seconds = 0);
 
 // The integer value of "key": N inside the JSON object that follows "object"
 // (or anywhere when object is empty). -1 when absent.

@@ -23,25 +23,6 @@ namespace {
 const char kJobA[] = "5053d0d0aaaaaaaaaaaaaaaaaaaaaaaa";
 const char kJobB[] = "5053d0d0bbbbbbbbbbbbbbbbbbbbbbbb";
 
-std::vector<std::string> ExchangeArgs(const TempDir& dir,
-                                      const std::string& rendezvous, int rank,
-                                      const std::string& uuid, int messages,
-                                      int max_size, int hold_seconds = 0) {
-  return {Runfile("tests/programs/exchange"),
-          "--rank",
-          std::to_string(rank),
-          "--dir",
-          rendezvous,
-          "--uuid",
-          uuid,
-          "--messages",
-          std::to_string(messages),
-          "--max-size",
-          std::to_string(max_size),
-          "--hold-seconds",
-          std::to_string(hold_seconds)};
-}
-
 std::string Subdir(const TempDir& dir, const std::string& name) {
   std::string p = dir.path() + "/" + name;
   mkdir(p.c_str(), 0755);

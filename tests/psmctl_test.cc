@@ -204,7 +204,7 @@ TEST_F(PsmctlTest, UsageErrorsAreNamedBeforeTheSocketIsTried) {
 pid_t WorkerThread(pid_t pid) {
   std::string tasks = "/proc/" + std::to_string(pid) + "/task";
   for (const auto& entry : std::filesystem::directory_iterator(tasks)) {
-    if (ReadFile(entry.path().string() + "/comm") == "psmd-worker\n") {
+    if (ReadFile(entry.path().string() + "/comm") == "psmd-progress\n") {
       return static_cast<pid_t>(std::stol(entry.path().filename().string()));
     }
   }

@@ -74,7 +74,7 @@ std::string Printable(const std::string& s) {
   std::string out;
   for (char c : s) {
     unsigned char u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u < 0x7f && c != '\\') {
+    if (u >= 0x20 && u < 0x7f) {
       out += c;
     } else {
       char buf[8];

@@ -28,7 +28,9 @@ std::string JsonString(const std::string& s);
 std::string PromLabel(const std::string& s);
 
 // Printable ASCII kept, anything else as \xNN: a client's label cannot
-// split or forge a row of psmctl's table.
+// split or forge a row of psmctl's table. (psmd already escapes what
+// clients send in this form; a backslash passes unchanged, so its escapes
+// are shown as they are, not escaped twice.)
 std::string Printable(const std::string& s);
 
 }  // namespace psmd::tools

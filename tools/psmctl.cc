@@ -332,6 +332,17 @@ int ShowEndpoints(ControlClient& control, const std::string& format) {
   return 0;
 }
 
+// ---- config ----
+
+// The daemon's effective configuration, as TOML psmd reads.
+int ShowConfig(ControlClient& control, const std::string& /*format*/) {
+  psmd::v1::GetConfigReply r;
+  if (Status e = control.GetConfig(&r); !e.ok()) return Fail(e);
+  printf("# effective configuration of psmd (file: %s)\n%s",
+         Printable(r.config_path()).c_str(), r.toml().c_str());
+  return 0;
+}
+
 // ---- jobs ----
 
 int ShowJobs(ControlClient& control, const std::string& format) {
@@ -492,8 +503,6 @@ int main(int argc, char** argv) {
   app.add_flag("--json", opts.json, "Same as --format json");
 
   // The subcommands. Each registers its options and, when chosen, sets `run`.
-  // The daemon's effective configuration (`config`, GetConfig) is added here
-  // the same way.
   std::function<int()> run;
   AddStats(app, opts, &run);
   AddSimple(app, opts, &run, "endpoints",
@@ -505,6 +514,9 @@ int main(int argc, char** argv) {
             ShowJobs);
   AddHealth(app, opts, &run);
   AddClose(app, opts, &run);
+  AddSimple(app, opts, &run, "config",
+            "The daemon's effective configuration, as the TOML psmd reads",
+            ShowConfig);
   for (CLI::App* cmd : app.get_subcommands({})) cmd->fallthrough();
   // Anything unmatched is kept (not an error inside CLI11) so that a
   // mistyped command gets its own message below.
