@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <signal.h>
+#include <sys/ptrace.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -248,6 +249,43 @@ std::vector<std::string> ShmLeftovers() {
   }
   closedir(d);
   return out;
+}
+
+RunResult Psmctl(const TempDir& dir, const Daemon& d,
+                 const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {Runfile("tools/psmctl"), "--socket",
+                                   d.socket()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunToEnd(dir, argv, {}, 10);
+}
+
+StoppedThread::StoppedThread(pid_t pid, const std::string& name) {
+  std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  if (DIR* d = opendir(tasks.c_str())) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      if (ReadFile(tasks + "/" + e->d_name + "/comm") == name + "\n")
+        tid_ = atoi(e->d_name);
+    }
+    closedir(d);
+  }
+  if (tid_ < 0) {
+    error_ = "no thread named " + name + " in pid " + std::to_string(pid);
+    return;
+  }
+  int status = 0;
+  if (ptrace(PTRACE_SEIZE, tid_, nullptr, nullptr) != 0 ||
+      ptrace(PTRACE_INTERRUPT, tid_, nullptr, nullptr) != 0 ||
+      waitpid(tid_, &status, __WALL) != tid_) {
+    error_ = std::string("ptrace: ") + strerror(errno);
+    return;
+  }
+  stopped_ = true;
+}
+
+void StoppedThread::Resume() {
+  if (stopped_) ptrace(PTRACE_DETACH, tid_, nullptr, nullptr);
+  stopped_ = false;
 }
 
 }  // namespace psmd::testing

@@ -90,6 +90,30 @@ RunResult RunToEnd(const TempDir& dir, const std::vector<std::string>& argv,
 
 std::string ReadFile(const std::string& path);
 
+// Runs the built psmctl against `d` with `args`.
+RunResult Psmctl(const TempDir& dir, const Daemon& d,
+                 const std::vector<std::string>& args);
+
+// Stops one thread of process `pid`, found by its name, with ptrace (its
+// other threads run on) until destroyed: how tests wedge psmd's progress
+// worker ("psmd-progress") without a backdoor in psmd. Needs root or
+// CAP_SYS_PTRACE.
+class StoppedThread {
+ public:
+  StoppedThread(pid_t pid, const std::string& name);
+  ~StoppedThread() { Resume(); }
+  StoppedThread(const StoppedThread&) = delete;
+  StoppedThread& operator=(const StoppedThread&) = delete;
+  // Empty when the thread was not found or could not be stopped.
+  const std::string& error() const { return error_; }
+  void Resume();
+
+ private:
+  pid_t tid_ = -1;
+  bool stopped_ = false;
+  std::string error_;
+};
+
 // argv of tests/programs/exchange: rank `rank` of a pair that meets in
 // directory `rendezvous` and exchanges `messages` messages of up to
 // `max_size` bytes in job `uuid` (32 hex digits), after holding its

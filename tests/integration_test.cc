@@ -29,14 +29,6 @@ std::string Subdir(const TempDir& dir, const std::string& name) {
   return p;
 }
 
-RunResult Psmctl(const TempDir& dir, const Daemon& d,
-                 const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {Runfile("tools/psmctl"), "--socket",
-                                   d.socket()};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return RunToEnd(dir, argv, {}, 10);
-}
-
 // Runs an exchange pair of `messages` messages (up to 1000 B) in job `uuid`
 // to the end and expects both ranks to succeed.
 void ExpectExchangeRuns(const TempDir& dir, const Daemon& d,

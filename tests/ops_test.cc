@@ -66,14 +66,6 @@ bool WaitForLog(const Daemon& d, const std::string& needle,
   return false;
 }
 
-RunResult Psmctl(const TempDir& dir, const Daemon& d,
-                 const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {Runfile("tools/psmctl"), "--socket",
-                                   d.socket()};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return RunToEnd(dir, argv, {}, 10);
-}
-
 // systemd's end of sd_notify: a datagram socket psmd finds in NOTIFY_SOCKET.
 class NotifySocket {
  public:
@@ -118,20 +110,6 @@ class NotifySocket {
 };
 
 // The id of the thread of `pid` named `name` (pthread_setname_np), or -1.
-pid_t ThreadNamed(pid_t pid, const std::string& name) {
-  std::string dir = "/proc/" + std::to_string(pid) + "/task";
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return -1;
-  pid_t found = -1;
-  while (dirent* e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    std::string comm = ReadFile(dir + "/" + e->d_name + "/comm");
-    if (comm == name + "\n") found = atoi(e->d_name);
-  }
-  closedir(d);
-  return found;
-}
-
 TEST(ServiceTest, NotifiesReadyStatusAndWatchdogPingsFromTheWorker) {
   TempDir dir;
   NotifySocket notify(dir.path() + "/notify");
@@ -148,18 +126,13 @@ TEST(ServiceTest, NotifiesReadyStatusAndWatchdogPingsFromTheWorker) {
 
   // Stall the progress worker alone (ptrace stops one thread; the rest of
   // psmd runs on): the pings must stop, since they prove the worker turns.
-  pid_t worker = ThreadNamed(d.pid(), "psmd-progress");
-  ASSERT_GT(worker, 0);
-  ASSERT_EQ(ptrace(PTRACE_SEIZE, worker, nullptr, nullptr), 0)
-      << strerror(errno);
-  ASSERT_EQ(ptrace(PTRACE_INTERRUPT, worker, nullptr, nullptr), 0);
-  int status = 0;
-  ASSERT_EQ(waitpid(worker, &status, __WALL), worker);
+  StoppedThread worker(d.pid(), "psmd-progress");
+  ASSERT_EQ(worker.error(), "");
   notify.Receive(0.05);  // whatever was sent before the stop
   EXPECT_EQ(CountOf(notify.Receive(1.0), "WATCHDOG=1"), 0);
   EXPECT_EQ(Psmctl(dir, d, {"health"}).exit_code, 0)
       << "the control plane should run while the worker is stuck";
-  ASSERT_EQ(ptrace(PTRACE_DETACH, worker, nullptr, nullptr), 0);
+  worker.Resume();
   EXPECT_GE(CountOf(notify.Receive(1.0), "WATCHDOG=1"), 3);
 
   EXPECT_TRUE(d.Stop());

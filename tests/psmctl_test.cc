@@ -28,10 +28,7 @@ class PsmctlTest : public ::testing::Test {
   }
 
   RunResult Psmctl(const Daemon& d, const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {Runfile("tools/psmctl"), "--socket",
-                                     d.socket()};
-    argv.insert(argv.end(), args.begin(), args.end());
-    return RunToEnd(dir_, argv, {}, 10);
+    return psmd::testing::Psmctl(dir_, d, args);
   }
 
   // Both ranks of an exchange of `messages` messages that keep their
@@ -200,17 +197,6 @@ TEST_F(PsmctlTest, UsageErrorsAreNamedBeforeTheSocketIsTried) {
   EXPECT_TRUE(Contains(r.err, "no psmd socket at /nonexistent/s")) << r.err;
 }
 
-// The progress worker's thread id, by the name psmd gives it.
-pid_t WorkerThread(pid_t pid) {
-  std::string tasks = "/proc/" + std::to_string(pid) + "/task";
-  for (const auto& entry : std::filesystem::directory_iterator(tasks)) {
-    if (ReadFile(entry.path().string() + "/comm") == "psmd-progress\n") {
-      return static_cast<pid_t>(std::stol(entry.path().filename().string()));
-    }
-  }
-  return -1;
-}
-
 TEST_F(PsmctlTest, HealthFailsWhileTheProgressWorkerIsStopped) {
   Daemon d(dir_);
   RunResult ok = Psmctl(d, {"health"});
@@ -219,17 +205,12 @@ TEST_F(PsmctlTest, HealthFailsWhileTheProgressWorkerIsStopped) {
 
   // Stop only the worker thread, as a bug that wedges it would: ptrace stops
   // one thread; the gRPC threads still answer.
-  pid_t worker = WorkerThread(d.pid());
-  ASSERT_GT(worker, 0);
-  ASSERT_EQ(ptrace(PTRACE_SEIZE, worker, nullptr, nullptr), 0)
-      << strerror(errno);
-  ASSERT_EQ(ptrace(PTRACE_INTERRUPT, worker, nullptr, nullptr), 0);
-  int status = 0;
-  ASSERT_EQ(waitpid(worker, &status, __WALL), worker);
+  StoppedThread worker(d.pid(), "psmd-progress");
+  ASSERT_EQ(worker.error(), "");
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));
   RunResult stalled = Psmctl(d, {"health", "--max-stall", "2"});
   RunResult stalled_json = Psmctl(d, {"health", "--max-stall", "2", "--json"});
-  ptrace(PTRACE_DETACH, worker, nullptr, nullptr);
+  worker.Resume();
   EXPECT_EQ(stalled.exit_code, 1);
   EXPECT_TRUE(Contains(stalled.out, "STALLED")) << stalled.out;
   EXPECT_TRUE(Contains(stalled.err, "has not turned")) << stalled.err;
