@@ -3,7 +3,6 @@
 // the progress worker is really stopped, and PSM2_IDENTIFY.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/ptrace.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
