@@ -193,6 +193,11 @@ psm2_error_t Finish(psm2_mq_req_t* request, Status* status, bool block,
   if (r == PSM2_MQ_REQINVALID) return PSM2_OK;  // nothing to wait for
   psm2_ep_t ep = r->mq->ep;
   psmd::client::EndpointLock lock(&ep->mu);
+  if (r->freed) {
+    return Library::Report(PSM2_PARAM_ERR,
+                           "wait or test on a request that was already "
+                           "completed and freed (use the handle once)");
+  }
   if (r->state == State::kClaimed) {
     return Library::Report(
         PSM2_PARAM_ERR,
@@ -499,6 +504,10 @@ psm2_error_t psm2_mq_req_free(psm2_mq_t mq, psm2_mq_req_t req) {
   if (req == nullptr) return PSM2_OK;
   if (mq == nullptr || req->mq != mq) return PSM2_PARAM_ERR;
   psmd::client::EndpointLock lock(&mq->ep->mu);
+  if (req->freed) {
+    return Library::Report(PSM2_PARAM_ERR,
+                           "psm2_mq_req_free: the request was already freed");
+  }
   mq->ep->FreeRequest(req);
   return PSM2_OK;
 }

@@ -86,6 +86,7 @@ struct psm2_mq_req {
   State state;
   bool holds_credit;    // invariant 2
   bool free_when_done;  // the application let go of it (e.g. send completed)
+  bool freed;           // in the free list (RequestTable::Free)
   bool was_unexpected;  // receive: the message had waited in psmd (stats)
   uint32_t index;       // position in the endpoint's request table
   uint32_t generation;

@@ -170,5 +170,16 @@ TEST_F(EndpointTest, AClaimedPayloadNobodyReceivesIsReleasedWithItsRequest) {
   EXPECT_TRUE(Released(off));
 }
 
+TEST_F(EndpointTest, FreeingARequestTwiceNeverHandsItsSlotOutTwice) {
+  EndpointLock lock(&ep_.mu);
+  psm2_mq_req* r = ep_.NewRequest(psm2_mq_req::Kind::kRecv, nullptr);
+  ep_.FreeRequest(r);
+  ep_.FreeRequest(r);  // e.g. a wait on a handle already waited on
+  psm2_mq_req* a = ep_.NewRequest(psm2_mq_req::Kind::kRecv, nullptr);
+  psm2_mq_req* b = ep_.NewRequest(psm2_mq_req::Kind::kRecv, nullptr);
+  EXPECT_NE(a, b);
+  EXPECT_FALSE(a->freed);
+}
+
 }  // namespace
 }  // namespace psmd::client

@@ -25,6 +25,8 @@ psm2_mq_req* RequestTable::New() {
 }
 
 void RequestTable::Free(psm2_mq_req* req) {
+  if (req->freed) return;  // never twice into the free list
+  req->freed = true;
   req->generation++;  // stale tokens no longer resolve to it
   req->state = psm2_mq_req::State::kComplete;
   req->free_when_done = false;

@@ -28,7 +28,8 @@ class RequestTable {
 
   // A reset request (all fields zero but index and generation).
   psm2_mq_req* New();
-  // Retires `req`: its token goes stale and its slot is reused.
+  // Retires `req`: its token goes stale and its slot is reused. Freeing a
+  // free request does nothing (its slot must not be handed out twice).
   void Free(psm2_mq_req* req);
   // The live request `token` names, or null.
   psm2_mq_req* Lookup(uint64_t token) const;
