@@ -89,10 +89,11 @@ void SubmitActiveMessage(psm2_ep_t ep, shm::SubmitOp op, uint32_t peer,
   if (shm::IsInline(d.len)) {
     if (arg_bytes > 0) std::memcpy(d.body.inline_data, args, arg_bytes);
     if (len > 0) std::memcpy(d.body.inline_data + arg_bytes, src, len);
-    ep->Submit(r, d, nullptr);
+    ep->publisher.Submit(r, d, nullptr);
     return;
   }
-  psmd::client::Deferred* queued = ep->Submit(r, d, src, args, arg_bytes);
+  psmd::client::Deferred* queued =
+      ep->publisher.Submit(r, d, src, args, arg_bytes);
   if (queued != nullptr && !(flags & PSM2_AM_FLAG_ASYNC)) {
     // Not in the pool yet, and the caller may reuse its buffers as soon as
     // we return: keep our own copy.

@@ -105,7 +105,7 @@ psm2_error_t CheckOpenOptions(const psm2_ep_open_opts& o) {
 // submissions waiting for ring or pool space, and rendezvous sends whose
 // payload has not been streamed yet (the receiver needs our copy).
 size_t UnfinishedSends(psm2_ep_t ep) PSMD_REQUIRES(ep->mu) {
-  size_t n = ep->deferred_msg.size() + ep->deferred_ctl.size();
+  size_t n = ep->publisher.queued();
   ep->requests.ForEach([&](const psm2_mq_req* r) PSMD_REQUIRES(ep->mu) {
     if (r->kind == psm2_mq_req::Kind::kSend && r->send_buf != nullptr &&
         r->state != psm2_mq_req::State::kComplete) {

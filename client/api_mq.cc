@@ -89,7 +89,7 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags,
   // with the sender until the receiver matched (rendezvous): unexpected
   // large messages then cost the receiver nothing.
   bool rendezvous = len > mq->rndv_shm_bytes ||
-                    (!shm::IsInline(len) && len > ep->arena.MaxPayload());
+                    (!shm::IsInline(len) && len > ep->publisher.MaxPayload());
   shm::SubmissionDesc d = shm::PrepSend(dest->slot, psmd::client::TokenOf(r),
                                         stag->tag, len, rendezvous);
   d.flags =
@@ -125,10 +125,10 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags,
   (rendezvous ? s.tx_rndv_num : s.tx_eager_num)++;
   (rendezvous ? s.tx_rndv_bytes : s.tx_eager_bytes) += len;
   if (self_copy != nullptr) {
-    ep->Submit(self_copy, d, nullptr);
+    ep->publisher.Submit(self_copy, d, nullptr);
     ep->MarkComplete(r);
   } else {
-    ep->Submit(r, d, buf);
+    ep->publisher.Submit(r, d, buf);
   }
   *req = r;
   return PSM2_OK;
@@ -157,7 +157,7 @@ psm2_error_t PostRecv(psm2_mq_t mq, psm2_epaddr_t src,
   r->user.buf_len = len;
   r->user.tag = *rtag;
   r->user.tagsel = *rtagsel;
-  ep->Submit(
+  ep->publisher.Submit(
       r,
       shm::PrepRecv(src == nullptr ? shm::kAnySlot : src->slot,
                     psmd::client::TokenOf(r), rtag->tag, rtagsel->tag, len),
@@ -416,7 +416,8 @@ psm2_error_t psm2_mq_imrecv(psm2_mq_t mq, uint32_t flags, void* buf,
     return PSM2_OK;
   }
   r->state = State::kDeferred;
-  ep->Submit(r, shm::PrepClaimedRecv(psmd::client::TokenOf(r), len), nullptr);
+  ep->publisher.Submit(r, shm::PrepClaimedRecv(psmd::client::TokenOf(r), len),
+                       nullptr);
   return PSM2_OK;
 }
 
@@ -541,13 +542,7 @@ psm2_error_t psm2_mq_cancel(psm2_mq_req_t* request) {
   }
   if (r->state == State::kDeferred) {
     // Never reached psmd: take it out of the queue ourselves.
-    auto& q = ep->deferred_ctl;
-    for (auto it = q.begin(); it != q.end(); ++it) {
-      if (it->req == r) {
-        q.erase(it);
-        break;
-      }
-    }
+    ep->publisher.Forget(r);
   } else if (r->state == State::kPosted) {
     psm2_mq_req* c = ep->NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
     psm2_error_t err = ep->RoundTrip(
@@ -556,7 +551,7 @@ psm2_error_t psm2_mq_cancel(psm2_mq_req_t* request) {
     if (err != PSM2_OK) return PSM2_MQ_NO_COMPLETIONS;  // matched meanwhile
     if (r->holds_credit) {  // psmd will never answer the receive now
       r->holds_credit = false;
-      ep->credits++;
+      ep->publisher.ReturnCredit();
     }
   } else {
     return PSM2_MQ_NO_COMPLETIONS;  // matched (or complete) already

@@ -18,7 +18,6 @@ namespace shm = psmd::shm;
 namespace {
 
 constexpr size_t kReapBatch = 32;
-constexpr size_t kPublishBatch = 32;
 constexpr int64_t kSleepSliceNs =
     100'000'000;  // re-check daemon liveness this often
 // With submissions deferred for ring or pool space, what frees the space (psmd
@@ -87,19 +86,27 @@ Status psm2_ep::Open(psmd::client::ControlClient* control,
   }
   shm::ClientRings rings =
       shm::ClientRingsOf(ep->segment.base(), params.geometry);
-  ep->ctl = rings.control;
-  ep->msg_sq = rings.msg_sq;
-  ep->ctl_sq = rings.ctl_sq;
-  ep->cq = rings.cq;
-  ep->credits = params.geometry.cq_capacity;
-  ep->arena = shm::SendArena(ep->pool.base(), params.region_offset,
-                             params.region_bytes);
+  ep->UseRings(rings,
+               shm::SendArena(ep->pool.base(), params.region_offset,
+                              params.region_bytes),
+               params.geometry.cq_capacity);
   ep->mq.ep = ep.get();
   ep->mq.max_sysbuf_mbytes =
       static_cast<uint32_t>(params.unexpected_budget >> 20);
   ep->max_unexpected_budget = params.max_unexpected_budget;
   *out = std::move(ep);
   return {};
+}
+
+void psm2_ep::UseRings(const shm::ClientRings& rings,
+                       const shm::SendArena& arena, uint32_t credits) {
+  ctl = rings.control;
+  cq = rings.cq;
+  publisher = psmd::client::Publisher(
+      rings, pool.base(), arena, credits, doorbell_fd,
+      [this](Deferred& d) PSMD_NO_THREAD_SAFETY_ANALYSIS {
+        Published(d);  // called from inside publisher's methods: mu is held
+      });
 }
 
 psm2_epaddr_t psm2_ep::EpaddrFor(psm2_epid_t peer_epid) {
@@ -196,97 +203,30 @@ void psm2_ep::RemoveFromDoneList(psm2_mq_req* req) {
   req->next_done = req->prev_done = nullptr;
 }
 
-Deferred* psm2_ep::Submit(psm2_mq_req* req, const shm::SubmissionDesc& desc,
-                          const void* payload, const void* prefix,
-                          uint32_t prefix_len) {
-  auto& queue = shm::TraitsOf(desc.op).ring == shm::Ring::kMessage
-                    ? deferred_msg
-                    : deferred_ctl;
-  queue.push_back(Deferred{req, desc, payload, prefix, prefix_len, {}});
-  FlushDeferred();
-  RingDoorbell();
-  // FIFO and we came last: whatever is still queued ends with us.
-  return queue.empty() ? nullptr : &queue.back();
-}
-
 psm2_error_t psm2_ep::RoundTrip(psm2_mq_req* req,
                                 const shm::SubmissionDesc& desc) {
-  Submit(req, desc, nullptr);
+  publisher.Submit(req, desc, nullptr);
   WaitUntil([req] { return req->state == psm2_mq_req::State::kComplete; });
   return static_cast<psm2_error_t>(req->user.error_code);
 }
 
-bool psm2_ep::TryPublish(Deferred& d,
-                         shm::RingProducer<shm::SubmissionDesc>& ring) {
+void psm2_ep::Published(Deferred& d) {
   const shm::SubmitOp op = d.desc.op;
   const bool am =
       op == shm::SubmitOp::kAmRequest || op == shm::SubmitOp::kAmReply;
-  const bool needs_credit = shm::TakesCredit(d.desc);  // invariant 2
-  if (needs_credit && credits == 0) return false;
-  if (ring.FreeSlots() == 0) return false;
-  if (shm::PayloadInPool(d.desc)) {
-    auto off = arena.Allocate(d.desc.len);
-    if (!off) return false;  // back-pressure: receivers have not drained yet
-    // (memcpy's pointers must not be null even for 0 bytes: AM arguments
-    // may come without a payload, and payloads without arguments.)
-    if (d.prefix_len > 0)
-      std::memcpy(pool.base() + *off, d.prefix, d.prefix_len);
-    if (d.desc.len > d.prefix_len) {
-      std::memcpy(pool.base() + *off + d.prefix_len, d.payload,
-                  d.desc.len - d.prefix_len);
-    }
-    d.desc.body.pool.pool_offset = *off;  // (aliases body.rndv.pool_offset)
-  }
-  ring.TryPush(d.desc);
-  pending_doorbell_ = true;
-  if (d.req == nullptr) return true;  // fire and forget
-  if (needs_credit) {
-    credits--;
-    d.req->holds_credit = true;
-  }
   if (op == shm::SubmitOp::kRndvData) {
-    // Wake psmd per chunk, not after the whole batch: the receiver copies
-    // this chunk out while we copy the next one in.
-    RingDoorbell();
     d.req->published += d.desc.len;
     // The last chunk is in the pool: the user's buffer is free again.
     if (d.req->published == d.req->send_bytes) MarkComplete(d.req);
   } else if ((op == shm::SubmitOp::kSend &&
               (!(d.desc.flags & shm::kSendSync) || d.req->self_send)) ||
-             (am && !needs_credit)) {
+             (am && !d.req->holds_credit)) {
     // Eager (or an active message nobody waits on): the payload is in the
     // pool or the descriptor, so the user's buffer is free again.
     MarkComplete(d.req);
   } else {
     d.req->state = psm2_mq_req::State::kPosted;
   }
-  return true;
-}
-
-bool psm2_ep::FlushQueue(std::deque<Deferred>& queue,
-                         shm::RingProducer<shm::SubmissionDesc>& ring) {
-  // At most a batch per call, so that completions are reaped in between: a
-  // rendezvous send whose receiver died must see psmd's error before it
-  // could publish its last chunk and complete as if delivered.
-  size_t published = 0;
-  while (published < kPublishBatch && !queue.empty() && !daemon_lost &&
-         TryPublish(queue.front(), ring)) {
-    queue.pop_front();
-    published++;
-  }
-  return published > 0;
-}
-
-bool psm2_ep::FlushDeferred() {
-  bool did = FlushQueue(deferred_ctl, ctl_sq);
-  did |= FlushQueue(deferred_msg, msg_sq);
-  return did;
-}
-
-void psm2_ep::RingDoorbell() {
-  if (!pending_doorbell_) return;
-  pending_doorbell_ = false;
-  if (shm::DaemonAsleep(ctl->doorbells)) shm::RingEventFd(doorbell_fd);
 }
 
 bool psm2_ep::Progress() {
@@ -301,9 +241,9 @@ bool psm2_ep::Progress() {
     for (size_t i = 0; i < n; i++) HandleCompletion(batch[i]);
     did = true;
   }
-  if (did && shm::DaemonWantsCqSpace(ctl->doorbells)) pending_doorbell_ = true;
-  if (!deferred_ctl.empty() || !deferred_msg.empty()) did |= FlushDeferred();
-  RingDoorbell();
+  if (did && shm::DaemonWantsCqSpace(ctl->doorbells)) publisher.NoteWork();
+  if (!publisher.idle()) did |= publisher.Flush();
+  publisher.RingDoorbell();
   in_progress_ = false;
   return did;
 }
@@ -345,7 +285,7 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
   }
   if (req->holds_credit && !chunk) {
     req->holds_credit = false;
-    credits++;
+    publisher.ReturnCredit();
   }
   switch (c.op) {
     case shm::CompleteOp::kRecvDone:
@@ -381,7 +321,7 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
       req->user.error_code = static_cast<uint32_t>(c.error);
       break;
     case shm::CompleteOp::kError:
-      if (req->state == State::kStreaming) DropQueuedChunks(req);
+      if (req->state == State::kStreaming) publisher.Forget(req);
       req->user.error_code = static_cast<uint32_t>(c.error);
       break;
     default:
@@ -441,7 +381,8 @@ void psm2_ep::RunAmHandler(const shm::CompletionDesc& c,
 }
 
 void psm2_ep::SendAmAck(const shm::CompletionDesc& c, psm2_error_t error) {
-  Submit(nullptr, shm::PrepAmAck(c.tag[2], c.req, c.tag[0], error), nullptr);
+  publisher.Submit(nullptr, shm::PrepAmAck(c.tag[2], c.req, c.tag[0], error),
+                   nullptr);
 }
 
 void psm2_ep::AmAcknowledged(const shm::CompletionDesc& c) {
@@ -458,7 +399,7 @@ void psm2_ep::AmAcknowledged(const shm::CompletionDesc& c) {
   if (!ours) return;  // sent without a completion function
   if (req->holds_credit) {
     req->holds_credit = false;
-    credits++;
+    publisher.ReturnCredit();
   }
   psm2_am_completion_fn_t done = req->am_done;
   void* context = req->am_done_context;
@@ -592,18 +533,12 @@ void psm2_ep::StartStreaming(psm2_mq_req* req, const shm::CompletionDesc& c) {
        off += psmd::client::kRndvChunkBytes) {
     const auto len = static_cast<uint32_t>(std::min<uint64_t>(
         psmd::client::kRndvChunkBytes, req->send_bytes - off));
-    deferred_ctl.push_back(Deferred{
+    publisher.Enqueue(Deferred{
         req,
         shm::PrepRndvData(psmd::client::TokenOf(req), req->transfer, off, len),
         req->send_buf + off});
   }
-  FlushDeferred();
-}
-
-void psm2_ep::DropQueuedChunks(psm2_mq_req* req) {
-  for (auto it = deferred_ctl.begin(); it != deferred_ctl.end();) {
-    it = it->req == req ? deferred_ctl.erase(it) : it + 1;
-  }
+  publisher.Flush();
 }
 
 void psm2_ep::SleepForCompletions() {
@@ -611,7 +546,7 @@ void psm2_ep::SleepForCompletions() {
   uint32_t seen = shm::ClientPrepareToSleep(bells);
   if (cq.Available() == 0) {
     // Read before unlocking: other threads may submit meanwhile.
-    const bool blocked = !deferred_msg.empty() || !deferred_ctl.empty();
+    const bool blocked = !publisher.idle();
     mu.Unlock();  // let other application threads use the endpoint meanwhile
     shm::FutexWait(&bells.cq_futex, seen,
                    blocked ? kDeferredSliceNs : kSleepSliceNs);
@@ -636,6 +571,5 @@ void psm2_ep::FailAllPending(psm2_error_t error) {
     r->user.error_code = error;
     MarkComplete(r);
   });
-  deferred_msg.clear();
-  deferred_ctl.clear();
+  publisher.Stop();
 }

@@ -37,7 +37,6 @@
 #include <sched.h>
 
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -46,6 +45,7 @@
 
 #include "client/control_client.h"
 #include "client/mutex.h"
+#include "client/publisher.h"
 #include "client/request_table.h"
 #include "shm/descriptor.h"
 #include "shm/layout.h"
@@ -164,20 +164,6 @@ inline uint64_t TokenOf(const psm2_mq_req* r) {
   return (uint64_t{r->generation} << 32) | r->index;
 }
 
-// A submission waiting for ring space, credits or pool space. `req` is null
-// for fire-and-forget submissions (AM replies and acks).
-struct Deferred {
-  psm2_mq_req* req;
-  shm::SubmissionDesc desc;
-  // Pool payload, copied into the pool when space frees: `prefix` (AM
-  // arguments) then `payload`, desc.len bytes in all.
-  const void* payload;
-  const void* prefix = nullptr;
-  uint32_t prefix_len = 0;
-  std::vector<uint8_t>
-      owned;  // the bytes themselves, when the caller's may change
-};
-
 // A registered active-message handler (one of the two signatures).
 struct AmHandler {
   psm2_am_handler_fn_t fn = nullptr;
@@ -224,11 +210,9 @@ struct psm2_ep {
   psmd::shm::SegmentControl* ctl = nullptr;
   uint64_t max_unexpected_budget = 0;  // from the segment header
 
-  psmd::shm::RingProducer<psmd::shm::SubmissionDesc> msg_sq PSMD_GUARDED_BY(mu);
-  psmd::shm::RingProducer<psmd::shm::SubmissionDesc> ctl_sq PSMD_GUARDED_BY(mu);
   psmd::shm::RingConsumer<psmd::shm::CompletionDesc> cq PSMD_GUARDED_BY(mu);
-  psmd::shm::SendArena arena PSMD_GUARDED_BY(mu);
-  uint32_t credits PSMD_GUARDED_BY(mu) = 0;
+  // The submission rings, what waits for them, credits, the send arena.
+  psmd::client::Publisher publisher PSMD_GUARDED_BY(mu);
   bool daemon_lost PSMD_GUARDED_BY(mu) = false;
   // Payload copies of rendezvous sends to ourselves, by the index of the
   // request that carries each, and their bytes; kept within the MQ's
@@ -242,15 +226,16 @@ struct psm2_ep {
   std::unordered_map<psm2_epid_t, std::unique_ptr<psm2_epaddr>> epaddrs
       PSMD_GUARDED_BY(mu);
   psmd::client::RequestTable requests PSMD_GUARDED_BY(mu);
-  std::deque<psmd::client::Deferred> deferred_msg
-      PSMD_GUARDED_BY(mu);  // msg_sq
-  std::deque<psmd::client::Deferred> deferred_ctl
-      PSMD_GUARDED_BY(mu);  // ctl_sq
   std::vector<psmd::client::AmHandler> am_handlers
       PSMD_GUARDED_BY(mu);  // by index
 
   // --- everything below requires `mu` held (PSMD_REQUIRES: checked by clang)
   // ---
+  // Wires the endpoint to a segment's rings (`ctl`, `cq`, the publisher);
+  // `segment`, `pool` and `doorbell_fd` are set.
+  void UseRings(const psmd::shm::ClientRings& rings,
+                const psmd::shm::SendArena& arena, uint32_t credits)
+      PSMD_REQUIRES(mu);
   psm2_epaddr_t EpaddrFor(psm2_epid_t epid) PSMD_REQUIRES(mu);
   psm2_mq_req* NewRequest(psm2_mq_req::Kind kind, void* context)
       PSMD_REQUIRES(mu);
@@ -264,15 +249,6 @@ struct psm2_ep {
   // A receive matched the self send `req` (invariant 4).
   void SelfSendMatched(psm2_mq_req* req) PSMD_REQUIRES(mu);
   void FreeRequest(psm2_mq_req* req) PSMD_REQUIRES(mu);
-  // Queues or posts a submission (invariant 1). For sends `payload` is the
-  // user's buffer, copied into the pool before the descriptor is published.
-  // Returns the queued submission if it could not be published at once
-  // (valid until the next progress call), else null.
-  psmd::client::Deferred* Submit(psm2_mq_req* req,
-                                 const psmd::shm::SubmissionDesc& desc,
-                                 const void* payload,
-                                 const void* prefix = nullptr,
-                                 uint32_t prefix_len = 0) PSMD_REQUIRES(mu);
   // Publishes `desc` (a probe, cancel or option, with req's token) and waits
   // for the daemon's answer, which lands in req->user (error_code and, for a
   // probe that found a message, its status). Returns the answer's error.
@@ -301,14 +277,8 @@ struct psm2_ep {
   void RemoveFromDoneList(psm2_mq_req* req) PSMD_REQUIRES(mu);
 
  private:
-  bool FlushDeferred() PSMD_REQUIRES(mu);
-  bool FlushQueue(std::deque<psmd::client::Deferred>& queue,
-                  psmd::shm::RingProducer<psmd::shm::SubmissionDesc>& ring)
-      PSMD_REQUIRES(mu);
-  bool TryPublish(psmd::client::Deferred& d,
-                  psmd::shm::RingProducer<psmd::shm::SubmissionDesc>& ring)
-      PSMD_REQUIRES(mu);
-  void RingDoorbell() PSMD_REQUIRES(mu);
+  // What publishing a submission means for its request.
+  void Published(psmd::client::Deferred& d) PSMD_REQUIRES(mu);
   void HandleCompletion(const psmd::shm::CompletionDesc& c) PSMD_REQUIRES(mu);
   void CompleteEager(psm2_mq_req* req, const psmd::shm::CompletionDesc& c,
                      psmd::shm::PoolPayload& payload) PSMD_REQUIRES(mu);
@@ -322,7 +292,6 @@ struct psm2_ep {
                     psmd::shm::PoolPayload& payload) PSMD_REQUIRES(mu);
   void StartStreaming(psm2_mq_req* req, const psmd::shm::CompletionDesc& c)
       PSMD_REQUIRES(mu);
-  void DropQueuedChunks(psm2_mq_req* req) PSMD_REQUIRES(mu);
   void SetMatchedStatus(psm2_mq_req* req, const psmd::shm::CompletionDesc& c)
       PSMD_REQUIRES(mu);
   void RunAmHandler(const psmd::shm::CompletionDesc& c,
@@ -334,7 +303,6 @@ struct psm2_ep {
   psm2_mq_req* Lookup(uint64_t token) PSMD_REQUIRES(mu);
   void SleepForCompletions() PSMD_REQUIRES(mu);
   void FailAllPending(psm2_error_t error) PSMD_REQUIRES(mu);
-  bool pending_doorbell_ PSMD_GUARDED_BY(mu) = false;
   bool in_progress_ PSMD_GUARDED_BY(mu) =
       false;  // Progress is running (a handler called back in)
 };

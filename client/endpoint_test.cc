@@ -31,12 +31,8 @@ class EndpointTest : public ::testing::Test {
                                      getegid(), &ep_.pool, &error));
     EndpointLock lock(&ep_.mu);
     shm::ClientRings rings = shm::ClientRingsOf(ep_.segment.base(), geometry_);
-    ep_.ctl = rings.control;
-    ep_.msg_sq = rings.msg_sq;
-    ep_.ctl_sq = rings.ctl_sq;
-    ep_.cq = rings.cq;
-    ep_.credits = kRing;
-    ep_.arena = shm::SendArena(ep_.pool.base(), 0, kRegionBytes);
+    ep_.UseRings(rings, shm::SendArena(ep_.pool.base(), 0, kRegionBytes),
+                 kRing);
     ep_.mq.ep = &ep_;
     daemon_ = shm::DaemonRingsOf(ep_.segment.base(), geometry_);
     // A peer's send region, where "its" payloads are.
@@ -63,8 +59,9 @@ class EndpointTest : public ::testing::Test {
     r->user.buf = buf_;
     r->user.buf_len = capacity;
     const uint32_t tag[3] = {1, 0, 0}, sel[3] = {~0u, ~0u, ~0u};
-    ep_.Submit(r, shm::PrepRecv(shm::kAnySlot, TokenOf(r), tag, sel, capacity),
-               nullptr);
+    ep_.publisher.Submit(
+        r, shm::PrepRecv(shm::kAnySlot, TokenOf(r), tag, sel, capacity),
+        nullptr);
     return r;
   }
 
@@ -153,8 +150,8 @@ TEST_F(EndpointTest, AClaimedPayloadNobodyReceivesIsReleasedWithItsRequest) {
     EndpointLock lock(&ep_.mu);
     r = ep_.NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
     const uint32_t tag[3] = {1, 0, 0}, sel[3] = {~0u, ~0u, ~0u};
-    ep_.Submit(r, shm::PrepProbe(shm::kAnySlot, TokenOf(r), tag, sel, true),
-               nullptr);
+    ep_.publisher.Submit(
+        r, shm::PrepProbe(shm::kAnySlot, TokenOf(r), tag, sel, true), nullptr);
   }
   uint64_t off = PeerPayload(std::string(500, 'k'));
   shm::CompletionDesc c = RecvDone(TokenOf(r), off, 500);

@@ -34,8 +34,9 @@ void Expect(bool ok, const char* what) {
 // Publishes a raw descriptor on one of the rings (whatever its opcode says)
 // without waiting.
 void PushRaw(psm2_ep_t ep, const shm::SubmissionDesc& d, bool message_ring) {
-  auto& ring = message_ring ? ep->msg_sq : ep->ctl_sq;
-  while (!ring.TryPush(d)) ep->Progress();
+  const shm::Ring ring =
+      message_ring ? shm::Ring::kMessage : shm::Ring::kControl;
+  while (!ep->publisher.TryPushRaw(d, ring)) ep->Progress();
   psmd::shm::RingEventFd(
       ep->doorbell_fd);  // unconditionally: the daemon may sleep
 }
@@ -102,7 +103,7 @@ int main(int argc, char** argv) {
          "overflowing payload offset fails");
 
   d.len = 0xffffffffu;
-  d.body.pool.pool_offset = ep->arena.MaxPayload();
+  d.body.pool.pool_offset = ep->publisher.MaxPayload();
   Expect(SubmitRaw(ep, d, true) == PSM2_PARAM_ERR,
          "length beyond the region fails");
 
@@ -116,7 +117,8 @@ int main(int argc, char** argv) {
   d.op = shm::SubmitOp::kRndvData;
   d.len = 64;
   d.body.rndv.transfer = 12345;
-  d.body.rndv.pool_offset = ep->arena.MaxPayload();  // inside nobody's transfer
+  d.body.rndv.pool_offset =
+      ep->publisher.MaxPayload();  // inside nobody's transfer
   Expect(SubmitRaw(ep, d) == PSM2_PARAM_ERR,
          "rendezvous chunk of no transfer fails");
 
