@@ -284,12 +284,23 @@ static uint32_t send_flags(mca_pml_base_send_mode_t mode) {
   return mode == MCA_PML_BASE_SEND_SYNCHRONOUS ? PSM2_MQ_FLAG_SENDSYNC : 0;
 }
 
-/* Packs the message unless the datatype is contiguous (then the user's
- * buffer goes to PSM2 as it is). */
+/* The bytes to send: the user's own when the datatype is contiguous, else a
+ * packed copy. Unlike ompi_mtl_datatype_pack, the contiguous case starts at
+ * the datatype's true lower bound, so MPI_BOTTOM with absolute addresses
+ * works. */
 static int pack(mca_mtl_psmd_request_t* req,
                 struct opal_convertor_t* convertor) {
-  int rc = ompi_mtl_datatype_pack(convertor, &req->buf, &req->length,
-                                  &req->free_buf);
+  int rc = OMPI_SUCCESS;
+  if (convertor->pDesc != NULL && !(convertor->flags & CONVERTOR_COMPLETED) &&
+      opal_datatype_is_contiguous_memory_layout(convertor->pDesc,
+                                                convertor->count)) {
+    req->buf = convertor->pBaseBuf + convertor->pDesc->true_lb;
+    req->length = convertor->local_size;
+    req->free_buf = false;
+  } else {
+    rc = ompi_mtl_datatype_pack(convertor, &req->buf, &req->length,
+                                &req->free_buf);
+  }
   if (rc != OMPI_SUCCESS) return rc;
   if (req->length > MAX_MESSAGE_BYTES) {
     opal_output(0, "mtl psmd: a %zu-byte message is over PSM2's 4 GiB limit",
@@ -314,6 +325,10 @@ static int mtl_send(struct mca_mtl_base_module_t* mtl,
   psm2_error_t err = psm2_mq_send2(ompi_mtl_psmd.mq, addr, send_flags(mode),
                                    &mqtag, req.buf, (uint32_t)req.length);
   if (req.free_buf) free(req.buf);
+  /* While the send blocked in PSM2, receives may have completed there (a
+   * synchronous send to self, for one): hand them to MPI now rather than at
+   * the next progress call, so that a test right after the send sees them. */
+  ompi_mtl_psmd_progress();
   return err == PSM2_OK ? OMPI_SUCCESS : OMPI_ERROR;
 }
 
@@ -489,7 +504,11 @@ int ompi_mtl_psmd_progress(void) {
       ompi_req->req_status.MPI_TAG = (int)ps.msg_tag.tag0;
       ompi_req->req_status._ucount = ps.nbytes;
       /* Unpacks (and frees) the bounce buffer of a non-contiguous type. */
-      ompi_mtl_datatype_unpack(req->convertor, req->buf, ps.nbytes);
+      if (ps.nbytes > 0) {
+        ompi_mtl_datatype_unpack(req->convertor, req->buf, ps.nbytes);
+      } else if (req->free_buf) {
+        free(req->buf);
+      }
     } else if (req->free_buf) {
       free(req->buf);
     }
