@@ -285,22 +285,11 @@ static uint32_t send_flags(mca_pml_base_send_mode_t mode) {
 }
 
 /* The bytes to send: the user's own when the datatype is contiguous, else a
- * packed copy. Unlike ompi_mtl_datatype_pack, the contiguous case starts at
- * the datatype's true lower bound, so MPI_BOTTOM with absolute addresses
- * works. */
+ * packed copy. */
 static int pack(mca_mtl_psmd_request_t* req,
                 struct opal_convertor_t* convertor) {
-  int rc = OMPI_SUCCESS;
-  if (convertor->pDesc != NULL && !(convertor->flags & CONVERTOR_COMPLETED) &&
-      opal_datatype_is_contiguous_memory_layout(convertor->pDesc,
-                                                convertor->count)) {
-    req->buf = convertor->pBaseBuf + convertor->pDesc->true_lb;
-    req->length = convertor->local_size;
-    req->free_buf = false;
-  } else {
-    rc = ompi_mtl_datatype_pack(convertor, &req->buf, &req->length,
-                                &req->free_buf);
-  }
+  int rc = ompi_mtl_datatype_pack(convertor, &req->buf, &req->length,
+                                  &req->free_buf);
   if (rc != OMPI_SUCCESS) return rc;
   if (req->length > MAX_MESSAGE_BYTES) {
     opal_output(0, "mtl psmd: a %zu-byte message is over PSM2's 4 GiB limit",
