@@ -19,6 +19,7 @@ when a test fails that EXPECTED_FAILURES does not list for that transport
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -66,15 +67,18 @@ def run(testdir, test, mpirun_args):
     cmd = (["mpirun", "--oversubscribe", "-np", str(ranks)] + mpirun_args +
            [os.path.join(testdir, name)] + list(args))
     start = time.time()
+    # Its own process group: a hung test is ended with its ranks.
+    p = subprocess.Popen(cmd, cwd=os.path.join(testdir, name.split("/")[0]),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         start_new_session=True)
     try:
-        p = subprocess.run(cmd, cwd=os.path.join(testdir, name.split("/")[0]),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           timeout=TIMEOUT_S)
-        out = p.stdout.decode(errors="replace")
+        out = p.communicate(timeout=TIMEOUT_S)[0].decode(errors="replace")
         ok = p.returncode == 0 and "No Errors" in out
         why = "" if ok else f"exit {p.returncode}: " + " | ".join(
             out.strip().splitlines()[-3:])[:300]
     except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
         ok, why = False, f"timed out after {TIMEOUT_S} s"
     return ok, why, time.time() - start
 
