@@ -14,7 +14,7 @@ A test passes when it exits 0 and prints "No Errors" (MPICH's convention).
 Each transport is "name=mpirun arguments", e.g. "psmd=--mca pml cm --mca mtl
 psmd". Prints one line per test and transport, then the counts; exits non-zero
 when a test fails that EXPECTED_FAILURES does not list for that transport
-("transport dir/program ranks  # cause"), or a listed one passes.
+("transport dir/program ranks [args]  # cause"), or a listed one passes.
 """
 import os
 import re
@@ -26,7 +26,7 @@ import time
 
 DIRS = ["pt2pt", "coll", "comm"]
 MAX_RANKS = 4
-TIMEOUT_S = 60
+TIMEOUT_S = 30  # unless the testlist gives a timeLimit
 
 
 def tests(testdir, subset):
@@ -47,8 +47,10 @@ def tests(testdir, subset):
                    for o in opts):
                 continue
             args = [o[4:] for o in opts if o.startswith("arg=")]
+            limits = [int(o[10:]) for o in opts if o.startswith("timeLimit=")]
             prog = os.path.join(testdir, d, name)
-            test = (f"{d}/{name}", ranks, tuple(args))
+            test = (f"{d}/{name}", ranks, tuple(args),
+                    max(limits + [TIMEOUT_S]))
             if subset is not None and f"{d}/{name} {ranks}" not in subset:
                 continue
             if test in seen or test in missing:
@@ -58,12 +60,12 @@ def tests(testdir, subset):
 
 
 def label(test):
-    name, ranks, args = test
+    name, ranks, args, _ = test
     return f"{name} {ranks}" + (" " + " ".join(args) if args else "")
 
 
 def run(testdir, test, mpirun_args):
-    name, ranks, args = test
+    name, ranks, args, timeout = test
     cmd = (["mpirun", "--oversubscribe", "-np", str(ranks)] + mpirun_args +
            [os.path.join(testdir, name)] + list(args))
     start = time.time()
@@ -72,14 +74,14 @@ def run(testdir, test, mpirun_args):
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          start_new_session=True)
     try:
-        out = p.communicate(timeout=TIMEOUT_S)[0].decode(errors="replace")
+        out = p.communicate(timeout=timeout)[0].decode(errors="replace")
         ok = p.returncode == 0 and "No Errors" in out
         why = "" if ok else f"exit {p.returncode}: " + " | ".join(
             out.strip().splitlines()[-3:])[:300]
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         p.communicate()
-        ok, why = False, f"timed out after {TIMEOUT_S} s"
+        ok, why = False, f"timed out after {timeout} s"
     return ok, why, time.time() - start
 
 
@@ -107,7 +109,7 @@ def main():
     for test in todo:
         for transport, args in transports:
             ok, why, secs = run(testdir, test, shlex.split(args))
-            key = f"{transport} {test[0]} {test[1]}"
+            key = f"{transport} {label(test)}"
             listed = key in expected
             verdict = ("pass" if ok else "FAIL") + (
                 " (expected failure PASSED)" if ok and listed else
