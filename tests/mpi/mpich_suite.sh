@@ -68,8 +68,11 @@ done
 phase "building"
 
 # 4. Run as nobody, psmd as the caller.
-chmod -R a+rwX "$work"
+# nobody cannot read Bazel's runfiles under root's home: copies.
 mkdir "$work/components" && cp "$component" "$work/components/"
+cp "$here/mpich_run.py" "$here/mpich_expected_failures.txt" "$work/"
+[[ $subset != - ]] && cp "$subset" "$work/" && subset="$work/$(basename "$subset")"
+chmod -R a+rwX "$work"
 as_user=()
 [[ $(id -u) == 0 ]] && as_user=(setpriv --reuid=nobody --regid=nogroup --clear-groups)
 export PSMD_SOCKET="$work/psmd.sock"
@@ -79,7 +82,7 @@ for _ in $(seq 100); do [[ -S "$PSMD_SOCKET" ]] && break; sleep 0.05; done
 ompi_components=$(dirname "$(find /usr/lib/x86_64-linux-gnu/openmpi/lib -name mca_pml_cm.so | head -1)")
 "${as_user[@]}" env -u PSM2_DEVICES -u HFI_SYSFS_PATH HOME="$work" TMPDIR="$work" \
   OMPI_MCA_mca_base_component_path="$ompi_components:$work/components" OMPI_MCA_plm_rsh_agent= \
-  python3 "$here/mpich_run.py" "$tests" "$here/mpich_expected_failures.txt" "$subset" \
+  python3 "$work/mpich_run.py" "$tests" "$work/mpich_expected_failures.txt" "$subset" \
     "psmd=--mca pml cm --mca mtl psmd -x PSMD_SOCKET" \
     "vader=--mca pml ob1 --mca btl self,vader"
 status=$?
