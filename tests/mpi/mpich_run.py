@@ -69,6 +69,7 @@ def run(testdir, test, mpirun_args):
     cmd = (["mpirun", "--oversubscribe", "-np", str(ranks)] + mpirun_args +
            [os.path.join(testdir, name)] + list(args))
     start = time.time()
+    shm_before = set(os.listdir("/dev/shm"))
     # Its own process group: a hung test is ended with its ranks.
     p = subprocess.Popen(cmd, cwd=os.path.join(testdir, name.split("/")[0]),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -81,6 +82,13 @@ def run(testdir, test, mpirun_args):
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         p.communicate()
+        # Killed ranks leave vader's shared-memory segments behind.
+        for leftover in set(os.listdir("/dev/shm")) - shm_before:
+            if leftover.startswith("vader_segment."):
+                try:
+                    os.unlink(os.path.join("/dev/shm", leftover))
+                except OSError:
+                    pass
         ok, why = False, f"timed out after {timeout} s"
     return ok, why, time.time() - start
 
