@@ -84,11 +84,13 @@ def run(testdir, test, mpirun_args):
         p.communicate()
         # Killed ranks leave vader's shared-memory segments behind.
         for leftover in set(os.listdir("/dev/shm")) - shm_before:
-            if leftover.startswith("vader_segment."):
-                try:
-                    os.unlink(os.path.join("/dev/shm", leftover))
-                except OSError:
-                    pass
+            path = os.path.join("/dev/shm", leftover)
+            try:
+                if (leftover.startswith("vader_segment.") and
+                        os.stat(path).st_uid == os.getuid()):
+                    os.unlink(path)
+            except OSError:
+                pass
         ok, why = False, f"timed out after {timeout} s"
     return ok, why, time.time() - start
 
