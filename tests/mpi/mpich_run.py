@@ -64,13 +64,26 @@ def label(test):
     return f"{name} {ranks}" + (" " + " ".join(args) if args else "")
 
 
+def kill_session(sid):
+    """SIGKILLs every process of session `sid` (mpirun puts its ranks in
+    process groups of their own, but they stay in mpirun's session)."""
+    for pid in os.listdir("/proc"):
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+            # Fields after the command name: state ppid pgrp session ...
+            if int(stat.rsplit(")", 1)[1].split()[3]) == sid:
+                os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            pass
+
+
 def run(testdir, test, mpirun_args):
     name, ranks, args, timeout = test
     cmd = (["mpirun", "--oversubscribe", "-np", str(ranks)] + mpirun_args +
            [os.path.join(testdir, name)] + list(args))
     start = time.time()
     shm_before = set(os.listdir("/dev/shm"))
-    # Its own process group: a hung test is ended with its ranks.
+    # Its own session: a hung test is ended with its ranks.
     p = subprocess.Popen(cmd, cwd=os.path.join(testdir, name.split("/")[0]),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          start_new_session=True)
@@ -80,7 +93,7 @@ def run(testdir, test, mpirun_args):
         why = "" if ok else f"exit {p.returncode}: " + " | ".join(
             out.strip().splitlines()[-3:])[:300]
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
+        kill_session(p.pid)
         p.communicate()
         # Killed ranks leave vader's shared-memory segments behind.
         for leftover in set(os.listdir("/dev/shm")) - shm_before:
