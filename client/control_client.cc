@@ -27,14 +27,16 @@ std::string SocketPath() {
 }
 
 ControlClient::ControlClient(std::string socket_path)
-    : socket_path_(std::move(socket_path)) {
+    : socket_path_(std::move(socket_path)) {}
+
+std::unique_ptr<v1::Control::Stub> ControlClient::NewStub() const {
   grpc::ChannelArguments args;
   // One connection attempt, no long back-off: a dead daemon is an error now.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
   auto channel = grpc::CreateCustomChannel(
       "unix:" + socket_path_, grpc::InsecureChannelCredentials(), args);
-  stub_ = v1::Control::NewStub(channel);
+  return v1::Control::NewStub(channel);
 }
 
 void ControlClient::Prepare(grpc::ClientContext* ctx) const {
@@ -85,7 +87,7 @@ Status ControlClient::OpenEndpoint(const std::array<uint8_t, 16>& uuid,
   grpc::ClientContext ctx;
   Prepare(&ctx);
   ctx.set_deadline(std::chrono::system_clock::now() + kConnectDeadline);
-  return FromStatus(stub_->OpenEndpoint(&ctx, req, reply), "psm2_ep_open");
+  return FromStatus(NewStub()->OpenEndpoint(&ctx, req, reply), "psm2_ep_open");
 }
 
 Status ControlClient::Attach(const std::string& token, AttachedFds* fds) {
@@ -151,7 +153,8 @@ Status ControlClient::CloseEndpoint(uint32_t endpoint_id) {
   v1::CloseEndpointReply reply;
   grpc::ClientContext ctx;
   Prepare(&ctx);
-  return FromStatus(stub_->CloseEndpoint(&ctx, req, &reply), "psm2_ep_close");
+  return FromStatus(NewStub()->CloseEndpoint(&ctx, req, &reply),
+                    "psm2_ep_close");
 }
 
 Status ControlClient::Connect(uint32_t endpoint_id,
@@ -162,7 +165,7 @@ Status ControlClient::Connect(uint32_t endpoint_id,
   for (uint64_t e : epids) req.add_epids(e);
   grpc::ClientContext ctx;
   Prepare(&ctx);
-  return FromStatus(stub_->Connect(&ctx, req, reply), "psm2_ep_connect");
+  return FromStatus(NewStub()->Connect(&ctx, req, reply), "psm2_ep_connect");
 }
 
 Status ControlClient::Disconnect(uint32_t endpoint_id,
@@ -173,13 +176,14 @@ Status ControlClient::Disconnect(uint32_t endpoint_id,
   for (uint32_t s : slots) req.add_slots(s);
   grpc::ClientContext ctx;
   Prepare(&ctx);
-  return FromStatus(stub_->Disconnect(&ctx, req, reply), "psm2_ep_disconnect");
+  return FromStatus(NewStub()->Disconnect(&ctx, req, reply),
+                    "psm2_ep_disconnect");
 }
 
 Status ControlClient::GetStats(v1::GetStatsReply* reply) {
   grpc::ClientContext ctx;
   Prepare(&ctx);
-  return FromStatus(stub_->GetStats(&ctx, v1::GetStatsRequest(), reply),
+  return FromStatus(NewStub()->GetStats(&ctx, v1::GetStatsRequest(), reply),
                     "stats");
 }
 
@@ -187,7 +191,7 @@ Status ControlClient::ListEndpoints(v1::ListEndpointsReply* reply) {
   grpc::ClientContext ctx;
   Prepare(&ctx);
   return FromStatus(
-      stub_->ListEndpoints(&ctx, v1::ListEndpointsRequest(), reply),
+      NewStub()->ListEndpoints(&ctx, v1::ListEndpointsRequest(), reply),
       "endpoints");
 }
 
@@ -201,7 +205,8 @@ Status ControlClient::ListJobs(v1::ListJobsReply* reply) {
 Status ControlClient::Health(v1::HealthReply* reply) {
   grpc::ClientContext ctx;
   Prepare(&ctx);
-  return FromStatus(stub_->Health(&ctx, v1::HealthRequest(), reply), "health");
+  return FromStatus(NewStub()->Health(&ctx, v1::HealthRequest(), reply),
+                    "health");
 }
 
 Status ControlClient::GetConfig(v1::GetConfigReply* reply) {

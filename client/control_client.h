@@ -1,8 +1,14 @@
 // libpsmclient's side of the control plane: the gRPC stub to psmd and the
 // attach handshake that brings the segment fds.
 //
-// Thread-safety: ControlClient is safe to share between threads (gRPC stubs
-// are); one instance serves the whole process.
+// Thread-safety: ControlClient is safe to share between threads (each call
+// has its own channel); one instance serves the whole process.
+//
+// Thread cost: gRPC runs about eight threads of its own (executor, resolver,
+// timers, event engine) while any gRPC object lives. The control plane is a
+// handful of calls at open, connect and close, so each call makes its own
+// channel and drops it: with no gRPC object left, gRPC shuts down with its
+// threads, and an MPI rank between those calls carries none of them.
 #ifndef PSMD_CLIENT_CONTROL_CLIENT_H_
 #define PSMD_CLIENT_CONTROL_CLIENT_H_
 
@@ -55,9 +61,10 @@ class ControlClient {
   // Converts a gRPC status into a Status that names the socket and the fix.
   Status FromStatus(const grpc::Status& status, const char* what) const;
   void Prepare(grpc::ClientContext* ctx) const;
+  // A stub on a new channel to the daemon, for one call.
+  std::unique_ptr<v1::Control::Stub> NewStub() const;
 
   std::string socket_path_;
-  std::unique_ptr<v1::Control::Stub> stub_;
 };
 
 }  // namespace psmd::client

@@ -1,0 +1,154 @@
+"""Runs MPICH's test/mpi programs of some directories over several Open MPI
+transports and judges them against an expected-failures list.
+
+usage: mpich_run.py TESTDIR EXPECTED_FAILURES SUBSET_FILE|- TRANSPORT=MPIRUN_ARGS...
+
+TESTDIR is a configured and built test/mpi tree. Each directory's testlist
+names a program, its rank count and options; this runs every distinct
+(program, ranks, args) of pt2pt, coll and comm with at most 4 ranks, leaving
+out what Open MPI 4.1 cannot run: MPI 4.0 features (mpiversion=4.x), MPICH
+tuning variants (env=MPIR_CVAR_*: the same program again) and GPU lists. A
+SUBSET_FILE limits the run to the tests it names ("dir/program ranks").
+
+A test passes when it exits 0 and prints "No Errors" (MPICH's convention).
+Each transport is "name=mpirun arguments", e.g. "psmd=--mca pml cm --mca mtl
+psmd". Prints one line per test and transport, then the counts; exits non-zero
+when a test fails that EXPECTED_FAILURES does not list for that transport
+("transport dir/program ranks [args]  # cause"), or a listed one passes.
+"""
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+DIRS = ["pt2pt", "coll", "comm"]
+MAX_RANKS = 4
+TIMEOUT_S = 30  # unless the testlist gives a timeLimit
+
+
+def tests(testdir, subset):
+    """The tests to run, and those whose program did not build."""
+    seen, missing = [], []
+    for d in DIRS:
+        for line in open(os.path.join(testdir, d, "testlist")):
+            line = line.split("#", 1)[0].strip()
+            if not line or "@" in line:
+                continue
+            words = line.split()
+            if len(words) < 2 or not words[1].isdigit():
+                continue
+            name, ranks, opts = words[0], int(words[1]), words[2:]
+            if ranks > MAX_RANKS:
+                continue
+            if any(o.startswith("mpiversion=4") or o.startswith("env=")
+                   for o in opts):
+                continue
+            args = [o[4:] for o in opts if o.startswith("arg=")]
+            limits = [int(o[10:]) for o in opts if o.startswith("timeLimit=")]
+            prog = os.path.join(testdir, d, name)
+            test = (f"{d}/{name}", ranks, tuple(args),
+                    max(limits + [TIMEOUT_S]))
+            if subset is not None and f"{d}/{name} {ranks}" not in subset:
+                continue
+            if test in seen or test in missing:
+                continue
+            (seen if os.path.exists(prog) else missing).append(test)
+    return seen, missing
+
+
+def label(test):
+    name, ranks, args, _ = test
+    return f"{name} {ranks}" + (" " + " ".join(args) if args else "")
+
+
+def kill_session(sid):
+    """SIGKILLs every process of session `sid` (mpirun puts its ranks in
+    process groups of their own, but they stay in mpirun's session)."""
+    for pid in os.listdir("/proc"):
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+            # Fields after the command name: state ppid pgrp session ...
+            if int(stat.rsplit(")", 1)[1].split()[3]) == sid:
+                os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            pass
+
+
+def run(testdir, test, mpirun_args):
+    name, ranks, args, timeout = test
+    cmd = (["mpirun", "--oversubscribe", "-np", str(ranks)] + mpirun_args +
+           [os.path.join(testdir, name)] + list(args))
+    start = time.time()
+    shm_before = set(os.listdir("/dev/shm"))
+    # Its own session: a hung test is ended with its ranks.
+    p = subprocess.Popen(cmd, cwd=os.path.join(testdir, name.split("/")[0]),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    try:
+        out = p.communicate(timeout=timeout)[0].decode(errors="replace")
+        ok = p.returncode == 0 and "No Errors" in out
+        why = "" if ok else f"exit {p.returncode}: " + " | ".join(
+            out.strip().splitlines()[-3:])[:300]
+    except subprocess.TimeoutExpired:
+        kill_session(p.pid)
+        p.communicate()
+        # Killed ranks leave vader's shared-memory segments behind.
+        for leftover in set(os.listdir("/dev/shm")) - shm_before:
+            path = os.path.join("/dev/shm", leftover)
+            try:
+                if (leftover.startswith("vader_segment.") and
+                        os.stat(path).st_uid == os.getuid()):
+                    os.unlink(path)
+            except OSError:
+                pass
+        ok, why = False, f"timed out after {timeout} s"
+    return ok, why, time.time() - start
+
+
+def main():
+    testdir, expected_path, subset_path = sys.argv[1:4]
+    transports = [t.split("=", 1) for t in sys.argv[4:]]
+    expected = set()
+    for line in open(expected_path):
+        line = line.split("#", 1)[0].strip()
+        if line:
+            expected.add(re.sub(r"\s+", " ", line))
+    subset = None
+    if subset_path != "-":
+        subset = set()
+        for line in open(subset_path):
+            line = line.split("#", 1)[0].strip()
+            if line:
+                subset.add(re.sub(r"\s+", " ", line))
+    todo, missing = tests(testdir, subset)
+    for test in missing:
+        print(f"not built: {label(test)} (needs what Open MPI 4.1 lacks: "
+              "MPI 4.0 functions)")
+    bad = 0
+    counts = {}
+    for test in todo:
+        for transport, args in transports:
+            ok, why, secs = run(testdir, test, shlex.split(args))
+            key = f"{transport} {label(test)}"
+            listed = key in expected
+            verdict = ("pass" if ok else "FAIL") + (
+                " (expected failure PASSED)" if ok and listed else
+                " (expected)" if not ok and listed else "")
+            if ok == listed:
+                bad += 1
+            p, f = counts.get(transport, (0, 0))
+            counts[transport] = (p + ok, f + (not ok))
+            print(f"{transport:6} {label(test):50} {verdict} {secs:.1f}s "
+                  f"{why}", flush=True)
+    for transport, (p, f) in counts.items():
+        print(f"mpich suite over {transport}: {p} passed, {f} failed "
+              f"of {p + f}")
+    print(f"mpich suite: {bad} results differ from the expected-failures list")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

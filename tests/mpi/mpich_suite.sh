@@ -1,0 +1,90 @@
+#!/bin/bash
+# mpich_suite.sh [--subset]: MPICH's own conformance tests (test/mpi of
+# Debian's mpich 4.0.2 source package) over Open MPI's pml cm + mtl psmd and,
+# in the same run, over btl vader, so that a failure that is Open MPI's own is
+# told apart from ours. Ranks run as uid nobody when started as root, with no
+# fake adapter. Judged by mpich_run.py against mpich_expected_failures.txt.
+#   --subset   only the tests named in mpich_subset.txt (what CI runs; the
+#              full pt2pt + coll + comm run takes longer, see docs/design.md)
+# Fetching needs a deb-src entry for Debian's archive: added (as root) next
+# to the existing Debian entry when missing. Times each phase.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+source "$root/scripts/workdir.sh" psmd-mpich
+subset=-
+[[ ${1:-} == --subset ]] && subset="$here/mpich_subset.txt"
+
+psmd=${PSMD_BIN:-$root/daemon/psmd}
+component=${PSMD_MTL_COMPONENT:-$root/ompi/mca_mtl_psmd.so}
+phase_start=$SECONDS
+phase() { echo "mpich_suite: $1 took $((SECONDS - phase_start)) s"; phase_start=$SECONDS; }
+
+# 1. The source: only test/mpi of the upstream tarball is needed (Debian's
+# patches do not touch it).
+if ! apt-cache showsrc mpich 2>/dev/null | grep -q '^Version: 4.0.2'; then
+  if [[ $(id -u) != 0 ]]; then
+    echo "mpich_suite: no deb-src entry for mpich 4.0.2; add one for Debian bookworm (needs root)" >&2
+    exit 1
+  fi
+  cat >/etc/apt/sources.list.d/psmd-deb-src.sources <<'EOF'
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: bookworm
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+  apt-get update -qq || exit 1
+fi
+(cd "$work" && apt-get source --download-only -qq mpich=4.0.2-3 >/dev/null 2>&1) ||
+  { echo "mpich_suite: apt-get source mpich=4.0.2-3 failed" >&2; exit 1; }
+tar -C "$work" -xJf "$work/mpich_4.0.2.orig.tar.xz" mpich-4.0.2/test/mpi || exit 1
+tests="$work/mpich-4.0.2/test/mpi"
+phase "fetching"
+
+# 2. Configure standalone with Open MPI's mpicc. dtpools calls four MPI-1
+# functions that Open MPI 4.1 no longer has: their MPI-2 names.
+sed -i -E 's/\bMPI_Type_hindexed\b/MPI_Type_create_hindexed/g;
+           s/\bMPI_Type_hvector\b/MPI_Type_create_hvector/g;
+           s/\bMPI_Type_struct\b/MPI_Type_create_struct/g;
+           s/\bMPI_Address\b/MPI_Get_address/g' "$tests/dtpools/src/dtpools_custom.c"
+(cd "$tests" && ./configure CC=mpicc --disable-fortran --disable-cxx --disable-romio \
+   --disable-spawn --disable-ft-tests --disable-perftest >"$work/configure.log" 2>&1) ||
+  { tail -20 "$work/configure.log"; exit 1; }
+phase "configuring"
+
+# 3. Build the helpers and the three directories' programs (-k: a program
+# that needs what Open MPI lacks is reported as missing when run).
+for dir in util dtpools; do
+  make -C "$tests/$dir" -j2 >"$work/make-$dir.log" 2>&1 || { tail -20 "$work/make-$dir.log"; exit 1; }
+done
+for dir in pt2pt coll comm; do
+  targets=()  # all of them, or the subset's
+  [[ $subset != - ]] && targets=($(awk -v d="$dir/" 'index($1, d) == 1 { print substr($1, length(d) + 1) }' "$subset"))
+  [[ $subset != - && ${#targets[@]} == 0 ]] && continue
+  make -C "$tests/$dir" -j2 -k "${targets[@]}" >"$work/make-$dir.log" 2>&1 ||
+    echo "mpich_suite: some $dir programs did not build (see the run)"
+done
+phase "building"
+
+# 4. Run as nobody, psmd as the caller.
+# nobody cannot read Bazel's runfiles under root's home: copies.
+mkdir "$work/components" && cp "$component" "$work/components/"
+cp "$here/mpich_run.py" "$here/mpich_expected_failures.txt" "$work/"
+[[ $subset != - ]] && cp "$subset" "$work/" && subset="$work/$(basename "$subset")"
+chmod -R a+rwX "$work"
+as_user=()
+[[ $(id -u) == 0 ]] && as_user=(setpriv --reuid=nobody --regid=nogroup --clear-groups)
+export PSMD_SOCKET="$work/psmd.sock"
+"$psmd" --socket "$PSMD_SOCKET" --log-level warn &
+pids+=($!)
+for _ in $(seq 100); do [[ -S "$PSMD_SOCKET" ]] && break; sleep 0.05; done
+ompi_components=$(dirname "$(find /usr/lib/x86_64-linux-gnu/openmpi/lib -name mca_pml_cm.so | head -1)")
+"${as_user[@]}" env -u PSM2_DEVICES -u HFI_SYSFS_PATH HOME="$work" TMPDIR="$work" \
+  OMPI_MCA_mca_base_component_path="$ompi_components:$work/components" OMPI_MCA_plm_rsh_agent= \
+  python3 "$work/mpich_run.py" "$tests" "$work/mpich_expected_failures.txt" "$subset" \
+    "psmd=--mca pml cm --mca mtl psmd -x PSMD_SOCKET" \
+    "vader=--mca pml ob1 --mca btl self,vader"
+status=$?
+phase "running"
+exit $status

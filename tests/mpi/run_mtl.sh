@@ -1,0 +1,156 @@
+#!/bin/bash
+# run_mtl.sh CASE [ARGS]: MPI programs over Open MPI's pml cm + mtl psmd (the
+# //ompi component, found through OMPI_MCA_mca_base_component_path), run as
+# uid nobody when started as root (mpirun refuses root without
+# --allow-run-as-root, which is not passed), with no fake adapter: the way a user runs
+# on a node where psmd is running. psmd itself runs as the caller. Proves the
+# traffic went through psmd (its message counters) where the case sends any.
+#   semantics N    tests/mpi/mpi_semantics with N ranks, no --mca flags: Open
+#                  MPI must pick pml cm + mtl psmd by itself
+#   datatypes      tests/mpi/mpi_datatypes (non-contiguous types, byte checks)
+#   mpi4py_suite [RUNTESTS ARGS]  mpi4py's own suite ($PSMD_MPI4PY_TESTS) with
+#                  2 ranks, judged against mpi4py_expected_failures_psmd.txt
+#   netpipe        NPopenmpi over its full default size range
+#   selection      verbose selection says psmd was picked and why, ompi_info
+#                  lists it, and a rank carries at most one thread more than
+#                  on btl vader (tests/mpi/mpi_threads)
+#   decline        no psmd: the component declines quietly (saying why at
+#                  mtl_base_verbose 10) and Open MPI runs over its own BTLs
+# Every process it starts is ended by PID; its directory is removed.
+set -uo pipefail
+case_name=$1; shift
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+source "$root/scripts/workdir.sh" psmd-mtl
+
+psmd=${PSMD_BIN:-$root/daemon/psmd}
+psmctl=${PSMCTL_BIN:-$root/tools/psmctl}
+component=${PSMD_MTL_COMPONENT:-$root/ompi/mca_mtl_psmd.so}
+
+# The ranks run as nobody, who cannot read Bazel's runfiles under root's home:
+# what they load is copied into the work directory.
+chmod 755 "$work"
+mkdir "$work/components" "$work/run"
+cp "$component" "$work/components/"
+cp "$root/tests/mpi/mpi_semantics" "$root/tests/mpi/mpi_datatypes" \
+   "$root/tests/mpi/mpi_threads" "$work/"
+chmod -R a+rX "$work"
+as_user=()
+if [[ $(id -u) == 0 ]]; then
+  as_user=(setpriv --reuid=nobody --regid=nogroup --clear-groups)
+  chown nobody:nogroup "$work/run"
+fi
+
+export PSMD_SOCKET="$work/psmd.sock"
+if [[ $case_name != decline ]]; then
+  "$psmd" --socket "$PSMD_SOCKET" --log-level warn &
+  pids+=($!)
+  for _ in $(seq 100); do [[ -S "$PSMD_SOCKET" ]] && break; sleep 0.05; done
+fi
+
+sent() {
+  "$psmctl" --socket "$PSMD_SOCKET" --json stats |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["total"]["msgs_sent"])'
+}
+
+ompi_components=$(dirname "$(find /usr/lib/x86_64-linux-gnu/openmpi/lib -name mca_pml_cm.so | head -1)")
+# mpirun as a user runs it: Open MPI's own components plus ours, nothing
+# else on the command line but what the case adds.
+mpi() {
+  local np=$1; shift
+  (cd "$work/run" && timeout -k 10 "${mpi_timeout:-300}" "${as_user[@]}" \
+    env -u PSM2_DEVICES -u HFI_SYSFS_PATH HOME="$work/run" TMPDIR="$work/run" \
+      OMPI_MCA_mca_base_component_path="$ompi_components:$work/components" \
+      OMPI_MCA_plm_rsh_agent= \
+      mpirun --oversubscribe -np "$np" -x PSMD_SOCKET "$@")
+}
+
+# The threads of each rank in "rank R threads N: ..." lines; prints the most.
+most_threads() {
+  grep -o 'threads [0-9]*' "$1" | awk '{ if ($2 > m) m = $2 } END { print m + 0 }'
+}
+
+before=0
+[[ $case_name != decline ]] && before=$(sent)
+min=0
+case "$case_name" in
+  semantics)
+    np=$1
+    mpi "$np" "$work/mpi_semantics"
+    status=$? min=$((2000 * (np - 1)))
+    ;;
+  datatypes)
+    mpi 2 --mca pml cm --mca mtl psmd "$work/mpi_datatypes"
+    status=$? min=90  # 3 messages per case, 30 cases
+    ;;
+  mpi4py_suite)
+    src=${PSMD_MPI4PY_TESTS:-}
+    if [[ ! -f "$src/runtests.py" ]]; then
+      echo "run_mtl: PSMD_MPI4PY_TESTS='$src' must name mpi4py 3.1.4's test/ folder" \
+           "(scripts/test.sh passes ../shared/external/mpi4py-3.1.4-test/test)" >&2
+      exit 1
+    fi
+    cp -r "$src" "$work/run/mpi4py-test"  # the suite writes next to itself
+    chmod -R a+rwX "$work/run/mpi4py-test"
+    # A rank whose tests failed exits non-zero; without this mpirun would
+    # kill the other before it reports (the checker needs both reports).
+    mpi_timeout=600 mpi 2 --mca pml cm --mca mtl psmd \
+      --mca orte_abort_on_non_zero_status 0 \
+      /usr/bin/python3 "$work/run/mpi4py-test/runtests.py" "$@" \
+      >"$work/suite.log" 2>&1
+    grep -E "^(FAIL|ERROR):|^Ran |^OK|^FAILED" "$work/suite.log" | head -60
+    python3 "$here/mpi4py_suite_check.py" "$work/suite.log" \
+      "$here/mpi4py_expected_failures_psmd.txt" 2
+    status=$? min=1000
+    [[ $status == 0 ]] || tail -40 "$work/suite.log"
+    ;;
+  netpipe)
+    mpi 2 --mca pml cm --mca mtl psmd NPopenmpi -o "$work/run/np.out"
+    status=$? min=1000
+    [[ $status == 0 ]] && tail -3 "$work/run/np.out"
+    ;;
+  selection)
+    mpi 2 --mca mtl_base_verbose 10 --mca pml_base_verbose 10 \
+      "$work/mpi_threads" >"$work/psmd.log" 2>&1
+    status=$?
+    mpi 2 --mca pml ob1 --mca btl self,vader "$work/mpi_threads" \
+      >"$work/vader.log" 2>&1 || status=1
+    grep -E "mtl:psmd|component cm selected|^rank" "$work/psmd.log"
+    grep "^rank" "$work/vader.log" | sed 's/^/vader: /'
+    grep -q "mtl:psmd: available: psmd answers" "$work/psmd.log" &&
+      grep -q "mtl:psmd: selected: endpoint" "$work/psmd.log" &&
+      grep -q "select: component cm selected" "$work/psmd.log" ||
+      { echo "run_mtl: Open MPI did not pick pml cm + mtl psmd" >&2; status=1; }
+    on_psmd=$(most_threads "$work/psmd.log") on_vader=$(most_threads "$work/vader.log")
+    echo "run_mtl: threads per rank: $on_psmd over mtl psmd, $on_vader over btl vader"
+    ((on_vader > 0 && on_psmd <= on_vader + 1)) ||
+      { echo "run_mtl: a rank on psmd carries more than one thread over vader's" >&2; status=1; }
+    info=$("${as_user[@]}" env HOME="$work/run" \
+      OMPI_MCA_mca_base_component_path="$ompi_components:$work/components" ompi_info | grep psmd)
+    echo "ompi_info: $info"
+    [[ $info == *"MCA mtl: psmd"* ]] || { echo "run_mtl: ompi_info does not list mtl psmd" >&2; status=1; }
+    min=2
+    ;;
+  decline)
+    mpi 2 --mca mtl_base_verbose 10 --mca pml_base_verbose 10 \
+      "$work/mpi_semantics" >"$work/out.log" 2>&1
+    status=$?
+    grep -E "mtl:psmd|component .* selected|^(PASS|FAIL)" "$work/out.log"
+    grep -q "mtl:psmd: not available: psmd has no control socket at $PSMD_SOCKET" "$work/out.log" &&
+      grep -q "select: component ob1 selected" "$work/out.log" ||
+      { echo "run_mtl: the component did not decline quietly to ob1" >&2; status=1; }
+    # Quietly: nothing from psmd's side reaches the user without verbosity.
+    mpi 2 "$work/mpi_semantics" >"$work/quiet.log" 2>&1 || status=1
+    if grep -qiE "psm|error" "$work/quiet.log"; then
+      echo "run_mtl: without psmd the run printed:" >&2; cat "$work/quiet.log" >&2; status=1
+    fi
+    ;;
+  *) echo "usage: run_mtl.sh semantics N | datatypes | mpi4py_suite [ARGS] | netpipe" \
+          "| selection | decline" >&2; exit 2 ;;
+esac
+if [[ $case_name != decline ]]; then
+  after=$(sent)
+  echo "run_mtl: $case_name exit $status; psmd carried $((after - before)) messages (at least $min expected)"
+  ((after - before >= min)) || { echo "run_mtl: traffic did not go through psmd" >&2; status=1; }
+fi
+[[ $status == 0 ]] || exit 1
