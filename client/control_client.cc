@@ -198,7 +198,7 @@ Status ControlClient::ListEndpoints(v1::ListEndpointsReply* reply) {
 Status ControlClient::ListJobs(v1::ListJobsReply* reply) {
   grpc::ClientContext ctx;
   Prepare(&ctx);
-  return FromStatus(stub_->ListJobs(&ctx, v1::ListJobsRequest(), reply),
+  return FromStatus(NewStub()->ListJobs(&ctx, v1::ListJobsRequest(), reply),
                     "jobs");
 }
 
@@ -212,7 +212,7 @@ Status ControlClient::Health(v1::HealthReply* reply) {
 Status ControlClient::GetConfig(v1::GetConfigReply* reply) {
   grpc::ClientContext ctx;
   Prepare(&ctx);
-  return FromStatus(stub_->GetConfig(&ctx, v1::GetConfigRequest(), reply),
+  return FromStatus(NewStub()->GetConfig(&ctx, v1::GetConfigRequest(), reply),
                     "config");
 }
 
