@@ -45,9 +45,8 @@ Description: node-level PSM2 messaging daemon
  libpsmclient or the drop-in libpsm2.so.2 (in /usr/lib/psmd). Includes
  psmctl, headers, pkg-config files, the systemd unit and man pages.
 EOF
-if [[ -f "$stage/etc/psmd/psmd.toml" ]]; then
-  echo /etc/psmd/psmd.toml > "$stage/DEBIAN/conffiles"
-fi
+# dpkg keeps an administrator's edits to it on upgrade.
+echo /etc/psmd/psmd.toml > "$stage/DEBIAN/conffiles"
 # libpsmclient.so lands in /usr/lib: refresh the loader's cache.
 echo "activate-noawait ldconfig" > "$stage/DEBIAN/triggers"
 deb=$out/psmd_${version}_${arch}.deb

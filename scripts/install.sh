@@ -14,9 +14,12 @@
 #                                          (LD_LIBRARY_PATH=P/lib/psmd)
 #   include/psmd/psm2*.h                   (beside, not over, libpsm2-dev's)
 #   lib/pkgconfig/psmclient.pc, psm2.pc    (psm2.pc points at the drop-in)
-#   lib/systemd/system/psmd.service        (ExecStart pointed at P/sbin/psmd)
-#   S/psmd/psmd.toml                       (S: /etc for P=/usr, else P/etc;
-#                                          when deploy/psmd.toml exists)
+#   lib/systemd/system/psmd.service        (ExecStart pointed at P/sbin/psmd
+#                                          and S/psmd/psmd.toml)
+#   lib/systemd/system/psmd.socket
+#   S/psmd/psmd.toml                       the defaults (S: /etc for P=/usr,
+#                                          else P/etc); an existing file that
+#                                          differs is kept, never overwritten
 #   share/man/man5/psmd.toml.5, man8/psmd.8, man8/psmctl.8   (from scdoc)
 #   share/doc/psmd/                        README.md, docs/*.md
 #   share/psmd/install-manifest            what --uninstall removes
@@ -127,15 +130,18 @@ pc psmclient "The PSM2 API served by psmd (libpsmclient)" "\${prefix}/lib" psmcl
 pc psm2 "The PSM2 API served by psmd (drop-in libpsm2.so.2)" "\${prefix}/lib/psmd" psm2
 
 unit=$(mktemp)
-sed "s|/usr/sbin/psmd|$prefix/sbin/psmd|g; s|/usr/share/doc/psmd|$prefix/share/doc/psmd|g" \
-  deploy/psmd.service > "$unit"
+sed "s|/usr/sbin/psmd|$prefix/sbin/psmd|g; s|/usr/share/doc/psmd|$prefix/share/doc/psmd|g;
+     s|/etc/psmd/psmd.toml|$sysconfdir/psmd/psmd.toml|g" deploy/psmd.service > "$unit"
 put "$unit" "$prefix/lib/systemd/system/psmd.service" 0644
 rm -f "$unit"
-if [[ -f deploy/psmd.socket ]]; then
-  put deploy/psmd.socket "$prefix/lib/systemd/system/psmd.socket" 0644
-fi
-if [[ -f deploy/psmd.toml ]]; then
-  put deploy/psmd.toml "$sysconfdir/psmd/psmd.toml" 0644
+put deploy/psmd.socket "$prefix/lib/systemd/system/psmd.socket" 0644
+# The administrator's edits survive a re-install (the .deb marks the file a
+# conffile for the same reason); a file that is still the default is ours.
+config=$sysconfdir/psmd/psmd.toml
+if [[ -e "$destdir$config" ]] && ! cmp -s deploy/psmd.toml "$destdir$config"; then
+  echo "install.sh: keeping the edited $destdir$config (defaults: deploy/psmd.toml)" >&2
+else
+  put deploy/psmd.toml "$config" 0644
 fi
 
 man=$(mktemp -d)
@@ -149,12 +155,19 @@ for doc in README.md docs/*.md; do
   put "$doc" "$prefix/share/doc/psmd/$(basename "$doc")" 0644
 done
 
+# A re-install found the directories an earlier one created already there:
+# they are still this install's to remove.
+if [[ -f "$manifest" ]]; then
+  while read -r kind path; do
+    [[ "$kind" == d ]] && created+=("$path")
+  done < "$manifest"
+fi
 mkdirs "$prefix/$(dirname "$manifest_rel")"
 installed+=("$prefix/$manifest_rel")
 {
   printf 'f %s\n' "${installed[@]}"
   if ((${#created[@]} > 0)); then
-    printf '%s\n' "${created[@]}" | awk '{ print length, $0 }' | sort -rn |
+    printf '%s\n' "${created[@]}" | sort -u | awk '{ print length, $0 }' | sort -rn |
       cut -d' ' -f2- | sed 's/^/d /'
   fi
 } > "$manifest"

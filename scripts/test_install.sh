@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Tests the install (scripts/test.sh counts it as one result):
 #  1. scripts/install.sh into a prefix under a temporary destdir: every file
-#     in place, the installed psmctl and pkg-config work; --uninstall leaves
-#     the destdir empty.
+#     in place, the installed psmctl, pkg-config, default config and man
+#     pages work; a re-install keeps an edited config; --uninstall leaves
+#     the destdir empty but for that edited config.
 #  2. The .deb (scripts/build_deb.sh) in a clean Debian 12 root: dpkg -i,
-#     apt-get -f install for its dependencies, psmd started as its unit
+#     apt-get -f install for its dependencies, an edited conffile kept by a
+#     second dpkg -i, psmd started as its unit
 #     starts it (PID 1 is not systemd here: the unit's ExecStart, in its
 #     RuntimeDirectory), psmctl stats and health answer, SIGTERM stops it,
 #     dpkg --purge leaves nothing named *psm* anywhere in the root.
@@ -41,18 +43,34 @@ for f in sbin/psmd bin/psmctl lib/libpsmclient.so lib/psmd/libpsm2.so.2.2 \
   lib/psmd/libpsm2.so.2 lib/psmd/libpsm2.so include/psmd/psm2.h \
   include/psmd/psm2_mq.h include/psmd/psm2_am.h lib/pkgconfig/psm2.pc \
   lib/pkgconfig/psmclient.pc lib/systemd/system/psmd.service \
+  lib/systemd/system/psmd.socket etc/psmd/psmd.toml \
   share/man/man8/psmd.8 share/man/man8/psmctl.8 share/man/man5/psmd.toml.5; do
   [[ -e "$p/$f" ]] || fail "install.sh did not install $f"
 done
 [[ "$(readlink "$p/lib/psmd/libpsm2.so.2")" == libpsm2.so.2.2 ]] || fail "SONAME link"
 objdump -p "$p/lib/psmd/libpsm2.so.2.2" | grep -q 'SONAME *libpsm2.so.2' || fail "SONAME"
-grep -q '^ExecStart=/opt/psmd/sbin/psmd ' "$p/lib/systemd/system/psmd.service" ||
-  fail "unit's ExecStart not pointed at the prefix"
+grep -qx 'ExecStart=/opt/psmd/sbin/psmd --config /opt/psmd/etc/psmd/psmd.toml' \
+  "$p/lib/systemd/system/psmd.service" || fail "unit's ExecStart not pointed at the prefix"
+"$p/sbin/psmd" --check-config --config "$p/etc/psmd/psmd.toml" >/dev/null ||
+  fail "the installed default config does not pass --check-config"
+for page in psmd.8 psmctl.8 psmd.toml.5; do
+  man -l "$p/share/man/man${page##*.}/$page" 2>/dev/null | grep -q 'SEE ALSO' ||
+    fail "$page does not render"
+done
+# An edited config survives a re-install; uninstall leaves it (and only it).
+sed -i 's/^spin_us = 200$/spin_us = 300/' "$p/etc/psmd/psmd.toml"
+scripts/install.sh --no-build --prefix /opt/psmd --destdir "$dest" >/dev/null 2>&1 ||
+  fail "install.sh again"
+grep -qx 'spin_us = 300' "$p/etc/psmd/psmd.toml" || fail "re-install overwrote the edited config"
 "$p/bin/psmctl" --version | grep -q "^psmctl $(cat VERSION) " || fail "installed psmctl --version"
 [[ "$(PKG_CONFIG_PATH=$p/lib/pkgconfig pkg-config --define-prefix --libs psm2)" == *"-L$p/lib/psmd"*"-lpsm2"* ]] ||
   fail "pkg-config psm2"
 man -l "$p/share/man/man8/psmctl.8" 2>/dev/null | grep -q 'health' || fail "psmctl(8) does not render"
 scripts/install.sh --uninstall --prefix /opt/psmd --destdir "$dest" >/dev/null || fail "--uninstall"
+left=$(find "$dest" -mindepth 1 -type f)
+[[ "$left" == "$p/etc/psmd/psmd.toml" ]] || fail "--uninstall left: $left (wanted only the edited config)"
+rm -- "$p/etc/psmd/psmd.toml"
+find "$dest" -mindepth 1 -type d -empty -delete
 left=$(find "$dest" -mindepth 1)
 [[ -z "$left" ]] || fail "--uninstall left: $left"
 step "prefix install and uninstall: ok"
@@ -85,8 +103,16 @@ in_root env DEBIAN_FRONTEND=noninteractive apt-get -f install -y -qq >"$work/apt
   { tail -5 "$work/apt.log"; fail "apt-get -f install"; }
 in_root dpkg-query -W -f='${Status}' psmd | grep -q "install ok installed" ||
   fail "psmd not installed after apt-get -f install"
+[[ -e "$root/usr/lib/systemd/system/psmd.socket" && -e "$root/etc/psmd/psmd.toml" ]] ||
+  fail "the .deb lacks psmd.socket or /etc/psmd/psmd.toml"
+in_root dpkg-query -W -f='${Conffiles}' psmd | grep -q '^ /etc/psmd/psmd.toml ' ||
+  fail "/etc/psmd/psmd.toml is not a conffile"
+# dpkg keeps an edited conffile when the package is installed again.
+sed -i 's/^spin_us = 200$/spin_us = 300/' "$root/etc/psmd/psmd.toml"
+in_root dpkg -i /tmp/psmd.deb >"$work/dpkg.log" 2>&1 || { tail -5 "$work/dpkg.log"; fail "dpkg -i again"; }
+grep -qx 'spin_us = 300' "$root/etc/psmd/psmd.toml" || fail "dpkg -i overwrote the edited config"
 rm -f "$root/tmp/psmd.deb"
-step "dpkg -i + apt-get -f install: ok"
+step "dpkg -i + apt-get -f install: ok; the edited conffile survived a re-install"
 
 # Start it as systemd would: RuntimeDirectory=psmd, then ExecStart.
 unit=$root/usr/lib/systemd/system/psmd.service
@@ -106,12 +132,13 @@ done
 stats=$(in_root psmctl stats) || fail "psmctl stats"
 [[ "$stats" == "psmd up "* && "$stats" == *msgs_sent* ]] || fail "psmctl stats said: $stats"
 in_root psmctl health >/dev/null || fail "psmctl health"
+in_root psmctl config | grep -qx 'spin_us = 300' || fail "psmd did not read /etc/psmd/psmd.toml"
 kill -TERM "$psmd_pid"
 wait "$psmd_pid" || fail "psmd did not exit 0 on SIGTERM"
 psmd_pid=
 [[ ! -e "$root/run/psmd/psmd.sock" ]] || fail "psmd left its socket"
 rmdir "$root/run/psmd"  # systemd removes the RuntimeDirectory on stop
-step "psmd started from the unit's ExecStart; psmctl stats and health answered"
+step "psmd started from the unit's ExecStart with the edited config; psmctl stats, health and config answered"
 
 in_root dpkg --purge psmd >/dev/null || fail "dpkg --purge psmd"
 umount "$root/proc"
