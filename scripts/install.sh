@@ -13,6 +13,12 @@
 #                                          Intel's libpsm2 unless asked to
 #                                          (LD_LIBRARY_PATH=P/lib/psmd)
 #   include/psmd/psm2*.h                   (beside, not over, libpsm2-dev's)
+#   Open MPI's mtl psmd component, mca_mtl_psmd.so: for P=/usr in Open
+#                                          MPI's own component directory
+#                                          (ompi_info --path pkglibdir), so
+#                                          that mpirun finds it unasked;
+#                                          else P/lib/openmpi (name it with
+#                                          OMPI_MCA_mca_base_component_path)
 #   lib/pkgconfig/psmclient.pc, psm2.pc    (psm2.pc points at the drop-in)
 #   lib/systemd/system/psmd.service        (ExecStart pointed at P/sbin/psmd
 #                                          and S/psmd/psmd.toml)
@@ -70,7 +76,7 @@ if ((uninstall)); then
 fi
 
 if ((build)); then
-  bazel build //:psmd //:psmctl //:psmclient //:libpsm2 >&2
+  bazel build //:psmd //:psmctl //:psmclient //:libpsm2 //ompi:mca_mtl_psmd >&2
 fi
 bin=bazel-bin
 version=$(cat VERSION)
@@ -105,6 +111,12 @@ put "$bin/client/libpsmclient.so" "$prefix/lib/libpsmclient.so" 0755
 put "$bin/client/libpsm2.so.2" "$prefix/lib/psmd/libpsm2.so.2.2" 0755
 link libpsm2.so.2.2 "$prefix/lib/psmd/libpsm2.so.2"
 link libpsm2.so.2 "$prefix/lib/psmd/libpsm2.so"
+if [[ "$prefix" == /usr ]]; then
+  mtl_dir=$(ompi_info --parsable --path pkglibdir | sed -n 's/^path:pkglibdir://p')
+else
+  mtl_dir=$prefix/lib/openmpi
+fi
+put "$bin/ompi/mca_mtl_psmd.so" "$mtl_dir/mca_mtl_psmd.so" 0644
 for h in include/psm2*.h; do
   put "$h" "$prefix/include/psmd/$(basename "$h")" 0644
 done

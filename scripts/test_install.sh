@@ -44,7 +44,8 @@ for f in sbin/psmd bin/psmctl lib/libpsmclient.so lib/psmd/libpsm2.so.2.2 \
   include/psmd/psm2_mq.h include/psmd/psm2_am.h lib/pkgconfig/psm2.pc \
   lib/pkgconfig/psmclient.pc lib/systemd/system/psmd.service \
   lib/systemd/system/psmd.socket etc/psmd/psmd.toml \
-  share/man/man8/psmd.8 share/man/man8/psmctl.8 share/man/man5/psmd.toml.5; do
+  share/man/man8/psmd.8 share/man/man8/psmctl.8 share/man/man5/psmd.toml.5 \
+  lib/openmpi/mca_mtl_psmd.so; do
   [[ -e "$p/$f" ]] || fail "install.sh did not install $f"
 done
 [[ "$(readlink "$p/lib/psmd/libpsm2.so.2")" == libpsm2.so.2.2 ]] || fail "SONAME link"
@@ -141,7 +142,22 @@ rmdir "$root/run/psmd"  # systemd removes the RuntimeDirectory on stop
 step "psmd started from the unit's ExecStart with the edited config; psmctl stats, health and config answered"
 
 in_root dpkg --purge psmd >/dev/null || fail "dpkg --purge psmd"
+# Whatever is still named *psm* must belong to another package: the
+# dependencies (Open MPI pulls in Intel's libpsm2-2 and libpsm-infinipath1)
+# stay, with apt's cache of them and their alternatives links.
+left=()
+while IFS= read -r f; do
+  case "$f" in
+    /var/cache/apt/archives/*|/etc/alternatives/*|/var/lib/dpkg/alternatives/*)
+      continue ;;
+  esac
+  # a link that update-alternatives manages for another package
+  [[ "$(readlink "$root$f")" == /etc/alternatives/* ]] && continue
+  in_root dpkg -S "$f" >/dev/null 2>&1 && continue
+  [[ "$f" == /var/lib/dpkg/info/* ]] && in_root dpkg -s \
+    "$(basename "${f%.*}" | cut -d: -f1)" >/dev/null 2>&1 && continue
+  left+=("$f")
+done < <(find "$root" -xdev -iname '*psm*' | sed "s|^$root||")
 umount "$root/proc"
-left=$(find "$root" -xdev -iname '*psm*' | sed "s|^$root||")
-[[ -z "$left" ]] || fail "left behind after purge: $left"
+((${#left[@]} == 0)) || fail "left behind after purge: ${left[*]}"
 step "dpkg --purge: nothing left"
