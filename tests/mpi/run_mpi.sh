@@ -34,13 +34,14 @@ sent() {
 }
 
 # mpirun as Open MPI users run it, forced onto the PSM2 MTL (no fallback),
-# with our library first on the search path.
+# with our library first on the search path. Its session directory goes in
+# $work (TMPDIR), so that a killed run leaves nothing in /tmp.
 # $mpi_btl: the BTLs Open MPI may use besides (one-sided operations need one
 # that reaches the other ranks; point-to-point stays on pml cm + mtl psm2).
 mpi() {
   local np=$1; shift
   (cd "$work" && timeout -k 10 "${mpi_timeout:-300}" "$root/scripts/fake_hfi.sh" \
-    env LD_LIBRARY_PATH="$libdir" OMPI_MCA_plm_rsh_agent= \
+    env LD_LIBRARY_PATH="$libdir" OMPI_MCA_plm_rsh_agent= TMPDIR="$work" \
     mpirun --allow-run-as-root --oversubscribe -np "$np" \
       --mca pml cm --mca mtl psm2 --mca btl "${mpi_btl:-self}" \
       -x LD_LIBRARY_PATH -x PSMD_SOCKET -x PSM2_DEVICES -x HFI_SYSFS_PATH "$@")
