@@ -19,19 +19,10 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 source "$root/scripts/workdir.sh" psmd-mpi
 
-psmd=${PSMD_BIN:-$root/daemon/psmd}
-psmctl=${PSMCTL_BIN:-$root/tools/psmctl}
+source "$here/private_psmd.sh"
 libdir=${PSMD_LIBDIR:-$root/client}
 [[ -e "$libdir/libpsm2.so.2" ]] || { echo "run_mpi: no libpsm2.so.2 in $libdir" >&2; exit 1; }
-export PSMD_SOCKET="$work/psmd.sock"
-"$psmd" --socket "$PSMD_SOCKET" --log-level warn &
-pids+=($!)
-for _ in $(seq 100); do [[ -S "$PSMD_SOCKET" ]] && break; sleep 0.05; done
-
-sent() {
-  "$psmctl" --socket "$PSMD_SOCKET" --json stats |
-    python3 -c 'import json,sys; print(json.load(sys.stdin)["total"]["msgs_sent"])'
-}
+start_psmd
 
 # mpirun as Open MPI users run it, forced onto the PSM2 MTL (no fallback),
 # with our library first on the search path. Its session directory goes in

@@ -23,8 +23,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 source "$root/scripts/workdir.sh" psmd-mtl
 
-psmd=${PSMD_BIN:-$root/daemon/psmd}
-psmctl=${PSMCTL_BIN:-$root/tools/psmctl}
+source "$here/private_psmd.sh"
 component=${PSMD_MTL_COMPONENT:-$root/ompi/mca_mtl_psmd.so}
 
 # The ranks run as nobody, who cannot read Bazel's runfiles under root's home:
@@ -41,17 +40,7 @@ if [[ $(id -u) == 0 ]]; then
   chown nobody:nogroup "$work/run"
 fi
 
-export PSMD_SOCKET="$work/psmd.sock"
-if [[ $case_name != decline ]]; then
-  "$psmd" --socket "$PSMD_SOCKET" --log-level warn &
-  pids+=($!)
-  for _ in $(seq 100); do [[ -S "$PSMD_SOCKET" ]] && break; sleep 0.05; done
-fi
-
-sent() {
-  "$psmctl" --socket "$PSMD_SOCKET" --json stats |
-    python3 -c 'import json,sys; print(json.load(sys.stdin)["total"]["msgs_sent"])'
-}
+[[ $case_name == decline ]] || start_psmd
 
 ompi_components=$(dirname "$(find /usr/lib/x86_64-linux-gnu/openmpi/lib -name mca_pml_cm.so | head -1)")
 # mpirun as a user runs it: Open MPI's own components plus ours, nothing

@@ -1,0 +1,18 @@
+# Sourced by the MPI test drivers (after scripts/workdir.sh): a psmd of the
+# test's own on $work/psmd.sock, ended with the test (its PID joins $pids),
+# and `sent`, the messages it has carried (psmctl stats), with which a
+# driver proves that the traffic went through psmd.
+psmd=${PSMD_BIN:-$root/daemon/psmd}
+psmctl=${PSMCTL_BIN:-$root/tools/psmctl}
+export PSMD_SOCKET="$work/psmd.sock"
+
+start_psmd() {
+  "$psmd" --socket "$PSMD_SOCKET" --log-level warn &
+  pids+=($!)
+  for _ in $(seq 100); do [[ -S "$PSMD_SOCKET" ]] && break; sleep 0.05; done
+}
+
+sent() {
+  "$psmctl" --socket "$PSMD_SOCKET" --json stats |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["total"]["msgs_sent"])'
+}
