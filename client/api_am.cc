@@ -8,12 +8,13 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "client/endpoint.h"
 #include "client/library.h"
 
 namespace shm = psmd::shm;
-using psmd::client::AmHandler;
+using psmd::client::AmDispatcher;
 using psmd::client::AmToken;
 using psmd::client::Library;
 
@@ -21,23 +22,19 @@ namespace {
 
 template <typename Fill>
 psm2_error_t Register(psm2_ep_t ep, int num, int* indices, Fill fill) {
-  if (ep == nullptr || num < 0 || (num > 0 && indices == nullptr))
-    return PSM2_PARAM_ERR;
-  psmd::client::EndpointLock lock(&ep->mu);
-  if (ep->am_handlers.size() + static_cast<size_t>(num) > shm::kAmMaxHandlers) {
-    return Library::Report(PSM2_EP_NO_RESOURCES,
-                           "psm2_am_register_handlers: " + std::to_string(num) +
-                               " more handlers would exceed the limit of " +
-                               std::to_string(shm::kAmMaxHandlers) +
-                               " per endpoint");
+  if (ep == nullptr || num < 0 || (num > 0 && indices == nullptr)) {
+    return Library::BadArgument("psm2_am_register_handlers",
+                                "ep and handlers_idx must not be null, "
+                                "num_handlers not negative");
   }
-  for (int i = 0; i < num; i++) {
-    AmHandler h;
-    fill(i, &h);
-    indices[i] = static_cast<int>(ep->am_handlers.size());
-    ep->am_handlers.push_back(h);
+  std::vector<AmDispatcher::Handler> handlers(static_cast<size_t>(num));
+  for (int i = 0; i < num; i++) fill(i, &handlers[i]);
+  psmd::Status s;
+  {
+    psmd::client::EndpointLock lock(&ep->mu);
+    s = ep->am().Register(handlers, indices);
   }
-  return PSM2_OK;
+  return Library::Report(ep, s);  // outside the lock: handlers call back
 }
 
 // Checks what a request or reply may carry. Over a limit is an error, never
@@ -60,7 +57,11 @@ psm2_error_t CheckMessage(psm2_handler_t handler, const psm2_amarg_t* args,
   if (handler >= shm::kAmMaxHandlers || (nargs > 0 && args == nullptr) ||
       (len > 0 && src == nullptr) ||
       (flags & ~(PSM2_AM_FLAG_ASYNC | PSM2_AM_FLAG_NOREPLY)) != 0) {
-    return PSM2_PARAM_ERR;
+    return Library::BadArgument(
+        "psm2_am_request_short/reply_short",
+        "handler index below " + std::to_string(shm::kAmMaxHandlers) +
+            ", args and src not null when nargs and len are not 0, flags "
+            "only PSM2_AM_FLAG_ASYNC and PSM2_AM_FLAG_NOREPLY");
   }
   return PSM2_OK;
 }
@@ -89,11 +90,11 @@ void SubmitActiveMessage(psm2_ep_t ep, shm::SubmitOp op, uint32_t peer,
   if (shm::IsInline(d.len)) {
     if (arg_bytes > 0) std::memcpy(d.body.inline_data, args, arg_bytes);
     if (len > 0) std::memcpy(d.body.inline_data + arg_bytes, src, len);
-    ep->publisher.Submit(r, d, nullptr);
+    ep->publisher().Submit(r, d, nullptr);
     return;
   }
   psmd::client::Deferred* queued =
-      ep->publisher.Submit(r, d, src, args, arg_bytes);
+      ep->publisher().Submit(r, d, src, args, arg_bytes);
   if (queued != nullptr && !(flags & PSM2_AM_FLAG_ASYNC)) {
     // Not in the pool yet, and the caller may reuse its buffers as soon as
     // we return: keep our own copy.
@@ -113,26 +114,33 @@ extern "C" {
 psm2_error_t psm2_am_register_handlers(psm2_ep_t ep,
                                        const psm2_am_handler_fn_t* handlers,
                                        int num_handlers, int* handlers_idx) {
-  if (num_handlers > 0 && handlers == nullptr) return PSM2_PARAM_ERR;
-  return Register(ep, num_handlers, handlers_idx,
-                  [&](int i, AmHandler* h) { h->fn = handlers[i]; });
+  if (num_handlers > 0 && handlers == nullptr)
+    return Library::BadArgument("psm2_am_register_handlers",
+                                "handlers is null");
+  return Register(
+      ep, num_handlers, handlers_idx,
+      [&](int i, AmDispatcher::Handler* h) { h->fn = handlers[i]; });
 }
 
 psm2_error_t psm2_am_register_handlers_2(psm2_ep_t ep,
                                          const psm2_am_handler_2_fn_t* handlers,
                                          int num_handlers, void** hctx,
                                          int* handlers_idx) {
-  if (num_handlers > 0 && handlers == nullptr) return PSM2_PARAM_ERR;
-  return Register(ep, num_handlers, handlers_idx, [&](int i, AmHandler* h) {
-    h->fn2 = handlers[i];
-    h->hctx = hctx != nullptr ? hctx[i] : nullptr;
-  });
+  if (num_handlers > 0 && handlers == nullptr) {
+    return Library::BadArgument("psm2_am_register_handlers_2",
+                                "handlers is null");
+  }
+  return Register(ep, num_handlers, handlers_idx,
+                  [&](int i, AmDispatcher::Handler* h) {
+                    h->fn2 = handlers[i];
+                    h->hctx = hctx != nullptr ? hctx[i] : nullptr;
+                  });
 }
 
 void psm2_am_unregister_handlers(psm2_ep_t ep) {
   if (ep == nullptr) return;
   psmd::client::EndpointLock lock(&ep->mu);
-  ep->am_handlers.clear();
+  ep->am().Clear();
 }
 
 psm2_error_t psm2_am_request_short(psm2_epaddr_t epaddr, psm2_handler_t handler,
@@ -140,19 +148,24 @@ psm2_error_t psm2_am_request_short(psm2_epaddr_t epaddr, psm2_handler_t handler,
                                    size_t len, int flags,
                                    psm2_am_completion_fn_t completion_fn,
                                    void* completion_ctxt) {
-  if (epaddr == nullptr) return PSM2_PARAM_ERR;
+  if (epaddr == nullptr)
+    return Library::BadArgument("psm2_am_request_short", "epaddr is null");
   psm2_error_t err = CheckMessage(handler, args, nargs, src, len, flags);
   if (err != PSM2_OK) return err;
   psm2_ep_t ep = epaddr->ep;
   psmd::client::EndpointLock lock(&ep->mu);
   // Under the lock: psm2_ep_connect sets the slot under it.
   if (epaddr->slot == psmd::client::kNoSlot) {
+    lock.Unlock();  // a handler may close the endpoint
     return Library::Report(
         PSM2_EPID_UNKNOWN,
         "active message to an epaddr that this endpoint has not connected "
         "(call psm2_ep_connect first)");
   }
-  if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
+  if (ep->daemon_lost()) {
+    lock.Unlock();
+    return Library::DaemonGone(ep, "psm2_am_request_short");
+  }
   SubmitActiveMessage(ep, shm::SubmitOp::kAmRequest, epaddr->slot, handler,
                       args, nargs, src, len, flags, completion_fn,
                       completion_ctxt);
@@ -164,7 +177,8 @@ psm2_error_t psm2_am_reply_short(psm2_am_token_t token, psm2_handler_t handler,
                                  size_t len, int flags,
                                  psm2_am_completion_fn_t completion_fn,
                                  void* completion_ctxt) {
-  if (token == nullptr) return PSM2_PARAM_ERR;
+  if (token == nullptr)
+    return Library::BadArgument("psm2_am_reply_short", "token is null");
   auto* t = static_cast<AmToken*>(token);
   if (!t->is_request || t->no_reply || t->replied) {
     const char* why = !t->is_request ? "from a reply handler"
@@ -179,7 +193,10 @@ psm2_error_t psm2_am_reply_short(psm2_am_token_t token, psm2_handler_t handler,
   if (err != PSM2_OK) return err;
   psm2_ep_t ep = t->ep;
   psmd::client::EndpointLock lock(&ep->mu);
-  if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
+  if (ep->daemon_lost()) {
+    lock.Unlock();
+    return Library::DaemonGone(ep, "psm2_am_reply_short");
+  }
   t->replied = true;
   SubmitActiveMessage(ep, shm::SubmitOp::kAmReply, t->src_endpoint, handler,
                       args, nargs, src, len, flags, completion_fn,
@@ -189,7 +206,10 @@ psm2_error_t psm2_am_reply_short(psm2_am_token_t token, psm2_handler_t handler,
 
 psm2_error_t psm2_am_get_source(psm2_am_token_t token,
                                 psm2_epaddr_t* epaddr_out) {
-  if (token == nullptr || epaddr_out == nullptr) return PSM2_PARAM_ERR;
+  if (token == nullptr || epaddr_out == nullptr) {
+    return Library::BadArgument("psm2_am_get_source",
+                                "token and epaddr_out must not be null");
+  }
   auto* t = static_cast<AmToken*>(token);
   psmd::client::EndpointLock lock(&t->ep->mu);
   *epaddr_out = t->ep->EpaddrFor(t->src_epid);
@@ -202,7 +222,9 @@ psm2_error_t psm2_am_get_parameters(psm2_ep_t ep,
                                     size_t* sizeof_parameters_out) {
   if (ep == nullptr || parameters == nullptr ||
       sizeof_parameters_out == nullptr) {
-    return PSM2_PARAM_ERR;
+    return Library::BadArgument(
+        "psm2_am_get_parameters",
+        "ep, parameters and sizeof_parameters_out must not be null");
   }
   struct psm2_am_parameters p;
   p.max_handlers = shm::kAmMaxHandlers;

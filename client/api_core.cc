@@ -105,8 +105,8 @@ psm2_error_t CheckOpenOptions(const psm2_ep_open_opts& o) {
 // submissions waiting for ring or pool space, and rendezvous sends whose
 // payload has not been streamed yet (the receiver needs our copy).
 size_t UnfinishedSends(psm2_ep_t ep) PSMD_REQUIRES(ep->mu) {
-  size_t n = ep->publisher.queued();
-  ep->requests.ForEach([&](const psm2_mq_req* r) PSMD_REQUIRES(ep->mu) {
+  size_t n = ep->publisher().queued();
+  ep->requests().ForEach([&](const psm2_mq_req* r) PSMD_REQUIRES(ep->mu) {
     if (r->kind == psm2_mq_req::Kind::kSend && r->send_buf != nullptr &&
         r->state != psm2_mq_req::State::kComplete) {
       n++;
@@ -123,7 +123,7 @@ size_t DrainSends(psm2_ep_t ep, int64_t timeout_ns) {
                                      : std::chrono::nanoseconds(kMaxCloseWait));
   psmd::client::EndpointLock lock(&ep->mu);
   size_t left;
-  while ((left = UnfinishedSends(ep)) > 0 && !ep->daemon_lost &&
+  while ((left = UnfinishedSends(ep)) > 0 && !ep->daemon_lost() &&
          Clock::now() < deadline) {
     if (ep->Progress()) continue;
     // Nothing moved: the receivers have to act. Let other threads use the
@@ -132,7 +132,7 @@ size_t DrainSends(psm2_ep_t ep, int64_t timeout_ns) {
     usleep(50);
     lock.Lock();
   }
-  return ep->daemon_lost ? 0 : left;
+  return ep->daemon_lost() ? 0 : left;
 }
 
 }  // namespace
@@ -348,9 +348,9 @@ psm2_error_t psm2_ep_open(const psm2_uuid_t unique_job_key,
     return Library::Report(static_cast<psm2_error_t>(err.code), err.message);
   }
   *ep = opened.get();
-  *epid = opened->epid;
-  psmd::client::IdentifyEndpoint(opened->epid, opened->daemon_version,
-                                 opened->control->socket_path());
+  *epid = opened->epid();
+  psmd::client::IdentifyEndpoint(opened->epid(), opened->daemon_version(),
+                                 opened->control()->socket_path());
   lib.AdoptGlobalHandler(opened.get());
   std::lock_guard<std::mutex> lock(lib.mu);
   lib.opening--;
@@ -414,9 +414,9 @@ psm2_error_t psm2_ep_close(psm2_ep_t ep, int mode, int64_t timeout) {
   bool lost;
   {
     psmd::client::EndpointLock lock(&owned->mu);
-    lost = owned->daemon_lost;
+    lost = owned->daemon_lost();
   }
-  if (!lost) err = owned->control->CloseEndpoint(owned->id);
+  if (!lost) err = owned->control()->CloseEndpoint(owned->id());
   // Unmapping and closing the fds (the destructor) releases the segments;
   // closing the attach connection tells the daemon in any case.
   owned.reset();
@@ -465,7 +465,7 @@ psm2_error_t psm2_ep_connect(psm2_ep_t ep, int num_of_epid,
   std::string failures;
   if (!wanted.empty()) {
     psmd::v1::ConnectReply reply;
-    psmd::Status err = ep->control->Connect(ep->id, wanted, &reply);
+    psmd::Status err = ep->control()->Connect(ep->id(), wanted, &reply);
     if (err.ok() && reply.results_size() != static_cast<int>(wanted.size())) {
       err = {PSM2_INTERNAL_ERR, "psm2_ep_connect: psmd answered " +
                                     std::to_string(reply.results_size()) +
@@ -578,7 +578,7 @@ psm2_error_t psm2_ep_disconnect(psm2_ep_t ep, int num_of_epaddr,
 }
 
 psm2_error_t psm2_poll(psm2_ep_t ep) {
-  if (ep == nullptr) return PSM2_PARAM_ERR;
+  if (ep == nullptr) return Library::BadArgument("psm2_poll", "ep is null");
   psmd::client::EndpointLock lock(&ep->mu);
   if (ep->Progress()) return PSM2_OK;
   ep->IdleYield();

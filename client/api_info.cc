@@ -97,8 +97,8 @@ psm2_error_t ConnectionConfig(const char* query, psm2_mq_t mq,
   }
   // Every psmd connection is shared memory; a connection to the endpoint's
   // own epid is its loopback, which Intel's reports as SELF.
-  *config = epaddr->epid == mq->ep->epid ? PSM2_INFO_QUERY_CONFIG_SELF
-                                         : PSM2_INFO_QUERY_CONFIG_AMSH;
+  *config = epaddr->epid == mq->ep->epid() ? PSM2_INFO_QUERY_CONFIG_SELF
+                                           : PSM2_INFO_QUERY_CONFIG_AMSH;
   return PSM2_OK;
 }
 
@@ -316,10 +316,10 @@ psm2_error_t psm2_ep_query(int* num_of_epinfo, psm2_epinfo_t* array_of_epinfo) {
       if (n == *num_of_epinfo) break;
       psm2_epinfo_t& info = array_of_epinfo[n++];
       info.ep = ep.get();
-      info.epid = ep->epid;
-      memcpy(info.uuid, ep->uuid, sizeof(info.uuid));
+      info.epid = ep->epid();
+      memcpy(info.uuid, ep->uuid(), sizeof(info.uuid));
       info.jkey = 0;  // no hardware job key (as Intel's without an HFI)
-      UuidText(ep->uuid, info.uuid_str, sizeof(info.uuid_str));
+      UuidText(ep->uuid(), info.uuid_str, sizeof(info.uuid_str));
     }
   }
   if (n == 0) {
@@ -349,7 +349,7 @@ psm2_error_t psm2_ep_epid_lookup(psm2_epid_t epid, psm2_epconn_t* epconn) {
       if (found == conns->second.end()) continue;
       epconn->addr = found->second;
       epconn->ep = ep.get();
-      epconn->mq = &ep->mq;
+      epconn->mq = ep->mq_handle();
       return PSM2_OK;
     }
   }
@@ -387,7 +387,7 @@ psm2_error_t psm2_ep_epid_lookup2(psm2_ep_t ep, psm2_epid_t epid,
         if (found != conns->second.end()) {
           epconn->addr = found->second;
           epconn->ep = ep;
-          epconn->mq = &ep->mq;
+          epconn->mq = ep->mq_handle();
           return PSM2_OK;
         }
       }
@@ -439,7 +439,8 @@ psm2_error_t psm2_ep_epid_share_memory(psm2_ep_t ep, psm2_epid_t epid,
   }
   // Every endpoint of a node is served by that node's psmd, through shared
   // memory; the node id is in the epid.
-  *result = psmd::shm::NodeIdOf(epid) == psmd::shm::NodeIdOf(ep->epid) ? 1 : 0;
+  *result =
+      psmd::shm::NodeIdOf(epid) == psmd::shm::NodeIdOf(ep->epid()) ? 1 : 0;
   return PSM2_OK;
 }
 

@@ -45,7 +45,9 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags,
                       void* context, psm2_mq_req_t* req) {
   if (mq == nullptr || dest == nullptr || stag == nullptr || req == nullptr ||
       (flags & ~PSM2_MQ_FLAG_SENDSYNC) != 0) {
-    return PSM2_PARAM_ERR;
+    return Library::BadArgument("psm2_mq_isend",
+                                "mq, dest, tag and req must not be null, "
+                                "flags only PSM2_MQ_FLAG_SENDSYNC");
   }
   // A NULL buffer with a length cannot be sent. Failing the call would leave
   // the matching receive waiting for good (Open MPI 4.1's mtl psm2 passes
@@ -72,12 +74,16 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags,
   psmd::client::EndpointLock lock(&ep->mu);
   // Under the lock: psm2_ep_connect sets the slot under it.
   if (!Connected(ep, dest)) {
+    lock.Unlock();  // a handler may close the endpoint
     return Library::Report(
         PSM2_EPID_UNKNOWN,
         "send to an epaddr that this endpoint has not connected "
         "(call psm2_ep_connect first)");
   }
-  if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
+  if (ep->daemon_lost()) {
+    lock.Unlock();
+    return Library::DaemonGone(ep, "psm2_mq_isend");
+  }
   psm2_mq_req* r = ep->NewRequest(psm2_mq_req::Kind::kSend, context);
   r->user.tag = *stag;
   r->user.send_msglen = len;
@@ -89,7 +95,7 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags,
   // with the sender until the receiver matched (rendezvous): unexpected
   // large messages then cost the receiver nothing.
   bool rendezvous = len > mq->rndv_shm_bytes ||
-                    (!shm::IsInline(len) && len > ep->publisher.MaxPayload());
+                    (!shm::IsInline(len) && len > ep->publisher().MaxPayload());
   shm::SubmissionDesc d = shm::PrepSend(dest->slot, psmd::client::TokenOf(r),
                                         stag->tag, len, rendezvous);
   d.flags =
@@ -104,7 +110,7 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags,
   // a receive that the application may post only after the send completes
   // (MPI_Send to one's own rank): it travels from a copy instead.
   r->self_send =
-      dest->epid == ep->epid && !(flags & PSM2_MQ_FLAG_SENDSYNC) && !failed;
+      dest->epid == ep->epid() && !(flags & PSM2_MQ_FLAG_SENDSYNC) && !failed;
   psm2_mq_req* self_copy = nullptr;
   if (r->self_send && rendezvous) {
     self_copy = ep->CopyForSelf(buf, len, r);
@@ -125,10 +131,10 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags,
   (rendezvous ? s.tx_rndv_num : s.tx_eager_num)++;
   (rendezvous ? s.tx_rndv_bytes : s.tx_eager_bytes) += len;
   if (self_copy != nullptr) {
-    ep->publisher.Submit(self_copy, d, nullptr);
+    ep->publisher().Submit(self_copy, d, nullptr);
     ep->MarkComplete(r);
   } else {
-    ep->publisher.Submit(r, d, buf);
+    ep->publisher().Submit(r, d, buf);
   }
   *req = r;
   return PSM2_OK;
@@ -140,24 +146,31 @@ psm2_error_t PostRecv(psm2_mq_t mq, psm2_epaddr_t src,
                       psm2_mq_req_t* req) {
   if (mq == nullptr || rtag == nullptr || rtagsel == nullptr ||
       req == nullptr || (len > 0 && buf == nullptr)) {
-    return PSM2_PARAM_ERR;
+    return Library::BadArgument(
+        "psm2_mq_irecv",
+        "mq, tag, tagsel and req must not be null, nor buf "
+        "when len is not 0");
   }
   psm2_ep_t ep = mq->ep;
   psmd::client::EndpointLock lock(&ep->mu);
   // Under the lock: psm2_ep_connect sets the slot under it.
   if (src != nullptr && !Connected(ep, src)) {
+    lock.Unlock();  // a handler may close the endpoint
     return Library::Report(
         PSM2_EPID_UNKNOWN,
         "receive from an epaddr that this endpoint has not connected "
         "(call psm2_ep_connect first, or use PSM2_MQ_ANY_ADDR)");
   }
-  if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
+  if (ep->daemon_lost()) {
+    lock.Unlock();
+    return Library::DaemonGone(ep, "psm2_mq_irecv");
+  }
   psm2_mq_req* r = ep->NewRequest(psm2_mq_req::Kind::kRecv, context);
   r->user.buf = static_cast<uint8_t*>(buf);
   r->user.buf_len = len;
   r->user.tag = *rtag;
   r->user.tagsel = *rtagsel;
-  ep->publisher.Submit(
+  ep->publisher().Submit(
       r,
       shm::PrepRecv(src == nullptr ? shm::kAnySlot : src->slot,
                     psmd::client::TokenOf(r), rtag->tag, rtagsel->tag, len),
@@ -188,12 +201,14 @@ void FillStatus(const psm2_mq_req* r, psm2_mq_status_t* s) {
 template <typename Status, typename Fill>
 psm2_error_t Finish(psm2_mq_req_t* request, Status* status, bool block,
                     Fill fill) {
-  if (request == nullptr) return PSM2_PARAM_ERR;
+  if (request == nullptr)
+    return Library::BadArgument("psm2_mq_wait/test", "request is null");
   psm2_mq_req* r = *request;
   if (r == PSM2_MQ_REQINVALID) return PSM2_OK;  // nothing to wait for
   psm2_ep_t ep = r->mq->ep;
   psmd::client::EndpointLock lock(&ep->mu);
   if (r->freed) {
+    lock.Unlock();  // a handler may close the endpoint
     return Library::Report(PSM2_PARAM_ERR,
                            "wait or test on a request that was already "
                            "completed and freed (use the handle once)");
@@ -226,17 +241,23 @@ template <typename Status, typename Fill>
 psm2_error_t Probe(psm2_mq_t mq, psm2_epaddr_t src, const psm2_mq_tag_t* rtag,
                    const psm2_mq_tag_t* rtagsel, psm2_mq_req_t* claimed,
                    Status* status, Fill fill) {
-  if (mq == nullptr || rtag == nullptr || rtagsel == nullptr)
-    return PSM2_PARAM_ERR;
+  if (mq == nullptr || rtag == nullptr || rtagsel == nullptr) {
+    return Library::BadArgument("psm2_mq_iprobe/improbe",
+                                "mq, tag and tagsel must not be null");
+  }
   psm2_ep_t ep = mq->ep;
   psmd::client::EndpointLock lock(&ep->mu);
   // Under the lock: psm2_ep_connect sets the slot under it.
   if (src != nullptr && !Connected(ep, src)) {
+    lock.Unlock();  // a handler may close the endpoint
     return Library::Report(
         PSM2_EPID_UNKNOWN,
         "probe for an epaddr that this endpoint has not connected");
   }
-  if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
+  if (ep->daemon_lost()) {
+    lock.Unlock();
+    return Library::DaemonGone(ep, "psm2_mq_iprobe/improbe");
+  }
   psm2_mq_req* r = ep->NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
   psm2_error_t err = ep->RoundTrip(
       r, shm::PrepProbe(src == nullptr ? shm::kAnySlot : src->slot,
@@ -266,7 +287,8 @@ psm2_error_t Probe(psm2_mq_t mq, psm2_epaddr_t src, const psm2_mq_tag_t* rtag,
 // Shared body of ipeek/ipeek2.
 template <typename Status, typename Fill>
 psm2_error_t Peek(psm2_mq_t mq, psm2_mq_req_t* req, Status* status, Fill fill) {
-  if (mq == nullptr || req == nullptr) return PSM2_PARAM_ERR;
+  if (mq == nullptr || req == nullptr)
+    return Library::BadArgument("psm2_mq_ipeek", "mq and req must not be null");
   psm2_ep_t ep = mq->ep;
   psmd::client::EndpointLock lock(&ep->mu);
   if (mq->done_head == nullptr) ep->Progress();
@@ -290,11 +312,14 @@ psm2_error_t psm2_mq_init(psm2_ep_t ep, uint64_t ignored,
   (void)ignored;
   if (ep == nullptr || mq == nullptr || numopts < 0 ||
       (numopts > 0 && opts == nullptr)) {
-    return PSM2_PARAM_ERR;
+    return Library::BadArgument(
+        "psm2_mq_init",
+        "ep and mq must not be null, numopts not "
+        "negative, opts not null when numopts is not 0");
   }
   // One MQ per endpoint: a second call returns the same one and, as Intel's
   // does, applies its options too.
-  psm2_mq_t q = &ep->mq;
+  psm2_mq_t q = ep->mq_handle();
   if (!q->initialized) {
     // Defaults, then PSM2's environment variables, then the caller's options.
     psm2_error_t err = psmd::client::InitMqOptions(q);
@@ -302,7 +327,10 @@ psm2_error_t psm2_mq_init(psm2_ep_t ep, uint64_t ignored,
     q->initialized = true;
   }
   for (int i = 0; i < numopts; i++) {
-    if (opts[i].value == nullptr) return PSM2_PARAM_ERR;
+    if (opts[i].value == nullptr) {
+      return Library::BadArgument("psm2_mq_init",
+                                  "an option in opts has a null value");
+    }
     psm2_error_t err =
         psmd::client::SetMqOption(q, static_cast<int>(opts[i].key),
                                   *static_cast<const uint32_t*>(opts[i].value));
@@ -313,17 +341,24 @@ psm2_error_t psm2_mq_init(psm2_ep_t ep, uint64_t ignored,
 }
 
 psm2_error_t psm2_mq_finalize(psm2_mq_t mq) {
-  if (mq == nullptr) return PSM2_PARAM_ERR;
+  if (mq == nullptr)
+    return Library::BadArgument("psm2_mq_finalize", "mq is null");
   return PSM2_OK;
 }
 
 psm2_error_t psm2_mq_getopt(psm2_mq_t mq, int option, void* value) {
-  if (mq == nullptr || value == nullptr) return PSM2_PARAM_ERR;
+  if (mq == nullptr || value == nullptr) {
+    return Library::BadArgument("psm2_mq_getopt",
+                                "mq and value must not be null");
+  }
   return psmd::client::GetMqOption(mq, option, static_cast<uint32_t*>(value));
 }
 
 psm2_error_t psm2_mq_setopt(psm2_mq_t mq, int option, const void* value) {
-  if (mq == nullptr || value == nullptr) return PSM2_PARAM_ERR;
+  if (mq == nullptr || value == nullptr) {
+    return Library::BadArgument("psm2_mq_setopt",
+                                "mq and value must not be null");
+  }
   return psmd::client::SetMqOption(mq, option,
                                    *static_cast<const uint32_t*>(value));
 }
@@ -379,7 +414,10 @@ psm2_error_t psm2_mq_fp_msg(psm2_ep_t ep, psm2_mq_t mq, psm2_epaddr_t addr,
                             uint32_t flags, void* buf, uint32_t len,
                             void* context, enum psm2_mq_fp_op fp_type,
                             psm2_mq_req_t* req) {
-  if (ep == nullptr || mq == nullptr || mq->ep != ep) return PSM2_PARAM_ERR;
+  if (ep == nullptr || mq == nullptr || mq->ep != ep) {
+    return Library::BadArgument("psm2_mq_fp_msg",
+                                "ep and mq must not be null, mq of ep");
+  }
   switch (fp_type) {
     case PSM2_MQ_ISEND_FP:
       return PostSend(mq, addr, flags, tag, buf, len, context, req);
@@ -396,12 +434,15 @@ psm2_error_t psm2_mq_imrecv(psm2_mq_t mq, uint32_t flags, void* buf,
   (void)flags;
   if (mq == nullptr || reqo == nullptr || *reqo == nullptr ||
       (len > 0 && buf == nullptr)) {
-    return PSM2_PARAM_ERR;
+    return Library::BadArgument("psm2_mq_imrecv",
+                                "mq, reqo and *reqo must not be null, nor buf "
+                                "when len is not 0");
   }
   psm2_mq_req* r = *reqo;
   psm2_ep_t ep = mq->ep;
   psmd::client::EndpointLock lock(&ep->mu);
   if (r->mq != mq || r->state != State::kClaimed) {
+    lock.Unlock();  // a handler may close the endpoint
     return Library::Report(
         PSM2_PARAM_ERR,
         "psm2_mq_imrecv: the request was not returned by psm2_mq_improbe "
@@ -416,8 +457,8 @@ psm2_error_t psm2_mq_imrecv(psm2_mq_t mq, uint32_t flags, void* buf,
     return PSM2_OK;
   }
   r->state = State::kDeferred;
-  ep->publisher.Submit(r, shm::PrepClaimedRecv(psmd::client::TokenOf(r), len),
-                       nullptr);
+  ep->publisher().Submit(r, shm::PrepClaimedRecv(psmd::client::TokenOf(r), len),
+                         nullptr);
   return PSM2_OK;
 }
 
@@ -437,13 +478,15 @@ psm2_error_t psm2_mq_iprobe(psm2_mq_t mq, uint64_t rtag, uint64_t rtagsel,
 psm2_error_t psm2_mq_improbe2(psm2_mq_t mq, psm2_epaddr_t src,
                               psm2_mq_tag_t* rtag, psm2_mq_tag_t* rtagsel,
                               psm2_mq_req_t* reqo, psm2_mq_status2_t* status) {
-  if (reqo == nullptr) return PSM2_PARAM_ERR;
+  if (reqo == nullptr)
+    return Library::BadArgument("psm2_mq_improbe2", "reqo is null");
   return Probe(mq, src, rtag, rtagsel, reqo, status, FillStatus2);
 }
 
 psm2_error_t psm2_mq_improbe(psm2_mq_t mq, uint64_t rtag, uint64_t rtagsel,
                              psm2_mq_req_t* req, psm2_mq_status_t* status) {
-  if (req == nullptr) return PSM2_PARAM_ERR;
+  if (req == nullptr)
+    return Library::BadArgument("psm2_mq_improbe", "req is null");
   psm2_mq_tag_t t = Tag64(rtag);
   psm2_mq_tag_t sel = Selector64(rtagsel);
   return Probe(mq, nullptr, &t, &sel, req, status, FillStatus);
@@ -460,7 +503,9 @@ psm2_error_t psm2_mq_ipeek2(psm2_mq_t mq, psm2_mq_req_t* req,
 }
 
 psm2_error_t psm2_mq_ipeek_dequeue(psm2_mq_t mq, psm2_mq_req_t* req) {
-  if (mq == nullptr || req == nullptr) return PSM2_PARAM_ERR;
+  if (mq == nullptr || req == nullptr)
+    return Library::BadArgument("psm2_mq_ipeek_dequeue",
+                                "mq and req must not be null");
   psm2_ep_t ep = mq->ep;
   psmd::client::EndpointLock lock(&ep->mu);
   if (mq->done_head == nullptr) ep->Progress();
@@ -474,8 +519,10 @@ psm2_error_t psm2_mq_ipeek_dequeue(psm2_mq_t mq, psm2_mq_req_t* req) {
 psm2_error_t psm2_mq_ipeek_dequeue_multi(psm2_mq_t mq, void* status_array,
                                          psmi_mq_status_copy_user_t status_copy,
                                          int* count) {
-  if (mq == nullptr || status_copy == nullptr || count == nullptr)
-    return PSM2_PARAM_ERR;
+  if (mq == nullptr || status_copy == nullptr || count == nullptr) {
+    return Library::BadArgument("psm2_mq_ipeek_dequeue_multi",
+                                "mq, status_copy and count must not be null");
+  }
   psm2_ep_t ep = mq->ep;
   psmd::client::EndpointLock lock(&ep->mu);
   int wanted = *count;
@@ -486,6 +533,8 @@ psm2_error_t psm2_mq_ipeek_dequeue_multi(psm2_mq_t mq, void* status_array,
     int rc = status_copy(&r->user, status_array, stored);
     ep->FreeRequest(r);  // consumed whatever the callback said, as Intel's
     if (rc < 0) {
+      // The application's callback failed: its error, not the library's,
+      // so nothing to report; Intel's returns the same.
       *count = rc;
       return PSM2_INTERNAL_ERR;
     }
@@ -503,9 +552,13 @@ psm2_error_t psm2_mq_ipeek_dequeue_multi(psm2_mq_t mq, void* status_array,
 
 psm2_error_t psm2_mq_req_free(psm2_mq_t mq, psm2_mq_req_t req) {
   if (req == nullptr) return PSM2_OK;
-  if (mq == nullptr || req->mq != mq) return PSM2_PARAM_ERR;
+  if (mq == nullptr || req->mq != mq) {
+    return Library::BadArgument("psm2_mq_req_free",
+                                "mq is null or not the request's");
+  }
   psmd::client::EndpointLock lock(&mq->ep->mu);
   if (req->freed) {
+    lock.Unlock();  // a handler may close the endpoint
     return Library::Report(PSM2_PARAM_ERR,
                            "psm2_mq_req_free: the request was already freed");
   }
@@ -530,19 +583,21 @@ psm2_error_t psm2_mq_test(psm2_mq_req_t* request, psm2_mq_status_t* status) {
 }
 
 psm2_error_t psm2_mq_cancel(psm2_mq_req_t* request) {
-  if (request == nullptr) return PSM2_PARAM_ERR;
+  if (request == nullptr)
+    return Library::BadArgument("psm2_mq_cancel", "request is null");
   if (*request == PSM2_MQ_REQINVALID)
     return PSM2_MQ_NO_COMPLETIONS;  // as Intel's
   psm2_mq_req* r = *request;
   psm2_ep_t ep = r->mq->ep;
   psmd::client::EndpointLock lock(&ep->mu);
   if (r->kind != psm2_mq_req::Kind::kRecv) {
+    lock.Unlock();  // a handler may close the endpoint
     return Library::Report(PSM2_PARAM_ERR,
                            "psm2_mq_cancel: only receives can be cancelled");
   }
   if (r->state == State::kDeferred) {
     // Never reached psmd: take it out of the queue ourselves.
-    ep->publisher.Forget(r);
+    ep->publisher().Forget(r);
   } else if (r->state == State::kPosted) {
     psm2_mq_req* c = ep->NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
     psm2_error_t err = ep->RoundTrip(
@@ -551,7 +606,7 @@ psm2_error_t psm2_mq_cancel(psm2_mq_req_t* request) {
     if (err != PSM2_OK) return PSM2_MQ_NO_COMPLETIONS;  // matched meanwhile
     if (r->holds_credit) {  // psmd will never answer the receive now
       r->holds_credit = false;
-      ep->publisher.ReturnCredit();
+      ep->publisher().ReturnCredit();
     }
   } else {
     return PSM2_MQ_NO_COMPLETIONS;  // matched (or complete) already

@@ -137,8 +137,13 @@ psm2_error_t psm2_setopt(psm2_component_t component, const void* component_obj,
     case PSM2_COMPONENT_CORE:
       return CoreSetopt(component_obj, optname, optval, optlen);
     case PSM2_COMPONENT_MQ: {
-      if (component_obj == nullptr || optval == nullptr) return PSM2_PARAM_ERR;
-      if (optlen < sizeof(uint32_t)) return PSM2_PARAM_ERR;
+      if (component_obj == nullptr || optval == nullptr ||
+          optlen < sizeof(uint32_t)) {
+        return Library::BadArgument(
+            "psm2_setopt",
+            "PSM2_COMPONENT_MQ takes the mq and a uint32_t value (not null, "
+            "optlen at least 4)");
+      }
       auto* mq = static_cast<psm2_mq_t>(const_cast<void*>(component_obj));
       return psmd::client::SetMqOption(mq, optname,
                                        *static_cast<const uint32_t*>(optval));
@@ -161,9 +166,12 @@ psm2_error_t psm2_setopt(psm2_component_t component, const void* component_obj,
 psm2_error_t psm2_getopt(psm2_component_t component, const void* component_obj,
                          int optname, void* optval, uint64_t* optlen) {
   if (component == PSM2_COMPONENT_MQ) {
-    if (component_obj == nullptr || optval == nullptr || optlen == nullptr)
-      return PSM2_PARAM_ERR;
+    if (component_obj == nullptr || optval == nullptr || optlen == nullptr) {
+      return Library::BadArgument(
+          "psm2_getopt", "PSM2_COMPONENT_MQ takes the mq, optval and optlen");
+    }
     if (*optlen < sizeof(uint32_t)) {
+      // Not a failure to report: the caller learns the size it needs.
       *optlen = sizeof(uint32_t);
       return PSM2_NO_MEMORY;
     }

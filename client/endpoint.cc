@@ -36,9 +36,19 @@ std::string ProgramName() {
 
 }  // namespace
 
+psm2_ep::psm2_ep(Identity identity, shm::Mapping segment, shm::Mapping pool,
+                 int doorbell_fd, int liveness_fd)
+    : identity_(std::move(identity)),
+      segment_(std::move(segment)),
+      pool_(std::move(pool)),
+      doorbell_fd_(doorbell_fd),
+      liveness_fd_(liveness_fd) {
+  mq_.ep = this;
+}
+
 psm2_ep::~psm2_ep() {
-  if (doorbell_fd >= 0) close(doorbell_fd);
-  if (liveness_fd >= 0) close(liveness_fd);
+  if (doorbell_fd_ >= 0) close(doorbell_fd_);
+  if (liveness_fd_ >= 0) close(liveness_fd_);
 }
 
 Status psm2_ep::Open(psmd::client::ControlClient* control,
@@ -54,63 +64,65 @@ Status psm2_ep::Open(psmd::client::ControlClient* control,
     control->CloseEndpoint(reply.endpoint_id());
     return err;
   }
-  auto ep = std::make_unique<psm2_ep>();
-  ep->control = control;
-  ep->id = reply.endpoint_id();
-  ep->epid = reply.epid();
-  ep->daemon_version = reply.daemon_version();
-  std::memcpy(ep->uuid, uuid, sizeof(ep->uuid));
-  ep->doorbell_fd = fds.doorbell;
-  ep->liveness_fd = fds.liveness;
   std::string error;
+  shm::Mapping segment, pool;
   auto fail = [&](const std::string& what) {
-    if (ep->segment.fd() < 0 && fds.segment >= 0) close(fds.segment);
-    if (ep->pool.fd() < 0 && fds.pool >= 0) close(fds.pool);
-    control->CloseEndpoint(ep->id);
+    for (int fd : {fds.doorbell, fds.liveness}) {
+      if (fd >= 0) close(fd);
+    }
+    if (segment.fd() < 0 && fds.segment >= 0) close(fds.segment);
+    if (pool.fd() < 0 && fds.pool >= 0) close(fds.pool);
+    control->CloseEndpoint(reply.endpoint_id());
     return Status{PSM2_SHMEM_SEGMENT_ERR, "psm2_ep_open: " + what};
   };
-  if (!shm::Mapping::Attach(fds.segment, reply.segment_bytes(), &ep->segment,
+  if (!shm::Mapping::Attach(fds.segment, reply.segment_bytes(), &segment,
                             &error)) {
     return fail("endpoint segment: " + error);
   }
-  if (!shm::Mapping::Attach(fds.pool, reply.pool_bytes(), &ep->pool, &error)) {
+  if (!shm::Mapping::Attach(fds.pool, reply.pool_bytes(), &pool, &error)) {
     return fail("job pool: " + error);
   }
-  // Not shared yet; locked all the same, so that every write of a guarded
-  // field is seen under the mutex.
-  psmd::client::EndpointLock lock(&ep->mu);
   shm::SegmentParams params;
-  if (!shm::ReadSegmentHeader(ep->segment.base(), reply.segment_bytes(),
+  if (!shm::ReadSegmentHeader(segment.base(), reply.segment_bytes(),
                               reply.pool_bytes(), &params, &error)) {
     return fail(error);
   }
-  shm::ClientRings rings =
-      shm::ClientRingsOf(ep->segment.base(), params.geometry);
-  ep->UseRings(rings,
-               shm::SendArena(ep->pool.base(), params.region_offset,
+  Identity identity;
+  identity.control = control;
+  identity.id = reply.endpoint_id();
+  identity.epid = reply.epid();
+  identity.daemon_version = reply.daemon_version();
+  std::memcpy(identity.uuid, uuid, sizeof(identity.uuid));
+  identity.max_unexpected_budget = params.max_unexpected_budget;
+  auto ep =
+      std::make_unique<psm2_ep>(std::move(identity), std::move(segment),
+                                std::move(pool), fds.doorbell, fds.liveness);
+  // Not shared yet; locked all the same, so that every write of a guarded
+  // field is seen under the mutex.
+  psmd::client::EndpointLock lock(&ep->mu);
+  ep->UseRings(shm::ClientRingsOf(ep->segment_.base(), params.geometry),
+               shm::SendArena(ep->pool_.base(), params.region_offset,
                               params.region_bytes),
                params.geometry.cq_capacity);
-  ep->mq.ep = ep.get();
-  ep->mq.max_sysbuf_mbytes =
+  ep->mq_.max_sysbuf_mbytes =
       static_cast<uint32_t>(params.unexpected_budget >> 20);
-  ep->max_unexpected_budget = params.max_unexpected_budget;
   *out = std::move(ep);
   return {};
 }
 
 void psm2_ep::UseRings(const shm::ClientRings& rings,
                        const shm::SendArena& arena, uint32_t credits) {
-  ctl = rings.control;
-  cq = rings.cq;
-  publisher = psmd::client::Publisher(
-      rings, pool.base(), arena, credits, doorbell_fd,
+  ctl_ = rings.control;
+  cq_ = rings.cq;
+  publisher_ = psmd::client::Publisher(
+      rings, pool_.base(), arena, credits, doorbell_fd_,
       [this](Deferred& d) PSMD_NO_THREAD_SAFETY_ANALYSIS {
         Published(d);  // called from inside publisher's methods: mu is held
       });
 }
 
 psm2_epaddr_t psm2_ep::EpaddrFor(psm2_epid_t peer_epid) {
-  auto& slot = epaddrs[peer_epid];
+  auto& slot = epaddrs_[peer_epid];
   if (!slot) {
     slot = std::make_unique<psm2_epaddr>();
     slot->ep = this;
@@ -122,10 +134,10 @@ psm2_epaddr_t psm2_ep::EpaddrFor(psm2_epid_t peer_epid) {
 }
 
 psm2_mq_req* psm2_ep::NewRequest(psm2_mq_req::Kind kind, void* context) {
-  psm2_mq_req* r = requests.New();
+  psm2_mq_req* r = requests_.New();
   r->kind = kind;
   r->state = psm2_mq_req::State::kDeferred;
-  r->mq = &mq;
+  r->mq = &mq_;
   r->user.context = context;
   r->user.error_code = PSM2_OK;
   return r;
@@ -133,17 +145,17 @@ psm2_mq_req* psm2_ep::NewRequest(psm2_mq_req::Kind kind, void* context) {
 
 psm2_mq_req* psm2_ep::CopyForSelf(const void* buf, uint32_t len,
                                   const psm2_mq_req* send) {
-  if (self_copy_bytes + len > (uint64_t{mq.max_sysbuf_mbytes} << 20))
+  if (self_copy_bytes_ + len > (uint64_t{mq_.max_sysbuf_mbytes} << 20))
     return nullptr;
   psm2_mq_req* r = NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
   r->free_when_done = true;
-  std::vector<uint8_t>& copy = self_copies[r->index];
+  std::vector<uint8_t>& copy = self_copies_[r->index];
   copy.assign(static_cast<const uint8_t*>(buf),
               static_cast<const uint8_t*>(buf) + len);
   r->has_self_copy = true;
   r->send_buf = copy.data();
   r->self_copy_of = psmd::client::TokenOf(send);
-  self_copy_bytes += len;
+  self_copy_bytes_ += len;
   return r;
 }
 
@@ -151,12 +163,12 @@ void psm2_ep::FreeRequest(psm2_mq_req* req) {
   RemoveFromDoneList(req);
   TakeClaimedPayload(req);  // never received: released here
   if (req->has_self_copy) {
-    auto copy = self_copies.find(req->index);
-    self_copy_bytes -= copy->second.size();
-    self_copies.erase(copy);
+    auto copy = self_copies_.find(req->index);
+    self_copy_bytes_ -= copy->second.size();
+    self_copies_.erase(copy);
     req->has_self_copy = false;
   }
-  requests.Free(req);
+  requests_.Free(req);
 }
 
 void psm2_ep::MarkComplete(psm2_mq_req* req) {
@@ -170,13 +182,13 @@ void psm2_ep::MarkComplete(psm2_mq_req* req) {
   if (req->self_send && !req->self_matched) return;  // invariant 4
   req->on_done_list = true;
   req->next_done = nullptr;
-  req->prev_done = mq.done_tail;
-  if (mq.done_tail) {
-    mq.done_tail->next_done = req;
+  req->prev_done = mq_.done_tail;
+  if (mq_.done_tail) {
+    mq_.done_tail->next_done = req;
   } else {
-    mq.done_head = req;
+    mq_.done_head = req;
   }
-  mq.done_tail = req;
+  mq_.done_tail = req;
 }
 
 void psm2_ep::SelfSendMatched(psm2_mq_req* req) {
@@ -192,12 +204,12 @@ void psm2_ep::RemoveFromDoneList(psm2_mq_req* req) {
   if (req->prev_done) {
     req->prev_done->next_done = req->next_done;
   } else {
-    mq.done_head = req->next_done;
+    mq_.done_head = req->next_done;
   }
   if (req->next_done) {
     req->next_done->prev_done = req->prev_done;
   } else {
-    mq.done_tail = req->prev_done;
+    mq_.done_tail = req->prev_done;
   }
   req->on_done_list = false;
   req->next_done = req->prev_done = nullptr;
@@ -205,7 +217,7 @@ void psm2_ep::RemoveFromDoneList(psm2_mq_req* req) {
 
 psm2_error_t psm2_ep::RoundTrip(psm2_mq_req* req,
                                 const shm::SubmissionDesc& desc) {
-  publisher.Submit(req, desc, nullptr);
+  publisher_.Submit(req, desc, nullptr);
   WaitUntil([req] { return req->state == psm2_mq_req::State::kComplete; });
   return static_cast<psm2_error_t>(req->user.error_code);
 }
@@ -237,13 +249,13 @@ bool psm2_ep::Progress() {
   bool did = false;
   shm::CompletionDesc batch[kReapBatch];
   size_t n;
-  while ((n = cq.PopBatch(batch, kReapBatch)) > 0) {
+  while ((n = cq_.PopBatch(batch, kReapBatch)) > 0) {
     for (size_t i = 0; i < n; i++) HandleCompletion(batch[i]);
     did = true;
   }
-  if (did && shm::DaemonWantsCqSpace(ctl->doorbells)) publisher.NoteWork();
-  if (!publisher.idle()) did |= publisher.Flush();
-  publisher.RingDoorbell();
+  if (did && shm::DaemonWantsCqSpace(ctl_->doorbells)) publisher_.NoteWork();
+  if (!publisher_.idle()) did |= publisher_.Flush();
+  publisher_.RingDoorbell();
   in_progress_ = false;
   return did;
 }
@@ -251,7 +263,7 @@ bool psm2_ep::Progress() {
 void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
   using State = psm2_mq_req::State;
   // Released when this returns, unless a request keeps it (a claim).
-  shm::PoolPayload payload = shm::PayloadOf(pool.base(), c);
+  shm::PoolPayload payload = shm::PayloadOf(pool_.base(), c);
   switch (c.op) {  // active messages carry the sender's token, not ours
     case shm::CompleteOp::kAmRequest:
     case shm::CompleteOp::kAmReply:
@@ -263,7 +275,7 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
     default:
       break;
   }
-  psm2_mq_req* req = requests.Lookup(c.req);
+  psm2_mq_req* req = requests_.Lookup(c.req);
   if (req != nullptr && req->self_send && c.op == shm::CompleteOp::kSendDone) {
     SelfSendMatched(req);
     return;
@@ -285,7 +297,7 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
   }
   if (req->holds_credit && !chunk) {
     req->holds_credit = false;
-    publisher.ReturnCredit();
+    publisher_.ReturnCredit();
   }
   switch (c.op) {
     case shm::CompleteOp::kRecvDone:
@@ -321,7 +333,7 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
       req->user.error_code = static_cast<uint32_t>(c.error);
       break;
     case shm::CompleteOp::kError:
-      if (req->state == State::kStreaming) publisher.Forget(req);
+      if (req->state == State::kStreaming) publisher_.Forget(req);
       req->user.error_code = static_cast<uint32_t>(c.error);
       break;
     default:
@@ -333,60 +345,22 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
 
 void psm2_ep::RunAmHandler(const shm::CompletionDesc& c,
                            const shm::PoolPayload& payload) {
-  const bool request = c.op == shm::CompleteOp::kAmRequest;
-  const uint32_t index = c.tag[0], nargs = c.tag[1];
-  const bool inline_payload = !payload;
-  const uint8_t* blob = inline_payload ? c.body.inline_data : payload.data();
-  // psmd checked index, nargs and lengths against the limits.
-  psm2_amarg_t args[shm::kAmMaxArgs];
-  std::memcpy(args, blob, nargs * shm::kAmArgBytes);
-  uint32_t len = c.msg_len - nargs * shm::kAmArgBytes;
-  uint8_t inline_copy[shm::kInlineMax];
-  void* src = nullptr;
-  if (len > 0) {
-    if (inline_payload) {
-      std::memcpy(inline_copy, blob + nargs * shm::kAmArgBytes, len);
-      src = inline_copy;
-    } else {
-      src = const_cast<uint8_t*>(blob) + nargs * shm::kAmArgBytes;
-    }
-  }
-  const psmd::client::AmHandler* h =
-      index < am_handlers.size() &&
-              (am_handlers[index].fn || am_handlers[index].fn2)
-          ? &am_handlers[index]
-          : nullptr;
-  if (h == nullptr) {
-    fprintf(stderr,
-            "libpsmclient: endpoint %u: active %s for handler %u from epid "
-            "0x%llx dropped: no "
-            "such handler is registered (psm2_am_register_handlers)\n",
-            id, request ? "request" : "reply", index,
-            static_cast<unsigned long long>(c.src_epid));
-    if (request) SendAmAck(c, PSM2_PARAM_ERR);  // the requester learns of it
-  } else {
-    psmd::client::AmToken token{this,
-                                c.tag[2],
-                                c.src_epid,
-                                request,
-                                (c.flags & shm::kAmRequestNoReply) != 0,
-                                false};
-    if (h->fn2 != nullptr) {
-      h->fn2(&token, args, static_cast<int>(nargs), src, len, h->hctx);
-    } else {
-      h->fn(&token, args, static_cast<int>(nargs), src, len);
-    }
-    if (c.flags & shm::kAmRequestWantsAck) SendAmAck(c, PSM2_OK);
+  const psm2_error_t ran = am_.Deliver(this, identity_.id, c, payload);
+  // A sender waiting for the handler learns whether it ran; a request's
+  // sender learns that it did not even when not waiting.
+  if ((c.flags & shm::kAmRequestWantsAck) ||
+      (ran != PSM2_OK && c.op == shm::CompleteOp::kAmRequest)) {
+    SendAmAck(c, ran);
   }
 }
 
 void psm2_ep::SendAmAck(const shm::CompletionDesc& c, psm2_error_t error) {
-  publisher.Submit(nullptr, shm::PrepAmAck(c.tag[2], c.req, c.tag[0], error),
-                   nullptr);
+  publisher_.Submit(nullptr, shm::PrepAmAck(c.tag[2], c.req, c.tag[0], error),
+                    nullptr);
 }
 
 void psm2_ep::AmAcknowledged(const shm::CompletionDesc& c) {
-  psm2_mq_req* req = requests.Lookup(c.req);
+  psm2_mq_req* req = requests_.Lookup(c.req);
   bool ours = req != nullptr && req->kind == psm2_mq_req::Kind::kAm &&
               req->state == psm2_mq_req::State::kPosted;
   if (c.error != PSM2_OK) {
@@ -399,7 +373,7 @@ void psm2_ep::AmAcknowledged(const shm::CompletionDesc& c) {
   if (!ours) return;  // sent without a completion function
   if (req->holds_credit) {
     req->holds_credit = false;
-    publisher.ReturnCredit();
+    publisher_.ReturnCredit();
   }
   psm2_am_completion_fn_t done = req->am_done;
   void* context = req->am_done_context;
@@ -461,7 +435,7 @@ shm::PoolPayload psm2_ep::TakeClaimedPayload(psm2_mq_req* req) {
   const bool pooled = req->claimed.present && !req->claimed.is_inline;
   req->claimed.present = false;
   if (!pooled) return {};
-  return shm::PoolPayload(pool.base(), req->claimed.pool_offset);
+  return shm::PoolPayload(pool_.base(), req->claimed.pool_offset);
 }
 
 void psm2_ep::ReceiveChunk(psm2_mq_req* req, const shm::CompletionDesc& c,
@@ -490,7 +464,7 @@ void psm2_ep::CountReceive(const psm2_mq_req* req, bool rendezvous) {
   // matched one, and any rendezvous one (its data lands in the user's buffer
   // directly), as rx_user. Unlike Intel's, counted when the receive
   // completes, and rx_shm_num counts every message (all of psmd is on-node).
-  psm2_mq_stats_t& s = mq.stats;
+  psm2_mq_stats_t& s = mq_.stats;
   uint64_t bytes = req->user.recv_msglen;
   s.rx_shm_num++;
   if (req->was_unexpected && !rendezvous) {
@@ -507,7 +481,7 @@ void psm2_ep::CountReceive(const psm2_mq_req* req, bool rendezvous) {
 void psm2_ep::StartStreaming(psm2_mq_req* req, const shm::CompletionDesc& c) {
   if (req->has_self_copy) {  // the receive matched our copy: the send is
                              // matched
-    if (psm2_mq_req* send = requests.Lookup(req->self_copy_of)) {
+    if (psm2_mq_req* send = requests_.Lookup(req->self_copy_of)) {
       if (send->self_send) SelfSendMatched(send);
     }
   }
@@ -533,20 +507,20 @@ void psm2_ep::StartStreaming(psm2_mq_req* req, const shm::CompletionDesc& c) {
        off += psmd::client::kRndvChunkBytes) {
     const auto len = static_cast<uint32_t>(std::min<uint64_t>(
         psmd::client::kRndvChunkBytes, req->send_bytes - off));
-    publisher.Enqueue(Deferred{
+    publisher_.Enqueue(Deferred{
         req,
         shm::PrepRndvData(psmd::client::TokenOf(req), req->transfer, off, len),
         req->send_buf + off});
   }
-  publisher.Flush();
+  publisher_.Flush();
 }
 
 void psm2_ep::SleepForCompletions() {
-  shm::Doorbells& bells = ctl->doorbells;
+  shm::Doorbells& bells = ctl_->doorbells;
   uint32_t seen = shm::ClientPrepareToSleep(bells);
-  if (cq.Available() == 0) {
+  if (cq_.Available() == 0) {
     // Read before unlocking: other threads may submit meanwhile.
-    const bool blocked = !publisher.idle();
+    const bool blocked = !publisher_.idle();
     mu.Unlock();  // let other application threads use the endpoint meanwhile
     shm::FutexWait(&bells.cq_futex, seen,
                    blocked ? kDeferredSliceNs : kSleepSliceNs);
@@ -554,22 +528,22 @@ void psm2_ep::SleepForCompletions() {
   }
   shm::ClientAwake(bells);
   // The attach connection hangs up when the daemon dies or closes us.
-  pollfd p{liveness_fd, POLLIN | POLLRDHUP, 0};
-  if (!daemon_lost && poll(&p, 1, 0) > 0) {
-    daemon_lost = true;
+  pollfd p{liveness_fd_, POLLIN | POLLRDHUP, 0};
+  if (!daemon_lost_ && poll(&p, 1, 0) > 0) {
+    daemon_lost_ = true;
     fprintf(
         stderr,
         "libpsmclient: endpoint %u: lost psmd (%s); pending requests fail\n",
-        id, control->socket_path().c_str());
+        identity_.id, identity_.control->socket_path().c_str());
     FailAllPending(PSM2_EP_WAS_CLOSED);
   }
 }
 
 void psm2_ep::FailAllPending(psm2_error_t error) {
-  requests.ForEach([&](psm2_mq_req* r) PSMD_REQUIRES(mu) {
+  requests_.ForEach([&](psm2_mq_req* r) PSMD_REQUIRES(mu) {
     if (r->state == psm2_mq_req::State::kComplete) return;  // or free
     r->user.error_code = error;
     MarkComplete(r);
   });
-  publisher.Stop();
+  publisher_.Stop();
 }

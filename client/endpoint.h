@@ -43,6 +43,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "client/am_dispatcher.h"
 #include "client/control_client.h"
 #include "client/mutex.h"
 #include "client/publisher.h"
@@ -164,28 +165,23 @@ inline uint64_t TokenOf(const psm2_mq_req* r) {
   return (uint64_t{r->generation} << 32) | r->index;
 }
 
-// A registered active-message handler (one of the two signatures).
-struct AmHandler {
-  psm2_am_handler_fn_t fn = nullptr;
-  psm2_am_handler_2_fn_t fn2 = nullptr;
-  void* hctx = nullptr;
-};
-
-// What a psm2_am_token_t points to: the message being handled. Lives on the
-// stack of the dispatching call, valid only during the handler.
-struct AmToken {
-  psm2_ep_t ep;
-  uint32_t src_endpoint;  // psmd endpoint id of the sender (replies go there)
-  psm2_epid_t src_epid;
-  bool is_request;
-  bool no_reply;
-  bool replied;
-};
-
 }  // namespace psmd::client
 
 struct psm2_ep {
-  psm2_ep() = default;
+  // Who the endpoint is: set by Open, then constant.
+  struct Identity {
+    psmd::client::ControlClient* control = nullptr;
+    uint32_t id = 0;  // psmd's endpoint id
+    psm2_epid_t epid = 0;
+    psm2_uuid_t uuid{};
+    std::string daemon_version;          // as psmd reported it (PSM2_IDENTIFY)
+    uint64_t max_unexpected_budget = 0;  // from the segment header
+  };
+
+  // Takes over the attached segment and pool and the two descriptors; wire
+  // it to its rings with UseRings before use.
+  psm2_ep(Identity identity, psmd::shm::Mapping segment,
+          psmd::shm::Mapping pool, int doorbell_fd, int liveness_fd);
   ~psm2_ep();
   psm2_ep(const psm2_ep&) = delete;
   psm2_ep& operator=(const psm2_ep&) = delete;
@@ -197,40 +193,35 @@ struct psm2_ep {
 
   // Recursive: AM handlers call PSM2 from inside progress (client/mutex.h).
   psmd::client::EndpointMutex mu;
-  // Set by Open, then constant.
-  psmd::client::ControlClient* control = nullptr;
-  uint32_t id = 0;
-  psm2_epid_t epid = 0;
-  psm2_uuid_t uuid{};
-  std::string daemon_version;  // as psmd reported it (PSM2_IDENTIFY)
-  psmd::shm::Mapping segment;
-  psmd::shm::Mapping pool;
-  int doorbell_fd = -1;
-  int liveness_fd = -1;
-  psmd::shm::SegmentControl* ctl = nullptr;
-  uint64_t max_unexpected_budget = 0;  // from the segment header
 
-  psmd::shm::RingConsumer<psmd::shm::CompletionDesc> cq PSMD_GUARDED_BY(mu);
-  // The submission rings, what waits for them, credits, the send arena.
-  psmd::client::Publisher publisher PSMD_GUARDED_BY(mu);
-  bool daemon_lost PSMD_GUARDED_BY(mu) = false;
-  // Payload copies of rendezvous sends to ourselves, by the index of the
-  // request that carries each, and their bytes; kept within the MQ's
-  // unexpected budget (PSM2_MQ_MAX_SYSBUF_MBYTES).
-  std::unordered_map<uint32_t, std::vector<uint8_t>> self_copies
-      PSMD_GUARDED_BY(mu);
-  uint64_t self_copy_bytes PSMD_GUARDED_BY(mu) = 0;
-
-  psm2_mq mq PSMD_GUARDED_BY(mu);  // the endpoint's one matched queue
-
-  std::unordered_map<psm2_epid_t, std::unique_ptr<psm2_epaddr>> epaddrs
-      PSMD_GUARDED_BY(mu);
-  psmd::client::RequestTable requests PSMD_GUARDED_BY(mu);
-  std::vector<psmd::client::AmHandler> am_handlers
-      PSMD_GUARDED_BY(mu);  // by index
+  psmd::client::ControlClient* control() const { return identity_.control; }
+  uint32_t id() const { return identity_.id; }
+  psm2_epid_t epid() const { return identity_.epid; }
+  const uint8_t* uuid() const { return identity_.uuid; }
+  const std::string& daemon_version() const { return identity_.daemon_version; }
+  uint64_t max_unexpected_budget() const {
+    return identity_.max_unexpected_budget;
+  }
+  uint8_t* pool_base() const { return pool_.base(); }
+  // What the segment shares with psmd; tests/programs/garbage_client writes
+  // them raw, as a hostile client would.
+  int doorbell_fd() const { return doorbell_fd_; }
+  psmd::shm::SegmentControl* segment_control() const { return ctl_; }
+  // The endpoint's one matched queue, as the handle psm2_mq_init returns
+  // (its address never changes; what it points to is guarded by mu).
+  psm2_mq_t mq_handle() { return &mq_; }
 
   // --- everything below requires `mu` held (PSMD_REQUIRES: checked by clang)
   // ---
+
+  psm2_mq& mq() PSMD_REQUIRES(mu) { return mq_; }
+  // The submission rings, what waits for them, credits, the send arena.
+  psmd::client::Publisher& publisher() PSMD_REQUIRES(mu) { return publisher_; }
+  psmd::client::RequestTable& requests() PSMD_REQUIRES(mu) { return requests_; }
+  psmd::client::AmDispatcher& am() PSMD_REQUIRES(mu) { return am_; }
+  // psmd went away (its liveness descriptor hung up): every call fails with
+  // PSM2_EP_WAS_CLOSED.
+  bool daemon_lost() const PSMD_REQUIRES(mu) { return daemon_lost_; }
   // Wires the endpoint to a segment's rings (`ctl`, `cq`, the publisher);
   // `segment`, `pool` and `doorbell_fd` are set.
   void UseRings(const psmd::shm::ClientRings& rings,
@@ -303,8 +294,30 @@ struct psm2_ep {
   psm2_mq_req* Lookup(uint64_t token) PSMD_REQUIRES(mu);
   void SleepForCompletions() PSMD_REQUIRES(mu);
   void FailAllPending(psm2_error_t error) PSMD_REQUIRES(mu);
-  bool in_progress_ PSMD_GUARDED_BY(mu) =
-      false;  // Progress is running (a handler called back in)
+
+  const Identity identity_;
+  psmd::shm::Mapping segment_;
+  psmd::shm::Mapping pool_;
+  const int doorbell_fd_;
+  const int liveness_fd_;
+  psmd::shm::SegmentControl* ctl_ = nullptr;  // set by UseRings
+
+  psmd::shm::RingConsumer<psmd::shm::CompletionDesc> cq_ PSMD_GUARDED_BY(mu);
+  psmd::client::Publisher publisher_ PSMD_GUARDED_BY(mu);
+  bool daemon_lost_ PSMD_GUARDED_BY(mu) = false;
+  // Payload copies of rendezvous sends to ourselves, by the index of the
+  // request that carries each, and their bytes; kept within the MQ's
+  // unexpected budget (PSM2_MQ_MAX_SYSBUF_MBYTES).
+  std::unordered_map<uint32_t, std::vector<uint8_t>> self_copies_
+      PSMD_GUARDED_BY(mu);
+  uint64_t self_copy_bytes_ PSMD_GUARDED_BY(mu) = 0;
+  psm2_mq mq_ PSMD_GUARDED_BY(mu);
+  std::unordered_map<psm2_epid_t, std::unique_ptr<psm2_epaddr>> epaddrs_
+      PSMD_GUARDED_BY(mu);
+  psmd::client::RequestTable requests_ PSMD_GUARDED_BY(mu);
+  psmd::client::AmDispatcher am_ PSMD_GUARDED_BY(mu);
+  // Progress is running (a handler called back in).
+  bool in_progress_ PSMD_GUARDED_BY(mu) = false;
 };
 
 template <typename Done>

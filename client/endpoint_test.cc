@@ -25,41 +25,44 @@ class EndpointTest : public ::testing::Test {
   void SetUp() override {
     std::string error;
     geometry_ = shm::ComputeGeometry(kRing, kRing);
+    shm::Mapping segment, pool;
     ASSERT_TRUE(shm::Mapping::Create("test-seg", geometry_.bytes, geteuid(),
-                                     getegid(), &ep_.segment, &error));
+                                     getegid(), &segment, &error));
     ASSERT_TRUE(shm::Mapping::Create("test-pool", 2 * kRegionBytes, geteuid(),
-                                     getegid(), &ep_.pool, &error));
-    EndpointLock lock(&ep_.mu);
-    shm::ClientRings rings = shm::ClientRingsOf(ep_.segment.base(), geometry_);
-    ep_.UseRings(rings, shm::SendArena(ep_.pool.base(), 0, kRegionBytes),
-                 kRing);
-    ep_.mq.ep = &ep_;
-    daemon_ = shm::DaemonRingsOf(ep_.segment.base(), geometry_);
+                                     getegid(), &pool, &error));
+    uint8_t* segment_base = segment.base();
+    ep_ = std::make_unique<psm2_ep>(psm2_ep::Identity{}, std::move(segment),
+                                    std::move(pool), -1, -1);
+    EndpointLock lock(&ep_->mu);
+    shm::ClientRings rings = shm::ClientRingsOf(segment_base, geometry_);
+    ep_->UseRings(rings, shm::SendArena(ep_->pool_base(), 0, kRegionBytes),
+                  kRing);
+    daemon_ = shm::DaemonRingsOf(segment_base, geometry_);
     // A peer's send region, where "its" payloads are.
-    peer_arena_ = shm::SendArena(ep_.pool.base(), kRegionBytes, kRegionBytes);
+    peer_arena_ = shm::SendArena(ep_->pool_base(), kRegionBytes, kRegionBytes);
   }
 
   // A payload in the peer's region, as a sender would have put it.
   uint64_t PeerPayload(const std::string& bytes) {
     auto off = peer_arena_.Allocate(static_cast<uint32_t>(bytes.size()));
     EXPECT_TRUE(off.has_value());
-    std::memcpy(ep_.pool.base() + *off, bytes.data(), bytes.size());
+    std::memcpy(ep_->pool_base() + *off, bytes.data(), bytes.size());
     return *off;
   }
 
   bool Released(uint64_t off) {
-    return shm::ChunkOf(ep_.pool.base(), off)->state.load() ==
+    return shm::ChunkOf(ep_->pool_base(), off)->state.load() ==
            shm::kChunkReleased;
   }
 
   // Posts a receive of `capacity` bytes into buf_.
   psm2_mq_req* PostRecv(uint32_t capacity) {
-    EndpointLock lock(&ep_.mu);
-    psm2_mq_req* r = ep_.NewRequest(psm2_mq_req::Kind::kRecv, nullptr);
+    EndpointLock lock(&ep_->mu);
+    psm2_mq_req* r = ep_->NewRequest(psm2_mq_req::Kind::kRecv, nullptr);
     r->user.buf = buf_;
     r->user.buf_len = capacity;
     const uint32_t tag[3] = {1, 0, 0}, sel[3] = {~0u, ~0u, ~0u};
-    ep_.publisher.Submit(
+    ep_->publisher().Submit(
         r, shm::PrepRecv(shm::kAnySlot, TokenOf(r), tag, sel, capacity),
         nullptr);
     return r;
@@ -68,8 +71,8 @@ class EndpointTest : public ::testing::Test {
   // psmd's part: publish a completion, then let the library progress.
   void Complete(const shm::CompletionDesc& c) {
     ASSERT_TRUE(daemon_.cq.TryPush(c));
-    EndpointLock lock(&ep_.mu);
-    ep_.Progress();
+    EndpointLock lock(&ep_->mu);
+    ep_->Progress();
   }
 
   static shm::CompletionDesc RecvDone(uint64_t req, uint64_t off,
@@ -83,7 +86,7 @@ class EndpointTest : public ::testing::Test {
     return c;
   }
 
-  psm2_ep ep_;
+  std::unique_ptr<psm2_ep> ep_;
   shm::SegmentGeometry geometry_{};
   shm::DaemonRings daemon_;
   shm::SendArena peer_arena_;
@@ -99,7 +102,7 @@ TEST_F(EndpointTest, AnEagerPayloadIsCopiedReleasedAndTheReceiveCompletes) {
   EXPECT_TRUE(Released(off));
   EXPECT_EQ(r->state, psm2_mq_req::State::kComplete);
   EXPECT_EQ(r->user.recv_msglen, 300u);
-  EXPECT_EQ(ep_.mq.done_head, r);  // on the ipeek list
+  EXPECT_EQ(ep_->mq().done_head, r);  // on the ipeek list
 }
 
 TEST_F(EndpointTest, ATruncatedMessageFillsTheBufferAndSaysSo) {
@@ -120,7 +123,7 @@ TEST_F(EndpointTest, AStaleTokenOnlyGivesThePayloadBack) {
   Complete(c);
   EXPECT_TRUE(Released(off));
   EXPECT_NE(r->state, psm2_mq_req::State::kComplete);
-  EXPECT_EQ(ep_.mq.done_head, nullptr);
+  EXPECT_EQ(ep_->mq().done_head, nullptr);
 }
 
 TEST_F(EndpointTest, AnOutOfOrderRendezvousChunkFailsTheReceive) {
@@ -147,10 +150,10 @@ TEST_F(EndpointTest, AnOutOfOrderRendezvousChunkFailsTheReceive) {
 TEST_F(EndpointTest, AClaimedPayloadNobodyReceivesIsReleasedWithItsRequest) {
   psm2_mq_req* r;
   {
-    EndpointLock lock(&ep_.mu);
-    r = ep_.NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
+    EndpointLock lock(&ep_->mu);
+    r = ep_->NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
     const uint32_t tag[3] = {1, 0, 0}, sel[3] = {~0u, ~0u, ~0u};
-    ep_.publisher.Submit(
+    ep_->publisher().Submit(
         r, shm::PrepProbe(shm::kAnySlot, TokenOf(r), tag, sel, true), nullptr);
   }
   uint64_t off = PeerPayload(std::string(500, 'k'));
@@ -161,19 +164,19 @@ TEST_F(EndpointTest, AClaimedPayloadNobodyReceivesIsReleasedWithItsRequest) {
   EXPECT_FALSE(Released(off));  // the request holds it for psm2_mq_imrecv
   EXPECT_TRUE(r->claimed.present);
   {
-    EndpointLock lock(&ep_.mu);
-    ep_.FreeRequest(r);
+    EndpointLock lock(&ep_->mu);
+    ep_->FreeRequest(r);
   }
   EXPECT_TRUE(Released(off));
 }
 
 TEST_F(EndpointTest, FreeingARequestTwiceNeverHandsItsSlotOutTwice) {
-  EndpointLock lock(&ep_.mu);
-  psm2_mq_req* r = ep_.NewRequest(psm2_mq_req::Kind::kRecv, nullptr);
-  ep_.FreeRequest(r);
-  ep_.FreeRequest(r);  // e.g. a wait on a handle already waited on
-  psm2_mq_req* a = ep_.NewRequest(psm2_mq_req::Kind::kRecv, nullptr);
-  psm2_mq_req* b = ep_.NewRequest(psm2_mq_req::Kind::kRecv, nullptr);
+  EndpointLock lock(&ep_->mu);
+  psm2_mq_req* r = ep_->NewRequest(psm2_mq_req::Kind::kRecv, nullptr);
+  ep_->FreeRequest(r);
+  ep_->FreeRequest(r);  // e.g. a wait on a handle already waited on
+  psm2_mq_req* a = ep_->NewRequest(psm2_mq_req::Kind::kRecv, nullptr);
+  psm2_mq_req* b = ep_->NewRequest(psm2_mq_req::Kind::kRecv, nullptr);
   EXPECT_NE(a, b);
   EXPECT_FALSE(a->freed);
 }

@@ -91,6 +91,14 @@ psm2_error_t Library::Report(psm2_ep_t ep, psm2_error_t code,
   return handler(ep, code, token.message, &token);
 }
 
+psm2_error_t Library::DaemonGone(psm2_ep_t ep, const char* function) {
+  return Report(ep, PSM2_EP_WAS_CLOSED,
+                std::string(function) + ": endpoint " +
+                    std::to_string(ep->id()) + " lost psmd (" +
+                    ep->control()->socket_path() +
+                    "); close it and open a new one once psmd is back");
+}
+
 psm2_error_t Library::RequireInit(const char* function) {
   bool was_finalized;
   {

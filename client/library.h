@@ -50,6 +50,17 @@ struct Library {
   static psm2_error_t Report(psm2_error_t code, const std::string& message);
   static psm2_error_t Report(psm2_ep_t ep, psm2_error_t code,
                              const std::string& message);
+  // PSM2_PARAM_ERR on behalf of `function`; `what` says which argument is
+  // wrong and what it must be.
+  static psm2_error_t BadArgument(const char* function,
+                                  const std::string& what) {
+    return Report(PSM2_PARAM_ERR, std::string(function) + ": " + what);
+  }
+  // PSM2_EP_WAS_CLOSED on behalf of `function`: ep's psmd went away.
+  static psm2_error_t DaemonGone(psm2_ep_t ep, const char* function);
+  static psm2_error_t Report(psm2_ep_t ep, const Status& status) {
+    return Report(ep, status.code, status.message);
+  }
 
   // PSM2_OK while psm2_init is in effect; otherwise reports
   // PSM2_INIT_NOT_INIT on behalf of `function`.

@@ -13,15 +13,18 @@ namespace {
 psm2_error_t SetBudget(psm2_mq_t mq, uint64_t mbytes) {
   psm2_ep_t ep = mq->ep;
   uint64_t bytes = mbytes << 20;
-  if (mbytes == 0 || bytes > ep->max_unexpected_budget) {
+  if (mbytes == 0 || bytes > ep->max_unexpected_budget()) {
     return Library::Report(
         PSM2_PARAM_ERR, "PSM2_MQ_MAX_SYSBUF_MBYTES " + std::to_string(mbytes) +
                             " is outside 1.." +
-                            std::to_string(ep->max_unexpected_budget >> 20) +
+                            std::to_string(ep->max_unexpected_budget() >> 20) +
                             " (psmd --max-unexpected-mib)");
   }
   psmd::client::EndpointLock lock(&ep->mu);
-  if (ep->daemon_lost) return PSM2_EP_WAS_CLOSED;
+  if (ep->daemon_lost()) {
+    lock.Unlock();
+    return Library::DaemonGone(ep, "psm2_mq_setopt");
+  }
   psm2_mq_req* r = ep->NewRequest(psm2_mq_req::Kind::kInternal, nullptr);
   psm2_error_t err = ep->RoundTrip(
       r, shm::PrepSetOption(TokenOf(r),
@@ -78,7 +81,11 @@ psm2_error_t GetMqOption(psm2_mq_t mq, int option, uint32_t* value) {
 }
 
 psm2_error_t SetMqOption(psm2_mq_t mq, int option, uint64_t value) {
-  if (value > UINT32_MAX) return PSM2_PARAM_ERR;
+  if (value > UINT32_MAX) {
+    return Library::BadArgument("psm2_mq_setopt",
+                                "value " + std::to_string(value) +
+                                    " does not fit the option's 32 bits");
+  }
   switch (option) {
     case PSM2_MQ_RNDV_SHM_SZ: {
       psmd::client::EndpointLock lock(&mq->ep->mu);

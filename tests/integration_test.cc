@@ -558,7 +558,9 @@ TEST_F(IntegrationTest,
       args(0), d.ClientEnv(), dir_.path() + "/r0.out", dir_.path() + "/r0.err");
   long long peak = baseline;
   int receiver_exit = -1;
-  for (int i = 0; i < 1200 && receiver_exit == -1; i++) {
+  // A liveness bound, not a timing (54 s measured with three other builds
+  // running beside it on 2 cores; the old 60 s bound failed there).
+  for (int i = 0; i < 3000 && receiver_exit == -1; i++) {
     peak = std::max(peak, ResidentKiB(d.pid()));
     receiver_exit = receiver.Wait(0.05);
   }

@@ -36,9 +36,9 @@ void Expect(bool ok, const char* what) {
 void PushRaw(psm2_ep_t ep, const shm::SubmissionDesc& d, bool message_ring) {
   const shm::Ring ring =
       message_ring ? shm::Ring::kMessage : shm::Ring::kControl;
-  while (!ep->publisher.TryPushRaw(d, ring)) ep->Progress();
+  while (!ep->publisher().TryPushRaw(d, ring)) ep->Progress();
   psmd::shm::RingEventFd(
-      ep->doorbell_fd);  // unconditionally: the daemon may sleep
+      ep->doorbell_fd());  // unconditionally: the daemon may sleep
 }
 
 // Publishes a raw descriptor for a fresh request and waits for its completion.
@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
     auto end = std::chrono::steady_clock::now() +
                std::chrono::duration<double>(atof(argv[2]));
     while (std::chrono::steady_clock::now() < end)
-      psmd::shm::RingEventFd(ep->doorbell_fd);
+      psmd::shm::RingEventFd(ep->doorbell_fd());
     return 0;
   }
   psm2_epaddr_t self;
@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
          "overflowing payload offset fails");
 
   d.len = 0xffffffffu;
-  d.body.pool.pool_offset = ep->publisher.MaxPayload();
+  d.body.pool.pool_offset = ep->publisher().MaxPayload();
   Expect(SubmitRaw(ep, d, true) == PSM2_PARAM_ERR,
          "length beyond the region fails");
 
@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
   d.len = 64;
   d.body.rndv.transfer = 12345;
   d.body.rndv.pool_offset =
-      ep->publisher.MaxPayload();  // inside nobody's transfer
+      ep->publisher().MaxPayload();  // inside nobody's transfer
   Expect(SubmitRaw(ep, d) == PSM2_PARAM_ERR,
          "rendezvous chunk of no transfer fails");
 
@@ -171,8 +171,8 @@ int main(int argc, char** argv) {
          "valid receive after garbage delivers intact data");
 
   // Finally break the ring itself: the daemon stops serving this endpoint.
-  ep->ctl->ctl_sq.tail.value.store(0x7fffffff);
-  psmd::shm::RingEventFd(ep->doorbell_fd);
+  ep->segment_control()->ctl_sq.tail.value.store(0x7fffffff);
+  psmd::shm::RingEventFd(ep->doorbell_fd());
   usleep(100000);
   printf("garbage_client: %d failures\n", failures);
   fflush(stdout);
