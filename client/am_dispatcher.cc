@@ -9,11 +9,11 @@ namespace psmd::client {
 Status AmDispatcher::Register(const std::vector<Handler>& handlers,
                               int* indices) {
   if (handlers_.size() + handlers.size() > shm::kAmMaxHandlers) {
-    return Status{PSM2_EP_NO_RESOURCES,
-                  "psm2_am_register_handlers: " +
-                      std::to_string(handlers.size()) +
-                      " more handlers would exceed the limit of " +
-                      std::to_string(shm::kAmMaxHandlers) + " per endpoint"};
+    return Status{
+        PSM2_EP_NO_RESOURCES,
+        "psm2_am_register_handlers: " + std::to_string(handlers.size()) +
+            " more handlers would exceed the limit of " +
+            std::to_string(shm::kAmMaxHandlers) + " per endpoint"};
   }
   for (const Handler& h : handlers) {
     *indices++ = static_cast<int>(handlers_.size());
@@ -61,8 +61,12 @@ psm2_error_t AmDispatcher::Deliver(psm2_ep_t ep, uint32_t ep_id,
       src = const_cast<uint8_t*>(blob) + arg_bytes;
     }
   }
-  AmToken token{ep,      c.tag[2], c.src_epid, request,
-                (c.flags & shm::kAmRequestNoReply) != 0, false};
+  AmToken token{ep,
+                c.tag[2],
+                c.src_epid,
+                request,
+                (c.flags & shm::kAmRequestNoReply) != 0,
+                false};
   if (h->fn2 != nullptr) {
     h->fn2(&token, args, static_cast<int>(nargs), src, len, h->hctx);
   } else {

@@ -67,10 +67,10 @@ class AmDispatcherTest : public ::testing::Test {
   void SetUp() override {
     seen = Seen{};
     int indices[2];
-    ASSERT_TRUE(am_.Register({{Record, nullptr, nullptr},
-                              {nullptr, Record2, &hctx_}},
-                             indices)
-                    .ok());
+    ASSERT_TRUE(
+        am_.Register({{Record, nullptr, nullptr}, {nullptr, Record2, &hctx_}},
+                     indices)
+            .ok());
     EXPECT_EQ(indices[0], 0);
     EXPECT_EQ(indices[1], 1);
   }
@@ -114,8 +114,7 @@ TEST_F(AmDispatcherTest, PoolPayloadReachesTheSecondSignatureWithItsContext) {
     EXPECT_NE(shm::ChunkOf(pool.base(), *off)->state.load(),
               shm::kChunkReleased);
   }
-  EXPECT_EQ(shm::ChunkOf(pool.base(), *off)->state.load(),
-            shm::kChunkReleased);
+  EXPECT_EQ(shm::ChunkOf(pool.base(), *off)->state.load(), shm::kChunkReleased);
   EXPECT_EQ(seen.calls, 1);
   EXPECT_EQ(seen.args, (std::vector<uint64_t>{5}));
   EXPECT_EQ(seen.payload, payload);

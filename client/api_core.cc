@@ -463,6 +463,8 @@ psm2_error_t psm2_ep_connect(psm2_ep_t ep, int num_of_epid,
   }
   psm2_error_t worst = PSM2_OK;
   std::string failures;
+  constexpr size_t kFailuresNamed = 8;
+  size_t failed = 0;
   if (!wanted.empty()) {
     psmd::v1::ConnectReply reply;
     psmd::Status err = ep->control()->Connect(ep->id(), wanted, &reply);
@@ -486,7 +488,10 @@ psm2_error_t psm2_ep_connect(psm2_ep_t ep, int num_of_epid,
       array_of_errors[i] = error;
       if (error != PSM2_OK) {
         worst = WorseError(worst, error);
-        failures += "; " + lib.Describe(wanted[k]) + ": " + r.message();
+        // The first few name their epid; a job of thousands says how many.
+        if (++failed <= kFailuresNamed) {
+          failures += "; " + lib.Describe(wanted[k]) + ": " + r.message();
+        }
         continue;
       }
       psm2_epaddr_t addr = ep->EpaddrFor(wanted[k]);
@@ -503,9 +508,11 @@ psm2_error_t psm2_ep_connect(psm2_ep_t ep, int num_of_epid,
   }
   return Library::Report(
       ep, worst,
-      "psm2_ep_connect: some endpoints could not be connected (see "
-      "array_of_errors)" +
-          failures);
+      "psm2_ep_connect: " + std::to_string(failed) +
+          " endpoints could not be connected (see array_of_errors)" + failures +
+          (failed > kFailuresNamed
+               ? "; and " + std::to_string(failed - kFailuresNamed) + " more"
+               : ""));
 }
 
 psm2_error_t psm2_ep_disconnect2(psm2_ep_t ep, int num_of_epaddr,

@@ -55,13 +55,14 @@ TEST_F(ApiErrorsTest, NullArgumentsAreReportedByName) {
                           &req);
   });
   ExpectReported("psm2_mq_isend", [&] {
-    return psm2_mq_isend2(nullptr, nullptr, 0, &tag, nullptr, 0, nullptr,
-                          &req);
+    return psm2_mq_isend2(nullptr, nullptr, 0, &tag, nullptr, 0, nullptr, &req);
   });
-  ExpectReported("psm2_mq_wait", [&] { return psm2_mq_wait(nullptr, nullptr); });
+  ExpectReported("psm2_mq_wait",
+                 [&] { return psm2_mq_wait(nullptr, nullptr); });
   ExpectReported("psm2_mq_cancel", [&] { return psm2_mq_cancel(nullptr); });
-  ExpectReported("psm2_mq_iprobe",
-                 [&] { return psm2_mq_iprobe2(nullptr, nullptr, &tag, &tag, nullptr); });
+  ExpectReported("psm2_mq_iprobe", [&] {
+    return psm2_mq_iprobe2(nullptr, nullptr, &tag, &tag, nullptr);
+  });
   ExpectReported("psm2_mq_ipeek",
                  [&] { return psm2_mq_ipeek(nullptr, &req, nullptr); });
   ExpectReported("psm2_mq_ipeek_dequeue_multi", [&] {
@@ -74,12 +75,12 @@ TEST_F(ApiErrorsTest, NullArgumentsAreReportedByName) {
     return psm2_am_register_handlers(nullptr, nullptr, 1, nullptr);
   });
   ExpectReported("psm2_am_request_short", [&] {
-    return psm2_am_request_short(nullptr, 0, nullptr, 0, nullptr, 0, 0,
-                                 nullptr, nullptr);
+    return psm2_am_request_short(nullptr, 0, nullptr, 0, nullptr, 0, 0, nullptr,
+                                 nullptr);
   });
   ExpectReported("psm2_setopt", [&] {
-    return psm2_setopt(PSM2_COMPONENT_MQ, nullptr, PSM2_MQ_RNDV_SHM_SZ,
-                       nullptr, 4);
+    return psm2_setopt(PSM2_COMPONENT_MQ, nullptr, PSM2_MQ_RNDV_SHM_SZ, nullptr,
+                       4);
   });
 }
 
@@ -89,8 +90,8 @@ TEST_F(ApiErrorsTest, ASizeQueryIsNotAFailure) {
   uint32_t value = 0;
   uint64_t len = 1;
   psm2_mq_t fake_mq = reinterpret_cast<psm2_mq_t>(&value);  // not read
-  EXPECT_EQ(psm2_getopt(PSM2_COMPONENT_MQ, fake_mq, PSM2_MQ_RNDV_SHM_SZ,
-                        &value, &len),
+  EXPECT_EQ(psm2_getopt(PSM2_COMPONENT_MQ, fake_mq, PSM2_MQ_RNDV_SHM_SZ, &value,
+                        &len),
             PSM2_NO_MEMORY);
   EXPECT_EQ(len, sizeof(uint32_t));
   EXPECT_TRUE(reported.empty());

@@ -160,12 +160,23 @@ Status ControlClient::CloseEndpoint(uint32_t endpoint_id) {
 Status ControlClient::Connect(uint32_t endpoint_id,
                               const std::vector<uint64_t>& epids,
                               v1::ConnectReply* reply) {
-  v1::ConnectRequest req;
-  req.set_endpoint_id(endpoint_id);
-  for (uint64_t e : epids) req.add_epids(e);
-  grpc::ClientContext ctx;
-  Prepare(&ctx);
-  return FromStatus(NewStub()->Connect(&ctx, req, reply), "psm2_ep_connect");
+  reply->Clear();
+  for (size_t at = 0; at < epids.size(); at += shm::kMaxEpidsPerConnect) {
+    const size_t end =
+        std::min(epids.size(), at + size_t{shm::kMaxEpidsPerConnect});
+    v1::ConnectRequest req;
+    req.set_endpoint_id(endpoint_id);
+    for (size_t i = at; i < end; i++) req.add_epids(epids[i]);
+    v1::ConnectReply part;
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    Status s =
+        FromStatus(NewStub()->Connect(&ctx, req, &part), "psm2_ep_connect");
+    if (!s.ok()) return s;
+    for (v1::ConnectResult& r : *part.mutable_results())
+      *reply->add_results() = std::move(r);
+  }
+  return {};
 }
 
 Status ControlClient::Disconnect(uint32_t endpoint_id,

@@ -350,12 +350,38 @@ void Admission::Classify(int fd) {
 }
 
 void Admission::HandOverToGrpc(int fd, const Credentials& creds) {
+  if (creds.uid != 0 && !UnderConnectionLimit(creds.uid)) {
+    WarnClient(creds.uid,
+               "control socket: pid {} uid {} refused: the uid holds {} "
+               "control connections already (max_control_connections_per_uid, "
+               "psmd --max-control-connections-per-uid)",
+               creds.pid, creds.uid, config_.max_control_connections_per_uid);
+    close(fd);
+    return;
+  }
   fd = MoveToHighFd(fd);
+  struct stat st {};
+  fstat(fd, &st);
   {
     std::lock_guard<std::mutex> lock(creds_mu_);
-    grpc_creds_[fd] = creds;
+    grpc_peers_[fd] = GrpcPeer{creds, st.st_ino};
   }
   grpc::AddInsecureChannelFromFd(server_, fd);
+}
+
+bool Admission::UnderConnectionLimit(uid_t uid) {
+  std::lock_guard<std::mutex> lock(creds_mu_);
+  uint32_t held = 0;
+  for (auto it = grpc_peers_.begin(); it != grpc_peers_.end();) {
+    struct stat st {};
+    if (fstat(it->first, &st) != 0 || st.st_ino != it->second.inode) {
+      it = grpc_peers_.erase(it);  // gRPC closed it
+      continue;
+    }
+    if (it->second.creds.uid == uid) held++;
+    ++it;
+  }
+  return held < config_.max_control_connections_per_uid;
 }
 
 void Admission::HandleAttach(int fd, const Credentials& creds) {
@@ -426,9 +452,9 @@ bool Admission::CredentialsOf(const std::string& peer, Credentials* out) {
   if (peer.rfind("fd:", 0) != 0) return false;
   int fd = atoi(peer.c_str() + 3);
   std::lock_guard<std::mutex> lock(creds_mu_);
-  auto it = grpc_creds_.find(fd);
-  if (it == grpc_creds_.end()) return false;
-  *out = it->second;
+  auto it = grpc_peers_.find(fd);
+  if (it == grpc_peers_.end()) return false;
+  *out = it->second.creds;
   return true;
 }
 

@@ -97,8 +97,18 @@ class Admission {
   std::optional<std::chrono::steady_clock::time_point> accept_paused_until_;
   uint64_t refused_while_full_ = 0;
 
+  // Whether this uid may hold one more gRPC connection; forgets the
+  // connections gRPC has closed since (their fd is gone or is another file).
+  bool UnderConnectionLimit(uid_t uid);
+
+  // A connection handed to gRPC: who is calling, and the socket's inode, so
+  // that a reused fd number is not taken for it.
+  struct GrpcPeer {
+    Credentials creds;
+    ino_t inode;
+  };
   std::mutex creds_mu_;
-  std::unordered_map<int, Credentials> grpc_creds_;  // guarded by creds_mu_
+  std::unordered_map<int, GrpcPeer> grpc_peers_;  // guarded by creds_mu_
 };
 
 }  // namespace psmd

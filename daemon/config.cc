@@ -138,6 +138,11 @@ const std::vector<Setting>& Settings() {
       Number("max_endpoints_per_uid", &Config::max_endpoints_per_uid, 1,
              1u << 20, "endpoints one non-root uid may hold at once",
              "1 to 1048576"),
+      Number("max_control_connections_per_uid",
+             &Config::max_control_connections_per_uid, 1, 1u << 20,
+             "control (gRPC) connections one non-root uid may hold open at "
+             "once",
+             "1 to 1048576"),
       Mebibytes("unexpected_mib", &Config::unexpected_budget_bytes,
                 "unexpected-message budget a new endpoint gets (reloaded on "
                 "SIGHUP)"),

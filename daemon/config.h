@@ -36,6 +36,10 @@ struct Config {
   // Endpoints one non-root uid may hold open at once, so that one tenant
   // cannot take every slot (root is bounded by max_endpoints only).
   uint32_t max_endpoints_per_uid = 256;
+  // Control (gRPC) connections one non-root uid may hold open at once: each
+  // costs psmd an fd and about 16 KiB. A rank holds one while it opens,
+  // connects or closes.
+  uint32_t max_control_connections_per_uid = 256;
   // Unexpected-message budget of each endpoint (PSM2_MQ_MAX_SYSBUF_MBYTES):
   // the default, and the most a client may ask for.
   uint64_t unexpected_budget_bytes = 64ull << 20;

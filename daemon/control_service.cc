@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "shm/attach.h"
 #include "version/version.h"
 
 namespace psmd {
@@ -68,14 +69,22 @@ grpc::Status ControlService::Identify(grpc::ServerContext* ctx,
       "psmd cannot tell who is calling (peer " + ctx->peer() + ")");
 }
 
-grpc::Status ControlService::Health(grpc::ServerContext*,
+grpc::Status ControlService::Health(grpc::ServerContext* ctx,
                                     const v1::HealthRequest*,
                                     v1::HealthReply* reply) {
+  // Anyone may ask whether psmd is alive (the MTL component does before it
+  // opens); how busy the node is only root learns, others count their own.
+  Credentials who;
+  const bool known = Identify(ctx, &who).ok();
+  const bool root = known && who.uid == 0;
   reply->set_version(version::Version());
   reply->set_commit(version::Commit());
   reply->set_worker_last_turn_age_ns(worker_->LastTurnAgeNs());
   reply->set_uptime_ns(UptimeNs());
-  reply->set_endpoint_count(static_cast<uint32_t>(registry_->endpoint_count()));
+  reply->set_endpoint_count(
+      static_cast<uint32_t>(root    ? registry_->endpoint_count()
+                            : known ? registry_->Snapshot(who).size()
+                                    : 0));
   reply->set_max_endpoints(registry_->max_endpoints());
   reply->set_daemon_pid(static_cast<uint32_t>(getpid()));
   return grpc::Status::OK;
@@ -126,6 +135,13 @@ grpc::Status ControlService::Connect(grpc::ServerContext* ctx,
   Credentials who;
   if (auto s = Identify(ctx, &who); !s.ok()) return s;
   std::vector<uint64_t> epids(req->epids().begin(), req->epids().end());
+  if (req->epids_size() > shm::kMaxEpidsPerConnect) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "Connect names " + std::to_string(req->epids_size()) +
+                            " epids; at most " +
+                            std::to_string(shm::kMaxEpidsPerConnect) +
+                            " per call (libpsmclient splits larger calls)");
+  }
   std::vector<ConnectOutcome> outcomes;
   Status e = registry_->Connect(who, req->endpoint_id(), epids, &outcomes);
   if (!e.ok()) return ToStatus(e);
@@ -165,8 +181,10 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
     counters::Accumulate(s.counters, &total);
   }
   FillCounters(total, reply->mutable_total());
-  reply->set_doorbells(worker_->doorbells());
-  reply->set_sleeps(worker_->sleeps());
+  if (who.uid == 0) {  // node-wide figures: others' activity shows in them
+    reply->set_doorbells(worker_->doorbells());
+    reply->set_sleeps(worker_->sleeps());
+  }
   return grpc::Status::OK;
 }
 

@@ -295,23 +295,26 @@ Status Registry::Connect(const Credentials& who, uint32_t id,
     for (uint64_t epid : epids) {
       ConnectOutcome o;
       auto peer_it = id_by_epid_.find(epid);
-      if (peer_it == id_by_epid_.end()) {
+      const Endpoint* peer = peer_it == id_by_epid_.end()
+                                 ? nullptr
+                                 : records_.at(peer_it->second).ep.get();
+      // Another uid's endpoint is answered exactly as a missing one, so
+      // that no tenant can learn which epids exist on the node.
+      if (peer == nullptr || peer->job->key().uid != rec.ep->job->key().uid) {
         char hex[32];
         snprintf(hex, sizeof(hex), "%#llx",
                  static_cast<unsigned long long>(epid));
         o.error = PSM2_EPID_UNREACHABLE;
-        o.message =
-            std::string("no endpoint with epid ") + hex + " on this node";
+        o.message = std::string("no endpoint with epid ") + hex +
+                    " of this uid on this node";
         out->push_back(o);
         continue;
       }
-      const Endpoint& peer = *records_.at(peer_it->second).ep;
-      if (!(peer.job->key() == rec.ep->job->key())) {
+      if (!(peer->job->key() == rec.ep->job->key())) {
         o.error = PSM2_EPID_INVALID_UUID_KEY;
-        o.message =
-            "endpoint " + std::to_string(peer.id) +
-            " belongs to another job (different job uuid or uid); endpoints of "
-            "different jobs never connect";
+        o.message = "endpoint " + std::to_string(peer->id) +
+                    " belongs to another job of this uid (a different job "
+                    "uuid); endpoints of different jobs never connect";
         out->push_back(o);
         continue;
       }
@@ -322,7 +325,7 @@ Status Registry::Connect(const Credentials& who, uint32_t id,
               .try_emplace(epid, static_cast<uint32_t>(rec.slot_by_epid.size()))
               .first;
       o.slot = slot_it->second;
-      links.push_back({o.slot, PeerLink{peer.id, peer.epid}});
+      links.push_back({o.slot, PeerLink{peer->id, peer->epid}});
       out->push_back(o);
     }
   }

@@ -20,6 +20,12 @@ namespace psmd::shm {
 // otherwise (psmd --socket; clients and psmctl: $PSMD_SOCKET).
 inline constexpr char kDefaultSocketPath[] = "/run/psmd/psmd.sock";
 
+// The most epids one Connect call names; the library splits larger
+// psm2_ep_connect calls. Bounds what one call makes psmd build under its
+// registry mutex and the reply (each failure carries a message): well under
+// gRPC's 4 MiB message limit.
+inline constexpr int kMaxEpidsPerConnect = 8192;
+
 inline constexpr char kAttachMagic[8] = {'P', 'S', 'M', 'D',
                                          'A', 'T', 'T', '1'};
 inline constexpr size_t kAttachTokenBytes = 16;
