@@ -69,6 +69,7 @@ inline constexpr uint64_t kUnexpectedOverheadBytes = 128;
 struct PostedRecv {
   uint64_t req;
   uint32_t capacity;  // bytes the receive buffer holds
+  uint64_t source;    // the epid it names, or kAnySource
 };
 
 // A message waiting in the unexpected queue (or claimed by a matched probe).
@@ -98,6 +99,9 @@ struct ClaimedMsg {
 struct PeerLink {
   uint32_t endpoint_id = 0;  // 0: slot unused
   uint64_t epid = 0;
+  // The peer closed or died: everything it sent has been delivered or is
+  // queued here, so a receive naming it can match only what is queued.
+  bool gone = false;
 };
 
 class Endpoint {

@@ -441,6 +441,20 @@ class WildArray {
     return v;
   }
 
+  // Removes every live entry whose value satisfies pred(const T&), calling
+  // f(T&&) for each, in order, in one pass. Invalidates positions.
+  template <typename Pred, typename F>
+  void remove_all_if(Pred& pred, F& f) {
+    for (size_t k = begin_; k < end_; ++k) {
+      if (!live_at(k) || !pred(std::as_const(buf_[k].value.get()))) continue;
+      buf_[k].seq |= kDead;
+      --live_;
+      f(buf_[k].value.take());
+    }
+    while (begin_ < end_ && !live_at(begin_)) ++begin_;  // (3)
+    if (end_ - begin_ > 2 * live_ + kSlack) compact();
+  }
+
   // Calls f(seq, T&&) for every live entry in order, leaving the array
   // empty. If f throws, the entries not yet handed to it stay in the array.
   template <typename F>
@@ -651,6 +665,27 @@ class PostedQueue {
     const Tag96& tag = pool_[best].tag;
     unlink_exact(best, exact_.find(tag, TagIndex::hash(tag), tag_of()));
     return release(best);
+  }
+
+  // Removes every receive whose value satisfies pred(const RecvT&), calling
+  // f(RecvT&&) for each (in no particular order). O(n) in one pass, however
+  // many are removed (a peer's death removes all receives naming it).
+  template <typename Pred, typename F>
+  void remove_all_if(Pred pred, F f) {
+    auto from_wild = [&](RecvT&& v) {
+      --size_;
+      f(std::move(v));
+    };
+    wild_.remove_all_if(pred, from_wild);
+    std::vector<Index> doomed;
+    for_each_exact([&](Index i) {
+      if (pred(std::as_const(pool_[i].value.get()))) doomed.push_back(i);
+    });
+    for (Index i : doomed) {
+      const Tag96& tag = pool_[i].tag;
+      unlink_exact(i, exact_.find(tag, TagIndex::hash(tag), tag_of()));
+      f(release(i));
+    }
   }
 
   size_t size() const { return size_; }

@@ -37,6 +37,11 @@ class LinearPostedQueue {
     return std::nullopt;
   }
 
+  template <typename Pred, typename F>
+  void remove_all_if(Pred pred, F f) {
+    while (auto v = remove_first_if(pred)) f(std::move(*v));
+  }
+
   size_t size() const { return entries_.size(); }
   bool empty() const { return entries_.empty(); }
 

@@ -276,6 +276,33 @@ TYPED_TEST(MatcherTest, PostedRemoveFirstIf) {
   EXPECT_EQ(Id(this->posted_.remove_first_if(odd)), std::nullopt);
 }
 
+TYPED_TEST(MatcherTest, PostedRemoveAllIfLeavesTheRestInOrder) {
+  // Receives from sources 1 and 2, exact and wildcard, interleaved; removing
+  // every one naming source 1 leaves source 2's matching in posting order.
+  for (int i = 0; i < 30; ++i) {
+    const uint64_t source = 1 + static_cast<uint64_t>(i % 2);
+    const Tag96 tag = T(static_cast<uint32_t>(i % 3), 0, 0);
+    if (i % 5 == 0) {
+      this->posted_.post(Wild(source, tag, T(~0u, 0, 0)), Req{i});
+    } else {
+      this->posted_.post(Exact(source, tag), Req{i});
+    }
+  }
+  std::vector<int> removed;
+  this->posted_.remove_all_if([](const Req& r) { return r.id % 2 == 0; },
+                              [&](Req&& r) { removed.push_back(r.id); });
+  std::sort(removed.begin(), removed.end());
+  std::vector<int> evens;
+  for (int i = 0; i < 30; i += 2) evens.push_back(i);
+  EXPECT_EQ(removed, evens);
+  EXPECT_EQ(this->posted_.size(), 15u);
+  for (int i = 1; i < 30; i += 2) {
+    const Tag96 tag = T(static_cast<uint32_t>(i % 3), 0, 0);
+    EXPECT_EQ(Id(this->posted_.take_match(Msg(2, tag))), i);
+  }
+  EXPECT_EQ(this->posted_.size(), 0u);
+}
+
 TYPED_TEST(MatcherTest, PostedDrainInPostingOrderAndReusable) {
   for (int i = 0; i < 20; ++i) {
     const Tag96 tag = T(static_cast<uint32_t>(i % 3), 0, 0);

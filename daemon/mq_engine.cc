@@ -108,6 +108,20 @@ void MqEngine::Remove(uint32_t id) {
     ++t;
   }
   order_.erase(std::find(order_.begin(), order_.end(), &ep));
+  // Its peers' receives naming it can never match now (invariant 7): they
+  // fail at once instead of waiting forever.
+  for (Endpoint* other : order_) {
+    for (PeerLink& link : other->peers) {
+      if (link.endpoint_id != id || link.gone) continue;
+      link.gone = true;
+      const uint64_t gone_epid = link.epid;
+      other->posted.remove_all_if(
+          [&](const PostedRecv& r) { return r.source == gone_epid; },
+          [&](PostedRecv&& r) {
+            PostError(*other, r.req, PSM2_EPID_UNREACHABLE);
+          });
+    }
+  }
   by_id_.erase(it);
 }
 
@@ -351,7 +365,12 @@ bool MqEngine::HandleRecv(Endpoint& receiver, const shm::SubmissionDesc& d) {
     Deliver(receiver, d.req, d.len, key, *m, /*was_unexpected=*/true);
     return true;
   }
-  receiver.posted.post(p, PostedRecv{d.req, d.len});
+  if (d.peer != shm::kAnySlot && receiver.peers[d.peer].gone) {
+    // Nothing more can come from that peer (invariant 7).
+    PostError(receiver, d.req, PSM2_EPID_UNREACHABLE);
+    return true;
+  }
+  receiver.posted.post(p, PostedRecv{d.req, d.len, p.source});
   return true;
 }
 

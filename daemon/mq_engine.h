@@ -34,6 +34,11 @@
 //      acks travel on control rings and reach only endpoints of the same job.
 //      A request is held while its target has kAmOverflowLimit completions
 //      waiting for ring space.
+//   7. Once an endpoint is removed (closed or dead), after its rings were
+//      drained, a receive that names it as the source can match only what
+//      is already queued at the receiver: posted ones fail at once with
+//      PSM2_EPID_UNREACHABLE, and new ones do unless a queued message
+//      matches. The survivor of a peer's death never waits for it.
 #ifndef PSMD_DAEMON_MQ_ENGINE_H_
 #define PSMD_DAEMON_MQ_ENGINE_H_
 

@@ -273,6 +273,45 @@ TEST_F(MqEngineTest, RemovingAReceiverReleasesWhatWaitedForIt) {
   EXPECT_LT(clients_[0].arena.used(), 4096u);
 }
 
+TEST_F(MqEngineTest, ReceivesNamingARemovedSenderFailButQueuedOnesMatch) {
+  // Endpoint 1 posts receives from 0 (one exact, one with a wildcard tag)
+  // and from 2, and 0 has a message queued at 1 when it goes.
+  uint64_t exact = Recv(1, 0, 1, 64);
+  const uint32_t tag[3] = {9, 0, 0}, first_word[3] = {~0u, 0, 0};
+  const uint64_t wild = Token(1);
+  Submit(1, shm::PrepRecv(0, wild, tag, first_word, 64));
+  uint64_t other = Recv(1, 2, 1, 64);
+  Send(0, 1, 5, "left behind");
+  Drain();
+  engine_.Remove(clients_[0].id);
+  Drain();
+  auto failed = Reap(1);
+  ASSERT_EQ(failed.size(), 2u);
+  for (const shm::CompletionDesc& c : failed) {
+    EXPECT_TRUE(c.req == exact || c.req == wild) << c.req;
+    EXPECT_EQ(c.op, shm::CompleteOp::kError);
+    EXPECT_EQ(c.error, PSM2_EPID_UNREACHABLE);
+  }
+  // What 0 sent before it went is still received; a new receive naming it
+  // that nothing queued matches fails at once.
+  uint64_t queued = Recv(1, 0, 5, 64);
+  uint64_t late = Recv(1, 0, 6, 64);
+  Drain();
+  auto after = Reap(1);
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_EQ(after[0].req, queued);
+  EXPECT_EQ(after[0].op, shm::CompleteOp::kRecvDone);
+  EXPECT_EQ(PayloadOf(after[0]), "left behind");
+  EXPECT_EQ(after[1].req, late);
+  EXPECT_EQ(after[1].error, PSM2_EPID_UNREACHABLE);
+  // The receive from a live peer still waits, and matches.
+  Send(2, 1, 1, "alive");
+  Drain();
+  auto last = Reap(1);
+  ASSERT_EQ(last.size(), 1u);
+  EXPECT_EQ(last[0].req, other);
+}
+
 TEST_F(MqEngineTest, AFullCompletionRingHoldsBackSubmissions) {
   // More completions than the ring holds: the rest wait in the overflow
   // queue, the receiver's submissions are not read meanwhile, and every

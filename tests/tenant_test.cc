@@ -147,8 +147,7 @@ TEST_F(TenantTest, AnotherUidsEndpointLooksExactlyLikeNoEndpoint) {
       << nobody_rank.out;
   EXPECT_EQ(nobody_rank.err.find("another job"), std::string::npos)
       << nobody_rank.err;
-  EXPECT_NE(nobody_rank.err.find("of this uid on this node"),
-            std::string::npos)
+  EXPECT_NE(nobody_rank.err.find("of this uid on this node"), std::string::npos)
       << nobody_rank.err;
   EXPECT_EQ(root_rank.Wait(30), 3);
   EXPECT_TRUE(d.Stop());
@@ -158,17 +157,16 @@ TEST_F(TenantTest, OnlyRootSeesNodeWideCounts) {
   Daemon d(dir_);
   std::string rv = SharedDir("busy");
   // Root's pair holds two endpoints open while the others look.
-  Process r1 = Process::Start(ExchangeArgs(dir_, rv, 1, kJob, 10, 10, 3),
-                              d.ClientEnv(), dir_.path() + "/b1.out",
-                              dir_.path() + "/b1.err");
-  Process r0 = Process::Start(ExchangeArgs(dir_, rv, 0, kJob, 10, 10, 3),
-                              d.ClientEnv(), dir_.path() + "/b0.out",
-                              dir_.path() + "/b0.err");
+  Process r1 =
+      Process::Start(ExchangeArgs(dir_, rv, 1, kJob, 10, 10, 3), d.ClientEnv(),
+                     dir_.path() + "/b1.out", dir_.path() + "/b1.err");
+  Process r0 =
+      Process::Start(ExchangeArgs(dir_, rv, 0, kJob, 10, 10, 3), d.ClientEnv(),
+                     dir_.path() + "/b0.out", dir_.path() + "/b0.err");
   long long root_count = 0;
   for (int i = 0; i < 200 && root_count < 2; i++) {
-    root_count = JsonNumber(
-        PsmctlAs(d, 0, {"health", "--format", "json"}).out, "",
-        "endpoint_count");
+    root_count = JsonNumber(PsmctlAs(d, 0, {"health", "--format", "json"}).out,
+                            "", "endpoint_count");
     if (root_count < 2)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
