@@ -356,6 +356,8 @@ void Admission::HandOverToGrpc(int fd, const Credentials& creds) {
                "control connections already (max_control_connections_per_uid, "
                "psmd --max-control-connections-per-uid)",
                creds.pid, creds.uid, config_.max_control_connections_per_uid);
+    registry_->refusals().Count(creds.uid,
+                                refusals::k_control_connections_refused);
     close(fd);
     return;
   }
@@ -399,6 +401,7 @@ void Admission::HandleAttach(int fd, const Credentials& creds) {
     err = registry_->Attach(token, creds, fd, fds, &endpoint_id);
   }
   if (!err.ok()) {
+    registry_->refusals().Count(creds.uid, refusals::k_attaches_refused);
     WarnClient(creds.uid, "attach from pid {} uid {} refused: {}", creds.pid,
                creds.uid, err.message);
     reply.status = err.code;

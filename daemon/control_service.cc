@@ -181,6 +181,9 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
     counters::Accumulate(s.counters, &total);
   }
   FillCounters(total, reply->mutable_total());
+  const refusals::Values refused = registry_->refusals().For(who.uid);
+  for (size_t i = 0; i < refusals::kNumCounters; i++)
+    (*reply->mutable_refusals())[refusals::kAll[i].name] = refused[i];
   if (who.uid == 0) {  // node-wide figures: others' activity shows in them
     reply->set_doorbells(worker_->doorbells());
     reply->set_sleeps(worker_->sleeps());

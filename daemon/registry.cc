@@ -79,6 +79,7 @@ Status Registry::Reserve(const Credentials& who, const Uuid& uuid,
                          std::shared_ptr<Endpoint>* reserved) {
   std::lock_guard<std::mutex> lock(mu_);
   if (records_.size() >= config_.max_endpoints) {
+    refusals_.Count(who.uid, refusals::k_endpoints_refused);
     return {PSM2_TOO_MANY_ENDPOINTS,
             "psmd serves its maximum of " +
                 std::to_string(config_.max_endpoints) +
@@ -90,6 +91,7 @@ Status Registry::Reserve(const Credentials& who, const Uuid& uuid,
                "uid {} (pid {}) refused an endpoint: it holds {} "
                "(--max-endpoints-per-uid)",
                who.uid, who.pid, config_.max_endpoints_per_uid);
+    refusals_.Count(who.uid, refusals::k_endpoints_refused);
     return {PSM2_TOO_MANY_ENDPOINTS,
             "uid " + std::to_string(who.uid) + " holds its maximum of " +
                 std::to_string(config_.max_endpoints_per_uid) +
@@ -120,6 +122,7 @@ Status Registry::Reserve(const Credentials& who, const Uuid& uuid,
   auto region = job->TakeRegion();
   if (!region) {
     if (job->endpoints == 0) jobs_.erase(key);
+    refusals_.Count(who.uid, refusals::k_endpoints_refused);
     return {PSM2_TOO_MANY_ENDPOINTS,
             "job " + UuidToString(uuid) + " has opened its maximum of " +
                 std::to_string(config_.max_endpoints_per_job) +

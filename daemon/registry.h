@@ -24,6 +24,7 @@
 #include "daemon/endpoint.h"
 #include "daemon/job.h"
 #include "daemon/progress.h"
+#include "daemon/refusals.h"
 #include "shm/attach.h"
 #include "shm/status.h"
 
@@ -103,6 +104,8 @@ class Registry {
   // Jobs the caller may see (its own uid's, or all for root), by uuid.
   std::vector<JobSnapshot> Jobs(const Credentials& who);
   const Config& config() const { return config_; }
+  // Refusals by a limit, per uid (Registry's own and Admission's).
+  Refusals& refusals() { return refusals_; }
   size_t endpoint_count();
   // The most endpoints psmd serves at once (--max-endpoints).
   uint32_t max_endpoints() const { return config_.max_endpoints; }
@@ -144,6 +147,7 @@ class Registry {
     return who.is_root() || who.uid == ep.uid;
   }
 
+  Refusals refusals_;
   Config config_;  // unexpected_budget_bytes guarded by mu_; rest constant
   ProgressWorker* const worker_;
   const uint16_t boot_nonce_;

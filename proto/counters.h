@@ -44,6 +44,17 @@
   X(bad_descriptors, bad_descriptors, kCount,                                  \
     "Descriptors the daemon refused as malformed.")
 
+// Refusals by a limit, counted per uid (GetStats shows a uid its own, root
+// every uid's). Same entry format.
+#define PSMD_REFUSAL_COUNTERS(X)                                         \
+  X(endpoints_refused, refused_endpoints, kCount,                        \
+    "Endpoint opens refused by a limit (psmd's, the uid's or the job's " \
+    "endpoints).")                                                       \
+  X(control_connections_refused, refused_control_connections, kCount,    \
+    "Control connections refused (max_control_connections_per_uid).")    \
+  X(attaches_refused, refused_attaches, kCount,                          \
+    "Attach requests refused (a token unknown, used or not the uid's).")
+
 namespace psmd::counters {
 
 enum class Unit { kCount, kBytes };
@@ -55,28 +66,28 @@ struct Info {
   const char* help;
 };
 
-// Index of each counter in kAll and in Values.
-enum Id : size_t {
-#define PSMD_COUNTER_ID(name, metric, unit, help) k_##name,
-  PSMD_ENDPOINT_COUNTERS(PSMD_COUNTER_ID)
-#undef PSMD_COUNTER_ID
-      kNumCounters
-};
-
-inline constexpr std::array<Info, kNumCounters> kAll = {{
-#define PSMD_COUNTER_INFO(name, metric, unit, help) \
-  {#name, #metric, Unit::unit, help},
-    PSMD_ENDPOINT_COUNTERS(PSMD_COUNTER_INFO)
-#undef PSMD_COUNTER_INFO
-}};
-
-// One value per counter, in list order.
-using Values = std::array<uint64_t, kNumCounters>;
-
-inline void Accumulate(const Values& b, Values* a) {
-  for (size_t i = 0; i < kNumCounters; i++) (*a)[i] += b[i];
-}
-
 }  // namespace psmd::counters
+
+// A list's Id enum (the index of each counter in kAll and in Values), its
+// kAll table, its Values array and Accumulate, in the current namespace.
+#define PSMD_COUNTER_ID(name, metric, unit, help) k_##name,
+#define PSMD_COUNTER_INFO(name, metric, unit, help) \
+  {#name, #metric, ::psmd::counters::Unit::unit, help},
+#define PSMD_DEFINE_COUNTER_SET(LIST)                                        \
+  enum Id : size_t { LIST(PSMD_COUNTER_ID) kNumCounters };                   \
+  inline constexpr std::array<::psmd::counters::Info, kNumCounters> kAll = { \
+      {LIST(PSMD_COUNTER_INFO)}};                                            \
+  using Values = std::array<uint64_t, kNumCounters>;                         \
+  inline void Accumulate(const Values& b, Values* a) {                       \
+    for (size_t i = 0; i < kNumCounters; i++) (*a)[i] += b[i];               \
+  }
+
+namespace psmd::counters {
+PSMD_DEFINE_COUNTER_SET(PSMD_ENDPOINT_COUNTERS)
+}  // namespace psmd::counters
+
+namespace psmd::refusals {
+PSMD_DEFINE_COUNTER_SET(PSMD_REFUSAL_COUNTERS)
+}  // namespace psmd::refusals
 
 #endif  // PSMD_PROTO_COUNTERS_H_

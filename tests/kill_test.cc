@@ -44,8 +44,8 @@ long long NowMs() {
 }
 
 bool AwaitFile(const std::string& path, double seconds) {
-  auto end = std::chrono::steady_clock::now() +
-             std::chrono::duration<double>(seconds);
+  auto end =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   while (access(path.c_str(), F_OK) != 0) {
     if (std::chrono::steady_clock::now() > end) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -108,11 +108,11 @@ TEST(KillTest, SurvivorsEndWithinASecondAndPsmdReturnsToBaseline) {
     ranks[victim].Wait(5);
     Process& survivor = ranks[1 - victim];
     const int exit_code = survivor.Wait(10);
-    const std::string out = ReadFile(rv + "/" + std::to_string(1 - victim) +
-                                     ".out");
-    ASSERT_EQ(exit_code, 0) << "survivor rank " << 1 - victim << ": " << out
-                            << ReadFile(rv + "/" +
-                                        std::to_string(1 - victim) + ".err");
+    const std::string out =
+        ReadFile(rv + "/" + std::to_string(1 - victim) + ".out");
+    ASSERT_EQ(exit_code, 0)
+        << "survivor rank " << 1 - victim << ": " << out
+        << ReadFile(rv + "/" + std::to_string(1 - victim) + ".err");
     long long ended_at = 0;
     unsigned error = 0;
     ASSERT_EQ(sscanf(out.c_str(), "ended %u at %lld", &error, &ended_at), 2)
@@ -139,8 +139,8 @@ TEST(KillTest, SurvivorsEndWithinASecondAndPsmdReturnsToBaseline) {
   EXPECT_LE(fds, base_fds);
   EXPECT_LE(pools, base_pools);
   const long long rss = ResidentKiB(d.pid());
-  printf("psmd: fds %d -> %d, pools %d -> %d, RSS %lld -> %lld KiB\n",
-         base_fds, fds, base_pools, pools, base_rss, rss);
+  printf("psmd: fds %d -> %d, pools %d -> %d, RSS %lld -> %lld KiB\n", base_fds,
+         fds, base_pools, pools, base_rss, rss);
   EXPECT_LE(rss, base_rss + 16 * 1024) << "psmd kept memory after the kills";
   EXPECT_TRUE(d.Stop());
   EXPECT_TRUE(ShmLeftovers().empty());

@@ -124,6 +124,13 @@ TEST_F(TenantTest, ControlConnectionsOfOneUidAreBounded) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_EQ(exit_code, 0);
+  // The refusal is counted for that uid (root sees every uid's).
+  RunResult stats = PsmctlAs(d, kNobody, {"stats", "--format", "json"});
+  EXPECT_GE(JsonNumber(stats.out, "refusals", "control_connections_refused"), 1)
+      << stats.out;
+  EXPECT_GE(JsonNumber(PsmctlAs(d, 0, {"stats", "--format", "json"}).out,
+                       "refusals", "control_connections_refused"),
+            1);
   EXPECT_TRUE(d.Stop());
 }
 

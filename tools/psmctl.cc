@@ -29,6 +29,7 @@ using psmd::tools::JsonString;
 using psmd::tools::Printable;
 using psmd::tools::PromLabel;
 namespace counters = psmd::counters;
+namespace refusals = psmd::refusals;
 
 // Exit codes: 0 done, 1 the daemon failed or is unhealthy, 2 bad usage.
 constexpr int kFailed = 1;
@@ -147,6 +148,27 @@ std::string CountersJson(const counters::Values& v, double rate_seconds) {
   return out;
 }
 
+// The refusals of the reply, in list order (0 for any a psmd older than the
+// list did not send).
+refusals::Values RefusalsOf(const psmd::v1::GetStatsReply& r) {
+  refusals::Values v{};
+  for (size_t i = 0; i < refusals::kNumCounters; i++) {
+    auto it = r.refusals().find(refusals::kAll[i].name);
+    if (it != r.refusals().end()) v[i] = it->second;
+  }
+  return v;
+}
+
+std::string RefusalsJson(const psmd::v1::GetStatsReply& r) {
+  const refusals::Values v = RefusalsOf(r);
+  std::string out;
+  for (size_t i = 0; i < refusals::kNumCounters; i++) {
+    out += (i ? ", " : "") + JsonString(refusals::kAll[i].name) + ": " +
+           std::to_string(v[i]);
+  }
+  return out;
+}
+
 void PrintStatsJson(const psmd::v1::GetStatsReply& r) {
   printf(
       "{\"uptime_seconds\": %.3f, \"endpoint_count\": %u, \"doorbells\": "
@@ -170,8 +192,8 @@ void PrintStatsJson(const psmd::v1::GetStatsReply& r) {
            CountersJson(values, 0).c_str());
     first = false;
   }
-  printf("],\n \"total\": {%s}}\n",
-         CountersJson(ValuesOf(r.total()), 0).c_str());
+  printf("],\n \"total\": {%s},\n \"refusals\": {%s}}\n",
+         CountersJson(ValuesOf(r.total()), 0).c_str(), RefusalsJson(r).c_str());
 }
 
 // node_exporter's textfile collector format: one family per counter, a
@@ -194,6 +216,13 @@ void PrintStatsPrometheus(const psmd::v1::GetStatsReply& r) {
   family("psmd_sleeps_total", "counter",
          "Times the progress worker went to sleep.");
   printf("psmd_sleeps_total %" PRIu64 "\n", r.sleeps());
+  const refusals::Values refused = RefusalsOf(r);
+  for (size_t i = 0; i < refusals::kNumCounters; i++) {
+    std::string name =
+        std::string("psmd_") + refusals::kAll[i].metric + "_total";
+    family(name, "counter", refusals::kAll[i].help);
+    printf("%s %" PRIu64 "\n", name.c_str(), refused[i]);
+  }
   auto jobs = JobTotals(r);
   for (size_t i = 0; i < counters::kNumCounters; i++) {
     std::string name =
@@ -220,6 +249,10 @@ int ShowStats(ControlClient& control, const std::string& format) {
            r.doorbells(), r.sleeps());
     PrintIdentities(r);
     PrintCounterTable(Rows(r), 0);
+    const refusals::Values refused = RefusalsOf(r);
+    printf("\n");
+    for (size_t i = 0; i < refusals::kNumCounters; i++)
+      printf("%-28s %16" PRIu64 "\n", refusals::kAll[i].name, refused[i]);
   }
   return 0;
 }

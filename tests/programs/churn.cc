@@ -126,12 +126,11 @@ void Round(psmd::testing::ConnectedPair& c, int rank, uint32_t round,
     Fill(&b, rndv, round + 1);
     psm2_mq_req_t s1, s2;
     psm2_mq_tag_t t1 = Tag(1, round), t2 = Tag(2, round);
-    CheckPsm(psm2_mq_isend2(c.mq, c.peer, 0, &t1, a.data(), eager, nullptr,
-                            &s1),
-             "isend2 eager");
     CheckPsm(
-        psm2_mq_isend2(c.mq, c.peer, 0, &t2, b.data(), rndv, nullptr, &s2),
-        "isend2 rendezvous");
+        psm2_mq_isend2(c.mq, c.peer, 0, &t1, a.data(), eager, nullptr, &s1),
+        "isend2 eager");
+    CheckPsm(psm2_mq_isend2(c.mq, c.peer, 0, &t2, b.data(), rndv, nullptr, &s2),
+             "isend2 rendezvous");
     // An active message and its reply.
     const int before = g_replies;
     psm2_amarg_t arg;
@@ -155,9 +154,9 @@ void Round(psmd::testing::ConnectedPair& c, int rank, uint32_t round,
       CheckSentinel();
     }
     in_a.resize(st.msg_length);
-    CheckPsm(psm2_mq_imrecv(c.mq, 0, in_a.data(), st.msg_length, nullptr,
-                            &claimed),
-             "imrecv");
+    CheckPsm(
+        psm2_mq_imrecv(c.mq, 0, in_a.data(), st.msg_length, nullptr, &claimed),
+        "imrecv");
     Await(&claimed);
     Verify(in_a, back, round + 2, "probed message");
     Await(&s1);
@@ -174,9 +173,8 @@ void Round(psmd::testing::ConnectedPair& c, int rank, uint32_t round,
                             nullptr, &r2),
              "irecv2 rendezvous");
     Fill(&a, back, round + 2);
-    CheckPsm(
-        psm2_mq_isend2(c.mq, c.peer, 0, &t3, a.data(), back, nullptr, &s3),
-        "isend2 back");
+    CheckPsm(psm2_mq_isend2(c.mq, c.peer, 0, &t3, a.data(), back, nullptr, &s3),
+             "isend2 back");
     Await(&r1);
     Await(&r2);
     Verify(in_a, eager, round, "eager message");
