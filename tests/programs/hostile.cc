@@ -1,0 +1,171 @@
+// hostile: what a hostile tenant does with only the public PSM2 API, for
+// the adversary suite (tests/adversary_test.cc). Runs one attack for
+// --seconds, then exits 0 (psmd cleans up after it).
+//
+//   hostile --attack posted-recvs|connect-junk|endpoints --seconds S
+//           [--uuid UUID] [--count N]
+//
+//   posted-recvs  posts N (default 1,000,000) receives that nothing will
+//                 match, half 64-bit (psm2_mq_irecv), half 96-bit exact
+//                 (psm2_mq_irecv2), then cancels and reposts them one by
+//                 one until the time is up.
+//   connect-junk  calls psm2_ep_connect with N (default 400,000) made-up
+//                 epids, again and again.
+//   endpoints     opens endpoints (psm2_ep_open) until refused, and holds
+//                 them.
+//   control-connections
+//                 opens N (default 400) raw connections to $PSMD_SOCKET:
+//                 every third sends 3 bytes of the HTTP/2 preface and
+//                 stops, the others the preface and a SETTINGS frame (so
+//                 psmd hands them to gRPC), and holds them.
+#include <psm2.h>
+#include <psm2_mq.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/programs/rendezvous.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using psmd::testing::CheckPsm;
+
+int PostedRecvs(psm2_ep_t ep, psm2_epid_t epid, uint64_t count,
+                Clock::time_point end) {
+  psm2_mq_t mq;
+  CheckPsm(psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq),
+           "mq_init");
+  psm2_epaddr_t self;
+  psm2_error_t conn_err;
+  CheckPsm(psm2_ep_connect(ep, 1, &epid, nullptr, &conn_err, &self, 0),
+           "connect to self");
+  std::vector<psm2_mq_req_t> reqs(count);
+  static char buf[8];
+  auto post = [&](uint64_t i) {
+    if (i % 2 == 0) {
+      CheckPsm(psm2_mq_irecv(mq, 0x7000000000000000ull | i, ~0ull, 0, buf,
+                             sizeof(buf), nullptr, &reqs[i]),
+               "irecv");
+    } else {
+      psm2_mq_tag_t tag, sel;
+      memset(&sel, 0xff, sizeof(sel));
+      tag.tag0 = static_cast<uint32_t>(i);
+      tag.tag1 = static_cast<uint32_t>(i >> 32);
+      tag.tag2 = 0x7e57;
+      CheckPsm(psm2_mq_irecv2(mq, self, &tag, &sel, 0, buf, sizeof(buf),
+                              nullptr, &reqs[i]),
+               "irecv2");
+    }
+  };
+  for (uint64_t i = 0; i < count && Clock::now() < end; i++) post(i);
+  uint64_t cancels = 0;
+  for (uint64_t i = 0; Clock::now() < end; i = (i + 7919) % count) {
+    if (reqs[i] == nullptr) continue;
+    psm2_mq_cancel(&reqs[i]);
+    psm2_mq_req_free(mq, reqs[i]);
+    post(i);
+    cancels++;
+  }
+  printf("hostile: %llu receives posted, %llu cancelled and reposted\n",
+         static_cast<unsigned long long>(count),
+         static_cast<unsigned long long>(cancels));
+  return 0;
+}
+
+int ConnectJunk(psm2_ep_t ep, uint64_t count, Clock::time_point end) {
+  std::vector<psm2_epid_t> epids(count);
+  std::vector<psm2_error_t> errors(count);
+  std::vector<psm2_epaddr_t> addrs(count);
+  for (uint64_t i = 0; i < count; i++) epids[i] = 0x00ff000000000000ull + i;
+  int calls = 0;
+  while (Clock::now() < end) {
+    psm2_ep_connect(ep, static_cast<int>(count), epids.data(), nullptr,
+                    errors.data(), addrs.data(), 0);
+    calls++;
+  }
+  printf("hostile: %d connect calls of %llu epids\n", calls,
+         static_cast<unsigned long long>(count));
+  return 0;
+}
+
+int Endpoints(const psm2_uuid_t uuid, Clock::time_point end) {
+  int opened = 1;  // the one main opened
+  for (;;) {
+    psm2_ep_t ep;
+    psm2_epid_t epid;
+    if (psm2_ep_open(uuid, nullptr, &ep, &epid) != PSM2_OK) break;
+    opened++;
+  }
+  printf("hostile: %d endpoints open\n", opened);
+  fflush(stdout);
+  std::this_thread::sleep_until(end);
+  return 0;
+}
+
+int ControlConnections(uint64_t count, Clock::time_point end) {
+  const char* path = getenv("PSMD_SOCKET");
+  if (path == nullptr) return 2;
+  static const char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  static const unsigned char kSettings[9] = {0, 0, 0, 4, 0, 0, 0, 0, 0};
+  std::vector<int> held;
+  for (uint64_t i = 0; i < count; i++) {
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    strncpy(addr.sun_path, path, sizeof(addr.sun_path) - 1);
+    if (connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      close(s);
+      continue;
+    }
+    bool sent = i % 3 == 0 ? write(s, kPreface, 3) == 3
+                           : write(s, kPreface, sizeof(kPreface) - 1) > 0 &&
+                                 write(s, kSettings, sizeof(kSettings)) > 0;
+    (void)sent;  // psmd may already have closed it: that is its defence
+    held.push_back(s);
+  }
+  printf("hostile: %zu control connections held\n", held.size());
+  fflush(stdout);
+  std::this_thread::sleep_until(end);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string attack, uuid_text = "0bad0bad0bad0bad0bad0bad0bad0bad";
+  double seconds = 3;
+  uint64_t count = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string flag = argv[i];
+    if (flag == "--attack") attack = argv[i + 1];
+    if (flag == "--seconds") seconds = atof(argv[i + 1]);
+    if (flag == "--uuid") uuid_text = argv[i + 1];
+    if (flag == "--count") count = strtoull(argv[i + 1], nullptr, 10);
+  }
+  psm2_uuid_t uuid;
+  if (!psmd::testing::ParseUuid(uuid_text, uuid)) return 2;
+  const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(seconds));
+  psm2_ep_t ep;
+  psm2_epid_t epid;
+  psmd::testing::InitAndOpen(uuid, &ep, &epid);
+  setenv("PSM2_NO_VERBOSE_ERRORS", "1", 1);  // failures are the point
+  if (attack == "posted-recvs")
+    return PostedRecvs(ep, epid, count ? count : 1000000, end);
+  if (attack == "connect-junk")
+    return ConnectJunk(ep, count ? count : 400000, end);
+  if (attack == "endpoints") return Endpoints(uuid, end);
+  if (attack == "control-connections")
+    return ControlConnections(count ? count : 400, end);
+  fprintf(stderr, "hostile: unknown --attack %s\n", attack.c_str());
+  return 2;
+}
