@@ -69,6 +69,8 @@
 #include <utility>
 #include <vector>
 
+#include <sys/mman.h>
+
 #include "daemon/tag.h"
 
 namespace psmd {
@@ -247,17 +249,18 @@ class NodePool {
 // is only looked up and erased from while each reserve_one() moves the next
 // kMigrateSlots of its slots over. No operation ever walks the whole table:
 // a single-step rehash of 16.7 M receives stalled psmd for 7.9 s (issue 12).
-// Tables are calloc'ed and an all-zero slot is empty, so a large new table
-// costs no initialisation pass either (the kernel hands out zero pages as
-// they are first touched).
+// An all-zero slot is empty and large tables are fresh anonymous mappings,
+// so a new table costs no initialisation pass either (the kernel hands out
+// zero pages as they are first touched).
 //
 // Invariants:
 //   (1) Every bucket has exactly one slot, in cur_ or in old_.
 //   (2) cur_ holds no tombstones. old_ gains no slots: a bucket erased there
 //       leaves a tombstone, and a moved one too, so nothing in old_ ever
 //       moves and the migration cursor cannot skip a slot.
-//   (3) Every live slot of old_ is at or after migrate_; old_ is freed when
-//       migrate_ reaches its end.
+//   (3) Every live slot of old_ is at or after migrate_; old_ is retired
+//       when migrate_ reaches its end, and its pages are unmapped a few at
+//       a time by the following reserve_one() calls (retired_).
 //   (4) After reserve_one(), live_ + 1 <= cur_.size / 4 and every probe run
 //       ends at an empty slot, in either table.
 //   (5) old_ is gone before cur_ must grow again: cur_ grows when it reaches
@@ -271,11 +274,14 @@ class HashIndex {
   static constexpr size_t npos = ~size_t{0};
   // Slots of the old table moved per reserve_one() (invariant 5).
   static constexpr size_t kMigrateSlots = 16;
+  // Bytes of a retired table unmapped per reserve_one().
+  static constexpr size_t kUnmapBytes = size_t{64} << 10;
 
   HashIndex() = default;
   HashIndex(const HashIndex&) = delete;
   HashIndex& operator=(const HashIndex&) = delete;
   HashIndex(HashIndex&& other) noexcept { swap(other); }
+  ~HashIndex() { unmap_some(retired_bytes_); }
   HashIndex& operator=(HashIndex&& other) noexcept {
     HashIndex tmp(std::move(other));
     swap(tmp);
@@ -291,6 +297,8 @@ class HashIndex {
     swap(old_live_, other.old_live_);
     swap(probes_, other.probes_);
     swap(largest_step_, other.largest_step_);
+    swap(retired_, other.retired_);
+    swap(retired_bytes_, other.retired_bytes_);
   }
 
   // Position of the bucket whose slot holds hash `h` and whose head
@@ -326,6 +334,7 @@ class HashIndex {
   // find_or_insert() neither allocates nor throws. Invalidates positions.
   // Strong exception guarantee (only the allocation of a table can throw).
   void reserve_one() {
+    unmap_some(kUnmapBytes);
     size_t step = 0;
     if (old_.size != 0) step += migrate(kMigrateSlots);
     if ((live_ + 1) * 4 > cur_.size) {
@@ -335,7 +344,7 @@ class HashIndex {
       cur_.swap(fresh);
       migrate_ = 0;
       old_live_ = live_;
-      if (old_live_ == 0) old_ = Table();
+      if (old_live_ == 0) retire(old_);
     }
     largest_step_ = std::max(largest_step_, step);
   }
@@ -366,7 +375,7 @@ class HashIndex {
     }
     // Backward shift: later members of the probe run move back so that no
     // lookup crosses a hole it should not.
-    Slot* s = cur_.slots.get();
+    Slot* s = cur_.slots;
     const size_t mask = cur_.mask;
     size_t hole = pos;
     for (size_t j = (hole + 1) & mask; !s[j].empty(); j = (j + 1) & mask) {
@@ -411,24 +420,52 @@ class HashIndex {
   };
   static_assert(sizeof(Slot) == 8);
 
-  struct FreeDeleter {
-    void operator()(Slot* p) const { std::free(p); }
-  };
+  // Zeroed memory for n slots. Large tables are mapped straight from the
+  // kernel, whose zero pages arrive as they are first touched: calloc would
+  // memset them whenever glibc serves the request from its heap (it does
+  // once a freed mapping has raised its mmap threshold), and that memset is
+  // a stop-the-world pass over the whole new table.
+  static constexpr size_t kMapBytes = size_t{1} << 20;
+  static Slot* Allocate(size_t n) {
+    const size_t bytes = n * sizeof(Slot);
+    void* p;
+    if (bytes >= kMapBytes) {
+      p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) p = nullptr;
+    } else {
+      p = std::calloc(n, sizeof(Slot));
+    }
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<Slot*>(p);
+  }
+  static void Free(Slot* p, size_t n) {
+    if (p == nullptr) return;
+    if (n * sizeof(Slot) >= kMapBytes) {
+      munmap(p, n * sizeof(Slot));
+    } else {
+      std::free(p);
+    }
+  }
 
   struct Table {
-    std::unique_ptr<Slot[], FreeDeleter> slots;
+    Slot* slots = nullptr;
     size_t size = 0;  // 0 or a power of two
     size_t mask = 0;
 
     Table() = default;
-    explicit Table(size_t n)
-        : slots(static_cast<Slot*>(std::calloc(n, sizeof(Slot)))),
-          size(n),
-          mask(n - 1) {
-      if (slots == nullptr) throw std::bad_alloc();
+    explicit Table(size_t n) : slots(Allocate(n)), size(n), mask(n - 1) {}
+    Table(const Table&) = delete;
+    Table& operator=(const Table&) = delete;
+    Table& operator=(Table&& o) noexcept {
+      Table tmp;
+      tmp.swap(o);
+      swap(tmp);
+      return *this;
     }
+    ~Table() { Free(slots, size); }
     void swap(Table& o) noexcept {
-      slots.swap(o.slots);
+      std::swap(slots, o.slots);
       std::swap(size, o.size);
       std::swap(mask, o.mask);
     }
@@ -482,15 +519,38 @@ class HashIndex {
       --old_live_;
     }
     if (migrate_ == old_.size) {
-      old_ = Table();
+      retire(old_);
       old_live_ = 0;
       migrate_ = 0;
     }
     return k;
   }
 
+  // Frees table t: a small one at once, a mapped one kUnmapBytes per later
+  // reserve_one() (unmapping touched pages costs ~0.5 us each: 16 MB at
+  // once was a 2 ms step).
+  void retire(Table& t) {
+    unmap_some(retired_bytes_);  // finish the previous one (long done)
+    if (t.size * sizeof(Slot) >= kMapBytes) {
+      retired_ = reinterpret_cast<char*>(t.slots);
+      retired_bytes_ = t.size * sizeof(Slot);
+      t.slots = nullptr;
+      t.size = t.mask = 0;
+    }
+    t = Table();
+  }
+  size_t unmap_some(size_t bytes) {
+    bytes = std::min(bytes, retired_bytes_);
+    if (bytes == 0) return 0;
+    munmap(retired_ + retired_bytes_ - bytes, bytes);
+    retired_bytes_ -= bytes;
+    return bytes / 4096;
+  }
+
   Table cur_;
   Table old_;
+  char* retired_ = nullptr;  // a migrated table's pages still mapped
+  size_t retired_bytes_ = 0;
   size_t migrate_ = 0;   // next slot of old_ to move
   size_t live_ = 0;      // buckets in both tables
   size_t old_live_ = 0;  // of which in old_
