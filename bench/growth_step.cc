@@ -1,7 +1,8 @@
-// growth_step: the longest single post() (in thread CPU time) into a PostedQueue that grows to N
-// receives (a stop-the-world rehash shows up as one post taking as long as
-// re-inserting everything), the memory it ends with, and what matching a
-// message nobody waits for costs at that depth (issue 12, item 1).
+// growth_step: the longest single post() (in thread CPU time) into a
+// PostedQueue that grows to N receives (a stop-the-world rehash shows up as one
+// post taking as long as re-inserting everything), the memory it ends with, and
+// what matching a message nobody waits for costs at that depth (issue 12, item
+// 1).
 //
 //   growth_step [--count N] [--mode exact|tag64] [--misses M]
 //
@@ -81,10 +82,11 @@ int main(int argc, char** argv) {
     if (ms > 1.0) slow.emplace_back(i, ms);
   }
   const double total = Ms(Clock::now() - t0);
-  printf("growth_step %s: %ld posts in %.0f ms (%.0f ns each); longest post "
-         "%.3f ms CPU (at %ld); RSS +%.0f MB\n",
-         mode.c_str(), count, total, total * 1e6 / count, worst, worst_at,
-         RssMb() - rss0);
+  printf(
+      "growth_step %s: %ld posts in %.0f ms (%.0f ns each); longest post "
+      "%.3f ms CPU (at %ld); RSS +%.0f MB\n",
+      mode.c_str(), count, total, total * 1e6 / count, worst, worst_at,
+      RssMb() - rss0);
   printf("growth_step %s: %zu posts took over 1 ms CPU:", mode.c_str(),
          slow.size());
   for (size_t k = 0; k < slow.size() && k < 8; k++)
@@ -92,7 +94,8 @@ int main(int argc, char** argv) {
   printf("\n");
   std::vector<double> miss;
   for (long k = 0; k < misses; k++) {
-    psmd::MsgKey key{7, psmd::Tag96{{static_cast<uint32_t>(count + k), 0x5eed, 0}}};
+    psmd::MsgKey key{
+        7, psmd::Tag96{{static_cast<uint32_t>(count + k), 0x5eed, 0}}};
     const auto a = Clock::now();
     if (q.take_match(key)) return 1;
     miss.push_back(Ms(Clock::now() - a) * 1000);

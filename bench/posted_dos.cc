@@ -171,9 +171,9 @@ int main(int argc, char** argv) {
   }
   cancels.Print("cancel (round trip)");
   matches.Print("match of the newest receive (send to self + wait)");
-  for (long i = 0; i < count; i++) {
-    if (psm2_mq_cancel(&reqs[i]) == PSM2_OK) psm2_mq_test(&reqs[i], nullptr);
-  }
+  fflush(stdout);
+  // Closing drops the receives still posted (cancelling a million of them
+  // one by one would take hours on a psmd whose cancel scans them all).
   psm2_mq_finalize(mq);
   psm2_ep_close(ep, PSM2_EP_CLOSE_GRACEFUL, 0);
   psm2_finalize();

@@ -32,9 +32,9 @@ if [[ "$mode" != none ]]; then
   [[ -e "$work/dos/ready" ]] || { echo "posted_dos never got ready" >&2; exit 1; }
 fi
 echo "# bystander pingpong next to posted_dos --mode $mode --count $count"
-bazel-bin/bench/pingpong --rank 1 --dir "$work" --max-size 8 --iters "$iters" &
+bazel-bin/bench/pingpong --rank 1 --dir "$work" --max-size 8 --iters "$iters" --tail 1 &
 pids+=($!)
-bazel-bin/bench/pingpong --rank 0 --dir "$work" --max-size 8 --iters "$iters"
+bazel-bin/bench/pingpong --rank 0 --dir "$work" --max-size 8 --iters "$iters" --tail 1
 if [[ "$mode" != none ]]; then
   touch "$work/dos/stop"
   wait "$dos"
