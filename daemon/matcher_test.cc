@@ -229,7 +229,7 @@ TYPED_TEST(MatcherTest, PostedSkipsNonMatchingEntries) {
   this->posted_.post(Exact(kAnySource, b), Req{3});      // wrong tag
   this->posted_.post(Exact(kAnySource, a), Req{4});
   this->posted_.post(Exact(3, a), Req{5});
-  // Bucket for `a` holds sources 1, any, 3 in that order.
+  // Receives of `a` from sources 1, any, 3, posted in that order.
   EXPECT_EQ(Id(this->posted_.take_match(Msg(3, a))), 4);
   EXPECT_EQ(Id(this->posted_.take_match(Msg(3, a))), 5);
   EXPECT_EQ(Id(this->posted_.take_match(Msg(3, a))), std::nullopt);
@@ -592,9 +592,10 @@ TEST(MatcherRealTest, DrainCallbackThrows) {
 }
 
 // Thousands of wildcard receives (and unexpected messages taken by wildcard
-// receives) removed in random order: the posted queue's wildcard array fills
-// with tombstones, grows and compacts many times, and must keep posting
-// order and every value exactly once throughout.
+// receives) removed in random order: the posted queue's buckets and tables,
+// and the unexpected queue's arrival log (which fills with stale entries,
+// grows and compacts many times), must keep posting order and every value
+// exactly once throughout.
 TEST(MatcherRealTest, WildcardArrayCompaction) {
   constexpr int kN = 3000;
   std::mt19937_64 rng(11);
