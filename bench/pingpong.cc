@@ -1,6 +1,7 @@
 // pingpong: half round-trip latency and bandwidth between two PSM2 processes.
 //
 //   pingpong --rank 0|1 --dir DIR [--max-size B] [--iters N] [--uuid HEX]
+//            [--tail 1]
 //
 // Rank 0 sends a message of each size (8 B doubling up to --max-size) and
 // waits for the echo; rank 1 echoes. For every size, after a warm-up, each
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
   std::string dir, uuid_text = "5053d0d0000000000000000000000b01";
   uint32_t max_size = 1u << 22;
   int iters = 1000;
+  bool tail = false;  // --tail 1: also print the 99th percentile and worst
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--rank")
@@ -38,6 +40,8 @@ int main(int argc, char** argv) {
       iters = atoi(value.c_str());
     else if (flag == "--uuid")
       uuid_text = value;
+    else if (flag == "--tail")
+      tail = atoi(value.c_str()) != 0;
   }
   psm2_uuid_t uuid;
   if ((rank != 0 && rank != 1) || dir.empty() ||
@@ -96,6 +100,11 @@ int main(int argc, char** argv) {
                        half_rtt_us.end());
       double median = half_rtt_us[n / 2];
       printf("%10u %12.2f %12.1f %8d\n", size, median, size / median, n);
+      if (tail) {
+        std::sort(half_rtt_us.begin(), half_rtt_us.end());
+        printf("# %u B half round trip: p99 %.2f us, max %.2f us\n", size,
+               half_rtt_us[n * 99 / 100], half_rtt_us.back());
+      }
       fflush(stdout);
     }
   }

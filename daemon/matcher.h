@@ -14,24 +14,30 @@
 // locking. A remove_first_if() predicate must not touch the queue; a drain()
 // callback may (the queue is already empty when it runs).
 //
-// Design (the PSM2/UCX approach):
-//   - Posted: receives whose selector compares all 96 bits ("exact tag") sit
-//     in per-tag FIFO buckets found through a hash table, all others in one
-//     wildcard array in posting order. A monotonic per-entry sequence stamp
-//     picks the earlier of the bucket's and the wildcard array's first match.
+// Design:
+//   - Posted: receives are grouped by class (selector, and whether any
+//     source is accepted) and hashed on (class, tag & selector, source) into
+//     FIFO buckets; a message looks up one bucket per class in use (exact
+//     96-bit, 64-bit and MPI wildcard receives alike). A monotonic
+//     per-entry sequence stamp picks the earliest of those buckets' heads.
+//     Every receive is also hashed on its id, so a cancel is O(1) too.
 //   - Unexpected: every message is on its tag's bucket and has an entry in
 //     an arrival-ordered log. Exact-tag receives look only in the bucket;
-//     wildcard receives scan the log.
-// So an exact-tag match costs O(1) whatever the queue depth, and wildcards
-// cost what they must (a scan), with MPI ordering preserved across both.
+//     wildcard receives scan the log (its length is bounded by the
+//     receiver's unexpected-bytes budget).
+// So posting, matching and cancelling a receive cost O(1) whatever the queue
+// depth (O(classes in use), at most PostedQueue::kMaxClasses, plus a scan
+// of the receives of further classes), with MPI ordering preserved. No
+// operation touches every entry: hash tables grow incrementally
+// (HashIndex), node pools in fixed chunks. One tenant posting millions of
+// receives must not stall the worker that serves every other (issue 12).
 //
-// Why it is laid out as it is: at depth an exact match costs what its cache
-// misses cost, so the exact path touches as few cold cache lines as it can
-// (the hash slot of its tag, then the entry itself) and entries are compact:
-// links are 32-bit indices and an exact receive keeps no selector. Order
-// for wildcards is kept in arrays rather than linked lists: scans read
-// memory front to back instead of chasing pointers, and removing an entry
-// writes nothing into its neighbours.
+// Why it is laid out as it is: at depth a match costs what its cache misses
+// cost, so the match path touches as few cold cache lines as it can (the
+// hash slot of its key, then the entry itself) and links are 32-bit
+// indices. The unexpected queue's arrival order is kept in an array rather
+// than a linked list: scans read memory front to back instead of chasing
+// pointers, and removing an entry writes nothing into its neighbours.
 //
 // Those misses cannot be avoided one match at a time, but they can overlap:
 // prefetch_slot() and prefetch_entry() start loading what a later match will
@@ -50,6 +56,7 @@
 #define PSMD_DAEMON_MATCHER_H_
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -61,6 +68,8 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include <sys/mman.h>
 
 #include "daemon/tag.h"
 
@@ -224,333 +233,399 @@ class NodePool {
   Index free_ = kNil;
 };
 
-// Open-addressing hash table from a tag to the head of its bucket list.
-// Linear probing with backward-shift deletion: no tombstones, so lookups stay
-// short however many buckets have come and gone. A slot is 8 bytes (32 bits
-// of the tag's hash + the head index) so the table stays cache-resident at
-// depth; the tag itself is read from the head node, which the caller is about
-// to touch anyway. A slot is empty iff its head is kNil, and a bucket is
-// erased as soon as its last node leaves, so the table holds one slot per
-// distinct live tag at load <= 1/4. At load 1/2, probe runs and backward
-// shifts were long enough that their unpredictable branches cost more than
-// the larger table does (docs/perf.md, "Matching engine").
-class TagIndex {
+// Open-addressing hash table from a key's 32-bit hash to the head of the
+// key's bucket list. The key itself is not stored: the caller's `eq(head)`
+// compares it against the head node, which the caller is about to touch
+// anyway. Linear probing with backward-shift deletion, so lookups stay short
+// however many buckets have come and gone. A slot is 8 bytes (the hash + the
+// head) so the table stays cache-resident at depth. A bucket is erased as
+// soon as its last node leaves, and the table grows at load 1/4: at load 1/2
+// probe runs and backward shifts were long enough that their unpredictable
+// branches cost more than the larger table does (docs/perf.md, "Matching
+// engine").
+//
+// Growth is incremental (as in Redis's dict): when the table is full enough,
+// a table twice the size becomes the one new buckets go to, and the old one
+// is only looked up and erased from while each reserve_one() moves the next
+// kMigrateSlots of its slots over. No operation ever walks the whole table:
+// a single-step rehash of 16.7 M receives stalled psmd for 7.9 s (issue 12).
+// An all-zero slot is empty and large tables are fresh anonymous mappings,
+// so a new table costs no initialisation pass either (the kernel hands out
+// zero pages as they are first touched).
+//
+// Invariants:
+//   (1) Every bucket has exactly one slot, in cur_ or in old_.
+//   (2) cur_ holds no tombstones. old_ gains no slots: a bucket erased there
+//       leaves a tombstone, and a moved one too, so nothing in old_ ever
+//       moves and the migration cursor cannot skip a slot.
+//   (3) Every live slot of old_ is at or after migrate_; old_ is retired
+//       when migrate_ reaches its end, and its pages are unmapped a few at
+//       a time by the following reserve_one() calls (retired_).
+//   (4) After reserve_one(), live_ + 1 <= cur_.size / 4 and every probe run
+//       ends at an empty slot, in either table.
+//   (5) old_ is gone before cur_ must grow again: cur_ grows when it reaches
+//       a quarter full, to twice the old size, so it starts at most an eighth
+//       full; reaching a quarter takes at least old_.size / 4 inserts, and
+//       kMigrateSlots per insert empties old_ within old_.size / 16. (Should
+//       that ever fail, grow() finishes the migration first; the
+//       largest_step() hook lets tests check it does not happen.)
+class HashIndex {
  public:
   static constexpr size_t npos = ~size_t{0};
+  // Slots of the old table moved per reserve_one() (invariant 5).
+  static constexpr size_t kMigrateSlots = 16;
+  // Bytes of a retired table unmapped per reserve_one().
+  static constexpr size_t kUnmapBytes = size_t{64} << 10;
 
-  static uint32_t hash(const Tag96& tag) {
-    return static_cast<uint32_t>(Tag96Hash{}(tag));
+  HashIndex() = default;
+  HashIndex(const HashIndex&) = delete;
+  HashIndex& operator=(const HashIndex&) = delete;
+  HashIndex(HashIndex&& other) noexcept { swap(other); }
+  ~HashIndex() { unmap_some(retired_bytes_); }
+  HashIndex& operator=(HashIndex&& other) noexcept {
+    HashIndex tmp(std::move(other));
+    swap(tmp);
+    return *this;
   }
 
-  // Slot position of the bucket for `tag` (whose hash is `h`), or npos.
-  // tag_of(Index) returns the tag of a node.
-  template <typename TagOf>
-  size_t find(const Tag96& tag, uint32_t h, TagOf tag_of) const {
-    if (count_ == 0) return npos;
-    for (size_t pos = h & mask_;; pos = (pos + 1) & mask_) {
-      const Slot& s = slots_[pos];
-      if (s.head == kNil) return npos;
-      if (s.hash == h && tag_of(s.head) == tag) return pos;
-    }
+  void swap(HashIndex& other) noexcept {
+    using std::swap;
+    cur_.swap(other.cur_);
+    old_.swap(other.old_);
+    swap(migrate_, other.migrate_);
+    swap(live_, other.live_);
+    swap(old_live_, other.old_live_);
+    swap(probes_, other.probes_);
+    swap(largest_step_, other.largest_step_);
+    swap(retired_, other.retired_);
+    swap(retired_bytes_, other.retired_bytes_);
+  }
+
+  // Position of the bucket whose slot holds hash `h` and whose head
+  // satisfies eq(head), or npos. Positions stay valid until the next
+  // reserve_one(), find_or_insert() or erase().
+  template <typename Eq>
+  size_t find(uint32_t h, Eq eq) const {
+    if (live_ == 0) return npos;
+    const size_t pos = cur_.find(h, eq, &probes_);
+    if (pos != npos || old_.size == 0) return pos;
+    const size_t old_pos = old_.find(h, eq, &probes_);
+    return old_pos == npos ? npos : cur_.size + old_pos;
   }
 
   // Asks for the slot where a lookup of hash `h` starts, without waiting.
   void prefetch_slot(uint32_t h) const {
-    if (count_ != 0) prefetch_address(&slots_[h & mask_]);
+    if (live_ == 0) return;
+    prefetch_address(&cur_.slots[h & cur_.mask]);
+    if (old_.size != 0) prefetch_address(&old_.slots[h & old_.mask]);
   }
 
   // Head of the first bucket in `h`'s probe run whose slot holds hash `h`,
-  // or kNil: the bucket find() would return unless two live tags share all
-  // 32 hash bits, found without reading any node. For prefetch_entry(): it
-  // reads the slots, so ask for them first (prefetch_slot).
+  // or kNil: the bucket find() would return unless two live keys share all
+  // 32 hash bits, found without reading any node. For prefetching.
   Index head_by_hash(uint32_t h) const {
-    if (count_ == 0) return kNil;
-    for (size_t pos = h & mask_; slots_[pos].head != kNil;
-         pos = (pos + 1) & mask_) {
-      if (slots_[pos].hash == h) return slots_[pos].head;
-    }
-    return kNil;
+    if (live_ == 0) return kNil;
+    Index head = cur_.head_by_hash(h);
+    if (head == kNil && old_.size != 0) head = old_.head_by_hash(h);
+    return head;
   }
 
-  // Grows the table if needed so that the next find_or_insert() neither
-  // allocates nor throws. Invalidates earlier positions.
+  // Grows (or moves a bounded share of the old table) so that the next
+  // find_or_insert() neither allocates nor throws. Invalidates positions.
+  // Strong exception guarantee (only the allocation of a table can throw).
   void reserve_one() {
-    if ((count_ + 1) * 4 > slots_.size())
-      rehash(std::max<size_t>(16, slots_.size() * 2));
+    unmap_some(kUnmapBytes);
+    size_t step = 0;
+    if (old_.size != 0) step += migrate(kMigrateSlots);
+    if ((live_ + 1) * 4 > cur_.size) {
+      Table fresh(std::max<size_t>(16, cur_.size * 2));  // may throw
+      if (old_.size != 0) step += migrate(old_.size);    // see invariant 5
+      old_.swap(cur_);
+      cur_.swap(fresh);
+      migrate_ = 0;
+      old_live_ = live_;
+      if (old_live_ == 0) retire(old_);
+    }
+    largest_step_ = std::max(largest_step_, step);
   }
 
   // Like find(), but creates the bucket (with head kNil) if absent. The
-  // caller must link a node into it before the next call (no empty buckets).
-  // Call reserve_one() first.
-  template <typename TagOf>
-  size_t find_or_insert(const Tag96& tag, uint32_t h, TagOf tag_of) {
-    size_t pos = h & mask_;
-    for (; slots_[pos].head != kNil; pos = (pos + 1) & mask_) {
-      if (slots_[pos].hash == h && tag_of(slots_[pos].head) == tag) return pos;
-    }
-    ++count_;
-    slots_[pos].hash = h;
+  // caller must set_head() before the next call (no empty buckets). Call
+  // reserve_one() first.
+  template <typename Eq>
+  size_t find_or_insert(uint32_t h, Eq eq) {
+    const size_t found = find(h, eq);
+    if (found != npos) return found;
+    const size_t pos = cur_.free_slot_for(h);
+    cur_.slots[pos].hash = h;
+    ++live_;
     return pos;
   }
 
-  size_t memory_bytes() const { return slots_.capacity() * sizeof(Slot); }
+  Index head(size_t pos) const { return slot(pos).head(); }
+  void set_head(size_t pos, Index head) { slot(pos).set_head(head); }
 
-  Index& head_at(size_t pos) { return slots_[pos].head; }
-  Index head_at(size_t pos) const { return slots_[pos].head; }
-
-  // Removes the (now empty) bucket at `pos`, shifting later members of its
-  // probe run back so that no lookup crosses a hole it should not.
-  void erase_at(size_t pos) {
+  // Removes the (now empty) bucket at `pos`.
+  void erase(size_t pos) {
+    --live_;
+    if (pos >= cur_.size) {
+      old_.slots[pos - cur_.size].mark_dead();  // invariant 2
+      --old_live_;
+      return;
+    }
+    // Backward shift: later members of the probe run move back so that no
+    // lookup crosses a hole it should not.
+    Slot* s = cur_.slots;
+    const size_t mask = cur_.mask;
     size_t hole = pos;
-    for (size_t j = (hole + 1) & mask_; slots_[j].head != kNil;
-         j = (j + 1) & mask_) {
+    for (size_t j = (hole + 1) & mask; !s[j].empty(); j = (j + 1) & mask) {
       // Slot j may fill the hole iff the hole lies on j's probe path, i.e.
       // j is at least as far from its home slot as from the hole.
-      if (((j - slots_[j].hash) & mask_) >= ((j - hole) & mask_)) {
-        slots_[hole] = slots_[j];
+      if (((j - s[j].hash) & mask) >= ((j - hole) & mask)) {
+        s[hole] = s[j];
         hole = j;
       }
     }
-    slots_[hole].head = kNil;
-    --count_;
+    s[hole] = Slot{};
   }
 
   // Calls f(head) for every bucket.
   template <typename F>
   void for_each_head(F&& f) const {
-    if (count_ == 0) return;
-    for (const Slot& s : slots_) {
-      if (s.head != kNil) f(s.head);
-    }
+    if (live_ == 0) return;
+    cur_.for_each_head(f);
+    old_.for_each_head(f);
   }
 
-  void clear() {
-    slots_.clear();
-    slots_.shrink_to_fit();
-    mask_ = 0;
-    count_ = 0;
-  }
+  void clear() { *this = HashIndex(); }
+
+  size_t memory_bytes() const { return (cur_.size + old_.size) * sizeof(Slot); }
+
+  // Test hooks: slots looked at by lookups so far, and the most slots one
+  // reserve_one() moved.
+  uint64_t probes() const { return probes_; }
+  size_t largest_step() const { return largest_step_; }
 
  private:
+  // head is stored complemented so that an all-zero slot is empty (calloc).
   struct Slot {
-    uint32_t hash = 0;  // low bits are the home position
-    Index head = kNil;
+    uint32_t hash;  // low bits are the home position
+    uint32_t enc;   // ~head; 0: empty; kDead: a tombstone (old table only)
+    static constexpr uint32_t kDead = 1;  // ~kDead is never a node index
+    bool empty() const { return enc == 0; }
+    bool live() const { return enc > kDead; }
+    Index head() const { return ~enc; }
+    void set_head(Index head) { enc = ~head; }
+    void mark_dead() { enc = kDead; }
+  };
+  static_assert(sizeof(Slot) == 8);
+
+  // Zeroed memory for n slots. Large tables are mapped straight from the
+  // kernel, whose zero pages arrive as they are first touched: calloc would
+  // memset them whenever glibc serves the request from its heap (it does
+  // once a freed mapping has raised its mmap threshold), and that memset is
+  // a stop-the-world pass over the whole new table.
+  static constexpr size_t kMapBytes = size_t{1} << 20;
+  static Slot* Allocate(size_t n) {
+    const size_t bytes = n * sizeof(Slot);
+    void* p;
+    if (bytes >= kMapBytes) {
+      p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) p = nullptr;
+    } else {
+      p = std::calloc(n, sizeof(Slot));
+    }
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<Slot*>(p);
+  }
+  static void Free(Slot* p, size_t n) {
+    if (p == nullptr) return;
+    if (n * sizeof(Slot) >= kMapBytes) {
+      munmap(p, n * sizeof(Slot));
+    } else {
+      std::free(p);
+    }
+  }
+
+  struct Table {
+    Slot* slots = nullptr;
+    size_t size = 0;  // 0 or a power of two
+    size_t mask = 0;
+
+    Table() = default;
+    explicit Table(size_t n) : slots(Allocate(n)), size(n), mask(n - 1) {}
+    Table(const Table&) = delete;
+    Table& operator=(const Table&) = delete;
+    Table& operator=(Table&& o) noexcept {
+      Table tmp;
+      tmp.swap(o);
+      swap(tmp);
+      return *this;
+    }
+    ~Table() { Free(slots, size); }
+    void swap(Table& o) noexcept {
+      std::swap(slots, o.slots);
+      std::swap(size, o.size);
+      std::swap(mask, o.mask);
+    }
+
+    template <typename Eq>
+    size_t find(uint32_t h, Eq& eq, uint64_t* probes) const {
+      if (size == 0) return npos;
+      for (size_t pos = h & mask;; pos = (pos + 1) & mask) {
+        ++*probes;
+        const Slot& s = slots[pos];
+        if (s.empty()) return npos;
+        if (s.hash == h && s.live() && eq(s.head())) return pos;
+      }
+    }
+    Index head_by_hash(uint32_t h) const {
+      if (size == 0) return kNil;
+      for (size_t pos = h & mask; !slots[pos].empty(); pos = (pos + 1) & mask) {
+        if (slots[pos].hash == h && slots[pos].live()) return slots[pos].head();
+      }
+      return kNil;
+    }
+    size_t free_slot_for(uint32_t h) const {
+      size_t pos = h & mask;
+      while (!slots[pos].empty()) pos = (pos + 1) & mask;
+      return pos;
+    }
+    template <typename F>
+    void for_each_head(F& f) const {
+      for (size_t k = 0; k < size; ++k) {
+        if (slots[k].live()) f(slots[k].head());
+      }
+    }
   };
 
-  void rehash(size_t capacity) {
-    std::vector<Slot> fresh(capacity);  // the only step that can throw
-    const size_t mask = capacity - 1;
-    for (const Slot& s : slots_) {
-      if (s.head == kNil) continue;
-      size_t pos = s.hash & mask;
-      while (fresh[pos].head != kNil) pos = (pos + 1) & mask;
-      fresh[pos] = s;
-    }
-    slots_.swap(fresh);
-    mask_ = mask;
+  Slot& slot(size_t pos) {
+    return pos < cur_.size ? cur_.slots[pos] : old_.slots[pos - cur_.size];
+  }
+  const Slot& slot(size_t pos) const {
+    return pos < cur_.size ? cur_.slots[pos] : old_.slots[pos - cur_.size];
   }
 
-  std::vector<Slot> slots_;  // size is 0 or a power of two
-  size_t mask_ = 0;
-  size_t count_ = 0;  // non-empty slots
+  // Moves up to n slots of old_ (from migrate_ on) into cur_; frees old_
+  // once it is all moved. Returns the number of slots looked at.
+  size_t migrate(size_t n) {
+    size_t k = 0;
+    for (; k < n && migrate_ < old_.size; ++k, ++migrate_) {
+      Slot& s = old_.slots[migrate_];
+      if (!s.live()) continue;
+      cur_.slots[cur_.free_slot_for(s.hash)] = s;
+      s.mark_dead();
+      --old_live_;
+    }
+    if (migrate_ == old_.size) {
+      retire(old_);
+      old_live_ = 0;
+      migrate_ = 0;
+    }
+    return k;
+  }
+
+  // Frees table t: a small one at once, a mapped one kUnmapBytes per later
+  // reserve_one() (unmapping touched pages costs ~0.5 us each: 16 MB at
+  // once was a 2 ms step).
+  void retire(Table& t) {
+    unmap_some(retired_bytes_);  // finish the previous one (long done)
+    if (t.size * sizeof(Slot) >= kMapBytes) {
+      retired_ = reinterpret_cast<char*>(t.slots);
+      retired_bytes_ = t.size * sizeof(Slot);
+      t.slots = nullptr;
+      t.size = t.mask = 0;
+    }
+    t = Table();
+  }
+  size_t unmap_some(size_t bytes) {
+    bytes = std::min(bytes, retired_bytes_);
+    if (bytes == 0) return 0;
+    munmap(retired_ + retired_bytes_ - bytes, bytes);
+    retired_bytes_ -= bytes;
+    return bytes / 4096;
+  }
+
+  Table cur_;
+  Table old_;
+  char* retired_ = nullptr;  // a migrated table's pages still mapped
+  size_t retired_bytes_ = 0;
+  size_t migrate_ = 0;   // next slot of old_ to move
+  size_t live_ = 0;      // buckets in both tables
+  size_t old_live_ = 0;  // of which in old_
+  mutable uint64_t probes_ = 0;
+  size_t largest_step_ = 0;
 };
 
-// The posted queue's wildcard receives: an array in posting (= seq) order,
-// scanned front to back. Removal leaves a tombstone (the entry's seq gets
-// kDead); the array is compacted when tombstones outnumber live entries, so
-// a scan costs O(live entries) amortized and memory O(peak live entries).
-//
-// Invariants:
-//   (1) Entries [begin_, end_) are in increasing seq order (ignoring kDead).
-//   (2) An entry holds a constructed value iff it is in [begin_, end_) and
-//       its seq lacks kDead; live_ counts them.
-//   (3) begin_ == end_ or entry begin_ is live.
-template <typename T>
-class WildArray {
- public:
-  static constexpr size_t npos = ~size_t{0};
+// The hash of a tag, for the unexpected queue's tag index.
+inline uint32_t TagHash(const Tag96& tag) {
+  return static_cast<uint32_t>(Tag96Hash{}(tag));
+}
 
-  WildArray() = default;
-  WildArray(const WildArray&) = delete;
-  WildArray& operator=(const WildArray&) = delete;
-  WildArray(WildArray&& other) noexcept { swap(other); }
-  WildArray& operator=(WildArray&& other) noexcept {
-    WildArray tmp(std::move(other));
-    swap(tmp);
-    return *this;
-  }
-  ~WildArray() {
-    for (size_t k = begin_; k < end_; ++k) {
-      if (live_at(k)) buf_[k].value.destroy();
-    }
-  }
+// MurmurHash3's fmix64: full avalanche, so the low bits index a table.
+inline uint64_t Mix64(uint64_t h) {
+  h ^= h >> 33;
+  h *= 0xFF51AFD7ED558CCDULL;
+  h ^= h >> 33;
+  h *= 0xC4CEB9FE1A85EC53ULL;
+  h ^= h >> 33;
+  return h;
+}
 
-  void swap(WildArray& other) noexcept {
-    using std::swap;
-    swap(buf_, other.buf_);
-    swap(cap_, other.cap_);
-    swap(begin_, other.begin_);
-    swap(end_, other.end_);
-    swap(live_, other.live_);
-  }
-
-  bool empty() const { return live_ == 0; }
-
-  // Appends; seq must exceed every seq in the array. Strong exception
-  // guarantee (only the allocation can throw).
-  void push(uint64_t seq, const RecvPattern& p, T&& v) {
-    if (end_ == cap_) make_room();
-    Entry& e = buf_[end_++];
-    e.seq = seq;
-    e.pattern = p;
-    e.value.construct(std::move(v));
-    ++live_;
-  }
-
-  // Position of the first live entry with seq < before whose pattern matches
-  // key, or npos.
-  size_t find_match(const MsgKey& key, uint64_t before) const {
-    for (size_t k = begin_; k < end_; ++k) {
-      const Entry& e = buf_[k];
-      if ((e.seq & ~kDead) >= before) break;
-      if ((e.seq & kDead) == 0 && matches(e.pattern, key)) return k;
-    }
-    return npos;
-  }
-
-  // Position of the first live entry whose value satisfies pred, or npos.
-  template <typename Pred>
-  size_t find_if(Pred& pred) const {
-    for (size_t k = begin_; k < end_; ++k) {
-      if (live_at(k) && pred(std::as_const(buf_[k].value.get()))) return k;
-    }
-    return npos;
-  }
-
-  uint64_t seq_at(size_t k) const { return buf_[k].seq; }
-
-  // Removes the live entry at k and returns its value. Invalidates positions.
-  T take(size_t k) {
-    T v = buf_[k].value.take();
-    buf_[k].seq |= kDead;
-    --live_;
-    if (k == begin_) {
-      while (begin_ < end_ && !live_at(begin_)) ++begin_;  // (3)
-    }
-    if (end_ - begin_ > 2 * live_ + kSlack) compact();
-    return v;
-  }
-
-  // Removes every live entry whose value satisfies pred(const T&), calling
-  // f(T&&) for each, in order, in one pass. Invalidates positions.
-  template <typename Pred, typename F>
-  void remove_all_if(Pred& pred, F& f) {
-    for (size_t k = begin_; k < end_; ++k) {
-      if (!live_at(k) || !pred(std::as_const(buf_[k].value.get()))) continue;
-      buf_[k].seq |= kDead;
-      --live_;
-      f(buf_[k].value.take());
-    }
-    while (begin_ < end_ && !live_at(begin_)) ++begin_;  // (3)
-    if (end_ - begin_ > 2 * live_ + kSlack) compact();
-  }
-
-  // Calls f(seq, T&&) for every live entry in order, leaving the array
-  // empty. If f throws, the entries not yet handed to it stay in the array.
-  template <typename F>
-  void drain(F&& f) {
-    size_t k = begin_;
-    try {
-      for (; k < end_; ++k) {
-        if (!live_at(k)) continue;
-        buf_[k].seq |= kDead;
-        --live_;
-        f(buf_[k].seq & ~kDead, buf_[k].value.take());
-      }
-    } catch (...) {
-      begin_ = k + 1;  // entries past k keep their values
-      throw;
-    }
-    begin_ = end_ = 0;
-  }
-
- private:
-  static constexpr uint64_t kDead = uint64_t{1} << 63;  // seqs stay below
-  static constexpr size_t kSlack = 16;  // don't compact tiny arrays often
-
-  struct Entry {
-    uint64_t seq;
-    RecvPattern pattern;
-    ValueSlot<T> value;
-  };
-
-  bool live_at(size_t k) const { return (buf_[k].seq & kDead) == 0; }
-
-  // Moves the live entries to the front of `to` (possibly buf_ itself).
-  void move_live_to(Entry* to) {
-    size_t w = 0;
-    for (size_t k = begin_; k < end_; ++k) {
-      if (!live_at(k)) continue;
-      if (&to[w] != &buf_[k]) {
-        to[w].seq = buf_[k].seq;
-        to[w].pattern = buf_[k].pattern;
-        to[w].value.construct(buf_[k].value.take());
-      }
-      ++w;
-    }
-    begin_ = 0;
-    end_ = w;
-  }
-
-  void compact() { move_live_to(buf_.get()); }
-
-  // Frees space at the end: compacts in place if at most half the array is
-  // live, else doubles it. Either way the work is paid for by the pushes or
-  // removals since the last time.
-  void make_room() {
-    if (live_ * 2 <= cap_ && cap_ != 0) {
-      compact();
-      return;
-    }
-    const size_t cap = std::max<size_t>(kSlack, cap_ * 2);
-    std::unique_ptr<Entry[]> fresh(
-        new Entry[cap]);  // the only step that can throw
-    move_live_to(fresh.get());
-    buf_.swap(fresh);
-    cap_ = cap;
-  }
-
-  std::unique_ptr<Entry[]> buf_;
-  size_t cap_ = 0;
-  size_t begin_ = 0;
-  size_t end_ = 0;
-  size_t live_ = 0;
-};
+inline Tag96 MaskTag(const Tag96& tag, const Tag96& sel) {
+  return Tag96{{tag.w[0] & sel.w[0], tag.w[1] & sel.w[1], tag.w[2] & sel.w[2]}};
+}
 
 }  // namespace matcher_internal
 
 // ---------------------------------------------------------------------------
 // PostedQueue: posted receives waiting for a message.
 //
+// A receive's class is its selector plus whether it takes any source. For a
+// class, the message tag bits its selector compares and the source it
+// accepts (or kAnySource) determine exactly which receives a message
+// matches, so receives are hashed on (class, tag & selector, source) into
+// FIFO buckets: every receive of the bucket a message's key leads to
+// matches it, and the bucket's first is the earliest. A message looks up
+// one bucket per class in use, and takes the earliest of their heads. That
+// covers exact 96-bit receives, 64-bit psm2_mq_irecv receives (tag2 selector
+// 0), MPI's ANY_TAG/ANY_SOURCE selectors and the match-all selector alike,
+// each at O(1) whatever the queue depth. Only a receive whose class would
+// be the kMaxClasses+1-th in use goes to the overflow list, which matching
+// scans (up to the best hashed candidate).
+//
+// Every receive is also on the bucket of its id (the daemon's request
+// token) in a second hash table, so a cancel finds it in O(1) rather than
+// scanning all of them (with 1 M receives posted, cancels pushed a
+// bystander's round trip to 8.6 ms; issue 12).
+//
 // Invariants:
-//   (1) Every live receive is in exactly one place: the exact_ bucket of its
-//       tag (a node from pool_) if its selector is kTagSelAll, otherwise
-//       wild_.
+//   (1) Every live receive is a node of pool_, on the by_key_ bucket of
+//       (its class, its tag & selector, its source filter) if its class is
+//       < kMaxClasses, otherwise (class kOverflow) on the overflow list; and
+//       on the by_id_ bucket of its id.
 //   (2) Every live receive has a unique seq; a lower seq was posted earlier.
-//   (3) Every bucket and wild_ are in posting (= seq) order, because post()
-//       appends with a fresh stamp and removal never reorders.
-//   (4) exact_ holds no empty bucket.
-//   (5) size_ equals the number of live receives; exactly the nodes in
-//       exact_ buckets hold a constructed value.
-// From (1)-(3): the earliest-posted receive matching a message is the earlier
-// of (a) the first entry of its tag's bucket whose source filter accepts it
-// and (b) the first matching entry of wild_.
+//   (3) Every bucket and the overflow list are in posting (= seq) order,
+//       because post() appends with a fresh stamp and removal never
+//       reorders.
+//   (4) by_key_ and by_id_ hold no empty bucket. classes_[c].live counts the
+//       receives of class c; bit c of live_classes_ is set iff it is > 0.
+//   (5) size_ equals the number of live receives; exactly they hold a
+//       constructed value.
+// From (1)-(3): the earliest-posted receive matching a message is the
+// earliest of the heads of the buckets its key leads to, one per class in
+// live_classes_, and the first matching receive of the overflow list.
 template <typename RecvT>
 class PostedQueue {
   static_assert(std::is_nothrow_move_constructible_v<RecvT>,
                 "RecvT must be nothrow move constructible");
 
  public:
+  // Classes hashed at once; a match looks up one bucket per class in use.
+  // MPI uses 2-4 (exact, ANY_SOURCE, ANY_TAG, both).
+  static constexpr uint32_t kMaxClasses = 16;
+
   PostedQueue() = default;
   PostedQueue(const PostedQueue&) = delete;
   PostedQueue& operator=(const PostedQueue&) = delete;
@@ -561,129 +636,150 @@ class PostedQueue {
     swap(tmp);
     return *this;
   }
-  ~PostedQueue() {
-    for_each_exact([&](Index i) { pool_[i].value.destroy(); });
-  }
+  ~PostedQueue() { destroy_values(); }
 
   void swap(PostedQueue& other) noexcept {
     using std::swap;
     swap(pool_, other.pool_);
-    swap(exact_, other.exact_);
-    wild_.swap(other.wild_);
+    by_key_.swap(other.by_key_);
+    by_id_.swap(other.by_id_);
+    swap(classes_, other.classes_);
+    swap(live_classes_, other.live_classes_);
+    swap(overflow_, other.overflow_);
+    swap(overflow_steps_, other.overflow_steps_);
     swap(next_seq_, other.next_seq_);
     swap(size_, other.size_);
   }
 
-  void post(const RecvPattern& p, RecvT value) {
-    if (!is_exact_selector(p.sel)) {
-      wild_.push(next_seq_++, p, std::move(value));
-      ++size_;
-      return;
-    }
+  // Posts a receive; `id` is what remove_id() finds it by (need not be
+  // unique: remove_id() takes the earliest-posted receive with that id).
+  void post(const RecvPattern& p, RecvT value, uint64_t id = 0) {
     // Allocation (the only thing that can throw) happens before any change.
-    exact_.reserve_one();
+    const uint32_t c = class_for(p);
+    if (c != kOverflow) by_key_.reserve_one();
+    by_id_.reserve_one();
+    pool_.reserve_one();
     const Index i = pool_.acquire();
     Node& n = pool_[i];
-    n.tag = p.tag;
+    n.tag = matcher_internal::MaskTag(p.tag, p.sel);
+    n.sel = p.sel;
     n.source = p.source;
     n.seq = next_seq_++;
+    n.id = id;
+    n.cls = c;
     n.value.construct(std::move(value));
-    const size_t pos =
-        exact_.find_or_insert(p.tag, TagIndex::hash(p.tag), tag_of());
-    matcher_internal::bucket_push_back<&Node::chain>(pool_, exact_.head_at(pos),
-                                                     i);
+    if (c == kOverflow) {
+      matcher_internal::bucket_push_back<&Node::chain>(pool_, overflow_, i);
+    } else {
+      if (classes_[c].live++ == 0) {
+        classes_[c].sel = p.sel;
+        classes_[c].any_source = p.source == kAnySource;
+        live_classes_ |= 1u << c;
+      }
+      const size_t pos =
+          by_key_.find_or_insert(KeyHash(c, n.tag, n.source), KeyEq(c, n));
+      push_back<&Node::chain>(by_key_, pos, i);
+    }
+    const size_t pos = by_id_.find_or_insert(IdHash(id), IdEq(id));
+    push_back<&Node::id_chain>(by_id_, pos, i);
     ++size_;
   }
 
   // Start loading the memory take_match(key) will read, without changing the
   // queue. At depth a match waits for main memory twice (~130 ns each here):
-  // for its tag's hash slot, then for the node the slot names. A caller
+  // for its key's hash slot, then for the node the slot names. A caller
   // holding a batch of messages calls prefetch_slot() for all of them, then
   // prefetch_entry() for all of them, then matches: the first pass only
   // computes addresses, so all the slot misses are in flight at once; the
   // second reads the slots (mostly arrived by then) and does the same for
   // the nodes.
   void prefetch_slot(const MsgKey& key) const {
-    exact_.prefetch_slot(TagIndex::hash(key.tag));
+    for_each_class_key(key, [&](uint32_t, const Tag96&, uint64_t, uint32_t h) {
+      by_key_.prefetch_slot(h);
+    });
   }
   void prefetch_entry(const MsgKey& key) const {
-    const Index head = exact_.head_by_hash(TagIndex::hash(key.tag));
-    if (head != kNil) matcher_internal::prefetch_node(pool_[head]);
+    for_each_class_key(key, [&](uint32_t, const Tag96&, uint64_t, uint32_t h) {
+      const Index head = by_key_.head_by_hash(h);
+      if (head != kNil) matcher_internal::prefetch_node(pool_[head]);
+    });
   }
 
   // Removes and returns the earliest-posted receive matching `key`.
   std::optional<RecvT> take_match(const MsgKey& key) {
-    Index exact = kNil;
-    uint64_t exact_seq = std::numeric_limits<uint64_t>::max();
-    const size_t pos = exact_.find(key.tag, TagIndex::hash(key.tag), tag_of());
-    if (pos != TagIndex::npos) {
-      exact = first_accepting(exact_.head_at(pos), key.source);
-      if (exact != kNil) exact_seq = pool_[exact].seq;
-    }
-    if (!wild_.empty()) {
-      // Wildcards posted after the exact candidate cannot win: the scan
-      // stops at exact_seq, which keeps exact matches cheap even with many
-      // later wildcards.
-      const size_t k = wild_.find_match(key, exact_seq);
-      if (k != WildArray::npos) {
-        --size_;
-        return wild_.take(k);
+    Index best = kNil;
+    uint64_t best_seq = std::numeric_limits<uint64_t>::max();
+    size_t best_pos = HashIndex::npos;
+    for_each_class_key(
+        key, [&](uint32_t c, const Tag96& masked, uint64_t src, uint32_t h) {
+          const size_t pos = by_key_.find(h, [&](Index head) {
+            const Node& n = pool_[head];
+            return n.cls == c && n.source == src && n.tag == masked;
+          });
+          if (pos == HashIndex::npos) return;
+          const Index head = by_key_.head(pos);
+          if (pool_[head].seq < best_seq) {
+            best = head;
+            best_seq = pool_[head].seq;
+            best_pos = pos;
+          }
+        });
+    // Overflow receives posted after the best candidate cannot win.
+    for (Index i = overflow_; i != kNil && pool_[i].seq < best_seq;
+         i = pool_[i].chain.next) {
+      ++overflow_steps_;
+      const Node& n = pool_[i];
+      if (source_matches(n.source, key.source) &&
+          tag_matches(n.tag, n.sel, key.tag)) {
+        best = i;
+        best_pos = HashIndex::npos;
+        break;
       }
     }
-    if (exact == kNil) return std::nullopt;
-    unlink_exact(exact, pos);
-    return release(exact);
+    if (best == kNil) return std::nullopt;
+    unlink(best, best_pos);
+    return release(best);
+  }
+
+  // Removes and returns the earliest-posted receive posted with `id`
+  // (cancel). O(1).
+  std::optional<RecvT> remove_id(uint64_t id) {
+    const size_t pos = by_id_.find(IdHash(id), IdEq(id));
+    if (pos == HashIndex::npos) return std::nullopt;
+    const Index i = by_id_.head(pos);
+    unlink(i, HashIndex::npos);
+    return release(i);
   }
 
   // Removes the earliest-posted receive whose value satisfies
-  // pred(const RecvT&) (cancel). O(n). pred is evaluated on entries in no
-  // particular order and must have no side effects.
+  // pred(const RecvT&). O(n): for tests and tools; the daemon cancels with
+  // remove_id(). pred is evaluated on entries in no particular order and
+  // must have no side effects.
   template <typename Pred>
   std::optional<RecvT> remove_first_if(Pred pred) {
-    const size_t k = wild_.find_if(pred);
-    uint64_t best_seq = k == WildArray::npos
-                            ? std::numeric_limits<uint64_t>::max()
-                            : wild_.seq_at(k);
     Index best = kNil;
-    // Each bucket is seq-ordered: only its first satisfying entry can win,
-    // and entries at or past the best so far need not be looked at.
-    exact_.for_each_head([&](Index head) {
-      for (Index i = head; i != kNil && pool_[i].seq < best_seq;
-           i = pool_[i].chain.next) {
-        if (pred(std::as_const(pool_[i].value.get()))) {
-          best = i;
-          best_seq = pool_[i].seq;
-          return;
-        }
+    for_each_live([&](Index i) {
+      if ((best == kNil || pool_[i].seq < pool_[best].seq) &&
+          pred(std::as_const(pool_[i].value.get()))) {
+        best = i;
       }
     });
-    if (best == kNil) {
-      if (k == WildArray::npos) return std::nullopt;
-      --size_;
-      return wild_.take(k);
-    }
-    const Tag96& tag = pool_[best].tag;
-    unlink_exact(best, exact_.find(tag, TagIndex::hash(tag), tag_of()));
+    if (best == kNil) return std::nullopt;
+    unlink(best, HashIndex::npos);
     return release(best);
   }
 
   // Removes every receive whose value satisfies pred(const RecvT&), calling
-  // f(RecvT&&) for each (in no particular order). O(n) in one pass, however
-  // many are removed (a peer's death removes all receives naming it).
+  // f(RecvT&&) for each (in no particular order). One O(n) pass however
+  // many go: a peer's death removes every receive naming it.
   template <typename Pred, typename F>
   void remove_all_if(Pred pred, F f) {
-    auto from_wild = [&](RecvT&& v) {
-      --size_;
-      f(std::move(v));
-    };
-    wild_.remove_all_if(pred, from_wild);
     std::vector<Index> doomed;
-    for_each_exact([&](Index i) {
+    for_each_live([&](Index i) {
       if (pred(std::as_const(pool_[i].value.get()))) doomed.push_back(i);
     });
     for (Index i : doomed) {
-      const Tag96& tag = pool_[i].tag;
-      unlink_exact(i, exact_.find(tag, TagIndex::hash(tag), tag_of()));
+      unlink(i, HashIndex::npos);
       f(release(i));
     }
   }
@@ -691,91 +787,167 @@ class PostedQueue {
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
 
+  // Heap bytes held, excluding what values own.
+  size_t memory_bytes() const {
+    return pool_.memory_bytes() + by_key_.memory_bytes() +
+           by_id_.memory_bytes();
+  }
+
   // Removes every entry, calling f(RecvT&&) for each in posting order. The
   // queue is already empty when f runs; receives f posts are not drained.
   // Allocates O(n) scratch: drain is for teardown, not the fast path.
   template <typename F>
   void drain(F&& f) {
-    std::vector<Index> exact;
-    exact.reserve(size_);
-    for_each_exact([&](Index i) { exact.push_back(i); });
-    std::sort(exact.begin(), exact.end(),
+    std::vector<Index> all;
+    all.reserve(size_);
+    for_each_live([&](Index i) { all.push_back(i); });
+    std::sort(all.begin(), all.end(),
               [&](Index a, Index b) { return pool_[a].seq < pool_[b].seq; });
-    WildArray wild = std::move(wild_);
-    exact_.clear();
-    size_ = 0;
-
-    // Merge the two seq-ordered sequences.
+    reset_index();
     size_t e = 0;
-    auto hand_out_exact_before = [&](uint64_t seq) {
-      while (e < exact.size() && pool_[exact[e]].seq < seq) {
-        const Index i = exact[e++];  // handed out even if f throws
+    try {
+      while (e < all.size()) {
+        const Index i = all[e++];  // handed out even if f throws
         RecvT v = pool_[i].value.take();
         pool_.release(i);
         f(std::move(v));
       }
-    };
-    try {
-      wild.drain([&](uint64_t seq, RecvT&& v) {
-        hand_out_exact_before(seq);
-        f(std::move(v));
-      });
-      hand_out_exact_before(std::numeric_limits<uint64_t>::max());
     } catch (...) {
-      // Entries not yet handed to f are dropped (`wild` drops its own).
-      for (; e < exact.size(); ++e) {
-        pool_[exact[e]].value.destroy();
-        pool_.release(exact[e]);
+      // Entries not yet handed to f are dropped.
+      for (; e < all.size(); ++e) {
+        pool_[all[e]].value.destroy();
+        pool_.release(all[e]);
       }
       throw;
     }
   }
 
+  // Drops every entry. Frees the memory in O(chunks) when RecvT is trivially
+  // destructible (the daemon's case: no per-receive walk when an endpoint
+  // with millions of receives closes).
+  void clear() {
+    destroy_values();
+    pool_ = matcher_internal::NodePool<Node>();
+    reset_index();
+  }
+
+  // Test hooks: lookup and scan work done so far (hash slots probed plus
+  // overflow entries looked at), and the most hash slots one post moved
+  // while growing a table.
+  uint64_t work() const {
+    return by_key_.probes() + by_id_.probes() + overflow_steps_;
+  }
+  size_t largest_growth_step() const {
+    return std::max(by_key_.largest_step(), by_id_.largest_step());
+  }
+
  private:
   using Index = matcher_internal::Index;
-  using TagIndex = matcher_internal::TagIndex;
-  using WildArray = matcher_internal::WildArray<RecvT>;
+  using HashIndex = matcher_internal::HashIndex;
+  using Link = matcher_internal::Link;
   static constexpr Index kNil = matcher_internal::kNil;
+  static constexpr uint32_t kOverflow = kMaxClasses;
 
-  // An exact-tag receive. Its selector is kTagSelAll by definition, so only
-  // the tag is kept.
   struct Node {
-    matcher_internal::Link chain;  // bucket; free list when unused
-    Tag96 tag;
+    Link chain;     // by_key_ bucket or overflow list; free list when unused
+    Link id_chain;  // by_id_ bucket
+    Tag96 tag;      // the pattern's tag & its selector
+    Tag96 sel;
     uint64_t source;
     uint64_t seq;
+    uint64_t id;
+    uint32_t cls;  // < kMaxClasses, or kOverflow
     matcher_internal::ValueSlot<RecvT> value;
   };
 
-  auto tag_of() const {
-    return [this](Index i) -> const Tag96& { return pool_[i].tag; };
+  struct Class {
+    Tag96 sel{};
+    bool any_source = false;
+    uint32_t live = 0;
+  };
+
+  static uint32_t KeyHash(uint32_t c, const Tag96& masked, uint64_t source) {
+    uint64_t h = (uint64_t{masked.w[1]} << 32) | masked.w[0];
+    h ^= ((uint64_t{c} << 32) | masked.w[2]) * 0x9E3779B97F4A7C15ULL;
+    h ^= matcher_internal::Mix64(source + 0x632BE59BD9B4E019ULL);
+    return static_cast<uint32_t>(matcher_internal::Mix64(h));
+  }
+  static uint32_t IdHash(uint64_t id) {
+    return static_cast<uint32_t>(matcher_internal::Mix64(id));
+  }
+  auto KeyEq(uint32_t c, const Node& of) const {
+    return [this, c, tag = of.tag, src = of.source](Index head) {
+      const Node& n = pool_[head];
+      return n.cls == c && n.source == src && n.tag == tag;
+    };
+  }
+  auto IdEq(uint64_t id) const {
+    return [this, id](Index head) { return pool_[head].id == id; };
   }
 
-  // Calls f(index) for every exact node, in no particular order.
-  template <typename F>
-  void for_each_exact(F&& f) const {
-    exact_.for_each_head([&](Index head) {
-      for (Index i = head; i != kNil;) {
-        const Index next = pool_[i].chain.next;  // f may destroy node i
-        f(i);
-        i = next;
+  // The class p belongs to: one in use with its selector and source kind, a
+  // free one, or kOverflow when all are taken.
+  uint32_t class_for(const RecvPattern& p) const {
+    const bool any = p.source == kAnySource;
+    uint32_t free = kOverflow;
+    for (uint32_t c = 0; c < kMaxClasses; ++c) {
+      if ((live_classes_ >> c) & 1u) {
+        if (classes_[c].sel == p.sel && classes_[c].any_source == any) return c;
+      } else if (free == kOverflow) {
+        free = c;
       }
-    });
-  }
-
-  Index first_accepting(Index head, uint64_t source) const {
-    for (Index i = head; i != kNil; i = pool_[i].chain.next) {
-      if (source_matches(pool_[i].source, source)) return i;
     }
-    return kNil;
+    return free;
   }
 
-  // Unlinks exact receive i from its bucket, at slot `pos`, dropping the
-  // bucket if now empty (invariant 4).
-  void unlink_exact(Index i, size_t pos) {
-    Index& head = exact_.head_at(pos);
-    matcher_internal::bucket_unlink<&Node::chain>(pool_, head, i);
-    if (head == kNil) exact_.erase_at(pos);
+  // Calls f(class, key tag & selector, source to look up, hash) for every
+  // class in use.
+  template <typename F>
+  void for_each_class_key(const MsgKey& key, F&& f) const {
+    for (uint32_t m = live_classes_; m != 0; m &= m - 1) {
+      const uint32_t c = static_cast<uint32_t>(__builtin_ctz(m));
+      const Class& k = classes_[c];
+      const Tag96 masked = matcher_internal::MaskTag(key.tag, k.sel);
+      const uint64_t src = k.any_source ? kAnySource : key.source;
+      f(c, masked, src, KeyHash(c, masked, src));
+    }
+  }
+
+  template <auto kLink>
+  void push_back(HashIndex& index, size_t pos, Index i) {
+    Index head = index.head(pos);
+    matcher_internal::bucket_push_back<kLink>(pool_, head, i);
+    index.set_head(pos, head);
+  }
+
+  // Takes receive i off its key bucket (at by_key_ position key_pos, if
+  // known) or the overflow list, and off its id bucket (invariant 4).
+  void unlink(Index i, size_t key_pos) {
+    const Node& n = pool_[i];
+    if (n.cls == kOverflow) {
+      matcher_internal::bucket_unlink<&Node::chain>(pool_, overflow_, i);
+    } else {
+      if (key_pos == HashIndex::npos) {
+        key_pos =
+            by_key_.find(KeyHash(n.cls, n.tag, n.source), KeyEq(n.cls, n));
+      }
+      Index head = by_key_.head(key_pos);
+      matcher_internal::bucket_unlink<&Node::chain>(pool_, head, i);
+      if (head == kNil) {
+        by_key_.erase(key_pos);
+      } else {
+        by_key_.set_head(key_pos, head);
+      }
+      if (--classes_[n.cls].live == 0) live_classes_ &= ~(1u << n.cls);
+    }
+    const size_t id_pos = by_id_.find(IdHash(n.id), IdEq(n.id));
+    Index head = by_id_.head(id_pos);
+    matcher_internal::bucket_unlink<&Node::id_chain>(pool_, head, i);
+    if (head == kNil) {
+      by_id_.erase(id_pos);
+    } else {
+      by_id_.set_head(id_pos, head);
+    }
   }
 
   // Returns the value of unlinked node i and frees the node.
@@ -786,9 +958,42 @@ class PostedQueue {
     return v;
   }
 
+  // Calls f(index) for every live receive, in no particular order (every
+  // one is on exactly one id bucket).
+  template <typename F>
+  void for_each_live(F&& f) const {
+    by_id_.for_each_head([&](Index head) {
+      for (Index i = head; i != kNil;) {
+        const Index next = pool_[i].id_chain.next;  // f may free node i
+        f(i);
+        i = next;
+      }
+    });
+  }
+
+  void destroy_values() {
+    if constexpr (!std::is_trivially_destructible_v<RecvT>) {
+      for_each_live([&](Index i) { pool_[i].value.destroy(); });
+    }
+  }
+
+  // Empties the indexes (not the pool).
+  void reset_index() {
+    by_key_.clear();
+    by_id_.clear();
+    classes_ = {};
+    live_classes_ = 0;
+    overflow_ = kNil;
+    size_ = 0;
+  }
+
   matcher_internal::NodePool<Node> pool_;
-  TagIndex exact_;
-  WildArray wild_;
+  HashIndex by_key_;
+  HashIndex by_id_;
+  std::array<Class, kMaxClasses> classes_{};
+  uint32_t live_classes_ = 0;  // bit c: class c in use
+  Index overflow_ = kNil;      // head of the overflow list
+  mutable uint64_t overflow_steps_ = 0;
   uint64_t next_seq_ = 0;
   size_t size_ = 0;
 };
@@ -864,21 +1069,23 @@ class UnexpectedQueue {
     n.key = key;
     n.value.construct(std::move(value));
     arrivals_.push_back(Arrival{i, gens_[i]});
-    const size_t pos =
-        by_tag_.find_or_insert(key.tag, TagIndex::hash(key.tag), tag_of());
-    matcher_internal::bucket_push_back<&Node::chain>(pool_,
-                                                     by_tag_.head_at(pos), i);
+    const size_t pos = by_tag_.find_or_insert(
+        matcher_internal::TagHash(key.tag), tag_is(key.tag));
+    Index head = by_tag_.head(pos);
+    matcher_internal::bucket_push_back<&Node::chain>(pool_, head, i);
+    by_tag_.set_head(pos, head);
     ++size_;
   }
 
   // As PostedQueue's, for a later take(p) or find(p). Only exact patterns
   // have a bucket to prefetch; a wildcard scans arrivals_.
   void prefetch_slot(const RecvPattern& p) const {
-    if (is_exact_selector(p.sel)) by_tag_.prefetch_slot(TagIndex::hash(p.tag));
+    if (is_exact_selector(p.sel))
+      by_tag_.prefetch_slot(matcher_internal::TagHash(p.tag));
   }
   void prefetch_entry(const RecvPattern& p) const {
     if (!is_exact_selector(p.sel)) return;
-    const Index head = by_tag_.head_by_hash(TagIndex::hash(p.tag));
+    const Index head = by_tag_.head_by_hash(matcher_internal::TagHash(p.tag));
     if (head == kNil) return;
     matcher_internal::prefetch_node(pool_[head]);
     matcher_internal::prefetch_address(&gens_[head]);  // take() bumps it
@@ -910,7 +1117,7 @@ class UnexpectedQueue {
     const Index i = first_live(
         [&](Index k) { return pred(std::as_const(pool_[k].value.get())); });
     if (i == kNil) return std::nullopt;
-    return remove(Found{i, TagIndex::npos});
+    return remove(Found{i, HashIndex::npos});
   }
 
   size_t size() const { return size_; }
@@ -955,7 +1162,7 @@ class UnexpectedQueue {
 
  private:
   using Index = matcher_internal::Index;
-  using TagIndex = matcher_internal::TagIndex;
+  using HashIndex = matcher_internal::HashIndex;
   static constexpr Index kNil = matcher_internal::kNil;
   // Bound on arrivals_ for invariant (2).
   static constexpr size_t kMaxArrivals = size_t{1} << 31;
@@ -977,8 +1184,8 @@ class UnexpectedQueue {
     size_t bucket_pos;
   };
 
-  auto tag_of() const {
-    return [this](Index i) -> const Tag96& { return pool_[i].key.tag; };
+  auto tag_is(const Tag96& tag) const {
+    return [this, &tag](Index i) { return pool_[i].key.tag == tag; };
   }
 
   bool current(const Arrival& e) const { return gens_[e.node] == e.gen; }
@@ -1004,14 +1211,15 @@ class UnexpectedQueue {
   // Earliest-arrived message matching p (node kNil if none).
   Found locate(const RecvPattern& p) const {
     if (is_exact_selector(p.sel)) {
-      const size_t pos = by_tag_.find(p.tag, TagIndex::hash(p.tag), tag_of());
-      if (pos == TagIndex::npos) return Found{kNil, pos};
-      for (Index i = by_tag_.head_at(pos); i != kNil; i = pool_[i].chain.next) {
+      const size_t pos =
+          by_tag_.find(matcher_internal::TagHash(p.tag), tag_is(p.tag));
+      if (pos == HashIndex::npos) return Found{kNil, pos};
+      for (Index i = by_tag_.head(pos); i != kNil; i = pool_[i].chain.next) {
         if (source_matches(p.source, pool_[i].key.source)) return Found{i, pos};
       }
       return Found{kNil, pos};
     }
-    return Found{scan(p), TagIndex::npos};
+    return Found{scan(p), HashIndex::npos};
   }
 
   // Earliest-arrived message matching wildcard pattern p, or kNil. Kept out
@@ -1061,13 +1269,17 @@ class UnexpectedQueue {
   MsgT remove(Found f) {
     const Index i = f.node;
     size_t pos = f.bucket_pos;
-    if (pos == TagIndex::npos) {
+    if (pos == HashIndex::npos) {
       const Tag96& tag = pool_[i].key.tag;
-      pos = by_tag_.find(tag, TagIndex::hash(tag), tag_of());
+      pos = by_tag_.find(matcher_internal::TagHash(tag), tag_is(tag));
     }
-    Index& head = by_tag_.head_at(pos);
+    Index head = by_tag_.head(pos);
     matcher_internal::bucket_unlink<&Node::chain>(pool_, head, i);
-    if (head == kNil) by_tag_.erase_at(pos);
+    if (head == kNil) {
+      by_tag_.erase(pos);
+    } else {
+      by_tag_.set_head(pos, head);
+    }
     MsgT v = pool_[i].value.take();
     release(i);
     --size_;
@@ -1082,7 +1294,7 @@ class UnexpectedQueue {
 
   matcher_internal::NodePool<Node> pool_;
   std::vector<uint32_t> gens_;  // generation of each pool node
-  TagIndex by_tag_;
+  matcher_internal::HashIndex by_tag_;
   std::vector<Arrival> arrivals_;
   size_t begin_ = 0;  // entries before it are stale
   size_t size_ = 0;

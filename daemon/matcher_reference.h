@@ -7,6 +7,7 @@
 #define PSMD_DAEMON_MATCHER_REFERENCE_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <optional>
 #include <utility>
@@ -18,8 +19,8 @@ namespace psmd {
 template <typename RecvT>
 class LinearPostedQueue {
  public:
-  void post(const RecvPattern& p, RecvT value) {
-    entries_.push_back(Entry{p, std::move(value)});
+  void post(const RecvPattern& p, RecvT value, uint64_t id = 0) {
+    entries_.push_back(Entry{p, id, std::move(value)});
   }
 
   std::optional<RecvT> take_match(const MsgKey& key) {
@@ -42,6 +43,13 @@ class LinearPostedQueue {
     while (auto v = remove_first_if(pred)) f(std::move(*v));
   }
 
+  std::optional<RecvT> remove_id(uint64_t id) {
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      if (it->id == id) return erase(it);
+    }
+    return std::nullopt;
+  }
+
   size_t size() const { return entries_.size(); }
   bool empty() const { return entries_.empty(); }
 
@@ -52,9 +60,12 @@ class LinearPostedQueue {
     for (Entry& e : entries) f(std::move(e.value));
   }
 
+  void clear() { entries_.clear(); }
+
  private:
   struct Entry {
     RecvPattern pattern;
+    uint64_t id;
     RecvT value;
   };
 

@@ -19,6 +19,11 @@ namespace {
 
 constexpr size_t kBatch = 32;
 
+// Submissions consumed per job per pass (invariant 7): a job with many busy
+// endpoints gets as much of a pass as a job with two, so one with a million
+// operations queued delays another by at most one such slice per pass.
+constexpr size_t kJobBudget = 4 * kBatch;
+
 // Queue depth from which a batch's matches are prefetched. Up to here a
 // queue's entries and hash slots (~250 KiB at 4096) stay in L2, and
 // bench/match_bench measures the prefetch pass costing as much as it saves.
@@ -54,7 +59,11 @@ void MqEngine::Add(std::shared_ptr<Endpoint> ep) {
   raw->ctl_sq = rings.ctl_sq;
   raw->cq = rings.cq;
   by_id_[raw->id] = std::move(ep);
-  order_.push_back(raw);
+  // Next to the other endpoints of its job: PollAll serves a job's
+  // endpoints as one group (invariant 7).
+  auto last_of_job = std::find_if(order_.rbegin(), order_.rend(),
+                                  [&](auto* e) { return e->job == raw->job; });
+  order_.insert(last_of_job.base(), raw);
 }
 
 void MqEngine::Remove(uint32_t id) {
@@ -83,7 +92,7 @@ void MqEngine::Remove(uint32_t id) {
   release_unread();
   ep.cq.ForEachUnconsumed(
       [&](const shm::CompletionDesc& c) { ReleaseUnread(ep, c); });
-  ep.posted.drain([](PostedRecv&&) {});
+  ep.posted.clear();  // O(chunks), however many receives it had posted
   ep.unexpected.drain(
       [&](const MsgKey&, UnexpectedMsg&& m) { Discard(ep, m); });
   for (auto& [token, c] : ep.claimed) Discard(ep, c.msg);
@@ -108,7 +117,7 @@ void MqEngine::Remove(uint32_t id) {
     ++t;
   }
   order_.erase(std::find(order_.begin(), order_.end(), &ep));
-  // Its peers' receives naming it can never match now (invariant 7): they
+  // Its peers' receives naming it can never match now (invariant 8): they
   // fail at once instead of waiting forever.
   for (Endpoint* other : order_) {
     for (PeerLink& link : other->peers) {
@@ -144,16 +153,40 @@ Endpoint* MqEngine::Find(uint32_t id) {
 
 bool MqEngine::PollAll() {
   bool did = false;
+  ++passes_;
   // Two phases: every endpoint's control ring (receives, probes, ...) before
   // any message ring. A receive published before a send (say, before the
   // receiver told the sender to go) then finds the send as expected unless
   // it arrived within the microseconds of one pass: fewer unexpected
-  // messages, and matching follows the order processes saw. Index loops:
-  // handlers never add or remove endpoints.
-  for (size_t i = 0; i < order_.size(); i++) did |= PollControl(*order_[i]);
-  for (size_t i = 0; i < order_.size(); i++) {
-    Endpoint& ep = *order_[i];
-    if (!ep.faulted && ep.cq_overflow.empty()) did |= PollMessages(ep);
+  // messages, and matching follows the order processes saw.
+  //
+  // Each job (a run of order_, see Add) spends at most kJobBudget
+  // submissions over both phases, and its endpoints take turns being first
+  // from pass to pass, so none of them starves when the budget runs out
+  // (invariant 7). Index loops: handlers never add or remove endpoints.
+  for (int phase = 0; phase < 2; phase++) {
+    size_t group = 0;
+    for (size_t begin = 0; begin < order_.size(); group++) {
+      size_t end = begin + 1;
+      while (end < order_.size() && order_[end]->job == order_[begin]->job)
+        end++;
+      if (phase == 0) {
+        if (job_used_.size() <= group) job_used_.resize(group + 1);
+        job_used_[group] = 0;
+      }
+      size_t& used = job_used_[group];
+      const size_t n = end - begin;
+      for (size_t k = 0; k < n && used < kJobBudget; k++) {
+        Endpoint& ep = *order_[begin + (passes_ + k) % n];
+        const size_t limit = std::min(kBatch, kJobBudget - used);
+        if (phase == 0) {
+          did |= PollControl(ep, limit, &used);
+        } else if (!ep.faulted && ep.cq_overflow.empty()) {
+          did |= PollMessages(ep, limit, &used);
+        }
+      }
+      begin = end;
+    }
   }
   return did;
 }
@@ -183,7 +216,7 @@ bool MqEngine::Poll(Endpoint& ep) {
   return did;
 }
 
-bool MqEngine::PollControl(Endpoint& ep) {
+bool MqEngine::PollControl(Endpoint& ep, size_t limit, size_t* used) {
   if (ep.faulted) return false;
   bool did = false;
   if (!ep.cq_overflow.empty()) {
@@ -191,7 +224,8 @@ bool MqEngine::PollControl(Endpoint& ep) {
     if (!ep.cq_overflow.empty()) return did;  // back-pressure: see invariant 3
   }
   shm::SubmissionDesc batch[kBatch];
-  size_t n = ep.ctl_sq.PopBatch(batch, kBatch);
+  size_t n = ep.ctl_sq.PopBatch(batch, std::min(limit, kBatch));
+  if (used != nullptr) *used += n;
   PrefetchMatches(ep, batch, n);
   for (size_t i = 0; i < n; i++) Dispatch(ep, batch[i], shm::Ring::kControl);
   CheckRings(ep);
@@ -207,16 +241,21 @@ void MqEngine::CheckRings(Endpoint& ep) {
   ep.faulted = true;
 }
 
-bool MqEngine::PollMessages(Endpoint& ep) {
+bool MqEngine::PollMessages(Endpoint& ep, size_t limit, size_t* used) {
   bool did = false;
+  size_t held = 0;
   while (!ep.held_sends.empty()) {
+    if (used != nullptr) ++*used;
+    ++held;
     if (!Dispatch(ep, ep.held_sends.front(), shm::Ring::kMessage))
       return did;  // still over budget
     ep.held_sends.pop_front();
     did = true;
   }
   shm::SubmissionDesc batch[kBatch];
-  size_t n = ep.msg_sq.PopBatch(batch, kBatch);
+  const size_t room = std::min(limit, kBatch);
+  size_t n = ep.msg_sq.PopBatch(batch, held < room ? room - held : 0);
+  if (used != nullptr) *used += n;
   PrefetchMatches(ep, batch, n);
   for (size_t i = 0; i < n; i++) {
     if (!Dispatch(ep, batch[i], shm::Ring::kMessage)) {
@@ -366,11 +405,11 @@ bool MqEngine::HandleRecv(Endpoint& receiver, const shm::SubmissionDesc& d) {
     return true;
   }
   if (d.peer != shm::kAnySlot && receiver.peers[d.peer].gone) {
-    // Nothing more can come from that peer (invariant 7).
+    // Nothing more can come from that peer (invariant 8).
     PostError(receiver, d.req, PSM2_EPID_UNREACHABLE);
     return true;
   }
-  receiver.posted.post(p, PostedRecv{d.req, d.len, p.source});
+  receiver.posted.post(p, PostedRecv{d.req, d.len, p.source}, d.req);
   return true;
 }
 
@@ -378,8 +417,9 @@ bool MqEngine::HandleCancel(Endpoint& ep, const shm::SubmissionDesc& d) {
   shm::CompletionDesc c{};
   c.op = shm::CompleteOp::kCancelDone;
   c.req = d.req;
-  auto removed = ep.posted.remove_first_if(
-      [&](const PostedRecv& r) { return r.req == d.body.cancel.target; });
+  // O(1) (PostedQueue::remove_id): a client cancelling receives must not
+  // make the worker scan every one it has posted.
+  auto removed = ep.posted.remove_id(d.body.cancel.target);
   c.error = removed ? PSM2_OK : PSM2_MQ_NO_COMPLETIONS;
   Post(ep, c);
   return true;

@@ -34,7 +34,13 @@
 //      acks travel on control rings and reach only endpoints of the same job.
 //      A request is held while its target has kAmOverflowLimit completions
 //      waiting for ring space.
-//   7. Once an endpoint is removed (closed or dead), after its rings were
+//   7. A pass (PollAll) consumes at most kBatch submissions per ring of an
+//      endpoint and kJobBudget per job, whose endpoints are adjacent in
+//      order_ and take turns going first; every submission's handling costs
+//      O(1) in the depth of the posted queue (daemon/matcher.h). So a job
+//      with any backlog delays another job by a bounded slice per pass
+//      (issue 12).
+//   8. Once an endpoint is removed (closed or dead), after its rings were
 //      drained, a receive that names it as the source can match only what
 //      is already queued at the receiver: posted ones fail at once with
 //      PSM2_EPID_UNREACHABLE, and new ones do unless a queued message
@@ -43,6 +49,7 @@
 #define PSMD_DAEMON_MQ_ENGINE_H_
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <unordered_map>
@@ -99,8 +106,12 @@ class MqEngine {
 
   // One endpoint, both rings (used when removing it).
   bool Poll(Endpoint& ep);
-  bool PollControl(Endpoint& ep);
-  bool PollMessages(Endpoint& ep);
+  // Consume up to `limit` submissions (at most a batch) and add how many to
+  // *used (invariant 7).
+  bool PollControl(Endpoint& ep, size_t limit = SIZE_MAX,
+                   size_t* used = nullptr);
+  bool PollMessages(Endpoint& ep, size_t limit = SIZE_MAX,
+                    size_t* used = nullptr);
   // Faults the endpoint if the client scribbled on a ring's indices.
   void CheckRings(Endpoint& ep);
   // Validates `d`, taken from `ring`, and runs its handler. False when the
@@ -163,6 +174,10 @@ class MqEngine {
   bool admit_over_budget_ = false;
   std::unordered_map<uint64_t, Transfer> transfers_;
   uint64_t next_transfer_ = 1;
+  // PollAll: passes so far (whose endpoint of a job goes first) and the
+  // submissions each job consumed in this pass.
+  size_t passes_ = 0;
+  std::vector<size_t> job_used_;
 };
 
 }  // namespace psmd

@@ -56,13 +56,14 @@ class MqEngineTest : public ::testing::Test {
     }
   }
 
-  void AddEndpoint(uint32_t id) {
+  void AddEndpoint(uint32_t id) { AddEndpoint(id, job_); }
+  void AddEndpoint(uint32_t id, const std::shared_ptr<Job>& job) {
     auto ep = std::make_shared<Endpoint>();
     ep->id = id;
     ep->epid = 0x1000 + id;
-    ep->job = job_;
+    ep->job = job;
     ep->uid = geteuid();
-    ep->region = *job_->TakeRegion();
+    ep->region = *job->TakeRegion();
     ep->geometry = shm::ComputeGeometry(kRingCapacity, kRingCapacity);
     ep->unexpected_budget = kBudget;
     std::string error;
@@ -70,13 +71,13 @@ class MqEngineTest : public ::testing::Test {
                                      geteuid(), getegid(), &ep->segment,
                                      &error))
         << error;
-    job_->endpoints++;
+    job->endpoints++;
     ClientSide c;
     c.id = id;
     c.epid = ep->epid;
     c.rings = shm::ClientRingsOf(ep->segment.base(), ep->geometry);
-    c.arena = shm::SendArena(job_->pool().base(), ep->region.offset,
-                             ep->region.bytes);
+    c.arena =
+        shm::SendArena(job->pool().base(), ep->region.offset, ep->region.bytes);
     endpoints_.push_back(ep);
     clients_.push_back(c);
     engine_.Add(ep);
@@ -335,6 +336,103 @@ TEST_F(MqEngineTest, AFullCompletionRingHoldsBackSubmissions) {
   Drain();
   got += static_cast<int>(Reap(1).size());
   EXPECT_EQ(got, n);
+}
+
+}  // namespace
+}  // namespace psmd
+
+namespace psmd {
+namespace {
+
+// Invariant 7: another job with a backlog on many endpoints (receives that
+// never match, as a hostile tenant would post) gets a bounded slice of each
+// pass; the bystander's operation is served in the same pass.
+TEST_F(MqEngineTest, AJobsBacklogCostsOthersOneBoundedSlicePerPass) {
+  constexpr uint32_t kHostile = 8;
+  std::string error;
+  shm::Mapping pool;
+  ASSERT_TRUE(shm::Mapping::Create("test-pool-2", kHostile * kRegionBytes,
+                                   geteuid(), getegid(), &pool, &error))
+      << error;
+  auto hostile = std::make_shared<Job>(JobKey{Uuid{2}, geteuid()},
+                                       std::move(pool), kHostile, kRegionBytes,
+                                       std::make_shared<UidAccount>());
+  const size_t first = clients_.size();
+  for (uint32_t i = 0; i < kHostile; i++) AddEndpoint(100 + i, hostile);
+  // Fills every hostile control ring with 64-bit receives nobody sends to.
+  auto fill = [&] {
+    for (size_t e = first; e < clients_.size(); e++) {
+      for (;;) {
+        const uint32_t tag[3] = {static_cast<uint32_t>(Token(e)), 1, 0};
+        const uint32_t sel[3] = {~0u, ~0u, 0};  // psm2_mq_irecv's 64-bit
+        if (!clients_[e].rings.ctl_sq.TryPush(
+                shm::PrepRecv(shm::kAnySlot, Token(e), tag, sel, 8)))
+          break;
+      }
+    }
+  };
+  auto posted = [&](size_t e) { return endpoints_[e]->posted.size(); };
+  std::vector<size_t> progress(kHostile, 0);
+  for (int pass = 0; pass < 50; pass++) {
+    fill();
+    std::vector<size_t> before;
+    for (size_t e = first; e < clients_.size(); e++)
+      before.push_back(posted(e));
+    const uint64_t r = Recv(0, 1, 5, 16);
+    Send(1, 0, 5, "hi");
+    engine_.PollAll();
+    // The bystander's receive and send were served in this pass...
+    auto done = Reap(0);
+    ASSERT_EQ(done.size(), 1u) << "pass " << pass;
+    EXPECT_EQ(done[0].req, r);
+    EXPECT_EQ(PayloadOf(done[0]), "hi");
+    // ...while the hostile job got at most its budget, however many of its
+    // endpoints had work (8 x 32 before invariant 7).
+    size_t consumed = 0;
+    for (size_t e = first; e < clients_.size(); e++) {
+      consumed += posted(e) - before[e - first];
+      if (posted(e) > before[e - first]) progress[e - first]++;
+    }
+    EXPECT_LE(consumed, 4u * 32u) << "pass " << pass;
+    EXPECT_GT(consumed, 0u) << "pass " << pass;
+  }
+  // Its endpoints take turns: none starves.
+  for (uint32_t i = 0; i < kHostile; i++) EXPECT_GT(progress[i], 10u) << i;
+}
+
+// Cancels and 64-bit receives cost O(1) whatever the number of receives
+// posted (they used to scan them all).
+TEST_F(MqEngineTest, CancelAndSixtyFourBitMatchDoNotScanPostedReceives) {
+  constexpr int kPosted = 50'000;
+  std::vector<uint64_t> reqs;
+  for (int i = 0; i < kPosted; i++) {
+    const uint32_t tag[3] = {static_cast<uint32_t>(i), 0x10000, 0};
+    const uint32_t sel[3] = {~0u, ~0u, 0};
+    reqs.push_back(Token(1));
+    Submit(1, shm::PrepRecv(shm::kAnySlot, reqs.back(), tag, sel, 8));
+    if (i % 32 == 31) Drain();
+  }
+  Drain();
+  Reap(1);
+  ASSERT_EQ(endpoints_[1]->posted.size(), static_cast<size_t>(kPosted));
+  const uint64_t before = endpoints_[1]->posted.work();
+  Submit(1, shm::PrepCancel(Token(1), reqs[kPosted / 2]));
+  Drain();
+  auto done = Reap(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].op, shm::CompleteOp::kCancelDone);
+  EXPECT_EQ(done[0].error, PSM2_OK);
+  // A 64-bit message (tag2 0) for the last receive.
+  const uint32_t tag[3] = {kPosted - 1, 0x10000, 0};
+  shm::SubmissionDesc d = shm::PrepSend(1, Token(0), tag, 2, false);
+  std::memcpy(d.body.inline_data, "ok", 2);
+  Submit(0, d);
+  Drain();
+  done = Reap(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].req, reqs[kPosted - 1]);
+  EXPECT_LE(endpoints_[1]->posted.work() - before, 64u);
+  EXPECT_EQ(endpoints_[1]->posted.size(), static_cast<size_t>(kPosted - 2));
 }
 
 }  // namespace

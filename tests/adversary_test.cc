@@ -56,9 +56,10 @@ class AdversaryTest : public ::testing::Test {
           "tests/programs/flood", "client/libpsm2.so.2"}) {
       const std::string to =
           dir_.path() + "/" + std::filesystem::path(f).filename().string();
-      ASSERT_EQ(system(("cp " + Runfile(f) + " " + to + " && chmod 755 " + to)
-                           .c_str()),
-                0);
+      ASSERT_EQ(
+          system(
+              ("cp " + Runfile(f) + " " + to + " && chmod 755 " + to).c_str()),
+          0);
     }
     attacker_env_ = daemon_.ClientEnv();
     attacker_env_["LD_LIBRARY_PATH"] = dir_.path();
@@ -84,8 +85,8 @@ class AdversaryTest : public ::testing::Test {
                                         "--uuid",
                                         kBystanderJob};
       };
-      Process echo = Process::Start(args(1), daemon_.ClientEnv(),
-                                    rv + "/1.out", rv + "/1.err");
+      Process echo = Process::Start(args(1), daemon_.ClientEnv(), rv + "/1.out",
+                                    rv + "/1.err");
       RunResult r = RunToEnd(dir_, args(0), daemon_.ClientEnv(), 60);
       EXPECT_EQ(r.exit_code, 0) << r.err;
       EXPECT_EQ(echo.Wait(30), 0) << ReadFile(rv + "/1.err");
@@ -111,16 +112,17 @@ class AdversaryTest : public ::testing::Test {
     Process r1 =
         Process::Start(ExchangeArgs(dir_, rv, 1, kBystanderJob, 2000, 8000),
                        daemon_.ClientEnv(), rv + "/1.out", rv + "/1.err");
-    RunResult r0 = RunToEnd(
-        dir_, ExchangeArgs(dir_, rv, 0, kBystanderJob, 2000, 8000),
-        daemon_.ClientEnv(), 60);
+    RunResult r0 =
+        RunToEnd(dir_, ExchangeArgs(dir_, rv, 0, kBystanderJob, 2000, 8000),
+                 daemon_.ClientEnv(), 60);
     EXPECT_EQ(r0.exit_code, 0) << r0.err;
     EXPECT_EQ(r1.Wait(30), 0) << ReadFile(rv + "/1.err");
   }
 
   Process Attacker(const std::string& name,
                    const std::vector<std::string>& argv) {
-    return Process::Start(argv, attacker_env_, dir_.path() + "/" + name + ".out",
+    return Process::Start(argv, attacker_env_,
+                          dir_.path() + "/" + name + ".out",
                           dir_.path() + "/" + name + ".err", kNobody);
   }
 
@@ -140,8 +142,8 @@ class AdversaryTest : public ::testing::Test {
     // proves nothing).
     for (size_t i = 0; i < held_.size(); i++) {
       EXPECT_EQ(held_[i].Wait(0), -1)
-          << name << ": attacker " << i << " ended early: "
-          << ReadFile(held_names_[i] + ".out")
+          << name << ": attacker " << i
+          << " ended early: " << ReadFile(held_names_[i] + ".out")
           << ReadFile(held_names_[i] + ".err");
     }
     held_names_.clear();
@@ -150,9 +152,10 @@ class AdversaryTest : public ::testing::Test {
       p.Wait(5);
     }
     held_.clear();
-    printf("%-22s bystander %7.2f us (%.2fx the hog's), psmd %d fds, "
-           "RSS +%lld KiB\n",
-           name.c_str(), us, us / hog_us_, fds, rss - base_rss_);
+    printf(
+        "%-22s bystander %7.2f us (%.2fx the hog's), psmd %d fds, "
+        "RSS +%lld KiB\n",
+        name.c_str(), us, us / hog_us_, fds, rss - base_rss_);
     fflush(stdout);
     EXPECT_LE(us, 2 * hog_us_) << name;
     EXPECT_LE(fds, base_fds_ + kFdBound) << name;
@@ -199,19 +202,19 @@ TEST_F(AdversaryTest, EveryAttackCostsTheBystanderAtMostTwiceACpuHog) {
   const std::string d = dir_.path();
 
   UnderAttack("posted receives", 3, [&] {
-    return std::vector<pid_t>{Start(
-        "posted", {d + "/hostile", "--attack", "posted-recvs", "--seconds",
-                   "600", "--uuid", kAttackerJob})};
+    return std::vector<pid_t>{
+        Start("posted", {d + "/hostile", "--attack", "posted-recvs",
+                         "--seconds", "600", "--uuid", kAttackerJob})};
   });
   UnderAttack("connect junk", 1, [&] {
-    return std::vector<pid_t>{Start(
-        "junk", {d + "/hostile", "--attack", "connect-junk", "--seconds", "600",
-                 "--uuid", kAttackerJob})};
+    return std::vector<pid_t>{
+        Start("junk", {d + "/hostile", "--attack", "connect-junk", "--seconds",
+                       "600", "--uuid", kAttackerJob})};
   });
   UnderAttack("endpoint slots", 2, [&] {
-    return std::vector<pid_t>{Start(
-        "slots", {d + "/hostile", "--attack", "endpoints", "--seconds", "600",
-                  "--uuid", kAttackerJob})};
+    return std::vector<pid_t>{
+        Start("slots", {d + "/hostile", "--attack", "endpoints", "--seconds",
+                        "600", "--uuid", kAttackerJob})};
   });
   UnderAttack("doorbell flood", 1, [&] {
     return std::vector<pid_t>{
@@ -223,17 +226,17 @@ TEST_F(AdversaryTest, EveryAttackCostsTheBystanderAtMostTwiceACpuHog) {
     chmod(rv.c_str(), 0777);
     auto args = [&](int rank) {
       return std::vector<std::string>{
-          d + "/flood", "--rank",         std::to_string(rank),
-          "--dir",      rv,               "--idle-seconds",
-          "600",         "--uuid",         kAttackerJob};
+          d + "/flood", "--rank", std::to_string(rank),
+          "--dir",      rv,       "--idle-seconds",
+          "600",        "--uuid", kAttackerJob};
     };
     return std::vector<pid_t>{Start("flood1", args(1)),
                               Start("flood0", args(0))};
   });
   UnderAttack("control connections", 1, [&] {
     return std::vector<pid_t>{
-        Start("connections", {d + "/hostile", "--attack",
-                              "control-connections", "--seconds", "600"})};
+        Start("connections", {d + "/hostile", "--attack", "control-connections",
+                              "--seconds", "600"})};
   });
   EXPECT_TRUE(daemon_.Stop());
   EXPECT_TRUE(ShmLeftovers().empty());

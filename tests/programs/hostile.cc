@@ -42,8 +42,7 @@ using psmd::testing::CheckPsm;
 int PostedRecvs(psm2_ep_t ep, psm2_epid_t epid, uint64_t count,
                 Clock::time_point end) {
   psm2_mq_t mq;
-  CheckPsm(psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq),
-           "mq_init");
+  CheckPsm(psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq), "mq_init");
   psm2_epaddr_t self;
   psm2_error_t conn_err;
   CheckPsm(psm2_ep_connect(ep, 1, &epid, nullptr, &conn_err, &self, 0),
