@@ -301,6 +301,12 @@ void Admission::Accept() {
       close(fd);
       continue;
     }
+    // Connections still being classified count too: a tenant could
+    // otherwise hold any number by sending half a preface every 2 s.
+    if (p.creds.uid != 0 && !UnderConnectionLimit(p.creds.uid)) {
+      RefuseConnection(fd, p.creds);
+      continue;
+    }
     p.since = std::chrono::steady_clock::now();
     pending_[fd] = p;
     epoll_event ev{};
@@ -349,18 +355,18 @@ void Admission::Classify(int fd) {
   DropPending(fd);
 }
 
+void Admission::RefuseConnection(int fd, const Credentials& creds) {
+  WarnClient(creds.uid,
+             "control socket: pid {} uid {} refused: the uid holds {} "
+             "control connections already (max_control_connections_per_uid, "
+             "psmd --max-control-connections-per-uid)",
+             creds.pid, creds.uid, config_.max_control_connections_per_uid);
+  registry_->refusals().Count(creds.uid,
+                              refusals::k_control_connections_refused);
+  close(fd);
+}
+
 void Admission::HandOverToGrpc(int fd, const Credentials& creds) {
-  if (creds.uid != 0 && !UnderConnectionLimit(creds.uid)) {
-    WarnClient(creds.uid,
-               "control socket: pid {} uid {} refused: the uid holds {} "
-               "control connections already (max_control_connections_per_uid, "
-               "psmd --max-control-connections-per-uid)",
-               creds.pid, creds.uid, config_.max_control_connections_per_uid);
-    registry_->refusals().Count(creds.uid,
-                                refusals::k_control_connections_refused);
-    close(fd);
-    return;
-  }
   fd = MoveToHighFd(fd);
   struct stat st {};
   fstat(fd, &st);
@@ -372,8 +378,9 @@ void Admission::HandOverToGrpc(int fd, const Credentials& creds) {
 }
 
 bool Admission::UnderConnectionLimit(uid_t uid) {
-  std::lock_guard<std::mutex> lock(creds_mu_);
   uint32_t held = 0;
+  for (const auto& [fd, p] : pending_) held += p.creds.uid == uid;
+  std::lock_guard<std::mutex> lock(creds_mu_);
   for (auto it = grpc_peers_.begin(); it != grpc_peers_.end();) {
     struct stat st {};
     if (fstat(it->first, &st) != 0 || st.st_ino != it->second.inode) {

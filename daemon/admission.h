@@ -97,9 +97,12 @@ class Admission {
   std::optional<std::chrono::steady_clock::time_point> accept_paused_until_;
   uint64_t refused_while_full_ = 0;
 
-  // Whether this uid may hold one more gRPC connection; forgets the
-  // connections gRPC has closed since (their fd is gone or is another file).
+  // Whether this uid may hold one more control connection (gRPC or still
+  // being classified); forgets the connections gRPC has closed since (their
+  // fd is gone or is another file).
   bool UnderConnectionLimit(uid_t uid);
+  // Closes a connection over the uid's limit; logs and counts it.
+  void RefuseConnection(int fd, const Credentials& creds);
 
   // A connection handed to gRPC: who is calling, and the socket's inode, so
   // that a reused fd number is not taken for it.

@@ -32,10 +32,14 @@ constexpr uid_t kNobody = 65534;
 const char kBystanderJob[] = "5053d0d0bbbbbbbbbbbbbbbbbbbbbbbb";
 const char kAttackerJob[] = "0bad0bad0bad0bad0bad0bad0bad0bad";
 // psmd's growth allowed while attacked: the attacker's 1 M posted receives
-// (about 100 B each), its unexpected-message budget (64 MiB), and gRPC's
+// (about 160 B each), its unexpected-message budget (64 MiB), and gRPC's
 // per-connection buffers for the uid's 256 control connections.
 constexpr long long kRssBoundKiB = 320 * 1024;
-constexpr int kFdBound = 256 + 64;
+// File descriptors one uid can make psmd hold: 4 per endpoint (liveness
+// socket, segment, doorbell, and its job's pool when each endpoint is a
+// job of its own) for max_endpoints_per_uid (256), or one per control
+// connection for max_control_connections_per_uid (256), plus slack.
+constexpr int kFdBound = 4 * 256 + 64;
 
 int OpenFds(pid_t pid) {
   int n = 0;

@@ -11,8 +11,8 @@
 //                 one until the time is up.
 //   connect-junk  calls psm2_ep_connect with N (default 400,000) made-up
 //                 epids, again and again.
-//   endpoints     opens endpoints (psm2_ep_open) until refused, and holds
-//                 them.
+//   endpoints     opens endpoints (psm2_ep_open, PSM2_MULTI_EP, each in a
+//                 job of its own) until refused, and holds them.
 //   control-connections
 //                 opens N (default 400) raw connections to $PSMD_SOCKET:
 //                 every third sends 3 bytes of the HTTP/2 preface and
@@ -96,12 +96,17 @@ int ConnectJunk(psm2_ep_t ep, uint64_t count, Clock::time_point end) {
   return 0;
 }
 
+// Each endpoint in a job of its own, so that only the uid's limit stops
+// it, not the job's.
 int Endpoints(const psm2_uuid_t uuid, Clock::time_point end) {
   int opened = 1;  // the one main opened
-  for (;;) {
+  for (uint32_t n = 1;; n++) {
+    psm2_uuid_t job;
+    memcpy(job, uuid, sizeof(job));
+    memcpy(job + 12, &n, sizeof(n));
     psm2_ep_t ep;
     psm2_epid_t epid;
-    if (psm2_ep_open(uuid, nullptr, &ep, &epid) != PSM2_OK) break;
+    if (psm2_ep_open(job, nullptr, &ep, &epid) != PSM2_OK) break;
     opened++;
   }
   printf("hostile: %d endpoints open\n", opened);
@@ -152,6 +157,7 @@ int main(int argc, char** argv) {
   }
   psm2_uuid_t uuid;
   if (!psmd::testing::ParseUuid(uuid_text, uuid)) return 2;
+  setenv("PSM2_MULTI_EP", "1", 1);  // before psm2_init reads it
   const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                       std::chrono::duration<double>(seconds));
   psm2_ep_t ep;
