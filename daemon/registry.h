@@ -103,6 +103,8 @@ class Registry {
   // Jobs the caller may see (its own uid's, or all for root), by uuid.
   std::vector<JobSnapshot> Jobs(const Credentials& who);
   const Config& config() const { return config_; }
+  // Bits 47..32 of the epids minted by this run of psmd.
+  uint16_t boot_nonce() const { return boot_nonce_; }
   size_t endpoint_count();
   // The most endpoints psmd serves at once (--max-endpoints).
   uint32_t max_endpoints() const { return config_.max_endpoints; }
