@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "hw/fabric.h"
 #include "version/version.h"
 
 namespace psmd {
@@ -167,6 +168,20 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
   FillCounters(total, reply->mutable_total());
   reply->set_doorbells(worker_->doorbells());
   reply->set_sleeps(worker_->sleeps());
+  for (const hw::PeerStats& p : worker_->FabricStats()) {
+    v1::PeerNodeStats* row = reply->add_peer_nodes();
+    row->set_node(static_cast<uint32_t>(p.node));
+    row->set_frames_sent(p.frames_sent);
+    row->set_bytes_sent(p.bytes_sent);
+    row->set_frames_received(p.frames_received);
+    row->set_bytes_received(p.bytes_received);
+    row->set_connects(p.connects);
+    row->set_disconnects(p.disconnects);
+    row->set_connect_failures(p.connect_failures);
+    row->set_auth_failures(p.auth_failures);
+    row->set_bad_frames(p.bad_frames);
+  }
+  reply->set_fabric_host(worker_->fabric_host());
   return grpc::Status::OK;
 }
 

@@ -153,6 +153,7 @@ void ProgressWorker::ClearPeer(uint32_t id, uint32_t slot) {
 
 void ProgressWorker::EnableFabric(std::unique_ptr<hw::Fabric> fabric,
                                   const Config& config, uint16_t boot_nonce) {
+  fabric_host_ = fabric->HostDescription();
   engine_.EnableRemote(std::make_unique<Remote>(
       &engine_, std::move(fabric), config.node_id, boot_nonce,
       config.fabric_nodes, config.fabric_timeout_ms));

@@ -67,6 +67,8 @@ class ProgressWorker {
                                          const std::vector<uint64_t>& epids);
   // The fabric's per-peer-node counters (empty without a fabric).
   std::vector<hw::PeerStats> FabricStats();
+  // This node's host description ("" without a fabric); set before Start.
+  const std::string& fabric_host() const { return fabric_host_; }
 
   uint64_t doorbells() const {
     return doorbells_.load(std::memory_order_relaxed);
@@ -114,6 +116,7 @@ class ProgressWorker {
   uint32_t muted_doorbells_ = 0;  // worker only
   bool fabric_enabled_ = false;   // set before Start
   uint32_t fabric_timeout_ms_ = 5000;
+  std::string fabric_host_;
   std::atomic<uint32_t> spin_us_;
   uint64_t watchdog_ping_ns_ = 0;  // 0: no watchdog; set before Start
   uint64_t last_ping_ns_ = 0;      // worker only

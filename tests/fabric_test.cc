@@ -1,0 +1,281 @@
+// psmd between nodes: real daemons on 127.0.0.2 and 127.0.0.3 (one "node"
+// each, its own control socket and node id), linked by the io_uring fabric
+// and authenticated by one real munged that this test starts with a
+// generated key; real client processes, each choosing its daemon by
+// PSMD_SOCKET. Every process is ended by PID and every file removed.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "tests/harness.h"
+
+namespace psmd::testing {
+namespace {
+
+const char kJobA[] = "fab1c0deaaaaaaaaaaaaaaaaaaaaaaaa";
+const char kJobB[] = "fab1c0debbbbbbbbbbbbbbbbbbbbbbbb";
+
+// One munged in the foreground with a key of its own.
+class Munged {
+ public:
+  explicit Munged(const std::string& dir) : dir_(dir) {
+    std::filesystem::create_directories(dir_);
+    chmod(dir_.c_str(), 0711);
+    std::random_device rd;
+    std::string key(1024, '\0');
+    for (char& c : key) c = static_cast<char>(rd());
+    std::ofstream(dir_ + "/key", std::ios::binary) << key;
+    chmod((dir_ + "/key").c_str(), 0600);
+    socket_ = dir_ + "/socket";
+    process_ = Process::Start(
+        {"/usr/sbin/munged", "--foreground", "--force", "--socket=" + socket_,
+         "--key-file=" + dir_ + "/key", "--pid-file=" + dir_ + "/pid",
+         "--log-file=" + dir_ + "/log", "--seed-file=" + dir_ + "/seed"},
+        {}, "/dev/null", "/dev/null");
+    for (int i = 0; i < 500 && !std::filesystem::exists(socket_); i++) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ~Munged() {
+    process_.Kill(SIGTERM);
+    process_.Wait(5);
+  }
+  const std::string& socket() const { return socket_; }
+
+ private:
+  std::string dir_;
+  std::string socket_;
+  Process process_;
+};
+
+// A port free on `addr` right now (the node table names it before the
+// daemon starts).
+int FreePort(const std::string& addr) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  inet_pton(AF_INET, addr.c_str(), &sa.sin_addr);
+  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+  socklen_t len = sizeof(sa);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+class FabricTest : public ::testing::Test {
+ protected:
+  FabricTest() : munged_(dir_.path() + "/munge") {
+    chmod(dir_.path().c_str(), 0711);
+    for (int i = 0; i < 2; i++) {
+      addr_[i] = "127.0.0." + std::to_string(2 + i);
+      listen_[i] = addr_[i] + ":" + std::to_string(FreePort(addr_[i]));
+    }
+    std::ofstream nodes(nodes_path());
+    for (int i = 0; i < 2; i++) {
+      nodes << (i + 1) << " node" << (i + 1) << " " << (i + 1) << "@"
+            << listen_[i] << "\n";
+    }
+  }
+  std::string nodes_path() const { return dir_.path() + "/nodes"; }
+  std::vector<std::string> Flags(int i) const {
+    return {"--node-id",       std::to_string(i + 1),
+            "--fabric-listen", listen_[i],
+            "--fabric-nodes",  nodes_path(),
+            "--munge-socket",  munged_.socket(),
+            "--log-level",     "info"};
+  }
+  std::unique_ptr<Daemon> StartNode(int i) {
+    return std::make_unique<Daemon>(node_dir_[i], Flags(i));
+  }
+  std::string Rendezvous(const std::string& name) {
+    std::string rv = dir_.path() + "/" + name;
+    std::filesystem::create_directories(rv);
+    return rv;
+  }
+  // Rank 0 on daemon a, rank 1 on daemon b; returns rank 0's result.
+  RunResult Exchange(const Daemon& a, const Daemon& b, const std::string& name,
+                     int messages, int max_size, const char* uuid0 = kJobA,
+                     const char* uuid1 = kJobA, int* exit1 = nullptr) {
+    std::string rv = Rendezvous(name);
+    Process r1 =
+        Process::Start(ExchangeArgs(dir_, rv, 1, uuid1, messages, max_size),
+                       b.ClientEnv(), rv + "/r1.out", rv + "/r1.err");
+    RunResult r0 =
+        RunToEnd(dir_, ExchangeArgs(dir_, rv, 0, uuid0, messages, max_size),
+                 a.ClientEnv(), 90);
+    int code = r1.Wait(90);
+    if (exit1 != nullptr) *exit1 = code;
+    r0.err += ReadFile(rv + "/r1.err");
+    return r0;
+  }
+
+  TempDir dir_;
+  TempDir node_dir_[2];
+  Munged munged_;
+  std::string addr_[2];
+  std::string listen_[2];
+};
+
+TEST_F(FabricTest, TwoDaemonsCarryEagerAndRendezvousMessagesAndCountThem) {
+  auto a = StartNode(0);
+  auto b = StartNode(1);
+  // Sizes 0..200000: inline, pool-eager and rendezvous (above 64000).
+  int exit1 = -1;
+  RunResult r = Exchange(*a, *b, "rv", 3000, 200000, kJobA, kJobA, &exit1);
+  EXPECT_EQ(r.exit_code, 0) << r.err << a->Log() << b->Log();
+  EXPECT_EQ(exit1, 0) << r.err;
+  EXPECT_NE(a->Log().find("host description 1@" + listen_[0]),
+            std::string::npos)
+      << a->Log();
+  // Per-peer-node rows: node 1 sent node 2 the messages, and heard back.
+  RunResult sa = Psmctl(dir_, *a, {"stats", "--format", "json"});
+  ASSERT_EQ(sa.exit_code, 0) << sa.err;
+  long long sent = JsonNumber(sa.out, "peer_nodes", "bytes_sent");
+  EXPECT_GT(sent, 3000LL * 50000) << sa.out;
+  EXPECT_EQ(JsonNumber(sa.out, "peer_nodes", "node"), 2) << sa.out;
+  RunResult sb = Psmctl(dir_, *b, {"stats"});
+  EXPECT_NE(sb.out.find("fabric 2@" + listen_[1]), std::string::npos) << sb.out;
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+TEST_F(FabricTest, AnEndpointOfAnotherJobIsUnreachableAndTheRefusalLogged) {
+  auto a = StartNode(0);
+  auto b = StartNode(1);
+  int exit1 = -1;
+  RunResult r = Exchange(*a, *b, "rv", 10, 100, kJobA, kJobB, &exit1);
+  EXPECT_EQ(r.exit_code, 3) << r.err;  // psm2_ep_connect failed
+  EXPECT_EQ(exit1, 3) << r.err;
+  // Not "exists in another job": the same answer as for no endpoint at all.
+  EXPECT_NE(r.err.find("has no endpoint of this job and uid"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(b->Log().find("no such endpoint of that job and uid"),
+            std::string::npos)
+      << b->Log();
+  // The job's own traffic is untouched.
+  RunResult ok = Exchange(*a, *b, "rv2", 100, 1000);
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+TEST_F(FabricTest, DaemonKilledMidRendezvousFailsTheReceiverAndReconnectWorks) {
+  auto a = StartNode(0);
+  auto b = StartNode(1);
+  std::string rv = Rendezvous("death");
+  auto args = [&](const std::string& role, int rank) {
+    return std::vector<std::string>{Runfile("tests/programs/peer_death"),
+                                    "--role",
+                                    role,
+                                    "--rank",
+                                    std::to_string(rank),
+                                    "--dir",
+                                    rv,
+                                    "--uuid",
+                                    kJobA};
+  };
+  Process sender = Process::Start(args("stalled-sender", 0), a->ClientEnv(),
+                                  rv + "/0.out", rv + "/0.err");
+  Process receiver = Process::Start(args("waiting-receiver", 1), b->ClientEnv(),
+                                    rv + "/1.out", rv + "/1.err");
+  for (int i = 0; i < 2000 && access((rv + "/streaming").c_str(), F_OK) != 0;
+       i++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(access((rv + "/streaming").c_str(), F_OK), 0)
+      << ReadFile(rv + "/0.err") << ReadFile(rv + "/1.err") << a->Log()
+      << b->Log();
+  // Node 1's daemon dies (with its client): node 2's receiver must learn.
+  auto killed_at = std::chrono::system_clock::now();
+  kill(a->pid(), SIGKILL);
+  sender.Kill(SIGKILL);
+  EXPECT_EQ(receiver.Wait(10), 0) << ReadFile(rv + "/1.err") << b->Log();
+  long long ended_ms = 0;
+  int error = 0;
+  ASSERT_EQ(sscanf(ReadFile(rv + "/1.out").c_str(), "ended %d at %lld", &error,
+                   &ended_ms),
+            2)
+      << ReadFile(rv + "/1.out") << ReadFile(rv + "/1.err");
+  long long killed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            killed_at.time_since_epoch())
+                            .count();
+  EXPECT_EQ(error, 41);  // PSM2_EPID_UNREACHABLE
+  EXPECT_LE(ended_ms - killed_ms, 1000) << b->Log();
+  a->Stop();
+  sender.Wait(5);
+  EXPECT_NE(b->Log().find("connection to node 1 ended"), std::string::npos)
+      << b->Log();
+
+  // Node 1 comes back (a new boot nonce, the same address): traffic both
+  // ways works again, over a new connection.
+  a.reset();
+  a = StartNode(0);
+  RunResult r = Exchange(*a, *b, "again", 500, 100000);
+  EXPECT_EQ(r.exit_code, 0) << r.err << a->Log() << b->Log();
+  RunResult back = Exchange(*b, *a, "back", 500, 100000);
+  EXPECT_EQ(back.exit_code, 0) << back.err;
+  RunResult sb = Psmctl(dir_, *b, {"stats", "--format", "json"});
+  EXPECT_GE(JsonNumber(sb.out, "peer_nodes", "connects"), 2) << sb.out;
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+TEST_F(FabricTest, ADaemonWithAnotherMungeKeyIsRefused) {
+  Munged other(dir_.path() + "/munge-other");
+  auto a = StartNode(0);
+  std::vector<std::string> flags = Flags(1);
+  flags[7] = other.socket();  // --munge-socket
+  auto b = std::make_unique<Daemon>(node_dir_[1], flags);
+  int exit1 = -1;
+  RunResult r = Exchange(*a, *b, "rv", 10, 100, kJobA, kJobA, &exit1);
+  EXPECT_EQ(r.exit_code, 3) << r.err << a->Log() << b->Log();
+  EXPECT_EQ(exit1, 3) << r.err;
+  RunResult sa = Psmctl(dir_, *a, {"stats", "--format", "json"});
+  EXPECT_GE(JsonNumber(sa.out, "peer_nodes", "auth_failures"), 1) << sa.out;
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+TEST_F(FabricTest, FlagsAreCheckedTogether) {
+  auto check = [&](std::vector<std::string> flags) {
+    std::vector<std::string> argv = {Runfile("daemon/psmd"), "--config",
+                                     "/dev/null", "--check-config"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    return RunToEnd(dir_, argv, {}, 10);
+  };
+  RunResult ok = check({"--node-id", "3", "--fabric-listen", "127.0.0.2:7000",
+                        "--fabric-listen", "[::1]:7000-7010", "--fabric-nodes",
+                        "/x", "--fabric-auth", "none"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("fabric_listen = '127.0.0.2:7000,[::1]:7000-7010'"),
+            std::string::npos)
+      << ok.out;
+  RunResult none = check({"--node-id", "3", "--fabric-listen", "10.1.2.3",
+                          "--fabric-nodes", "/x", "--fabric-auth", "none"});
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_NE(none.err.find("not loopback"), std::string::npos) << none.err;
+  RunResult no_id =
+      check({"--fabric-listen", "127.0.0.2", "--fabric-nodes", "/x"});
+  EXPECT_EQ(no_id.exit_code, 2);
+  EXPECT_NE(no_id.err.find("non-zero node_id"), std::string::npos) << no_id.err;
+  RunResult bad = check({"--fabric-listen", "127.0.0.2:99999"});
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+}
+
+}  // namespace
+}  // namespace psmd::testing
