@@ -107,6 +107,7 @@ struct Remote::InTransfer {  // a rendezvous receive from another node
   uint64_t src;  // the sender's epid
   uint32_t send_bytes;
   uint32_t received;
+  uint64_t sender_req;
 };
 
 struct Remote::OutTransfer {  // a rendezvous send to another node
@@ -116,7 +117,11 @@ struct Remote::OutTransfer {  // a rendezvous send to another node
   uint64_t remote_transfer;
   uint32_t send_bytes;
   uint32_t forwarded;
-  bool dead;  // the node went away: chunks are released as they come
+  // The node went away or the receiver left: chunks are released as they
+  // come (the sender was told).
+  bool dead;
+  uint64_t sender_req;
+  hw::FrameFields about;  // uid and job, for an abort
 };
 
 struct Remote::Inbox {
@@ -528,7 +533,8 @@ void Remote::StartTransfer(Endpoint& receiver, uint64_t recv_req,
   if (send_bytes > 0) {
     w.x = next_in_transfer_++;
     in_transfers_[w.x] = std::make_unique<InTransfer>(
-        InTransfer{node, receiver.id, recv_req, m.remote_src, send_bytes, 0});
+        InTransfer{node, receiver.id, recv_req, m.remote_src, send_bytes, 0,
+                   m.sender_req});
   }
   SendEnvelope(*p, kRndvGo, receiver, m.remote_src, m.sender_req, w, nullptr,
                0);
@@ -536,14 +542,29 @@ void Remote::StartTransfer(Endpoint& receiver, uint64_t recv_req,
 
 void Remote::EndpointRemoved(uint32_t id) {
   for (auto& [tid, t] : in_transfers_) {
-    if (t->receiver == id) t->receiver = 0;
+    if (t->receiver != id) continue;
+    // Its chunks still come (and are dropped); the sender learns at once.
+    t->receiver = 0;
+    hw::FrameFields about;
+    if (Endpoint* r = engine_->Find(id)) {
+      about.uid = r->uid;
+      std::memcpy(about.job, r->job->key().uuid.data(), 16);
+      SendControl(t->node, kError, r->epid, t->src, about, t->sender_req,
+                  PSM2_EPID_UNREACHABLE);
+    }
   }
   for (auto it = out_transfers_.begin(); it != out_transfers_.end();) {
-    if (it->second->sender == id) {
-      it = out_transfers_.erase(it);
-    } else {
+    OutTransfer& t = *it->second;
+    if (t.sender != id) {
       ++it;
+      continue;
     }
+    // The receiver would wait for the rest of the message.
+    if (!t.dead) {
+      SendControl(t.node, kAbort, t.about.src, t.dst, t.about,
+                  t.remote_transfer, PSM2_EPID_UNREACHABLE);
+    }
+    it = out_transfers_.erase(it);
   }
   for (auto& [node, p] : peers_) {
     for (auto a = p->awaiting.begin(); a != p->awaiting.end();) {
@@ -680,7 +701,7 @@ void Remote::OnHeader(Peer& p, const hw::Event& e) {
     fabric_->PostPayload(p.conn, &iov, 1, p.node);
     return;
   }
-  if (op < kQuery || op > kError || e.length < sizeof(Wire) ||
+  if (op < kQuery || op > kAbort || e.length < sizeof(Wire) ||
       e.length > kEnvelopeMax) {
     Drop(p, "unknown op or envelope size");
     return;
@@ -808,6 +829,15 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
       Endpoint* t = Target(f);
       if (t == nullptr) return Verdict::kDone;  // the sender is gone
       p.awaiting.erase({t->id, f.aux});
+      if (f.op == kError) {
+        // A rendezvous send streaming to a receiver that left: its chunks
+        // still on the ring are dropped.
+        for (auto& [id, out] : out_transfers_) {
+          if (out->sender == t->id && out->sender_req == f.aux) {
+            out->dead = true;
+          }
+        }
+      }
       if (f.op == kSyncAck) {
         shm::CompletionDesc c{};
         c.op = shm::CompleteOp::kSendDone;
@@ -824,7 +854,7 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
       if (t == nullptr) {
         // The sender left: the receiver would wait for its data.
         if (w.len > 0) {
-          SendControl(p.node, kError, f.dst, f.src, f, 0,
+          SendControl(p.node, kAbort, f.dst, f.src, f, w.x,
                       PSM2_EPID_UNREACHABLE);
         }
         return Verdict::kDone;
@@ -837,10 +867,29 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
       go.body.go.send_bytes = w.len;
       if (w.len > 0) {
         go.body.go.transfer = engine_->next_transfer_++;
-        out_transfers_[go.body.go.transfer] = std::make_unique<OutTransfer>(
-            OutTransfer{p.node, t->id, f.src, w.x, w.len, 0, false});
+        hw::FrameFields about;
+        about.uid = f.uid;
+        about.src = t->epid;
+        std::memcpy(about.job, f.job, 16);
+        out_transfers_[go.body.go.transfer] =
+            std::make_unique<OutTransfer>(OutTransfer{
+                p.node, t->id, f.src, w.x, w.len, 0, false, f.aux, about});
       }
       engine_->Post(*t, go);
+      return Verdict::kDone;
+    }
+    case kAbort: {
+      auto it = in_transfers_.find(f.aux);
+      if (it == in_transfers_.end() || it->second->node != p.node ||
+          it->second->src != f.src) {
+        return Verdict::kDone;
+      }
+      if (it->second->receiver != 0) {
+        if (Endpoint* r = engine_->Find(it->second->receiver)) {
+          engine_->PostError(*r, it->second->recv_req, w.error);
+        }
+      }
+      in_transfers_.erase(it);
       return Verdict::kDone;
     }
     case kAmAck: {
@@ -993,7 +1042,12 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
     t = in_transfers_.erase(t);
   }
   for (auto& [id, t] : out_transfers_) {
-    if (t->node == node) t->dead = true;
+    if (t->node != node || t->dead) continue;
+    t->dead = true;
+    // As when a local receiver leaves: the sender learns at once.
+    if (Endpoint* s = engine_->Find(t->sender)) {
+      engine_->PostError(*s, t->sender_req, error);
+    }
   }
   for (auto q = queries_.begin(); q != queries_.end();) {
     if (q->second->node != node) {

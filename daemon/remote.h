@@ -116,6 +116,7 @@ class Remote {
     kAmReply = 9,
     kAmAck = 10,  // aux: the request acknowledged, tag[0]: handler
     kError = 11,  // dst's request `aux` failed with `error`
+    kAbort = 12,  // rendezvous transfer `aux` to dst ends: its sender left
   };
 
   // The envelope record (little-endian on the wire as the header is).

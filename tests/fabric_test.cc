@@ -123,6 +123,58 @@ class FabricTest : public ::testing::Test {
     return r0;
   }
 
+  // Runs the two roles of tests/programs/peer_death, the sender on daemon a
+  // and the receiver on daemon b; once `ready` exists SIGKILLs one client
+  // and returns how long after that the survivor's wait ended (ms; -1: not
+  // within 10 s). *out: the survivor's output.
+  long KillClient(const Daemon& a, const Daemon& b,
+                  const std::string& sender_role,
+                  const std::string& receiver_role, bool kill_sender,
+                  const std::string& ready, int* survivor_exit,
+                  std::string* out) {
+    std::string rv = Rendezvous(sender_role);
+    auto args = [&](const std::string& role, int rank) {
+      return std::vector<std::string>{Runfile("tests/programs/peer_death"),
+                                      "--role",
+                                      role,
+                                      "--rank",
+                                      std::to_string(rank),
+                                      "--dir",
+                                      rv,
+                                      "--uuid",
+                                      kJobA};
+    };
+    Process sender = Process::Start(args(sender_role, 0), a.ClientEnv(),
+                                    rv + "/0.out", rv + "/0.err");
+    Process receiver = Process::Start(args(receiver_role, 1), b.ClientEnv(),
+                                      rv + "/1.out", rv + "/1.err");
+    for (int i = 0; i < 2000 && access((rv + "/" + ready).c_str(), F_OK) != 0;
+         i++) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(access((rv + "/" + ready).c_str(), F_OK), 0)
+        << ReadFile(rv + "/0.err") << ReadFile(rv + "/1.err");
+    Process& victim = kill_sender ? sender : receiver;
+    Process& survivor = kill_sender ? receiver : sender;
+    auto killed_at = std::chrono::system_clock::now();
+    victim.Kill(SIGKILL);
+    victim.Wait(5);
+    *survivor_exit = survivor.Wait(10);
+    std::string out_path = rv + (kill_sender ? "/1.out" : "/0.out");
+    *out =
+        ReadFile(out_path) + ReadFile(rv + (kill_sender ? "/1.err" : "/0.err"));
+    long long ended_ms = 0;
+    int error = 0;
+    if (sscanf(ReadFile(out_path).c_str(), "ended %d at %lld", &error,
+               &ended_ms) != 2) {
+      return -1;
+    }
+    long long killed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              killed_at.time_since_epoch())
+                              .count();
+    return static_cast<long>(ended_ms - killed_ms);
+  }
+
   TempDir dir_;
   TempDir node_dir_[2];
   Munged munged_;
@@ -231,6 +283,45 @@ TEST_F(FabricTest, DaemonKilledMidRendezvousFailsTheReceiverAndReconnectWorks) {
   EXPECT_EQ(back.exit_code, 0) << back.err;
   RunResult sb = Psmctl(dir_, *b, {"stats", "--format", "json"});
   EXPECT_GE(JsonNumber(sb.out, "peer_nodes", "connects"), 2) << sb.out;
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+TEST_F(FabricTest, SenderKilledMidRendezvousFailsTheOtherNodesReceiver) {
+  auto a = StartNode(0);
+  auto b = StartNode(1);
+  int exit_code = -1;
+  std::string out;
+  long ms = KillClient(*a, *b, "stalled-sender", "waiting-receiver",
+                       /*kill_sender=*/true, "streaming", &exit_code, &out);
+  EXPECT_GE(ms, 0) << "the receiver's wait did not end: " << out << b->Log();
+  EXPECT_LE(ms, 1000) << out;
+  EXPECT_NE(out.find("ended 41 "), std::string::npos) << out;
+  EXPECT_EQ(exit_code, 0) << out;
+  // The connection between the nodes stays up for everyone else.
+  RunResult r = Exchange(*a, *b, "after", 200, 100000);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+TEST_F(FabricTest, ReceiverKilledWithAFullInboxFailsTheOtherNodesSender) {
+  auto a = StartNode(0);
+  auto b = StartNode(1);
+  int exit_code = -1;
+  std::string out;
+  // The receiver never reads: its job's inbox on node 2 fills, and node 2
+  // stops reading from node 1 (back-pressure) until the receiver is gone.
+  long ms = KillClient(*a, *b, "stuck-sender", "idle-receiver",
+                       /*kill_sender=*/false, "stuck", &exit_code, &out);
+  EXPECT_GE(ms, 0) << "the sender's wait did not end: " << out << a->Log()
+                   << b->Log();
+  EXPECT_LE(ms, 1000) << out;
+  EXPECT_NE(out.find("ended 41 "), std::string::npos) << out;
+  EXPECT_NE(out.find("other traffic ok"), std::string::npos) << out;
+  EXPECT_EQ(exit_code, 0) << out;
+  RunResult r = Exchange(*a, *b, "after", 200, 100000);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(a->Stop());
   EXPECT_TRUE(b->Stop());
 }
