@@ -345,7 +345,9 @@ bool Remote::Send(Endpoint& sender, const shm::SubmissionDesc& d,
     engine_->PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
     return true;  // payload released
   }
-  if (p->queue.size() >= kMaxQueued) {
+  // (A closing sender's last sends are taken regardless: it saw them
+  // complete, and its ring is not read again.)
+  if (p->queue.size() >= kMaxQueued && !engine_->admit_over_budget_) {
     payload.Take();  // still the sender's: the send is held, not dropped
     return false;
   }
@@ -392,7 +394,7 @@ bool Remote::AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
     engine_->PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
     return true;
   }
-  if (p->queue.size() >= kMaxQueued) {
+  if (p->queue.size() >= kMaxQueued && !engine_->admit_over_budget_) {
     payload.Take();
     return false;
   }
@@ -926,8 +928,9 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
   q.wire = w;
   if (r == nullptr) {
     Refused(f, f.op == kEnvelope ? "a message" : "an active message");
-    const bool answer = f.op != kEnvelope || rndv || (w.flags & shm::kSendSync);
-    if (answer && !(f.op == kAmReply)) {
+    // As for a local receiver that is gone, the sender's request gets an
+    // error completion (a reply's sender is not waiting for one).
+    if (f.op != kAmReply) {
       SendControl(p.node, kError, f.dst, f.src, f, f.aux,
                   PSM2_EPID_UNREACHABLE);
     }

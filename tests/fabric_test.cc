@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -268,6 +269,8 @@ TEST_F(FabricTest, DaemonKilledMidRendezvousFailsTheReceiverAndReconnectWorks) {
                             .count();
   EXPECT_EQ(error, 41);  // PSM2_EPID_UNREACHABLE
   EXPECT_LE(ended_ms - killed_ms, 1000) << b->Log();
+  printf("daemon killed: the other node's receiver failed after %lld ms\n",
+         ended_ms - killed_ms);
   a->Stop();
   sender.Wait(5);
   EXPECT_NE(b->Log().find("connection to node 1 ended"), std::string::npos)
@@ -295,6 +298,7 @@ TEST_F(FabricTest, SenderKilledMidRendezvousFailsTheOtherNodesReceiver) {
   long ms = KillClient(*a, *b, "stalled-sender", "waiting-receiver",
                        /*kill_sender=*/true, "streaming", &exit_code, &out);
   EXPECT_GE(ms, 0) << "the receiver's wait did not end: " << out << b->Log();
+  printf("sender killed: the other node's receiver failed after %ld ms\n", ms);
   EXPECT_LE(ms, 1000) << out;
   EXPECT_NE(out.find("ended 41 "), std::string::npos) << out;
   EXPECT_EQ(exit_code, 0) << out;
@@ -316,12 +320,77 @@ TEST_F(FabricTest, ReceiverKilledWithAFullInboxFailsTheOtherNodesSender) {
                        /*kill_sender=*/false, "stuck", &exit_code, &out);
   EXPECT_GE(ms, 0) << "the sender's wait did not end: " << out << a->Log()
                    << b->Log();
+  printf("receiver killed: the other node's sender failed after %ld ms\n", ms);
   EXPECT_LE(ms, 1000) << out;
   EXPECT_NE(out.find("ended 41 "), std::string::npos) << out;
   EXPECT_NE(out.find("other traffic ok"), std::string::npos) << out;
   EXPECT_EQ(exit_code, 0) << out;
   RunResult r = Exchange(*a, *b, "after", 200, 100000);
   EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+TEST_F(FabricTest, AFloodAtAnIdleReceiverOnAnotherNodeIsHeldBackNotBuffered) {
+  // 200 Ki messages of 8 B and 256 MiB of 32 KiB ones at a receiver on node
+  // 2 that posts nothing for 3 s: node 2 stops reading (its budget is 16
+  // MiB), node 1's queue fills and its sender is held; neither daemon
+  // grows by more than the budget plus fixed overhead, and every message
+  // arrives in order, intact.
+  constexpr long long kBudgetMiB = 16;
+  std::vector<std::string> extra = {"--unexpected-mib",
+                                    std::to_string(kBudgetMiB)};
+  std::vector<std::string> fa = Flags(0), fb = Flags(1);
+  fa.insert(fa.end(), extra.begin(), extra.end());
+  fb.insert(fb.end(), extra.begin(), extra.end());
+  auto a = std::make_unique<Daemon>(node_dir_[0], fa);
+  auto b = std::make_unique<Daemon>(node_dir_[1], fb);
+  std::string rv = Rendezvous("flood");
+  const long long base_a = ResidentKiB(a->pid()),
+                  base_b = ResidentKiB(b->pid());
+  auto args = [&](int rank) {
+    return std::vector<std::string>{Runfile("tests/programs/flood"),
+                                    "--rank",
+                                    std::to_string(rank),
+                                    "--dir",
+                                    rv,
+                                    "--idle-seconds",
+                                    "3",
+                                    "--small",
+                                    "204800",
+                                    "--bytes",
+                                    std::to_string(256 << 20)};
+  };
+  Process receiver =
+      Process::Start(args(1), b->ClientEnv(), rv + "/r1.out", rv + "/r1.err");
+  Process sender =
+      Process::Start(args(0), a->ClientEnv(), rv + "/r0.out", rv + "/r0.err");
+  long long peak_a = base_a, peak_b = base_b;
+  int receiver_exit = -1;
+  for (int i = 0; i < 2400 && receiver_exit == -1; i++) {
+    peak_a = std::max(peak_a, ResidentKiB(a->pid()));
+    peak_b = std::max(peak_b, ResidentKiB(b->pid()));
+    receiver_exit = receiver.Wait(0.05);
+  }
+  ASSERT_EQ(receiver_exit, 0) << ReadFile(rv + "/r1.err") << b->Log();
+  ASSERT_EQ(sender.Wait(30), 0) << ReadFile(rv + "/r0.err");
+  EXPECT_NE(ReadFile(rv + "/r1.out").find(" 0 wrong"), std::string::npos)
+      << ReadFile(rv + "/r1.out");
+  const long long kFixedOverheadKiB = 16 << 10;
+  // The receiving daemon also writes the job's inbox (8 MiB, shared memory
+  // that counts in its resident set once touched).
+  const long long kInboxKiB = 8 << 10;
+  EXPECT_LE(peak_b - base_b, (kBudgetMiB << 10) + kFixedOverheadKiB + kInboxKiB)
+      << "receiving psmd grew from " << base_b << " KiB to " << peak_b;
+  EXPECT_LE(peak_a - base_a, (kBudgetMiB << 10) + kFixedOverheadKiB)
+      << "sending psmd grew from " << base_a << " KiB to " << peak_a;
+  printf(
+      "flood across nodes: psmd grew %lld KiB (sender's node), %lld KiB "
+      "(receiver's)\n",
+      peak_a - base_a, peak_b - base_b);
+  // The back-pressure reached the sender: its sends were held.
+  RunResult sa = Psmctl(dir_, *a, {"stats", "--format", "json"});
+  EXPECT_GT(JsonNumber(sa.out, "total", "sends_held"), 0) << sa.out;
   EXPECT_TRUE(a->Stop());
   EXPECT_TRUE(b->Stop());
 }
