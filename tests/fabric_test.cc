@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -22,6 +23,8 @@
 #include <string>
 #include <thread>
 
+#include "hw/fabric.h"
+#include "hw/socket/socket_fabric.h"
 #include "tests/harness.h"
 
 namespace psmd::testing {
@@ -391,6 +394,116 @@ TEST_F(FabricTest, AFloodAtAnIdleReceiverOnAnotherNodeIsHeldBackNotBuffered) {
   // The back-pressure reached the sender: its sends were held.
   RunResult sa = Psmctl(dir_, *a, {"stats", "--format", "json"});
   EXPECT_GT(JsonNumber(sa.out, "total", "sends_held"), 0) << sa.out;
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+// A node of the test's own (node 3, authenticated with the same munged)
+// speaking to psmd through hw::Fabric directly.
+struct RawNode {
+  std::unique_ptr<hw::Fabric> fabric;
+  hw::ConnId conn = 0;
+  // Waits up to 5 s for an event of `type`.
+  bool Await(hw::EventType type, hw::Event* out) {
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (std::chrono::steady_clock::now() < end) {
+      hw::Event e;
+      if (fabric->Wait(&e, 1, 50) == 1) {
+        if (e.type == type) {
+          *out = e;
+          return true;
+        }
+      }
+    }
+    return false;
+  }
+};
+
+TEST_F(FabricTest,
+       AnAuthenticatedPeerLearnsNothingOfOtherJobsAndBadFramesDrop) {
+  auto a = StartNode(0);
+  auto b = StartNode(1);
+  // An endpoint of job B on node 1 (rank 1 of an exchange that waits).
+  std::string rv = Rendezvous("victim");
+  Process victim =
+      Process::Start(ExchangeArgs(dir_, rv, 1, kJobB, 1, 10, 5), a->ClientEnv(),
+                     rv + "/r1.out", rv + "/r1.err");
+  uint64_t victim_epid = 0;
+  for (int i = 0; i < 500 && victim_epid == 0; i++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    RunResult list = Psmctl(dir_, *a, {"stats", "--format", "json"});
+    size_t at = list.out.find("\"epid\": \"");
+    if (at != std::string::npos) {
+      victim_epid = strtoull(list.out.c_str() + at + 9, nullptr, 16);
+    }
+  }
+  ASSERT_NE(victim_epid, 0u) << Psmctl(dir_, *a, {"stats"}).out;
+
+  hw::FabricOptions options;
+  options.node_id = 3;
+  options.listen = {"127.0.0.4"};
+  options.munge_socket = munged_.socket();
+  std::string error;
+  RawNode raw;
+  raw.fabric = hw::OpenSocketFabric(options, &error);
+  ASSERT_TRUE(raw.fabric) << error;
+  ASSERT_EQ(raw.fabric->Connect("1@" + listen_[0], 1, &raw.conn),
+            hw::ErrorClass::kOk);
+  hw::Event e;
+  ASSERT_TRUE(raw.Await(hw::EventType::kConnected, &e));
+  ASSERT_EQ(e.error, hw::ErrorClass::kOk) << a->Log();
+
+  // kQuery (op 1) for the victim's epid from job A, and for an epid that
+  // does not exist: the same answer, so nothing is learnt of job B.
+  auto ask = [&](uint64_t dst, uint64_t query) {
+    hw::FrameFields f;
+    f.op = 1;
+    f.uid = 0;
+    f.src = (uint64_t{3} << 48) | 7;
+    f.dst = dst;
+    std::memcpy(f.job,
+                "\xfa\xb1\xc0\xde\xaa\xaa\xaa\xaa\xaa\xaa\xaa\xaa"
+                "\xaa\xaa\xaa\xaa",
+                16);
+    f.aux = query;
+    static uint8_t wire[32] = {};
+    iovec iov{wire, sizeof(wire)};
+    EXPECT_EQ(raw.fabric->PostSend(raw.conn, f, &iov, 1, query),
+              hw::ErrorClass::kOk);
+    EXPECT_EQ(raw.fabric->PostRecv(raw.conn, &iov, 1, query),
+              hw::ErrorClass::kOk);
+    hw::Event answer;
+    EXPECT_TRUE(raw.Await(hw::EventType::kRecvDone, &answer));
+    int32_t err = 0;
+    std::memcpy(&err, wire + 20, 4);  // Wire::error
+    EXPECT_EQ(answer.fields.op, 2);
+    EXPECT_EQ(answer.fields.aux, query);
+    return err;
+  };
+  EXPECT_EQ(ask(victim_epid, 1), 41);         // another job's endpoint
+  EXPECT_EQ(ask(victim_epid + 1000, 2), 41);  // no endpoint at all
+  EXPECT_NE(a->Log().find("no such endpoint of that job and uid"),
+            std::string::npos);
+
+  // An unknown op: psmd drops the connection, logged once.
+  hw::FrameFields bad;
+  bad.op = 999;
+  uint8_t junk[40] = {};
+  iovec iov{junk, sizeof(junk)};
+  ASSERT_EQ(raw.fabric->PostSend(raw.conn, bad, &iov, 1, 9),
+            hw::ErrorClass::kOk);
+  // (A closed connection is noticed by a posted receive.)
+  ASSERT_EQ(raw.fabric->PostRecv(raw.conn, &iov, 1, 10), hw::ErrorClass::kOk);
+  ASSERT_TRUE(raw.Await(hw::EventType::kClosed, &e)) << a->Log();
+  EXPECT_NE(a->Log().find("node 3 sent a frame the engine refuses"),
+            std::string::npos)
+      << a->Log();
+  raw.fabric.reset();
+  victim.Kill(SIGKILL);
+  victim.Wait(5);
+  // Node 1 and node 2 go on.
+  RunResult ok = Exchange(*a, *b, "after", 200, 100000);
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
   EXPECT_TRUE(a->Stop());
   EXPECT_TRUE(b->Stop());
 }
