@@ -112,6 +112,10 @@ int main(int argc, char** argv) {
                                            : psmd::hw::AuthMode::kMunge;
     fo.munge_socket = config.munge_socket;
     fo.timeout_ms = config.fabric_timeout_ms;
+    // Back-pressure pauses a connection's receiving for as long as a
+    // receiver is over its budget; TCP_USER_TIMEOUT would then kill it
+    // (zero window). The engine's heartbeats watch liveness instead.
+    fo.user_timeout_ms = psmd::hw::FabricOptions::kNoUserTimeout;
     fo.connect_attempt_ms = std::min<uint32_t>(1000, config.fabric_timeout_ms);
     std::unique_ptr<psmd::hw::Fabric> fabric =
         psmd::hw::OpenSocketFabric(fo, &error);

@@ -80,6 +80,8 @@ struct Remote::Peer {
   uint16_t node = 0;
   hw::ConnId conn = 0;
   bool open = false;
+  uint64_t last_sent_ms = NowMs();
+  uint64_t last_recv_ms = NowMs();
   std::deque<std::unique_ptr<OutFrame>> queue;
   // Requests (endpoint id, request) waiting for an answer from this node.
   std::set<std::pair<uint32_t, uint64_t>> awaiting;
@@ -96,6 +98,10 @@ struct Remote::Peer {
   uint64_t chunk_offset = 0;  // inbox offset; 0: discarded
   std::shared_ptr<Job> chunk_job;
   std::vector<uint8_t> discard;
+  // A paused envelope's receive, taken from the posted queue (has_held).
+  bool has_held = false;
+  uint32_t held_receiver = 0;
+  PostedRecv held_recv{};
   bool bad_logged = false;
   bool dropped = false;  // closed by us for a bad frame; kClosed follows
 };
@@ -253,6 +259,7 @@ void Remote::Flush(Peer& p) {
     }
     in_flight_[cookie] = std::move(p.queue.front());
     p.queue.pop_front();
+    p.last_sent_ms = NowMs();
   }
 }
 
@@ -647,6 +654,7 @@ void Remote::Drop(Peer& p, const char* why) {
 }
 
 void Remote::OnHeader(Peer& p, const hw::Event& e) {
+  p.last_recv_ms = NowMs();
   p.f = e.fields;
   p.length = e.length;
   const uint16_t op = e.fields.op;
@@ -703,7 +711,7 @@ void Remote::OnHeader(Peer& p, const hw::Event& e) {
     fabric_->PostPayload(p.conn, &iov, 1, p.node);
     return;
   }
-  if (op < kQuery || op > kAbort || e.length < sizeof(Wire) ||
+  if (op < kQuery || op > kPing || e.length < sizeof(Wire) ||
       e.length > kEnvelopeMax) {
     Drop(p, "unknown op or envelope size");
     return;
@@ -880,6 +888,8 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
       engine_->Post(*t, go);
       return Verdict::kDone;
     }
+    case kPing:
+      return Verdict::kDone;
     case kAbort: {
       auto it = in_transfers_.find(f.aux);
       if (it == in_transfers_.end() || it->second->node != p.node ||
@@ -994,16 +1004,22 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
     r->unexpected.push(key, m);
     return Verdict::kDone;
   }
-  // The payload follows: place it first (the inbox may be full), then
-  // match or admit against the budget.
-  if (!AllocInbox(*r, w.len, &q.chunk)) return Verdict::kPause;
-  if (auto recv = r->posted.take_match(key)) {
-    q.matched = true;
-    q.recv = *recv;
-  } else if (over_budget()) {
-    shm::ReleaseChunk(r->job->pool().base(), q.chunk);
-    return Verdict::kPause;
+  // The payload follows. A receive it matches is taken now (and kept
+  // across pauses: the message is next in its flow anyway); otherwise the
+  // budget must admit it. Then it needs inbox space.
+  if (p.has_held && p.held_receiver != r->id) p.has_held = false;
+  if (!p.has_held) {
+    if (auto recv = r->posted.take_match(key)) {
+      p.has_held = true;
+      p.held_receiver = r->id;
+      p.held_recv = *recv;
+    }
   }
+  if (!p.has_held && over_budget()) return Verdict::kPause;
+  if (!AllocInbox(*r, w.len, &q.chunk)) return Verdict::kPause;
+  q.matched = p.has_held;
+  q.recv = p.held_recv;
+  p.has_held = false;
   q.receiver = r->id;
   q.job = r->job;
   p.pending = q;
@@ -1021,7 +1037,8 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
   node_of_conn_.erase(p->conn);
   const int error = ErrorOf(why);
   spdlog::warn("fabric: connection to node {} ended ({}); {} requests fail",
-               node, hw::ErrorClassName(why), p->awaiting.size());
+               node, p->dropped ? "dropped by us" : hw::ErrorClassName(why),
+               p->awaiting.size());
   for (const auto& [id, req] : p->awaiting) {
     if (Endpoint* ep = engine_->Find(id)) engine_->PostError(*ep, req, error);
   }
@@ -1029,6 +1046,14 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
   if (p->expect_payload && p->pending.job) {
     shm::ReleaseChunk(p->pending.job->pool().base(), p->pending.chunk);
   }
+  // Receives already matched to a message that will not arrive now.
+  auto fail_recv = [&](uint32_t id, uint64_t req) {
+    if (Endpoint* r = engine_->Find(id)) engine_->PostError(*r, req, error);
+  };
+  if (p->expect_payload && p->pending.matched && p->pending.receiver != 0) {
+    fail_recv(p->pending.receiver, p->pending.recv.req);
+  }
+  if (p->has_held) fail_recv(p->held_receiver, p->held_recv.req);
   if (p->rx == Peer::Rx::kChunk && p->chunk_job) {
     shm::ReleaseChunk(p->chunk_job->pool().base(), p->chunk_offset);
   }
@@ -1075,6 +1100,7 @@ void Remote::HandleEvent(const hw::Event& e) {
         return;
       }
       p->open = true;
+      p->last_sent_ms = p->last_recv_ms = NowMs();
       spdlog::info("fabric: connected to node {}", p->node);
       RecvNext(*p);
       Flush(*p);
@@ -1170,20 +1196,53 @@ bool Remote::Poll() {
       if (p.rx == Peer::Rx::kPaused) RecvNext(p);
     }
   }
-  if (!queries_.empty() && ++passes_ % 1024 == 0) CheckDeadlines();
+  if (++passes_ % 256 == 0) {
+    if (!queries_.empty()) CheckDeadlines();
+    if (NowMs() - last_liveness_ms_ >= 100) CheckLiveness();
+  }
   if (did) engine_->NotifyClients();
   return did;
 }
 
-int Remote::SleepLimitMs() const {
+void Remote::CheckLiveness() {
+  const uint64_t now = NowMs();
+  last_liveness_ms_ = now;
+  const uint64_t ping_ms = std::max<uint64_t>(timeout_ms_ / 3, 1);
+  std::vector<uint16_t> dead;
+  for (auto& [node, peer] : peers_) {
+    Peer& p = *peer;
+    if (!p.open || p.dropped) continue;
+    if (p.rx != Peer::Rx::kPaused && now - p.last_recv_ms > timeout_ms_) {
+      dead.push_back(node);
+      continue;
+    }
+    // Behind queued frames a ping adds nothing (the peer hears those).
+    if (now - p.last_sent_ms >= ping_ms && p.queue.empty()) {
+      hw::FrameFields none;
+      SendControl(node, kPing, 0, 0, none, 0, 0);
+    }
+  }
+  for (uint16_t node : dead) {
+    spdlog::warn("fabric: node {} silent for {} ms; closing its connection",
+                 node, timeout_ms_);
+    Peer* p = PeerOf(node);
+    const hw::ConnId conn = p->conn;
+    FailPeer(node, hw::ErrorClass::kTimeout);
+    fabric_->Close(conn);
+  }
+}
+
+int Remote::SleepLimitMs() {
   for (const auto& [node, p] : peers_) {
     if (p->rx == Peer::Rx::kPaused) return 1;
   }
+  CheckLiveness();
   if (!queries_.empty()) {
-    const_cast<Remote*>(this)->CheckDeadlines();
+    CheckDeadlines();
     return 50;
   }
-  return -1;
+  // Wake to send and check heartbeats.
+  return peers_.empty() ? -1 : static_cast<int>(std::max(timeout_ms_ / 6, 1u));
 }
 
 }  // namespace psmd

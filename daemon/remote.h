@@ -72,7 +72,7 @@ class Remote {
   // The longest the worker may sleep (ms) with work only time can unpause
   // (an inbox waiting for its client to release chunks, query deadlines);
   // -1: no limit.
-  int SleepLimitMs() const;
+  int SleepLimitMs();
 
   // psm2_ep_connect to `epid` on another node: connects to its node if
   // needed and asks its daemon whether `ep`'s job and uid have that
@@ -117,6 +117,7 @@ class Remote {
     kAmAck = 10,  // aux: the request acknowledged, tag[0]: handler
     kError = 11,  // dst's request `aux` failed with `error`
     kAbort = 12,  // rendezvous transfer `aux` to dst ends: its sender left
+    kPing = 13,   // nothing: a heartbeat (liveness, see CheckLiveness)
   };
 
   // The envelope record (little-endian on the wire as the header is).
@@ -164,6 +165,11 @@ class Remote {
   uint32_t ProxyFor(uint64_t epid);
   void ReloadNodes();
   void CheckDeadlines();
+  // Heartbeats: a ping to every open peer sent nothing for a third of the
+  // timeout; a peer heard nothing from for the whole timeout while we were
+  // reading (not paused) is dead. TCP_USER_TIMEOUT cannot be used for this:
+  // it also kills a connection whose receiver paused (zero window) longer.
+  void CheckLiveness();
   void Refused(const hw::FrameFields& f, const char* what);
 
   MqEngine* const engine_;
@@ -188,6 +194,7 @@ class Remote {
   std::unordered_map<uint64_t, uint32_t> proxy_by_epid_;
   std::vector<uint64_t> epid_by_proxy_;
   uint32_t passes_ = 0;
+  uint64_t last_liveness_ms_ = 0;
   uint64_t refused_ = 0;
 };
 

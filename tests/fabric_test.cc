@@ -341,8 +341,12 @@ TEST_F(FabricTest, AFloodAtAnIdleReceiverOnAnotherNodeIsHeldBackNotBuffered) {
   // grows by more than the budget plus fixed overhead, and every message
   // arrives in order, intact.
   constexpr long long kBudgetMiB = 16;
+  // A fabric timeout shorter than the receiver's idle time: the paused
+  // connection (zero TCP window) must survive it, and heartbeats must not
+  // declare a paused peer dead.
   std::vector<std::string> extra = {"--unexpected-mib",
-                                    std::to_string(kBudgetMiB)};
+                                    std::to_string(kBudgetMiB),
+                                    "--fabric-timeout-ms", "1000"};
   std::vector<std::string> fa = Flags(0), fb = Flags(1);
   fa.insert(fa.end(), extra.begin(), extra.end());
   fb.insert(fb.end(), extra.begin(), extra.end());
@@ -394,6 +398,14 @@ TEST_F(FabricTest, AFloodAtAnIdleReceiverOnAnotherNodeIsHeldBackNotBuffered) {
   // The back-pressure reached the sender: its sends were held.
   RunResult sa = Psmctl(dir_, *a, {"stats", "--format", "json"});
   EXPECT_GT(JsonNumber(sa.out, "total", "sends_held"), 0) << sa.out;
+  // Idle for three timeouts: heartbeats keep the connection.
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  RunResult after = Exchange(*a, *b, "after", 100, 1000);
+  EXPECT_EQ(after.exit_code, 0) << after.err;
+  EXPECT_EQ(a->Log().find("ended"), std::string::npos) << a->Log();
+  EXPECT_EQ(b->Log().find("ended"), std::string::npos) << b->Log();
+  sa = Psmctl(dir_, *a, {"stats", "--format", "json"});
+  EXPECT_EQ(JsonNumber(sa.out, "peer_nodes", "connects"), 1) << sa.out;
   EXPECT_TRUE(a->Stop());
   EXPECT_TRUE(b->Stop());
 }
