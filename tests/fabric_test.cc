@@ -520,6 +520,54 @@ TEST_F(FabricTest,
   EXPECT_TRUE(b->Stop());
 }
 
+TEST_F(FabricTest, APeerThatFallsSilentIsClosedWithinTheTimeout) {
+  // The test's own node 3 connects and then says nothing (no heartbeats),
+  // as a hung daemon or a dead link would: psmd closes the connection
+  // within about --fabric-timeout-ms, though TCP still acknowledges.
+  std::vector<std::string> flags = Flags(0);
+  flags.push_back("--fabric-timeout-ms");
+  flags.push_back("1000");
+  auto a = std::make_unique<Daemon>(node_dir_[0], flags);
+  hw::FabricOptions options;
+  options.node_id = 3;
+  options.listen = {"127.0.0.4"};
+  options.munge_socket = munged_.socket();
+  std::string error;
+  RawNode raw;
+  raw.fabric = hw::OpenSocketFabric(options, &error);
+  ASSERT_TRUE(raw.fabric) << error;
+  ASSERT_EQ(raw.fabric->Connect("1@" + listen_[0], 1, &raw.conn),
+            hw::ErrorClass::kOk);
+  hw::Event e;
+  ASSERT_TRUE(raw.Await(hw::EventType::kConnected, &e));
+  ASSERT_EQ(e.error, hw::ErrorClass::kOk) << a->Log();
+  auto connected_at = std::chrono::steady_clock::now();
+  // Read psmd's heartbeats (so our receive sees the close), send none.
+  uint8_t buf[64];
+  iovec iov{buf, sizeof(buf)};
+  bool closed = false;
+  while (!closed && std::chrono::steady_clock::now() - connected_at <
+                        std::chrono::seconds(5)) {
+    raw.fabric->PostRecv(raw.conn, &iov, 1, 1);
+    hw::Event ev;
+    if (raw.fabric->Wait(&ev, 1, 100) == 1 &&
+        ev.type == hw::EventType::kClosed) {
+      closed = true;
+    }
+  }
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                std::chrono::steady_clock::now() - connected_at)
+                .count();
+  EXPECT_TRUE(closed) << a->Log();
+  EXPECT_GE(ms, 900);
+  EXPECT_LE(ms, 2500) << a->Log();
+  printf("a silent peer was closed after %lld ms (timeout 1000 ms)\n",
+         static_cast<long long>(ms));
+  EXPECT_NE(a->Log().find("node 3 silent"), std::string::npos) << a->Log();
+  raw.fabric.reset();
+  EXPECT_TRUE(a->Stop());
+}
+
 TEST_F(FabricTest, ADaemonWithAnotherMungeKeyIsRefused) {
   Munged other(dir_.path() + "/munge-other");
   auto a = StartNode(0);
