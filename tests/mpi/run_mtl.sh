@@ -195,7 +195,7 @@ case "$case_name" in
   semantics_nodes|netpipe_nodes)
     if [[ $case_name == semantics_nodes ]]; then
       mpi_nodes "$work/mpi_semantics"
-      status=$? min=500  # rank 0's share
+      status=$? min=10  # rank 0 mostly receives (the byte counts below prove the rest)
     else
       mpi_nodes NPopenmpi -o "$work/run/np.out"
       status=$? min=1000
