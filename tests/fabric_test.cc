@@ -568,6 +568,45 @@ TEST_F(FabricTest, APeerThatFallsSilentIsClosedWithinTheTimeout) {
   EXPECT_TRUE(a->Stop());
 }
 
+// Rank 0 of an exchange on `d` whose peer "published" `epid` (no rank 1
+// runs): psm2_ep_connect's outcome.
+RunResult ConnectTo(const TempDir& dir, const Daemon& d, const std::string& rv,
+                    uint64_t epid) {
+  std::filesystem::create_directories(rv);
+  std::ofstream(rv + "/rank1.epid") << epid << "\n";
+  std::ofstream(rv + "/rank11.epid") << 1 << "\n";
+  return RunToEnd(dir, ExchangeArgs(dir, rv, 0, kJobA, 1, 10), d.ClientEnv(),
+                  30);
+}
+
+TEST_F(FabricTest, UnreachableNodesAndStaleEpidsFailToConnectQuickly) {
+  auto a = StartNode(0);
+  const uint64_t node2 = uint64_t{2} << 48, node9 = uint64_t{9} << 48;
+  // Node 2 is in the table but its daemon is not running.
+  RunResult down = ConnectTo(dir_, *a, dir_.path() + "/down", node2 | 5);
+  EXPECT_EQ(down.exit_code, 3) << down.err;
+  EXPECT_NE(down.err.find("node 2"), std::string::npos) << down.err;
+  EXPECT_LE(down.seconds, 5) << down.err;
+  // Node 9 is not in the table.
+  RunResult unknown = ConnectTo(dir_, *a, dir_.path() + "/unknown", node9 | 5);
+  EXPECT_EQ(unknown.exit_code, 3) << unknown.err;
+  EXPECT_NE(unknown.err.find("not in the node table"), std::string::npos)
+      << unknown.err;
+  // Node 2 up: an epid of an earlier run of it (another boot nonce) is
+  // stale; a live one connects.
+  auto b = StartNode(1);
+  RunResult stale = ConnectTo(dir_, *a, dir_.path() + "/stale",
+                              node2 | (uint64_t{0x7777} << 32) | 1);
+  EXPECT_EQ(stale.exit_code, 3) << stale.err;
+  EXPECT_NE(stale.err.find("has no endpoint of this job and uid"),
+            std::string::npos)
+      << stale.err;
+  RunResult ok = Exchange(*a, *b, "ok", 10, 100);
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
 TEST_F(FabricTest, ADaemonWithAnotherMungeKeyIsRefused) {
   Munged other(dir_.path() + "/munge-other");
   auto a = StartNode(0);
