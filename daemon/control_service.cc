@@ -168,8 +168,10 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
   FillCounters(total, reply->mutable_total());
   reply->set_doorbells(worker_->doorbells());
   reply->set_sleeps(worker_->sleeps());
-  for (const hw::PeerStats& p : worker_->FabricStats()) {
+  for (const Remote::PeerRow& r : worker_->FabricStats()) {
+    const hw::PeerStats& p = r.fabric;
     v1::PeerNodeStats* row = reply->add_peer_nodes();
+    row->set_refused(r.refused);
     row->set_node(static_cast<uint32_t>(p.node));
     row->set_frames_sent(p.frames_sent);
     row->set_bytes_sent(p.bytes_sent);

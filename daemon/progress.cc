@@ -199,8 +199,8 @@ std::vector<ProgressWorker::RemoteOutcome> ProgressWorker::QueryRemote(
   return shared->out;
 }
 
-std::vector<hw::PeerStats> ProgressWorker::FabricStats() {
-  std::vector<hw::PeerStats> out;
+std::vector<Remote::PeerRow> ProgressWorker::FabricStats() {
+  std::vector<Remote::PeerRow> out;
   if (!fabric_enabled_) return out;
   RunSync([&] {
     if (engine_.remote() != nullptr) out = engine_.remote()->Stats();

@@ -66,7 +66,7 @@ class ProgressWorker {
   std::vector<RemoteOutcome> QueryRemote(uint32_t id,
                                          const std::vector<uint64_t>& epids);
   // The fabric's per-peer-node counters (empty without a fabric).
-  std::vector<hw::PeerStats> FabricStats();
+  std::vector<Remote::PeerRow> FabricStats();
   // This node's host description ("" without a fabric); set before Start.
   const std::string& fabric_host() const { return fabric_host_; }
 

@@ -600,8 +600,24 @@ Endpoint* Remote::Target(const hw::FrameFields& f) {
   return ep;
 }
 
-void Remote::Refused(const hw::FrameFields& f, const char* what) {
+std::vector<Remote::PeerRow> Remote::Stats() const {
+  std::vector<PeerRow> rows;
+  for (const hw::PeerStats& p : fabric_->Stats()) {
+    PeerRow row;
+    row.fabric = p;
+    auto it = refused_by_node_.find(static_cast<uint16_t>(p.node));
+    if (p.node <= 0xffff && it != refused_by_node_.end()) {
+      row.refused = it->second;
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+void Remote::Refused(uint16_t node, const hw::FrameFields& f,
+                     const char* what) {
   refused_++;
+  refused_by_node_[node]++;
   WarnClient(f.uid,
              "fabric: {} from epid {:#x} (node {}) for epid {:#x}: no such "
              "endpoint of that job and uid here ({} refused so far)",
@@ -816,7 +832,7 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
   switch (f.op) {
     case kQuery: {
       Endpoint* t = Target(f);
-      if (t == nullptr) Refused(f, "connect");
+      if (t == nullptr) Refused(p.node, f, "connect");
       SendControl(p.node, kAnswer, f.dst, f.src, f, f.aux,
                   t != nullptr ? PSM2_OK : PSM2_EPID_UNREACHABLE);
       return Verdict::kDone;
@@ -937,7 +953,7 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
   q.f = f;
   q.wire = w;
   if (r == nullptr) {
-    Refused(f, f.op == kEnvelope ? "a message" : "an active message");
+    Refused(p.node, f, f.op == kEnvelope ? "a message" : "an active message");
     // As for a local receiver that is gone, the sender's request gets an
     // error completion (a reply's sender is not waiting for one).
     if (f.op != kAmReply) {

@@ -94,7 +94,13 @@ class Remote {
                      const UnexpectedMsg& m);
   void EndpointRemoved(uint32_t id);
 
-  std::vector<hw::PeerStats> Stats() const { return fabric_->Stats(); }
+  // The fabric's rows per peer node, and per node the frames this engine
+  // refused (no endpoint of that epid, job and uid here).
+  struct PeerRow {
+    hw::PeerStats fabric;
+    uint64_t refused = 0;
+  };
+  std::vector<PeerRow> Stats() const;
 
   // Active-message completions name their sender by endpoint id (tag[2]),
   // which the client names in its reply or ack; a sender on another node
@@ -170,7 +176,7 @@ class Remote {
   // reading (not paused) is dead. TCP_USER_TIMEOUT cannot be used for this:
   // it also kills a connection whose receiver paused (zero window) longer.
   void CheckLiveness();
-  void Refused(const hw::FrameFields& f, const char* what);
+  void Refused(uint16_t node, const hw::FrameFields& f, const char* what);
 
   MqEngine* const engine_;
   std::unique_ptr<hw::Fabric> fabric_;
@@ -196,6 +202,7 @@ class Remote {
   uint32_t passes_ = 0;
   uint64_t last_liveness_ms_ = 0;
   uint64_t refused_ = 0;
+  std::map<uint16_t, uint64_t> refused_by_node_;
 };
 
 }  // namespace psmd

@@ -223,6 +223,8 @@ TEST_F(FabricTest, AnEndpointOfAnotherJobIsUnreachableAndTheRefusalLogged) {
   EXPECT_NE(b->Log().find("no such endpoint of that job and uid"),
             std::string::npos)
       << b->Log();
+  RunResult sb = Psmctl(dir_, *b, {"stats", "--format", "json"});
+  EXPECT_GE(JsonNumber(sb.out, "peer_nodes", "refused"), 1) << sb.out;
   // The job's own traffic is untouched.
   RunResult ok = Exchange(*a, *b, "rv2", 100, 1000);
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
