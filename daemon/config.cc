@@ -10,6 +10,7 @@
 #include <toml++/toml.h>
 #include <CLI/CLI.hpp>
 
+#include "hw/fabric.h"
 #include "shm/ring.h"
 #include "version/version.h"
 
@@ -154,8 +155,60 @@ const std::vector<Setting>& Settings() {
       Mebibytes("uid_unexpected_mib", &Config::uid_unexpected_budget_bytes,
                 "unexpected-message budget of all jobs of one uid"),
       Number("node_id", &Config::node_id, 0, 0xffff,
-             "high bits of every endpoint id minted on this node",
+             "high bits of every endpoint id minted on this node; with "
+             "--fabric-listen, this node's id among the nodes (non-zero)",
              "0 to 65535"),
+      {"fabric_listen",
+       "address the fabric to other nodes' daemons listens on (repeatable; "
+       "the first is the primary; in the file, a list or a comma-separated "
+       "string); none: no fabric",
+       "ADDR[:PORT[-PORT]], IPv6 as [ADDR]:PORT", true,
+       [](const std::string& v, Config* c) {
+         std::string joined;
+         size_t start = 0;
+         while (start <= v.size() && !v.empty()) {
+           size_t comma = v.find(',', start);
+           std::string one =
+               v.substr(start, comma == std::string::npos ? std::string::npos
+                                                          : comma - start);
+           hw::ListenAddress parsed;
+           std::string error;
+           if (!hw::ParseListenAddress(one, &parsed, &error)) return false;
+           joined += (joined.empty() ? "" : ",") + one;
+           if (comma == std::string::npos) break;
+           start = comma + 1;
+         }
+         c->fabric_listen = joined;
+         return true;
+       },
+       [](const Config& c) { return c.fabric_listen; }},
+      OneOf("fabric_auth", &Config::fabric_auth, {"munge", "none"},
+            "how daemons authenticate each other: munge (a MUNGE credential "
+            "checked by the acceptor's munged) or none (refused unless every "
+            "fabric address is loopback)",
+            "munge or none"),
+      {"munge_socket", "munged's socket (empty: libmunge's default)",
+       "a path shorter than 108 bytes, or empty", true,
+       [](const std::string& v, Config* c) {
+         if (v.size() >= 108) return false;
+         c->munge_socket = v;
+         return true;
+       },
+       [](const Config& c) { return c.munge_socket; }},
+      Number("fabric_timeout_ms", &Config::fabric_timeout_ms, 100, 600'000,
+             "a peer node's daemon that does not answer (connect, handshake, "
+             "unacknowledged data, a connect query) within this is "
+             "unreachable, and requests to it fail",
+             "milliseconds, 100 to 600000"),
+      {"fabric_nodes",
+       "the node table: one line per node, NODE HOSTNAME HOSTDESCRIPTION "
+       "(NODE@ADDR:PORT,...), the same file on every node",
+       "a path, or empty", true,
+       [](const std::string& v, Config* c) {
+         c->fabric_nodes = v;
+         return true;
+       },
+       [](const Config& c) { return c.fabric_nodes; }},
   };
   return *settings;
 }
@@ -175,11 +228,45 @@ void CheckTogether(const Config& c, std::vector<std::string>* errors) {
         "unexpected_mib (--unexpected-mib) must not exceed max_unexpected_mib "
         "(--max-unexpected-mib)");
   }
+  const std::vector<std::string> listen = FabricListenAddresses(c);
+  if (!listen.empty() && c.node_id == 0) {
+    errors->push_back(
+        "fabric_listen (--fabric-listen) needs a non-zero node_id "
+        "(--node-id): 0 is reserved for peers not yet authenticated");
+  }
+  if (c.fabric_auth == "none") {
+    for (const std::string& a : listen) {
+      hw::ListenAddress parsed;
+      std::string error;
+      if (hw::ParseListenAddress(a, &parsed, &error) &&
+          !hw::IsLoopback(parsed.host)) {
+        errors->push_back(
+            "fabric_auth = none (--fabric-auth none) is refused: "
+            "fabric address " +
+            a +
+            " is not loopback; daemons on a network must "
+            "authenticate each other (--fabric-auth munge)");
+      }
+    }
+  }
+  if (!listen.empty() && c.fabric_nodes.empty()) {
+    errors->push_back(
+        "fabric_listen (--fabric-listen) needs a node table (--fabric-nodes "
+        "FILE) to reach other nodes");
+  }
 }
 
 // The text of a TOML value as a setting takes it, or false when its type is
 // wrong for the setting.
 bool ValueText(const toml::node& node, const Setting& s, std::string* out) {
+  if (s.is_string && node.is_array()) {  // fabric_listen = ["a", "b"]
+    out->clear();
+    for (const toml::node& item : *node.as_array()) {
+      if (!item.is_string()) return false;
+      *out += (out->empty() ? "" : ",") + item.as_string()->get();
+    }
+    return std::string(s.key) == "fabric_listen";
+  }
   if (s.is_string) {
     if (!node.is_string()) return false;
     *out = node.as_string()->get();
@@ -191,6 +278,19 @@ bool ValueText(const toml::node& node, const Setting& s, std::string* out) {
 }
 
 }  // namespace
+
+std::vector<std::string> FabricListenAddresses(const Config& config) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  const std::string& v = config.fabric_listen;
+  while (start < v.size()) {
+    size_t comma = v.find(',', start);
+    if (comma == std::string::npos) comma = v.size();
+    if (comma > start) out.push_back(v.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return out;
+}
 
 std::string ConfigToToml(const Config& config) {
   std::ostringstream out;
@@ -237,7 +337,17 @@ int ConfigLoader::ParseCommandLine(int argc, char** argv) {
                "bad value and exit 2");
   std::map<std::string, std::string> given;
   std::vector<std::pair<std::string, CLI::Option*>> options;
+  std::vector<std::string> listen_flags;  // --fabric-listen, repeatable
   for (const Setting& s : Settings()) {
+    if (std::string(s.key) == "fabric_listen") {
+      CLI::Option* opt =
+          app.add_option(FlagOf(s.key), listen_flags,
+                         std::string(s.help) + " [" + s.expected + "]")
+              ->type_name("ADDR")
+              ->allow_extra_args(false);
+      options.emplace_back(s.key, opt);
+      continue;
+    }
     CLI::Option* opt =
         app.add_option(FlagOf(s.key), given[s.key],
                        std::string(s.help) + " [" + s.expected + "]")
@@ -260,6 +370,13 @@ int ConfigLoader::ParseCommandLine(int argc, char** argv) {
   config_path_given_ = app.count("--config") > 0;
   for (const auto& [key, opt] : options) {
     if (opt->count() > 0) flags_[key] = given[key];
+  }
+  if (!listen_flags.empty()) {
+    std::string joined;
+    for (const std::string& a : listen_flags) {
+      joined += (joined.empty() ? "" : ",") + a;
+    }
+    flags_["fabric_listen"] = joined;
   }
   return -1;
 }

@@ -50,7 +50,21 @@ struct Config {
   // ... and of all jobs of one uid together (a uid may open any number).
   uint64_t uid_unexpected_budget_bytes = 8192ull << 20;
   uint16_t node_id = 0;  // high bits of every epid minted here
+  // The fabric between nodes' daemons (hw/, docs/design.md "Between
+  // nodes"). No listen address: this daemon serves its node only.
+  // "ADDR[:PORT[-PORT]]" each, comma-joined (the flag is repeatable; the
+  // first is the node's primary address).
+  std::string fabric_listen;
+  std::string fabric_auth = "munge";  // munge | none (loopback only)
+  std::string munge_socket;           // empty: libmunge's default
+  uint32_t fabric_timeout_ms = 5000;
+  // The node table: "NODE HOSTNAME NODE@ADDR:PORT,..." per line, read again
+  // whenever it changes (daemon/remote.h).
+  std::string fabric_nodes;
 };
+
+// The listen addresses of config.fabric_listen, in order.
+std::vector<std::string> FabricListenAddresses(const Config& config);
 
 inline constexpr char kDefaultConfigPath[] = "/etc/psmd/psmd.toml";
 

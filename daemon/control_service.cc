@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "hw/fabric.h"
 #include "shm/attach.h"
 #include "version/version.h"
 
@@ -184,9 +185,25 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
   const refusals::Values refused = registry_->refusals().For(who.uid);
   for (size_t i = 0; i < refusals::kNumCounters; i++)
     (*reply->mutable_refusals())[refusals::kAll[i].name] = refused[i];
-  if (who.uid == 0) {  // node-wide figures: others' activity shows in them
-    reply->set_doorbells(worker_->doorbells());
-    reply->set_sleeps(worker_->sleeps());
+  reply->set_fabric_host(worker_->fabric_host());
+  if (who.uid != 0) return grpc::Status::OK;
+  // Node-wide figures, root's only: others' activity shows in them.
+  reply->set_doorbells(worker_->doorbells());
+  reply->set_sleeps(worker_->sleeps());
+  for (const Remote::PeerRow& r : worker_->FabricStats()) {
+    const hw::PeerStats& p = r.fabric;
+    v1::PeerNodeStats* row = reply->add_peer_nodes();
+    row->set_refused(r.refused);
+    row->set_node(static_cast<uint32_t>(p.node));
+    row->set_frames_sent(p.frames_sent);
+    row->set_bytes_sent(p.bytes_sent);
+    row->set_frames_received(p.frames_received);
+    row->set_bytes_received(p.bytes_received);
+    row->set_connects(p.connects);
+    row->set_disconnects(p.disconnects);
+    row->set_connect_failures(p.connect_failures);
+    row->set_auth_failures(p.auth_failures);
+    row->set_bad_frames(p.bad_frames);
   }
   return grpc::Status::OK;
 }

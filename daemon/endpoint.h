@@ -81,6 +81,9 @@ struct UnexpectedMsg {
   uint64_t sender_req;   // kSendSync / rendezvous: the sender's request
   uint64_t pool_offset;  // eager, len > kInlineMax
   uint8_t inline_data[shm::kInlineMax];
+  // Non-zero: the sender is this epid on another node (sender_id is 0);
+  // the payload, if any, is in the receiver's job inbox (daemon/remote.h).
+  uint64_t remote_src;
 
   // What it is charged against the receiver's unexpected budget.
   uint64_t cost() const {
@@ -94,6 +97,9 @@ struct ClaimedMsg {
   MsgKey key;
   UnexpectedMsg msg;
 };
+
+// PeerLink::endpoint_id of a peer on another node (daemon/remote.h).
+inline constexpr uint32_t kRemotePeer = 0xffffffffu;
 
 // One connection slot: the peer this endpoint named by index in descriptors.
 struct PeerLink {

@@ -43,13 +43,16 @@ struct UidAccount {
 
 class Job {
  public:
+  // `inbox`: the pool has one region more than `regions`, the daemon's own
+  // (InboxRegion), where payloads from other nodes land.
   Job(JobKey key, shm::Mapping pool, uint32_t regions, uint64_t region_bytes,
-      std::shared_ptr<UidAccount> account)
+      std::shared_ptr<UidAccount> account, bool inbox = false)
       : key_(key),
         pool_(std::move(pool)),
         region_bytes_(region_bytes),
         region_state_(regions),
-        account_(std::move(account)) {}
+        account_(std::move(account)),
+        inbox_(inbox) {}
 
   const JobKey& key() const { return key_; }
   const shm::Mapping& pool() const { return pool_; }
@@ -71,6 +74,12 @@ class Job {
   void RetireRegion(const SendRegion& r) {
     region_state_[r.offset / region_bytes_] = RegionState::kRetired;
   }
+  // The region after the endpoints' ones, written only by the progress
+  // worker (daemon/remote.cc); none without the fabric.
+  std::optional<SendRegion> InboxRegion() const {
+    if (!inbox_) return std::nullopt;
+    return SendRegion{region_state_.size() * region_bytes_, region_bytes_};
+  }
 
   int endpoints = 0;  // live endpoints; the job ends when this drops to 0
 
@@ -85,6 +94,7 @@ class Job {
   uint64_t region_bytes_;
   std::vector<RegionState> region_state_;
   std::shared_ptr<UidAccount> account_;  // shared by the uid's jobs
+  bool inbox_;
 };
 
 }  // namespace psmd

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <systemd/sd-daemon.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <set>
@@ -16,6 +17,7 @@
 #include "daemon/log.h"
 #include "daemon/progress.h"
 #include "daemon/registry.h"
+#include "hw/socket/socket_fabric.h"
 #include "version/version.h"
 
 namespace {
@@ -102,6 +104,31 @@ int main(int argc, char** argv) {
   psmd::Registry registry(config, &worker);
   psmd::Admission admission(config, &registry);
   std::string error;
+  if (!config.fabric_listen.empty()) {
+    psmd::hw::FabricOptions fo;
+    fo.node_id = config.node_id;
+    fo.listen = psmd::FabricListenAddresses(config);
+    fo.auth = config.fabric_auth == "none" ? psmd::hw::AuthMode::kNone
+                                           : psmd::hw::AuthMode::kMunge;
+    fo.munge_socket = config.munge_socket;
+    fo.timeout_ms = config.fabric_timeout_ms;
+    // Back-pressure pauses a connection's receiving for as long as a
+    // receiver is over its budget; TCP_USER_TIMEOUT would then kill it
+    // (zero window). The engine's heartbeats watch liveness instead.
+    fo.user_timeout_ms = psmd::hw::FabricOptions::kNoUserTimeout;
+    fo.connect_attempt_ms = std::min<uint32_t>(1000, config.fabric_timeout_ms);
+    std::unique_ptr<psmd::hw::Fabric> fabric =
+        psmd::hw::OpenSocketFabric(fo, &error);
+    if (!fabric) {
+      spdlog::critical("fabric: {}", error);
+      sd_notifyf(0, "STATUS=failed: fabric: %s", error.c_str());
+      return 1;
+    }
+    // What the node table needs for this node (docs/design.md).
+    spdlog::info("fabric: node {} listening, host description {} (auth {})",
+                 config.node_id, fabric->HostDescription(), config.fabric_auth);
+    worker.EnableFabric(std::move(fabric), config, registry.boot_nonce());
+  }
   if (!admission.Bind(&error)) {
     spdlog::critical("{}", error);
     sd_notifyf(0, "STATUS=failed: %s", error.c_str());

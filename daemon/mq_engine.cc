@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "daemon/log.h"
+#include "daemon/remote.h"
 #include "shm/doorbell.h"
 #include "shm/payload.h"
 #include "shm/pool.h"
@@ -47,9 +48,15 @@ RecvPattern PatternOf(const Endpoint& ep, const shm::SubmissionDesc& d) {
 // Active messages waiting in a target's completion overflow beyond which
 // further requests to it are held: a target that stops polling must not make
 // psmd buffer without bound.
-constexpr size_t kAmOverflowLimit = 1024;
+constexpr size_t kAmOverflowLimit = MqEngine::kAmOverflowLimitValue;
 
 }  // namespace
+
+MqEngine::~MqEngine() = default;
+
+void MqEngine::EnableRemote(std::unique_ptr<Remote> remote) {
+  remote_ = std::move(remote);
+}
 
 void MqEngine::Add(std::shared_ptr<Endpoint> ep) {
   Endpoint* raw = ep.get();
@@ -116,6 +123,7 @@ void MqEngine::Remove(uint32_t id) {
     }
     ++t;
   }
+  if (remote_) remote_->EndpointRemoved(id);
   order_.erase(std::find(order_.begin(), order_.end(), &ep));
   // Its peers' receives naming it can never match now (invariant 8): they
   // fail at once instead of waiting forever.
@@ -347,6 +355,9 @@ bool MqEngine::Dispatch(Endpoint& ep, const shm::SubmissionDesc& d,
 
 bool MqEngine::HandleSend(Endpoint& sender, const shm::SubmissionDesc& d) {
   const PeerLink& link = sender.peers[d.peer];
+  if (link.endpoint_id == kRemotePeer && remote_) {
+    return remote_->Send(sender, d, link.epid);
+  }
   UnexpectedMsg m{};
   m.sender_id = sender.id;
   m.flags = d.flags;
@@ -460,8 +471,7 @@ bool MqEngine::HandleProbe(Endpoint& ep, const shm::SubmissionDesc& d) {
     ep.counters.msgs_received.Add(1);
     ep.counters.bytes_received.Add(taken->len);
     Post(ep, c);
-    if (taken->flags & shm::kSendSync)
-      CompleteSync(taken->sender_id, taken->sender_req, PSM2_OK);
+    if (taken->flags & shm::kSendSync) CompleteSyncOf(ep, *taken, PSM2_OK);
     return true;
   }
   if (taken) {
@@ -492,6 +502,10 @@ bool MqEngine::HandleClaimedRecv(Endpoint& ep, const shm::SubmissionDesc& d) {
 }
 
 bool MqEngine::HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
+  if (remote_ && transfers_.count(d.body.rndv.transfer) == 0 &&
+      remote_->RndvData(sender, d)) {
+    return true;  // a transfer to another node
+  }
   // The pool range was validated, so the chunk can safely be given back if
   // it goes nowhere.
   shm::PoolPayload chunk = shm::PayloadOf(sender.job->pool().base(), d);
@@ -543,6 +557,9 @@ bool MqEngine::HandleSetOption(Endpoint& ep, const shm::SubmissionDesc& d) {
 }
 
 bool MqEngine::HandleAmRequest(Endpoint& sender, const shm::SubmissionDesc& d) {
+  if (sender.peers[d.peer].endpoint_id == kRemotePeer && remote_) {
+    return remote_->AmRequest(sender, d, sender.peers[d.peer].epid);
+  }
   Endpoint* target = Find(sender.peers[d.peer].endpoint_id);
   if (target == nullptr || target->faulted) {
     shm::PayloadOf(sender.job->pool().base(), d).Release();
@@ -560,6 +577,10 @@ bool MqEngine::HandleAmRequest(Endpoint& sender, const shm::SubmissionDesc& d) {
 }
 
 bool MqEngine::HandleAmReply(Endpoint& sender, const shm::SubmissionDesc& d) {
+  if (remote_ && Remote::IsProxy(d.peer)) {
+    remote_->AmReplyOrAck(sender, d);
+    return true;
+  }
   Endpoint* target = FindInJob(sender, d.peer);
   if (target == nullptr) {
     shm::PayloadOf(sender.job->pool().base(), d).Release();
@@ -574,6 +595,10 @@ bool MqEngine::HandleAmReply(Endpoint& sender, const shm::SubmissionDesc& d) {
 }
 
 bool MqEngine::HandleAmAck(Endpoint& sender, const shm::SubmissionDesc& d) {
+  if (remote_ && Remote::IsProxy(d.peer)) {
+    remote_->AmReplyOrAck(sender, d);
+    return true;
+  }
   Endpoint* target = FindInJob(sender, d.peer);
   if (target == nullptr) return true;  // the requester is gone: nobody to tell
   shm::CompletionDesc c{};
@@ -636,7 +661,7 @@ void MqEngine::Deliver(Endpoint& receiver, uint64_t recv_req, uint32_t capacity,
   if (m.rendezvous) {
     StartTransfer(receiver, recv_req, std::min(m.len, capacity), m);
   } else if (m.flags & shm::kSendSync) {
-    CompleteSync(m.sender_id, m.sender_req, PSM2_OK);
+    CompleteSyncOf(receiver, m, PSM2_OK);
   }
 }
 
@@ -653,6 +678,10 @@ void MqEngine::AttachEagerPayload(shm::CompletionDesc& c,
 
 void MqEngine::StartTransfer(Endpoint& receiver, uint64_t recv_req,
                              uint32_t send_bytes, const UnexpectedMsg& m) {
+  if (m.remote_src != 0) {
+    if (remote_) remote_->StartTransfer(receiver, recv_req, send_bytes, m);
+    return;
+  }
   Endpoint* sender = Find(m.sender_id);
   if (sender == nullptr) {
     // The sender left before the match: its data is gone with it.
@@ -688,7 +717,18 @@ void MqEngine::Discard(Endpoint& receiver, const UnexpectedMsg& m) {
   Uncharge(receiver, m);
   ReleasePayload(receiver, m);
   if (m.rendezvous || (m.flags & shm::kSendSync)) {
-    CompleteSync(m.sender_id, m.sender_req, PSM2_EPID_UNREACHABLE);
+    CompleteSyncOf(receiver, m, PSM2_EPID_UNREACHABLE);
+  }
+}
+
+void MqEngine::CompleteSyncOf(const Endpoint& receiver, const UnexpectedMsg& m,
+                              int32_t error) {
+  if (m.remote_src == 0) {
+    CompleteSync(m.sender_id, m.sender_req, error);
+  } else if (remote_) {
+    // A rendezvous sender on another node learns of the failure as a sync
+    // sender does (kError).
+    remote_->CompleteSync(receiver, m, error);
   }
 }
 

@@ -56,6 +56,7 @@
 #include <vector>
 
 #include "daemon/endpoint.h"
+#include "daemon/remote.h"
 
 namespace psmd {
 
@@ -69,6 +70,7 @@ class MqEngine {
       : max_unexpected_budget_(max_unexpected_budget),
         job_unexpected_budget_(job_unexpected_budget),
         uid_unexpected_budget_(uid_unexpected_budget) {}
+  ~MqEngine();
 
   void Add(std::shared_ptr<Endpoint> ep);
   // Removes the endpoint and everything queued for it: posted receives are
@@ -93,7 +95,18 @@ class MqEngine {
 
   const std::vector<Endpoint*>& endpoints() const { return order_; }
 
+  // Endpoints on other nodes, through the fabric (daemon/remote.h); null
+  // without one. Set before the worker starts.
+  void EnableRemote(std::unique_ptr<Remote> remote);
+  Remote* remote() { return remote_.get(); }
+  Endpoint* FindEndpoint(uint32_t id) { return Find(id); }
+
+  // Active messages waiting in a target's completion overflow beyond which
+  // further requests to it are held (invariant 6).
+  static constexpr size_t kAmOverflowLimitValue = 1024;
+
  private:
+  friend class Remote;  // the peer-node half of the engine
   // One rendezvous transfer (invariant 5).
   struct Transfer {
     uint32_t sender_id;
@@ -151,6 +164,9 @@ class MqEngine {
   void Charge(Endpoint& receiver, const UnexpectedMsg& m);
   void Uncharge(Endpoint& receiver, const UnexpectedMsg& m);
   void CompleteSync(uint32_t sender_id, uint64_t sender_req, int32_t error);
+  // The same for message `m` received by `receiver`, wherever its sender is.
+  void CompleteSyncOf(const Endpoint& receiver, const UnexpectedMsg& m,
+                      int32_t error);
   // Drops a queued (or claimed) message nobody will receive: uncharges it,
   // gives its payload back and fails a waiting sync or rendezvous sender.
   void Discard(Endpoint& receiver, const UnexpectedMsg& m);
@@ -178,6 +194,7 @@ class MqEngine {
   // submissions each job consumed in this pass.
   size_t passes_ = 0;
   std::vector<size_t> job_used_;
+  std::unique_ptr<Remote> remote_;
 };
 
 }  // namespace psmd

@@ -7,15 +7,19 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include <psm2.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <future>
 
 #include <spdlog/spdlog.h>
 
 #include "daemon/log.h"
+#include "daemon/remote.h"
 #include "shm/doorbell.h"
 
 namespace psmd {
@@ -24,6 +28,7 @@ namespace {
 
 // Tags in epoll data: the worker's own wake fd, or an endpoint id.
 constexpr uint64_t kWakeTag = 0;
+constexpr uint64_t kFabricTag = UINT64_MAX;  // not an endpoint id (32 bits)
 constexpr uint64_t kSecondNs = 1'000'000'000;
 constexpr uint32_t kMaxIdleDoorbellsPerSecond = 100;
 constexpr uint64_t kMuteNs = 100'000'000;
@@ -59,6 +64,13 @@ bool ProgressWorker::Start(std::string* error) {
   ev.events = EPOLLIN;
   ev.data.u64 = kWakeTag;
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+  if (engine_.remote() != nullptr) {
+    // The ring's eventfd: an idle worker sleeps until a frame arrives.
+    epoll_event fev{};
+    fev.events = EPOLLIN;
+    fev.data.u64 = kFabricTag;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, engine_.remote()->event_fd(), &fev);
+  }
   last_turn_ns_.store(NowNs(), std::memory_order_relaxed);
   thread_ = std::thread([this] { Loop(); });
   // Named so that operators (top -H) and tests can find it.
@@ -139,6 +151,63 @@ void ProgressWorker::ClearPeer(uint32_t id, uint32_t slot) {
   RunSync([&] { engine_.ClearPeer(id, slot); });
 }
 
+void ProgressWorker::EnableFabric(std::unique_ptr<hw::Fabric> fabric,
+                                  const Config& config, uint16_t boot_nonce) {
+  fabric_host_ = fabric->HostDescription();
+  engine_.EnableRemote(std::make_unique<Remote>(
+      &engine_, std::move(fabric), config.node_id, boot_nonce,
+      config.fabric_nodes, config.fabric_timeout_ms));
+  fabric_enabled_ = true;
+  fabric_timeout_ms_ = config.fabric_timeout_ms;
+}
+
+std::vector<ProgressWorker::RemoteOutcome> ProgressWorker::QueryRemote(
+    uint32_t id, const std::vector<uint64_t>& epids) {
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t left = 0;
+    std::vector<RemoteOutcome> out;
+  };
+  auto shared = std::make_shared<Shared>();
+  shared->out.resize(epids.size());
+  shared->left = epids.size();
+  for (auto& o : shared->out) {
+    o.error = PSM2_TIMEOUT;
+    o.message = "psmd's progress worker did not get an answer in time";
+  }
+  RunSync([&] {
+    Endpoint* ep = engine_.FindEndpoint(id);
+    for (size_t i = 0; i < epids.size(); i++) {
+      auto done = [shared, i](int error, const std::string& why) {
+        std::lock_guard<std::mutex> lock(shared->mu);
+        shared->out[i] = RemoteOutcome{error, why};
+        shared->left--;
+        shared->cv.notify_all();
+      };
+      if (ep == nullptr || engine_.remote() == nullptr) {
+        done(PSM2_EPID_UNREACHABLE, "no fabric to other nodes");
+      } else {
+        engine_.remote()->Query(*ep, epids[i], done);
+      }
+    }
+  });
+  std::unique_lock<std::mutex> lock(shared->mu);
+  shared->cv.wait_for(lock,
+                      std::chrono::milliseconds(fabric_timeout_ms_ + 1000),
+                      [&] { return shared->left == 0; });
+  return shared->out;
+}
+
+std::vector<Remote::PeerRow> ProgressWorker::FabricStats() {
+  std::vector<Remote::PeerRow> out;
+  if (!fabric_enabled_) return out;
+  RunSync([&] {
+    if (engine_.remote() != nullptr) out = engine_.remote()->Stats();
+  });
+  return out;
+}
+
 uint64_t ProgressWorker::LastTurnAgeNs() const {
   uint64_t now = NowNs();
   uint64_t last = last_turn_ns_.load(std::memory_order_relaxed);
@@ -162,6 +231,7 @@ void ProgressWorker::Loop() {
   while (!stop_.load(std::memory_order_relaxed)) {
     if (commands_pending_.load(std::memory_order_acquire)) RunCommands();
     bool did = engine_.PollAll();
+    if (Remote* remote = engine_.remote()) did |= remote->Poll();
     engine_.NotifyClients();
     if (did) {
       idle_passes = 0;
@@ -238,8 +308,12 @@ void ProgressWorker::Sleep() {
     shm::SetDaemonSleeping(ep->control()->doorbells, true);
   }
   shm::WakeupFence();  // the flags before the re-check (shm/doorbell.h)
+  Remote* remote = engine_.remote();
+  // The fabric's eventfd count is sticky: a frame after this Poll still
+  // wakes epoll_wait.
   bool work = engine_.AnySubmissionPending() ||
-              commands_pending_.load(std::memory_order_acquire) || stop_.load();
+              commands_pending_.load(std::memory_order_acquire) ||
+              stop_.load() || (remote != nullptr && remote->Poll());
   if (!work) {
     sleeps_.fetch_add(1, std::memory_order_relaxed);
     epoll_event events[64];
@@ -247,6 +321,9 @@ void ProgressWorker::Sleep() {
     // Bounded, so that an idle worker still turns (LastTurnAgeNs).
     int timeout_ms = ResumeMutedDoorbells(NowNs());
     if (timeout_ms < 0 || timeout_ms > kMaxSleepMs) timeout_ms = kMaxSleepMs;
+    if (remote != nullptr && remote->SleepLimitMs() >= 0) {
+      timeout_ms = std::min(timeout_ms, remote->SleepLimitMs());
+    }
     if (watchdog_ping_ns_ != 0) {  // wake to ping even when no client rings
       timeout_ms =
           std::min(timeout_ms, static_cast<int>(watchdog_ping_ns_ / 1'000'000));
@@ -259,6 +336,10 @@ void ProgressWorker::Sleep() {
     for (int i = 0; i < n; i++) {
       if (events[i].data.u64 == kWakeTag) {
         shm::DrainEventFd(wake_fd_);
+        continue;
+      }
+      if (events[i].data.u64 == kFabricTag) {
+        shm::DrainEventFd(remote->event_fd());
         continue;
       }
       doorbells_.fetch_add(1, std::memory_order_relaxed);

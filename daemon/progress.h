@@ -25,6 +25,7 @@
 
 #include "daemon/config.h"
 #include "daemon/mq_engine.h"
+#include "hw/fabric.h"
 
 namespace psmd {
 
@@ -49,6 +50,25 @@ class ProgressWorker {
   void RemoveEndpoint(uint32_t id);
   void SetPeer(uint32_t id, uint32_t slot, const PeerLink& link);
   void ClearPeer(uint32_t id, uint32_t slot);
+
+  // Before Start: serve endpoints of other nodes through `fabric`
+  // (daemon/remote.h); its event fd joins the worker's epoll set.
+  void EnableFabric(std::unique_ptr<hw::Fabric> fabric, const Config& config,
+                    uint16_t boot_nonce);
+  bool has_fabric() const { return fabric_enabled_; }
+  struct RemoteOutcome {
+    int error = 0;  // psm2_error_t
+    std::string message;
+  };
+  // Asks the daemons of the epids' nodes whether endpoint `id`'s job and
+  // uid have those endpoints (psm2_ep_connect); waits at most the fabric
+  // timeout and a second.
+  std::vector<RemoteOutcome> QueryRemote(uint32_t id,
+                                         const std::vector<uint64_t>& epids);
+  // The fabric's per-peer-node counters (empty without a fabric).
+  std::vector<Remote::PeerRow> FabricStats();
+  // This node's host description ("" without a fabric); set before Start.
+  const std::string& fabric_host() const { return fabric_host_; }
 
   uint64_t doorbells() const {
     return doorbells_.load(std::memory_order_relaxed);
@@ -94,6 +114,9 @@ class ProgressWorker {
   std::atomic<bool> stop_{false};
 
   uint32_t muted_doorbells_ = 0;  // worker only
+  bool fabric_enabled_ = false;   // set before Start
+  uint32_t fabric_timeout_ms_ = 5000;
+  std::string fabric_host_;
   std::atomic<uint32_t> spin_us_;
   uint64_t watchdog_ping_ns_ = 0;  // 0: no watchdog; set before Start
   uint64_t last_ping_ns_ = 0;      // worker only

@@ -102,8 +102,12 @@ Status Registry::Reserve(const Credentials& who, const Uuid& uuid,
   std::string error;
   std::shared_ptr<Job>& job = jobs_[key];
   if (!job) {
+    // With the fabric, one region more: the inbox of payloads from other
+    // nodes (daemon/remote.h).
+    const bool inbox = !config_.fabric_listen.empty();
     uint64_t pool_bytes =
-        uint64_t{config_.max_endpoints_per_job} * config_.region_bytes;
+        uint64_t{config_.max_endpoints_per_job + (inbox ? 1 : 0)} *
+        config_.region_bytes;
     shm::Mapping pool;
     if (!shm::Mapping::Create("psmd-pool", pool_bytes, who.uid, who.gid, &pool,
                               &error)) {
@@ -115,9 +119,9 @@ Status Registry::Reserve(const Credentials& who, const Uuid& uuid,
       account = std::make_shared<UidAccount>();
       uid_accounts_[who.uid] = account;
     }
-    job = std::make_shared<Job>(key, std::move(pool),
-                                config_.max_endpoints_per_job,
-                                config_.region_bytes, std::move(account));
+    job = std::make_shared<Job>(
+        key, std::move(pool), config_.max_endpoints_per_job,
+        config_.region_bytes, std::move(account), inbox);
   }
   auto region = job->TakeRegion();
   if (!region) {
@@ -289,6 +293,9 @@ Status Registry::Connect(const Credentials& who, uint32_t id,
     PeerLink link;
   };
   std::vector<NewLink> links;
+  // Epids of other nodes: asked of their daemons without mu_ held.
+  std::vector<size_t> remote_index;
+  std::vector<uint64_t> remote_epids;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Record* found = nullptr;
@@ -297,6 +304,12 @@ Status Registry::Connect(const Credentials& who, uint32_t id,
     out->clear();
     for (uint64_t epid : epids) {
       ConnectOutcome o;
+      if (shm::NodeIdOf(epid) != config_.node_id && worker_->has_fabric()) {
+        remote_index.push_back(out->size());
+        remote_epids.push_back(epid);
+        out->push_back(o);
+        continue;
+      }
       auto peer_it = id_by_epid_.find(epid);
       const Endpoint* peer = peer_it == id_by_epid_.end()
                                  ? nullptr
@@ -310,6 +323,11 @@ Status Registry::Connect(const Credentials& who, uint32_t id,
         o.error = PSM2_EPID_UNREACHABLE;
         o.message = std::string("no endpoint with epid ") + hex +
                     " of this uid on this node";
+        if (shm::NodeIdOf(epid) != config_.node_id) {
+          o.message += " (it names node " +
+                       std::to_string(shm::NodeIdOf(epid)) +
+                       ", and this psmd has no fabric: --fabric-listen)";
+        }
         out->push_back(o);
         continue;
       }
@@ -330,6 +348,26 @@ Status Registry::Connect(const Credentials& who, uint32_t id,
       o.slot = slot_it->second;
       links.push_back({o.slot, PeerLink{peer->id, peer->epid}});
       out->push_back(o);
+    }
+  }
+  if (!remote_epids.empty()) {
+    std::vector<ProgressWorker::RemoteOutcome> answers =
+        worker_->QueryRemote(id, remote_epids);
+    std::lock_guard<std::mutex> lock(mu_);
+    Record* found = nullptr;
+    if (Status e = FindControllable(who, id, &found); !e.ok()) return e;
+    for (size_t i = 0; i < remote_epids.size(); i++) {
+      ConnectOutcome& o = (*out)[remote_index[i]];
+      o.error = answers[i].error;
+      o.message = answers[i].message;
+      if (o.error != PSM2_OK) continue;
+      auto slot_it =
+          found->slot_by_epid
+              .try_emplace(remote_epids[i],
+                           static_cast<uint32_t>(found->slot_by_epid.size()))
+              .first;
+      o.slot = slot_it->second;
+      links.push_back({o.slot, PeerLink{kRemotePeer, remote_epids[i]}});
     }
   }
   for (const NewLink& l : links) worker_->SetPeer(id, l.slot, l.link);

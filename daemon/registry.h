@@ -106,6 +106,8 @@ class Registry {
   const Config& config() const { return config_; }
   // Refusals by a limit, per uid (Registry's own and Admission's).
   Refusals& refusals() { return refusals_; }
+  // Bits 47..32 of the epids minted by this run of psmd.
+  uint16_t boot_nonce() const { return boot_nonce_; }
   size_t endpoint_count();
   // The most endpoints psmd serves at once (--max-endpoints).
   uint32_t max_endpoints() const { return config_.max_endpoints; }

@@ -122,6 +122,14 @@ struct FabricOptions {
   // Connect + handshake, and unacknowledged data on an open connection
   // (TCP_USER_TIMEOUT, keepalive), must finish within this.
   uint32_t timeout_ms = 5000;
+  // TCP_USER_TIMEOUT of open connections: 0 means timeout_ms;
+  // kNoUserTimeout leaves the kernel's retransmission limits. Linux also
+  // aborts a connection whose peer advertised a zero window for longer
+  // than TCP_USER_TIMEOUT, so a user that pauses receiving for longer
+  // (back-pressure) turns it off and watches liveness itself (the daemon's
+  // heartbeat frames, daemon/remote.h).
+  uint32_t user_timeout_ms = 0;
+  static constexpr uint32_t kNoUserTimeout = UINT32_MAX;
   uint32_t connect_attempt_ms = 1000;  // per address tried
   FrameLimits limits;
   uint32_t max_iov = 16;  // per PostSend / PostRecv

@@ -169,6 +169,46 @@ std::string RefusalsJson(const psmd::v1::GetStatsReply& r) {
   return out;
 }
 
+// The fabric's rows, one per peer node (none without a fabric).
+void PrintPeerNodes(const psmd::v1::GetStatsReply& r) {
+  if (r.peer_nodes_size() == 0 && r.fabric_host().empty()) return;
+  printf("\nfabric %s\n%-5s %12s %12s %12s %12s %8s %8s %8s %8s %8s %8s\n",
+         Printable(r.fabric_host()).c_str(), "node", "frames_sent",
+         "bytes_sent", "frames_recv", "bytes_recv", "connects", "disconn",
+         "conn_err", "auth_err", "bad_frm", "refused");
+  for (const auto& p : r.peer_nodes()) {
+    printf("%-5u %12s %12s %12s %12s %8" PRIu64 " %8" PRIu64 " %8" PRIu64
+           " %8" PRIu64 " %8" PRIu64 " %8" PRIu64 "\n",
+           p.node(), Human(p.frames_sent(), counters::Unit::kCount).c_str(),
+           Human(p.bytes_sent(), counters::Unit::kBytes).c_str(),
+           Human(p.frames_received(), counters::Unit::kCount).c_str(),
+           Human(p.bytes_received(), counters::Unit::kBytes).c_str(),
+           p.connects(), p.disconnects(), p.connect_failures(),
+           p.auth_failures(), p.bad_frames(), p.refused());
+  }
+}
+
+std::string PeerNodesJson(const psmd::v1::GetStatsReply& r) {
+  std::string out = "[";
+  for (int i = 0; i < r.peer_nodes_size(); i++) {
+    const auto& p = r.peer_nodes(i);
+    char buf[512];
+    snprintf(buf, sizeof(buf),
+             "%s{\"node\": %u, \"frames_sent\": %" PRIu64
+             ", \"bytes_sent\": %" PRIu64 ", \"frames_received\": %" PRIu64
+             ", \"bytes_received\": %" PRIu64 ", \"connects\": %" PRIu64
+             ", \"disconnects\": %" PRIu64 ", \"connect_failures\": %" PRIu64
+             ", \"auth_failures\": %" PRIu64 ", \"bad_frames\": %" PRIu64
+             ", \"refused\": %" PRIu64 "}",
+             i ? ", " : "", p.node(), p.frames_sent(), p.bytes_sent(),
+             p.frames_received(), p.bytes_received(), p.connects(),
+             p.disconnects(), p.connect_failures(), p.auth_failures(),
+             p.bad_frames(), p.refused());
+    out += buf;
+  }
+  return out + "]";
+}
+
 void PrintStatsJson(const psmd::v1::GetStatsReply& r) {
   printf(
       "{\"uptime_seconds\": %.3f, \"endpoint_count\": %u, \"doorbells\": "
@@ -192,8 +232,11 @@ void PrintStatsJson(const psmd::v1::GetStatsReply& r) {
            CountersJson(values, 0).c_str());
     first = false;
   }
-  printf("],\n \"total\": {%s},\n \"refusals\": {%s}}\n",
-         CountersJson(ValuesOf(r.total()), 0).c_str(), RefusalsJson(r).c_str());
+  printf(
+      "],\n \"total\": {%s},\n \"refusals\": {%s},\n \"fabric_host\": "
+      "%s,\n \"peer_nodes\": %s}\n",
+      CountersJson(ValuesOf(r.total()), 0).c_str(), RefusalsJson(r).c_str(),
+      JsonString(r.fabric_host()).c_str(), PeerNodesJson(r).c_str());
 }
 
 // node_exporter's textfile collector format: one family per counter, a
@@ -222,6 +265,48 @@ void PrintStatsPrometheus(const psmd::v1::GetStatsReply& r) {
         std::string("psmd_") + refusals::kAll[i].metric + "_total";
     family(name, "counter", refusals::kAll[i].help);
     printf("%s %" PRIu64 "\n", name.c_str(), refused[i]);
+  }
+  struct PeerField {
+    const char* name;
+    const char* help;
+    uint64_t (psmd::v1::PeerNodeStats::*get)() const;
+  };
+  const PeerField peer_fields[] = {
+      {"psmd_fabric_frames_sent_total", "Data frames sent to a peer node.",
+       &psmd::v1::PeerNodeStats::frames_sent},
+      {"psmd_fabric_bytes_sent_total", "Payload bytes sent to a peer node.",
+       &psmd::v1::PeerNodeStats::bytes_sent},
+      {"psmd_fabric_frames_received_total",
+       "Data frames received from a peer node.",
+       &psmd::v1::PeerNodeStats::frames_received},
+      {"psmd_fabric_bytes_received_total",
+       "Payload bytes received from a peer node.",
+       &psmd::v1::PeerNodeStats::bytes_received},
+      {"psmd_fabric_connects_total", "Connections opened with a peer node.",
+       &psmd::v1::PeerNodeStats::connects},
+      {"psmd_fabric_disconnects_total",
+       "Connections with a peer node that ended other than by close.",
+       &psmd::v1::PeerNodeStats::disconnects},
+      {"psmd_fabric_connect_failures_total",
+       "Connects to a peer node that failed.",
+       &psmd::v1::PeerNodeStats::connect_failures},
+      {"psmd_fabric_auth_failures_total",
+       "Handshakes refused for authentication (node 0: unauthenticated).",
+       &psmd::v1::PeerNodeStats::auth_failures},
+      {"psmd_fabric_bad_frames_total",
+       "Connections dropped for an invalid frame.",
+       &psmd::v1::PeerNodeStats::bad_frames},
+      {"psmd_fabric_refused_total",
+       "Frames refused: no endpoint of that epid, job and uid here.",
+       &psmd::v1::PeerNodeStats::refused},
+  };
+  if (r.peer_nodes_size() > 0) {
+    for (const PeerField& f : peer_fields) {
+      family(f.name, "counter", f.help);
+      for (const auto& p : r.peer_nodes()) {
+        printf("%s{node=\"%u\"} %" PRIu64 "\n", f.name, p.node(), (p.*f.get)());
+      }
+    }
   }
   auto jobs = JobTotals(r);
   for (size_t i = 0; i < counters::kNumCounters; i++) {
@@ -253,6 +338,7 @@ int ShowStats(ControlClient& control, const std::string& format) {
     printf("\n");
     for (size_t i = 0; i < refusals::kNumCounters; i++)
       printf("%-28s %16" PRIu64 "\n", refusals::kAll[i].name, refused[i]);
+    PrintPeerNodes(r);
   }
   return 0;
 }

@@ -465,9 +465,12 @@ void SocketFabric::SetLinkOptions(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   // A dead peer or link is noticed within about timeout_ms: unacknowledged
   // data by TCP_USER_TIMEOUT, an idle link by keepalive probes.
-  unsigned int user_timeout = opt_.timeout_ms;
-  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout,
-             sizeof user_timeout);
+  if (opt_.user_timeout_ms != FabricOptions::kNoUserTimeout) {
+    unsigned int user_timeout =
+        opt_.user_timeout_ms != 0 ? opt_.user_timeout_ms : opt_.timeout_ms;
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout,
+               sizeof user_timeout);
+  }
   int idle = std::max(1u, opt_.timeout_ms / 2000);
   int count = std::max(1u, opt_.timeout_ms / 2000);
   setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);

@@ -1,12 +1,26 @@
 """The two runs of one conformance program: against Intel's libpsm2 and psmd."""
 
-def pair_tests(program, ranks = 2):
+def pair_tests(program, ranks = 2, nodes = 0):
     """Defines <program>_intel and <program>_psmd, each run by run_pair.sh.
 
     Args:
       program: name of the cc_binary in this package.
       ranks: how many ranks run_pair.sh starts.
+      nodes: if not 0, also <program>_nodes: the psmd run with that many
+        daemons linked by the fabric (rank r on daemon r % nodes).
     """
+    if nodes:
+        native.sh_test(
+            name = program + "_nodes",
+            size = "medium",
+            srcs = ["run_pair.sh"],
+            args = ["--ranks", str(ranks), "--daemons", str(nodes), "psmd-nodes", "$(location :%s)" % program],
+            data = [
+                ":" + program,
+                "//daemon:psmd",
+                "//scripts:workdir",
+            ],
+        )
     for impl in ["intel", "psmd"]:
         native.sh_test(
             name = program + "_" + impl,

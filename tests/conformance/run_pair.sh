@@ -6,13 +6,25 @@
 #          fake-adapter namespace of scripts/fake_hfi.sh (needs root).
 #   psmd:  our libpsm2.so.2 (the program's RUNPATH) and a private psmd
 #          ($PSMD_BIN, default daemon/psmd as in Bazel runfiles).
+#   psmd-nodes: the same with one psmd per "node" (--daemons D, default 2;
+#          rank r uses daemon r % D), each with its own control socket and
+#          fabric address 127.0.0.(2+i), node id i+1, one node table, and
+#          one private munged (generated key) authenticating them: every
+#          message between ranks of different daemons crosses the fabric.
 # Ranks: 2 by default (each gets --rank I --dir DIR); --ranks N or
 # PSMD_CONFORMANCE_RANKS=N (the option wins) starts N, and for N != 2 also
 # passes --ranks N to every rank.
 # Every process it starts is ended by PID; its scratch directory is removed.
 set -uo pipefail
 ranks=${PSMD_CONFORMANCE_RANKS:-2}
-if [[ "${1:-}" == "--ranks" ]]; then ranks=$2; shift 2; fi
+daemons=2
+while [[ "${1:-}" == --* ]]; do
+  case "$1" in
+    --ranks) ranks=$2; shift 2 ;;
+    --daemons) daemons=$2; shift 2 ;;
+    *) break ;;
+  esac
+done
 if ! [[ "$ranks" =~ ^[0-9]+$ ]] || ((ranks < 2)); then
   echo "run_pair: the rank count must be a number >= 2 (got '$ranks')" >&2
   exit 2
@@ -44,7 +56,43 @@ case "$impl" in
     for _ in $(seq 100); do [[ -S "$PSMD_SOCKET" ]] && break; sleep 0.05; done
     wrap=(env PSMD_CONFORMANCE_IMPL=psmd)
     ;;
-  *) echo "usage: run_pair.sh [--ranks N] intel|psmd PROGRAM [ARGS...]" >&2; exit 2 ;;
+  psmd-nodes)
+    # One munged for all daemons (munged wants its directory searchable).
+    chmod 0711 "$work"
+    mkdir -m 0711 "$work/munge"
+    head -c 1024 /dev/urandom >"$work/munge/key"
+    chmod 0600 "$work/munge/key"
+    /usr/sbin/munged --foreground --force --socket="$work/munge/socket" \
+      --key-file="$work/munge/key" --pid-file="$work/munge/pid" \
+      --log-file="$work/munge/log" --seed-file="$work/munge/seed" 2>/dev/null &
+    pids+=($!)
+    for _ in $(seq 200); do [[ -S "$work/munge/socket" ]] && break; sleep 0.05; done
+    sockets=()
+    : >"$work/nodes"
+    for ((i = 0; i < daemons; i++)); do
+      addr=127.0.0.$((2 + i))
+      # A free port on that address (the node table names it before the
+      # daemons start).
+      port=$(python3 -c 'import socket,sys; s=socket.socket(); s.bind((sys.argv[1],0)); print(s.getsockname()[1])' "$addr")
+      echo "$((i + 1)) node$((i + 1)) $((i + 1))@$addr:$port" >>"$work/nodes"
+      listen[i]="$addr:$port"
+    done
+    for ((i = 0; i < daemons; i++)); do
+      sock="$work/psmd$i.sock"
+      "${PSMD_BIN:-daemon/psmd}" --socket "$sock" --log-level "${PSMD_LOG_LEVEL:-warn}" \
+        --node-id $((i + 1)) --fabric-listen "${listen[i]}" \
+        --fabric-nodes "$work/nodes" --munge-socket "$work/munge/socket" \
+        ${PSMD_FABRIC_FLAGS:-} 2>"$work/psmd$i.log" &
+      pids+=($!)
+      sockets+=("$sock")
+    done
+    for sock in "${sockets[@]}"; do
+      for _ in $(seq 100); do [[ -S "$sock" ]] && break; sleep 0.05; done
+    done
+    export PSMD_SOCKETS="${sockets[*]}"
+    wrap=(env PSMD_CONFORMANCE_IMPL=psmd)
+    ;;
+  *) echo "usage: run_pair.sh [--ranks N] [--daemons D] intel|psmd|psmd-nodes PROGRAM [ARGS...]" >&2; exit 2 ;;
 esac
 
 # All ranks share one namespace on intel (shared memory must be common).
@@ -53,7 +101,11 @@ esac
   extra=()
   if ((ranks != 2)); then extra=(--ranks "$ranks"); fi
   pids=()
+  read -r -a sockets <<<"${PSMD_SOCKETS:-}"
   for ((r = 0; r < ranks; r++)); do
+    if ((${#sockets[@]} > 0)); then
+      export PSMD_SOCKET=${sockets[r % ${#sockets[@]}]}
+    fi
     timeout -s KILL "$timeout_s" "$program" --rank "$r" --dir "$work" "${extra[@]}" "$@" &
     pids+=($!)
   done
@@ -66,6 +118,12 @@ esac
   echo "run_pair: $report" >&2
   ((ok))' run_pair "$program" "$work" "$timeout_s" "$ranks" "$@" | tee "$work/results"
 status=${PIPESTATUS[0]}
+if [[ "$impl" == psmd-nodes && ( $status != 0 || -n "${PSMD_SHOW_LOGS:-}" ) ]]; then
+  for ((i = 0; i < daemons; i++)); do
+    echo "---- psmd$i log" >&2
+    tail -n 40 "$work/psmd$i.log" >&2
+  done
+fi
 
 # Under Bazel, one JUnit test case per conformance case (passed only if it
 # passed on every rank), plus one for the run as a whole (exit statuses).

@@ -16,6 +16,12 @@
 #                  on btl vader (tests/mpi/mpi_threads)
 #   decline        no psmd: the component declines quietly (saying why at
 #                  mtl_base_verbose 10) and Open MPI runs over its own BTLs
+#   semantics_nodes, netpipe_nodes
+#                  the same programs with 2 ranks on two psmd linked by the
+#                  fabric (127.0.0.2 and .3, node ids 1 and 2, one private
+#                  munged): an MPMD mpirun, each rank with its own
+#                  PSMD_SOCKET; both daemons' per-peer-node counters must
+#                  show the traffic
 # Every process it starts is ended by PID; its directory is removed.
 set -uo pipefail
 case_name=$1; shift
@@ -40,7 +46,59 @@ if [[ $(id -u) == 0 ]]; then
   chown nobody:nogroup "$work/run"
 fi
 
-[[ $case_name == decline ]] || start_psmd
+# Two daemons linked by the fabric, authenticated by a munged of our own.
+start_nodes() {
+  mkdir -m 0711 "$work/munge"
+  head -c 1024 /dev/urandom >"$work/munge/key"
+  chmod 0600 "$work/munge/key"
+  /usr/sbin/munged --foreground --force --socket="$work/munge/socket" \
+    --key-file="$work/munge/key" --pid-file="$work/munge/pid" \
+    --log-file="$work/munge/log" --seed-file="$work/munge/seed" 2>/dev/null &
+  pids+=($!)
+  for _ in $(seq 200); do [[ -S "$work/munge/socket" ]] && break; sleep 0.05; done
+  : >"$work/nodes"
+  local i addr port
+  for i in 0 1; do
+    addr=127.0.0.$((2 + i))
+    port=$(python3 -c 'import socket,sys; s=socket.socket(); s.bind((sys.argv[1],0)); print(s.getsockname()[1])' "$addr")
+    echo "$((i + 1)) node$((i + 1)) $((i + 1))@$addr:$port" >>"$work/nodes"
+    node_listen[i]="$addr:$port"
+  done
+  for i in 0 1; do
+    node_socket[i]="$work/psmd$i.sock"
+    "$psmd" --socket "${node_socket[i]}" --log-level warn --node-id $((i + 1)) \
+      --fabric-listen "${node_listen[i]}" --fabric-nodes "$work/nodes" \
+      --munge-socket "$work/munge/socket" &
+    pids+=($!)
+  done
+  for i in 0 1; do
+    for _ in $(seq 100); do [[ -S "${node_socket[i]}" ]] && break; sleep 0.05; done
+  done
+  export PSMD_SOCKET=${node_socket[0]}  # what sent() counts
+}
+
+# One rank on each daemon (an MPMD command line).
+mpi_nodes() {
+  (cd "$work/run" && timeout -k 10 "${mpi_timeout:-300}" "${as_user[@]}" \
+    env -u PSM2_DEVICES -u HFI_SYSFS_PATH HOME="$work/run" TMPDIR="$work/run" \
+      OMPI_MCA_mca_base_component_path="$ompi_components:$work/components" \
+      OMPI_MCA_plm_rsh_agent= \
+      mpirun --oversubscribe --mca pml cm --mca mtl psmd \
+        -np 1 env PSMD_SOCKET="${node_socket[0]}" "$@" : \
+        -np 1 env PSMD_SOCKET="${node_socket[1]}" "$@")
+}
+
+# Payload bytes daemon $1 sent to its peer node.
+peer_bytes_sent() {
+  "$psmctl" --socket "${node_socket[$1]}" --json stats |
+    python3 -c 'import json,sys; p=json.load(sys.stdin)["peer_nodes"]; print(sum(r["bytes_sent"] for r in p))'
+}
+
+case $case_name in
+  decline) ;;
+  *_nodes) start_nodes ;;
+  *) start_psmd ;;
+esac
 
 ompi_components=$(dirname "$(find /usr/lib/x86_64-linux-gnu/openmpi/lib -name mca_pml_cm.so | head -1)")
 # mpirun as a user runs it: Open MPI's own components plus ours, nothing
@@ -134,8 +192,23 @@ case "$case_name" in
       echo "run_mtl: without psmd the run printed:" >&2; cat "$work/quiet.log" >&2; status=1
     fi
     ;;
+  semantics_nodes|netpipe_nodes)
+    if [[ $case_name == semantics_nodes ]]; then
+      mpi_nodes "$work/mpi_semantics"
+      status=$? min=10  # rank 0 mostly receives (the byte counts below prove the rest)
+    else
+      mpi_nodes NPopenmpi -o "$work/run/np.out"
+      status=$? min=1000
+      [[ $status == 0 ]] && tail -3 "$work/run/np.out"
+    fi
+    for i in 0 1; do
+      bytes=$(peer_bytes_sent $i)
+      echo "run_mtl: psmd $i sent $bytes payload bytes to the other node"
+      ((bytes > 100000)) || { echo "run_mtl: no traffic between the daemons" >&2; status=1; }
+    done
+    ;;
   *) echo "usage: run_mtl.sh semantics N | datatypes | mpi4py_suite [ARGS] | netpipe" \
-          "| selection | decline" >&2; exit 2 ;;
+          "| selection | decline | semantics_nodes | netpipe_nodes" >&2; exit 2 ;;
 esac
 if [[ $case_name != decline ]]; then
   after=$(sent)

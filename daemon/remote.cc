@@ -1,0 +1,1264 @@
+#include "daemon/remote.h"
+
+#include <psm2.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <spdlog/spdlog.h>
+
+#include "daemon/log.h"
+#include "daemon/mq_engine.h"
+#include "shm/epid.h"
+#include "shm/payload.h"
+
+namespace psmd {
+
+namespace {
+
+constexpr uint32_t kEnvelopeMax = sizeof(Remote::Wire) + shm::kInlineMax;
+// Frames queued to one node beyond which its senders are held.
+constexpr size_t kMaxQueued = 1024;
+// Receiving a payload nobody will take (its receiver is gone).
+constexpr uint32_t kDiscardBytes = 64 * 1024;
+
+uint64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+MsgKey KeyOf(uint64_t source, const uint32_t tag[3]) {
+  MsgKey k;
+  k.source = source;
+  std::memcpy(k.tag.w, tag, sizeof(k.tag.w));
+  return k;
+}
+
+int ErrorOf(hw::ErrorClass e) {
+  return e == hw::ErrorClass::kTimeout ? PSM2_TIMEOUT : PSM2_EPID_UNREACHABLE;
+}
+
+}  // namespace
+
+// ---- state ----
+
+struct Remote::OutFrame {
+  hw::FrameFields f;
+  Wire wire{};
+  uint8_t inline_data[shm::kInlineMax] = {};
+  iovec iov[2] = {};
+  int iovcnt = 0;
+  // A pool chunk the frame sends from, released when the frame is done.
+  uint8_t* chunk_base = nullptr;
+  uint64_t chunk_offset = 0;
+  std::shared_ptr<Job> chunk_job;  // keeps the pool mapped
+  uint16_t node = 0;
+  void ReleaseChunk() {
+    if (chunk_base != nullptr) shm::ReleaseChunk(chunk_base, chunk_offset);
+    chunk_base = nullptr;
+    chunk_job.reset();
+  }
+};
+
+struct Remote::Pending {
+  uint16_t op = 0;
+  hw::FrameFields f;
+  Wire wire{};
+  uint32_t receiver = 0;  // 0: discard the payload
+  std::shared_ptr<Job> job;
+  uint64_t chunk = 0;  // inbox offset the payload lands at
+  bool matched = false;
+  PostedRecv recv{};
+};
+
+struct Remote::Peer {
+  uint16_t node = 0;
+  hw::ConnId conn = 0;
+  bool open = false;
+  uint64_t last_sent_ms = NowMs();
+  uint64_t last_recv_ms = NowMs();
+  std::deque<std::unique_ptr<OutFrame>> queue;
+  // Requests (endpoint id, request) waiting for an answer from this node.
+  std::set<std::pair<uint32_t, uint64_t>> awaiting;
+  // Receiving.
+  enum class Rx { kIdle, kHeader, kEnvelope, kPaused, kPayload, kChunk };
+  Rx rx = Rx::kIdle;
+  hw::FrameFields f;  // of the frame being received
+  uint32_t length = 0;
+  uint8_t env[kEnvelopeMax] = {};
+  bool expect_payload = false;
+  Pending pending;
+  // kChunk: the rendezvous chunk being received.
+  uint64_t chunk_transfer = 0;
+  uint64_t chunk_offset = 0;  // inbox offset; 0: discarded
+  std::shared_ptr<Job> chunk_job;
+  std::vector<uint8_t> discard;
+  // A paused envelope's receive, taken from the posted queue (has_held).
+  bool has_held = false;
+  uint32_t held_receiver = 0;
+  PostedRecv held_recv{};
+  bool bad_logged = false;
+  bool dropped = false;  // closed by us for a bad frame; kClosed follows
+};
+
+struct Remote::InTransfer {  // a rendezvous receive from another node
+  uint16_t node;
+  uint32_t receiver;  // 0: gone, chunks are discarded
+  uint64_t recv_req;
+  uint64_t src;  // the sender's epid
+  uint32_t send_bytes;
+  uint32_t received;
+  uint64_t sender_req;
+};
+
+struct Remote::OutTransfer {  // a rendezvous send to another node
+  uint16_t node;
+  uint32_t sender;
+  uint64_t dst;
+  uint64_t remote_transfer;
+  uint32_t send_bytes;
+  uint32_t forwarded;
+  // The node went away or the receiver left: chunks are released as they
+  // come (the sender was told).
+  bool dead;
+  uint64_t sender_req;
+  hw::FrameFields about;  // uid and job, for an abort
+};
+
+struct Remote::Inbox {
+  std::weak_ptr<Job> job;
+  shm::SendArena arena;
+};
+
+struct Remote::QueryState {
+  uint16_t node;
+  uint64_t deadline_ms;
+  QueryDone done;
+};
+
+bool ParseNodeTable(const std::string& text, std::map<uint16_t, NodeEntry>* out,
+                    std::string* error) {
+  std::istringstream in(text);
+  std::string line;
+  int n = 0;
+  out->clear();
+  while (std::getline(in, line)) {
+    n++;
+    size_t hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    std::istringstream words(line);
+    std::string node, host, desc, extra;
+    if (!(words >> node)) continue;
+    if (!(words >> host >> desc) || (words >> extra)) {
+      *error = "line " + std::to_string(n) +
+               ": expected NODE HOSTNAME NODE@ADDR:PORT,...";
+      return false;
+    }
+    char* end = nullptr;
+    unsigned long id = strtoul(node.c_str(), &end, 10);
+    hw::HostDescription parsed;
+    std::string why;
+    if (*end != '\0' || id == 0 || id > 0xffff) {
+      *error = "line " + std::to_string(n) + ": node id 1 to 65535 expected";
+      return false;
+    }
+    if (!hw::ParseHostDescription(desc, &parsed, &why) || parsed.node != id) {
+      *error = "line " + std::to_string(n) + ": bad host description (" +
+               (why.empty() ? "its node id differs" : why) + ")";
+      return false;
+    }
+    (*out)[static_cast<uint16_t>(id)] = NodeEntry{host, desc};
+  }
+  return true;
+}
+
+Remote::Remote(MqEngine* engine, std::unique_ptr<hw::Fabric> fabric,
+               uint16_t node_id, uint16_t boot_nonce, std::string nodes_file,
+               uint32_t timeout_ms)
+    : engine_(engine),
+      fabric_(std::move(fabric)),
+      node_id_(node_id),
+      boot_nonce_(boot_nonce),
+      nodes_file_(std::move(nodes_file)),
+      timeout_ms_(timeout_ms) {}
+
+Remote::~Remote() {
+  // The fabric goes first (no more events), then the chunks still lent.
+  fabric_.reset();
+  for (auto& [cookie, f] : in_flight_) f->ReleaseChunk();
+  for (auto& [node, p] : peers_) {
+    for (auto& f : p->queue) f->ReleaseChunk();
+  }
+}
+
+// ---- the node table ----
+
+void Remote::ReloadNodes() {
+  struct stat st;
+  if (stat(nodes_file_.c_str(), &st) != 0) {
+    spdlog::warn("fabric: cannot read the node table {}: {}",
+                 Escaped(nodes_file_), strerror(errno));
+    return;
+  }
+  int64_t mtime =
+      int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
+  if (mtime == nodes_mtime_ns_) return;
+  std::ifstream in(nodes_file_);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::map<uint16_t, NodeEntry> table;
+  std::string error;
+  if (!ParseNodeTable(text.str(), &table, &error)) {
+    spdlog::warn("fabric: node table {}: {}; keeping the previous one",
+                 Escaped(nodes_file_), error);
+    return;
+  }
+  nodes_ = std::move(table);
+  nodes_mtime_ns_ = mtime;
+  spdlog::info("fabric: node table {}: {} nodes", Escaped(nodes_file_),
+               nodes_.size());
+}
+
+// ---- sending ----
+
+Remote::Peer* Remote::PeerOf(uint16_t node) {
+  auto it = peers_.find(node);
+  return it == peers_.end() ? nullptr : it->second.get();
+}
+
+Remote::Peer* Remote::PeerOfConn(hw::ConnId conn) {
+  auto it = node_of_conn_.find(conn);
+  if (it == node_of_conn_.end()) return nullptr;
+  Peer* p = PeerOf(it->second);
+  return p != nullptr && p->conn == conn ? p : nullptr;
+}
+
+void Remote::Enqueue(Peer& p, std::unique_ptr<OutFrame> f) {
+  f->node = p.node;
+  f->iov[0] = iovec{};
+  p.queue.push_back(std::move(f));
+  Flush(p);
+}
+
+void Remote::Flush(Peer& p) {
+  while (p.open && !p.queue.empty()) {
+    OutFrame& f = *p.queue.front();
+    const uint64_t cookie = next_cookie_++;
+    hw::ErrorClass e = fabric_->PostSend(p.conn, f.f, f.iov, f.iovcnt, cookie);
+    if (e == hw::ErrorClass::kBusy) return;  // again after a kSendDone
+    if (e != hw::ErrorClass::kOk) {
+      // The connection is going; its kClosed fails what waits.
+      f.ReleaseChunk();
+      p.queue.pop_front();
+      continue;
+    }
+    in_flight_[cookie] = std::move(p.queue.front());
+    p.queue.pop_front();
+    p.last_sent_ms = NowMs();
+  }
+}
+
+void Remote::SendEnvelope(Peer& p, uint16_t op, const Endpoint& from,
+                          uint64_t dst, uint64_t aux, const Wire& w,
+                          const uint8_t* inline_data, uint32_t inline_len) {
+  auto f = std::make_unique<OutFrame>();
+  f->f.op = op;
+  f->f.uid = from.uid;
+  f->f.src = from.epid;
+  f->f.dst = dst;
+  std::memcpy(f->f.job, from.job->key().uuid.data(), 16);
+  f->f.aux = aux;
+  f->wire = w;
+  f->iov[0] = {&f->wire, sizeof(Wire)};
+  f->iovcnt = 1;
+  if (inline_len > 0) {
+    std::memcpy(f->inline_data, inline_data, inline_len);
+    f->iov[1] = {f->inline_data, inline_len};
+    f->iovcnt = 2;
+  }
+  p.queue.push_back(std::move(f));
+  p.queue.back()->node = p.node;
+  Flush(p);
+}
+
+void Remote::SendControl(uint16_t node, uint16_t op, uint64_t src, uint64_t dst,
+                         const hw::FrameFields& about, uint64_t aux,
+                         int32_t error) {
+  Peer* p = PeerOf(node);
+  if (p == nullptr) return;
+  auto f = std::make_unique<OutFrame>();
+  f->f.op = op;
+  f->f.uid = about.uid;
+  f->f.src = src;
+  f->f.dst = dst;
+  std::memcpy(f->f.job, about.job, 16);
+  f->f.aux = aux;
+  f->wire.error = error;
+  f->iov[0] = {&f->wire, sizeof(Wire)};
+  f->iovcnt = 1;
+  p->queue.push_back(std::move(f));
+  p->queue.back()->node = node;
+  Flush(*p);
+}
+
+void Remote::Query(const Endpoint& ep, uint64_t epid, QueryDone done) {
+  const uint16_t node = shm::NodeIdOf(epid);
+  Peer* p = PeerOf(node);
+  if (p == nullptr) {
+    ReloadNodes();
+    auto entry = nodes_.find(node);
+    if (entry == nodes_.end()) {
+      done(PSM2_EPID_UNREACHABLE, "node " + std::to_string(node) +
+                                      " is not in the node table " +
+                                      nodes_file_);
+      return;
+    }
+    hw::ConnId conn = 0;
+    hw::ErrorClass e = fabric_->Connect(entry->second.description, node, &conn);
+    if (e != hw::ErrorClass::kOk && e != hw::ErrorClass::kAlreadyConnected) {
+      done(PSM2_EPID_UNREACHABLE, std::string("cannot connect to node ") +
+                                      std::to_string(node) + ": " +
+                                      hw::ErrorClassName(e));
+      return;
+    }
+    auto peer = std::make_unique<Peer>();
+    peer->node = node;
+    peer->conn = conn;
+    peer->open = e == hw::ErrorClass::kAlreadyConnected;
+    p = peer.get();
+    peers_[node] = std::move(peer);
+    node_of_conn_[conn] = node;
+    if (p->open) RecvNext(*p);
+  }
+  const uint64_t id = next_query_++;
+  queries_[id] = std::make_unique<QueryState>(
+      QueryState{node, NowMs() + timeout_ms_, std::move(done)});
+  Wire w{};
+  SendEnvelope(*p, kQuery, ep, epid, id, w, nullptr, 0);
+}
+
+bool Remote::Send(Endpoint& sender, const shm::SubmissionDesc& d,
+                  uint64_t dst) {
+  const bool rndv = d.op == shm::SubmitOp::kRndvSend;
+  shm::PoolPayload payload =
+      rndv ? shm::PoolPayload() : shm::PayloadOf(sender.job->pool().base(), d);
+  Peer* p = PeerOf(shm::NodeIdOf(dst));
+  if (p == nullptr) {
+    engine_->PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
+    return true;  // payload released
+  }
+  // (A closing sender's last sends are taken regardless: it saw them
+  // complete, and its ring is not read again.)
+  if (p->queue.size() >= kMaxQueued && !engine_->admit_over_budget_) {
+    payload.Take();  // still the sender's: the send is held, not dropped
+    return false;
+  }
+  Wire w{};
+  std::memcpy(w.tag, d.tag, sizeof(w.tag));
+  w.len = d.len;
+  w.flags = d.flags | (rndv ? kWireFlagRndv : 0);
+  const bool inl = !rndv && shm::IsInline(d.len);
+  SendEnvelope(*p, kEnvelope, sender, dst, d.req, w,
+               inl ? d.body.inline_data : nullptr, inl ? d.len : 0);
+  if (!rndv && !inl) {
+    auto f = std::make_unique<OutFrame>();
+    f->f.op = kPayload;
+    f->f.uid = sender.uid;
+    f->f.src = sender.epid;
+    f->f.dst = dst;
+    std::memcpy(f->f.job, sender.job->key().uuid.data(), 16);
+    f->f.aux = d.req;
+    f->chunk_base = sender.job->pool().base();
+    f->chunk_offset = payload.Take();
+    f->chunk_job = sender.job;
+    f->iov[0] = {f->chunk_base + f->chunk_offset, d.len};
+    f->iovcnt = 1;
+    p->queue.push_back(std::move(f));
+    p->queue.back()->node = p->node;
+    Flush(*p);
+  }
+  if (rndv || (d.flags & shm::kSendSync))
+    p->awaiting.insert({sender.id, d.req});
+  sender.counters.msgs_sent.Add(1);
+  sender.counters.bytes_sent.Add(d.len);
+  if (rndv) {
+    sender.counters.rndv_msgs_sent.Add(1);
+    sender.counters.rndv_bytes_sent.Add(d.len);
+  }
+  return true;
+}
+
+bool Remote::AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
+                       uint64_t dst) {
+  shm::PoolPayload payload = shm::PayloadOf(sender.job->pool().base(), d);
+  Peer* p = PeerOf(shm::NodeIdOf(dst));
+  if (p == nullptr) {
+    engine_->PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
+    return true;
+  }
+  if (p->queue.size() >= kMaxQueued && !engine_->admit_over_budget_) {
+    payload.Take();
+    return false;
+  }
+  uint32_t flags = 0;
+  if (d.flags & shm::kAmNoReply) flags |= shm::kAmRequestNoReply;
+  if (d.flags & shm::kAmWantsAck) flags |= shm::kAmRequestWantsAck;
+  Wire w{};
+  w.tag[0] = d.tag[0];
+  w.tag[1] = d.tag[1];
+  w.len = d.len;
+  w.flags = flags;
+  const bool inl = shm::IsInline(d.len);
+  SendEnvelope(*p, kAmRequest, sender, dst, d.req, w,
+               inl ? d.body.inline_data : nullptr, inl ? d.len : 0);
+  if (!inl) {
+    auto f = std::make_unique<OutFrame>();
+    f->f.op = kPayload;
+    f->f.uid = sender.uid;
+    f->f.src = sender.epid;
+    f->f.dst = dst;
+    std::memcpy(f->f.job, sender.job->key().uuid.data(), 16);
+    f->f.aux = d.req;
+    f->chunk_base = sender.job->pool().base();
+    f->chunk_offset = payload.Take();
+    f->chunk_job = sender.job;
+    f->iov[0] = {f->chunk_base + f->chunk_offset, d.len};
+    f->iovcnt = 1;
+    p->queue.push_back(std::move(f));
+    p->queue.back()->node = p->node;
+    Flush(*p);
+  }
+  if (d.flags & shm::kAmWantsAck) p->awaiting.insert({sender.id, d.req});
+  sender.counters.am_requests_sent.Add(1);
+  return true;
+}
+
+void Remote::AmReplyOrAck(Endpoint& sender, const shm::SubmissionDesc& d) {
+  shm::PoolPayload payload = shm::PayloadOf(sender.job->pool().base(), d);
+  const uint32_t index = d.peer - kProxyBase;
+  const uint64_t dst =
+      index < epid_by_proxy_.size() ? epid_by_proxy_[index] : 0;
+  Peer* p = dst == 0 ? nullptr : PeerOf(shm::NodeIdOf(dst));
+  if (d.op == shm::SubmitOp::kAmAck) {
+    if (p == nullptr) return;  // the requester's node is gone
+    Wire w{};
+    w.tag[0] = d.body.ack.handler;
+    w.error = d.body.ack.error;
+    SendEnvelope(*p, kAmAck, sender, dst, d.body.ack.request, w, nullptr, 0);
+    return;
+  }
+  if (p == nullptr) {
+    engine_->PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
+    return;
+  }
+  Wire w{};
+  w.tag[0] = d.tag[0];
+  w.tag[1] = d.tag[1];
+  w.len = d.len;
+  w.flags = (d.flags & shm::kAmWantsAck) ? shm::kAmRequestWantsAck : 0;
+  const bool inl = shm::IsInline(d.len);
+  SendEnvelope(*p, kAmReply, sender, dst, d.req, w,
+               inl ? d.body.inline_data : nullptr, inl ? d.len : 0);
+  if (!inl) {
+    auto f = std::make_unique<OutFrame>();
+    f->f.op = kPayload;
+    f->f.uid = sender.uid;
+    f->f.src = sender.epid;
+    f->f.dst = dst;
+    std::memcpy(f->f.job, sender.job->key().uuid.data(), 16);
+    f->f.aux = d.req;
+    f->chunk_base = sender.job->pool().base();
+    f->chunk_offset = payload.Take();
+    f->chunk_job = sender.job;
+    f->iov[0] = {f->chunk_base + f->chunk_offset, d.len};
+    f->iovcnt = 1;
+    p->queue.push_back(std::move(f));
+    p->queue.back()->node = p->node;
+    Flush(*p);
+  }
+  if (d.flags & shm::kAmWantsAck) p->awaiting.insert({sender.id, d.req});
+  sender.counters.am_replies_sent.Add(1);
+}
+
+bool Remote::RndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
+  auto it = out_transfers_.find(d.body.rndv.transfer);
+  if (it == out_transfers_.end()) return false;
+  OutTransfer& t = *it->second;
+  if (t.sender != sender.id || d.body.rndv.offset != t.forwarded ||
+      d.len > t.send_bytes - t.forwarded) {
+    return false;  // reported by the engine as a bad chunk
+  }
+  shm::PoolPayload chunk = shm::PayloadOf(sender.job->pool().base(), d);
+  t.forwarded += d.len;
+  Peer* p = t.dead ? nullptr : PeerOf(t.node);
+  if (p != nullptr) {
+    auto f = std::make_unique<OutFrame>();
+    f->f.op = kRndvData;
+    f->f.uid = sender.uid;
+    f->f.src = sender.epid;
+    f->f.dst = t.dst;
+    std::memcpy(f->f.job, sender.job->key().uuid.data(), 16);
+    f->f.aux = t.remote_transfer;
+    f->f.offset = d.body.rndv.offset;
+    f->chunk_base = sender.job->pool().base();
+    f->chunk_offset = chunk.Take();
+    f->chunk_job = sender.job;
+    f->iov[0] = {f->chunk_base + f->chunk_offset, d.len};
+    f->iovcnt = 1;
+    p->queue.push_back(std::move(f));
+    p->queue.back()->node = p->node;
+    Flush(*p);
+  }
+  if (t.forwarded == t.send_bytes) out_transfers_.erase(it);
+  return true;
+}
+
+void Remote::CompleteSync(const Endpoint& receiver, const UnexpectedMsg& m,
+                          int32_t error) {
+  hw::FrameFields about;
+  about.uid = receiver.uid;
+  std::memcpy(about.job, receiver.job->key().uuid.data(), 16);
+  SendControl(shm::NodeIdOf(m.remote_src), error == PSM2_OK ? kSyncAck : kError,
+              receiver.epid, m.remote_src, about, m.sender_req, error);
+}
+
+void Remote::StartTransfer(Endpoint& receiver, uint64_t recv_req,
+                           uint32_t send_bytes, const UnexpectedMsg& m) {
+  const uint16_t node = shm::NodeIdOf(m.remote_src);
+  Peer* p = PeerOf(node);
+  if (p == nullptr) {
+    if (send_bytes > 0) {
+      engine_->PostError(receiver, recv_req, PSM2_EPID_UNREACHABLE);
+    }
+    return;
+  }
+  Wire w{};
+  w.len = send_bytes;
+  if (send_bytes > 0) {
+    w.x = next_in_transfer_++;
+    in_transfers_[w.x] = std::make_unique<InTransfer>(
+        InTransfer{node, receiver.id, recv_req, m.remote_src, send_bytes, 0,
+                   m.sender_req});
+  }
+  SendEnvelope(*p, kRndvGo, receiver, m.remote_src, m.sender_req, w, nullptr,
+               0);
+}
+
+void Remote::EndpointRemoved(uint32_t id) {
+  for (auto& [tid, t] : in_transfers_) {
+    if (t->receiver != id) continue;
+    // Its chunks still come (and are dropped); the sender learns at once.
+    t->receiver = 0;
+    hw::FrameFields about;
+    if (Endpoint* r = engine_->Find(id)) {
+      about.uid = r->uid;
+      std::memcpy(about.job, r->job->key().uuid.data(), 16);
+      SendControl(t->node, kError, r->epid, t->src, about, t->sender_req,
+                  PSM2_EPID_UNREACHABLE);
+    }
+  }
+  for (auto it = out_transfers_.begin(); it != out_transfers_.end();) {
+    OutTransfer& t = *it->second;
+    if (t.sender != id) {
+      ++it;
+      continue;
+    }
+    // The receiver would wait for the rest of the message.
+    if (!t.dead) {
+      SendControl(t.node, kAbort, t.about.src, t.dst, t.about,
+                  t.remote_transfer, PSM2_EPID_UNREACHABLE);
+    }
+    it = out_transfers_.erase(it);
+  }
+  for (auto& [node, p] : peers_) {
+    for (auto a = p->awaiting.begin(); a != p->awaiting.end();) {
+      a = a->first == id ? p->awaiting.erase(a) : std::next(a);
+    }
+    if (p->expect_payload && p->pending.receiver == id) {
+      p->pending.receiver = 0;  // its inbox chunk is released on arrival
+    }
+  }
+}
+
+// ---- receiving ----
+
+Endpoint* Remote::Target(const hw::FrameFields& f) {
+  if (shm::NodeIdOf(f.dst) != node_id_ ||
+      shm::BootNonceOf(f.dst) != boot_nonce_) {
+    return nullptr;
+  }
+  Endpoint* ep = engine_->Find(shm::EndpointIdOf(f.dst));
+  if (ep == nullptr || ep->faulted || ep->epid != f.dst || ep->uid != f.uid ||
+      std::memcmp(ep->job->key().uuid.data(), f.job, 16) != 0) {
+    return nullptr;
+  }
+  return ep;
+}
+
+std::vector<Remote::PeerRow> Remote::Stats() const {
+  std::vector<PeerRow> rows;
+  for (const hw::PeerStats& p : fabric_->Stats()) {
+    PeerRow row;
+    row.fabric = p;
+    auto it = refused_by_node_.find(static_cast<uint16_t>(p.node));
+    if (p.node <= 0xffff && it != refused_by_node_.end()) {
+      row.refused = it->second;
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+void Remote::Refused(uint16_t node, const hw::FrameFields& f,
+                     const char* what) {
+  refused_++;
+  refused_by_node_[node]++;
+  WarnClient(f.uid,
+             "fabric: {} from epid {:#x} (node {}) for epid {:#x}: no such "
+             "endpoint of that job and uid here ({} refused so far)",
+             what, f.src, shm::NodeIdOf(f.src), f.dst, refused_);
+}
+
+bool Remote::AllocInbox(Endpoint& ep, uint32_t bytes, uint64_t* offset) {
+  auto& slot = inboxes_[ep.job.get()];
+  if (!slot || slot->job.lock() != ep.job) {
+    auto region = ep.job->InboxRegion();
+    if (!region) return false;
+    slot = std::make_unique<Inbox>();
+    slot->job = ep.job;
+    slot->arena =
+        shm::SendArena(ep.job->pool().base(), region->offset, region->bytes);
+  }
+  if (bytes > slot->arena.MaxPayload()) return false;
+  auto got = slot->arena.Allocate(bytes);
+  if (!got) return false;
+  *offset = *got;
+  return true;
+}
+
+uint32_t Remote::ProxyFor(uint64_t epid) {
+  auto [it, fresh] = proxy_by_epid_.try_emplace(
+      epid, kProxyBase + static_cast<uint32_t>(epid_by_proxy_.size()));
+  if (fresh) epid_by_proxy_.push_back(epid);
+  return it->second;
+}
+
+void Remote::RecvNext(Peer& p) {
+  if (p.dropped) return;
+  p.rx = Peer::Rx::kHeader;
+  if (fabric_->PostRecvHeader(p.conn, p.node) != hw::ErrorClass::kOk) {
+    p.rx = Peer::Rx::kIdle;  // the connection is going; kClosed follows
+  }
+}
+
+void Remote::Drop(Peer& p, const char* why) {
+  if (!p.bad_logged) {
+    spdlog::warn(
+        "fabric: node {} sent a frame the engine refuses ({}); dropping the "
+        "connection",
+        p.node, why);
+    p.bad_logged = true;
+  }
+  p.rx = Peer::Rx::kIdle;
+  p.dropped = true;
+  fabric_->Close(p.conn);
+}
+
+void Remote::OnHeader(Peer& p, const hw::Event& e) {
+  p.last_recv_ms = NowMs();
+  p.f = e.fields;
+  p.length = e.length;
+  const uint16_t op = e.fields.op;
+  if (op == kPayload) {
+    if (!p.expect_payload || e.length != p.pending.wire.len ||
+        e.fields.aux != p.pending.f.aux || e.fields.dst != p.pending.f.dst) {
+      Drop(p, "payload without its envelope");
+      return;
+    }
+    iovec iov;
+    if (p.pending.receiver != 0) {
+      iov = {p.pending.job->pool().base() + p.pending.chunk, e.length};
+    } else {
+      p.discard.resize(std::min<uint32_t>(e.length, kDiscardBytes));
+      iov = {p.discard.data(), p.discard.size()};
+    }
+    p.rx = Peer::Rx::kPayload;
+    fabric_->PostPayload(p.conn, &iov, 1, p.node);
+    return;
+  }
+  if (p.expect_payload) {
+    Drop(p, "envelope without its payload");
+    return;
+  }
+  if (op == kRndvData) {
+    auto it = in_transfers_.find(e.fields.aux);
+    if (it == in_transfers_.end() || it->second->node != p.node ||
+        it->second->src != e.fields.src ||
+        e.fields.offset != it->second->received || e.length == 0 ||
+        e.length > it->second->send_bytes - it->second->received) {
+      Drop(p, "rendezvous chunk of no transfer, or out of order");
+      return;
+    }
+    InTransfer& t = *it->second;
+    p.chunk_transfer = e.fields.aux;
+    p.chunk_offset = 0;
+    p.chunk_job.reset();
+    Endpoint* r = t.receiver == 0 ? nullptr : engine_->Find(t.receiver);
+    if (r != nullptr) {
+      if (!AllocInbox(*r, e.length, &p.chunk_offset)) {
+        p.rx = Peer::Rx::kPaused;  // retried in Poll
+        return;
+      }
+      p.chunk_job = r->job;
+    }
+    iovec iov;
+    if (p.chunk_job) {
+      iov = {p.chunk_job->pool().base() + p.chunk_offset, e.length};
+    } else {
+      p.discard.resize(std::min<uint32_t>(e.length, kDiscardBytes));
+      iov = {p.discard.data(), p.discard.size()};
+    }
+    p.rx = Peer::Rx::kChunk;
+    fabric_->PostPayload(p.conn, &iov, 1, p.node);
+    return;
+  }
+  if (op < kQuery || op > kPing || e.length < sizeof(Wire) ||
+      e.length > kEnvelopeMax) {
+    Drop(p, "unknown op or envelope size");
+    return;
+  }
+  iovec iov{p.env, e.length};
+  p.rx = Peer::Rx::kEnvelope;
+  fabric_->PostPayload(p.conn, &iov, 1, p.node);
+}
+
+void Remote::OnRecvDone(Peer& p, const hw::Event& e) {
+  // A discarded payload longer than the scratch buffer ends kTruncated.
+  if (e.error != hw::ErrorClass::kOk && e.error != hw::ErrorClass::kTruncated)
+    return;  // kClosed follows
+  switch (p.rx) {
+    case Peer::Rx::kEnvelope:
+      if (OnEnvelope(p) == Verdict::kPause) {
+        p.rx = Peer::Rx::kPaused;
+        return;
+      }
+      break;
+    case Peer::Rx::kPayload: {
+      Pending& q = p.pending;
+      p.expect_payload = false;
+      Endpoint* r = q.receiver == 0 ? nullptr : engine_->Find(q.receiver);
+      if (r == nullptr || r->job != q.job) {
+        if (q.job) shm::ReleaseChunk(q.job->pool().base(), q.chunk);
+        if (q.op == kEnvelope && (q.wire.flags & shm::kSendSync) &&
+            q.receiver != 0) {
+          SendControl(p.node, kError, q.f.dst, q.f.src, q.f, q.f.aux,
+                      PSM2_EPID_UNREACHABLE);
+        }
+      } else if (q.op == kEnvelope) {
+        UnexpectedMsg m{};
+        m.flags = static_cast<uint8_t>(q.wire.flags);
+        m.len = q.wire.len;
+        m.sender_req = q.f.aux;
+        m.pool_offset = q.chunk;
+        m.remote_src = q.f.src;
+        const MsgKey key = KeyOf(q.f.src, q.wire.tag);
+        if (q.matched) {
+          engine_->Deliver(*r, q.recv.req, q.recv.capacity, key, m, false);
+        } else if (auto recv = r->posted.take_match(key)) {
+          engine_->Deliver(*r, recv->req, recv->capacity, key, m, false);
+        } else {
+          r->counters.unexpected_msgs.Add(1);
+          r->counters.unexpected_bytes.Add(m.len);
+          engine_->Charge(*r, m);
+          r->unexpected.push(key, m);
+        }
+      } else {  // kAmRequest, kAmReply
+        shm::CompletionDesc c{};
+        c.op = q.op == kAmRequest ? shm::CompleteOp::kAmRequest
+                                  : shm::CompleteOp::kAmReply;
+        c.flags = static_cast<uint8_t>(q.wire.flags);
+        c.req = q.f.aux;
+        c.tag[0] = q.wire.tag[0];
+        c.tag[1] = q.wire.tag[1];
+        c.tag[2] = ProxyFor(q.f.src);
+        c.msg_len = q.wire.len;
+        c.src_epid = q.f.src;
+        c.body.pool.pool_offset = q.chunk;
+        engine_->Post(*r, c);
+      }
+      q = Pending{};
+      break;
+    }
+    case Peer::Rx::kChunk: {
+      auto it = in_transfers_.find(p.chunk_transfer);
+      if (it != in_transfers_.end()) {
+        InTransfer& t = *it->second;
+        Endpoint* r = t.receiver == 0 ? nullptr : engine_->Find(t.receiver);
+        if (p.chunk_job && (r == nullptr || r->job != p.chunk_job)) {
+          shm::ReleaseChunk(p.chunk_job->pool().base(), p.chunk_offset);
+        } else if (p.chunk_job) {
+          shm::CompletionDesc c{};
+          c.op = shm::CompleteOp::kRndvChunk;
+          c.req = t.recv_req;
+          c.body.chunk.pool_offset = p.chunk_offset;
+          c.body.chunk.offset = t.received;
+          c.body.chunk.len = p.length;
+          engine_->Post(*r, c);
+        }
+        t.received += p.length;
+        if (t.received == t.send_bytes) in_transfers_.erase(it);
+      }
+      p.chunk_job.reset();
+      break;
+    }
+    default:
+      Drop(p, "receive completion out of turn");
+      return;
+  }
+  RecvNext(p);
+}
+
+Remote::Verdict Remote::OnEnvelope(Peer& p) {
+  const hw::FrameFields& f = p.f;
+  Wire w;
+  std::memcpy(&w, p.env, sizeof(Wire));
+  const uint8_t* inline_data = p.env + sizeof(Wire);
+  const uint32_t inline_len = p.length - sizeof(Wire);
+  switch (f.op) {
+    case kQuery: {
+      Endpoint* t = Target(f);
+      if (t == nullptr) Refused(p.node, f, "connect");
+      SendControl(p.node, kAnswer, f.dst, f.src, f, f.aux,
+                  t != nullptr ? PSM2_OK : PSM2_EPID_UNREACHABLE);
+      return Verdict::kDone;
+    }
+    case kAnswer: {
+      auto it = queries_.find(f.aux);
+      if (it != queries_.end() && it->second->node == p.node) {
+        QueryDone done = std::move(it->second->done);
+        queries_.erase(it);
+        done(w.error,
+             w.error == PSM2_OK
+                 ? std::string()
+                 : "node " + std::to_string(p.node) +
+                       " has no endpoint of this job and uid with that epid");
+      }
+      return Verdict::kDone;
+    }
+    case kSyncAck:
+    case kError: {
+      Endpoint* t = Target(f);
+      if (t == nullptr) return Verdict::kDone;  // the sender is gone
+      p.awaiting.erase({t->id, f.aux});
+      if (f.op == kError) {
+        // A rendezvous send streaming to a receiver that left: its chunks
+        // still on the ring are dropped.
+        for (auto& [id, out] : out_transfers_) {
+          if (out->sender == t->id && out->sender_req == f.aux) {
+            out->dead = true;
+          }
+        }
+      }
+      if (f.op == kSyncAck) {
+        shm::CompletionDesc c{};
+        c.op = shm::CompleteOp::kSendDone;
+        c.req = f.aux;
+        c.error = w.error;
+        engine_->Post(*t, c);
+      } else {
+        engine_->PostError(*t, f.aux, w.error);
+      }
+      return Verdict::kDone;
+    }
+    case kRndvGo: {
+      Endpoint* t = Target(f);
+      if (t == nullptr) {
+        // The sender left: the receiver would wait for its data.
+        if (w.len > 0) {
+          SendControl(p.node, kAbort, f.dst, f.src, f, w.x,
+                      PSM2_EPID_UNREACHABLE);
+        }
+        return Verdict::kDone;
+      }
+      p.awaiting.erase({t->id, f.aux});
+      shm::CompletionDesc go{};
+      go.op = shm::CompleteOp::kRndvGo;
+      go.req = f.aux;
+      go.error = PSM2_OK;
+      go.body.go.send_bytes = w.len;
+      if (w.len > 0) {
+        go.body.go.transfer = engine_->next_transfer_++;
+        hw::FrameFields about;
+        about.uid = f.uid;
+        about.src = t->epid;
+        std::memcpy(about.job, f.job, 16);
+        out_transfers_[go.body.go.transfer] =
+            std::make_unique<OutTransfer>(OutTransfer{
+                p.node, t->id, f.src, w.x, w.len, 0, false, f.aux, about});
+      }
+      engine_->Post(*t, go);
+      return Verdict::kDone;
+    }
+    case kPing:
+      return Verdict::kDone;
+    case kAbort: {
+      auto it = in_transfers_.find(f.aux);
+      if (it == in_transfers_.end() || it->second->node != p.node ||
+          it->second->src != f.src) {
+        return Verdict::kDone;
+      }
+      if (it->second->receiver != 0) {
+        if (Endpoint* r = engine_->Find(it->second->receiver)) {
+          engine_->PostError(*r, it->second->recv_req, w.error);
+        }
+      }
+      in_transfers_.erase(it);
+      return Verdict::kDone;
+    }
+    case kAmAck: {
+      Endpoint* t = Target(f);
+      if (t == nullptr) return Verdict::kDone;
+      p.awaiting.erase({t->id, f.aux});
+      shm::CompletionDesc c{};
+      c.op = shm::CompleteOp::kAmAcked;
+      c.req = f.aux;
+      c.error = w.error;
+      c.tag[0] = w.tag[0];
+      c.src_epid = f.src;
+      engine_->Post(*t, c);
+      return Verdict::kDone;
+    }
+    case kEnvelope:
+    case kAmRequest:
+    case kAmReply:
+      break;
+    default:
+      return Verdict::kDone;
+  }
+  // A message: an MQ send or an active message.
+  const bool rndv = f.op == kEnvelope && (w.flags & kWireFlagRndv);
+  const bool inl = !rndv && shm::IsInline(w.len);
+  if ((inl && inline_len != w.len) || (!inl && inline_len != 0)) {
+    Drop(p, "envelope length");
+    return Verdict::kDone;
+  }
+  Endpoint* r = Target(f);
+  Pending q;
+  q.op = f.op;
+  q.f = f;
+  q.wire = w;
+  if (r == nullptr) {
+    Refused(p.node, f, f.op == kEnvelope ? "a message" : "an active message");
+    // As for a local receiver that is gone, the sender's request gets an
+    // error completion (a reply's sender is not waiting for one).
+    if (f.op != kAmReply) {
+      SendControl(p.node, kError, f.dst, f.src, f, f.aux,
+                  PSM2_EPID_UNREACHABLE);
+    }
+    if (!inl && !rndv) {  // its payload frame comes next; read and drop it
+      p.pending = q;
+      p.expect_payload = true;
+    }
+    return Verdict::kDone;
+  }
+  if (f.op != kEnvelope) {  // active message: held while the target is slow
+    if (r->cq_overflow.size() >= MqEngine::kAmOverflowLimitValue) {
+      return Verdict::kPause;
+    }
+    if (inl) {
+      shm::CompletionDesc c{};
+      c.op = f.op == kAmRequest ? shm::CompleteOp::kAmRequest
+                                : shm::CompleteOp::kAmReply;
+      c.flags = static_cast<uint8_t>(w.flags) | shm::kPayloadInline;
+      c.req = f.aux;
+      c.tag[0] = w.tag[0];
+      c.tag[1] = w.tag[1];
+      c.tag[2] = ProxyFor(f.src);
+      c.msg_len = w.len;
+      c.src_epid = f.src;
+      std::memcpy(c.body.inline_data, inline_data, w.len);
+      engine_->Post(*r, c);
+      return Verdict::kDone;
+    }
+    if (!AllocInbox(*r, w.len, &q.chunk)) return Verdict::kPause;
+    q.receiver = r->id;
+    q.job = r->job;
+    p.pending = q;
+    p.expect_payload = true;
+    return Verdict::kDone;
+  }
+  UnexpectedMsg m{};
+  m.flags = static_cast<uint8_t>(w.flags);
+  m.rendezvous = rndv;
+  m.len = w.len;
+  m.sender_req = f.aux;
+  m.remote_src = f.src;
+  if (inl) std::memcpy(m.inline_data, inline_data, w.len);
+  const MsgKey key = KeyOf(f.src, w.tag);
+  auto over_budget = [&] {
+    return r->unexpected_cost > 0 &&
+           (r->unexpected_cost + m.cost() > r->unexpected_budget ||
+            r->job->unexpected_cost + m.cost() >
+                engine_->job_unexpected_budget_ ||
+            r->job->account().unexpected_cost + m.cost() >
+                engine_->uid_unexpected_budget_);
+  };
+  if (rndv || inl) {
+    if (auto recv = r->posted.take_match(key)) {
+      engine_->Deliver(*r, recv->req, recv->capacity, key, m, false);
+      return Verdict::kDone;
+    }
+    if (over_budget()) return Verdict::kPause;
+    r->counters.unexpected_msgs.Add(1);
+    r->counters.unexpected_bytes.Add(w.len);
+    engine_->Charge(*r, m);
+    r->unexpected.push(key, m);
+    return Verdict::kDone;
+  }
+  // The payload follows. A receive it matches is taken now (and kept
+  // across pauses: the message is next in its flow anyway); otherwise the
+  // budget must admit it. Then it needs inbox space.
+  if (p.has_held && p.held_receiver != r->id) p.has_held = false;
+  if (!p.has_held) {
+    if (auto recv = r->posted.take_match(key)) {
+      p.has_held = true;
+      p.held_receiver = r->id;
+      p.held_recv = *recv;
+    }
+  }
+  if (!p.has_held && over_budget()) return Verdict::kPause;
+  if (!AllocInbox(*r, w.len, &q.chunk)) return Verdict::kPause;
+  q.matched = p.has_held;
+  q.recv = p.held_recv;
+  p.has_held = false;
+  q.receiver = r->id;
+  q.job = r->job;
+  p.pending = q;
+  p.expect_payload = true;
+  return Verdict::kDone;
+}
+
+// ---- events, failure ----
+
+void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
+  auto it = peers_.find(node);
+  if (it == peers_.end()) return;
+  std::unique_ptr<Peer> p = std::move(it->second);
+  peers_.erase(it);
+  node_of_conn_.erase(p->conn);
+  const int error = ErrorOf(why);
+  spdlog::warn("fabric: connection to node {} ended ({}); {} requests fail",
+               node, p->dropped ? "dropped by us" : hw::ErrorClassName(why),
+               p->awaiting.size());
+  for (const auto& [id, req] : p->awaiting) {
+    if (Endpoint* ep = engine_->Find(id)) engine_->PostError(*ep, req, error);
+  }
+  for (auto& f : p->queue) f->ReleaseChunk();
+  if (p->expect_payload && p->pending.job) {
+    shm::ReleaseChunk(p->pending.job->pool().base(), p->pending.chunk);
+  }
+  // Receives already matched to a message that will not arrive now.
+  auto fail_recv = [&](uint32_t id, uint64_t req) {
+    if (Endpoint* r = engine_->Find(id)) engine_->PostError(*r, req, error);
+  };
+  if (p->expect_payload && p->pending.matched && p->pending.receiver != 0) {
+    fail_recv(p->pending.receiver, p->pending.recv.req);
+  }
+  if (p->has_held) fail_recv(p->held_receiver, p->held_recv.req);
+  if (p->rx == Peer::Rx::kChunk && p->chunk_job) {
+    shm::ReleaseChunk(p->chunk_job->pool().base(), p->chunk_offset);
+  }
+  for (auto t = in_transfers_.begin(); t != in_transfers_.end();) {
+    if (t->second->node != node) {
+      ++t;
+      continue;
+    }
+    if (t->second->receiver != 0) {
+      if (Endpoint* r = engine_->Find(t->second->receiver)) {
+        engine_->PostError(*r, t->second->recv_req, error);
+      }
+    }
+    t = in_transfers_.erase(t);
+  }
+  for (auto& [id, t] : out_transfers_) {
+    if (t->node != node || t->dead) continue;
+    t->dead = true;
+    // As when a local receiver leaves: the sender learns at once.
+    if (Endpoint* s = engine_->Find(t->sender)) {
+      engine_->PostError(*s, t->sender_req, error);
+    }
+  }
+  for (auto q = queries_.begin(); q != queries_.end();) {
+    if (q->second->node != node) {
+      ++q;
+      continue;
+    }
+    QueryDone done = std::move(q->second->done);
+    q = queries_.erase(q);
+    done(error, std::string("node ") + std::to_string(node) +
+                    " cannot be reached: " + hw::ErrorClassName(why));
+  }
+  engine_->NotifyClients();
+}
+
+void Remote::HandleEvent(const hw::Event& e) {
+  switch (e.type) {
+    case hw::EventType::kConnected: {
+      Peer* p = PeerOfConn(e.conn);
+      if (p == nullptr) return;
+      if (e.error != hw::ErrorClass::kOk) {
+        FailPeer(p->node, e.error);
+        return;
+      }
+      p->open = true;
+      p->last_sent_ms = p->last_recv_ms = NowMs();
+      spdlog::info("fabric: connected to node {}", p->node);
+      RecvNext(*p);
+      Flush(*p);
+      return;
+    }
+    case hw::EventType::kAccepted: {
+      const uint16_t node = static_cast<uint16_t>(e.peer_node);
+      if (e.peer_node > 0xffff || e.peer_node == 0) {
+        fabric_->Close(e.conn);
+        return;
+      }
+      if (Peer* old = PeerOf(node); old != nullptr && old->conn != e.conn) {
+        FailPeer(node, hw::ErrorClass::kConnReset);  // the peer restarted
+      }
+      auto peer = std::make_unique<Peer>();
+      peer->node = node;
+      peer->conn = e.conn;
+      peer->open = true;
+      Peer* p = peer.get();
+      peers_[node] = std::move(peer);
+      node_of_conn_[e.conn] = node;
+      spdlog::info("fabric: node {} connected", node);
+      RecvNext(*p);
+      return;
+    }
+    case hw::EventType::kSendDone: {
+      auto it = in_flight_.find(e.cookie);
+      if (it == in_flight_.end()) return;
+      std::unique_ptr<OutFrame> f = std::move(it->second);
+      in_flight_.erase(it);
+      f->ReleaseChunk();
+      if (Peer* p = PeerOf(f->node)) Flush(*p);
+      return;
+    }
+    case hw::EventType::kHeader: {
+      Peer* p = PeerOfConn(e.conn);
+      if (p == nullptr) return;
+      if (e.error != hw::ErrorClass::kOk) return;  // kClosed follows
+      OnHeader(*p, e);
+      return;
+    }
+    case hw::EventType::kRecvDone: {
+      Peer* p = PeerOfConn(e.conn);
+      if (p == nullptr) return;
+      OnRecvDone(*p, e);
+      return;
+    }
+    case hw::EventType::kClosed: {
+      Peer* p = PeerOfConn(e.conn);
+      node_of_conn_.erase(e.conn);
+      if (p != nullptr) FailPeer(p->node, e.error);
+      return;
+    }
+  }
+}
+
+void Remote::CheckDeadlines() {
+  const uint64_t now = NowMs();
+  for (auto q = queries_.begin(); q != queries_.end();) {
+    if (q->second->deadline_ms > now) {
+      ++q;
+      continue;
+    }
+    QueryDone done = std::move(q->second->done);
+    const uint16_t node = q->second->node;
+    q = queries_.erase(q);
+    done(PSM2_TIMEOUT, "node " + std::to_string(node) +
+                           "'s daemon did not answer within " +
+                           std::to_string(timeout_ms_) + " ms");
+  }
+}
+
+bool Remote::Poll() {
+  bool did = false;
+  hw::Event events[64];
+  int n = fabric_->Poll(events, 64);
+  for (int i = 0; i < n; i++) HandleEvent(events[i]);
+  did = n > 0;
+  // Paused envelopes and chunks: retried each pass (their receiver may have
+  // posted receives, released inbox chunks, drained its completions).
+  for (auto& [node, peer] : peers_) {
+    Peer& p = *peer;
+    if (p.rx != Peer::Rx::kPaused) continue;
+    if (p.f.op == kRndvData) {
+      hw::Event e;
+      e.conn = p.conn;
+      e.fields = p.f;
+      e.length = p.length;
+      OnHeader(p, e);
+      if (p.rx != Peer::Rx::kPaused) did = true;
+    } else if (OnEnvelope(p) == Verdict::kDone) {
+      did = true;
+      if (p.rx == Peer::Rx::kPaused) RecvNext(p);
+    }
+  }
+  if (++passes_ % 256 == 0) {
+    if (!queries_.empty()) CheckDeadlines();
+    if (NowMs() - last_liveness_ms_ >= 100) CheckLiveness();
+  }
+  if (did) engine_->NotifyClients();
+  return did;
+}
+
+void Remote::CheckLiveness() {
+  const uint64_t now = NowMs();
+  last_liveness_ms_ = now;
+  const uint64_t ping_ms = std::max<uint64_t>(timeout_ms_ / 3, 1);
+  std::vector<uint16_t> dead;
+  for (auto& [node, peer] : peers_) {
+    Peer& p = *peer;
+    if (!p.open || p.dropped) continue;
+    if (p.rx != Peer::Rx::kPaused && now - p.last_recv_ms > timeout_ms_) {
+      dead.push_back(node);
+      continue;
+    }
+    // Behind queued frames a ping adds nothing (the peer hears those).
+    if (now - p.last_sent_ms >= ping_ms && p.queue.empty()) {
+      hw::FrameFields none;
+      SendControl(node, kPing, 0, 0, none, 0, 0);
+    }
+  }
+  for (uint16_t node : dead) {
+    spdlog::warn("fabric: node {} silent for {} ms; closing its connection",
+                 node, timeout_ms_);
+    Peer* p = PeerOf(node);
+    const hw::ConnId conn = p->conn;
+    FailPeer(node, hw::ErrorClass::kTimeout);
+    fabric_->Close(conn);
+  }
+}
+
+int Remote::SleepLimitMs() {
+  for (const auto& [node, p] : peers_) {
+    if (p->rx == Peer::Rx::kPaused) return 1;
+  }
+  CheckLiveness();
+  if (!queries_.empty()) {
+    CheckDeadlines();
+    return 50;
+  }
+  // Wake to send and check heartbeats.
+  return peers_.empty() ? -1 : static_cast<int>(std::max(timeout_ms_ / 6, 1u));
+}
+
+}  // namespace psmd

@@ -1,0 +1,210 @@
+// The engine's side of the fabric (hw/): how MQ and AM operations reach
+// endpoints on other nodes, through their nodes' daemons. One connection per
+// peer node carries every endpoint's traffic; each frame names the sending
+// and receiving epids, the job uuid and uid (frame fields), and the daemon
+// that receives it delivers only to an endpoint of that epid, job and uid.
+//
+// Frames (op values, docs/design.md "Between nodes: the engine"): every op
+// but kPayload and kRndvData is an *envelope*, a 32-byte Wire record (plus
+// up to kInlineMax payload bytes) read into a fixed buffer; the engine
+// decides from it where the next frame's payload goes (a receive matched
+// now, or an unexpected message charged to the receiver's budget), and only
+// then posts the next receive. A payload lands once, in the receiving job's
+// inbox region of its pool (Job::InboxRegion), which its client reads and
+// releases as it does a local sender's chunk. A rendezvous chunk is sent
+// from the sender's pool chunk and received into an inbox chunk.
+//
+// Back-pressure: an envelope that finds its receiver over its unexpected
+// budget, its target's completion overflow full, or the inbox full is kept
+// and retried on every pass; nothing more is read from that connection
+// until it fits (TCP then holds the sender back). Frames to a node wait in a
+// bounded per-node queue; a send to a node whose queue is full is held in
+// the sender's held_sends (mq_engine.h invariant 4), so the worker never
+// blocks and nothing is dropped.
+//
+// Failure: a connection that closes fails every request waiting for an
+// answer from that node (sync and rendezvous sends, acknowledged active
+// messages, connect queries, rendezvous receives in progress) with
+// PSM2_EPID_UNREACHABLE at once; the next psm2_ep_connect reconnects.
+//
+// Thread-safety: a Remote belongs to one progress worker and its MqEngine;
+// every method runs on the worker thread.
+#ifndef PSMD_DAEMON_REMOTE_H_
+#define PSMD_DAEMON_REMOTE_H_
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "daemon/endpoint.h"
+#include "hw/fabric.h"
+#include "shm/pool.h"
+
+namespace psmd {
+
+class MqEngine;
+
+// The node table (--fabric-nodes): "NODE HOSTNAME HOSTDESCRIPTION" per line,
+// '#' comments. Read again when the file changes.
+struct NodeEntry {
+  std::string hostname;
+  std::string description;  // NODE@ADDR:PORT,...
+};
+bool ParseNodeTable(const std::string& text, std::map<uint16_t, NodeEntry>* out,
+                    std::string* error);
+
+class Remote {
+ public:
+  Remote(MqEngine* engine, std::unique_ptr<hw::Fabric> fabric, uint16_t node_id,
+         uint16_t boot_nonce, std::string nodes_file, uint32_t timeout_ms);
+  ~Remote();
+
+  int event_fd() const { return fabric_->event_fd(); }
+  // Dispatches fabric events and retries paused receives; true when
+  // anything was done.
+  bool Poll();
+  // The longest the worker may sleep (ms) with work only time can unpause
+  // (an inbox waiting for its client to release chunks, query deadlines);
+  // -1: no limit.
+  int SleepLimitMs();
+
+  // psm2_ep_connect to `epid` on another node: connects to its node if
+  // needed and asks its daemon whether `ep`'s job and uid have that
+  // endpoint. `done` runs once, on the worker thread, with a psm2_error_t.
+  using QueryDone = std::function<void(int error, const std::string& why)>;
+  void Query(const Endpoint& ep, uint64_t epid, QueryDone done);
+
+  // Engine hooks (mq_engine.cc). Send/AmRequest: false = hold the sender.
+  bool Send(Endpoint& sender, const shm::SubmissionDesc& d, uint64_t dst);
+  bool AmRequest(Endpoint& sender, const shm::SubmissionDesc& d, uint64_t dst);
+  // kAmReply / kAmAck whose peer is a proxy id (IsProxy).
+  void AmReplyOrAck(Endpoint& sender, const shm::SubmissionDesc& d);
+  // A rendezvous chunk of a transfer to another node; false: not one.
+  bool RndvData(Endpoint& sender, const shm::SubmissionDesc& d);
+  // `m` came from another node (m.remote_src): tell its sender.
+  void CompleteSync(const Endpoint& receiver, const UnexpectedMsg& m,
+                    int32_t error);
+  void StartTransfer(Endpoint& receiver, uint64_t recv_req, uint32_t send_bytes,
+                     const UnexpectedMsg& m);
+  void EndpointRemoved(uint32_t id);
+
+  // The fabric's rows per peer node, and per node the frames this engine
+  // refused (no endpoint of that epid, job and uid here).
+  struct PeerRow {
+    hw::PeerStats fabric;
+    uint64_t refused = 0;
+  };
+  std::vector<PeerRow> Stats() const;
+
+  // Active-message completions name their sender by endpoint id (tag[2]),
+  // which the client names in its reply or ack; a sender on another node
+  // gets a proxy id from this range instead.
+  static constexpr uint32_t kProxyBase = 0x80000000u;
+  static bool IsProxy(uint32_t id) {
+    return id >= kProxyBase && id != kRemotePeer;
+  }
+
+  enum Op : uint16_t {
+    kQuery = 1,      // is dst an endpoint of this job and uid? aux: query
+    kAnswer = 2,     // aux: query, error
+    kEnvelope = 3,   // an MQ send; aux: sender's request
+    kPayload = 4,    // the payload of the envelope before it
+    kSyncAck = 5,    // dst's sync send matched; aux: its request
+    kRndvGo = 6,     // send `len` bytes; aux: request, x: transfer
+    kRndvData = 7,   // a chunk; aux: transfer, offset: where
+    kAmRequest = 8,  // aux: request
+    kAmReply = 9,
+    kAmAck = 10,  // aux: the request acknowledged, tag[0]: handler
+    kError = 11,  // dst's request `aux` failed with `error`
+    kAbort = 12,  // rendezvous transfer `aux` to dst ends: its sender left
+    kPing = 13,   // nothing: a heartbeat (liveness, see CheckLiveness)
+  };
+
+  // The envelope record (little-endian on the wire as the header is).
+  struct Wire {
+    uint32_t tag[3];
+    uint32_t len;    // message bytes
+    uint32_t flags;  // SubmitFlags (sends), completion flags (AM)
+    int32_t error;
+    uint64_t x;  // kRndvGo: the receiver's transfer id
+  };
+  static_assert(sizeof(Wire) == 32);
+  static constexpr uint32_t kWireFlagRndv = 1u << 31;
+
+ private:
+  struct OutFrame;
+  struct Peer;
+  struct Pending;  // an envelope whose payload frame comes next
+  struct InTransfer;
+  struct OutTransfer;
+  struct Inbox;
+  struct QueryState;
+  enum class Verdict { kDone, kPause };
+
+  Peer* PeerOf(uint16_t node);
+  Peer* PeerOfConn(hw::ConnId conn);
+  void Enqueue(Peer& p, std::unique_ptr<OutFrame> f);
+  void Flush(Peer& p);
+  void SendEnvelope(Peer& p, uint16_t op, const Endpoint& from, uint64_t dst,
+                    uint64_t aux, const Wire& w, const uint8_t* inline_data,
+                    uint32_t inline_len);
+  void SendControl(uint16_t node, uint16_t op, uint64_t src, uint64_t dst,
+                   const hw::FrameFields& about, uint64_t aux, int32_t error);
+  void HandleEvent(const hw::Event& e);
+  void OnHeader(Peer& p, const hw::Event& e);
+  void OnRecvDone(Peer& p, const hw::Event& e);
+  // Decides the envelope in p.env; may pause (kept, retried).
+  Verdict OnEnvelope(Peer& p);
+  void RecvNext(Peer& p);
+  void Drop(Peer& p, const char* why);
+  void FailPeer(uint16_t node, hw::ErrorClass why);
+  // The local endpoint a frame is for: epid, job and uid all match.
+  Endpoint* Target(const hw::FrameFields& f);
+  // Allocates `bytes` in the inbox of `ep`'s job; false when full.
+  bool AllocInbox(Endpoint& ep, uint32_t bytes, uint64_t* offset);
+  uint32_t ProxyFor(uint64_t epid);
+  void ReloadNodes();
+  void CheckDeadlines();
+  // Heartbeats: a ping to every open peer sent nothing for a third of the
+  // timeout; a peer heard nothing from for the whole timeout while we were
+  // reading (not paused) is dead. TCP_USER_TIMEOUT cannot be used for this:
+  // it also kills a connection whose receiver paused (zero window) longer.
+  void CheckLiveness();
+  void Refused(uint16_t node, const hw::FrameFields& f, const char* what);
+
+  MqEngine* const engine_;
+  std::unique_ptr<hw::Fabric> fabric_;
+  const uint16_t node_id_;
+  const uint16_t boot_nonce_;
+  const std::string nodes_file_;
+  const uint32_t timeout_ms_;
+  std::map<uint16_t, NodeEntry> nodes_;
+  int64_t nodes_mtime_ns_ = -1;
+
+  std::unordered_map<uint16_t, std::unique_ptr<Peer>> peers_;
+  std::unordered_map<hw::ConnId, uint16_t> node_of_conn_;
+  std::unordered_map<uint64_t, std::unique_ptr<OutFrame>> in_flight_;
+  uint64_t next_cookie_ = 1;
+  std::unordered_map<uint64_t, std::unique_ptr<QueryState>> queries_;
+  uint64_t next_query_ = 1;
+  std::unordered_map<uint64_t, std::unique_ptr<InTransfer>> in_transfers_;
+  uint64_t next_in_transfer_ = 1;
+  std::unordered_map<uint64_t, std::unique_ptr<OutTransfer>> out_transfers_;
+  std::unordered_map<const Job*, std::unique_ptr<Inbox>> inboxes_;
+  std::unordered_map<uint64_t, uint32_t> proxy_by_epid_;
+  std::vector<uint64_t> epid_by_proxy_;
+  uint32_t passes_ = 0;
+  uint64_t last_liveness_ms_ = 0;
+  uint64_t refused_ = 0;
+  std::map<uint16_t, uint64_t> refused_by_node_;
+};
+
+}  // namespace psmd
+
+#endif  // PSMD_DAEMON_REMOTE_H_

@@ -1,0 +1,655 @@
+// psmd between nodes: real daemons on 127.0.0.2 and 127.0.0.3 (one "node"
+// each, its own control socket and node id), linked by the io_uring fabric
+// and authenticated by one real munged that this test starts with a
+// generated key; real client processes, each choosing its daemon by
+// PSMD_SOCKET. Every process is ended by PID and every file removed.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "hw/fabric.h"
+#include "hw/socket/socket_fabric.h"
+#include "tests/harness.h"
+
+namespace psmd::testing {
+namespace {
+
+const char kJobA[] = "fab1c0deaaaaaaaaaaaaaaaaaaaaaaaa";
+const char kJobB[] = "fab1c0debbbbbbbbbbbbbbbbbbbbbbbb";
+
+// One munged in the foreground with a key of its own.
+class Munged {
+ public:
+  explicit Munged(const std::string& dir) : dir_(dir) {
+    std::filesystem::create_directories(dir_);
+    chmod(dir_.c_str(), 0711);
+    std::random_device rd;
+    std::string key(1024, '\0');
+    for (char& c : key) c = static_cast<char>(rd());
+    std::ofstream(dir_ + "/key", std::ios::binary) << key;
+    chmod((dir_ + "/key").c_str(), 0600);
+    socket_ = dir_ + "/socket";
+    process_ = Process::Start(
+        {"/usr/sbin/munged", "--foreground", "--force", "--socket=" + socket_,
+         "--key-file=" + dir_ + "/key", "--pid-file=" + dir_ + "/pid",
+         "--log-file=" + dir_ + "/log", "--seed-file=" + dir_ + "/seed"},
+        {}, "/dev/null", "/dev/null");
+    for (int i = 0; i < 500 && !std::filesystem::exists(socket_); i++) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ~Munged() {
+    process_.Kill(SIGTERM);
+    process_.Wait(5);
+  }
+  const std::string& socket() const { return socket_; }
+
+ private:
+  std::string dir_;
+  std::string socket_;
+  Process process_;
+};
+
+// A port free on `addr` right now (the node table names it before the
+// daemon starts).
+int FreePort(const std::string& addr) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  inet_pton(AF_INET, addr.c_str(), &sa.sin_addr);
+  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+  socklen_t len = sizeof(sa);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+class FabricTest : public ::testing::Test {
+ protected:
+  FabricTest() : munged_(dir_.path() + "/munge") {
+    chmod(dir_.path().c_str(), 0711);
+    for (int i = 0; i < 2; i++) {
+      addr_[i] = "127.0.0." + std::to_string(2 + i);
+      listen_[i] = addr_[i] + ":" + std::to_string(FreePort(addr_[i]));
+    }
+    std::ofstream nodes(nodes_path());
+    for (int i = 0; i < 2; i++) {
+      nodes << (i + 1) << " node" << (i + 1) << " " << (i + 1) << "@"
+            << listen_[i] << "\n";
+    }
+  }
+  std::string nodes_path() const { return dir_.path() + "/nodes"; }
+  std::vector<std::string> Flags(int i) const {
+    return {"--node-id",       std::to_string(i + 1),
+            "--fabric-listen", listen_[i],
+            "--fabric-nodes",  nodes_path(),
+            "--munge-socket",  munged_.socket(),
+            "--log-level",     "info"};
+  }
+  std::unique_ptr<Daemon> StartNode(int i) {
+    return std::make_unique<Daemon>(node_dir_[i], Flags(i));
+  }
+  std::string Rendezvous(const std::string& name) {
+    std::string rv = dir_.path() + "/" + name;
+    std::filesystem::create_directories(rv);
+    return rv;
+  }
+  // Rank 0 on daemon a, rank 1 on daemon b; returns rank 0's result.
+  RunResult Exchange(const Daemon& a, const Daemon& b, const std::string& name,
+                     int messages, int max_size, const char* uuid0 = kJobA,
+                     const char* uuid1 = kJobA, int* exit1 = nullptr) {
+    std::string rv = Rendezvous(name);
+    Process r1 =
+        Process::Start(ExchangeArgs(dir_, rv, 1, uuid1, messages, max_size),
+                       b.ClientEnv(), rv + "/r1.out", rv + "/r1.err");
+    RunResult r0 =
+        RunToEnd(dir_, ExchangeArgs(dir_, rv, 0, uuid0, messages, max_size),
+                 a.ClientEnv(), 90);
+    int code = r1.Wait(90);
+    if (exit1 != nullptr) *exit1 = code;
+    r0.err += ReadFile(rv + "/r1.err");
+    return r0;
+  }
+
+  // Runs the two roles of tests/programs/peer_death, the sender on daemon a
+  // and the receiver on daemon b; once `ready` exists SIGKILLs one client
+  // and returns how long after that the survivor's wait ended (ms; -1: not
+  // within 10 s). *out: the survivor's output.
+  long KillClient(const Daemon& a, const Daemon& b,
+                  const std::string& sender_role,
+                  const std::string& receiver_role, bool kill_sender,
+                  const std::string& ready, int* survivor_exit,
+                  std::string* out) {
+    std::string rv = Rendezvous(sender_role);
+    auto args = [&](const std::string& role, int rank) {
+      return std::vector<std::string>{Runfile("tests/programs/peer_death"),
+                                      "--role",
+                                      role,
+                                      "--rank",
+                                      std::to_string(rank),
+                                      "--dir",
+                                      rv,
+                                      "--uuid",
+                                      kJobA};
+    };
+    Process sender = Process::Start(args(sender_role, 0), a.ClientEnv(),
+                                    rv + "/0.out", rv + "/0.err");
+    Process receiver = Process::Start(args(receiver_role, 1), b.ClientEnv(),
+                                      rv + "/1.out", rv + "/1.err");
+    for (int i = 0; i < 2000 && access((rv + "/" + ready).c_str(), F_OK) != 0;
+         i++) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(access((rv + "/" + ready).c_str(), F_OK), 0)
+        << ReadFile(rv + "/0.err") << ReadFile(rv + "/1.err");
+    Process& victim = kill_sender ? sender : receiver;
+    Process& survivor = kill_sender ? receiver : sender;
+    auto killed_at = std::chrono::system_clock::now();
+    victim.Kill(SIGKILL);
+    victim.Wait(5);
+    *survivor_exit = survivor.Wait(10);
+    std::string out_path = rv + (kill_sender ? "/1.out" : "/0.out");
+    *out =
+        ReadFile(out_path) + ReadFile(rv + (kill_sender ? "/1.err" : "/0.err"));
+    long long ended_ms = 0;
+    int error = 0;
+    if (sscanf(ReadFile(out_path).c_str(), "ended %d at %lld", &error,
+               &ended_ms) != 2) {
+      return -1;
+    }
+    long long killed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              killed_at.time_since_epoch())
+                              .count();
+    return static_cast<long>(ended_ms - killed_ms);
+  }
+
+  TempDir dir_;
+  TempDir node_dir_[2];
+  Munged munged_;
+  std::string addr_[2];
+  std::string listen_[2];
+};
+
+TEST_F(FabricTest, TwoDaemonsCarryEagerAndRendezvousMessagesAndCountThem) {
+  auto a = StartNode(0);
+  auto b = StartNode(1);
+  // Sizes 0..200000: inline, pool-eager and rendezvous (above 64000).
+  int exit1 = -1;
+  RunResult r = Exchange(*a, *b, "rv", 3000, 200000, kJobA, kJobA, &exit1);
+  EXPECT_EQ(r.exit_code, 0) << r.err << a->Log() << b->Log();
+  EXPECT_EQ(exit1, 0) << r.err;
+  EXPECT_NE(a->Log().find("host description 1@" + listen_[0]),
+            std::string::npos)
+      << a->Log();
+  // Per-peer-node rows: node 1 sent node 2 the messages, and heard back.
+  RunResult sa = Psmctl(dir_, *a, {"stats", "--format", "json"});
+  ASSERT_EQ(sa.exit_code, 0) << sa.err;
+  long long sent = JsonNumber(sa.out, "peer_nodes", "bytes_sent");
+  EXPECT_GT(sent, 3000LL * 50000) << sa.out;
+  EXPECT_EQ(JsonNumber(sa.out, "peer_nodes", "node"), 2) << sa.out;
+  RunResult sb = Psmctl(dir_, *b, {"stats"});
+  EXPECT_NE(sb.out.find("fabric 2@" + listen_[1]), std::string::npos) << sb.out;
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+TEST_F(FabricTest, AnEndpointOfAnotherJobIsUnreachableAndTheRefusalLogged) {
+  auto a = StartNode(0);
+  auto b = StartNode(1);
+  int exit1 = -1;
+  RunResult r = Exchange(*a, *b, "rv", 10, 100, kJobA, kJobB, &exit1);
+  EXPECT_EQ(r.exit_code, 3) << r.err;  // psm2_ep_connect failed
+  EXPECT_EQ(exit1, 3) << r.err;
+  // Not "exists in another job": the same answer as for no endpoint at all.
+  EXPECT_NE(r.err.find("has no endpoint of this job and uid"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(b->Log().find("no such endpoint of that job and uid"),
+            std::string::npos)
+      << b->Log();
+  RunResult sb = Psmctl(dir_, *b, {"stats", "--format", "json"});
+  EXPECT_GE(JsonNumber(sb.out, "peer_nodes", "refused"), 1) << sb.out;
+  // The job's own traffic is untouched.
+  RunResult ok = Exchange(*a, *b, "rv2", 100, 1000);
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+TEST_F(FabricTest, DaemonKilledMidRendezvousFailsTheReceiverAndReconnectWorks) {
+  auto a = StartNode(0);
+  auto b = StartNode(1);
+  std::string rv = Rendezvous("death");
+  auto args = [&](const std::string& role, int rank) {
+    return std::vector<std::string>{Runfile("tests/programs/peer_death"),
+                                    "--role",
+                                    role,
+                                    "--rank",
+                                    std::to_string(rank),
+                                    "--dir",
+                                    rv,
+                                    "--uuid",
+                                    kJobA};
+  };
+  Process sender = Process::Start(args("stalled-sender", 0), a->ClientEnv(),
+                                  rv + "/0.out", rv + "/0.err");
+  Process receiver = Process::Start(args("waiting-receiver", 1), b->ClientEnv(),
+                                    rv + "/1.out", rv + "/1.err");
+  for (int i = 0; i < 2000 && access((rv + "/streaming").c_str(), F_OK) != 0;
+       i++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(access((rv + "/streaming").c_str(), F_OK), 0)
+      << ReadFile(rv + "/0.err") << ReadFile(rv + "/1.err") << a->Log()
+      << b->Log();
+  // Node 1's daemon dies (with its client): node 2's receiver must learn.
+  auto killed_at = std::chrono::system_clock::now();
+  kill(a->pid(), SIGKILL);
+  sender.Kill(SIGKILL);
+  EXPECT_EQ(receiver.Wait(10), 0) << ReadFile(rv + "/1.err") << b->Log();
+  long long ended_ms = 0;
+  int error = 0;
+  ASSERT_EQ(sscanf(ReadFile(rv + "/1.out").c_str(), "ended %d at %lld", &error,
+                   &ended_ms),
+            2)
+      << ReadFile(rv + "/1.out") << ReadFile(rv + "/1.err");
+  long long killed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            killed_at.time_since_epoch())
+                            .count();
+  EXPECT_EQ(error, 41);  // PSM2_EPID_UNREACHABLE
+  EXPECT_LE(ended_ms - killed_ms, 1000) << b->Log();
+  printf("daemon killed: the other node's receiver failed after %lld ms\n",
+         ended_ms - killed_ms);
+  a->Stop();
+  sender.Wait(5);
+  EXPECT_NE(b->Log().find("connection to node 1 ended"), std::string::npos)
+      << b->Log();
+
+  // Node 1 comes back (a new boot nonce, the same address): traffic both
+  // ways works again, over a new connection.
+  a.reset();
+  a = StartNode(0);
+  RunResult r = Exchange(*a, *b, "again", 500, 100000);
+  EXPECT_EQ(r.exit_code, 0) << r.err << a->Log() << b->Log();
+  RunResult back = Exchange(*b, *a, "back", 500, 100000);
+  EXPECT_EQ(back.exit_code, 0) << back.err;
+  RunResult sb = Psmctl(dir_, *b, {"stats", "--format", "json"});
+  EXPECT_GE(JsonNumber(sb.out, "peer_nodes", "connects"), 2) << sb.out;
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+TEST_F(FabricTest, SenderKilledMidRendezvousFailsTheOtherNodesReceiver) {
+  auto a = StartNode(0);
+  auto b = StartNode(1);
+  int exit_code = -1;
+  std::string out;
+  long ms = KillClient(*a, *b, "stalled-sender", "waiting-receiver",
+                       /*kill_sender=*/true, "streaming", &exit_code, &out);
+  EXPECT_GE(ms, 0) << "the receiver's wait did not end: " << out << b->Log();
+  printf("sender killed: the other node's receiver failed after %ld ms\n", ms);
+  EXPECT_LE(ms, 1000) << out;
+  EXPECT_NE(out.find("ended 41 "), std::string::npos) << out;
+  EXPECT_EQ(exit_code, 0) << out;
+  // The connection between the nodes stays up for everyone else.
+  RunResult r = Exchange(*a, *b, "after", 200, 100000);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+TEST_F(FabricTest, ReceiverKilledWithAFullInboxFailsTheOtherNodesSender) {
+  auto a = StartNode(0);
+  auto b = StartNode(1);
+  int exit_code = -1;
+  std::string out;
+  // The receiver never reads: its job's inbox on node 2 fills, and node 2
+  // stops reading from node 1 (back-pressure) until the receiver is gone.
+  long ms = KillClient(*a, *b, "stuck-sender", "idle-receiver",
+                       /*kill_sender=*/false, "stuck", &exit_code, &out);
+  EXPECT_GE(ms, 0) << "the sender's wait did not end: " << out << a->Log()
+                   << b->Log();
+  printf("receiver killed: the other node's sender failed after %ld ms\n", ms);
+  EXPECT_LE(ms, 1000) << out;
+  EXPECT_NE(out.find("ended 41 "), std::string::npos) << out;
+  EXPECT_NE(out.find("other traffic ok"), std::string::npos) << out;
+  EXPECT_EQ(exit_code, 0) << out;
+  RunResult r = Exchange(*a, *b, "after", 200, 100000);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+TEST_F(FabricTest, AFloodAtAnIdleReceiverOnAnotherNodeIsHeldBackNotBuffered) {
+  // 200 Ki messages of 8 B and 256 MiB of 32 KiB ones at a receiver on node
+  // 2 that posts nothing for 3 s: node 2 stops reading (its budget is 16
+  // MiB), node 1's queue fills and its sender is held; neither daemon
+  // grows by more than the budget plus fixed overhead, and every message
+  // arrives in order, intact.
+  constexpr long long kBudgetMiB = 16;
+  // A fabric timeout shorter than the receiver's idle time: the paused
+  // connection (zero TCP window) must survive it, and heartbeats must not
+  // declare a paused peer dead.
+  std::vector<std::string> extra = {"--unexpected-mib",
+                                    std::to_string(kBudgetMiB),
+                                    "--fabric-timeout-ms", "1000"};
+  std::vector<std::string> fa = Flags(0), fb = Flags(1);
+  fa.insert(fa.end(), extra.begin(), extra.end());
+  fb.insert(fb.end(), extra.begin(), extra.end());
+  auto a = std::make_unique<Daemon>(node_dir_[0], fa);
+  auto b = std::make_unique<Daemon>(node_dir_[1], fb);
+  std::string rv = Rendezvous("flood");
+  const long long base_a = ResidentKiB(a->pid()),
+                  base_b = ResidentKiB(b->pid());
+  auto args = [&](int rank) {
+    return std::vector<std::string>{Runfile("tests/programs/flood"),
+                                    "--rank",
+                                    std::to_string(rank),
+                                    "--dir",
+                                    rv,
+                                    "--idle-seconds",
+                                    "3",
+                                    "--small",
+                                    "204800",
+                                    "--bytes",
+                                    std::to_string(256 << 20)};
+  };
+  Process receiver =
+      Process::Start(args(1), b->ClientEnv(), rv + "/r1.out", rv + "/r1.err");
+  Process sender =
+      Process::Start(args(0), a->ClientEnv(), rv + "/r0.out", rv + "/r0.err");
+  long long peak_a = base_a, peak_b = base_b;
+  int receiver_exit = -1;
+  for (int i = 0; i < 2400 && receiver_exit == -1; i++) {
+    peak_a = std::max(peak_a, ResidentKiB(a->pid()));
+    peak_b = std::max(peak_b, ResidentKiB(b->pid()));
+    receiver_exit = receiver.Wait(0.05);
+  }
+  ASSERT_EQ(receiver_exit, 0) << ReadFile(rv + "/r1.err") << b->Log();
+  ASSERT_EQ(sender.Wait(30), 0) << ReadFile(rv + "/r0.err");
+  EXPECT_NE(ReadFile(rv + "/r1.out").find(" 0 wrong"), std::string::npos)
+      << ReadFile(rv + "/r1.out");
+  const long long kFixedOverheadKiB = 16 << 10;
+  // The receiving daemon also writes the job's inbox (8 MiB, shared memory
+  // that counts in its resident set once touched).
+  const long long kInboxKiB = 8 << 10;
+  EXPECT_LE(peak_b - base_b, (kBudgetMiB << 10) + kFixedOverheadKiB + kInboxKiB)
+      << "receiving psmd grew from " << base_b << " KiB to " << peak_b;
+  EXPECT_LE(peak_a - base_a, (kBudgetMiB << 10) + kFixedOverheadKiB)
+      << "sending psmd grew from " << base_a << " KiB to " << peak_a;
+  printf(
+      "flood across nodes: psmd grew %lld KiB (sender's node), %lld KiB "
+      "(receiver's)\n",
+      peak_a - base_a, peak_b - base_b);
+  // The back-pressure reached the sender: its sends were held.
+  RunResult sa = Psmctl(dir_, *a, {"stats", "--format", "json"});
+  EXPECT_GT(JsonNumber(sa.out, "total", "sends_held"), 0) << sa.out;
+  // Idle for three timeouts: heartbeats keep the connection.
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  RunResult after = Exchange(*a, *b, "after", 100, 1000);
+  EXPECT_EQ(after.exit_code, 0) << after.err;
+  EXPECT_EQ(a->Log().find("ended"), std::string::npos) << a->Log();
+  EXPECT_EQ(b->Log().find("ended"), std::string::npos) << b->Log();
+  sa = Psmctl(dir_, *a, {"stats", "--format", "json"});
+  EXPECT_EQ(JsonNumber(sa.out, "peer_nodes", "connects"), 1) << sa.out;
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+// A node of the test's own (node 3, authenticated with the same munged)
+// speaking to psmd through hw::Fabric directly.
+struct RawNode {
+  std::unique_ptr<hw::Fabric> fabric;
+  hw::ConnId conn = 0;
+  // Waits up to 5 s for an event of `type`.
+  bool Await(hw::EventType type, hw::Event* out) {
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (std::chrono::steady_clock::now() < end) {
+      hw::Event e;
+      if (fabric->Wait(&e, 1, 50) == 1) {
+        if (e.type == type) {
+          *out = e;
+          return true;
+        }
+      }
+    }
+    return false;
+  }
+};
+
+TEST_F(FabricTest,
+       AnAuthenticatedPeerLearnsNothingOfOtherJobsAndBadFramesDrop) {
+  auto a = StartNode(0);
+  auto b = StartNode(1);
+  // An endpoint of job B on node 1 (rank 1 of an exchange that waits).
+  std::string rv = Rendezvous("victim");
+  Process victim =
+      Process::Start(ExchangeArgs(dir_, rv, 1, kJobB, 1, 10, 5), a->ClientEnv(),
+                     rv + "/r1.out", rv + "/r1.err");
+  uint64_t victim_epid = 0;
+  for (int i = 0; i < 500 && victim_epid == 0; i++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    RunResult list = Psmctl(dir_, *a, {"stats", "--format", "json"});
+    size_t at = list.out.find("\"epid\": \"");
+    if (at != std::string::npos) {
+      victim_epid = strtoull(list.out.c_str() + at + 9, nullptr, 16);
+    }
+  }
+  ASSERT_NE(victim_epid, 0u) << Psmctl(dir_, *a, {"stats"}).out;
+
+  hw::FabricOptions options;
+  options.node_id = 3;
+  options.listen = {"127.0.0.4"};
+  options.munge_socket = munged_.socket();
+  std::string error;
+  RawNode raw;
+  raw.fabric = hw::OpenSocketFabric(options, &error);
+  ASSERT_TRUE(raw.fabric) << error;
+  ASSERT_EQ(raw.fabric->Connect("1@" + listen_[0], 1, &raw.conn),
+            hw::ErrorClass::kOk);
+  hw::Event e;
+  ASSERT_TRUE(raw.Await(hw::EventType::kConnected, &e));
+  ASSERT_EQ(e.error, hw::ErrorClass::kOk) << a->Log();
+
+  // kQuery (op 1) for the victim's epid from job A, and for an epid that
+  // does not exist: the same answer, so nothing is learnt of job B.
+  auto ask = [&](uint64_t dst, uint64_t query) {
+    hw::FrameFields f;
+    f.op = 1;
+    f.uid = 0;
+    f.src = (uint64_t{3} << 48) | 7;
+    f.dst = dst;
+    std::memcpy(f.job,
+                "\xfa\xb1\xc0\xde\xaa\xaa\xaa\xaa\xaa\xaa\xaa\xaa"
+                "\xaa\xaa\xaa\xaa",
+                16);
+    f.aux = query;
+    static uint8_t wire[32] = {};
+    iovec iov{wire, sizeof(wire)};
+    EXPECT_EQ(raw.fabric->PostSend(raw.conn, f, &iov, 1, query),
+              hw::ErrorClass::kOk);
+    EXPECT_EQ(raw.fabric->PostRecv(raw.conn, &iov, 1, query),
+              hw::ErrorClass::kOk);
+    hw::Event answer;
+    EXPECT_TRUE(raw.Await(hw::EventType::kRecvDone, &answer));
+    int32_t err = 0;
+    std::memcpy(&err, wire + 20, 4);  // Wire::error
+    EXPECT_EQ(answer.fields.op, 2);
+    EXPECT_EQ(answer.fields.aux, query);
+    return err;
+  };
+  EXPECT_EQ(ask(victim_epid, 1), 41);         // another job's endpoint
+  EXPECT_EQ(ask(victim_epid + 1000, 2), 41);  // no endpoint at all
+  EXPECT_NE(a->Log().find("no such endpoint of that job and uid"),
+            std::string::npos);
+
+  // An unknown op: psmd drops the connection, logged once.
+  hw::FrameFields bad;
+  bad.op = 999;
+  uint8_t junk[40] = {};
+  iovec iov{junk, sizeof(junk)};
+  ASSERT_EQ(raw.fabric->PostSend(raw.conn, bad, &iov, 1, 9),
+            hw::ErrorClass::kOk);
+  // (A closed connection is noticed by a posted receive.)
+  ASSERT_EQ(raw.fabric->PostRecv(raw.conn, &iov, 1, 10), hw::ErrorClass::kOk);
+  ASSERT_TRUE(raw.Await(hw::EventType::kClosed, &e)) << a->Log();
+  EXPECT_NE(a->Log().find("node 3 sent a frame the engine refuses"),
+            std::string::npos)
+      << a->Log();
+  raw.fabric.reset();
+  victim.Kill(SIGKILL);
+  victim.Wait(5);
+  // Node 1 and node 2 go on.
+  RunResult ok = Exchange(*a, *b, "after", 200, 100000);
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+TEST_F(FabricTest, APeerThatFallsSilentIsClosedWithinTheTimeout) {
+  // The test's own node 3 connects and then says nothing (no heartbeats),
+  // as a hung daemon or a dead link would: psmd closes the connection
+  // within about --fabric-timeout-ms, though TCP still acknowledges.
+  std::vector<std::string> flags = Flags(0);
+  flags.push_back("--fabric-timeout-ms");
+  flags.push_back("1000");
+  auto a = std::make_unique<Daemon>(node_dir_[0], flags);
+  hw::FabricOptions options;
+  options.node_id = 3;
+  options.listen = {"127.0.0.4"};
+  options.munge_socket = munged_.socket();
+  std::string error;
+  RawNode raw;
+  raw.fabric = hw::OpenSocketFabric(options, &error);
+  ASSERT_TRUE(raw.fabric) << error;
+  ASSERT_EQ(raw.fabric->Connect("1@" + listen_[0], 1, &raw.conn),
+            hw::ErrorClass::kOk);
+  hw::Event e;
+  ASSERT_TRUE(raw.Await(hw::EventType::kConnected, &e));
+  ASSERT_EQ(e.error, hw::ErrorClass::kOk) << a->Log();
+  auto connected_at = std::chrono::steady_clock::now();
+  // Read psmd's heartbeats (so our receive sees the close), send none.
+  uint8_t buf[64];
+  iovec iov{buf, sizeof(buf)};
+  bool closed = false;
+  while (!closed && std::chrono::steady_clock::now() - connected_at <
+                        std::chrono::seconds(5)) {
+    raw.fabric->PostRecv(raw.conn, &iov, 1, 1);
+    hw::Event ev;
+    if (raw.fabric->Wait(&ev, 1, 100) == 1 &&
+        ev.type == hw::EventType::kClosed) {
+      closed = true;
+    }
+  }
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                std::chrono::steady_clock::now() - connected_at)
+                .count();
+  EXPECT_TRUE(closed) << a->Log();
+  EXPECT_GE(ms, 900);
+  EXPECT_LE(ms, 2500) << a->Log();
+  printf("a silent peer was closed after %lld ms (timeout 1000 ms)\n",
+         static_cast<long long>(ms));
+  EXPECT_NE(a->Log().find("node 3 silent"), std::string::npos) << a->Log();
+  raw.fabric.reset();
+  EXPECT_TRUE(a->Stop());
+}
+
+// Rank 0 of an exchange on `d` whose peer "published" `epid` (no rank 1
+// runs): psm2_ep_connect's outcome.
+RunResult ConnectTo(const TempDir& dir, const Daemon& d, const std::string& rv,
+                    uint64_t epid) {
+  std::filesystem::create_directories(rv);
+  std::ofstream(rv + "/rank1.epid") << epid << "\n";
+  std::ofstream(rv + "/rank11.epid") << 1 << "\n";
+  return RunToEnd(dir, ExchangeArgs(dir, rv, 0, kJobA, 1, 10), d.ClientEnv(),
+                  30);
+}
+
+TEST_F(FabricTest, UnreachableNodesAndStaleEpidsFailToConnectQuickly) {
+  auto a = StartNode(0);
+  const uint64_t node2 = uint64_t{2} << 48, node9 = uint64_t{9} << 48;
+  // Node 2 is in the table but its daemon is not running.
+  RunResult down = ConnectTo(dir_, *a, dir_.path() + "/down", node2 | 5);
+  EXPECT_EQ(down.exit_code, 3) << down.err;
+  EXPECT_NE(down.err.find("node 2"), std::string::npos) << down.err;
+  EXPECT_LE(down.seconds, 5) << down.err;
+  // Node 9 is not in the table.
+  RunResult unknown = ConnectTo(dir_, *a, dir_.path() + "/unknown", node9 | 5);
+  EXPECT_EQ(unknown.exit_code, 3) << unknown.err;
+  EXPECT_NE(unknown.err.find("not in the node table"), std::string::npos)
+      << unknown.err;
+  // Node 2 up: an epid of an earlier run of it (another boot nonce) is
+  // stale; a live one connects.
+  auto b = StartNode(1);
+  RunResult stale = ConnectTo(dir_, *a, dir_.path() + "/stale",
+                              node2 | (uint64_t{0x7777} << 32) | 1);
+  EXPECT_EQ(stale.exit_code, 3) << stale.err;
+  EXPECT_NE(stale.err.find("has no endpoint of this job and uid"),
+            std::string::npos)
+      << stale.err;
+  RunResult ok = Exchange(*a, *b, "ok", 10, 100);
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+TEST_F(FabricTest, ADaemonWithAnotherMungeKeyIsRefused) {
+  Munged other(dir_.path() + "/munge-other");
+  auto a = StartNode(0);
+  std::vector<std::string> flags = Flags(1);
+  flags[7] = other.socket();  // --munge-socket
+  auto b = std::make_unique<Daemon>(node_dir_[1], flags);
+  int exit1 = -1;
+  RunResult r = Exchange(*a, *b, "rv", 10, 100, kJobA, kJobA, &exit1);
+  EXPECT_EQ(r.exit_code, 3) << r.err << a->Log() << b->Log();
+  EXPECT_EQ(exit1, 3) << r.err;
+  RunResult sa = Psmctl(dir_, *a, {"stats", "--format", "json"});
+  EXPECT_GE(JsonNumber(sa.out, "peer_nodes", "auth_failures"), 1) << sa.out;
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+TEST_F(FabricTest, FlagsAreCheckedTogether) {
+  auto check = [&](std::vector<std::string> flags) {
+    std::vector<std::string> argv = {Runfile("daemon/psmd"), "--config",
+                                     "/dev/null", "--check-config"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    return RunToEnd(dir_, argv, {}, 10);
+  };
+  RunResult ok = check({"--node-id", "3", "--fabric-listen", "127.0.0.2:7000",
+                        "--fabric-listen", "[::1]:7000-7010", "--fabric-nodes",
+                        "/x", "--fabric-auth", "none"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("fabric_listen = '127.0.0.2:7000,[::1]:7000-7010'"),
+            std::string::npos)
+      << ok.out;
+  RunResult none = check({"--node-id", "3", "--fabric-listen", "10.1.2.3",
+                          "--fabric-nodes", "/x", "--fabric-auth", "none"});
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_NE(none.err.find("not loopback"), std::string::npos) << none.err;
+  RunResult no_id =
+      check({"--fabric-listen", "127.0.0.2", "--fabric-nodes", "/x"});
+  EXPECT_EQ(no_id.exit_code, 2);
+  EXPECT_NE(no_id.err.find("non-zero node_id"), std::string::npos) << no_id.err;
+  RunResult bad = check({"--fabric-listen", "127.0.0.2:99999"});
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+}
+
+}  // namespace
+}  // namespace psmd::testing
