@@ -1,57 +1,96 @@
 // two_copies LIB_A LIB_B: two private copies of libpsmclient in one process,
 // as Open MPI has them when mca_mtl_psm2 loads the drop-in libpsm2.so.2 and
 // mca_mtl_psmd.so carries its own (tests/two_copies_test.sh). Each is
-// dlopened RTLD_LOCAL, initialized, and opens an endpoint on psmd ($PSMD_SOCKET);
-// copy A sends 100000 bytes (rendezvous) to copy B, which checks them.
-// Both copies' control calls go through gRPC at once; a second registration
-// of control.proto's descriptors (before the proto became lite) aborted
-// at the second dlopen.
+// dlopened RTLD_LOCAL, initialized, and opens an endpoint on psmd
+// ($PSMD_SOCKET); copy A sends 100000 bytes (rendezvous) to copy B, which
+// checks them. Both copies' control calls go through gRPC at once; a second
+// registration of control.proto's descriptors (before the proto became lite)
+// aborted at the second dlopen.
 #include <dlfcn.h>
-#include <stdio.h>
-#include <string.h>
 #include <psm2.h>
 #include <psm2_mq.h>
+#include <stdio.h>
+#include <string.h>
 typedef struct {
   psm2_error_t (*init)(int*, int*);
   psm2_error_t (*uuid)(psm2_uuid_t);
   psm2_error_t (*ep_open_opts_get_defaults)(struct psm2_ep_open_opts*);
-  psm2_error_t (*ep_open)(const psm2_uuid_t, const struct psm2_ep_open_opts*, psm2_ep_t*, psm2_epid_t*);
-  psm2_error_t (*ep_connect)(psm2_ep_t, int, const psm2_epid_t*, const int*, psm2_error_t*, psm2_epaddr_t*, int64_t);
-  psm2_error_t (*mq_init)(psm2_ep_t, uint64_t, const struct psm2_optkey*, int, psm2_mq_t*);
-  psm2_error_t (*mq_send)(psm2_mq_t, psm2_epaddr_t, uint32_t, uint64_t, const void*, uint32_t);
-  psm2_error_t (*mq_irecv)(psm2_mq_t, uint64_t, uint64_t, uint32_t, void*, uint32_t, void*, psm2_mq_req_t*);
+  psm2_error_t (*ep_open)(const psm2_uuid_t, const struct psm2_ep_open_opts*,
+                          psm2_ep_t*, psm2_epid_t*);
+  psm2_error_t (*ep_connect)(psm2_ep_t, int, const psm2_epid_t*, const int*,
+                             psm2_error_t*, psm2_epaddr_t*, int64_t);
+  psm2_error_t (*mq_init)(psm2_ep_t, uint64_t, const struct psm2_optkey*, int,
+                          psm2_mq_t*);
+  psm2_error_t (*mq_send)(psm2_mq_t, psm2_epaddr_t, uint32_t, uint64_t,
+                          const void*, uint32_t);
+  psm2_error_t (*mq_irecv)(psm2_mq_t, uint64_t, uint64_t, uint32_t, void*,
+                           uint32_t, void*, psm2_mq_req_t*);
   psm2_error_t (*mq_wait)(psm2_mq_req_t*, psm2_mq_status_t*);
   psm2_error_t (*ep_close)(psm2_ep_t, int, int64_t);
   psm2_error_t (*finalize)(void);
 } api;
 // Looks up psm2_<f> in the copy at h.
-#define L(f) *(void**)&a->f = dlsym(h, "psm2_" #f); if (!a->f) { printf("no %s\n", #f); return 1; }
+#define L(f)                             \
+  *(void**)&a->f = dlsym(h, "psm2_" #f); \
+  if (!a->f) {                           \
+    printf("no %s\n", #f);               \
+    return 1;                            \
+  }
 static int load(const char* path, api* a) {
   void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!h) { printf("dlopen %s: %s\n", path, dlerror()); return 1; }
-  L(init) L(ep_open_opts_get_defaults) L(ep_open) L(ep_connect) L(mq_init) L(mq_send) L(mq_irecv) L(mq_wait) L(ep_close) L(finalize)
-  return 0;
+  if (!h) {
+    printf("dlopen %s: %s\n", path, dlerror());
+    return 1;
+  }
+  L(init)
+  L(ep_open_opts_get_defaults) L(ep_open) L(ep_connect) L(mq_init) L(mq_send)
+      L(mq_irecv) L(mq_wait) L(ep_close) L(finalize) return 0;
 }
 int main(int argc, char** argv) {
   api A, B;
   if (load(argv[1], &A) || load(argv[2], &B)) return 1;
   int ma = 2, na = 0, mb = 2, nb = 0;
-  if (A.init(&ma, &na) || B.init(&mb, &nb)) { printf("init\n"); return 1; }
-  psm2_uuid_t u; memset(u, 5, sizeof u);
-  psm2_ep_t ea, eb; psm2_epid_t ia, ib;
-  if (A.ep_open(u, NULL, &ea, &ia) || B.ep_open(u, NULL, &eb, &ib)) { printf("ep_open\n"); return 1; }
-  psm2_epaddr_t ab, ba; psm2_error_t e;
-  if (A.ep_connect(ea, 1, &ib, NULL, &e, &ab, 0) || B.ep_connect(eb, 1, &ia, NULL, &e, &ba, 0)) { printf("connect\n"); return 1; }
+  if (A.init(&ma, &na) || B.init(&mb, &nb)) {
+    printf("init\n");
+    return 1;
+  }
+  psm2_uuid_t u;
+  memset(u, 5, sizeof u);
+  psm2_ep_t ea, eb;
+  psm2_epid_t ia, ib;
+  if (A.ep_open(u, NULL, &ea, &ia) || B.ep_open(u, NULL, &eb, &ib)) {
+    printf("ep_open\n");
+    return 1;
+  }
+  psm2_epaddr_t ab, ba;
+  psm2_error_t e;
+  if (A.ep_connect(ea, 1, &ib, NULL, &e, &ab, 0) ||
+      B.ep_connect(eb, 1, &ia, NULL, &e, &ba, 0)) {
+    printf("connect\n");
+    return 1;
+  }
   psm2_mq_t qa, qb;
-  A.mq_init(ea, PSM2_MQ_ORDERMASK_ALL, NULL, 0, &qa); B.mq_init(eb, PSM2_MQ_ORDERMASK_ALL, NULL, 0, &qb);
-  char out[100000], in[100000]; memset(out, 7, sizeof out); memset(in, 0, sizeof in);
+  A.mq_init(ea, PSM2_MQ_ORDERMASK_ALL, NULL, 0, &qa);
+  B.mq_init(eb, PSM2_MQ_ORDERMASK_ALL, NULL, 0, &qb);
+  char out[100000], in[100000];
+  memset(out, 7, sizeof out);
+  memset(in, 0, sizeof in);
   psm2_mq_req_t r;
   B.mq_irecv(qb, 42, ~0ull, 0, in, sizeof in, NULL, &r);
-  if (A.mq_send(qa, ab, 0, 42, out, sizeof out)) { printf("send\n"); return 1; }
+  if (A.mq_send(qa, ab, 0, 42, out, sizeof out)) {
+    printf("send\n");
+    return 1;
+  }
   psm2_mq_status_t st;
-  if (B.mq_wait(&r, &st) || st.nbytes != sizeof in || memcmp(in, out, sizeof in)) { printf("recv\n"); return 1; }
-  A.ep_close(ea, PSM2_EP_CLOSE_GRACEFUL, 0); B.ep_close(eb, PSM2_EP_CLOSE_GRACEFUL, 0);
-  A.finalize(); B.finalize();
+  if (B.mq_wait(&r, &st) || st.nbytes != sizeof in ||
+      memcmp(in, out, sizeof in)) {
+    printf("recv\n");
+    return 1;
+  }
+  A.ep_close(ea, PSM2_EP_CLOSE_GRACEFUL, 0);
+  B.ep_close(eb, PSM2_EP_CLOSE_GRACEFUL, 0);
+  A.finalize();
+  B.finalize();
   printf("two copies: OK, %zu bytes\n", sizeof in);
   return 0;
 }
