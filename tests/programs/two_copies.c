@@ -3,18 +3,18 @@
 // mca_mtl_psmd.so carries its own (tests/two_copies_test.sh). Each is
 // dlopened RTLD_LOCAL, initialized, and opens an endpoint on psmd
 // ($PSMD_SOCKET); copy A sends 100000 bytes (rendezvous) to copy B, which
-// checks them. Both copies' control calls go through gRPC at once; a second
-// registration of control.proto's descriptors (before the proto became lite)
-// aborted at the second dlopen.
+// checks them. Both copies make gRPC control calls; before control.proto
+// became lite, the second dlopen aborted (a second registration of its
+// descriptors in libprotobuf's process-wide pool).
 #include <dlfcn.h>
 #include <psm2.h>
 #include <psm2_mq.h>
 #include <stdio.h>
 #include <string.h>
+
+// The PSM2 calls used, from one copy.
 typedef struct {
   psm2_error_t (*init)(int*, int*);
-  psm2_error_t (*uuid)(psm2_uuid_t);
-  psm2_error_t (*ep_open_opts_get_defaults)(struct psm2_ep_open_opts*);
   psm2_error_t (*ep_open)(const psm2_uuid_t, const struct psm2_ep_open_opts*,
                           psm2_ep_t*, psm2_epid_t*);
   psm2_error_t (*ep_connect)(psm2_ep_t, int, const psm2_epid_t*, const int*,
@@ -29,24 +29,40 @@ typedef struct {
   psm2_error_t (*ep_close)(psm2_ep_t, int, int64_t);
   psm2_error_t (*finalize)(void);
 } api;
+
 // Looks up psm2_<f> in the copy at h.
-#define L(f)                             \
-  *(void**)&a->f = dlsym(h, "psm2_" #f); \
-  if (!a->f) {                           \
-    printf("no %s\n", #f);               \
-    return 1;                            \
-  }
+#define L(f)                                   \
+  do {                                         \
+    *(void**)&a->f = dlsym(h, "psm2_" #f);     \
+    if (a->f == NULL) {                        \
+      printf("%s has no psm2_%s\n", path, #f); \
+      return 1;                                \
+    }                                          \
+  } while (0)
+
 static int load(const char* path, api* a) {
   void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
+  if (h == NULL) {
     printf("dlopen %s: %s\n", path, dlerror());
     return 1;
   }
-  L(init)
-  L(ep_open_opts_get_defaults) L(ep_open) L(ep_connect) L(mq_init) L(mq_send)
-      L(mq_irecv) L(mq_wait) L(ep_close) L(finalize) return 0;
+  L(init);
+  L(ep_open);
+  L(ep_connect);
+  L(mq_init);
+  L(mq_send);
+  L(mq_irecv);
+  L(mq_wait);
+  L(ep_close);
+  L(finalize);
+  return 0;
 }
+
 int main(int argc, char** argv) {
+  if (argc != 3) {
+    fprintf(stderr, "usage: two_copies LIB_A LIB_B\n");
+    return 2;
+  }
   api A, B;
   if (load(argv[1], &A) || load(argv[2], &B)) return 1;
   int ma = 2, na = 0, mb = 2, nb = 0;
@@ -73,7 +89,7 @@ int main(int argc, char** argv) {
   A.mq_init(ea, PSM2_MQ_ORDERMASK_ALL, NULL, 0, &qa);
   B.mq_init(eb, PSM2_MQ_ORDERMASK_ALL, NULL, 0, &qb);
   char out[100000], in[100000];
-  memset(out, 7, sizeof out);
+  for (size_t i = 0; i < sizeof out; i++) out[i] = (char)(i * 7 + i / 251);
   memset(in, 0, sizeof in);
   psm2_mq_req_t r;
   B.mq_irecv(qb, 42, ~0ull, 0, in, sizeof in, NULL, &r);
