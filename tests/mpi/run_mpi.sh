@@ -12,6 +12,11 @@
 #                  library (client/asan/libpsm2.so.2)
 #   netpipe        NPopenmpi over its full default size range
 #   fi_pingpong S  libfabric's fi_pingpong -p psm2 with S-byte messages
+#   threads        tests/mpi/mpi_threads (threads per rank after MPI_Init) with
+#                  2 ranks over mtl psmd (//ompi), mtl psm2 on the drop-in,
+#                  mtl psm2 on Intel's libpsm2 and btl vader: a rank on psmd,
+#                  either way, carries at most one thread more than on
+#                  Intel's library
 # Every process it starts is ended by PID; its directory is removed.
 set -uo pipefail
 case_name=$1; shift
@@ -102,8 +107,42 @@ case "$case_name" in
     cat "$work/server.out"
     min=$((2 * iters))
     ;;
+  threads)
+    mkdir "$work/components" && cp "$root/ompi/mca_mtl_psmd.so" "$work/components/"
+    ompi=$(dirname "$(find /usr/lib/x86_64-linux-gnu/openmpi/lib -name mca_pml_cm.so | head -1)")
+    prog=$root/tests/mpi/mpi_threads
+    status=0
+    mpi 2 "$prog" >"$work/dropin.log" || status=1
+    libdir=/usr/lib/x86_64-linux-gnu mpi 2 "$prog" >"$work/intel.log" || status=1
+    (cd "$work" && timeout -k 10 300 env \
+      OMPI_MCA_mca_base_component_path="$ompi:$work/components" TMPDIR="$work" \
+      mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml cm --mca mtl psmd \
+        -x PSMD_SOCKET "$prog") >"$work/psmd.log" || status=1
+    (cd "$work" && timeout -k 10 300 env TMPDIR="$work" \
+      mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ob1 --mca btl self,vader \
+        "$prog") >"$work/vader.log" || status=1
+    declare -A n
+    for t in dropin intel psmd vader; do
+      sed "s/^/$t: /" "$work/$t.log"
+      # The most threads any rank of the run had.
+      n[$t]=$(grep -o 'threads [0-9]*' "$work/$t.log" | awk '{ if ($2 > m) m = $2 } END { print m + 0 }')
+    done
+    # Each ran on the library it names: the drop-in, Intel's, or none (mtl
+    # psmd carries its own copy; vader needs none).
+    grep -q "psm2: $(realpath "$libdir/libpsm2.so.2")" "$work/dropin.log" &&
+      grep -q "psm2: /usr/lib/x86_64-linux-gnu/libpsm2.so.2" "$work/intel.log" &&
+      ! grep -q "psm2: /" "$work/psmd.log" ||
+      { echo "run_mpi: a run did not load the PSM2 library it should have" >&2; status=1; }
+    echo "run_mpi: threads per rank: mtl psmd ${n[psmd]}, drop-in ${n[dropin]}," \
+         "Intel's libpsm2 ${n[intel]}, btl vader ${n[vader]}"
+    for t in psmd dropin; do
+      ((n[intel] > 0 && n[$t] > 0 && n[$t] <= n[intel] + 1)) ||
+        { echo "run_mpi: $t carries more than one thread over Intel's libpsm2" >&2; status=1; }
+    done
+    min=2  # the allreduce of each psmd run
+    ;;
   *) echo "usage: run_mpi.sh semantics N | mpi4py | mpi4py_suite [ARGS] | mpi4py_asan [ARGS]" \
-          "| netpipe | fi_pingpong SIZE" >&2; exit 2 ;;
+          "| netpipe | fi_pingpong SIZE | threads" >&2; exit 2 ;;
 esac
 after=$(sent)
 echo "run_mpi: $case_name exit $status; psmd carried $((after - before)) messages (at least $min expected)"

@@ -22,6 +22,11 @@
 #                  munged): an MPMD mpirun, each rank with its own
 #                  PSMD_SOCKET; both daemons' per-peer-node counters must
 #                  show the traffic
+#   with_dropin    psmd's drop-in libpsm2.so.2 on LD_LIBRARY_PATH as well (a
+#                  site that switched Open MPI's mtl psm2 to psmd): Open MPI
+#                  loads mca_mtl_psm2 (and so the drop-in) beside this
+#                  component; ompi_info and tests/mpi/mpi_semantics with 2
+#                  ranks, no --mca flags, must still run on mtl psmd
 # Every process it starts is ended by PID; its directory is removed.
 set -uo pipefail
 case_name=$1; shift
@@ -37,6 +42,10 @@ component=${PSMD_MTL_COMPONENT:-$root/ompi/mca_mtl_psmd.so}
 chmod 755 "$work"
 mkdir "$work/components" "$work/run"
 cp "$component" "$work/components/"
+dropin=${PSMD_DROPIN:-$root/client/libpsm2.so.2}
+if [[ $case_name == with_dropin ]]; then
+  mkdir "$work/lib" && cp "$dropin" "$work/lib/libpsm2.so.2"
+fi
 cp "$root/tests/mpi/mpi_semantics" "$root/tests/mpi/mpi_datatypes" \
    "$root/tests/mpi/mpi_threads" "$work/"
 chmod -R a+rX "$work"
@@ -108,9 +117,14 @@ mpi() {
   (cd "$work/run" && timeout -k 10 "${mpi_timeout:-300}" "${as_user[@]}" \
     env -u PSM2_DEVICES -u HFI_SYSFS_PATH HOME="$work/run" TMPDIR="$work/run" \
       OMPI_MCA_mca_base_component_path="$ompi_components:$work/components" \
-      OMPI_MCA_plm_rsh_agent= \
-      mpirun --oversubscribe -np "$np" -x PSMD_SOCKET "$@")
+      OMPI_MCA_plm_rsh_agent= "${env_extra[@]}" \
+      mpirun --oversubscribe -np "$np" -x PSMD_SOCKET "${mpi_extra[@]}" "$@")
 }
+
+env_extra=() mpi_extra=()
+if [[ $case_name == with_dropin ]]; then
+  env_extra=(LD_LIBRARY_PATH="$work/lib") mpi_extra=(-x LD_LIBRARY_PATH)
+fi
 
 # The threads of each rank in "rank R threads N: ..." lines; prints the most.
 most_threads() {
@@ -207,8 +221,26 @@ case "$case_name" in
       ((bytes > 100000)) || { echo "run_mtl: no traffic between the daemons" >&2; status=1; }
     done
     ;;
+  with_dropin)
+    # ompi_info opens every component: both libraries in one process.
+    info=$("${as_user[@]}" env HOME="$work/run" LD_LIBRARY_PATH="$work/lib" \
+      OMPI_MCA_mca_base_component_path="$ompi_components:$work/components" \
+      ompi_info 2>&1)
+    status=$?
+    grep -E "MCA mtl: (psmd|psm2)" <<<"$info"
+    [[ $status == 0 && $info == *"MCA mtl: psmd"* && $info == *"MCA mtl: psm2"* ]] ||
+      { echo "run_mtl: ompi_info with the drop-in loaded exit $status:" >&2
+        tail -20 <<<"$info" >&2; status=1; }
+    mpi 2 --mca mtl_base_verbose 10 "$work/mpi_semantics" >"$work/out.log" 2>&1 || status=1
+    grep -E "mtl:psmd: selected|^(PASS|FAIL)" "$work/out.log"
+    # In the ranks too Open MPI loads every mtl component before it asks
+    # them (mca_mtl_psm2.so, and with it the drop-in, then declines).
+    grep -q "mtl:psmd: selected" "$work/out.log" ||
+      { echo "run_mtl: not run on mtl psmd:" >&2; tail -30 "$work/out.log" >&2; status=1; }
+    min=2000
+    ;;
   *) echo "usage: run_mtl.sh semantics N | datatypes | mpi4py_suite [ARGS] | netpipe" \
-          "| selection | decline | semantics_nodes | netpipe_nodes" >&2; exit 2 ;;
+          "| selection | decline | semantics_nodes | netpipe_nodes | with_dropin" >&2; exit 2 ;;
 esac
 if [[ $case_name != decline ]]; then
   after=$(sent)
