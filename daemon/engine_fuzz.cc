@@ -76,6 +76,8 @@ enum Op : uint8_t {
   kReap,
   kRemove,
   kReAdd,
+  kDisconnect,  // psm2_ep_disconnect of one slot (Registry::Disconnect)
+  kReconnect,
   kOpCount
 };
 
@@ -292,8 +294,13 @@ class Node {
       SubmissionBounds b;
       b.peer_slots = static_cast<uint32_t>(jobs_[c.job].positions.size());
       b.region = c.ep->region;
-      if (ValidateSubmission(d, ring, b) == Rejection::kNone)
-        jobs_[c.job].tracked.insert(chunk);
+      const bool valid = ValidateSubmission(d, ring, b) == Rejection::kNone;
+      if (valid) jobs_[c.job].tracked.insert(chunk);
+      if (trace_) {
+        fprintf(stderr, "  op %d hands over chunk %llu (%s)\n",
+                static_cast<int>(d.op), static_cast<unsigned long long>(chunk),
+                valid ? "valid" : "rejected");
+      }
     }
     return true;
   }
@@ -342,6 +349,7 @@ class Node {
     Client& c = clients_[pos];
     const bool needs_live = op != kTurn && op != kReAdd && op != kScribble;
     if (needs_live && !c.live) return;
+    if (trace_) fprintf(stderr, "op %d at pos %u\n", op, pos);
     uint32_t tag[3];
     const uint32_t full_sel[3] = {~0u, ~0u, ~0u};
     switch (op) {
@@ -486,6 +494,19 @@ class Node {
       case kReAdd:
         AddAt(pos);
         break;
+      case kDisconnect:
+      case kReconnect: {
+        const JobState& j = jobs_[c.job];
+        uint32_t slot = in.U8() % j.positions.size();
+        uint32_t peer = ids_[j.positions[slot]];
+        if (op == kDisconnect) {
+          engine_.ClearPeer(c.ep->id, slot);
+        } else {
+          engine_.SetPeer(c.ep->id, slot,
+                          PeerLink{peer, 0x1000 + uint64_t{peer}});
+        }
+        break;
+      }
       default:
         break;
     }
