@@ -56,9 +56,13 @@ shm::CompletionDesc Request(uint32_t handler, const std::vector<uint64_t>& args,
   c.msg_len =
       static_cast<uint32_t>(args.size() * shm::kAmArgBytes + payload.size());
   if (blob == nullptr) blob = c.body.inline_data;
-  std::memcpy(blob, args.data(), args.size() * shm::kAmArgBytes);
-  std::memcpy(blob + args.size() * shm::kAmArgBytes, payload.data(),
-              payload.size());
+  // (memcpy from an empty vector's null data() is undefined: UBSan.)
+  if (!args.empty())
+    std::memcpy(blob, args.data(), args.size() * shm::kAmArgBytes);
+  if (!payload.empty()) {
+    std::memcpy(blob + args.size() * shm::kAmArgBytes, payload.data(),
+                payload.size());
+  }
   return c;
 }
 

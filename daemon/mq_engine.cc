@@ -341,6 +341,10 @@ bool MqEngine::Dispatch(Endpoint& ep, const shm::SubmissionDesc& d,
         peer == shm::PeerField::kSlot || peer == shm::PeerField::kSlotOrAny;
     if (names_slot && d.peer != shm::kAnySlot &&
         ep.peers[d.peer].endpoint_id == 0) {
+      // A send published just before its slot was disconnected: the client
+      // saw it complete and will not release its (validated) payload, so it
+      // goes back here, as for a peer that is gone. Found by engine_fuzz.
+      shm::PayloadOf(ep.job->pool().base(), d).Release();
       r = Rejection::kBadPeer;
     }
   }

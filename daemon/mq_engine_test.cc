@@ -238,6 +238,21 @@ TEST_F(MqEngineTest, MalformedSubmissionsGetOneErrorEach) {
   EXPECT_TRUE(Reap(1).empty());  // nothing reached the receiver
 }
 
+TEST_F(MqEngineTest, SendToADisconnectedSlotGivesItsPayloadBack) {
+  // Published before the slot was disconnected, consumed after: rejected,
+  // and its pooled payload released (the sender saw the send complete).
+  Send(0, 1, 1, std::string(3000, 'd'));
+  engine_.ClearPeer(clients_[0].id, 1);
+  Drain();
+  auto done = Reap(0);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].op, shm::CompleteOp::kError);
+  EXPECT_EQ(done[0].error, PSM2_EPID_UNKNOWN);
+  EXPECT_TRUE(Reap(1).empty());
+  clients_[0].arena.Reclaim();
+  EXPECT_TRUE(clients_[0].arena.empty());
+}
+
 TEST_F(MqEngineTest, SendsBeyondTheReceiversBudgetWaitAndNothingIsLost) {
   endpoints_[1]->unexpected_budget = 16 << 10;
   const std::string chunk(4000, 'm');

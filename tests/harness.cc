@@ -101,7 +101,7 @@ int Process::Wait(double timeout_s) {
   if (pid_ <= 0)
     return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
   auto deadline = std::chrono::steady_clock::now() +
-                  std::chrono::duration<double>(timeout_s);
+                  std::chrono::duration<double>(timeout_s * TimeScale());
   for (;;) {
     pid_t r = waitpid(pid_, &status_, WNOHANG);
     if (r == pid_) {
@@ -129,7 +129,7 @@ Daemon::Daemon(const TempDir& dir, std::vector<std::string> extra_flags,
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   strncpy(addr.sun_path, socket_.c_str(), sizeof(addr.sun_path) - 1);
-  for (int i = 0; i < 500; i++) {
+  for (int i = 0; i < 500 * TimeScale(); i++) {
     int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     bool up =
         connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
@@ -286,6 +286,23 @@ StoppedThread::StoppedThread(pid_t pid, const std::string& name) {
 void StoppedThread::Resume() {
   if (stopped_) ptrace(PTRACE_DETACH, tid_, nullptr, nullptr);
   stopped_ = false;
+}
+
+double TimeScale() {
+  static const double scale = [] {
+    const char* v = getenv("PSMD_TEST_TIME_SCALE");
+    double s = v != nullptr ? atof(v) : 1.0;
+    return s >= 1.0 ? s : 1.0;
+  }();
+  return scale;
+}
+
+bool MemoryBoundsMeaningful() {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  return false;
+#else
+  return true;
+#endif
 }
 
 }  // namespace psmd::testing

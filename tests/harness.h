@@ -140,6 +140,17 @@ int CountMappings(pid_t pid, const std::string& needle);
 // Entries in /dev/shm whose name contains "psm".
 std::vector<std::string> ShmLeftovers();
 
+// How many times slower than a plain build this build runs:
+// PSMD_TEST_TIME_SCALE, which the sanitizer configurations of .bazelrc set
+// (default 1). Liveness bounds (Process::Wait, Daemon start) are multiplied
+// by it; they are bounds on hanging, not timings.
+double TimeScale();
+
+// False in a sanitizer build: its allocator keeps freed memory in a
+// quarantine and its shadow memory grows with the heap, so bounds on psmd's
+// resident memory measure the sanitizer, not psmd.
+bool MemoryBoundsMeaningful();
+
 }  // namespace psmd::testing
 
 #endif  // PSMD_TESTS_HARNESS_H_

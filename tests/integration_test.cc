@@ -141,6 +141,12 @@ TEST_F(IntegrationTest, KilledClientIsReclaimedAndOthersKeepWorking) {
       ExchangeArgs(dir_, rv_a, 0, kJobA, 100000000, 8192), d.ClientEnv(),
       dir_.path() + "/a0.out", dir_.path() + "/a0.err");
   std::this_thread::sleep_for(std::chrono::milliseconds(700));  // mid-stream
+  // (Slower builds, under a sanitizer, take longer to open both endpoints.)
+  for (int i = 0; i < 100 * TimeScale() &&
+                  CountMappings(d.pid(), "memfd:psmd-endpoint") < 2;
+       i++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   ASSERT_TRUE(a0.running());
   EXPECT_EQ(CountMappings(d.pid(), "memfd:psmd-endpoint"), 2);
   pid_t dead = a0.pid();
@@ -572,8 +578,10 @@ TEST_F(IntegrationTest,
   EXPECT_NE(ReadFile(dir_.path() + "/r1.out").find("0 wrong"),
             std::string::npos);
   const long long kFixedOverheadKiB = 16 << 10;
-  EXPECT_LE(peak - baseline, (kBudgetMiB << 10) + kFixedOverheadKiB)
-      << "psmd grew from " << baseline << " KiB to " << peak << " KiB";
+  if (MemoryBoundsMeaningful()) {
+    EXPECT_LE(peak - baseline, (kBudgetMiB << 10) + kFixedOverheadKiB)
+        << "psmd grew from " << baseline << " KiB to " << peak << " KiB";
+  }
   RunResult stats = Psmctl(dir_, d, {"stats", "--json"});
   EXPECT_GT(JsonNumber(stats.out, "total", "sends_held"), 0) << stats.out;
   EXPECT_EQ(JsonNumber(stats.out, "total", "msgs_received"),
@@ -645,8 +653,10 @@ TEST_F(IntegrationTest, JobBudgetBoundsTheUnexpectedMessagesOfAllItsEndpoints) {
   Daemon d(dir_, {"--unexpected-mib", "64", "--job-unexpected-mib",
                   std::to_string(kJobBudgetMiB)});
   const std::string one_job[2] = {kJobA, kJobA};
-  EXPECT_LE(FloodTwoPairs(dir_, d, one_job),
-            (kJobBudgetMiB << 10) + kFixedOverheadKiB);
+  const long long grew = FloodTwoPairs(dir_, d, one_job);
+  if (MemoryBoundsMeaningful()) {
+    EXPECT_LE(grew, (kJobBudgetMiB << 10) + kFixedOverheadKiB);
+  }
 }
 
 TEST_F(IntegrationTest, UidBudgetBoundsTheUnexpectedMessagesOfAllItsJobs) {
@@ -656,8 +666,10 @@ TEST_F(IntegrationTest, UidBudgetBoundsTheUnexpectedMessagesOfAllItsJobs) {
   Daemon d(dir_, {"--unexpected-mib", "64", "--job-unexpected-mib", "64",
                   "--uid-unexpected-mib", std::to_string(kUidBudgetMiB)});
   const std::string two_jobs[2] = {kJobA, kJobB};
-  EXPECT_LE(FloodTwoPairs(dir_, d, two_jobs),
-            (kUidBudgetMiB << 10) + kFixedOverheadKiB);
+  const long long grew = FloodTwoPairs(dir_, d, two_jobs);
+  if (MemoryBoundsMeaningful()) {
+    EXPECT_LE(grew, (kUidBudgetMiB << 10) + kFixedOverheadKiB);
+  }
 }
 
 }  // namespace

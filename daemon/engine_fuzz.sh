@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Fuzzes the descriptor validator and the engine's dispatch on in-memory
+# segments (daemon/engine_fuzz.cc) with libFuzzer and Debian's clang
+# (-fsanitize=fuzzer,address,undefined) for a bounded time, starting from a
+# copy of the seed corpus daemon/engine_fuzz_corpus/:
+#   daemon/engine_fuzz.sh [SECONDS]      (default 20)
+#   daemon/engine_fuzz.sh --write-seeds  (regenerates the seed corpus)
+# It is also the Bazel test //daemon:engine_fuzz_test (20 s).
+# Exits non-zero on a crash, a sanitizer report or a violated property; the
+# reproducer is left in the work directory it names (run it again with
+# `$work/engine_fuzz $work/crash-...`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+work=$(mktemp -d "${TEST_TMPDIR:-${PSMD_TEST_TMP:-/tmp}}/psmd-engine-fuzz-XXXXXX")
+# The daemon sources the engine needs, outside Bazel's gcc toolchain. The
+# spdlog defines are third_party/system:spdlog's.
+clang++ -std=c++17 -O1 -g -I. -Iinclude -fsanitize=fuzzer,address,undefined \
+  -fno-sanitize-recover=undefined \
+  -DSPDLOG_SHARED_LIB -DSPDLOG_COMPILED_LIB -DSPDLOG_FMT_EXTERNAL \
+  daemon/engine_fuzz.cc daemon/mq_engine.cc daemon/validate.cc \
+  daemon/endpoint.cc daemon/log.cc shm/mapping.cc shm/segment.cc \
+  -lspdlog -lfmt -lsystemd -pthread -o "$work/engine_fuzz"
+if [ "${1:-}" = --write-seeds ]; then
+  rm -rf daemon/engine_fuzz_corpus
+  mkdir daemon/engine_fuzz_corpus
+  ENGINE_FUZZ_WRITE_SEEDS=daemon/engine_fuzz_corpus "$work/engine_fuzz"
+  rm -rf "$work"
+  exit 0
+fi
+seconds=${1:-20}
+cp -r daemon/engine_fuzz_corpus "$work/corpus"
+if "$work/engine_fuzz" -max_total_time="$seconds" -max_len=4096 \
+  -print_final_stats=1 "$work/corpus" >"$work/log" 2>&1; then
+  grep -E "stat::number_of_executed_units|Done" "$work/log" | tail -2
+  rm -rf "$work"
+  echo "engine_fuzz: ok (${seconds} s)"
+else
+  tail -60 "$work/log"
+  echo "engine_fuzz: FAILED; reproducer and log in $work"
+  exit 1
+fi
