@@ -40,6 +40,10 @@ struct Config {
   // costs psmd an fd and about 16 KiB. A rank holds one while it opens,
   // connects or closes.
   uint32_t max_control_connections_per_uid = 256;
+  // Posted receives of one job, and of all jobs of one uid (each costs psmd
+  // about 160 bytes): beyond them a receive fails with PSM2_NO_MEMORY.
+  uint64_t max_posted_recvs_per_job = uint64_t{1} << 21;
+  uint64_t max_posted_recvs_per_uid = uint64_t{1} << 22;
   // Unexpected-message budget of each endpoint (PSM2_MQ_MAX_SYSBUF_MBYTES):
   // the default, and the most a client may ask for.
   uint64_t unexpected_budget_bytes = 64ull << 20;

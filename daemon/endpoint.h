@@ -152,6 +152,9 @@ class Endpoint {
   std::unordered_map<uint64_t, ClaimedMsg> claimed;
   uint64_t unexpected_cost = 0;    // sum of cost() over unexpected and claimed
   uint64_t unexpected_budget = 0;  // PSM2_MQ_MAX_SYSBUF_MBYTES of this endpoint
+  // posted.size() when last added to its job's and uid's posted_recvs
+  // (mq_engine.h, invariant 9).
+  uint64_t posted_charged = 0;
   bool notify_pending =
       false;             // completions published since the last wake check
   bool faulted = false;  // ring corrupted by the client: no longer served

@@ -39,6 +39,7 @@ struct JobKey {
 // uuids). Touched only by the progress worker.
 struct UidAccount {
   uint64_t unexpected_cost = 0;  // sum of its jobs' unexpected_cost
+  uint64_t posted_recvs = 0;     // sum of its jobs' posted_recvs
 };
 
 class Job {
@@ -86,6 +87,8 @@ class Job {
   // Sum of its endpoints' unexpected_cost (mq_engine.h, invariant 4).
   // Touched only by the progress worker, which owns all endpoints.
   uint64_t unexpected_cost = 0;
+  // Sum of its endpoints' posted_charged (mq_engine.h, invariant 9).
+  uint64_t posted_recvs = 0;
 
  private:
   enum class RegionState : uint8_t { kFree, kOwned, kRetired };

@@ -100,6 +100,7 @@ void MqEngine::Remove(uint32_t id) {
   ep.cq.ForEachUnconsumed(
       [&](const shm::CompletionDesc& c) { ReleaseUnread(ep, c); });
   ep.posted.clear();  // O(chunks), however many receives it had posted
+  ChargePosted(ep);   // gives its share back (invariant 9)
   ep.unexpected.drain(
       [&](const MsgKey&, UnexpectedMsg&& m) { Discard(ep, m); });
   for (auto& [token, c] : ep.claimed) Discard(ep, c.msg);
@@ -424,8 +425,44 @@ bool MqEngine::HandleRecv(Endpoint& receiver, const shm::SubmissionDesc& d) {
     PostError(receiver, d.req, PSM2_EPID_UNREACHABLE);
     return true;
   }
+  if (!PostedFits(receiver)) {
+    receiver.counters.recvs_refused.Add(1);
+    WarnClient(receiver.uid,
+               "endpoint {} (uid {}): receive refused: its job holds {} posted "
+               "receives, its uid {} (max_posted_recvs_per_job {}, "
+               "max_posted_recvs_per_uid {})",
+               receiver.id, receiver.uid, receiver.job->posted_recvs,
+               receiver.job->account().posted_recvs, job_posted_limit_,
+               uid_posted_limit_);
+    PostError(receiver, d.req, PSM2_NO_MEMORY);
+    return true;
+  }
   receiver.posted.post(p, PostedRecv{d.req, d.len, p.source}, d.req);
+  ChargePosted(receiver);
   return true;
+}
+
+void MqEngine::ChargePosted(Endpoint& ep) {
+  const uint64_t now = ep.posted.size();
+  // Unsigned arithmetic: a shrunken queue subtracts.
+  ep.job->posted_recvs += now - ep.posted_charged;
+  ep.job->account().posted_recvs += now - ep.posted_charged;
+  ep.posted_charged = now;
+}
+
+bool MqEngine::PostedFits(Endpoint& ep) {
+  auto fits = [&] {
+    return ep.job->posted_recvs < job_posted_limit_ &&
+           ep.job->account().posted_recvs < uid_posted_limit_;
+  };
+  ChargePosted(ep);
+  if (fits()) return true;
+  // Counts may be stale-high (receives matched or cancelled since): count
+  // afresh. Rare: only at the limit.
+  for (Endpoint* other : order_) {
+    if (&other->job->account() == &ep.job->account()) ChargePosted(*other);
+  }
+  return fits();
 }
 
 bool MqEngine::HandleCancel(Endpoint& ep, const shm::SubmissionDesc& d) {

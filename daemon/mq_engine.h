@@ -45,6 +45,13 @@
 //      is already queued at the receiver: posted ones fail at once with
 //      PSM2_EPID_UNREACHABLE, and new ones do unless a queued message
 //      matches. The survivor of a peer's death never waits for it.
+//   9. The posted receives of a job, and of all jobs of a uid, stay within
+//      SetPostedLimits' bounds: a receive that would exceed one fails with
+//      PSM2_NO_MEMORY (counted in recvs_refused), the job's other traffic
+//      unaffected. A job's count (Job::posted_recvs) is the sum of its
+//      endpoints' posted_charged, which is brought up to posted.size() when
+//      a receive is posted (matches and cancels lower it lazily: a count
+//      may be high, never low, and is recomputed before a refusal).
 #ifndef PSMD_DAEMON_MQ_ENGINE_H_
 #define PSMD_DAEMON_MQ_ENGINE_H_
 
@@ -71,6 +78,13 @@ class MqEngine {
         job_unexpected_budget_(job_unexpected_budget),
         uid_unexpected_budget_(uid_unexpected_budget) {}
   ~MqEngine();
+
+  // Posted receives one job, and all jobs of one uid, may hold (invariant
+  // 9).
+  void SetPostedLimits(uint64_t per_job, uint64_t per_uid) {
+    job_posted_limit_ = per_job;
+    uid_posted_limit_ = per_uid;
+  }
 
   void Add(std::shared_ptr<Endpoint> ep);
   // Removes the endpoint and everything queued for it: posted receives are
@@ -172,6 +186,11 @@ class MqEngine {
   void Discard(Endpoint& receiver, const UnexpectedMsg& m);
   void Post(Endpoint& ep, const shm::CompletionDesc& c);
   void PostError(Endpoint& ep, uint64_t req, int32_t error);
+  // Invariant 9: brings ep's share of its job's and uid's posted_recvs up
+  // to date; and whether one more receive fits, counting every endpoint's
+  // share afresh before saying no.
+  void ChargePosted(Endpoint& ep);
+  bool PostedFits(Endpoint& ep);
   bool FlushOverflow(Endpoint& ep);
   void ReleasePayload(const Endpoint& any_of_job, const UnexpectedMsg& m);
   // Gives back the pool chunk that completion `c` hands to `ep`, which will
@@ -185,6 +204,8 @@ class MqEngine {
   const uint64_t max_unexpected_budget_;
   const uint64_t job_unexpected_budget_;
   const uint64_t uid_unexpected_budget_;
+  uint64_t job_posted_limit_ = uint64_t{1} << 21;
+  uint64_t uid_posted_limit_ = uint64_t{1} << 22;
   // Set while Remove() flushes a closing endpoint's submissions: its sends
   // are admitted over any budget (the sender saw them complete).
   bool admit_over_budget_ = false;

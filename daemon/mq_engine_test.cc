@@ -328,6 +328,37 @@ TEST_F(MqEngineTest, ReceivesNamingARemovedSenderFailButQueuedOnesMatch) {
   EXPECT_EQ(last[0].req, other);
 }
 
+TEST_F(MqEngineTest, PostedReceivesOfAJobAreBoundedAndMatchesMakeRoom) {
+  engine_.SetPostedLimits(/*per_job=*/4, /*per_uid=*/100);
+  std::vector<uint64_t> posted;
+  for (uint32_t t = 0; t < 4; t++) posted.push_back(Recv(1, 0, 10 + t, 64));
+  uint64_t over = Recv(1, 0, 20, 64);
+  uint64_t other_endpoint = Recv(2, 0, 21, 64);  // same job: same limit
+  Drain();
+  auto refused = Reap(1);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_EQ(refused[0].req, over);
+  EXPECT_EQ(refused[0].error, PSM2_NO_MEMORY);
+  auto refused2 = Reap(2);
+  ASSERT_EQ(refused2.size(), 1u);
+  EXPECT_EQ(refused2[0].req, other_endpoint);
+  EXPECT_EQ(endpoints_[1]->counters.recvs_refused.Get(), 1u);
+  // A match frees a place (counted lazily, recounted at the limit).
+  Send(0, 1, 10, "x");
+  Drain();
+  ASSERT_EQ(Reap(1).size(), 1u);
+  uint64_t fits = Recv(2, 0, 22, 64);
+  Drain();
+  EXPECT_TRUE(Reap(2).empty()) << "the receive was refused";
+  // Removing an endpoint gives its receives' places back.
+  engine_.Remove(clients_[1].id);
+  for (uint32_t t = 0; t < 3; t++) Recv(2, 0, 30 + t, 64);
+  Drain();
+  EXPECT_TRUE(Reap(2).empty());
+  EXPECT_EQ(job_->posted_recvs, 4u);
+  (void)fits;
+}
+
 TEST_F(MqEngineTest, AFullCompletionRingHoldsBackSubmissions) {
   // More completions than the ring holds: the rest wait in the overflow
   // queue, the receiver's submissions are not read meanwhile, and every

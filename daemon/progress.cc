@@ -45,7 +45,10 @@ ProgressWorker::ProgressWorker(const Config& config)
     : engine_(config.max_unexpected_budget_bytes,
               config.job_unexpected_budget_bytes,
               config.uid_unexpected_budget_bytes),
-      spin_us_(config.spin_us) {}
+      spin_us_(config.spin_us) {
+  engine_.SetPostedLimits(config.max_posted_recvs_per_job,
+                          config.max_posted_recvs_per_uid);
+}
 
 ProgressWorker::~ProgressWorker() {
   Stop();

@@ -42,7 +42,9 @@
     "Active-message requests sent.")                                           \
   X(am_replies_sent, sent_am_replies, kCount, "Active-message replies sent.")  \
   X(bad_descriptors, bad_descriptors, kCount,                                  \
-    "Descriptors the daemon refused as malformed.")
+    "Descriptors the daemon refused as malformed.")                            \
+  X(recvs_refused, refused_receives, kCount,                                   \
+    "Receives refused: the job's or uid's posted-receive limit.")
 
 // Refusals by a limit, counted per uid (GetStats shows a uid its own, root
 // every uid's). Same entry format.
