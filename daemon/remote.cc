@@ -366,21 +366,7 @@ bool Remote::Send(Endpoint& sender, const shm::SubmissionDesc& d,
   SendEnvelope(*p, kEnvelope, sender, dst, d.req, w,
                inl ? d.body.inline_data : nullptr, inl ? d.len : 0);
   if (!rndv && !inl) {
-    auto f = std::make_unique<OutFrame>();
-    f->f.op = kPayload;
-    f->f.uid = sender.uid;
-    f->f.src = sender.epid;
-    f->f.dst = dst;
-    std::memcpy(f->f.job, sender.job->key().uuid.data(), 16);
-    f->f.aux = d.req;
-    f->chunk_base = sender.job->pool().base();
-    f->chunk_offset = payload.Take();
-    f->chunk_job = sender.job;
-    f->iov[0] = {f->chunk_base + f->chunk_offset, d.len};
-    f->iovcnt = 1;
-    p->queue.push_back(std::move(f));
-    p->queue.back()->node = p->node;
-    Flush(*p);
+    SendPayload(*p, sender, dst, d.req, &payload, d.len);
   }
   if (rndv || (d.flags & shm::kSendSync))
     p->awaiting.insert({sender.id, d.req});
@@ -417,21 +403,7 @@ bool Remote::AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
   SendEnvelope(*p, kAmRequest, sender, dst, d.req, w,
                inl ? d.body.inline_data : nullptr, inl ? d.len : 0);
   if (!inl) {
-    auto f = std::make_unique<OutFrame>();
-    f->f.op = kPayload;
-    f->f.uid = sender.uid;
-    f->f.src = sender.epid;
-    f->f.dst = dst;
-    std::memcpy(f->f.job, sender.job->key().uuid.data(), 16);
-    f->f.aux = d.req;
-    f->chunk_base = sender.job->pool().base();
-    f->chunk_offset = payload.Take();
-    f->chunk_job = sender.job;
-    f->iov[0] = {f->chunk_base + f->chunk_offset, d.len};
-    f->iovcnt = 1;
-    p->queue.push_back(std::move(f));
-    p->queue.back()->node = p->node;
-    Flush(*p);
+    SendPayload(*p, sender, dst, d.req, &payload, d.len);
   }
   if (d.flags & shm::kAmWantsAck) p->awaiting.insert({sender.id, d.req});
   sender.counters.am_requests_sent.Add(1);
@@ -465,24 +437,30 @@ void Remote::AmReplyOrAck(Endpoint& sender, const shm::SubmissionDesc& d) {
   SendEnvelope(*p, kAmReply, sender, dst, d.req, w,
                inl ? d.body.inline_data : nullptr, inl ? d.len : 0);
   if (!inl) {
-    auto f = std::make_unique<OutFrame>();
-    f->f.op = kPayload;
-    f->f.uid = sender.uid;
-    f->f.src = sender.epid;
-    f->f.dst = dst;
-    std::memcpy(f->f.job, sender.job->key().uuid.data(), 16);
-    f->f.aux = d.req;
-    f->chunk_base = sender.job->pool().base();
-    f->chunk_offset = payload.Take();
-    f->chunk_job = sender.job;
-    f->iov[0] = {f->chunk_base + f->chunk_offset, d.len};
-    f->iovcnt = 1;
-    p->queue.push_back(std::move(f));
-    p->queue.back()->node = p->node;
-    Flush(*p);
+    SendPayload(*p, sender, dst, d.req, &payload, d.len);
   }
   if (d.flags & shm::kAmWantsAck) p->awaiting.insert({sender.id, d.req});
   sender.counters.am_replies_sent.Add(1);
+}
+
+void Remote::SendPayload(Peer& p, const Endpoint& sender, uint64_t dst,
+                         uint64_t req, shm::PoolPayload* payload,
+                         uint32_t len) {
+  auto f = std::make_unique<OutFrame>();
+  f->f.op = kPayload;
+  f->f.uid = sender.uid;
+  f->f.src = sender.epid;
+  f->f.dst = dst;
+  std::memcpy(f->f.job, sender.job->key().uuid.data(), 16);
+  f->f.aux = req;
+  f->chunk_base = sender.job->pool().base();
+  f->chunk_offset = payload->Take();
+  f->chunk_job = sender.job;
+  f->iov[0] = {f->chunk_base + f->chunk_offset, len};
+  f->iovcnt = 1;
+  p.queue.push_back(std::move(f));
+  p.queue.back()->node = p.node;
+  Flush(p);
 }
 
 bool Remote::RndvData(Endpoint& sender, const shm::SubmissionDesc& d) {

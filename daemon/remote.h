@@ -44,6 +44,7 @@
 
 #include "daemon/endpoint.h"
 #include "hw/fabric.h"
+#include "shm/payload.h"
 #include "shm/pool.h"
 
 namespace psmd {
@@ -154,6 +155,10 @@ class Remote {
   void SendEnvelope(Peer& p, uint16_t op, const Endpoint& from, uint64_t dst,
                     uint64_t aux, const Wire& w, const uint8_t* inline_data,
                     uint32_t inline_len);
+  // Queues the pool chunk `payload` (len bytes, now the frame's until its
+  // send completes) as the kPayload frame that follows an envelope.
+  void SendPayload(Peer& p, const Endpoint& sender, uint64_t dst, uint64_t req,
+                   shm::PoolPayload* payload, uint32_t len);
   void SendControl(uint16_t node, uint16_t op, uint64_t src, uint64_t dst,
                    const hw::FrameFields& about, uint64_t aux, int32_t error);
   void HandleEvent(const hw::Event& e);

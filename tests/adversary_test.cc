@@ -41,16 +41,6 @@ constexpr long long kRssBoundKiB = 320 * 1024;
 // connection for max_control_connections_per_uid (256), plus slack.
 constexpr int kFdBound = 4 * 256 + 64;
 
-int OpenFds(pid_t pid) {
-  int n = 0;
-  for (const auto& e : std::filesystem::directory_iterator(
-           "/proc/" + std::to_string(pid) + "/fd")) {
-    (void)e;
-    n++;
-  }
-  return n;
-}
-
 class AdversaryTest : public ::testing::Test {
  protected:
   void SetUp() override {

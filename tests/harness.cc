@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -215,6 +216,16 @@ long long ResidentKiB(pid_t pid) {
   size_t at = status.find("VmRSS:");
   if (at == std::string::npos) return -1;
   return atoll(status.c_str() + at + 6);
+}
+
+int OpenFds(pid_t pid) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(
+           "/proc/" + std::to_string(pid) + "/fd")) {
+    (void)e;
+    n++;
+  }
+  return n;
 }
 
 double CpuSeconds(pid_t pid) {

@@ -131,6 +131,9 @@ long long JsonNumber(const std::string& json, const std::string& object,
 // Resident set size of pid in KiB (VmRSS), -1 if unreadable.
 long long ResidentKiB(pid_t pid);
 
+// File descriptors pid holds (entries of /proc/PID/fd).
+int OpenFds(pid_t pid);
+
 // CPU seconds (user + system) consumed so far by pid.
 double CpuSeconds(pid_t pid);
 

@@ -405,12 +405,7 @@ TEST_F(IntegrationTest, PartialRequestOnTheControlSocketCostsNoCpu) {
 TEST_F(IntegrationTest, OutOfFileDescriptorsNeitherSpinsNorFloodsTheLog) {
   Daemon d(dir_);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  int open_fds = 0;
-  for (const auto& e : std::filesystem::directory_iterator(
-           "/proc/" + std::to_string(d.pid()) + "/fd")) {
-    (void)e;
-    open_fds++;
-  }
+  const int open_fds = OpenFds(d.pid());
   rlimit original{}, tight{};
   ASSERT_EQ(prlimit(d.pid(), RLIMIT_NOFILE, nullptr, &original), 0);
   tight.rlim_cur = open_fds + 4;  // the soft limit only: it can be raised again

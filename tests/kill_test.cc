@@ -27,16 +27,6 @@
 namespace psmd::testing {
 namespace {
 
-int OpenFds(pid_t pid) {
-  int n = 0;
-  for (const auto& e : std::filesystem::directory_iterator(
-           "/proc/" + std::to_string(pid) + "/fd")) {
-    (void)e;
-    n++;
-  }
-  return n;
-}
-
 long long NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
