@@ -30,7 +30,7 @@ namespace {
 constexpr uint64_t kWakeTag = 0;
 constexpr uint64_t kFabricTag = UINT64_MAX;  // not an endpoint id (32 bits)
 constexpr uint64_t kSecondNs = 1'000'000'000;
-constexpr uint32_t kMaxIdleDoorbellsPerSecond = 100;
+constexpr uint32_t kMaxIdleDoorbellsPerSecond = 50;
 constexpr uint64_t kMuteNs = 100'000'000;
 
 uint64_t NowNs() {
@@ -269,8 +269,9 @@ void ProgressWorker::NoteIdleDoorbell(Endpoint& ep, uint64_t now_ns) {
     ep.idle_doorbells = 0;
   }
   // A client rings only when it published something and saw us asleep; a
-  // few rings find nothing because we took the work first. Hundreds a
-  // second are a client ringing for nothing.
+  // few rings find nothing because we took the work first. Dozens a
+  // second are a client ringing for nothing (a flooding client wakes a
+  // sleeping worker only ~100 times a second: 100 was too close to it).
   if (++ep.idle_doorbells < kMaxIdleDoorbellsPerSecond ||
       ep.doorbell_muted_until_ns != 0) {
     return;
