@@ -158,7 +158,7 @@ class Endpoint {
   bool notify_pending =
       false;             // completions published since the last wake check
   bool faulted = false;  // ring corrupted by the client: no longer served
-  // Doorbells rung with nothing submitted, counted per second (progress
+  // Rings of a doorbell with nothing submitted, counted per second (progress
   // worker only): a client ringing in a loop is not listened to for a while
   // (ProgressWorker::NoteIdleDoorbell) instead of keeping psmd awake.
   uint32_t idle_doorbells = 0;

@@ -92,10 +92,10 @@ class ProgressWorker {
   void Loop();
   void RunCommands();
   void Sleep();
-  // A doorbell of `ep` woke us with nothing submitted; past a rate, its
-  // doorbell leaves epoll for kMuteNs. Its rings are still polled whenever
-  // the worker is awake.
-  void NoteIdleDoorbell(Endpoint& ep, uint64_t now_ns);
+  // A doorbell of `ep`, rung `rings` times since we last drained it, woke
+  // us with nothing submitted; past a rate, its doorbell leaves epoll for
+  // kMuteNs. Its rings are still polled whenever the worker is awake.
+  void NoteIdleDoorbell(Endpoint& ep, uint64_t rings, uint64_t now_ns);
   // Puts muted doorbells whose time is over back into epoll; returns the ms
   // until the next one is due (-1: none muted), for epoll_wait's timeout.
   int ResumeMutedDoorbells(uint64_t now_ns);

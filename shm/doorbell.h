@@ -46,11 +46,12 @@ inline void RingEventFd(int fd) {
   (void)r;
 }
 
-// Clears an eventfd doorbell after the daemon woke up on it.
-inline void DrainEventFd(int fd) {
-  uint64_t value;
-  ssize_t r = read(fd, &value, sizeof(value));
-  (void)r;
+// Clears an eventfd doorbell after the daemon woke up on it; returns how
+// many times it was rung since the last drain (0 if it was not).
+inline uint64_t DrainEventFd(int fd) {
+  uint64_t value = 0;
+  if (read(fd, &value, sizeof(value)) != sizeof(value)) return 0;
+  return value;
 }
 
 // The wake-up protocol on a segment's Doorbells (docs/design.md, "Wake-up").
