@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -18,6 +19,19 @@ namespace {
 // A missing daemon must be reported quickly, never waited for.
 constexpr auto kCallDeadline = std::chrono::seconds(5);
 constexpr auto kConnectDeadline = std::chrono::milliseconds(900);
+constexpr auto kAttachDeadline = std::chrono::seconds(2);
+
+// PSMD_CONNECT_TIMEOUT_MS raises the connect deadline (and the others with
+// it) for a daemon slower to answer than 900 ms: a sanitizer build, or an
+// overloaded node. It never shortens them.
+std::chrono::milliseconds Deadline(std::chrono::milliseconds fallback) {
+  const char* env = getenv("PSMD_CONNECT_TIMEOUT_MS");
+  if (env == nullptr || env[0] == '\0') return fallback;
+  char* end = nullptr;
+  long long ms = strtoll(env, &end, 10);
+  if (*end != '\0' || ms <= 0) return fallback;
+  return std::max(fallback, std::chrono::milliseconds(ms));
+}
 
 }  // namespace
 
@@ -40,7 +54,8 @@ std::unique_ptr<v1::Control::Stub> ControlClient::NewStub() const {
 }
 
 void ControlClient::Prepare(grpc::ClientContext* ctx) const {
-  ctx->set_deadline(std::chrono::system_clock::now() + kCallDeadline);
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    Deadline(kCallDeadline));
   ctx->set_wait_for_ready(false);
 }
 
@@ -86,7 +101,8 @@ Status ControlClient::OpenEndpoint(const std::array<uint8_t, 16>& uuid,
   req.set_unit(-1);
   grpc::ClientContext ctx;
   Prepare(&ctx);
-  ctx.set_deadline(std::chrono::system_clock::now() + kConnectDeadline);
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   Deadline(kConnectDeadline));
   return FromStatus(NewStub()->OpenEndpoint(&ctx, req, reply), "psm2_ep_open");
 }
 
@@ -107,7 +123,9 @@ Status ControlClient::Attach(const std::string& token, AttachedFds* fds) {
             "psm2_ep_open: cannot connect to " + socket_path_ + ": " + why};
   }
   // Bound the wait for the daemon's answer.
-  timeval tv{2, 0};
+  const auto attach_ms = Deadline(kAttachDeadline).count();
+  timeval tv{static_cast<time_t>(attach_ms / 1000),
+             static_cast<suseconds_t>(attach_ms % 1000 * 1000)};
   setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   shm::AttachRequest req;
   std::memcpy(req.magic, shm::kAttachMagic, sizeof(req.magic));

@@ -130,17 +130,18 @@ void MqEngine::Remove(uint32_t id) {
   // fail at once instead of waiting forever.
   for (Endpoint* other : order_) {
     for (PeerLink& link : other->peers) {
-      if (link.endpoint_id != id || link.gone) continue;
-      link.gone = true;
-      const uint64_t gone_epid = link.epid;
-      other->posted.remove_all_if(
-          [&](const PostedRecv& r) { return r.source == gone_epid; },
-          [&](PostedRecv&& r) {
-            PostError(*other, r.req, PSM2_EPID_UNREACHABLE);
-          });
+      if (link.endpoint_id == id && !link.gone) PeerGone(*other, link);
     }
   }
   by_id_.erase(it);
+}
+
+void MqEngine::PeerGone(Endpoint& ep, PeerLink& link) {
+  link.gone = true;
+  const uint64_t gone_epid = link.epid;
+  ep.posted.remove_all_if(
+      [&](const PostedRecv& r) { return r.source == gone_epid; },
+      [&](PostedRecv&& r) { PostError(ep, r.req, PSM2_EPID_UNREACHABLE); });
 }
 
 void MqEngine::SetPeer(uint32_t id, uint32_t slot, const PeerLink& link) {
@@ -361,7 +362,7 @@ bool MqEngine::Dispatch(Endpoint& ep, const shm::SubmissionDesc& d,
 bool MqEngine::HandleSend(Endpoint& sender, const shm::SubmissionDesc& d) {
   const PeerLink& link = sender.peers[d.peer];
   if (link.endpoint_id == kRemotePeer && remote_) {
-    return remote_->Send(sender, d, link.epid);
+    return remote_->Send(sender, d, link);
   }
   UnexpectedMsg m{};
   m.sender_id = sender.id;
@@ -599,7 +600,7 @@ bool MqEngine::HandleSetOption(Endpoint& ep, const shm::SubmissionDesc& d) {
 
 bool MqEngine::HandleAmRequest(Endpoint& sender, const shm::SubmissionDesc& d) {
   if (sender.peers[d.peer].endpoint_id == kRemotePeer && remote_) {
-    return remote_->AmRequest(sender, d, sender.peers[d.peer].epid);
+    return remote_->AmRequest(sender, d, sender.peers[d.peer]);
   }
   Endpoint* target = Find(sender.peers[d.peer].endpoint_id);
   if (target == nullptr || target->faulted) {

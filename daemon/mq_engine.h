@@ -41,8 +41,9 @@
 //      with any backlog delays another job by a bounded slice per pass
 //      (issue 12).
 //   8. Once an endpoint is removed (closed or dead), after its rings were
-//      drained, a receive that names it as the source can match only what
-//      is already queued at the receiver: posted ones fail at once with
+//      drained, or the connection to its node ended (daemon/remote.h), a
+//      receive that names it as the source can match only what is already
+//      queued at the receiver: posted ones fail at once with
 //      PSM2_EPID_UNREACHABLE, and new ones do unless a queued message
 //      matches. The survivor of a peer's death never waits for it.
 //   9. The posted receives of a job, and of all jobs of a uid, stay within
@@ -186,6 +187,9 @@ class MqEngine {
   void Discard(Endpoint& receiver, const UnexpectedMsg& m);
   void Post(Endpoint& ep, const shm::CompletionDesc& c);
   void PostError(Endpoint& ep, uint64_t req, int32_t error);
+  // `ep`'s peer behind `link` is gone (invariant 8): marks it, and fails
+  // ep's posted receives that name it.
+  void PeerGone(Endpoint& ep, PeerLink& link);
   // Invariant 9: brings ep's share of its job's and uid's posted_recvs up
   // to date; and whether one more receive fits, counting every endpoint's
   // share afresh before saying no.

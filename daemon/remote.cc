@@ -306,6 +306,13 @@ void Remote::SendControl(uint16_t node, uint16_t op, uint64_t src, uint64_t dst,
   Flush(*p);
 }
 
+std::string Remote::NodeName(uint16_t node) const {
+  std::string name = "node " + std::to_string(node);
+  auto entry = nodes_.find(node);
+  if (entry != nodes_.end()) name += " (" + entry->second.hostname + ")";
+  return name;
+}
+
 void Remote::Query(const Endpoint& ep, uint64_t epid, QueryDone done) {
   const uint16_t node = shm::NodeIdOf(epid);
   Peer* p = PeerOf(node);
@@ -321,9 +328,8 @@ void Remote::Query(const Endpoint& ep, uint64_t epid, QueryDone done) {
     hw::ConnId conn = 0;
     hw::ErrorClass e = fabric_->Connect(entry->second.description, node, &conn);
     if (e != hw::ErrorClass::kOk && e != hw::ErrorClass::kAlreadyConnected) {
-      done(PSM2_EPID_UNREACHABLE, std::string("cannot connect to node ") +
-                                      std::to_string(node) + ": " +
-                                      hw::ErrorClassName(e));
+      done(PSM2_EPID_UNREACHABLE, "cannot connect to " + NodeName(node) +
+                                      ": " + hw::ErrorClassName(e));
       return;
     }
     auto peer = std::make_unique<Peer>();
@@ -343,12 +349,13 @@ void Remote::Query(const Endpoint& ep, uint64_t epid, QueryDone done) {
 }
 
 bool Remote::Send(Endpoint& sender, const shm::SubmissionDesc& d,
-                  uint64_t dst) {
+                  const PeerLink& to) {
+  const uint64_t dst = to.epid;
   const bool rndv = d.op == shm::SubmitOp::kRndvSend;
   shm::PoolPayload payload =
       rndv ? shm::PoolPayload() : shm::PayloadOf(sender.job->pool().base(), d);
   Peer* p = PeerOf(shm::NodeIdOf(dst));
-  if (p == nullptr) {
+  if (p == nullptr || to.gone) {
     engine_->PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
     return true;  // payload released
   }
@@ -380,10 +387,11 @@ bool Remote::Send(Endpoint& sender, const shm::SubmissionDesc& d,
 }
 
 bool Remote::AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
-                       uint64_t dst) {
+                       const PeerLink& to) {
+  const uint64_t dst = to.epid;
   shm::PoolPayload payload = shm::PayloadOf(sender.job->pool().base(), d);
   Peer* p = PeerOf(shm::NodeIdOf(dst));
-  if (p == nullptr) {
+  if (p == nullptr || to.gone) {
     engine_->PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
     return true;
   }
@@ -553,6 +561,19 @@ void Remote::EndpointRemoved(uint32_t id) {
     }
     it = out_transfers_.erase(it);
   }
+  // Nodes that connected to it learn it is gone, after everything it sent
+  // (one connection per node pair keeps the order).
+  if (auto w = watchers_.find(id); w != watchers_.end()) {
+    if (Endpoint* ep = engine_->Find(id)) {
+      hw::FrameFields about;
+      about.uid = ep->uid;
+      std::memcpy(about.job, ep->job->key().uuid.data(), 16);
+      for (uint16_t node : w->second) {
+        SendControl(node, kGone, ep->epid, 0, about, 0, PSM2_EPID_UNREACHABLE);
+      }
+    }
+    watchers_.erase(w);
+  }
   for (auto& [node, p] : peers_) {
     for (auto a = p->awaiting.begin(); a != p->awaiting.end();) {
       a = a->first == id ? p->awaiting.erase(a) : std::next(a);
@@ -705,7 +726,7 @@ void Remote::OnHeader(Peer& p, const hw::Event& e) {
     fabric_->PostPayload(p.conn, &iov, 1, p.node);
     return;
   }
-  if (op < kQuery || op > kPing || e.length < sizeof(Wire) ||
+  if (op < kQuery || op > kLastOp || e.length < sizeof(Wire) ||
       e.length > kEnvelopeMax) {
     Drop(p, "unknown op or envelope size");
     return;
@@ -811,6 +832,7 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
     case kQuery: {
       Endpoint* t = Target(f);
       if (t == nullptr) Refused(p.node, f, "connect");
+      if (t != nullptr) watchers_[t->id].insert(p.node);
       SendControl(p.node, kAnswer, f.dst, f.src, f, f.aux,
                   t != nullptr ? PSM2_OK : PSM2_EPID_UNREACHABLE);
       return Verdict::kDone;
@@ -823,7 +845,7 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
         done(w.error,
              w.error == PSM2_OK
                  ? std::string()
-                 : "node " + std::to_string(p.node) +
+                 : NodeName(p.node) +
                        " has no endpoint of this job and uid with that epid");
       }
       return Verdict::kDone;
@@ -884,6 +906,23 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
     }
     case kPing:
       return Verdict::kDone;
+    case kGone: {
+      // Only a node's own endpoints: a node cannot declare another's gone.
+      if (shm::NodeIdOf(f.src) != p.node) return Verdict::kDone;
+      for (Endpoint* ep : engine_->endpoints()) {
+        if (ep->uid != f.uid ||
+            std::memcmp(ep->job->key().uuid.data(), f.job, 16) != 0) {
+          continue;
+        }
+        for (PeerLink& link : ep->peers) {
+          if (link.endpoint_id == kRemotePeer && link.epid == f.src &&
+              !link.gone) {
+            engine_->PeerGone(*ep, link);
+          }
+        }
+      }
+      return Verdict::kDone;
+    }
     case kAbort: {
       auto it = in_transfers_.find(f.aux);
       if (it == in_transfers_.end() || it->second->node != p.node ||
@@ -1063,6 +1102,17 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
     }
     t = in_transfers_.erase(t);
   }
+  // Nothing more comes from that node's endpoints: receives naming them
+  // fail now (mq_engine.h invariant 8); a later psm2_ep_connect to an
+  // epid there re-arms its link.
+  for (Endpoint* ep : engine_->endpoints()) {
+    for (PeerLink& link : ep->peers) {
+      if (link.endpoint_id == kRemotePeer && !link.gone &&
+          shm::NodeIdOf(link.epid) == node) {
+        engine_->PeerGone(*ep, link);
+      }
+    }
+  }
   for (auto& [id, t] : out_transfers_) {
     if (t->node != node || t->dead) continue;
     t->dead = true;
@@ -1078,7 +1128,7 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
     }
     QueryDone done = std::move(q->second->done);
     q = queries_.erase(q);
-    done(error, std::string("node ") + std::to_string(node) +
+    done(error, NodeName(node) +
                     " cannot be reached: " + hw::ErrorClassName(why));
   }
   engine_->NotifyClients();
@@ -1161,7 +1211,7 @@ void Remote::CheckDeadlines() {
     QueryDone done = std::move(q->second->done);
     const uint16_t node = q->second->node;
     q = queries_.erase(q);
-    done(PSM2_TIMEOUT, "node " + std::to_string(node) +
+    done(PSM2_TIMEOUT, NodeName(node) +
                            "'s daemon did not answer within " +
                            std::to_string(timeout_ms_) + " ms");
   }

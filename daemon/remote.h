@@ -24,8 +24,9 @@
 //
 // Failure: a connection that closes fails every request waiting for an
 // answer from that node (sync and rendezvous sends, acknowledged active
-// messages, connect queries, rendezvous receives in progress) with
-// PSM2_EPID_UNREACHABLE at once; the next psm2_ep_connect reconnects.
+// messages, connect queries, rendezvous receives in progress, and posted
+// receives naming an endpoint there) with PSM2_EPID_UNREACHABLE at once;
+// the next psm2_ep_connect reconnects.
 //
 // Thread-safety: a Remote belongs to one progress worker and its MqEngine;
 // every method runs on the worker thread.
@@ -38,6 +39,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -81,9 +83,13 @@ class Remote {
   using QueryDone = std::function<void(int error, const std::string& why)>;
   void Query(const Endpoint& ep, uint64_t epid, QueryDone done);
 
-  // Engine hooks (mq_engine.cc). Send/AmRequest: false = hold the sender.
-  bool Send(Endpoint& sender, const shm::SubmissionDesc& d, uint64_t dst);
-  bool AmRequest(Endpoint& sender, const shm::SubmissionDesc& d, uint64_t dst);
+  // Engine hooks (mq_engine.cc). Send/AmRequest to the endpoint behind
+  // `to` (a kRemotePeer link; one that is gone fails the request): false =
+  // hold the sender.
+  bool Send(Endpoint& sender, const shm::SubmissionDesc& d,
+            const PeerLink& to);
+  bool AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
+                 const PeerLink& to);
   // kAmReply / kAmAck whose peer is a proxy id (IsProxy).
   void AmReplyOrAck(Endpoint& sender, const shm::SubmissionDesc& d);
   // A rendezvous chunk of a transfer to another node; false: not one.
@@ -125,6 +131,8 @@ class Remote {
     kError = 11,  // dst's request `aux` failed with `error`
     kAbort = 12,  // rendezvous transfer `aux` to dst ends: its sender left
     kPing = 13,   // nothing: a heartbeat (liveness, see CheckLiveness)
+    kGone = 14,   // endpoint src (of the sending node) was removed
+    kLastOp = kGone,
   };
 
   // The envelope record (little-endian on the wire as the header is).
@@ -161,6 +169,8 @@ class Remote {
                    shm::PoolPayload* payload, uint32_t len);
   void SendControl(uint16_t node, uint16_t op, uint64_t src, uint64_t dst,
                    const hw::FrameFields& about, uint64_t aux, int32_t error);
+  // "node N (HOSTNAME)" from the node table, for messages to clients.
+  std::string NodeName(uint16_t node) const;
   void HandleEvent(const hw::Event& e);
   void OnHeader(Peer& p, const hw::Event& e);
   void OnRecvDone(Peer& p, const hw::Event& e);
@@ -201,6 +211,10 @@ class Remote {
   std::unordered_map<uint64_t, std::unique_ptr<InTransfer>> in_transfers_;
   uint64_t next_in_transfer_ = 1;
   std::unordered_map<uint64_t, std::unique_ptr<OutTransfer>> out_transfers_;
+  // Per local endpoint, the nodes that connected to it (a kQuery it
+  // answered OK): told kGone when it is removed, so their receives naming
+  // it fail (mq_engine.h invariant 8). At most one entry per node.
+  std::unordered_map<uint32_t, std::set<uint16_t>> watchers_;
   std::unordered_map<const Job*, std::unique_ptr<Inbox>> inboxes_;
   std::unordered_map<uint64_t, uint32_t> proxy_by_epid_;
   std::vector<uint64_t> epid_by_proxy_;

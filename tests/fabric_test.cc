@@ -314,6 +314,50 @@ TEST_F(FabricTest, SenderKilledMidRendezvousFailsTheOtherNodesReceiver) {
   EXPECT_TRUE(b->Stop());
 }
 
+TEST_F(FabricTest, AReceiveNamingAnEndpointOnAnotherNodeFailsWhenItGoes) {
+  auto a = StartNode(0);
+  auto b = StartNode(1);
+  // The peer is killed, its daemon lives: that daemon tells node 2 (kGone).
+  int exit_code = -1;
+  std::string out;
+  long ms = KillClient(*a, *b, "idle-receiver", "unsent-receiver",
+                       /*kill_sender=*/true, "waiting", &exit_code, &out);
+  EXPECT_GE(ms, 0) << "the receive did not end: " << out << b->Log();
+  printf("peer killed: a receive naming it on the other node failed after "
+         "%ld ms\n",
+         ms);
+  EXPECT_LE(ms, 1000) << out;
+  EXPECT_NE(out.find("ended 41 "), std::string::npos) << out;
+  EXPECT_NE(out.find("later requests fail"), std::string::npos) << out;
+  EXPECT_EQ(exit_code, 0) << out;
+  // The peer's whole node goes: the connection's end fails the receive.
+  std::string rv = Rendezvous("node-gone");
+  auto args = [&](const std::string& role, int rank) {
+    return std::vector<std::string>{
+        Runfile("tests/programs/peer_death"), "--role", role, "--rank",
+        std::to_string(rank), "--dir", rv, "--uuid", kJobB};
+  };
+  Process idle = Process::Start(args("idle-receiver", 0), a->ClientEnv(),
+                                rv + "/0.out", rv + "/0.err");
+  Process waiting = Process::Start(args("unsent-receiver", 1), b->ClientEnv(),
+                                   rv + "/1.out", rv + "/1.err");
+  for (int i = 0; i < 2000 && access((rv + "/waiting").c_str(), F_OK) != 0;
+       i++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(access((rv + "/waiting").c_str(), F_OK), 0)
+      << ReadFile(rv + "/0.err") << ReadFile(rv + "/1.err");
+  kill(a->pid(), SIGKILL);
+  idle.Kill(SIGKILL);
+  EXPECT_EQ(waiting.Wait(10), 0) << ReadFile(rv + "/1.out")
+                                 << ReadFile(rv + "/1.err") << b->Log();
+  EXPECT_NE(ReadFile(rv + "/1.out").find("later requests fail"),
+            std::string::npos);
+  idle.Wait(5);
+  a->Stop();
+  EXPECT_TRUE(b->Stop());
+}
+
 TEST_F(FabricTest, ReceiverKilledWithAFullInboxFailsTheOtherNodesSender) {
   auto a = StartNode(0);
   auto b = StartNode(1);

@@ -316,4 +316,12 @@ bool MemoryBoundsMeaningful() {
 #endif
 }
 
+bool CpuBoundsMeaningful() {
+#if defined(__SANITIZE_THREAD__)
+  return false;
+#else
+  return true;
+#endif
+}
+
 }  // namespace psmd::testing

@@ -154,6 +154,11 @@ double TimeScale();
 // resident memory measure the sanitizer, not psmd.
 bool MemoryBoundsMeaningful();
 
+// False under ThreadSanitizer, whose runtime thread wakes on its own (an
+// idle psmd built with it used 11% of a core): bounds on psmd's CPU time
+// measure the sanitizer.
+bool CpuBoundsMeaningful();
+
 }  // namespace psmd::testing
 
 #endif  // PSMD_TESTS_HARNESS_H_

@@ -305,8 +305,10 @@ TEST_F(IntegrationTest, DoorbellFloodDoesNotKeepTheDaemonBusy) {
   double before = CpuSeconds(d.pid());
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   double used = CpuSeconds(d.pid()) - before;
-  EXPECT_LT(used, 0.3) << "psmd used " << used
-                       << " s of CPU in 1.5 s of doorbell flood";
+  if (CpuBoundsMeaningful()) {
+    EXPECT_LT(used, 0.3) << "psmd used " << used
+                         << " s of CPU in 1.5 s of doorbell flood";
+  }
   EXPECT_EQ(flood.Wait(10), 0) << ReadFile(dir_.path() + "/flood.err");
   std::string log = d.Log();
   EXPECT_NE(log.find("rings its doorbell with nothing submitted"),
@@ -322,7 +324,7 @@ TEST_F(IntegrationTest, NoDaemonGivesAClearErrorWithinASecond) {
   RunResult r = RunToEnd(dir_, ExchangeArgs(dir_, dir_.path(), 0, kJobA, 1, 1),
                          {{"PSMD_SOCKET", missing}}, 10);
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_LT(r.seconds, 1.0);
+  EXPECT_LT(r.seconds, 1.0 * TimeScale());  // a sanitizer starts slowly
   EXPECT_NE(r.err.find(missing), std::string::npos) << r.err;
 
   // A stale socket file (daemon crashed without cleanup): refused at once.
@@ -335,7 +337,7 @@ TEST_F(IntegrationTest, NoDaemonGivesAClearErrorWithinASecond) {
   r = RunToEnd(dir_, ExchangeArgs(dir_, dir_.path(), 0, kJobA, 1, 1),
                {{"PSMD_SOCKET", missing}}, 10);
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_LT(r.seconds, 1.0);
+  EXPECT_LT(r.seconds, 1.0 * TimeScale());  // a sanitizer starts slowly
   EXPECT_NE(r.err.find(missing), std::string::npos) << r.err;
 
   RunResult ctl = RunToEnd(
@@ -374,8 +376,10 @@ TEST_F(IntegrationTest, IdleDaemonWithConnectedIdleClientsSleeps) {
   double before = CpuSeconds(d.pid());
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));
   double used = CpuSeconds(d.pid()) - before;
-  EXPECT_LT(used / 2.5, 0.05)
-      << "idle psmd used " << used << " s of CPU in 2.5 s";
+  if (CpuBoundsMeaningful()) {
+    EXPECT_LT(used / 2.5, 0.05)
+        << "idle psmd used " << used << " s of CPU in 2.5 s";
+  }
   EXPECT_EQ(r0.Wait(30), 0);
   EXPECT_EQ(r1.Wait(30), 0);
 }
@@ -403,8 +407,10 @@ TEST_F(IntegrationTest, PartialRequestOnTheControlSocketCostsNoCpu) {
   double before = CpuSeconds(d.pid());
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   double used = CpuSeconds(d.pid()) - before;
-  EXPECT_LT(used, 0.1) << "psmd used " << used
-                       << " s of CPU in 1.5 s on a 3-byte connection";
+  if (CpuBoundsMeaningful()) {
+    EXPECT_LT(used, 0.1) << "psmd used " << used
+                         << " s of CPU in 1.5 s on a 3-byte connection";
+  }
   close(s);
   EXPECT_TRUE(d.Stop());
 }
@@ -427,8 +433,10 @@ TEST_F(IntegrationTest, OutOfFileDescriptorsNeitherSpinsNorFloodsTheLog) {
   double before = CpuSeconds(d.pid());
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   double used = CpuSeconds(d.pid()) - before;
-  EXPECT_LT(used, 0.2) << "psmd used " << used
-                       << " s of CPU in 1.5 s without free fds";
+  if (CpuBoundsMeaningful()) {
+    EXPECT_LT(used, 0.2) << "psmd used " << used
+                         << " s of CPU in 1.5 s without free fds";
+  }
   std::string log = d.Log();
   size_t lines = 0;
   for (size_t at = log.find("cannot accept"); at != std::string::npos;

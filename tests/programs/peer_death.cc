@@ -17,6 +17,11 @@
 //                    to itself (more than its region holds) then go through.
 //   idle-receiver    posts receives for all of that, writes DIR/posted and
 //                    never calls PSM2 again (to be killed).
+//   unsent-receiver  once DIR/posted exists, posts a receive naming its
+//                    peer, which never sends, writes DIR/waiting and waits
+//                    on it; exits 0 if that ends with an error and a new
+//                    receive and a new synchronous send naming the peer
+//                    then fail too.
 // A survivor prints "ended <error> at <unix ms>" when its wait returns.
 #include <psm2.h>
 #include <psm2_mq.h>
@@ -154,6 +159,32 @@ int StuckSender(psmd::testing::ConnectedPair& c, const std::string& dir) {
   return 0;
 }
 
+int UnsentReceiver(psmd::testing::ConnectedPair& c, const std::string& dir) {
+  AwaitFile(dir + "/posted");
+  uint64_t word = 0;
+  psm2_mq_tag_t tag = Tag(5), sel = Exact();
+  psm2_mq_req_t req;
+  CheckPsm(psm2_mq_irecv2(c.mq, c.peer, &tag, &sel, 0, &word, sizeof(word),
+                          nullptr, &req),
+           "irecv2");
+  Touch(dir + "/waiting");
+  if (WaitAndReport(&req) == PSM2_OK) return 1;
+  // Nothing can come from that peer now, nor reach it.
+  psm2_mq_status2_t st;
+  CheckPsm(psm2_mq_irecv2(c.mq, c.peer, &tag, &sel, 0, &word, sizeof(word),
+                          nullptr, &req),
+           "irecv2");
+  CheckPsm(psm2_mq_wait2(&req, &st), "wait2");
+  if (st.error_code == PSM2_OK) return 1;
+  CheckPsm(psm2_mq_isend2(c.mq, c.peer, PSM2_MQ_FLAG_SENDSYNC, &tag, &word,
+                          sizeof(word), nullptr, &req),
+           "isend2");
+  CheckPsm(psm2_mq_wait2(&req, &st), "wait2");
+  if (st.error_code == PSM2_OK) return 1;
+  printf("later requests fail\n");
+  return 0;
+}
+
 int IdleReceiver(psmd::testing::ConnectedPair& c, const std::string& dir) {
   std::vector<uint8_t> large(kLarge), small(kEagerCount * size_t{kEagerLen});
   psm2_mq_tag_t eager = Tag(2), big = Tag(3), sel = Exact();
@@ -196,6 +227,7 @@ int main(int argc, char** argv) {
   if (role == "waiting-receiver") return WaitingReceiver(c, dir);
   if (role == "stuck-sender") return StuckSender(c, dir);
   if (role == "idle-receiver") return IdleReceiver(c, dir);
+  if (role == "unsent-receiver") return UnsentReceiver(c, dir);
   fprintf(stderr, "peer_death: unknown role '%s'\n", role.c_str());
   return 2;
 }
