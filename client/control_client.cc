@@ -54,8 +54,7 @@ std::unique_ptr<v1::Control::Stub> ControlClient::NewStub() const {
 }
 
 void ControlClient::Prepare(grpc::ClientContext* ctx) const {
-  ctx->set_deadline(std::chrono::system_clock::now() +
-                    Deadline(kCallDeadline));
+  ctx->set_deadline(std::chrono::system_clock::now() + Deadline(kCallDeadline));
   ctx->set_wait_for_ready(false);
 }
 

@@ -328,8 +328,8 @@ void Remote::Query(const Endpoint& ep, uint64_t epid, QueryDone done) {
     hw::ConnId conn = 0;
     hw::ErrorClass e = fabric_->Connect(entry->second.description, node, &conn);
     if (e != hw::ErrorClass::kOk && e != hw::ErrorClass::kAlreadyConnected) {
-      done(PSM2_EPID_UNREACHABLE, "cannot connect to " + NodeName(node) +
-                                      ": " + hw::ErrorClassName(e));
+      done(PSM2_EPID_UNREACHABLE, "cannot connect to " + NodeName(node) + ": " +
+                                      hw::ErrorClassName(e));
       return;
     }
     auto peer = std::make_unique<Peer>();
@@ -1128,8 +1128,8 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
     }
     QueryDone done = std::move(q->second->done);
     q = queries_.erase(q);
-    done(error, NodeName(node) +
-                    " cannot be reached: " + hw::ErrorClassName(why));
+    done(error,
+         NodeName(node) + " cannot be reached: " + hw::ErrorClassName(why));
   }
   engine_->NotifyClients();
 }
@@ -1211,8 +1211,7 @@ void Remote::CheckDeadlines() {
     QueryDone done = std::move(q->second->done);
     const uint16_t node = q->second->node;
     q = queries_.erase(q);
-    done(PSM2_TIMEOUT, NodeName(node) +
-                           "'s daemon did not answer within " +
+    done(PSM2_TIMEOUT, NodeName(node) + "'s daemon did not answer within " +
                            std::to_string(timeout_ms_) + " ms");
   }
 }

@@ -86,8 +86,7 @@ class Remote {
   // Engine hooks (mq_engine.cc). Send/AmRequest to the endpoint behind
   // `to` (a kRemotePeer link; one that is gone fails the request): false =
   // hold the sender.
-  bool Send(Endpoint& sender, const shm::SubmissionDesc& d,
-            const PeerLink& to);
+  bool Send(Endpoint& sender, const shm::SubmissionDesc& d, const PeerLink& to);
   bool AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
                  const PeerLink& to);
   // kAmReply / kAmAck whose peer is a proxy id (IsProxy).

@@ -323,9 +323,10 @@ TEST_F(FabricTest, AReceiveNamingAnEndpointOnAnotherNodeFailsWhenItGoes) {
   long ms = KillClient(*a, *b, "idle-receiver", "unsent-receiver",
                        /*kill_sender=*/true, "waiting", &exit_code, &out);
   EXPECT_GE(ms, 0) << "the receive did not end: " << out << b->Log();
-  printf("peer killed: a receive naming it on the other node failed after "
-         "%ld ms\n",
-         ms);
+  printf(
+      "peer killed: a receive naming it on the other node failed after "
+      "%ld ms\n",
+      ms);
   EXPECT_LE(ms, 1000) << out;
   EXPECT_NE(out.find("ended 41 "), std::string::npos) << out;
   EXPECT_NE(out.find("later requests fail"), std::string::npos) << out;
@@ -333,9 +334,15 @@ TEST_F(FabricTest, AReceiveNamingAnEndpointOnAnotherNodeFailsWhenItGoes) {
   // The peer's whole node goes: the connection's end fails the receive.
   std::string rv = Rendezvous("node-gone");
   auto args = [&](const std::string& role, int rank) {
-    return std::vector<std::string>{
-        Runfile("tests/programs/peer_death"), "--role", role, "--rank",
-        std::to_string(rank), "--dir", rv, "--uuid", kJobB};
+    return std::vector<std::string>{Runfile("tests/programs/peer_death"),
+                                    "--role",
+                                    role,
+                                    "--rank",
+                                    std::to_string(rank),
+                                    "--dir",
+                                    rv,
+                                    "--uuid",
+                                    kJobB};
   };
   Process idle = Process::Start(args("idle-receiver", 0), a->ClientEnv(),
                                 rv + "/0.out", rv + "/0.err");
@@ -349,8 +356,8 @@ TEST_F(FabricTest, AReceiveNamingAnEndpointOnAnotherNodeFailsWhenItGoes) {
       << ReadFile(rv + "/0.err") << ReadFile(rv + "/1.err");
   kill(a->pid(), SIGKILL);
   idle.Kill(SIGKILL);
-  EXPECT_EQ(waiting.Wait(10), 0) << ReadFile(rv + "/1.out")
-                                 << ReadFile(rv + "/1.err") << b->Log();
+  EXPECT_EQ(waiting.Wait(10), 0)
+      << ReadFile(rv + "/1.out") << ReadFile(rv + "/1.err") << b->Log();
   EXPECT_NE(ReadFile(rv + "/1.out").find("later requests fail"),
             std::string::npos);
   idle.Wait(5);

@@ -168,8 +168,8 @@ TEST_F(IntegrationTest, KilledClientIsReclaimedAndOthersKeepWorking) {
   // the survivor ends with an error and its segment is unmapped too.
   int survivor = a1.Wait(5);  // -1: still waiting after 5 s
   EXPECT_GT(survivor, 0) << "the survivor of a killed peer did not fail";
-  for (int i = 0;
-       i < 100 && CountMappings(d.pid(), "memfd:psmd-endpoint") != 0; i++) {
+  for (int i = 0; i < 100 && CountMappings(d.pid(), "memfd:psmd-endpoint") != 0;
+       i++) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(CountMappings(d.pid(), "memfd:psmd-endpoint"), 0);
