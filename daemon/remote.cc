@@ -420,9 +420,8 @@ bool Remote::AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
 
 void Remote::AmReplyOrAck(Endpoint& sender, const shm::SubmissionDesc& d) {
   shm::PoolPayload payload = shm::PayloadOf(sender.job->pool().base(), d);
-  const uint32_t index = d.peer - kProxyBase;
-  const uint64_t dst =
-      index < epid_by_proxy_.size() ? epid_by_proxy_[index] : 0;
+  auto proxy = epid_by_proxy_.find(d.peer);
+  const uint64_t dst = proxy == epid_by_proxy_.end() ? 0 : proxy->second;
   Peer* p = dst == 0 ? nullptr : PeerOf(shm::NodeIdOf(dst));
   if (d.op == shm::SubmitOp::kAmAck) {
     if (p == nullptr) return;  // the requester's node is gone
@@ -641,10 +640,23 @@ bool Remote::AllocInbox(Endpoint& ep, uint32_t bytes, uint64_t* offset) {
 }
 
 uint32_t Remote::ProxyFor(uint64_t epid) {
-  auto [it, fresh] = proxy_by_epid_.try_emplace(
-      epid, kProxyBase + static_cast<uint32_t>(epid_by_proxy_.size()));
-  if (fresh) epid_by_proxy_.push_back(epid);
+  auto [it, fresh] = proxy_by_epid_.try_emplace(epid, 0);
+  if (!fresh) return it->second;
+  // Live proxies are bounded by the endpoints of connected nodes, far
+  // fewer than the 2^31 ids, so this finds a free one quickly.
+  do {
+    it->second = next_proxy_;
+    next_proxy_ = next_proxy_ + 1 == kRemotePeer ? kProxyBase : next_proxy_ + 1;
+  } while (epid_by_proxy_.count(it->second) != 0);
+  epid_by_proxy_[it->second] = epid;
   return it->second;
+}
+
+void Remote::DropProxy(uint64_t epid) {
+  auto it = proxy_by_epid_.find(epid);
+  if (it == proxy_by_epid_.end()) return;
+  epid_by_proxy_.erase(it->second);
+  proxy_by_epid_.erase(it);
 }
 
 void Remote::RecvNext(Peer& p) {
@@ -909,6 +921,7 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
     case kGone: {
       // Only a node's own endpoints: a node cannot declare another's gone.
       if (shm::NodeIdOf(f.src) != p.node) return Verdict::kDone;
+      DropProxy(f.src);
       for (Endpoint* ep : engine_->endpoints()) {
         if (ep->uid != f.uid ||
             std::memcmp(ep->job->key().uuid.data(), f.job, 16) != 0) {
@@ -1101,6 +1114,14 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
       }
     }
     t = in_transfers_.erase(t);
+  }
+  for (auto it = proxy_by_epid_.begin(); it != proxy_by_epid_.end();) {
+    if (shm::NodeIdOf(it->first) != node) {
+      ++it;
+      continue;
+    }
+    epid_by_proxy_.erase(it->second);
+    it = proxy_by_epid_.erase(it);
   }
   // Nothing more comes from that node's endpoints: receives naming them
   // fail now (mq_engine.h invariant 8); a later psm2_ep_connect to an

@@ -110,7 +110,11 @@ class Remote {
 
   // Active-message completions name their sender by endpoint id (tag[2]),
   // which the client names in its reply or ack; a sender on another node
-  // gets a proxy id from this range instead.
+  // gets a proxy id from this range instead. A proxy lives while its epid
+  // may still be answered: it is dropped when that endpoint is gone (kGone)
+  // or its node's connection ends, and ids are handed out in a circle, so
+  // a reply with a stale one finds nothing (or, after 2^31 others were
+  // handed out, a requester of the same job and uid at worst).
   static constexpr uint32_t kProxyBase = 0x80000000u;
   static bool IsProxy(uint32_t id) {
     return id >= kProxyBase && id != kRemotePeer;
@@ -183,6 +187,7 @@ class Remote {
   // Allocates `bytes` in the inbox of `ep`'s job; false when full.
   bool AllocInbox(Endpoint& ep, uint32_t bytes, uint64_t* offset);
   uint32_t ProxyFor(uint64_t epid);
+  void DropProxy(uint64_t epid);
   void ReloadNodes();
   void CheckDeadlines();
   // Heartbeats: a ping to every open peer sent nothing for a third of the
@@ -216,7 +221,8 @@ class Remote {
   std::unordered_map<uint32_t, std::set<uint16_t>> watchers_;
   std::unordered_map<const Job*, std::unique_ptr<Inbox>> inboxes_;
   std::unordered_map<uint64_t, uint32_t> proxy_by_epid_;
-  std::vector<uint64_t> epid_by_proxy_;
+  std::unordered_map<uint32_t, uint64_t> epid_by_proxy_;
+  uint32_t next_proxy_ = kProxyBase;
   uint32_t passes_ = 0;
   uint64_t last_liveness_ms_ = 0;
   uint64_t refused_ = 0;
