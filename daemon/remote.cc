@@ -1036,6 +1036,23 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
   for (const auto& [id, req] : p->awaiting) {
     if (Endpoint* ep = engine_->Find(id)) engine_->PostError(*ep, req, error);
   }
+  // Receives naming an endpoint of that node can never match now: what it
+  // sent went with the connection. They fail, and so do later ones naming
+  // it, as for a local peer that left (invariant 8 of mq_engine.h);
+  // any-source receives stay posted.
+  for (Endpoint* ep : engine_->order_) {
+    for (PeerLink& link : ep->peers) {
+      if (link.endpoint_id != kRemotePeer || link.gone ||
+          shm::NodeIdOf(link.epid) != node) {
+        continue;
+      }
+      link.gone = true;
+      const uint64_t gone_epid = link.epid;
+      ep->posted.remove_all_if(
+          [&](const PostedRecv& r) { return r.source == gone_epid; },
+          [&](PostedRecv&& r) { engine_->PostError(*ep, r.req, error); });
+    }
+  }
   for (auto& f : p->queue) f->ReleaseChunk();
   if (p->expect_payload && p->pending.job) {
     shm::ReleaseChunk(p->pending.job->pool().base(), p->pending.chunk);
