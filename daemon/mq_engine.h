@@ -44,7 +44,9 @@
 //      drained, a receive that names it as the source can match only what
 //      is already queued at the receiver: posted ones fail at once with
 //      PSM2_EPID_UNREACHABLE, and new ones do unless a queued message
-//      matches. The survivor of a peer's death never waits for it.
+//      matches. The survivor of a peer's death never waits for it. The
+//      same holds for the endpoints of a node whose connection was lost
+//      (Remote::FailPeer), until a psm2_ep_connect re-arms the slot.
 //   9. The posted receives of a job, and of all jobs of a uid, stay within
 //      SetPostedLimits' bounds: a receive that would exceed one fails with
 //      PSM2_NO_MEMORY (counted in recvs_refused), the job's other traffic
