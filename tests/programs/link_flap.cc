@@ -9,7 +9,7 @@
 // way it writes DIR/streamingR. When a request ends with an error it posts
 // nothing more, waits for every request still in flight to end, then posts
 // one more rendezvous send and one receive naming the peer (both must fail
-// at once: the peer's node is unreachable now) and prints
+// within 10 s: the peer's node is unreachable now) and prints
 //   ended first <unix ms> last <unix ms> ok <n> failed <n> codes <c>:<n>...
 //   after <send error> <recv error>
 // where first/last are when the first and the last failing request ended.
