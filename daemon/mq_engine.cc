@@ -130,18 +130,20 @@ void MqEngine::Remove(uint32_t id) {
   // fail at once instead of waiting forever.
   for (Endpoint* other : order_) {
     for (PeerLink& link : other->peers) {
-      if (link.endpoint_id == id && !link.gone) PeerGone(*other, link);
+      if (link.endpoint_id == id && !link.gone) {
+        PeerGone(*other, link, PSM2_EPID_UNREACHABLE);
+      }
     }
   }
   by_id_.erase(it);
 }
 
-void MqEngine::PeerGone(Endpoint& ep, PeerLink& link) {
+void MqEngine::PeerGone(Endpoint& ep, PeerLink& link, int32_t error) {
   link.gone = true;
   const uint64_t gone_epid = link.epid;
   ep.posted.remove_all_if(
       [&](const PostedRecv& r) { return r.source == gone_epid; },
-      [&](PostedRecv&& r) { PostError(ep, r.req, PSM2_EPID_UNREACHABLE); });
+      [&](PostedRecv&& r) { PostError(ep, r.req, error); });
 }
 
 void MqEngine::SetPeer(uint32_t id, uint32_t slot, const PeerLink& link) {

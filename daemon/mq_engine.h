@@ -40,12 +40,14 @@
 //      O(1) in the depth of the posted queue (daemon/matcher.h). So a job
 //      with any backlog delays another job by a bounded slice per pass
 //      (issue 12).
-//   8. Once an endpoint is removed (closed or dead), after its rings were
-//      drained, or the connection to its node ended (daemon/remote.h), a
-//      receive that names it as the source can match only what is already
-//      queued at the receiver: posted ones fail at once with
-//      PSM2_EPID_UNREACHABLE, and new ones do unless a queued message
-//      matches. The survivor of a peer's death never waits for it.
+//   8. Once an endpoint is removed (closed or dead) after its rings were
+//      drained, or its daemon said so (kGone), or the connection to its
+//      node ended (daemon/remote.h), a receive that names it as the source
+//      can match only what is already queued at the receiver: posted ones
+//      fail at once with PSM2_EPID_UNREACHABLE (PSM2_TIMEOUT for a node
+//      that fell silent), and new ones do unless a queued message matches,
+//      until a psm2_ep_connect re-arms the slot. The survivor of a peer's
+//      death never waits for it.
 //   9. The posted receives of a job, and of all jobs of a uid, stay within
 //      SetPostedLimits' bounds: a receive that would exceed one fails with
 //      PSM2_NO_MEMORY (counted in recvs_refused), the job's other traffic
@@ -188,8 +190,8 @@ class MqEngine {
   void Post(Endpoint& ep, const shm::CompletionDesc& c);
   void PostError(Endpoint& ep, uint64_t req, int32_t error);
   // `ep`'s peer behind `link` is gone (invariant 8): marks it, and fails
-  // ep's posted receives that name it.
-  void PeerGone(Endpoint& ep, PeerLink& link);
+  // ep's posted receives that name it with `error`.
+  void PeerGone(Endpoint& ep, PeerLink& link, int32_t error);
   // Invariant 9: brings ep's share of its job's and uid's posted_recvs up
   // to date; and whether one more receive fits, counting every endpoint's
   // share afresh before saying no.

@@ -930,7 +930,7 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
         for (PeerLink& link : ep->peers) {
           if (link.endpoint_id == kRemotePeer && link.epid == f.src &&
               !link.gone) {
-            engine_->PeerGone(*ep, link);
+            engine_->PeerGone(*ep, link, PSM2_EPID_UNREACHABLE);
           }
         }
       }
@@ -1123,14 +1123,15 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
     epid_by_proxy_.erase(it->second);
     it = proxy_by_epid_.erase(it);
   }
-  // Nothing more comes from that node's endpoints: receives naming them
-  // fail now (mq_engine.h invariant 8); a later psm2_ep_connect to an
-  // epid there re-arms its link.
+  // Nothing more comes from that node's endpoints (what they sent went
+  // with the connection): receives naming them fail now (mq_engine.h
+  // invariant 8), any-source ones stay posted; a later psm2_ep_connect to
+  // an epid there re-arms its link.
   for (Endpoint* ep : engine_->endpoints()) {
     for (PeerLink& link : ep->peers) {
       if (link.endpoint_id == kRemotePeer && !link.gone &&
           shm::NodeIdOf(link.epid) == node) {
-        engine_->PeerGone(*ep, link);
+        engine_->PeerGone(*ep, link, error);
       }
     }
   }

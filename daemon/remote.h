@@ -25,8 +25,9 @@
 // Failure: a connection that closes fails every request waiting for an
 // answer from that node (sync and rendezvous sends, acknowledged active
 // messages, connect queries, rendezvous receives in progress, and posted
-// receives naming an endpoint there) with PSM2_EPID_UNREACHABLE at once;
-// the next psm2_ep_connect reconnects.
+// receives naming an endpoint there) with PSM2_EPID_UNREACHABLE at once
+// (PSM2_TIMEOUT when the peer fell silent); the next psm2_ep_connect
+// reconnects.
 //
 // Thread-safety: a Remote belongs to one progress worker and its MqEngine;
 // every method runs on the worker thread.

@@ -6,7 +6,10 @@ cd "$(dirname "$0")/.."
 bash scripts/deps.sh || exit 1
 
 bazel build //... || { echo "0 passed, 1 failed"; exit 1; }
-# mpi4py's own test suite lives beside the repository (../shared/external).
+# mpi4py's own test suite lives beside the repository (../shared/external);
+# //tests/mpi:mtl_psmd_mpi4py_suite runs it on one psmd, ..._mpi4py_nodes
+# with its ranks on two. //tests:fabric_netns_test (a veth link set down
+# mid-transfer) needs root, as CI runs this, and skips itself otherwise.
 mpi4py_tests=$(cd .. && pwd)/shared/external/mpi4py-3.1.4-test/test
 bazel test //... --test_output=errors --test_env=PSMD_MPI4PY_TESTS="$mpi4py_tests"
 status=$?

@@ -19,7 +19,6 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <random>
 #include <string>
 #include <thread>
 
@@ -32,39 +31,6 @@ namespace {
 
 const char kJobA[] = "fab1c0deaaaaaaaaaaaaaaaaaaaaaaaa";
 const char kJobB[] = "fab1c0debbbbbbbbbbbbbbbbbbbbbbbb";
-
-// One munged in the foreground with a key of its own.
-class Munged {
- public:
-  explicit Munged(const std::string& dir) : dir_(dir) {
-    std::filesystem::create_directories(dir_);
-    chmod(dir_.c_str(), 0711);
-    std::random_device rd;
-    std::string key(1024, '\0');
-    for (char& c : key) c = static_cast<char>(rd());
-    std::ofstream(dir_ + "/key", std::ios::binary) << key;
-    chmod((dir_ + "/key").c_str(), 0600);
-    socket_ = dir_ + "/socket";
-    process_ = Process::Start(
-        {"/usr/sbin/munged", "--foreground", "--force", "--socket=" + socket_,
-         "--key-file=" + dir_ + "/key", "--pid-file=" + dir_ + "/pid",
-         "--log-file=" + dir_ + "/log", "--seed-file=" + dir_ + "/seed"},
-        {}, "/dev/null", "/dev/null");
-    for (int i = 0; i < 500 && !std::filesystem::exists(socket_); i++) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  }
-  ~Munged() {
-    process_.Kill(SIGTERM);
-    process_.Wait(5);
-  }
-  const std::string& socket() const { return socket_; }
-
- private:
-  std::string dir_;
-  std::string socket_;
-  Process process_;
-};
 
 // A port free on `addr` right now (the node table names it before the
 // daemon starts).

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -120,10 +121,12 @@ void Process::Kill(int sig) {
 }
 
 Daemon::Daemon(const TempDir& dir, std::vector<std::string> extra_flags,
-               const std::map<std::string, std::string>& env) {
+               const std::map<std::string, std::string>& env,
+               const std::vector<std::string>& wrapper) {
   socket_ = dir.path() + "/psmd.sock";
   log_path_ = dir.path() + "/psmd.log";
-  std::vector<std::string> argv = {Runfile("daemon/psmd"), "--socket", socket_};
+  std::vector<std::string> argv = wrapper;
+  argv.insert(argv.end(), {Runfile("daemon/psmd"), "--socket", socket_});
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   process_ = Process::Start(argv, env, log_path_, log_path_);
   // Ready when the socket accepts (a file may be there before: a stale one).
@@ -155,6 +158,30 @@ bool Daemon::Stop(double timeout_s) {
 }
 
 std::string Daemon::Log() const { return ReadFile(log_path_); }
+
+Munged::Munged(const std::string& dir) : dir_(dir) {
+  std::filesystem::create_directories(dir_);
+  chmod(dir_.c_str(), 0711);
+  std::random_device rd;
+  std::string key(1024, '\0');
+  for (char& c : key) c = static_cast<char>(rd());
+  std::ofstream(dir_ + "/key", std::ios::binary) << key;
+  chmod((dir_ + "/key").c_str(), 0600);
+  socket_ = dir_ + "/socket";
+  process_ = Process::Start(
+      {"/usr/sbin/munged", "--foreground", "--force", "--socket=" + socket_,
+       "--key-file=" + dir_ + "/key", "--pid-file=" + dir_ + "/pid",
+       "--log-file=" + dir_ + "/log", "--seed-file=" + dir_ + "/seed"},
+      {}, "/dev/null", "/dev/null");
+  for (int i = 0; i < 500 && !std::filesystem::exists(socket_); i++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+Munged::~Munged() {
+  process_.Kill(SIGTERM);
+  process_.Wait(5);
+}
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);

@@ -55,11 +55,14 @@ class Process {
   int status_ = 0;
 };
 
-// A running psmd on `dir`/psmd.sock, with `env` added to its environment.
+// A running psmd on `dir`/psmd.sock, with `env` added to its environment,
+// started through `wrapper` (e.g. nsenter into a network namespace; a
+// program that execs psmd, so pid() is psmd's) when given.
 class Daemon {
  public:
   explicit Daemon(const TempDir& dir, std::vector<std::string> extra_flags = {},
-                  const std::map<std::string, std::string>& env = {});
+                  const std::map<std::string, std::string>& env = {},
+                  const std::vector<std::string>& wrapper = {});
   ~Daemon();                        // SIGTERM, then SIGKILL after 5 s
   bool Stop(double timeout_s = 5);  // true when it exited 0
   const std::string& socket() const { return socket_; }
@@ -72,6 +75,20 @@ class Daemon {
  private:
   std::string socket_;
   std::string log_path_;
+  Process process_;
+};
+
+// A munged in the foreground with a generated key of its own, its socket
+// and files in `dir`; stopped (SIGTERM) on destruction.
+class Munged {
+ public:
+  explicit Munged(const std::string& dir);
+  ~Munged();
+  const std::string& socket() const { return socket_; }
+
+ private:
+  std::string dir_;
+  std::string socket_;
   Process process_;
 };
 

@@ -16,12 +16,12 @@
 #                  on btl vader (tests/mpi/mpi_threads)
 #   decline        no psmd: the component declines quietly (saying why at
 #                  mtl_base_verbose 10) and Open MPI runs over its own BTLs
-#   semantics_nodes, netpipe_nodes
-#                  the same programs with 2 ranks on two psmd linked by the
-#                  fabric (127.0.0.2 and .3, node ids 1 and 2, one private
-#                  munged): an MPMD mpirun, each rank with its own
-#                  PSMD_SOCKET; both daemons' per-peer-node counters must
-#                  show the traffic
+#   semantics_nodes, netpipe_nodes, mpi4py_nodes [RUNTESTS ARGS]
+#                  the same programs (mpi4py's suite judged against the same
+#                  list) with 2 ranks on two psmd linked by the fabric
+#                  (127.0.0.2 and .3, node ids 1 and 2, one private munged):
+#                  an MPMD mpirun, each rank with its own PSMD_SOCKET; both
+#                  daemons' per-peer-node counters must show the traffic
 #   with_dropin    psmd's drop-in libpsm2.so.2 on LD_LIBRARY_PATH as well (a
 #                  site that switched Open MPI's mtl psm2 to psmd): Open MPI
 #                  loads mca_mtl_psm2 (and so the drop-in) beside this
@@ -92,7 +92,7 @@ mpi_nodes() {
     env -u PSM2_DEVICES -u HFI_SYSFS_PATH HOME="$work/run" TMPDIR="$work/run" \
       OMPI_MCA_mca_base_component_path="$ompi_components:$work/components" \
       OMPI_MCA_plm_rsh_agent= \
-      mpirun --oversubscribe --mca pml cm --mca mtl psmd \
+      mpirun --oversubscribe --mca pml cm --mca mtl psmd "${mpi_extra[@]}" \
         -np 1 env PSMD_SOCKET="${node_socket[0]}" "$@" : \
         -np 1 env PSMD_SOCKET="${node_socket[1]}" "$@")
 }
@@ -144,7 +144,7 @@ case "$case_name" in
     mpi 2 --mca pml cm --mca mtl psmd "$work/mpi_datatypes"
     status=$? min=90  # 3 messages per case, 30 cases
     ;;
-  mpi4py_suite)
+  mpi4py_suite|mpi4py_nodes)
     src=${PSMD_MPI4PY_TESTS:-}
     if [[ ! -f "$src/runtests.py" ]]; then
       echo "run_mtl: PSMD_MPI4PY_TESTS='$src' must name mpi4py 3.1.4's test/ folder" \
@@ -155,10 +155,13 @@ case "$case_name" in
     chmod -R a+rwX "$work/run/mpi4py-test"
     # A rank whose tests failed exits non-zero; without this mpirun would
     # kill the other before it reports (the checker needs both reports).
-    mpi_timeout=600 mpi 2 --mca pml cm --mca mtl psmd \
-      --mca orte_abort_on_non_zero_status 0 \
-      /usr/bin/python3 "$work/run/mpi4py-test/runtests.py" "$@" \
-      >"$work/suite.log" 2>&1
+    mpi_extra+=(--mca orte_abort_on_non_zero_status 0)
+    suite=(/usr/bin/python3 "$work/run/mpi4py-test/runtests.py" "$@")
+    if [[ $case_name == mpi4py_nodes ]]; then
+      mpi_timeout=600 mpi_nodes "${suite[@]}"
+    else
+      mpi_timeout=600 mpi 2 --mca pml cm --mca mtl psmd "${suite[@]}"
+    fi >"$work/suite.log" 2>&1
     grep -E "^(FAIL|ERROR):|^Ran |^OK|^FAILED" "$work/suite.log" | head -60
     python3 "$here/mpi4py_suite_check.py" "$work/suite.log" \
       "$here/mpi4py_expected_failures_psmd.txt" 2
@@ -206,20 +209,14 @@ case "$case_name" in
       echo "run_mtl: without psmd the run printed:" >&2; cat "$work/quiet.log" >&2; status=1
     fi
     ;;
-  semantics_nodes|netpipe_nodes)
-    if [[ $case_name == semantics_nodes ]]; then
-      mpi_nodes "$work/mpi_semantics"
-      status=$? min=10  # rank 0 mostly receives (the byte counts below prove the rest)
-    else
-      mpi_nodes NPopenmpi -o "$work/run/np.out"
-      status=$? min=1000
-      [[ $status == 0 ]] && tail -3 "$work/run/np.out"
-    fi
-    for i in 0 1; do
-      bytes=$(peer_bytes_sent $i)
-      echo "run_mtl: psmd $i sent $bytes payload bytes to the other node"
-      ((bytes > 100000)) || { echo "run_mtl: no traffic between the daemons" >&2; status=1; }
-    done
+  semantics_nodes)
+    mpi_nodes "$work/mpi_semantics"
+    status=$? min=10  # rank 0 mostly receives (the byte counts below prove the rest)
+    ;;
+  netpipe_nodes)
+    mpi_nodes NPopenmpi -o "$work/run/np.out"
+    status=$? min=1000
+    [[ $status == 0 ]] && tail -3 "$work/run/np.out"
     ;;
   with_dropin)
     # ompi_info opens every component: both libraries in one process.
@@ -240,8 +237,16 @@ case "$case_name" in
     min=2000
     ;;
   *) echo "usage: run_mtl.sh semantics N | datatypes | mpi4py_suite [ARGS] | netpipe" \
-          "| selection | decline | semantics_nodes | netpipe_nodes | with_dropin" >&2; exit 2 ;;
+          "| selection | decline | semantics_nodes | netpipe_nodes" \
+          "| mpi4py_nodes [ARGS] | with_dropin" >&2; exit 2 ;;
 esac
+if [[ $case_name == *_nodes ]]; then
+  for i in 0 1; do
+    bytes=$(peer_bytes_sent $i)
+    echo "run_mtl: psmd $i sent $bytes payload bytes to the other node"
+    ((bytes > 100000)) || { echo "run_mtl: no traffic between the daemons" >&2; status=1; }
+  done
+fi
 if [[ $case_name != decline ]]; then
   after=$(sent)
   echo "run_mtl: $case_name exit $status; psmd carried $((after - before)) messages (at least $min expected)"
