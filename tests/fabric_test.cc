@@ -93,16 +93,22 @@ class FabricTest : public ::testing::Test {
     return r0;
   }
 
-  // Runs the two roles of tests/programs/peer_death, the sender on daemon a
-  // and the receiver on daemon b; once `ready` exists SIGKILLs one client
-  // and returns how long after that the survivor's wait ended (ms; -1: not
-  // within 10 s). *out: the survivor's output.
-  long KillClient(const Daemon& a, const Daemon& b,
-                  const std::string& sender_role,
-                  const std::string& receiver_role, bool kill_sender,
-                  const std::string& ready, int* survivor_exit,
-                  std::string* out) {
-    std::string rv = Rendezvous(sender_role);
+  // The two roles of tests/programs/peer_death in directory `rv`: rank 0 on
+  // daemon a, rank 1 on daemon b, of job `uuid`.
+  struct PeerDeathPair {
+    std::string rv;
+    Process rank0, rank1;
+    std::string Errors() const {
+      return ReadFile(rv + "/0.err") + ReadFile(rv + "/1.err");
+    }
+  };
+  // Starts them and waits (up to 20 s) until file `ready` exists.
+  PeerDeathPair StartPeerDeath(const Daemon& a, const Daemon& b,
+                               const std::string& role0,
+                               const std::string& role1, const char* uuid,
+                               const std::string& ready) {
+    PeerDeathPair pair;
+    pair.rv = Rendezvous(role0 + "-" + role1 + "-" + uuid);
     auto args = [&](const std::string& role, int rank) {
       return std::vector<std::string>{Runfile("tests/programs/peer_death"),
                                       "--role",
@@ -110,39 +116,58 @@ class FabricTest : public ::testing::Test {
                                       "--rank",
                                       std::to_string(rank),
                                       "--dir",
-                                      rv,
+                                      pair.rv,
                                       "--uuid",
-                                      kJobA};
+                                      uuid};
     };
-    Process sender = Process::Start(args(sender_role, 0), a.ClientEnv(),
-                                    rv + "/0.out", rv + "/0.err");
-    Process receiver = Process::Start(args(receiver_role, 1), b.ClientEnv(),
-                                      rv + "/1.out", rv + "/1.err");
-    for (int i = 0; i < 2000 && access((rv + "/" + ready).c_str(), F_OK) != 0;
-         i++) {
+    pair.rank0 = Process::Start(args(role0, 0), a.ClientEnv(),
+                                pair.rv + "/0.out", pair.rv + "/0.err");
+    pair.rank1 = Process::Start(args(role1, 1), b.ClientEnv(),
+                                pair.rv + "/1.out", pair.rv + "/1.err");
+    const std::string path = pair.rv + "/" + ready;
+    for (int i = 0; i < 2000 && access(path.c_str(), F_OK) != 0; i++) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    EXPECT_EQ(access((rv + "/" + ready).c_str(), F_OK), 0)
-        << ReadFile(rv + "/0.err") << ReadFile(rv + "/1.err");
-    Process& victim = kill_sender ? sender : receiver;
-    Process& survivor = kill_sender ? receiver : sender;
+    return pair;
+  }
+
+  // Runs StartPeerDeath (sender rank 0, receiver rank 1, job A); once
+  // `ready` exists SIGKILLs one client and expects the survivor's wait to
+  // end with PSM2_EPID_UNREACHABLE within a second and the survivor to exit
+  // 0. Prints `what` with the time taken; returns the survivor's output.
+  std::string KillClient(const Daemon& a, const Daemon& b,
+                         const std::string& sender_role,
+                         const std::string& receiver_role, bool kill_sender,
+                         const std::string& ready, const char* what) {
+    PeerDeathPair pair =
+        StartPeerDeath(a, b, sender_role, receiver_role, kJobA, ready);
+    const std::string& rv = pair.rv;
+    EXPECT_EQ(access((rv + "/" + ready).c_str(), F_OK), 0) << pair.Errors();
+    Process& victim = kill_sender ? pair.rank0 : pair.rank1;
+    Process& survivor = kill_sender ? pair.rank1 : pair.rank0;
     auto killed_at = std::chrono::system_clock::now();
     victim.Kill(SIGKILL);
     victim.Wait(5);
-    *survivor_exit = survivor.Wait(10);
+    const int survivor_exit = survivor.Wait(10);
     std::string out_path = rv + (kill_sender ? "/1.out" : "/0.out");
-    *out =
+    std::string out =
         ReadFile(out_path) + ReadFile(rv + (kill_sender ? "/1.err" : "/0.err"));
     long long ended_ms = 0;
     int error = 0;
     if (sscanf(ReadFile(out_path).c_str(), "ended %d at %lld", &error,
                &ended_ms) != 2) {
-      return -1;
+      ADD_FAILURE() << "the survivor's wait did not end: " << out << a.Log()
+                    << b.Log();
+      return out;
     }
     long long killed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                               killed_at.time_since_epoch())
                               .count();
-    return static_cast<long>(ended_ms - killed_ms);
+    printf("%s after %lld ms\n", what, ended_ms - killed_ms);
+    EXPECT_LE(ended_ms - killed_ms, 1000) << out;
+    EXPECT_EQ(error, 41) << out;  // PSM2_EPID_UNREACHABLE
+    EXPECT_EQ(survivor_exit, 0) << out;
+    return out;
   }
 
   TempDir dir_;
@@ -201,29 +226,13 @@ TEST_F(FabricTest, AnEndpointOfAnotherJobIsUnreachableAndTheRefusalLogged) {
 TEST_F(FabricTest, DaemonKilledMidRendezvousFailsTheReceiverAndReconnectWorks) {
   auto a = StartNode(0);
   auto b = StartNode(1);
-  std::string rv = Rendezvous("death");
-  auto args = [&](const std::string& role, int rank) {
-    return std::vector<std::string>{Runfile("tests/programs/peer_death"),
-                                    "--role",
-                                    role,
-                                    "--rank",
-                                    std::to_string(rank),
-                                    "--dir",
-                                    rv,
-                                    "--uuid",
-                                    kJobA};
-  };
-  Process sender = Process::Start(args("stalled-sender", 0), a->ClientEnv(),
-                                  rv + "/0.out", rv + "/0.err");
-  Process receiver = Process::Start(args("waiting-receiver", 1), b->ClientEnv(),
-                                    rv + "/1.out", rv + "/1.err");
-  for (int i = 0; i < 2000 && access((rv + "/streaming").c_str(), F_OK) != 0;
-       i++) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  PeerDeathPair pair = StartPeerDeath(*a, *b, "stalled-sender",
+                                      "waiting-receiver", kJobA, "streaming");
+  const std::string& rv = pair.rv;
+  Process& sender = pair.rank0;
+  Process& receiver = pair.rank1;
   ASSERT_EQ(access((rv + "/streaming").c_str(), F_OK), 0)
-      << ReadFile(rv + "/0.err") << ReadFile(rv + "/1.err") << a->Log()
-      << b->Log();
+      << pair.Errors() << a->Log() << b->Log();
   // Node 1's daemon dies (with its client): node 2's receiver must learn.
   auto killed_at = std::chrono::system_clock::now();
   kill(a->pid(), SIGKILL);
@@ -264,15 +273,9 @@ TEST_F(FabricTest, DaemonKilledMidRendezvousFailsTheReceiverAndReconnectWorks) {
 TEST_F(FabricTest, SenderKilledMidRendezvousFailsTheOtherNodesReceiver) {
   auto a = StartNode(0);
   auto b = StartNode(1);
-  int exit_code = -1;
-  std::string out;
-  long ms = KillClient(*a, *b, "stalled-sender", "waiting-receiver",
-                       /*kill_sender=*/true, "streaming", &exit_code, &out);
-  EXPECT_GE(ms, 0) << "the receiver's wait did not end: " << out << b->Log();
-  printf("sender killed: the other node's receiver failed after %ld ms\n", ms);
-  EXPECT_LE(ms, 1000) << out;
-  EXPECT_NE(out.find("ended 41 "), std::string::npos) << out;
-  EXPECT_EQ(exit_code, 0) << out;
+  KillClient(*a, *b, "stalled-sender", "waiting-receiver",
+             /*kill_sender=*/true, "streaming",
+             "sender killed: the other node's receiver failed");
   // The connection between the nodes stays up for everyone else.
   RunResult r = Exchange(*a, *b, "after", 200, 100000);
   EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -284,42 +287,17 @@ TEST_F(FabricTest, AReceiveNamingAnEndpointOnAnotherNodeFailsWhenItGoes) {
   auto a = StartNode(0);
   auto b = StartNode(1);
   // The peer is killed, its daemon lives: that daemon tells node 2 (kGone).
-  int exit_code = -1;
-  std::string out;
-  long ms = KillClient(*a, *b, "idle-receiver", "unsent-receiver",
-                       /*kill_sender=*/true, "waiting", &exit_code, &out);
-  EXPECT_GE(ms, 0) << "the receive did not end: " << out << b->Log();
-  printf(
-      "peer killed: a receive naming it on the other node failed after "
-      "%ld ms\n",
-      ms);
-  EXPECT_LE(ms, 1000) << out;
-  EXPECT_NE(out.find("ended 41 "), std::string::npos) << out;
+  std::string out = KillClient(
+      *a, *b, "idle-receiver", "unsent-receiver", /*kill_sender=*/true,
+      "waiting", "peer killed: a receive naming it on the other node failed");
   EXPECT_NE(out.find("later requests fail"), std::string::npos) << out;
-  EXPECT_EQ(exit_code, 0) << out;
   // The peer's whole node goes: the connection's end fails the receive.
-  std::string rv = Rendezvous("node-gone");
-  auto args = [&](const std::string& role, int rank) {
-    return std::vector<std::string>{Runfile("tests/programs/peer_death"),
-                                    "--role",
-                                    role,
-                                    "--rank",
-                                    std::to_string(rank),
-                                    "--dir",
-                                    rv,
-                                    "--uuid",
-                                    kJobB};
-  };
-  Process idle = Process::Start(args("idle-receiver", 0), a->ClientEnv(),
-                                rv + "/0.out", rv + "/0.err");
-  Process waiting = Process::Start(args("unsent-receiver", 1), b->ClientEnv(),
-                                   rv + "/1.out", rv + "/1.err");
-  for (int i = 0; i < 2000 && access((rv + "/waiting").c_str(), F_OK) != 0;
-       i++) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_EQ(access((rv + "/waiting").c_str(), F_OK), 0)
-      << ReadFile(rv + "/0.err") << ReadFile(rv + "/1.err");
+  PeerDeathPair pair = StartPeerDeath(*a, *b, "idle-receiver",
+                                      "unsent-receiver", kJobB, "waiting");
+  const std::string& rv = pair.rv;
+  Process& idle = pair.rank0;
+  Process& waiting = pair.rank1;
+  ASSERT_EQ(access((rv + "/waiting").c_str(), F_OK), 0) << pair.Errors();
   kill(a->pid(), SIGKILL);
   idle.Kill(SIGKILL);
   EXPECT_EQ(waiting.Wait(10), 0)
@@ -334,19 +312,13 @@ TEST_F(FabricTest, AReceiveNamingAnEndpointOnAnotherNodeFailsWhenItGoes) {
 TEST_F(FabricTest, ReceiverKilledWithAFullInboxFailsTheOtherNodesSender) {
   auto a = StartNode(0);
   auto b = StartNode(1);
-  int exit_code = -1;
-  std::string out;
   // The receiver never reads: its job's inbox on node 2 fills, and node 2
   // stops reading from node 1 (back-pressure) until the receiver is gone.
-  long ms = KillClient(*a, *b, "stuck-sender", "idle-receiver",
-                       /*kill_sender=*/false, "stuck", &exit_code, &out);
-  EXPECT_GE(ms, 0) << "the sender's wait did not end: " << out << a->Log()
-                   << b->Log();
-  printf("receiver killed: the other node's sender failed after %ld ms\n", ms);
-  EXPECT_LE(ms, 1000) << out;
-  EXPECT_NE(out.find("ended 41 "), std::string::npos) << out;
+  std::string out =
+      KillClient(*a, *b, "stuck-sender", "idle-receiver",
+                 /*kill_sender=*/false, "stuck",
+                 "receiver killed: the other node's sender failed");
   EXPECT_NE(out.find("other traffic ok"), std::string::npos) << out;
-  EXPECT_EQ(exit_code, 0) << out;
   RunResult r = Exchange(*a, *b, "after", 200, 100000);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(a->Stop());

@@ -178,6 +178,10 @@ Munged::Munged(const std::string& dir) : dir_(dir) {
   }
 }
 
+bool Munged::running() const {
+  return process_.running() && std::filesystem::exists(socket_);
+}
+
 Munged::~Munged() {
   process_.Kill(SIGTERM);
   process_.Wait(5);

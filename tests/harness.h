@@ -85,6 +85,7 @@ class Munged {
   explicit Munged(const std::string& dir);
   ~Munged();
   const std::string& socket() const { return socket_; }
+  bool running() const;
 
  private:
   std::string dir_;

@@ -23,6 +23,7 @@
 
 #include "hw/socket/fabric_test_util.h"
 #include "hw/socket/socket_fabric.h"
+#include "tests/harness.h"
 
 namespace psmd::hw {
 namespace {
@@ -34,53 +35,7 @@ using testing::OpenNode;
 using testing::RawPeer;
 using testing::WhilePumping;
 
-// One munged in the foreground, as a child of this test.
-class Munged {
- public:
-  explicit Munged(const std::string& dir) : dir_(dir) {
-    // munged wants its socket's directory searchable by all (the
-    // non-root credential test connects as another uid); the key stays
-    // readable by root only.
-    std::filesystem::create_directories(dir_);
-    chmod(dir_.c_str(), 0711);
-    std::random_device rd;
-    std::string key(1024, '\0');
-    for (char& c : key) c = static_cast<char>(rd());
-    std::ofstream(dir_ + "/key", std::ios::binary) << key;
-    chmod((dir_ + "/key").c_str(), 0600);
-    socket_ = dir_ + "/socket";
-    pid_ = fork();
-    if (pid_ == 0) {
-      int null = open("/dev/null", O_WRONLY);
-      dup2(null, 1);
-      dup2(null, 2);  // it logs to its log file too
-      std::string args[] = {
-          "--socket=" + socket_, "--key-file=" + dir_ + "/key",
-          "--pid-file=" + dir_ + "/pid", "--log-file=" + dir_ + "/log",
-          "--seed-file=" + dir_ + "/seed"};
-      execl("/usr/sbin/munged", "munged", "--foreground", "--force",
-            args[0].c_str(), args[1].c_str(), args[2].c_str(), args[3].c_str(),
-            args[4].c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    for (int i = 0; i < 500 && !std::filesystem::exists(socket_); i++) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  }
-  ~Munged() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  bool running() const { return std::filesystem::exists(socket_); }
-  const std::string& socket() const { return socket_; }
-
- private:
-  std::string dir_;
-  std::string socket_;
-  pid_t pid_ = -1;
-};
+using psmd::testing::Munged;  // tests/harness.h
 
 std::string TempDir() {
   const char* base = std::getenv("PSMD_TEST_TMP");
