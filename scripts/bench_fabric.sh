@@ -95,6 +95,8 @@ run() {
   esac
 }
 
+# The machine is shared: say how busy it was (load average, 1/5/15 min).
+echo "started $(date -u '+%F %H:%M') UTC, load $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq "$runs"); do
   for n in "${peers[@]}"; do
     echo "== $n, run $r of $runs" >&2
@@ -111,6 +113,8 @@ for r in $(seq "$runs"); do
     fi
   done
 done
+echo "ended $(date -u '+%F %H:%M') UTC, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
 [[ -z "${KEEP:-}" ]] || { mkdir -p "$KEEP" && cp "$work"/*.out "$KEEP/"; }
 
 python3 - "$work" "$runs" "${peers[@]}" <<'PY'
