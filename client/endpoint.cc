@@ -223,6 +223,7 @@ psm2_error_t psm2_ep::RoundTrip(psm2_mq_req* req,
 }
 
 void psm2_ep::Published(Deferred& d) {
+  empty_checks_ = 0;  // new work: the next empty check need not yield
   const shm::SubmitOp op = d.desc.op;
   const bool am =
       op == shm::SubmitOp::kAmRequest || op == shm::SubmitOp::kAmReply;
@@ -257,6 +258,7 @@ bool psm2_ep::Progress() {
   if (!publisher_.idle()) did |= publisher_.Flush();
   publisher_.RingDoorbell();
   in_progress_ = false;
+  if (did) empty_checks_ = 0;
   return did;
 }
 

@@ -264,7 +264,13 @@ struct psm2_ep {
   // busy processes psmd, which does the work they wait for, would otherwise
   // get the CPU only when the scheduler preempts them (milliseconds).
   // sched_yield hands the core over if psmd wants it, else returns at once.
-  void IdleYield() { sched_yield(); }
+  // Only from the second empty call since Progress last found work or a
+  // submission was published: a single check (Open MPI's mtl psmd peeks
+  // once after every blocking send) should not cost a syscall and maybe a
+  // context switch; a loop still yields on every turn after its first.
+  void IdleYield() PSMD_REQUIRES(mu) {
+    if (empty_checks_++ > 0) sched_yield();
+  }
   void RemoveFromDoneList(psm2_mq_req* req) PSMD_REQUIRES(mu);
 
  private:
@@ -318,6 +324,9 @@ struct psm2_ep {
   psmd::client::AmDispatcher am_ PSMD_GUARDED_BY(mu);
   // Progress is running (a handler called back in).
   bool in_progress_ PSMD_GUARDED_BY(mu) = false;
+  // IdleYield calls since Progress last found work or a submission was
+  // published.
+  uint32_t empty_checks_ PSMD_GUARDED_BY(mu) = 0;
 };
 
 template <typename Done>

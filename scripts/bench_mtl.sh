@@ -33,7 +33,8 @@ run() {
   case $name in
     mtl_psmd)
       (cd "$work" && OMPI_MCA_mca_base_component_path="$ompi:$work/components" "${mpi[@]}" \
-        --mca pml cm --mca mtl psmd -x PSMD_SOCKET -x OMPI_MCA_mca_base_component_path "$@") ;;
+        --mca pml cm --mca mtl psmd --mca btl self -x PSMD_SOCKET \
+        -x OMPI_MCA_mca_base_component_path "$@") ;;
     dropin)
       (cd "$work" && "$OLDPWD/scripts/fake_hfi.sh" env LD_LIBRARY_PATH="$lib" "${mpi[@]}" \
         --mca pml cm --mca mtl psm2 --mca btl self -x LD_LIBRARY_PATH -x PSMD_SOCKET "$@") ;;
