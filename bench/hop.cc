@@ -84,9 +84,9 @@ int Self(long iters, const std::string& uuid_text) {
   auto one = [&] {
     psm2_mq_req_t s, r;
     out++;
-    CheckPsm(psm2_mq_irecv2(mq, self, &tag, &sel, 0, &in, sizeof(in), nullptr,
-                            &r),
-             "psm2_mq_irecv2");
+    CheckPsm(
+        psm2_mq_irecv2(mq, self, &tag, &sel, 0, &in, sizeof(in), nullptr, &r),
+        "psm2_mq_irecv2");
     CheckPsm(psm2_mq_isend2(mq, self, 0, &tag, &out, sizeof(out), nullptr, &s),
              "psm2_mq_isend2");
     CheckPsm(psm2_mq_wait2(&s, nullptr), "psm2_mq_wait2");

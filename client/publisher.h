@@ -39,8 +39,8 @@ struct Deferred {
   const void* payload;
   const void* prefix = nullptr;
   uint32_t prefix_len = 0;
-  std::vector<uint8_t> owned;  // the bytes themselves, when the caller's
-                               // may change
+  std::vector<uint8_t> owned{};  // the bytes themselves, when the caller's
+                                 // may change
 };
 
 class Publisher {
