@@ -113,6 +113,7 @@ Status psm2_ep::Open(psmd::client::ControlClient* control,
 void psm2_ep::UseRings(const shm::ClientRings& rings,
                        const shm::SendArena& arena, uint32_t credits) {
   ctl_ = rings.control;
+  spin_.Attach(&ctl_->spin);
   cq_ = rings.cq;
   publisher_ = psmd::client::Publisher(
       rings, pool_.base(), arena, credits, doorbell_fd_,
@@ -518,6 +519,7 @@ void psm2_ep::StartStreaming(psm2_mq_req* req, const shm::CompletionDesc& c) {
 }
 
 void psm2_ep::SleepForCompletions() {
+  spin_.Sleeping();
   shm::Doorbells& bells = ctl_->doorbells;
   uint32_t seen = shm::ClientPrepareToSleep(bells);
   if (cq_.Available() == 0) {

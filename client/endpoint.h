@@ -54,6 +54,7 @@
 #include "shm/payload.h"
 #include "shm/pool.h"
 #include "shm/ring.h"
+#include "shm/spin.h"
 
 // The opaque PSM2 handle types, defined here.
 struct psm2_epaddr {
@@ -260,16 +261,15 @@ struct psm2_ep {
   // the payload into req->user.buf and completes the request.
   void ReceiveClaimed(psm2_mq_req* req) PSMD_REQUIRES(mu);
   // Called when a non-blocking call (psm2_poll, a test, a peek) found
-  // nothing: applications spin on those, and on a node with fewer cores than
-  // busy processes psmd, which does the work they wait for, would otherwise
-  // get the CPU only when the scheduler preempts them (milliseconds).
-  // sched_yield hands the core over if psmd wants it, else returns at once.
+  // nothing: applications spin on those. Where psmd or another poller shares
+  // our core it needs the core to do the work we wait for, so we yield
+  // (else it would get it only when the scheduler preempts us:
+  // milliseconds); elsewhere we pause for a while, then yield (shm/spin.h).
   // Only from the second empty call since Progress last found work or a
-  // submission was published: a single check (Open MPI's mtl psmd peeks
-  // once after every blocking send) should not cost a syscall and maybe a
-  // context switch; a loop still yields on every turn after its first.
+  // submission was published: a single check (Open MPI's mtl psmd peeks once
+  // after every blocking send) should not cost even that.
   void IdleYield() PSMD_REQUIRES(mu) {
-    if (empty_checks_++ > 0) sched_yield();
+    if (empty_checks_++ > 0) spin_.Idle(empty_checks_ - 1);
   }
   void RemoveFromDoneList(psm2_mq_req* req) PSMD_REQUIRES(mu);
 
@@ -327,6 +327,8 @@ struct psm2_ep {
   // IdleYield calls since Progress last found work or a submission was
   // published.
   uint32_t empty_checks_ PSMD_GUARDED_BY(mu) = 0;
+  // Pause or yield when a poll finds nothing (shm/spin.h); set by UseRings.
+  psmd::shm::ClientSpin spin_ PSMD_GUARDED_BY(mu);
 };
 
 template <typename Done>
@@ -346,10 +348,7 @@ void psm2_ep::WaitUntil(Done done) {
     }
     if (done()) return;
     if (++idle < spins) {
-      // Yielding instead of spinning hands the core to psmd's progress
-      // thread when it shares our core (2-core nodes), which is what
-      // completes our request; on an idle core it returns at once.
-      sched_yield();
+      spin_.Idle(idle);
       continue;
     }
     SleepForCompletions();

@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/sysinfo.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
@@ -48,6 +49,7 @@ ProgressWorker::ProgressWorker(const Config& config)
     : engine_(config.max_unexpected_budget_bytes,
               config.job_unexpected_budget_bytes,
               config.uid_unexpected_budget_bytes),
+      census_(static_cast<uint32_t>(get_nprocs_conf())),
       spin_us_(config.spin_us) {
   engine_.SetPostedLimits(config.max_posted_recvs_per_job,
                           config.max_posted_recvs_per_uid);
@@ -234,6 +236,9 @@ void ProgressWorker::Loop() {
   uint64_t last_work = NowNs();
   uint32_t idle_passes = 0;
   uint32_t busy_passes = 0;
+  // Pause rather than yield on an idle pass: work is likely soon and no
+  // client polls on our core (shm/spin.h).
+  bool pause = false;
   while (!stop_.load(std::memory_order_relaxed)) {
     if (commands_pending_.load(std::memory_order_acquire)) RunCommands();
     bool did = engine_.PollAll();
@@ -241,29 +246,42 @@ void ProgressWorker::Loop() {
     engine_.NotifyClients();
     if (did) {
       idle_passes = 0;
+      pause = !share_core_;
       if (++busy_passes % kHeartbeatPasses == 0) NoteTurn(NowNs());
       continue;
     }
-    // Reading the clock costs more than a pass over a few rings; look at it
-    // only every so often.
+    // Reading the clock and counting pollers cost more than a pass over a
+    // few rings; do both only every so often.
     if (++idle_passes % 64 != 0) {
-      // Yield rather than spin: on a node with fewer cores than busy
-      // processes the client we wait for may need this core.
-      sched_yield();
+      if (pause) {
+        shm::CpuRelax();
+      } else {
+        // The client we wait for, or another thread, may need this core.
+        sched_yield();
+      }
       continue;
     }
     uint64_t now = NowNs();
     NoteTurn(now);
     if (muted_doorbells_ > 0) ResumeMutedDoorbells(now);
     if (idle_passes == 64) last_work = now;
+    share_core_ = CountPollers(shm::CurrentCpuWord());
+    pause = !share_core_ && now - last_work < shm::kPauseWindowNs;
     const uint64_t spin_ns =
         uint64_t{spin_us_.load(std::memory_order_relaxed)} * 1000;
     if (now - last_work < spin_ns) continue;
+    CountPollers(0);  // asleep, the worker is no poller to make room for
     Sleep();
     idle_passes = 0;
   }
   // Drain commands still waiting so no control thread blocks forever.
   RunCommands();
+}
+
+bool ProgressWorker::CountPollers(uint32_t own_cpu) {
+  const auto& eps = engine_.endpoints();
+  return census_.Refresh(
+      eps.size(), [&](size_t i) { return &eps[i]->control()->spin; }, own_cpu);
 }
 
 void ProgressWorker::NoteIdleDoorbell(Endpoint& ep, uint64_t rings,

@@ -26,6 +26,7 @@
 #include "daemon/config.h"
 #include "daemon/mq_engine.h"
 #include "hw/fabric.h"
+#include "shm/spin.h"
 
 namespace psmd {
 
@@ -92,6 +93,10 @@ class ProgressWorker {
   void Loop();
   void RunCommands();
   void Sleep();
+  // Sets the endpoints' core_shared hints with the worker on own_cpu (a
+  // client_cpu word; 0: not polling) and returns whether a client polls on
+  // that CPU (shm/spin.h).
+  bool CountPollers(uint32_t own_cpu);
   // A doorbell of `ep`, rung `rings` times since we last drained it, woke
   // us with nothing submitted; past a rate, its doorbell leaves epoll for
   // kMuteNs. Its rings are still polled whenever the worker is awake.
@@ -114,7 +119,12 @@ class ProgressWorker {
   std::atomic<bool> stop_{false};
 
   uint32_t muted_doorbells_ = 0;  // worker only
-  bool fabric_enabled_ = false;   // set before Start
+  // Pollers per CPU (shm/spin.h), and whether one of our clients polls on
+  // the worker's CPU, so that an idle pass must yield rather than pause;
+  // worker only. Yielding is the safe guess before the first count.
+  shm::CoreCensus census_;
+  bool share_core_ = true;
+  bool fabric_enabled_ = false;  // set before Start
   uint32_t fabric_timeout_ms_ = 5000;
   std::string fabric_host_;
   std::atomic<uint32_t> spin_us_;

@@ -6,9 +6,9 @@
 // Endpoint segment:
 //   [0, 4 KiB)          SegmentHeader: written once by the daemon before the
 //                       client maps it. The daemon never reads it back.
-//   [4 KiB, 8 KiB)      Doorbells, then the RingControl of the two submission
-//                       rings and of the completion ring, each word on its own
-//                       line.
+//   [4 KiB, 8 KiB)      Doorbells, SpinHints, then the RingControl of the two
+//                       submission rings and of the completion ring, each word
+//                       on its own line.
 //   [8 KiB, ...)        message-submission slots (SubmissionDesc x
 //   sq_capacity),
 //                       control-submission slots (SubmissionDesc x
@@ -35,7 +35,7 @@
 namespace psmd::shm {
 
 inline constexpr uint64_t kSegmentMagic = 0x31474553444d5350ull;  // "PSMDSEG1"
-inline constexpr uint32_t kLayoutVersion = 2;
+inline constexpr uint32_t kLayoutVersion = 3;
 inline constexpr uint64_t kPageSize = 4096;
 
 struct SegmentHeader {
@@ -76,8 +76,21 @@ struct Doorbells {
 };
 static_assert(sizeof(Doorbells) == 4 * kCacheLine);
 
+// Where the pollers are (shm/spin.h). Each word is written by one side.
+struct SpinHints {
+  // Client: 1 + the CPU it last polled on while it waited for psmd, 0 while
+  // it sleeps (and in a fresh segment). The daemon bounds-checks it.
+  alignas(kCacheLine) std::atomic<uint32_t> client_cpu;
+  // Daemon: 1 while another poller (psmd's worker or another endpoint's
+  // client) was last seen on client_cpu, so an idle poll should yield the
+  // core; 0 when a pause costs less than the syscall.
+  alignas(kCacheLine) std::atomic<uint32_t> core_shared;
+};
+static_assert(sizeof(SpinHints) == 2 * kCacheLine);
+
 struct SegmentControl {
   Doorbells doorbells;
+  SpinHints spin;
   RingControl msg_sq;  // message submissions: client produces, daemon consumes
   RingControl ctl_sq;  // control submissions: client produces, daemon consumes
   RingControl cq;      // completions: daemon produces, client consumes
