@@ -180,7 +180,7 @@ declare -A bench_systems=(
 benches=(pt2pt am_rate deep_match hop ep_open idle)
 
 {
-  echo "started $(date -u '+%F %H:%M:%S') UTC, load $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs"
+  echo "started $(date -u '+%F %H:%M:%S') UTC, load $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs, niceness $(nice) (psmd and the ranks inherit it)"
   echo "psmd: pid $psmd_pid, unpinned (CPUs $all_cpus) but for deep_match and hop (CPU 1)"
   echo "quick $quick, RUNS $runs, quiet: < $quiet_percent% busy for 1 s, waiting up to $quiet_wait s"
 } >"$raw/conditions.head"
