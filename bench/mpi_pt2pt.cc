@@ -1,9 +1,11 @@
-// mpi_pt2pt: bench/pingpong's ping-pong and bench/msg_rate's stream between
-// MPI ranks 0 and 1 (bench/pt2pt.h), so that MPI over any transport is
-// measured exactly as PSM2 and plain TCP are.
+// mpi_pt2pt: bench/pingpong's ping-pong, bench/msg_rate's stream and the
+// asynchronous-progress measurement between MPI ranks 0 and 1
+// (bench/pt2pt.h), so that MPI over any transport is measured exactly as
+// PSM2 and plain TCP are.
 //
-//   mpirun -np 2 mpi_pt2pt [--max-size B] [--iters N] [--tail 1]
-//                          [--stream SIZE:MESSAGES,...] [--reps R]
+//   mpirun -np 2 mpi_pt2pt [--min-size B] [--max-size B] [--iters N]
+//                          [--tail 1] [--stream SIZE:MESSAGES,...] [--reps R]
+//                          [--overlap B]
 #include <mpi.h>
 
 #include <cstdio>
@@ -58,9 +60,11 @@ int main(int argc, char** argv) {
   psmd::bench::Options o = psmd::bench::ParseOptions(argc, argv);
   if (size != 2 || !o.extra.empty()) {
     if (rank == 0)
-      fprintf(stderr,
-              "usage: mpirun -np 2 mpi_pt2pt [--max-size B] [--iters N] "
-              "[--tail 1] [--stream SIZE:MESSAGES,...] [--reps R]\n");
+      fprintf(
+          stderr,
+          "usage: mpirun -np 2 mpi_pt2pt [--min-size B] [--max-size B] "
+          "[--iters N] "
+          "[--tail 1] [--stream SIZE:MESSAGES,...] [--reps R] [--overlap B]\n");
     MPI_Finalize();
     return 2;
   }

@@ -1,13 +1,15 @@
 // pingpong: half round-trip latency and bandwidth between two PSM2 processes.
 //
-//   pingpong --rank 0|1 --dir DIR [--max-size B] [--iters N] [--uuid HEX]
-//            [--tail 1] [--stream SIZE:MESSAGES,... [--reps R]]
+//   pingpong --rank 0|1 --dir DIR [--min-size B] [--max-size B] [--iters N]
+//            [--uuid HEX] [--tail 1] [--stream SIZE:MESSAGES,... [--reps R]]
+//            [--overlap B]
 //
-// Rank 0 sends a message of each size (8 B doubling up to --max-size) and
-// waits for the echo; rank 1 echoes. For every size, after a warm-up, each
-// round trip is timed separately; rank 0 prints the median half round trip
-// and the bandwidth it implies (size / half round trip). --stream then runs
-// msg_rate's stream at each size (bench/pt2pt.h). Works on psmd's
+// Rank 0 sends a message of each size (--min-size, 8 B by default, doubling
+// up to --max-size) and waits for the echo; rank 1 echoes. For every size,
+// after a warm-up, each round trip is timed separately; rank 0 prints the
+// median half round trip and the bandwidth it implies (size / half round
+// trip). --stream then runs msg_rate's stream at each size, --overlap the
+// asynchronous-progress measurement (bench/pt2pt.h). Works on psmd's
 // libpsm2.so.2 and on Intel's alike (choose with LD_LIBRARY_PATH).
 #include <cstdio>
 #include <cstdlib>
@@ -32,9 +34,10 @@ int main(int argc, char** argv) {
   if ((rank != 0 && rank != 1) || dir.empty() ||
       !psmd::testing::ParseUuid(uuid_text, uuid)) {
     fprintf(stderr,
-            "usage: pingpong --rank 0|1 --dir DIR [--max-size B] [--iters N] "
+            "usage: pingpong --rank 0|1 --dir DIR [--min-size B] [--max-size "
+            "B] [--iters N] "
             "[--uuid HEX] [--tail 1] [--stream SIZE:MESSAGES,...] "
-            "[--reps R]\n");
+            "[--reps R] [--overlap B]\n");
     return 2;
   }
   psmd::bench::Psm2Transport t(uuid, dir, rank);

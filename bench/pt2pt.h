@@ -27,16 +27,18 @@ namespace psmd::bench {
 
 constexpr int kWindow = 64;
 
-// Rank 0 sends each size (8 B doubling up to max_size) and waits for the
-// echo, rank 1 echoes; after a warm-up every round trip is timed on its
-// own, and rank 0 prints the median half round trip and size / that time.
-// Sizes from 1 MiB run iters / 20 round trips (at least 20).
+// Rank 0 sends each size (min_size, 8 B by default, doubling up to max_size;
+// from 0 B: 0, 1, 2, 4, ...) and waits for the echo, rank 1 echoes; after a
+// warm-up every round trip is timed on its own, and rank 0 prints the median
+// half round trip and size / that time. Sizes from 1 MiB run iters / 20 round
+// trips (at least 20).
 template <typename Transport>
-void PingPong(Transport& t, int rank, uint32_t max_size, int iters, bool tail) {
+void PingPong(Transport& t, int rank, uint32_t min_size, uint32_t max_size,
+              int iters, bool tail) {
   std::vector<char> buf(max_size, 'p');
   if (rank == 0)
     printf("%10s %12s %12s %8s\n", "bytes", "half_rtt_us", "MB/s", "iters");
-  for (uint32_t size = 8; size <= max_size; size *= 2) {
+  for (uint32_t size = min_size; size <= max_size; size = size ? size * 2 : 1) {
     int n = size >= (1u << 20) ? std::max(iters / 20, 20) : iters;
     int warmup = std::max(n / 10, 5);
     std::vector<double> half_rtt_us;
@@ -122,17 +124,82 @@ inline void PrintRates(std::vector<double> rates, uint32_t size) {
   fflush(stdout);
 }
 
+// Asynchronous progress: how much of one `size`-byte message moves while
+// both ranks compute without calling the library. Rank 0 receives: it
+// posts the receive, sends rank 1 a go carrying the compute time, computes
+// (a busy loop on the clock) and then waits; rank 1 posts the send on the
+// go, computes as long and waits. First `reps` rounds without compute give
+// the transfer time alone (median T); then `reps` rounds compute 2T each.
+// A message completes all at once, so what moved during the compute is
+// read from what the wait after it still takes: done = 1 - wait / T,
+// clipped to [0, 1] (1: the transfer finished while the ranks computed;
+// 0: it did not start until the library was called). Rank 0 prints T and
+// every round's fraction.
+template <typename Transport>
+void Overlap(Transport& t, int rank, uint32_t size, int reps) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<char> buf(size, 'o');
+  // One round; rank 0 returns the seconds from post to completion and
+  // those of the wait after the compute.
+  auto round = [&](int64_t compute_ns) -> std::pair<double, double> {
+    auto compute = [](Clock::time_point until) {
+      while (Clock::now() < until) {
+      }
+    };
+    if (rank == 0) {
+      t.Irecv(0, buf.data(), size);
+      auto start = Clock::now();
+      t.Send(reinterpret_cast<const char*>(&compute_ns), sizeof(compute_ns));
+      compute(start + std::chrono::nanoseconds(compute_ns));
+      auto waiting = Clock::now();
+      t.WaitRecv(0);
+      auto end = Clock::now();
+      return {std::chrono::duration<double>(end - start).count(),
+              std::chrono::duration<double>(end - waiting).count()};
+    }
+    t.Recv(reinterpret_cast<char*>(&compute_ns), sizeof(compute_ns));
+    auto start = Clock::now();
+    t.Isend(0, buf.data(), size);
+    compute(start + std::chrono::nanoseconds(compute_ns));
+    t.WaitSend(0);
+    return {0, 0};
+  };
+  round(0);  // warm-up: first touch of the buffers, connection set-up
+  std::vector<double> alone;
+  for (int i = 0; i < reps; i++) alone.push_back(round(0).first);
+  std::sort(alone.begin(), alone.end());
+  double transfer = alone[alone.size() / 2];
+  std::vector<double> done;
+  for (int i = 0; i < reps; i++) {
+    double wait = round(static_cast<int64_t>(2 * transfer * 1e9)).second;
+    done.push_back(std::clamp(1 - wait / transfer, 0.0, 1.0));
+  }
+  if (rank == 0) {
+    printf("# overlap: %u B, alone %.3f ms, compute %.3f ms\noverlap done:",
+           size, transfer * 1e3, 2 * transfer * 1e3);
+    for (double d : done) printf(" %.3f", d);
+    std::sort(done.begin(), done.end());
+    printf("\noverlap median %.3f\n", done[done.size() / 2]);
+    fflush(stdout);
+  }
+}
+
 // The flags of the programs built on this header, pingpong's and
 // msg_rate's names where they have one:
-//   --max-size B --iters N [--tail 1]    the ping-pong (no ping-pong: 0)
+//   --min-size B --max-size B --iters N [--tail 1]
+//                                        the ping-pong (no ping-pong:
+//                                        --max-size 0)
 //   --stream SIZE:MESSAGES,...  --reps R  one Stream per pair
+//   --overlap SIZE                       Overlap, R rounds of each kind
 // and, left for the program, any other "--flag value" in `extra`.
 struct Options {
+  uint32_t min_size = 8;
   uint32_t max_size = 1u << 22;
   int iters = 1000;
   bool tail = false;
   std::vector<std::pair<uint32_t, long>> streams;
   int reps = 9;
+  uint32_t overlap = 0;
   std::vector<std::pair<std::string, std::string>> extra;
 };
 
@@ -140,12 +207,16 @@ inline Options ParseOptions(int argc, char** argv) {
   Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--max-size") {
+    if (flag == "--min-size") {
+      o.min_size = static_cast<uint32_t>(strtoul(value.c_str(), nullptr, 10));
+    } else if (flag == "--max-size") {
       o.max_size = static_cast<uint32_t>(strtoul(value.c_str(), nullptr, 10));
     } else if (flag == "--iters") {
       o.iters = atoi(value.c_str());
     } else if (flag == "--tail") {
       o.tail = atoi(value.c_str()) != 0;
+    } else if (flag == "--overlap") {
+      o.overlap = static_cast<uint32_t>(strtoul(value.c_str(), nullptr, 10));
     } else if (flag == "--reps") {
       o.reps = atoi(value.c_str());
     } else if (flag == "--stream") {
@@ -172,11 +243,12 @@ inline Options ParseOptions(int argc, char** argv) {
   return o;
 }
 
-// The ping-pong, then every stream, reported on rank 0 as bench/pingpong
-// and bench/msg_rate report them.
+// The ping-pong, then every stream, then the overlap, reported on rank 0
+// (the first two as bench/pingpong and bench/msg_rate report them).
 template <typename Transport>
 void Run(Transport& t, int rank, const Options& o) {
-  if (o.max_size >= 8) PingPong(t, rank, o.max_size, o.iters, o.tail);
+  if (o.max_size > 0 && o.max_size >= o.min_size)
+    PingPong(t, rank, o.min_size, o.max_size, o.iters, o.tail);
   for (auto [size, messages] : o.streams) {
     std::vector<double> rates = Stream(t, rank, size, messages, o.reps);
     if (rank == 0) {
@@ -185,6 +257,7 @@ void Run(Transport& t, int rank, const Options& o) {
       PrintRates(rates, size);
     }
   }
+  if (o.overlap > 0) Overlap(t, rank, o.overlap, o.reps);
 }
 
 }  // namespace psmd::bench

@@ -193,8 +193,9 @@ int main(int argc, char** argv) {
       (poll != "block" && poll != "spin")) {
     fprintf(stderr,
             "usage: tcp_pt2pt --rank 0|1 --dir DIR [--addr0 IP] [--addr1 IP] "
-            "[--poll block|spin] [--max-size B] [--iters N] [--tail 1] "
-            "[--stream SIZE:MESSAGES,...] [--reps R]\n");
+            "[--poll block|spin] [--min-size B] [--max-size B] [--iters N] "
+            "[--tail 1] "
+            "[--stream SIZE:MESSAGES,...] [--reps R] [--overlap B]\n");
     return 2;
   }
   int fd = rank == 1 ? Accept(dir, addr1) : Connect(dir, addr0, addr1);

@@ -18,6 +18,7 @@ PACKAGES=(
   python3-prometheus-client  # tests parse psmctl's Prometheus output with it
   iproute2  # tests/fabric_netns_test: network namespaces and a veth pair
   scdoc dpkg-dev debootstrap  # man pages, the .deb and its clean-root test
+  gnuplot-nox  # scripts/bench.sh's plots
 )
 
 missing=()

@@ -54,3 +54,60 @@ start_nodes() {
     return 1
   done
 }
+
+# busy_percent SECONDS: how much of all CPUs' time was not idle over the
+# next SECONDS (/proc/stat; iowait counts as idle, steal as busy: a VM's
+# stolen time disturbs a measurement as much as a neighbour does).
+busy_percent() {
+  local a b
+  read -r -a a </proc/stat
+  sleep "$1"
+  read -r -a b </proc/stat
+  awk -v a="${a[*]:1:8}" -v b="${b[*]:1:8}" 'BEGIN {
+    split(a, x); split(b, y)
+    for (i = 1; i <= 8; i++) { d = y[i] - x[i]; total += d; if (i == 4 || i == 5) idle += d }
+    printf "%d\n", total ? 100 * (total - idle) / total : 0 }'
+}
+
+# wait_quiet LIMIT PERCENT: returns once one second passed with the CPUs
+# less than PERCENT busy, or after LIMIT seconds regardless; prints
+# "quiet B% after W s" or "busy B% after W s" (B: the last sample).
+wait_quiet() {
+  local start=$SECONDS b
+  while b=$(busy_percent 1); ((b >= $2)); do
+    if ((SECONDS - start >= $1)); then
+      echo "busy $b% after $((SECONDS - start)) s"
+      return
+    fi
+  done
+  echo "quiet $b% after $((SECONDS - start)) s"
+}
+
+# run_pair LIB OUT CPU0 CPU1 LIMIT PROGRAM [ARGS...]: ranks 0 and 1 of a
+# PSM2 program that meets its peer through --dir (a fresh directory in
+# $work), pinned with taskset (an empty CPU list: unpinned), on psmd's
+# libpsm2.so.2 (LIB psmd; the psmd of $PSMD_SOCKET) or on Intel's (LIB
+# intel, both ranks in one fake-adapter namespace). Rank N's output goes to
+# OUT.rN; each rank is ended after LIMIT seconds. Returns rank 0's status,
+# or rank 1's if that failed.
+run_pair() {
+  local lib=$1 out=$2 cpu0=$3 cpu1=$4 limit=$5 dir
+  shift 5
+  dir=$(mktemp -d "$work/pair-XXXXXX")
+  # shellcheck disable=SC2016  # expanded by the inner shell
+  local body='
+    out=$1 cpu0=$2 cpu1=$3 limit=$4 dir=$5; shift 5
+    pin() { if [[ -n "$1" ]]; then echo "taskset -c $1"; fi; }
+    $(pin "$cpu1") timeout -k 5 "$limit" "$@" --rank 1 --dir "$dir" >"$out.r1" 2>&1 & r1=$!
+    s=0
+    $(pin "$cpu0") timeout -k 5 "$limit" "$@" --rank 0 --dir "$dir" >"$out.r0" 2>&1 || s=$?
+    s1=0; wait "$r1" || s1=$?
+    exit $((s ? s : s1))'
+  case $lib in
+    psmd) env LD_LIBRARY_PATH="$PWD/bazel-bin/client" \
+      bash -c "$body" pair "$out" "$cpu0" "$cpu1" "$limit" "$dir" "$@" ;;
+    intel) scripts/fake_hfi.sh env LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu \
+      bash -c "$body" pair "$out" "$cpu0" "$cpu1" "$limit" "$dir" "$@" ;;
+    *) echo "run_pair: unknown library $lib" >&2; return 2 ;;
+  esac
+}
