@@ -167,6 +167,12 @@ class RingConsumer {
   uint32_t Available() {
     if (corrupt_) return 0;
     if (tail_cache_ != head_) return tail_cache_ - head_;
+    // The next slot is the line we read first if tail moved: fetching it
+    // alongside tail overlaps the two misses instead of paying them one
+    // after the other (a consumer that polls an idle ring re-fetches a line
+    // it already holds; the producer invalidates it when it writes, as it
+    // would have to anyway for a line we read a lap ago).
+    __builtin_prefetch(&slots_[head_ & mask_]);
     // Acquire: pairs with the producer's release store of tail.
     uint32_t tail = control_->tail.value.load(std::memory_order_acquire);
     if (tail - head_ > mask_ + 1) {  // Invariant 1 broken by the peer.
