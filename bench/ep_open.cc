@@ -46,8 +46,8 @@ double Micros(F f) {
 
 void PrintStats(const char* what, std::vector<double> us) {
   std::sort(us.begin(), us.end());
-  printf("%s median %.1f us min %.1f max %.1f (%zu)\n", what,
-         us[us.size() / 2], us.front(), us.back(), us.size());
+  printf("%s median %.1f us min %.1f max %.1f (%zu)\n", what, us[us.size() / 2],
+         us.front(), us.back(), us.size());
 }
 
 psm2_epaddr_t Connect(psm2_ep_t ep, psm2_epid_t peer) {
