@@ -178,7 +178,7 @@ write("latency", pingpong)
 write("bandwidth", {k: [k[1] / v for v in vals] for k, vals in pingpong.items()})
 write("stream", {k: [k[1] * v / 1e6 for v in vals] for k, vals in stream.items()})
 with open(f"{out}/plots.gp", "w") as f:
-    f.write('set terminal pngcairo size 900,600 font ",11"\n'
+    f.write('set terminal pngcairo noenhanced size 900,600 font ",11"\n'
             "set logscale xy\nset grid\nset key top left\n"
             'set xlabel "message size, bytes"\n'
             'set xtics ("1" 1, "8" 8, "64" 64, "512" 512, "4K" 4096, "32K" 32768, '
