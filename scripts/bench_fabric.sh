@@ -30,7 +30,7 @@ bash scripts/deps.sh
 bazel build --jobs=2 //daemon:psmd //tools:psmctl //bench:pingpong //bench:tcp_pt2pt \
   //bench:mpi_pt2pt //ompi:mca_mtl_psmd 2>/dev/null
 source scripts/lib.sh
-start_nodes
+start_nodes bazel-bin/daemon/psmd 2 --log-level warn
 mkdir "$work/components" && cp bazel-bin/ompi/mca_mtl_psmd.so "$work/components/"
 ompi=$(dirname "$(find /usr/lib/x86_64-linux-gnu/openmpi/lib -name mca_pml_cm.so | head -1)")
 

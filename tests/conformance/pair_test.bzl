@@ -18,6 +18,7 @@ def pair_tests(program, ranks = 2, nodes = 0):
             data = [
                 ":" + program,
                 "//daemon:psmd",
+                "//scripts:nodes",
                 "//scripts:workdir",
             ],
         )

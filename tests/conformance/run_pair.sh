@@ -57,39 +57,11 @@ case "$impl" in
     wrap=(env PSMD_CONFORMANCE_IMPL=psmd)
     ;;
   psmd-nodes)
-    # One munged for all daemons (munged wants its directory searchable).
-    chmod 0711 "$work"
-    mkdir -m 0711 "$work/munge"
-    head -c 1024 /dev/urandom >"$work/munge/key"
-    chmod 0600 "$work/munge/key"
-    /usr/sbin/munged --foreground --force --socket="$work/munge/socket" \
-      --key-file="$work/munge/key" --pid-file="$work/munge/pid" \
-      --log-file="$work/munge/log" --seed-file="$work/munge/seed" 2>/dev/null &
-    pids+=($!)
-    for _ in $(seq 200); do [[ -S "$work/munge/socket" ]] && break; sleep 0.05; done
-    sockets=()
-    : >"$work/nodes"
-    for ((i = 0; i < daemons; i++)); do
-      addr=127.0.0.$((2 + i))
-      # A free port on that address (the node table names it before the
-      # daemons start).
-      port=$(python3 -c 'import socket,sys; s=socket.socket(); s.bind((sys.argv[1],0)); print(s.getsockname()[1])' "$addr")
-      echo "$((i + 1)) node$((i + 1)) $((i + 1))@$addr:$port" >>"$work/nodes"
-      listen[i]="$addr:$port"
-    done
-    for ((i = 0; i < daemons; i++)); do
-      sock="$work/psmd$i.sock"
-      "${PSMD_BIN:-daemon/psmd}" --socket "$sock" --log-level "${PSMD_LOG_LEVEL:-warn}" \
-        --node-id $((i + 1)) --fabric-listen "${listen[i]}" \
-        --fabric-nodes "$work/nodes" --munge-socket "$work/munge/socket" \
-        ${PSMD_FABRIC_FLAGS:-} 2>"$work/psmd$i.log" &
-      pids+=($!)
-      sockets+=("$sock")
-    done
-    for sock in "${sockets[@]}"; do
-      for _ in $(seq 100); do [[ -S "$sock" ]] && break; sleep 0.05; done
-    done
-    export PSMD_SOCKETS="${sockets[*]}"
+    source "$root/scripts/nodes.sh"
+    # shellcheck disable=SC2086  # PSMD_FABRIC_FLAGS: flags, split on purpose
+    start_nodes "${PSMD_BIN:-daemon/psmd}" "$daemons" \
+      --log-level "${PSMD_LOG_LEVEL:-warn}" ${PSMD_FABRIC_FLAGS:-} || exit 1
+    export PSMD_SOCKETS="${node_socket[*]}"
     wrap=(env PSMD_CONFORMANCE_IMPL=psmd)
     ;;
   *) echo "usage: run_pair.sh [--ranks N] [--daemons D] intel|psmd|psmd-nodes PROGRAM [ARGS...]" >&2; exit 2 ;;

@@ -56,35 +56,7 @@ if [[ $(id -u) == 0 ]]; then
 fi
 
 # Two daemons linked by the fabric, authenticated by a munged of our own.
-start_nodes() {
-  mkdir -m 0711 "$work/munge"
-  head -c 1024 /dev/urandom >"$work/munge/key"
-  chmod 0600 "$work/munge/key"
-  /usr/sbin/munged --foreground --force --socket="$work/munge/socket" \
-    --key-file="$work/munge/key" --pid-file="$work/munge/pid" \
-    --log-file="$work/munge/log" --seed-file="$work/munge/seed" 2>/dev/null &
-  pids+=($!)
-  for _ in $(seq 200); do [[ -S "$work/munge/socket" ]] && break; sleep 0.05; done
-  : >"$work/nodes"
-  local i addr port
-  for i in 0 1; do
-    addr=127.0.0.$((2 + i))
-    port=$(python3 -c 'import socket,sys; s=socket.socket(); s.bind((sys.argv[1],0)); print(s.getsockname()[1])' "$addr")
-    echo "$((i + 1)) node$((i + 1)) $((i + 1))@$addr:$port" >>"$work/nodes"
-    node_listen[i]="$addr:$port"
-  done
-  for i in 0 1; do
-    node_socket[i]="$work/psmd$i.sock"
-    "$psmd" --socket "${node_socket[i]}" --log-level warn --node-id $((i + 1)) \
-      --fabric-listen "${node_listen[i]}" --fabric-nodes "$work/nodes" \
-      --munge-socket "$work/munge/socket" &
-    pids+=($!)
-  done
-  for i in 0 1; do
-    for _ in $(seq 100); do [[ -S "${node_socket[i]}" ]] && break; sleep 0.05; done
-  done
-  export PSMD_SOCKET=${node_socket[0]}  # what sent() counts
-}
+source "$root/scripts/nodes.sh"
 
 # One rank on each daemon (an MPMD command line).
 mpi_nodes() {
@@ -105,7 +77,10 @@ peer_bytes_sent() {
 
 case $case_name in
   decline) ;;
-  *_nodes) start_nodes ;;
+  *_nodes)
+    start_nodes "$psmd" 2 --log-level warn || exit 1
+    export PSMD_SOCKET=${node_socket[0]}  # what sent() counts
+    ;;
   *) start_psmd ;;
 esac
 
@@ -251,5 +226,11 @@ if [[ $case_name != decline ]]; then
   after=$(sent)
   echo "run_mtl: $case_name exit $status; psmd carried $((after - before)) messages (at least $min expected)"
   ((after - before >= min)) || { echo "run_mtl: traffic did not go through psmd" >&2; status=1; }
+fi
+if [[ $case_name == *_nodes && $status != 0 ]]; then
+  for i in 0 1; do
+    echo "---- psmd$i log" >&2
+    tail -n 40 "$work/psmd$i.log" >&2
+  done
 fi
 [[ $status == 0 ]] || exit 1

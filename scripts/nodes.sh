@@ -1,0 +1,49 @@
+# shellcheck shell=bash disable=SC2154  # $work and $pids: from workdir.sh
+# Several "nodes" on one machine, for the scripts and test drivers that
+# source workdir.sh first (they provide $work and $pids, and end every
+# process in $pids):
+#   source scripts/nodes.sh
+#   start_nodes PSMD COUNT [FLAGS...]
+# starts a munged of our own (a generated key, its socket
+# $work/munge/socket) and COUNT psmd (the binary PSMD) linked by the fabric:
+# daemon i listens on 127.0.0.(2+i) at a free port, has node id i+1 and the
+# control socket ${node_socket[i]}, logs to $work/psmd<i>.log, and is
+# authenticated by that munged; one node table ($work/nodes) names them all.
+# FLAGS go to every psmd. Returns once every control socket is up; else
+# prints the log of the one that is not and returns 1.
+start_nodes() {
+  local psmd=$1 count=$2 i addr port listen=()
+  shift 2
+  chmod go+x "$work"  # munged wants its socket's directories searchable
+  mkdir -m 0711 "$work/munge"
+  head -c 1024 /dev/urandom >"$work/munge/key"
+  chmod 0600 "$work/munge/key"
+  /usr/sbin/munged --foreground --force --socket="$work/munge/socket" \
+    --key-file="$work/munge/key" --pid-file="$work/munge/pid" \
+    --log-file="$work/munge/log" --seed-file="$work/munge/seed" 2>/dev/null &
+  pids+=($!)
+  for _ in $(seq 200); do [[ -S "$work/munge/socket" ]] && break; sleep 0.05; done
+  : >"$work/nodes"
+  for ((i = 0; i < count; i++)); do
+    addr=127.0.0.$((2 + i))
+    # A free port on that address (the node table names it before the
+    # daemons start).
+    port=$(python3 -c 'import socket,sys; s=socket.socket(); s.bind((sys.argv[1],0)); print(s.getsockname()[1])' "$addr")
+    echo "$((i + 1)) node$((i + 1)) $((i + 1))@$addr:$port" >>"$work/nodes"
+    listen[i]="$addr:$port"
+  done
+  node_socket=()
+  for ((i = 0; i < count; i++)); do
+    node_socket[i]="$work/psmd$i.sock"
+    "$psmd" --socket "${node_socket[i]}" --node-id $((i + 1)) \
+      --fabric-listen "${listen[i]}" --fabric-nodes "$work/nodes" \
+      --munge-socket "$work/munge/socket" "$@" 2>"$work/psmd$i.log" &
+    pids+=($!)
+  done
+  for ((i = 0; i < count; i++)); do
+    for _ in $(seq 100); do [[ -S "${node_socket[i]}" ]] && continue 2; sleep 0.05; done
+    echo "psmd $i did not come up on ${node_socket[i]}:" >&2
+    cat "$work/psmd$i.log" >&2
+    return 1
+  done
+}
