@@ -65,10 +65,7 @@ void Open(const psm2_uuid_t uuid, psm2_ep_t* ep, psm2_epid_t* epid) {
 int Rank1(const psm2_uuid_t uuid, const std::string& dir) {
   psm2_ep_t ep;
   psm2_epid_t epid;
-  psmd::testing::InitAndOpen(uuid, &ep, &epid);
-  psm2_mq_t mq;
-  CheckPsm(psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq),
-           "psm2_mq_init");
+  psm2_mq_t mq = psmd::testing::InitOpenWithMq(uuid, &ep, &epid);
   psm2_mq_tag_t tag{}, sel{};
   char done;
   psm2_mq_req_t req;
@@ -152,10 +149,7 @@ int Rank0(const psm2_uuid_t uuid, const std::string& dir, int iters) {
   // Rank 1 waits for one message: send it from one more endpoint.
   psm2_ep_t ep;
   psm2_epid_t epid;
-  psmd::testing::InitAndOpen(uuid, &ep, &epid);
-  psm2_mq_t mq;
-  CheckPsm(psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq),
-           "psm2_mq_init");
+  psm2_mq_t mq = psmd::testing::InitOpenWithMq(uuid, &ep, &epid);
   psm2_mq_tag_t tag{};
   char done = 1;
   CheckPsm(psm2_mq_send2(mq, Connect(ep, peer), 0, &tag, &done, 1),

@@ -81,10 +81,7 @@ int main(int argc, char** argv) {
   }
   psm2_ep_t ep;
   psm2_epid_t epid;
-  psmd::testing::InitAndOpen(uuid, &ep, &epid);
-  psm2_mq_t mq;
-  CheckPsm(psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq),
-           "psm2_mq_init");
+  psm2_mq_t mq = psmd::testing::InitOpenWithMq(uuid, &ep, &epid);
   psm2_epaddr_t self;
   psm2_error_t conn_err;
   CheckPsm(psm2_ep_connect(ep, 1, &epid, nullptr, &conn_err, &self,

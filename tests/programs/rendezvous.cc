@@ -67,12 +67,19 @@ void InitAndOpen(const psm2_uuid_t uuid, psm2_ep_t* ep, psm2_epid_t* epid) {
   CheckPsm(psm2_ep_open(uuid, nullptr, ep, epid), "psm2_ep_open");
 }
 
+psm2_mq_t InitOpenWithMq(const psm2_uuid_t uuid, psm2_ep_t* ep,
+                         psm2_epid_t* epid) {
+  InitAndOpen(uuid, ep, epid);
+  psm2_mq_t mq;
+  CheckPsm(psm2_mq_init(*ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq),
+           "psm2_mq_init");
+  return mq;
+}
+
 ConnectedPair OpenAndConnect(const psm2_uuid_t uuid, const std::string& dir,
                              int rank) {
   ConnectedPair c;
-  InitAndOpen(uuid, &c.ep, &c.self_epid);
-  CheckPsm(psm2_mq_init(c.ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &c.mq),
-           "psm2_mq_init");
+  c.mq = InitOpenWithMq(uuid, &c.ep, &c.self_epid);
   if (!PublishEpid(dir, rank, c.self_epid) ||
       !AwaitEpid(dir, 1 - rank, 60, &c.peer_epid)) {
     fprintf(stderr, "rank %d: epid exchange through %s failed\n", rank,

@@ -27,6 +27,10 @@ void CheckPsm(psm2_error_t err, const char* what);
 // failure. Returns the epid through *epid.
 void InitAndOpen(const psm2_uuid_t uuid, psm2_ep_t* ep, psm2_epid_t* epid);
 
+// InitAndOpen, then the endpoint's MQ (ordered, default options).
+psm2_mq_t InitOpenWithMq(const psm2_uuid_t uuid, psm2_ep_t* ep,
+                         psm2_epid_t* epid);
+
 // The two-rank start of most programs: an endpoint and its MQ, epids
 // exchanged through `dir`, connected to rank 1 - rank.
 struct ConnectedPair {
