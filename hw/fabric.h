@@ -154,6 +154,8 @@ class Fabric {
 
   virtual ErrorClass Connect(const std::string& host_description,
                              uint64_t cookie, ConnId* conn) = 0;
+  // Queues a frame; it leaves at the next Poll or Wait, together with the
+  // frames posted before that (one sendmsg where the backend can).
   virtual ErrorClass PostSend(ConnId conn, const FrameFields& fields,
                               const iovec* iov, int iovcnt,
                               uint64_t cookie) = 0;
