@@ -194,6 +194,8 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
     const hw::PeerStats& p = r.fabric;
     v1::PeerNodeStats* row = reply->add_peer_nodes();
     row->set_refused(r.refused);
+    row->set_parked(r.parked);
+    row->set_xoffs(r.xoffs);
     row->set_node(static_cast<uint32_t>(p.node));
     row->set_frames_sent(p.frames_sent);
     row->set_bytes_sent(p.bytes_sent);

@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -25,6 +27,10 @@ constexpr uint32_t kEnvelopeMax = sizeof(Remote::Wire) + shm::kInlineMax;
 constexpr size_t kMaxQueued = 1024;
 // Receiving a payload nobody will take (its receiver is gone).
 constexpr uint32_t kDiscardBytes = 64 * 1024;
+// Bytes parked per connection (remote.h, back-pressure 3). What parks is
+// what was in flight when kXoff reached the sender: its socket buffer (4 MiB
+// at most by Linux's default tcp_wmem) and the frames it had queued.
+constexpr uint64_t kParkMax = 16 << 20;
 
 uint64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -76,6 +82,19 @@ struct Remote::Pending {
   PostedRecv recv{};
 };
 
+// A frame parked for its receiving endpoint (remote.h, back-pressure 1).
+struct Remote::Parked {
+  hw::FrameFields f;
+  bool chunk = false;            // a kRndvData chunk; else an envelope
+  std::vector<uint8_t> env;      // the envelope as received
+  std::vector<uint8_t> payload;  // its payload frame, or the chunk's bytes
+  uint64_t bytes = 0;            // counted in Peer::parked_bytes
+  // A receive the envelope had matched before it parked (Peer::has_held).
+  bool has_held = false;
+  uint32_t held_receiver = 0;
+  PostedRecv held_recv{};
+};
+
 struct Remote::Peer {
   uint16_t node = 0;
   hw::ConnId conn = 0;
@@ -104,6 +123,19 @@ struct Remote::Peer {
   PostedRecv held_recv{};
   bool bad_logged = false;
   bool dropped = false;  // closed by us for a bad frame; kClosed follows
+  // Parked frames by receiving epid, each list in arrival order, and kGone
+  // frames waiting for the parked frames of their endpoint.
+  std::unordered_map<uint64_t, std::deque<Parked>> parked;
+  std::deque<hw::FrameFields> gone_after;
+  uint64_t parked_bytes = 0;
+  bool park_payload = false;  // the payload being read is parked.back()'s
+  bool park_chunk = false;    // so is the chunk being read
+  bool park_full_logged = false;
+  // Sending: that node's endpoints that are off (kXoff), and the frames to
+  // them set aside meanwhile, in queue order.
+  std::set<uint64_t> off;
+  std::unordered_map<uint64_t, std::deque<std::unique_ptr<OutFrame>>> deferred;
+  bool defer_payload = false;  // the next kPayload's envelope was set aside
 };
 
 struct Remote::InTransfer {  // a rendezvous receive from another node
@@ -112,8 +144,9 @@ struct Remote::InTransfer {  // a rendezvous receive from another node
   uint64_t recv_req;
   uint64_t src;  // the sender's epid
   uint32_t send_bytes;
-  uint32_t received;
+  uint32_t received;  // delivered to the receiver
   uint64_t sender_req;
+  uint32_t accepted = 0;  // read off the connection (delivered or parked)
 };
 
 struct Remote::OutTransfer {  // a rendezvous send to another node
@@ -193,6 +226,9 @@ Remote::~Remote() {
   for (auto& [cookie, f] : in_flight_) f->ReleaseChunk();
   for (auto& [node, p] : peers_) {
     for (auto& f : p->queue) f->ReleaseChunk();
+    for (auto& [dst, frames] : p->deferred) {
+      for (auto& f : frames) f->ReleaseChunk();
+    }
   }
 }
 
@@ -245,8 +281,35 @@ void Remote::Enqueue(Peer& p, std::unique_ptr<OutFrame> f) {
   Flush(p);
 }
 
+bool Remote::Defer(Peer& p, const OutFrame& f) {
+  const bool off = !p.off.empty() && p.off.count(f.f.dst) != 0;
+  switch (f.f.op) {
+    case kPayload:
+      // With its envelope, wherever that went (they are adjacent in the
+      // queue, and on the wire).
+      return std::exchange(p.defer_payload, false);
+    case kEnvelope:
+    case kAmRequest:
+    case kAmReply: {
+      const bool rndv = f.f.op == kEnvelope && (f.wire.flags & kWireFlagRndv);
+      p.defer_payload = off && !rndv && !shm::IsInline(f.wire.len);
+      return off;
+    }
+    case kRndvData:
+      return off;
+    default:
+      return false;
+  }
+}
+
 void Remote::Flush(Peer& p) {
   while (p.open && !p.queue.empty()) {
+    if (Defer(p, *p.queue.front())) {
+      const uint64_t dst = p.queue.front()->f.dst;
+      p.deferred[dst].push_back(std::move(p.queue.front()));
+      p.queue.pop_front();
+      continue;
+    }
     OutFrame& f = *p.queue.front();
     const uint64_t cookie = next_cookie_++;
     hw::ErrorClass e = fabric_->PostSend(p.conn, f.f, f.iov, f.iovcnt, cookie);
@@ -361,7 +424,8 @@ bool Remote::Send(Endpoint& sender, const shm::SubmissionDesc& d,
   }
   // (A closing sender's last sends are taken regardless: it saw them
   // complete, and its ring is not read again.)
-  if (p->queue.size() >= kMaxQueued && !engine_->admit_over_budget_) {
+  if ((p->queue.size() >= kMaxQueued || p->off.count(dst) != 0) &&
+      !engine_->admit_over_budget_) {
     payload.Take();  // still the sender's: the send is held, not dropped
     return false;
   }
@@ -395,7 +459,8 @@ bool Remote::AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
     engine_->PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
     return true;
   }
-  if (p->queue.size() >= kMaxQueued && !engine_->admit_over_budget_) {
+  if ((p->queue.size() >= kMaxQueued || p->off.count(dst) != 0) &&
+      !engine_->admit_over_budget_) {
     payload.Take();
     return false;
   }
@@ -603,9 +668,15 @@ std::vector<Remote::PeerRow> Remote::Stats() const {
   for (const hw::PeerStats& p : fabric_->Stats()) {
     PeerRow row;
     row.fabric = p;
-    auto it = refused_by_node_.find(static_cast<uint16_t>(p.node));
-    if (p.node <= 0xffff && it != refused_by_node_.end()) {
-      row.refused = it->second;
+    if (p.node <= 0xffff) {
+      const uint16_t node = static_cast<uint16_t>(p.node);
+      auto count = [node](const std::map<uint16_t, uint64_t>& by_node) {
+        auto it = by_node.find(node);
+        return it == by_node.end() ? uint64_t{0} : it->second;
+      };
+      row.refused = count(refused_by_node_);
+      row.parked = count(parked_by_node_);
+      row.xoffs = count(xoffs_by_node_);
     }
     rows.push_back(row);
   }
@@ -692,7 +763,11 @@ void Remote::OnHeader(Peer& p, const hw::Event& e) {
       return;
     }
     iovec iov;
-    if (p.pending.receiver != 0) {
+    if (p.park_payload) {
+      std::vector<uint8_t>& to = p.parked[p.pending.f.dst].back().payload;
+      to.resize(e.length);
+      iov = {to.data(), e.length};
+    } else if (p.pending.receiver != 0) {
       iov = {p.pending.job->pool().base() + p.pending.chunk, e.length};
     } else {
       p.discard.resize(std::min<uint32_t>(e.length, kDiscardBytes));
@@ -710,8 +785,8 @@ void Remote::OnHeader(Peer& p, const hw::Event& e) {
     auto it = in_transfers_.find(e.fields.aux);
     if (it == in_transfers_.end() || it->second->node != p.node ||
         it->second->src != e.fields.src ||
-        e.fields.offset != it->second->received || e.length == 0 ||
-        e.length > it->second->send_bytes - it->second->received) {
+        e.fields.offset != it->second->accepted || e.length == 0 ||
+        e.length > it->second->send_bytes - it->second->accepted) {
       Drop(p, "rendezvous chunk of no transfer, or out of order");
       return;
     }
@@ -719,16 +794,28 @@ void Remote::OnHeader(Peer& p, const hw::Event& e) {
     p.chunk_transfer = e.fields.aux;
     p.chunk_offset = 0;
     p.chunk_job.reset();
+    p.park_chunk = false;
     Endpoint* r = t.receiver == 0 ? nullptr : engine_->Find(t.receiver);
     if (r != nullptr) {
-      if (!AllocInbox(*r, e.length, &p.chunk_offset)) {
-        p.rx = Peer::Rx::kPaused;  // retried in Poll
-        return;
+      // Behind what is parked for its receiver, or parked itself when the
+      // inbox is full.
+      if (p.parked.count(e.fields.dst) != 0 ||
+          !AllocInbox(*r, e.length, &p.chunk_offset)) {
+        if (!Park(p, /*chunk=*/true)) {
+          p.rx = Peer::Rx::kPaused;  // retried in Poll
+          return;
+        }
+      } else {
+        p.chunk_job = r->job;
       }
-      p.chunk_job = r->job;
     }
+    t.accepted += e.length;
     iovec iov;
-    if (p.chunk_job) {
+    if (p.park_chunk) {
+      std::vector<uint8_t>& to = p.parked[e.fields.dst].back().payload;
+      to.resize(e.length);
+      iov = {to.data(), e.length};
+    } else if (p.chunk_job) {
       iov = {p.chunk_job->pool().base() + p.chunk_offset, e.length};
     } else {
       p.discard.resize(std::min<uint32_t>(e.length, kDiscardBytes));
@@ -754,84 +841,272 @@ void Remote::OnRecvDone(Peer& p, const hw::Event& e) {
     return;  // kClosed follows
   switch (p.rx) {
     case Peer::Rx::kEnvelope:
-      if (OnEnvelope(p) == Verdict::kPause) {
+      if (Admit(p) == Verdict::kPause && !Park(p, /*chunk=*/false)) {
         p.rx = Peer::Rx::kPaused;
         return;
       }
       break;
-    case Peer::Rx::kPayload: {
-      Pending& q = p.pending;
-      p.expect_payload = false;
-      Endpoint* r = q.receiver == 0 ? nullptr : engine_->Find(q.receiver);
-      if (r == nullptr || r->job != q.job) {
-        if (q.job) shm::ReleaseChunk(q.job->pool().base(), q.chunk);
-        if (q.op == kEnvelope && (q.wire.flags & shm::kSendSync) &&
-            q.receiver != 0) {
-          SendControl(p.node, kError, q.f.dst, q.f.src, q.f, q.f.aux,
-                      PSM2_EPID_UNREACHABLE);
-        }
-      } else if (q.op == kEnvelope) {
-        UnexpectedMsg m{};
-        m.flags = static_cast<uint8_t>(q.wire.flags);
-        m.len = q.wire.len;
-        m.sender_req = q.f.aux;
-        m.pool_offset = q.chunk;
-        m.remote_src = q.f.src;
-        const MsgKey key = KeyOf(q.f.src, q.wire.tag);
-        if (q.matched) {
-          engine_->Deliver(*r, q.recv.req, q.recv.capacity, key, m, false);
-        } else if (auto recv = r->posted.take_match(key)) {
-          engine_->Deliver(*r, recv->req, recv->capacity, key, m, false);
-        } else {
-          r->counters.unexpected_msgs.Add(1);
-          r->counters.unexpected_bytes.Add(m.len);
-          engine_->Charge(*r, m);
-          r->unexpected.push(key, m);
-        }
-      } else {  // kAmRequest, kAmReply
-        shm::CompletionDesc c{};
-        c.op = q.op == kAmRequest ? shm::CompleteOp::kAmRequest
-                                  : shm::CompleteOp::kAmReply;
-        c.flags = static_cast<uint8_t>(q.wire.flags);
-        c.req = q.f.aux;
-        c.tag[0] = q.wire.tag[0];
-        c.tag[1] = q.wire.tag[1];
-        c.tag[2] = ProxyFor(q.f.src);
-        c.msg_len = q.wire.len;
-        c.src_epid = q.f.src;
-        c.body.pool.pool_offset = q.chunk;
-        engine_->Post(*r, c);
+    case Peer::Rx::kPayload:
+      if (p.park_payload) {
+        p.park_payload = false;
+        p.expect_payload = false;
+        p.pending = Pending{};
+      } else {
+        OnPayload(p);
       }
-      q = Pending{};
       break;
-    }
-    case Peer::Rx::kChunk: {
-      auto it = in_transfers_.find(p.chunk_transfer);
-      if (it != in_transfers_.end()) {
-        InTransfer& t = *it->second;
-        Endpoint* r = t.receiver == 0 ? nullptr : engine_->Find(t.receiver);
-        if (p.chunk_job && (r == nullptr || r->job != p.chunk_job)) {
-          shm::ReleaseChunk(p.chunk_job->pool().base(), p.chunk_offset);
-        } else if (p.chunk_job) {
-          shm::CompletionDesc c{};
-          c.op = shm::CompleteOp::kRndvChunk;
-          c.req = t.recv_req;
-          c.body.chunk.pool_offset = p.chunk_offset;
-          c.body.chunk.offset = t.received;
-          c.body.chunk.len = p.length;
-          engine_->Post(*r, c);
-        }
-        t.received += p.length;
-        if (t.received == t.send_bytes) in_transfers_.erase(it);
+    case Peer::Rx::kChunk:
+      if (p.park_chunk) {
+        p.park_chunk = false;
+      } else {
+        OnChunk(p.chunk_transfer, p.chunk_job, p.chunk_offset, p.length);
+        p.chunk_job.reset();
       }
-      p.chunk_job.reset();
       break;
-    }
     default:
       Drop(p, "receive completion out of turn");
       return;
   }
   RecvNext(p);
+}
+
+void Remote::OnPayload(Peer& p) {
+  Pending& q = p.pending;
+  p.expect_payload = false;
+  Endpoint* r = q.receiver == 0 ? nullptr : engine_->Find(q.receiver);
+  if (r == nullptr || r->job != q.job) {
+    if (q.job) shm::ReleaseChunk(q.job->pool().base(), q.chunk);
+    if (q.op == kEnvelope && (q.wire.flags & shm::kSendSync) &&
+        q.receiver != 0) {
+      SendControl(p.node, kError, q.f.dst, q.f.src, q.f, q.f.aux,
+                  PSM2_EPID_UNREACHABLE);
+    }
+  } else if (q.op == kEnvelope) {
+    UnexpectedMsg m{};
+    m.flags = static_cast<uint8_t>(q.wire.flags);
+    m.len = q.wire.len;
+    m.sender_req = q.f.aux;
+    m.pool_offset = q.chunk;
+    m.remote_src = q.f.src;
+    const MsgKey key = KeyOf(q.f.src, q.wire.tag);
+    if (q.matched) {
+      engine_->Deliver(*r, q.recv.req, q.recv.capacity, key, m, false);
+    } else if (auto recv = r->posted.take_match(key)) {
+      engine_->Deliver(*r, recv->req, recv->capacity, key, m, false);
+    } else {
+      r->counters.unexpected_msgs.Add(1);
+      r->counters.unexpected_bytes.Add(m.len);
+      engine_->Charge(*r, m);
+      r->unexpected.push(key, m);
+    }
+  } else {  // kAmRequest, kAmReply
+    shm::CompletionDesc c{};
+    c.op = q.op == kAmRequest ? shm::CompleteOp::kAmRequest
+                              : shm::CompleteOp::kAmReply;
+    c.flags = static_cast<uint8_t>(q.wire.flags);
+    c.req = q.f.aux;
+    c.tag[0] = q.wire.tag[0];
+    c.tag[1] = q.wire.tag[1];
+    c.tag[2] = ProxyFor(q.f.src);
+    c.msg_len = q.wire.len;
+    c.src_epid = q.f.src;
+    c.body.pool.pool_offset = q.chunk;
+    engine_->Post(*r, c);
+  }
+  q = Pending{};
+}
+
+void Remote::OnChunk(uint64_t transfer_id, const std::shared_ptr<Job>& job,
+                     uint64_t chunk, uint32_t len) {
+  auto it = in_transfers_.find(transfer_id);
+  if (it == in_transfers_.end()) {
+    if (job) shm::ReleaseChunk(job->pool().base(), chunk);
+    return;
+  }
+  InTransfer& t = *it->second;
+  Endpoint* r = t.receiver == 0 ? nullptr : engine_->Find(t.receiver);
+  if (job && (r == nullptr || r->job != job)) {
+    shm::ReleaseChunk(job->pool().base(), chunk);
+  } else if (job) {
+    shm::CompletionDesc c{};
+    c.op = shm::CompleteOp::kRndvChunk;
+    c.req = t.recv_req;
+    c.body.chunk.pool_offset = chunk;
+    c.body.chunk.offset = t.received;
+    c.body.chunk.len = len;
+    engine_->Post(*r, c);
+  }
+  t.received += len;
+  if (t.received == t.send_bytes) in_transfers_.erase(it);
+}
+
+Remote::Verdict Remote::Admit(Peer& p) {
+  switch (p.f.op) {
+    case kEnvelope:
+    case kAmRequest:
+    case kAmReply:
+      if (p.parked.count(p.f.dst) != 0) return Verdict::kPause;
+      break;
+    case kGone:
+      for (const auto& [dst, frames] : p.parked) {
+        for (const Parked& e : frames) {
+          if (e.f.src == p.f.src) return Verdict::kPause;
+        }
+      }
+      break;
+    default:
+      break;
+  }
+  return OnEnvelope(p);
+}
+
+bool Remote::Park(Peer& p, bool chunk) {
+  const hw::FrameFields& f = p.f;
+  uint64_t payload = 0;
+  if (chunk) {
+    payload = p.length;
+  } else if (f.op != kGone) {
+    Wire w;
+    std::memcpy(&w, p.env, sizeof(Wire));
+    const bool rndv = f.op == kEnvelope && (w.flags & kWireFlagRndv);
+    if (!rndv && !shm::IsInline(w.len)) payload = w.len;
+  }
+  const uint64_t bytes = sizeof(Parked) + (chunk ? 0 : p.length) + payload;
+  if (p.parked_bytes + bytes > kParkMax) {
+    if (!p.park_full_logged) {
+      spdlog::warn(
+          "fabric: {} MiB parked for slow receivers from node {}; reading "
+          "from it pauses until they drain (its daemon should have held "
+          "them back on kXoff)",
+          kParkMax >> 20, p.node);
+      p.park_full_logged = true;
+    }
+    return false;
+  }
+  p.parked_bytes += bytes;
+  parked_by_node_[p.node]++;
+  if (f.op == kGone) {
+    p.gone_after.push_back(f);
+    return true;
+  }
+  auto [list, first] = p.parked.try_emplace(f.dst);
+  Parked& e = list->second.emplace_back();
+  e.f = f;
+  e.chunk = chunk;
+  e.bytes = bytes;
+  if (chunk) {
+    p.park_chunk = true;
+  } else {
+    e.env.assign(p.env, p.env + p.length);
+    e.has_held = std::exchange(p.has_held, false);
+    e.held_receiver = p.held_receiver;
+    e.held_recv = p.held_recv;
+    if (payload > 0) {
+      p.pending = Pending{};
+      p.pending.op = f.op;
+      p.pending.f = f;
+      std::memcpy(&p.pending.wire, p.env, sizeof(Wire));
+      p.expect_payload = true;
+      p.park_payload = true;
+    }
+  }
+  if (first) {
+    hw::FrameFields about;
+    about.uid = f.uid;
+    std::memcpy(about.job, f.job, 16);
+    SendControl(p.node, kXoff, f.dst, 0, about, 0, PSM2_OK);
+  }
+  return true;
+}
+
+bool Remote::RetryParked(Peer& p) {
+  if (p.parked.empty() && p.gone_after.empty()) return false;
+  // Only between frames: a payload or chunk being read owns p.pending or
+  // p.chunk_*. A paused frame's state is kept aside meanwhile.
+  if (p.expect_payload || p.dropped ||
+      (p.rx != Peer::Rx::kHeader && p.rx != Peer::Rx::kPaused)) {
+    return false;
+  }
+  const hw::FrameFields f = p.f;
+  const uint32_t length = p.length;
+  uint8_t env[kEnvelopeMax];
+  std::memcpy(env, p.env, sizeof(env));
+  const bool has_held = std::exchange(p.has_held, false);
+  const uint32_t held_receiver = p.held_receiver;
+  const PostedRecv held_recv = p.held_recv;
+  bool did = false;
+  for (auto it = p.parked.begin(); it != p.parked.end() && !p.dropped;) {
+    std::deque<Parked>& frames = it->second;
+    hw::FrameFields about;
+    while (!frames.empty() && !p.dropped && Deliver(p, frames.front())) {
+      about.uid = frames.front().f.uid;
+      std::memcpy(about.job, frames.front().f.job, 16);
+      p.parked_bytes -= frames.front().bytes;
+      frames.pop_front();
+      did = true;
+    }
+    if (!frames.empty()) {
+      ++it;
+      continue;
+    }
+    SendControl(p.node, kXon, it->first, 0, about, 0, PSM2_OK);
+    it = p.parked.erase(it);
+  }
+  while (!p.gone_after.empty() && !p.dropped) {
+    p.f = p.gone_after.front();
+    p.length = sizeof(Wire);
+    std::memset(p.env, 0, sizeof(Wire));
+    if (Admit(p) == Verdict::kPause) break;
+    p.gone_after.pop_front();
+    p.parked_bytes -= sizeof(Parked);
+    did = true;
+  }
+  p.f = f;
+  p.length = length;
+  std::memcpy(p.env, env, sizeof(env));
+  p.has_held = has_held;
+  p.held_receiver = held_receiver;
+  p.held_recv = held_recv;
+  return did;
+}
+
+bool Remote::Deliver(Peer& p, Parked& e) {
+  p.f = e.f;
+  if (e.chunk) {
+    const uint32_t len = static_cast<uint32_t>(e.payload.size());
+    auto it = in_transfers_.find(e.f.aux);
+    Endpoint* r = it == in_transfers_.end() || it->second->receiver == 0
+                      ? nullptr
+                      : engine_->Find(it->second->receiver);
+    if (r == nullptr) {
+      OnChunk(e.f.aux, nullptr, 0, len);  // its receiver left: dropped
+      return true;
+    }
+    uint64_t chunk = 0;
+    if (!AllocInbox(*r, len, &chunk)) return false;
+    std::memcpy(r->job->pool().base() + chunk, e.payload.data(), len);
+    OnChunk(e.f.aux, r->job, chunk, len);
+    return true;
+  }
+  p.length = static_cast<uint32_t>(e.env.size());
+  std::memcpy(p.env, e.env.data(), e.env.size());
+  p.has_held = e.has_held;
+  p.held_receiver = e.held_receiver;
+  p.held_recv = e.held_recv;
+  if (OnEnvelope(p) == Verdict::kPause) {
+    e.has_held = std::exchange(p.has_held, false);
+    e.held_receiver = p.held_receiver;
+    e.held_recv = p.held_recv;
+    return false;
+  }
+  if (p.expect_payload) {  // its payload is e.payload
+    if (p.pending.receiver != 0 && e.payload.size() == p.pending.wire.len) {
+      std::memcpy(p.pending.job->pool().base() + p.pending.chunk,
+                  e.payload.data(), e.payload.size());
+    }
+    OnPayload(p);
+  }
+  return true;
 }
 
 Remote::Verdict Remote::OnEnvelope(Peer& p) {
@@ -918,6 +1193,29 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
     }
     case kPing:
       return Verdict::kDone;
+    case kXoff:
+    case kXon: {
+      // Only a node's own endpoints: a node cannot switch off another's.
+      if (shm::NodeIdOf(f.src) != p.node) return Verdict::kDone;
+      if (f.op == kXoff) {
+        xoffs_by_node_[p.node]++;
+        p.off.insert(f.src);
+        return Verdict::kDone;
+      }
+      p.off.erase(f.src);
+      auto set_aside = p.deferred.find(f.src);
+      if (set_aside != p.deferred.end()) {
+        // Back to the front of the queue, in their order; after a payload
+        // whose envelope is already on the wire.
+        auto at = p.queue.begin();
+        if (at != p.queue.end() && (*at)->f.op == kPayload) ++at;
+        p.queue.insert(at, std::make_move_iterator(set_aside->second.begin()),
+                       std::make_move_iterator(set_aside->second.end()));
+        p.deferred.erase(set_aside);
+        Flush(p);
+      }
+      return Verdict::kDone;
+    }
     case kGone: {
       // Only a node's own endpoints: a node cannot declare another's gone.
       if (shm::NodeIdOf(f.src) != p.node) return Verdict::kDone;
@@ -1089,6 +1387,9 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
     if (Endpoint* ep = engine_->Find(id)) engine_->PostError(*ep, req, error);
   }
   for (auto& f : p->queue) f->ReleaseChunk();
+  for (auto& [dst, frames] : p->deferred) {
+    for (auto& f : frames) f->ReleaseChunk();
+  }
   if (p->expect_payload && p->pending.job) {
     shm::ReleaseChunk(p->pending.job->pool().base(), p->pending.chunk);
   }
@@ -1100,6 +1401,11 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
     fail_recv(p->pending.receiver, p->pending.recv.req);
   }
   if (p->has_held) fail_recv(p->held_receiver, p->held_recv.req);
+  for (const auto& [dst, frames] : p->parked) {
+    for (const Parked& e : frames) {
+      if (e.has_held) fail_recv(e.held_receiver, e.held_recv.req);
+    }
+  }
   if (p->rx == Peer::Rx::kChunk && p->chunk_job) {
     shm::ReleaseChunk(p->chunk_job->pool().base(), p->chunk_offset);
   }
@@ -1244,10 +1550,11 @@ bool Remote::Poll() {
   int n = fabric_->Poll(events, 64);
   for (int i = 0; i < n; i++) HandleEvent(events[i]);
   did = n > 0;
-  // Paused envelopes and chunks: retried each pass (their receiver may have
+  // Parked and paused frames: retried each pass (their receiver may have
   // posted receives, released inbox chunks, drained its completions).
   for (auto& [node, peer] : peers_) {
     Peer& p = *peer;
+    did |= RetryParked(p);
     if (p.rx != Peer::Rx::kPaused) continue;
     if (p.f.op == kRndvData) {
       hw::Event e;
@@ -1256,7 +1563,7 @@ bool Remote::Poll() {
       e.length = p.length;
       OnHeader(p, e);
       if (p.rx != Peer::Rx::kPaused) did = true;
-    } else if (OnEnvelope(p) == Verdict::kDone) {
+    } else if (Admit(p) == Verdict::kDone || Park(p, /*chunk=*/false)) {
       did = true;
       if (p.rx == Peer::Rx::kPaused) RecvNext(p);
     }
@@ -1299,7 +1606,10 @@ void Remote::CheckLiveness() {
 
 int Remote::SleepLimitMs() {
   for (const auto& [node, p] : peers_) {
-    if (p->rx == Peer::Rx::kPaused) return 1;
+    if (p->rx == Peer::Rx::kPaused || !p->parked.empty() ||
+        !p->gone_after.empty()) {
+      return 1;
+    }
   }
   CheckLiveness();
   if (!queries_.empty()) {

@@ -14,13 +14,27 @@
 // releases as it does a local sender's chunk. A rendezvous chunk is sent
 // from the sender's pool chunk and received into an inbox chunk.
 //
-// Back-pressure: an envelope that finds its receiver over its unexpected
-// budget, its target's completion overflow full, or the inbox full is kept
-// and retried on every pass; nothing more is read from that connection
-// until it fits (TCP then holds the sender back). Frames to a node wait in a
-// bounded per-node queue; a send to a node whose queue is full is held in
-// the sender's held_sends (mq_engine.h invariant 4), so the worker never
-// blocks and nothing is dropped.
+// Back-pressure, per receiving endpoint (one tenant's slow receiver must
+// not stall the others that share the connection):
+//   1. A message or chunk that finds its receiver over its unexpected
+//      budget, its target's completion overflow full, or its job's inbox
+//      full is *parked*: its envelope and payload are read into daemon
+//      memory, queued per receiving epid, and retried on every pass. Every
+//      later message or chunk for that epid parks behind it (per-flow
+//      order); a kGone waits for the parked frames of its endpoint.
+//   2. The first frame parked for an epid sends kXoff(epid) to the sending
+//      node; the last one delivered sends kXon. While an epid is off, its
+//      node's daemon holds new sends and active-message requests to it (in
+//      the senders' held_sends, mq_engine.h invariant 4) and sets aside the
+//      queued frames for it (Peer::deferred), so what is parked is bounded
+//      by what was in flight when kXoff arrived.
+//   3. Parked bytes per connection are capped (kParkMax); past the cap the
+//      connection pauses as a whole (nothing more is read until the frame
+//      fits, TCP holds the sender back): the last resort against a peer
+//      that ignores kXoff, logged once.
+// Frames to a node wait in a bounded per-node queue; a send to a node whose
+// queue is full is held likewise, so the worker never blocks and nothing is
+// dropped.
 //
 // Failure: a connection that closes fails every request waiting for an
 // answer from that node (sync and rendezvous sends, acknowledged active
@@ -106,6 +120,8 @@ class Remote {
   struct PeerRow {
     hw::PeerStats fabric;
     uint64_t refused = 0;
+    uint64_t parked = 0;  // frames from that node parked here
+    uint64_t xoffs = 0;   // kXoff from that node
   };
   std::vector<PeerRow> Stats() const;
 
@@ -136,7 +152,9 @@ class Remote {
     kAbort = 12,  // rendezvous transfer `aux` to dst ends: its sender left
     kPing = 13,   // nothing: a heartbeat (liveness, see CheckLiveness)
     kGone = 14,   // endpoint src (of the sending node) was removed
-    kLastOp = kGone,
+    kXoff = 15,   // hold messages to endpoint src (of the sending node)
+    kXon = 16,    // send to src again
+    kLastOp = kXon,
   };
 
   // The envelope record (little-endian on the wire as the header is).
@@ -158,6 +176,7 @@ class Remote {
   struct OutTransfer;
   struct Inbox;
   struct QueryState;
+  struct Parked;
   enum class Verdict { kDone, kPause };
 
   Peer* PeerOf(uint16_t node);
@@ -180,6 +199,22 @@ class Remote {
   void OnRecvDone(Peer& p, const hw::Event& e);
   // Decides the envelope in p.env; may pause (kept, retried).
   Verdict OnEnvelope(Peer& p);
+  // OnEnvelope, unless frames parked before it must go first.
+  Verdict Admit(Peer& p);
+  // The envelope in p.env (or, with `chunk`, the rendezvous chunk whose
+  // header is p.f) waits in p.parked; its payload, if any, is read next
+  // into daemon memory. False: over kParkMax, pause the connection instead.
+  bool Park(Peer& p, bool chunk);
+  // Retries the parked frames of every epid in order; true when any went.
+  bool RetryParked(Peer& p);
+  bool Deliver(Peer& p, Parked& e);
+  // A payload (of the envelope in p.pending) landed in its inbox chunk.
+  void OnPayload(Peer& p);
+  // A rendezvous chunk of `transfer_id` landed in `job`'s inbox at `chunk`.
+  void OnChunk(uint64_t transfer_id, const std::shared_ptr<Job>& job,
+               uint64_t chunk, uint32_t len);
+  // Whether Flush sets `f` aside for a node's endpoint that is off (kXoff).
+  bool Defer(Peer& p, const OutFrame& f);
   void RecvNext(Peer& p);
   void Drop(Peer& p, const char* why);
   void FailPeer(uint16_t node, hw::ErrorClass why);
@@ -228,6 +263,8 @@ class Remote {
   uint64_t last_liveness_ms_ = 0;
   uint64_t refused_ = 0;
   std::map<uint16_t, uint64_t> refused_by_node_;
+  std::map<uint16_t, uint64_t> parked_by_node_;
+  std::map<uint16_t, uint64_t> xoffs_by_node_;
 };
 
 }  // namespace psmd

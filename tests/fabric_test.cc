@@ -93,6 +93,9 @@ class FabricTest : public ::testing::Test {
     return r0;
   }
 
+  void StallOneTenant(const std::vector<std::string>& flood_args,
+                      bool sends_held);
+
   // The two roles of tests/programs/peer_death in directory `rv`: rank 0 on
   // daemon a, rank 1 on daemon b, of job `uuid`.
   struct PeerDeathPair {
@@ -403,6 +406,89 @@ TEST_F(FabricTest, AFloodAtAnIdleReceiverOnAnotherNodeIsHeldBackNotBuffered) {
   EXPECT_EQ(JsonNumber(sa.out, "peer_nodes", "connects"), 1) << sa.out;
   EXPECT_TRUE(a->Stop());
   EXPECT_TRUE(b->Stop());
+}
+
+// Job F floods a receiver on node 2 that makes no progress for a while
+// (tests/programs/flood with `flood_args`); its frames park at node 2,
+// which switches that endpoint off at node 1 (kXoff), so node 1 holds back
+// F's frames. Job B's exchange over the same connection meanwhile runs at
+// full speed, and F's messages all arrive, in order and intact, once its
+// receiver reads (daemon/remote.h, back-pressure).
+void FabricTest::StallOneTenant(const std::vector<std::string>& flood_args,
+                                bool sends_held) {
+  auto a = StartNode(0);
+  auto b = StartNode(1);
+  const int idle = static_cast<int>(8 * TimeScale());
+  std::string rv = Rendezvous("flood");
+  auto args = [&](int rank) {
+    std::vector<std::string> v = {Runfile("tests/programs/flood"),
+                                  "--rank",
+                                  std::to_string(rank),
+                                  "--dir",
+                                  rv,
+                                  "--idle-seconds",
+                                  std::to_string(idle)};
+    v.insert(v.end(), flood_args.begin(), flood_args.end());
+    return v;
+  };
+  auto peer_row = [&](const Daemon& d, const char* field) {
+    return JsonNumber(Psmctl(dir_, d, {"stats", "--format", "json"}).out,
+                      "peer_nodes", field);
+  };
+  const auto start = std::chrono::steady_clock::now();
+  Process receiver =
+      Process::Start(args(1), b->ClientEnv(), rv + "/r1.out", rv + "/r1.err");
+  Process sender =
+      Process::Start(args(0), a->ClientEnv(), rv + "/r0.out", rv + "/r0.err");
+  // Until node 2 has switched the receiver off (5 s at most).
+  double xoffs = 0;
+  for (int i = 0; i < 100 && xoffs <= 0; i++) {  // -1: not connected yet
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    xoffs = peer_row(*a, "xoffs");
+  }
+  RunResult bystander =
+      Exchange(*a, *b, "bystander", 200, 100000, kJobB, kJobB);
+  const double done_after =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  EXPECT_EQ(bystander.exit_code, 0) << bystander.err;
+  // Done while the flood's receiver still idled: nothing waited for it.
+  EXPECT_LT(done_after, idle)
+      << "job B's exchange ended " << done_after << " s after the flood began";
+  EXPECT_GT(xoffs, 0) << b->Log();
+  EXPECT_GT(peer_row(*b, "parked"), 0);
+  if (sends_held) {
+    RunResult sa = Psmctl(dir_, *a, {"stats", "--format", "json"});
+    EXPECT_GT(JsonNumber(sa.out, "total", "sends_held"), 0) << sa.out;
+  }
+  printf(
+      "bystander exchange beside a stalled tenant: ended %.2f s after "
+      "the flood began (its receiver idles %d s)\n",
+      done_after, idle);
+  ASSERT_EQ(receiver.Wait(60), 0) << ReadFile(rv + "/r1.err") << b->Log();
+  ASSERT_EQ(sender.Wait(30), 0) << ReadFile(rv + "/r0.err");
+  EXPECT_NE(ReadFile(rv + "/r1.out").find(" 0 wrong"), std::string::npos)
+      << ReadFile(rv + "/r1.out");
+  // Parking never had to fall back to pausing the connection.
+  EXPECT_EQ(b->Log().find("parked for slow receivers"), std::string::npos)
+      << b->Log();
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+TEST_F(FabricTest, AnotherTenantsIdleReceiverDoesNotStallTheConnection) {
+  // Eager messages to a receiver with nothing posted: over its budget and
+  // its job's inbox, they park; its sender is held.
+  StallOneTenant({"--small", "20000", "--bytes", std::to_string(64 << 20)},
+                 /*sends_held=*/true);
+}
+
+TEST_F(FabricTest, AnotherTenantsFullInboxDoesNotStallTheConnection) {
+  // 4 MiB rendezvous messages into receives posted before the receiver
+  // stops making progress: their chunks fill its job's inbox and park.
+  StallOneTenant({"--small", "0", "--large", std::to_string(4 << 20), "--bytes",
+                  std::to_string(64 << 20), "--post-first", "1"},
+                 /*sends_held=*/false);
 }
 
 // A node of the test's own (node 3, authenticated with the same munged)

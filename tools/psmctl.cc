@@ -172,19 +172,22 @@ std::string RefusalsJson(const psmd::v1::GetStatsReply& r) {
 // The fabric's rows, one per peer node (none without a fabric).
 void PrintPeerNodes(const psmd::v1::GetStatsReply& r) {
   if (r.peer_nodes_size() == 0 && r.fabric_host().empty()) return;
-  printf("\nfabric %s\n%-5s %12s %12s %12s %12s %8s %8s %8s %8s %8s %8s\n",
-         Printable(r.fabric_host()).c_str(), "node", "frames_sent",
-         "bytes_sent", "frames_recv", "bytes_recv", "connects", "disconn",
-         "conn_err", "auth_err", "bad_frm", "refused");
+  printf(
+      "\nfabric %s\n%-5s %12s %12s %12s %12s %8s %8s %8s %8s %8s %8s %8s "
+      "%8s\n",
+      Printable(r.fabric_host()).c_str(), "node", "frames_sent", "bytes_sent",
+      "frames_recv", "bytes_recv", "connects", "disconn", "conn_err",
+      "auth_err", "bad_frm", "refused", "parked", "xoffs");
   for (const auto& p : r.peer_nodes()) {
-    printf("%-5u %12s %12s %12s %12s %8" PRIu64 " %8" PRIu64 " %8" PRIu64
-           " %8" PRIu64 " %8" PRIu64 " %8" PRIu64 "\n",
-           p.node(), Human(p.frames_sent(), counters::Unit::kCount).c_str(),
-           Human(p.bytes_sent(), counters::Unit::kBytes).c_str(),
-           Human(p.frames_received(), counters::Unit::kCount).c_str(),
-           Human(p.bytes_received(), counters::Unit::kBytes).c_str(),
-           p.connects(), p.disconnects(), p.connect_failures(),
-           p.auth_failures(), p.bad_frames(), p.refused());
+    printf(
+        "%-5u %12s %12s %12s %12s %8" PRIu64 " %8" PRIu64 " %8" PRIu64
+        " %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %8" PRIu64 "\n",
+        p.node(), Human(p.frames_sent(), counters::Unit::kCount).c_str(),
+        Human(p.bytes_sent(), counters::Unit::kBytes).c_str(),
+        Human(p.frames_received(), counters::Unit::kCount).c_str(),
+        Human(p.bytes_received(), counters::Unit::kBytes).c_str(), p.connects(),
+        p.disconnects(), p.connect_failures(), p.auth_failures(),
+        p.bad_frames(), p.refused(), p.parked(), p.xoffs());
   }
 }
 
@@ -199,11 +202,12 @@ std::string PeerNodesJson(const psmd::v1::GetStatsReply& r) {
              ", \"bytes_received\": %" PRIu64 ", \"connects\": %" PRIu64
              ", \"disconnects\": %" PRIu64 ", \"connect_failures\": %" PRIu64
              ", \"auth_failures\": %" PRIu64 ", \"bad_frames\": %" PRIu64
-             ", \"refused\": %" PRIu64 "}",
+             ", \"refused\": %" PRIu64 ", \"parked\": %" PRIu64
+             ", \"xoffs\": %" PRIu64 "}",
              i ? ", " : "", p.node(), p.frames_sent(), p.bytes_sent(),
              p.frames_received(), p.bytes_received(), p.connects(),
              p.disconnects(), p.connect_failures(), p.auth_failures(),
-             p.bad_frames(), p.refused());
+             p.bad_frames(), p.refused(), p.parked(), p.xoffs());
     out += buf;
   }
   return out + "]";
@@ -299,6 +303,12 @@ void PrintStatsPrometheus(const psmd::v1::GetStatsReply& r) {
       {"psmd_fabric_refused_total",
        "Frames refused: no endpoint of that epid, job and uid here.",
        &psmd::v1::PeerNodeStats::refused},
+      {"psmd_fabric_parked_total",
+       "Frames from that node parked here for a slow receiver.",
+       &psmd::v1::PeerNodeStats::parked},
+      {"psmd_fabric_xoffs_total",
+       "Times that node asked us to hold messages to one of its endpoints.",
+       &psmd::v1::PeerNodeStats::xoffs},
   };
   if (r.peer_nodes_size() > 0) {
     for (const PeerField& f : peer_fields) {

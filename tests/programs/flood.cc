@@ -2,21 +2,26 @@
 // psmd's bounded unexpected-message memory (daemon/mq_engine.h, invariant 4).
 //
 //   flood --rank 0|1 --dir DIR [--small N] [--bytes TOTAL] [--idle-seconds S]
-//         [--uuid UUID]
+//         [--uuid UUID] [--large BYTES] [--post-first 1]
 //
-// Rank 0 streams N 8 B messages, then 32 KiB messages (TOTAL bytes of them),
+// Rank 0 streams N 8 B messages, then BYTES-sized messages (32 KiB unless
+// told; TOTAL bytes of them),
 // all tagged with their sequence number, with isend and a window of reusable
 // buffers. The small ones matter: their payload travels inside the
 // descriptor and their sends complete at once, so only psmd's budget (not the
 // sender's pool region) stops them from piling up in the daemon. Rank 1
 // connects, stays idle for S seconds (psmd must hold the sender back, not
 // buffer without bound), then receives everything with a wildcard tag and
-// checks order (tags in sequence: MPI non-overtaking) and every byte. Both
+// checks order (tags in sequence: MPI non-overtaking) and every byte. With
+// --post-first, rank 1 posts every receive before it idles instead (large
+// messages are then rendezvous transfers whose chunks arrive while it makes
+// no progress, so they fill its job's inbox). Both
 // print a one-line summary; exit 0 only if all is well.
 #include <psm2.h>
 #include <psm2_mq.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -29,12 +34,12 @@ using psmd::testing::CheckPsm;
 
 namespace {
 
-constexpr uint32_t kLarge = 32 << 10;
 constexpr uint32_t kSmall = 8;
 constexpr int kWindow = 64;
 uint64_t g_small_count = 1 << 20;
+uint32_t g_large = 32 << 10;
 
-uint32_t SizeOf(uint64_t seq) { return seq < g_small_count ? kSmall : kLarge; }
+uint32_t SizeOf(uint64_t seq) { return seq < g_small_count ? kSmall : g_large; }
 
 // Byte i of message seq: cheap, and different for every message and offset.
 uint8_t PatternByte(uint64_t seq, uint32_t i) {
@@ -61,6 +66,7 @@ int main(int argc, char** argv) {
   std::string dir;
   uint64_t total = 2ull << 30;
   double idle_s = 3;
+  bool post_first = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--rank")
@@ -75,6 +81,10 @@ int main(int argc, char** argv) {
       idle_s = atof(argv[i + 1]);
     else if (a == "--uuid")
       uuid_text = argv[i + 1];
+    else if (a == "--large")
+      g_large = static_cast<uint32_t>(strtoul(argv[i + 1], nullptr, 0));
+    else if (a == "--post-first")
+      post_first = atoi(argv[i + 1]) != 0;
     else {
       fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -86,7 +96,7 @@ int main(int argc, char** argv) {
             "[--idle-seconds S]\n");
     return 2;
   }
-  const uint64_t messages = g_small_count + (total + kLarge - 1) / kLarge;
+  const uint64_t messages = g_small_count + (total + g_large - 1) / g_large;
 
   psm2_uuid_t uuid;
   if (!psmd::testing::ParseUuid(uuid_text, uuid)) {
@@ -100,11 +110,11 @@ int main(int argc, char** argv) {
   psm2_epaddr_t addr = pair.peer;
 
   if (rank == 0) {
-    std::vector<std::vector<uint8_t>> bufs(kWindow,
-                                           std::vector<uint8_t>(kLarge));
-    std::vector<psm2_mq_req_t> reqs(kWindow, PSM2_MQ_REQINVALID);
+    std::vector<std::vector<uint8_t>> bufs(
+        std::min<uint64_t>(kWindow, messages), std::vector<uint8_t>(g_large));
+    std::vector<psm2_mq_req_t> reqs(bufs.size(), PSM2_MQ_REQINVALID);
     for (uint64_t seq = 0; seq < messages; seq++) {
-      int slot = static_cast<int>(seq % kWindow);
+      int slot = static_cast<int>(seq % bufs.size());
       CheckPsm(psm2_mq_wait2(&reqs[slot], nullptr), "psm2_mq_wait2 (send)");
       Fill(bufs[slot].data(), seq);
       psm2_mq_tag_t tag = TagOf(seq);
@@ -117,17 +127,28 @@ int main(int argc, char** argv) {
     printf("rank 0: sent %llu messages\n",
            static_cast<unsigned long long>(messages));
   } else {
-    usleep(static_cast<useconds_t>(idle_s * 1e6));
-    std::vector<uint8_t> buf(kLarge);
+    // Every receive posted at once (--post-first) or one at a time.
+    const uint64_t posted = post_first ? messages : 1;
+    std::vector<std::vector<uint8_t>> bufs(posted,
+                                           std::vector<uint8_t>(g_large));
+    std::vector<psm2_mq_req_t> reqs(posted);
     psm2_mq_tag_t any{}, wild{};  // selector 0: any tag
+    auto post = [&](uint64_t i) {
+      CheckPsm(psm2_mq_irecv2(mq, PSM2_MQ_ANY_ADDR, &any, &wild, 0,
+                              bufs[i].data(), g_large, nullptr, &reqs[i]),
+               "psm2_mq_irecv2");
+    };
+    if (post_first) {
+      for (uint64_t i = 0; i < messages; i++) post(i);
+    }
+    usleep(static_cast<useconds_t>(idle_s * 1e6));
     uint64_t bad = 0;
     for (uint64_t seq = 0; seq < messages; seq++) {
-      psm2_mq_req_t req;
-      CheckPsm(psm2_mq_irecv2(mq, PSM2_MQ_ANY_ADDR, &any, &wild, 0, buf.data(),
-                              kLarge, nullptr, &req),
-               "psm2_mq_irecv2");
+      const uint64_t i = post_first ? seq : 0;
+      if (!post_first) post(0);
+      std::vector<uint8_t>& buf = bufs[i];
       psm2_mq_status2_t st;
-      CheckPsm(psm2_mq_wait2(&req, &st), "psm2_mq_wait2 (recv)");
+      CheckPsm(psm2_mq_wait2(&reqs[i], &st), "psm2_mq_wait2 (recv)");
       psm2_mq_tag_t want = TagOf(seq);
       bool ok = st.error_code == PSM2_OK && st.nbytes == SizeOf(seq) &&
                 memcmp(&st.msg_tag, &want, sizeof(want)) == 0;
