@@ -240,17 +240,7 @@ bool MqEngine::PollControl(Endpoint& ep, size_t limit, size_t* used) {
   if (used != nullptr) *used += n;
   PrefetchMatches(ep, batch, n);
   for (size_t i = 0; i < n; i++) Dispatch(ep, batch[i], shm::Ring::kControl);
-  CheckRings(ep);
   return did || n > 0;
-}
-
-void MqEngine::CheckRings(Endpoint& ep) {
-  if (ep.faulted || !(ep.msg_sq.corrupt() || ep.ctl_sq.corrupt())) return;
-  LogClient(spdlog::level::err, ep.uid,
-            "endpoint {} (pid {}): submission ring indices corrupted by the "
-            "client; the endpoint is no longer served — close and reopen it",
-            ep.id, ep.pid);
-  ep.faulted = true;
 }
 
 bool MqEngine::PollMessages(Endpoint& ep, size_t limit, size_t* used) {
@@ -276,7 +266,6 @@ bool MqEngine::PollMessages(Endpoint& ep, size_t limit, size_t* used) {
       return true;
     }
   }
-  CheckRings(ep);
   return did || n > 0;
 }
 

@@ -142,8 +142,6 @@ class MqEngine {
                    size_t* used = nullptr);
   bool PollMessages(Endpoint& ep, size_t limit = SIZE_MAX,
                     size_t* used = nullptr);
-  // Faults the endpoint if the client scribbled on a ring's indices.
-  void CheckRings(Endpoint& ep);
   // Validates `d`, taken from `ring`, and runs its handler. False when the
   // descriptor is a send that must wait (invariant 4).
   bool Dispatch(Endpoint& ep, const shm::SubmissionDesc& d, shm::Ring ring);

@@ -79,7 +79,7 @@ enum class QueueOption : uint32_t {
 struct SubmissionDesc {
   SubmitOp op;
   uint8_t flags;
-  uint16_t reserved;
+  uint16_t ring_seq;  // the ring's publication stamp (shm/ring.h)
   uint32_t
       peer;  // connection slot (send: destination; recv/probe: source filter)
   uint64_t req;     // client's request token, echoed in the completion
@@ -387,11 +387,11 @@ enum CompleteFlags : uint8_t {
 struct CompletionDesc {
   CompleteOp op;
   uint8_t flags;
-  uint16_t reserved;
-  int32_t error;     // psm2_error_t
-  uint64_t req;      // the client's token from the submission
-  uint32_t tag[3];   // recv/probe: the sender's tag
-  uint32_t msg_len;  // recv/probe: the sender's length
+  uint16_t ring_seq;  // the ring's publication stamp (shm/ring.h)
+  int32_t error;      // psm2_error_t
+  uint64_t req;       // the client's token from the submission
+  uint32_t tag[3];    // recv/probe: the sender's tag
+  uint32_t msg_len;   // recv/probe: the sender's length
   uint64_t src_epid;
   union {
     uint8_t inline_data[kInlineMax];

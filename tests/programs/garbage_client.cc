@@ -2,7 +2,7 @@
 // PSM2 API, then writes malformed descriptors straight into its submission
 // ring, checks that each request it can name fails with an error completion,
 // that its endpoint still works for valid traffic, and finally scribbles on
-// the ring indices themselves. Exit 0 when every expectation held.
+// its completion ring's index. Exit 0 when every expectation held.
 // With --doorbell-flood SECONDS it only rings its doorbell, in a loop.
 #include <psm2.h>
 #include <psm2_mq.h>
@@ -170,10 +170,23 @@ int main(int argc, char** argv) {
              memcmp(in, out, sizeof(in)) == 0,
          "valid receive after garbage delivers intact data");
 
-  // Finally break the ring itself: the daemon stops serving this endpoint.
-  ep->segment_control()->ctl_sq.tail.value.store(0x7fffffff);
-  psmd::shm::RingEventFd(ep->doorbell_fd());
-  usleep(100000);
+  // Finally break the completion ring's index (the one index a client
+  // writes: submission rings have none, shm/ring.h) and never reap again:
+  // once psmd has filled the ring by its own count, it reads the index back,
+  // finds it impossible and stops serving this endpoint.
+  ep->segment_control()->cq.head.value.store(0x7fffffff);
+  shm::SubmissionDesc junk{};
+  junk.op = static_cast<shm::SubmitOp>(0xee);
+  for (int pushed = 0, idle = 0; pushed < 4096 && idle < 200;) {
+    if (ep->publisher().TryPushRaw(junk, shm::Ring::kControl)) {
+      pushed++;
+      idle = 0;
+    } else {
+      psmd::shm::RingEventFd(ep->doorbell_fd());
+      usleep(1000);
+      idle++;
+    }
+  }
   printf("garbage_client: %d failures\n", failures);
   fflush(stdout);
   return failures == 0 ? 0 : 1;
