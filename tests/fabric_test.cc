@@ -496,6 +496,13 @@ TEST_F(FabricTest, AnotherTenantsFullInboxDoesNotStallTheConnection) {
                  /*sends_held=*/false);
 }
 
+TEST_F(FabricTest, AnotherTenantsIdleActiveMessageTargetDoesNotStall) {
+  // 20,000 active-message requests of 1 KiB at a target that polls
+  // nothing: past its completion ring and 1024 waiting completions (and
+  // then its job's inbox) they park.
+  StallOneTenant({"--am", "20000"}, /*sends_held=*/false);
+}
+
 // A node of the test's own (node 3, authenticated with the same munged)
 // speaking to psmd through hw::Fabric directly.
 struct RawNode {

@@ -2,7 +2,7 @@
 // psmd's bounded unexpected-message memory (daemon/mq_engine.h, invariant 4).
 //
 //   flood --rank 0|1 --dir DIR [--small N] [--bytes TOTAL] [--idle-seconds S]
-//         [--uuid UUID] [--large BYTES] [--post-first 1]
+//         [--uuid UUID] [--large BYTES] [--post-first 1] [--am N]
 //
 // Rank 0 streams N 8 B messages, then BYTES-sized messages (32 KiB unless
 // told; TOTAL bytes of them),
@@ -15,9 +15,12 @@
 // checks order (tags in sequence: MPI non-overtaking) and every byte. With
 // --post-first, rank 1 posts every receive before it idles instead (large
 // messages are then rendezvous transfers whose chunks arrive while it makes
-// no progress, so they fill its job's inbox). Both
+// no progress, so they fill its job's inbox). With --am N, rank 0 sends N
+// active-message requests of 1 KiB instead, and rank 1 handles them after
+// its idle time, checking order and bytes. Both
 // print a one-line summary; exit 0 only if all is well.
 #include <psm2.h>
+#include <psm2_am.h>
 #include <psm2_mq.h>
 #include <unistd.h>
 
@@ -39,6 +42,11 @@ constexpr int kWindow = 64;
 uint64_t g_small_count = 1 << 20;
 uint32_t g_large = 32 << 10;
 
+// Active messages (--am): each carries its sequence number and 1 KiB.
+constexpr uint32_t kAmBytes = 1024;
+uint64_t g_am_next = 0;
+uint64_t g_am_bad = 0;
+
 uint32_t SizeOf(uint64_t seq) { return seq < g_small_count ? kSmall : g_large; }
 
 // Byte i of message seq: cheap, and different for every message and offset.
@@ -58,6 +66,19 @@ psm2_mq_tag_t TagOf(uint64_t seq) {
   return t;
 }
 
+int OnFloodAm(psm2_am_token_t, psm2_amarg_t* args, int nargs, void* src,
+              uint32_t len) {
+  const auto* bytes = static_cast<const uint8_t*>(src);
+  const uint64_t seq = g_am_next++;
+  bool ok = nargs == 1 && args[0].u64 == seq && len == kAmBytes;
+  for (uint32_t i = 0; ok && i < len; i++) ok = bytes[i] == PatternByte(seq, i);
+  if (!ok && g_am_bad++ < 5) {
+    fprintf(stderr, "rank 1: active message %llu wrong\n",
+            static_cast<unsigned long long>(seq));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -67,6 +88,7 @@ int main(int argc, char** argv) {
   uint64_t total = 2ull << 30;
   double idle_s = 3;
   bool post_first = false;
+  uint64_t am_count = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--rank")
@@ -85,6 +107,8 @@ int main(int argc, char** argv) {
       g_large = static_cast<uint32_t>(strtoul(argv[i + 1], nullptr, 0));
     else if (a == "--post-first")
       post_first = atoi(argv[i + 1]) != 0;
+    else if (a == "--am")
+      am_count = strtoull(argv[i + 1], nullptr, 0);
     else {
       fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -108,8 +132,31 @@ int main(int argc, char** argv) {
   psm2_ep_t ep = pair.ep;
   psm2_mq_t mq = pair.mq;
   psm2_epaddr_t addr = pair.peer;
+  psm2_am_handler_fn_t handlers[1] = {OnFloodAm};
+  int handler = 0;
+  CheckPsm(psm2_am_register_handlers(ep, handlers, 1, &handler),
+           "psm2_am_register_handlers");
 
-  if (rank == 0) {
+  if (am_count > 0 && rank == 0) {
+    std::vector<uint8_t> buf(kAmBytes);
+    for (uint64_t seq = 0; seq < am_count; seq++) {
+      for (uint32_t i = 0; i < kAmBytes; i++) buf[i] = PatternByte(seq, i);
+      psm2_amarg_t arg;
+      arg.u64 = seq;
+      CheckPsm(psm2_am_request_short(addr, handler, &arg, 1, buf.data(),
+                                     kAmBytes, 0, nullptr, nullptr),
+               "psm2_am_request_short");
+    }
+    printf("rank 0: sent %llu active messages\n",
+           static_cast<unsigned long long>(am_count));
+  } else if (am_count > 0) {
+    usleep(static_cast<useconds_t>(idle_s * 1e6));
+    while (g_am_next < am_count) psm2_poll(ep);
+    printf("rank 1: received %llu messages, %llu wrong\n",
+           static_cast<unsigned long long>(am_count),
+           static_cast<unsigned long long>(g_am_bad));
+    if (g_am_bad != 0) return 1;
+  } else if (rank == 0) {
     std::vector<std::vector<uint8_t>> bufs(
         std::min<uint64_t>(kWindow, messages), std::vector<uint8_t>(g_large));
     std::vector<psm2_mq_req_t> reqs(bufs.size(), PSM2_MQ_REQINVALID);
