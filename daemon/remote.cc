@@ -127,6 +127,9 @@ struct Remote::Peer {
   // frames waiting for the parked frames of their endpoint.
   std::unordered_map<uint64_t, std::deque<Parked>> parked;
   std::deque<hw::FrameFields> gone_after;
+  // Parked frames per sending epid: a kGone asks it on every pass while it
+  // waits, so it must not cost a walk over every parked frame.
+  std::unordered_map<uint64_t, uint32_t> parked_from;
   uint64_t parked_bytes = 0;
   bool park_payload = false;  // the payload being read is parked.back()'s
   bool park_chunk = false;    // so is the chunk being read
@@ -948,11 +951,7 @@ Remote::Verdict Remote::Admit(Peer& p) {
       if (p.parked.count(p.f.dst) != 0) return Verdict::kPause;
       break;
     case kGone:
-      for (const auto& [dst, frames] : p.parked) {
-        for (const Parked& e : frames) {
-          if (e.f.src == p.f.src) return Verdict::kPause;
-        }
-      }
+      if (p.parked_from.count(p.f.src) != 0) return Verdict::kPause;
       break;
     default:
       break;
@@ -990,6 +989,7 @@ bool Remote::Park(Peer& p, bool chunk) {
     return true;
   }
   auto [list, first] = p.parked.try_emplace(f.dst);
+  p.parked_from[f.src]++;
   Parked& e = list->second.emplace_back();
   e.f = f;
   e.chunk = chunk;
@@ -1042,6 +1042,8 @@ bool Remote::RetryParked(Peer& p) {
       about.uid = frames.front().f.uid;
       std::memcpy(about.job, frames.front().f.job, 16);
       p.parked_bytes -= frames.front().bytes;
+      auto from = p.parked_from.find(frames.front().f.src);
+      if (--from->second == 0) p.parked_from.erase(from);
       frames.pop_front();
       did = true;
     }
