@@ -122,6 +122,7 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags,
     d.req = psmd::client::TokenOf(self_copy);
   } else if (rendezvous) {
     r->send_buf = static_cast<const uint8_t*>(buf);
+    if (mq->copy_in_place) shm::PlaceInMemory(d, buf);
   } else if (shm::IsInline(len) && len > 0) {
     std::memcpy(d.body.inline_data, buf, len);
   }
@@ -170,11 +171,11 @@ psm2_error_t PostRecv(psm2_mq_t mq, psm2_epaddr_t src,
   r->user.buf_len = len;
   r->user.tag = *rtag;
   r->user.tagsel = *rtagsel;
-  ep->publisher().Submit(
-      r,
+  shm::SubmissionDesc d =
       shm::PrepRecv(src == nullptr ? shm::kAnySlot : src->slot,
-                    psmd::client::TokenOf(r), rtag->tag, rtagsel->tag, len),
-      nullptr);
+                    psmd::client::TokenOf(r), rtag->tag, rtagsel->tag, len);
+  if (mq->copy_in_place && len > 0) shm::PlaceInMemory(d, buf);
+  ep->publisher().Submit(r, d, nullptr);
   *req = r;
   return PSM2_OK;
 }
@@ -457,8 +458,9 @@ psm2_error_t psm2_mq_imrecv(psm2_mq_t mq, uint32_t flags, void* buf,
     return PSM2_OK;
   }
   r->state = State::kDeferred;
-  ep->publisher().Submit(r, shm::PrepClaimedRecv(psmd::client::TokenOf(r), len),
-                         nullptr);
+  shm::SubmissionDesc d = shm::PrepClaimedRecv(psmd::client::TokenOf(r), len);
+  if (mq->copy_in_place && len > 0) shm::PlaceInMemory(d, buf);
+  ep->publisher().Submit(r, d, nullptr);
   return PSM2_OK;
 }
 

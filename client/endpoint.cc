@@ -437,7 +437,12 @@ void psm2_ep::StartRendezvousReceive(psm2_mq_req* req,
   req->expect_bytes = req->user.recv_msglen;
   req->received_bytes = 0;
   req->state = psm2_mq_req::State::kReceiving;
-  if (req->expect_bytes == 0) {
+  if (c.flags & shm::kPayloadPlaced) {  // psmd copied it into the buffer
+    if (c.error != PSM2_OK)
+      req->user.error_code = static_cast<uint32_t>(c.error);
+    req->received_bytes = req->expect_bytes;
+  }
+  if (req->received_bytes == req->expect_bytes) {
     CountReceive(req, /*rendezvous=*/true);
     MarkComplete(req);
   }

@@ -147,6 +147,9 @@ struct psm2_mq {
   uint32_t rndv_shm_bytes = 0;
   uint32_t rndv_hfi_bytes = 0;
   uint32_t max_sysbuf_mbytes = 0;
+  // Name rendezvous buffers to psmd so that it may copy their payloads
+  // itself (shm::PlaceInMemory); PSMD_COPY_IN_PLACE=off streams them.
+  bool copy_in_place = true;
   psm2_mq_stats_t stats{};
   psm2_mq_req* done_head = nullptr;
   psm2_mq_req* done_tail = nullptr;

@@ -1,6 +1,7 @@
 #include "client/mq_options.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 
@@ -39,6 +40,8 @@ psm2_error_t SetBudget(psm2_mq_t mq, uint64_t mbytes) {
 psm2_error_t InitMqOptions(psm2_mq_t mq) {
   mq->rndv_shm_bytes = kDefaultRndvBytes;
   mq->rndv_hfi_bytes = kDefaultRndvBytes;
+  const char* in_place = getenv("PSMD_COPY_IN_PLACE");
+  mq->copy_in_place = in_place == nullptr || strcmp(in_place, "off") != 0;
   const struct {
     const char* var;
     int option;

@@ -126,6 +126,15 @@ const std::vector<Setting>& Settings() {
              "microseconds the progress worker polls after its last work "
              "before it sleeps (reloaded on SIGHUP)",
              "microseconds, 0 to 10000000"),
+      OneOf("copy_in_place", &Config::copy_in_place, {"auto", "off"},
+            "rendezvous messages between processes of this node: auto (psmd "
+            "copies them from the sender's memory into the receive buffer "
+            "on a thread of its own, where the kernel lets it) or off (they "
+            "stream through the job's pool)",
+            "auto or off"),
+      Number("copy_min_bytes", &Config::copy_min_bytes, 0, uint64_t{1} << 32,
+             "the smallest rendezvous message psmd copies in place",
+             "bytes, 0 to 4294967296"),
       Slots("sq_slots", &Config::sq_capacity,
             "submission ring slots per endpoint"),
       Slots("cq_slots", &Config::cq_capacity,

@@ -27,6 +27,12 @@ struct Config {
   // How long the progress thread polls after its last piece of work before
   // it sleeps in epoll until a client rings (microseconds).
   uint32_t spin_us = 200;
+  // Rendezvous messages of at least copy_min_bytes between processes of
+  // this node: copied by psmd from the sender's memory into the receive
+  // buffer (auto) or streamed through the pool (off). docs/perf.md,
+  // "Copies in place", has the figures behind the default.
+  std::string copy_in_place = "auto";
+  uint64_t copy_min_bytes = 256u << 10;
   uint32_t sq_capacity = 256;   // submission ring slots per endpoint
   uint32_t cq_capacity = 1024;  // completion ring slots per endpoint
   // Per-job payload pool: one send region per endpoint of the job.

@@ -6,6 +6,7 @@ namespace psmd {
 
 Endpoint::~Endpoint() {
   if (doorbell_fd >= 0) close(doorbell_fd);
+  if (pidfd.load() >= 0) close(pidfd.load());
 }
 
 }  // namespace psmd

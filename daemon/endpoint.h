@@ -70,6 +70,7 @@ struct PostedRecv {
   uint64_t req;
   uint32_t capacity;  // bytes the receive buffer holds
   uint64_t source;    // the epid it names, or kAnySource
+  uint64_t addr;  // the buffer in the receiver's memory (kRecvInPlace), or 0
 };
 
 // A message waiting in the unexpected queue (or claimed by a matched probe).
@@ -81,6 +82,8 @@ struct UnexpectedMsg {
   uint64_t sender_req;   // kSendSync / rendezvous: the sender's request
   uint64_t pool_offset;  // eager, len > kInlineMax
   uint8_t inline_data[shm::kInlineMax];
+  // Rendezvous with kSendInPlace: the payload's address in the sender.
+  uint64_t send_addr;
   // Non-zero: the sender is this epid on another node (sender_id is 0);
   // the payload, if any, is in the receiver's job inbox (daemon/remote.h).
   uint64_t remote_src;
@@ -129,6 +132,9 @@ class Endpoint {
   shm::SegmentGeometry geometry{};
   SendRegion region;
   int doorbell_fd = -1;  // eventfd the client rings when the daemon sleeps
+  // The client process, from its attach socket (SO_PEERPIDFD), for copies in
+  // place (daemon/cross_copy.h); -1 until attached, or when unavailable.
+  std::atomic<int> pidfd{-1};
 
   shm::SegmentControl* control() const {
     return shm::ControlOf(segment.base());
@@ -158,6 +164,9 @@ class Endpoint {
   bool notify_pending =
       false;             // completions published since the last wake check
   bool faulted = false;  // ring corrupted by the client: no longer served
+  // psmd may not read or write this process (a copy failed with EPERM):
+  // its rendezvous messages stream through the pool (mq_engine.h, inv. 10).
+  bool copy_denied = false;
   // Rings of a doorbell with nothing submitted, counted per second (progress
   // worker only): a client ringing in a loop is not listened to for a while
   // (ProgressWorker::NoteIdleDoorbell) instead of keeping psmd awake.

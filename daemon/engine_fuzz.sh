@@ -22,7 +22,7 @@ clang++ -std=c++17 -O1 -g -I. -Iinclude -fsanitize=fuzzer,address,undefined \
   -fno-sanitize-recover=undefined \
   -DSPDLOG_SHARED_LIB -DSPDLOG_COMPILED_LIB -DSPDLOG_FMT_EXTERNAL \
   daemon/engine_fuzz.cc daemon/mq_engine.cc daemon/validate.cc \
-  daemon/endpoint.cc daemon/log.cc daemon/remote.cc hw/fabric.cc \
+  daemon/endpoint.cc daemon/log.cc daemon/remote.cc daemon/cross_copy.cc hw/fabric.cc \
   hw/frame.cc shm/mapping.cc shm/segment.cc \
   -lspdlog -lfmt -lsystemd -pthread -o "$work/engine_fuzz"
 if [ "${1:-}" = --write-seeds ]; then

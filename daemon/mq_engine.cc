@@ -3,6 +3,7 @@
 #include <psm2.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include <spdlog/spdlog.h>
@@ -24,6 +25,10 @@ constexpr size_t kBatch = 32;
 // endpoints gets as much of a pass as a job with two, so one with a million
 // operations queued delays another by at most one such slice per pass.
 constexpr size_t kJobBudget = 4 * kBatch;
+// The copier's bounce buffer: one process_vm_readv and one
+// process_vm_writev per MiB (docs/perf.md, "Copies in place": 64 KiB
+// chunks reach half the bandwidth of 1 MiB ones at 4 MiB).
+constexpr size_t kCopyChunkBytes = size_t{1} << 20;
 
 // Queue depth from which a batch's matches are prefetched. Up to here a
 // queue's entries and hash slots (~250 KiB at 4096) stay in L2, and
@@ -35,6 +40,11 @@ MsgKey KeyOf(uint64_t source, const uint32_t tag[3]) {
   k.source = source;
   std::memcpy(k.tag.w, tag, sizeof(k.tag.w));
   return k;
+}
+
+// The receive buffer's address a kRecv names (kRecvInPlace), or 0.
+uint64_t RecvAddrOf(const shm::SubmissionDesc& d) {
+  return (d.flags & shm::kRecvInPlace) ? d.body.recv.addr : 0;
 }
 
 RecvPattern PatternOf(const Endpoint& ep, const shm::SubmissionDesc& d) {
@@ -124,6 +134,11 @@ void MqEngine::Remove(uint32_t id) {
     }
     ++t;
   }
+  if (copier_) {
+    // Before the endpoint (and its pidfd) goes: no byte moves to or from its
+    // process after this (CrossCopier invariant 3).
+    for (uint64_t copy : copier_->Cancel(id)) DropCopy(copy, id);
+  }
   if (remote_) remote_->EndpointRemoved(id);
   order_.erase(std::find(order_.begin(), order_.end(), &ep));
   // Its peers' receives naming it can never match now (invariant 8): they
@@ -164,7 +179,7 @@ Endpoint* MqEngine::Find(uint32_t id) {
 }
 
 bool MqEngine::PollAll() {
-  bool did = false;
+  bool did = copies_done() && FinishCopies();
   ++passes_;
   // Two phases: every endpoint's control ring (receives, probes, ...) before
   // any message ring. A receive published before a send (say, before the
@@ -362,7 +377,9 @@ bool MqEngine::HandleSend(Endpoint& sender, const shm::SubmissionDesc& d) {
   m.len = d.len;
   m.sender_req = d.req;
   if (m.rendezvous) {
-    // No payload yet: the sender streams it after the match (kRndvGo).
+    // No payload yet: psmd copies it (kSendInPlace, invariant 10) or the
+    // sender streams it after the match (kRndvGo).
+    if (d.flags & shm::kSendInPlace) m.send_addr = d.body.place.addr;
   } else if (shm::IsInline(d.len)) {
     std::memcpy(m.inline_data, d.body.inline_data, d.len);
   } else {
@@ -378,7 +395,7 @@ bool MqEngine::HandleSend(Endpoint& sender, const shm::SubmissionDesc& d) {
   MsgKey key = KeyOf(sender.epid, d.tag);
   if (auto recv = receiver->posted.take_match(key)) {
     Deliver(*receiver, recv->req, recv->capacity, key, m,
-            /*was_unexpected=*/false);
+            /*was_unexpected=*/false, recv->addr);
   } else {
     // Invariant 4. An empty queue always admits one message, so a message
     // larger than a whole budget still gets through on its own.
@@ -409,7 +426,8 @@ bool MqEngine::HandleRecv(Endpoint& receiver, const shm::SubmissionDesc& d) {
   MsgKey key;
   if (auto m = receiver.unexpected.take(p, &key)) {
     Uncharge(receiver, *m);
-    Deliver(receiver, d.req, d.len, key, *m, /*was_unexpected=*/true);
+    Deliver(receiver, d.req, d.len, key, *m, /*was_unexpected=*/true,
+            RecvAddrOf(d));
     return true;
   }
   if (d.peer != shm::kAnySlot && receiver.peers[d.peer].gone) {
@@ -429,7 +447,8 @@ bool MqEngine::HandleRecv(Endpoint& receiver, const shm::SubmissionDesc& d) {
     PostError(receiver, d.req, PSM2_NO_MEMORY);
     return true;
   }
-  receiver.posted.post(p, PostedRecv{d.req, d.len, p.source}, d.req);
+  receiver.posted.post(p, PostedRecv{d.req, d.len, p.source, RecvAddrOf(d)},
+                       d.req);
   ChargePosted(receiver);
   return true;
 }
@@ -530,7 +549,8 @@ bool MqEngine::HandleClaimedRecv(Endpoint& ep, const shm::SubmissionDesc& d) {
   ClaimedMsg c = it->second;
   ep.claimed.erase(it);
   Uncharge(ep, c.msg);
-  Deliver(ep, d.req, d.len, c.key, c.msg, /*was_unexpected=*/true);
+  Deliver(ep, d.req, d.len, c.key, c.msg, /*was_unexpected=*/true,
+          (d.flags & shm::kRecvInPlace) ? d.body.place.addr : 0);
   return true;
 }
 
@@ -676,7 +696,7 @@ Endpoint* MqEngine::FindInJob(const Endpoint& ep, uint32_t id) {
 
 void MqEngine::Deliver(Endpoint& receiver, uint64_t recv_req, uint32_t capacity,
                        const MsgKey& key, const UnexpectedMsg& m,
-                       bool was_unexpected) {
+                       bool was_unexpected, uint64_t recv_addr) {
   shm::CompletionDesc c{};
   c.op = m.rendezvous ? shm::CompleteOp::kRecvRndv : shm::CompleteOp::kRecvDone;
   c.flags = was_unexpected ? shm::kWasUnexpected : 0;
@@ -690,6 +710,10 @@ void MqEngine::Deliver(Endpoint& receiver, uint64_t recv_req, uint32_t capacity,
   if (!m.rendezvous) AttachEagerPayload(c, m);
   receiver.counters.msgs_received.Add(1);
   receiver.counters.bytes_received.Add(m.len);
+  if (m.rendezvous && StartCopy(receiver, recv_req, std::min(m.len, capacity),
+                                m, c, recv_addr)) {
+    return;
+  }
   Post(receiver, c);
   if (m.rendezvous) {
     StartTransfer(receiver, recv_req, std::min(m.len, capacity), m);
@@ -732,6 +756,127 @@ void MqEngine::StartTransfer(Endpoint& receiver, uint64_t recv_req,
         sender->id, receiver.id, m.sender_req, recv_req, send_bytes, 0};
   }
   Post(*sender, go);
+}
+
+void MqEngine::EnableCrossCopy(std::function<void()> wake, uint64_t min_bytes) {
+  copier_ = std::make_unique<CrossCopier>(std::move(wake), kCopyChunkBytes);
+  copy_min_bytes_ = min_bytes;
+}
+
+bool MqEngine::StartCopy(Endpoint& receiver, uint64_t recv_req,
+                         uint32_t send_bytes, const UnexpectedMsg& m,
+                         const shm::CompletionDesc& match, uint64_t recv_addr) {
+  if (!copier_ || m.remote_src != 0 || m.send_addr == 0 || recv_addr == 0 ||
+      send_bytes == 0 || send_bytes < copy_min_bytes_) {
+    return false;
+  }
+  Endpoint* sender = Find(m.sender_id);
+  if (sender == nullptr || sender->copy_denied || receiver.copy_denied) {
+    return false;
+  }
+  const int from_fd = sender->pidfd.load(std::memory_order_acquire);
+  const int to_fd = receiver.pidfd.load(std::memory_order_acquire);
+  if (from_fd < 0 || to_fd < 0) return false;
+  const uint64_t id = next_copy_++;
+  copies_[id] = PlacedCopy{sender->id, m.sender_req, receiver.id, recv_req,
+                           recv_addr,  send_bytes,   m,           match};
+  copier_->Submit(CrossCopier::Copy{
+      id, receiver.job.get(),
+      CopySide{sender->id, sender->pid, from_fd, m.send_addr},
+      CopySide{receiver.id, receiver.pid, to_fd, recv_addr}, send_bytes});
+  return true;
+}
+
+bool MqEngine::FinishCopies() {
+  std::vector<CrossCopier::Done> done = copier_->TakeDone();
+  for (const CrossCopier::Done& d : done) {
+    auto it = copies_.find(d.id);
+    if (it == copies_.end()) continue;
+    PlacedCopy p = it->second;
+    copies_.erase(it);
+    Endpoint* sender = Find(p.sender_id);
+    Endpoint* receiver = Find(p.receiver_id);
+    Endpoint* culprit = d.failed_reading ? sender : receiver;
+    if (d.error == EPERM && d.copied == 0 && culprit != nullptr) {
+      // Not allowed to touch that process: nothing moved, so the message
+      // streams through the pool as it would have without a copier.
+      culprit->copy_denied = true;
+      spdlog::warn(
+          "endpoint {} (pid {}): psmd may not {} its memory (EPERM): its "
+          "rendezvous messages stream through the pool; give psmd "
+          "CAP_SYS_PTRACE to copy them in place",
+          culprit->id, culprit->pid, d.failed_reading ? "read" : "write");
+      if (receiver == nullptr) continue;
+      Post(*receiver, p.match);
+      StartTransfer(*receiver, p.recv_req, p.send_bytes, p.msg);
+      continue;
+    }
+    int32_t recv_error = PSM2_OK;
+    int32_t send_error = PSM2_OK;
+    if (d.error == EFAULT) {
+      // A range that is not the process's: that request fails, and the
+      // receive, which got no message, with it.
+      if (culprit != nullptr) {
+        WarnClient(culprit->uid,
+                   "endpoint {} (uid {}): a rendezvous {} buffer at {:#x} is "
+                   "not mapped in its process: the transfer fails",
+                   culprit->id, culprit->uid,
+                   d.failed_reading ? "send" : "receive",
+                   d.failed_reading ? p.msg.send_addr : p.recv_addr);
+      }
+      recv_error = PSM2_PARAM_ERR;
+      if (d.failed_reading) send_error = PSM2_PARAM_ERR;
+    } else if (d.error != 0) {
+      // The process on one side ended (ESRCH) or the kernel refused: the
+      // other side learns its peer is unreachable.
+      recv_error = d.failed_reading ? PSM2_EPID_UNREACHABLE : PSM2_INTERNAL_ERR;
+      send_error = d.failed_reading ? PSM2_INTERNAL_ERR : PSM2_EPID_UNREACHABLE;
+      if (d.error != ESRCH) {
+        spdlog::warn(
+            "copy in place of a rendezvous message from endpoint {} "
+            "to {} failed: {}",
+            p.sender_id, p.receiver_id, strerror(d.error));
+      }
+    }
+    if (receiver != nullptr) {
+      shm::CompletionDesc c = p.match;
+      c.flags |= shm::kPayloadPlaced;
+      c.error = recv_error;
+      Post(*receiver, c);
+    }
+    if (sender != nullptr) {
+      if (d.error == 0) {
+        sender->counters.rndv_msgs_copied.Add(1);
+        sender->counters.rndv_bytes_copied.Add(d.copied);
+      }
+      shm::CompletionDesc c{};
+      c.op = shm::CompleteOp::kSendDone;
+      c.req = p.sender_req;
+      c.error = send_error;
+      Post(*sender, c);
+    }
+  }
+  return !done.empty();
+}
+
+void MqEngine::DropCopy(uint64_t id, uint32_t gone) {
+  auto it = copies_.find(id);
+  if (it == copies_.end()) return;
+  const PlacedCopy p = it->second;
+  copies_.erase(it);
+  if (p.receiver_id != gone) {
+    if (Endpoint* r = Find(p.receiver_id)) {
+      shm::CompletionDesc c = p.match;
+      c.flags |= shm::kPayloadPlaced;
+      c.error = PSM2_EPID_UNREACHABLE;
+      Post(*r, c);
+    }
+  }
+  if (p.sender_id != gone) {
+    if (Endpoint* s = Find(p.sender_id)) {
+      PostError(*s, p.sender_req, PSM2_EPID_UNREACHABLE);
+    }
+  }
 }
 
 void MqEngine::Charge(Endpoint& receiver, const UnexpectedMsg& m) {

@@ -48,6 +48,14 @@
 //      that fell silent), and new ones do unless a queued message matches,
 //      until a psm2_ep_connect re-arms the slot. The survivor of a peer's
 //      death never waits for it.
+//  10. A rendezvous message whose sender and receiver both named their
+//      buffers (kSendInPlace, kRecvInPlace), of at least the copy threshold,
+//      between two endpoints of this node whose processes psmd may read and
+//      write, is copied by the CrossCopier instead of streamed: the receiver
+//      learns of the match only with its data in place (kPayloadPlaced), the
+//      sender gets kSendDone, and neither needs to call the library
+//      meanwhile. A process psmd turns out not to be allowed to read or
+//      write (EPERM before a byte moved) falls back to the stream.
 //   9. The posted receives of a job, and of all jobs of a uid, stay within
 //      SetPostedLimits' bounds: a receive that would exceed one fails with
 //      PSM2_NO_MEMORY (counted in recvs_refused), the job's other traffic
@@ -61,10 +69,12 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <vector>
 
+#include "daemon/cross_copy.h"
 #include "daemon/endpoint.h"
 #include "daemon/remote.h"
 
@@ -111,6 +121,12 @@ class MqEngine {
   void NotifyClients();
 
   const std::vector<Endpoint*>& endpoints() const { return order_; }
+
+  // Copies rendezvous payloads of `min_bytes` or more between processes
+  // (invariant 10); `wake` wakes the worker when a copy ends. Before the
+  // worker starts.
+  void EnableCrossCopy(std::function<void()> wake, uint64_t min_bytes);
+  bool copies_done() const { return copier_ && copier_->done_pending(); }
 
   // Endpoints on other nodes, through the fabric (daemon/remote.h); null
   // without one. Set before the worker starts.
@@ -168,8 +184,20 @@ class MqEngine {
                        size_t n);
   // Endpoint `id` if it exists, is served and belongs to ep's job.
   Endpoint* FindInJob(const Endpoint& ep, uint32_t id);
+  // `recv_addr`: the receive buffer's address in the receiver (kRecvInPlace),
+  // or 0.
   void Deliver(Endpoint& receiver, uint64_t recv_req, uint32_t capacity,
-               const MsgKey& key, const UnexpectedMsg& m, bool was_unexpected);
+               const MsgKey& key, const UnexpectedMsg& m, bool was_unexpected,
+               uint64_t recv_addr = 0);
+  // Invariant 10: whether this match is copied in place, and if so starts
+  // the copy (holding `match` until it ends).
+  bool StartCopy(Endpoint& receiver, uint64_t recv_req, uint32_t send_bytes,
+                 const UnexpectedMsg& m, const shm::CompletionDesc& match,
+                 uint64_t recv_addr);
+  // Completes (or falls back from) the copies that ended.
+  bool FinishCopies();
+  // A copy that will not run to its end because endpoint `gone` left.
+  void DropCopy(uint64_t id, uint32_t gone);
   // Puts an eager message's payload into a completion (inline, or the pool
   // offset the receiver copies from and releases).
   static void AttachEagerPayload(shm::CompletionDesc& c,
@@ -220,6 +248,21 @@ class MqEngine {
   size_t passes_ = 0;
   std::vector<size_t> job_used_;
   std::unique_ptr<Remote> remote_;
+  // Invariant 10: copies in progress, by CrossCopier::Copy::id.
+  struct PlacedCopy {
+    uint32_t sender_id;
+    uint64_t sender_req;
+    uint32_t receiver_id;
+    uint64_t recv_req;
+    uint64_t recv_addr;
+    uint32_t send_bytes;
+    UnexpectedMsg msg;
+    shm::CompletionDesc match;  // posted to the receiver when it ends
+  };
+  std::unique_ptr<CrossCopier> copier_;
+  uint64_t copy_min_bytes_ = 0;
+  std::unordered_map<uint64_t, PlacedCopy> copies_;
+  uint64_t next_copy_ = 1;
 };
 
 }  // namespace psmd

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <psm2.h>
 #include <psm2_mq.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -479,6 +481,151 @@ TEST_F(MqEngineTest, CancelAndSixtyFourBitMatchDoNotScanPostedReceives) {
   EXPECT_EQ(done[0].req, reqs[kPosted - 1]);
   EXPECT_LE(endpoints_[1]->posted.work() - before, 64u);
   EXPECT_EQ(endpoints_[1]->posted.size(), static_cast<size_t>(kPosted - 2));
+}
+
+// Copies in place (invariant 10). Every endpoint here is this process, so
+// psmd's copier reads and writes the test's own buffers.
+class CopyInPlaceEngineTest : public MqEngineTest {
+ protected:
+  void SetUp() override {
+    MqEngineTest::SetUp();
+    for (auto& ep : endpoints_) {
+      ep->pid = getpid();
+      ep->pidfd.store(static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0)));
+      ASSERT_GE(ep->pidfd.load(), 0);
+    }
+    engine_.EnableCrossCopy([] {}, kMinBytes);
+  }
+
+  // A rendezvous send of `len` bytes at `addr` (0: not named) from `from`.
+  uint64_t RndvSend(uint32_t from, uint32_t to, uint32_t tag0, const void* addr,
+                    uint32_t len) {
+    const uint32_t tag[3] = {tag0, 0, 0};
+    const uint64_t token = Token(from);
+    shm::SubmissionDesc d = shm::PrepSend(to, token, tag, len, true);
+    shm::PlaceInMemory(d, addr);
+    Submit(from, d);
+    return token;
+  }
+  uint64_t PlacedRecv(uint32_t at, uint32_t from_slot, uint32_t tag0,
+                      void* addr, uint32_t capacity) {
+    const uint32_t tag[3] = {tag0, 0, 0};
+    const uint32_t sel[3] = {~0u, ~0u, ~0u};
+    const uint64_t token = Token(at);
+    shm::SubmissionDesc d = shm::PrepRecv(from_slot, token, tag, sel, capacity);
+    shm::PlaceInMemory(d, addr);
+    Submit(at, d);
+    return token;
+  }
+  // Runs the engine until `n` completions reached `at` (or 10 s passed).
+  std::vector<shm::CompletionDesc> AwaitCompletions(uint32_t at, size_t n) {
+    std::vector<shm::CompletionDesc> got;
+    for (int i = 0; i < 10000 && got.size() < n; i++) {
+      engine_.PollAll();
+      for (auto& c : Reap(at)) got.push_back(c);
+      if (got.size() < n) usleep(1000);
+    }
+    return got;
+  }
+
+  static constexpr uint64_t kMinBytes = 64 << 10;
+};
+
+TEST_F(CopyInPlaceEngineTest, NamedBuffersAreCopiedAndBothSidesComplete) {
+  std::vector<uint8_t> src(3 << 20), dst(3 << 20, 0);
+  for (size_t i = 0; i < src.size(); i++) src[i] = static_cast<uint8_t>(i * 7);
+  const uint64_t r = PlacedRecv(1, 0, 9, dst.data(), dst.size());
+  Drain();
+  const uint64_t s = RndvSend(0, 1, 9, src.data(), src.size());
+  auto at_receiver = AwaitCompletions(1, 1);
+  auto at_sender = AwaitCompletions(0, 1);
+  ASSERT_EQ(at_receiver.size(), 1u);
+  EXPECT_EQ(at_receiver[0].op, shm::CompleteOp::kRecvRndv);
+  EXPECT_EQ(at_receiver[0].req, r);
+  EXPECT_TRUE(at_receiver[0].flags & shm::kPayloadPlaced);
+  EXPECT_EQ(at_receiver[0].error, PSM2_OK);
+  EXPECT_EQ(at_receiver[0].msg_len, src.size());
+  ASSERT_EQ(at_sender.size(), 1u);
+  EXPECT_EQ(at_sender[0].op, shm::CompleteOp::kSendDone);
+  EXPECT_EQ(at_sender[0].req, s);
+  EXPECT_EQ(at_sender[0].error, PSM2_OK);
+  EXPECT_EQ(src, dst);
+  EXPECT_EQ(endpoints_[0]->counters.rndv_msgs_copied.Get(), 1u);
+  EXPECT_EQ(endpoints_[0]->counters.rndv_bytes_copied.Get(), src.size());
+}
+
+TEST_F(CopyInPlaceEngineTest, ATruncatingReceiveGetsOnlyWhatFits) {
+  std::vector<uint8_t> src(1 << 20, 0x77), dst((512 << 10) + 4096, 0);
+  PlacedRecv(1, 0, 9, dst.data(), 512 << 10);
+  Drain();
+  RndvSend(0, 1, 9, src.data(), src.size());
+  auto at_receiver = AwaitCompletions(1, 1);
+  ASSERT_EQ(at_receiver.size(), 1u);
+  EXPECT_EQ(at_receiver[0].msg_len, src.size());  // the client reports it
+  EXPECT_EQ(dst[(512 << 10) - 1], 0x77);
+  EXPECT_EQ(dst[512 << 10], 0) << "written past the receive buffer";
+}
+
+TEST_F(CopyInPlaceEngineTest, BelowTheThresholdOrUnnamedTheMessageStreams) {
+  std::vector<uint8_t> src(kMinBytes - 1, 1), dst(1 << 20);
+  PlacedRecv(1, 0, 9, dst.data(), dst.size());
+  PlacedRecv(1, 0, 10, dst.data(), dst.size());
+  Drain();
+  RndvSend(0, 1, 9, src.data(), src.size());  // too small
+  RndvSend(0, 1, 10, nullptr, 1 << 20);       // no address
+  Drain();
+  auto at_receiver = Reap(1);
+  auto at_sender = Reap(0);
+  ASSERT_EQ(at_receiver.size(), 2u);
+  ASSERT_EQ(at_sender.size(), 2u);
+  for (int i = 0; i < 2; i++) {
+    EXPECT_EQ(at_receiver[i].op, shm::CompleteOp::kRecvRndv);
+    EXPECT_FALSE(at_receiver[i].flags & shm::kPayloadPlaced);
+    EXPECT_EQ(at_sender[i].op, shm::CompleteOp::kRndvGo);
+  }
+}
+
+TEST_F(CopyInPlaceEngineTest, AnUnmappedReceiveBufferFailsTheReceiveOnly) {
+  std::vector<uint8_t> src(1 << 20, 3);
+  void* gone = mmap(nullptr, 1 << 20, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  munmap(gone, 1 << 20);
+  PlacedRecv(1, 0, 9, gone, 1 << 20);
+  Drain();
+  RndvSend(0, 1, 9, src.data(), src.size());
+  auto at_receiver = AwaitCompletions(1, 1);
+  auto at_sender = AwaitCompletions(0, 1);
+  ASSERT_EQ(at_receiver.size(), 1u);
+  EXPECT_EQ(at_receiver[0].error, PSM2_PARAM_ERR);
+  ASSERT_EQ(at_sender.size(), 1u);
+  EXPECT_EQ(at_sender[0].op, shm::CompleteOp::kSendDone);
+  EXPECT_EQ(at_sender[0].error, PSM2_OK);
+  EXPECT_EQ(endpoints_[0]->counters.rndv_msgs_copied.Get(), 0u);
+}
+
+TEST_F(CopyInPlaceEngineTest, RemovingTheReceiverMidCopyEndsTheSendOnce) {
+  // 64 MiB: the copy is still running when the receiver goes, most of the
+  // time; either way the sender gets exactly one answer and nothing is
+  // written to the receiver's buffer once Remove returned.
+  std::vector<uint8_t> src(64 << 20, 5), dst(64 << 20, 0);
+  PlacedRecv(1, 0, 9, dst.data(), dst.size());
+  Drain();
+  const uint64_t s = RndvSend(0, 1, 9, src.data(), src.size());
+  Drain();
+  engine_.Remove(clients_[1].id);
+  std::vector<uint8_t> after = dst;
+  auto at_sender = AwaitCompletions(0, 1);
+  usleep(200'000);  // time for a second answer, were there one
+  engine_.PollAll();
+  for (auto& c : Reap(0)) at_sender.push_back(c);
+  ASSERT_EQ(at_sender.size(), 1u);
+  EXPECT_EQ(at_sender[0].req, s);
+  EXPECT_TRUE((at_sender[0].op == shm::CompleteOp::kError &&
+               at_sender[0].error == PSM2_EPID_UNREACHABLE) ||
+              (at_sender[0].op == shm::CompleteOp::kSendDone &&
+               at_sender[0].error == PSM2_OK))
+      << static_cast<int>(at_sender[0].op) << " " << at_sender[0].error;
+  EXPECT_EQ(after, dst);
 }
 
 }  // namespace

@@ -50,7 +50,9 @@ ProgressWorker::ProgressWorker(const Config& config)
               config.job_unexpected_budget_bytes,
               config.uid_unexpected_budget_bytes),
       census_(static_cast<uint32_t>(get_nprocs_conf())),
-      spin_us_(config.spin_us) {
+      spin_us_(config.spin_us),
+      copy_in_place_(config.copy_in_place != "off"),
+      copy_min_bytes_(config.copy_min_bytes) {
   engine_.SetPostedLimits(config.max_posted_recvs_per_job,
                           config.max_posted_recvs_per_uid);
 }
@@ -78,6 +80,19 @@ bool ProgressWorker::Start(std::string* error) {
     fev.events = EPOLLIN;
     fev.data.u64 = kFabricTag;
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, engine_.remote()->event_fd(), &fev);
+  }
+  if (copy_in_place_) {
+    // Without CAP_SYS_PTRACE psmd can still copy between processes of its
+    // own uid; the others fall back to the pool one by one (EPERM).
+    engine_.EnableCrossCopy([fd = wake_fd_] { shm::RingEventFd(fd); },
+                            copy_min_bytes_);
+    spdlog::info(
+        "rendezvous messages of {} bytes or more are copied in place{}",
+        copy_min_bytes_,
+        CrossCopier::Permitted()
+            ? ""
+            : " where permitted (no CAP_SYS_PTRACE: only processes of "
+              "psmd's own uid)");
   }
   last_turn_ns_.store(NowNs(), std::memory_order_relaxed);
   thread_ = std::thread([this] { Loop(); });
@@ -339,7 +354,7 @@ void ProgressWorker::Sleep() {
   Remote* remote = engine_.remote();
   // The fabric's eventfd count is sticky: a frame after this Poll still
   // wakes epoll_wait.
-  bool work = engine_.AnySubmissionPending() ||
+  bool work = engine_.AnySubmissionPending() || engine_.copies_done() ||
               commands_pending_.load(std::memory_order_acquire) ||
               stop_.load() || (remote != nullptr && remote->Poll());
   if (!work) {

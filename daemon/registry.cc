@@ -13,6 +13,7 @@
 
 #include "daemon/log.h"
 
+#include "daemon/cross_copy.h"
 #include "shm/epid.h"
 #include "shm/layout.h"
 #include "shm/segment.h"
@@ -201,6 +202,8 @@ Status Registry::Attach(const AttachToken& token, const Credentials& who,
     }
     rec.attached = true;
     rec.liveness_fd = liveness_fd;
+    rec.ep->pidfd.store(CrossCopier::PeerPidfd(liveness_fd),
+                        std::memory_order_release);
     rec.token.fill(0);
     fds[0] = rec.ep->segment.fd();
     fds[1] = rec.ep->job->pool().fd();

@@ -5,7 +5,8 @@
 #    copy whose ExecStart= names the psmd just built, and checks that this is
 #    the only difference. --man=no: the man pages are installed by the install
 #    step, not present in a build tree.
-#  - systemd-analyze security rates psmd.service at most 2.0.
+#  - systemd-analyze security rates psmd.service at most 2.0, and with the
+#    fabric drop-in (psmd-fabric.conf) at most 2.5.
 #  - the psmd built here accepts the shipped psmd.toml and the ExecStart=
 #    command line (--check-config).
 set -euo pipefail
@@ -35,6 +36,23 @@ echo "systemd-analyze security: $score"
 [[ -n "$score" ]] || { echo "FAIL: no exposure score"; exit 1; }
 awk -v s="$score" 'BEGIN { exit !(s <= 2.0) }' ||
   { echo "FAIL: exposure $score > 2.0"; exit 1; }
+
+# With the fabric drop-in: the same unit plus its [Service] lines (which is
+# how systemd merges a drop-in: lists add up, later single values win).
+mkdir "$work/fabric"
+cat "$work/psmd.service" deploy/psmd-fabric.conf >"$work/fabric/psmd.service"
+cp deploy/psmd.socket "$work/fabric/"
+if ! (cd "$work/fabric" && systemd-analyze verify --man=no psmd.service psmd.socket \
+  >"$work/verify-fabric.out" 2>&1) || [[ -s "$work/verify-fabric.out" ]]; then
+  cat "$work/verify-fabric.out"
+  echo "FAIL: systemd-analyze verify with psmd-fabric.conf"
+  exit 1
+fi
+fabric_score=$(systemd-analyze security --offline=true "$work/fabric/psmd.service" 2>&1 |
+  sed -n 's/.*Overall exposure level for psmd.service: \([0-9.]*\).*/\1/p')
+echo "systemd-analyze security with the fabric drop-in: $fabric_score"
+awk -v s="$fabric_score" 'BEGIN { exit !(s != "" && s <= 2.5) }' ||
+  { echo "FAIL: exposure with the fabric drop-in $fabric_score > 2.5"; exit 1; }
 
 # The shipped configuration and command line are accepted as they are.
 exec_args=$(sed -n 's|^ExecStart=/usr/sbin/psmd ||p' deploy/psmd.service |

@@ -28,6 +28,11 @@
     "Messages sent by rendezvous (part of msgs_sent).")                        \
   X(rndv_bytes_sent, sent_rendezvous_bytes, kBytes,                            \
     "Payload bytes sent by rendezvous (part of bytes_sent).")                  \
+  X(rndv_msgs_copied, copied_rendezvous_messages, kCount,                      \
+    "Rendezvous messages psmd copied in place from the sender's memory "       \
+    "(part of rndv_msgs_sent).")                                               \
+  X(rndv_bytes_copied, copied_rendezvous_bytes, kBytes,                        \
+    "Payload bytes psmd copied in place (part of rndv_bytes_sent).")           \
   X(msgs_received, received_messages, kCount, "Messages received.")            \
   X(bytes_received, received_bytes, kBytes, "Payload bytes received.")         \
   X(unexpected_msgs, unexpected_messages, kCount,                              \

@@ -22,36 +22,14 @@ bazel build //daemon:psmd //client:libpsm2.so.2 //ompi:mca_mtl_psmd 2>/dev/null
 source scripts/lib.sh
 start_psmd --
 mpicxx -std=c++17 -O2 -o "$work/mpi_msg_rate" bench/mpi_msg_rate.cc
-mkdir "$work/components" && cp bazel-bin/ompi/mca_mtl_psmd.so "$work/components/"
-ompi=$(dirname "$(find /usr/lib/x86_64-linux-gnu/openmpi/lib -name mca_pml_cm.so | head -1)")
-lib=$(pwd)/bazel-bin/client
-mpi=(mpirun --allow-run-as-root -np 2 --cpu-set 0,1 --bind-to core)
-
-# run NAME PROGRAM... : one transport, by name
-run() {
-  local name=$1; shift
-  case $name in
-    mtl_psmd)
-      (cd "$work" && OMPI_MCA_mca_base_component_path="$ompi:$work/components" "${mpi[@]}" \
-        --mca pml cm --mca mtl psmd --mca btl self -x PSMD_SOCKET \
-        -x OMPI_MCA_mca_base_component_path "$@") ;;
-    dropin)
-      (cd "$work" && "$OLDPWD/scripts/fake_hfi.sh" env LD_LIBRARY_PATH="$lib" "${mpi[@]}" \
-        --mca pml cm --mca mtl psm2 --mca btl self -x LD_LIBRARY_PATH -x PSMD_SOCKET "$@") ;;
-    intel)
-      (cd "$work" && "$OLDPWD/scripts/fake_hfi.sh" env LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu \
-        "${mpi[@]}" --mca pml cm --mca mtl psm2 --mca btl self -x LD_LIBRARY_PATH "$@") ;;
-    vader)
-      (cd "$work" && "${mpi[@]}" --mca pml ob1 --mca btl self,vader "$@") ;;
-  esac
-}
+setup_mpi_transports
 
 for r in $(seq "$runs"); do
   for n in "${names[@]}"; do
     echo "== $n, run $r of $runs" >&2
     # shellcheck disable=SC2086  # NP_ARGS is a list of flags
-    run "$n" NPopenmpi ${NP_ARGS:-} -o "$work/$n.$r.np" >/dev/null
-    run "$n" "$work/mpi_msg_rate" 8 2000 5 | grep mpi_msg_rate | sed "s/^/$n /" >>"$work/rate.txt"
+    run_mpi "$n" NPopenmpi ${NP_ARGS:-} -o "$work/$n.$r.np" >/dev/null
+    run_mpi "$n" "$work/mpi_msg_rate" 8 2000 5 | grep mpi_msg_rate | sed "s/^/$n /" >>"$work/rate.txt"
   done
 done
 [[ -z "${KEEP:-}" ]] || { mkdir -p "$KEEP" && cp "$work"/*.np "$work/rate.txt" "$KEEP/"; }

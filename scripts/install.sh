@@ -23,6 +23,8 @@
 #   lib/systemd/system/psmd.service        (ExecStart pointed at P/sbin/psmd
 #                                          and S/psmd/psmd.toml)
 #   lib/systemd/system/psmd.socket
+#   share/psmd/psmd-fabric.conf            drop-in for psmd.service on a node
+#                                          on the fabric (inet, io_uring)
 #   S/psmd/psmd.toml                       the defaults (S: /etc for P=/usr,
 #                                          else P/etc); an existing file that
 #                                          differs is kept, never overwritten
@@ -147,6 +149,9 @@ sed "s|/usr/sbin/psmd|$prefix/sbin/psmd|g; s|/usr/share/doc/psmd|$prefix/share/d
 put "$unit" "$prefix/lib/systemd/system/psmd.service" 0644
 rm -f "$unit"
 put deploy/psmd.socket "$prefix/lib/systemd/system/psmd.socket" 0644
+# For nodes on the fabric only: the administrator copies it into
+# /etc/systemd/system/psmd.service.d/ (see the unit's comment).
+put deploy/psmd-fabric.conf "$prefix/share/psmd/psmd-fabric.conf" 0644
 # The administrator's edits survive a re-install (the .deb marks the file a
 # conffile for the same reason); a file that is still the default is ours.
 config=$sysconfdir/psmd/psmd.toml

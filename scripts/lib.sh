@@ -73,3 +73,35 @@ run_pair() {
     *) echo "run_pair: unknown library $lib" >&2; return 2 ;;
   esac
 }
+
+# setup_mpi_transports: what run_mpi needs (psmd's MTL component in $work).
+# Needs //ompi:mca_mtl_psmd and //client:libpsm2.so.2 built.
+setup_mpi_transports() {
+  mkdir -p "$work/components" && cp bazel-bin/ompi/mca_mtl_psmd.so "$work/components/"
+  ompi_components=$(dirname "$(find /usr/lib/x86_64-linux-gnu/openmpi/lib -name mca_pml_cm.so | head -1)")
+  psmd_lib=$(pwd)/bazel-bin/client
+  mpi=(mpirun --allow-run-as-root -np 2 --cpu-set 0,1 --bind-to core)
+}
+
+# run_mpi NAME PROGRAM...: two ranks of an MPI program (bound to cores 0
+# and 1) over one transport: mtl_psmd (psmd's MTL), dropin (mtl psm2 on
+# psmd's libpsm2.so.2), intel (mtl psm2 on Intel's libpsm2, fake-adapter
+# namespace: for comparison only) or vader (btl self,vader).
+run_mpi() {
+  local name=$1; shift
+  case $name in
+    mtl_psmd)
+      (cd "$work" && OMPI_MCA_mca_base_component_path="$ompi_components:$work/components" "${mpi[@]}" \
+        --mca pml cm --mca mtl psmd --mca btl self -x PSMD_SOCKET \
+        -x OMPI_MCA_mca_base_component_path "$@") ;;
+    dropin)
+      (cd "$work" && "$OLDPWD/scripts/fake_hfi.sh" env LD_LIBRARY_PATH="$psmd_lib" "${mpi[@]}" \
+        --mca pml cm --mca mtl psm2 --mca btl self -x LD_LIBRARY_PATH -x PSMD_SOCKET "$@") ;;
+    intel)
+      (cd "$work" && "$OLDPWD/scripts/fake_hfi.sh" env LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu \
+        "${mpi[@]}" --mca pml cm --mca mtl psm2 --mca btl self -x LD_LIBRARY_PATH "$@") ;;
+    vader)
+      (cd "$work" && "${mpi[@]}" --mca pml ob1 --mca btl self,vader "$@") ;;
+    *) echo "run_mpi: unknown transport $name" >&2; return 2 ;;
+  esac
+}

@@ -43,7 +43,7 @@ for f in sbin/psmd bin/psmctl lib/libpsmclient.so lib/psmd/libpsm2.so.2.2 \
   lib/psmd/libpsm2.so.2 lib/psmd/libpsm2.so include/psmd/psm2.h \
   include/psmd/psm2_mq.h include/psmd/psm2_am.h lib/pkgconfig/psm2.pc \
   lib/pkgconfig/psmclient.pc lib/systemd/system/psmd.service \
-  lib/systemd/system/psmd.socket etc/psmd/psmd.toml \
+  lib/systemd/system/psmd.socket share/psmd/psmd-fabric.conf etc/psmd/psmd.toml \
   share/man/man8/psmd.8 share/man/man8/psmctl.8 share/man/man5/psmd.toml.5 \
   lib/openmpi/mca_mtl_psmd.so; do
   [[ -e "$p/$f" ]] || fail "install.sh did not install $f"

@@ -69,6 +69,14 @@ enum SubmitFlags : uint8_t {
   kAmNoReply = 1u << 0,  // kAmRequest: the handler must not reply
   kAmWantsAck = 1u << 1,  // kAmRequest/kAmReply: the sender waits for kAmAck
                           // (it has a completion function)
+  kSendInPlace =
+      1u << 2,  // kRndvSend: body.place.addr is the payload's address in
+                // the sender's memory, where psmd may copy it from itself
+                // (cross-memory attach, daemon/cross_copy.h)
+  kRecvInPlace = 1u << 0,  // kRecv (body.recv.addr), kClaimedRecv
+                           // (body.place.addr): the receive buffer's address
+                           // in the receiver's memory, where psmd may copy
+                           // a rendezvous payload itself
 };
 
 // Options a client sets on its endpoint's queue (kSetOption).
@@ -93,7 +101,13 @@ struct SubmissionDesc {
     } pool;
     struct {
       uint32_t tagsel[3];  // recv/probe: selector
+      uint32_t reserved;
+      uint64_t addr;  // recv with kRecvInPlace: the buffer's address
     } recv;
+    struct {
+      uint64_t addr;  // kRndvSend with kSendInPlace, kClaimedRecv with
+                      // kRecvInPlace: the buffer's address in the client
+    } place;
     struct {
       uint64_t pool_offset;  // chunk payload offset in the job pool
       uint64_t transfer;     // id from kRndvGo
@@ -175,13 +189,13 @@ inline constexpr OpTraits kOpTraits[kSubmitOpCount] = {
      CreditRule::kNever, kSendSync | kSendFailed},
     /* kRecv       */
     {true, Ring::kControl, PeerField::kSlotOrAny, PayloadKind::kNone,
-     CreditRule::kNever, 0},
+     CreditRule::kNever, kRecvInPlace},
     /* kCancel     */
     {true, Ring::kControl, PeerField::kUnused, PayloadKind::kNone,
      CreditRule::kAlways, 0},
     /* kRndvSend   */
     {true, Ring::kMessage, PeerField::kSlot, PayloadKind::kNone,
-     CreditRule::kNever, 0},
+     CreditRule::kNever, kSendInPlace},
     /* kRndvData   */
     {true, Ring::kControl, PeerField::kUnused, PayloadKind::kPool,
      CreditRule::kNever, 0},
@@ -190,7 +204,7 @@ inline constexpr OpTraits kOpTraits[kSubmitOpCount] = {
      CreditRule::kAlways, kProbeRemove},
     /* kClaimedRecv*/
     {true, Ring::kControl, PeerField::kUnused, PayloadKind::kNone,
-     CreditRule::kNever, 0},
+     CreditRule::kNever, kRecvInPlace},
     /* kSetOption  */
     {true, Ring::kControl, PeerField::kUnused, PayloadKind::kNone,
      CreditRule::kAlways, 0},
@@ -309,6 +323,29 @@ inline SubmissionDesc PrepRndvData(uint64_t req, uint64_t transfer,
   return d;
 }
 
+// Names the client buffer of a kRndvSend, kRecv or kClaimedRecv, so that
+// psmd may copy a rendezvous payload in place (kSendInPlace, kRecvInPlace).
+inline void PlaceInMemory(SubmissionDesc& d, const void* buf) {
+  const auto addr = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(buf));
+  if (addr == 0) return;
+  switch (d.op) {
+    case SubmitOp::kRecv:
+      d.flags |= kRecvInPlace;
+      d.body.recv.addr = addr;
+      break;
+    case SubmitOp::kRndvSend:
+      d.flags |= kSendInPlace;
+      d.body.place.addr = addr;
+      break;
+    case SubmitOp::kClaimedRecv:
+      d.flags |= kRecvInPlace;
+      d.body.place.addr = addr;
+      break;
+    default:
+      break;
+  }
+}
+
 inline SubmissionDesc PrepSetOption(uint64_t req, QueueOption key,
                                     uint64_t value) {
   SubmissionDesc d{};
@@ -382,6 +419,10 @@ enum CompleteFlags : uint8_t {
   kPayloadFailed =
       1u << 5,  // kRecvDone/kProbeDone: the message stands for a failed
                 // send (kSendFailed); the receive fails with PARAM_ERR
+  kPayloadPlaced = 1u << 6,  // kRecvRndv: psmd already copied the payload into
+                             // the receive buffer (kRecvInPlace met
+                             // kSendInPlace); no kRndvChunk follows, the
+                             // receive is complete (or failed: error)
 };
 
 struct CompletionDesc {

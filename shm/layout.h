@@ -35,7 +35,8 @@
 namespace psmd::shm {
 
 inline constexpr uint64_t kSegmentMagic = 0x31474553444d5350ull;  // "PSMDSEG1"
-inline constexpr uint32_t kLayoutVersion = 4;
+inline constexpr uint32_t kLayoutVersion =
+    5;  // 5: buffers named for copies in place
 inline constexpr uint64_t kPageSize = 4096;
 
 struct SegmentHeader {

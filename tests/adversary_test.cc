@@ -35,11 +35,12 @@ const char kAttackerJob[] = "0bad0bad0bad0bad0bad0bad0bad0bad";
 // (about 160 B each), its unexpected-message budget (64 MiB), and gRPC's
 // per-connection buffers for the uid's 256 control connections.
 constexpr long long kRssBoundKiB = 320 * 1024;
-// File descriptors one uid can make psmd hold: 4 per endpoint (liveness
-// socket, segment, doorbell, and its job's pool when each endpoint is a
-// job of its own) for max_endpoints_per_uid (256), or one per control
-// connection for max_control_connections_per_uid (256), plus slack.
-constexpr int kFdBound = 4 * 256 + 64;
+// File descriptors one uid can make psmd hold: 5 per endpoint (liveness
+// socket, segment, doorbell, the client's pidfd for copies in place, and its
+// job's pool when each endpoint is a job of its own) for
+// max_endpoints_per_uid (256), or one per control connection for
+// max_control_connections_per_uid (256), plus slack.
+constexpr int kFdBound = 5 * 256 + 64;
 
 class AdversaryTest : public ::testing::Test {
  protected:
