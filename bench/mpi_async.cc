@@ -77,7 +77,8 @@ int main(int argc, char** argv) {
       int done = 0;
       MPI_Test(&req, &done, MPI_STATUS_IGNORE);
       if (!done) MPI_Wait(&req, MPI_STATUS_IGNORE);
-      for (size_t i = 0; i < bytes && !bad; i++) bad = buf[i] != Pattern(i, rep);
+      for (size_t i = 0; i < bytes && !bad; i++)
+        bad = buf[i] != Pattern(i, rep);
       printf("mpi_async bytes %zu arrived %.4f test %d%s\n", bytes,
              static_cast<double>(whole) / pages, done, bad ? " intact 0" : "");
       fflush(stdout);

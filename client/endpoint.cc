@@ -239,8 +239,11 @@ void psm2_ep::Published(Deferred& d) {
       op == shm::SubmitOp::kAmRequest || op == shm::SubmitOp::kAmReply;
   if (op == shm::SubmitOp::kRndvData) {
     d.req->published += d.desc.len;
-    // The last chunk is in the pool: the user's buffer is free again.
-    if (d.req->published == d.req->send_bytes) MarkComplete(d.req);
+    // The last chunk is in the pool: the user's buffer is free again,
+    // unless psmd may still read it (kGoAwaitDone: wait for kSendDone).
+    if (d.req->published == d.req->send_bytes && !d.req->await_done) {
+      MarkComplete(d.req);
+    }
   } else if ((op == shm::SubmitOp::kSend &&
               (!(d.desc.flags & shm::kSendSync) || d.req->self_send)) ||
              (am && !d.req->holds_credit)) {
@@ -293,7 +296,11 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
     return;
   }
   bool chunk = c.op == shm::CompleteOp::kRndvChunk;
+  // kSendDone also ends a send psmd may take over (kGoAwaitDone).
   State expected = chunk ? State::kReceiving : State::kPosted;
+  if (c.op == shm::CompleteOp::kSendDone && req != nullptr && req->await_done) {
+    expected = State::kStreaming;
+  }
   // An error ends a request in any state that waits for psmd: posted, or
   // in the middle of a rendezvous (streaming or receiving its chunks) when
   // the peer died.
@@ -340,6 +347,10 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
       req->user.error_code = static_cast<uint32_t>(c.error);
       break;
     case shm::CompleteOp::kSendDone:
+      // Chunks not yet published are not needed: psmd has the data.
+      if (req->state == State::kStreaming) publisher_.Forget(req);
+      req->user.error_code = static_cast<uint32_t>(c.error);
+      break;
     case shm::CompleteOp::kCancelDone:
     case shm::CompleteOp::kOptionSet:
       req->user.error_code = static_cast<uint32_t>(c.error);
@@ -437,12 +448,7 @@ void psm2_ep::StartRendezvousReceive(psm2_mq_req* req,
   req->expect_bytes = req->user.recv_msglen;
   req->received_bytes = 0;
   req->state = psm2_mq_req::State::kReceiving;
-  if (c.flags & shm::kPayloadPlaced) {  // psmd copied it into the buffer
-    if (c.error != PSM2_OK)
-      req->user.error_code = static_cast<uint32_t>(c.error);
-    req->received_bytes = req->expect_bytes;
-  }
-  if (req->received_bytes == req->expect_bytes) {
+  if (req->expect_bytes == 0) {
     CountReceive(req, /*rendezvous=*/true);
     MarkComplete(req);
   }
@@ -459,6 +465,7 @@ void psm2_ep::ReceiveChunk(psm2_mq_req* req, const shm::CompletionDesc& c,
                            shm::PoolPayload& payload) {
   uint64_t off = c.body.chunk.offset;
   uint32_t len = c.body.chunk.len;
+  const bool placed = (c.flags & shm::kPayloadPlaced) != 0;
   // psmd forwards chunks in order and never past what we accept; checked
   // anyway so that no byte lands outside the user's buffer.
   if (off != req->received_bytes ||
@@ -467,7 +474,12 @@ void psm2_ep::ReceiveChunk(psm2_mq_req* req, const shm::CompletionDesc& c,
     MarkComplete(req);
     return;
   }
-  std::memcpy(req->user.buf + off, payload.data(), len);
+  if (placed && c.error != PSM2_OK) {  // psmd's copy of the rest failed
+    req->user.error_code = static_cast<uint32_t>(c.error);
+    MarkComplete(req);
+    return;
+  }
+  if (!placed) std::memcpy(req->user.buf + off, payload.data(), len);
   payload.Release();  // before completing: the sender may reuse it at once
   req->received_bytes += len;
   if (req->received_bytes == req->expect_bytes) {
@@ -510,6 +522,7 @@ void psm2_ep::StartStreaming(psm2_mq_req* req, const shm::CompletionDesc& c) {
   req->send_bytes = c.body.go.send_bytes;
   req->transfer = c.body.go.transfer;
   req->published = 0;
+  req->await_done = (c.flags & shm::kGoAwaitDone) != 0;
   if (req->send_bytes ==
       0) {  // the receiver takes nothing (zero-length buffer)
     MarkComplete(req);
@@ -529,7 +542,9 @@ void psm2_ep::StartStreaming(psm2_mq_req* req, const shm::CompletionDesc& c) {
         shm::PrepRndvData(psmd::client::TokenOf(req), req->transfer, off, len),
         req->send_buf + off});
   }
-  publisher_.Flush();
+  // Published by Progress once the whole batch of completions is handled:
+  // a kSendDone behind this kRndvGo (psmd took the transfer over) then
+  // drops them before any is copied.
 }
 
 void psm2_ep::SleepForCompletions() {

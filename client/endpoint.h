@@ -100,6 +100,7 @@ struct psm2_mq_req {
   uint32_t send_bytes;
   uint32_t chunked;
   uint32_t published;
+  bool await_done;  // kGoAwaitDone: complete on psmd's kSendDone
   // Rendezvous send to the endpoint itself: this internal request carries
   // the protocol from the library's copy of the payload (psm2_ep's
   // self_copies[index], which send_buf points into); self_copy_of is the

@@ -127,14 +127,19 @@ const std::vector<Setting>& Settings() {
              "before it sleeps (reloaded on SIGHUP)",
              "microseconds, 0 to 10000000"),
       OneOf("copy_in_place", &Config::copy_in_place, {"auto", "off"},
-            "rendezvous messages between processes of this node: auto (psmd "
-            "copies them from the sender's memory into the receive buffer "
-            "on a thread of its own, where the kernel lets it) or off (they "
-            "stream through the job's pool)",
+            "rendezvous transfers between processes of this node that stall "
+            "(the sender or receiver computes): auto (psmd copies the rest "
+            "from the sender's memory into the receive buffer on a thread "
+            "of its own, where the kernel lets it) or off (they wait for "
+            "both libraries)",
             "auto or off"),
       Number("copy_min_bytes", &Config::copy_min_bytes, 0, uint64_t{1} << 32,
              "the smallest rendezvous message psmd copies in place",
              "bytes, 0 to 4294967296"),
+      Number("copy_after_us", &Config::copy_after_us, 10, 10'000'000,
+             "microseconds without progress after which psmd takes a "
+             "rendezvous transfer over",
+             "microseconds, 10 to 10000000"),
       Slots("sq_slots", &Config::sq_capacity,
             "submission ring slots per endpoint"),
       Slots("cq_slots", &Config::cq_capacity,

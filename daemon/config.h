@@ -27,12 +27,14 @@ struct Config {
   // How long the progress thread polls after its last piece of work before
   // it sleeps in epoll until a client rings (microseconds).
   uint32_t spin_us = 200;
-  // Rendezvous messages of at least copy_min_bytes between processes of
-  // this node: copied by psmd from the sender's memory into the receive
-  // buffer (auto) or streamed through the pool (off). docs/perf.md,
-  // "Copies in place", has the figures behind the default.
+  // Rendezvous transfers of at least copy_min_bytes between processes of
+  // this node that made no progress for copy_after_us: copied by psmd from
+  // the sender's memory into the receive buffer (auto), or left to the
+  // stream through the pool (off). docs/perf.md, "Copies in place", has
+  // the figures behind the defaults.
   std::string copy_in_place = "auto";
   uint64_t copy_min_bytes = 256u << 10;
+  uint32_t copy_after_us = 1000;
   uint32_t sq_capacity = 256;   // submission ring slots per endpoint
   uint32_t cq_capacity = 1024;  // completion ring slots per endpoint
   // Per-job payload pool: one send region per endpoint of the job.

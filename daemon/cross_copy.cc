@@ -107,26 +107,43 @@ std::vector<CrossCopier::Done> CrossCopier::TakeDone() {
   return std::move(done_);
 }
 
-int CrossCopier::CopyChunk(Active& a, bool* reading) {
-  const Copy& c = a.copy;
-  const size_t len = std::min<uint64_t>(bounce_.size(), c.len - a.done);
-  iovec local{bounce_.data(), len};
-  iovec from{reinterpret_cast<void*>(c.from.addr + a.done), len};
-  iovec to{reinterpret_cast<void*>(c.to.addr + a.done), len};
+namespace {
+
+// Moves `len` bytes at `offset` of both sides through `bounce`.
+int Move(const CopySide& from_side, const CopySide& to_side, uint64_t offset,
+         uint8_t* bounce, size_t len, bool* reading) {
+  iovec local{bounce, len};
+  iovec from{reinterpret_cast<void*>(from_side.addr + offset), len};
+  iovec to{reinterpret_cast<void*>(to_side.addr + offset), len};
   *reading = true;
-  if (!Alive(c.from.pidfd)) return ESRCH;
-  ssize_t n = process_vm_readv(c.from.pid, &local, 1, &from, 1, 0);
+  if (!Alive(from_side.pidfd)) return ESRCH;
+  ssize_t n = process_vm_readv(from_side.pid, &local, 1, &from, 1, 0);
   if (n < 0) return errno;
   // Read from the attached process only if it is still that process.
-  if (!Alive(c.from.pidfd)) return ESRCH;
+  if (!Alive(from_side.pidfd)) return ESRCH;
   if (static_cast<size_t>(n) != len) return EFAULT;  // a range partly mapped
   *reading = false;
-  if (!Alive(c.to.pidfd)) return ESRCH;
-  n = process_vm_writev(c.to.pid, &local, 1, &to, 1, 0);
+  if (!Alive(to_side.pidfd)) return ESRCH;
+  n = process_vm_writev(to_side.pid, &local, 1, &to, 1, 0);
   if (n < 0) return errno;
   if (static_cast<size_t>(n) != len) return EFAULT;
-  a.done += len;
   return 0;
+}
+
+}  // namespace
+
+int CrossCopier::CopyOneByte(const CopySide& from, const CopySide& to,
+                             uint64_t offset, bool* reading) {
+  uint8_t byte;
+  return Move(from, to, offset, &byte, 1, reading);
+}
+
+int CrossCopier::CopyChunk(Active& a, bool* reading) {
+  const size_t len = std::min<uint64_t>(bounce_.size(), a.copy.len - a.done);
+  const int error =
+      Move(a.copy.from, a.copy.to, a.done, bounce_.data(), len, reading);
+  if (error == 0) a.done += len;
+  return error;
 }
 
 void CrossCopier::Loop() {

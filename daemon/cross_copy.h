@@ -85,6 +85,11 @@ class CrossCopier {
   static bool Permitted();
   // The pidfd of the process at the other end of unix socket `fd`, or -1.
   static int PeerPidfd(int fd);
+  // Copies the byte at `offset` from `from` to `to` on the calling thread,
+  // as a copy's chunks are: 0 or an errno, *reading as in Done. A cheap
+  // test of permission (EPERM) before a transfer is handed to the copier.
+  static int CopyOneByte(const CopySide& from, const CopySide& to,
+                         uint64_t offset, bool* reading);
 
  private:
   struct Active {

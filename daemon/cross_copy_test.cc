@@ -81,12 +81,12 @@ class CrossCopyTest : public ::testing::Test {
  protected:
   static constexpr size_t kLen = 3 << 20;  // three bounce buffers and a bit
   void SetUp() override {
-    src_ = static_cast<uint8_t*>(mmap(nullptr, kLen + 4096,
-                                      PROT_READ | PROT_WRITE,
-                                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-    dst_ = static_cast<uint8_t*>(mmap(nullptr, kLen + 4096,
-                                      PROT_READ | PROT_WRITE,
-                                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    src_ =
+        static_cast<uint8_t*>(mmap(nullptr, kLen + 4096, PROT_READ | PROT_WRITE,
+                                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    dst_ =
+        static_cast<uint8_t*>(mmap(nullptr, kLen + 4096, PROT_READ | PROT_WRITE,
+                                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
     for (size_t i = 0; i < kLen; i++) src_[i] = static_cast<uint8_t>(i * 7 + 1);
     memset(dst_, 0, kLen);
     // The page past each buffer is not mapped: a range running into it fails.
@@ -141,8 +141,8 @@ TEST_F(CrossCopyTest, ARangeOutsideTheSendersMemoryFailsWhileReading) {
   CrossCopier copier(Wake(), 1 << 20);
   int kept = 0;
   // Starts in the last MiB and runs into the unmapped page.
-  copier.Submit({7, &kept, from.Side(1, kLen - (1 << 20) + 8), to.Side(2),
-                 1 << 20});
+  copier.Submit(
+      {7, &kept, from.Side(1, kLen - (1 << 20) + 8), to.Side(2), 1 << 20});
   auto done = WaitDone(copier, 1);
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].error, EFAULT);
@@ -180,14 +180,12 @@ TEST_F(CrossCopyTest, CancelDropsTheEndpointsCopiesAndNothingMovesAfter) {
   // both copies are still queued when Cancel runs. Copy 1 fills the first
   // half of the receiver's buffer, copy 2 the second.
   constexpr size_t kBig = 64 << 20, kHalf = kBig / 2;
-  auto* from_buf = static_cast<uint8_t*>(mmap(nullptr, kBig,
-                                              PROT_READ | PROT_WRITE,
-                                              MAP_PRIVATE | MAP_ANONYMOUS,
-                                              -1, 0));
-  auto* to_buf = static_cast<uint8_t*>(mmap(nullptr, kBig,
-                                            PROT_READ | PROT_WRITE,
-                                            MAP_PRIVATE | MAP_ANONYMOUS, -1,
-                                            0));
+  auto* from_buf =
+      static_cast<uint8_t*>(mmap(nullptr, kBig, PROT_READ | PROT_WRITE,
+                                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  auto* to_buf =
+      static_cast<uint8_t*>(mmap(nullptr, kBig, PROT_READ | PROT_WRITE,
+                                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   memset(from_buf, 0x3c, kBig);
   memset(to_buf, 0, kBig);
   {

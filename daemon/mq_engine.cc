@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include <spdlog/spdlog.h>
@@ -40,6 +41,12 @@ MsgKey KeyOf(uint64_t source, const uint32_t tag[3]) {
   k.source = source;
   std::memcpy(k.tag.w, tag, sizeof(k.tag.w));
   return k;
+}
+
+uint64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 // The receive buffer's address a kRecv names (kRecvInPlace), or 0.
@@ -115,6 +122,10 @@ void MqEngine::Remove(uint32_t id) {
       [&](const MsgKey&, UnexpectedMsg&& m) { Discard(ep, m); });
   for (auto& [token, c] : ep.claimed) Discard(ep, c.msg);
   ep.claimed.clear();
+  // Before the endpoint (and its pidfd) goes: no byte moves to or from its
+  // process after this (CrossCopier invariant 3); the transfers the copies
+  // belonged to end below.
+  if (copier_) copier_->Cancel(id);
   for (auto t = transfers_.begin(); t != transfers_.end();) {
     if (t->second.sender_id == id) {
       // The receiver would wait forever for the rest of the message.
@@ -126,18 +137,15 @@ void MqEngine::Remove(uint32_t id) {
     }
     if (t->second.receiver_id == id) {
       // The sender learns at once (its queued chunks are dropped); chunks
-      // already on its ring are released as they arrive (receiver_id 0).
-      t->second.receiver_id = 0;
+      // already on its ring are released as they arrive (HandleRndvData:
+      // a transfer that ended).
       if (Endpoint* s = Find(t->second.sender_id)) {
         PostError(*s, t->second.sender_req, PSM2_EPID_UNREACHABLE);
       }
+      t = transfers_.erase(t);
+      continue;
     }
     ++t;
-  }
-  if (copier_) {
-    // Before the endpoint (and its pidfd) goes: no byte moves to or from its
-    // process after this (CrossCopier invariant 3).
-    for (uint64_t copy : copier_->Cancel(id)) DropCopy(copy, id);
   }
   if (remote_) remote_->EndpointRemoved(id);
   order_.erase(std::find(order_.begin(), order_.end(), &ep));
@@ -180,6 +188,7 @@ Endpoint* MqEngine::Find(uint32_t id) {
 
 bool MqEngine::PollAll() {
   bool did = copies_done() && FinishCopies();
+  if (copier_ && !transfers_.empty()) did |= TakeOverStalled();
   ++passes_;
   // Two phases: every endpoint's control ring (receives, probes, ...) before
   // any message ring. A receive published before a send (say, before the
@@ -563,6 +572,16 @@ bool MqEngine::HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
   // it goes nowhere.
   shm::PoolPayload chunk = shm::PayloadOf(sender.job->pool().base(), d);
   auto it = transfers_.find(d.body.rndv.transfer);
+  if (it == transfers_.end() && d.body.rndv.transfer != 0 &&
+      d.body.rndv.transfer < next_transfer_) {
+    // A transfer that ended (psmd moved the rest itself, or its receiver
+    // left): the sender published this before it learnt; nobody reads it.
+    return true;
+  }
+  if (it != transfers_.end() && it->second.taken &&
+      it->second.sender_id == sender.id) {
+    return true;  // psmd is copying the rest: released unread
+  }
   if (it == transfers_.end() || it->second.sender_id != sender.id ||
       d.body.rndv.offset != it->second.forwarded ||
       d.len > it->second.send_bytes - it->second.forwarded) {
@@ -583,7 +602,16 @@ bool MqEngine::HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
     Post(*receiver, c);
   }
   t.forwarded += d.len;
-  if (t.forwarded == t.send_bytes) transfers_.erase(it);
+  if (t.await_done) t.last_ns = NowNs();
+  if (t.forwarded == t.send_bytes) {
+    if (t.await_done) {  // the sender's buffer is free now
+      shm::CompletionDesc c{};
+      c.op = shm::CompleteOp::kSendDone;
+      c.req = t.sender_req;
+      Post(sender, c);
+    }
+    transfers_.erase(it);
+  }
   return true;
 }
 
@@ -710,13 +738,9 @@ void MqEngine::Deliver(Endpoint& receiver, uint64_t recv_req, uint32_t capacity,
   if (!m.rendezvous) AttachEagerPayload(c, m);
   receiver.counters.msgs_received.Add(1);
   receiver.counters.bytes_received.Add(m.len);
-  if (m.rendezvous && StartCopy(receiver, recv_req, std::min(m.len, capacity),
-                                m, c, recv_addr)) {
-    return;
-  }
   Post(receiver, c);
   if (m.rendezvous) {
-    StartTransfer(receiver, recv_req, std::min(m.len, capacity), m);
+    StartTransfer(receiver, recv_req, std::min(m.len, capacity), m, recv_addr);
   } else if (m.flags & shm::kSendSync) {
     CompleteSyncOf(receiver, m, PSM2_OK);
   }
@@ -734,7 +758,8 @@ void MqEngine::AttachEagerPayload(shm::CompletionDesc& c,
 }
 
 void MqEngine::StartTransfer(Endpoint& receiver, uint64_t recv_req,
-                             uint32_t send_bytes, const UnexpectedMsg& m) {
+                             uint32_t send_bytes, const UnexpectedMsg& m,
+                             uint64_t recv_addr) {
   if (m.remote_src != 0) {
     if (remote_) remote_->StartTransfer(receiver, recv_req, send_bytes, m);
     return;
@@ -752,77 +777,91 @@ void MqEngine::StartTransfer(Endpoint& receiver, uint64_t recv_req,
   go.body.go.send_bytes = send_bytes;
   if (send_bytes > 0) {
     go.body.go.transfer = next_transfer_++;
-    transfers_[go.body.go.transfer] = Transfer{
-        sender->id, receiver.id, m.sender_req, recv_req, send_bytes, 0};
+    Transfer t{sender->id, receiver.id, m.sender_req, recv_req, send_bytes, 0};
+    t.send_addr = m.send_addr;
+    t.recv_addr = recv_addr;
+    if (MayTakeOver(t, *sender, receiver)) {
+      t.await_done = true;
+      t.last_ns = NowNs();
+      go.flags |= shm::kGoAwaitDone;
+    }
+    transfers_[go.body.go.transfer] = t;
   }
   Post(*sender, go);
 }
 
-void MqEngine::EnableCrossCopy(std::function<void()> wake, uint64_t min_bytes) {
+void MqEngine::EnableCrossCopy(std::function<void()> wake, uint64_t min_bytes,
+                               uint64_t after_ns) {
   copier_ = std::make_unique<CrossCopier>(std::move(wake), kCopyChunkBytes);
   copy_min_bytes_ = min_bytes;
+  copy_after_ns_ = after_ns;
 }
 
-bool MqEngine::StartCopy(Endpoint& receiver, uint64_t recv_req,
-                         uint32_t send_bytes, const UnexpectedMsg& m,
-                         const shm::CompletionDesc& match, uint64_t recv_addr) {
-  if (!copier_ || m.remote_src != 0 || m.send_addr == 0 || recv_addr == 0 ||
-      send_bytes == 0 || send_bytes < copy_min_bytes_) {
-    return false;
-  }
-  Endpoint* sender = Find(m.sender_id);
-  if (sender == nullptr || sender->copy_denied || receiver.copy_denied) {
-    return false;
-  }
-  const int from_fd = sender->pidfd.load(std::memory_order_acquire);
-  const int to_fd = receiver.pidfd.load(std::memory_order_acquire);
-  if (from_fd < 0 || to_fd < 0) return false;
-  const uint64_t id = next_copy_++;
-  copies_[id] = PlacedCopy{sender->id, m.sender_req, receiver.id, recv_req,
-                           recv_addr,  send_bytes,   m,           match};
-  copier_->Submit(CrossCopier::Copy{
-      id, receiver.job.get(),
-      CopySide{sender->id, sender->pid, from_fd, m.send_addr},
-      CopySide{receiver.id, receiver.pid, to_fd, recv_addr}, send_bytes});
-  return true;
+bool MqEngine::MayTakeOver(const Transfer& t, const Endpoint& sender,
+                           const Endpoint& receiver) const {
+  return copier_ && t.send_addr != 0 && t.recv_addr != 0 &&
+         t.send_bytes >= copy_min_bytes_ && !sender.copy_denied &&
+         !receiver.copy_denied &&
+         sender.pidfd.load(std::memory_order_acquire) >= 0 &&
+         receiver.pidfd.load(std::memory_order_acquire) >= 0;
 }
 
-bool MqEngine::FinishCopies() {
-  std::vector<CrossCopier::Done> done = copier_->TakeDone();
-  for (const CrossCopier::Done& d : done) {
-    auto it = copies_.find(d.id);
-    if (it == copies_.end()) continue;
-    PlacedCopy p = it->second;
-    copies_.erase(it);
-    Endpoint* sender = Find(p.sender_id);
-    Endpoint* receiver = Find(p.receiver_id);
-    Endpoint* culprit = d.failed_reading ? sender : receiver;
-    if (d.error == EPERM && d.copied == 0 && culprit != nullptr) {
-      // Not allowed to touch that process: nothing moved, so the message
-      // streams through the pool as it would have without a copier.
+bool MqEngine::TakeOverStalled() {
+  const uint64_t now = NowNs();
+  if (now < next_takeover_check_ns_) return false;
+  next_takeover_check_ns_ = now + copy_after_ns_ / 4;
+  bool did = false;
+  for (auto& [id, t] : transfers_) {
+    if (!t.await_done || t.taken || now - t.last_ns < copy_after_ns_) continue;
+    Endpoint* sender = Find(t.sender_id);
+    Endpoint* receiver = Find(t.receiver_id);
+    if (sender == nullptr || receiver == nullptr) continue;
+    CopySide from{sender->id, sender->pid, sender->pidfd.load(), t.send_addr};
+    CopySide to{receiver->id, receiver->pid, receiver->pidfd.load(),
+                t.recv_addr};
+    // One byte first, here: a process psmd may not touch (EPERM) keeps its
+    // stream, before any chunk of it is released unread.
+    bool reading = false;
+    if (CrossCopier::CopyOneByte(from, to, t.forwarded, &reading) == EPERM) {
+      Endpoint* culprit = reading ? sender : receiver;
       culprit->copy_denied = true;
       spdlog::warn(
           "endpoint {} (pid {}): psmd may not {} its memory (EPERM): its "
           "rendezvous messages stream through the pool; give psmd "
           "CAP_SYS_PTRACE to copy them in place",
-          culprit->id, culprit->pid, d.failed_reading ? "read" : "write");
-      if (receiver == nullptr) continue;
-      Post(*receiver, p.match);
-      StartTransfer(*receiver, p.recv_req, p.send_bytes, p.msg);
+          culprit->id, culprit->pid, reading ? "read" : "write");
+      t.last_ns = UINT64_MAX / 2;  // the stream goes on; never taken over
       continue;
     }
+    t.taken = true;
+    from.addr += t.forwarded;
+    to.addr += t.forwarded;
+    copier_->Submit(CrossCopier::Copy{id, receiver->job.get(), from, to,
+                                      t.send_bytes - t.forwarded});
+    did = true;
+  }
+  return did;
+}
+
+bool MqEngine::FinishCopies() {
+  std::vector<CrossCopier::Done> done = copier_->TakeDone();
+  for (const CrossCopier::Done& d : done) {
+    auto it = transfers_.find(d.id);
+    if (it == transfers_.end()) continue;  // an endpoint of it left
+    const Transfer& t = it->second;
     int32_t recv_error = PSM2_OK;
     int32_t send_error = PSM2_OK;
     if (d.error == EFAULT) {
       // A range that is not the process's: that request fails, and the
-      // receive, which got no message, with it.
+      // receive, which did not get the message, with it.
+      Endpoint* culprit = Find(d.failed_reading ? t.sender_id : t.receiver_id);
       if (culprit != nullptr) {
         WarnClient(culprit->uid,
                    "endpoint {} (uid {}): a rendezvous {} buffer at {:#x} is "
                    "not mapped in its process: the transfer fails",
                    culprit->id, culprit->uid,
                    d.failed_reading ? "send" : "receive",
-                   d.failed_reading ? p.msg.send_addr : p.recv_addr);
+                   d.failed_reading ? t.send_addr : t.recv_addr);
       }
       recv_error = PSM2_PARAM_ERR;
       if (d.failed_reading) send_error = PSM2_PARAM_ERR;
@@ -835,47 +874,38 @@ bool MqEngine::FinishCopies() {
         spdlog::warn(
             "copy in place of a rendezvous message from endpoint {} "
             "to {} failed: {}",
-            p.sender_id, p.receiver_id, strerror(d.error));
+            t.sender_id, t.receiver_id, strerror(d.error));
       }
+    } else if (Endpoint* s = Find(t.sender_id)) {
+      s->counters.rndv_msgs_copied.Add(1);
+      s->counters.rndv_bytes_copied.Add(d.copied);
     }
-    if (receiver != nullptr) {
-      shm::CompletionDesc c = p.match;
-      c.flags |= shm::kPayloadPlaced;
-      c.error = recv_error;
-      Post(*receiver, c);
-    }
-    if (sender != nullptr) {
-      if (d.error == 0) {
-        sender->counters.rndv_msgs_copied.Add(1);
-        sender->counters.rndv_bytes_copied.Add(d.copied);
-      }
-      shm::CompletionDesc c{};
-      c.op = shm::CompleteOp::kSendDone;
-      c.req = p.sender_req;
-      c.error = send_error;
-      Post(*sender, c);
-    }
+    EndTakenTransfer(it, recv_error, send_error);
   }
   return !done.empty();
 }
 
-void MqEngine::DropCopy(uint64_t id, uint32_t gone) {
-  auto it = copies_.find(id);
-  if (it == copies_.end()) return;
-  const PlacedCopy p = it->second;
-  copies_.erase(it);
-  if (p.receiver_id != gone) {
-    if (Endpoint* r = Find(p.receiver_id)) {
-      shm::CompletionDesc c = p.match;
-      c.flags |= shm::kPayloadPlaced;
-      c.error = PSM2_EPID_UNREACHABLE;
-      Post(*r, c);
-    }
+void MqEngine::EndTakenTransfer(
+    std::unordered_map<uint64_t, Transfer>::iterator it, int32_t recv_error,
+    int32_t send_error) {
+  const Transfer t = it->second;
+  transfers_.erase(it);
+  if (Endpoint* r = Find(t.receiver_id)) {
+    shm::CompletionDesc c{};
+    c.op = shm::CompleteOp::kRndvChunk;
+    c.flags = shm::kPayloadPlaced;
+    c.error = recv_error;
+    c.req = t.recv_req;
+    c.body.chunk.offset = t.forwarded;
+    c.body.chunk.len = t.send_bytes - t.forwarded;
+    Post(*r, c);
   }
-  if (p.sender_id != gone) {
-    if (Endpoint* s = Find(p.sender_id)) {
-      PostError(*s, p.sender_req, PSM2_EPID_UNREACHABLE);
-    }
+  if (Endpoint* s = Find(t.sender_id)) {
+    shm::CompletionDesc c{};
+    c.op = shm::CompleteOp::kSendDone;
+    c.req = t.sender_req;
+    c.error = send_error;
+    Post(*s, c);
   }
 }
 

@@ -48,14 +48,19 @@
 //      that fell silent), and new ones do unless a queued message matches,
 //      until a psm2_ep_connect re-arms the slot. The survivor of a peer's
 //      death never waits for it.
-//  10. A rendezvous message whose sender and receiver both named their
+//  10. A rendezvous transfer whose sender and receiver both named their
 //      buffers (kSendInPlace, kRecvInPlace), of at least the copy threshold,
 //      between two endpoints of this node whose processes psmd may read and
-//      write, is copied by the CrossCopier instead of streamed: the receiver
-//      learns of the match only with its data in place (kPayloadPlaced), the
-//      sender gets kSendDone, and neither needs to call the library
-//      meanwhile. A process psmd turns out not to be allowed to read or
-//      write (EPERM before a byte moved) falls back to the stream.
+//      write, starts as a stream like any other, but its sender completes
+//      only on psmd's kSendDone (kGoAwaitDone). If no chunk of it arrives
+//      for copy_after (the sender computes, or waits for pool space its
+//      receiver does not give back), psmd takes it over: the CrossCopier
+//      copies the rest straight from the sender's memory into the receive
+//      buffer, chunks the sender still publishes are released unread, and
+//      the receiver gets one kRndvChunk with kPayloadPlaced for the rest, the
+//      sender kSendDone. So a transfer completes while both processes
+//      compute, and a stream both sides keep busy stays a stream (two
+//      processes copy in parallel: faster here than one copier thread).
 //   9. The posted receives of a job, and of all jobs of a uid, stay within
 //      SetPostedLimits' bounds: a receive that would exceed one fails with
 //      PSM2_NO_MEMORY (counted in recvs_refused), the job's other traffic
@@ -122,11 +127,15 @@ class MqEngine {
 
   const std::vector<Endpoint*>& endpoints() const { return order_; }
 
-  // Copies rendezvous payloads of `min_bytes` or more between processes
-  // (invariant 10); `wake` wakes the worker when a copy ends. Before the
-  // worker starts.
-  void EnableCrossCopy(std::function<void()> wake, uint64_t min_bytes);
+  // Takes over rendezvous transfers of `min_bytes` or more that stalled for
+  // `after_ns` (invariant 10); `wake` wakes the worker when a copy ends.
+  // Before the worker starts.
+  void EnableCrossCopy(std::function<void()> wake, uint64_t min_bytes,
+                       uint64_t after_ns);
   bool copies_done() const { return copier_ && copier_->done_pending(); }
+  // Transfers psmd may yet take over: the worker must not sleep longer
+  // than copy_after while there are any.
+  bool takeovers_pending() const { return copier_ && !transfers_.empty(); }
 
   // Endpoints on other nodes, through the fabric (daemon/remote.h); null
   // without one. Set before the worker starts.
@@ -148,6 +157,13 @@ class MqEngine {
     uint64_t recv_req;
     uint32_t send_bytes;
     uint32_t forwarded;
+    // Invariant 10: both buffers, and whether the sender awaits kSendDone
+    // (then psmd may take the transfer over once it stalls).
+    uint64_t send_addr = 0;
+    uint64_t recv_addr = 0;
+    bool await_done = false;
+    bool taken = false;    // the CrossCopier moves the rest from `forwarded`
+    uint64_t last_ns = 0;  // when the transfer last moved
   };
 
   // One endpoint, both rings (used when removing it).
@@ -189,21 +205,24 @@ class MqEngine {
   void Deliver(Endpoint& receiver, uint64_t recv_req, uint32_t capacity,
                const MsgKey& key, const UnexpectedMsg& m, bool was_unexpected,
                uint64_t recv_addr = 0);
-  // Invariant 10: whether this match is copied in place, and if so starts
-  // the copy (holding `match` until it ends).
-  bool StartCopy(Endpoint& receiver, uint64_t recv_req, uint32_t send_bytes,
-                 const UnexpectedMsg& m, const shm::CompletionDesc& match,
-                 uint64_t recv_addr);
-  // Completes (or falls back from) the copies that ended.
+  // Invariant 10: whether `t` may be taken over (both buffers named, large
+  // enough, both processes known and not denied).
+  bool MayTakeOver(const Transfer& t, const Endpoint& sender,
+                   const Endpoint& receiver) const;
+  // Takes over the transfers that stalled for copy_after.
+  bool TakeOverStalled();
+  // Completes the transfers whose copies ended.
   bool FinishCopies();
-  // A copy that will not run to its end because endpoint `gone` left.
-  void DropCopy(uint64_t id, uint32_t gone);
+  // The last word on a transfer psmd moved itself: the rest of the data to
+  // the receiver, kSendDone to the sender; erases it.
+  void EndTakenTransfer(std::unordered_map<uint64_t, Transfer>::iterator it,
+                        int32_t recv_error, int32_t send_error);
   // Puts an eager message's payload into a completion (inline, or the pool
   // offset the receiver copies from and releases).
   static void AttachEagerPayload(shm::CompletionDesc& c,
                                  const UnexpectedMsg& m);
   void StartTransfer(Endpoint& receiver, uint64_t recv_req, uint32_t send_bytes,
-                     const UnexpectedMsg& m);
+                     const UnexpectedMsg& m, uint64_t recv_addr = 0);
   void Charge(Endpoint& receiver, const UnexpectedMsg& m);
   void Uncharge(Endpoint& receiver, const UnexpectedMsg& m);
   void CompleteSync(uint32_t sender_id, uint64_t sender_req, int32_t error);
@@ -248,21 +267,11 @@ class MqEngine {
   size_t passes_ = 0;
   std::vector<size_t> job_used_;
   std::unique_ptr<Remote> remote_;
-  // Invariant 10: copies in progress, by CrossCopier::Copy::id.
-  struct PlacedCopy {
-    uint32_t sender_id;
-    uint64_t sender_req;
-    uint32_t receiver_id;
-    uint64_t recv_req;
-    uint64_t recv_addr;
-    uint32_t send_bytes;
-    UnexpectedMsg msg;
-    shm::CompletionDesc match;  // posted to the receiver when it ends
-  };
+  // Invariant 10: the copier (its copies are named by transfer id).
   std::unique_ptr<CrossCopier> copier_;
   uint64_t copy_min_bytes_ = 0;
-  std::unordered_map<uint64_t, PlacedCopy> copies_;
-  uint64_t next_copy_ = 1;
+  uint64_t copy_after_ns_ = 0;
+  uint64_t next_takeover_check_ns_ = 0;
 };
 
 }  // namespace psmd

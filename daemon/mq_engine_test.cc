@@ -494,7 +494,7 @@ class CopyInPlaceEngineTest : public MqEngineTest {
       ep->pidfd.store(static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0)));
       ASSERT_GE(ep->pidfd.load(), 0);
     }
-    engine_.EnableCrossCopy([] {}, kMinBytes);
+    engine_.EnableCrossCopy([] {}, kMinBytes, kAfterNs);
   }
 
   // A rendezvous send of `len` bytes at `addr` (0: not named) from `from`.
@@ -517,6 +517,18 @@ class CopyInPlaceEngineTest : public MqEngineTest {
     Submit(at, d);
     return token;
   }
+  // One chunk of transfer `go` from `src` + offset, through the pool, as
+  // the sender's library streams it.
+  void Chunk(uint32_t from, const shm::CompletionDesc& go, const uint8_t* src,
+             uint64_t offset, uint32_t len) {
+    shm::SubmissionDesc d =
+        shm::PrepRndvData(go.req, go.body.go.transfer, offset, len);
+    auto off = clients_[from].arena.Allocate(len);
+    ASSERT_TRUE(off.has_value());
+    std::memcpy(job_->pool().base() + *off, src + offset, len);
+    d.body.rndv.pool_offset = *off;
+    Submit(from, d);
+  }
   // Runs the engine until `n` completions reached `at` (or 10 s passed).
   std::vector<shm::CompletionDesc> AwaitCompletions(uint32_t at, size_t n) {
     std::vector<shm::CompletionDesc> got;
@@ -529,29 +541,97 @@ class CopyInPlaceEngineTest : public MqEngineTest {
   }
 
   static constexpr uint64_t kMinBytes = 64 << 10;
+  // Long enough that the test thread is never that late between two steps.
+  static constexpr uint64_t kAfterNs = 200'000'000;
 };
 
-TEST_F(CopyInPlaceEngineTest, NamedBuffersAreCopiedAndBothSidesComplete) {
+TEST_F(CopyInPlaceEngineTest, AStalledTransferIsCopiedAndBothSidesComplete) {
   std::vector<uint8_t> src(3 << 20), dst(3 << 20, 0);
   for (size_t i = 0; i < src.size(); i++) src[i] = static_cast<uint8_t>(i * 7);
   const uint64_t r = PlacedRecv(1, 0, 9, dst.data(), dst.size());
   Drain();
   const uint64_t s = RndvSend(0, 1, 9, src.data(), src.size());
-  auto at_receiver = AwaitCompletions(1, 1);
-  auto at_sender = AwaitCompletions(0, 1);
-  ASSERT_EQ(at_receiver.size(), 1u);
+  // The sender never streams (it computes): psmd takes over.
+  auto at_receiver = AwaitCompletions(1, 2);
+  auto at_sender = AwaitCompletions(0, 2);
+  ASSERT_EQ(at_receiver.size(), 2u);
   EXPECT_EQ(at_receiver[0].op, shm::CompleteOp::kRecvRndv);
   EXPECT_EQ(at_receiver[0].req, r);
-  EXPECT_TRUE(at_receiver[0].flags & shm::kPayloadPlaced);
-  EXPECT_EQ(at_receiver[0].error, PSM2_OK);
-  EXPECT_EQ(at_receiver[0].msg_len, src.size());
-  ASSERT_EQ(at_sender.size(), 1u);
-  EXPECT_EQ(at_sender[0].op, shm::CompleteOp::kSendDone);
-  EXPECT_EQ(at_sender[0].req, s);
-  EXPECT_EQ(at_sender[0].error, PSM2_OK);
+  EXPECT_EQ(at_receiver[1].op, shm::CompleteOp::kRndvChunk);
+  EXPECT_TRUE(at_receiver[1].flags & shm::kPayloadPlaced);
+  EXPECT_EQ(at_receiver[1].error, PSM2_OK);
+  EXPECT_EQ(at_receiver[1].body.chunk.offset, 0u);
+  EXPECT_EQ(at_receiver[1].body.chunk.len, src.size());
+  ASSERT_EQ(at_sender.size(), 2u);
+  EXPECT_EQ(at_sender[0].op, shm::CompleteOp::kRndvGo);
+  EXPECT_TRUE(at_sender[0].flags & shm::kGoAwaitDone);
+  EXPECT_EQ(at_sender[1].op, shm::CompleteOp::kSendDone);
+  EXPECT_EQ(at_sender[1].req, s);
+  EXPECT_EQ(at_sender[1].error, PSM2_OK);
   EXPECT_EQ(src, dst);
   EXPECT_EQ(endpoints_[0]->counters.rndv_msgs_copied.Get(), 1u);
   EXPECT_EQ(endpoints_[0]->counters.rndv_bytes_copied.Get(), src.size());
+}
+
+TEST_F(CopyInPlaceEngineTest, AStreamThatStallsIsTakenOverWhereItStopped) {
+  constexpr uint32_t kChunk = 256 << 10;
+  std::vector<uint8_t> src(2 << 20), dst(2 << 20, 0);
+  for (size_t i = 0; i < src.size(); i++) src[i] = static_cast<uint8_t>(i * 3);
+  PlacedRecv(1, 0, 9, dst.data(), dst.size());
+  Drain();
+  RndvSend(0, 1, 9, src.data(), src.size());
+  Drain();
+  auto go = Reap(0);
+  ASSERT_EQ(go.size(), 1u);
+  Chunk(0, go[0], src.data(), 0, kChunk);
+  Chunk(0, go[0], src.data(), kChunk, kChunk);
+  auto at_receiver = AwaitCompletions(1, 4);  // match, 2 chunks, the rest
+  ASSERT_EQ(at_receiver.size(), 4u);
+  EXPECT_FALSE(at_receiver[1].flags & shm::kPayloadPlaced);
+  EXPECT_FALSE(at_receiver[2].flags & shm::kPayloadPlaced);
+  EXPECT_TRUE(at_receiver[3].flags & shm::kPayloadPlaced);
+  EXPECT_EQ(at_receiver[3].body.chunk.offset, 2 * kChunk);
+  EXPECT_EQ(at_receiver[3].body.chunk.len, src.size() - 2 * kChunk);
+  EXPECT_EQ(memcmp(dst.data() + 2 * kChunk, src.data() + 2 * kChunk,
+                   src.size() - 2 * kChunk),
+            0);
+  EXPECT_EQ(dst[2 * kChunk - 1], 0) << "psmd copied what the stream carried";
+  // A chunk the sender published before it learnt is released unread, and
+  // is no error.
+  Chunk(0, go[0], src.data(), 2 * kChunk, kChunk);
+  auto at_sender = AwaitCompletions(0, 1);
+  ASSERT_EQ(at_sender.size(), 1u);
+  EXPECT_EQ(at_sender[0].op, shm::CompleteOp::kSendDone);
+  Drain();
+  EXPECT_TRUE(Reap(0).empty());
+  EXPECT_EQ(endpoints_[0]->counters.bad_descriptors.Get(), 0u);
+}
+
+TEST_F(CopyInPlaceEngineTest, AStreamThatKeepsMovingStaysAStream) {
+  constexpr uint32_t kChunk = 256 << 10;
+  // Two chunks: the test's region (1 MiB) holds them both.
+  std::vector<uint8_t> src(512 << 10, 9), dst(512 << 10);
+  PlacedRecv(1, 0, 9, dst.data(), dst.size());
+  Drain();
+  const uint64_t s = RndvSend(0, 1, 9, src.data(), src.size());
+  Drain();
+  auto go = Reap(0);
+  ASSERT_EQ(go.size(), 1u);
+  EXPECT_TRUE(go[0].flags & shm::kGoAwaitDone);
+  for (uint32_t off = 0; off < src.size(); off += kChunk) {
+    Chunk(0, go[0], src.data(), off, kChunk);
+  }
+  Drain();
+  auto at_sender = Reap(0);
+  ASSERT_EQ(at_sender.size(), 1u);
+  EXPECT_EQ(at_sender[0].op, shm::CompleteOp::kSendDone);  // after the last
+  EXPECT_EQ(at_sender[0].req, s);
+  auto at_receiver = Reap(1);
+  ASSERT_EQ(at_receiver.size(), 3u);
+  for (size_t i = 1; i < 3; i++) {
+    EXPECT_FALSE(at_receiver[i].flags & shm::kPayloadPlaced);
+  }
+  EXPECT_EQ(endpoints_[0]->counters.rndv_msgs_copied.Get(), 0u);
 }
 
 TEST_F(CopyInPlaceEngineTest, ATruncatingReceiveGetsOnlyWhatFits) {
@@ -559,14 +639,15 @@ TEST_F(CopyInPlaceEngineTest, ATruncatingReceiveGetsOnlyWhatFits) {
   PlacedRecv(1, 0, 9, dst.data(), 512 << 10);
   Drain();
   RndvSend(0, 1, 9, src.data(), src.size());
-  auto at_receiver = AwaitCompletions(1, 1);
-  ASSERT_EQ(at_receiver.size(), 1u);
+  auto at_receiver = AwaitCompletions(1, 2);
+  ASSERT_EQ(at_receiver.size(), 2u);
   EXPECT_EQ(at_receiver[0].msg_len, src.size());  // the client reports it
+  EXPECT_EQ(at_receiver[1].body.chunk.len, 512u << 10);
   EXPECT_EQ(dst[(512 << 10) - 1], 0x77);
   EXPECT_EQ(dst[512 << 10], 0) << "written past the receive buffer";
 }
 
-TEST_F(CopyInPlaceEngineTest, BelowTheThresholdOrUnnamedTheMessageStreams) {
+TEST_F(CopyInPlaceEngineTest, BelowTheThresholdOrUnnamedTheMessageOnlyStreams) {
   std::vector<uint8_t> src(kMinBytes - 1, 1), dst(1 << 20);
   PlacedRecv(1, 0, 9, dst.data(), dst.size());
   PlacedRecv(1, 0, 10, dst.data(), dst.size());
@@ -574,14 +655,11 @@ TEST_F(CopyInPlaceEngineTest, BelowTheThresholdOrUnnamedTheMessageStreams) {
   RndvSend(0, 1, 9, src.data(), src.size());  // too small
   RndvSend(0, 1, 10, nullptr, 1 << 20);       // no address
   Drain();
-  auto at_receiver = Reap(1);
   auto at_sender = Reap(0);
-  ASSERT_EQ(at_receiver.size(), 2u);
   ASSERT_EQ(at_sender.size(), 2u);
-  for (int i = 0; i < 2; i++) {
-    EXPECT_EQ(at_receiver[i].op, shm::CompleteOp::kRecvRndv);
-    EXPECT_FALSE(at_receiver[i].flags & shm::kPayloadPlaced);
-    EXPECT_EQ(at_sender[i].op, shm::CompleteOp::kRndvGo);
+  for (const auto& go : at_sender) {
+    EXPECT_EQ(go.op, shm::CompleteOp::kRndvGo);
+    EXPECT_FALSE(go.flags & shm::kGoAwaitDone);
   }
 }
 
@@ -593,13 +671,13 @@ TEST_F(CopyInPlaceEngineTest, AnUnmappedReceiveBufferFailsTheReceiveOnly) {
   PlacedRecv(1, 0, 9, gone, 1 << 20);
   Drain();
   RndvSend(0, 1, 9, src.data(), src.size());
-  auto at_receiver = AwaitCompletions(1, 1);
-  auto at_sender = AwaitCompletions(0, 1);
-  ASSERT_EQ(at_receiver.size(), 1u);
-  EXPECT_EQ(at_receiver[0].error, PSM2_PARAM_ERR);
-  ASSERT_EQ(at_sender.size(), 1u);
-  EXPECT_EQ(at_sender[0].op, shm::CompleteOp::kSendDone);
-  EXPECT_EQ(at_sender[0].error, PSM2_OK);
+  auto at_receiver = AwaitCompletions(1, 2);
+  auto at_sender = AwaitCompletions(0, 2);
+  ASSERT_EQ(at_receiver.size(), 2u);
+  EXPECT_EQ(at_receiver[1].error, PSM2_PARAM_ERR);
+  ASSERT_EQ(at_sender.size(), 2u);
+  EXPECT_EQ(at_sender[1].op, shm::CompleteOp::kSendDone);
+  EXPECT_EQ(at_sender[1].error, PSM2_OK);
   EXPECT_EQ(endpoints_[0]->counters.rndv_msgs_copied.Get(), 0u);
 }
 
@@ -612,6 +690,12 @@ TEST_F(CopyInPlaceEngineTest, RemovingTheReceiverMidCopyEndsTheSendOnce) {
   Drain();
   const uint64_t s = RndvSend(0, 1, 9, src.data(), src.size());
   Drain();
+  ASSERT_EQ(Reap(0).size(), 1u);  // kRndvGo
+  // Until psmd took it over (the first chunk arrived).
+  for (int i = 0; i < 10000 && dst[0] == 0; i++) {
+    engine_.PollAll();
+    usleep(100);
+  }
   engine_.Remove(clients_[1].id);
   std::vector<uint8_t> after = dst;
   auto at_sender = AwaitCompletions(0, 1);

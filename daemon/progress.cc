@@ -52,7 +52,8 @@ ProgressWorker::ProgressWorker(const Config& config)
       census_(static_cast<uint32_t>(get_nprocs_conf())),
       spin_us_(config.spin_us),
       copy_in_place_(config.copy_in_place != "off"),
-      copy_min_bytes_(config.copy_min_bytes) {
+      copy_min_bytes_(config.copy_min_bytes),
+      copy_after_us_(config.copy_after_us) {
   engine_.SetPostedLimits(config.max_posted_recvs_per_job,
                           config.max_posted_recvs_per_uid);
 }
@@ -85,10 +86,11 @@ bool ProgressWorker::Start(std::string* error) {
     // Without CAP_SYS_PTRACE psmd can still copy between processes of its
     // own uid; the others fall back to the pool one by one (EPERM).
     engine_.EnableCrossCopy([fd = wake_fd_] { shm::RingEventFd(fd); },
-                            copy_min_bytes_);
+                            copy_min_bytes_, uint64_t{copy_after_us_} * 1000);
     spdlog::info(
-        "rendezvous messages of {} bytes or more are copied in place{}",
-        copy_min_bytes_,
+        "rendezvous transfers of {} bytes or more that stall for {} us are "
+        "copied in place{}",
+        copy_min_bytes_, copy_after_us_,
         CrossCopier::Permitted()
             ? ""
             : " where permitted (no CAP_SYS_PTRACE: only processes of "
@@ -366,6 +368,10 @@ void ProgressWorker::Sleep() {
     if (timeout_ms < 0 || timeout_ms > kMaxSleepMs) timeout_ms = kMaxSleepMs;
     if (remote != nullptr && remote->SleepLimitMs() >= 0) {
       timeout_ms = std::min(timeout_ms, remote->SleepLimitMs());
+    }
+    if (engine_.takeovers_pending()) {  // look for stalled transfers
+      timeout_ms = std::min<int>(timeout_ms,
+                                 static_cast<int>(copy_after_us_ / 1000) + 1);
     }
     if (watchdog_ping_ns_ != 0) {  // wake to ping even when no client rings
       timeout_ms =

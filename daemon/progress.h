@@ -130,6 +130,7 @@ class ProgressWorker {
   std::atomic<uint32_t> spin_us_;
   const bool copy_in_place_;  // Config::copy_in_place
   const uint64_t copy_min_bytes_;
+  const uint32_t copy_after_us_;
   uint64_t watchdog_ping_ns_ = 0;  // 0: no watchdog; set before Start
   uint64_t last_ping_ns_ = 0;      // worker only
   std::atomic<uint64_t> doorbells_{0};

@@ -48,7 +48,7 @@ def load(name):
             rows.setdefault(int(b), []).append(float(t) * 1e6)
     return rows
 runs = {n: load(n) for n in names}
-sizes = [1, 8, 64, 512, 4096, 32768, 65536, 262144, 1048576, 4194304]
+sizes = [1, 8, 64, 512, 4096, 32768, 65536, 262144, 1048576, 4194304, 16777216, 67108864]
 print("| bytes | " + " | ".join(f"{n} µs" for n in names) + " | " +
       " | ".join(f"{n} MB/s" for n in names) + " |")
 print("| ---: |" + " ---: |" * (2 * len(names)))

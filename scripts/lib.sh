@@ -84,15 +84,19 @@ setup_mpi_transports() {
 }
 
 # run_mpi NAME PROGRAM...: two ranks of an MPI program (bound to cores 0
-# and 1) over one transport: mtl_psmd (psmd's MTL), dropin (mtl psm2 on
+# and 1) over one transport: mtl_psmd (psmd's MTL), mtl_psmd_stream (the
+# same with PSMD_COPY_IN_PLACE=off: rendezvous through the pool), dropin (mtl psm2 on
 # psmd's libpsm2.so.2), intel (mtl psm2 on Intel's libpsm2, fake-adapter
 # namespace: for comparison only) or vader (btl self,vader).
 run_mpi() {
   local name=$1; shift
   case $name in
-    mtl_psmd)
-      (cd "$work" && OMPI_MCA_mca_base_component_path="$ompi_components:$work/components" "${mpi[@]}" \
-        --mca pml cm --mca mtl psmd --mca btl self -x PSMD_SOCKET \
+    mtl_psmd|mtl_psmd_stream)
+      local copies=auto
+      [[ $name == mtl_psmd ]] || copies=off
+      (cd "$work" && PSMD_COPY_IN_PLACE=$copies \
+        OMPI_MCA_mca_base_component_path="$ompi_components:$work/components" "${mpi[@]}" \
+        --mca pml cm --mca mtl psmd --mca btl self -x PSMD_SOCKET -x PSMD_COPY_IN_PLACE \
         -x OMPI_MCA_mca_base_component_path "$@") ;;
     dropin)
       (cd "$work" && "$OLDPWD/scripts/fake_hfi.sh" env LD_LIBRARY_PATH="$psmd_lib" "${mpi[@]}" \

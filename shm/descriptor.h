@@ -419,10 +419,13 @@ enum CompleteFlags : uint8_t {
   kPayloadFailed =
       1u << 5,  // kRecvDone/kProbeDone: the message stands for a failed
                 // send (kSendFailed); the receive fails with PARAM_ERR
-  kPayloadPlaced = 1u << 6,  // kRecvRndv: psmd already copied the payload into
-                             // the receive buffer (kRecvInPlace met
-                             // kSendInPlace); no kRndvChunk follows, the
-                             // receive is complete (or failed: error)
+  kPayloadPlaced = 1u << 6,  // kRndvChunk: psmd copied these bytes into the
+                             // receive buffer itself (it took the transfer
+                             // over, daemon/mq_engine.h invariant 10); no pool
+                             // payload; error says whether the copy failed
+  kGoAwaitDone = 1u << 7,  // kRndvGo: psmd may take the transfer over; the send
+                           // completes on kSendDone, not when its last chunk is
+                           // published
 };
 
 struct CompletionDesc {

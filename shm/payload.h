@@ -69,13 +69,14 @@ inline PoolPayload PayloadOf(uint8_t* pool_base, const SubmissionDesc& d) {
 }
 
 // The chunk a completion hands its client, if any: eager and AM payloads
-// not inline, a claimed eager message's, and every rendezvous chunk.
+// not inline, a claimed eager message's, and every rendezvous chunk but
+// the one psmd copied into place itself (kPayloadPlaced).
 // (The offset is as the daemon wrote it; a daemon reading back a completion
 // from client-writable memory must bound-check it first.)
 inline bool CompletionCarriesChunk(const CompletionDesc& c) {
   switch (c.op) {
     case CompleteOp::kRndvChunk:
-      return true;
+      return !(c.flags & kPayloadPlaced);
     case CompleteOp::kProbeDone:
       return (c.flags & kPayloadClaimed) && !(c.flags & kPayloadInline);
     case CompleteOp::kRecvDone:

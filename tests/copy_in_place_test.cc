@@ -46,23 +46,17 @@ class CopyInPlaceTest : public ::testing::Test {
     all.insert(env.begin(), env.end());
     std::string program = Runfile("tests/programs/async_progress");
     if (uid != static_cast<uid_t>(-1)) {
-      EXPECT_EQ(system(("cp " + program + " " +
-                        Runfile("client/libpsm2.so.2") + " " + dir_.path() +
-                        " && chmod 755 " + dir_.path() + "/async_progress " +
-                        dir_.path() + "/libpsm2.so.2")
+      EXPECT_EQ(system(("cp " + program + " " + Runfile("client/libpsm2.so.2") +
+                        " " + dir_.path() + " && chmod 755 " + dir_.path() +
+                        "/async_progress " + dir_.path() + "/libpsm2.so.2")
                            .c_str()),
                 0);
       program = dir_.path() + "/async_progress";
       all["LD_LIBRARY_PATH"] = dir_.path();
     }
     auto args = [&](int rank) {
-      std::vector<std::string> a = {program,
-                                    "--rank",
-                                    std::to_string(rank),
-                                    "--dir",
-                                    rv,
-                                    "--uuid",
-                                    kJob};
+      std::vector<std::string> a = {
+          program, "--rank", std::to_string(rank), "--dir", rv, "--uuid", kJob};
       a.insert(a.end(), extra.begin(), extra.end());
       return a;
     };
@@ -125,8 +119,7 @@ TEST_F(CopyInPlaceTest, ALargeMessageArrivesWhileBothRanksCompute) {
   // psmctl counts the copy (the second run streamed).
   RunResult stats = Psmctl(dir_, d, {"stats", "--format", "json"});
   EXPECT_EQ(stats.exit_code, 0) << stats.err;
-  EXPECT_EQ(JsonNumber(stats.out, "total", "rndv_msgs_copied"), 1)
-      << stats.out;
+  EXPECT_EQ(JsonNumber(stats.out, "total", "rndv_msgs_copied"), 1) << stats.out;
   EXPECT_EQ(JsonNumber(stats.out, "total", "rndv_bytes_copied"), 64 << 20)
       << stats.out;
   EXPECT_TRUE(d.Stop());
@@ -136,9 +129,9 @@ TEST_F(CopyInPlaceTest, ManySizesAcrossTheThresholdArriveIntact) {
   Daemon d(dir_, {"--copy-min-bytes", "100000"});
   for (size_t bytes : {size_t{64001}, size_t{99999}, size_t{100000},
                        size_t{(1 << 20) + 3}, size_t{(5 << 20) + 4095}}) {
-    RankOutputs o = Run(d, "size" + std::to_string(bytes),
-                        {"--bytes", std::to_string(bytes), "--compute-ms", "0",
-                         "--reps", "3"});
+    RankOutputs o = Run(
+        d, "size" + std::to_string(bytes),
+        {"--bytes", std::to_string(bytes), "--compute-ms", "0", "--reps", "3"});
     EXPECT_EQ(o.exit0, 0) << bytes << ": " << o.err;
     EXPECT_EQ(o.exit1, 0) << bytes << ": " << o.err << o.out1;
   }
@@ -147,8 +140,8 @@ TEST_F(CopyInPlaceTest, ManySizesAcrossTheThresholdArriveIntact) {
 
 TEST_F(CopyInPlaceTest, ASenderThatUnmapsItsBufferFailsOnlyThatMessage) {
   Daemon d(dir_);
-  RankOutputs o = Run(d, "unmap", {"--bytes", std::to_string(8 << 20),
-                                   "--unmap"});
+  RankOutputs o =
+      Run(d, "unmap", {"--bytes", std::to_string(8 << 20), "--unmap"});
   // Both requests failed with PSM2_PARAM_ERR (3), and the pair then
   // exchanged another message.
   EXPECT_EQ(o.exit0, 0) << o.out0 << o.err;
@@ -163,8 +156,8 @@ TEST_F(CopyInPlaceTest, ASenderThatUnmapsItsBufferFailsOnlyThatMessage) {
 
 TEST_F(CopyInPlaceTest, WithCopiesOffTheStreamStillCarriesEverything) {
   Daemon d(dir_, {"--copy-in-place", "off"});
-  RankOutputs o = Run(d, "off", {"--bytes", std::to_string(16 << 20),
-                                 "--compute-ms", "200"});
+  RankOutputs o = Run(
+      d, "off", {"--bytes", std::to_string(16 << 20), "--compute-ms", "200"});
   EXPECT_EQ(o.exit0, 0) << o.err;
   EXPECT_EQ(o.exit1, 0) << o.err;
   Arrival a = ParseArrival(o.out1);
@@ -178,8 +171,8 @@ TEST_F(CopyInPlaceTest, WithoutThePrivilegeMessagesStreamInstead) {
   // refuses the copy (EPERM) before a byte moves, and the message streams
   // through the pool instead, intact.
   Daemon d(dir_, {}, {},
-           {"/usr/bin/setpriv", "--bounding-set", "-sys_ptrace",
-            "--inh-caps", "-sys_ptrace"});
+           {"/usr/bin/setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps",
+            "-sys_ptrace"});
   RankOutputs o = Run(d, "denied",
                       {"--bytes", std::to_string(8 << 20), "--compute-ms",
                        "100", "--reps", "2"},
@@ -192,8 +185,7 @@ TEST_F(CopyInPlaceTest, WithoutThePrivilegeMessagesStreamInstead) {
   EXPECT_NE(d.Log().find("may not read its memory (EPERM)"), std::string::npos)
       << d.Log();
   RunResult stats = Psmctl(dir_, d, {"stats", "--format", "json"});
-  EXPECT_EQ(JsonNumber(stats.out, "total", "rndv_msgs_copied"), 0)
-      << stats.out;
+  EXPECT_EQ(JsonNumber(stats.out, "total", "rndv_msgs_copied"), 0) << stats.out;
   EXPECT_TRUE(d.Stop());
 }
 

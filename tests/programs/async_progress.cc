@@ -17,13 +17,15 @@
 // and exits 0 if every message arrived intact.
 //
 // With --unmap (a sender that lies about its buffer), rank 0 posts the send
-// first and unmaps the buffer before rank 1 posts its receive. Each rank
+// first, unmaps the buffer, and stays away from the library for 300 ms, so
+// that psmd takes the transfer over and finds the range unmapped. Each rank
 // prints "error <psm2_error_t>" of its request and exits 0 if both failed
 // with PSM2_PARAM_ERR, the message unreceivable but nothing else affected:
 // an ordinary message then still goes through.
 #include <psm2.h>
 #include <psm2_mq.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -80,8 +82,7 @@ void Blocking(psm2_mq_t mq, psm2_epaddr_t peer, bool send, uint32_t tag) {
 }
 
 // --unmap: see the top of the file.
-int LyingSender(const psmd::testing::ConnectedPair& p, size_t bytes,
-                int rank) {
+int LyingSender(const psmd::testing::ConnectedPair& p, size_t bytes, int rank) {
   psm2_mq_tag_t t = Tag(7), sel = Exact();
   psm2_mq_req_t req;
   psm2_mq_status2_t st{};
@@ -94,6 +95,9 @@ int LyingSender(const psmd::testing::ConnectedPair& p, size_t bytes,
              "psm2_mq_isend2");
     munmap(buf, bytes);
     Blocking(p.mq, p.peer, true, 1);
+    // Away from the library while psmd takes the transfer over (after
+    // copy_after_us): streaming from the unmapped buffer would crash us.
+    usleep(300'000);
     psm2_mq_wait2(&req, &st);
   } else {
     std::vector<uint8_t> buf(bytes);
@@ -126,12 +130,18 @@ int main(int argc, char** argv) {
     }
     if (i + 1 >= argc) break;
     const char* v = argv[++i];
-    if (a == "--rank") rank = atoi(v);
-    else if (a == "--dir") dir = v;
-    else if (a == "--uuid") uuid_text = v;
-    else if (a == "--bytes") bytes = strtoull(v, nullptr, 0);
-    else if (a == "--compute-ms") compute_ms = atoi(v);
-    else if (a == "--reps") reps = atoi(v);
+    if (a == "--rank")
+      rank = atoi(v);
+    else if (a == "--dir")
+      dir = v;
+    else if (a == "--uuid")
+      uuid_text = v;
+    else if (a == "--bytes")
+      bytes = strtoull(v, nullptr, 0);
+    else if (a == "--compute-ms")
+      compute_ms = atoi(v);
+    else if (a == "--reps")
+      reps = atoi(v);
   }
   psm2_uuid_t uuid;
   if ((rank != 0 && rank != 1) || dir.empty() ||
@@ -166,7 +176,8 @@ int main(int argc, char** argv) {
       for (size_t off = 0; off < bytes; off += 4096, pages++) {
         size_t end = std::min(bytes, off + 4096);
         bool here = true;
-        for (size_t i = off; i < end && here; i++) here = buf[i] == Pattern(i, rep);
+        for (size_t i = off; i < end && here; i++)
+          here = buf[i] == Pattern(i, rep);
         whole += here;
       }
       // PSM2_MQ_NO_COMPLETIONS: not complete yet.
@@ -183,9 +194,9 @@ int main(int argc, char** argv) {
     } else {
       for (size_t i = 0; i < bytes; i++) buf[i] = Pattern(i, rep);
       Blocking(p.mq, p.peer, false, 1);
-      CheckPsm(psm2_mq_isend2(p.mq, p.peer, 0, &t, buf.data(), bytes, nullptr,
-                              &req),
-               "psm2_mq_isend2");
+      CheckPsm(
+          psm2_mq_isend2(p.mq, p.peer, 0, &t, buf.data(), bytes, nullptr, &req),
+          "psm2_mq_isend2");
       Blocking(p.mq, p.peer, true, 2);
       Compute(compute_ms);
       CheckPsm(psm2_mq_wait2(&req, nullptr), "psm2_mq_wait2");
