@@ -4,11 +4,11 @@
 //
 //   mpirun -np 2 mpi_async BYTES COMPUTE_MS REPS
 //
-// Each repetition: rank 1 posts MPI_Irecv into a zeroed buffer, rank 0
-// MPI_Isend once it knows (a barrier), then both compute for COMPUTE_MS
-// without calling MPI. Rank 1 then counts the 4 KiB pages that already hold
-// the message, before any MPI call, and calls MPI_Test once. Prints per
-// repetition:
+// Each repetition: rank 1 posts MPI_Irecv into a zeroed buffer, a barrier,
+// rank 0 posts MPI_Isend; then both compute for COMPUTE_MS without calling
+// MPI (rank 1 straight after the barrier). Rank 1 then counts the 4 KiB pages
+// that already hold the message, before any MPI call, and calls MPI_Test once.
+// Prints per repetition:
 //   mpi_async bytes B arrived F test T
 // and "intact 0" (exit 1) if the message was wrong once complete.
 #include <mpi.h>
@@ -57,13 +57,12 @@ int main(int argc, char** argv) {
     } else {
       for (size_t i = 0; i < bytes; i++) buf[i] = Pattern(i, rep);
     }
-    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Barrier(MPI_COMM_WORLD);  // the receive is posted
     if (rank == 0) {
       MPI_Isend(buf.data(), static_cast<int>(bytes), MPI_BYTE, 1, rep,
                 MPI_COMM_WORLD, &req);
     }
-    MPI_Barrier(MPI_COMM_WORLD);  // both compute from here
-    Compute(compute_ms);
+    Compute(compute_ms);  // no MPI call in between
     if (rank == 1) {
       size_t pages = 0, whole = 0;
       for (size_t off = 0; off < bytes; off += 4096, pages++) {

@@ -33,8 +33,8 @@ struct Config {
   // stream through the pool (off). docs/perf.md, "Copies in place", has
   // the figures behind the defaults.
   std::string copy_in_place = "auto";
-  uint64_t copy_min_bytes = 256u << 10;
-  uint32_t copy_after_us = 1000;
+  uint64_t copy_min_bytes = 1u << 20;
+  uint32_t copy_after_us = 10000;
   uint32_t sq_capacity = 256;   // submission ring slots per endpoint
   uint32_t cq_capacity = 1024;  // completion ring slots per endpoint
   // Per-job payload pool: one send region per endpoint of the job.

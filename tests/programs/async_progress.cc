@@ -5,12 +5,12 @@
 //   async_progress --rank R --dir DIR --uuid UUID [--bytes N]
 //                  [--compute-ms T] [--reps K] [--unmap]
 //
-// Each repetition: rank 1 posts a receive of N bytes into a zeroed buffer;
-// rank 0 posts the send once it knows (the ranks meet through small
-// messages); then both compute for T ms, calling nothing. On return, before
-// any PSM2 call, rank 1 counts the 4 KiB pages of its buffer that already
-// hold the message, then calls psm2_mq_test once. Both then wait and rank 1
-// checks every byte.
+// Each repetition: rank 1 posts a receive of N bytes into a zeroed buffer
+// and tells rank 0 (a small message), which posts the send; then both
+// compute for T ms, calling nothing (rank 1 from the moment it told). On
+// return, before any PSM2 call, rank 1 counts the 4 KiB pages of its buffer
+// that already hold the message, then calls psm2_mq_test once. Both then wait
+// and rank 1 checks every byte.
 //
 // Rank 1 prints one line per repetition:
 //   arrived <fraction of pages> test <1 if psm2_mq_test completed it> intact 1
@@ -169,8 +169,7 @@ int main(int argc, char** argv) {
       CheckPsm(psm2_mq_irecv2(p.mq, p.peer, &t, &sel, 0, buf.data(), bytes,
                               nullptr, &req),
                "psm2_mq_irecv2");
-      Blocking(p.mq, p.peer, true, 1);   // "posted"
-      Blocking(p.mq, p.peer, false, 2);  // "sent": both compute from here
+      Blocking(p.mq, p.peer, true, 1);  // "posted": compute from here
       Compute(compute_ms);
       size_t pages = 0, whole = 0;
       for (size_t off = 0; off < bytes; off += 4096, pages++) {
@@ -197,7 +196,6 @@ int main(int argc, char** argv) {
       CheckPsm(
           psm2_mq_isend2(p.mq, p.peer, 0, &t, buf.data(), bytes, nullptr, &req),
           "psm2_mq_isend2");
-      Blocking(p.mq, p.peer, true, 2);
       Compute(compute_ms);
       CheckPsm(psm2_mq_wait2(&req, nullptr), "psm2_mq_wait2");
     }
