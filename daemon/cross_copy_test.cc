@@ -109,6 +109,16 @@ class CrossCopyTest : public ::testing::Test {
     }
     return all;
   }
+  // Runs one copy on a copier of its own (1 MiB chunks) to its end.
+  CrossCopier::Done CopyAlone(const CopySide& from, const CopySide& to,
+                              uint64_t len) {
+    CrossCopier copier(Wake(), 1 << 20);
+    int group = 0;
+    copier.Submit({7, &group, from, to, len});
+    auto done = WaitDone(copier, 1);
+    EXPECT_EQ(done.size(), 1u);
+    return done.empty() ? CrossCopier::Done{0, 0, -1, false} : done[0];
+  }
   std::function<void()> Wake() {
     return [this] {
       std::lock_guard<std::mutex> lock(mu_);
@@ -138,41 +148,29 @@ TEST_F(CrossCopyTest, CopiesFromOneProcessIntoAnother) {
 
 TEST_F(CrossCopyTest, ARangeOutsideTheSendersMemoryFailsWhileReading) {
   Child from(src_, kLen), to(dst_, kLen);
-  CrossCopier copier(Wake(), 1 << 20);
-  int kept = 0;
   // Starts in the last MiB and runs into the unmapped page.
-  copier.Submit(
-      {7, &kept, from.Side(1, kLen - (1 << 20) + 8), to.Side(2), 1 << 20});
-  auto done = WaitDone(copier, 1);
-  ASSERT_EQ(done.size(), 1u);
-  EXPECT_EQ(done[0].error, EFAULT);
-  EXPECT_TRUE(done[0].failed_reading);
-  EXPECT_EQ(done[0].copied, 0u);
+  CrossCopier::Done done =
+      CopyAlone(from.Side(1, kLen - (1 << 20) + 8), to.Side(2), 1 << 20);
+  EXPECT_EQ(done.error, EFAULT);
+  EXPECT_TRUE(done.failed_reading);
+  EXPECT_EQ(done.copied, 0u);
 }
 
 TEST_F(CrossCopyTest, ARangeOutsideTheReceiversMemoryFailsWhileWriting) {
   Child from(src_, kLen), to(dst_, kLen);
-  CrossCopier copier(Wake(), 1 << 20);
-  int kept = 0;
-  copier.Submit({7, &kept, from.Side(1), to.Side(2, 4096), kLen});
-  auto done = WaitDone(copier, 1);
-  ASSERT_EQ(done.size(), 1u);
-  EXPECT_EQ(done[0].error, EFAULT);
-  EXPECT_FALSE(done[0].failed_reading);
-  EXPECT_EQ(done[0].copied, 2u << 20);  // the chunks before the bad one
+  CrossCopier::Done done = CopyAlone(from.Side(1), to.Side(2, 4096), kLen);
+  EXPECT_EQ(done.error, EFAULT);
+  EXPECT_FALSE(done.failed_reading);
+  EXPECT_EQ(done.copied, 2u << 20);  // the chunks before the bad one
 }
 
 TEST_F(CrossCopyTest, AProcessThatEndedIsNeverReadNorWritten) {
   Child from(src_, kLen), to(dst_, kLen);
   to.Quit();
-  CrossCopier copier(Wake(), 1 << 20);
-  int kept = 0;
-  copier.Submit({3, &kept, from.Side(1), to.Side(2), kLen});
-  auto done = WaitDone(copier, 1);
-  ASSERT_EQ(done.size(), 1u);
-  EXPECT_EQ(done[0].error, ESRCH);
-  EXPECT_FALSE(done[0].failed_reading);
-  EXPECT_EQ(done[0].copied, 0u);
+  CrossCopier::Done done = CopyAlone(from.Side(1), to.Side(2), kLen);
+  EXPECT_EQ(done.error, ESRCH);
+  EXPECT_FALSE(done.failed_reading);
+  EXPECT_EQ(done.copied, 0u);
 }
 
 TEST_F(CrossCopyTest, CancelDropsTheEndpointsCopiesAndNothingMovesAfter) {

@@ -21,38 +21,32 @@ changed=$(diff deploy/psmd.service "$work/psmd.service" | grep -c '^>' || true)
 grep -q '^ExecStart=/usr/sbin/psmd ' deploy/psmd.service ||
   { echo "FAIL: ExecStart= must name /usr/sbin/psmd"; exit 1; }
 
-# verify exits 0 on settings it merely ignores ("Failed to parse ...,
-# ignoring"): any word from it is a failure.
-if ! (cd "$work" && systemd-analyze verify --man=no psmd.service psmd.socket \
-  >"$work/verify.out" 2>&1) || [[ -s "$work/verify.out" ]]; then
-  cat "$work/verify.out"
-  echo "FAIL: systemd-analyze verify"
-  exit 1
-fi
-
-score=$(systemd-analyze security --offline=true "$work/psmd.service" 2>&1 |
-  sed -n 's/.*Overall exposure level for psmd.service: \([0-9.]*\).*/\1/p')
-echo "systemd-analyze security: $score"
-[[ -n "$score" ]] || { echo "FAIL: no exposure score"; exit 1; }
-awk -v s="$score" 'BEGIN { exit !(s <= 2.0) }' ||
-  { echo "FAIL: exposure $score > 2.0"; exit 1; }
-
+# check_unit DIR LIMIT WHAT: systemd-analyze verify on DIR's psmd.service and
+# psmd.socket must say nothing (it exits 0 on settings it merely ignores,
+# "Failed to parse ..., ignoring": any word from it is a failure), and
+# security must rate the service at most LIMIT.
+check_unit() {
+  local dir=$1 limit=$2 what=$3 score
+  if ! (cd "$dir" && systemd-analyze verify --man=no psmd.service psmd.socket \
+    >"$dir/verify.out" 2>&1) || [[ -s "$dir/verify.out" ]]; then
+    cat "$dir/verify.out"
+    echo "FAIL: systemd-analyze verify ($what)"
+    exit 1
+  fi
+  score=$(systemd-analyze security --offline=true "$dir/psmd.service" 2>&1 |
+    sed -n 's/.*Overall exposure level for psmd.service: \([0-9.]*\).*/\1/p')
+  echo "systemd-analyze security ($what): $score"
+  [[ -n "$score" ]] || { echo "FAIL: no exposure score ($what)"; exit 1; }
+  awk -v s="$score" -v l="$limit" 'BEGIN { exit !(s <= l) }' ||
+    { echo "FAIL: exposure $score > $limit ($what)"; exit 1; }
+}
+check_unit "$work" 2.0 "as shipped"
 # With the fabric drop-in: the same unit plus its [Service] lines (which is
 # how systemd merges a drop-in: lists add up, later single values win).
 mkdir "$work/fabric"
 cat "$work/psmd.service" deploy/psmd-fabric.conf >"$work/fabric/psmd.service"
 cp deploy/psmd.socket "$work/fabric/"
-if ! (cd "$work/fabric" && systemd-analyze verify --man=no psmd.service psmd.socket \
-  >"$work/verify-fabric.out" 2>&1) || [[ -s "$work/verify-fabric.out" ]]; then
-  cat "$work/verify-fabric.out"
-  echo "FAIL: systemd-analyze verify with psmd-fabric.conf"
-  exit 1
-fi
-fabric_score=$(systemd-analyze security --offline=true "$work/fabric/psmd.service" 2>&1 |
-  sed -n 's/.*Overall exposure level for psmd.service: \([0-9.]*\).*/\1/p')
-echo "systemd-analyze security with the fabric drop-in: $fabric_score"
-awk -v s="$fabric_score" 'BEGIN { exit !(s != "" && s <= 2.5) }' ||
-  { echo "FAIL: exposure with the fabric drop-in $fabric_score > 2.5"; exit 1; }
+check_unit "$work/fabric" 2.5 "with psmd-fabric.conf"
 
 # The shipped configuration and command line are accepted as they are.
 exec_args=$(sed -n 's|^ExecStart=/usr/sbin/psmd ||p' deploy/psmd.service |

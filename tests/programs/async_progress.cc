@@ -39,19 +39,8 @@
 namespace {
 
 using psmd::testing::CheckPsm;
-
-psm2_mq_tag_t Tag(uint32_t t) {
-  psm2_mq_tag_t tag;
-  memset(&tag, 0, sizeof(tag));
-  tag.tag0 = t;
-  return tag;
-}
-
-psm2_mq_tag_t Exact() {
-  psm2_mq_tag_t sel;
-  memset(&sel, 0xff, sizeof(sel));
-  return sel;
-}
+using psmd::testing::ExactSelector;
+using psmd::testing::TagOf;
 
 uint8_t Pattern(size_t i, int rep) {
   return static_cast<uint8_t>((i * 131 + rep * 7 + (i >> 12)) | 1);  // never 0
@@ -68,7 +57,7 @@ double Compute(int ms) {
 }
 
 void Blocking(psm2_mq_t mq, psm2_epaddr_t peer, bool send, uint32_t tag) {
-  psm2_mq_tag_t t = Tag(tag), sel = Exact();
+  psm2_mq_tag_t t = TagOf(tag), sel = ExactSelector();
   char byte = 0;
   psm2_mq_req_t req;
   if (send) {
@@ -83,7 +72,7 @@ void Blocking(psm2_mq_t mq, psm2_epaddr_t peer, bool send, uint32_t tag) {
 
 // --unmap: see the top of the file.
 int LyingSender(const psmd::testing::ConnectedPair& p, size_t bytes, int rank) {
-  psm2_mq_tag_t t = Tag(7), sel = Exact();
+  psm2_mq_tag_t t = TagOf(7), sel = ExactSelector();
   psm2_mq_req_t req;
   psm2_mq_status2_t st{};
   if (rank == 0) {
@@ -162,7 +151,7 @@ int main(int argc, char** argv) {
   std::vector<uint8_t> buf(bytes);
   bool all_intact = true;
   for (int rep = 0; rep < reps; rep++) {
-    psm2_mq_tag_t t = Tag(100 + rep), sel = Exact();
+    psm2_mq_tag_t t = TagOf(100 + rep), sel = ExactSelector();
     psm2_mq_req_t req;
     if (rank == 1) {
       memset(buf.data(), 0, bytes);

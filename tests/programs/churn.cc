@@ -59,12 +59,6 @@ psm2_mq_tag_t Tag(uint32_t kind, uint32_t round) {
   return t;
 }
 
-psm2_mq_tag_t Exact() {
-  psm2_mq_tag_t s;
-  memset(&s, 0xff, sizeof(s));
-  return s;
-}
-
 // Ends the process if the peer is known to be gone.
 void CheckSentinel() {
   psm2_mq_status2_t st;
@@ -119,7 +113,7 @@ void Round(psmd::testing::ConnectedPair& c, int rank, uint32_t round,
   const uint32_t eager = rng() % kEagerMax;
   const uint32_t rndv = 64001 + rng() % (kRndvMax - 64001);
   const uint32_t back = rng() % kEagerMax;
-  psm2_mq_tag_t exact = Exact();
+  psm2_mq_tag_t exact = psmd::testing::ExactSelector();
   std::vector<uint8_t> a, b, in_a, in_b;
   if (rank == 0) {
     Fill(&a, eager, round);
@@ -211,7 +205,8 @@ int main(int argc, char** argv) {
   int indices[2];
   CheckPsm(psm2_am_register_handlers(c.ep, handlers, 2, indices),
            "am_register_handlers");
-  psm2_mq_tag_t sentinel = Tag(kSentinelTag, 0), exact = Exact();
+  psm2_mq_tag_t sentinel = Tag(kSentinelTag, 0),
+                exact = psmd::testing::ExactSelector();
   CheckPsm(psm2_mq_irecv2(c.mq, c.peer, &sentinel, &exact, 0, nullptr, 0,
                           nullptr, &g_sentinel),
            "irecv2 sentinel");

@@ -40,22 +40,11 @@
 namespace {
 
 using psmd::testing::CheckPsm;
+using psmd::testing::ExactSelector;
+using psmd::testing::TagOf;
 
 constexpr uint32_t kLarge = 64u << 20;
 constexpr uint32_t kEagerCount = 100, kEagerLen = 32u << 10;
-
-psm2_mq_tag_t Tag(uint32_t t) {
-  psm2_mq_tag_t tag;
-  memset(&tag, 0, sizeof(tag));
-  tag.tag0 = t;
-  return tag;
-}
-
-psm2_mq_tag_t Exact() {
-  psm2_mq_tag_t sel;
-  memset(&sel, 0xff, sizeof(sel));
-  return sel;
-}
 
 void Touch(const std::string& path) { std::ofstream(path) << "1\n"; }
 
@@ -88,7 +77,7 @@ void PollFor(psm2_ep_t ep, double seconds) {
 int StalledSender(psmd::testing::ConnectedPair& c, const std::string& dir) {
   std::vector<uint8_t> buf(kLarge, 0x5a);
   AwaitFile(dir + "/posted");
-  psm2_mq_tag_t tag = Tag(1);
+  psm2_mq_tag_t tag = TagOf(1);
   psm2_mq_req_t req;
   CheckPsm(
       psm2_mq_isend2(c.mq, c.peer, 0, &tag, buf.data(), kLarge, nullptr, &req),
@@ -102,7 +91,7 @@ int StalledSender(psmd::testing::ConnectedPair& c, const std::string& dir) {
 
 int WaitingReceiver(psmd::testing::ConnectedPair& c, const std::string& dir) {
   std::vector<uint8_t> buf(kLarge);
-  psm2_mq_tag_t tag = Tag(1), sel = Exact();
+  psm2_mq_tag_t tag = TagOf(1), sel = ExactSelector();
   psm2_mq_req_t req;
   CheckPsm(psm2_mq_irecv2(c.mq, c.peer, &tag, &sel, 0, buf.data(), kLarge,
                           nullptr, &req),
@@ -118,7 +107,7 @@ int WaitingReceiver(psmd::testing::ConnectedPair& c, const std::string& dir) {
 int StuckSender(psmd::testing::ConnectedPair& c, const std::string& dir) {
   std::vector<uint8_t> large(kLarge, 0x5a), small(kEagerLen, 0xa5);
   AwaitFile(dir + "/posted");
-  psm2_mq_tag_t eager = Tag(2), big = Tag(3);
+  psm2_mq_tag_t eager = TagOf(2), big = TagOf(3);
   for (uint32_t i = 0; i < kEagerCount; i++) {
     CheckPsm(psm2_mq_send2(c.mq, c.peer, 0, &eager, small.data(), kEagerLen),
              "send2");
@@ -139,7 +128,7 @@ int StuckSender(psmd::testing::ConnectedPair& c, const std::string& dir) {
                            10'000'000'000LL),
            "connect to self");
   std::vector<uint8_t> out(60000, 0x11), in(60000);
-  psm2_mq_tag_t tag = Tag(4), sel = Exact();
+  psm2_mq_tag_t tag = TagOf(4), sel = ExactSelector();
   for (int i = 0; i < 200; i++) {
     psm2_mq_req_t s, r;
     CheckPsm(psm2_mq_isend2(c.mq, self, 0, &tag, out.data(), out.size(),
@@ -162,7 +151,7 @@ int StuckSender(psmd::testing::ConnectedPair& c, const std::string& dir) {
 int UnsentReceiver(psmd::testing::ConnectedPair& c, const std::string& dir) {
   AwaitFile(dir + "/posted");
   uint64_t word = 0;
-  psm2_mq_tag_t tag = Tag(5), sel = Exact();
+  psm2_mq_tag_t tag = TagOf(5), sel = ExactSelector();
   psm2_mq_req_t req;
   CheckPsm(psm2_mq_irecv2(c.mq, c.peer, &tag, &sel, 0, &word, sizeof(word),
                           nullptr, &req),
@@ -187,7 +176,7 @@ int UnsentReceiver(psmd::testing::ConnectedPair& c, const std::string& dir) {
 
 int IdleReceiver(psmd::testing::ConnectedPair& c, const std::string& dir) {
   std::vector<uint8_t> large(kLarge), small(kEagerCount * size_t{kEagerLen});
-  psm2_mq_tag_t eager = Tag(2), big = Tag(3), sel = Exact();
+  psm2_mq_tag_t eager = TagOf(2), big = TagOf(3), sel = ExactSelector();
   psm2_mq_req_t req;
   for (uint32_t i = 0; i < kEagerCount; i++) {
     CheckPsm(psm2_mq_irecv2(c.mq, c.peer, &eager, &sel, 0,

@@ -54,6 +54,19 @@ bool ParseUuid(const std::string& text, psm2_uuid_t out) {
   return true;
 }
 
+psm2_mq_tag_t TagOf(uint32_t t) {
+  psm2_mq_tag_t tag;
+  memset(&tag, 0, sizeof(tag));
+  tag.tag0 = t;
+  return tag;
+}
+
+psm2_mq_tag_t ExactSelector() {
+  psm2_mq_tag_t sel;
+  memset(&sel, 0xff, sizeof(sel));
+  return sel;
+}
+
 void CheckPsm(psm2_error_t err, const char* what) {
   if (err != PSM2_OK) {
     fprintf(stderr, "%s: %s\n", what, psm2_error_get_string(err));

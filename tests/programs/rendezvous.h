@@ -20,6 +20,11 @@ bool AwaitEpid(const std::string& dir, int rank, double timeout_s,
 // Parses a job uuid written as 32 hex digits (dashes allowed).
 bool ParseUuid(const std::string& text, psm2_uuid_t out);
 
+// A tag whose first word is `t` (the others 0), and the selector that
+// matches a tag exactly.
+psm2_mq_tag_t TagOf(uint32_t t);
+psm2_mq_tag_t ExactSelector();
+
 // Exits(2) after printing `what` and the PSM2 error unless err is PSM2_OK.
 void CheckPsm(psm2_error_t err, const char* what);
 
