@@ -148,7 +148,7 @@ class FabricTest : public ::testing::Test {
     EXPECT_EQ(access((rv + "/" + ready).c_str(), F_OK), 0) << pair.Errors();
     Process& victim = kill_sender ? pair.rank0 : pair.rank1;
     Process& survivor = kill_sender ? pair.rank1 : pair.rank0;
-    auto killed_at = std::chrono::system_clock::now();
+    auto killed_at = std::chrono::steady_clock::now();
     victim.Kill(SIGKILL);
     victim.Wait(5);
     const int survivor_exit = survivor.Wait(10);
@@ -237,7 +237,7 @@ TEST_F(FabricTest, DaemonKilledMidRendezvousFailsTheReceiverAndReconnectWorks) {
   ASSERT_EQ(access((rv + "/streaming").c_str(), F_OK), 0)
       << pair.Errors() << a->Log() << b->Log();
   // Node 1's daemon dies (with its client): node 2's receiver must learn.
-  auto killed_at = std::chrono::system_clock::now();
+  auto killed_at = std::chrono::steady_clock::now();
   kill(a->pid(), SIGKILL);
   sender.Kill(SIGKILL);
   EXPECT_EQ(receiver.Wait(10), 0) << ReadFile(rv + "/1.err") << b->Log();

@@ -274,6 +274,30 @@ double CpuSeconds(pid_t pid) {
          static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
+StallWatch::StallWatch() {
+  thread_ = std::thread([this] {
+    using Clock = std::chrono::steady_clock;
+    constexpr auto kTick = std::chrono::milliseconds(10);
+    constexpr auto kStall = std::chrono::milliseconds(250);
+    auto last = Clock::now();
+    while (!stop_.load()) {
+      std::this_thread::sleep_for(kTick);
+      const auto now = Clock::now();
+      if (now - last > kStall) {
+        stalled_us_ += std::chrono::duration_cast<std::chrono::microseconds>(
+                           now - last - kTick)
+                           .count();
+      }
+      last = now;
+    }
+  });
+}
+
+StallWatch::~StallWatch() {
+  stop_ = true;
+  thread_.join();
+}
+
 int CountMappings(pid_t pid, const std::string& needle) {
   std::istringstream in(ReadFile("/proc/" + std::to_string(pid) + "/maps"));
   std::string line;

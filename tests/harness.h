@@ -8,8 +8,10 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace psmd::testing {
@@ -154,6 +156,26 @@ int OpenFds(pid_t pid);
 
 // CPU seconds (user + system) consumed so far by pid.
 double CpuSeconds(pid_t pid);
+
+// Watches for the whole machine stopping: a thread that wakes every 10 ms
+// and adds up the gaps between its wakes beyond 250 ms. A VM its host
+// stalls for seconds (the kernel then logs an RCU stall; this VM reports
+// no steal time) delays every process alike, psmd's fault or not, so a
+// deadline may grant what this counted. Thread-safe.
+class StallWatch {
+ public:
+  StallWatch();
+  ~StallWatch();
+  StallWatch(const StallWatch&) = delete;
+  StallWatch& operator=(const StallWatch&) = delete;
+  // Milliseconds of stall seen since construction.
+  double stalled_ms() const { return stalled_us_.load() / 1000.0; }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> stalled_us_{0};
+  std::thread thread_;
+};
 
 // How many mappings of pid name `needle` (e.g. "memfd:psmd-endpoint").
 int CountMappings(pid_t pid, const std::string& needle);

@@ -222,7 +222,7 @@ long KillMidTransfer(const TempDir& dir, const Daemon& d,
       << ReadFile(rv + "/1.err");
   Process& victim = kill_sender ? sender : receiver;
   Process& survivor = kill_sender ? receiver : sender;
-  auto killed_at = std::chrono::system_clock::now();
+  auto killed_at = std::chrono::steady_clock::now();
   victim.Kill(SIGKILL);
   victim.Wait(5);
   *survivor_exit = survivor.Wait(10);

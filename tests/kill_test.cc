@@ -29,7 +29,7 @@ namespace {
 
 long long NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -93,6 +93,7 @@ TEST(KillTest, SurvivorsEndWithinASecondAndPsmdReturnsToBaseline) {
         << ReadFile(rv + "/0.err") << ReadFile(rv + "/1.err");
     std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 60));
     const int victim = static_cast<int>(rng() % 2);
+    StallWatch stalls;
     const long long killed_at = NowMs();
     ranks[victim].Kill(SIGKILL);
     ranks[victim].Wait(5);
@@ -109,7 +110,10 @@ TEST(KillTest, SurvivorsEndWithinASecondAndPsmdReturnsToBaseline) {
         << out;
     EXPECT_NE(error, 0u);
     ended_after_ms.push_back(static_cast<long>(ended_at - killed_at));
-    ASSERT_LE(ended_at - killed_at, 1000) << "the survivor waited too long";
+    // Time the host took the whole machine away is not the survivor's.
+    ASSERT_LE(ended_at - killed_at, 1000 + stalls.stalled_ms())
+        << "the survivor waited too long (the machine stalled "
+        << stalls.stalled_ms() << " ms meanwhile)";
     ASSERT_EQ(kill(d.pid(), 0), 0) << "psmd died";
     std::filesystem::remove_all(rv);
   }

@@ -9,8 +9,8 @@
 // daemon/mq_engine.h), which is how the survivor learns of a death while
 // it waits for anything. Every wait polls the request and the sentinel.
 // After its first round a rank creates DIR/running.R. When any request
-// ends with an error the rank prints "ended <error> at <unix ms>" and exits
-// 0; a data mismatch exits 1, a failed call 2.
+// ends with an error the rank prints "ended <error> at <monotonic ms>" and
+// exits 0; a data mismatch exits 1, a failed call 2.
 #include <psm2.h>
 #include <psm2_am.h>
 #include <psm2_mq.h>
@@ -39,9 +39,11 @@ psm2_ep_t g_ep;
 psm2_mq_req_t g_sentinel;
 int g_replies = 0;
 
+// CLOCK_MONOTONIC: one clock for every process of the machine, which the
+// kill test compares with its own, and which no time adjustment moves.
 long long NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 

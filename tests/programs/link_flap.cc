@@ -10,8 +10,8 @@
 // nothing more, waits for every request still in flight to end, then posts
 // one more rendezvous send and one receive naming the peer (both must fail
 // within 10 s: the peer's node is unreachable now) and prints
-//   ended first <unix ms> last <unix ms> ok <n> failed <n> codes <c>:<n>...
-//   after <send error> <recv error>
+//   ended first <monotonic ms> last <monotonic ms> ok <n> failed <n> codes
+//   <c>:<n>... after <send error> <recv error>
 // where first/last are when the first and the last failing request ended.
 // Exit 0 when every request ended, every error was PSM2_EPID_UNREACHABLE or
 // PSM2_TIMEOUT and the two late requests failed too; 1 otherwise.
@@ -40,7 +40,7 @@ constexpr uint32_t kAnnounce = 300;
 
 long long NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 

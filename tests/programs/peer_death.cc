@@ -22,7 +22,7 @@
 //                    on it; exits 0 if that ends with an error and a new
 //                    receive and a new synchronous send naming the peer
 //                    then fail too.
-// A survivor prints "ended <error> at <unix ms>" when its wait returns.
+// A survivor prints "ended <error> at <monotonic ms>" when its wait returns.
 #include <psm2.h>
 #include <psm2_mq.h>
 #include <unistd.h>
@@ -55,7 +55,7 @@ void AwaitFile(const std::string& path) {
 
 long long NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
