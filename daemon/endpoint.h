@@ -167,6 +167,9 @@ class Endpoint {
   // psmd may not read or write this process (a copy failed with EPERM):
   // its rendezvous messages stream through the pool (mq_engine.h, inv. 10).
   bool copy_denied = false;
+  // When psmd last took a rendezvous chunk from this endpoint: a sender
+  // busy streaming one message is not stalled on the others (inv. 10).
+  uint64_t last_chunk_ns = 0;
   // Rings of a doorbell with nothing submitted, counted per second (progress
   // worker only): a client ringing in a loop is not listened to for a while
   // (ProgressWorker::NoteIdleDoorbell) instead of keeping psmd awake.

@@ -602,7 +602,8 @@ bool MqEngine::HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
     Post(*receiver, c);
   }
   t.forwarded += d.len;
-  if (t.await_done) t.last_ns = NowNs();
+  sender.last_chunk_ns = NowNs();
+  if (t.await_done) t.last_ns = sender.last_chunk_ns;
   if (t.forwarded == t.send_bytes) {
     if (t.await_done) {  // the sender's buffer is free now
       shm::CompletionDesc c{};
@@ -816,6 +817,9 @@ bool MqEngine::TakeOverStalled() {
     Endpoint* sender = Find(t.sender_id);
     Endpoint* receiver = Find(t.receiver_id);
     if (sender == nullptr || receiver == nullptr) continue;
+    // A sender streaming other messages (say 64 sends outstanding, each
+    // waiting for pool space) will come to this one: not stalled.
+    if (now - sender->last_chunk_ns < copy_after_ns_) continue;
     CopySide from{sender->id, sender->pid, sender->pidfd.load(), t.send_addr};
     CopySide to{receiver->id, receiver->pid, receiver->pidfd.load(),
                 t.recv_addr};

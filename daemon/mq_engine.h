@@ -52,9 +52,10 @@
 //      buffers (kSendInPlace, kRecvInPlace), of at least the copy threshold,
 //      between two endpoints of this node whose processes psmd may read and
 //      write, starts as a stream like any other, but its sender completes
-//      only on psmd's kSendDone (kGoAwaitDone). If no chunk of it arrives
-//      for copy_after (the sender computes, or waits for pool space its
-//      receiver does not give back), psmd takes it over: the CrossCopier
+//      only on psmd's kSendDone (kGoAwaitDone). If no chunk of it, nor of
+//      any transfer of its sender, arrives for copy_after (the sender
+//      computes, or waits for pool space its receiver does not give back),
+//      psmd takes it over: the CrossCopier
 //      copies the rest straight from the sender's memory into the receive
 //      buffer, chunks the sender still publishes are released unread, and
 //      the receiver gets one kRndvChunk with kPayloadPlaced for the rest, the

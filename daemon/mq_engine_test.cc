@@ -634,6 +634,39 @@ TEST_F(CopyInPlaceEngineTest, AStreamThatKeepsMovingStaysAStream) {
   EXPECT_EQ(endpoints_[0]->counters.rndv_msgs_copied.Get(), 0u);
 }
 
+TEST_F(CopyInPlaceEngineTest, ASenderStreamingAnotherMessageIsNotStalled) {
+  // Two messages to one receiver; the sender streams the second, a chunk
+  // every 50 ms, for twice copy_after, while the first waits its turn (as
+  // with many sends outstanding and the pool full): the first is not
+  // taken over. Once the sender stops, it is.
+  constexpr uint32_t kChunk = 64 << 10;
+  std::vector<uint8_t> first(2 << 20, 1), second(8 * kChunk, 2);
+  std::vector<uint8_t> dst1(first.size()), dst2(second.size());
+  PlacedRecv(1, 0, 9, dst1.data(), dst1.size());
+  PlacedRecv(1, 0, 10, dst2.data(), dst2.size());
+  Drain();
+  RndvSend(0, 1, 9, first.data(), first.size());
+  RndvSend(0, 1, 10, second.data(), second.size());
+  Drain();
+  auto go = Reap(0);
+  ASSERT_EQ(go.size(), 2u);
+  for (uint32_t k = 0; k < 8; k++) {
+    Chunk(0, go[1], second.data(), k * kChunk, kChunk);
+    for (int i = 0; i < 50; i++) {
+      engine_.PollAll();
+      usleep(1000);
+    }
+  }
+  for (const auto& c : Reap(1)) {
+    EXPECT_FALSE(c.flags & shm::kPayloadPlaced) << "taken over while busy";
+  }
+  EXPECT_EQ(endpoints_[0]->counters.rndv_msgs_copied.Get(), 0u);
+  auto at_receiver = AwaitCompletions(1, 1);
+  ASSERT_EQ(at_receiver.size(), 1u);
+  EXPECT_TRUE(at_receiver[0].flags & shm::kPayloadPlaced);
+  EXPECT_EQ(first, dst1);
+}
+
 TEST_F(CopyInPlaceEngineTest, ATruncatingReceiveGetsOnlyWhatFits) {
   std::vector<uint8_t> src(1 << 20, 0x77), dst((512 << 10) + 4096, 0);
   PlacedRecv(1, 0, 9, dst.data(), 512 << 10);

@@ -113,8 +113,8 @@ if 8 in ssizes:
 osize = next((m.group(1) for s in systems for line in lines(f"{raw}/pt2pt.{s}.1.r0")
               if (m := re.match(r"# overlap: (\d+) B", line))), "?")
 print(f"Asynchronous progress: one {osize} B message, both ranks compute 2× the "
-      "transfer time T alone without calling the library; % of the transfer done "
-      "when they return (1 - wait after / T):\n")
+      "transfer time T alone or 200 ms, whichever is longer, without calling the "
+      "library; % of the transfer done when they return (1 - wait after / T):\n")
 table(["system", "% done", "T alone, ms"],
       [[s, cell(overlap.get(s, [])), cell(alone.get(s, []))] for s in systems])
 
