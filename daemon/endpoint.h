@@ -79,11 +79,15 @@ struct UnexpectedMsg {
   uint8_t flags;    // shm::SubmitFlags of the send
   bool rendezvous;  // a request-to-send: the payload is still with the sender
   uint32_t len;
-  uint64_t sender_req;   // kSendSync / rendezvous: the sender's request
-  uint64_t pool_offset;  // eager, len > kInlineMax
+  uint64_t sender_req;  // kSendSync / rendezvous: the sender's request
+  // One or the other, so that a queued message costs psmd no more than
+  // kUnexpectedOverheadBytes charges for it.
+  union {
+    uint64_t pool_offset;  // eager, len > kInlineMax
+    uint64_t send_addr;    // rendezvous with kSendInPlace: the payload's
+                           // address in the sender (else 0)
+  };
   uint8_t inline_data[shm::kInlineMax];
-  // Rendezvous with kSendInPlace: the payload's address in the sender.
-  uint64_t send_addr;
   // Non-zero: the sender is this epid on another node (sender_id is 0);
   // the payload, if any, is in the receiver's job inbox (daemon/remote.h).
   uint64_t remote_src;
