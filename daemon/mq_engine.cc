@@ -4,11 +4,11 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 
 #include <spdlog/spdlog.h>
 
+#include "daemon/clock.h"
 #include "daemon/log.h"
 #include "daemon/remote.h"
 #include "shm/doorbell.h"
@@ -30,6 +30,8 @@ constexpr size_t kJobBudget = 4 * kBatch;
 // process_vm_writev per MiB (docs/perf.md, "Copies in place": 64 KiB
 // chunks reach half the bandwidth of 1 MiB ones at 4 MiB).
 constexpr size_t kCopyChunkBytes = size_t{1} << 20;
+// Takeover candidates looked at per check (every copy_after_us / 4).
+constexpr size_t kTakeoverScan = 256;
 
 // Queue depth from which a batch's matches are prefetched. Up to here a
 // queue's entries and hash slots (~250 KiB at 4096) stay in L2, and
@@ -41,12 +43,6 @@ MsgKey KeyOf(uint64_t source, const uint32_t tag[3]) {
   k.source = source;
   std::memcpy(k.tag.w, tag, sizeof(k.tag.w));
   return k;
-}
-
-uint64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 // The receive buffer's address a kRecv names (kRecvInPlace), or 0.
@@ -188,7 +184,7 @@ Endpoint* MqEngine::Find(uint32_t id) {
 
 bool MqEngine::PollAll() {
   bool did = copies_done() && FinishCopies();
-  if (copier_ && !transfers_.empty()) did |= TakeOverStalled();
+  if (!takeover_candidates_.empty()) did |= TakeOverStalled();
   ++passes_;
   // Two phases: every endpoint's control ring (receives, probes, ...) before
   // any message ring. A receive published before a send (say, before the
@@ -785,6 +781,7 @@ void MqEngine::StartTransfer(Endpoint& receiver, uint64_t recv_req,
       t.await_done = true;
       t.last_ns = NowNs();
       go.flags |= shm::kGoAwaitDone;
+      takeover_candidates_.push_back(go.body.go.transfer);
     }
     transfers_[go.body.go.transfer] = t;
   }
@@ -812,14 +809,23 @@ bool MqEngine::TakeOverStalled() {
   if (now < next_takeover_check_ns_) return false;
   next_takeover_check_ns_ = now + copy_after_ns_ / 4;
   bool did = false;
-  for (auto& [id, t] : transfers_) {
-    if (!t.await_done || t.taken || now - t.last_ns < copy_after_ns_) continue;
+  for (size_t n = std::min(kTakeoverScan, takeover_candidates_.size()); n > 0;
+       n--) {
+    const uint64_t id = takeover_candidates_.front();
+    takeover_candidates_.pop_front();
+    auto it = transfers_.find(id);
+    if (it == transfers_.end()) continue;  // ended
+    Transfer& t = it->second;
     Endpoint* sender = Find(t.sender_id);
     Endpoint* receiver = Find(t.receiver_id);
     if (sender == nullptr || receiver == nullptr) continue;
     // A sender streaming other messages (say 64 sends outstanding, each
     // waiting for pool space) will come to this one: not stalled.
-    if (now - sender->last_chunk_ns < copy_after_ns_) continue;
+    if (now - t.last_ns < copy_after_ns_ ||
+        now - sender->last_chunk_ns < copy_after_ns_) {
+      takeover_candidates_.push_back(id);
+      continue;
+    }
     CopySide from{sender->id, sender->pid, sender->pidfd.load(), t.send_addr};
     CopySide to{receiver->id, receiver->pid, receiver->pidfd.load(),
                 t.recv_addr};
@@ -834,8 +840,7 @@ bool MqEngine::TakeOverStalled() {
           "rendezvous messages stream through the pool; give psmd "
           "CAP_SYS_PTRACE to copy them in place",
           culprit->id, culprit->pid, reading ? "read" : "write");
-      t.last_ns = UINT64_MAX / 2;  // the stream goes on; never taken over
-      continue;
+      continue;  // the stream goes on; never taken over
     }
     t.taken = true;
     from.addr += t.forwarded;
@@ -874,11 +879,15 @@ bool MqEngine::FinishCopies() {
       // other side learns its peer is unreachable.
       recv_error = d.failed_reading ? PSM2_EPID_UNREACHABLE : PSM2_INTERNAL_ERR;
       send_error = d.failed_reading ? PSM2_INTERNAL_ERR : PSM2_EPID_UNREACHABLE;
-      if (d.error != ESRCH) {
-        spdlog::warn(
-            "copy in place of a rendezvous message from endpoint {} "
-            "to {} failed: {}",
-            t.sender_id, t.receiver_id, strerror(d.error));
+      Endpoint* culprit = Find(d.failed_reading ? t.sender_id : t.receiver_id);
+      // Refused after the one-byte check passed (the process made itself
+      // undumpable, say): no more copies for it; logged per uid, bounded.
+      if (culprit != nullptr && d.error != ESRCH) {
+        if (d.error == EPERM) culprit->copy_denied = true;
+        WarnClient(culprit->uid,
+                   "endpoint {} (uid {}): copy in place of a rendezvous "
+                   "message failed: {}",
+                   culprit->id, culprit->uid, strerror(d.error));
       }
     } else if (Endpoint* s = Find(t.sender_id)) {
       s->counters.rndv_msgs_copied.Add(1);

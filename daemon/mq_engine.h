@@ -75,6 +75,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <unordered_map>
@@ -136,7 +137,7 @@ class MqEngine {
   bool copies_done() const { return copier_ && copier_->done_pending(); }
   // Transfers psmd may yet take over: the worker must not sleep longer
   // than copy_after while there are any.
-  bool takeovers_pending() const { return copier_ && !transfers_.empty(); }
+  bool takeovers_pending() const { return !takeover_candidates_.empty(); }
 
   // Endpoints on other nodes, through the fabric (daemon/remote.h); null
   // without one. Set before the worker starts.
@@ -273,6 +274,11 @@ class MqEngine {
   uint64_t copy_min_bytes_ = 0;
   uint64_t copy_after_ns_ = 0;
   uint64_t next_takeover_check_ns_ = 0;
+  // Transfers that may be taken over, in turn: a check looks at most
+  // kTakeoverScan of them, so a job with a million transfers outstanding
+  // costs the worker a bounded slice (ids of transfers that ended are
+  // dropped when their turn comes).
+  std::deque<uint64_t> takeover_candidates_;
 };
 
 }  // namespace psmd

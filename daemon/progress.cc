@@ -1,5 +1,7 @@
 #include "daemon/progress.h"
 
+#include "daemon/clock.h"
+
 #include <pthread.h>
 #include <sched.h>
 #include <sys/epoll.h>
@@ -36,12 +38,6 @@ constexpr uint64_t kSecondNs = 1'000'000'000;
 // under load, so counting wake-ups could not tell it from a busy client.
 constexpr uint32_t kMaxIdleDoorbellsPerSecond = 1000;
 constexpr uint64_t kMuteNs = 100'000'000;
-
-uint64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 }  // namespace
 
