@@ -527,8 +527,9 @@ bool MqEngine::HandleProbe(Endpoint& ep, const shm::SubmissionDesc& d) {
     AttachEagerPayload(c, *taken);
     ep.counters.msgs_received.Add(1);
     ep.counters.bytes_received.Add(taken->len);
-    Post(ep, c);
+    // The sync sender first, as in Deliver.
     if (taken->flags & shm::kSendSync) CompleteSyncOf(ep, *taken, PSM2_OK);
+    Post(ep, c);
     return true;
   }
   if (taken) {
@@ -735,11 +736,16 @@ void MqEngine::Deliver(Endpoint& receiver, uint64_t recv_req, uint32_t capacity,
   if (!m.rendezvous) AttachEagerPayload(c, m);
   receiver.counters.msgs_received.Add(1);
   receiver.counters.bytes_received.Add(m.len);
+  // The sync sender first: when it is the receiver itself (a send to
+  // oneself), its completion ring then holds the send's end before the
+  // receive's, so a client that saw the receive complete has seen the send
+  // complete too (MPI_Testall after a receive from oneself expects both).
+  if (!m.rendezvous && (m.flags & shm::kSendSync)) {
+    CompleteSyncOf(receiver, m, PSM2_OK);
+  }
   Post(receiver, c);
   if (m.rendezvous) {
     StartTransfer(receiver, recv_req, std::min(m.len, capacity), m, recv_addr);
-  } else if (m.flags & shm::kSendSync) {
-    CompleteSyncOf(receiver, m, PSM2_OK);
   }
 }
 

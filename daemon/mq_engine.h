@@ -11,7 +11,9 @@
 //   1. Messages from one sender are matched in submission order (one worker
 //      consumes each submission ring in order), giving MPI non-overtaking.
 //   2. Every receive and every sync send gets exactly one completion; an
-//      invalid descriptor gets exactly one kError completion.
+//      invalid descriptor gets exactly one kError completion. An eager sync
+//      send's completion is posted before its receive's, so a sender that
+//      is its own receiver reaps them in that order.
 //   3. A completion that finds the client's completion ring full waits in the
 //      endpoint's overflow queue; while that queue is non-empty the endpoint's
 //      submissions are not consumed (back-pressure, nothing dropped).

@@ -201,6 +201,41 @@ TEST_F(MqEngineTest, SyncSendCompletesOnlyOnceMatched) {
   EXPECT_EQ(done[0].req, s);
 }
 
+// Invariant 2: a send to oneself that the receive matches ends first in the
+// one completion ring, whether the receive was posted before or after it, or
+// claims it (improbe): mpi4py's testManyISendAndRecv tests the sends right
+// after the receives.
+TEST_F(MqEngineTest, ASyncSendToOneselfCompletesBeforeItsReceive) {
+  uint64_t r = Recv(0, 0, 4, 16);
+  Drain();
+  uint64_t s = Send(0, 0, 4, "posted", shm::kSendSync);
+  uint64_t s2 = Send(0, 0, 5, "unexpected", shm::kSendSync);
+  Drain();
+  uint64_t r2 = Recv(0, 0, 5, 16);
+  Drain();
+  uint64_t s3 = Send(0, 0, 6, "claimed", shm::kSendSync);
+  Drain();
+  const uint32_t tag[3] = {6, 0, 0};
+  const uint32_t sel[3] = {~0u, ~0u, ~0u};
+  shm::SubmissionDesc probe = shm::PrepProbe(0, Token(0), tag, sel, true);
+  Submit(0, probe);
+  Drain();
+  auto done = Reap(0);
+  ASSERT_EQ(done.size(), 6u);
+  const std::pair<shm::CompleteOp, uint64_t> want[] = {
+      {shm::CompleteOp::kSendDone, s},
+      {shm::CompleteOp::kRecvDone, r},
+      {shm::CompleteOp::kSendDone, s2},
+      {shm::CompleteOp::kRecvDone, r2},
+      {shm::CompleteOp::kSendDone, s3},
+      {shm::CompleteOp::kProbeDone, probe.req}};
+  for (size_t i = 0; i < 6; i++) {
+    EXPECT_EQ(done[i].op, want[i].first) << i;
+    EXPECT_EQ(done[i].req, want[i].second) << i;
+  }
+  EXPECT_EQ(PayloadOf(done[3]), "unexpected");
+}
+
 TEST_F(MqEngineTest, CancelSucceedsOnlyBeforeTheMatch) {
   uint64_t r = Recv(1, 0, 9, 16);
   Drain();
