@@ -230,6 +230,8 @@ class Remote {
   // timeout; a peer heard nothing from for the whole timeout while we were
   // reading (not paused) is dead. TCP_USER_TIMEOUT cannot be used for this:
   // it also kills a connection whose receiver paused (zero window) longer.
+  // Time this worker did not run (a gap between checks over a third of the
+  // timeout) does not count as a peer's silence.
   void CheckLiveness();
   void Refused(uint16_t node, const hw::FrameFields& f, const char* what);
 

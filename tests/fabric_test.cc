@@ -661,6 +661,37 @@ TEST_F(FabricTest, APeerThatFallsSilentIsClosedWithinTheTimeout) {
   EXPECT_TRUE(a->Stop());
 }
 
+TEST_F(FabricTest, TimeBothDaemonsWereStoppedIsNoPeersSilence) {
+  // A host that pauses the VM, or a machine too loaded to run the workers,
+  // stops both daemons at once: when they run again, neither may close the
+  // connection for a silence nobody was there to hear.
+  std::vector<std::string> flags[2] = {Flags(0), Flags(1)};
+  for (auto& f : flags) {
+    f.push_back("--fabric-timeout-ms");
+    f.push_back("1000");
+  }
+  auto a = std::make_unique<Daemon>(node_dir_[0], flags[0]);
+  auto b = std::make_unique<Daemon>(node_dir_[1], flags[1]);
+  RunResult before = Exchange(*a, *b, "before", 10, 1000);
+  ASSERT_EQ(before.exit_code, 0) << before.err;
+  kill(a->pid(), SIGSTOP);
+  kill(b->pid(), SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  kill(a->pid(), SIGCONT);
+  kill(b->pid(), SIGCONT);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  RunResult after = Exchange(*a, *b, "after", 10, 1000);
+  EXPECT_EQ(after.exit_code, 0) << after.err;
+  EXPECT_EQ(a->Log().find("silent"), std::string::npos) << a->Log();
+  EXPECT_EQ(b->Log().find("silent"), std::string::npos) << b->Log();
+  EXPECT_NE(a->Log().find("not counted against peers"), std::string::npos)
+      << a->Log();
+  RunResult sa = Psmctl(dir_, *a, {"stats", "--format", "json"});
+  EXPECT_EQ(JsonNumber(sa.out, "peer_nodes", "connects"), 1) << sa.out;
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
 // Rank 0 of an exchange on `d` whose peer "published" `epid` (no rank 1
 // runs): psm2_ep_connect's outcome.
 RunResult ConnectTo(const TempDir& dir, const Daemon& d, const std::string& rv,

@@ -179,11 +179,10 @@ TEST(ServiceTest, SighupUnderTrafficReloadsAndNeverEndsTheDaemon) {
   mkdir(rv2.c_str(), 0755);
   Process s1 = Process::Start(ExchangeArgs(dir, rv2, 1, kJob, 10, 100),
                               d.ClientEnv(), rv2 + "/r1.out", rv2 + "/r1.err");
-  EXPECT_EQ(
-      RunToEnd(dir, ExchangeArgs(dir, rv2, 0, kJob, 10, 100), d.ClientEnv(), 30)
-          .exit_code,
-      0);
-  EXPECT_EQ(s1.Wait(30), 0);
+  RunResult s0 = RunToEnd(dir, ExchangeArgs(dir, rv2, 0, kJob, 10, 100),
+                          d.ClientEnv(), 30);
+  EXPECT_EQ(s0.exit_code, 0) << s0.out << s0.err << "\n" << d.Log();
+  EXPECT_EQ(s1.Wait(30), 0) << ReadFile(rv2 + "/r1.err");
   EXPECT_TRUE(WaitForLog(d, "opened endpoint"));
   RunResult config = Psmctl(dir, d, {"config"});
   EXPECT_NE(config.out.find("spin_us = 50\n"), std::string::npos) << config.out;
