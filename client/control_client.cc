@@ -16,21 +16,25 @@ namespace psmd::client {
 
 namespace {
 
-// A missing daemon must be reported quickly, never waited for.
-constexpr auto kCallDeadline = std::chrono::seconds(5);
-constexpr auto kConnectDeadline = std::chrono::milliseconds(900);
-constexpr auto kAttachDeadline = std::chrono::seconds(2);
+// How long any exchange with psmd (a control call, the attach) may take. A
+// missing daemon is reported at once, never waited for: no socket file, or a
+// connection refused (gRPC calls do not wait for a channel that failed). The
+// deadline bounds only a daemon that is there but does not answer, so it
+// leaves room for one that is merely slow: psmd's control and admission
+// threads share the node's cores with spinning ranks, and under such load an
+// endpoint open took longer than the 900 ms this once was. psmd keeps an
+// opened endpoint this long for its attach (daemon/registry.cc).
+constexpr std::chrono::milliseconds kDeadline = std::chrono::seconds(5);
 
-// PSMD_CONNECT_TIMEOUT_MS raises the connect deadline (and the others with
-// it) for a daemon slower to answer than 900 ms: a sanitizer build, or an
-// overloaded node. It never shortens them.
-std::chrono::milliseconds Deadline(std::chrono::milliseconds fallback) {
+// PSMD_CONNECT_TIMEOUT_MS raises the deadline, for a daemon slower still (a
+// sanitizer build). It never shortens it.
+std::chrono::milliseconds Deadline() {
   const char* env = getenv("PSMD_CONNECT_TIMEOUT_MS");
-  if (env == nullptr || env[0] == '\0') return fallback;
+  if (env == nullptr || env[0] == '\0') return kDeadline;
   char* end = nullptr;
   long long ms = strtoll(env, &end, 10);
-  if (*end != '\0' || ms <= 0) return fallback;
-  return std::max(fallback, std::chrono::milliseconds(ms));
+  if (*end != '\0' || ms <= 0) return kDeadline;
+  return std::max(kDeadline, std::chrono::milliseconds(ms));
 }
 
 }  // namespace
@@ -54,7 +58,7 @@ std::unique_ptr<v1::Control::Stub> ControlClient::NewStub() const {
 }
 
 void ControlClient::Prepare(grpc::ClientContext* ctx) const {
-  ctx->set_deadline(std::chrono::system_clock::now() + Deadline(kCallDeadline));
+  ctx->set_deadline(std::chrono::system_clock::now() + Deadline());
   ctx->set_wait_for_ready(false);
 }
 
@@ -69,8 +73,15 @@ Status ControlClient::FromStatus(const grpc::Status& status,
     e.message = std::string(what) + ": " + status.error_message();
     return e;
   }
-  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    e.code = PSM2_EP_NO_DEVICE;
+    e.message = std::string(what) + ": psmd at " + socket_path_ +
+                " did not answer within " + std::to_string(Deadline().count()) +
+                " ms; is it stopped or hung (psmctl health)? If the node is "
+                "just that busy, PSMD_CONNECT_TIMEOUT_MS raises the wait";
+    return e;
+  }
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
     e.code = PSM2_EP_NO_DEVICE;
     e.message =
         std::string(what) + ": cannot reach psmd at " + socket_path_ + " (" +
@@ -100,8 +111,6 @@ Status ControlClient::OpenEndpoint(const std::array<uint8_t, 16>& uuid,
   req.set_unit(-1);
   grpc::ClientContext ctx;
   Prepare(&ctx);
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   Deadline(kConnectDeadline));
   return FromStatus(NewStub()->OpenEndpoint(&ctx, req, reply), "psm2_ep_open");
 }
 
@@ -122,7 +131,7 @@ Status ControlClient::Attach(const std::string& token, AttachedFds* fds) {
             "psm2_ep_open: cannot connect to " + socket_path_ + ": " + why};
   }
   // Bound the wait for the daemon's answer.
-  const auto attach_ms = Deadline(kAttachDeadline).count();
+  const auto attach_ms = Deadline().count();
   timeval tv{static_cast<time_t>(attach_ms / 1000),
              static_cast<suseconds_t>(attach_ms % 1000 * 1000)};
   setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));

@@ -323,7 +323,8 @@ TEST_F(IntegrationTest, DoorbellFloodDoesNotKeepTheDaemonBusy) {
   EXPECT_TRUE(d.Stop());
 }
 
-TEST_F(IntegrationTest, NoDaemonGivesAClearErrorWithinASecond) {
+TEST_F(IntegrationTest,
+       NoDaemonGivesAClearErrorAtOnceAStoppedOneAfterTheDeadline) {
   std::string missing = dir_.path() + "/nobody-listens.sock";
   RunResult r = RunToEnd(dir_, ExchangeArgs(dir_, dir_.path(), 0, kJobA, 1, 1),
                          {{"PSMD_SOCKET", missing}}, 10);
@@ -343,6 +344,21 @@ TEST_F(IntegrationTest, NoDaemonGivesAClearErrorWithinASecond) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_LT(r.seconds, 1.0 * TimeScale());  // a sanitizer starts slowly
   EXPECT_NE(r.err.find(missing), std::string::npos) << r.err;
+
+  // A daemon that is there but does not answer (stopped): an error naming
+  // it after the deadline (5 s, or the sanitizer configuration's), not a hang.
+  {
+    Daemon d(dir_);
+    kill(d.pid(), SIGSTOP);
+    r = RunToEnd(dir_, ExchangeArgs(dir_, dir_.path(), 0, kJobA, 1, 1),
+                 d.ClientEnv(), 60);
+    kill(d.pid(), SIGCONT);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_GE(r.seconds, 4.5);
+    EXPECT_LT(r.seconds, 20.0 * TimeScale());
+    EXPECT_NE(r.err.find("did not answer within"), std::string::npos) << r.err;
+    EXPECT_TRUE(d.Stop());
+  }
 
   RunResult ctl = RunToEnd(
       dir_, {Runfile("tools/psmctl"), "--socket", missing + "x", "stats"}, {});
