@@ -1586,24 +1586,29 @@ void Remote::CheckLiveness() {
   }
   const uint64_t ping_ms = std::max<uint64_t>(timeout_ms_ / 3, 1);
   // Checks come every 100 ms while busy and every sixth of the timeout while
-  // idle (SleepLimitMs). A longer gap means this worker did not run (the
-  // host paused the VM, or the machine starved us), and a peer cannot be
-  // blamed for silence nobody was listening to: its pings may be waiting in
-  // our socket. The gap is not counted against it.
+  // idle (SleepLimitMs). A gap over a third of the timeout means this worker
+  // did not run (the host paused the VM, or the machine starved us), and a
+  // peer cannot be blamed for silence nobody was listening to: its pings may
+  // be waiting in our socket. Only the idle period of the gap counts against
+  // it, so a worker starved for good still finds a dead peer, within about
+  // seven such checks.
   const uint64_t gap = now - last_liveness_ms_;
+  const uint64_t period_ms = std::max<uint64_t>(timeout_ms_ / 6, 1);
   const bool stalled = last_liveness_ms_ != 0 && gap > ping_ms;
   if (stalled) {
     spdlog::info(
         "fabric: liveness checked after {} ms (the worker did not "
-        "run); not counted against peers",
-        gap);
+        "run); {} ms of it not counted against peers",
+        gap, gap - period_ms);
   }
   last_liveness_ms_ = now;
   std::vector<uint16_t> dead;
   for (auto& [node, peer] : peers_) {
     Peer& p = *peer;
     if (!p.open || p.dropped) continue;
-    if (stalled) p.last_recv_ms = std::min(now, p.last_recv_ms + gap);
+    if (stalled) {
+      p.last_recv_ms = std::min(now, p.last_recv_ms + (gap - period_ms));
+    }
     if (p.rx != Peer::Rx::kPaused && now - p.last_recv_ms > timeout_ms_) {
       dead.push_back(node);
       continue;

@@ -231,7 +231,7 @@ class Remote {
   // reading (not paused) is dead. TCP_USER_TIMEOUT cannot be used for this:
   // it also kills a connection whose receiver paused (zero window) longer.
   // Time this worker did not run (a gap between checks over a third of the
-  // timeout) does not count as a peer's silence.
+  // timeout, less one idle period) does not count as a peer's silence.
   void CheckLiveness();
   void Refused(uint16_t node, const hw::FrameFields& f, const char* what);
 
