@@ -587,7 +587,11 @@ psm2_error_t psm2_ep_disconnect(psm2_ep_t ep, int num_of_epaddr,
 psm2_error_t psm2_poll(psm2_ep_t ep) {
   if (ep == nullptr) return Library::BadArgument("psm2_poll", "ep is null");
   psmd::client::EndpointLock lock(&ep->mu);
-  if (ep->Progress()) return PSM2_OK;
+  const bool did = ep->Progress();
+  // Reported through the error handler when reaped, wherever that was; an
+  // application without a handler learns it here.
+  if (psm2_error_t lost = ep->TakeNodeLost(); lost != PSM2_OK) return lost;
+  if (did) return PSM2_OK;
   ep->IdleYield();
   return PSM2_OK_NO_PROGRESS;
 }

@@ -287,6 +287,9 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
     case shm::CompleteOp::kAmAcked:
       AmAcknowledged(c);
       return;
+    case shm::CompleteOp::kNodeLost:
+      NodeLost(c);
+      return;
     default:
       break;
   }
@@ -403,6 +406,28 @@ void psm2_ep::AmAcknowledged(const shm::CompletionDesc& c) {
   FreeRequest(req);
   // Complete even if the handler did not run (reported above), as Intel's.
   if (done != nullptr) done(context);
+}
+
+void psm2_ep::NodeLost(const shm::CompletionDesc& c) {
+  const auto error = static_cast<psm2_error_t>(c.error);
+  node_lost_ = error;
+  psm2_epaddr_t one = nullptr;
+  if (auto it = epaddrs_.find(c.src_epid); it != epaddrs_.end()) {
+    one = it->second.get();
+  }
+  psmd::client::Library::Report(
+      this, error,
+      "endpoint " + std::to_string(identity_.id) + " lost node " +
+          std::to_string(c.tag[0]) +
+          (error == PSM2_TIMEOUT ? " (silent for psmd's --fabric-timeout-ms)"
+                                 : " (its psmd or the link to it is down)") +
+          ": the " + std::to_string(c.msg_len) +
+          " endpoint(s) there that it connected to, such as " +
+          psmd::client::Library::Get().Describe(c.src_epid, one) +
+          ", are unreachable. Their requests fail, messages from them not "
+          "yet received are lost, and a receive from any source no longer "
+          "hears from them; psm2_ep_connect reaches them again once the node "
+          "is back");
 }
 
 void psm2_ep::SetMatchedStatus(psm2_mq_req* req, const shm::CompletionDesc& c) {

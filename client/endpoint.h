@@ -41,6 +41,7 @@
 #include <string>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "client/am_dispatcher.h"
@@ -276,6 +277,12 @@ struct psm2_ep {
     if (empty_checks_++ > 0) spin_.Idle(empty_checks_ - 1);
   }
   void RemoveFromDoneList(psm2_mq_req* req) PSMD_REQUIRES(mu);
+  // The error of the last node lost (kNodeLost) since the previous call,
+  // else PSM2_OK: psm2_poll returns it once, so that an application
+  // without an error handler learns of it too.
+  psm2_error_t TakeNodeLost() PSMD_REQUIRES(mu) {
+    return std::exchange(node_lost_, PSM2_OK);
+  }
 
  private:
   // What publishing a submission means for its request.
@@ -298,6 +305,8 @@ struct psm2_ep {
   void RunAmHandler(const psmd::shm::CompletionDesc& c,
                     const psmd::shm::PoolPayload& payload) PSMD_REQUIRES(mu);
   void AmAcknowledged(const psmd::shm::CompletionDesc& c) PSMD_REQUIRES(mu);
+  // Reports kNodeLost through this endpoint's error handler.
+  void NodeLost(const psmd::shm::CompletionDesc& c) PSMD_REQUIRES(mu);
   void SendAmAck(const psmd::shm::CompletionDesc& c, psm2_error_t error)
       PSMD_REQUIRES(mu);
   void CountReceive(const psm2_mq_req* req, bool rendezvous) PSMD_REQUIRES(mu);
@@ -315,6 +324,7 @@ struct psm2_ep {
   psmd::shm::RingConsumer<psmd::shm::CompletionDesc> cq_ PSMD_GUARDED_BY(mu);
   psmd::client::Publisher publisher_ PSMD_GUARDED_BY(mu);
   bool daemon_lost_ PSMD_GUARDED_BY(mu) = false;
+  psm2_error_t node_lost_ PSMD_GUARDED_BY(mu) = PSM2_OK;  // TakeNodeLost
   // Payload copies of rendezvous sends to ourselves, by the index of the
   // request that carries each, and their bytes; kept within the MQ's
   // unexpected budget (PSM2_MQ_MAX_SYSBUF_MBYTES).

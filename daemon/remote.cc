@@ -1433,15 +1433,26 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
   }
   // Nothing more comes from that node's endpoints (what they sent went
   // with the connection): receives naming them fail now (mq_engine.h
-  // invariant 8), any-source ones stay posted; a later psm2_ep_connect to
-  // an epid there re-arms its link.
+  // invariant 8); a later psm2_ep_connect to an epid there re-arms its
+  // link. A receive from any source stays posted, and messages in flight
+  // are lost, so each endpoint that had connected to one there is told
+  // (kNodeLost: its library reports it through the error handler, which
+  // for an MPI job ends it instead of leaving a rank waiting forever).
   for (Endpoint* ep : engine_->endpoints()) {
+    shm::CompletionDesc lost{};
     for (PeerLink& link : ep->peers) {
       if (link.endpoint_id == kRemotePeer && !link.gone &&
           shm::NodeIdOf(link.epid) == node) {
         engine_->PeerGone(*ep, link, error);
+        lost.msg_len++;
+        lost.src_epid = link.epid;
       }
     }
+    if (lost.msg_len == 0) continue;
+    lost.op = shm::CompleteOp::kNodeLost;
+    lost.error = error;
+    lost.tag[0] = node;
+    engine_->Post(*ep, lost);
   }
   for (auto& [id, t] : out_transfers_) {
     if (t->node != node || t->dead) continue;

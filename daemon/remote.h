@@ -40,8 +40,9 @@
 // answer from that node (sync and rendezvous sends, acknowledged active
 // messages, connect queries, rendezvous receives in progress, and posted
 // receives naming an endpoint there) with PSM2_EPID_UNREACHABLE at once
-// (PSM2_TIMEOUT when the peer fell silent); the next psm2_ep_connect
-// reconnects.
+// (PSM2_TIMEOUT when the peer fell silent), and tells every endpoint that
+// had connected to one there (kNodeLost), since its receives from any
+// source cannot fail; the next psm2_ep_connect reconnects.
 //
 // Thread-safety: a Remote belongs to one progress worker and its MqEngine;
 // every method runs on the worker thread.

@@ -10,6 +10,7 @@
 #include "ompi/communicator/communicator.h"
 #include "ompi/mca/mtl/base/base.h"
 #include "ompi/mca/mtl/base/mtl_base_datatype.h"
+#include "ompi/mca/rte/rte.h"
 #include "ompi/message/message.h"
 #include "ompi/proc/proc.h"
 #include "ompi/request/request.h"
@@ -125,6 +126,31 @@ static void fill_status(struct ompi_status_public_t* status,
   status->MPI_ERROR = error_of(ps->error_code);
 }
 
+/* Set while add_procs connects: that call's failures are its return value. */
+static volatile int connecting;
+
+/* psmd tells an endpoint when a node it had connected to is lost (that
+ * node's psmd or the link to it down, PSM2_EPID_UNREACHABLE, or silent,
+ * PSM2_TIMEOUT), through this handler, from whichever call learnt it. The
+ * ranks there cannot be reached, and what they sent and was not received yet
+ * is lost, so a receive from MPI_ANY_SOURCE could wait forever: end the job,
+ * as Open MPI does when a process dies. Other errors go back to their call. */
+static psm2_error_t mtl_errhandler(psm2_ep_t ep, const psm2_error_t error,
+                                   const char* error_string,
+                                   psm2_error_token_t token) {
+  (void)ep;
+  (void)token;
+  if (!connecting &&
+      (error == PSM2_EPID_UNREACHABLE || error == PSM2_TIMEOUT)) {
+    /* libpsmclient has printed error_string (unless PSM2_NO_VERBOSE_ERRORS). */
+    (void)error_string;
+    opal_output(0, "mtl psmd: ending the job: %s",
+                psm2_error_get_string(error));
+    ompi_rte_abort(1, NULL);
+  }
+  return error;
+}
+
 int ompi_mtl_psmd_module_init(void) {
   /* mpirun's per-job key: every rank of the job opens with the same one. */
   const char* key = getenv(OPAL_MCA_PREFIX "orte_precondition_transports");
@@ -154,6 +180,7 @@ int ompi_mtl_psmd_module_init(void) {
     psm2_ep_close(ep, PSM2_EP_CLOSE_FORCE, 0);
     return OMPI_ERROR;
   }
+  psm2_error_register_handler(ep, mtl_errhandler);
   ompi_mtl_psmd.ep = ep;
   ompi_mtl_psmd.mq = mq;
   ompi_mtl_psmd.epid = epid;
@@ -227,8 +254,10 @@ static int mtl_add_procs(struct mca_mtl_base_module_t* mtl, size_t nprocs,
   rc = OMPI_SUCCESS;
   if (wanted == 0) goto out;
 
+  connecting = 1;
   psm2_error_t err = psm2_ep_connect(ompi_mtl_psmd.ep, (int)nprocs, epids, mask,
                                      errs, addrs, 30000000000LL);
+  connecting = 0;
   if (err != PSM2_OK) {
     for (size_t i = 0; i < nprocs; i++) {
       if (mask[i] && errs[i] != PSM2_OK) {

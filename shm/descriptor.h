@@ -401,6 +401,10 @@ enum class CompleteOp : uint8_t {
   kAmReply = 11,    // run a reply handler (AM layout)
   kAmAcked = 12,    // the handler of request `req` ran (error: or why not;
                     // tag[0]: the handler index)
+  kNodeLost = 13,   // no request: the connection to node tag[0] ended, and
+                    // msg_len endpoints there that this one had connected
+                    // to (src_epid: one of them) are gone with it; error:
+                    // PSM2_EPID_UNREACHABLE, PSM2_TIMEOUT if it fell silent
 };
 
 enum CompleteFlags : uint8_t {

@@ -312,6 +312,52 @@ TEST_F(FabricTest, AReceiveNamingAnEndpointOnAnotherNodeFailsWhenItGoes) {
   EXPECT_TRUE(b->Stop());
 }
 
+TEST_F(FabricTest, ALostNodeIsReportedToTheEndpointsThatConnectedThere) {
+  auto a = StartNode(0);
+  auto b = StartNode(1);
+  // A receive from any source names no peer, so nothing fails it when the
+  // peer's node goes: the endpoint's error handler is told instead.
+  PeerDeathPair pair = StartPeerDeath(*a, *b, "idle-receiver",
+                                      "any-source-waiter", kJobA, "waiting");
+  // Another job's pair, both on node 2, connected to nothing on node 1.
+  PeerDeathPair bystanders =
+      StartPeerDeath(*b, *b, "quiet-waiter", "quiet-waiter", kJobB, "waiting");
+  const std::string& rv = pair.rv;
+  ASSERT_EQ(access((rv + "/waiting").c_str(), F_OK), 0) << pair.Errors();
+  ASSERT_EQ(access((bystanders.rv + "/waiting").c_str(), F_OK), 0)
+      << bystanders.Errors();
+  auto killed_at = std::chrono::steady_clock::now();
+  kill(a->pid(), SIGKILL);
+  pair.rank0.Kill(SIGKILL);
+  const std::string out_path = rv + "/1.out";
+  EXPECT_EQ(pair.rank1.Wait(30), 0)
+      << ReadFile(out_path) << ReadFile(rv + "/1.err") << b->Log();
+  const std::string out = ReadFile(out_path);
+  long long handled_ms = 0;
+  int error = 0;
+  ASSERT_EQ(sscanf(out.c_str(), "handler %d at %lld", &error, &handled_ms), 2)
+      << out << ReadFile(rv + "/1.err");
+  long long killed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            killed_at.time_since_epoch())
+                            .count();
+  printf(
+      "daemon killed: the any-source receiver's handler ran after %lld "
+      "ms:\n%s",
+      handled_ms - killed_ms, out.c_str());
+  EXPECT_EQ(error, 41) << out;  // PSM2_EPID_UNREACHABLE
+  EXPECT_LE(handled_ms - killed_ms, 1000) << out;
+  EXPECT_NE(out.find("lost node 1 "), std::string::npos) << out;
+  EXPECT_NE(out.find("poll returned 41"), std::string::npos) << out;
+  // The other job, on the surviving node, heard nothing of it.
+  std::ofstream(bystanders.rv + "/stop") << "1\n";
+  EXPECT_EQ(bystanders.rank0.Wait(10), 0) << bystanders.Errors();
+  EXPECT_EQ(bystanders.rank1.Wait(10), 0)
+      << ReadFile(bystanders.rv + "/1.out") << bystanders.Errors();
+  pair.rank0.Wait(5);
+  a->Stop();
+  EXPECT_TRUE(b->Stop());
+}
+
 TEST_F(FabricTest, ReceiverKilledWithAFullInboxFailsTheOtherNodesSender) {
   auto a = StartNode(0);
   auto b = StartNode(1);

@@ -12,6 +12,10 @@
 #                  library (client/asan/libpsm2.so.2)
 #   netpipe        NPopenmpi over its full default size range
 #   fi_pingpong S  libfabric's fi_pingpong -p psm2 with S-byte messages
+#   node_lost      2 ranks on two psmd linked by the fabric (scripts/nodes.sh;
+#                  an MPMD mpirun, one PSMD_SOCKET each): node 2's psmd is
+#                  killed while rank 0 waits on a receive from any source,
+#                  and the job must end with an error (tests/mpi/node_lost.sh)
 #   threads        tests/mpi/mpi_threads (threads per rank after MPI_Init) with
 #                  2 ranks over mtl psmd (//ompi), mtl psm2 on the drop-in,
 #                  mtl psm2 on Intel's libpsm2 and btl vader: a rank on psmd,
@@ -25,6 +29,8 @@ root=$(cd "$here/../.." && pwd)
 source "$root/scripts/workdir.sh" psmd-mpi
 
 source "$here/private_psmd.sh"
+source "$here/node_lost.sh"
+source "$root/scripts/nodes.sh"
 libdir=${PSMD_LIBDIR:-$root/client}
 [[ -e "$libdir/libpsm2.so.2" ]] || { echo "run_mpi: no libpsm2.so.2 in $libdir" >&2; exit 1; }
 start_psmd
@@ -34,13 +40,16 @@ start_psmd
 # $work (TMPDIR), so that a killed run leaves nothing in /tmp.
 # $mpi_btl: the BTLs Open MPI may use besides (one-sided operations need one
 # that reaches the other ranks; point-to-point stays on pml cm + mtl psm2).
-mpi() {
-  local np=$1; shift
+mpirun_psm2() {
   (cd "$work" && timeout -k 10 "${mpi_timeout:-300}" "$root/scripts/fake_hfi.sh" \
     env LD_LIBRARY_PATH="$libdir" OMPI_MCA_plm_rsh_agent= TMPDIR="$work" \
-    mpirun --allow-run-as-root --oversubscribe -np "$np" \
+    mpirun --allow-run-as-root --oversubscribe \
       --mca pml cm --mca mtl psm2 --mca btl "${mpi_btl:-self}" \
-      -x LD_LIBRARY_PATH -x PSMD_SOCKET -x PSM2_DEVICES -x HFI_SYSFS_PATH "$@")
+      -x LD_LIBRARY_PATH -x PSM2_DEVICES -x HFI_SYSFS_PATH "$@")
+}
+mpi() {
+  local np=$1; shift
+  mpirun_psm2 -np "$np" -x PSMD_SOCKET "$@"
 }
 
 before=$(sent)
@@ -141,8 +150,19 @@ case "$case_name" in
     done
     min=2  # the allreduce of each psmd run
     ;;
+  node_lost)
+    start_nodes "$psmd" 2 --log-level warn || exit 1
+    node2_pid=${pids[-1]}
+    mkdir "$work/run"
+    mpi_timeout=120 expect_node_lost "$node2_pid" mpirun_psm2 \
+      -np 1 env PSMD_SOCKET="${node_socket[0]}" \
+        /usr/bin/python3 "$here/node_lost.py" "$work/run" : \
+      -np 1 env PSMD_SOCKET="${node_socket[1]}" \
+        /usr/bin/python3 "$here/node_lost.py" "$work/run"
+    status=$? min=0
+    ;;
   *) echo "usage: run_mpi.sh semantics N | mpi4py | mpi4py_suite [ARGS] | mpi4py_asan [ARGS]" \
-          "| netpipe | fi_pingpong SIZE | threads" >&2; exit 2 ;;
+          "| netpipe | fi_pingpong SIZE | threads | node_lost" >&2; exit 2 ;;
 esac
 after=$(sent)
 echo "run_mpi: $case_name exit $status; psmd carried $((after - before)) messages (at least $min expected)"

@@ -22,6 +22,11 @@
 #                  (127.0.0.2 and .3, node ids 1 and 2, one private munged):
 #                  an MPMD mpirun, each rank with its own PSMD_SOCKET; both
 #                  daemons' per-peer-node counters must show the traffic
+#   node_lost      2 ranks on two psmd (as above); once rank 0 waits in a
+#                  receive from MPI_ANY_SOURCE, node 2's psmd is SIGKILLed:
+#                  rank 0 must learn it (psmd's kNodeLost, the component's
+#                  error handler) and the job end with an error naming the
+#                  lost node within 30 s, not hang
 #   with_dropin    psmd's drop-in libpsm2.so.2 on LD_LIBRARY_PATH as well (a
 #                  site that switched Open MPI's mtl psm2 to psmd): Open MPI
 #                  loads mca_mtl_psm2 (and so the drop-in) beside this
@@ -35,6 +40,7 @@ root=$(cd "$here/../.." && pwd)
 source "$root/scripts/workdir.sh" psmd-mtl
 
 source "$here/private_psmd.sh"
+source "$here/node_lost.sh"
 component=${PSMD_MTL_COMPONENT:-$root/ompi/mca_mtl_psmd.so}
 
 # The ranks run as nobody, who cannot read Bazel's runfiles under root's home:
@@ -77,8 +83,9 @@ peer_bytes_sent() {
 
 case $case_name in
   decline) ;;
-  *_nodes)
+  *_nodes|node_lost)
     start_nodes "$psmd" 2 --log-level warn || exit 1
+    node2_pid=${pids[-1]}
     export PSMD_SOCKET=${node_socket[0]}  # what sent() counts
     ;;
   *) start_psmd ;;
@@ -188,6 +195,12 @@ case "$case_name" in
     mpi_nodes "$work/mpi_semantics"
     status=$? min=10  # rank 0 mostly receives (the byte counts below prove the rest)
     ;;
+  node_lost)
+    cp "$root/tests/mpi/node_lost.py" "$work/"
+    mpi_timeout=120 expect_node_lost "$node2_pid" \
+      mpi_nodes /usr/bin/python3 "$work/node_lost.py" "$work/run"
+    status=$?
+    ;;
   netpipe_nodes)
     mpi_nodes NPopenmpi -o "$work/run/np.out"
     status=$? min=1000
@@ -213,9 +226,9 @@ case "$case_name" in
     ;;
   *) echo "usage: run_mtl.sh semantics N | datatypes | mpi4py_suite [ARGS] | netpipe" \
           "| selection | decline | semantics_nodes | netpipe_nodes" \
-          "| mpi4py_nodes [ARGS] | with_dropin" >&2; exit 2 ;;
+          "| mpi4py_nodes [ARGS] | node_lost | with_dropin" >&2; exit 2 ;;
 esac
-if [[ $case_name == *_nodes ]]; then
+if [[ $case_name == *_nodes ]]; then  # not node_lost: node 2 is gone
   for i in 0 1; do
     bytes=$(peer_bytes_sent $i)
     echo "run_mtl: psmd $i sent $bytes payload bytes to the other node"
@@ -227,7 +240,7 @@ if [[ $case_name != decline ]]; then
   echo "run_mtl: $case_name exit $status; psmd carried $((after - before)) messages (at least $min expected)"
   ((after - before >= min)) || { echo "run_mtl: traffic did not go through psmd" >&2; status=1; }
 fi
-if [[ $case_name == *_nodes && $status != 0 ]]; then
+if [[ ($case_name == *_nodes || $case_name == node_lost) && $status != 0 ]]; then
   for i in 0 1; do
     echo "---- psmd$i log" >&2
     tail -n 40 "$work/psmd$i.log" >&2

@@ -22,6 +22,14 @@
 //                    on it; exits 0 if that ends with an error and a new
 //                    receive and a new synchronous send naming the peer
 //                    then fail too.
+//   any-source-waiter  registers an error handler, posts a receive from any
+//                    source, writes DIR/waiting and polls; exits 0 once the
+//                    handler was called (it prints "handler <error> at
+//                    <monotonic ms>: <message>"), the next psm2_poll
+//                    returned that error and the receive could be cancelled.
+//   quiet-waiter     registers an error handler, writes DIR/waiting and
+//                    polls until DIR/stop exists; exits 0 if the handler was
+//                    never called and no psm2_poll returned an error.
 // A survivor prints "ended <error> at <monotonic ms>" when its wait returns.
 #include <psm2.h>
 #include <psm2_mq.h>
@@ -192,6 +200,57 @@ int IdleReceiver(psmd::testing::ConnectedPair& c, const std::string& dir) {
   return 1;
 }
 
+// What the error handler saw (one endpoint per process).
+psm2_error_t handled = PSM2_OK;
+int handler_calls = 0;
+
+psm2_error_t RecordError(psm2_ep_t, const psm2_error_t error,
+                         const char* message, psm2_error_token_t) {
+  if (handler_calls++ == 0) {
+    handled = error;
+    printf("handler %d at %lld: %s\n", static_cast<int>(error), NowMs(),
+           message);
+    fflush(stdout);
+  }
+  return error;
+}
+
+int AnySourceWaiter(psmd::testing::ConnectedPair& c, const std::string& dir) {
+  CheckPsm(psm2_error_register_handler(c.ep, RecordError), "register handler");
+  uint64_t word = 0;
+  psm2_mq_tag_t tag = TagOf(6), sel = ExactSelector();
+  psm2_mq_req_t req;
+  CheckPsm(psm2_mq_irecv2(c.mq, PSM2_MQ_ANY_ADDR, &tag, &sel, 0, &word,
+                          sizeof(word), nullptr, &req),
+           "irecv2");
+  Touch(dir + "/waiting");
+  psm2_error_t polled = PSM2_OK;
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (polled == PSM2_OK && std::chrono::steady_clock::now() < end) {
+    psm2_error_t e = psm2_poll(c.ep);
+    if (e != PSM2_OK && e != PSM2_OK_NO_PROGRESS) polled = e;
+  }
+  printf("poll returned %d\n", static_cast<int>(polled));
+  if (handler_calls != 1 || handled == PSM2_OK || polled != handled) return 1;
+  // The receive is still the application's to end.
+  CheckPsm(psm2_mq_cancel(&req), "cancel");
+  psm2_mq_status2_t st;
+  CheckPsm(psm2_mq_wait2(&req, &st), "wait2 after cancel");
+  return st.error_code == PSM2_OK ? 0 : 1;
+}
+
+int QuietWaiter(psmd::testing::ConnectedPair& c, const std::string& dir) {
+  CheckPsm(psm2_error_register_handler(c.ep, RecordError), "register handler");
+  Touch(dir + "/waiting");
+  bool poll_error = false;
+  while (access((dir + "/stop").c_str(), F_OK) != 0) {
+    psm2_error_t e = psm2_poll(c.ep);
+    poll_error |= e != PSM2_OK && e != PSM2_OK_NO_PROGRESS;
+  }
+  printf("handler calls %d, poll error %d\n", handler_calls, poll_error);
+  return handler_calls == 0 && !poll_error ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -217,6 +276,8 @@ int main(int argc, char** argv) {
   if (role == "stuck-sender") return StuckSender(c, dir);
   if (role == "idle-receiver") return IdleReceiver(c, dir);
   if (role == "unsent-receiver") return UnsentReceiver(c, dir);
+  if (role == "any-source-waiter") return AnySourceWaiter(c, dir);
+  if (role == "quiet-waiter") return QuietWaiter(c, dir);
   fprintf(stderr, "peer_death: unknown role '%s'\n", role.c_str());
   return 2;
 }
