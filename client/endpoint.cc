@@ -101,14 +101,6 @@ Status psm2_ep::Open(psmd::client::ControlClient* control,
   // Not shared yet; locked all the same, so that every write of a guarded
   // field is seen under the mutex.
   psmd::client::EndpointLock lock(&ep->mu);
-  // Every page of our send region faults on its first use, ~12 us each on
-  // this VM: a 2-4 KiB ping-pong took 45 us per half round trip until the
-  // region had wrapped once, against 11 us after. Faulting them all in now
-  // costs ~2.7 ms of the open and commits the region (8 MiB by default),
-  // which the job's pool bounds anyway; the receiver's (minor) faults on
-  // reading remain. Best effort: a kernel before 5.14 refuses the advice.
-  madvise(ep->pool_.base() + params.region_offset, params.region_bytes,
-          MADV_POPULATE_WRITE);
   ep->UseRings(shm::ClientRingsOf(ep->segment_.base(), params.geometry),
                shm::SendArena(ep->pool_.base(), params.region_offset,
                               params.region_bytes),
@@ -124,8 +116,14 @@ void psm2_ep::UseRings(const shm::ClientRings& rings,
   ctl_ = rings.control;
   spin_.Attach(&ctl_->spin);
   cq_ = rings.cq;
+  // Every pool page faults on its first use in this process, ~12 us each on
+  // this VM: a 2-4 KiB ping-pong took 45 us per half round trip until the
+  // sender's region had wrapped once, against 11 us after. Chunks we write
+  // (Publisher) and read (HandleCompletion) map their window first instead
+  // (shm/prefault.h).
+  pool_pages_ = shm::Prefaulter(pool_.base(), pool_.size());
   publisher_ = psmd::client::Publisher(
-      rings, pool_.base(), arena, credits, doorbell_fd_,
+      rings, pool_.base(), &pool_pages_, arena, credits, doorbell_fd_,
       [this](Deferred& d) PSMD_NO_THREAD_SAFETY_ANALYSIS {
         Published(d);  // called from inside publisher's methods: mu is held
       });
@@ -277,6 +275,12 @@ bool psm2_ep::Progress() {
 
 void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
   using State = psm2_mq_req::State;
+  if (shm::CompletionCarriesChunk(c)) {
+    const uint32_t len =
+        c.op == shm::CompleteOp::kRndvChunk ? c.body.chunk.len : c.msg_len;
+    pool_pages_.Prepare(shm::ChunkOffsetOf(c) - shm::kChunkHeaderBytes,
+                        uint64_t{len} + shm::kChunkHeaderBytes);
+  }
   // Released when this returns, unless a request keeps it (a claim).
   shm::PoolPayload payload = shm::PayloadOf(pool_.base(), c);
   switch (c.op) {  // active messages carry the sender's token, not ours

@@ -54,6 +54,7 @@
 #include "shm/mapping.h"
 #include "shm/payload.h"
 #include "shm/pool.h"
+#include "shm/prefault.h"
 #include "shm/ring.h"
 #include "shm/spin.h"
 
@@ -322,6 +323,7 @@ struct psm2_ep {
   psmd::shm::SegmentControl* ctl_ = nullptr;  // set by UseRings
 
   psmd::shm::RingConsumer<psmd::shm::CompletionDesc> cq_ PSMD_GUARDED_BY(mu);
+  psmd::shm::Prefaulter pool_pages_ PSMD_GUARDED_BY(mu);  // set by UseRings
   psmd::client::Publisher publisher_ PSMD_GUARDED_BY(mu);
   bool daemon_lost_ PSMD_GUARDED_BY(mu) = false;
   psm2_error_t node_lost_ PSMD_GUARDED_BY(mu) = PSM2_OK;  // TakeNodeLost

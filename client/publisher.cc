@@ -18,12 +18,14 @@ constexpr size_t kPublishBatch = 32;
 }  // namespace
 
 Publisher::Publisher(const shm::ClientRings& rings, uint8_t* pool_base,
-                     const shm::SendArena& arena, uint32_t credits,
-                     int doorbell_fd, OnPublished on_published)
+                     shm::Prefaulter* pool_pages, const shm::SendArena& arena,
+                     uint32_t credits, int doorbell_fd,
+                     OnPublished on_published)
     : control_(rings.control),
       msg_sq_(rings.msg_sq),
       ctl_sq_(rings.ctl_sq),
       pool_base_(pool_base),
+      pool_pages_(pool_pages),
       arena_(arena),
       credits_(credits),
       doorbell_fd_(doorbell_fd),
@@ -69,6 +71,8 @@ bool Publisher::TryPublish(Deferred& d,
   if (shm::PayloadInPool(d.desc)) {
     auto off = arena_.Allocate(d.desc.len);
     if (!off) return false;  // back-pressure: receivers have not drained yet
+    pool_pages_->Prepare(*off - shm::kChunkHeaderBytes,
+                         d.desc.len + shm::kChunkHeaderBytes);
     // (memcpy's pointers must not be null even for 0 bytes: AM arguments
     // may come without a payload, and payloads without arguments.)
     if (d.prefix_len > 0)

@@ -22,6 +22,7 @@
 #include "shm/descriptor.h"
 #include "shm/layout.h"
 #include "shm/pool.h"
+#include "shm/prefault.h"
 #include "shm/ring.h"
 #include "shm/segment.h"
 
@@ -49,9 +50,11 @@ class Publisher {
   using OnPublished = std::function<void(Deferred& published)>;
 
   Publisher() = default;
+  // `pool_pages` (the endpoint's, for the whole pool) maps each chunk's
+  // window before the payload is copied in.
   Publisher(const shm::ClientRings& rings, uint8_t* pool_base,
-            const shm::SendArena& arena, uint32_t credits, int doorbell_fd,
-            OnPublished on_published);
+            shm::Prefaulter* pool_pages, const shm::SendArena& arena,
+            uint32_t credits, int doorbell_fd, OnPublished on_published);
 
   // Queues `desc` behind whatever waits for its ring (invariant 1), then
   // publishes what it can and rings the doorbell. Returns the queued
@@ -101,6 +104,7 @@ class Publisher {
   shm::RingProducer<shm::SubmissionDesc> msg_sq_;
   shm::RingProducer<shm::SubmissionDesc> ctl_sq_;
   uint8_t* pool_base_ = nullptr;
+  shm::Prefaulter* pool_pages_ = nullptr;
   shm::SendArena arena_;
   uint32_t credits_ = 0;
   int doorbell_fd_ = -1;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -17,6 +18,7 @@
 #include "daemon/mq_engine.h"
 #include "shm/epid.h"
 #include "shm/payload.h"
+#include "shm/prefault.h"
 
 namespace psmd {
 
@@ -166,9 +168,14 @@ struct Remote::OutTransfer {  // a rendezvous send to another node
   hw::FrameFields about;  // uid and job, for an abort
 };
 
-struct Remote::Inbox {
+// What this daemon keeps per job it moves bytes of: the inbox arena (if the
+// job's pool has an inbox region) and the windows of the pool this
+// process has mapped (shm/prefault.h): the socket reads into the inbox and
+// writes from the senders' regions through this process's page tables.
+struct Remote::JobPages {
   std::weak_ptr<Job> job;
-  shm::SendArena arena;
+  shm::Prefaulter pages;
+  std::optional<shm::SendArena> inbox;
 };
 
 struct Remote::QueryState {
@@ -531,6 +538,7 @@ void Remote::SendPayload(Peer& p, const Endpoint& sender, uint64_t dst,
   f->chunk_base = sender.job->pool().base();
   f->chunk_offset = payload->Take();
   f->chunk_job = sender.job;
+  PagesOf(sender.job).pages.Prepare(f->chunk_offset, len);
   f->iov[0] = {f->chunk_base + f->chunk_offset, len};
   f->iovcnt = 1;
   p.queue.push_back(std::move(f));
@@ -561,6 +569,7 @@ bool Remote::RndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
     f->chunk_base = sender.job->pool().base();
     f->chunk_offset = chunk.Take();
     f->chunk_job = sender.job;
+    PagesOf(sender.job).pages.Prepare(f->chunk_offset, d.len);
     f->iov[0] = {f->chunk_base + f->chunk_offset, d.len};
     f->iovcnt = 1;
     p->queue.push_back(std::move(f));
@@ -696,19 +705,32 @@ void Remote::Refused(uint16_t node, const hw::FrameFields& f,
              what, f.src, shm::NodeIdOf(f.src), f.dst, refused_);
 }
 
-bool Remote::AllocInbox(Endpoint& ep, uint32_t bytes, uint64_t* offset) {
-  auto& slot = inboxes_[ep.job.get()];
-  if (!slot || slot->job.lock() != ep.job) {
-    auto region = ep.job->InboxRegion();
-    if (!region) return false;
-    slot = std::make_unique<Inbox>();
-    slot->job = ep.job;
-    slot->arena =
-        shm::SendArena(ep.job->pool().base(), region->offset, region->bytes);
+Remote::JobPages& Remote::PagesOf(const std::shared_ptr<Job>& job) {
+  auto& slot = job_pages_[job.get()];
+  if (slot && slot->job.lock() == job) return *slot;
+  // A new job (or a new one at a gone job's address): the moment to forget
+  // the jobs that are gone, so the map holds live jobs only.
+  for (auto it = job_pages_.begin(); it != job_pages_.end();) {
+    it = it->second && it->second->job.expired() ? job_pages_.erase(it)
+                                                 : std::next(it);
   }
-  if (bytes > slot->arena.MaxPayload()) return false;
-  auto got = slot->arena.Allocate(bytes);
+  auto& fresh = job_pages_[job.get()];
+  fresh = std::make_unique<JobPages>();
+  fresh->job = job;
+  fresh->pages = shm::Prefaulter(job->pool().base(), job->pool().size());
+  if (auto region = job->InboxRegion()) {
+    fresh->inbox.emplace(job->pool().base(), region->offset, region->bytes);
+  }
+  return *fresh;
+}
+
+bool Remote::AllocInbox(Endpoint& ep, uint32_t bytes, uint64_t* offset) {
+  JobPages& job = PagesOf(ep.job);
+  if (!job.inbox || bytes > job.inbox->MaxPayload()) return false;
+  auto got = job.inbox->Allocate(bytes);
   if (!got) return false;
+  job.pages.Prepare(*got - shm::kChunkHeaderBytes,
+                    uint64_t{bytes} + shm::kChunkHeaderBytes);
   *offset = *got;
   return true;
 }

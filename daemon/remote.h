@@ -175,7 +175,7 @@ class Remote {
   struct Pending;  // an envelope whose payload frame comes next
   struct InTransfer;
   struct OutTransfer;
-  struct Inbox;
+  struct JobPages;
   struct QueryState;
   struct Parked;
   enum class Verdict { kDone, kPause };
@@ -221,6 +221,8 @@ class Remote {
   void FailPeer(uint16_t node, hw::ErrorClass why);
   // The local endpoint a frame is for: epid, job and uid all match.
   Endpoint* Target(const hw::FrameFields& f);
+  // This daemon's state for `job`'s pool, made on first use.
+  JobPages& PagesOf(const std::shared_ptr<Job>& job);
   // Allocates `bytes` in the inbox of `ep`'s job; false when full.
   bool AllocInbox(Endpoint& ep, uint32_t bytes, uint64_t* offset);
   uint32_t ProxyFor(uint64_t epid);
@@ -258,7 +260,7 @@ class Remote {
   // answered OK): told kGone when it is removed, so their receives naming
   // it fail (mq_engine.h invariant 8). At most one entry per node.
   std::unordered_map<uint32_t, std::set<uint16_t>> watchers_;
-  std::unordered_map<const Job*, std::unique_ptr<Inbox>> inboxes_;
+  std::unordered_map<const Job*, std::unique_ptr<JobPages>> job_pages_;
   std::unordered_map<uint64_t, uint32_t> proxy_by_epid_;
   std::unordered_map<uint32_t, uint64_t> epid_by_proxy_;
   uint32_t next_proxy_ = kProxyBase;
