@@ -47,3 +47,27 @@ start_nodes() {
     return 1
   done
 }
+
+# check_node_traffic PSMCTL: daemons 0 and 1 each sent the other node more
+# than 100,000 payload bytes (their per-peer-node rows in psmctl stats).
+# Prints both counts; returns 1 if either did not.
+check_node_traffic() {
+  local psmctl=$1 i bytes status=0
+  for i in 0 1; do
+    bytes=$("$psmctl" --socket "${node_socket[i]}" --json stats |
+      python3 -c 'import json,sys; p=json.load(sys.stdin)["peer_nodes"]; print(sum(r["bytes_sent"] for r in p))')
+    echo "psmd $i sent $bytes payload bytes to the other node"
+    ((bytes > 100000)) || { echo "psmd $i: no traffic to the other node" >&2; status=1; }
+  done
+  return "$status"
+}
+
+# print_node_logs: the last lines of each daemon's log, on stderr (for a
+# failed case).
+print_node_logs() {
+  local i
+  for i in "${!node_socket[@]}"; do
+    echo "---- psmd$i log" >&2
+    tail -n 40 "$work/psmd$i.log" >&2
+  done
+}

@@ -53,7 +53,8 @@ TEST_F(PrefaultTest, APreparedWindowTakesNoFaultsAnUnpreparedOneFaultsPerPage) {
   Prefaulter pages(base_, kBytes);
   pages.Prepare(kWindow + 100, 64);  // inside window 1: all of it
   EXPECT_LE(TouchFaults(base_, kWindow, kWindow), 2);
-  EXPECT_GE(TouchFaults(base_, 2 * kWindow, kWindow), long(kWindow / kPage / 2));
+  EXPECT_GE(TouchFaults(base_, 2 * kWindow, kWindow),
+            long(kWindow / kPage / 2));
 }
 
 TEST_F(PrefaultTest, ARangeAcrossWindowsPreparesEachAndTheLastIsClamped) {

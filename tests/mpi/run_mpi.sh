@@ -12,8 +12,13 @@
 #                  library (client/asan/libpsm2.so.2)
 #   netpipe        NPopenmpi over its full default size range
 #   fi_pingpong S  libfabric's fi_pingpong -p psm2 with S-byte messages
-#   node_lost      2 ranks on two psmd linked by the fabric (scripts/nodes.sh;
-#                  an MPMD mpirun, one PSMD_SOCKET each): node 2's psmd is
+#   semantics_nodes, netpipe_nodes, mpi4py_nodes [RUNTESTS ARGS]
+#                  the same programs (mpi4py's suite judged against the same
+#                  list) with 2 ranks on two psmd linked by the fabric
+#                  (scripts/nodes.sh: 127.0.0.2 and .3, one private munged):
+#                  an MPMD mpirun, each rank with its own PSMD_SOCKET; both
+#                  daemons' per-peer-node counters must show the traffic
+#   node_lost      2 ranks on two psmd, the same way: node 2's psmd is
 #                  killed while rank 0 waits on a receive from any source,
 #                  and the job must end with an error (tests/mpi/node_lost.sh)
 #   threads        tests/mpi/mpi_threads (threads per rank after MPI_Init) with
@@ -33,7 +38,14 @@ source "$here/node_lost.sh"
 source "$root/scripts/nodes.sh"
 libdir=${PSMD_LIBDIR:-$root/client}
 [[ -e "$libdir/libpsm2.so.2" ]] || { echo "run_mpi: no libpsm2.so.2 in $libdir" >&2; exit 1; }
-start_psmd
+case $case_name in
+  *_nodes|node_lost)
+    start_nodes "$psmd" 2 --log-level warn || exit 1
+    node2_pid=${pids[-1]}
+    export PSMD_SOCKET=${node_socket[0]}  # what sent() counts
+    ;;
+  *) start_psmd ;;
+esac
 
 # mpirun as Open MPI users run it, forced onto the PSM2 MTL (no fallback),
 # with our library first on the search path. Its session directory goes in
@@ -51,6 +63,15 @@ mpi() {
   local np=$1; shift
   mpirun_psm2 -np "$np" -x PSMD_SOCKET "$@"
 }
+# mpi_nodes PROGRAM [ARGS...]: one rank on each daemon of start_nodes (an
+# MPMD command line, each rank with its own PSMD_SOCKET), with the mpirun
+# options in $mpi_opts.
+mpi_opts=()
+mpi_nodes() {
+  mpirun_psm2 "${mpi_opts[@]}" \
+    -np 1 env PSMD_SOCKET="${node_socket[0]}" "$@" : \
+    -np 1 env PSMD_SOCKET="${node_socket[1]}" "$@"
+}
 
 before=$(sent)
 case "$case_name" in
@@ -63,7 +84,7 @@ case "$case_name" in
     mpi 2 /usr/bin/python3 "$root/tests/mpi/mpi4py_check.py"
     status=$? min=10
     ;;
-  mpi4py_suite|mpi4py_asan)
+  mpi4py_suite|mpi4py_asan|mpi4py_nodes)
     src=${PSMD_MPI4PY_TESTS:-}
     if [[ ! -f "$src/runtests.py" ]]; then
       echo "run_mpi: PSMD_MPI4PY_TESTS='$src' must name mpi4py 3.1.4's test/ folder" \
@@ -81,9 +102,13 @@ case "$case_name" in
     fi
     # A rank whose tests failed exits non-zero; without this mpirun would
     # kill the other before it reports (the checker needs both reports).
-    mpi 2 --mca orte_abort_on_non_zero_status 0 "${sanitizer[@]}" \
-      /usr/bin/python3 "$work/mpi4py-test/runtests.py" "$@" \
-      >"$work/suite.log" 2>&1
+    mpi_opts=(--mca orte_abort_on_non_zero_status 0)
+    suite=(/usr/bin/python3 "$work/mpi4py-test/runtests.py" "$@")
+    if [[ $case_name == mpi4py_nodes ]]; then
+      mpi_nodes "${suite[@]}" >"$work/suite.log" 2>&1
+    else
+      mpi 2 "${mpi_opts[@]}" "${sanitizer[@]}" "${suite[@]}" >"$work/suite.log" 2>&1
+    fi
     grep -E "^(FAIL|ERROR):|ERROR: AddressSanitizer|runtime error|^Ran |^OK|^FAILED" \
       "$work/suite.log" | head -60
     python3 "$here/mpi4py_suite_check.py" "$work/suite.log" \
@@ -93,6 +118,15 @@ case "$case_name" in
     ;;
   netpipe)
     mpi 2 NPopenmpi -o "$work/np.out"
+    status=$? min=1000
+    [[ $status == 0 ]] && tail -3 "$work/np.out"
+    ;;
+  semantics_nodes)
+    mpi_nodes "$root/tests/mpi/mpi_semantics"
+    status=$? min=10  # rank 0 mostly receives (the byte counts below prove the rest)
+    ;;
+  netpipe_nodes)
+    mpi_nodes NPopenmpi -o "$work/np.out"
     status=$? min=1000
     [[ $status == 0 ]] && tail -3 "$work/np.out"
     ;;
@@ -151,19 +185,21 @@ case "$case_name" in
     min=2  # the allreduce of each psmd run
     ;;
   node_lost)
-    start_nodes "$psmd" 2 --log-level warn || exit 1
-    node2_pid=${pids[-1]}
     mkdir "$work/run"
-    mpi_timeout=120 expect_node_lost "$node2_pid" mpirun_psm2 \
-      -np 1 env PSMD_SOCKET="${node_socket[0]}" \
-        /usr/bin/python3 "$here/node_lost.py" "$work/run" : \
-      -np 1 env PSMD_SOCKET="${node_socket[1]}" \
-        /usr/bin/python3 "$here/node_lost.py" "$work/run"
+    mpi_timeout=120 expect_node_lost "$node2_pid" \
+      mpi_nodes /usr/bin/python3 "$here/node_lost.py" "$work/run"
     status=$? min=0
     ;;
   *) echo "usage: run_mpi.sh semantics N | mpi4py | mpi4py_suite [ARGS] | mpi4py_asan [ARGS]" \
-          "| netpipe | fi_pingpong SIZE | threads | node_lost" >&2; exit 2 ;;
+          "| netpipe | fi_pingpong SIZE | threads | semantics_nodes | netpipe_nodes" \
+          "| mpi4py_nodes [ARGS] | node_lost" >&2; exit 2 ;;
 esac
+if [[ $case_name == *_nodes ]]; then  # not node_lost: node 2 is gone
+  check_node_traffic "$psmctl" || status=1
+fi
+if [[ ($case_name == *_nodes || $case_name == node_lost) && $status != 0 ]]; then
+  print_node_logs
+fi
 after=$(sent)
 echo "run_mpi: $case_name exit $status; psmd carried $((after - before)) messages (at least $min expected)"
 [[ $status == 0 ]] || exit 1

@@ -75,12 +75,6 @@ mpi_nodes() {
         -np 1 env PSMD_SOCKET="${node_socket[1]}" "$@")
 }
 
-# Payload bytes daemon $1 sent to its peer node.
-peer_bytes_sent() {
-  "$psmctl" --socket "${node_socket[$1]}" --json stats |
-    python3 -c 'import json,sys; p=json.load(sys.stdin)["peer_nodes"]; print(sum(r["bytes_sent"] for r in p))'
-}
-
 case $case_name in
   decline) ;;
   *_nodes|node_lost)
@@ -229,11 +223,7 @@ case "$case_name" in
           "| mpi4py_nodes [ARGS] | node_lost | with_dropin" >&2; exit 2 ;;
 esac
 if [[ $case_name == *_nodes ]]; then  # not node_lost: node 2 is gone
-  for i in 0 1; do
-    bytes=$(peer_bytes_sent $i)
-    echo "run_mtl: psmd $i sent $bytes payload bytes to the other node"
-    ((bytes > 100000)) || { echo "run_mtl: no traffic between the daemons" >&2; status=1; }
-  done
+  check_node_traffic "$psmctl" || status=1
 fi
 if [[ $case_name != decline ]]; then
   after=$(sent)
@@ -241,9 +231,6 @@ if [[ $case_name != decline ]]; then
   ((after - before >= min)) || { echo "run_mtl: traffic did not go through psmd" >&2; status=1; }
 fi
 if [[ ($case_name == *_nodes || $case_name == node_lost) && $status != 0 ]]; then
-  for i in 0 1; do
-    echo "---- psmd$i log" >&2
-    tail -n 40 "$work/psmd$i.log" >&2
-  done
+  print_node_logs
 fi
 [[ $status == 0 ]] || exit 1
