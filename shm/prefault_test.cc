@@ -20,7 +20,9 @@ long MinorFaults() {
 }
 
 // Writes one byte per page of [offset, offset + len); returns the page
-// faults that took.
+// faults that took. (Under AddressSanitizer the shadow of the range faults
+// too, one page per 8, hence the tests' margins: a prepared range must take
+// at most a quarter of a fault per page, an unprepared one at least half.)
 long TouchFaults(uint8_t* base, uint64_t offset, uint64_t len) {
   long before = MinorFaults();
   for (uint64_t o = offset; o < offset + len; o += kPage) {
@@ -49,10 +51,11 @@ class PrefaultTest : public ::testing::Test {
   uint8_t* base_ = nullptr;
 };
 
-TEST_F(PrefaultTest, APreparedWindowTakesNoFaultsAnUnpreparedOneFaultsPerPage) {
+TEST_F(PrefaultTest,
+       APreparedWindowTakesFewFaultsAnUnpreparedOneAFaultPerPage) {
   Prefaulter pages(base_, kBytes);
   pages.Prepare(kWindow + 100, 64);  // inside window 1: all of it
-  EXPECT_LE(TouchFaults(base_, kWindow, kWindow), 2);
+  EXPECT_LE(TouchFaults(base_, kWindow, kWindow), long(kWindow / kPage / 4));
   EXPECT_GE(TouchFaults(base_, 2 * kWindow, kWindow),
             long(kWindow / kPage / 2));
 }
@@ -62,10 +65,10 @@ TEST_F(PrefaultTest, ARangeAcrossWindowsPreparesEachAndTheLastIsClamped) {
   pages.Prepare(kWindow - 10, 2 * kWindow);  // windows 0, 1 and 2
   pages.Prepare(3 * kWindow, 10 * kWindow);  // the half window at the end
   pages.Prepare(kBytes, 100);                // past the end: nothing
-  EXPECT_LE(TouchFaults(base_, 0, kBytes), 4);
+  EXPECT_LE(TouchFaults(base_, 0, kBytes), long(kBytes / kPage / 4));
 }
 
-TEST_F(PrefaultTest, AWindowIsPopulatedOnceAndEmptyRangesAreNothing) {
+TEST_F(PrefaultTest, AnEmptyRangeIsNothingAndAnotherMappingPreparesItsOwn) {
   Prefaulter pages(base_, kBytes);
   pages.Prepare(0, 0);
   EXPECT_GE(TouchFaults(base_, 0, kWindow), long(kWindow / kPage / 2));
@@ -76,7 +79,7 @@ TEST_F(PrefaultTest, AWindowIsPopulatedOnceAndEmptyRangesAreNothing) {
   ASSERT_NE(base_, MAP_FAILED);
   Prefaulter again(base_, kBytes);
   again.Prepare(5, 1);
-  EXPECT_LE(TouchFaults(base_, 0, kWindow), 2);
+  EXPECT_LE(TouchFaults(base_, 0, kWindow), long(kWindow / kPage / 4));
 }
 
 }  // namespace
