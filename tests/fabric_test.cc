@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -21,6 +22,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "hw/fabric.h"
 #include "hw/socket/socket_fabric.h"
@@ -734,6 +736,56 @@ TEST_F(FabricTest, TimeBothDaemonsWereStoppedIsNoPeersSilence) {
       << a->Log();
   RunResult sa = Psmctl(dir_, *a, {"stats", "--format", "json"});
   EXPECT_EQ(JsonNumber(sa.out, "peer_nodes", "connects"), 1) << sa.out;
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+TEST_F(FabricTest, GarbageOnTheFabricPortIsDroppedWhileAJobsTrafficGoesOn) {
+  auto a = StartNode(0);
+  auto b = StartNode(1);
+  // While a job exchanges between the nodes, 16 raw connections to node 2's
+  // fabric port send random bytes instead of a handshake.
+  const std::string host = addr_[1];
+  const int port = std::stoi(listen_[1].substr(listen_[1].find(':') + 1));
+  int closed = 0;
+  std::thread garbage([&] {
+    std::vector<uint8_t> junk(16 << 10);
+    uint32_t x = 2463534242u;
+    for (uint8_t& byte : junk) {
+      x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+      byte = static_cast<uint8_t>(x);
+    }
+    for (int i = 0; i < 16; i++) {
+      int fd = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in sa{};
+      sa.sin_family = AF_INET;
+      sa.sin_port = htons(static_cast<uint16_t>(port));
+      inet_pton(AF_INET, host.c_str(), &sa.sin_addr);
+      timeval limit{5, 0};
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+      if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) {
+        send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
+        // psmd's challenge may come first; then the end of the connection.
+        char buf[4096];
+        ssize_t n;
+        while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) {
+        }
+        if (n == 0 || (n < 0 && errno == ECONNRESET)) closed++;
+      }
+      close(fd);
+    }
+  });
+  RunResult r = Exchange(*a, *b, "bystander", 2000, 100000);
+  garbage.join();
+  EXPECT_EQ(r.exit_code, 0) << r.err << b->Log();
+  EXPECT_EQ(closed, 16) << b->Log();
+  // Bad frames of no node (they never authenticated), and psmd is fine.
+  RunResult sb = Psmctl(dir_, *b, {"stats", "--format", "json"});
+  size_t row = sb.out.find("{\"node\": 0,");
+  ASSERT_NE(row, std::string::npos) << sb.out;
+  EXPECT_GE(JsonNumber(sb.out.substr(row), "", "bad_frames"), 16) << sb.out;
+  RunResult again = Exchange(*b, *a, "after", 200, 100000);
+  EXPECT_EQ(again.exit_code, 0) << again.err;
   EXPECT_TRUE(a->Stop());
   EXPECT_TRUE(b->Stop());
 }
