@@ -419,13 +419,17 @@ void psm2_ep::NodeLost(const shm::CompletionDesc& c) {
   if (auto it = epaddrs_.find(c.src_epid); it != epaddrs_.end()) {
     one = it->second.get();
   }
+  const std::string host(
+      reinterpret_cast<const char*>(c.body.inline_data),
+      strnlen(reinterpret_cast<const char*>(c.body.inline_data),
+              shm::kInlineMax));
   psmd::client::Library::Report(
       this, error,
       "endpoint " + std::to_string(identity_.id) + " lost node " +
-          std::to_string(c.tag[0]) +
-          (error == PSM2_TIMEOUT ? " (silent for psmd's --fabric-timeout-ms)"
-                                 : " (its psmd or the link to it is down)") +
-          ": the " + std::to_string(c.msg_len) +
+          std::to_string(c.tag[0]) + (host.empty() ? "" : " (" + host + ")") +
+          (error == PSM2_TIMEOUT ? ", silent for psmd's --fabric-timeout-ms"
+                                 : ": its psmd or the link to it is down") +
+          ". The " + std::to_string(c.msg_len) +
           " endpoint(s) there that it connected to, such as " +
           psmd::client::Library::Get().Describe(c.src_epid, one) +
           ", are unreachable. Their requests fail, messages from them not "

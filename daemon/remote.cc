@@ -228,7 +228,9 @@ Remote::Remote(MqEngine* engine, std::unique_ptr<hw::Fabric> fabric,
       node_id_(node_id),
       boot_nonce_(boot_nonce),
       nodes_file_(std::move(nodes_file)),
-      timeout_ms_(timeout_ms) {}
+      timeout_ms_(timeout_ms) {
+  ReloadNodes();  // host names for what is logged before the first connect
+}
 
 Remote::~Remote() {
   // The fabric goes first (no more events), then the chunks still lent.
@@ -1400,6 +1402,7 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
 void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
   auto it = peers_.find(node);
   if (it == peers_.end()) return;
+  ReloadNodes();  // the host name kNodeLost carries, as the table is now
   std::unique_ptr<Peer> p = std::move(it->second);
   peers_.erase(it);
   node_of_conn_.erase(p->conn);
@@ -1474,6 +1477,10 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
     lost.op = shm::CompleteOp::kNodeLost;
     lost.error = error;
     lost.tag[0] = node;
+    if (auto entry = nodes_.find(node); entry != nodes_.end()) {
+      entry->second.hostname.copy(
+          reinterpret_cast<char*>(lost.body.inline_data), shm::kInlineMax - 1);
+    }
     engine_->Post(*ep, lost);
   }
   for (auto& [id, t] : out_transfers_) {

@@ -404,7 +404,9 @@ enum class CompleteOp : uint8_t {
   kNodeLost = 13,   // no request: the connection to node tag[0] ended, and
                     // msg_len endpoints there that this one had connected
                     // to (src_epid: one of them) are gone with it; error:
-                    // PSM2_EPID_UNREACHABLE, PSM2_TIMEOUT if it fell silent
+                    // PSM2_EPID_UNREACHABLE, PSM2_TIMEOUT if it fell silent;
+                    // inline_data: the node table's host name for it, NUL-
+                    // terminated (cut to kInlineMax - 1 bytes), or empty
 };
 
 enum CompleteFlags : uint8_t {

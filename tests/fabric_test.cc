@@ -348,7 +348,9 @@ TEST_F(FabricTest, ALostNodeIsReportedToTheEndpointsThatConnectedThere) {
       handled_ms - killed_ms, out.c_str());
   EXPECT_EQ(error, 41) << out;  // PSM2_EPID_UNREACHABLE
   EXPECT_LE(handled_ms - killed_ms, 1000) << out;
-  EXPECT_NE(out.find("lost node 1 "), std::string::npos) << out;
+  EXPECT_NE(out.find("lost node 1 (node1): its psmd or the link to it is down"),
+            std::string::npos)
+      << out;
   EXPECT_NE(out.find("poll returned 41"), std::string::npos) << out;
   // The other job, on the surviving node, heard nothing of it.
   std::ofstream(bystanders.rv + "/stop") << "1\n";
