@@ -11,8 +11,8 @@ namespace psmd::client {
 namespace {
 
 // Recursion, which Clang's analysis does not model (client/mutex.h).
-void CountTakingItTwice(EndpointMutex* mu, uint64_t* count)
-    PSMD_NO_THREAD_SAFETY_ANALYSIS {
+void CountTakingItTwice(EndpointMutex* mu,
+                        uint64_t* count) PSMD_NO_THREAD_SAFETY_ANALYSIS {
   EndpointLock outer(mu);
   EndpointLock inner(mu);
   ++*count;
