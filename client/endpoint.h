@@ -365,6 +365,14 @@ void psm2_ep::WaitUntil(Done done) {
     if (done()) return;
     if (++idle < spins) {
       spin_.Idle(idle);
+      // Another application thread wants the endpoint (a send, a test):
+      // let it in, as Intel's psm2_mq_wait does, rather than make it wait
+      // until this wait ends or sleeps.
+      if (mu.Contended()) {
+        mu.Unlock();
+        sched_yield();
+        mu.Lock();
+      }
       continue;
     }
     SleepForCompletions();

@@ -62,15 +62,19 @@ class PSMD_CAPABILITY("mutex") EndpointMutex {
       return;
     }
     // Acquire: what the previous holder wrote is visible to us.
-    while (held_.exchange(1, std::memory_order_acquire) != 0) {
-      // Wait on a plain load, so that waiters do not bounce the line.
-      for (uint32_t turn = 0; held_.load(std::memory_order_relaxed) != 0;) {
-        if (++turn < kPausesBeforeYield) {
-          shm::CpuRelax();
-        } else {
-          sched_yield();
+    if (held_.exchange(1, std::memory_order_acquire) != 0) {
+      waiters_.fetch_add(1, std::memory_order_relaxed);
+      do {
+        // Wait on a plain load, so that waiters do not bounce the line.
+        for (uint32_t turn = 0; held_.load(std::memory_order_relaxed) != 0;) {
+          if (++turn < kPausesBeforeYield) {
+            shm::CpuRelax();
+          } else {
+            sched_yield();
+          }
         }
-      }
+      } while (held_.exchange(1, std::memory_order_acquire) != 0);
+      waiters_.fetch_sub(1, std::memory_order_relaxed);
     }
     owner_.store(me, std::memory_order_relaxed);
     depth_ = 1;
@@ -81,6 +85,12 @@ class PSMD_CAPABILITY("mutex") EndpointMutex {
     // Release: our writes under the lock before the next holder's reads.
     held_.store(0, std::memory_order_release);
   }
+  // Whether another thread waits for the lock: a holder that only polls
+  // (psm2_mq_wait) gives it up now and then, else the waiter would wait for
+  // the whole wait. A hint (relaxed): one poll late costs one poll.
+  bool Contended() const {
+    return waiters_.load(std::memory_order_relaxed) != 0;
+  }
 
  private:
   static constexpr pthread_t kNoOwner = 0;  // no thread's pthread_self()
@@ -88,7 +98,8 @@ class PSMD_CAPABILITY("mutex") EndpointMutex {
 
   std::atomic<uint32_t> held_{0};
   std::atomic<pthread_t> owner_{kNoOwner};
-  uint32_t depth_ = 0;  // touched only by the holder
+  std::atomic<uint32_t> waiters_{0};  // threads in Lock()'s slow path
+  uint32_t depth_ = 0;                // touched only by the holder
 };
 
 // Holds an endpoint's mutex for a scope; Unlock/Lock let a waiting caller

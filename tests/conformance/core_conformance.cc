@@ -488,6 +488,61 @@ void ChildMultiEndpoint() {
   CHILD_CHECK_ERR(psm2_finalize(), PSM2_OK);  // closes b and c
 }
 
+// A thread blocked in psm2_mq_wait does not hold the endpoint up for the
+// process's other threads: here the receive it waits for is sent by another
+// thread on the same endpoint (to itself). psmd's wait spins for as long as
+// PSMD_CLIENT_SPIN says before it sleeps; set that high, a wait that kept the
+// endpoint's lock while polling would never let the send in. (Intel's
+// libpsm2 ignores the variable.) The alarm turns such a hang into a failure.
+void ChildWaitLetsOtherThreadsIn() {
+  setenv("PSMD_CLIENT_SPIN", "4000000000", 1);
+  alarm(60);
+  InitOrDie();
+  psm2_uuid_t job;
+  psm2_uuid_generate(job);
+  psm2_ep_t ep;
+  psm2_epid_t epid;
+  CHILD_CHECK_ERR(psm2_ep_open(job, nullptr, &ep, &epid), PSM2_OK);
+  psm2_mq_t mq;
+  CHILD_CHECK_ERR(psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq),
+                  PSM2_OK);
+  psm2_error_t err = kUnset;
+  psm2_epaddr_t self = nullptr;
+  CHILD_CHECK_ERR(psm2_ep_connect(ep, 1, &epid, nullptr, &err, &self, 0),
+                  PSM2_OK);
+  uint64_t in = 0;
+  const uint64_t out = 0x5eed;
+  psm2_mq_req_t recv;
+  CHILD_CHECK_ERR(
+      psm2_mq_irecv(mq, 7, ~0ull, 0, &in, sizeof(in), nullptr, &recv), PSM2_OK);
+  psm2_mq_status_t status = {};
+  psm2_error_t waited = kUnset;
+  std::thread waiter([&] { waited = psm2_mq_wait(&recv, &status); });
+  // The waiter is polling by now (it sleeps only after 4e9 empty polls).
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (int i = 0; i < 100; i++) {  // other traffic on the endpoint meanwhile
+    uint64_t echo = 0;
+    psm2_mq_req_t r, s;
+    CHILD_CHECK_ERR(
+        psm2_mq_irecv(mq, 8, ~0ull, 0, &echo, sizeof(echo), nullptr, &r),
+        PSM2_OK);
+    CHILD_CHECK_ERR(
+        psm2_mq_isend(mq, self, 0, 8, &out, sizeof(out), nullptr, &s), PSM2_OK);
+    CHILD_CHECK_ERR(psm2_mq_wait(&s, nullptr), PSM2_OK);
+    CHILD_CHECK_ERR(psm2_mq_wait(&r, nullptr), PSM2_OK);
+    CHILD_CHECK(echo == out);
+  }
+  psm2_mq_req_t send;
+  CHILD_CHECK_ERR(
+      psm2_mq_isend(mq, self, 0, 7, &out, sizeof(out), nullptr, &send),
+      PSM2_OK);
+  CHILD_CHECK_ERR(psm2_mq_wait(&send, nullptr), PSM2_OK);
+  waiter.join();
+  CHILD_CHECK_ERR(waited, PSM2_OK);
+  CHILD_CHECK(in == out && status.msg_length == sizeof(out));
+  CHILD_CHECK_ERR(psm2_finalize(), PSM2_OK);
+}
+
 int RunChildScenario(const std::string& name) {
   if (name == "lifecycle") {
     ChildLifecycle();
@@ -501,6 +556,8 @@ int RunChildScenario(const std::string& name) {
     ChildDefer();
   } else if (name == "multi_endpoint") {
     ChildMultiEndpoint();
+  } else if (name == "wait_lets_others_in") {
+    ChildWaitLetsOtherThreadsIn();
   } else {
     fprintf(stderr, "unknown child scenario %s\n", name.c_str());
     return 2;
@@ -1101,6 +1158,7 @@ int main(int argc, char** argv) {
       {"child_error_handlers", ChildCase("handlers")},
       {"child_fatal_handlers", FatalHandlers},
       {"child_multi_endpoint", ChildCase("multi_endpoint", /*psmd_only=*/true)},
+      {"child_wait_lets_others_in", ChildCase("wait_lets_others_in")},
       {"epid_fields", EpidFields},
       {"share_memory", ShareMemory},
       {"ep_query", EpQuery},
