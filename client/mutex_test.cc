@@ -74,5 +74,29 @@ TEST(EndpointMutexTest, AScopedLockGivenUpLetsAnotherThreadIn) {
   EXPECT_TRUE(entered);
 }
 
+// A thread that waits for the lock shows as contention to the holder (what
+// psm2_mq_wait checks to give the lock up), and no longer once it has it.
+TEST(EndpointMutexTest, AWaitingThreadShowsAsContention) {
+  EndpointMutex mu;
+  EXPECT_FALSE(mu.Contended());
+  Lock(&mu);
+  std::atomic<bool> entered{false};
+  std::thread other([&] {
+    EndpointLock lock(&mu);
+    entered = true;
+  });
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!mu.Contended() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  EXPECT_TRUE(mu.Contended());
+  EXPECT_FALSE(entered);
+  Unlock(&mu);
+  other.join();
+  EXPECT_TRUE(entered);
+  EXPECT_FALSE(mu.Contended());
+}
+
 }  // namespace
 }  // namespace psmd::client
