@@ -375,6 +375,19 @@ void ChildDefer() {
   g_child_failures++;
 }
 
+// Opens an endpoint of `job` and its MQ and connects it to `peer` (to
+// itself when `peer` is 0).
+void OpenConnected(const psm2_uuid_t job, psm2_epid_t peer, psm2_ep_t* ep,
+                   psm2_epid_t* epid, psm2_mq_t* mq, psm2_epaddr_t* addr) {
+  CHILD_CHECK_ERR(psm2_ep_open(job, nullptr, ep, epid), PSM2_OK);
+  CHILD_CHECK_ERR(psm2_mq_init(*ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, mq),
+                  PSM2_OK);
+  if (peer == 0) peer = *epid;
+  psm2_error_t err = kUnset;
+  CHILD_CHECK_ERR(psm2_ep_connect(*ep, 1, &peer, nullptr, &err, addr, 0),
+                  PSM2_OK);
+}
+
 // psmd only (Intel's gives every endpoint of a process the same epid over
 // shared memory): several endpoints in one process, connect errors per
 // peer, and what a graceful close waits for.
@@ -447,14 +460,9 @@ void ChildMultiEndpoint() {
   // A graceful close that the receiver lets finish: the message arrives.
   psm2_ep_t d;
   psm2_epid_t d_id;
-  CHILD_CHECK_ERR(psm2_ep_open(job, nullptr, &d, &d_id), PSM2_OK);
   psm2_mq_t d_mq;
-  CHILD_CHECK_ERR(psm2_mq_init(d, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &d_mq),
-                  PSM2_OK);
-  psm2_error_t err = kUnset;
   psm2_epaddr_t d_to_b = nullptr;
-  CHILD_CHECK_ERR(psm2_ep_connect(d, 1, &b_id, nullptr, &err, &d_to_b, 0),
-                  PSM2_OK);
+  OpenConnected(job, b_id, &d, &d_id, &d_mq, &d_to_b);
   CHILD_CHECK_ERR(
       psm2_mq_isend(d_mq, d_to_b, 0, 2, out.data(), kBig, nullptr, &send),
       PSM2_OK);
@@ -473,11 +481,7 @@ void ChildMultiEndpoint() {
   CHILD_CHECK(in == out);
 
   // A forced close does not wait.
-  CHILD_CHECK_ERR(psm2_ep_open(job, nullptr, &d, &d_id), PSM2_OK);
-  CHILD_CHECK_ERR(psm2_mq_init(d, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &d_mq),
-                  PSM2_OK);
-  CHILD_CHECK_ERR(psm2_ep_connect(d, 1, &b_id, nullptr, &err, &d_to_b, 0),
-                  PSM2_OK);
+  OpenConnected(job, b_id, &d, &d_id, &d_mq, &d_to_b);
   CHILD_CHECK_ERR(
       psm2_mq_isend(d_mq, d_to_b, 0, 3, out.data(), kBig, nullptr, &send),
       PSM2_OK);
@@ -502,14 +506,9 @@ void ChildWaitLetsOtherThreadsIn() {
   psm2_uuid_generate(job);
   psm2_ep_t ep;
   psm2_epid_t epid;
-  CHILD_CHECK_ERR(psm2_ep_open(job, nullptr, &ep, &epid), PSM2_OK);
   psm2_mq_t mq;
-  CHILD_CHECK_ERR(psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq),
-                  PSM2_OK);
-  psm2_error_t err = kUnset;
   psm2_epaddr_t self = nullptr;
-  CHILD_CHECK_ERR(psm2_ep_connect(ep, 1, &epid, nullptr, &err, &self, 0),
-                  PSM2_OK);
+  OpenConnected(job, 0, &ep, &epid, &mq, &self);
   uint64_t in = 0;
   const uint64_t out = 0x5eed;
   psm2_mq_req_t recv;
