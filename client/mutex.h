@@ -13,10 +13,10 @@
 // (to learn whether a sleeper must be woken), and the release waits for the
 // ring stores just made to reach the daemon's core. Here the release is a
 // plain store. With ranks on CPUs 0 and 1 and psmd unpinned, the 8-byte
-// message rate (bench/msg_rate) rose 9% (median of 10 alternated runs,
-// docs/perf.md). A waiter pauses, then yields: the holder may be descheduled
-// on a busy node, and nothing here sleeps with the lock held (a client that
-// sleeps for completions releases it first).
+// message rate (bench/msg_rate) rose 5-9% (medians of two batches of
+// alternated runs, docs/perf.md). A waiter pauses, then yields: the holder may
+// be descheduled on a busy node, and nothing here sleeps with the lock held (a
+// client that sleeps for completions releases it first).
 //
 // Thread-safety: any number of threads; recursive for the thread that holds
 // it.
