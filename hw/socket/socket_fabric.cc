@@ -1007,7 +1007,11 @@ void SocketFabric::ArmRecv(Conn* c) {
       c->rx_msg.msg_iov = c->rx_iov.data();
       c->rx_msg.msg_iovlen = c->rx_iov.size();
       sqe = Sqe();
-      io_uring_prep_recvmsg(sqe, c->fd, &c->rx_msg, 0);
+      // MSG_WAITALL: io_uring retries a short read itself, so a 256 KiB
+      // rendezvous chunk that arrives in pieces completes once, not once
+      // per piece with a re-arm each time (docs/perf.md, "Whole payload
+      // reads"). The connection reads nothing else meanwhile either way.
+      io_uring_prep_recvmsg(sqe, c->fd, &c->rx_msg, MSG_WAITALL);
       break;
     }
     case RxPhase::kAwaitPayload:
