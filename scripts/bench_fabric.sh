@@ -21,7 +21,9 @@
 # KEEP: where to copy every program's output.
 # Placement: rank 0 on CPU 0, rank 1 on CPU 1 (taskset; mpirun --bind-to
 # none); both psmd unpinned, default --spin-us; munged unpinned. On 2 cores
-# the two daemons share the ranks' cores.
+# the two daemons share the ranks' cores. NODE_CPUS="0 1" pins node 1's psmd
+# beside rank 0 and node 2's beside rank 1, as on two real nodes, where a
+# daemon never shares a core with the other node's rank.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${RUNS:-3}
@@ -96,7 +98,8 @@ run() {
 }
 
 # The machine is shared: say how busy it was (load average, 1/5/15 min).
-echo "started $(date -u '+%F %H:%M') UTC, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "started $(date -u '+%F %H:%M') UTC, load $(cut -d' ' -f1-3 /proc/loadavg)," \
+  "psmd CPUs: ${NODE_CPUS:-any}"
 for r in $(seq "$runs"); do
   for n in "${peers[@]}"; do
     echo "== $n, run $r of $runs" >&2

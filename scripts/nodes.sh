@@ -9,8 +9,10 @@
 # daemon i listens on 127.0.0.(2+i) at a free port, has node id i+1 and the
 # control socket ${node_socket[i]}, logs to $work/psmd<i>.log, and is
 # authenticated by that munged; one node table ($work/nodes) names them all.
-# FLAGS go to every psmd. Returns once every control socket is up; else
-# prints the log of the one that is not and returns 1.
+# FLAGS go to every psmd. With NODE_CPUS set (a CPU list per node, e.g.
+# "0 1"), daemon i runs pinned to the i-th (taskset). Returns once every
+# control socket is up; else prints the log of the one that is not and
+# returns 1.
 start_nodes() {
   local psmd=$1 count=$2 i addr port listen=()
   shift 2
@@ -33,9 +35,13 @@ start_nodes() {
     listen[i]="$addr:$port"
   done
   node_socket=()
+  local cpus=()
+  read -r -a cpus <<<"${NODE_CPUS:-}"
   for ((i = 0; i < count; i++)); do
     node_socket[i]="$work/psmd$i.sock"
-    "$psmd" --socket "${node_socket[i]}" --node-id $((i + 1)) \
+    local pin=()
+    [[ -n "${cpus[i]:-}" ]] && pin=(taskset -c "${cpus[i]}")
+    "${pin[@]}" "$psmd" --socket "${node_socket[i]}" --node-id $((i + 1)) \
       --fabric-listen "${listen[i]}" --fabric-nodes "$work/nodes" \
       --munge-socket "$work/munge/socket" "$@" 2>"$work/psmd$i.log" &
     pids+=($!)

@@ -1009,8 +1009,9 @@ void SocketFabric::ArmRecv(Conn* c) {
       sqe = Sqe();
       // MSG_WAITALL: io_uring retries a short read itself, so a 256 KiB
       // rendezvous chunk that arrives in pieces completes once, not once
-      // per piece with a re-arm each time (docs/perf.md, "Whole payload
-      // reads"). The connection reads nothing else meanwhile either way.
+      // per piece with a re-arm each time (docs/perf.md, "2026-12-05:
+      // whole payload reads"). The connection reads nothing else meanwhile
+      // either way.
       io_uring_prep_recvmsg(sqe, c->fd, &c->rx_msg, MSG_WAITALL);
       break;
     }
