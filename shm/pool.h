@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <vector>
 
 #include "shm/ring.h"
 
@@ -43,8 +44,25 @@ inline void ReleaseChunk(uint8_t* pool_base, uint64_t payload_offset) {
       ->state.store(kChunkReleased, std::memory_order_release);
 }
 
+// How long allocations in a region may keep failing before their caller
+// counts it as stalled: it then passes `set_aside` to Allocate (and the
+// library sends eager messages by rendezvous). Far above the time a
+// draining receiver takes, far below a test's patience.
+inline constexpr uint64_t kPoolStallNs = 10'000'000;
+
 // A byte ring over one send region: chunks are allocated at the head and
 // reclaimed at the tail once released, so reclaim is in allocation order.
+//
+// A chunk can stay in use for as long as its receiver likes (an unexpected
+// message the application receives last). So that it cannot stop the ring
+// behind it for good, a caller that has waited long enough for space asks
+// Allocate to set the unreleased chunks at the tail aside: the tail moves
+// past them, and the head later skips their bytes (as padding) until they
+// are released. Invariants:
+//   1. Chunks in chunks_ tile [tail_, head_) (free-running byte counters)
+//      and never straddle the end of the region; head_ - tail_ <= region.
+//   2. A chunk set aside lies outside [tail_, head_) or under padding: no
+//      allocation overlaps a chunk that is not released.
 class SendArena {
  public:
   SendArena() = default;
@@ -55,46 +73,58 @@ class SendArena {
 
   // The largest payload one chunk can hold.
   uint64_t MaxPayload() const { return region_bytes_ - kChunkHeaderBytes; }
+  // Region bytes a payload of `bytes` takes.
+  static uint64_t Footprint(uint64_t bytes) {
+    return RoundUp(bytes + kChunkHeaderBytes);
+  }
 
   // Returns the pool offset of a payload area of `bytes`, or nothing when the
   // region is full right now (the caller retries after receivers drain).
-  std::optional<uint64_t> Allocate(uint64_t bytes) {
-    uint64_t need = RoundUp(bytes + kChunkHeaderBytes);
+  // With `set_aside`, unreleased chunks at the tail are set aside first.
+  std::optional<uint64_t> Allocate(uint64_t bytes, bool set_aside = false) {
+    const uint64_t need = Footprint(bytes);
     if (need > region_bytes_) return std::nullopt;
     Reclaim();
-    uint64_t pos = head_ % region_bytes_;
-    uint64_t pad = (pos + need > region_bytes_) ? region_bytes_ - pos : 0;
-    if (used() + pad + need > region_bytes_) return std::nullopt;
-    if (pad > 0) {
-      // The tail end is too short: skip it with a chunk nobody will release.
-      chunks_.push_back(Chunk{pad, /*is_padding=*/true});
-      head_ += pad;
-      pos = 0;
+    uint64_t skipped = 0;  // padding laid in this call: at most one lap
+    for (;;) {
+      const uint64_t pos = head_ % region_bytes_;
+      uint64_t skip = 0;
+      if (pos + need > region_bytes_) {
+        skip = region_bytes_ - pos;  // the tail end is too short
+      } else if (const uint64_t end = SetAsideEndIn(pos, pos + need)) {
+        skip = end - pos;  // a chunk set aside is in the way (invariant 2)
+      }
+      if (used() + (skip > 0 ? skip : need) > region_bytes_) {
+        const uint64_t tail = tail_;
+        if (set_aside && SetAsideTail()) continue;
+        Reclaim();
+        if (tail_ != tail) continue;  // padding at the tail went
+        return std::nullopt;
+      }
+      if (skip > 0) {
+        skipped += skip;
+        if (skipped > region_bytes_) return std::nullopt;
+        chunks_.push_back(Chunk{skip, /*is_padding=*/true});
+        head_ += skip;
+        continue;
+      }
+      chunks_.push_back(Chunk{need, false});
+      head_ += need;
+      uint64_t payload_offset = region_offset_ + pos + kChunkHeaderBytes;
+      ChunkOf(base_, payload_offset)
+          ->state.store(kChunkInUse, std::memory_order_relaxed);
+      return payload_offset;
     }
-    chunks_.push_back(Chunk{need, false});
-    head_ += need;
-    uint64_t payload_offset = region_offset_ + pos + kChunkHeaderBytes;
-    ChunkOf(base_, payload_offset)
-        ->state.store(kChunkInUse, std::memory_order_relaxed);
-    return payload_offset;
   }
 
-  // Bytes of the region currently allocated (including padding).
+  // Bytes between tail and head (including padding; not chunks set aside).
   uint64_t used() const { return head_ - tail_; }
-  bool empty() const { return head_ == tail_; }
+  bool empty() const { return head_ == tail_ && set_aside_.empty(); }
 
   void Reclaim() {
     while (!chunks_.empty()) {
       const Chunk& c = chunks_.front();
-      if (!c.is_padding) {
-        uint64_t payload_offset =
-            region_offset_ + tail_ % region_bytes_ + kChunkHeaderBytes;
-        // Acquire: the receiver finished reading before we overwrite.
-        if (ChunkOf(base_, payload_offset)
-                ->state.load(std::memory_order_acquire) != kChunkReleased) {
-          return;
-        }
-      }
+      if (!c.is_padding && !Released(tail_ % region_bytes_)) return;
       tail_ += c.bytes;
       chunks_.pop_front();
     }
@@ -105,8 +135,52 @@ class SendArena {
     uint64_t bytes;
     bool is_padding;
   };
+  struct SetAside {
+    uint64_t pos;  // offset in the region
+    uint64_t bytes;
+  };
   static uint64_t RoundUp(uint64_t n) {
     return (n + kCacheLine - 1) / kCacheLine * kCacheLine;
+  }
+
+  bool Released(uint64_t pos) const {
+    // Acquire: the receiver finished reading before we overwrite.
+    return ChunkOf(base_, region_offset_ + pos + kChunkHeaderBytes)
+               ->state.load(std::memory_order_acquire) == kChunkReleased;
+  }
+
+  // Moves the unreleased chunk at the tail aside; false if there is none.
+  bool SetAsideTail() {
+    Reclaim();
+    if (chunks_.empty()) return false;
+    const Chunk c = chunks_.front();  // unreleased and not padding (Reclaim)
+    set_aside_.push_back(SetAside{tail_ % region_bytes_, c.bytes});
+    tail_ += c.bytes;
+    chunks_.pop_front();
+    Reclaim();
+    return true;
+  }
+
+  // The end of the first unreleased chunk set aside that overlaps
+  // [begin, end) of the region, or 0; forgets the released ones it meets.
+  uint64_t SetAsideEndIn(uint64_t begin, uint64_t end) {
+    uint64_t first_end = 0, first_pos = UINT64_MAX;
+    for (size_t i = 0; i < set_aside_.size();) {
+      const SetAside& a = set_aside_[i];
+      if (a.pos < end && begin < a.pos + a.bytes) {
+        if (Released(a.pos)) {
+          set_aside_[i] = set_aside_.back();
+          set_aside_.pop_back();
+          continue;
+        }
+        if (a.pos < first_pos) {
+          first_pos = a.pos;
+          first_end = a.pos + a.bytes;
+        }
+      }
+      i++;
+    }
+    return first_end;
   }
 
   uint8_t* base_ = nullptr;
@@ -115,6 +189,7 @@ class SendArena {
   uint64_t head_ = 0;  // free-running byte counters
   uint64_t tail_ = 0;
   std::deque<Chunk> chunks_;
+  std::vector<SetAside> set_aside_;
 };
 
 }  // namespace psmd::shm

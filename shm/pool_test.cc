@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
 #include <vector>
 
 namespace psmd::shm {
@@ -60,6 +61,95 @@ TEST_F(SendArenaTest, WrapsWithPaddingAndNeverStraddlesTheEnd) {
 TEST_F(SendArenaTest, RejectsPayloadLargerThanRegion) {
   EXPECT_FALSE(arena_.Allocate(kRegionBytes).has_value());
   EXPECT_EQ(arena_.MaxPayload(), kRegionBytes - kChunkHeaderBytes);
+  EXPECT_TRUE(arena_.Allocate(arena_.MaxPayload()).has_value());
+}
+
+TEST_F(SendArenaTest, AChunkNeverReleasedIsSetAsideOnlyWhenAsked) {
+  // An unexpected message the receiver takes last, then laps of traffic
+  // that drains.
+  auto pinned = arena_.Allocate(100);
+  ASSERT_TRUE(pinned.has_value());
+  const uint64_t pinned_begin = *pinned - kChunkHeaderBytes;
+  const uint64_t pinned_end = pinned_begin + SendArena::Footprint(100);
+  int refused = 0;
+  for (int round = 0; round < 200; round++) {
+    auto off = arena_.Allocate(700);
+    if (!off) {
+      // The ring came round to the pinned chunk: plain back-pressure,
+      // until the caller has waited long enough and asks to set it aside.
+      refused++;
+      off = arena_.Allocate(700, /*set_aside=*/true);
+    }
+    ASSERT_TRUE(off.has_value()) << round;
+    const uint64_t begin = *off - kChunkHeaderBytes;
+    EXPECT_TRUE(begin + SendArena::Footprint(700) <= pinned_begin ||
+                begin >= pinned_end)
+        << "round " << round << " overlaps the pinned chunk";
+    ReleaseChunk(pool_.data(), *off);
+  }
+  EXPECT_EQ(refused, 1);  // once set aside, the head skips it
+  EXPECT_EQ(ChunkOf(pool_.data(), *pinned)->state.load(), kChunkInUse);
+  ReleaseChunk(pool_.data(), *pinned);
+  // Released, its bytes are usable again: the whole region fits.
+  EXPECT_TRUE(arena_.Allocate(arena_.MaxPayload()).has_value());
+}
+
+TEST_F(SendArenaTest, RefusesWhenEveryChunkIsHeld) {
+  std::vector<uint64_t> offs;
+  while (auto off = arena_.Allocate(448)) offs.push_back(*off);
+  EXPECT_EQ(offs.size(), kRegionBytes / 512);
+  // All set aside, none free.
+  EXPECT_FALSE(arena_.Allocate(1, /*set_aside=*/true).has_value());
+  ReleaseChunk(pool_.data(), offs[5]);  // one in the middle
+  auto again = arena_.Allocate(448, /*set_aside=*/true);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(*again, offs[5]);
+  EXPECT_FALSE(arena_.Allocate(1, /*set_aside=*/true).has_value());
+  for (uint64_t off : offs) ReleaseChunk(pool_.data(), off);
+  ReleaseChunk(pool_.data(), *again);
+  EXPECT_TRUE(arena_.Allocate(arena_.MaxPayload()).has_value());
+}
+
+// Random traffic in which some chunks stay unreleased for long and the
+// caller sometimes asks for set-aside: live chunks never overlap, never
+// leave the region, and once everything is released the whole region is
+// allocatable again.
+TEST_F(SendArenaTest, RandomTrafficKeepsLiveChunksApart) {
+  std::mt19937 rng(7);
+  struct Live {
+    uint64_t off, bytes;
+    int ttl;
+  };
+  std::vector<Live> live;
+  int allocated = 0;
+  for (int step = 0; step < 20000; step++) {
+    const uint64_t bytes = 1 + rng() % 900;
+    if (auto off = arena_.Allocate(bytes, rng() % 2 == 0)) {
+      allocated++;
+      const uint64_t begin = *off - kChunkHeaderBytes;
+      const uint64_t end = begin + SendArena::Footprint(bytes);
+      ASSERT_GE(begin, kRegionOffset);
+      ASSERT_LE(end, kRegionOffset + kRegionBytes);
+      for (const Live& l : live) {
+        const uint64_t lb = l.off - kChunkHeaderBytes;
+        ASSERT_TRUE(end <= lb || begin >= lb + SendArena::Footprint(l.bytes))
+            << "step " << step;
+      }
+      // Most chunks drain soon; one in 200 stays for 300 steps.
+      live.push_back({*off, bytes, rng() % 200 == 0 ? 300 : int(rng() % 8)});
+    }
+    for (size_t i = 0; i < live.size();) {
+      if (--live[i].ttl <= 0) {
+        ReleaseChunk(pool_.data(), live[i].off);
+        live[i] = live.back();
+        live.pop_back();
+      } else {
+        i++;
+      }
+    }
+  }
+  EXPECT_GT(allocated, 15000);
+  for (const Live& l : live) ReleaseChunk(pool_.data(), l.off);
   EXPECT_TRUE(arena_.Allocate(arena_.MaxPayload()).has_value());
 }
 
