@@ -126,6 +126,9 @@ void psm2_ep::UseRings(const shm::ClientRings& rings,
       rings, pool_.base(), &pool_pages_, arena, credits, doorbell_fd_,
       [this](Deferred& d) PSMD_NO_THREAD_SAFETY_ANALYSIS {
         Published(d);  // called from inside publisher's methods: mu is held
+      },
+      [this](Deferred& d) PSMD_NO_THREAD_SAFETY_ANALYSIS {
+        return SendByRendezvous(d);  // likewise
       });
 }
 
@@ -251,6 +254,27 @@ void psm2_ep::Published(Deferred& d) {
   } else {
     d.req->state = psm2_mq_req::State::kPosted;
   }
+}
+
+bool psm2_ep::SendByRendezvous(Deferred& d) {
+  psm2_mq_req* r = d.req;
+  // A send to ourselves has its own way (CopyForSelf); a failed one carries
+  // no payload.
+  if (r == nullptr || r->self_send || (d.desc.flags & shm::kSendFailed)) {
+    return false;
+  }
+  const uint32_t len = d.desc.len;
+  d.desc = shm::PrepSend(d.desc.peer, d.desc.req, d.desc.tag, len,
+                         /*rendezvous=*/true);
+  // PSM2 lets us read the application's buffer until the send completes.
+  r->send_buf = static_cast<const uint8_t*>(d.payload);
+  d.payload = nullptr;
+  psm2_mq_stats_t& s = mq_.stats;
+  s.tx_eager_num--;
+  s.tx_eager_bytes -= len;
+  s.tx_rndv_num++;
+  s.tx_rndv_bytes += len;
+  return true;
 }
 
 bool psm2_ep::Progress() {

@@ -288,6 +288,9 @@ struct psm2_ep {
  private:
   // What publishing a submission means for its request.
   void Published(psmd::client::Deferred& d) PSMD_REQUIRES(mu);
+  // An eager send that found no pool space for shm::kPoolStallNs becomes
+  // a rendezvous send (docs/design.md, "Payload pool"); false if it cannot.
+  bool SendByRendezvous(psmd::client::Deferred& d) PSMD_REQUIRES(mu);
   void HandleCompletion(const psmd::shm::CompletionDesc& c) PSMD_REQUIRES(mu);
   void CompleteEager(psm2_mq_req* req, const psmd::shm::CompletionDesc& c,
                      psmd::shm::PoolPayload& payload) PSMD_REQUIRES(mu);

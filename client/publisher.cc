@@ -1,5 +1,7 @@
 #include "client/publisher.h"
 
+#include <time.h>
+
 #include <cstring>
 #include <utility>
 
@@ -9,6 +11,12 @@
 namespace psmd::client {
 
 namespace {
+
+uint64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
+}
 
 // Submissions published per queue per Flush: completions are reaped in
 // between, so a rendezvous send whose receiver died sees psmd's error
@@ -20,7 +28,7 @@ constexpr size_t kPublishBatch = 32;
 Publisher::Publisher(const shm::ClientRings& rings, uint8_t* pool_base,
                      shm::Prefaulter* pool_pages, const shm::SendArena& arena,
                      uint32_t credits, int doorbell_fd,
-                     OnPublished on_published)
+                     OnPublished on_published, ToRendezvous to_rendezvous)
     : control_(rings.control),
       msg_sq_(rings.msg_sq),
       ctl_sq_(rings.ctl_sq),
@@ -29,7 +37,8 @@ Publisher::Publisher(const shm::ClientRings& rings, uint8_t* pool_base,
       arena_(arena),
       credits_(credits),
       doorbell_fd_(doorbell_fd),
-      on_published_(std::move(on_published)) {}
+      on_published_(std::move(on_published)),
+      to_rendezvous_(std::move(to_rendezvous)) {}
 
 Deferred* Publisher::Submit(psm2_mq_req* req, const shm::SubmissionDesc& desc,
                             const void* payload, const void* prefix,
@@ -49,6 +58,7 @@ void Publisher::Enqueue(Deferred d) {
 bool Publisher::Flush() {
   bool did = FlushQueue(ctl_queue_, ctl_sq_);
   did |= FlushQueue(msg_queue_, msg_sq_);
+  if (idle()) stalled_since_ns_ = 0;  // nothing waits for the region now
   return did;
 }
 
@@ -65,24 +75,12 @@ bool Publisher::FlushQueue(std::deque<Deferred>& queue,
 
 bool Publisher::TryPublish(Deferred& d,
                            shm::RingProducer<shm::SubmissionDesc>& ring) {
+  // (A send that PlacePayload turns into a rendezvous one takes no credit
+  // either way.)
   const bool needs_credit = shm::TakesCredit(d.desc);  // invariant 2
   if (needs_credit && credits_ == 0) return false;
   if (ring.FreeSlots() == 0) return false;
-  if (shm::PayloadInPool(d.desc)) {
-    auto off = arena_.Allocate(d.desc.len);
-    if (!off) return false;  // back-pressure: receivers have not drained yet
-    pool_pages_->Prepare(*off - shm::kChunkHeaderBytes,
-                         d.desc.len + shm::kChunkHeaderBytes);
-    // (memcpy's pointers must not be null even for 0 bytes: AM arguments
-    // may come without a payload, and payloads without arguments.)
-    if (d.prefix_len > 0)
-      std::memcpy(pool_base_ + *off, d.prefix, d.prefix_len);
-    if (d.desc.len > d.prefix_len) {
-      std::memcpy(pool_base_ + *off + d.prefix_len, d.payload,
-                  d.desc.len - d.prefix_len);
-    }
-    d.desc.body.pool.pool_offset = *off;  // (aliases body.rndv.pool_offset)
-  }
+  if (shm::PayloadInPool(d.desc) && !PlacePayload(d)) return false;
   ring.TryPush(d.desc);
   pending_doorbell_ = true;
   if (d.req == nullptr) return true;  // fire and forget
@@ -96,6 +94,32 @@ bool Publisher::TryPublish(Deferred& d,
     RingDoorbell();
   }
   on_published_(d);
+  return true;
+}
+
+bool Publisher::PlacePayload(Deferred& d) {
+  // The clock is read only while the region refuses us.
+  const bool stalled = stalled_since_ns_ != 0 &&
+                       NowNs() - stalled_since_ns_ >= shm::kPoolStallNs;
+  auto off = arena_.Allocate(d.desc.len, /*set_aside=*/stalled);
+  if (!off) {
+    // Back-pressure: receivers have not drained yet. Past kPoolStallNs it
+    // may be a message nobody receives before our later ones: an eager send
+    // then waits in the application's buffer instead (rendezvous).
+    if (stalled_since_ns_ == 0) stalled_since_ns_ = NowNs();
+    return stalled && d.desc.op == shm::SubmitOp::kSend && to_rendezvous_(d);
+  }
+  stalled_since_ns_ = 0;
+  pool_pages_->Prepare(*off - shm::kChunkHeaderBytes,
+                       d.desc.len + shm::kChunkHeaderBytes);
+  // (memcpy's pointers must not be null even for 0 bytes: AM arguments
+  // may come without a payload, and payloads without arguments.)
+  if (d.prefix_len > 0) std::memcpy(pool_base_ + *off, d.prefix, d.prefix_len);
+  if (d.desc.len > d.prefix_len) {
+    std::memcpy(pool_base_ + *off + d.prefix_len, d.payload,
+                d.desc.len - d.prefix_len);
+  }
+  d.desc.body.pool.pool_offset = *off;  // (aliases body.rndv.pool_offset)
   return true;
 }
 

@@ -48,13 +48,17 @@ class Publisher {
  public:
   // Called with each published submission that has a request.
   using OnPublished = std::function<void(Deferred& published)>;
+  // Turns a queued eager send into a rendezvous send (no pool payload);
+  // false when that send cannot be one.
+  using ToRendezvous = std::function<bool(Deferred& send)>;
 
   Publisher() = default;
   // `pool_pages` (the endpoint's, for the whole pool) maps each chunk's
   // window before the payload is copied in.
   Publisher(const shm::ClientRings& rings, uint8_t* pool_base,
             shm::Prefaulter* pool_pages, const shm::SendArena& arena,
-            uint32_t credits, int doorbell_fd, OnPublished on_published);
+            uint32_t credits, int doorbell_fd, OnPublished on_published,
+            ToRendezvous to_rendezvous);
 
   // Queues `desc` behind whatever waits for its ring (invariant 1), then
   // publishes what it can and rings the doorbell. Returns the queued
@@ -93,6 +97,9 @@ class Publisher {
 
  private:
   bool TryPublish(Deferred& d, shm::RingProducer<shm::SubmissionDesc>& ring);
+  // Finds pool space for d's payload and copies it in; false when there is
+  // none (d may have become a rendezvous send instead: no payload).
+  bool PlacePayload(Deferred& d);
   bool FlushQueue(std::deque<Deferred>& queue,
                   shm::RingProducer<shm::SubmissionDesc>& ring);
   std::deque<Deferred>& QueueFor(const shm::SubmissionDesc& desc) {
@@ -109,6 +116,8 @@ class Publisher {
   uint32_t credits_ = 0;
   int doorbell_fd_ = -1;
   OnPublished on_published_;
+  ToRendezvous to_rendezvous_;
+  uint64_t stalled_since_ns_ = 0;   // first refusal of pool space, 0 if none
   std::deque<Deferred> msg_queue_;  // for msg_sq_
   std::deque<Deferred> ctl_queue_;  // for ctl_sq_
   bool pending_doorbell_ = false;
