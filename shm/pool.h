@@ -16,8 +16,9 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <iterator>
+#include <map>
 #include <optional>
-#include <vector>
 
 #include "shm/ring.h"
 
@@ -86,7 +87,10 @@ class SendArena {
     if (need > region_bytes_) return std::nullopt;
     Reclaim();
     uint64_t skipped = 0;  // padding laid in this call: at most one lap
-    for (;;) {
+    // Each step (a chunk set aside, a skip) persists, so a call may stop
+    // early: a region full of chunks set aside costs a bounded effort per
+    // try (the daemon's worker tries a job's inbox on every pass).
+    for (int steps = 0; steps < kMaxStepsPerCall; steps++) {
       const uint64_t pos = head_ % region_bytes_;
       uint64_t skip = 0;
       if (pos + need > region_bytes_) {
@@ -115,6 +119,7 @@ class SendArena {
           ->state.store(kChunkInUse, std::memory_order_relaxed);
       return payload_offset;
     }
+    return std::nullopt;
   }
 
   // Bytes between tail and head (including padding; not chunks set aside).
@@ -135,10 +140,7 @@ class SendArena {
     uint64_t bytes;
     bool is_padding;
   };
-  struct SetAside {
-    uint64_t pos;  // offset in the region
-    uint64_t bytes;
-  };
+  static constexpr int kMaxStepsPerCall = 256;
   static uint64_t RoundUp(uint64_t n) {
     return (n + kCacheLine - 1) / kCacheLine * kCacheLine;
   }
@@ -154,7 +156,7 @@ class SendArena {
     Reclaim();
     if (chunks_.empty()) return false;
     const Chunk c = chunks_.front();  // unreleased and not padding (Reclaim)
-    set_aside_.push_back(SetAside{tail_ % region_bytes_, c.bytes});
+    set_aside_.insert_or_assign(tail_ % region_bytes_, c.bytes);
     tail_ += c.bytes;
     chunks_.pop_front();
     Reclaim();
@@ -163,24 +165,20 @@ class SendArena {
 
   // The end of the first unreleased chunk set aside that overlaps
   // [begin, end) of the region, or 0; forgets the released ones it meets.
+  // Chunks set aside never overlap one another (an allocation over a
+  // released one forgets it first), so the candidates are the last one
+  // starting before `begin` and those starting in [begin, end).
   uint64_t SetAsideEndIn(uint64_t begin, uint64_t end) {
-    uint64_t first_end = 0, first_pos = UINT64_MAX;
-    for (size_t i = 0; i < set_aside_.size();) {
-      const SetAside& a = set_aside_[i];
-      if (a.pos < end && begin < a.pos + a.bytes) {
-        if (Released(a.pos)) {
-          set_aside_[i] = set_aside_.back();
-          set_aside_.pop_back();
-          continue;
-        }
-        if (a.pos < first_pos) {
-          first_pos = a.pos;
-          first_end = a.pos + a.bytes;
-        }
-      }
-      i++;
+    auto it = set_aside_.lower_bound(begin);
+    if (it != set_aside_.begin()) {
+      auto before = std::prev(it);
+      if (before->first + before->second > begin) it = before;
     }
-    return first_end;
+    while (it != set_aside_.end() && it->first < end) {
+      if (!Released(it->first)) return it->first + it->second;
+      it = set_aside_.erase(it);
+    }
+    return 0;
   }
 
   uint8_t* base_ = nullptr;
@@ -189,7 +187,7 @@ class SendArena {
   uint64_t head_ = 0;  // free-running byte counters
   uint64_t tail_ = 0;
   std::deque<Chunk> chunks_;
-  std::vector<SetAside> set_aside_;
+  std::map<uint64_t, uint64_t> set_aside_;  // region offset -> bytes
 };
 
 }  // namespace psmd::shm
