@@ -1,7 +1,5 @@
 #include "client/publisher.h"
 
-#include <time.h>
-
 #include <cstring>
 #include <utility>
 
@@ -11,12 +9,6 @@
 namespace psmd::client {
 
 namespace {
-
-uint64_t NowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
-}
 
 // Submissions published per queue per Flush: completions are reaped in
 // between, so a rendezvous send whose receiver died sees psmd's error
@@ -58,7 +50,7 @@ void Publisher::Enqueue(Deferred d) {
 bool Publisher::Flush() {
   bool did = FlushQueue(ctl_queue_, ctl_sq_);
   did |= FlushQueue(msg_queue_, msg_sq_);
-  if (idle()) stalled_since_ns_ = 0;  // nothing waits for the region now
+  if (idle()) arena_.ForgetRefusals();  // nothing waits for space now
   return did;
 }
 
@@ -98,18 +90,14 @@ bool Publisher::TryPublish(Deferred& d,
 }
 
 bool Publisher::PlacePayload(Deferred& d) {
-  // The clock is read only while the region refuses us.
-  const bool stalled = stalled_since_ns_ != 0 &&
-                       NowNs() - stalled_since_ns_ >= shm::kPoolStallNs;
-  auto off = arena_.Allocate(d.desc.len, /*set_aside=*/stalled);
+  auto off = arena_.Allocate(d.desc.len);
   if (!off) {
-    // Back-pressure: receivers have not drained yet. Past kPoolStallNs it
+    // Back-pressure: receivers have not drained yet. In a stalled region it
     // may be a message nobody receives before our later ones: an eager send
     // then waits in the application's buffer instead (rendezvous).
-    if (stalled_since_ns_ == 0) stalled_since_ns_ = NowNs();
-    return stalled && d.desc.op == shm::SubmitOp::kSend && to_rendezvous_(d);
+    return arena_.Stalled() && d.desc.op == shm::SubmitOp::kSend &&
+           to_rendezvous_(d);
   }
-  stalled_since_ns_ = 0;
   pool_pages_->Prepare(*off - shm::kChunkHeaderBytes,
                        d.desc.len + shm::kChunkHeaderBytes);
   // (memcpy's pointers must not be null even for 0 bytes: AM arguments

@@ -117,7 +117,6 @@ class Publisher {
   int doorbell_fd_ = -1;
   OnPublished on_published_;
   ToRendezvous to_rendezvous_;
-  uint64_t stalled_since_ns_ = 0;   // first refusal of pool space, 0 if none
   std::deque<Deferred> msg_queue_;  // for msg_sq_
   std::deque<Deferred> ctl_queue_;  // for ctl_sq_
   bool pending_doorbell_ = false;

@@ -14,7 +14,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include "daemon/clock.h"
 #include "daemon/log.h"
 #include "daemon/mq_engine.h"
 #include "shm/epid.h"
@@ -177,7 +176,6 @@ struct Remote::JobPages {
   std::weak_ptr<Job> job;
   shm::Prefaulter pages;
   std::optional<shm::SendArena> inbox;
-  uint64_t inbox_stalled_since_ns = 0;  // first refusal; 0 if none since
 };
 
 struct Remote::QueryState {
@@ -731,17 +729,8 @@ Remote::JobPages& Remote::PagesOf(const std::shared_ptr<Job>& job) {
 bool Remote::AllocInbox(Endpoint& ep, uint32_t bytes, uint64_t* offset) {
   JobPages& job = PagesOf(ep.job);
   if (!job.inbox || bytes > job.inbox->MaxPayload()) return false;
-  // A chunk an unexpected message holds stops the ring after a lap: once
-  // the inbox has refused for shm::kPoolStallNs, such chunks are set aside.
-  const bool stalled =
-      job.inbox_stalled_since_ns != 0 &&
-      NowNs() - job.inbox_stalled_since_ns >= shm::kPoolStallNs;
-  auto got = job.inbox->Allocate(bytes, /*set_aside=*/stalled);
-  if (!got) {
-    if (job.inbox_stalled_since_ns == 0) job.inbox_stalled_since_ns = NowNs();
-    return false;
-  }
-  job.inbox_stalled_since_ns = 0;
+  auto got = job.inbox->Allocate(bytes);
+  if (!got) return false;
   job.pages.Prepare(*got - shm::kChunkHeaderBytes,
                     uint64_t{bytes} + shm::kChunkHeaderBytes);
   *offset = *got;

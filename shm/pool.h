@@ -14,6 +14,7 @@
 #define PSMD_SHM_POOL_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <iterator>
@@ -45,10 +46,10 @@ inline void ReleaseChunk(uint8_t* pool_base, uint64_t payload_offset) {
       ->state.store(kChunkReleased, std::memory_order_release);
 }
 
-// How long allocations in a region may keep failing before their caller
-// counts it as stalled: it then passes `set_aside` to Allocate (and the
-// library sends eager messages by rendezvous). Far above the time a
-// draining receiver takes, far below a test's patience.
+// How long allocations in a region may keep failing before it counts as
+// stalled: its allocator then sets chunks aside (below), and the library
+// sends eager messages by rendezvous. Far above the time a draining
+// receiver takes, far below a test's patience.
 inline constexpr uint64_t kPoolStallNs = 10'000'000;
 
 // A byte ring over one send region: chunks are allocated at the head and
@@ -56,10 +57,10 @@ inline constexpr uint64_t kPoolStallNs = 10'000'000;
 //
 // A chunk can stay in use for as long as its receiver likes (an unexpected
 // message the application receives last). So that it cannot stop the ring
-// behind it for good, a caller that has waited long enough for space asks
-// Allocate to set the unreleased chunks at the tail aside: the tail moves
-// past them, and the head later skips their bytes (as padding) until they
-// are released. Invariants:
+// behind it for good, a region that has refused space for `stall_ns` sets
+// the unreleased chunks at its tail aside: the tail moves past them, and the
+// head later skips their bytes (as padding) until they are released. The
+// clock is read only while the region refuses. Invariants:
 //   1. Chunks in chunks_ tile [tail_, head_) (free-running byte counters)
 //      and never straddle the end of the region; head_ - tail_ <= region.
 //   2. A chunk set aside lies outside [tail_, head_) or under padding: no
@@ -67,10 +68,12 @@ inline constexpr uint64_t kPoolStallNs = 10'000'000;
 class SendArena {
  public:
   SendArena() = default;
-  SendArena(uint8_t* pool_base, uint64_t region_offset, uint64_t region_bytes)
+  SendArena(uint8_t* pool_base, uint64_t region_offset, uint64_t region_bytes,
+            uint64_t stall_ns = kPoolStallNs)
       : base_(pool_base),
         region_offset_(region_offset),
-        region_bytes_(region_bytes) {}
+        region_bytes_(region_bytes),
+        stall_ns_(stall_ns) {}
 
   // The largest payload one chunk can hold.
   uint64_t MaxPayload() const { return region_bytes_ - kChunkHeaderBytes; }
@@ -81,10 +84,61 @@ class SendArena {
 
   // Returns the pool offset of a payload area of `bytes`, or nothing when the
   // region is full right now (the caller retries after receivers drain).
-  // With `set_aside`, unreleased chunks at the tail are set aside first.
-  std::optional<uint64_t> Allocate(uint64_t bytes, bool set_aside = false) {
+  std::optional<uint64_t> Allocate(uint64_t bytes) {
     const uint64_t need = Footprint(bytes);
     if (need > region_bytes_) return std::nullopt;
+    auto off = Place(need, /*set_aside=*/false);
+    if (!off) {
+      if (refused_since_ns_ == 0) {
+        refused_since_ns_ = NowNs();
+        return std::nullopt;
+      }
+      if (!Stalled()) return std::nullopt;
+      off = Place(need, /*set_aside=*/true);
+      if (!off) return std::nullopt;
+    }
+    refused_since_ns_ = 0;
+    return off;
+  }
+
+  // Whether the region has refused space for stall_ns.
+  bool Stalled() const {
+    return refused_since_ns_ != 0 && NowNs() - refused_since_ns_ >= stall_ns_;
+  }
+  // Forgets earlier refusals (nothing waits for space any more).
+  void ForgetRefusals() { refused_since_ns_ = 0; }
+
+  // Bytes between tail and head (including padding; not chunks set aside).
+  uint64_t used() const { return head_ - tail_; }
+  bool empty() const { return head_ == tail_ && set_aside_.empty(); }
+
+  void Reclaim() {
+    while (!chunks_.empty()) {
+      const Chunk& c = chunks_.front();
+      if (!c.is_padding && !Released(tail_ % region_bytes_)) return;
+      tail_ += c.bytes;
+      chunks_.pop_front();
+    }
+  }
+
+ private:
+  struct Chunk {
+    uint64_t bytes;
+    bool is_padding;
+  };
+  static constexpr int kMaxStepsPerCall = 256;
+  static uint64_t RoundUp(uint64_t n) {
+    return (n + kCacheLine - 1) / kCacheLine * kCacheLine;
+  }
+  static uint64_t NowNs() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  // Allocate's search for `need` bytes; with `set_aside`, unreleased chunks
+  // at the tail are set aside when they are in the way.
+  std::optional<uint64_t> Place(uint64_t need, bool set_aside) {
     Reclaim();
     uint64_t skipped = 0;  // padding laid in this call: at most one lap
     // Each step (a chunk set aside, a skip) persists, so a call may stop
@@ -120,29 +174,6 @@ class SendArena {
       return payload_offset;
     }
     return std::nullopt;
-  }
-
-  // Bytes between tail and head (including padding; not chunks set aside).
-  uint64_t used() const { return head_ - tail_; }
-  bool empty() const { return head_ == tail_ && set_aside_.empty(); }
-
-  void Reclaim() {
-    while (!chunks_.empty()) {
-      const Chunk& c = chunks_.front();
-      if (!c.is_padding && !Released(tail_ % region_bytes_)) return;
-      tail_ += c.bytes;
-      chunks_.pop_front();
-    }
-  }
-
- private:
-  struct Chunk {
-    uint64_t bytes;
-    bool is_padding;
-  };
-  static constexpr int kMaxStepsPerCall = 256;
-  static uint64_t RoundUp(uint64_t n) {
-    return (n + kCacheLine - 1) / kCacheLine * kCacheLine;
   }
 
   bool Released(uint64_t pos) const {
@@ -184,8 +215,10 @@ class SendArena {
   uint8_t* base_ = nullptr;
   uint64_t region_offset_ = 0;
   uint64_t region_bytes_ = 0;
+  uint64_t stall_ns_ = kPoolStallNs;
   uint64_t head_ = 0;  // free-running byte counters
   uint64_t tail_ = 0;
+  uint64_t refused_since_ns_ = 0;  // first refusal since the last success
   std::deque<Chunk> chunks_;
   std::map<uint64_t, uint64_t> set_aside_;  // region offset -> bytes
 };

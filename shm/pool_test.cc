@@ -14,7 +14,8 @@ class SendArenaTest : public ::testing::Test {
   static constexpr uint64_t kRegionBytes = 4096;
   std::vector<uint8_t> pool_ =
       std::vector<uint8_t>(kRegionOffset + kRegionBytes + 4096);
-  SendArena arena_{pool_.data(), kRegionOffset, kRegionBytes};
+  // Stalled from the second refusal on (kPoolStallNs of waiting in use).
+  SendArena arena_{pool_.data(), kRegionOffset, kRegionBytes, /*stall_ns=*/0};
 };
 
 TEST_F(SendArenaTest, AllocatesInsideItsRegionAfterAHeader) {
@@ -76,9 +77,9 @@ TEST_F(SendArenaTest, AChunkNeverReleasedIsSetAsideOnlyWhenAsked) {
     auto off = arena_.Allocate(700);
     if (!off) {
       // The ring came round to the pinned chunk: plain back-pressure,
-      // until the caller has waited long enough and asks to set it aside.
+      // until the region has refused long enough and sets it aside.
       refused++;
-      off = arena_.Allocate(700, /*set_aside=*/true);
+      off = arena_.Allocate(700);
     }
     ASSERT_TRUE(off.has_value()) << round;
     const uint64_t begin = *off - kChunkHeaderBytes;
@@ -98,21 +99,22 @@ TEST_F(SendArenaTest, RefusesWhenEveryChunkIsHeld) {
   std::vector<uint64_t> offs;
   while (auto off = arena_.Allocate(448)) offs.push_back(*off);
   EXPECT_EQ(offs.size(), kRegionBytes / 512);
-  // All set aside, none free.
-  EXPECT_FALSE(arena_.Allocate(1, /*set_aside=*/true).has_value());
+  // Refused, then (stalled) all set aside, none free.
+  EXPECT_FALSE(arena_.Allocate(1).has_value());
+  EXPECT_FALSE(arena_.Allocate(1).has_value());
   ReleaseChunk(pool_.data(), offs[5]);  // one in the middle
-  auto again = arena_.Allocate(448, /*set_aside=*/true);
+  auto again = arena_.Allocate(448);
   ASSERT_TRUE(again.has_value());
   EXPECT_EQ(*again, offs[5]);
-  EXPECT_FALSE(arena_.Allocate(1, /*set_aside=*/true).has_value());
+  EXPECT_FALSE(arena_.Allocate(1).has_value());
   for (uint64_t off : offs) ReleaseChunk(pool_.data(), off);
   ReleaseChunk(pool_.data(), *again);
   EXPECT_TRUE(arena_.Allocate(arena_.MaxPayload()).has_value());
 }
 
-// Random traffic in which some chunks stay unreleased for long and the
-// caller sometimes asks for set-aside: live chunks never overlap, never
-// leave the region, and once everything is released the whole region is
+// Random traffic in which some chunks stay unreleased for long, in a region
+// that sets chunks aside from its second refusal: live chunks never overlap,
+// never leave the region, and once everything is released the whole region is
 // allocatable again.
 TEST_F(SendArenaTest, RandomTrafficKeepsLiveChunksApart) {
   std::mt19937 rng(7);
@@ -124,7 +126,7 @@ TEST_F(SendArenaTest, RandomTrafficKeepsLiveChunksApart) {
   int allocated = 0;
   for (int step = 0; step < 20000; step++) {
     const uint64_t bytes = 1 + rng() % 900;
-    if (auto off = arena_.Allocate(bytes, rng() % 2 == 0)) {
+    if (auto off = arena_.Allocate(bytes)) {
       allocated++;
       const uint64_t begin = *off - kChunkHeaderBytes;
       const uint64_t end = begin + SendArena::Footprint(bytes);
@@ -156,7 +158,7 @@ TEST_F(SendArenaTest, RandomTrafficKeepsLiveChunksApart) {
 TEST(SendArenaLargeTest, ManyChunksSetAsideCostABoundedEffortPerCall) {
   constexpr uint64_t kRegion = 1 << 20, kChunks = kRegion / 128;
   std::vector<uint8_t> pool(kRegion + 4096);
-  SendArena arena(pool.data(), 4096, kRegion);
+  SendArena arena(pool.data(), 4096, kRegion, /*stall_ns=*/0);
   std::vector<uint64_t> offs;
   for (uint64_t i = 0; i < kChunks; i++) {
     auto off = arena.Allocate(1);  // 128 bytes with its header
@@ -166,11 +168,12 @@ TEST(SendArenaLargeTest, ManyChunksSetAsideCostABoundedEffortPerCall) {
   // The first half stays unreceived; the second half drains.
   for (uint64_t i = kChunks / 2; i < kChunks; i++)
     ReleaseChunk(pool.data(), offs[i]);
-  int calls = 1;
-  auto off = arena.Allocate(1000, /*set_aside=*/true);
+  int calls = 2;
+  EXPECT_FALSE(arena.Allocate(1000).has_value());  // refused: stalled now
+  auto off = arena.Allocate(1000);
   EXPECT_FALSE(off.has_value());  // 4096 chunks to set aside: not in one go
   while (!off && calls < 100) {
-    off = arena.Allocate(1000, /*set_aside=*/true);
+    off = arena.Allocate(1000);
     calls++;
   }
   ASSERT_TRUE(off.has_value());
