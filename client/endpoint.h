@@ -19,8 +19,10 @@
 //      cancel behind it (invariant 1), possibly for good. Their completions
 //      may find the ring full; they then wait in psmd's overflow queue
 //      (bounded by the receives and sends psmd already holds) until we reap.
-//   3. A request is referred to on the wire by a token (slot index and
-//      generation); a completion whose token is stale is ignored.
+//   3. A request is referred to on the wire by a token (slot index and the
+//      generation's low 31 bits, so a token stays below 2^63: psmd names
+//      requests of its own above, daemon/remote.h); a completion whose token
+//      is stale is ignored.
 //   4. A non-sync send to the endpoint itself completes for test and wait
 //      without a receive, but joins the ipeek list only when a receive
 //      matched it (psmd's kSendDone for the eager message or kRndvGo for the
@@ -167,9 +169,12 @@ inline constexpr uint32_t kNoSlot = 0xffffffffu;
 // copy-out).
 inline constexpr uint32_t kRndvChunkBytes = 256u << 10;
 
+// The generation bits a token carries (invariant 3).
+inline constexpr uint32_t kTokenGenerationMask = 0x7fffffffu;
+
 // The wire name of a request (invariant 3).
 inline uint64_t TokenOf(const psm2_mq_req* r) {
-  return (uint64_t{r->generation} << 32) | r->index;
+  return (uint64_t{r->generation & kTokenGenerationMask} << 32) | r->index;
 }
 
 }  // namespace psmd::client

@@ -90,14 +90,18 @@ bool Publisher::TryPublish(Deferred& d,
 }
 
 bool Publisher::PlacePayload(Deferred& d) {
-  auto off = arena_.Allocate(d.desc.len);
-  if (!off) {
-    // Back-pressure: receivers have not drained yet. In a stalled region it
-    // may be a message nobody receives before our later ones: an eager send
-    // then waits in the application's buffer instead (rendezvous).
-    return arena_.Stalled() && d.desc.op == shm::SubmitOp::kSend &&
-           to_rendezvous_(d);
+  const bool eager = d.desc.op == shm::SubmitOp::kSend;
+  auto off = arena_.Allocate(
+      d.desc.len, eager ? shm::ChunkUse::kMayLinger : shm::ChunkUse::kBrief);
+  if (!off && eager && (arena_.ShareFull(d.desc.len) || arena_.Stalled())) {
+    // Eager payloads hold their share of the region, or it is stalled
+    // (receivers have not drained: perhaps a message nobody receives
+    // before our later ones). An eager send then waits in the application's
+    // buffer instead (rendezvous); one that cannot still takes any room.
+    if (to_rendezvous_(d)) return true;
+    off = arena_.Allocate(d.desc.len, shm::ChunkUse::kMayLingerPastShare);
   }
+  if (!off) return false;  // back-pressure: receivers have not drained yet
   pool_pages_->Prepare(*off - shm::kChunkHeaderBytes,
                        d.desc.len + shm::kChunkHeaderBytes);
   // (memcpy's pointers must not be null even for 0 bytes: AM arguments

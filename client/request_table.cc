@@ -38,7 +38,7 @@ psm2_mq_req* RequestTable::Lookup(uint64_t token) const {
   const uint32_t generation = static_cast<uint32_t>(token >> 32);
   if (index >= requests_.size()) return nullptr;
   psm2_mq_req* r = requests_[index].get();
-  return r->generation == generation ? r : nullptr;
+  return (r->generation & kTokenGenerationMask) == generation ? r : nullptr;
 }
 
 }  // namespace psmd::client

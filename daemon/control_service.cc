@@ -196,6 +196,8 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
     row->set_refused(r.refused);
     row->set_parked(r.parked);
     row->set_xoffs(r.xoffs);
+    row->set_kept(r.kept);
+    row->set_eager_offs(r.eager_offs);
     row->set_node(static_cast<uint32_t>(p.node));
     row->set_frames_sent(p.frames_sent);
     row->set_bytes_sent(p.bytes_sent);

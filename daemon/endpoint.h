@@ -75,6 +75,9 @@ struct PostedRecv {
 
 // A message waiting in the unexpected queue (or claimed by a matched probe).
 struct UnexpectedMsg {
+  // The sending endpoint's id; for a sender on another node (remote_src),
+  // 0, or the id of its payload this daemon keeps (a rendezvous whose
+  // sender is psmd, daemon/remote.h back-pressure 2).
   uint32_t sender_id;
   uint8_t flags;    // shm::SubmitFlags of the send
   bool rendezvous;  // a request-to-send: the payload is still with the sender
@@ -88,8 +91,8 @@ struct UnexpectedMsg {
                            // address in the sender (else 0)
   };
   uint8_t inline_data[shm::kInlineMax];
-  // Non-zero: the sender is this epid on another node (sender_id is 0);
-  // the payload, if any, is in the receiver's job inbox (daemon/remote.h).
+  // Non-zero: the sender is this epid on another node; an eager payload is
+  // in the receiver's job inbox (daemon/remote.h).
   uint64_t remote_src;
 
   // What it is charged against the receiver's unexpected budget.

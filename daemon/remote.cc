@@ -82,6 +82,28 @@ struct Remote::Pending {
   uint64_t chunk = 0;  // inbox offset the payload lands at
   bool matched = false;
   PostedRecv recv{};
+  // The payload is kept in daemon memory (remote.h, back-pressure 2).
+  bool keep = false;
+  std::vector<uint8_t> kept;
+};
+
+// A payload kept in daemon memory for an unexpected message (remote.h,
+// back-pressure 2), until its receive matches it or it is discarded.
+struct Remote::Kept {
+  hw::FrameFields f;  // of its envelope: sender, receiver, uid, job
+  std::vector<uint8_t> bytes;
+  uint64_t charged = 0;  // counted in Peer::parked_bytes
+  bool waiting = false;  // unexpected: counted in Peer::kept_waiting
+};
+
+// An eager send to an endpoint that was off, sent as a rendezvous: its
+// payload frame, from the sender's pool chunk, waits for the kRndvGo.
+struct Remote::Converted {
+  uint16_t node = 0;
+  uint32_t sender = 0;  // endpoint id
+  uint64_t req = 0;     // the sender's request (a sync send waits on it)
+  bool sync = false;
+  std::unique_ptr<OutFrame> payload;
 };
 
 // A frame parked for its receiving endpoint (remote.h, back-pressure 1).
@@ -136,10 +158,25 @@ struct Remote::Peer {
   bool park_payload = false;  // the payload being read is parked.back()'s
   bool park_chunk = false;    // so is the chunk being read
   bool park_full_logged = false;
+  // Payloads kept for unexpected messages, by id (UnexpectedMsg::sender_id),
+  // how many of them wait for a receive per receiving epid, and the matched
+  // ones waiting for inbox space, as (transfer, bytes) in match order.
+  std::unordered_map<uint32_t, Kept> kept;
+  std::unordered_map<uint64_t, uint32_t> kept_waiting;
+  std::deque<std::pair<uint64_t, std::vector<uint8_t>>> kept_chunks;
+  uint32_t NextKeptId(uint32_t* next) {  // an id no kept payload has
+    do {
+      *next = *next + 1 == 0 ? 1 : *next + 1;
+    } while (kept.count(*next) != 0);
+    return *next;
+  }
   // Sending: that node's endpoints that are off (kXoff), and the frames to
   // them set aside meanwhile, in queue order.
   std::set<uint64_t> off;
   std::unordered_map<uint64_t, std::deque<std::unique_ptr<OutFrame>>> deferred;
+  // Its endpoints that take eager MQ messages as envelopes only
+  // (kEagerOff): such a send goes as a rendezvous (Converted).
+  std::set<uint64_t> eager_off;
   bool defer_payload = false;  // the next kPayload's envelope was set aside
 };
 
@@ -236,6 +273,7 @@ Remote::~Remote() {
   // The fabric goes first (no more events), then the chunks still lent.
   fabric_.reset();
   for (auto& [cookie, f] : in_flight_) f->ReleaseChunk();
+  for (auto& [id, c] : converted_) c.payload->ReleaseChunk();
   for (auto& [node, p] : peers_) {
     for (auto& f : p->queue) f->ReleaseChunk();
     for (auto& [dst, frames] : p->deferred) {
@@ -288,7 +326,6 @@ Remote::Peer* Remote::PeerOfConn(hw::ConnId conn) {
 
 void Remote::Enqueue(Peer& p, std::unique_ptr<OutFrame> f) {
   f->node = p.node;
-  f->iov[0] = iovec{};
   p.queue.push_back(std::move(f));
   Flush(p);
 }
@@ -356,9 +393,7 @@ void Remote::SendEnvelope(Peer& p, uint16_t op, const Endpoint& from,
     f->iov[1] = {f->inline_data, inline_len};
     f->iovcnt = 2;
   }
-  p.queue.push_back(std::move(f));
-  p.queue.back()->node = p.node;
-  Flush(p);
+  Enqueue(p, std::move(f));
 }
 
 void Remote::SendControl(uint16_t node, uint16_t op, uint64_t src, uint64_t dst,
@@ -376,9 +411,7 @@ void Remote::SendControl(uint16_t node, uint16_t op, uint64_t src, uint64_t dst,
   f->wire.error = error;
   f->iov[0] = {&f->wire, sizeof(Wire)};
   f->iovcnt = 1;
-  p->queue.push_back(std::move(f));
-  p->queue.back()->node = node;
-  Flush(*p);
+  Enqueue(*p, std::move(f));
 }
 
 std::string Remote::NodeName(uint16_t node) const {
@@ -446,11 +479,17 @@ bool Remote::Send(Endpoint& sender, const shm::SubmissionDesc& d,
   w.len = d.len;
   w.flags = d.flags | (rndv ? kWireFlagRndv : 0);
   const bool inl = !rndv && shm::IsInline(d.len);
-  SendEnvelope(*p, kEnvelope, sender, dst, d.req, w,
-               inl ? d.body.inline_data : nullptr, inl ? d.len : 0);
+  std::unique_ptr<OutFrame> frame;
+  uint64_t aux = d.req;
   if (!rndv && !inl) {
-    SendPayload(*p, sender, dst, d.req, &payload, d.len);
+    frame = PayloadFrame(sender, dst, d.req, &payload, d.len);
+    if (p->eager_off.count(dst) != 0) {
+      aux = Convert(*p, sender.id, d.req, &w, std::move(frame));
+    }
   }
+  SendEnvelope(*p, kEnvelope, sender, dst, aux, w,
+               inl ? d.body.inline_data : nullptr, inl ? d.len : 0);
+  if (frame) Enqueue(*p, std::move(frame));
   if (rndv || (d.flags & shm::kSendSync))
     p->awaiting.insert({sender.id, d.req});
   sender.counters.msgs_sent.Add(1);
@@ -488,7 +527,7 @@ bool Remote::AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
   SendEnvelope(*p, kAmRequest, sender, dst, d.req, w,
                inl ? d.body.inline_data : nullptr, inl ? d.len : 0);
   if (!inl) {
-    SendPayload(*p, sender, dst, d.req, &payload, d.len);
+    Enqueue(*p, PayloadFrame(sender, dst, d.req, &payload, d.len));
   }
   if (d.flags & shm::kAmWantsAck) p->awaiting.insert({sender.id, d.req});
   sender.counters.am_requests_sent.Add(1);
@@ -521,15 +560,15 @@ void Remote::AmReplyOrAck(Endpoint& sender, const shm::SubmissionDesc& d) {
   SendEnvelope(*p, kAmReply, sender, dst, d.req, w,
                inl ? d.body.inline_data : nullptr, inl ? d.len : 0);
   if (!inl) {
-    SendPayload(*p, sender, dst, d.req, &payload, d.len);
+    Enqueue(*p, PayloadFrame(sender, dst, d.req, &payload, d.len));
   }
   if (d.flags & shm::kAmWantsAck) p->awaiting.insert({sender.id, d.req});
   sender.counters.am_replies_sent.Add(1);
 }
 
-void Remote::SendPayload(Peer& p, const Endpoint& sender, uint64_t dst,
-                         uint64_t req, shm::PoolPayload* payload,
-                         uint32_t len) {
+std::unique_ptr<Remote::OutFrame> Remote::PayloadFrame(
+    const Endpoint& sender, uint64_t dst, uint64_t req,
+    shm::PoolPayload* payload, uint32_t len) {
   auto f = std::make_unique<OutFrame>();
   f->f.op = kPayload;
   f->f.uid = sender.uid;
@@ -543,9 +582,84 @@ void Remote::SendPayload(Peer& p, const Endpoint& sender, uint64_t dst,
   PagesOf(sender.job).pages.Prepare(f->chunk_offset, len);
   f->iov[0] = {f->chunk_base + f->chunk_offset, len};
   f->iovcnt = 1;
-  p.queue.push_back(std::move(f));
-  p.queue.back()->node = p.node;
-  Flush(p);
+  return f;
+}
+
+uint64_t Remote::Convert(Peer& p, uint32_t sender, uint64_t req, Wire* w,
+                         std::unique_ptr<OutFrame> payload) {
+  const uint64_t id = kConvertedBit | next_converted_++;
+  w->flags |= kWireFlagRndv;
+  Converted& c = converted_[id];
+  c.node = p.node;
+  c.sender = sender;
+  c.req = req;
+  c.sync = (w->flags & shm::kSendSync) != 0;
+  c.payload = std::move(payload);
+  return id;
+}
+
+void Remote::ConvertQueued(Peer& p,
+                           std::deque<std::unique_ptr<OutFrame>>& queue,
+                           uint64_t dst) {
+  // An eager envelope's payload frame is right behind it; a payload at the
+  // front whose envelope is already on the wire stays.
+  std::deque<std::unique_ptr<OutFrame>> out;
+  for (size_t i = 0; i < queue.size(); i++) {
+    OutFrame& env = *queue[i];
+    if (env.f.op == kEnvelope && env.f.dst == dst && i + 1 < queue.size() &&
+        queue[i + 1]->f.op == kPayload) {
+      env.f.aux = Convert(p, shm::EndpointIdOf(env.f.src), env.f.aux, &env.wire,
+                          std::move(queue[i + 1]));
+      out.push_back(std::move(queue[i]));
+      i++;
+      continue;
+    }
+    out.push_back(std::move(queue[i]));
+  }
+  queue.swap(out);
+}
+
+void Remote::OnConverted(Peer& p, uint16_t op, Endpoint& t, const Wire& w) {
+  const hw::FrameFields& f = p.f;
+  auto it = converted_.find(f.aux);
+  if (it == converted_.end() || it->second.node != p.node ||
+      it->second.sender != t.id) {
+    // Not ours (a client's token never has the bit): a receiver waiting
+    // for data learns there is none.
+    if (op == kRndvGo && w.len > 0) {
+      SendControl(p.node, kAbort, f.dst, f.src, f, w.x, PSM2_EPID_UNREACHABLE);
+    }
+    return;
+  }
+  Converted c = std::move(it->second);
+  converted_.erase(it);
+  std::unique_ptr<OutFrame> frame = std::move(c.payload);
+  const uint32_t len = static_cast<uint32_t>(frame->iov[0].iov_len);
+  if (op == kRndvGo && w.len > 0 && w.len <= len) {
+    // The payload goes as the transfer's one chunk, from the same pool
+    // chunk the eager send placed it in.
+    frame->f.op = kRndvData;
+    frame->f.aux = w.x;
+    frame->f.offset = 0;
+    frame->iov[0].iov_len = w.len;
+    Enqueue(p, std::move(frame));
+  } else {
+    if (op == kRndvGo && w.len > len) {
+      SendControl(p.node, kAbort, f.dst, f.src, f, w.x, PSM2_EPID_UNREACHABLE);
+    }
+    frame->ReleaseChunk();
+  }
+  if (!c.sync) return;  // its sender saw it complete when it was sent
+  p.awaiting.erase({t.id, c.req});
+  if (op == kError) {
+    engine_->PostError(t, c.req, w.error);
+    return;
+  }
+  shm::CompletionDesc done{};
+  done.op = shm::CompleteOp::kSendDone;
+  done.req = c.req;
+  done.error = PSM2_OK;
+  engine_->Post(t, done);
 }
 
 bool Remote::RndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
@@ -574,9 +688,7 @@ bool Remote::RndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
     PagesOf(sender.job).pages.Prepare(f->chunk_offset, d.len);
     f->iov[0] = {f->chunk_base + f->chunk_offset, d.len};
     f->iovcnt = 1;
-    p->queue.push_back(std::move(f));
-    p->queue.back()->node = p->node;
-    Flush(*p);
+    Enqueue(*p, std::move(f));
   }
   if (t.forwarded == t.send_bytes) out_transfers_.erase(it);
   return true;
@@ -584,6 +696,10 @@ bool Remote::RndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
 
 void Remote::CompleteSync(const Endpoint& receiver, const UnexpectedMsg& m,
                           int32_t error) {
+  if (m.sender_id != 0) {  // a kept payload: its sender is waiting only
+    TakeKept(m, nullptr);  // if it sent a sync message
+    if (!(m.flags & shm::kSendSync)) return;
+  }
   hw::FrameFields about;
   about.uid = receiver.uid;
   std::memcpy(about.job, receiver.job->key().uuid.data(), 16);
@@ -593,6 +709,10 @@ void Remote::CompleteSync(const Endpoint& receiver, const UnexpectedMsg& m,
 
 void Remote::StartTransfer(Endpoint& receiver, uint64_t recv_req,
                            uint32_t send_bytes, const UnexpectedMsg& m) {
+  if (m.sender_id != 0) {
+    DeliverKept(receiver, recv_req, send_bytes, m);
+    return;
+  }
   const uint16_t node = shm::NodeIdOf(m.remote_src);
   Peer* p = PeerOf(node);
   if (p == nullptr) {
@@ -613,11 +733,65 @@ void Remote::StartTransfer(Endpoint& receiver, uint64_t recv_req,
                0);
 }
 
+bool Remote::TakeKept(const UnexpectedMsg& m, std::vector<uint8_t>* bytes) {
+  Peer* p = PeerOf(shm::NodeIdOf(m.remote_src));
+  if (p == nullptr) return false;
+  auto it = p->kept.find(m.sender_id);
+  if (it == p->kept.end() || it->second.f.src != m.remote_src) return false;
+  Kept k = std::move(it->second);
+  p->kept.erase(it);
+  p->parked_bytes -= k.charged;
+  if (bytes != nullptr) *bytes = std::move(k.bytes);
+  if (k.waiting) {
+    auto waiting = p->kept_waiting.find(k.f.dst);
+    if (--waiting->second == 0) {
+      p->kept_waiting.erase(waiting);
+      SendControl(p->node, kEagerOn, k.f.dst, 0, k.f, 0, PSM2_OK);
+    }
+  }
+  return true;
+}
+
+void Remote::DeliverKept(Endpoint& receiver, uint64_t recv_req,
+                         uint32_t send_bytes, const UnexpectedMsg& m) {
+  std::vector<uint8_t> bytes;
+  if (!TakeKept(m, &bytes)) {  // gone with its connection
+    if (send_bytes > 0) {
+      engine_->PostError(receiver, recv_req, PSM2_EPID_UNREACHABLE);
+    }
+    return;
+  }
+  if (m.flags & shm::kSendSync) CompleteSync(receiver, m, PSM2_OK);
+  if (send_bytes == 0) return;
+  Peer& p = *PeerOf(shm::NodeIdOf(m.remote_src));
+  const uint64_t id = next_in_transfer_++;
+  in_transfers_[id] = std::make_unique<InTransfer>(
+      InTransfer{p.node, receiver.id, recv_req, m.remote_src, send_bytes, 0,
+                 m.sender_req, send_bytes});
+  bytes.resize(send_bytes);
+  p.parked_bytes += bytes.size();
+  p.kept_chunks.emplace_back(id, std::move(bytes));
+  DeliverKeptChunks(p);
+}
+
+bool Remote::DeliverKeptChunks(Peer& p) {
+  bool did = false;
+  while (!p.kept_chunks.empty() && DeliverChunk(p.kept_chunks.front().first,
+                                                p.kept_chunks.front().second)) {
+    p.parked_bytes -= p.kept_chunks.front().second.size();
+    p.kept_chunks.pop_front();
+    did = true;
+  }
+  return did;
+}
+
 void Remote::EndpointRemoved(uint32_t id) {
   for (auto& [tid, t] : in_transfers_) {
     if (t->receiver != id) continue;
-    // Its chunks still come (and are dropped); the sender learns at once.
+    // Its chunks still come (and are dropped); the sender learns at once,
+    // unless nothing more comes (all read, or a payload kept here).
     t->receiver = 0;
+    if (t->accepted == t->send_bytes) continue;
     hw::FrameFields about;
     if (Endpoint* r = engine_->Find(id)) {
       about.uid = r->uid;
@@ -638,6 +812,14 @@ void Remote::EndpointRemoved(uint32_t id) {
                   t.remote_transfer, PSM2_EPID_UNREACHABLE);
     }
     it = out_transfers_.erase(it);
+  }
+  for (auto it = converted_.begin(); it != converted_.end();) {
+    if (it->second.sender != id) {
+      ++it;
+      continue;
+    }
+    it->second.payload->ReleaseChunk();  // its kRndvGo finds no sender
+    it = converted_.erase(it);
   }
   // Nodes that connected to it learn it is gone, after everything it sent
   // (one connection per node pair keeps the order).
@@ -691,6 +873,8 @@ std::vector<Remote::PeerRow> Remote::Stats() const {
       row.refused = count(refused_by_node_);
       row.parked = count(parked_by_node_);
       row.xoffs = count(xoffs_by_node_);
+      row.kept = count(kept_by_node_);
+      row.eager_offs = count(eager_offs_by_node_);
     }
     rows.push_back(row);
   }
@@ -726,10 +910,11 @@ Remote::JobPages& Remote::PagesOf(const std::shared_ptr<Job>& job) {
   return *fresh;
 }
 
-bool Remote::AllocInbox(Endpoint& ep, uint32_t bytes, uint64_t* offset) {
+bool Remote::AllocInbox(Endpoint& ep, uint32_t bytes, uint64_t* offset,
+                        shm::ChunkUse use) {
   JobPages& job = PagesOf(ep.job);
   if (!job.inbox || bytes > job.inbox->MaxPayload()) return false;
-  auto got = job.inbox->Allocate(bytes);
+  auto got = job.inbox->Allocate(bytes, use);
   if (!got) return false;
   job.pages.Prepare(*got - shm::kChunkHeaderBytes,
                     uint64_t{bytes} + shm::kChunkHeaderBytes);
@@ -794,6 +979,9 @@ void Remote::OnHeader(Peer& p, const hw::Event& e) {
       std::vector<uint8_t>& to = p.parked[p.pending.f.dst].back().payload;
       to.resize(e.length);
       iov = {to.data(), e.length};
+    } else if (p.pending.keep) {
+      p.pending.kept.resize(e.length);
+      iov = {p.pending.kept.data(), e.length};
     } else if (p.pending.receiver != 0) {
       iov = {p.pending.job->pool().base() + p.pending.chunk, e.length};
     } else {
@@ -902,7 +1090,7 @@ void Remote::OnPayload(Peer& p) {
   p.expect_payload = false;
   Endpoint* r = q.receiver == 0 ? nullptr : engine_->Find(q.receiver);
   if (r == nullptr || r->job != q.job) {
-    if (q.job) shm::ReleaseChunk(q.job->pool().base(), q.chunk);
+    if (q.job && !q.keep) shm::ReleaseChunk(q.job->pool().base(), q.chunk);
     if (q.op == kEnvelope && (q.wire.flags & shm::kSendSync) &&
         q.receiver != 0) {
       SendControl(p.node, kError, q.f.dst, q.f.src, q.f, q.f.aux,
@@ -915,6 +1103,18 @@ void Remote::OnPayload(Peer& p) {
     m.sender_req = q.f.aux;
     m.pool_offset = q.chunk;
     m.remote_src = q.f.src;
+    Kept* kept = nullptr;
+    if (q.keep) {  // a rendezvous from this daemon's memory
+      m.rendezvous = true;
+      m.pool_offset = 0;
+      m.sender_id = p.NextKeptId(&next_kept_);
+      kept = &p.kept[m.sender_id];
+      kept->f = q.f;
+      kept->bytes = std::move(q.kept);
+      kept->charged = sizeof(Kept) + kept->bytes.size();
+      p.parked_bytes += kept->charged;
+      kept_by_node_[p.node]++;
+    }
     const MsgKey key = KeyOf(q.f.src, q.wire.tag);
     if (q.matched) {
       engine_->Deliver(*r, q.recv.req, q.recv.capacity, key, m, false);
@@ -925,6 +1125,12 @@ void Remote::OnPayload(Peer& p) {
       r->counters.unexpected_bytes.Add(m.len);
       engine_->Charge(*r, m);
       r->unexpected.push(key, m);
+      if (kept != nullptr) {
+        kept->waiting = true;
+        if (p.kept_waiting[q.f.dst]++ == 0) {  // (takes uid and job of q.f)
+          SendControl(p.node, kEagerOff, q.f.dst, 0, q.f, 0, PSM2_OK);
+        }
+      }
     }
   } else {  // kAmRequest, kAmReply
     shm::CompletionDesc c{};
@@ -1034,22 +1240,20 @@ bool Remote::Park(Peer& p, bool chunk) {
       p.park_payload = true;
     }
   }
-  if (first) {
-    hw::FrameFields about;
-    about.uid = f.uid;
-    std::memcpy(about.job, f.job, 16);
-    SendControl(p.node, kXoff, f.dst, 0, about, 0, PSM2_OK);
-  }
+  if (first) SendControl(p.node, kXoff, f.dst, 0, f, 0, PSM2_OK);
   return true;
 }
 
 bool Remote::RetryParked(Peer& p) {
-  if (p.parked.empty() && p.gone_after.empty()) return false;
+  // Matched kept payloads first: nothing received before them on the
+  // connection waits for them.
+  const bool moved = DeliverKeptChunks(p);
+  if (p.parked.empty() && p.gone_after.empty()) return moved;
   // Only between frames: a payload or chunk being read owns p.pending or
   // p.chunk_*. A paused frame's state is kept aside meanwhile.
   if (p.expect_payload || p.dropped ||
       (p.rx != Peer::Rx::kHeader && p.rx != Peer::Rx::kPaused)) {
-    return false;
+    return moved;
   }
   const hw::FrameFields f = p.f;
   const uint32_t length = p.length;
@@ -1093,27 +1297,30 @@ bool Remote::RetryParked(Peer& p) {
   p.has_held = has_held;
   p.held_receiver = held_receiver;
   p.held_recv = held_recv;
-  return did;
+  return did || moved;
+}
+
+bool Remote::DeliverChunk(uint64_t transfer_id,
+                          const std::vector<uint8_t>& bytes) {
+  const uint32_t len = static_cast<uint32_t>(bytes.size());
+  auto it = in_transfers_.find(transfer_id);
+  Endpoint* r = it == in_transfers_.end() || it->second->receiver == 0
+                    ? nullptr
+                    : engine_->Find(it->second->receiver);
+  if (r == nullptr) {
+    OnChunk(transfer_id, nullptr, 0, len);  // its receiver left: dropped
+    return true;
+  }
+  uint64_t chunk = 0;
+  if (!AllocInbox(*r, len, &chunk)) return false;
+  std::memcpy(r->job->pool().base() + chunk, bytes.data(), len);
+  OnChunk(transfer_id, r->job, chunk, len);
+  return true;
 }
 
 bool Remote::Deliver(Peer& p, Parked& e) {
   p.f = e.f;
-  if (e.chunk) {
-    const uint32_t len = static_cast<uint32_t>(e.payload.size());
-    auto it = in_transfers_.find(e.f.aux);
-    Endpoint* r = it == in_transfers_.end() || it->second->receiver == 0
-                      ? nullptr
-                      : engine_->Find(it->second->receiver);
-    if (r == nullptr) {
-      OnChunk(e.f.aux, nullptr, 0, len);  // its receiver left: dropped
-      return true;
-    }
-    uint64_t chunk = 0;
-    if (!AllocInbox(*r, len, &chunk)) return false;
-    std::memcpy(r->job->pool().base() + chunk, e.payload.data(), len);
-    OnChunk(e.f.aux, r->job, chunk, len);
-    return true;
-  }
+  if (e.chunk) return DeliverChunk(e.f.aux, e.payload);
   p.length = static_cast<uint32_t>(e.env.size());
   std::memcpy(p.env, e.env.data(), e.env.size());
   p.has_held = e.has_held;
@@ -1126,7 +1333,10 @@ bool Remote::Deliver(Peer& p, Parked& e) {
     return false;
   }
   if (p.expect_payload) {  // its payload is e.payload
-    if (p.pending.receiver != 0 && e.payload.size() == p.pending.wire.len) {
+    if (p.pending.keep) {
+      p.pending.kept = std::move(e.payload);
+    } else if (p.pending.receiver != 0 &&
+               e.payload.size() == p.pending.wire.len) {
       std::memcpy(p.pending.job->pool().base() + p.pending.chunk,
                   e.payload.data(), e.payload.size());
     }
@@ -1167,6 +1377,10 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
     case kError: {
       Endpoint* t = Target(f);
       if (t == nullptr) return Verdict::kDone;  // the sender is gone
+      if (f.aux & kConvertedBit) {
+        OnConverted(p, f.op, *t, w);
+        return Verdict::kDone;
+      }
       p.awaiting.erase({t->id, f.aux});
       if (f.op == kError) {
         // A rendezvous send streaming to a receiver that left: its chunks
@@ -1198,6 +1412,10 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
         }
         return Verdict::kDone;
       }
+      if (f.aux & kConvertedBit) {
+        OnConverted(p, f.op, *t, w);
+        return Verdict::kDone;
+      }
       p.awaiting.erase({t->id, f.aux});
       shm::CompletionDesc go{};
       go.op = shm::CompleteOp::kRndvGo;
@@ -1220,9 +1438,27 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
     case kPing:
       return Verdict::kDone;
     case kXoff:
-    case kXon: {
+    case kXon:
+    case kEagerOff:
+    case kEagerOn: {
       // Only a node's own endpoints: a node cannot switch off another's.
       if (shm::NodeIdOf(f.src) != p.node) return Verdict::kDone;
+      if (f.op == kEagerOff) {
+        eager_offs_by_node_[p.node]++;
+        p.eager_off.insert(f.src);
+        // Its queued eager envelopes (those set aside too) go as
+        // rendezvous ones.
+        ConvertQueued(p, p.queue, f.src);
+        if (auto set_aside = p.deferred.find(f.src);
+            set_aside != p.deferred.end()) {
+          ConvertQueued(p, set_aside->second, f.src);
+        }
+        return Verdict::kDone;
+      }
+      if (f.op == kEagerOn) {
+        p.eager_off.erase(f.src);
+        return Verdict::kDone;
+      }
       if (f.op == kXoff) {
         xoffs_by_node_[p.node]++;
         p.off.insert(f.src);
@@ -1386,7 +1622,16 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
     }
   }
   if (!p.has_held && over_budget()) return Verdict::kPause;
-  if (!AllocInbox(*r, w.len, &q.chunk)) return Verdict::kPause;
+  // A message that may stay unexpected takes at most half the inbox; the
+  // rest is for the ones receives wait for (remote.h, back-pressure 2).
+  if (!AllocInbox(
+          *r, w.len, &q.chunk,
+          p.has_held ? shm::ChunkUse::kBrief : shm::ChunkUse::kMayLinger)) {
+    if (p.parked_bytes + sizeof(Kept) + w.len > kParkMax) {
+      return Verdict::kPause;
+    }
+    q.keep = true;
+  }
   q.matched = p.has_held;
   q.recv = p.held_recv;
   p.has_held = false;
@@ -1416,6 +1661,14 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
   for (auto& f : p->queue) f->ReleaseChunk();
   for (auto& [dst, frames] : p->deferred) {
     for (auto& f : frames) f->ReleaseChunk();
+  }
+  for (auto c = converted_.begin(); c != converted_.end();) {
+    if (c->second.node != node) {
+      ++c;
+      continue;
+    }
+    c->second.payload->ReleaseChunk();  // a sync one failed with awaiting
+    c = converted_.erase(c);
   }
   if (p->expect_payload && p->pending.job) {
     shm::ReleaseChunk(p->pending.job->pool().base(), p->pending.chunk);
@@ -1672,7 +1925,7 @@ void Remote::CheckLiveness() {
 int Remote::SleepLimitMs() {
   for (const auto& [node, p] : peers_) {
     if (p->rx == Peer::Rx::kPaused || !p->parked.empty() ||
-        !p->gone_after.empty()) {
+        !p->gone_after.empty() || !p->kept_chunks.empty()) {
       return 1;
     }
   }

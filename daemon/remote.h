@@ -17,21 +17,37 @@
 // Back-pressure, per receiving endpoint (one tenant's slow receiver must
 // not stall the others that share the connection):
 //   1. A message or chunk that finds its receiver over its unexpected
-//      budget, its target's completion overflow full, or its job's inbox
-//      full is *parked*: its envelope and payload are read into daemon
-//      memory, queued per receiving epid, and retried on every pass. Every
-//      later message or chunk for that epid parks behind it (per-flow
-//      order); a kGone waits for the parked frames of its endpoint.
+//      budget, its target's completion overflow full, or (a chunk or an
+//      active message) its job's inbox full is *parked*: its envelope and
+//      payload are read into daemon memory, queued per receiving epid, and
+//      retried on every pass. Every later message or chunk for that epid
+//      parks behind it (per-flow order); a kGone waits for the parked
+//      frames of its endpoint.
 //   2. The first frame parked for an epid sends kXoff(epid) to the sending
 //      node; the last one delivered sends kXon. While an epid is off, its
 //      node's daemon holds new sends and active-message requests to it (in
 //      the senders' held_sends, mq_engine.h invariant 4) and sets aside the
 //      queued frames for it (Peer::deferred), so what is parked is bounded
 //      by what was in flight when kXoff arrived.
-//   3. Parked bytes per connection are capped (kParkMax); past the cap the
-//      connection pauses as a whole (nothing more is read until the frame
-//      fits, TCP holds the sender back): the last resort against a peer
-//      that ignores kXoff, logged once.
+//   3. An eager MQ message that may stay unexpected gets at most half of
+//      its job's inbox (shm/pool.h, ChunkUse::kMayLinger), so that the
+//      messages and chunks receives wait for always find room. Past that
+//      share (or with the inbox full) its payload is *kept*: read into
+//      daemon memory, while its envelope enters the matcher at once as a
+//      rendezvous whose sender is this daemon (UnexpectedMsg::sender_id
+//      names the kept payload); when matched, the payload moves to the
+//      inbox as one rendezvous chunk. The first payload kept waiting for
+//      an epid sends kEagerOff(epid), the last one matched kEagerOn; in
+//      between the sending daemon sends eager MQ messages to it as
+//      envelopes only: rendezvous ones whose payload stays in the sender's
+//      pool chunk until the receiver asks (Converted), including the ones
+//      it had queued. So a message the receiver waits for never waits
+//      behind ones it has not asked for, and what is kept is bounded by
+//      what was in flight when kEagerOff arrived.
+//   4. Parked and kept bytes per connection are capped (kParkMax); past the
+//      cap the connection pauses as a whole (nothing more is read until the
+//      frame fits, TCP holds the sender back): the last resort against a
+//      peer that ignores kXoff or kEagerOff, logged once.
 // Frames to a node wait in a bounded per-node queue; a send to a node whose
 // queue is full is held likewise, so the worker never blocks and nothing is
 // dropped.
@@ -121,8 +137,10 @@ class Remote {
   struct PeerRow {
     hw::PeerStats fabric;
     uint64_t refused = 0;
-    uint64_t parked = 0;  // frames from that node parked here
-    uint64_t xoffs = 0;   // kXoff from that node
+    uint64_t parked = 0;      // frames from that node parked here
+    uint64_t xoffs = 0;       // kXoff from that node
+    uint64_t kept = 0;        // payloads from that node kept here
+    uint64_t eager_offs = 0;  // kEagerOff from that node
   };
   std::vector<PeerRow> Stats() const;
 
@@ -148,14 +166,16 @@ class Remote {
     kRndvData = 7,   // a chunk; aux: transfer, offset: where
     kAmRequest = 8,  // aux: request
     kAmReply = 9,
-    kAmAck = 10,  // aux: the request acknowledged, tag[0]: handler
-    kError = 11,  // dst's request `aux` failed with `error`
-    kAbort = 12,  // rendezvous transfer `aux` to dst ends: its sender left
-    kPing = 13,   // nothing: a heartbeat (liveness, see CheckLiveness)
-    kGone = 14,   // endpoint src (of the sending node) was removed
-    kXoff = 15,   // hold messages to endpoint src (of the sending node)
-    kXon = 16,    // send to src again
-    kLastOp = kXon,
+    kAmAck = 10,     // aux: the request acknowledged, tag[0]: handler
+    kError = 11,     // dst's request `aux` failed with `error`
+    kAbort = 12,     // rendezvous transfer `aux` to dst ends: its sender left
+    kPing = 13,      // nothing: a heartbeat (liveness, see CheckLiveness)
+    kGone = 14,      // endpoint src (of the sending node) was removed
+    kXoff = 15,      // hold messages to endpoint src (of the sending node)
+    kXon = 16,       // send to src again
+    kEagerOff = 17,  // eager MQ messages to src as envelopes only
+    kEagerOn = 18,   // eager MQ messages to src as before
+    kLastOp = kEagerOn,
   };
 
   // The envelope record (little-endian on the wire as the header is).
@@ -168,6 +188,10 @@ class Remote {
   };
   static_assert(sizeof(Wire) == 32);
   static constexpr uint32_t kWireFlagRndv = 1u << 31;
+  // In a request field (aux) on the wire: the sending daemon's id of a
+  // Converted send, not a client's request token (those stay below 2^63,
+  // client/endpoint.h).
+  static constexpr uint64_t kConvertedBit = 1ull << 63;
 
  private:
   struct OutFrame;
@@ -178,6 +202,8 @@ class Remote {
   struct JobPages;
   struct QueryState;
   struct Parked;
+  struct Kept;
+  struct Converted;
   enum class Verdict { kDone, kPause };
 
   Peer* PeerOf(uint16_t node);
@@ -187,10 +213,37 @@ class Remote {
   void SendEnvelope(Peer& p, uint16_t op, const Endpoint& from, uint64_t dst,
                     uint64_t aux, const Wire& w, const uint8_t* inline_data,
                     uint32_t inline_len);
-  // Queues the pool chunk `payload` (len bytes, now the frame's until its
-  // send completes) as the kPayload frame that follows an envelope.
-  void SendPayload(Peer& p, const Endpoint& sender, uint64_t dst, uint64_t req,
-                   shm::PoolPayload* payload, uint32_t len);
+  // The kPayload frame that follows an envelope: it sends the pool chunk
+  // `payload` (len bytes, now the frame's until its send completes).
+  std::unique_ptr<OutFrame> PayloadFrame(const Endpoint& sender, uint64_t dst,
+                                         uint64_t req,
+                                         shm::PoolPayload* payload,
+                                         uint32_t len);
+  // Makes the envelope `w` of an eager MQ send of `sender` (its request
+  // `req`) to an endpoint that is off a rendezvous one; its payload frame
+  // waits in converted_ for kRndvGo. Returns the id the envelope's aux
+  // carries instead of req.
+  uint64_t Convert(Peer& p, uint32_t sender, uint64_t req, Wire* w,
+                   std::unique_ptr<OutFrame> payload);
+  // kRndvGo, kError or kSyncAck (op, in p.f) for a converted send of `t`.
+  void OnConverted(Peer& p, uint16_t op, Endpoint& t, const Wire& w);
+  // Converts the eager envelopes to `dst` in `queue` (kEagerOff).
+  void ConvertQueued(Peer& p, std::deque<std::unique_ptr<OutFrame>>& queue,
+                     uint64_t dst);
+  // A matched kept payload (m.sender_id) goes to its receiver as one
+  // rendezvous chunk of send_bytes.
+  void DeliverKept(Endpoint& receiver, uint64_t recv_req, uint32_t send_bytes,
+                   const UnexpectedMsg& m);
+  // Takes the kept payload `m` names out of its peer; false when it is
+  // gone with its connection.
+  bool TakeKept(const UnexpectedMsg& m, std::vector<uint8_t>* bytes);
+  // Copies a chunk of `transfer_id` held in daemon memory into its
+  // receiver's inbox (or drops it if the receiver left); false when the
+  // inbox is full.
+  bool DeliverChunk(uint64_t transfer_id, const std::vector<uint8_t>& bytes);
+  // Delivers p's matched kept payloads in order while the inbox has room;
+  // true when any went.
+  bool DeliverKeptChunks(Peer& p);
   void SendControl(uint16_t node, uint16_t op, uint64_t src, uint64_t dst,
                    const hw::FrameFields& about, uint64_t aux, int32_t error);
   // "node N (HOSTNAME)" from the node table, for messages to clients.
@@ -223,8 +276,10 @@ class Remote {
   Endpoint* Target(const hw::FrameFields& f);
   // This daemon's state for `job`'s pool, made on first use.
   JobPages& PagesOf(const std::shared_ptr<Job>& job);
-  // Allocates `bytes` in the inbox of `ep`'s job; false when full.
-  bool AllocInbox(Endpoint& ep, uint32_t bytes, uint64_t* offset);
+  // Allocates `bytes` in the inbox of `ep`'s job; false when full (or, for
+  // kMayLinger, when lingering chunks hold their share: shm/pool.h).
+  bool AllocInbox(Endpoint& ep, uint32_t bytes, uint64_t* offset,
+                  shm::ChunkUse use = shm::ChunkUse::kBrief);
   uint32_t ProxyFor(uint64_t epid);
   void DropProxy(uint64_t epid);
   void ReloadNodes();
@@ -256,6 +311,9 @@ class Remote {
   std::unordered_map<uint64_t, std::unique_ptr<InTransfer>> in_transfers_;
   uint64_t next_in_transfer_ = 1;
   std::unordered_map<uint64_t, std::unique_ptr<OutTransfer>> out_transfers_;
+  std::unordered_map<uint64_t, Converted> converted_;  // by id (with the bit)
+  uint64_t next_converted_ = 1;
+  uint32_t next_kept_ = 1;
   // Per local endpoint, the nodes that connected to it (a kQuery it
   // answered OK): told kGone when it is removed, so their receives naming
   // it fail (mq_engine.h invariant 8). At most one entry per node.
@@ -270,6 +328,8 @@ class Remote {
   std::map<uint16_t, uint64_t> refused_by_node_;
   std::map<uint16_t, uint64_t> parked_by_node_;
   std::map<uint16_t, uint64_t> xoffs_by_node_;
+  std::map<uint16_t, uint64_t> kept_by_node_;
+  std::map<uint16_t, uint64_t> eager_offs_by_node_;
 };
 
 }  // namespace psmd

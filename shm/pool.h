@@ -13,6 +13,7 @@
 #ifndef PSMD_SHM_POOL_H_
 #define PSMD_SHM_POOL_H_
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -52,6 +53,15 @@ inline void ReleaseChunk(uint8_t* pool_base, uint64_t payload_offset) {
 // receiver takes, far below a test's patience.
 inline constexpr uint64_t kPoolStallNs = 10'000'000;
 
+// How long a chunk may stay in use, as its allocator is told: kBrief, a
+// payload its receiver takes as soon as it can (a rendezvous chunk, an active
+// message, a message already matched); kMayLinger, an eager message a
+// receiver may take last of all. Lingering chunks may hold at most half of
+// a region (kMayLingerPastShare ignores that, for a payload with nowhere
+// else to go), so the chunks of a transfer a receiver waits for always find
+// room however many messages wait unreceived before it.
+enum class ChunkUse { kBrief, kMayLinger, kMayLingerPastShare };
+
 // A byte ring over one send region: chunks are allocated at the head and
 // reclaimed at the tail once released, so reclaim is in allocation order.
 //
@@ -65,6 +75,9 @@ inline constexpr uint64_t kPoolStallNs = 10'000'000;
 //      and never straddle the end of the region; head_ - tail_ <= region.
 //   2. A chunk set aside lies outside [tail_, head_) or under padding: no
 //      allocation overlaps a chunk that is not released.
+//   3. lingering_ is the footprint of the lingering chunks in chunks_ and
+//      set_aside_ (a released one set aside counts until it is forgotten:
+//      Reclaim looks at a bounded number of them per call).
 class SendArena {
  public:
   SendArena() = default;
@@ -83,22 +96,34 @@ class SendArena {
   }
 
   // Returns the pool offset of a payload area of `bytes`, or nothing when the
-  // region is full right now (the caller retries after receivers drain).
-  std::optional<uint64_t> Allocate(uint64_t bytes) {
+  // region is full right now (the caller retries after receivers drain) or,
+  // for kMayLinger, when lingering chunks hold their share (ShareFull: the
+  // caller finds the payload another way; this is not a refusal).
+  std::optional<uint64_t> Allocate(uint64_t bytes,
+                                   ChunkUse use = ChunkUse::kBrief) {
     const uint64_t need = Footprint(bytes);
     if (need > region_bytes_) return std::nullopt;
-    auto off = Place(need, /*set_aside=*/false);
+    if (use == ChunkUse::kMayLinger && ShareFull(bytes)) return std::nullopt;
+    const bool lingers = use != ChunkUse::kBrief;
+    auto off = Place(need, /*set_aside=*/false, lingers);
     if (!off) {
       if (refused_since_ns_ == 0) {
         refused_since_ns_ = NowNs();
         return std::nullopt;
       }
       if (!Stalled()) return std::nullopt;
-      off = Place(need, /*set_aside=*/true);
+      off = Place(need, /*set_aside=*/true, lingers);
       if (!off) return std::nullopt;
     }
     refused_since_ns_ = 0;
     return off;
+  }
+
+  // Whether a lingering payload of `bytes` would exceed the lingering
+  // chunks' share of the region (half).
+  bool ShareFull(uint64_t bytes) {
+    ForgetReleasedSetAside();
+    return lingering_ + Footprint(bytes) > region_bytes_ / 2;
   }
 
   // Whether the region has refused space for stall_ns.
@@ -116,6 +141,7 @@ class SendArena {
     while (!chunks_.empty()) {
       const Chunk& c = chunks_.front();
       if (!c.is_padding && !Released(tail_ % region_bytes_)) return;
+      if (c.lingers) lingering_ -= c.bytes;
       tail_ += c.bytes;
       chunks_.pop_front();
     }
@@ -125,6 +151,11 @@ class SendArena {
   struct Chunk {
     uint64_t bytes;
     bool is_padding;
+    bool lingers;  // counted in lingering_
+  };
+  struct SetAside {
+    uint64_t bytes;
+    bool lingers;
   };
   static constexpr int kMaxStepsPerCall = 256;
   static uint64_t RoundUp(uint64_t n) {
@@ -138,7 +169,7 @@ class SendArena {
 
   // Allocate's search for `need` bytes; with `set_aside`, unreleased chunks
   // at the tail are set aside when they are in the way.
-  std::optional<uint64_t> Place(uint64_t need, bool set_aside) {
+  std::optional<uint64_t> Place(uint64_t need, bool set_aside, bool lingers) {
     Reclaim();
     uint64_t skipped = 0;  // padding laid in this call: at most one lap
     // Each step (a chunk set aside, a skip) persists, so a call may stop
@@ -162,11 +193,12 @@ class SendArena {
       if (skip > 0) {
         skipped += skip;
         if (skipped > region_bytes_) return std::nullopt;
-        chunks_.push_back(Chunk{skip, /*is_padding=*/true});
+        chunks_.push_back(Chunk{skip, /*is_padding=*/true, false});
         head_ += skip;
         continue;
       }
-      chunks_.push_back(Chunk{need, false});
+      chunks_.push_back(Chunk{need, false, lingers});
+      if (lingers) lingering_ += need;
       head_ += need;
       uint64_t payload_offset = region_offset_ + pos + kChunkHeaderBytes;
       ChunkOf(base_, payload_offset)
@@ -187,7 +219,8 @@ class SendArena {
     Reclaim();
     if (chunks_.empty()) return false;
     const Chunk c = chunks_.front();  // unreleased and not padding (Reclaim)
-    set_aside_.insert_or_assign(tail_ % region_bytes_, c.bytes);
+    set_aside_.insert_or_assign(tail_ % region_bytes_,
+                                SetAside{c.bytes, c.lingers});
     tail_ += c.bytes;
     chunks_.pop_front();
     Reclaim();
@@ -203,13 +236,34 @@ class SendArena {
     auto it = set_aside_.lower_bound(begin);
     if (it != set_aside_.begin()) {
       auto before = std::prev(it);
-      if (before->first + before->second > begin) it = before;
+      if (before->first + before->second.bytes > begin) it = before;
     }
     while (it != set_aside_.end() && it->first < end) {
-      if (!Released(it->first)) return it->first + it->second;
-      it = set_aside_.erase(it);
+      if (!Released(it->first)) return it->first + it->second.bytes;
+      it = Forget(it);
     }
     return 0;
+  }
+
+  std::map<uint64_t, SetAside>::iterator Forget(
+      std::map<uint64_t, SetAside>::iterator it) {
+    if (it->second.lingers) lingering_ -= it->second.bytes;
+    return set_aside_.erase(it);
+  }
+
+  // Forgets the released chunks among at most kMaxStepsPerCall set aside,
+  // resuming where the last call stopped, so their share comes back.
+  void ForgetReleasedSetAside() {
+    if (set_aside_.empty()) return;
+    auto it = set_aside_.lower_bound(sweep_from_);
+    const size_t steps_max =
+        std::min<size_t>(kMaxStepsPerCall, set_aside_.size());
+    for (size_t steps = 0; steps < steps_max; steps++) {
+      if (it == set_aside_.end()) it = set_aside_.begin();
+      if (it == set_aside_.end()) break;
+      it = Released(it->first) ? Forget(it) : std::next(it);
+    }
+    sweep_from_ = it == set_aside_.end() ? 0 : it->first;
   }
 
   uint8_t* base_ = nullptr;
@@ -220,7 +274,9 @@ class SendArena {
   uint64_t tail_ = 0;
   uint64_t refused_since_ns_ = 0;  // first refusal since the last success
   std::deque<Chunk> chunks_;
-  std::map<uint64_t, uint64_t> set_aside_;  // region offset -> bytes
+  std::map<uint64_t, SetAside> set_aside_;  // by region offset
+  uint64_t lingering_ = 0;                  // invariant 3
+  uint64_t sweep_from_ = 0;  // where ForgetReleasedSetAside resumes
 };
 
 }  // namespace psmd::shm

@@ -112,6 +112,49 @@ TEST_F(SendArenaTest, RefusesWhenEveryChunkIsHeld) {
   EXPECT_TRUE(arena_.Allocate(arena_.MaxPayload()).has_value());
 }
 
+TEST_F(SendArenaTest, LingeringChunksTakeHalfAndBriefOnesTheRest) {
+  std::vector<uint64_t> lingering;
+  while (auto off = arena_.Allocate(448, ChunkUse::kMayLinger))
+    lingering.push_back(*off);
+  EXPECT_EQ(lingering.size(), kRegionBytes / 2 / 512);
+  EXPECT_TRUE(arena_.ShareFull(448));
+  // Not a refusal: the region is not stalled, brief chunks still fit.
+  EXPECT_FALSE(arena_.Stalled());
+  std::vector<uint64_t> brief;
+  while (auto off = arena_.Allocate(448)) brief.push_back(*off);
+  EXPECT_EQ(brief.size(), kRegionBytes / 2 / 512);
+  // Brief chunks come and go while every lingering one stays.
+  for (int round = 0; round < 20; round++) {
+    ReleaseChunk(pool_.data(), brief[round % brief.size()]);
+    auto off = arena_.Allocate(448);
+    ASSERT_TRUE(off.has_value()) << round;
+    brief[round % brief.size()] = *off;
+  }
+  // A payload with nowhere else to go may pass the share.
+  ReleaseChunk(pool_.data(), brief[0]);
+  EXPECT_FALSE(arena_.Allocate(448, ChunkUse::kMayLinger).has_value());
+  EXPECT_TRUE(arena_.Allocate(448, ChunkUse::kMayLingerPastShare).has_value());
+}
+
+TEST_F(SendArenaTest, TheShareComesBackAsLingeringChunksAreReleased) {
+  std::vector<uint64_t> lingering;
+  while (auto off = arena_.Allocate(448, ChunkUse::kMayLinger))
+    lingering.push_back(*off);
+  // Brief traffic wraps the ring: the lingering chunks are set aside (this
+  // region stalls at its second refusal) before they are released.
+  for (int round = 0; round < 40; round++) {
+    auto off = arena_.Allocate(448);
+    if (!off) off = arena_.Allocate(448);
+    ASSERT_TRUE(off.has_value()) << round;
+    ReleaseChunk(pool_.data(), *off);
+  }
+  for (uint64_t off : lingering) ReleaseChunk(pool_.data(), off);
+  EXPECT_FALSE(arena_.ShareFull(448));
+  for (size_t i = 0; i < lingering.size(); i++) {
+    EXPECT_TRUE(arena_.Allocate(448, ChunkUse::kMayLinger).has_value()) << i;
+  }
+}
+
 // Random traffic in which some chunks stay unreleased for long, in a region
 // that sets chunks aside from its second refusal: live chunks never overlap,
 // never leave the region, and once everything is released the whole region is

@@ -174,20 +174,21 @@ void PrintPeerNodes(const psmd::v1::GetStatsReply& r) {
   if (r.peer_nodes_size() == 0 && r.fabric_host().empty()) return;
   printf(
       "\nfabric %s\n%-5s %12s %12s %12s %12s %8s %8s %8s %8s %8s %8s %8s "
-      "%8s\n",
+      "%8s %8s %8s\n",
       Printable(r.fabric_host()).c_str(), "node", "frames_sent", "bytes_sent",
       "frames_recv", "bytes_recv", "connects", "disconn", "conn_err",
-      "auth_err", "bad_frm", "refused", "parked", "xoffs");
+      "auth_err", "bad_frm", "refused", "parked", "xoffs", "kept", "eager_off");
   for (const auto& p : r.peer_nodes()) {
-    printf(
-        "%-5u %12s %12s %12s %12s %8" PRIu64 " %8" PRIu64 " %8" PRIu64
-        " %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %8" PRIu64 "\n",
-        p.node(), Human(p.frames_sent(), counters::Unit::kCount).c_str(),
-        Human(p.bytes_sent(), counters::Unit::kBytes).c_str(),
-        Human(p.frames_received(), counters::Unit::kCount).c_str(),
-        Human(p.bytes_received(), counters::Unit::kBytes).c_str(), p.connects(),
-        p.disconnects(), p.connect_failures(), p.auth_failures(),
-        p.bad_frames(), p.refused(), p.parked(), p.xoffs());
+    printf("%-5u %12s %12s %12s %12s %8" PRIu64 " %8" PRIu64 " %8" PRIu64
+           " %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %8" PRIu64
+           " %8" PRIu64 " %8" PRIu64 "\n",
+           p.node(), Human(p.frames_sent(), counters::Unit::kCount).c_str(),
+           Human(p.bytes_sent(), counters::Unit::kBytes).c_str(),
+           Human(p.frames_received(), counters::Unit::kCount).c_str(),
+           Human(p.bytes_received(), counters::Unit::kBytes).c_str(),
+           p.connects(), p.disconnects(), p.connect_failures(),
+           p.auth_failures(), p.bad_frames(), p.refused(), p.parked(),
+           p.xoffs(), p.kept(), p.eager_offs());
   }
 }
 
@@ -203,11 +204,13 @@ std::string PeerNodesJson(const psmd::v1::GetStatsReply& r) {
              ", \"disconnects\": %" PRIu64 ", \"connect_failures\": %" PRIu64
              ", \"auth_failures\": %" PRIu64 ", \"bad_frames\": %" PRIu64
              ", \"refused\": %" PRIu64 ", \"parked\": %" PRIu64
-             ", \"xoffs\": %" PRIu64 "}",
+             ", \"xoffs\": %" PRIu64 ", \"kept\": %" PRIu64
+             ", \"eager_offs\": %" PRIu64 "}",
              i ? ", " : "", p.node(), p.frames_sent(), p.bytes_sent(),
              p.frames_received(), p.bytes_received(), p.connects(),
              p.disconnects(), p.connect_failures(), p.auth_failures(),
-             p.bad_frames(), p.refused(), p.parked(), p.xoffs());
+             p.bad_frames(), p.refused(), p.parked(), p.xoffs(), p.kept(),
+             p.eager_offs());
     out += buf;
   }
   return out + "]";
@@ -309,6 +312,13 @@ void PrintStatsPrometheus(const psmd::v1::GetStatsReply& r) {
       {"psmd_fabric_xoffs_total",
        "Times that node asked us to hold messages to one of its endpoints.",
        &psmd::v1::PeerNodeStats::xoffs},
+      {"psmd_fabric_kept_total",
+       "Eager payloads from that node kept here for unexpected messages.",
+       &psmd::v1::PeerNodeStats::kept},
+      {"psmd_fabric_eager_offs_total",
+       "Times that node asked for eager messages to one of its endpoints as "
+       "envelopes only.",
+       &psmd::v1::PeerNodeStats::eager_offs},
   };
   if (r.peer_nodes_size() > 0) {
     for (const PeerField& f : peer_fields) {
