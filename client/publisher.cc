@@ -93,11 +93,11 @@ bool Publisher::PlacePayload(Deferred& d) {
   const bool eager = d.desc.op == shm::SubmitOp::kSend;
   auto off = arena_.Allocate(
       d.desc.len, eager ? shm::ChunkUse::kMayLinger : shm::ChunkUse::kBrief);
-  if (!off && eager && (arena_.ShareFull(d.desc.len) || arena_.Stalled())) {
-    // Eager payloads hold their share of the region, or it is stalled
-    // (receivers have not drained: perhaps a message nobody receives
-    // before our later ones). An eager send then waits in the application's
-    // buffer instead (rendezvous); one that cannot still takes any room.
+  if (!off && eager && arena_.Stalled()) {
+    // Neither the region nor the eager payloads' share of it has had room
+    // for a while: perhaps messages nobody receives before our later ones.
+    // An eager send then waits in the application's buffer instead
+    // (rendezvous); one that cannot still takes any room.
     if (to_rendezvous_(d)) return true;
     off = arena_.Allocate(d.desc.len, shm::ChunkUse::kMayLingerPastShare);
   }

@@ -77,7 +77,7 @@ struct PostedRecv {
 struct UnexpectedMsg {
   // The sending endpoint's id; for a sender on another node (remote_src),
   // 0, or the id of its payload this daemon keeps (a rendezvous whose
-  // sender is psmd, daemon/remote.h back-pressure 2).
+  // sender is psmd, daemon/remote.h back-pressure 3).
   uint32_t sender_id;
   uint8_t flags;    // shm::SubmitFlags of the send
   bool rendezvous;  // a request-to-send: the payload is still with the sender

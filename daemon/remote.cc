@@ -29,7 +29,7 @@ constexpr uint32_t kEnvelopeMax = sizeof(Remote::Wire) + shm::kInlineMax;
 constexpr size_t kMaxQueued = 1024;
 // Receiving a payload nobody will take (its receiver is gone).
 constexpr uint32_t kDiscardBytes = 64 * 1024;
-// Bytes parked per connection (remote.h, back-pressure 3). What parks is
+// Bytes parked per connection (remote.h, back-pressure 4). What parks is
 // what was in flight when kXoff reached the sender: its socket buffer (4 MiB
 // at most by Linux's default tcp_wmem) and the frames it had queued.
 constexpr uint64_t kParkMax = 16 << 20;
@@ -82,13 +82,13 @@ struct Remote::Pending {
   uint64_t chunk = 0;  // inbox offset the payload lands at
   bool matched = false;
   PostedRecv recv{};
-  // The payload is kept in daemon memory (remote.h, back-pressure 2).
+  // The payload is kept in daemon memory (remote.h, back-pressure 3).
   bool keep = false;
   std::vector<uint8_t> kept;
 };
 
 // A payload kept in daemon memory for an unexpected message (remote.h,
-// back-pressure 2), until its receive matches it or it is discarded.
+// back-pressure 3), until its receive matches it or it is discarded.
 struct Remote::Kept {
   hw::FrameFields f;  // of its envelope: sender, receiver, uid, job
   std::vector<uint8_t> bytes;
@@ -1623,11 +1623,14 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
   }
   if (!p.has_held && over_budget()) return Verdict::kPause;
   // A message that may stay unexpected takes at most half the inbox; the
-  // rest is for the ones receives wait for (remote.h, back-pressure 2).
+  // rest is for the ones receives wait for. When that has had no room for
+  // a while, its payload is kept (remote.h, back-pressure 3).
   if (!AllocInbox(
           *r, w.len, &q.chunk,
           p.has_held ? shm::ChunkUse::kBrief : shm::ChunkUse::kMayLinger)) {
-    if (p.parked_bytes + sizeof(Kept) + w.len > kParkMax) {
+    const auto& inbox = PagesOf(r->job).inbox;
+    if (!inbox || !inbox->Stalled() ||
+        p.parked_bytes + sizeof(Kept) + w.len > kParkMax) {
       return Verdict::kPause;
     }
     q.keep = true;

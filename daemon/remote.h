@@ -31,8 +31,9 @@
 //      by what was in flight when kXoff arrived.
 //   3. An eager MQ message that may stay unexpected gets at most half of
 //      its job's inbox (shm/pool.h, ChunkUse::kMayLinger), so that the
-//      messages and chunks receives wait for always find room. Past that
-//      share (or with the inbox full) its payload is *kept*: read into
+//      messages and chunks receives wait for always find room. When that
+//      share (or the inbox) has refused space for shm::kPoolStallNs (the
+//      message parks meanwhile, as in 1), its payload is *kept*: read into
 //      daemon memory, while its envelope enters the matcher at once as a
 //      rendezvous whose sender is this daemon (UnexpectedMsg::sender_id
 //      names the kept payload); when matched, the payload moves to the

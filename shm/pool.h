@@ -59,7 +59,10 @@ inline constexpr uint64_t kPoolStallNs = 10'000'000;
 // receiver may take last of all. Lingering chunks may hold at most half of
 // a region (kMayLingerPastShare ignores that, for a payload with nowhere
 // else to go), so the chunks of a transfer a receiver waits for always find
-// room however many messages wait unreceived before it.
+// room however many messages wait unreceived before it. A lingering payload
+// refused for its share waits like one refused for a full region, and
+// counts towards Stalled() likewise: a receiver that drains gets its
+// messages eager as before.
 enum class ChunkUse { kBrief, kMayLinger, kMayLingerPastShare };
 
 // A byte ring over one send region: chunks are allocated at the head and
@@ -96,14 +99,20 @@ class SendArena {
   }
 
   // Returns the pool offset of a payload area of `bytes`, or nothing when the
-  // region is full right now (the caller retries after receivers drain) or,
-  // for kMayLinger, when lingering chunks hold their share (ShareFull: the
-  // caller finds the payload another way; this is not a refusal).
+  // region is full right now, or for kMayLinger when lingering chunks hold
+  // their share (the caller retries after receivers drain; once that has
+  // lasted stall_ns, Stalled()).
   std::optional<uint64_t> Allocate(uint64_t bytes,
                                    ChunkUse use = ChunkUse::kBrief) {
     const uint64_t need = Footprint(bytes);
     if (need > region_bytes_) return std::nullopt;
-    if (use == ChunkUse::kMayLinger && ShareFull(bytes)) return std::nullopt;
+    if (use == ChunkUse::kMayLinger) {
+      if (ShareFull(bytes)) {
+        if (share_refused_since_ns_ == 0) share_refused_since_ns_ = NowNs();
+        return std::nullopt;
+      }
+      share_refused_since_ns_ = 0;
+    }
     const bool lingers = use != ChunkUse::kBrief;
     auto off = Place(need, /*set_aside=*/false, lingers);
     if (!off) {
@@ -122,16 +131,18 @@ class SendArena {
   // Whether a lingering payload of `bytes` would exceed the lingering
   // chunks' share of the region (half).
   bool ShareFull(uint64_t bytes) {
+    Reclaim();
     ForgetReleasedSetAside();
     return lingering_ + Footprint(bytes) > region_bytes_ / 2;
   }
 
-  // Whether the region has refused space for stall_ns.
+  // Whether the region, or the lingering chunks' share of it, has refused
+  // space for stall_ns.
   bool Stalled() const {
-    return refused_since_ns_ != 0 && NowNs() - refused_since_ns_ >= stall_ns_;
+    return RefusedFor(refused_since_ns_) || RefusedFor(share_refused_since_ns_);
   }
   // Forgets earlier refusals (nothing waits for space any more).
-  void ForgetRefusals() { refused_since_ns_ = 0; }
+  void ForgetRefusals() { refused_since_ns_ = share_refused_since_ns_ = 0; }
 
   // Bytes between tail and head (including padding; not chunks set aside).
   uint64_t used() const { return head_ - tail_; }
@@ -160,6 +171,9 @@ class SendArena {
   static constexpr int kMaxStepsPerCall = 256;
   static uint64_t RoundUp(uint64_t n) {
     return (n + kCacheLine - 1) / kCacheLine * kCacheLine;
+  }
+  bool RefusedFor(uint64_t since_ns) const {
+    return since_ns != 0 && NowNs() - since_ns >= stall_ns_;
   }
   static uint64_t NowNs() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -272,7 +286,8 @@ class SendArena {
   uint64_t stall_ns_ = kPoolStallNs;
   uint64_t head_ = 0;  // free-running byte counters
   uint64_t tail_ = 0;
-  uint64_t refused_since_ns_ = 0;  // first refusal since the last success
+  uint64_t refused_since_ns_ = 0;        // first refusal since the last success
+  uint64_t share_refused_since_ns_ = 0;  // likewise, of the lingering share
   std::deque<Chunk> chunks_;
   std::map<uint64_t, SetAside> set_aside_;  // by region offset
   uint64_t lingering_ = 0;                  // invariant 3

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <random>
+#include <thread>
 #include <vector>
 
 namespace psmd::shm {
@@ -118,8 +120,7 @@ TEST_F(SendArenaTest, LingeringChunksTakeHalfAndBriefOnesTheRest) {
     lingering.push_back(*off);
   EXPECT_EQ(lingering.size(), kRegionBytes / 2 / 512);
   EXPECT_TRUE(arena_.ShareFull(448));
-  // Not a refusal: the region is not stalled, brief chunks still fit.
-  EXPECT_FALSE(arena_.Stalled());
+  // The region is not full: brief chunks still fit.
   std::vector<uint64_t> brief;
   while (auto off = arena_.Allocate(448)) brief.push_back(*off);
   EXPECT_EQ(brief.size(), kRegionBytes / 2 / 512);
@@ -134,6 +135,25 @@ TEST_F(SendArenaTest, LingeringChunksTakeHalfAndBriefOnesTheRest) {
   ReleaseChunk(pool_.data(), brief[0]);
   EXPECT_FALSE(arena_.Allocate(448, ChunkUse::kMayLinger).has_value());
   EXPECT_TRUE(arena_.Allocate(448, ChunkUse::kMayLingerPastShare).has_value());
+}
+
+TEST(SendArenaStallTest, AShareRefusedForStallNsStallsTheRegion) {
+  std::vector<uint8_t> pool(8192);
+  SendArena arena(pool.data(), 0, 4096, /*stall_ns=*/1'000'000);
+  std::vector<uint64_t> lingering;
+  while (auto off = arena.Allocate(448, ChunkUse::kMayLinger))
+    lingering.push_back(*off);
+  EXPECT_FALSE(arena.Stalled());  // refused just now
+  // Brief chunks succeeding meanwhile do not restart the share's clock.
+  auto brief = arena.Allocate(448);
+  ASSERT_TRUE(brief.has_value());
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_FALSE(arena.Allocate(448, ChunkUse::kMayLinger).has_value());
+  EXPECT_TRUE(arena.Stalled());
+  // Room again for a lingering payload: not stalled any more.
+  ReleaseChunk(pool.data(), lingering[0]);
+  EXPECT_TRUE(arena.Allocate(448, ChunkUse::kMayLinger).has_value());
+  EXPECT_FALSE(arena.Stalled());
 }
 
 TEST_F(SendArenaTest, TheShareComesBackAsLingeringChunksAreReleased) {

@@ -380,11 +380,14 @@ TEST_F(FabricTest, ReceiverKilledWithAFullInboxFailsTheOtherNodesSender) {
 
 TEST_F(FabricTest, AFloodAtAnIdleReceiverOnAnotherNodeIsHeldBackNotBuffered) {
   // 200 Ki messages of 8 B and 256 MiB of 32 KiB ones at a receiver on node
-  // 2 that posts nothing for 3 s: once its budget (16 MiB) and its job's
-  // inbox are full, node 2 parks what was in flight and switches the
-  // receiver off at node 1 (kXoff), which holds its sender; neither daemon
-  // grows by more than budget, inbox and park plus fixed overhead, and
-  // every message arrives in order, intact.
+  // 2 that posts nothing for 3 s: once the unexpected ones hold half its
+  // job's inbox, node 2 keeps the eager payloads that were in flight and
+  // asks node 1 for envelopes only (kEagerOff), whose daemon then sends
+  // them as rendezvous ones; once its budget (16 MiB) is full, node 2 parks
+  // what was in flight and switches the receiver off at node 1 (kXoff),
+  // which holds its sender. Neither daemon grows by more than budget, inbox
+  // and park plus fixed overhead, and every message arrives in order,
+  // intact.
   constexpr long long kBudgetMiB = 16;
   // A fabric timeout shorter than the receiver's idle time: the connection
   // of a stalled receiver (parked, or paused with a zero TCP window past
@@ -434,8 +437,9 @@ TEST_F(FabricTest, AFloodAtAnIdleReceiverOnAnotherNodeIsHeldBackNotBuffered) {
   // The receiving daemon also writes the job's inbox (8 MiB, shared memory
   // that counts in its resident set once touched).
   const long long kInboxKiB = 8 << 10;
-  // And it may park what was in flight when it switched the receiver off
-  // (daemon/remote.h, back-pressure 3: kParkMax, 16 MiB per connection).
+  // And it may park or keep what was in flight when it switched the
+  // receiver off (daemon/remote.h, back-pressure 4: kParkMax, 16 MiB per
+  // connection).
   const long long kParkKiB = 16 << 10;
   if (MemoryBoundsMeaningful()) {
     EXPECT_LE(peak_b - base_b,
@@ -444,12 +448,22 @@ TEST_F(FabricTest, AFloodAtAnIdleReceiverOnAnotherNodeIsHeldBackNotBuffered) {
     EXPECT_LE(peak_a - base_a, (kBudgetMiB << 10) + kFixedOverheadKiB)
         << "sending psmd grew from " << base_a << " KiB to " << peak_a;
   }
+  RunResult sa = Psmctl(dir_, *a, {"stats", "--format", "json"});
+  RunResult sb = Psmctl(dir_, *b, {"stats", "--format", "json"});
   printf(
       "flood across nodes: psmd grew %lld KiB (sender's node), %lld KiB "
-      "(receiver's)\n",
-      peak_a - base_a, peak_b - base_b);
-  // The back-pressure reached the sender: its sends were held.
-  RunResult sa = Psmctl(dir_, *a, {"stats", "--format", "json"});
+      "(receiver's); node 2 kept %lld payloads, parked %lld frames, node 1 "
+      "had %lld kEagerOff, %lld kXoff\n",
+      peak_a - base_a, peak_b - base_b,
+      JsonNumber(sb.out, "peer_nodes", "kept"),
+      JsonNumber(sb.out, "peer_nodes", "parked"),
+      JsonNumber(sa.out, "peer_nodes", "eager_offs"),
+      JsonNumber(sa.out, "peer_nodes", "xoffs"));
+  // Both kinds of back-pressure happened, and reached the sender: its
+  // eager payloads were kept and the rest asked for as envelopes, and its
+  // sends were held.
+  EXPECT_GT(JsonNumber(sb.out, "peer_nodes", "kept"), 0) << sb.out;
+  EXPECT_GT(JsonNumber(sa.out, "peer_nodes", "eager_offs"), 0) << sa.out;
   EXPECT_GT(JsonNumber(sa.out, "total", "sends_held"), 0) << sa.out;
   // Idle for three timeouts: heartbeats keep the connection.
   std::this_thread::sleep_for(std::chrono::seconds(3));
