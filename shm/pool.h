@@ -80,7 +80,7 @@ enum class ChunkUse { kBrief, kMayLinger, kMayLingerPastShare };
 //      allocation overlaps a chunk that is not released.
 //   3. lingering_ is the footprint of the lingering chunks in chunks_ and
 //      set_aside_ (a released one set aside counts until it is forgotten:
-//      Reclaim looks at a bounded number of them per call).
+//      ShareFull looks at up to kMaxStepsPerCall of them per call).
 class SendArena {
  public:
   SendArena() = default;
@@ -120,7 +120,7 @@ class SendArena {
         refused_since_ns_ = NowNs();
         return std::nullopt;
       }
-      if (!Stalled()) return std::nullopt;
+      if (!RefusedFor(refused_since_ns_)) return std::nullopt;
       off = Place(need, /*set_aside=*/true, lingers);
       if (!off) return std::nullopt;
     }
