@@ -17,8 +17,11 @@ for line in open(expected_path):
     if line:
         expected.add(line)
 
-finished = re.findall(r"^Ran (\d+) tests? in", log, re.M)
-failing = set(re.findall(r"^(?:FAIL|ERROR): \w+ \(([\w.]+)\)", log, re.M))
+# Anywhere in a line: the two ranks write to one file, and one's line may
+# begin in the middle of the other's (CI saw a rank's "Ran 226 tests" after
+# the other's unterminated line, and called that rank unfinished).
+finished = re.findall(r"Ran (\d+) tests? in", log)
+failing = set(re.findall(r"(?:FAIL|ERROR): \w+ \(([\w.]+)\)", log))
 unexpected = sorted(failing - expected)
 passing_now = sorted(expected - failing)
 
