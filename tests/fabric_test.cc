@@ -378,6 +378,30 @@ TEST_F(FabricTest, ReceiverKilledWithAFullInboxFailsTheOtherNodesSender) {
   EXPECT_TRUE(b->Stop());
 }
 
+TEST_F(FabricTest, ReceiverKilledWithPayloadsKeptFailsTheOtherNodesSender) {
+  auto a = StartNode(0);
+  auto b = StartNode(1);
+  // 400 unexpected eager messages of 60000 B, every eighth synchronous:
+  // node 2 keeps payloads past half the inbox and node 1 sends the rest as
+  // envelopes (daemon/remote.h, back-pressure 3). The receiver's death must
+  // end every synchronous and rendezvous send on node 1 with an error, and
+  // free what node 2 kept.
+  std::string out =
+      KillClient(*a, *b, "unexpected-sender", "silent-receiver",
+                 /*kill_sender=*/false, "unreceived",
+                 "receiver killed with payloads kept: the sender failed");
+  EXPECT_NE(out.find("0 left open"), std::string::npos) << out;
+  RunResult sa = Psmctl(dir_, *a, {"stats", "--format", "json"});
+  RunResult sb = Psmctl(dir_, *b, {"stats", "--format", "json"});
+  EXPECT_GT(JsonNumber(sb.out, "peer_nodes", "kept"), 0) << sb.out;
+  EXPECT_GT(JsonNumber(sa.out, "peer_nodes", "eager_offs"), 0) << sa.out;
+  printf("%s", out.c_str());
+  RunResult r = Exchange(*a, *b, "after", 200, 100000);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
 TEST_F(FabricTest, AFloodAtAnIdleReceiverOnAnotherNodeIsHeldBackNotBuffered) {
   // 200 Ki messages of 8 B and 256 MiB of 32 KiB ones at a receiver on node
   // 2 that posts nothing for 3 s: once the unexpected ones hold half its

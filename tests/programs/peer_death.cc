@@ -17,6 +17,13 @@
 //                    to itself (more than its region holds) then go through.
 //   idle-receiver    posts receives for all of that, writes DIR/posted and
 //                    never calls PSM2 again (to be killed).
+//   unexpected-sender  sends 400 eager 60000 B messages, every eighth
+//                    synchronous, to a receiver that posts nothing (more
+//                    than its send region and the receiving job's inbox
+//                    hold); writes DIR/unreceived after a second, waits on
+//                    the first synchronous one; exits 0 if that ends with an
+//                    error and every other send then ends too.
+//   silent-receiver  writes DIR/posted and never calls PSM2 (to be killed).
 //   unsent-receiver  once DIR/posted exists, posts a receive naming its
 //                    peer, which never sends, writes DIR/waiting and waits
 //                    on it; exits 0 if that ends with an error and a new
@@ -182,6 +189,45 @@ int UnsentReceiver(psmd::testing::ConnectedPair& c, const std::string& dir) {
   return 0;
 }
 
+int UnexpectedSender(psmd::testing::ConnectedPair& c, const std::string& dir) {
+  constexpr uint32_t kCount = 400, kLen = 60000;
+  std::vector<uint8_t> buf(size_t{kCount} * kLen, 0x3c);
+  AwaitFile(dir + "/posted");
+  std::vector<psm2_mq_req_t> reqs(kCount);
+  for (uint32_t i = 0; i < kCount; i++) {
+    psm2_mq_tag_t tag = TagOf(6 + i);
+    CheckPsm(psm2_mq_isend2(
+                 c.mq, c.peer, i % 8 == 0 ? PSM2_MQ_FLAG_SENDSYNC : 0, &tag,
+                 buf.data() + size_t{i} * kLen, kLen, nullptr, &reqs[i]),
+             "isend2");
+  }
+  PollFor(c.ep, 1.0);
+  Touch(dir + "/unreceived");
+  if (WaitAndReport(&reqs[0]) == PSM2_OK) return 1;
+  // The others: eager ones completed when sent, the synchronous ones and
+  // those sent by rendezvous fail now; none may be left waiting.
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  uint32_t open = 0, failed = 1;
+  for (uint32_t i = 1; i < kCount; i++) {
+    psm2_mq_status2_t st;
+    psm2_error_t err;
+    while ((err = psm2_mq_test2(&reqs[i], &st)) == PSM2_MQ_NO_COMPLETIONS &&
+           std::chrono::steady_clock::now() < end) {
+      psm2_poll(c.ep);
+    }
+    if (err != PSM2_OK) open++;
+    if (err == PSM2_OK && st.error_code != PSM2_OK) failed++;
+  }
+  printf("%u sends failed, %u left open\n", failed, open);
+  return open == 0 ? 0 : 1;
+}
+
+int SilentReceiver(psmd::testing::ConnectedPair&, const std::string& dir) {
+  Touch(dir + "/posted");
+  pause();
+  return 1;
+}
+
 int IdleReceiver(psmd::testing::ConnectedPair& c, const std::string& dir) {
   std::vector<uint8_t> large(kLarge), small(kEagerCount * size_t{kEagerLen});
   psm2_mq_tag_t eager = TagOf(2), big = TagOf(3), sel = ExactSelector();
@@ -275,6 +321,8 @@ int main(int argc, char** argv) {
   if (role == "waiting-receiver") return WaitingReceiver(c, dir);
   if (role == "stuck-sender") return StuckSender(c, dir);
   if (role == "idle-receiver") return IdleReceiver(c, dir);
+  if (role == "unexpected-sender") return UnexpectedSender(c, dir);
+  if (role == "silent-receiver") return SilentReceiver(c, dir);
   if (role == "unsent-receiver") return UnsentReceiver(c, dir);
   if (role == "any-source-waiter") return AnySourceWaiter(c, dir);
   if (role == "quiet-waiter") return QuietWaiter(c, dir);
