@@ -73,8 +73,11 @@ class FabricTest : public ::testing::Test {
   std::unique_ptr<Daemon> StartNode(int i) {
     return std::make_unique<Daemon>(node_dir_[i], Flags(i));
   }
+  // A fresh directory for one run's rendezvous files (numbered: a name used
+  // twice in a test must not find the first run's files).
   std::string Rendezvous(const std::string& name) {
-    std::string rv = dir_.path() + "/" + name;
+    std::string rv =
+        dir_.path() + "/" + name + "." + std::to_string(++rendezvous_runs_);
     std::filesystem::create_directories(rv);
     return rv;
   }
@@ -175,6 +178,16 @@ class FabricTest : public ::testing::Test {
     return out;
   }
 
+  // Another exchange between the two nodes still runs; then both daemons
+  // stop cleanly.
+  void ExchangeGoesOnThenStop(Daemon& a, Daemon& b) {
+    RunResult r = Exchange(a, b, "after", 200, 100000);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_TRUE(a.Stop());
+    EXPECT_TRUE(b.Stop());
+  }
+
+  int rendezvous_runs_ = 0;
   TempDir dir_;
   TempDir node_dir_[2];
   Munged munged_;
@@ -282,10 +295,7 @@ TEST_F(FabricTest, SenderKilledMidRendezvousFailsTheOtherNodesReceiver) {
              /*kill_sender=*/true, "streaming",
              "sender killed: the other node's receiver failed");
   // The connection between the nodes stays up for everyone else.
-  RunResult r = Exchange(*a, *b, "after", 200, 100000);
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_TRUE(a->Stop());
-  EXPECT_TRUE(b->Stop());
+  ExchangeGoesOnThenStop(*a, *b);
 }
 
 TEST_F(FabricTest, AReceiveNamingAnEndpointOnAnotherNodeFailsWhenItGoes) {
@@ -362,44 +372,46 @@ TEST_F(FabricTest, ALostNodeIsReportedToTheEndpointsThatConnectedThere) {
   EXPECT_TRUE(b->Stop());
 }
 
-TEST_F(FabricTest, ReceiverKilledWithAFullInboxFailsTheOtherNodesSender) {
-  auto a = StartNode(0);
-  auto b = StartNode(1);
-  // The receiver never reads: its job's inbox on node 2 fills, and node 2
-  // stops reading from node 1 (back-pressure) until the receiver is gone.
-  std::string out =
-      KillClient(*a, *b, "stuck-sender", "idle-receiver",
-                 /*kill_sender=*/false, "stuck",
-                 "receiver killed: the other node's sender failed");
-  EXPECT_NE(out.find("other traffic ok"), std::string::npos) << out;
-  RunResult r = Exchange(*a, *b, "after", 200, 100000);
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_TRUE(a->Stop());
-  EXPECT_TRUE(b->Stop());
-}
-
-TEST_F(FabricTest, ReceiverKilledWithPayloadsKeptFailsTheOtherNodesSender) {
-  auto a = StartNode(0);
-  auto b = StartNode(1);
-  // 400 unexpected eager messages of 60000 B, every eighth synchronous:
-  // node 2 keeps payloads past half the inbox and node 1 sends the rest as
-  // envelopes (daemon/remote.h, back-pressure 3). The receiver's death must
-  // end every synchronous and rendezvous send on node 1 with an error, and
-  // free what node 2 kept.
-  std::string out =
-      KillClient(*a, *b, "unexpected-sender", "silent-receiver",
-                 /*kill_sender=*/false, "unreceived",
-                 "receiver killed with payloads kept: the sender failed");
-  EXPECT_NE(out.find("0 left open"), std::string::npos) << out;
-  RunResult sa = Psmctl(dir_, *a, {"stats", "--format", "json"});
-  RunResult sb = Psmctl(dir_, *b, {"stats", "--format", "json"});
-  EXPECT_GT(JsonNumber(sb.out, "peer_nodes", "kept"), 0) << sb.out;
-  EXPECT_GT(JsonNumber(sa.out, "peer_nodes", "eager_offs"), 0) << sa.out;
-  printf("%s", out.c_str());
-  RunResult r = Exchange(*a, *b, "after", 200, 100000);
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_TRUE(a->Stop());
-  EXPECT_TRUE(b->Stop());
+TEST_F(FabricTest, AReceiverKilledOnAnotherNodeFailsItsSender) {
+  struct Case {
+    const char* sender_role;
+    const char* ready;
+    const char* what;
+    const char* survivor_says;
+    bool kept;
+  };
+  const Case cases[] = {
+      // The receiver posted receives and never reads: its job's inbox on
+      // node 2 fills, and node 2 stops reading from node 1 (back-pressure)
+      // until the receiver is gone. The receiver's dead chunks come back.
+      {"stuck-sender", "stuck",
+       "receiver killed: the other node's sender failed", "other traffic ok",
+       false},
+      // 400 unexpected eager messages of 60000 B, every eighth synchronous:
+      // node 2 keeps payloads past half the inbox and node 1 sends the rest
+      // as envelopes (daemon/remote.h, back-pressure 3). The receiver's
+      // death ends every synchronous and rendezvous send with an error.
+      {"unexpected-sender", "unreceived",
+       "receiver killed with payloads kept: the sender failed", "0 left open",
+       true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.sender_role);
+    auto a = StartNode(0);
+    auto b = StartNode(1);
+    std::string out = KillClient(*a, *b, c.sender_role,
+                                 c.kept ? "silent-receiver" : "idle-receiver",
+                                 /*kill_sender=*/false, c.ready, c.what);
+    EXPECT_NE(out.find(c.survivor_says), std::string::npos) << out;
+    if (c.kept) {
+      RunResult sa = Psmctl(dir_, *a, {"stats", "--format", "json"});
+      RunResult sb = Psmctl(dir_, *b, {"stats", "--format", "json"});
+      EXPECT_GT(JsonNumber(sb.out, "peer_nodes", "kept"), 0) << sb.out;
+      EXPECT_GT(JsonNumber(sa.out, "peer_nodes", "eager_offs"), 0) << sa.out;
+      printf("%s", out.c_str());
+    }
+    ExchangeGoesOnThenStop(*a, *b);
+  }
 }
 
 TEST_F(FabricTest, AFloodAtAnIdleReceiverOnAnotherNodeIsHeldBackNotBuffered) {
@@ -709,10 +721,7 @@ TEST_F(FabricTest,
   victim.Kill(SIGKILL);
   victim.Wait(5);
   // Node 1 and node 2 go on.
-  RunResult ok = Exchange(*a, *b, "after", 200, 100000);
-  EXPECT_EQ(ok.exit_code, 0) << ok.err;
-  EXPECT_TRUE(a->Stop());
-  EXPECT_TRUE(b->Stop());
+  ExchangeGoesOnThenStop(*a, *b);
 }
 
 TEST_F(FabricTest, APeerThatFallsSilentIsClosedWithinTheTimeout) {
