@@ -619,6 +619,17 @@ void Remote::ConvertQueued(Peer& p,
   queue.swap(out);
 }
 
+void Remote::DropConverted(const std::function<bool(const Converted&)>& drop) {
+  for (auto it = converted_.begin(); it != converted_.end();) {
+    if (!drop(it->second)) {
+      ++it;
+      continue;
+    }
+    it->second.payload->ReleaseChunk();
+    it = converted_.erase(it);
+  }
+}
+
 void Remote::OnConverted(Peer& p, uint16_t op, Endpoint& t, const Wire& w) {
   const hw::FrameFields& f = p.f;
   auto it = converted_.find(f.aux);
@@ -700,6 +711,11 @@ void Remote::CompleteSync(const Endpoint& receiver, const UnexpectedMsg& m,
     TakeKept(m, nullptr);  // if it sent a sync message
     if (!(m.flags & shm::kSendSync)) return;
   }
+  TellSender(receiver, m, error);
+}
+
+void Remote::TellSender(const Endpoint& receiver, const UnexpectedMsg& m,
+                        int32_t error) {
   hw::FrameFields about;
   about.uid = receiver.uid;
   std::memcpy(about.job, receiver.job->key().uuid.data(), 16);
@@ -761,7 +777,7 @@ void Remote::DeliverKept(Endpoint& receiver, uint64_t recv_req,
     }
     return;
   }
-  if (m.flags & shm::kSendSync) CompleteSync(receiver, m, PSM2_OK);
+  if (m.flags & shm::kSendSync) TellSender(receiver, m, PSM2_OK);
   if (send_bytes == 0) return;
   Peer& p = *PeerOf(shm::NodeIdOf(m.remote_src));
   const uint64_t id = next_in_transfer_++;
@@ -813,14 +829,8 @@ void Remote::EndpointRemoved(uint32_t id) {
     }
     it = out_transfers_.erase(it);
   }
-  for (auto it = converted_.begin(); it != converted_.end();) {
-    if (it->second.sender != id) {
-      ++it;
-      continue;
-    }
-    it->second.payload->ReleaseChunk();  // its kRndvGo finds no sender
-    it = converted_.erase(it);
-  }
+  // Their kRndvGo finds no sender.
+  DropConverted([id](const Converted& c) { return c.sender == id; });
   // Nodes that connected to it learn it is gone, after everything it sent
   // (one connection per node pair keeps the order).
   if (auto w = watchers_.find(id); w != watchers_.end()) {
@@ -1665,14 +1675,8 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
   for (auto& [dst, frames] : p->deferred) {
     for (auto& f : frames) f->ReleaseChunk();
   }
-  for (auto c = converted_.begin(); c != converted_.end();) {
-    if (c->second.node != node) {
-      ++c;
-      continue;
-    }
-    c->second.payload->ReleaseChunk();  // a sync one failed with awaiting
-    c = converted_.erase(c);
-  }
+  // (A synchronous one failed with awaiting.)
+  DropConverted([node](const Converted& c) { return c.node == node; });
   if (p->expect_payload && p->pending.job) {
     shm::ReleaseChunk(p->pending.job->pool().base(), p->pending.chunk);
   }

@@ -226,6 +226,9 @@ class Remote {
   // carries instead of req.
   uint64_t Convert(Peer& p, uint32_t sender, uint64_t req, Wire* w,
                    std::unique_ptr<OutFrame> payload);
+  // Releases the payloads of the converted sends `drop` selects, and
+  // forgets them.
+  void DropConverted(const std::function<bool(const Converted&)>& drop);
   // kRndvGo, kError or kSyncAck (op, in p.f) for a converted send of `t`.
   void OnConverted(Peer& p, uint16_t op, Endpoint& t, const Wire& w);
   // Converts the eager envelopes to `dst` in `queue` (kEagerOff).
@@ -235,6 +238,9 @@ class Remote {
   // rendezvous chunk of send_bytes.
   void DeliverKept(Endpoint& receiver, uint64_t recv_req, uint32_t send_bytes,
                    const UnexpectedMsg& m);
+  // kSyncAck (error PSM2_OK) or kError for the sender of `m`.
+  void TellSender(const Endpoint& receiver, const UnexpectedMsg& m,
+                  int32_t error);
   // Takes the kept payload `m` names out of its peer; false when it is
   // gone with its connection.
   bool TakeKept(const UnexpectedMsg& m, std::vector<uint8_t>* bytes);

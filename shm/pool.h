@@ -106,7 +106,9 @@ class SendArena {
                                    ChunkUse use = ChunkUse::kBrief) {
     const uint64_t need = Footprint(bytes);
     if (need > region_bytes_) return std::nullopt;
-    if (use == ChunkUse::kMayLinger) {
+    if (use != ChunkUse::kMayLinger) {
+      Reclaim();  // (ShareFull does)
+    } else {
       if (ShareFull(bytes)) {
         if (share_refused_since_ns_ == 0) share_refused_since_ns_ = NowNs();
         return std::nullopt;
@@ -183,8 +185,8 @@ class SendArena {
 
   // Allocate's search for `need` bytes; with `set_aside`, unreleased chunks
   // at the tail are set aside when they are in the way.
+  // The caller has reclaimed.
   std::optional<uint64_t> Place(uint64_t need, bool set_aside, bool lingers) {
-    Reclaim();
     uint64_t skipped = 0;  // padding laid in this call: at most one lap
     // Each step (a chunk set aside, a skip) persists, so a call may stop
     // early: a region full of chunks set aside costs a bounded effort per
