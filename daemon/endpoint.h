@@ -60,9 +60,14 @@ struct EndpointCounters {
   }
 };
 
-// What one unexpected message is charged against its receiver's budget
-// besides its payload: the daemon's own bookkeeping for it (the queue entry
-// and matcher node), rounded up.
+// What one unexpected message is charged against its receiver's budgets
+// (mq_engine.h, invariant 4): the daemon's own bookkeeping for it (the queue
+// entry, with up to shm::kInlineMax payload bytes, and matcher node),
+// rounded up. A larger payload is not psmd's memory: it waits in a pool
+// region whose share for payloads that may linger bounds it (shm/pool.h;
+// the sender's region on this node, the receiving job's inbox from another
+// node), or with its sender (rendezvous), or in a connection's park
+// (daemon/remote.h, kParkMax).
 inline constexpr uint64_t kUnexpectedOverheadBytes = 128;
 
 // A receive waiting in the posted queue.
@@ -94,11 +99,6 @@ struct UnexpectedMsg {
   // Non-zero: the sender is this epid on another node; an eager payload is
   // in the receiver's job inbox (daemon/remote.h).
   uint64_t remote_src;
-
-  // What it is charged against the receiver's unexpected budget.
-  uint64_t cost() const {
-    return kUnexpectedOverheadBytes + (rendezvous ? 0 : len);
-  }
 };
 
 // A message removed from the unexpected queue by a matched probe
@@ -163,7 +163,8 @@ class Endpoint {
   // token, until the client receives them (kClaimedRecv). A claimed eager
   // message goes to the client with the probe's answer instead.
   std::unordered_map<uint64_t, ClaimedMsg> claimed;
-  uint64_t unexpected_cost = 0;    // sum of cost() over unexpected and claimed
+  uint64_t unexpected_cost = 0;    // kUnexpectedOverheadBytes per unexpected
+                                   // and claimed message
   uint64_t unexpected_budget = 0;  // PSM2_MQ_MAX_SYSBUF_MBYTES of this endpoint
   // posted.size() when last added to its job's and uid's posted_recvs
   // (mq_engine.h, invariant 9).

@@ -402,18 +402,10 @@ bool MqEngine::HandleSend(Endpoint& sender, const shm::SubmissionDesc& d) {
     Deliver(*receiver, recv->req, recv->capacity, key, m,
             /*was_unexpected=*/false, recv->addr);
   } else {
-    // Invariant 4. An empty queue always admits one message, so a message
-    // larger than a whole budget still gets through on its own.
-    if (receiver->unexpected_cost > 0 && !admit_over_budget_ &&
-        (receiver->unexpected_cost + m.cost() > receiver->unexpected_budget ||
-         receiver->job->unexpected_cost + m.cost() > job_unexpected_budget_ ||
-         receiver->job->account().unexpected_cost + m.cost() >
-             uid_unexpected_budget_)) {
-      return false;
-    }
+    if (!admit_over_budget_ && OverBudget(*receiver)) return false;
     receiver->counters.unexpected_msgs.Add(1);
     receiver->counters.unexpected_bytes.Add(d.len);
-    Charge(*receiver, m);
+    Charge(*receiver);
     receiver->unexpected.push(key, m);
   }
   sender.counters.msgs_sent.Add(1);
@@ -430,7 +422,7 @@ bool MqEngine::HandleRecv(Endpoint& receiver, const shm::SubmissionDesc& d) {
   receiver.counters.posted_recvs.Add(1);
   MsgKey key;
   if (auto m = receiver.unexpected.take(p, &key)) {
-    Uncharge(receiver, *m);
+    Uncharge(receiver);
     Deliver(receiver, d.req, d.len, key, *m, /*was_unexpected=*/true,
             RecvAddrOf(d));
     return true;
@@ -522,7 +514,7 @@ bool MqEngine::HandleProbe(Endpoint& ep, const shm::SubmissionDesc& d) {
     // the client with the answer, so psm2_mq_imrecv completes at once, as
     // with Intel's library (applications drop such requests after one test
     // and free the buffer). The message is matched: a sync sender completes.
-    Uncharge(ep, *taken);
+    Uncharge(ep);
     c.flags |= shm::kPayloadClaimed | shm::kWasUnexpected;
     AttachEagerPayload(c, *taken);
     ep.counters.msgs_received.Add(1);
@@ -554,7 +546,7 @@ bool MqEngine::HandleClaimedRecv(Endpoint& ep, const shm::SubmissionDesc& d) {
   }
   ClaimedMsg c = it->second;
   ep.claimed.erase(it);
-  Uncharge(ep, c.msg);
+  Uncharge(ep);
   Deliver(ep, d.req, d.len, c.key, c.msg, /*was_unexpected=*/true,
           (d.flags & shm::kRecvInPlace) ? d.body.place.addr : 0);
   return true;
@@ -928,20 +920,30 @@ void MqEngine::EndTakenTransfer(
   }
 }
 
-void MqEngine::Charge(Endpoint& receiver, const UnexpectedMsg& m) {
-  receiver.unexpected_cost += m.cost();
-  receiver.job->unexpected_cost += m.cost();
-  receiver.job->account().unexpected_cost += m.cost();
+bool MqEngine::OverBudget(const Endpoint& receiver) const {
+  // An empty queue always admits one message (invariant 4).
+  constexpr uint64_t kOne = kUnexpectedOverheadBytes;
+  return receiver.unexpected_cost > 0 &&
+         (receiver.unexpected_cost + kOne > receiver.unexpected_budget ||
+          receiver.job->unexpected_cost + kOne > job_unexpected_budget_ ||
+          receiver.job->account().unexpected_cost + kOne >
+              uid_unexpected_budget_);
 }
 
-void MqEngine::Uncharge(Endpoint& receiver, const UnexpectedMsg& m) {
-  receiver.unexpected_cost -= m.cost();
-  receiver.job->unexpected_cost -= m.cost();
-  receiver.job->account().unexpected_cost -= m.cost();
+void MqEngine::Charge(Endpoint& receiver) {
+  receiver.unexpected_cost += kUnexpectedOverheadBytes;
+  receiver.job->unexpected_cost += kUnexpectedOverheadBytes;
+  receiver.job->account().unexpected_cost += kUnexpectedOverheadBytes;
+}
+
+void MqEngine::Uncharge(Endpoint& receiver) {
+  receiver.unexpected_cost -= kUnexpectedOverheadBytes;
+  receiver.job->unexpected_cost -= kUnexpectedOverheadBytes;
+  receiver.job->account().unexpected_cost -= kUnexpectedOverheadBytes;
 }
 
 void MqEngine::Discard(Endpoint& receiver, const UnexpectedMsg& m) {
-  Uncharge(receiver, m);
+  Uncharge(receiver);
   ReleasePayload(receiver, m);
   if (m.rendezvous || (m.flags & shm::kSendSync)) {
     CompleteSyncOf(receiver, m, PSM2_EPID_UNREACHABLE);

@@ -227,8 +227,12 @@ class MqEngine {
                                  const UnexpectedMsg& m);
   void StartTransfer(Endpoint& receiver, uint64_t recv_req, uint32_t send_bytes,
                      const UnexpectedMsg& m, uint64_t recv_addr = 0);
-  void Charge(Endpoint& receiver, const UnexpectedMsg& m);
-  void Uncharge(Endpoint& receiver, const UnexpectedMsg& m);
+  // Invariant 4: whether one more unexpected message for `receiver` would
+  // exceed its budget, its job's or its uid's; Charge and Uncharge count one
+  // in or out.
+  bool OverBudget(const Endpoint& receiver) const;
+  void Charge(Endpoint& receiver);
+  void Uncharge(Endpoint& receiver);
   void CompleteSync(uint32_t sender_id, uint64_t sender_req, int32_t error);
   // The same for message `m` received by `receiver`, wherever its sender is.
   void CompleteSyncOf(const Endpoint& receiver, const UnexpectedMsg& m,

@@ -1133,7 +1133,7 @@ void Remote::OnPayload(Peer& p) {
     } else {
       r->counters.unexpected_msgs.Add(1);
       r->counters.unexpected_bytes.Add(m.len);
-      engine_->Charge(*r, m);
+      engine_->Charge(*r);
       r->unexpected.push(key, m);
       if (kept != nullptr) {
         kept->waiting = true;
@@ -1600,23 +1600,15 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
   m.remote_src = f.src;
   if (inl) std::memcpy(m.inline_data, inline_data, w.len);
   const MsgKey key = KeyOf(f.src, w.tag);
-  auto over_budget = [&] {
-    return r->unexpected_cost > 0 &&
-           (r->unexpected_cost + m.cost() > r->unexpected_budget ||
-            r->job->unexpected_cost + m.cost() >
-                engine_->job_unexpected_budget_ ||
-            r->job->account().unexpected_cost + m.cost() >
-                engine_->uid_unexpected_budget_);
-  };
   if (rndv || inl) {
     if (auto recv = r->posted.take_match(key)) {
       engine_->Deliver(*r, recv->req, recv->capacity, key, m, false);
       return Verdict::kDone;
     }
-    if (over_budget()) return Verdict::kPause;
+    if (engine_->OverBudget(*r)) return Verdict::kPause;
     r->counters.unexpected_msgs.Add(1);
     r->counters.unexpected_bytes.Add(w.len);
-    engine_->Charge(*r, m);
+    engine_->Charge(*r);
     r->unexpected.push(key, m);
     return Verdict::kDone;
   }
@@ -1631,7 +1623,7 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
       p.held_recv = *recv;
     }
   }
-  if (!p.has_held && over_budget()) return Verdict::kPause;
+  if (!p.has_held && engine_->OverBudget(*r)) return Verdict::kPause;
   // A message that may stay unexpected takes at most half the inbox; the
   // rest is for the ones receives wait for. When that has had no room for
   // a while, its payload is kept (remote.h, back-pressure 3).

@@ -502,34 +502,41 @@ void StatsCounters(Pair& p) {
   }
 }
 
-// More unexpected eager messages than a sender's shared-memory buffers hold
-// (MPI: isends of many tags, received in another order), and the receiver
-// first waits for the message sent after all of them. It must arrive, and
-// then every other one, intact, taken last to first (some were sent
-// synchronously): a library that keeps
-// unexpected payloads on the sender's side must not let them hold back the
-// one asked for, nor let the earlier ones hold back the later.
-void UnexpectedBeyondSendBuffers(Pair& p) {
-  constexpr uint32_t kLen = 60000;  // eager under the default (64000)
-  constexpr uint32_t kCount = 400;  // 24 MB, three times psmd's send region
-  constexpr uint32_t kTagBase = 0x62000, kLastTag = 0x61fff;
+// Many unexpected eager messages (MPI: isends of many tags, received in
+// another order), and the receiver first waits for the message sent after
+// all of them. It must arrive, and then every other one, intact, taken last
+// to first (every eighth was sent synchronously): whatever bounds the
+// library or psmd keeps on unexpected payloads, the earlier messages must
+// not hold back the one asked for, nor the later ones the earlier. With
+// `budget_mb` the receiver first sets PSM2_MQ_MAX_SYSBUF_MBYTES (Intel
+// accepts and ignores it).
+void UnexpectedTakenLastToFirst(Pair& p, uint32_t len, uint32_t count,
+                                uint32_t tag_base, uint32_t budget_mb) {
+  const uint32_t last_tag = tag_base - 1;
+  uint32_t old_mb = 0;
+  if (budget_mb != 0 && p.rank != kSender) {
+    MQ_CHECK_ERR(psm2_mq_getopt(p.mq, PSM2_MQ_MAX_SYSBUF_MBYTES, &old_mb),
+                 PSM2_OK);
+    MQ_CHECK_ERR(psm2_mq_setopt(p.mq, PSM2_MQ_MAX_SYSBUF_MBYTES, &budget_mb),
+                 PSM2_OK);
+  }
+  p.Barrier("receiver's budget set");
   if (p.rank == kSender) {
     // Outlives the case: a send that never completes may still be read.
     static std::vector<uint8_t> bufs;
-    bufs.assign(size_t{kLen} * kCount, 0);
-    std::vector<psm2_mq_req_t> reqs(kCount + 1, PSM2_MQ_REQINVALID);
-    for (uint32_t i = 0; i < kCount; i++) {
-      uint8_t* b = &bufs[size_t{i} * kLen];
-      Fill(b, kLen, kTagBase + i);
-      // Every eighth one synchronous: it completes only once received.
+    bufs.assign(size_t{len} * count, 0);
+    std::vector<psm2_mq_req_t> reqs(count + 1, PSM2_MQ_REQINVALID);
+    for (uint32_t i = 0; i < count; i++) {
+      uint8_t* b = &bufs[size_t{i} * len];
+      Fill(b, len, tag_base + i);
       const uint32_t flags = i % 8 == 0 ? PSM2_MQ_FLAG_SENDSYNC : 0;
       MQ_CHECK_ERR(
-          Isend2(p, flags, Tag(kTagBase + i), b, kLen, nullptr, &reqs[i]),
+          Isend2(p, flags, Tag(tag_base + i), b, len, nullptr, &reqs[i]),
           PSM2_OK);
     }
-    uint32_t last = kLastTag;
+    uint32_t last = last_tag;
     MQ_CHECK_ERR(
-        Isend2(p, 0, Tag(kLastTag), &last, sizeof last, nullptr, &reqs[kCount]),
+        Isend2(p, 0, Tag(last_tag), &last, sizeof last, nullptr, &reqs[count]),
         PSM2_OK);
     // One deadline for all of them (Finish would wait kCompleteTimeoutS for
     // each); sends cannot be cancelled, so none is abandoned.
@@ -543,30 +550,46 @@ void UnexpectedBeyondSendBuffers(Pair& p) {
       psm2_poll(p.ep);
     }
     MQ_CHECK(unfinished == 0, "%d of %u sends did not complete", unfinished,
-             kCount + 1);
+             count + 1);
     p.Barrier("all received");
     return;
   }
   uint32_t last = 0;
   psm2_mq_req_t r;
-  MQ_CHECK_ERR(Irecv2(p, PSM2_MQ_ANY_ADDR, Tag(kLastTag), kExact, &last,
+  MQ_CHECK_ERR(Irecv2(p, PSM2_MQ_ANY_ADDR, Tag(last_tag), kExact, &last,
                       sizeof last, nullptr, &r),
                PSM2_OK);
-  if (Finish(p, &r, "the message sent after 400 unexpected ones")) {
-    MQ_CHECK(last == kLastTag, "the last message carried %#x", last);
-    std::vector<uint8_t> buf(kLen);
+  if (Finish(p, &r, "the message sent after the unexpected ones")) {
+    MQ_CHECK(last == last_tag, "the last message carried %#x", last);
+    std::vector<uint8_t> buf(len);
     int wrong = 0;
-    for (uint32_t i = kCount; i-- > 0;) {
-      MQ_CHECK_ERR(Irecv2(p, PSM2_MQ_ANY_ADDR, Tag(kTagBase + i), kExact,
-                          buf.data(), kLen, nullptr, &r),
+    for (uint32_t i = count; i-- > 0;) {
+      MQ_CHECK_ERR(Irecv2(p, PSM2_MQ_ANY_ADDR, Tag(tag_base + i), kExact,
+                          buf.data(), len, nullptr, &r),
                    PSM2_OK);
       if (!Finish(p, &r, "an unexpected message")) break;
-      if (FirstMismatch(buf.data(), kLen, kTagBase + i) >= 0) wrong++;
+      if (FirstMismatch(buf.data(), len, tag_base + i) >= 0) wrong++;
     }
     MQ_CHECK(wrong == 0, "%d of %u unexpected messages arrived damaged", wrong,
-             kCount);
+             count);
+  }
+  if (budget_mb != 0) {
+    MQ_CHECK_ERR(psm2_mq_setopt(p.mq, PSM2_MQ_MAX_SYSBUF_MBYTES, &old_mb),
+                 PSM2_OK);
   }
   p.Barrier("all received");
+}
+
+// 400 messages of 60,000 B (eager under the default threshold, 64000): 24
+// MB, three times psmd's send region.
+void UnexpectedBeyondSendBuffers(Pair& p) {
+  UnexpectedTakenLastToFirst(p, 60000, 400, 0x62000, /*budget_mb=*/0);
+}
+
+// 200 messages of 20,000 B, 4 MB, at a receiver whose unexpected budget is
+// 1 MiB.
+void UnexpectedBeyondTheBudget(Pair& p) {
+  UnexpectedTakenLastToFirst(p, 20000, 200, 0x64000, /*budget_mb=*/1);
 }
 
 // A message the receiver takes only at the end, sent before 18 MB of
@@ -635,6 +658,7 @@ std::vector<Case> DeliveryCases() {
       {"options", Checked(Options)},
       {"stats_counters", Checked(StatsCounters)},
       {"unexpected_beyond_send_buffers", Checked(UnexpectedBeyondSendBuffers)},
+      {"unexpected_beyond_the_budget", Checked(UnexpectedBeyondTheBudget)},
       {"early_message_received_last", Checked(EarlyMessageReceivedLast)},
   };
 }
