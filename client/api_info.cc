@@ -86,7 +86,9 @@ uint32_t UnitStatus(uint32_t unit) {
 }
 
 // Validates the (mq, epaddr) pair of a per-connection query and tells how
-// the connection is carried: to itself or to another endpoint, through psmd.
+// the connection is carried: to itself, to another endpoint of this node, or
+// to one on another node (through psmd's fabric, reported as Intel's reports
+// its HFI transport).
 psm2_error_t ConnectionConfig(const char* query, psm2_mq_t mq,
                               psm2_epaddr_t epaddr, uint32_t* config) {
   if (mq == nullptr || epaddr == nullptr || epaddr->ep != mq->ep) {
@@ -95,10 +97,16 @@ psm2_error_t ConnectionConfig(const char* query, psm2_mq_t mq,
         std::string("psm2_info_query(") + query +
             "): needs an MQ and an epaddr connected from that MQ's endpoint");
   }
-  // Every psmd connection is shared memory; a connection to the endpoint's
-  // own epid is its loopback, which Intel's reports as SELF.
-  *config = epaddr->epid == mq->ep->epid() ? PSM2_INFO_QUERY_CONFIG_SELF
-                                           : PSM2_INFO_QUERY_CONFIG_AMSH;
+  // A connection to the endpoint's own epid is its loopback, which Intel's
+  // reports as SELF.
+  if (epaddr->epid == mq->ep->epid()) {
+    *config = PSM2_INFO_QUERY_CONFIG_SELF;
+  } else if (psmd::shm::NodeIdOf(epaddr->epid) ==
+             psmd::shm::NodeIdOf(mq->ep->epid())) {
+    *config = PSM2_INFO_QUERY_CONFIG_AMSH;
+  } else {
+    *config = PSM2_INFO_QUERY_CONFIG_IPS;
+  }
   return PSM2_OK;
 }
 
@@ -110,24 +118,26 @@ psm2_error_t QueryThreshold(psm2_mq_t mq, psm2_epaddr_t epaddr,
       err != PSM2_OK) {
     return err;
   }
-  // The one threshold of a psmd connection is where rendezvous starts, for
-  // loopback as for other peers.
+  // The one threshold of a psmd connection is where rendezvous starts:
+  // RNDV_SHM_SZ on this node (loopback too), RNDV_HFI_SZ to another.
   const bool asks_ours = (config == PSM2_INFO_QUERY_CONFIG_AMSH &&
                           which == PSM2_INFO_QUERY_THRESH_AMSH_START) ||
                          (config == PSM2_INFO_QUERY_CONFIG_SELF &&
-                          which == PSM2_INFO_QUERY_THRESH_SELF_START);
+                          which == PSM2_INFO_QUERY_THRESH_SELF_START) ||
+                         (config == PSM2_INFO_QUERY_CONFIG_IPS &&
+                          which == PSM2_INFO_QUERY_THRESH_IPS_RNDV);
   if (!asks_ours) {
     return Library::Report(
         PSM2_IQ_INVALID_QUERY,
         "psm2_info_query(THRESH): threshold " + std::to_string(which) +
             " does not apply to this connection; psmd connections have one, "
-            "the rendezvous "
-            "threshold, asked with PSM2_INFO_QUERY_THRESH_AMSH_START "
-            "(_SELF_START for a "
-            "connection to the endpoint itself)");
+            "the rendezvous threshold, asked with "
+            "PSM2_INFO_QUERY_THRESH_AMSH_START on this node, _IPS_RNDV to "
+            "another node, _SELF_START to the endpoint itself");
   }
   psmd::client::EndpointLock lock(&mq->ep->mu);
-  *out = mq->rndv_shm_bytes;
+  *out = config == PSM2_INFO_QUERY_CONFIG_IPS ? mq->rndv_hfi_bytes
+                                              : mq->rndv_shm_bytes;
   return PSM2_OK;
 }
 

@@ -12,6 +12,7 @@
 #include "client/endpoint.h"
 #include "client/library.h"
 #include "client/mq_options.h"
+#include "shm/epid.h"
 
 namespace shm = psmd::shm;
 using psmd::client::Library;
@@ -91,10 +92,15 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags,
   r->user.peer = dest;
   r->user.buf = static_cast<uint8_t*>(const_cast<void*>(buf));
   r->user.buf_len = len;
-  // Above the threshold, or too big for the send region, the payload waits
-  // with the sender until the receiver matched (rendezvous): unexpected
-  // large messages then cost the receiver nothing.
-  bool rendezvous = len > mq->rndv_shm_bytes ||
+  // Above the threshold that applies (the fabric's to another node), or too
+  // big for the send region, the payload waits with the sender until the
+  // receiver matched (rendezvous): unexpected large messages then cost the
+  // receiver nothing.
+  const uint32_t threshold =
+      shm::NodeIdOf(dest->epid) == shm::NodeIdOf(ep->epid())
+          ? mq->rndv_shm_bytes
+          : mq->rndv_hfi_bytes;
+  bool rendezvous = len > threshold ||
                     (!shm::IsInline(len) && len > ep->publisher().MaxPayload());
   shm::SubmissionDesc d = shm::PrepSend(dest->slot, psmd::client::TokenOf(r),
                                         stag->tag, len, rendezvous);

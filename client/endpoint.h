@@ -146,9 +146,9 @@ static_assert(std::is_trivially_copyable_v<psm2_mq_req>);
 struct psm2_mq {
   psm2_ep_t ep;
   bool initialized = false;
-  // Options (psm2_mq_setopt). Messages above rndv_shm_bytes use rendezvous:
-  // every psmd peer is on this node, so the shm threshold is the one that
-  // applies; the HFI one is kept and reported for compatibility.
+  // Options (psm2_mq_setopt). Messages above rndv_shm_bytes to an endpoint
+  // of this node, and above rndv_hfi_bytes to one on another node (through
+  // the fabric, as Intel's library uses it for its HFI), use rendezvous.
   uint32_t rndv_shm_bytes = 0;
   uint32_t rndv_hfi_bytes = 0;
   uint32_t max_sysbuf_mbytes = 0;

@@ -375,8 +375,11 @@ psm2_mq_stats_t Stats(Pair& p) {
 void StatsCounters(Pair& p) {
   const bool intel = p.impl == "intel";
   const uint64_t rndv_count = intel ? 2 : 1;
+  const int thr_key = RndvThresholdKey(p);
+  const char* thr_name =
+      thr_key == PSM2_MQ_RNDV_SHM_SZ ? "RNDV_SHM_SZ" : "RNDV_HFI_SZ";
   uint32_t thr = 0;
-  MQ_CHECK_ERR(psm2_mq_getopt(p.mq, PSM2_MQ_RNDV_SHM_SZ, &thr), PSM2_OK);
+  MQ_CHECK_ERR(psm2_mq_getopt(p.mq, thr_key, &thr), PSM2_OK);
   // Both ranks run the same library with default options, so the receiver
   // learns from its own threshold which protocol the sender used.
   const std::vector<uint32_t> sizes = {0, 100, thr, thr + 1, 1u << 20};
@@ -385,8 +388,8 @@ void StatsCounters(Pair& p) {
   for (uint32_t size : sizes) {
     for (int unexpected = 0; unexpected < 2; unexpected++) {
       char what[96];
-      snprintf(what, sizeof(what), "%s %u-byte message (RNDV_SHM_SZ %u)",
-               unexpected ? "unexpected" : "expected", size, thr);
+      snprintf(what, sizeof(what), "%s %u-byte message (%s %u)",
+               unexpected ? "unexpected" : "expected", size, thr_name, thr);
       const bool rndv = size > thr;
       if (p.rank == kSender) {
         psm2_mq_stats_t a = Stats(p);
@@ -471,35 +474,86 @@ void StatsCounters(Pair& p) {
     }
   }
 
-  // RNDV_SHM_SZ takes effect at once: with it lowered below the size, the
-  // sender uses rendezvous.
+  // A threshold takes effect at once, and only the one that applies to the
+  // peer (RNDV_SHM_SZ on one node, RNDV_HFI_SZ between nodes): with the
+  // other one lowered below the size the sender still sends eager, with
+  // this one lowered it uses rendezvous.
   constexpr uint32_t kLowThr = 4096, kSize = 8000;
-  if (p.rank == kSender) {
-    MQ_CHECK_ERR(psm2_mq_setopt(p.mq, PSM2_MQ_RNDV_SHM_SZ, &kLowThr), PSM2_OK);
-    psm2_mq_stats_t a = Stats(p);
-    p.Barrier("low threshold posted");
-    MQ_CHECK_ERR(psm2_mq_send(p.mq, p.peer, 0, 171, data.data(), kSize),
-                 PSM2_OK);
-    psm2_mq_stats_t b = Stats(p);
-    MQ_CHECK(b.tx_rndv_num - a.tx_rndv_num == rndv_count &&
-                 b.tx_eager_num == a.tx_eager_num,
-             "an %u-byte send with RNDV_SHM_SZ = %u: tx_rndv_num +%" PRIu64
-             ", tx_eager_num +%" PRIu64,
-             kSize, kLowThr, b.tx_rndv_num - a.tx_rndv_num,
-             b.tx_eager_num - a.tx_eager_num);
-    MQ_CHECK_ERR(psm2_mq_setopt(p.mq, PSM2_MQ_RNDV_SHM_SZ, &thr), PSM2_OK);
-    return;
+  const int other_key = thr_key == PSM2_MQ_RNDV_SHM_SZ ? PSM2_MQ_RNDV_HFI_SZ
+                                                       : PSM2_MQ_RNDV_SHM_SZ;
+  for (const bool applies : {false, true}) {
+    const int key = applies ? thr_key : other_key;
+    const uint64_t tag = applies ? 172 : 171;
+    char what[96];
+    snprintf(what, sizeof(what), "an %u-byte send with %s = %u", kSize,
+             key == PSM2_MQ_RNDV_SHM_SZ ? "RNDV_SHM_SZ" : "RNDV_HFI_SZ",
+             kLowThr);
+    if (p.rank == kSender) {
+      uint32_t orig = 0;
+      MQ_CHECK_ERR(psm2_mq_getopt(p.mq, key, &orig), PSM2_OK);
+      MQ_CHECK_ERR(psm2_mq_setopt(p.mq, key, &kLowThr), PSM2_OK);
+      psm2_mq_stats_t a = Stats(p);
+      p.Barrier(std::string(what) + ": posted");
+      MQ_CHECK_ERR(psm2_mq_send(p.mq, p.peer, 0, tag, data.data(), kSize),
+                   PSM2_OK);
+      psm2_mq_stats_t b = Stats(p);
+      const uint64_t want_rndv = applies ? rndv_count : 0;
+      MQ_CHECK(b.tx_rndv_num - a.tx_rndv_num == want_rndv &&
+                   b.tx_eager_num - a.tx_eager_num == (applies ? 0 : 1),
+               "%s: tx_rndv_num +%" PRIu64 " (want +%" PRIu64
+               "), tx_eager_num +%" PRIu64,
+               what, b.tx_rndv_num - a.tx_rndv_num, want_rndv,
+               b.tx_eager_num - a.tx_eager_num);
+      MQ_CHECK_ERR(psm2_mq_setopt(p.mq, key, &orig), PSM2_OK);
+      continue;
+    }
+    std::vector<uint8_t> buf(kSize);
+    psm2_mq_req_t req;
+    MQ_CHECK_ERR(
+        psm2_mq_irecv(p.mq, tag, ~0ull, 0, buf.data(), kSize, nullptr, &req),
+        PSM2_OK);
+    p.Barrier(std::string(what) + ": posted");
+    if (Finish(p, &req, what)) {
+      MQ_CHECK(FirstMismatch(buf.data(), kSize, 17) < 0, "%s: payload wrong",
+               what);
+    }
   }
-  std::vector<uint8_t> buf(kSize);
-  psm2_mq_req_t req;
-  MQ_CHECK_ERR(
-      psm2_mq_irecv(p.mq, 171, ~0ull, 0, buf.data(), kSize, nullptr, &req),
-      PSM2_OK);
-  p.Barrier("low threshold posted");
-  if (Finish(p, &req, "receive under a low threshold")) {
-    MQ_CHECK(FirstMismatch(buf.data(), kSize, 17) < 0,
-             "payload under a low threshold wrong");
-  }
+}
+
+// psm2_info_query names the connection's transport and its rendezvous
+// threshold: shared memory (AMSH) and RNDV_SHM_SZ on one node, the fabric
+// (IPS, as Intel's reports its HFI) and RNDV_HFI_SZ between nodes. Intel's
+// library crashes on threshold queries over shared memory, so those are
+// psmd's only.
+void ConnectionQueries(Pair& p) {
+  const bool one_node = RndvThresholdKey(p) == PSM2_MQ_RNDV_SHM_SZ;
+  psm2_info_query_arg_t args[3];
+  args[0].mq = p.mq;
+  args[1].epaddr = p.peer;
+  uint32_t config = 0;
+  MQ_CHECK_ERR(psm2_info_query(PSM2_INFO_QUERY_CONFIG, &config, 2, args),
+               PSM2_OK);
+  const uint32_t want_config =
+      one_node ? PSM2_INFO_QUERY_CONFIG_AMSH : PSM2_INFO_QUERY_CONFIG_IPS;
+  MQ_CHECK(config == want_config, "CONFIG of the connection to the peer: %#x",
+           config);
+  if (p.impl == "intel") return;
+  const auto ours = one_node ? PSM2_INFO_QUERY_THRESH_AMSH_START
+                             : PSM2_INFO_QUERY_THRESH_IPS_RNDV;
+  const auto not_ours = one_node ? PSM2_INFO_QUERY_THRESH_IPS_RNDV
+                                 : PSM2_INFO_QUERY_THRESH_AMSH_START;
+  const uint32_t set = 12345;
+  uint32_t orig = 0, thr = 0;
+  MQ_CHECK_ERR(psm2_mq_getopt(p.mq, RndvThresholdKey(p), &orig), PSM2_OK);
+  MQ_CHECK_ERR(psm2_mq_setopt(p.mq, RndvThresholdKey(p), &set), PSM2_OK);
+  args[2].mstq = ours;
+  MQ_CHECK_ERR(psm2_info_query(PSM2_INFO_QUERY_THRESH, &thr, 3, args), PSM2_OK);
+  MQ_CHECK(thr == set, "THRESH %d gave %u after the option was set to %u",
+           static_cast<int>(ours), thr, set);
+  args[2].mstq = not_ours;
+  MQ_CHECK_ERR(psm2_info_query(PSM2_INFO_QUERY_THRESH, &thr, 3, args),
+               PSM2_IQ_INVALID_QUERY);
+  MQ_CHECK_ERR(psm2_mq_setopt(p.mq, RndvThresholdKey(p), &orig), PSM2_OK);
 }
 
 // Many unexpected eager messages (MPI: isends of many tags, received in
@@ -657,6 +711,7 @@ std::vector<Case> DeliveryCases() {
       {"message_sizes", Checked(MessageSizes)},
       {"options", Checked(Options)},
       {"stats_counters", Checked(StatsCounters)},
+      {"connection_queries", Checked(ConnectionQueries)},
       {"unexpected_beyond_send_buffers", Checked(UnexpectedBeyondSendBuffers)},
       {"unexpected_beyond_the_budget", Checked(UnexpectedBeyondTheBudget)},
       {"early_message_received_last", Checked(EarlyMessageReceivedLast)},

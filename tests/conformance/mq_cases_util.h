@@ -102,6 +102,11 @@ psm2_error_t Iprobe2(Pair& p, psm2_epaddr_t src, psm2_mq_tag_t tag,
 
 void Fill(void* buf, size_t len, uint32_t seed);
 
+// The rendezvous threshold option that applies between the two ranks:
+// PSM2_MQ_RNDV_HFI_SZ when they are on different nodes (psmd daemons linked
+// by the fabric), else PSM2_MQ_RNDV_SHM_SZ.
+int RndvThresholdKey(const Pair& p);
+
 // Index of the first byte that differs from the pattern, or -1.
 long FirstMismatch(const void* buf, size_t len, uint32_t seed);
 
