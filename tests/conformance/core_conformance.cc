@@ -610,13 +610,19 @@ void EpidFields(Pair& p) {
     CONF_CHECK_EQ(psm2_epid_port(e), psm2_epid_context(e));
   }
   if (p.impl == "psmd") {
-    // psmd's epid: node id << 48 | boot nonce << 32 | endpoint id. Both
-    // ranks are on one node, served by one psmd.
-    CONF_CHECK_EQ(psm2_epid_nid(p.self_epid), p.self_epid >> 48);
-    CONF_CHECK_EQ(psm2_epid_nid(p.peer_epid), psm2_epid_nid(p.self_epid));
-    CONF_CHECK_EQ(psm2_epid_context(p.self_epid), p.self_epid & 0xffffffffu);
-    CONF_CHECK(psm2_epid_context(p.self_epid) !=
-               psm2_epid_context(p.peer_epid));
+    // psmd's epid: node id << 48 | boot nonce << 32 | endpoint id. On one
+    // node both ranks are served by one psmd, which numbers its endpoints
+    // apart; across nodes each daemon has its own node id.
+    for (psm2_epid_t e : {p.self_epid, p.peer_epid}) {
+      CONF_CHECK_EQ(psm2_epid_nid(e), e >> 48);
+      CONF_CHECK_EQ(psm2_epid_context(e), e & 0xffffffffu);
+    }
+    if (p.OneNode()) {
+      CONF_CHECK(psm2_epid_context(p.self_epid) !=
+                 psm2_epid_context(p.peer_epid));
+    } else {
+      CONF_CHECK(psm2_epid_nid(p.self_epid) != psm2_epid_nid(p.peer_epid));
+    }
     CONF_CHECK_EQ(psm2_epid_nid(0x123456789abcdef0ull), 0x1234u);
     CONF_CHECK_EQ(psm2_epid_context(0x123456789abcdef0ull), 0x9abcdef0u);
   } else {
@@ -633,7 +639,7 @@ void ShareMemory(Pair& p) {
   CONF_CHECK_EQ(result, 1);
   result = -1;
   CHECK_ERR(psm2_ep_epid_share_memory(p.ep, p.peer_epid, &result), PSM2_OK);
-  CONF_CHECK_EQ(result, 1);
+  CONF_CHECK_EQ(result, p.OneNode() ? 1 : 0);
   if (p.impl == "psmd") {
     // Another node id: not this psmd's. (Intel's without an adapter says 1
     // for any epid.)
@@ -933,9 +939,10 @@ void InfoQuery(Pair& p) {
       Query32(PSM2_INFO_QUERY_NUM_FREE_CONTEXTS, {Unit(0)}, &err);
   CHECK_ERR(err, PSM2_OK);
   if (psmd) {
-    // psmd's endpoints: both ranks hold one.
-    CONF_CHECK(contexts >= 2);
-    CONF_CHECK(free_contexts <= contexts - 2);
+    // psmd's endpoints: each rank holds one of its daemon's.
+    const uint32_t held = p.OneNode() ? 2 : 1;
+    CONF_CHECK(contexts >= held);
+    CONF_CHECK(free_contexts <= contexts - held);
   }
   CONF_CHECK_EQ(Query32(PSM2_INFO_QUERY_NUM_CONTEXTS, {Unit(1)}, &err),
                 kNoSuchUnit);
@@ -972,9 +979,12 @@ void InfoQuery(Pair& p) {
   }
 
   // Per connection: the peer is reached through shared memory, the
-  // endpoint itself through loopback.
+  // endpoint itself through loopback; a peer on another node through the
+  // fabric (IPS, as Intel's names its HFI).
+  const uint32_t peer_config =
+      p.OneNode() ? PSM2_INFO_QUERY_CONFIG_AMSH : PSM2_INFO_QUERY_CONFIG_IPS;
   CONF_CHECK_EQ(Query32(PSM2_INFO_QUERY_CONFIG, {Mq(p.mq), Addr(p.peer)}, &err),
-                static_cast<uint32_t>(PSM2_INFO_QUERY_CONFIG_AMSH));
+                peer_config);
   CHECK_ERR(err, PSM2_OK);
   psm2_epaddr_t self = nullptr;
   psm2_error_t self_err = kUnset;
@@ -990,13 +1000,17 @@ void InfoQuery(Pair& p) {
   if (psmd) {
     // Intel's crashes on these over shared memory (the queries reach its
     // fabric code).
-    uint32_t rndv = 0;
+    uint32_t rndv = 0, rndv_hfi = 0;
     CHECK_ERR(psm2_mq_getopt(p.mq, PSM2_MQ_RNDV_SHM_SZ, &rndv), PSM2_OK);
+    CHECK_ERR(psm2_mq_getopt(p.mq, PSM2_MQ_RNDV_HFI_SZ, &rndv_hfi), PSM2_OK);
+    const auto peer_thresh = p.OneNode() ? PSM2_INFO_QUERY_THRESH_AMSH_START
+                                         : PSM2_INFO_QUERY_THRESH_IPS_RNDV;
+    const auto not_peer_thresh = p.OneNode()
+                                     ? PSM2_INFO_QUERY_THRESH_IPS_RNDV
+                                     : PSM2_INFO_QUERY_THRESH_AMSH_START;
     CONF_CHECK_EQ(Query32(PSM2_INFO_QUERY_THRESH,
-                          {Mq(p.mq), Addr(p.peer),
-                           Thresh(PSM2_INFO_QUERY_THRESH_AMSH_START)},
-                          &err),
-                  rndv);
+                          {Mq(p.mq), Addr(p.peer), Thresh(peer_thresh)}, &err),
+                  p.OneNode() ? rndv : rndv_hfi);
     CHECK_ERR(err, PSM2_OK);
     CONF_CHECK_EQ(Query32(PSM2_INFO_QUERY_THRESH,
                           {Mq(p.mq), Addr(self),
@@ -1005,8 +1019,7 @@ void InfoQuery(Pair& p) {
                   rndv);
     CHECK_ERR(err, PSM2_OK);
     Query32(PSM2_INFO_QUERY_THRESH,
-            {Mq(p.mq), Addr(p.peer), Thresh(PSM2_INFO_QUERY_THRESH_IPS_RNDV)},
-            &err);
+            {Mq(p.mq), Addr(p.peer), Thresh(not_peer_thresh)}, &err);
     CHECK_ERR(err, PSM2_IQ_INVALID_QUERY);
     Query32(PSM2_INFO_QUERY_LINK_SPEED, {Mq(p.mq), Addr(p.peer)}, &err);
     CHECK_ERR(err, PSM2_IQ_INVALID_QUERY);

@@ -72,11 +72,7 @@ uint8_t PatternByte(size_t i, uint32_t seed) {
 }  // namespace
 
 int RndvThresholdKey(const Pair& p) {
-  // Intel's ranks share this node (its epids for shared memory name no
-  // node: psm2_epid_nid differs between them); psmd's epids name theirs.
-  const bool one_node = p.impl == "intel" || psm2_epid_nid(p.self_epid) ==
-                                                 psm2_epid_nid(p.peer_epid);
-  return one_node ? PSM2_MQ_RNDV_SHM_SZ : PSM2_MQ_RNDV_HFI_SZ;
+  return p.OneNode() ? PSM2_MQ_RNDV_SHM_SZ : PSM2_MQ_RNDV_HFI_SZ;
 }
 
 void Fill(void* buf, size_t len, uint32_t seed) {

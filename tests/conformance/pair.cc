@@ -29,6 +29,11 @@ void Check(bool ok, const char* expr, const char* file, int line) {
           expr);
 }
 
+bool Pair::OneNode() const {
+  return impl == "intel" ||
+         psm2_epid_nid(self_epid) == psm2_epid_nid(peer_epid);
+}
+
 void Pair::Barrier(const std::string& name) {
   int seq = barrier_seq++;
   std::string base = dir + "/barrier." + std::to_string(seq) + ".";

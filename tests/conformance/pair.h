@@ -40,6 +40,12 @@ struct Pair {
   std::string dir;   // shared scratch directory of this run
   std::string impl;  // "psmd" or "intel" (PSMD_CONFORMANCE_IMPL)
 
+  // Whether the two ranks are on one node: always under Intel's library
+  // (its shared-memory epids name no node: psm2_epid_nid differs between
+  // them); under psmd when their epids name the same node (run_pair.sh's
+  // psmd-nodes puts them on daemons linked by the fabric).
+  bool OneNode() const;
+
   // Both ranks return only once both have reached their n-th Barrier call
   // (the name is for diagnostics). Polls the endpoint while waiting.
   void Barrier(const std::string& name);
