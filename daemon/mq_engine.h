@@ -19,10 +19,11 @@
 //      submissions are not consumed (back-pressure, nothing dropped).
 //   4. A receiver's unexpected messages cost at most its budget, those of
 //      all endpoints of a job at most the job's budget, and those of all
-//      jobs of a uid at most the uid's budget (plus one message
-//      per receiver, so a single message larger than a budget still moves
-//      and a receiver with an empty queue is never starved by its job): a
-//      send that would exceed any waits in the sender's held_sends, and
+//      jobs of a uid at most the uid's budget, kUnexpectedOverheadBytes
+//      each whatever their length (daemon/endpoint.h says where payloads
+//      wait instead), plus one message per receiver, so that a receiver
+//      with an empty queue is never starved by its job (nor by a budget of
+//      0): a send that would exceed any waits in the sender's held_sends, and
 //      the sender's message ring is not read until it fits. Control
 //      submissions are always read, so the receiver can still post the
 //      receives that drain the queue.
