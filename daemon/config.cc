@@ -167,8 +167,8 @@ const std::vector<Setting>& Settings() {
              "once",
              "1 to 1048576"),
       Mebibytes("unexpected_mib", &Config::unexpected_budget_bytes,
-                "unexpected-message budget a new endpoint gets (reloaded on "
-                "SIGHUP)"),
+                "unexpected-message budget a new endpoint gets, psmd's memory "
+                "for them at 128 B a message (reloaded on SIGHUP)"),
       Mebibytes("max_unexpected_mib", &Config::max_unexpected_budget_bytes,
                 "most unexpected-message budget an endpoint may ask for "
                 "(PSM2_MQ_MAX_SYSBUF_MBYTES)"),
