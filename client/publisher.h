@@ -106,6 +106,11 @@ class Publisher {
     return shm::TraitsOf(desc.op).ring == shm::Ring::kMessage ? msg_queue_
                                                               : ctl_queue_;
   }
+  shm::RingProducer<shm::SubmissionDesc>& RingFor(
+      const shm::SubmissionDesc& desc) {
+    return shm::TraitsOf(desc.op).ring == shm::Ring::kMessage ? msg_sq_
+                                                              : ctl_sq_;
+  }
 
   shm::SegmentControl* control_ = nullptr;
   shm::RingProducer<shm::SubmissionDesc> msg_sq_;
