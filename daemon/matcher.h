@@ -625,6 +625,7 @@ class PostedQueue {
   // Classes hashed at once; a match looks up one bucket per class in use.
   // MPI uses 2-4 (exact, ANY_SOURCE, ANY_TAG, both).
   static constexpr uint32_t kMaxClasses = 16;
+  static_assert(kMaxClasses < 32, "live_classes_ holds one bit per class");
 
   PostedQueue() = default;
   PostedQueue(const PostedQueue&) = delete;
@@ -886,18 +887,17 @@ class PostedQueue {
   }
 
   // The class p belongs to: one in use with its selector and source kind, a
-  // free one, or kOverflow when all are taken.
+  // free one (the lowest), or kOverflow when all are taken. Visits only the
+  // classes in use: a queue that empties between receives (a ping-pong)
+  // frees its class every time.
   uint32_t class_for(const RecvPattern& p) const {
     const bool any = p.source == kAnySource;
-    uint32_t free = kOverflow;
-    for (uint32_t c = 0; c < kMaxClasses; ++c) {
-      if ((live_classes_ >> c) & 1u) {
-        if (classes_[c].sel == p.sel && classes_[c].any_source == any) return c;
-      } else if (free == kOverflow) {
-        free = c;
-      }
+    for (uint32_t m = live_classes_; m != 0; m &= m - 1) {
+      const uint32_t c = static_cast<uint32_t>(__builtin_ctz(m));
+      if (classes_[c].sel == p.sel && classes_[c].any_source == any) return c;
     }
-    return free;
+    const uint32_t free = ~live_classes_ & ((1u << kMaxClasses) - 1);
+    return free == 0 ? kOverflow : static_cast<uint32_t>(__builtin_ctz(free));
   }
 
   // Calls f(class, key tag & selector, source to look up, hash) for every
