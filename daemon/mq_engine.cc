@@ -306,8 +306,10 @@ bool MqEngine::PollMessages(Endpoint& ep, size_t limit, size_t* used) {
 void MqEngine::PrefetchMatches(Endpoint& ep, const shm::SubmissionDesc* batch,
                                size_t n) {
   if (n < 2) return;
-  // Calls prefetch(queue, key) for every descriptor whose queue is deep.
+  // Calls prefetch(queue, key) for every descriptor whose queue is deep;
+  // returns how many there were.
   auto each_deep_match = [&](auto&& prefetch) {
+    size_t deep = 0;
     uint32_t receiver_slot = shm::kAnySlot;  // batches mostly go to one peer
     const Endpoint* receiver = nullptr;
     for (size_t i = 0; i < n; i++) {
@@ -321,16 +323,24 @@ void MqEngine::PrefetchMatches(Endpoint& ep, const shm::SubmissionDesc* batch,
         if (receiver != nullptr &&
             receiver->posted.size() >= kPrefetchMinDepth) {
           prefetch(receiver->posted, KeyOf(ep.epid, d.tag));
+          deep++;
         }
       } else if (d.op == shm::SubmitOp::kRecv) {
         if (d.peer != shm::kAnySlot && d.peer >= ep.peers.size()) continue;
-        if (ep.unexpected.size() >= kPrefetchMinDepth)
+        if (ep.unexpected.size() >= kPrefetchMinDepth) {
           prefetch(ep.unexpected, PatternOf(ep, d));
+          deep++;
+        }
       }
     }
+    return deep;
   };
-  each_deep_match(
-      [](const auto& queue, const auto& key) { queue.prefetch_slot(key); });
+  // Shallow queues (the common case) cost one look at the batch.
+  if (each_deep_match([](const auto& queue, const auto& key) {
+        queue.prefetch_slot(key);
+      }) == 0) {
+    return;
+  }
   each_deep_match(
       [](const auto& queue, const auto& key) { queue.prefetch_entry(key); });
 }
