@@ -99,5 +99,18 @@ TEST(ClientSpinTest, PublishesItsCpuWhilePollingAndClearsItToSleep) {
   EXPECT_EQ(hints.client_cpu.load(), 0u);
 }
 
+TEST(ClientSpinTest, LooksAtItsCpuOnTheFirstIdleTurnAndEverySixteenth) {
+  SpinHints hints{};
+  ClientSpin spin;
+  spin.Attach(&hints);
+  for (uint32_t turn = 2; turn <= 16; turn++) spin.Idle(turn);
+  EXPECT_EQ(hints.client_cpu.load(), 0u);
+  spin.Idle(17);
+  EXPECT_GE(hints.client_cpu.load(), 1u);
+  spin.Sleeping();
+  spin.Idle(1);
+  EXPECT_GE(hints.client_cpu.load(), 1u);
+}
+
 }  // namespace
 }  // namespace psmd::shm
