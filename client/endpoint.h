@@ -280,7 +280,7 @@ struct psm2_ep {
   // submission was published: a single check (Open MPI's mtl psmd peeks once
   // after every blocking send) should not cost even that.
   void IdleYield() PSMD_REQUIRES(mu) {
-    if (empty_checks_++ > 0) spin_.Idle(empty_checks_ - 1);
+    if (empty_checks_++ > 0) spin_.Idle(empty_checks_ - 1, !publisher_.idle());
   }
   void RemoveFromDoneList(psm2_mq_req* req) PSMD_REQUIRES(mu);
   // The error of the last node lost (kNodeLost) since the previous call,
@@ -372,7 +372,7 @@ void psm2_ep::WaitUntil(Done done) {
     }
     if (done()) return;
     if (++idle < spins) {
-      spin_.Idle(idle);
+      spin_.Idle(idle, !publisher_.idle());
       // Another application thread wants the endpoint (a send, a test):
       // let it in, as Intel's psm2_mq_wait does, rather than make it wait
       // until this wait ends or sleeps.

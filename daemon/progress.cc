@@ -259,14 +259,14 @@ void ProgressWorker::Loop() {
     engine_.NotifyClients();
     if (did) {
       idle_passes = 0;
-      pause = !share_core_;
+      pause = true;  // even on a shared core: see CoreWanted
       if (++busy_passes % kHeartbeatPasses == 0) NoteTurn(NowNs());
       continue;
     }
     // Reading the clock and counting pollers cost more than a pass over a
     // few rings; do both only every so often.
     if (++idle_passes % 64 != 0) {
-      if (pause) {
+      if (pause && !(share_core_ && CoreWanted())) {
         shm::CpuRelax();
       } else {
         // The client we wait for, or another thread, may need this core.
@@ -289,6 +289,20 @@ void ProgressWorker::Loop() {
   }
   // Drain commands still waiting so no control thread blocks forever.
   RunCommands();
+}
+
+bool ProgressWorker::CoreWanted() {
+  const auto& eps = engine_.endpoints();
+  for (size_t i : census_.colocated()) {
+    // (An index from before an endpoint came or went names another one
+    // until the next count: a hint, like the census itself.)
+    if (i >= eps.size()) continue;
+    if (!eps[i]->cq.Drained() || eps[i]->control()->spin.client_blocked.load(
+                                     std::memory_order_relaxed) != 0) {
+      return true;
+    }
+  }
+  return false;
 }
 
 bool ProgressWorker::CountPollers(uint32_t own_cpu) {

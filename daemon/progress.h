@@ -97,6 +97,14 @@ class ProgressWorker {
   // client_cpu word; 0: not polling) and returns whether a client polls on
   // that CPU (shm/spin.h).
   bool CountPollers(uint32_t own_cpu);
+  // Whether a client polling on the worker's CPU has completions to reap or
+  // submissions waiting for room (client_blocked): only then does a worker
+  // that shares the core hand it over at once after work. Until then that
+  // client waits for us (or for a peer elsewhere, whose answer we must carry),
+  // and a yield would cost two core switches (3-5 us each here) for nothing;
+  // after a few dozen idle passes the worker yields anyway, for whatever else
+  // runs there (docs/design.md, "Spinning").
+  bool CoreWanted();
   // A doorbell of `ep`, rung `rings` times since we last drained it, woke
   // us with nothing submitted; past a rate, its doorbell leaves epoll for
   // kMuteNs. Its rings are still polled whenever the worker is awake.

@@ -82,6 +82,11 @@ struct SpinHints {
   // Client: 1 + the CPU it last polled on while it waited for psmd, 0 while
   // it sleeps (and in a fresh segment). The daemon bounds-checks it.
   alignas(kCacheLine) std::atomic<uint32_t> client_cpu;
+  // Client: 1 while its idle polls wait with submissions queued for ring
+  // space, a credit or pool space (it has work the moment psmd makes
+  // room), else 0. Beside client_cpu: same writer, and the worker reads
+  // both only for a client on its own core.
+  std::atomic<uint32_t> client_blocked;
   // Daemon: 1 while another poller (psmd's worker or another endpoint's
   // client) was last seen on client_cpu, so an idle poll should yield the
   // core; 0 when a pause costs less than the syscall.

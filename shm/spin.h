@@ -21,7 +21,11 @@
 //  2. psmd's worker, every few dozen idle passes, counts the pollers on each
 //     CPU (itself and every endpoint with a valid client_cpu), sets
 //     core_shared on every endpoint whose CPU has another poller, and yields
-//     on its own idle passes only while a client polls on its CPU.
+//     on its own idle passes only while a client polls on its CPU, and then
+//     only once that client has completions to reap, is blocked
+//     (client_blocked) or no work came for a few dozen passes. Until then
+//     the client can do nothing without us: handing it the core would cost
+//     two switches for nothing.
 //  3. A client's idle poll yields if core_shared or if it has polled in
 //     vain for kPauseTurns, else pauses.
 // Hints are relaxed loads and stores: a stale one costs a wrong choice
@@ -79,8 +83,13 @@ class ClientSpin {
   void Attach(SpinHints* hints) { hints_ = hints; }
 
   // One idle turn of a polling loop that waits for psmd; `turn` counts the
-  // empty polls since work last came (from 1).
-  void Idle(uint32_t turn) {
+  // empty polls since work last came (from 1); `blocked`: submissions wait
+  // in the library for room (SpinHints::client_blocked).
+  void Idle(uint32_t turn, bool blocked) {
+    if (blocked != blocked_) {
+      blocked_ = blocked;
+      hints_->client_blocked.store(blocked ? 1 : 0, std::memory_order_relaxed);
+    }
     // Where we run, on the first idle turn of a wait and every 16th after:
     // a thread seldom moves, and reading it on every turn was a sixth of
     // an idle poll's instructions (am_rate under callgrind).
@@ -110,6 +119,7 @@ class ClientSpin {
   static constexpr uint32_t kCpuCheckTurns = 16;
   SpinHints* hints_ = nullptr;
   uint32_t published_ = 0;  // what client_cpu holds, as far as we wrote it
+  bool blocked_ = false;    // what client_blocked holds
 };
 
 // The worker's side (protocol step 2): pollers per CPU.
@@ -121,11 +131,13 @@ class CoreCensus {
 
   // hints(i) for i < n are the endpoints' SpinHints; own_cpu is the
   // worker's client_cpu word (CurrentCpuWord()). Sets every endpoint's
-  // core_shared and returns whether a client polls on the worker's CPU.
+  // core_shared and returns whether a client polls on the worker's CPU;
+  // colocated() then lists those clients' indices.
   template <typename HintsAt>
   bool Refresh(size_t n, HintsAt hints, uint32_t own_cpu) {
     std::fill(count_.begin(), count_.end(), 0);
     seen_.resize(n);
+    colocated_.clear();
     const auto valid = [&](uint32_t cpu) {
       return cpu != 0 && cpu < count_.size();
     };
@@ -143,13 +155,19 @@ class CoreCensus {
       if (h->core_shared.load(std::memory_order_relaxed) != shared) {
         h->core_shared.store(shared, std::memory_order_relaxed);
       }
+      if (valid(own_cpu) && seen_[i] == own_cpu) colocated_.push_back(i);
     }
     return valid(own_cpu) && count_[own_cpu] > 1;
   }
 
+  // The endpoints (indices of the last Refresh) whose client polled on the
+  // worker's CPU.
+  const std::vector<size_t>& colocated() const { return colocated_; }
+
  private:
-  std::vector<uint16_t> count_;  // pollers, by client_cpu word
-  std::vector<uint32_t> seen_;   // each endpoint's valid client_cpu, or 0
+  std::vector<uint16_t> count_;    // pollers, by client_cpu word
+  std::vector<uint32_t> seen_;     // each endpoint's valid client_cpu, or 0
+  std::vector<size_t> colocated_;  // see colocated()
 };
 
 }  // namespace psmd::shm

@@ -45,6 +45,18 @@ TEST_F(CoreCensusTest, AClientOnTheWorkersCoreMakesBothYield) {
   EXPECT_EQ(Shared(1), 1u);
 }
 
+TEST_F(CoreCensusTest, ListsTheClientsOnTheWorkersCore) {
+  Clients({Cpu(1), Cpu(0), Cpu(1), 0});
+  EXPECT_TRUE(Refresh(Cpu(1)));
+  EXPECT_EQ(census_.colocated(), (std::vector<size_t>{0, 2}));
+  Clients({Cpu(0)});
+  EXPECT_FALSE(Refresh(Cpu(1)));
+  EXPECT_TRUE(census_.colocated().empty());
+  Clients({Cpu(1)});
+  EXPECT_FALSE(Refresh(0));  // a worker going to sleep shares no core
+  EXPECT_TRUE(census_.colocated().empty());
+}
+
 TEST_F(CoreCensusTest, TwoClientsOnOneCoreYieldToEachOther) {
   Clients({Cpu(0), Cpu(0), Cpu(3)});
   EXPECT_FALSE(Refresh(Cpu(1)));
@@ -91,7 +103,7 @@ TEST(ClientSpinTest, PublishesItsCpuWhilePollingAndClearsItToSleep) {
   SpinHints hints{};
   ClientSpin spin;
   spin.Attach(&hints);
-  spin.Idle(1);
+  spin.Idle(1, false);
   // 1 + a CPU of this machine (which one: we may have moved since).
   EXPECT_GE(hints.client_cpu.load(), 1u);
   EXPECT_LE(hints.client_cpu.load(), static_cast<uint32_t>(get_nprocs_conf()));
@@ -99,16 +111,28 @@ TEST(ClientSpinTest, PublishesItsCpuWhilePollingAndClearsItToSleep) {
   EXPECT_EQ(hints.client_cpu.load(), 0u);
 }
 
+TEST(ClientSpinTest, SaysWhetherSubmissionsWaitForRoom) {
+  SpinHints hints{};
+  ClientSpin spin;
+  spin.Attach(&hints);
+  spin.Idle(1, true);
+  EXPECT_EQ(hints.client_blocked.load(), 1u);
+  spin.Idle(2, true);
+  EXPECT_EQ(hints.client_blocked.load(), 1u);
+  spin.Idle(3, false);
+  EXPECT_EQ(hints.client_blocked.load(), 0u);
+}
+
 TEST(ClientSpinTest, LooksAtItsCpuOnTheFirstIdleTurnAndEverySixteenth) {
   SpinHints hints{};
   ClientSpin spin;
   spin.Attach(&hints);
-  for (uint32_t turn = 2; turn <= 16; turn++) spin.Idle(turn);
+  for (uint32_t turn = 2; turn <= 16; turn++) spin.Idle(turn, false);
   EXPECT_EQ(hints.client_cpu.load(), 0u);
-  spin.Idle(17);
+  spin.Idle(17, false);
   EXPECT_GE(hints.client_cpu.load(), 1u);
   spin.Sleeping();
-  spin.Idle(1);
+  spin.Idle(1, false);
   EXPECT_GE(hints.client_cpu.load(), 1u);
 }
 
