@@ -208,8 +208,8 @@ bool MqEngine::PollAll() {
       }
       size_t& used = job_used_[group];
       const size_t n = end - begin;
-      // (No division for a job of one endpoint: a pass of a latency-bound
-      // client is a few dozen instructions, and a divide is as many cycles.)
+      // (No division for a job of one endpoint: a divide costs dozens of
+      // cycles, on every pass of every latency-bound client.)
       const size_t first = n == 1 ? 0 : passes_ % n;
       for (size_t k = 0; k < n && used < kJobBudget; k++) {
         const size_t turn = first + k < n ? first + k : first + k - n;
