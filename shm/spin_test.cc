@@ -99,10 +99,14 @@ TEST_F(CoreCensusTest, AnUnknownWorkerCpuSharesWithNobody) {
   EXPECT_EQ(Shared(0), 0u);
 }
 
-TEST(ClientSpinTest, PublishesItsCpuWhilePollingAndClearsItToSleep) {
+class ClientSpinTest : public ::testing::Test {
+ protected:
+  void SetUp() override { spin.Attach(&hints); }
   SpinHints hints{};
   ClientSpin spin;
-  spin.Attach(&hints);
+};
+
+TEST_F(ClientSpinTest, PublishesItsCpuWhilePollingAndClearsItToSleep) {
   spin.Idle(1, false);
   // 1 + a CPU of this machine (which one: we may have moved since).
   EXPECT_GE(hints.client_cpu.load(), 1u);
@@ -111,10 +115,7 @@ TEST(ClientSpinTest, PublishesItsCpuWhilePollingAndClearsItToSleep) {
   EXPECT_EQ(hints.client_cpu.load(), 0u);
 }
 
-TEST(ClientSpinTest, SaysWhetherSubmissionsWaitForRoom) {
-  SpinHints hints{};
-  ClientSpin spin;
-  spin.Attach(&hints);
+TEST_F(ClientSpinTest, SaysWhetherSubmissionsWaitForRoom) {
   spin.Idle(1, true);
   EXPECT_EQ(hints.client_blocked.load(), 1u);
   spin.Idle(2, true);
@@ -123,10 +124,7 @@ TEST(ClientSpinTest, SaysWhetherSubmissionsWaitForRoom) {
   EXPECT_EQ(hints.client_blocked.load(), 0u);
 }
 
-TEST(ClientSpinTest, LooksAtItsCpuOnTheFirstIdleTurnAndEverySixteenth) {
-  SpinHints hints{};
-  ClientSpin spin;
-  spin.Attach(&hints);
+TEST_F(ClientSpinTest, LooksAtItsCpuOnTheFirstIdleTurnAndEverySixteenth) {
   for (uint32_t turn = 2; turn <= 16; turn++) spin.Idle(turn, false);
   EXPECT_EQ(hints.client_cpu.load(), 0u);
   spin.Idle(17, false);
