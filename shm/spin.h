@@ -31,7 +31,9 @@
 // Hints are relaxed loads and stores: a stale one costs a wrong choice
 // between pause and yield until the next refresh, never correctness. A
 // client can lie about its CPU; the most it achieves is what every poller
-// did before hints existed, yield on every idle poll.
+// did before hints existed, yield on every idle poll. One that lies with
+// client_blocked, or never reaps, only changes how soon the worker leaves
+// the liar's own core (at most 64 passes later).
 //
 // Thread safety: ClientSpin belongs to one endpoint and is used under its
 // lock; CoreCensus belongs to the progress worker's thread.
