@@ -102,14 +102,15 @@ class Publisher {
   bool PlacePayload(Deferred& d);
   bool FlushQueue(std::deque<Deferred>& queue,
                   shm::RingProducer<shm::SubmissionDesc>& ring);
+  static bool OnMessageRing(const shm::SubmissionDesc& desc) {
+    return shm::TraitsOf(desc.op).ring == shm::Ring::kMessage;
+  }
   std::deque<Deferred>& QueueFor(const shm::SubmissionDesc& desc) {
-    return shm::TraitsOf(desc.op).ring == shm::Ring::kMessage ? msg_queue_
-                                                              : ctl_queue_;
+    return OnMessageRing(desc) ? msg_queue_ : ctl_queue_;
   }
   shm::RingProducer<shm::SubmissionDesc>& RingFor(
       const shm::SubmissionDesc& desc) {
-    return shm::TraitsOf(desc.op).ring == shm::Ring::kMessage ? msg_sq_
-                                                              : ctl_sq_;
+    return OnMessageRing(desc) ? msg_sq_ : ctl_sq_;
   }
 
   shm::SegmentControl* control_ = nullptr;
