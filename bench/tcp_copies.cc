@@ -204,8 +204,8 @@ double Run(Way way, size_t size, size_t count, int cpu_send, int cpu_recv) {
   waitpid(child, &status, 0);
   close(fd);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return 0;
-  return static_cast<double>(size) * static_cast<double>(count) /
-         took.count() / 1e9;
+  return static_cast<double>(size) * static_cast<double>(count) / took.count() /
+         1e9;
 }
 
 }  // namespace
