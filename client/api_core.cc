@@ -17,6 +17,7 @@
 #include "client/endpoint.h"
 #include "client/identify.h"
 #include "client/library.h"
+#include "shm/epid.h"
 
 using psmd::client::Library;
 
@@ -479,6 +480,15 @@ psm2_error_t psm2_ep_connect(psm2_ep_t ep, int num_of_epid,
         array_of_errors[i] = static_cast<psm2_error_t>(err.code);
       return Library::Report(ep, static_cast<psm2_error_t>(err.code),
                              err.message);
+    }
+    {
+      // Names for the messages, where psm2_map_nid_hostname gave none.
+      std::lock_guard<std::mutex> lib_lock(lib.mu);
+      for (size_t k = 0; k < wanted.size(); k++) {
+        const std::string& host = reply.results(static_cast<int>(k)).host();
+        if (!host.empty())
+          lib.table_hostnames[psmd::shm::NodeIdOf(wanted[k])] = host;
+      }
     }
     psmd::client::EndpointLock lock(&ep->mu);
     for (size_t k = 0; k < wanted.size(); k++) {

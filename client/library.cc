@@ -149,8 +149,13 @@ std::string Library::Describe(psm2_epid_t epid, psm2_epaddr_t epaddr) {
   std::lock_guard<std::mutex> lock(mu);
   auto label = epaddr != nullptr ? labels.find(epaddr) : labels.end();
   if (label != labels.end()) text = "\"" + label->second + "\" (" + text + ")";
-  auto host = hostnames.find(psmd::shm::NodeIdOf(epid));
-  if (host != hostnames.end()) text += " on " + host->second;
+  const uint64_t nid = psmd::shm::NodeIdOf(epid);
+  auto host = hostnames.find(nid);
+  if (host == hostnames.end()) {
+    host = table_hostnames.find(nid);
+    if (host == table_hostnames.end()) return text;
+  }
+  text += " on " + host->second;
   return text;
 }
 

@@ -79,7 +79,8 @@ struct Library {
 
   // `"label" (epid 0x...) on host` for diagnostics: the label given to
   // `epaddr` with psm2_epaddr_setlabel and the host name given to the epid's
-  // node with psm2_map_nid_hostname, where known. Takes `mu`.
+  // node with psm2_map_nid_hostname, else the one psmd's node table gave
+  // psm2_ep_connect, where known. Takes `mu`.
   std::string Describe(psm2_epid_t epid, psm2_epaddr_t epaddr = nullptr);
 
   std::mutex mu;
@@ -101,6 +102,8 @@ struct Library {
       labels;  // psm2_epaddr_setlabel
   std::unordered_map<uint64_t, std::string>
       hostnames;  // psm2_map_nid_hostname, by nid
+  std::unordered_map<uint64_t, std::string>
+      table_hostnames;  // psmd's node table (ConnectResult.host), by nid
   // PSM2_CORE_OPT_DEBUG. Atomic: read by every report without `mu`.
   std::atomic<uint32_t> debug_mask{kDebugPrintErrors};
 

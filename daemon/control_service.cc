@@ -151,6 +151,7 @@ grpc::Status ControlService::Connect(grpc::ServerContext* ctx,
     r->set_error(o.error);
     r->set_slot(o.slot);
     r->set_message(o.message);
+    r->set_host(o.host);
   }
   return grpc::Status::OK;
 }

@@ -24,6 +24,7 @@
 #include "daemon/log.h"
 #include "daemon/remote.h"
 #include "shm/doorbell.h"
+#include "shm/epid.h"
 
 namespace psmd {
 
@@ -202,15 +203,20 @@ std::vector<ProgressWorker::RemoteOutcome> ProgressWorker::QueryRemote(
     for (size_t i = 0; i < epids.size(); i++) {
       auto done = [shared, i](int error, const std::string& why) {
         std::lock_guard<std::mutex> lock(shared->mu);
-        shared->out[i] = RemoteOutcome{error, why};
+        shared->out[i].error = error;
+        shared->out[i].message = why;
         shared->left--;
         shared->cv.notify_all();
       };
       if (ep == nullptr || engine_.remote() == nullptr) {
         done(PSM2_EPID_UNREACHABLE, "no fabric to other nodes");
-      } else {
-        engine_.remote()->Query(*ep, epids[i], done);
+        continue;
       }
+      // After Query, which reads the node table again for a new node.
+      engine_.remote()->Query(*ep, epids[i], done);
+      std::string host = engine_.remote()->HostName(shm::NodeIdOf(epids[i]));
+      std::lock_guard<std::mutex> lock(shared->mu);
+      shared->out[i].host = std::move(host);
     }
   });
   std::unique_lock<std::mutex> lock(shared->mu);

@@ -60,6 +60,7 @@ class ProgressWorker {
   struct RemoteOutcome {
     int error = 0;  // psm2_error_t
     std::string message;
+    std::string host;  // the node table's name of the epid's node, or ""
   };
   // Asks the daemons of the epids' nodes whether endpoint `id`'s job and
   // uid have those endpoints (psm2_ep_connect); waits at most the fabric

@@ -363,6 +363,7 @@ Status Registry::Connect(const Credentials& who, uint32_t id,
       ConnectOutcome& o = (*out)[remote_index[i]];
       o.error = answers[i].error;
       o.message = answers[i].message;
+      o.host = answers[i].host;
       if (o.error != PSM2_OK) continue;
       auto slot_it =
           found->slot_by_epid

@@ -52,6 +52,7 @@ struct ConnectOutcome {
   int error = 0;  // psm2_error_t
   uint32_t slot = 0;
   std::string message;
+  std::string host;  // ConnectResult.host
 };
 
 struct EndpointSnapshot {

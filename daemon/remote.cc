@@ -414,10 +414,15 @@ void Remote::SendControl(uint16_t node, uint16_t op, uint64_t src, uint64_t dst,
   Enqueue(*p, std::move(f));
 }
 
+std::string Remote::HostName(uint16_t node) const {
+  auto entry = nodes_.find(node);
+  return entry == nodes_.end() ? std::string() : entry->second.hostname;
+}
+
 std::string Remote::NodeName(uint16_t node) const {
   std::string name = "node " + std::to_string(node);
-  auto entry = nodes_.find(node);
-  if (entry != nodes_.end()) name += " (" + entry->second.hostname + ")";
+  std::string host = HostName(node);
+  if (!host.empty()) name += " (" + host + ")";
   return name;
 }
 
@@ -1729,10 +1734,8 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
     lost.op = shm::CompleteOp::kNodeLost;
     lost.error = error;
     lost.tag[0] = node;
-    if (auto entry = nodes_.find(node); entry != nodes_.end()) {
-      entry->second.hostname.copy(
-          reinterpret_cast<char*>(lost.body.inline_data), shm::kInlineMax - 1);
-    }
+    HostName(node).copy(reinterpret_cast<char*>(lost.body.inline_data),
+                        shm::kInlineMax - 1);
     engine_->Post(*ep, lost);
   }
   for (auto& [id, t] : out_transfers_) {

@@ -115,6 +115,9 @@ class Remote {
   // endpoint. `done` runs once, on the worker thread, with a psm2_error_t.
   using QueryDone = std::function<void(int error, const std::string& why)>;
   void Query(const Endpoint& ep, uint64_t epid, QueryDone done);
+  // The node table's host name of `node`, or "" if the table has no line
+  // for it.
+  std::string HostName(uint16_t node) const;
 
   // Engine hooks (mq_engine.cc). Send/AmRequest to the endpoint behind
   // `to` (a kRemotePeer link; one that is gone fails the request): false =

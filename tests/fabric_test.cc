@@ -361,6 +361,9 @@ TEST_F(FabricTest, ALostNodeIsReportedToTheEndpointsThatConnectedThere) {
   EXPECT_NE(out.find("lost node 1 (node1): its psmd or the link to it is down"),
             std::string::npos)
       << out;
+  // The library names the lost endpoint's host from the node table, which
+  // psm2_ep_connect's answer carried (no psm2_map_nid_hostname here).
+  EXPECT_NE(out.find(" on node1, are unreachable"), std::string::npos) << out;
   EXPECT_NE(out.find("poll returned 41"), std::string::npos) << out;
   // The other job, on the surviving node, heard nothing of it.
   std::ofstream(bystanders.rv + "/stop") << "1\n";
