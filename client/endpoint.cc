@@ -318,6 +318,9 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
     case shm::CompleteOp::kNodeLost:
       NodeLost(c);
       return;
+    case shm::CompleteOp::kBudgetStall:
+      BudgetStall(c);
+      return;
     default:
       break;
   }
@@ -434,6 +437,27 @@ void psm2_ep::AmAcknowledged(const shm::CompletionDesc& c) {
   FreeRequest(req);
   // Complete even if the handler did not run (reported above), as Intel's.
   if (done != nullptr) done(context);
+}
+
+void psm2_ep::BudgetStall(const shm::CompletionDesc& c) {
+  const auto full = static_cast<shm::StallBudget>(c.tag[1]);
+  const char* fix =
+      full == shm::StallBudget::kJob ? "psmd's --job-unexpected-mib"
+      : full == shm::StallBudget::kUid
+          ? "psmd's --uid-unexpected-mib"
+          : "PSM2_MQ_MAX_SYSBUF_MBYTES (psm2_mq_setopt or the environment; "
+            "psmd's --max-unexpected-mib caps it)";
+  psmd::client::Library::Warn(
+      "endpoint " + std::to_string(identity_.id) +
+      ": sends to it have waited " +
+      std::to_string(shm::kBudgetStallNs / 1'000'000'000) + " s for " +
+      shm::StallBudgetName(full) + " unexpected-message budget (" +
+      std::to_string(c.tag[0]) + " MiB), and it received none of its " +
+      std::to_string(c.msg_len) +
+      " unexpected messages meanwhile. If it waits for a message sent after "
+      "them, that message cannot arrive: receive the waiting messages first, "
+      "or raise " +
+      fix);
 }
 
 void psm2_ep::NodeLost(const shm::CompletionDesc& c) {

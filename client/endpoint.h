@@ -316,6 +316,8 @@ struct psm2_ep {
   void AmAcknowledged(const psmd::shm::CompletionDesc& c) PSMD_REQUIRES(mu);
   // Reports kNodeLost through this endpoint's error handler.
   void NodeLost(const psmd::shm::CompletionDesc& c) PSMD_REQUIRES(mu);
+  // Prints kBudgetStall's warning (not an error: the sends still wait).
+  void BudgetStall(const psmd::shm::CompletionDesc& c) PSMD_REQUIRES(mu);
   void SendAmAck(const psmd::shm::CompletionDesc& c, psm2_error_t error)
       PSMD_REQUIRES(mu);
   void CountReceive(const psm2_mq_req* req, bool rendezvous) PSMD_REQUIRES(mu);

@@ -82,13 +82,18 @@ psm2_error_t Library::Report(psm2_ep_t ep, psm2_error_t code,
   psm2_error_token token{ep, code, {}};
   snprintf(token.message, sizeof(token.message), "%s", message.c_str());
   if (handler == PSM2_ERRHANDLER_PSM_HANDLER) PsmHandler(code, token.message);
-  if ((lib.debug_mask.load(std::memory_order_relaxed) & kDebugPrintErrors) &&
-      VerboseErrors()) {
-    fprintf(stderr, "libpsmclient: %s\n",
-            message.c_str());  // in full; handlers get 511 bytes
-  }
+  Print("", message);  // in full; handlers get 511 bytes
   if (handler == PSM2_ERRHANDLER_NO_HANDLER) return code;
   return handler(ep, code, token.message, &token);
+}
+
+void Library::Warn(const std::string& message) { Print("warning: ", message); }
+
+void Library::Print(const char* kind, const std::string& message) {
+  if ((Get().debug_mask.load(std::memory_order_relaxed) & kDebugPrintErrors) &&
+      VerboseErrors()) {
+    fprintf(stderr, "libpsmclient: %s%s\n", kind, message.c_str());
+  }
 }
 
 psm2_error_t Library::DaemonGone(psm2_ep_t ep, const char* function) {

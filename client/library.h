@@ -61,6 +61,9 @@ struct Library {
   static psm2_error_t Report(psm2_ep_t ep, const Status& status) {
     return Report(ep, status.code, status.message);
   }
+  // Prints a warning (no error: no handler runs) under the same rule as
+  // Report's printing.
+  static void Warn(const std::string& message);
 
   // PSM2_OK while psm2_init is in effect; otherwise reports
   // PSM2_INIT_NOT_INIT on behalf of `function`.
@@ -108,6 +111,10 @@ struct Library {
   std::atomic<uint32_t> debug_mask{kDebugPrintErrors};
 
  private:
+  // "libpsmclient: KIND MESSAGE" on stderr unless PSM2_NO_VERBOSE_ERRORS is
+  // set or the debug mask's kDebugPrintErrors bit is clear.
+  static void Print(const char* kind, const std::string& message);
+
   std::unique_ptr<ControlClient> control_;
 
   std::mutex handlers_mu_;

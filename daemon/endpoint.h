@@ -166,6 +166,11 @@ class Endpoint {
   uint64_t unexpected_cost = 0;    // kUnexpectedOverheadBytes per unexpected
                                    // and claimed message
   uint64_t unexpected_budget = 0;  // PSM2_MQ_MAX_SYSBUF_MBYTES of this endpoint
+  // Since when a send to this endpoint has waited for its budget with none
+  // of its unexpected messages received (0: none waits); whether it is in
+  // MqEngine's stall_watch_.
+  uint64_t held_since_ns = 0;
+  bool stall_watched = false;
   // posted.size() when last added to its job's and uid's posted_recvs
   // (mq_engine.h, invariant 9).
   uint64_t posted_charged = 0;

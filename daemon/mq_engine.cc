@@ -422,7 +422,10 @@ bool MqEngine::HandleSend(Endpoint& sender, const shm::SubmissionDesc& d) {
     Deliver(*receiver, recv->req, recv->capacity, key, m,
             /*was_unexpected=*/false, recv->addr);
   } else {
-    if (!admit_over_budget_ && OverBudget(*receiver)) return false;
+    if (!admit_over_budget_ && OverBudget(*receiver)) {
+      NoteHeld(*receiver);
+      return false;
+    }
     receiver->counters.unexpected_msgs.Add(1);
     receiver->counters.unexpected_bytes.Add(d.len);
     Charge(*receiver);
@@ -956,7 +959,70 @@ void MqEngine::Charge(Endpoint& receiver) {
   receiver.job->account().unexpected_cost += kUnexpectedOverheadBytes;
 }
 
+void MqEngine::NoteHeld(Endpoint& receiver) {
+  if (receiver.held_since_ns != 0) return;  // the clock runs
+  receiver.held_since_ns = NowNs();
+  if (!receiver.stall_watched) {
+    receiver.stall_watched = true;
+    stall_watch_.push_back(receiver.id);
+  }
+}
+
+void MqEngine::ReportBudgetStalls(uint64_t now_ns) {
+  size_t kept = 0;
+  for (uint32_t id : stall_watch_) {
+    Endpoint* r = Find(id);
+    if (r == nullptr) continue;
+    if (r->held_since_ns == 0 ||
+        now_ns - r->held_since_ns < shm::kBudgetStallNs) {
+      // Drained since (the clock stopped), or not yet due.
+      if (r->held_since_ns != 0) {
+        stall_watch_[kept++] = id;
+      } else {
+        r->stall_watched = false;
+      }
+      continue;
+    }
+    // Reported once: the clock keeps running (NoteHeld does not restart
+    // it) until a receive drains the queue, and only then can it be
+    // watched again.
+    r->stall_watched = false;
+    // Which budget holds the sends (OverBudget's order).
+    shm::StallBudget full = shm::StallBudget::kEndpoint;
+    uint64_t budget = r->unexpected_budget;
+    if (r->job->unexpected_cost + kUnexpectedOverheadBytes >
+        job_unexpected_budget_) {
+      full = shm::StallBudget::kJob;
+      budget = job_unexpected_budget_;
+    } else if (r->job->account().unexpected_cost + kUnexpectedOverheadBytes >
+               uid_unexpected_budget_) {
+      full = shm::StallBudget::kUid;
+      budget = uid_unexpected_budget_;
+    }
+    r->counters.budget_stalls.Add(1);
+    LogClient(spdlog::level::warn, r->job->key().uid,
+              "endpoint {} (pid {}): sends to it have waited {} s for {} "
+              "unexpected-message budget ({} MiB), and it received none of "
+              "its {} unexpected messages meanwhile; if it waits for a "
+              "message sent after them it waits for good: raise "
+              "PSM2_MQ_MAX_SYSBUF_MBYTES (up to --max-unexpected-mib) or "
+              "--job-unexpected-mib / --uid-unexpected-mib",
+              r->id, r->pid, (now_ns - r->held_since_ns) / 1'000'000'000,
+              shm::StallBudgetName(full), budget >> 20, r->unexpected.size());
+    shm::CompletionDesc c{};
+    c.op = shm::CompleteOp::kBudgetStall;
+    c.msg_len = static_cast<uint32_t>(
+        std::min<uint64_t>(r->unexpected.size(), UINT32_MAX));
+    c.tag[0] =
+        static_cast<uint32_t>(std::min<uint64_t>(budget >> 20, UINT32_MAX));
+    c.tag[1] = static_cast<uint32_t>(full);
+    Post(*r, c);
+  }
+  stall_watch_.resize(kept);
+}
+
 void MqEngine::Uncharge(Endpoint& receiver) {
+  receiver.held_since_ns = 0;  // a receive drained it: not stalled
   receiver.unexpected_cost -= kUnexpectedOverheadBytes;
   receiver.job->unexpected_cost -= kUnexpectedOverheadBytes;
   receiver.job->account().unexpected_cost -= kUnexpectedOverheadBytes;

@@ -26,7 +26,8 @@
 //      0): a send that would exceed any waits in the sender's held_sends, and
 //      the sender's message ring is not read until it fits. Control
 //      submissions are always read, so the receiver can still post the
-//      receives that drain the queue.
+//      receives that drain the queue. A hold that lasts shm::kBudgetStallNs
+//      with none of them drained is reported (ReportBudgetStalls).
 //   5. A rendezvous transfer exists from match to its last chunk; chunks
 //      arrive from the sender in offset order and are forwarded at once (the
 //      daemon never holds payload: the chunk stays in the sender's region
@@ -152,6 +153,15 @@ class MqEngine {
   // further requests to it are held (invariant 6).
   static constexpr size_t kAmOverflowLimitValue = 1024;
 
+  // Invariant 4's hold made visible: tells each receiver whose senders have
+  // waited shm::kBudgetStallNs for its unexpected budget, with none of its
+  // unexpected messages received since, once per such stall: a warning in the
+  // log, its budget_stalls counter and a kBudgetStall completion, which its
+  // library prints. A program that waits for a message sent after the
+  // ones filling the budget would otherwise hang without a word. Call
+  // about once a second; cheap when nothing is held.
+  void ReportBudgetStalls(uint64_t now_ns);
+
  private:
   friend class Remote;  // the peer-node half of the engine
   // One rendezvous transfer (invariant 5).
@@ -232,6 +242,9 @@ class MqEngine {
   // exceed its budget, its job's or its uid's; Charge and Uncharge count one
   // in or out.
   bool OverBudget(const Endpoint& receiver) const;
+  // A send to `receiver` waits for its budget: starts its stall clock
+  // (ReportBudgetStalls), which Uncharge stops.
+  void NoteHeld(Endpoint& receiver);
   void Charge(Endpoint& receiver);
   void Uncharge(Endpoint& receiver);
   void CompleteSync(uint32_t sender_id, uint64_t sender_req, int32_t error);
@@ -286,6 +299,8 @@ class MqEngine {
   // costs the worker a bounded slice (ids of transfers that ended are
   // dropped when their turn comes).
   std::deque<uint64_t> takeover_candidates_;
+  // Receivers whose stall clock runs (Endpoint::held_since_ns), each once.
+  std::vector<uint32_t> stall_watch_;
 };
 
 }  // namespace psmd

@@ -108,6 +108,10 @@ void ProgressWorker::EnableWatchdog(uint64_t interval_us) {
 
 void ProgressWorker::NoteTurn(uint64_t now_ns) {
   last_turn_ns_.store(now_ns, std::memory_order_relaxed);
+  if (now_ns - last_stall_check_ns_ >= kSecondNs) {
+    last_stall_check_ns_ = now_ns;
+    engine_.ReportBudgetStalls(now_ns);
+  }
   if (watchdog_ping_ns_ == 0 || now_ns - last_ping_ns_ < watchdog_ping_ns_)
     return;
   last_ping_ns_ = now_ns;

@@ -113,8 +113,10 @@ class ProgressWorker {
   // Puts muted doorbells whose time is over back into epoll; returns the ms
   // until the next one is due (-1: none muted), for epoll_wait's timeout.
   int ResumeMutedDoorbells(uint64_t now_ns);
-  // The worker turned: notes the time (LastTurnAgeNs) and, under systemd's
-  // watchdog, pings it at most every watchdog_ping_ns_.
+  // The worker turned: notes the time (LastTurnAgeNs), under systemd's
+  // watchdog pings it at most every watchdog_ping_ns_, and about once a
+  // second has the engine report receivers whose senders wait for good
+  // (MqEngine::ReportBudgetStalls).
   void NoteTurn(uint64_t now_ns);
 
   MqEngine engine_;
@@ -140,8 +142,9 @@ class ProgressWorker {
   const bool copy_in_place_;  // Config::copy_in_place
   const uint64_t copy_min_bytes_;
   const uint32_t copy_after_us_;
-  uint64_t watchdog_ping_ns_ = 0;  // 0: no watchdog; set before Start
-  uint64_t last_ping_ns_ = 0;      // worker only
+  uint64_t watchdog_ping_ns_ = 0;     // 0: no watchdog; set before Start
+  uint64_t last_ping_ns_ = 0;         // worker only
+  uint64_t last_stall_check_ns_ = 0;  // worker only
   std::atomic<uint64_t> doorbells_{0};
   std::atomic<uint64_t> sleeps_{0};
   std::atomic<uint64_t> last_turn_ns_{0};  // steady clock

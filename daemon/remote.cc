@@ -1610,7 +1610,10 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
       engine_->Deliver(*r, recv->req, recv->capacity, key, m, false);
       return Verdict::kDone;
     }
-    if (engine_->OverBudget(*r)) return Verdict::kPause;
+    if (engine_->OverBudget(*r)) {
+      engine_->NoteHeld(*r);
+      return Verdict::kPause;
+    }
     r->counters.unexpected_msgs.Add(1);
     r->counters.unexpected_bytes.Add(w.len);
     engine_->Charge(*r);
@@ -1628,7 +1631,10 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
       p.held_recv = *recv;
     }
   }
-  if (!p.has_held && engine_->OverBudget(*r)) return Verdict::kPause;
+  if (!p.has_held && engine_->OverBudget(*r)) {
+    engine_->NoteHeld(*r);
+    return Verdict::kPause;
+  }
   // A message that may stay unexpected takes at most half the inbox; the
   // rest is for the ones receives wait for. When that has had no room for
   // a while, its payload is kept (remote.h, back-pressure 3).

@@ -43,6 +43,9 @@
   X(probes, probes, kCount, "Probes (psm2_mq_iprobe and kin) answered.")       \
   X(sends_held, held_sends, kCount,                                            \
     "Times a send waited for its receiver's unexpected-message budget.")       \
+  X(budget_stalls, budget_stalls, kCount,                                      \
+    "Times sends to this endpoint waited 10 s for an unexpected-message "      \
+    "budget while it received none of its unexpected messages.")               \
   X(am_requests_sent, sent_am_requests, kCount,                                \
     "Active-message requests sent.")                                           \
   X(am_replies_sent, sent_am_replies, kCount, "Active-message replies sent.")  \

@@ -396,18 +396,40 @@ enum class CompleteOp : uint8_t {
   kProbeDone =
       8,  // answer to kProbe: error PSM2_OK (status filled) or NO_COMPLETIONS;
           // a claimed eager message comes with its payload (kPayloadClaimed)
-  kOptionSet = 9,   // answer to kSetOption
-  kAmRequest = 10,  // run a handler (AM layout; req: the sender's token)
-  kAmReply = 11,    // run a reply handler (AM layout)
-  kAmAcked = 12,    // the handler of request `req` ran (error: or why not;
-                    // tag[0]: the handler index)
-  kNodeLost = 13,   // no request: the connection to node tag[0] ended, and
-                    // msg_len endpoints there that this one had connected
-                    // to (src_epid: one of them) are gone with it; error:
-                    // PSM2_EPID_UNREACHABLE, PSM2_TIMEOUT if it fell silent;
-                    // inline_data: the node table's host name for it, NUL-
-                    // terminated (cut to kInlineMax - 1 bytes), or empty
+  kOptionSet = 9,     // answer to kSetOption
+  kAmRequest = 10,    // run a handler (AM layout; req: the sender's token)
+  kAmReply = 11,      // run a reply handler (AM layout)
+  kAmAcked = 12,      // the handler of request `req` ran (error: or why not;
+                      // tag[0]: the handler index)
+  kNodeLost = 13,     // no request: the connection to node tag[0] ended, and
+                      // msg_len endpoints there that this one had connected
+                      // to (src_epid: one of them) are gone with it; error:
+                      // PSM2_EPID_UNREACHABLE, PSM2_TIMEOUT if it fell silent;
+                      // inline_data: the node table's host name for it, NUL-
+                      // terminated (cut to kInlineMax - 1 bytes), or empty
+  kBudgetStall = 14,  // no request: sends to this endpoint have waited
+                      // kBudgetStallNs for an unexpected budget
+                      // (tag[1]: which, a StallBudget; tag[0]: its MiB),
+                      // and none of its msg_len unexpected messages was
+                      // received meanwhile (daemon/mq_engine.h)
 };
+
+// How long sends to an endpoint wait for its budget, with none of its
+// unexpected messages received, before psmd says so (kBudgetStall).
+inline constexpr uint64_t kBudgetStallNs = 10'000'000'000;
+enum class StallBudget : uint32_t { kEndpoint = 0, kJob = 1, kUid = 2 };
+// "its own", "its job's", "its uid's" (what a message about the receiver
+// calls the budget).
+inline const char* StallBudgetName(StallBudget b) {
+  switch (b) {
+    case StallBudget::kJob:
+      return "its job's";
+    case StallBudget::kUid:
+      return "its uid's";
+    default:
+      return "its own";
+  }
+}
 
 enum CompleteFlags : uint8_t {
   kPayloadInline =

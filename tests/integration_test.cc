@@ -668,8 +668,61 @@ long long FloodTwoPairs(const TempDir& dir, const Daemon& d,
   }
   RunResult stats = Psmctl(dir, d, {"stats", "--json"});
   EXPECT_GT(JsonNumber(stats.out, "total", "sends_held"), 0) << stats.out;
+  // Held for 3 s: not a stall worth a word (shm::kBudgetStallNs).
+  EXPECT_EQ(JsonNumber(stats.out, "total", "budget_stalls"), 0) << stats.out;
   std::cout << "psmd grew from " << baseline << " KiB to " << peak << " KiB\n";
   return peak - baseline;
+}
+
+TEST_F(IntegrationTest, SendsHeldTenSecondsByAFullBudgetAreReported) {
+  // 20,000 8 B messages at a receiver that posts nothing for 13 s, with a
+  // 1 MiB budget (8192 messages): the sender is held past 10 s (psmd looks
+  // once a second; 3 s to spare on a loaded machine) while the
+  // receiver takes none of them, which is how a program that waits for a
+  // message sent after the ones filling the budget looks. psmd says so,
+  // once, in its log, in the counter and through the receiver's library;
+  // then the receiver takes everything as usual.
+  Daemon d(dir_, {"--unexpected-mib", "1"});
+  std::string rv = Subdir(dir_, "rv");
+  auto args = [&](int rank) {
+    return std::vector<std::string>{Runfile("tests/programs/flood"),
+                                    "--rank",
+                                    std::to_string(rank),
+                                    "--dir",
+                                    rv,
+                                    "--small",
+                                    "20000",
+                                    "--bytes",
+                                    "0",
+                                    "--idle-seconds",
+                                    "13"};
+  };
+  Process receiver =
+      Process::Start(args(1), d.ClientEnv(), rv + "/1.out", rv + "/1.err");
+  Process sender =
+      Process::Start(args(0), d.ClientEnv(), rv + "/0.out", rv + "/0.err");
+  ASSERT_EQ(receiver.Wait(60), 0) << ReadFile(rv + "/1.err");
+  ASSERT_EQ(sender.Wait(30), 0) << ReadFile(rv + "/0.err");
+  EXPECT_NE(ReadFile(rv + "/1.out").find("0 wrong"), std::string::npos)
+      << ReadFile(rv + "/1.out");
+  const std::string warned = ReadFile(rv + "/1.err");
+  EXPECT_NE(warned.find("libpsmclient: warning: endpoint "), std::string::npos)
+      << warned;
+  EXPECT_NE(warned.find("sends to it have waited 10 s for its own "
+                        "unexpected-message budget (1 MiB), and it received "
+                        "none of its 8192 unexpected messages meanwhile"),
+            std::string::npos)
+      << warned;
+  EXPECT_NE(warned.find("raise PSM2_MQ_MAX_SYSBUF_MBYTES"), std::string::npos)
+      << warned;
+  EXPECT_NE(d.Log().find("unexpected-message budget (1 MiB)"),
+            std::string::npos)
+      << d.Log();
+  RunResult stats = Psmctl(dir_, d, {"stats", "--json"});
+  EXPECT_EQ(JsonNumber(stats.out, "total", "budget_stalls"), 1) << stats.out;
+  EXPECT_EQ(JsonNumber(stats.out, "total", "msgs_received"), 20000 + 2)
+      << stats.out;
+  EXPECT_TRUE(d.Stop());
 }
 
 constexpr long long kFixedOverheadKiB = 16 << 10;
