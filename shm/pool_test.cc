@@ -53,12 +53,40 @@ TEST_F(SendArenaTest, ReclaimsOnlyInAllocationOrder) {
 }
 
 TEST_F(SendArenaTest, WrapsWithPaddingAndNeverStraddlesTheEnd) {
+  // One chunk always live, so that the ring never empties (and rewinds).
+  auto live = arena_.Allocate(1500);
+  ASSERT_TRUE(live.has_value());
+  bool wrapped = false;
   for (int round = 0; round < 100; round++) {
     auto off = arena_.Allocate(1500);
     ASSERT_TRUE(off.has_value()) << round;
     EXPECT_LE(*off + 1500, kRegionOffset + kRegionBytes);
+    wrapped |= *off < *live;
+    ReleaseChunk(pool_.data(), *live);
+    live = off;
+  }
+  EXPECT_TRUE(wrapped);
+}
+
+TEST_F(SendArenaTest, AnEmptiedRingStartsOverAtTheRegionStart) {
+  // A ping-pong: each payload released before the next is allocated. Every
+  // one reuses the region's first bytes instead of walking the region.
+  auto first = arena_.Allocate(700);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(*first, kRegionOffset + kChunkHeaderBytes);
+  ReleaseChunk(pool_.data(), *first);
+  for (int round = 0; round < 20; round++) {
+    auto off = arena_.Allocate(700);
+    ASSERT_TRUE(off.has_value()) << round;
+    EXPECT_EQ(*off, *first) << round;
     ReleaseChunk(pool_.data(), *off);
   }
+  // Not while a chunk is live: the next goes after it.
+  auto held = arena_.Allocate(700);
+  auto next = arena_.Allocate(700);
+  ASSERT_TRUE(held && next);
+  EXPECT_EQ(*held, *first);
+  EXPECT_GT(*next, *held);
 }
 
 TEST_F(SendArenaTest, RejectsPayloadLargerThanRegion) {
