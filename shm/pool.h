@@ -67,7 +67,8 @@ enum class ChunkUse { kBrief, kMayLinger, kMayLingerPastShare };
 
 // A byte ring over one send region: chunks are allocated at the head and
 // reclaimed at the tail once released, so reclaim is in allocation order.
-// A region found empty starts over at its start (RewindIfEmpty).
+// A region found empty starts over at its start for a small chunk
+// (RewindIfEmpty).
 //
 // A chunk can stay in use for as long as its receiver likes (an unexpected
 // message the application receives last). So that it cannot stop the ring
@@ -117,7 +118,7 @@ class SendArena {
       share_refused_since_ns_ = 0;
     }
     const bool lingers = use != ChunkUse::kBrief;
-    RewindIfEmpty();
+    RewindIfEmpty(need);
     auto off = Place(need, /*set_aside=*/false, lingers);
     if (!off) {
       if (refused_since_ns_ == 0) {
@@ -227,15 +228,19 @@ class SendArena {
   }
 
   // With nothing in the region (nor set aside: rewinding over those would
-  // skip them again at every call), the next chunk goes to the start of
-  // the region: a ping-pong, which empties its ring after every message,
-  // then reuses the same few pages (hot in cache, mapped long ago) instead
-  // of walking the whole region, whose first pass costs a first touch of
-  // every page in every process that maps it (docs/perf.md, "The first
-  // pass through a region"). Keeps invariant 1: both counters move to the
-  // next lap.
-  void RewindIfEmpty() {
-    if (!empty() || head_ % region_bytes_ == 0) return;
+  // skip them again at every call), a chunk of at most kRewindMaxBytes goes
+  // to the start of the region: a ping-pong, which empties its ring after
+  // every message, then reuses the same few pages (hot in cache, mapped
+  // long ago) instead of walking the whole region, whose first pass costs
+  // a first touch of every page in every process that maps it
+  // (docs/perf.md, "The first pass through a region"). Not larger ones: a
+  // rendezvous chunk written where its predecessor was just read makes the
+  // writer take every line back from the reader's cache (256 KiB ping-pong
+  // 33-39 -> 62 us). Keeps invariant 1: both counters move to the next lap.
+  static constexpr uint64_t kRewindMaxBytes = 64 << 10;
+  void RewindIfEmpty(uint64_t need) {
+    if (need > kRewindMaxBytes || !empty() || head_ % region_bytes_ == 0)
+      return;
     head_ += region_bytes_ - head_ % region_bytes_;
     tail_ = head_;
   }
