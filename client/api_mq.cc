@@ -117,6 +117,8 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags,
   // (MPI_Send to one's own rank): it travels from a copy instead.
   r->self_send =
       dest->epid == ep->epid() && !(flags & PSM2_MQ_FLAG_SENDSYNC) && !failed;
+  r->sync_to_self = dest->epid == ep->epid() &&
+                    (flags & PSM2_MQ_FLAG_SENDSYNC) && !rendezvous && !failed;
   psm2_mq_req* self_copy = nullptr;
   if (r->self_send && rendezvous) {
     self_copy = ep->CopyForSelf(buf, len, r);

@@ -299,6 +299,14 @@ bool psm2_ep::Progress() {
 
 void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
   using State = psm2_mq_req::State;
+  // The completion after a SENDSYNC send to ourselves is that of the
+  // receive it matched (invariant 2 of daemon/mq_engine.h): the send
+  // completes now, just before it, so that a receive is never seen pending
+  // after the send that it matched has returned.
+  if (sync_self_pending_ != 0) {
+    psm2_mq_req* send = requests_.Lookup(std::exchange(sync_self_pending_, 0));
+    if (send != nullptr && send->state == State::kPosted) MarkComplete(send);
+  }
   if (shm::CompletionCarriesChunk(c)) {
     const uint32_t len =
         c.op == shm::CompleteOp::kRndvChunk ? c.body.chunk.len : c.msg_len;
@@ -384,6 +392,10 @@ void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
       // Chunks not yet published are not needed: psmd has the data.
       if (req->state == State::kStreaming) publisher_.Forget(req);
       req->user.error_code = static_cast<uint32_t>(c.error);
+      if (req->sync_to_self && c.error == PSM2_OK) {
+        sync_self_pending_ = psmd::client::TokenOf(req);
+        return;  // completes with the next completion, its receive's
+      }
       break;
     case shm::CompleteOp::kCancelDone:
     case shm::CompleteOp::kOptionSet:

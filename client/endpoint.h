@@ -118,6 +118,10 @@ struct psm2_mq_req {
   // (self_matched), as with Intel's self device.
   bool self_send;
   bool self_matched;
+  // An eager SENDSYNC send to this endpoint itself: complete only together
+  // with the receive that matched it (psm2_ep::sync_self_pending_), as
+  // with Intel's self device, which copies during the send.
+  bool sync_to_self;
   // Matched probe of an eager message: its payload, handed over with the
   // claim (kPayloadClaimed) so that psm2_mq_imrecv completes at once.
   struct {
@@ -337,6 +341,10 @@ struct psm2_ep {
   psmd::client::Publisher publisher_ PSMD_GUARDED_BY(mu);
   bool daemon_lost_ PSMD_GUARDED_BY(mu) = false;
   psm2_error_t node_lost_ PSMD_GUARDED_BY(mu) = PSM2_OK;  // TakeNodeLost
+  // Token of a SENDSYNC send to ourselves that psmd matched (kSendDone) and
+  // that completes with the next completion (psm2_mq_req::sync_to_self);
+  // 0: none.
+  uint64_t sync_self_pending_ PSMD_GUARDED_BY(mu) = 0;
   // Payload copies of rendezvous sends to ourselves, by the index of the
   // request that carries each, and their bytes; kept within the MQ's
   // unexpected budget (PSM2_MQ_MAX_SYSBUF_MBYTES).

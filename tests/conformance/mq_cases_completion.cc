@@ -825,6 +825,55 @@ void SendSync(Pair& p) {
     MQ_CHECK(strcmp(b, "plain") == 0, "got '%s'", b);
 }
 
+// A SENDSYNC send to oneself returns once a receive matched it, and that
+// receive is complete then too: a test right after the send finds it done
+// (Intel's self device copies during the send). MPI_Ssend to one's own
+// rank followed by MPI_Testsome relies on it (mpi4py's testWaitSomeRecv
+// and testTestSomeRecv). Each rank on itself, receives posted in order and
+// matched out of order, many rounds (the completions of the send and of
+// its receive reach psmd's client one after the other).
+void SendSyncToSelf(Pair& p) {
+  psm2_epaddr_t self = nullptr;
+  psm2_error_t conn_err = PSM2_OK;
+  psm2_error_t err = psm2_ep_connect(p.ep, 1, &p.self_epid, nullptr, &conn_err,
+                                     &self, 10 * 1000000000LL);
+  MQ_CHECK(err == PSM2_OK && self != nullptr,
+           "psm2_ep_connect to this endpoint's own epid failed: %s / %s",
+           psm2_error_get_string(err), psm2_error_get_string(conn_err));
+  if (self == nullptr) return;
+  constexpr int kRounds = 1000;
+  constexpr uint32_t kRecvs = 6;
+  int pending_after_send = 0;
+  for (int round = 0; round < kRounds; round++) {
+    char b[kRecvs][8] = {};
+    psm2_mq_req_t r[kRecvs];
+    for (uint32_t i = 0; i < kRecvs; i++) {
+      MQ_CHECK_ERR(
+          Irecv2(p, self, Tag(160 + i), kExact, b[i], 8, nullptr, &r[i]),
+          PSM2_OK);
+    }
+    for (uint32_t i : {5u, 3u, 1u, 2u, 0u, 4u}) {
+      psm2_mq_tag_t t = Tag(160 + i);
+      MQ_CHECK_ERR(
+          psm2_mq_send2(p.mq, self, PSM2_MQ_FLAG_SENDSYNC, &t, "abc", 4),
+          PSM2_OK);
+      psm2_mq_status2_t st;
+      psm2_error_t got = psm2_mq_test2(&r[i], &st);
+      if (got != PSM2_OK) {
+        pending_after_send++;
+        MQ_CHECK_ERR(psm2_mq_wait2(&r[i], &st), PSM2_OK);
+      }
+      MQ_CHECK(st.error_code == PSM2_OK && strcmp(b[i], "abc") == 0,
+               "receive %u of round %d: error %d, payload '%s'", i, round,
+               st.error_code, b[i]);
+    }
+  }
+  MQ_CHECK(pending_after_send == 0,
+           "%d of %d receives were still pending right after the SENDSYNC "
+           "send to self that they matched had returned",
+           pending_after_send, kRounds * static_cast<int>(kRecvs));
+}
+
 // More SENDSYNC sends outstanding than a completion ring has slots (psmd's
 // default is 1024): a probe and a cancel issued meanwhile still answer at
 // once, and every send completes once the receiver matches it.
@@ -1000,6 +1049,7 @@ std::vector<Case> CompletionCases() {
       {"test_never_blocks", Checked(TestNeverBlocks)},
       {"cancel", Checked(Cancel)},
       {"sendsync", Checked(SendSync)},
+      {"sendsync_to_self", Checked(SendSyncToSelf)},
       {"many_sync_sends_do_not_block_probes",
        Checked(ManySyncSendsDoNotBlockProbes)},
       {"request_corner_cases", Checked(RequestCornerCases)},
