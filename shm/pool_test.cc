@@ -246,6 +246,24 @@ TEST_F(SendArenaTest, RandomTrafficKeepsLiveChunksApart) {
   EXPECT_TRUE(arena_.Allocate(arena_.MaxPayload()).has_value());
 }
 
+TEST(SendArenaLargeTest, ARendezvousSizedChunkDoesNotRewind) {
+  // Past 64 KiB a chunk written where its predecessor was just read would
+  // take every line back from the reader's cache: large chunks walk on.
+  constexpr uint64_t kRegion = 1 << 20;
+  std::vector<uint8_t> pool(kRegion + 4096);
+  SendArena arena(pool.data(), 4096, kRegion);
+  auto big = arena.Allocate(100 << 10);
+  ASSERT_TRUE(big.has_value());
+  ReleaseChunk(pool.data(), *big);
+  auto next = arena.Allocate(100 << 10);
+  ASSERT_TRUE(next.has_value());
+  EXPECT_GT(*next, *big);
+  ReleaseChunk(pool.data(), *next);
+  auto small = arena.Allocate(1000);  // an eager payload: back to the start
+  ASSERT_TRUE(small.has_value());
+  EXPECT_EQ(*small, *big);
+}
+
 TEST(SendArenaLargeTest, ManyChunksSetAsideCostABoundedEffortPerCall) {
   constexpr uint64_t kRegion = 1 << 20, kChunks = kRegion / 128;
   std::vector<uint8_t> pool(kRegion + 4096);
