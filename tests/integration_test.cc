@@ -572,6 +572,16 @@ TEST_F(IntegrationTest, OneUidCannotTakeEveryEndpointSlot) {
   EXPECT_TRUE(d.Stop());
 }
 
+// tests/programs/flood's command line for `rank` in rendezvous dir `rv`,
+// then `flags`.
+std::vector<std::string> FloodArgs(const std::string& rv, int rank,
+                                   const std::vector<std::string>& flags) {
+  std::vector<std::string> args = {Runfile("tests/programs/flood"), "--rank",
+                                   std::to_string(rank), "--dir", rv};
+  args.insert(args.end(), flags.begin(), flags.end());
+  return args;
+}
+
 TEST_F(IntegrationTest,
        FloodOfUnexpectedMessagesStaysWithinTheBudgetAndArrivesIntact) {
   // 1 Mi messages of 8 B and then 2 GiB of 32 KiB messages at a receiver that
@@ -583,13 +593,7 @@ TEST_F(IntegrationTest,
   long long baseline = ResidentKiB(d.pid());
   ASSERT_GT(baseline, 0);
   auto args = [&](int rank) {
-    return std::vector<std::string>{Runfile("tests/programs/flood"),
-                                    "--rank",
-                                    std::to_string(rank),
-                                    "--dir",
-                                    rv,
-                                    "--idle-seconds",
-                                    "3"};
+    return FloodArgs(rv, rank, {"--idle-seconds", "3"});
   };
   Process receiver = Process::Start(
       args(1), d.ClientEnv(), dir_.path() + "/r1.out", dir_.path() + "/r1.err");
@@ -631,19 +635,9 @@ long long FloodTwoPairs(const TempDir& dir, const Daemon& d,
   for (int p = 0; p < 2; p++) {
     std::string rv = Subdir(dir, "flood" + std::to_string(p));
     auto args = [&](int rank) {
-      return std::vector<std::string>{Runfile("tests/programs/flood"),
-                                      "--rank",
-                                      std::to_string(rank),
-                                      "--dir",
-                                      rv,
-                                      "--small",
-                                      "262144",
-                                      "--bytes",
-                                      "0",
-                                      "--idle-seconds",
-                                      "3",
-                                      "--uuid",
-                                      uuids[p]};
+      return FloodArgs(rv, rank,
+                       {"--small", "262144", "--bytes", "0", "--idle-seconds",
+                        "3", "--uuid", uuids[p]});
     };
     receivers.push_back(
         Process::Start(args(1), d.ClientEnv(), rv + "/1.out", rv + "/1.err"));
@@ -685,17 +679,8 @@ TEST_F(IntegrationTest, SendsHeldTenSecondsByAFullBudgetAreReported) {
   Daemon d(dir_, {"--unexpected-mib", "1"});
   std::string rv = Subdir(dir_, "rv");
   auto args = [&](int rank) {
-    return std::vector<std::string>{Runfile("tests/programs/flood"),
-                                    "--rank",
-                                    std::to_string(rank),
-                                    "--dir",
-                                    rv,
-                                    "--small",
-                                    "20000",
-                                    "--bytes",
-                                    "0",
-                                    "--idle-seconds",
-                                    "13"};
+    return FloodArgs(
+        rv, rank, {"--small", "20000", "--bytes", "0", "--idle-seconds", "13"});
   };
   Process receiver =
       Process::Start(args(1), d.ClientEnv(), rv + "/1.out", rv + "/1.err");
