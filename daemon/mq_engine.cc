@@ -945,12 +945,24 @@ void MqEngine::EndTakenTransfer(
 
 bool MqEngine::OverBudget(const Endpoint& receiver) const {
   // An empty queue always admits one message (invariant 4).
-  constexpr uint64_t kOne = kUnexpectedOverheadBytes;
   return receiver.unexpected_cost > 0 &&
-         (receiver.unexpected_cost + kOne > receiver.unexpected_budget ||
-          receiver.job->unexpected_cost + kOne > job_unexpected_budget_ ||
-          receiver.job->account().unexpected_cost + kOne >
-              uid_unexpected_budget_);
+         FullBudget(receiver, nullptr).has_value();
+}
+
+std::optional<shm::StallBudget> MqEngine::FullBudget(const Endpoint& receiver,
+                                                     uint64_t* bytes) const {
+  constexpr uint64_t kOne = kUnexpectedOverheadBytes;
+  const auto full = [bytes](shm::StallBudget which, uint64_t budget) {
+    if (bytes != nullptr) *bytes = budget;
+    return which;
+  };
+  if (receiver.unexpected_cost + kOne > receiver.unexpected_budget)
+    return full(shm::StallBudget::kEndpoint, receiver.unexpected_budget);
+  if (receiver.job->unexpected_cost + kOne > job_unexpected_budget_)
+    return full(shm::StallBudget::kJob, job_unexpected_budget_);
+  if (receiver.job->account().unexpected_cost + kOne > uid_unexpected_budget_)
+    return full(shm::StallBudget::kUid, uid_unexpected_budget_);
+  return std::nullopt;
 }
 
 void MqEngine::Charge(Endpoint& receiver) {
@@ -973,32 +985,23 @@ void MqEngine::ReportBudgetStalls(uint64_t now_ns) {
   for (uint32_t id : stall_watch_) {
     Endpoint* r = Find(id);
     if (r == nullptr) continue;
-    if (r->held_since_ns == 0 ||
-        now_ns - r->held_since_ns < shm::kBudgetStallNs) {
-      // Drained since (the clock stopped), or not yet due.
-      if (r->held_since_ns != 0) {
-        stall_watch_[kept++] = id;
-      } else {
-        r->stall_watched = false;
-      }
+    if (r->held_since_ns == 0) {  // drained since: the clock stopped
+      r->stall_watched = false;
+      continue;
+    }
+    if (now_ns - r->held_since_ns < shm::kBudgetStallNs) {  // not yet due
+      stall_watch_[kept++] = id;
       continue;
     }
     // Reported once: the clock keeps running (NoteHeld does not restart
     // it) until a receive drains the queue, and only then can it be
     // watched again.
     r->stall_watched = false;
-    // Which budget holds the sends (OverBudget's order).
-    shm::StallBudget full = shm::StallBudget::kEndpoint;
+    // Which budget holds the sends (a drain elsewhere in the job may have
+    // made room since: then the receiver's own is named).
     uint64_t budget = r->unexpected_budget;
-    if (r->job->unexpected_cost + kUnexpectedOverheadBytes >
-        job_unexpected_budget_) {
-      full = shm::StallBudget::kJob;
-      budget = job_unexpected_budget_;
-    } else if (r->job->account().unexpected_cost + kUnexpectedOverheadBytes >
-               uid_unexpected_budget_) {
-      full = shm::StallBudget::kUid;
-      budget = uid_unexpected_budget_;
-    }
+    const shm::StallBudget full =
+        FullBudget(*r, &budget).value_or(shm::StallBudget::kEndpoint);
     r->counters.budget_stalls.Add(1);
     LogClient(spdlog::level::warn, r->job->key().uid,
               "endpoint {} (pid {}): sends to it have waited {} s for {} "

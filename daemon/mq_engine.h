@@ -82,6 +82,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -242,6 +243,11 @@ class MqEngine {
   // exceed its budget, its job's or its uid's; Charge and Uncharge count one
   // in or out.
   bool OverBudget(const Endpoint& receiver) const;
+  // The first of those budgets (its own, its job's, its uid's) one more
+  // message would exceed, and its size in *bytes (if not null); nothing if
+  // none would.
+  std::optional<shm::StallBudget> FullBudget(const Endpoint& receiver,
+                                             uint64_t* bytes) const;
   // A send to `receiver` waits for its budget: starts its stall clock
   // (ReportBudgetStalls), which Uncharge stops.
   void NoteHeld(Endpoint& receiver);
