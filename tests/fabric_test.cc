@@ -625,6 +625,30 @@ TEST_F(FabricTest, AnotherTenantsIdleActiveMessageTargetDoesNotStall) {
 struct RawNode {
   std::unique_ptr<hw::Fabric> fabric;
   hw::ConnId conn = 0;
+  // Opens a fabric as node 3 (127.0.0.4, MUNGE through `munge_socket`) and
+  // connects to node 1 at `listen`.
+  ::testing::AssertionResult Join(const std::string& munge_socket,
+                                  const std::string& listen) {
+    hw::FabricOptions options;
+    options.node_id = 3;
+    options.listen = {"127.0.0.4"};
+    options.munge_socket = munge_socket;
+    std::string error;
+    fabric = hw::OpenSocketFabric(options, &error);
+    if (!fabric) return ::testing::AssertionFailure() << error;
+    if (fabric->Connect("1@" + listen, 1, &conn) != hw::ErrorClass::kOk) {
+      return ::testing::AssertionFailure() << "cannot connect to " << listen;
+    }
+    hw::Event e;
+    if (!Await(hw::EventType::kConnected, &e)) {
+      return ::testing::AssertionFailure() << "not connected within 5 s";
+    }
+    if (e.error != hw::ErrorClass::kOk) {
+      return ::testing::AssertionFailure()
+             << "connect failed, class " << static_cast<int>(e.error);
+    }
+    return ::testing::AssertionSuccess();
+  }
   // Waits up to 5 s for an event of `type`.
   bool Await(hw::EventType type, hw::Event* out) {
     auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -661,19 +685,8 @@ TEST_F(FabricTest,
   }
   ASSERT_NE(victim_epid, 0u) << Psmctl(dir_, *a, {"stats"}).out;
 
-  hw::FabricOptions options;
-  options.node_id = 3;
-  options.listen = {"127.0.0.4"};
-  options.munge_socket = munged_.socket();
-  std::string error;
   RawNode raw;
-  raw.fabric = hw::OpenSocketFabric(options, &error);
-  ASSERT_TRUE(raw.fabric) << error;
-  ASSERT_EQ(raw.fabric->Connect("1@" + listen_[0], 1, &raw.conn),
-            hw::ErrorClass::kOk);
-  hw::Event e;
-  ASSERT_TRUE(raw.Await(hw::EventType::kConnected, &e));
-  ASSERT_EQ(e.error, hw::ErrorClass::kOk) << a->Log();
+  ASSERT_TRUE(raw.Join(munged_.socket(), listen_[0])) << a->Log();
 
   // kQuery (op 1) for the victim's epid from job A, and for an epid that
   // does not exist: the same answer, so nothing is learnt of job B.
@@ -716,6 +729,7 @@ TEST_F(FabricTest,
             hw::ErrorClass::kOk);
   // (A closed connection is noticed by a posted receive.)
   ASSERT_EQ(raw.fabric->PostRecv(raw.conn, &iov, 1, 10), hw::ErrorClass::kOk);
+  hw::Event e;
   ASSERT_TRUE(raw.Await(hw::EventType::kClosed, &e)) << a->Log();
   EXPECT_NE(a->Log().find("node 3 sent a frame the engine refuses"),
             std::string::npos)
@@ -735,19 +749,8 @@ TEST_F(FabricTest, APeerThatFallsSilentIsClosedWithinTheTimeout) {
   flags.push_back("--fabric-timeout-ms");
   flags.push_back("1000");
   auto a = std::make_unique<Daemon>(node_dir_[0], flags);
-  hw::FabricOptions options;
-  options.node_id = 3;
-  options.listen = {"127.0.0.4"};
-  options.munge_socket = munged_.socket();
-  std::string error;
   RawNode raw;
-  raw.fabric = hw::OpenSocketFabric(options, &error);
-  ASSERT_TRUE(raw.fabric) << error;
-  ASSERT_EQ(raw.fabric->Connect("1@" + listen_[0], 1, &raw.conn),
-            hw::ErrorClass::kOk);
-  hw::Event e;
-  ASSERT_TRUE(raw.Await(hw::EventType::kConnected, &e));
-  ASSERT_EQ(e.error, hw::ErrorClass::kOk) << a->Log();
+  ASSERT_TRUE(raw.Join(munged_.socket(), listen_[0])) << a->Log();
   auto connected_at = std::chrono::steady_clock::now();
   // Read psmd's heartbeats (so our receive sees the close), send none.
   uint8_t buf[64];
