@@ -523,18 +523,7 @@ bool Remote::AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
   uint32_t flags = 0;
   if (d.flags & shm::kAmNoReply) flags |= shm::kAmRequestNoReply;
   if (d.flags & shm::kAmWantsAck) flags |= shm::kAmRequestWantsAck;
-  Wire w{};
-  w.tag[0] = d.tag[0];
-  w.tag[1] = d.tag[1];
-  w.len = d.len;
-  w.flags = flags;
-  const bool inl = shm::IsInline(d.len);
-  SendEnvelope(*p, kAmRequest, sender, dst, d.req, w,
-               inl ? d.body.inline_data : nullptr, inl ? d.len : 0);
-  if (!inl) {
-    Enqueue(*p, PayloadFrame(sender, dst, d.req, &payload, d.len));
-  }
-  if (d.flags & shm::kAmWantsAck) p->awaiting.insert({sender.id, d.req});
+  SendAm(*p, kAmRequest, sender, dst, d, &payload, flags);
   sender.counters.am_requests_sent.Add(1);
   return true;
 }
@@ -556,19 +545,24 @@ void Remote::AmReplyOrAck(Endpoint& sender, const shm::SubmissionDesc& d) {
     engine_->PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
     return;
   }
+  SendAm(*p, kAmReply, sender, dst, d, &payload,
+         (d.flags & shm::kAmWantsAck) ? shm::kAmRequestWantsAck : 0);
+  sender.counters.am_replies_sent.Add(1);
+}
+
+void Remote::SendAm(Peer& p, uint16_t op, const Endpoint& sender, uint64_t dst,
+                    const shm::SubmissionDesc& d, shm::PoolPayload* payload,
+                    uint32_t wire_flags) {
   Wire w{};
   w.tag[0] = d.tag[0];
   w.tag[1] = d.tag[1];
   w.len = d.len;
-  w.flags = (d.flags & shm::kAmWantsAck) ? shm::kAmRequestWantsAck : 0;
+  w.flags = wire_flags;
   const bool inl = shm::IsInline(d.len);
-  SendEnvelope(*p, kAmReply, sender, dst, d.req, w,
-               inl ? d.body.inline_data : nullptr, inl ? d.len : 0);
-  if (!inl) {
-    Enqueue(*p, PayloadFrame(sender, dst, d.req, &payload, d.len));
-  }
-  if (d.flags & shm::kAmWantsAck) p->awaiting.insert({sender.id, d.req});
-  sender.counters.am_replies_sent.Add(1);
+  SendEnvelope(p, op, sender, dst, d.req, w, inl ? d.body.inline_data : nullptr,
+               inl ? d.len : 0);
+  if (!inl) Enqueue(p, PayloadFrame(sender, dst, d.req, payload, d.len));
+  if (d.flags & shm::kAmWantsAck) p.awaiting.insert({sender.id, d.req});
 }
 
 std::unique_ptr<Remote::OutFrame> Remote::PayloadFrame(

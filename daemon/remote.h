@@ -217,6 +217,12 @@ class Remote {
   void SendEnvelope(Peer& p, uint16_t op, const Endpoint& from, uint64_t dst,
                     uint64_t aux, const Wire& w, const uint8_t* inline_data,
                     uint32_t inline_len);
+  // An active-message request or reply (op) of `sender` from submission d:
+  // its envelope, carrying an inline payload or followed by the payload's
+  // frame; one that wants an ack is remembered until the ack comes.
+  void SendAm(Peer& p, uint16_t op, const Endpoint& sender, uint64_t dst,
+              const shm::SubmissionDesc& d, shm::PoolPayload* payload,
+              uint32_t wire_flags);
   // The kPayload frame that follows an envelope: it sends the pool chunk
   // `payload` (len bytes, now the frame's until its send completes).
   std::unique_ptr<OutFrame> PayloadFrame(const Endpoint& sender, uint64_t dst,
