@@ -191,6 +191,12 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
   // Node-wide figures, root's only: others' activity shows in them.
   reply->set_doorbells(worker_->doorbells());
   reply->set_sleeps(worker_->sleeps());
+  const ProgressWorker::Placement where = worker_->placement();
+  v1::WorkerPlacement* w = reply->mutable_worker();
+  w->set_cpu(where.cpu);
+  w->set_core_checks(where.core_checks);
+  w->set_core_shared(where.core_shared);
+  w->set_yields(where.yields);
   for (const Remote::PeerRow& r : worker_->FabricStats()) {
     const hw::PeerStats& p = r.fabric;
     v1::PeerNodeStats* row = reply->add_peer_nodes();

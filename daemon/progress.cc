@@ -281,6 +281,7 @@ void ProgressWorker::Loop() {
       } else {
         // The client we wait for, or another thread, may need this core.
         sched_yield();
+        yields_.Add(1);
       }
       continue;
     }
@@ -288,7 +289,11 @@ void ProgressWorker::Loop() {
     NoteTurn(now);
     if (muted_doorbells_ > 0) ResumeMutedDoorbells(now);
     if (idle_passes == 64) last_work = now;
-    share_core_ = CountPollers(shm::CurrentCpuWord());
+    const uint32_t cpu_word = shm::CurrentCpuWord();
+    share_core_ = CountPollers(cpu_word);
+    cpu_.store(static_cast<int32_t>(cpu_word) - 1, std::memory_order_relaxed);
+    core_checks_.Add(1);
+    if (share_core_) core_shared_.Add(1);
     pause = !share_core_ && now - last_work < shm::kPauseWindowNs;
     const uint64_t spin_ns =
         uint64_t{spin_us_.load(std::memory_order_relaxed)} * 1000;

@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "daemon/config.h"
+#include "daemon/endpoint.h"
 #include "daemon/mq_engine.h"
 #include "hw/fabric.h"
 #include "shm/spin.h"
@@ -76,6 +77,21 @@ class ProgressWorker {
     return doorbells_.load(std::memory_order_relaxed);
   }
   uint64_t sleeps() const { return sleeps_.load(std::memory_order_relaxed); }
+  // Where the worker runs (psmctl stats; docs/operations.md, "CPU
+  // placement"). Every 64 idle passes it counts the pollers on its CPU:
+  // `cpu` is that CPU at the last count (-1 before the first),
+  // `core_checks` the counts made, `core_shared` those that found a client
+  // polling there, `yields` its idle passes that gave the core away.
+  struct Placement {
+    int32_t cpu = -1;
+    uint64_t core_checks = 0;
+    uint64_t core_shared = 0;
+    uint64_t yields = 0;
+  };
+  Placement placement() const {
+    return {cpu_.load(std::memory_order_relaxed), core_checks_.Get(),
+            core_shared_.Get(), yields_.Get()};
+  }
   // Nanoseconds since the worker last went round its loop (psmctl health).
   // The worker notes the time every kHeartbeatPasses busy passes, on every
   // clock check when idle, and after every sleep, and sleeps at most
@@ -147,6 +163,10 @@ class ProgressWorker {
   uint64_t last_stall_check_ns_ = 0;  // worker only
   std::atomic<uint64_t> doorbells_{0};
   std::atomic<uint64_t> sleeps_{0};
+  std::atomic<int32_t> cpu_{-1};  // written by the worker only
+  Counter core_checks_;
+  Counter core_shared_;
+  Counter yields_;
   std::atomic<uint64_t> last_turn_ns_{0};  // steady clock
 };
 

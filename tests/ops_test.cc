@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -458,6 +459,65 @@ TEST(SocketActivationTest, PsmdServesThePassedSocketAndLeavesItsFile) {
                                "in psmd.toml the same path"),
             std::string::npos)
       << ReadFile(log);
+}
+
+// An exchange between two ranks on CPU `rank_cpu`, run to its end.
+void ExchangeOn(const TempDir& dir, const Daemon& d, const std::string& name,
+                const char* rank_cpu) {
+  std::string rv = dir.path() + "/" + name;
+  mkdir(rv.c_str(), 0755);
+  auto pinned = [&](int rank) {
+    std::vector<std::string> argv = {"/usr/bin/taskset", "-c", rank_cpu};
+    for (auto& a : ExchangeArgs(dir, rv, rank, kJob, 2000, 64)) {
+      argv.push_back(a);
+    }
+    return argv;
+  };
+  Process r1 =
+      Process::Start(pinned(1), d.ClientEnv(), rv + "/r1.out", rv + "/r1.err");
+  RunResult r0 = RunToEnd(dir, pinned(0), d.ClientEnv(), 120);
+  EXPECT_EQ(r0.exit_code, 0) << r0.err;
+  EXPECT_EQ(r1.Wait(30), 0) << ReadFile(rv + "/r1.err");
+}
+
+TEST(PlacementTest, StatsTellWhetherClientsPollOnTheWorkersCpu) {
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  if (!CPU_ISSET(0, &allowed) || !CPU_ISSET(1, &allowed)) {
+    GTEST_SKIP() << "needs CPUs 0 and 1";
+  }
+  if (geteuid() != 0) GTEST_SKIP() << "the worker's placement is root's view";
+  TempDir dir;
+  auto worker = [&](const Daemon& d, const char* key) {
+    return JsonNumber(Psmctl(dir, d, {"stats", "--format", "json"}).out,
+                      "worker", key);
+  };
+  {
+    // psmd on a CPU of its own: no client ever polls beside the worker.
+    Daemon d(dir, {}, {}, {"/usr/bin/taskset", "-c", "1"});
+    ExchangeOn(dir, d, "apart", "0");
+    EXPECT_EQ(worker(d, "cpu"), 1);
+    EXPECT_GT(worker(d, "core_checks"), 0);
+    EXPECT_EQ(worker(d, "core_shared"), 0);
+    RunResult text = Psmctl(dir, d, {"stats"});
+    EXPECT_NE(text.out.find("worker: on CPU 1; a client polled on that CPU "
+                            "at 0 of its "),
+              std::string::npos)
+        << text.out;
+    EXPECT_TRUE(d.Stop()) << d.Log();
+  }
+  {
+    // psmd beside the ranks: its idle checks find them polling there.
+    Daemon d(dir, {}, {}, {"/usr/bin/taskset", "-c", "0"});
+    ExchangeOn(dir, d, "together", "0");
+    EXPECT_EQ(worker(d, "cpu"), 0);
+    EXPECT_GT(worker(d, "core_shared"), 0);
+    EXPECT_GT(worker(d, "yields"), 0);
+    RunResult prom = Psmctl(dir, d, {"stats", "--format", "prometheus"});
+    EXPECT_NE(prom.out.find("\npsmd_worker_cpu 0\n"), std::string::npos)
+        << prom.out;
+    EXPECT_TRUE(d.Stop()) << d.Log();
+  }
 }
 
 }  // namespace

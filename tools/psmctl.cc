@@ -216,6 +216,17 @@ std::string PeerNodesJson(const psmd::v1::GetStatsReply& r) {
   return out + "]";
 }
 
+std::string WorkerJson(const psmd::v1::GetStatsReply& r) {
+  if (!r.has_worker()) return "null";
+  const auto& w = r.worker();
+  char buf[200];
+  snprintf(buf, sizeof(buf),
+           "{\"cpu\": %d, \"core_checks\": %" PRIu64
+           ", \"core_shared\": %" PRIu64 ", \"yields\": %" PRIu64 "}",
+           w.cpu(), w.core_checks(), w.core_shared(), w.yields());
+  return buf;
+}
+
 void PrintStatsJson(const psmd::v1::GetStatsReply& r) {
   printf(
       "{\"uptime_seconds\": %.3f, \"endpoint_count\": %u, \"doorbells\": "
@@ -240,10 +251,11 @@ void PrintStatsJson(const psmd::v1::GetStatsReply& r) {
     first = false;
   }
   printf(
-      "],\n \"total\": {%s},\n \"refusals\": {%s},\n \"fabric_host\": "
-      "%s,\n \"peer_nodes\": %s}\n",
+      "],\n \"total\": {%s},\n \"refusals\": {%s},\n \"worker\": %s,\n "
+      "\"fabric_host\": %s,\n \"peer_nodes\": %s}\n",
       CountersJson(ValuesOf(r.total()), 0).c_str(), RefusalsJson(r).c_str(),
-      JsonString(r.fabric_host()).c_str(), PeerNodesJson(r).c_str());
+      WorkerJson(r).c_str(), JsonString(r.fabric_host()).c_str(),
+      PeerNodesJson(r).c_str());
 }
 
 // node_exporter's textfile collector format: one family per counter, a
@@ -266,6 +278,22 @@ void PrintStatsPrometheus(const psmd::v1::GetStatsReply& r) {
   family("psmd_sleeps_total", "counter",
          "Times the progress worker went to sleep.");
   printf("psmd_sleeps_total %" PRIu64 "\n", r.sleeps());
+  if (r.has_worker()) {
+    const auto& w = r.worker();
+    family("psmd_worker_cpu", "gauge",
+           "The CPU the progress worker ran on at its last idle check "
+           "(-1: none yet).");
+    printf("psmd_worker_cpu %d\n", w.cpu());
+    family("psmd_worker_core_checks_total", "counter",
+           "The progress worker's idle checks of the pollers on its CPU.");
+    printf("psmd_worker_core_checks_total %" PRIu64 "\n", w.core_checks());
+    family("psmd_worker_core_shared_total", "counter",
+           "Idle checks that found a client polling on the worker's CPU.");
+    printf("psmd_worker_core_shared_total %" PRIu64 "\n", w.core_shared());
+    family("psmd_worker_yields_total", "counter",
+           "Idle passes on which the progress worker gave its core away.");
+    printf("psmd_worker_yields_total %" PRIu64 "\n", w.yields());
+  }
   const refusals::Values refused = RefusalsOf(r);
   for (size_t i = 0; i < refusals::kNumCounters; i++) {
     std::string name =
@@ -340,6 +368,21 @@ void PrintStatsPrometheus(const psmd::v1::GetStatsReply& r) {
   }
 }
 
+// One line on where the progress worker runs: a client polling on its CPU
+// takes turns with it there (docs/operations.md, "CPU placement").
+void PrintWorker(const psmd::v1::WorkerPlacement& w) {
+  if (w.core_checks() == 0) {
+    printf("worker: no idle check of its CPU yet\n");
+    return;
+  }
+  printf("worker: on CPU %d; a client polled on that CPU at %" PRIu64
+         " of its %" PRIu64 " idle checks (%.0f%%); %" PRIu64 " yields\n",
+         w.cpu(), w.core_shared(), w.core_checks(),
+         100.0 * static_cast<double>(w.core_shared()) /
+             static_cast<double>(w.core_checks()),
+         w.yields());
+}
+
 int ShowStats(ControlClient& control, const std::string& format) {
   psmd::v1::GetStatsReply r;
   if (Status e = control.GetStats(&r); !e.ok()) return Fail(e);
@@ -352,6 +395,7 @@ int ShowStats(ControlClient& control, const std::string& format) {
            " sleeps\n",
            static_cast<double>(r.uptime_ns()) / 1e9, r.endpoint_count(),
            r.doorbells(), r.sleeps());
+    if (r.has_worker()) PrintWorker(r.worker());
     PrintIdentities(r);
     PrintCounterTable(Rows(r), 0);
     const refusals::Values refused = RefusalsOf(r);
