@@ -270,29 +270,32 @@ void PrintStatsPrometheus(const psmd::v1::GetStatsReply& r) {
   family("psmd_uptime_seconds", "gauge", "Seconds since psmd started.");
   printf("psmd_uptime_seconds %.3f\n",
          static_cast<double>(r.uptime_ns()) / 1e9);
-  family("psmd_endpoints", "gauge", "Endpoints open now.");
-  printf("psmd_endpoints %u\n", r.endpoint_count());
-  family("psmd_doorbells_total", "counter",
-         "Times a client woke the sleeping progress worker.");
-  printf("psmd_doorbells_total %" PRIu64 "\n", r.doorbells());
-  family("psmd_sleeps_total", "counter",
-         "Times the progress worker went to sleep.");
-  printf("psmd_sleeps_total %" PRIu64 "\n", r.sleeps());
+  // A family of one sample without labels.
+  auto single = [&](const char* name, const char* type, const char* help,
+                    uint64_t value) {
+    family(name, type, help);
+    printf("%s %" PRIu64 "\n", name, value);
+  };
+  single("psmd_endpoints", "gauge", "Endpoints open now.", r.endpoint_count());
+  single("psmd_doorbells_total", "counter",
+         "Times a client woke the sleeping progress worker.", r.doorbells());
+  single("psmd_sleeps_total", "counter",
+         "Times the progress worker went to sleep.", r.sleeps());
   if (r.has_worker()) {
     const auto& w = r.worker();
     family("psmd_worker_cpu", "gauge",
            "The CPU the progress worker ran on at its last idle check "
            "(-1: none yet).");
     printf("psmd_worker_cpu %d\n", w.cpu());
-    family("psmd_worker_core_checks_total", "counter",
-           "The progress worker's idle checks of the pollers on its CPU.");
-    printf("psmd_worker_core_checks_total %" PRIu64 "\n", w.core_checks());
-    family("psmd_worker_core_shared_total", "counter",
-           "Idle checks that found a client polling on the worker's CPU.");
-    printf("psmd_worker_core_shared_total %" PRIu64 "\n", w.core_shared());
-    family("psmd_worker_yields_total", "counter",
-           "Idle passes on which the progress worker gave its core away.");
-    printf("psmd_worker_yields_total %" PRIu64 "\n", w.yields());
+    single("psmd_worker_core_checks_total", "counter",
+           "The progress worker's idle checks of the pollers on its CPU.",
+           w.core_checks());
+    single("psmd_worker_core_shared_total", "counter",
+           "Idle checks that found a client polling on the worker's CPU.",
+           w.core_shared());
+    single("psmd_worker_yields_total", "counter",
+           "Idle passes on which the progress worker gave its core away.",
+           w.yields());
   }
   const refusals::Values refused = RefusalsOf(r);
   for (size_t i = 0; i < refusals::kNumCounters; i++) {
