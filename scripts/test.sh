@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds psmd and runs every test. Prints "N passed, N failed" (GoogleTest
-# cases, counted from Bazel's test.xml files) and exits non-zero on failure.
+# Builds psmd and runs every test. Prints "N passed, N failed, N skipped"
+# (each target's test cases, as Bazel reports the target and its test.xml
+# lists the cases: scripts/test_results.py) and exits non-zero on failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh || exit 1
@@ -11,11 +12,13 @@ bazel build //... || { echo "0 passed, 1 failed"; exit 1; }
 # with its ranks on two. //tests:fabric_netns_test (a veth link set down
 # mid-transfer) needs root, as CI runs this, and skips itself otherwise.
 mpi4py_tests=$(cd .. && pwd)/shared/external/mpi4py-3.1.4-test/test
-bazel test //... --test_output=errors --test_env=PSMD_MPI4PY_TESTS="$mpi4py_tests"
+# Bazel's own account of the run (each target's status and test.xml) is
+# what the count below reads.
+events=$(mktemp /tmp/psmd-test-events-XXXXXX.json)
+trap 'rm -f "$events"' EXIT
+bazel test //... --test_output=errors --test_env=PSMD_MPI4PY_TESTS="$mpi4py_tests" \
+  --build_event_json_file="$events"
 status=$?
-# The count below reads this run's test.xml files: bazel-testlogs moves to
-# the sanitizer's output tree with the last step.
-testlogs=$(readlink -f bazel-testlogs)
 # Checks of their own, each counted once: formatting (.clang-format),
 # Clang's thread-safety analysis of the library's lock annotations, the
 # install (prefix install/uninstall and the .deb in a clean root), and the
@@ -35,29 +38,6 @@ bazel test --config=asan --jobs=2 -- //shm/... //daemon/... //client/... \
   //tests/conformance:core_conformance_psmd ||
   { checks_failed=$((checks_failed + 1)); status=1; }
 
-TESTLOGS=$testlogs CHECKS=$checks CHECKS_FAILED=$checks_failed python3 - <<'PY'
-import glob, os, xml.etree.ElementTree as ET
-failed = int(os.environ["CHECKS_FAILED"])
-passed = int(os.environ["CHECKS"]) - failed
-for path in glob.glob(os.environ["TESTLOGS"] + "/**/test.xml", recursive=True):
-    try:
-        root = ET.parse(path).getroot()
-    except ET.ParseError:
-        failed += 1
-        continue
-    cases = root.iter("testcase")
-    n = 0
-    for case in cases:
-        n += 1
-        if case.find("failure") is not None or case.find("error") is not None:
-            failed += 1
-        else:
-            passed += 1
-    if n == 0:  # a test binary that is not GoogleTest: one result per target
-        if root.get("failures", "0") != "0" or root.get("errors", "0") != "0":
-            failed += 1
-        else:
-            passed += 1
-print(f"{passed} passed, {failed} failed")
-PY
+python3 scripts/test_results.py "$events" --checks "$checks" \
+  --checks-failed "$checks_failed" || status=1
 exit $status

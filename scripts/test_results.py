@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""Counts a `bazel test` run's results, target by target, from what Bazel
+itself reports (its build event protocol, --build_event_json_file) and from
+each target's test.xml.
+
+usage: test_results.py BEP_JSON [--checks N --checks-failed M]
+prints: "N passed, N failed, N skipped" (the checks counted as one case each),
+        and one line per target whose result is not a clean pass, saying why.
+exits:  0 if nothing failed, else 1.
+
+A target's cases are the <testcase> elements of its test.xml (GoogleTest's,
+or the one Bazel writes for a test that writes none). Counted as failed:
+  - each case with <failure> or <error>;
+  - a target with no test.xml, or one that does not parse;
+  - a target whose test.xml has no case (a filter that matched nothing, a
+    binary that never reached its tests);
+  - a target that Bazel did not report as PASSED (a timeout, a crash after
+    an all-pass XML was written, a failed build), on top of its cases: one
+    failure, unless its XML already shows one.
+Counted as skipped: GoogleTest's GTEST_SKIP() (<skipped>, result="skipped")
+and disabled cases (status="notrun"). Nothing is counted as passed that a
+target did not report as run and passed.
+"""
+import json
+import sys
+import urllib.parse
+import xml.etree.ElementTree as ET
+
+
+def xml_cases(path):
+    """(passed, failed, skipped, why) of one test.xml; why explains a
+    target-level failure of the file itself."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError) as e:
+        return 0, 1, 0, f"test.xml unreadable ({e.__class__.__name__})"
+    passed = failed = skipped = 0
+    for case in root.iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed += 1
+        elif (case.find("skipped") is not None or case.get("result") == "skipped"
+              or case.get("status") == "notrun"):
+            skipped += 1
+        else:
+            passed += 1
+    if passed + failed + skipped == 0:
+        return 0, 1, 0, "test.xml has no test case"
+    return passed, failed, skipped, None
+
+
+def file_path(uri):
+    parsed = urllib.parse.urlparse(uri)
+    return urllib.parse.unquote(parsed.path) if parsed.scheme == "file" else None
+
+
+def read_events(bep_path):
+    """label -> {"status": overall status or None, "xml": [paths]}"""
+    targets = {}
+    with open(bep_path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            event = json.loads(line)
+            ident = event.get("id", {})
+            if "testResult" in ident:
+                t = targets.setdefault(ident["testResult"]["label"],
+                                       {"status": None, "xml": []})
+                for out in event.get("testResult", {}).get("testActionOutput", []):
+                    if out.get("name") == "test.xml":
+                        t["xml"].append(file_path(out.get("uri", "")))
+            elif "testSummary" in ident:
+                t = targets.setdefault(ident["testSummary"]["label"],
+                                       {"status": None, "xml": []})
+                t["status"] = event.get("testSummary", {}).get("overallStatus")
+            elif "targetCompleted" in ident and event.get("completed", {}).get(
+                    "success") is False:
+                # A test target that failed to build has no testSummary.
+                label = ident["targetCompleted"]["label"]
+                targets.setdefault(label, {"status": None, "xml": []})
+                targets[label]["status"] = "FAILED_TO_BUILD"
+    return targets
+
+
+def count(targets):
+    passed = failed = skipped = 0
+    notes = []
+    for label in sorted(targets):
+        t = targets[label]
+        p = f = s = 0
+        why = []
+        paths = [x for x in t["xml"] if x]
+        if not paths:
+            f, reason = 1, "no test.xml"
+            why.append(reason)
+        for path in paths:
+            dp, df, ds, reason = xml_cases(path)
+            p, f, s = p + dp, f + df, s + ds
+            if reason:
+                why.append(reason)
+        status = t["status"]
+        if status != "PASSED":
+            why.append(f"Bazel reports {status or 'no status'}")
+            if f == 0:
+                f = 1
+        passed, failed, skipped = passed + p, failed + f, skipped + s
+        if f or s:
+            detail = "; ".join(why) or f"{f} case(s) failed"
+            notes.append(f"  {label}: {p} passed, {f} failed, {s} skipped ({detail})")
+    return passed, failed, skipped, notes
+
+
+def main(argv):
+    args = argv[1:]
+    if not args:
+        print(__doc__, file=sys.stderr)
+        return 2
+    bep = args[0]
+    checks = checks_failed = 0
+    rest = args[1:]
+    while rest:
+        if rest[0] == "--checks":
+            checks = int(rest[1])
+        elif rest[0] == "--checks-failed":
+            checks_failed = int(rest[1])
+        else:
+            print(f"test_results: unknown argument {rest[0]}", file=sys.stderr)
+            return 2
+        rest = rest[2:]
+    try:
+        targets = read_events(bep)
+    except (OSError, ValueError) as e:
+        print(f"test_results: cannot read {bep}: {e}", file=sys.stderr)
+        print("0 passed, 1 failed, 0 skipped")
+        return 1
+    passed, failed, skipped, notes = count(targets)
+    if not targets:
+        notes.append("  no test target reported by Bazel")
+        failed += 1
+    passed += checks - checks_failed
+    failed += checks_failed
+    for note in notes:
+        print(note)
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
