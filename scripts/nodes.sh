@@ -7,7 +7,8 @@
 # starts a munged of our own (a generated key, its socket
 # $work/munge/socket) and COUNT psmd (the binary PSMD) linked by the fabric:
 # daemon i listens on 127.0.0.(2+i) at a free port, has node id i+1 and the
-# control socket ${node_socket[i]}, logs to $work/psmd<i>.log, and is
+# control socket ${node_socket[i]} and the PID ${node_pid[i]}, logs to
+# $work/psmd<i>.log, and is
 # authenticated by that munged; one node table ($work/nodes) names them all.
 # FLAGS go to every psmd. With NODE_CPUS set (a CPU list per node, e.g.
 # "0 1"), daemon i runs pinned to the i-th (taskset). Returns once every
@@ -34,7 +35,7 @@ start_nodes() {
     echo "$((i + 1)) node$((i + 1)) $((i + 1))@$addr:$port" >>"$work/nodes"
     listen[i]="$addr:$port"
   done
-  node_socket=()
+  node_socket=() node_pid=()
   local cpus=()
   read -r -a cpus <<<"${NODE_CPUS:-}"
   for ((i = 0; i < count; i++)); do
@@ -44,6 +45,7 @@ start_nodes() {
     "${pin[@]}" "$psmd" --socket "${node_socket[i]}" --node-id $((i + 1)) \
       --fabric-listen "${listen[i]}" --fabric-nodes "$work/nodes" \
       --munge-socket "$work/munge/socket" "$@" 2>"$work/psmd$i.log" &
+    node_pid[i]=$!
     pids+=($!)
   done
   for ((i = 0; i < count; i++)); do

@@ -14,6 +14,9 @@
 # Ranks: 2 by default (each gets --rank I --dir DIR); --ranks N or
 # PSMD_CONFORMANCE_RANKS=N (the option wins) starts N, and for N != 2 also
 # passes --ranks N to every rank.
+# psmd is stopped with SIGTERM once the ranks are done, and the run passes
+# only if it then exits 0 with no sanitizer report in its log (under
+# --config=asan that is psmd's shutdown and LeakSanitizer checked too).
 # Every process it starts is ended by PID; its scratch directory is removed.
 set -uo pipefail
 ranks=${PSMD_CONFORMANCE_RANKS:-2}
@@ -33,9 +36,9 @@ impl=$1; shift
 program=$1; shift
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-stop_signal=KILL
 source "$root/scripts/workdir.sh" psmd-conf
 timeout_s=${PSMD_CONFORMANCE_TIMEOUT:-120}
+daemon_pids=()
 
 case "$impl" in
   intel)
@@ -51,8 +54,9 @@ case "$impl" in
     ;;
   psmd)
     export PSMD_SOCKET="$work/psmd.sock"
-    "${PSMD_BIN:-daemon/psmd}" --socket "$PSMD_SOCKET" --log-level warn &
+    "${PSMD_BIN:-daemon/psmd}" --socket "$PSMD_SOCKET" --log-level warn 2>"$work/psmd0.log" &
     pids+=($!)
+    daemon_pids=($!)
     for _ in $(seq 100); do [[ -S "$PSMD_SOCKET" ]] && break; sleep 0.05; done
     wrap=(env PSMD_CONFORMANCE_IMPL=psmd)
     ;;
@@ -62,6 +66,7 @@ case "$impl" in
     start_nodes "${PSMD_BIN:-daemon/psmd}" "$daemons" \
       --log-level "${PSMD_LOG_LEVEL:-warn}" ${PSMD_FABRIC_FLAGS:-} || exit 1
     export PSMD_SOCKETS="${node_socket[*]}"
+    daemon_pids=("${node_pid[@]}")
     wrap=(env PSMD_CONFORMANCE_IMPL=psmd)
     ;;
   *) echo "usage: run_pair.sh [--ranks N] [--daemons D] intel|psmd|psmd-nodes PROGRAM [ARGS...]" >&2; exit 2 ;;
@@ -89,27 +94,36 @@ esac
   done
   echo "run_pair: $report" >&2
   ((ok))' run_pair "$program" "$work" "$timeout_s" "$ranks" "$@" | tee "$work/results"
-status=${PIPESTATUS[0]}
-if [[ "$impl" == psmd-nodes && ( $status != 0 || -n "${PSMD_SHOW_LOGS:-}" ) ]]; then
-  for ((i = 0; i < daemons; i++)); do
+ranks_status=${PIPESTATUS[0]}
+if [[ $ranks_status != 0 || -n "${PSMD_SHOW_LOGS:-}" ]]; then
+  for i in "${!daemon_pids[@]}"; do
     echo "---- psmd$i log" >&2
     tail -n 40 "$work/psmd$i.log" >&2
   done
 fi
+status=$ranks_status daemons_ok=1
+for i in "${!daemon_pids[@]}"; do
+  stop_daemon "${daemon_pids[i]}" "psmd$i" "$work/psmd$i.log" || daemons_ok=0
+done
+((daemons_ok)) || status=1
 
 # Under Bazel, one JUnit test case per conformance case (passed only if it
 # passed on every rank), plus one for the run as a whole (exit statuses).
 if [[ -n "${XML_OUTPUT_FILE:-}" ]]; then
-  python3 - "$work/results" "$status" "$(basename "$program")_$impl" >"$XML_OUTPUT_FILE" <<'PY'
+  python3 - "$work/results" "$ranks_status" "$(basename "$program")_$impl" "${#daemon_pids[@]}" \
+    "$daemons_ok" >"$XML_OUTPUT_FILE" <<'PY'
 import sys
 from xml.sax.saxutils import quoteattr
 results, status, suite = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+daemons, daemons_ok = int(sys.argv[4]), sys.argv[5] == "1"
 cases = {}
 for line in open(results):
     parts = line.split()
     if len(parts) == 3 and parts[0] in ("PASS", "FAIL") and parts[1].startswith("rank"):
         cases[parts[2]] = cases.get(parts[2], True) and parts[0] == "PASS"
 cases["all_ranks_exit_0"] = status == 0
+if daemons:
+    cases["psmd_exits_0_on_sigterm"] = daemons_ok
 failures = sum(not ok for ok in cases.values())
 print(f'<?xml version="1.0" encoding="UTF-8"?>')
 print(f'<testsuites><testsuite name={quoteattr(suite)} tests="{len(cases)}" failures="{failures}">')
