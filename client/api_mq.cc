@@ -274,9 +274,12 @@ psm2_error_t Probe(psm2_mq_t mq, psm2_epaddr_t src, const psm2_mq_tag_t* rtag,
                         /*claim=*/claimed != nullptr));
   if (err != PSM2_OK) {
     ep->FreeRequest(r);
-    return err == PSM2_MQ_NO_COMPLETIONS
-               ? err
-               : Library::Report(err, "psm2_mq_iprobe failed");
+    if (err != PSM2_MQ_NO_COMPLETIONS)
+      return Library::Report(err, "psm2_mq_iprobe failed");
+    // Intel's library clears the request of a matched probe that found
+    // nothing; callers (MPI_Improbe) test it for NULL.
+    if (claimed != nullptr) *claimed = PSM2_MQ_REQINVALID;
+    return err;
   }
   // A probe has no receive buffer yet: the whole message is "received".
   r->user.recv_msglen = r->user.send_msglen;

@@ -192,11 +192,20 @@ void ProbeAndMatchedProbe(Pair& p) {
   MQ_CHECK_ERR(psm2_mq_iprobe(p.mq, 100, ~0ull, &st), PSM2_MQ_NO_COMPLETIONS);
   MQ_CHECK_ERR(Iprobe2(p, PSM2_MQ_ANY_ADDR, kAnyTag, kAnyTag, &st2),
                PSM2_MQ_NO_COMPLETIONS);
+  // A matched probe that finds nothing sets the request to NULL (MPI
+  // libraries test it, as Open MPI's MPI_Improbe does).
+  psm2_mq_req_t stale = reinterpret_cast<psm2_mq_req_t>(&st);
+  req = stale;
   MQ_CHECK_ERR(psm2_mq_improbe(p.mq, 0, 0, &req, &st), PSM2_MQ_NO_COMPLETIONS);
+  MQ_CHECK(req == PSM2_MQ_REQINVALID,
+           "improbe that found nothing left the request as it was");
   {
     psm2_mq_tag_t t = kAnyTag, s = kAnyTag;
+    req = stale;
     MQ_CHECK_ERR(psm2_mq_improbe2(p.mq, PSM2_MQ_ANY_ADDR, &t, &s, &req, &st2),
                  PSM2_MQ_NO_COMPLETIONS);
+    MQ_CHECK(req == PSM2_MQ_REQINVALID,
+             "improbe2 that found nothing left the request as it was");
   }
   MQ_CHECK(st.msg_length == 0xABABABABu && st2.msg_length == 0xABABABABu,
            "a probe that found nothing wrote its status");
