@@ -86,8 +86,8 @@ if [[ -f "$tarball" ]]; then
   tar -C "$root" -xzf "$tarball" || fail "unpacking $tarball"
   step "clean root unpacked from $tarball"
 else
-  mirror=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)
-  debootstrap --variant=minbase bookworm "$root" "${mirror:-http://deb.debian.org/debian}" \
+  mirror=$(scripts/debian_archive.sh) || fail "no Debian archive in apt's sources"
+  debootstrap --variant=minbase bookworm "$root" "$mirror" \
     >"$work/debootstrap.log" 2>&1 || { tail -5 "$work/debootstrap.log"; fail "debootstrap"; }
   mkdir -p "$cache_dir"
   tar -C "$root" -czf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
