@@ -653,7 +653,12 @@ void psm2_ep::SleepForCompletions() {
     mu.Lock();
   }
   shm::ClientAwake(bells);
-  // The attach connection hangs up when the daemon dies or closes us.
+  CheckDaemon();
+}
+
+void psm2_ep::CheckDaemon() {
+  // The attach connection hangs up when the daemon dies or closes us; a
+  // new psmd on the same socket (systemd's Restart=) does not reopen it.
   pollfd p{liveness_fd_, POLLIN | POLLRDHUP, 0};
   if (!daemon_lost_ && poll(&p, 1, 0) > 0) {
     daemon_lost_ = true;

@@ -283,8 +283,12 @@ struct psm2_ep {
   // Only from the second empty call since Progress last found work or a
   // submission was published: a single check (Open MPI's mtl psmd peeks once
   // after every blocking send) should not cost even that.
+  // Every kLivenessChecks-th empty call also looks whether psmd is still
+  // there (CheckDaemon): an application that only polls never sleeps in
+  // SleepForCompletions, where a waiting one finds out.
   void IdleYield() PSMD_REQUIRES(mu) {
     if (empty_checks_++ > 0) spin_.Idle(empty_checks_ - 1, !publisher_.idle());
+    if (empty_checks_ % kLivenessChecks == 0) CheckDaemon();
   }
   void RemoveFromDoneList(psm2_mq_req* req) PSMD_REQUIRES(mu);
   // The error of the last node lost (kNodeLost) since the previous call,
@@ -327,6 +331,13 @@ struct psm2_ep {
   void CountReceive(const psm2_mq_req* req, bool rendezvous) PSMD_REQUIRES(mu);
   psm2_mq_req* Lookup(uint64_t token) PSMD_REQUIRES(mu);
   void SleepForCompletions() PSMD_REQUIRES(mu);
+  // psmd went away (the liveness descriptor hung up): fails every pending
+  // request with PSM2_EP_WAS_CLOSED, once.
+  void CheckDaemon() PSMD_REQUIRES(mu);
+  // Empty non-blocking calls between two CheckDaemon: a poll(2) each 1024
+  // is lost in their pauses and yields, and at a few microseconds a call
+  // psmd's loss is still seen within milliseconds.
+  static constexpr uint32_t kLivenessChecks = 1024;
   void FailAllPending(psm2_error_t error) PSMD_REQUIRES(mu);
 
   const Identity identity_;
