@@ -32,7 +32,9 @@
 #   share/doc/psmd/                        README.md, docs/*.md
 #   share/psmd/install-manifest            what --uninstall removes
 # --uninstall removes exactly the files in the manifest and the directories
-# this install created (when they are empty again), and nothing else.
+# this install created (when they are empty again), and nothing else; the
+# config only while it is still what was installed (the manifest keeps its
+# SHA-256, as dpkg does for a conffile): an edited one is kept, and said so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -70,6 +72,15 @@ if ((uninstall)); then
   while read -r kind path; do
     case "$kind" in
       f) rm -f -- "$destdir$path" ;;
+      c)  # "c SHA256 PATH": the config as installed
+        sum=${path%% *} path=${path#* }
+        if [[ -e "$destdir$path" ]] &&
+          [[ "$(sha256sum <"$destdir$path" | cut -d' ' -f1)" != "$sum" ]]; then
+          echo "install.sh: keeping the edited $destdir$path" >&2
+        else
+          rm -f -- "$destdir$path"
+        fi
+        ;;
       d) rmdir -- "$destdir$path" 2>/dev/null || true ;;
     esac
   done < "$manifest"
@@ -84,6 +95,7 @@ bin=bazel-bin
 version=$(cat VERSION)
 [[ -z "$destdir" ]] || mkdir -p -- "$destdir"
 installed=()  # files and links, as installed (without destdir)
+configs=()    # "SHA256 PATH" of the config files installed
 created=()    # directories this run created
 
 # mkdirs DIR: creates DIR (without destdir) and records what did not exist.
@@ -158,7 +170,9 @@ config=$sysconfdir/psmd/psmd.toml
 if [[ -e "$destdir$config" ]] && ! cmp -s deploy/psmd.toml "$destdir$config"; then
   echo "install.sh: keeping the edited $destdir$config (defaults: deploy/psmd.toml)" >&2
 else
-  put deploy/psmd.toml "$config" 0644
+  mkdirs "$(dirname "$config")"
+  install -m 0644 -- deploy/psmd.toml "$destdir$config"
+  configs+=("$(sha256sum <deploy/psmd.toml | cut -d' ' -f1) $config")
 fi
 
 man=$(mktemp -d)
@@ -183,10 +197,11 @@ mkdirs "$prefix/$(dirname "$manifest_rel")"
 installed+=("$prefix/$manifest_rel")
 {
   printf 'f %s\n' "${installed[@]}"
+  if ((${#configs[@]} > 0)); then printf 'c %s\n' "${configs[@]}"; fi
   if ((${#created[@]} > 0)); then
     printf '%s\n' "${created[@]}" | sort -u | awk '{ print length, $0 }' | sort -rn |
       cut -d' ' -f2- | sed 's/^/d /'
   fi
 } > "$manifest"
-echo "psmd $version installed under $root (${#installed[@]} files; remove with" \
+echo "psmd $version installed under $root ($((${#installed[@]} + ${#configs[@]})) files; remove with" \
   "scripts/install.sh --uninstall --prefix $prefix${destdir:+ --destdir $destdir})"

@@ -3,7 +3,9 @@
 #  1. scripts/install.sh into a prefix under a temporary destdir: every file
 #     in place, the installed psmctl, pkg-config, default config and man
 #     pages work; a re-install keeps an edited config; --uninstall leaves
-#     the destdir empty but for that edited config.
+#     the destdir empty but for that edited config, and so it does for a
+#     config edited since the last install (and says so), while an unedited
+#     install leaves nothing.
 #  2. The .deb (scripts/build_deb.sh) in a clean Debian 12 root: dpkg -i,
 #     apt-get -f install for its dependencies, an edited conffile kept by a
 #     second dpkg -i, psmd started as its unit
@@ -74,6 +76,26 @@ rm -- "$p/etc/psmd/psmd.toml"
 find "$dest" -mindepth 1 -type d -empty -delete
 left=$(find "$dest" -mindepth 1)
 [[ -z "$left" ]] || fail "--uninstall left: $left"
+# Edited after the last install, with no re-install in between: uninstall
+# keeps it too, and says so; an unedited one goes with the rest.
+scripts/install.sh --no-build --prefix /opt/psmd --destdir "$dest" >/dev/null 2>&1 ||
+  fail "install.sh after uninstall"
+scripts/install.sh --uninstall --prefix /opt/psmd --destdir "$dest" >/dev/null || fail "--uninstall"
+left=$(find "$dest" -mindepth 1 -type f)
+[[ -z "$left" ]] || fail "--uninstall of an unedited install left: $left"
+scripts/install.sh --no-build --prefix /opt/psmd --destdir "$dest" >/dev/null 2>&1 ||
+  fail "install.sh after uninstall"
+sed -i 's/^spin_us = 200$/spin_us = 400/' "$p/etc/psmd/psmd.toml"
+said=$(scripts/install.sh --uninstall --prefix /opt/psmd --destdir "$dest" 2>&1 >/dev/null) ||
+  fail "--uninstall"
+grep -qx 'spin_us = 400' "$p/etc/psmd/psmd.toml" 2>/dev/null ||
+  fail "--uninstall removed the config edited since the install"
+[[ "$said" == *"keeping the edited $p/etc/psmd/psmd.toml"* ]] ||
+  fail "--uninstall did not say it kept the edited config (said: $said)"
+left=$(find "$dest" -mindepth 1 -type f)
+[[ "$left" == "$p/etc/psmd/psmd.toml" ]] || fail "--uninstall left: $left (wanted only the edited config)"
+rm -- "$p/etc/psmd/psmd.toml"
+find "$dest" -mindepth 1 -type d -empty -delete
 step "prefix install and uninstall: ok"
 
 # ---- 2. the .deb in a clean root ----
