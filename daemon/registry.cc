@@ -249,15 +249,14 @@ void Registry::Retire(std::shared_ptr<Endpoint> ep) {
 Status Registry::FindControllable(const Credentials& who, uint32_t id,
                                   Record** out) {
   auto it = records_.find(id);
-  if (it == records_.end() || !it->second.ready) {
+  // Another uid's endpoint gets the answer a missing one gets: the caller
+  // may not learn that it exists, nor whose it is (psmctl endpoints hides it).
+  if (it == records_.end() || !it->second.ready ||
+      !MayControl(who, *it->second.ep)) {
     return {PSM2_PARAM_ERR,
-            "no endpoint " + std::to_string(id) + " (already closed?)"};
-  }
-  if (!MayControl(who, *it->second.ep)) {
-    return {PSM2_PARAM_ERR,
-            "endpoint " + std::to_string(id) + " belongs to uid " +
-                std::to_string(it->second.ep->uid) +
-                "; only that uid or root may close it or connect from it"};
+            "no endpoint " + std::to_string(id) +
+                " of yours (already closed? only its uid or root may close "
+                "it or connect from it)"};
   }
   *out = &it->second;
   return {};

@@ -89,6 +89,28 @@ TEST_F(RegistryTest, OnlyTheOwnerOrRootMayCloseOrConnect) {
   EXPECT_FALSE(registry_.Close(User(1000), mine.id).ok());  // already gone
 }
 
+// Refused for another uid exactly as for an id that names nothing: the
+// answer tells a tenant neither that the endpoint exists nor whose it is.
+TEST_F(RegistryTest, AnotherUidsEndpointAnswersLikeAMissingOne) {
+  OpenedEndpoint root_ep = Open(User(0), 1);
+  const uint32_t missing = root_ep.id + 100;
+  Status theirs = registry_.Close(User(1001), root_ep.id);
+  Status none = registry_.Close(User(1001), missing);
+  ASSERT_FALSE(theirs.ok());
+  EXPECT_EQ(theirs.code, none.code);
+  auto without_id = [](std::string m, uint32_t id) {
+    return m.replace(m.find(std::to_string(id)), std::to_string(id).size(),
+                     "N");
+  };
+  EXPECT_EQ(without_id(theirs.message, root_ep.id),
+            without_id(none.message, missing));
+  EXPECT_EQ(theirs.message.find("uid 0"), std::string::npos);
+  std::vector<ConnectOutcome> out;
+  Status connect = registry_.Connect(User(1001), root_ep.id, {}, &out);
+  EXPECT_EQ(without_id(connect.message, root_ep.id),
+            without_id(none.message, missing));
+}
+
 TEST_F(RegistryTest, EndpointsOfDifferentJobsOrUidsNeverConnect) {
   OpenedEndpoint a = Open(User(1000), 1);
   OpenedEndpoint other_job = Open(User(1000), 2);

@@ -510,9 +510,11 @@ TEST_F(IntegrationTest, OtherUsersSeeNothingAndCannotClose) {
   RunResult refused = RunToEnd(
       dir_, {psmctl, "--socket", d.socket(), "close", id}, {}, 10, nobody);
   EXPECT_EQ(refused.exit_code, 1);
-  EXPECT_NE(refused.err.find("only that uid or root may close it"),
+  // The answer an id that names nothing gets: no owner, no existence.
+  EXPECT_NE(refused.err.find("no endpoint " + id + " of yours"),
             std::string::npos)
       << refused.err;
+  EXPECT_EQ(refused.err.find("uid 0"), std::string::npos) << refused.err;
   EXPECT_EQ(Psmctl(dir_, d, {"close", id}).exit_code, 0);
   EXPECT_EQ(Psmctl(dir_, d, {"endpoints", "--json"})
                 .out.find(std::to_string(r1.pid())),
