@@ -102,6 +102,7 @@ TEST_F(EndpointTest, AnEagerPayloadIsCopiedReleasedAndTheReceiveCompletes) {
   EXPECT_TRUE(Released(off));
   EXPECT_EQ(r->state, psm2_mq_req::State::kComplete);
   EXPECT_EQ(r->user.recv_msglen, 300u);
+  EndpointLock lock(&ep_->mu);
   EXPECT_EQ(ep_->mq().done_head, r);  // on the ipeek list
 }
 
@@ -123,6 +124,7 @@ TEST_F(EndpointTest, AStaleTokenOnlyGivesThePayloadBack) {
   Complete(c);
   EXPECT_TRUE(Released(off));
   EXPECT_NE(r->state, psm2_mq_req::State::kComplete);
+  EndpointLock lock(&ep_->mu);
   EXPECT_EQ(ep_->mq().done_head, nullptr);
 }
 

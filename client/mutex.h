@@ -1,8 +1,8 @@
 // The endpoint mutex, annotated for Clang's thread-safety analysis
-// (bazel build --config=thread-safety): members marked PSMD_GUARDED_BY(mu) may
-// only be touched with the endpoint's mutex held, and functions marked
-// PSMD_REQUIRES(mu) only be called so. The analysis checks every function body;
-// GCC builds compile the annotations away.
+// (base/thread_annotations.h; bazel build --config=thread-safety): members
+// marked PSMD_GUARDED_BY(mu) may only be touched with the endpoint's mutex
+// held, and functions marked PSMD_REQUIRES(mu) only be called so. The analysis
+// checks every function body; GCC builds compile the annotations away.
 //
 // The mutex is recursive: an active-message handler, run from inside
 // progress with the mutex held, may call back into the PSM2 API.
@@ -29,26 +29,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "base/thread_annotations.h"
 #include "shm/spin.h"
-
-#if defined(__clang__)
-#define PSMD_THREAD_ANNOTATION(x) __attribute__((x))
-#else
-#define PSMD_THREAD_ANNOTATION(x)
-#endif
-
-#define PSMD_CAPABILITY(x) PSMD_THREAD_ANNOTATION(capability(x))
-#define PSMD_SCOPED_CAPABILITY PSMD_THREAD_ANNOTATION(scoped_lockable)
-#define PSMD_GUARDED_BY(x) PSMD_THREAD_ANNOTATION(guarded_by(x))
-#define PSMD_PT_GUARDED_BY(x) PSMD_THREAD_ANNOTATION(pt_guarded_by(x))
-#define PSMD_REQUIRES(...) \
-  PSMD_THREAD_ANNOTATION(requires_capability(__VA_ARGS__))
-#define PSMD_ACQUIRE(...) \
-  PSMD_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
-#define PSMD_RELEASE(...) \
-  PSMD_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
-#define PSMD_NO_THREAD_SAFETY_ANALYSIS \
-  PSMD_THREAD_ANNOTATION(no_thread_safety_analysis)
 
 namespace psmd::client {
 

@@ -371,7 +371,7 @@ void Admission::HandOverToGrpc(int fd, const Credentials& creds) {
   struct stat st {};
   fstat(fd, &st);
   {
-    std::lock_guard<std::mutex> lock(creds_mu_);
+    MutexLock lock(&creds_mu_);
     grpc_peers_[fd] = GrpcPeer{creds, st.st_ino};
   }
   grpc::AddInsecureChannelFromFd(server_, fd);
@@ -380,7 +380,7 @@ void Admission::HandOverToGrpc(int fd, const Credentials& creds) {
 bool Admission::UnderConnectionLimit(uid_t uid) {
   uint32_t held = 0;
   for (const auto& [fd, p] : pending_) held += p.creds.uid == uid;
-  std::lock_guard<std::mutex> lock(creds_mu_);
+  MutexLock lock(&creds_mu_);
   for (auto it = grpc_peers_.begin(); it != grpc_peers_.end();) {
     struct stat st {};
     if (fstat(it->first, &st) != 0 || st.st_ino != it->second.inode) {
@@ -461,7 +461,7 @@ int Admission::MoveToHighFd(int fd) {
 bool Admission::CredentialsOf(const std::string& peer, Credentials* out) {
   if (peer.rfind("fd:", 0) != 0) return false;
   int fd = atoi(peer.c_str() + 3);
-  std::lock_guard<std::mutex> lock(creds_mu_);
+  MutexLock lock(&creds_mu_);
   auto it = grpc_peers_.find(fd);
   if (it == grpc_peers_.end()) return false;
   *out = it->second.creds;

@@ -20,12 +20,12 @@
 
 #include <chrono>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
 
+#include "base/mutex.h"
 #include "daemon/config.h"
 #include "daemon/registry.h"
 
@@ -110,8 +110,8 @@ class Admission {
     Credentials creds;
     ino_t inode;
   };
-  std::mutex creds_mu_;
-  std::unordered_map<int, GrpcPeer> grpc_peers_;  // guarded by creds_mu_
+  Mutex creds_mu_;
+  std::unordered_map<int, GrpcPeer> grpc_peers_ PSMD_GUARDED_BY(creds_mu_);
 };
 
 }  // namespace psmd

@@ -252,7 +252,7 @@ grpc::Status ControlService::ListJobs(grpc::ServerContext* ctx,
     info->set_pool_bytes(j.pool_bytes);
     info->set_region_bytes(c.region_bytes);
     info->set_max_endpoints(c.max_endpoints_per_job);
-    info->set_unexpected_budget_bytes(c.unexpected_budget_bytes);
+    info->set_unexpected_budget_bytes(j.unexpected_budget_bytes);
     info->set_max_unexpected_budget_bytes(c.max_unexpected_budget_bytes);
     info->set_job_unexpected_budget_bytes(c.job_unexpected_budget_bytes);
     info->set_uid_unexpected_budget_bytes(c.uid_unexpected_budget_bytes);

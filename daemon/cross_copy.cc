@@ -54,10 +54,10 @@ CrossCopier::CrossCopier(std::function<void()> wake, size_t chunk_bytes)
 
 CrossCopier::~CrossCopier() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   thread_.join();
 }
 
@@ -70,10 +70,10 @@ std::deque<CrossCopier::Active>& CrossCopier::QueueOf(const void* group) {
 
 void CrossCopier::Submit(const Copy& copy) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     QueueOf(copy.group).push_back(Active{copy});
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 std::vector<uint64_t> CrossCopier::Cancel(uint32_t endpoint_id) {
@@ -81,9 +81,9 @@ std::vector<uint64_t> CrossCopier::Cancel(uint32_t endpoint_id) {
     return a.copy.from.endpoint_id == endpoint_id ||
            a.copy.to.endpoint_id == endpoint_id;
   };
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   // The chunk in flight stays in its queue until it returns (Loop).
-  cv_.wait(lock, [&] { return !busy_ || !involves(flight_); });
+  while (busy_ && involves(flight_)) cv_.Wait(&mu_);
   std::vector<uint64_t> dropped;
   for (auto& g : groups_) {
     for (auto it = g.begin(); it != g.end();) {
@@ -102,7 +102,7 @@ std::vector<uint64_t> CrossCopier::Cancel(uint32_t endpoint_id) {
 }
 
 std::vector<CrossCopier::Done> CrossCopier::TakeDone() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   done_pending_.store(false, std::memory_order_relaxed);
   return std::move(done_);
 }
@@ -147,10 +147,10 @@ int CrossCopier::CopyChunk(Active& a, bool* reading) {
 }
 
 void CrossCopier::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || !groups_.empty(); });
-    if (stop_) return;
+    while (!stop_ && groups_.empty()) cv_.Wait(&mu_);
+    if (stop_) break;
     // The front group's first copy moves one chunk while its group waits at
     // the back (invariant 1).
     std::deque<Active> turn = std::move(groups_.front());
@@ -159,10 +159,14 @@ void CrossCopier::Loop() {
     turn.pop_front();
     if (!turn.empty()) groups_.push_back(std::move(turn));
     busy_ = true;
-    lock.unlock();
+    // The chunk moves on a copy, outside the lock: Cancel reads only
+    // flight_'s identity meanwhile, and its progress is written back below.
+    Active moving = flight_;
+    mu_.Unlock();
     bool reading = false;
-    const int error = CopyChunk(flight_, &reading);
-    lock.lock();
+    const int error = CopyChunk(moving, &reading);
+    mu_.Lock();
+    flight_.done = moving.done;
     busy_ = false;
     const bool ended = error != 0 || flight_.done == flight_.copy.len;
     if (ended) {
@@ -172,13 +176,14 @@ void CrossCopier::Loop() {
     } else {
       QueueOf(flight_.copy.group).push_front(flight_);
     }
-    cv_.notify_all();  // a Cancel may wait for this chunk
+    cv_.NotifyAll();  // a Cancel may wait for this chunk
     if (ended) {
-      lock.unlock();
+      mu_.Unlock();
       wake_();
-      lock.lock();
+      mu_.Lock();
     }
   }
+  mu_.Unlock();
 }
 
 }  // namespace psmd

@@ -27,13 +27,13 @@
 #include <sys/types.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "base/mutex.h"
 
 namespace psmd {
 
@@ -101,21 +101,20 @@ class CrossCopier {
   int CopyChunk(Active& a, bool* reading);
 
   // The queue of `group`, made at the back if it has none.
-  std::deque<Active>& QueueOf(const void* group);
+  std::deque<Active>& QueueOf(const void* group) PSMD_REQUIRES(mu_);
 
   const std::function<void()> wake_;
   std::vector<uint8_t> bounce_;
-  std::mutex mu_;
-  std::condition_variable cv_;  // work arrived, or the chunk in flight ended
-  // One queue per group, taking turns (invariant 1); guarded by mu_.
-  std::deque<std::deque<Active>> groups_;
-  std::vector<Done> done_;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;  // work arrived, or the chunk in flight ended
+  // One queue per group, taking turns (invariant 1).
+  std::deque<std::deque<Active>> groups_ PSMD_GUARDED_BY(mu_);
+  std::vector<Done> done_ PSMD_GUARDED_BY(mu_);
   // The copy whose chunk is being moved, out of its queue meanwhile, so
-  // that Cancel can erase around it; guarded by mu_ (written by the copy
-  // thread with busy_ false only).
-  Active flight_{};
-  bool busy_ = false;  // guarded by mu_
-  bool stop_ = false;  // guarded by mu_
+  // that Cancel can erase around it.
+  Active flight_ PSMD_GUARDED_BY(mu_){};
+  bool busy_ PSMD_GUARDED_BY(mu_) = false;
+  bool stop_ PSMD_GUARDED_BY(mu_) = false;
   std::atomic<bool> done_pending_{false};
   std::thread thread_;
 };

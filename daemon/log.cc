@@ -69,7 +69,7 @@ RateLimiter::RateLimiter(uint32_t burst,
 bool RateLimiter::Allow(uint64_t key, uint64_t* suppressed) {
   constexpr uint64_t kOverflowKey = UINT64_MAX;
   const auto now = std::chrono::steady_clock::now();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (windows_.size() >= max_keys_ && windows_.count(key) == 0) {
     for (auto it = windows_.begin(); it != windows_.end();) {
       bool over = now - it->second.start >= window_ &&

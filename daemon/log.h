@@ -12,7 +12,6 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -20,6 +19,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "base/mutex.h"
 #include "daemon/config.h"
 
 namespace psmd {
@@ -55,8 +55,8 @@ class RateLimiter {
   const uint32_t burst_;
   const std::chrono::steady_clock::duration window_;
   const size_t max_keys_;
-  std::mutex mu_;
-  std::unordered_map<uint64_t, Window> windows_;  // guarded by mu_
+  Mutex mu_;
+  std::unordered_map<uint64_t, Window> windows_ PSMD_GUARDED_BY(mu_);
 };
 
 // The limiter of lines a client can cause: 5 per uid and kind per 10 s.

@@ -53,7 +53,10 @@ std::string UuidToString(const Uuid& u) {
 }
 
 Registry::Registry(const Config& config, ProgressWorker* worker)
-    : config_(config), worker_(worker), boot_nonce_(RandomNonce()) {}
+    : config_(config),
+      worker_(worker),
+      boot_nonce_(RandomNonce()),
+      default_unexpected_budget_(config.unexpected_budget_bytes) {}
 
 Registry::~Registry() { RemoveAll(); }
 
@@ -65,7 +68,7 @@ Status Registry::Open(const Credentials& who, const Uuid& uuid,
   // of every other tenant must not wait for it.
   worker_->AddEndpoint(ep);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     records_.at(ep->id).ready = true;
     id_by_epid_[ep->epid] = ep->id;
   }
@@ -78,7 +81,7 @@ Status Registry::Open(const Credentials& who, const Uuid& uuid,
 Status Registry::Reserve(const Credentials& who, const Uuid& uuid,
                          const std::string& label, OpenedEndpoint* out,
                          std::shared_ptr<Endpoint>* reserved) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (records_.size() >= config_.max_endpoints) {
     refusals_.Count(who.uid, refusals::k_endpoints_refused);
     return {PSM2_TOO_MANY_ENDPOINTS,
@@ -145,7 +148,7 @@ Status Registry::Reserve(const Credentials& who, const Uuid& uuid,
   ep->label = Escaped(label.substr(0, 64));
   ep->region = *region;
   ep->geometry = shm::ComputeGeometry(config_.sq_capacity, config_.cq_capacity);
-  auto fail = [&](const std::string& what) {
+  auto fail = [&](const std::string& what) PSMD_REQUIRES(mu_) {
     job->RetireRegion(*region);
     if (job->endpoints == 0) jobs_.erase(key);
     return Status{PSM2_NO_MEMORY, what};
@@ -166,10 +169,10 @@ Status Registry::Reserve(const Credentials& who, const Uuid& uuid,
   params.pool_bytes = job->pool().size();
   params.region_offset = ep->region.offset;
   params.region_bytes = ep->region.bytes;
-  params.unexpected_budget = config_.unexpected_budget_bytes;
+  params.unexpected_budget = default_unexpected_budget_;
   params.max_unexpected_budget = config_.max_unexpected_budget_bytes;
   shm::WriteSegmentHeader(ep->segment.base(), params);
-  ep->unexpected_budget = config_.unexpected_budget_bytes;
+  ep->unexpected_budget = default_unexpected_budget_;
 
   job->endpoints++;
   open_by_uid_[who.uid]++;
@@ -190,7 +193,7 @@ Status Registry::Reserve(const Credentials& who, const Uuid& uuid,
 Status Registry::Attach(const AttachToken& token, const Credentials& who,
                         int liveness_fd, int fds[shm::kAttachFdCount],
                         uint32_t* endpoint_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto& [id, rec] : records_) {
     if (!rec.ready || rec.attached || rec.token != token) continue;
     // The token is a capability, but only for the process that opened it.
@@ -235,7 +238,7 @@ void Registry::Retire(std::shared_ptr<Endpoint> ep) {
   {
     // Counters are final now that the worker has dropped the endpoint.
     counters::Values last = ep->counters.Values();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     counters::Accumulate(last, &closed_totals_[ep->uid]);
   }
   spdlog::info(
@@ -265,7 +268,7 @@ Status Registry::FindControllable(const Credentials& who, uint32_t id,
 Status Registry::Close(const Credentials& who, uint32_t id) {
   std::shared_ptr<Endpoint> ep;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Record* found = nullptr;
     if (Status e = FindControllable(who, id, &found); !e.ok()) return e;
     ep = Unlink(id);
@@ -277,7 +280,7 @@ Status Registry::Close(const Credentials& who, uint32_t id) {
 void Registry::ConnectionLost(uint32_t id) {
   std::shared_ptr<Endpoint> ep;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = records_.find(id);
     if (it != records_.end())
       it->second.liveness_fd = -1;  // the caller closes it
@@ -299,7 +302,7 @@ Status Registry::Connect(const Credentials& who, uint32_t id,
   std::vector<size_t> remote_index;
   std::vector<uint64_t> remote_epids;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Record* found = nullptr;
     if (Status e = FindControllable(who, id, &found); !e.ok()) return e;
     Record& rec = *found;
@@ -355,7 +358,7 @@ Status Registry::Connect(const Credentials& who, uint32_t id,
   if (!remote_epids.empty()) {
     std::vector<ProgressWorker::RemoteOutcome> answers =
         worker_->QueryRemote(id, remote_epids);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Record* found = nullptr;
     if (Status e = FindControllable(who, id, &found); !e.ok()) return e;
     for (size_t i = 0; i < remote_epids.size(); i++) {
@@ -382,7 +385,7 @@ Status Registry::Disconnect(const Credentials& who, uint32_t id,
                             std::vector<int>* errors) {
   std::vector<uint32_t> cleared;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Record* found = nullptr;
     if (Status e = FindControllable(who, id, &found); !e.ok()) return e;
     Record& rec = *found;
@@ -407,7 +410,7 @@ Status Registry::Disconnect(const Credentials& who, uint32_t id,
 }
 
 std::vector<EndpointSnapshot> Registry::Snapshot(const Credentials& who) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<EndpointSnapshot> out;
   for (auto& [id, rec] : records_) {
     const Endpoint& ep = *rec.ep;
@@ -432,7 +435,7 @@ std::vector<EndpointSnapshot> Registry::Snapshot(const Credentials& who) {
 }
 
 counters::Values Registry::ClosedTotals(const Credentials& who) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   counters::Values total{};
   for (const auto& [uid, t] : closed_totals_) {
     if (who.is_root() || who.uid == uid) counters::Accumulate(t, &total);
@@ -441,7 +444,7 @@ counters::Values Registry::ClosedTotals(const Credentials& who) {
 }
 
 std::vector<JobSnapshot> Registry::Jobs(const Credentials& who) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::map<JobKey, JobSnapshot> jobs;  // ordered: a stable listing
   for (const auto& [id, rec] : records_) {
     const Endpoint& ep = *rec.ep;
@@ -450,6 +453,7 @@ std::vector<JobSnapshot> Registry::Jobs(const Credentials& who) {
     j.uuid = ep.job->key().uuid;
     j.uid = ep.uid;
     j.pool_bytes = ep.job->pool().size();
+    j.unexpected_budget_bytes = default_unexpected_budget_;
     j.endpoint_ids.push_back(ep.id);
   }
   std::vector<JobSnapshot> out;
@@ -461,19 +465,19 @@ std::vector<JobSnapshot> Registry::Jobs(const Credentials& who) {
 }
 
 size_t Registry::endpoint_count() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return records_.size();
 }
 
 void Registry::SetDefaultUnexpectedBudget(uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  config_.unexpected_budget_bytes = bytes;
+  MutexLock lock(&mu_);
+  default_unexpected_budget_ = bytes;
 }
 
 void Registry::ExpireUnattached() {
   std::vector<std::shared_ptr<Endpoint>> expired;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto now = std::chrono::steady_clock::now();
     std::vector<uint32_t> ids;
     for (auto& [id, rec] : records_) {
@@ -495,7 +499,7 @@ void Registry::ExpireUnattached() {
 void Registry::RemoveAll() {
   std::vector<std::shared_ptr<Endpoint>> all;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     std::vector<uint32_t> ids;
     for (auto& [id, rec] : records_) ids.push_back(id);
     for (uint32_t id : ids) all.push_back(Unlink(id));

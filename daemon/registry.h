@@ -3,8 +3,9 @@
 // tokens; the progress worker owns the endpoints' matching state.
 //
 // Thread-safety: every public method may be called from any thread (gRPC
-// handlers, the admission thread); state is guarded by one mutex, which is
-// never held while waiting for the progress worker.
+// handlers, the admission thread); state is guarded by one mutex (mu_, the
+// annotations say what it guards), which is never held while waiting for
+// the progress worker.
 #ifndef PSMD_DAEMON_REGISTRY_H_
 #define PSMD_DAEMON_REGISTRY_H_
 
@@ -15,11 +16,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "base/mutex.h"
 #include "daemon/config.h"
 #include "daemon/endpoint.h"
 #include "daemon/job.h"
@@ -46,6 +47,8 @@ struct OpenedEndpoint {
   AttachToken token{};
   uint64_t segment_bytes = 0;
   uint64_t pool_bytes = 0;
+  // What an endpoint opened now gets (SIGHUP may have changed it).
+  uint64_t unexpected_budget_bytes = 0;
 };
 
 struct ConnectOutcome {
@@ -73,6 +76,8 @@ struct JobSnapshot {
   uid_t uid = 0;
   std::vector<uint32_t> endpoint_ids;  // open endpoints, ascending
   uint64_t pool_bytes = 0;
+  // What an endpoint opened now gets (SIGHUP may have changed it).
+  uint64_t unexpected_budget_bytes = 0;
 };
 
 class Registry {
@@ -135,36 +140,42 @@ class Registry {
         slot_by_epid;  // connections made by this endpoint
   };
 
-  // Open's first half, under mu_: checks quotas, creates the segment and
-  // the record (not ready yet).
+  // Open's first half, under mu_ (it takes it): checks quotas, creates the
+  // segment and the record (not ready yet).
   Status Reserve(const Credentials& who, const Uuid& uuid,
                  const std::string& label, OpenedEndpoint* out,
-                 std::shared_ptr<Endpoint>* reserved);
+                 std::shared_ptr<Endpoint>* reserved) PSMD_EXCLUDES(mu_);
   // Takes the endpoint out of every table (mu_ held); the caller then removes
   // it from the worker without the lock.
-  std::shared_ptr<Endpoint> Unlink(uint32_t id);
-  void Retire(std::shared_ptr<Endpoint> ep);
+  std::shared_ptr<Endpoint> Unlink(uint32_t id) PSMD_REQUIRES(mu_);
+  void Retire(std::shared_ptr<Endpoint> ep) PSMD_EXCLUDES(mu_);
   // The record of endpoint `id` if `who` may act on it (mu_ held).
-  Status FindControllable(const Credentials& who, uint32_t id, Record** out);
+  Status FindControllable(const Credentials& who, uint32_t id, Record** out)
+      PSMD_REQUIRES(mu_);
   bool MayControl(const Credentials& who, const Endpoint& ep) const {
     return who.is_root() || who.uid == ep.uid;
   }
 
   Refusals refusals_;
-  Config config_;  // unexpected_budget_bytes guarded by mu_; rest constant
+  // As started; the default unexpected budget changes (SIGHUP), so it is
+  // default_unexpected_budget_ that counts.
+  const Config config_;
   ProgressWorker* const worker_;
   const uint16_t boot_nonce_;
 
-  std::mutex mu_;
-  uint32_t next_id_ = 1;
-  std::unordered_map<uint32_t, Record> records_;
-  std::unordered_map<uid_t, uint32_t>
-      open_by_uid_;  // open endpoints per owner uid
+  Mutex mu_;
+  uint64_t default_unexpected_budget_ PSMD_GUARDED_BY(mu_);
+  uint32_t next_id_ PSMD_GUARDED_BY(mu_) = 1;
+  std::unordered_map<uint32_t, Record> records_ PSMD_GUARDED_BY(mu_);
+  // Open endpoints per owner uid.
+  std::unordered_map<uid_t, uint32_t> open_by_uid_ PSMD_GUARDED_BY(mu_);
   // Each uid's account, shared by its jobs while any lives.
-  std::unordered_map<uid_t, std::weak_ptr<UidAccount>> uid_accounts_;
-  std::unordered_map<uint64_t, uint32_t> id_by_epid_;
-  std::map<JobKey, std::shared_ptr<Job>> jobs_;
-  std::map<uid_t, counters::Values> closed_totals_;  // by owner uid
+  std::unordered_map<uid_t, std::weak_ptr<UidAccount>> uid_accounts_
+      PSMD_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, uint32_t> id_by_epid_ PSMD_GUARDED_BY(mu_);
+  std::map<JobKey, std::shared_ptr<Job>> jobs_ PSMD_GUARDED_BY(mu_);
+  // By owner uid.
+  std::map<uid_t, counters::Values> closed_totals_ PSMD_GUARDED_BY(mu_);
 };
 
 }  // namespace psmd

@@ -20,7 +20,8 @@ bazel test //... --test_output=errors --test_env=PSMD_MPI4PY_TESTS="$mpi4py_test
   --build_event_json_file="$events"
 status=$?
 # Checks of their own, each counted once: formatting (.clang-format),
-# Clang's thread-safety analysis of the library's lock annotations, the
+# Clang's thread-safety analysis of the daemon's and the library's lock
+# annotations, the
 # install (prefix install/uninstall and the .deb in a clean root), and the
 # daemon's unit, tenant and conformance tests under AddressSanitizer + UBSan
 # (docs/reliability.md; last, since its copts build everything again, into
@@ -29,7 +30,7 @@ status=$?
 checks=4
 checks_failed=0
 scripts/format.sh --check || { checks_failed=$((checks_failed + 1)); status=1; }
-bazel build --config=thread-safety //client:libpsm2.so.2 ||
+bazel build --config=thread-safety //daemon/... //client/... ||
   { checks_failed=$((checks_failed + 1)); status=1; }
 scripts/test_install.sh || { checks_failed=$((checks_failed + 1)); status=1; }
 bazel test --config=asan --jobs=2 -- //shm/... //daemon/... //client/... \
