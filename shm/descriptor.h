@@ -134,11 +134,11 @@ static_assert(offsetof(SubmissionDesc, body) == 32);
 
 // ---- Operation traits: the one place that says how each op travels ----
 //
-// The client's ring choice, credits and payload placement (client/
-// endpoint.cc), the daemon's validator (daemon/validate.cc) and the engine's
-// dispatch (daemon/mq_engine.cc) all read this table. Adding an operation
-// touches three places: its row here and its builder below, and its handler
-// in the engine (docs/design.md, "Adding an operation").
+// The client's ring choice, credits and payload placement
+// (client/publisher.{h,cc}), the daemon's validator (daemon/validate.cc) and
+// the engine's dispatch (daemon/mq_engine.cc) all read this table. Adding an
+// operation touches three places: its row here and its builder below, and
+// its handler in the engine (docs/design.md, "Adding an operation").
 
 enum class Ring : uint8_t {
   kMessage,  // msg_sq: may be held back for the receiver's budget
