@@ -9,11 +9,14 @@
 //
 // Per connection: one sendmsg in flight at a time, covering as many queued
 // frames as fit (up to 256 iovecs), so frames stay in order and small
-// frames are batched. Each read takes up to 16 KiB into a per-connection
-// staging buffer whose frames are copied into the posted receives; the
-// unread rest of a large payload is received straight into the posted
-// iovecs. See hw/fabric.h for the contract and docs/design.md for the
-// handshake and limits.
+// frames are batched. Each read takes up to 128 KiB (kStageSize in
+// socket_fabric.cc) into a per-connection staging buffer, so that many small
+// frames arrive with one completion, and their payloads are copied from it
+// into the posted receives; the unread rest of a payload is received
+// straight into the posted iovecs. After a frame whose payload exceeds
+// 64 KiB the next read takes only 16 KiB, so that a stream of rendezvous
+// chunks is not copied through the stage. See hw/fabric.h for the contract
+// and docs/design.md for the handshake and limits.
 //
 // Thread-safety: as hw::Fabric (one thread), plus a private MUNGE helper
 // thread when authentication is on.
