@@ -67,6 +67,9 @@ class Daemon {
                   const std::vector<std::string>& wrapper = {});
   ~Daemon();                        // SIGTERM, then SIGKILL after 5 s
   bool Stop(double timeout_s = 5);  // true when it exited 0
+  // True while psmd runs. Reaps it once it ended: kill(pid, 0) succeeds on
+  // a zombie, which a child that died stays until it is waited for.
+  bool Running() { return process_.Wait(0) == -1; }
   const std::string& socket() const { return socket_; }
   pid_t pid() const { return process_.pid(); }
   std::string Log() const;

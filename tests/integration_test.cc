@@ -16,6 +16,8 @@
 #include <thread>
 
 #include "tests/harness.h"
+#include "tests/programs/survivor.h"
+#include "tests/verdicts.h"
 
 namespace psmd::testing {
 namespace {
@@ -150,8 +152,10 @@ TEST_F(IntegrationTest, KilledClientIsReclaimedAndOthersKeepWorking) {
   ASSERT_TRUE(a0.running());
   EXPECT_EQ(CountMappings(d.pid(), "memfd:psmd-endpoint"), 2);
   pid_t dead = a0.pid();
+  KillOutcome killed;
+  killed.killed_at_ms = MonotonicMs();
   a0.Kill(SIGKILL);
-  a0.Wait(5);
+  killed.victim_status = a0.Wait(5);
 
   // Within a second the endpoint is gone from the list and its segment from
   // the daemon's address space.
@@ -163,11 +167,15 @@ TEST_F(IntegrationTest, KilledClientIsReclaimedAndOthersKeepWorking) {
     if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_TRUE(gone) << "killed client still listed after 1 s";
-  // Its peer was receiving from it by name: that receive fails (the peer's
-  // endpoint is gone, docs/reliability.md) instead of waiting forever, so
-  // the survivor ends with an error and its segment is unmapped too.
-  int survivor = a1.Wait(5);  // -1: still waiting after 5 s
-  EXPECT_GT(survivor, 0) << "the survivor of a killed peer did not fail";
+  // Its peer was receiving from it by name: that receive fails with
+  // PSM2_EPID_UNREACHABLE (the peer's endpoint is gone,
+  // docs/reliability.md) instead of waiting forever, so the survivor ends
+  // with that error (exit 4; not a crash, not a data mismatch) and its
+  // segment is unmapped too.
+  killed.survivor_status = a1.Wait(5);  // -1: still waiting after 5 s
+  killed.survivor_out = ReadFile(dir_.path() + "/a1.out");
+  killed.allowed_ms = static_cast<long long>(5000 * TimeScale());
+  EXPECT_EQ(KillVerdict(killed), "") << ReadFile(dir_.path() + "/a1.err");
   for (int i = 0; i < 100 && CountMappings(d.pid(), "memfd:psmd-endpoint") != 0;
        i++) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

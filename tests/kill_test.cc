@@ -1,10 +1,12 @@
 // Kill tests (issue 12): pairs running mixed traffic (tests/programs/churn:
 // eager and rendezvous messages both ways, active messages, matched probes)
 // have one rank SIGKILLed at a random point, again and again against one
-// psmd. Every time the survivor's waits must end, with an error, within a
-// second of the kill; psmd must not crash; and when it is over psmd's file
-// descriptors, job pools (memfd mappings) and memory are back to what they
-// were.
+// psmd. Every time the victim must die of the kill (not have ended on its
+// own) and the survivor's waits must then end, with PSM2_EPID_UNREACHABLE
+// (exit status 4, tests/programs/survivor.h), after the kill and within a
+// second of it (KillVerdict, tests/verdicts.h); psmd must not crash; and
+// when it is over psmd's file descriptors, job pools (memfd mappings) and
+// memory are back to what they were.
 //
 // Iterations: 200 (PSMD_KILL_ITERATIONS for a longer soak, see
 // docs/reliability.md).
@@ -17,21 +19,18 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "tests/harness.h"
+#include "tests/programs/survivor.h"
+#include "tests/verdicts.h"
 
 namespace psmd::testing {
 namespace {
-
-long long NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 bool AwaitFile(const std::string& path, double seconds) {
   auto end =
@@ -41,6 +40,20 @@ bool AwaitFile(const std::string& path, double seconds) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   return true;
+}
+
+// argv of rank `rank` of a churn pair meeting in `rv`.
+std::vector<std::string> ChurnArgs(const std::string& rv, int rank,
+                                   const std::string& uuid, int seed) {
+  return {Runfile("tests/programs/churn"),
+          "--rank",
+          std::to_string(rank),
+          "--dir",
+          rv,
+          "--uuid",
+          uuid,
+          "--seed",
+          std::to_string(seed)};
 }
 
 TEST(KillTest, SurvivorsEndWithinASecondAndPsmdReturnsToBaseline) {
@@ -74,47 +87,33 @@ TEST(KillTest, SurvivorsEndWithinASecondAndPsmdReturnsToBaseline) {
     mkdir(rv.c_str(), 0755);
     char uuid[33];
     snprintf(uuid, sizeof(uuid), "5053d0d0%024x", i);
-    auto args = [&](int rank) {
-      return std::vector<std::string>{Runfile("tests/programs/churn"),
-                                      "--rank",
-                                      std::to_string(rank),
-                                      "--dir",
-                                      rv,
-                                      "--uuid",
-                                      uuid,
-                                      "--seed",
-                                      std::to_string(i)};
-    };
-    Process ranks[2] = {
-        Process::Start(args(0), d.ClientEnv(), rv + "/0.out", rv + "/0.err"),
-        Process::Start(args(1), d.ClientEnv(), rv + "/1.out", rv + "/1.err")};
+    Process ranks[2] = {Process::Start(ChurnArgs(rv, 0, uuid, i), d.ClientEnv(),
+                                       rv + "/0.out", rv + "/0.err"),
+                        Process::Start(ChurnArgs(rv, 1, uuid, i), d.ClientEnv(),
+                                       rv + "/1.out", rv + "/1.err")};
     ASSERT_TRUE(AwaitFile(rv + "/running.0", 20) &&
                 AwaitFile(rv + "/running.1", 20))
         << ReadFile(rv + "/0.err") << ReadFile(rv + "/1.err");
     std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 60));
     const int victim = static_cast<int>(rng() % 2);
     StallWatch stalls;
-    const long long killed_at = NowMs();
+    KillOutcome o;
+    o.killed_at_ms = MonotonicMs();
     ranks[victim].Kill(SIGKILL);
-    ranks[victim].Wait(5);
-    Process& survivor = ranks[1 - victim];
-    const int exit_code = survivor.Wait(10);
-    const std::string out =
-        ReadFile(rv + "/" + std::to_string(1 - victim) + ".out");
-    ASSERT_EQ(exit_code, 0)
-        << "survivor rank " << 1 - victim << ": " << out
-        << ReadFile(rv + "/" + std::to_string(1 - victim) + ".err");
-    long long ended_at = 0;
-    unsigned error = 0;
-    ASSERT_EQ(sscanf(out.c_str(), "ended %u at %lld", &error, &ended_at), 2)
-        << out;
-    EXPECT_NE(error, 0u);
-    ended_after_ms.push_back(static_cast<long>(ended_at - killed_at));
+    o.victim_status = ranks[victim].Wait(5);
+    o.survivor_status = ranks[1 - victim].Wait(10);
+    const std::string survivor = rv + "/" + std::to_string(1 - victim);
+    o.survivor_out = ReadFile(survivor + ".out");
     // Time the host took the whole machine away is not the survivor's.
-    ASSERT_LE(ended_at - killed_at, 1000 + stalls.stalled_ms())
-        << "the survivor waited too long (the machine stalled "
-        << stalls.stalled_ms() << " ms meanwhile)";
-    ASSERT_EQ(kill(d.pid(), 0), 0) << "psmd died";
+    o.allowed_ms = 1000 + static_cast<long long>(stalls.stalled_ms());
+    ASSERT_EQ(KillVerdict(o), "")
+        << "survivor rank " << 1 - victim << " (the machine stalled "
+        << stalls.stalled_ms()
+        << " ms meanwhile): " << ReadFile(survivor + ".err");
+    long long ended_at = 0;
+    sscanf(o.survivor_out.c_str(), "ended %*u at %lld", &ended_at);
+    ended_after_ms.push_back(static_cast<long>(ended_at - o.killed_at_ms));
+    ASSERT_TRUE(d.Running()) << "psmd died: " << d.Log();
     std::filesystem::remove_all(rv);
   }
   std::sort(ended_after_ms.begin(), ended_after_ms.end());
@@ -138,6 +137,101 @@ TEST(KillTest, SurvivorsEndWithinASecondAndPsmdReturnsToBaseline) {
   EXPECT_LE(rss, base_rss + 16 * 1024) << "psmd kept memory after the kills";
   EXPECT_TRUE(d.Stop());
   EXPECT_TRUE(ShmLeftovers().empty());
+}
+
+// The negative control of the test above, run for real: a pair of which
+// one rank quits on its own (--quit-after-round) fails before any kill,
+// and the "kill" then hits a process that has already ended. KillVerdict
+// must reject it, however fast the survivor ended.
+TEST(KillTest, APairThatFailsBeforeTheKillIsRejected) {
+  TempDir dir;
+  Daemon d(dir);
+  const std::string rv = dir.path() + "/early";
+  mkdir(rv.c_str(), 0755);
+  const std::string uuid = "5053d0d0eeeeeeeeeeeeeeeeeeeeeeee";
+  std::vector<std::string> quitter = ChurnArgs(rv, 0, uuid, 7);
+  quitter.insert(quitter.end(), {"--quit-after-round", "2"});
+  Process ranks[2] = {
+      Process::Start(quitter, d.ClientEnv(), rv + "/0.out", rv + "/0.err"),
+      Process::Start(ChurnArgs(rv, 1, uuid, 7), d.ClientEnv(), rv + "/1.out",
+                     rv + "/1.err")};
+  // Both end on their own; the kill comes after.
+  KillOutcome o;
+  o.survivor_status = ranks[1].Wait(20);
+  ASSERT_NE(o.survivor_status, -1) << "the quitter's peer never ended";
+  o.survivor_out = ReadFile(rv + "/1.out");
+  ASSERT_EQ(ranks[0].Wait(20), 0) << ReadFile(rv + "/0.err");
+  o.killed_at_ms = MonotonicMs();
+  ranks[0].Kill(SIGKILL);
+  o.victim_status = ranks[0].Wait(5);
+  EXPECT_NE(KillVerdict(o).find("ended on its own"), std::string::npos)
+      << KillVerdict(o);
+  // Even when the victim's own status is not looked at, the survivor's
+  // error came before the kill.
+  o.victim_status = 128 + SIGKILL;
+  EXPECT_NE(KillVerdict(o).find("before the kill"), std::string::npos)
+      << KillVerdict(o);
+  EXPECT_TRUE(d.Stop());
+}
+
+// KillVerdict fed the other defective outcomes: each is rejected.
+TEST(KillTest, KillVerdictRejectsWrongErrorsCrashesAndLateEnds) {
+  KillOutcome good;
+  good.victim_status = 128 + SIGKILL;
+  good.survivor_status = kExitRequestFailed;
+  good.killed_at_ms = 5000;
+  good.survivor_out = "ended 41 at 5020\n";
+  EXPECT_EQ(KillVerdict(good), "");
+  struct Case {
+    const char* what;
+    KillOutcome o;
+  };
+  std::vector<Case> bad;
+  auto with = [&](const char* what, auto change) {
+    Case c{what, good};
+    change(c.o);
+    bad.push_back(c);
+  };
+  with("another error",
+       [](KillOutcome& o) { o.survivor_out = "ended 11 at 5020\n"; });
+  with("a segfault", [](KillOutcome& o) { o.survivor_status = 128 + SIGSEGV; });
+  with("a data mismatch",
+       [](KillOutcome& o) { o.survivor_status = kExitDataMismatch; });
+  with("a failed call",
+       [](KillOutcome& o) { o.survivor_status = kExitCallFailed; });
+  with("exit 0", [](KillOutcome& o) { o.survivor_status = 0; });
+  with("still waiting", [](KillOutcome& o) { o.survivor_status = -1; });
+  with("no line", [](KillOutcome& o) { o.survivor_out = ""; });
+  with("before the kill",
+       [](KillOutcome& o) { o.survivor_out = "ended 41 at 4999\n"; });
+  with("too late",
+       [](KillOutcome& o) { o.survivor_out = "ended 41 at 6001\n"; });
+  with("victim ended itself", [](KillOutcome& o) { o.victim_status = 0; });
+  with("victim never ended", [](KillOutcome& o) { o.victim_status = -1; });
+  for (const Case& c : bad) EXPECT_NE(KillVerdict(c.o), "") << c.what;
+}
+
+// Running() tells a dead psmd from a live one although the dead one,
+// unreaped, still answers kill(pid, 0) (what this test used to ask).
+TEST(KillTest, ADeadPsmdIsSeenDeadBeforeItIsReaped) {
+  TempDir dir;
+  Daemon d(dir);
+  ASSERT_TRUE(d.Running());
+  const pid_t pid = d.pid();
+  kill(pid, SIGKILL);
+  // Until the kernel made it a zombie, it may still look alive.
+  std::string state;
+  for (int i = 0; i < 500 && state != "Z"; i++) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t paren = line.rfind(')');
+    state = paren == std::string::npos ? "" : line.substr(paren + 2, 1);
+    if (state != "Z") std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_EQ(state, "Z");
+  EXPECT_EQ(kill(pid, 0), 0) << "the zombie no longer answers kill(pid, 0)";
+  EXPECT_FALSE(d.Running());
 }
 
 }  // namespace

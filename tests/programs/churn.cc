@@ -2,7 +2,7 @@
 // messages both ways, active-message request/reply, matched probes) in
 // rounds until its peer is killed, for the kill tests (tests/kill_test.cc).
 //
-//   churn --rank R --dir DIR --uuid UUID [--seed S]
+//   churn --rank R --dir DIR --uuid UUID [--seed S] [--quit-after-round N]
 //
 // Each rank keeps a sentinel receive posted from its peer, with a tag
 // nobody sends: psmd fails it when the peer's endpoint goes (invariant 7 of
@@ -10,12 +10,13 @@
 // it waits for anything. Every wait polls the request and the sentinel.
 // After its first round a rank creates DIR/running.R. When any request
 // ends with an error the rank prints "ended <error> at <monotonic ms>" and
-// exits 0; a data mismatch exits 1, a failed call 2.
+// exits 4; a data mismatch exits 1, a failed call 2 (survivor.h).
+// --quit-after-round N makes the rank exit 0 on its own after round N: a
+// pair that breaks without a kill, the kill test's negative control.
 #include <psm2.h>
 #include <psm2_am.h>
 #include <psm2_mq.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "tests/programs/rendezvous.h"
+#include "tests/programs/survivor.h"
 
 namespace {
 
@@ -39,18 +41,8 @@ psm2_ep_t g_ep;
 psm2_mq_req_t g_sentinel;
 int g_replies = 0;
 
-// CLOCK_MONOTONIC: one clock for every process of the machine, which the
-// kill test compares with its own, and which no time adjustment moves.
-long long NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 [[noreturn]] void Ended(uint32_t error) {
-  printf("ended %u at %lld\n", error, NowMs());
-  fflush(stdout);
-  exit(0);
+  psmd::testing::EndWithRequestError(error);
 }
 
 psm2_mq_tag_t Tag(uint32_t kind, uint32_t round) {
@@ -92,7 +84,7 @@ void Verify(const std::vector<uint8_t>& buf, uint32_t len, uint32_t seed,
   for (uint32_t i = 0; i < len; i++) {
     if (buf[i] != static_cast<uint8_t>(seed * 131 + i * 7)) {
       fprintf(stderr, "churn: %s: byte %u of %u is wrong\n", what, i, len);
-      exit(1);
+      exit(psmd::testing::kExitDataMismatch);
     }
   }
 }
@@ -184,6 +176,7 @@ void Round(psmd::testing::ConnectedPair& c, int rank, uint32_t round,
 int main(int argc, char** argv) {
   int rank = -1;
   uint32_t seed = 1;
+  long long quit_after = -1;
   std::string dir, uuid_text;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
@@ -191,12 +184,14 @@ int main(int argc, char** argv) {
     if (flag == "--dir") dir = argv[i + 1];
     if (flag == "--uuid") uuid_text = argv[i + 1];
     if (flag == "--seed") seed = static_cast<uint32_t>(atoi(argv[i + 1]));
+    if (flag == "--quit-after-round") quit_after = atoll(argv[i + 1]);
   }
   psm2_uuid_t uuid;
   if ((rank != 0 && rank != 1) || dir.empty() ||
       !psmd::testing::ParseUuid(uuid_text, uuid)) {
     fprintf(stderr,
-            "usage: churn --rank 0|1 --dir DIR --uuid UUID [--seed S]\n");
+            "usage: churn --rank 0|1 --dir DIR --uuid UUID [--seed S] "
+            "[--quit-after-round N]\n");
     return 2;
   }
   psmd::testing::ConnectedPair c =
@@ -215,5 +210,6 @@ int main(int argc, char** argv) {
   for (uint32_t round = 0;; round++) {
     Round(c, rank, round, seed);
     if (round == 0) std::ofstream(dir + "/running." + std::to_string(rank));
+    if (static_cast<long long>(round) == quit_after) return 0;
   }
 }

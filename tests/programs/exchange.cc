@@ -9,7 +9,8 @@
 // acknowledgement back. Rank 1 completes even-numbered receives with
 // psm2_mq_wait2 and odd ones with psm2_mq_test2 + psm2_poll. Exit 0 on success,
 // 1 on a data error, 2 on an API error, 3 when psm2_ep_connect fails (printing
-// the PSM2 error).
+// the PSM2 error), 4 when a request ends with an error (its peer died,
+// tests/programs/survivor.h: "ended <error> at <ms>").
 // --hold-seconds keeps both ranks connected and idle before exchanging (for
 // idle-CPU tests); --linger-seconds keeps them open after it (for psmctl
 // tests, which look at the counters of open endpoints). --no-ack makes rank 0
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "tests/programs/rendezvous.h"
+#include "tests/programs/survivor.h"
 
 namespace {
 
@@ -164,6 +166,8 @@ int main(int argc, char** argv) {
         "psm2_mq_irecv2");
     psm2_mq_status2_t st;
     psmd::testing::CheckPsm(psm2_mq_wait2(&req, &st), "psm2_mq_wait2");
+    if (st.error_code != PSM2_OK)
+      psmd::testing::EndWithRequestError(st.error_code);
     if (acked != messages) {
       fprintf(stderr, "rank 0: receiver acknowledged %u of %u messages\n",
               acked, messages);
@@ -202,16 +206,16 @@ int main(int argc, char** argv) {
           return 1;
         }
       }
+      if (st.error_code != PSM2_OK)
+        psmd::testing::EndWithRequestError(st.error_code);
       uint32_t len = SizeOf(seed, i, max_size);
       Fill(seed, i, want.data(), len);
-      if (st.error_code != PSM2_OK || st.msg_length != len ||
-          st.nbytes != len || st.msg_tag.tag0 != i || st.msg_peer != peer ||
-          memcmp(buf.data(), want.data(), len) != 0) {
+      if (st.msg_length != len || st.nbytes != len || st.msg_tag.tag0 != i ||
+          st.msg_peer != peer || memcmp(buf.data(), want.data(), len) != 0) {
         fprintf(stderr,
-                "rank 1: message %u wrong: error %d, length %u/%u (want %u), "
+                "rank 1: message %u wrong: length %u/%u (want %u), "
                 "tag %u, data %s\n",
-                i, st.error_code, st.msg_length, st.nbytes, len,
-                st.msg_tag.tag0,
+                i, st.msg_length, st.nbytes, len, st.msg_tag.tag0,
                 memcmp(buf.data(), want.data(), len) ? "differs" : "same");
         return 1;
       }
