@@ -116,6 +116,16 @@ int Process::Wait(double timeout_s) {
   }
 }
 
+bool WaitUntil(double timeout_s, const std::function<bool()>& reached) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration<double>(timeout_s * TimeScale());
+  for (;;) {
+    if (reached()) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 void Process::Kill(int sig) {
   if (pid_ > 0) kill(pid_, sig);
 }

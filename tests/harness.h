@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -104,6 +105,12 @@ struct RunResult {
   std::string err;
   double seconds = 0;
 };
+
+// Polls `reached` every 10 ms until it returns true, for at most timeout_s
+// (times TimeScale()); returns whether it did. How a test waits for the
+// state it needs (a file, a counter, a log line) rather than sleeping for
+// the time that state usually takes: assert what it returns.
+bool WaitUntil(double timeout_s, const std::function<bool()>& reached);
 
 // Runs a program to completion (timeout_s at most) and captures its output.
 RunResult RunToEnd(const TempDir& dir, const std::vector<std::string>& argv,

@@ -391,19 +391,38 @@ TEST_F(IntegrationTest, EndpointsOfDifferentJobsCannotConnect) {
 }
 
 TEST_F(IntegrationTest, IdleDaemonWithConnectedIdleClientsSleeps) {
+  constexpr int kHoldSeconds = 4;  // each client's, idle and connected
   Daemon d(dir_);
   std::string rv = Subdir(dir_, "rv");
-  Process r1 =
-      Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 10, 10, 4), d.ClientEnv(),
-                     dir_.path() + "/r1.out", dir_.path() + "/r1.err");
-  Process r0 =
-      Process::Start(ExchangeArgs(dir_, rv, 0, kJobA, 10, 10, 4), d.ClientEnv(),
-                     dir_.path() + "/r0.out", dir_.path() + "/r0.err");
-  std::this_thread::sleep_for(
-      std::chrono::milliseconds(1000));  // opened and connected
+  Process r1 = Process::Start(
+      ExchangeArgs(dir_, rv, 1, kJobA, 10, 10, kHoldSeconds), d.ClientEnv(),
+      dir_.path() + "/r1.out", dir_.path() + "/r1.err");
+  Process r0 = Process::Start(
+      ExchangeArgs(dir_, rv, 0, kJobA, 10, 10, kHoldSeconds), d.ClientEnv(),
+      dir_.path() + "/r0.out", dir_.path() + "/r0.err");
+  // Opened and connected: each rank says when its idle hold began.
+  long long held_since[2] = {0, 0};
+  ASSERT_TRUE(
+      WaitUntil(10,
+                [&] {
+                  for (int rank = 0; rank < 2; rank++) {
+                    const std::string at =
+                        ReadFile(rv + "/holding." + std::to_string(rank));
+                    if (sscanf(at.c_str(), "%lld", &held_since[rank]) != 1)
+                      return false;
+                  }
+                  return true;
+                }))
+      << "the pair never got to its hold: " << ReadFile(dir_.path() + "/r0.err")
+      << ReadFile(dir_.path() + "/r1.err");
   double before = CpuSeconds(d.pid());
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));
   double used = CpuSeconds(d.pid()) - before;
+  // The window measured must lie inside both holds, or it saw the
+  // exchange.
+  ASSERT_LE(MonotonicMs(),
+            std::min(held_since[0], held_since[1]) + kHoldSeconds * 1000)
+      << "the measurement outlasted the hold";
   if (CpuBoundsMeaningful()) {
     EXPECT_LT(used / 2.5, 0.05)
         << "idle psmd used " << used << " s of CPU in 2.5 s";
@@ -480,15 +499,32 @@ TEST_F(IntegrationTest, OutOfFileDescriptorsNeitherSpinsNorFloodsTheLog) {
   EXPECT_TRUE(d.Stop());
 }
 
+// Returns true once `d` lists an endpoint of process `pid` (what root sees).
+bool WaitForEndpointOf(const TempDir& dir, const Daemon& d, pid_t pid) {
+  return WaitUntil(10, [&] {
+    return Psmctl(dir, d, {"endpoints", "--json"})
+               .out.find("\"pid\": " + std::to_string(pid) + ",") !=
+           std::string::npos;
+  });
+}
+
 TEST_F(IntegrationTest, SigtermRemovesSocketAndSegments) {
   auto d = std::make_unique<Daemon>(dir_);
   std::string rv = Subdir(dir_, "rv");
   Process r1 = Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 10, 10, 30),
                               d->ClientEnv(), dir_.path() + "/r1.out",
                               dir_.path() + "/r1.err");
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // An endpoint open, its segment and its job's pool mapped by psmd and
+  // the client (shared memory that psmd must not leave anywhere).
+  ASSERT_TRUE(WaitForEndpointOf(dir_, *d, r1.pid()));
+  EXPECT_EQ(CountMappings(d->pid(), "memfd:psmd-endpoint"), 1);
+  EXPECT_GE(CountMappings(r1.pid(), "memfd:psmd"), 2);
   EXPECT_TRUE(d->Stop());
   EXPECT_NE(access(d->socket().c_str(), F_OK), 0) << "socket file left behind";
+  // With the client still holding its endpoint: nothing named in
+  // /dev/shm (the segments are memfds, gone with their last mapping).
+  EXPECT_TRUE(ShmLeftovers().empty());
+  EXPECT_TRUE(r1.running());
   r1.Kill(SIGKILL);
   r1.Wait(5);
 }
@@ -499,7 +535,7 @@ TEST_F(IntegrationTest, OtherUsersSeeNothingAndCannotClose) {
   Process r1 =
       Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 10, 10, 3), d.ClientEnv(),
                      dir_.path() + "/r1.out", dir_.path() + "/r1.err");
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_TRUE(WaitForEndpointOf(dir_, d, r1.pid()));
   // The runfiles tree is private to root: run a copy of psmctl as nobody.
   const uid_t nobody = 65534;
   std::string psmctl = dir_.path() + "/psmctl";

@@ -13,13 +13,13 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <random>
 #include <string>
 #include <thread>
@@ -32,15 +32,7 @@
 namespace psmd::testing {
 namespace {
 
-bool AwaitFile(const std::string& path, double seconds) {
-  auto end =
-      std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (access(path.c_str(), F_OK) != 0) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
-}
+bool Exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
 
 // argv of rank `rank` of a churn pair meeting in `rv`.
 std::vector<std::string> ChurnArgs(const std::string& rv, int rank,
@@ -91,8 +83,9 @@ TEST(KillTest, SurvivorsEndWithinASecondAndPsmdReturnsToBaseline) {
                                        rv + "/0.out", rv + "/0.err"),
                         Process::Start(ChurnArgs(rv, 1, uuid, i), d.ClientEnv(),
                                        rv + "/1.out", rv + "/1.err")};
-    ASSERT_TRUE(AwaitFile(rv + "/running.0", 20) &&
-                AwaitFile(rv + "/running.1", 20))
+    ASSERT_TRUE(WaitUntil(
+        20,
+        [&] { return Exists(rv + "/running.0") && Exists(rv + "/running.1"); }))
         << ReadFile(rv + "/0.err") << ReadFile(rv + "/1.err");
     std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 60));
     const int victim = static_cast<int>(rng() % 2);
@@ -219,17 +212,12 @@ TEST(KillTest, ADeadPsmdIsSeenDeadBeforeItIsReaped) {
   ASSERT_TRUE(d.Running());
   const pid_t pid = d.pid();
   kill(pid, SIGKILL);
-  // Until the kernel made it a zombie, it may still look alive.
-  std::string state;
-  for (int i = 0; i < 500 && state != "Z"; i++) {
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string line;
-    std::getline(stat, line);
-    const size_t paren = line.rfind(')');
-    state = paren == std::string::npos ? "" : line.substr(paren + 2, 1);
-    if (state != "Z") std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  ASSERT_EQ(state, "Z");
+  // Wait until it is a zombie, every thread gone (WNOWAIT: not reaped).
+  ASSERT_TRUE(WaitUntil(5, [&] {
+    siginfo_t info{};
+    return waitid(P_PID, pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+           info.si_pid == pid;
+  }));
   EXPECT_EQ(kill(pid, 0), 0) << "the zombie no longer answers kill(pid, 0)";
   EXPECT_FALSE(d.Running());
 }

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -57,13 +58,8 @@ sockaddr_un UnixAddress(const std::string& path) {
 // Polls psmd's log until it contains `needle` (true) or timeout_s passes.
 bool WaitForLog(const Daemon& d, const std::string& needle,
                 double timeout_s = 5) {
-  auto deadline = std::chrono::steady_clock::now() +
-                  std::chrono::duration<double>(timeout_s);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (d.Log().find(needle) != std::string::npos) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
+  return WaitUntil(timeout_s,
+                   [&] { return d.Log().find(needle) != std::string::npos; });
 }
 
 // systemd's end of sd_notify: a datagram socket psmd finds in NOTIFY_SOCKET.
@@ -109,6 +105,19 @@ class NotifySocket {
   bool bound_ = false;
 };
 
+// The judge of every wait in these tests: a state never reached is reported as
+// such once the bound passed (the old waits ran out silently and the test
+// went on), one reached at once returns at once.
+TEST(HarnessTest, WaitUntilReportsAStateNeverReached) {
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(WaitUntil(0.05, [] { return false; }));
+  EXPECT_GE(std::chrono::steady_clock::now() - start,
+            std::chrono::milliseconds(50));
+  int calls = 0;
+  EXPECT_TRUE(WaitUntil(5, [&] { return ++calls == 3; }));
+  EXPECT_EQ(calls, 3);
+}
+
 // The id of the thread of `pid` named `name` (pthread_setname_np), or -1.
 TEST(ServiceTest, NotifiesReadyStatusAndWatchdogPingsFromTheWorker) {
   TempDir dir;
@@ -146,22 +155,24 @@ TEST(ServiceTest, SighupUnderTrafficReloadsAndNeverEndsTheDaemon) {
   Daemon d(dir, {"--config", conf});
   std::string rv = dir.path() + "/rv";
   mkdir(rv.c_str(), 0755);
-  Process r1 = Process::Start(ExchangeArgs(dir, rv, 1, kJob, 20000, 4000),
+  Process r1 = Process::Start(ExchangeArgs(dir, rv, 1, kJob, 100000, 4000),
                               d.ClientEnv(), rv + "/r1.out", rv + "/r1.err");
-  Process r0 = Process::Start(ExchangeArgs(dir, rv, 0, kJob, 20000, 4000),
+  Process r0 = Process::Start(ExchangeArgs(dir, rv, 0, kJob, 100000, 4000),
                               d.ClientEnv(), rv + "/r0.out", rv + "/r0.err");
-  // Both endpoints open (at level warn, nothing logged for that).
-  for (int i = 0; i < 250; i++) {
-    if (Psmctl(dir, d, {"health"}).out.find(" 2 endpoints") !=
-        std::string::npos)
-      break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  // Both endpoints open (at level warn, nothing logged for that): the
+  // reloads must come while the traffic runs.
+  auto endpoints = [&] {
+    return JsonNumber(Psmctl(dir, d, {"health", "--json"}).out, "",
+                      "endpoint_count");
+  };
+  ASSERT_TRUE(WaitUntil(5, [&] { return endpoints() == 2; }))
+      << "the pair never opened its endpoints: " << d.Log();
   WriteFile(conf, "log_level = \"info\"\nspin_us = 50\nsq_slots = 512\n");
   for (int i = 0; i < 20; i++) {
     kill(d.pid(), SIGHUP);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  EXPECT_EQ(endpoints(), 2) << "the pair ended before the last reload";
   EXPECT_EQ(r0.Wait(60), 0) << ReadFile(rv + "/r0.err");
   EXPECT_EQ(r1.Wait(60), 0) << ReadFile(rv + "/r1.err");
   ASSERT_TRUE(WaitForLog(d, "reload done"));
@@ -360,15 +371,29 @@ TEST(LogTest, AFloodOfBadConnectionsYieldsABoundedNumberOfLines) {
   Daemon d(dir);
   sockaddr_un addr = UnixAddress(d.socket());
   const char junk[] = "GET / HTTP/1.1\r\nHost: psmd\r\n\r\n";
+  std::vector<int> fds;
   for (int i = 0; i < 300; i++) {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
     ASSERT_EQ(send(fd, junk, sizeof(junk) - 1, MSG_NOSIGNAL),
               static_cast<ssize_t>(sizeof(junk) - 1));
-    close(fd);
+    fds.push_back(fd);
   }
-  // Every junk connection is handled (closed) before psmd answers this.
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // psmd closes each junk connection once it has read it: wait until every
+  // one reads as closed (or reset: psmd only peeked at our bytes) from our
+  // end, then count what it logged.
+  size_t handled = 0;
+  auto all_closed = [&] {
+    char byte;
+    for (; handled < fds.size(); handled++) {
+      ssize_t n = recv(fds[handled], &byte, 1, MSG_DONTWAIT | MSG_PEEK);
+      if (n > 0 || (n < 0 && errno == EAGAIN)) break;
+    }
+    return handled == fds.size();
+  };
+  EXPECT_TRUE(WaitUntil(10, all_closed))
+      << handled << " of " << fds.size() << " junk connections closed by psmd";
+  for (int fd : fds) close(fd);
   EXPECT_EQ(Psmctl(dir, d, {"health"}).exit_code, 0);
   auto lines = Lines(d.Log());
   int complaints = CountOf(lines, "sent neither gRPC nor an attach request");

@@ -3,9 +3,10 @@
 # run_mpi.sh and run_mtl.sh. RUN (a function and its arguments) starts
 # tests/mpi/node_lost.py as an mpirun with rank 0 on node 1's psmd and rank 1
 # on node 2's, whose pid is PID; $1 of the program is $work/run. Once both
-# ranks passed their barrier (rank 0 is then in its receive from
-# MPI_ANY_SOURCE) node 2's psmd is SIGKILLed. Passes (returns 0) if mpirun
-# then ends with an error within 30 s and its output names the lost node;
+# ranks passed their barrier and rank 0 posted its receive from
+# MPI_ANY_SOURCE (each writes ready<rank> then, not a time later) node 2's
+# psmd is SIGKILLed. Passes (returns 0) if mpirun then ends with an error
+# within 30 s and its output names the lost node;
 # before psmd told endpoints of a lost node (kNodeLost) the job hung.
 expect_node_lost() {
   local node2_pid=$1 job job_status start ms status=0
@@ -15,7 +16,6 @@ expect_node_lost() {
   for _ in $(seq 600); do
     [[ -e $work/run/ready0 && -e $work/run/ready1 ]] && break; sleep 0.1
   done
-  sleep 0.5  # rank 0 is inside its receive by now
   start=$(date +%s%N)
   # (bash's "Killed" notice for its own background job is not news)
   { kill -KILL "$node2_pid"; wait "$node2_pid"; } 2>/dev/null

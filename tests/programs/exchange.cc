@@ -12,10 +12,12 @@
 // the PSM2 error), 4 when a request ends with an error (its peer died,
 // tests/programs/survivor.h: "ended <error> at <ms>").
 // --hold-seconds keeps both ranks connected and idle before exchanging (for
-// idle-CPU tests); --linger-seconds keeps them open after it (for psmctl
-// tests, which look at the counters of open endpoints). --no-ack makes rank 0
-// close its endpoint right after its last send and rank 1 start receiving only
-// after that, so every message is received from a sender that has already gone.
+// idle-CPU tests), each writing the CLOCK_MONOTONIC ms its hold began to
+// DIR/holding.R as it begins; --linger-seconds keeps them open after it (for
+// psmctl tests, which look at the counters of open endpoints). --no-ack makes
+// rank 0 close its endpoint right after its last send and rank 1 start
+// receiving only after that, so every message is received from a sender that
+// has already gone.
 #include <psm2.h>
 #include <psm2_mq.h>
 #include <unistd.h>
@@ -132,7 +134,16 @@ int main(int argc, char** argv) {
   psm2_mq_t mq;
   psmd::testing::CheckPsm(
       psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq), "psm2_mq_init");
-  if (hold_seconds > 0) sleep(hold_seconds);
+  if (hold_seconds > 0) {
+    const std::string holding = dir + "/holding." + std::to_string(rank);
+    FILE* f = fopen((holding + ".tmp").c_str(), "w");
+    if (f == nullptr) return 2;
+    fprintf(f, "%lld\n", psmd::testing::MonotonicMs());
+    // Whole or absent for a reader: written, then renamed.
+    if (fclose(f) != 0 || rename((holding + ".tmp").c_str(), holding.c_str()))
+      return 2;
+    sleep(hold_seconds);
+  }
 
   std::vector<uint8_t> buf(max_size + 1), want(max_size + 1);
   psm2_mq_tag_t ack_tag{};
