@@ -23,15 +23,25 @@ struct SubmissionBounds {
   SendRegion region;
 };
 
-enum class Rejection {
-  kNone = 0,
-  kBadOpcode,
-  kWrongRing,
-  kBadFlags,
-  kBadPeer,
-  kBadLength,
-  kBadPoolOffset,
-};
+// Every outcome of ValidateSubmission, kNone (0) first: one list, from
+// which the enum and kAllRejections (for tests that cover each) follow.
+#define PSMD_REJECTIONS(X) \
+  X(kNone)                 \
+  X(kBadOpcode)            \
+  X(kWrongRing)            \
+  X(kBadFlags)             \
+  X(kBadPeer)              \
+  X(kBadLength)            \
+  X(kBadPoolOffset)
+
+#define PSMD_REJECTION_ENUMERATOR(name) name,
+enum class Rejection { PSMD_REJECTIONS(PSMD_REJECTION_ENUMERATOR) };
+#undef PSMD_REJECTION_ENUMERATOR
+
+#define PSMD_REJECTION_VALUE(name) Rejection::name,
+inline constexpr Rejection kAllRejections[] = {
+    PSMD_REJECTIONS(PSMD_REJECTION_VALUE)};
+#undef PSMD_REJECTION_VALUE
 
 // `ring` is the ring the descriptor was taken from; the op table
 // (shm/descriptor.h) says which one each op must travel on.
