@@ -1,6 +1,11 @@
 // hostile: what a hostile tenant does with only the public PSM2 API, for
-// the adversary suite (tests/adversary_test.cc). Runs one attack for
-// --seconds, then exits 0 (psmd cleans up after it).
+// the adversary suite (tests/adversary_test.cc). Runs one attack until
+// --seconds passed or SIGTERM came, then exits 0 (psmd cleans up after it).
+// It reports what it achieved, for the test to check against what the
+// attack needs and the quota that should stop it (tests/verdicts.h): once
+// the attack is in place a line "hostile: ready k=v ...", at its end
+// "hostile: done k=v ...". An attack that could not start (opened no
+// endpoint, no connection) exits 3 at once instead of idling.
 //
 //   hostile --attack posted-recvs|connect-junk|endpoints --seconds S
 //           [--uuid UUID] [--count N]
@@ -8,22 +13,28 @@
 //   posted-recvs  posts N (default 1,000,000) receives that nothing will
 //                 match, half 64-bit (psm2_mq_irecv), half 96-bit exact
 //                 (psm2_mq_irecv2), then cancels and reposts them one by
-//                 one until the time is up.
+//                 one until the end. Reports posted= (ready), cancels=.
 //   connect-junk  calls psm2_ep_connect with N (default 400,000) made-up
-//                 epids, again and again.
+//                 epids, again and again. Reports epids= and how many of
+//                 them the last call found unreachable= (ready after the
+//                 first call), calls=.
 //   endpoints     opens endpoints (psm2_ep_open, PSM2_MULTI_EP, each in a
-//                 job of its own) until refused, and holds them.
+//                 job of its own) until refused, and holds them. Reports
+//                 opened= (main's included) and refused_with= (the error).
 //   control-connections
 //                 opens N (default 400) raw connections to $PSMD_SOCKET:
 //                 every third sends 3 bytes of the HTTP/2 preface and
 //                 stops, the others the preface and a SETTINGS frame (so
-//                 psmd hands them to gRPC), and holds them.
+//                 psmd hands them to gRPC), and holds them. Reports
+//                 connected=, and at the end open= (not closed by psmd).
 #include <psm2.h>
 #include <psm2_mq.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -38,6 +49,19 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using psmd::testing::CheckPsm;
+
+constexpr int kExitCouldNotAttack = 3;
+
+volatile sig_atomic_t g_stop = 0;
+
+void OnTerm(int) { g_stop = 1; }
+
+bool Going(Clock::time_point end) { return !g_stop && Clock::now() < end; }
+
+// Holds what the attack took until its end.
+void Hold(Clock::time_point end) {
+  while (Going(end)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
 
 int PostedRecvs(psm2_ep_t ep, psm2_epid_t epid, uint64_t count,
                 Clock::time_point end) {
@@ -65,17 +89,20 @@ int PostedRecvs(psm2_ep_t ep, psm2_epid_t epid, uint64_t count,
                "irecv2");
     }
   };
-  for (uint64_t i = 0; i < count && Clock::now() < end; i++) post(i);
+  uint64_t posted = 0;
+  for (; posted < count && Going(end); posted++) post(posted);
+  printf("hostile: ready posted=%llu\n",
+         static_cast<unsigned long long>(posted));
+  fflush(stdout);
   uint64_t cancels = 0;
-  for (uint64_t i = 0; Clock::now() < end; i = (i + 7919) % count) {
-    if (reqs[i] == nullptr) continue;
+  for (uint64_t i = 0; posted == count && Going(end); i = (i + 7919) % count) {
     psm2_mq_cancel(&reqs[i]);
     psm2_mq_req_free(mq, reqs[i]);
     post(i);
     cancels++;
   }
-  printf("hostile: %llu receives posted, %llu cancelled and reposted\n",
-         static_cast<unsigned long long>(count),
+  printf("hostile: done posted=%llu cancels=%llu\n",
+         static_cast<unsigned long long>(posted),
          static_cast<unsigned long long>(cancels));
   return 0;
 }
@@ -86,13 +113,22 @@ int ConnectJunk(psm2_ep_t ep, uint64_t count, Clock::time_point end) {
   std::vector<psm2_epaddr_t> addrs(count);
   for (uint64_t i = 0; i < count; i++) epids[i] = 0x00ff000000000000ull + i;
   int calls = 0;
-  while (Clock::now() < end) {
+  uint64_t unreachable = 0;
+  do {
     psm2_ep_connect(ep, static_cast<int>(count), epids.data(), nullptr,
                     errors.data(), addrs.data(), 0);
-    calls++;
-  }
-  printf("hostile: %d connect calls of %llu epids\n", calls,
-         static_cast<unsigned long long>(count));
+    unreachable = 0;
+    for (psm2_error_t e : errors) unreachable += e == PSM2_EPID_UNREACHABLE;
+    if (calls++ == 0) {
+      printf("hostile: ready epids=%llu unreachable=%llu\n",
+             static_cast<unsigned long long>(count),
+             static_cast<unsigned long long>(unreachable));
+      fflush(stdout);
+    }
+  } while (Going(end));
+  printf("hostile: done epids=%llu unreachable=%llu calls=%d\n",
+         static_cast<unsigned long long>(count),
+         static_cast<unsigned long long>(unreachable), calls);
   return 0;
 }
 
@@ -100,18 +136,21 @@ int ConnectJunk(psm2_ep_t ep, uint64_t count, Clock::time_point end) {
 // it, not the job's.
 int Endpoints(const psm2_uuid_t uuid, Clock::time_point end) {
   int opened = 1;  // the one main opened
-  for (uint32_t n = 1;; n++) {
+  psm2_error_t refused = PSM2_OK;
+  for (uint32_t n = 1; refused == PSM2_OK && Going(end); n++) {
     psm2_uuid_t job;
     memcpy(job, uuid, sizeof(job));
     memcpy(job + 12, &n, sizeof(n));
     psm2_ep_t ep;
     psm2_epid_t epid;
-    if (psm2_ep_open(job, nullptr, &ep, &epid) != PSM2_OK) break;
-    opened++;
+    refused = psm2_ep_open(job, nullptr, &ep, &epid);
+    opened += refused == PSM2_OK;
   }
-  printf("hostile: %d endpoints open\n", opened);
+  printf("hostile: ready opened=%d refused_with=%d\n", opened, refused);
   fflush(stdout);
-  std::this_thread::sleep_until(end);
+  if (opened <= 1) return kExitCouldNotAttack;
+  Hold(end);
+  printf("hostile: done opened=%d\n", opened);
   return 0;
 }
 
@@ -130,15 +169,28 @@ int ControlConnections(uint64_t count, Clock::time_point end) {
       close(s);
       continue;
     }
-    bool sent = i % 3 == 0 ? write(s, kPreface, 3) == 3
-                           : write(s, kPreface, sizeof(kPreface) - 1) > 0 &&
-                                 write(s, kSettings, sizeof(kSettings)) > 0;
-    (void)sent;  // psmd may already have closed it: that is its defence
+    // psmd may already have closed it (that is its defence): no SIGPIPE.
+    bool sent =
+        i % 3 == 0
+            ? send(s, kPreface, 3, MSG_NOSIGNAL) == 3
+            : send(s, kPreface, sizeof(kPreface) - 1, MSG_NOSIGNAL) > 0 &&
+                  send(s, kSettings, sizeof(kSettings), MSG_NOSIGNAL) > 0;
+    (void)sent;
     held.push_back(s);
   }
-  printf("hostile: %zu control connections held\n", held.size());
+  printf("hostile: ready connected=%zu\n", held.size());
   fflush(stdout);
-  std::this_thread::sleep_until(end);
+  if (held.empty()) return kExitCouldNotAttack;
+  Hold(end);
+  // Those psmd refused or dropped read as closed (or reset: it closed them
+  // with our bytes unread); the rest it holds.
+  size_t open = 0;
+  for (int s : held) {
+    char byte;
+    ssize_t n = recv(s, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    open += n > 0 || (n < 0 && errno == EAGAIN);
+  }
+  printf("hostile: done connected=%zu open=%zu\n", held.size(), open);
   return 0;
 }
 
@@ -157,6 +209,7 @@ int main(int argc, char** argv) {
   }
   psm2_uuid_t uuid;
   if (!psmd::testing::ParseUuid(uuid_text, uuid)) return 2;
+  signal(SIGTERM, OnTerm);          // ends the attack with its report
   setenv("PSM2_MULTI_EP", "1", 1);  // before psm2_init reads it
   const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                       std::chrono::duration<double>(seconds));
