@@ -45,6 +45,15 @@ void ExpectExchangeRuns(const TempDir& dir, const Daemon& d,
   EXPECT_EQ(r1.Wait(30), 0) << ReadFile(rv + "/r1.err");
 }
 
+// Returns true once `d` lists an endpoint of process `pid` (what root sees).
+bool WaitForEndpointOf(const TempDir& dir, const Daemon& d, pid_t pid) {
+  return WaitUntil(10, [&] {
+    return Psmctl(dir, d, {"endpoints", "--json"})
+               .out.find("\"pid\": " + std::to_string(pid) + ",") !=
+           std::string::npos;
+  });
+}
+
 class IntegrationTest : public ::testing::Test {
  protected:
   void TearDown() override {
@@ -116,7 +125,8 @@ TEST_F(IntegrationTest, StatsListEveryOpenEndpointWithItsCounters) {
   Process r0 = Process::Start(ExchangeArgs(dir_, rv, 0, kJobA, 100, 64, 2),
                               d.ClientEnv(), dir_.path() + "/r0.out",
                               dir_.path() + "/r0.err");
-  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  ASSERT_TRUE(WaitForEndpointOf(dir_, d, r0.pid()) &&
+              WaitForEndpointOf(dir_, d, r1.pid()));
   RunResult list = Psmctl(dir_, d, {"endpoints"});
   ASSERT_EQ(list.exit_code, 0) << list.err;
   EXPECT_NE(list.out.find(std::to_string(r0.pid())), std::string::npos)
@@ -142,13 +152,14 @@ TEST_F(IntegrationTest, KilledClientIsReclaimedAndOthersKeepWorking) {
   Process a0 = Process::Start(
       ExchangeArgs(dir_, rv_a, 0, kJobA, 100000000, 8192), d.ClientEnv(),
       dir_.path() + "/a0.out", dir_.path() + "/a0.err");
-  std::this_thread::sleep_for(std::chrono::milliseconds(700));  // mid-stream
-  // (Slower builds, under a sanitizer, take longer to open both endpoints.)
-  for (int i = 0; i < 100 * TimeScale() &&
-                  CountMappings(d.pid(), "memfd:psmd-endpoint") < 2;
-       i++) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  // Mid-stream: the receiver has taken a thousand messages.
+  ASSERT_TRUE(WaitUntil(30,
+                        [&] {
+                          return JsonNumber(
+                                     Psmctl(dir_, d, {"stats", "--json"}).out,
+                                     "total", "msgs_received") >= 1000;
+                        }))
+      << ReadFile(dir_.path() + "/a0.err") << ReadFile(dir_.path() + "/a1.err");
   ASSERT_TRUE(a0.running());
   EXPECT_EQ(CountMappings(d.pid(), "memfd:psmd-endpoint"), 2);
   pid_t dead = a0.pid();
@@ -497,15 +508,6 @@ TEST_F(IntegrationTest, OutOfFileDescriptorsNeitherSpinsNorFloodsTheLog) {
   ASSERT_EQ(prlimit(d.pid(), RLIMIT_NOFILE, &original, nullptr), 0);
   ExpectExchangeRuns(dir_, d, "rv", kJobA, 100);
   EXPECT_TRUE(d.Stop());
-}
-
-// Returns true once `d` lists an endpoint of process `pid` (what root sees).
-bool WaitForEndpointOf(const TempDir& dir, const Daemon& d, pid_t pid) {
-  return WaitUntil(10, [&] {
-    return Psmctl(dir, d, {"endpoints", "--json"})
-               .out.find("\"pid\": " + std::to_string(pid) + ",") !=
-           std::string::npos;
-  });
 }
 
 TEST_F(IntegrationTest, SigtermRemovesSocketAndSegments) {
