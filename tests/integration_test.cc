@@ -320,14 +320,23 @@ TEST_F(IntegrationTest, GarbageInARingFailsOnlyThatClientsRequests) {
 
 TEST_F(IntegrationTest, DoorbellFloodDoesNotKeepTheDaemonBusy) {
   Daemon d(dir_);
+  // 3 s of flood (longer in a slower build, whose opening takes longer).
   Process flood = Process::Start(
-      {Runfile("tests/programs/garbage_client"), "--doorbell-flood", "3"},
+      {Runfile("tests/programs/garbage_client"), "--doorbell-flood",
+       std::to_string(static_cast<int>(3 * TimeScale()))},
       d.ClientEnv(), dir_.path() + "/flood.out", dir_.path() + "/flood.err");
-  std::this_thread::sleep_for(
-      std::chrono::milliseconds(700));  // open, and ringing
+  // Open, and ringing: psmd logs that it stops listening to it.
+  ASSERT_TRUE(WaitUntil(
+      10,
+      [&] {
+        return d.Log().find("rings its doorbell with nothing submitted") !=
+               std::string::npos;
+      }))
+      << d.Log() << ReadFile(dir_.path() + "/flood.err");
   double before = CpuSeconds(d.pid());
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   double used = CpuSeconds(d.pid()) - before;
+  ASSERT_EQ(flood.Wait(0), -1) << "the flood ended before the window did";
   if (CpuBoundsMeaningful()) {
     EXPECT_LT(used, 0.3) << "psmd used " << used
                          << " s of CPU in 1.5 s of doorbell flood";

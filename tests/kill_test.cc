@@ -66,7 +66,11 @@ TEST(KillTest, SurvivorsEndWithinASecondAndPsmdReturnsToBaseline) {
     ASSERT_EQ(r0.exit_code, 0) << r0.err;
     ASSERT_EQ(r1.Wait(30), 0);
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // The warm-up job's endpoints close asynchronously: the baseline is
+  // taken once psmd maps nothing of a client (or it would excuse a leak).
+  ASSERT_TRUE(WaitUntil(10, [&] {
+    return CountMappings(d.pid(), "memfd:psmd") == 0;
+  })) << "psmd kept the warm-up job's segments";
   const int base_fds = OpenFds(d.pid());
   const int base_pools = CountMappings(d.pid(), "memfd:psmd");
   const long long base_rss = ResidentKiB(d.pid());
@@ -116,12 +120,11 @@ TEST(KillTest, SurvivorsEndWithinASecondAndPsmdReturnsToBaseline) {
   // Everything the dead and the survivors held comes back (the last job's
   // endpoints close asynchronously: allow a moment).
   int fds = 0, pools = 0;
-  for (int i = 0; i < 100; i++) {
+  WaitUntil(5, [&] {
     fds = OpenFds(d.pid());
     pools = CountMappings(d.pid(), "memfd:psmd");
-    if (fds <= base_fds && pools <= base_pools) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+    return fds <= base_fds && pools <= base_pools;
+  });
   EXPECT_LE(fds, base_fds);
   EXPECT_LE(pools, base_pools);
   const long long rss = ResidentKiB(d.pid());
