@@ -38,13 +38,6 @@ constexpr size_t kTakeoverScan = 256;
 // bench/match_bench measures the prefetch pass costing as much as it saves.
 constexpr size_t kPrefetchMinDepth = 4096;
 
-MsgKey KeyOf(uint64_t source, const uint32_t tag[3]) {
-  MsgKey k;
-  k.source = source;
-  std::memcpy(k.tag.w, tag, sizeof(k.tag.w));
-  return k;
-}
-
 // The receive buffer's address a kRecv names (kRecvInPlace), or 0.
 uint64_t RecvAddrOf(const shm::SubmissionDesc& d) {
   return (d.flags & shm::kRecvInPlace) ? d.body.recv.addr : 0;

@@ -40,13 +40,6 @@ uint64_t NowMs() {
       .count();
 }
 
-MsgKey KeyOf(uint64_t source, const uint32_t tag[3]) {
-  MsgKey k;
-  k.source = source;
-  std::memcpy(k.tag.w, tag, sizeof(k.tag.w));
-  return k;
-}
-
 int ErrorOf(hw::ErrorClass e) {
   return e == hw::ErrorClass::kTimeout ? PSM2_TIMEOUT : PSM2_EPID_UNREACHABLE;
 }

@@ -81,6 +81,12 @@ inline constexpr bool operator!=(const MsgKey& a, const MsgKey& b) {
   return !(a == b);
 }
 
+// The key of a message from `source` with the three tag words of a
+// descriptor or a wire record (both lay them out as psm2_mq_tag_t does).
+inline constexpr MsgKey KeyOf(uint64_t source, const uint32_t tag[3]) {
+  return MsgKey{source, Tag96{{tag[0], tag[1], tag[2]}}};
+}
+
 // What a posted receive (or a probe) matches with.
 struct RecvPattern {
   uint64_t source;  // a specific endpoint id, or kAnySource
