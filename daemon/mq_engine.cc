@@ -60,10 +60,6 @@ constexpr size_t kAmOverflowLimit = MqEngine::kAmOverflowLimitValue;
 
 MqEngine::~MqEngine() = default;
 
-void MqEngine::EnableRemote(std::unique_ptr<Remote> remote) {
-  remote_ = std::move(remote);
-}
-
 void MqEngine::Add(std::shared_ptr<Endpoint> ep) {
   Endpoint* raw = ep.get();
   shm::DaemonRings rings =
@@ -140,22 +136,23 @@ void MqEngine::Remove(uint32_t id) {
   order_.erase(std::find(order_.begin(), order_.end(), &ep));
   // Its peers' receives naming it can never match now (invariant 8): they
   // fail at once instead of waiting forever.
-  for (Endpoint* other : order_) {
-    for (PeerLink& link : other->peers) {
-      if (link.endpoint_id == id && !link.gone) {
-        PeerGone(*other, link, PSM2_EPID_UNREACHABLE);
-      }
-    }
-  }
+  PeersGone([id](const Endpoint&,
+                 const PeerLink& link) { return link.endpoint_id == id; },
+            PSM2_EPID_UNREACHABLE);
   by_id_.erase(it);
 }
 
-void MqEngine::PeerGone(Endpoint& ep, PeerLink& link, int32_t error) {
-  link.gone = true;
-  const uint64_t gone_epid = link.epid;
-  ep.posted.remove_all_if(
-      [&](const PostedRecv& r) { return r.source == gone_epid; },
-      [&](PostedRecv&& r) { PostError(ep, r.req, error); });
+void MqEngine::PeersGone(const LinkFilter& gone, int32_t error) {
+  for (Endpoint* ep : order_) {
+    for (PeerLink& link : ep->peers) {
+      if (link.gone || !gone(*ep, link)) continue;
+      link.gone = true;
+      const uint64_t gone_epid = link.epid;
+      ep->posted.remove_all_if(
+          [&](const PostedRecv& r) { return r.source == gone_epid; },
+          [&](PostedRecv&& r) { PostError(*ep, r.req, error); });
+    }
+  }
 }
 
 void MqEngine::SetPeer(uint32_t id, uint32_t slot, const PeerLink& link) {
@@ -383,10 +380,62 @@ bool MqEngine::Dispatch(Endpoint& ep, const shm::SubmissionDesc& d,
   return (this->*kHandlers[static_cast<uint8_t>(d.op)])(ep, d);
 }
 
+// One body for every Part, so that a local send's arrival (kWhole, the hot
+// path) compiles to the match, the budget check and the queueing alone,
+// inlined into HandleSend (always: GCC would not, as it has four callers).
+template <MqEngine::Part kPart>
+[[gnu::always_inline]] inline MqEngine::Arrival MqEngine::ArriveAs(
+    Endpoint& receiver, const MsgKey& key, const UnexpectedMsg& m,
+    PostedRecv* claim) {
+  // The receive it matches: the one its envelope claimed, or the first
+  // posted.
+  std::optional<PostedRecv> recv;
+  if (kPart == Part::kPayload && claim != nullptr) {
+    recv = *claim;
+  } else {
+    recv = receiver.posted.take_match(key);
+  }
+  if (recv) {
+    if constexpr (kPart == Part::kEnvelope) {
+      *claim = *recv;
+    } else {
+      Deliver(receiver, recv->req, recv->capacity, key, m,
+              /*was_unexpected=*/false, recv->addr);
+    }
+    return Arrival::kMatched;
+  }
+  // Invariant 4. (While Remove flushes a closing sender, its sends are
+  // admitted over any budget: it saw them complete.)
+  if (kPart != Part::kPayload && !admit_over_budget_ && OverBudget(receiver)) {
+    NoteHeld(receiver);
+    return Arrival::kHeld;
+  }
+  if constexpr (kPart == Part::kEnvelope) return Arrival::kQueued;
+  receiver.counters.unexpected_msgs.Add(1);
+  receiver.counters.unexpected_bytes.Add(m.len);
+  Charge(receiver);
+  receiver.unexpected.push(key, m);
+  return Arrival::kQueued;
+}
+
+MqEngine::Arrival MqEngine::Arrive(Endpoint& receiver, const MsgKey& key,
+                                   const UnexpectedMsg& m, Part part,
+                                   PostedRecv* claim) {
+  switch (part) {
+    case Part::kEnvelope:
+      return ArriveAs<Part::kEnvelope>(receiver, key, m, claim);
+    case Part::kPayload:
+      return ArriveAs<Part::kPayload>(receiver, key, m, claim);
+    case Part::kWhole:
+      break;
+  }
+  return ArriveAs<Part::kWhole>(receiver, key, m, claim);
+}
+
 bool MqEngine::HandleSend(Endpoint& sender, const shm::SubmissionDesc& d) {
   const PeerLink& link = sender.peers[d.peer];
   if (link.endpoint_id == kRemotePeer && remote_) {
-    return remote_->Send(sender, d, link);
+    return remote_->Send(sender, d, link, /*may_hold=*/!admit_over_budget_);
   }
   UnexpectedMsg m{};
   m.sender_id = sender.id;
@@ -410,19 +459,9 @@ bool MqEngine::HandleSend(Endpoint& sender, const shm::SubmissionDesc& d) {
     PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
     return true;
   }
-  MsgKey key = KeyOf(sender.epid, d.tag);
-  if (auto recv = receiver->posted.take_match(key)) {
-    Deliver(*receiver, recv->req, recv->capacity, key, m,
-            /*was_unexpected=*/false, recv->addr);
-  } else {
-    if (!admit_over_budget_ && OverBudget(*receiver)) {
-      NoteHeld(*receiver);
-      return false;
-    }
-    receiver->counters.unexpected_msgs.Add(1);
-    receiver->counters.unexpected_bytes.Add(d.len);
-    Charge(*receiver);
-    receiver->unexpected.push(key, m);
+  if (ArriveAs<Part::kWhole>(*receiver, KeyOf(sender.epid, d.tag), m,
+                             nullptr) == Arrival::kHeld) {
+    return false;
   }
   sender.counters.msgs_sent.Add(1);
   sender.counters.bytes_sent.Add(d.len);
@@ -645,7 +684,8 @@ bool MqEngine::HandleSetOption(Endpoint& ep, const shm::SubmissionDesc& d) {
 
 bool MqEngine::HandleAmRequest(Endpoint& sender, const shm::SubmissionDesc& d) {
   if (sender.peers[d.peer].endpoint_id == kRemotePeer && remote_) {
-    return remote_->AmRequest(sender, d, sender.peers[d.peer]);
+    return remote_->AmRequest(sender, d, sender.peers[d.peer],
+                              /*may_hold=*/!admit_over_budget_);
   }
   Endpoint* target = Find(sender.peers[d.peer].endpoint_id);
   if (target == nullptr || target->faulted) {

@@ -2,7 +2,10 @@
 // what happens to each descriptor they submit (send, receive, probe, cancel,
 // rendezvous data, options, active messages), i.e. matching,
 // unexpected-message queueing, rendezvous transfers, active-message routing
-// and completion posting.
+// and completion posting. Transports beside it (daemon/remote.h: frames
+// from other nodes) reach its state only through the surface below marked
+// so: a message arrives (Arrive), a completion or an error is posted, peers
+// are gone, a transfer id is taken.
 //
 // Thread-safety: not thread-safe. Every method runs on the owning progress
 // worker's thread (control threads reach it through ProgressWorker::RunSync).
@@ -27,7 +30,11 @@
 //      the sender's message ring is not read until it fits. Control
 //      submissions are always read, so the receiver can still post the
 //      receives that drain the queue. A hold that lasts shm::kBudgetStallNs
-//      with none of them drained is reported (ReportBudgetStalls).
+//      with none of them drained is reported (ReportBudgetStalls). Enforced
+//      in one place, Arrive, whatever carried the message (HandleSend, and
+//      daemon/remote.cc for frames from other nodes): the only place that
+//      charges a message (Uncharge gives it back when it is received or
+//      discarded).
 //   5. A rendezvous transfer exists from match to its last chunk; chunks
 //      arrive from the sender in offset order and are forwarded at once (the
 //      daemon never holds payload: the chunk stays in the sender's region
@@ -51,7 +58,10 @@
 //      fail at once with PSM2_EPID_UNREACHABLE (PSM2_TIMEOUT for a node
 //      that fell silent), and new ones do unless a queued message matches,
 //      until a psm2_ep_connect re-arms the slot. The survivor of a peer's
-//      death never waits for it.
+//      death never waits for it. Enforced in one place, PeersGone, which
+//      Remove and daemon/remote.cc call with the links they found gone: it
+//      marks them and fails their posted receives; HandleRecv fails new
+//      ones on the mark.
 //  10. A rendezvous transfer whose sender and receiver both named their
 //      buffers (kSendInPlace, kRecvInPlace), of at least the copy threshold,
 //      between two endpoints of this node whose processes psmd may read and
@@ -88,9 +98,10 @@
 
 #include "daemon/cross_copy.h"
 #include "daemon/endpoint.h"
-#include "daemon/remote.h"
 
 namespace psmd {
+
+class Remote;
 
 class MqEngine {
  public:
@@ -144,11 +155,58 @@ class MqEngine {
   // than copy_after while there are any.
   bool takeovers_pending() const { return !takeover_candidates_.empty(); }
 
-  // Endpoints on other nodes, through the fabric (daemon/remote.h); null
-  // without one. Set before the worker starts.
-  void EnableRemote(std::unique_ptr<Remote> remote);
-  Remote* remote() { return remote_.get(); }
+  // Endpoints on other nodes, through the fabric (daemon/remote.h), which
+  // the caller owns and keeps alive as long as this engine: sends, active
+  // messages and rendezvous chunks to them, and the answers to messages
+  // from them, go there. None without a fabric. Set before the worker
+  // starts.
+  void AttachRemote(Remote* remote) { remote_ = remote; }
+
+  // ---- What a transport beside the engine uses (daemon/remote.cc) ----
+
+  // What became of a message that reached its receiver (Arrive).
+  enum class Arrival : uint8_t {
+    kMatched,  // a posted receive took it
+    kQueued,   // unexpected: queued, charged to the receiver's budgets
+    kHeld,     // over a budget: nothing changed; offer it again later
+  };
+  // How much of a message Arrive is given. A frame from another node is
+  // read header first, and where its payload lands (the inbox share it may
+  // use) depends on whether a receive matched: such a message arrives as
+  // its envelope and then, once the payload is there, as its payload.
+  enum class Part : uint8_t {
+    kWhole,
+    // kMatched takes the receive into *claim (delivered at kPayload);
+    // kQueued means only that the budgets admit it (queued at kPayload).
+    kEnvelope,
+    // Delivers to *claim if not null, else to a receive posted since the
+    // envelope, else queues it: the budgets admitted it at its envelope.
+    kPayload,
+  };
+  // The one place a message reaches its receiver, whatever carried it (a
+  // local send, a frame from another node): matched against the posted
+  // receives in arrival order (invariant 1), else queued as unexpected and
+  // charged to the budgets once, or held when over one (invariant 4).
+  // `key` is the message's source epid and tag. `receiver` must be served
+  // (not faulted); the sender's side (its counters, a refused send) is the
+  // caller's.
+  Arrival Arrive(Endpoint& receiver, const MsgKey& key, const UnexpectedMsg& m,
+                 Part part = Part::kWhole, PostedRecv* claim = nullptr);
   Endpoint* FindEndpoint(uint32_t id) { return Find(id); }
+  // A completion (or an error completion for request `req`) for `ep`'s
+  // client; held in its overflow queue while its ring is full (invariant 3).
+  void Post(Endpoint& ep, const shm::CompletionDesc& c);
+  void PostError(Endpoint& ep, uint64_t req, int32_t error);
+  // Invariant 8, wherever it was learnt that peers are gone (Remove; kGone
+  // from another node's daemon, or the connection to it lost:
+  // daemon/remote.cc): every link `gone` selects among the links not yet
+  // marked gone is marked, and the receives posted naming its peer fail at
+  // once with `error` (HandleRecv fails new ones on the mark).
+  using LinkFilter = std::function<bool(const Endpoint&, const PeerLink&)>;
+  void PeersGone(const LinkFilter& gone, int32_t error);
+  // An id for a rendezvous transfer, unique among this engine's and its
+  // transports' (a chunk names its transfer by it alone).
+  uint64_t NewTransferId() { return next_transfer_++; }
 
   // Active messages waiting in a target's completion overflow beyond which
   // further requests to it are held (invariant 6).
@@ -164,7 +222,6 @@ class MqEngine {
   void ReportBudgetStalls(uint64_t now_ns);
 
  private:
-  friend class Remote;  // the peer-node half of the engine
   // One rendezvous transfer (invariant 5).
   struct Transfer {
     uint32_t sender_id;
@@ -198,6 +255,10 @@ class MqEngine {
   using Handler = bool (MqEngine::*)(Endpoint&, const shm::SubmissionDesc&);
   static const Handler kHandlers[shm::kSubmitOpCount];
   bool HandleSend(Endpoint& sender, const shm::SubmissionDesc& d);
+  // Arrive, its Part known where it is called.
+  template <Part kPart>
+  Arrival ArriveAs(Endpoint& receiver, const MsgKey& key,
+                   const UnexpectedMsg& m, PostedRecv* claim);
   bool HandleRecv(Endpoint& receiver, const shm::SubmissionDesc& d);
   bool HandleCancel(Endpoint& ep, const shm::SubmissionDesc& d);
   bool HandleProbe(Endpoint& ep, const shm::SubmissionDesc& d);
@@ -260,11 +321,6 @@ class MqEngine {
   // Drops a queued (or claimed) message nobody will receive: uncharges it,
   // gives its payload back and fails a waiting sync or rendezvous sender.
   void Discard(Endpoint& receiver, const UnexpectedMsg& m);
-  void Post(Endpoint& ep, const shm::CompletionDesc& c);
-  void PostError(Endpoint& ep, uint64_t req, int32_t error);
-  // `ep`'s peer behind `link` is gone (invariant 8): marks it, and fails
-  // ep's posted receives that name it with `error`.
-  void PeerGone(Endpoint& ep, PeerLink& link, int32_t error);
   // Invariant 9: brings ep's share of its job's and uid's posted_recvs up
   // to date; and whether one more receive fits, counting every endpoint's
   // share afresh before saying no.
@@ -294,7 +350,7 @@ class MqEngine {
   // submissions each job consumed in this pass.
   size_t passes_ = 0;
   std::vector<size_t> job_used_;
-  std::unique_ptr<Remote> remote_;
+  Remote* remote_ = nullptr;
   // Invariant 10: the copier (its copies are named by transfer id).
   std::unique_ptr<CrossCopier> copier_;
   uint64_t copy_min_bytes_ = 0;

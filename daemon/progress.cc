@@ -72,12 +72,12 @@ bool ProgressWorker::Start(std::string* error) {
   ev.events = EPOLLIN;
   ev.data.u64 = kWakeTag;
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
-  if (engine_.remote() != nullptr) {
+  if (remote_ != nullptr) {
     // The ring's eventfd: an idle worker sleeps until a frame arrives.
     epoll_event fev{};
     fev.events = EPOLLIN;
     fev.data.u64 = kFabricTag;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, engine_.remote()->event_fd(), &fev);
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, remote_->event_fd(), &fev);
   }
   if (copy_in_place_) {
     // Without CAP_SYS_PTRACE psmd can still copy between processes of its
@@ -180,10 +180,10 @@ void ProgressWorker::ClearPeer(uint32_t id, uint32_t slot) {
 void ProgressWorker::EnableFabric(std::unique_ptr<hw::Fabric> fabric,
                                   const Config& config, uint16_t boot_nonce) {
   fabric_host_ = fabric->HostDescription();
-  engine_.EnableRemote(std::make_unique<Remote>(
+  remote_ = std::make_unique<Remote>(
       &engine_, std::move(fabric), config.node_id, boot_nonce,
-      config.fabric_nodes, config.fabric_timeout_ms));
-  fabric_enabled_ = true;
+      config.fabric_nodes, config.fabric_timeout_ms);
+  engine_.AttachRemote(remote_.get());
   fabric_timeout_ms_ = config.fabric_timeout_ms;
 }
 
@@ -212,13 +212,13 @@ std::vector<ProgressWorker::RemoteOutcome> ProgressWorker::QueryRemote(
         shared->left--;
         shared->cv.notify_all();
       };
-      if (ep == nullptr || engine_.remote() == nullptr) {
+      if (ep == nullptr || remote_ == nullptr) {
         done(PSM2_EPID_UNREACHABLE, "no fabric to other nodes");
         continue;
       }
       // After Query, which reads the node table again for a new node.
-      engine_.remote()->Query(*ep, epids[i], done);
-      std::string host = engine_.remote()->HostName(shm::NodeIdOf(epids[i]));
+      remote_->Query(*ep, epids[i], done);
+      std::string host = remote_->HostName(shm::NodeIdOf(epids[i]));
       std::lock_guard<std::mutex> lock(shared->mu);
       shared->out[i].host = std::move(host);
     }
@@ -232,10 +232,8 @@ std::vector<ProgressWorker::RemoteOutcome> ProgressWorker::QueryRemote(
 
 std::vector<Remote::PeerRow> ProgressWorker::FabricStats() {
   std::vector<Remote::PeerRow> out;
-  if (!fabric_enabled_) return out;
-  RunSync([&] {
-    if (engine_.remote() != nullptr) out = engine_.remote()->Stats();
-  });
+  if (remote_ == nullptr) return out;
+  RunSync([&] { out = remote_->Stats(); });
   return out;
 }
 
@@ -265,7 +263,7 @@ void ProgressWorker::Loop() {
   while (!stop_.load(std::memory_order_relaxed)) {
     if (commands_pending_.load(std::memory_order_acquire)) RunCommands();
     bool did = engine_.PollAll();
-    if (Remote* remote = engine_.remote()) did |= remote->Poll();
+    if (remote_ != nullptr) did |= remote_->Poll();
     engine_.NotifyClients();
     if (did) {
       idle_passes = 0;
@@ -378,7 +376,7 @@ void ProgressWorker::Sleep() {
     shm::SetDaemonSleeping(ep->control()->doorbells, true);
   }
   shm::WakeupFence();  // the flags before the re-check (shm/doorbell.h)
-  Remote* remote = engine_.remote();
+  Remote* remote = remote_.get();
   // The fabric's eventfd count is sticky: a frame after this Poll still
   // wakes epoll_wait.
   bool work = engine_.AnySubmissionPending() || engine_.copies_done() ||

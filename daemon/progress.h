@@ -26,6 +26,7 @@
 #include "daemon/config.h"
 #include "daemon/endpoint.h"
 #include "daemon/mq_engine.h"
+#include "daemon/remote.h"
 #include "hw/fabric.h"
 #include "shm/spin.h"
 
@@ -57,7 +58,7 @@ class ProgressWorker {
   // (daemon/remote.h); its event fd joins the worker's epoll set.
   void EnableFabric(std::unique_ptr<hw::Fabric> fabric, const Config& config,
                     uint16_t boot_nonce);
-  bool has_fabric() const { return fabric_enabled_; }
+  bool has_fabric() const { return remote_ != nullptr; }
   struct RemoteOutcome {
     int error = 0;  // psm2_error_t
     std::string message;
@@ -136,6 +137,9 @@ class ProgressWorker {
   void NoteTurn(uint64_t now_ns);
 
   MqEngine engine_;
+  // Endpoints on other nodes, beside the engine (which it is attached to);
+  // null without a fabric. Set before Start; destroyed before the engine.
+  std::unique_ptr<Remote> remote_;
   std::thread thread_;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;  // eventfd: commands or stop pending
@@ -151,7 +155,6 @@ class ProgressWorker {
   // worker only. Yielding is the safe guess before the first count.
   shm::CoreCensus census_;
   bool share_core_ = true;
-  bool fabric_enabled_ = false;  // set before Start
   uint32_t fabric_timeout_ms_ = 5000;
   std::string fabric_host_;
   std::atomic<uint32_t> spin_us_;

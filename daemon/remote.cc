@@ -455,7 +455,7 @@ void Remote::Query(const Endpoint& ep, uint64_t epid, QueryDone done) {
 }
 
 bool Remote::Send(Endpoint& sender, const shm::SubmissionDesc& d,
-                  const PeerLink& to) {
+                  const PeerLink& to, bool may_hold) {
   const uint64_t dst = to.epid;
   const bool rndv = d.op == shm::SubmitOp::kRndvSend;
   shm::PoolPayload payload =
@@ -467,8 +467,7 @@ bool Remote::Send(Endpoint& sender, const shm::SubmissionDesc& d,
   }
   // (A closing sender's last sends are taken regardless: it saw them
   // complete, and its ring is not read again.)
-  if ((p->queue.size() >= kMaxQueued || p->off.count(dst) != 0) &&
-      !engine_->admit_over_budget_) {
+  if ((p->queue.size() >= kMaxQueued || p->off.count(dst) != 0) && may_hold) {
     payload.Take();  // still the sender's: the send is held, not dropped
     return false;
   }
@@ -500,7 +499,7 @@ bool Remote::Send(Endpoint& sender, const shm::SubmissionDesc& d,
 }
 
 bool Remote::AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
-                       const PeerLink& to) {
+                       const PeerLink& to, bool may_hold) {
   const uint64_t dst = to.epid;
   shm::PoolPayload payload = shm::PayloadOf(sender.job->pool().base(), d);
   Peer* p = PeerOf(shm::NodeIdOf(dst));
@@ -508,8 +507,7 @@ bool Remote::AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
     engine_->PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
     return true;
   }
-  if ((p->queue.size() >= kMaxQueued || p->off.count(dst) != 0) &&
-      !engine_->admit_over_budget_) {
+  if ((p->queue.size() >= kMaxQueued || p->off.count(dst) != 0) && may_hold) {
     payload.Take();
     return false;
   }
@@ -801,7 +799,7 @@ void Remote::EndpointRemoved(uint32_t id) {
     t->receiver = 0;
     if (t->accepted == t->send_bytes) continue;
     hw::FrameFields about;
-    if (Endpoint* r = engine_->Find(id)) {
+    if (Endpoint* r = engine_->FindEndpoint(id)) {
       about.uid = r->uid;
       std::memcpy(about.job, r->job->key().uuid.data(), 16);
       SendControl(t->node, kError, r->epid, t->src, about, t->sender_req,
@@ -826,7 +824,7 @@ void Remote::EndpointRemoved(uint32_t id) {
   // Nodes that connected to it learn it is gone, after everything it sent
   // (one connection per node pair keeps the order).
   if (auto w = watchers_.find(id); w != watchers_.end()) {
-    if (Endpoint* ep = engine_->Find(id)) {
+    if (Endpoint* ep = engine_->FindEndpoint(id)) {
       hw::FrameFields about;
       about.uid = ep->uid;
       std::memcpy(about.job, ep->job->key().uuid.data(), 16);
@@ -853,7 +851,7 @@ Endpoint* Remote::Target(const hw::FrameFields& f) {
       shm::BootNonceOf(f.dst) != boot_nonce_) {
     return nullptr;
   }
-  Endpoint* ep = engine_->Find(shm::EndpointIdOf(f.dst));
+  Endpoint* ep = engine_->FindEndpoint(shm::EndpointIdOf(f.dst));
   if (ep == nullptr || ep->faulted || ep->epid != f.dst || ep->uid != f.uid ||
       std::memcmp(ep->job->key().uuid.data(), f.job, 16) != 0) {
     return nullptr;
@@ -1012,7 +1010,7 @@ void Remote::OnHeader(Peer& p, const hw::Event& e) {
     p.chunk_offset = 0;
     p.chunk_job.reset();
     p.park_chunk = false;
-    Endpoint* r = t.receiver == 0 ? nullptr : engine_->Find(t.receiver);
+    Endpoint* r = t.receiver == 0 ? nullptr : engine_->FindEndpoint(t.receiver);
     if (r != nullptr) {
       // Behind what is parked for its receiver, or parked itself when the
       // inbox is full.
@@ -1090,7 +1088,7 @@ void Remote::OnRecvDone(Peer& p, const hw::Event& e) {
 void Remote::OnPayload(Peer& p) {
   Pending& q = p.pending;
   p.expect_payload = false;
-  Endpoint* r = q.receiver == 0 ? nullptr : engine_->Find(q.receiver);
+  Endpoint* r = q.receiver == 0 ? nullptr : engine_->FindEndpoint(q.receiver);
   if (r == nullptr || r->job != q.job) {
     if (q.job && !q.keep) shm::ReleaseChunk(q.job->pool().base(), q.chunk);
     if (q.op == kEnvelope && (q.wire.flags & shm::kSendSync) &&
@@ -1117,21 +1115,13 @@ void Remote::OnPayload(Peer& p) {
       p.parked_bytes += kept->charged;
       kept_by_node_[p.node]++;
     }
-    const MsgKey key = KeyOf(q.f.src, q.wire.tag);
-    if (q.matched) {
-      engine_->Deliver(*r, q.recv.req, q.recv.capacity, key, m, false);
-    } else if (auto recv = r->posted.take_match(key)) {
-      engine_->Deliver(*r, recv->req, recv->capacity, key, m, false);
-    } else {
-      r->counters.unexpected_msgs.Add(1);
-      r->counters.unexpected_bytes.Add(m.len);
-      engine_->Charge(*r);
-      r->unexpected.push(key, m);
-      if (kept != nullptr) {
-        kept->waiting = true;
-        if (p.kept_waiting[q.f.dst]++ == 0) {  // (takes uid and job of q.f)
-          SendControl(p.node, kEagerOff, q.f.dst, 0, q.f, 0, PSM2_OK);
-        }
+    const MqEngine::Arrival arrival = engine_->Arrive(
+        *r, KeyOf(q.f.src, q.wire.tag), m, MqEngine::Part::kPayload,
+        q.matched ? &q.recv : nullptr);
+    if (arrival == MqEngine::Arrival::kQueued && kept != nullptr) {
+      kept->waiting = true;
+      if (p.kept_waiting[q.f.dst]++ == 0) {  // (takes uid and job of q.f)
+        SendControl(p.node, kEagerOff, q.f.dst, 0, q.f, 0, PSM2_OK);
       }
     }
   } else {  // kAmRequest, kAmReply
@@ -1159,7 +1149,7 @@ void Remote::OnChunk(uint64_t transfer_id, const std::shared_ptr<Job>& job,
     return;
   }
   InTransfer& t = *it->second;
-  Endpoint* r = t.receiver == 0 ? nullptr : engine_->Find(t.receiver);
+  Endpoint* r = t.receiver == 0 ? nullptr : engine_->FindEndpoint(t.receiver);
   if (job && (r == nullptr || r->job != job)) {
     shm::ReleaseChunk(job->pool().base(), chunk);
   } else if (job) {
@@ -1308,7 +1298,7 @@ bool Remote::DeliverChunk(uint64_t transfer_id,
   auto it = in_transfers_.find(transfer_id);
   Endpoint* r = it == in_transfers_.end() || it->second->receiver == 0
                     ? nullptr
-                    : engine_->Find(it->second->receiver);
+                    : engine_->FindEndpoint(it->second->receiver);
   if (r == nullptr) {
     OnChunk(transfer_id, nullptr, 0, len);  // its receiver left: dropped
     return true;
@@ -1425,7 +1415,7 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
       go.error = PSM2_OK;
       go.body.go.send_bytes = w.len;
       if (w.len > 0) {
-        go.body.go.transfer = engine_->next_transfer_++;
+        go.body.go.transfer = engine_->NewTransferId();
         hw::FrameFields about;
         about.uid = f.uid;
         about.src = t->epid;
@@ -1484,18 +1474,13 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
       // Only a node's own endpoints: a node cannot declare another's gone.
       if (shm::NodeIdOf(f.src) != p.node) return Verdict::kDone;
       DropProxy(f.src);
-      for (Endpoint* ep : engine_->endpoints()) {
-        if (ep->uid != f.uid ||
-            std::memcmp(ep->job->key().uuid.data(), f.job, 16) != 0) {
-          continue;
-        }
-        for (PeerLink& link : ep->peers) {
-          if (link.endpoint_id == kRemotePeer && link.epid == f.src &&
-              !link.gone) {
-            engine_->PeerGone(*ep, link, PSM2_EPID_UNREACHABLE);
-          }
-        }
-      }
+      engine_->PeersGone(
+          [&f](const Endpoint& ep, const PeerLink& link) {
+            return link.endpoint_id == kRemotePeer && link.epid == f.src &&
+                   ep.uid == f.uid &&
+                   std::memcmp(ep.job->key().uuid.data(), f.job, 16) == 0;
+          },
+          PSM2_EPID_UNREACHABLE);
       return Verdict::kDone;
     }
     case kAbort: {
@@ -1505,7 +1490,7 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
         return Verdict::kDone;
       }
       if (it->second->receiver != 0) {
-        if (Endpoint* r = engine_->Find(it->second->receiver)) {
+        if (Endpoint* r = engine_->FindEndpoint(it->second->receiver)) {
           engine_->PostError(*r, it->second->recv_req, w.error);
         }
       }
@@ -1593,34 +1578,26 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
   if (inl) std::memcpy(m.inline_data, inline_data, w.len);
   const MsgKey key = KeyOf(f.src, w.tag);
   if (rndv || inl) {
-    if (auto recv = r->posted.take_match(key)) {
-      engine_->Deliver(*r, recv->req, recv->capacity, key, m, false);
-      return Verdict::kDone;
-    }
-    if (engine_->OverBudget(*r)) {
-      engine_->NoteHeld(*r);
-      return Verdict::kPause;
-    }
-    r->counters.unexpected_msgs.Add(1);
-    r->counters.unexpected_bytes.Add(w.len);
-    engine_->Charge(*r);
-    r->unexpected.push(key, m);
-    return Verdict::kDone;
+    return engine_->Arrive(*r, key, m) == MqEngine::Arrival::kHeld
+               ? Verdict::kPause
+               : Verdict::kDone;
   }
   // The payload follows. A receive it matches is taken now (and kept
   // across pauses: the message is next in its flow anyway); otherwise the
   // budget must admit it. Then it needs inbox space.
   if (p.has_held && p.held_receiver != r->id) p.has_held = false;
   if (!p.has_held) {
-    if (auto recv = r->posted.take_match(key)) {
-      p.has_held = true;
-      p.held_receiver = r->id;
-      p.held_recv = *recv;
+    switch (
+        engine_->Arrive(*r, key, m, MqEngine::Part::kEnvelope, &p.held_recv)) {
+      case MqEngine::Arrival::kMatched:
+        p.has_held = true;
+        p.held_receiver = r->id;
+        break;
+      case MqEngine::Arrival::kHeld:
+        return Verdict::kPause;
+      case MqEngine::Arrival::kQueued:
+        break;
     }
-  }
-  if (!p.has_held && engine_->OverBudget(*r)) {
-    engine_->NoteHeld(*r);
-    return Verdict::kPause;
   }
   // A message that may stay unexpected takes at most half the inbox; the
   // rest is for the ones receives wait for. When that has had no room for
@@ -1659,7 +1636,8 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
                node, p->dropped ? "dropped by us" : hw::ErrorClassName(why),
                p->awaiting.size());
   for (const auto& [id, req] : p->awaiting) {
-    if (Endpoint* ep = engine_->Find(id)) engine_->PostError(*ep, req, error);
+    if (Endpoint* ep = engine_->FindEndpoint(id))
+      engine_->PostError(*ep, req, error);
   }
   for (auto& f : p->queue) f->ReleaseChunk();
   for (auto& [dst, frames] : p->deferred) {
@@ -1672,7 +1650,8 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
   }
   // Receives already matched to a message that will not arrive now.
   auto fail_recv = [&](uint32_t id, uint64_t req) {
-    if (Endpoint* r = engine_->Find(id)) engine_->PostError(*r, req, error);
+    if (Endpoint* r = engine_->FindEndpoint(id))
+      engine_->PostError(*r, req, error);
   };
   if (p->expect_payload && p->pending.matched && p->pending.receiver != 0) {
     fail_recv(p->pending.receiver, p->pending.recv.req);
@@ -1692,7 +1671,7 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
       continue;
     }
     if (t->second->receiver != 0) {
-      if (Endpoint* r = engine_->Find(t->second->receiver)) {
+      if (Endpoint* r = engine_->FindEndpoint(t->second->receiver)) {
         engine_->PostError(*r, t->second->recv_req, error);
       }
     }
@@ -1713,17 +1692,24 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
   // are lost, so each endpoint that had connected to one there is told
   // (kNodeLost: its library reports it through the error handler, which
   // for an MPI job ends it instead of leaving a rank waiting forever).
-  for (Endpoint* ep : engine_->endpoints()) {
-    shm::CompletionDesc lost{};
-    for (PeerLink& link : ep->peers) {
-      if (link.endpoint_id == kRemotePeer && !link.gone &&
-          shm::NodeIdOf(link.epid) == node) {
-        engine_->PeerGone(*ep, link, error);
+  // Per endpoint: how many of its links went, and one of their epids.
+  std::unordered_map<const Endpoint*, shm::CompletionDesc> lost_at;
+  engine_->PeersGone(
+      [&](const Endpoint& ep, const PeerLink& link) {
+        if (link.endpoint_id != kRemotePeer ||
+            shm::NodeIdOf(link.epid) != node) {
+          return false;
+        }
+        shm::CompletionDesc& lost = lost_at[&ep];
         lost.msg_len++;
         lost.src_epid = link.epid;
-      }
-    }
-    if (lost.msg_len == 0) continue;
+        return true;
+      },
+      error);
+  for (Endpoint* ep : engine_->endpoints()) {
+    auto at = lost_at.find(ep);
+    if (at == lost_at.end()) continue;
+    shm::CompletionDesc& lost = at->second;
     lost.op = shm::CompleteOp::kNodeLost;
     lost.error = error;
     lost.tag[0] = node;
@@ -1735,7 +1721,7 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
     if (t->node != node || t->dead) continue;
     t->dead = true;
     // As when a local receiver leaves: the sender learns at once.
-    if (Endpoint* s = engine_->Find(t->sender)) {
+    if (Endpoint* s = engine_->FindEndpoint(t->sender)) {
       engine_->PostError(*s, t->sender_req, error);
     }
   }

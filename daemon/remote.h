@@ -8,8 +8,9 @@
 // but kPayload and kRndvData is an *envelope*, a 32-byte Wire record (plus
 // up to kInlineMax payload bytes) read into a fixed buffer; the engine
 // decides from it where the next frame's payload goes (a receive matched
-// now, or an unexpected message charged to the receiver's budget), and only
-// then posts the next receive. A payload lands once, in the receiving job's
+// now, or an unexpected message the receiver's budgets admit:
+// MqEngine::Arrive with Part::kEnvelope), and only then posts the next
+// receive. A payload lands once, in the receiving job's
 // inbox region of its pool (Job::InboxRegion), which its client reads and
 // releases as it does a local sender's chunk. A rendezvous chunk is sent
 // from the sender's pool chunk and received into an inbox chunk.
@@ -61,8 +62,12 @@
 // had connected to one there (kNodeLost), since its receives from any
 // source cannot fail; the next psm2_ep_connect reconnects.
 //
-// Thread-safety: a Remote belongs to one progress worker and its MqEngine;
-// every method runs on the worker thread.
+// A Remote sits beside its MqEngine (the progress worker owns both): the
+// engine calls it for peers on other nodes (the hooks below), and it
+// reaches the engine only through the engine's public surface.
+//
+// Thread-safety: a Remote belongs to one progress worker; every method runs
+// on the worker thread.
 #ifndef PSMD_DAEMON_REMOTE_H_
 #define PSMD_DAEMON_REMOTE_H_
 
@@ -121,10 +126,12 @@ class Remote {
 
   // Engine hooks (mq_engine.cc). Send/AmRequest to the endpoint behind
   // `to` (a kRemotePeer link; one that is gone fails the request): false =
-  // hold the sender.
-  bool Send(Endpoint& sender, const shm::SubmissionDesc& d, const PeerLink& to);
+  // hold the sender, which only `may_hold` allows (a closing sender's last
+  // sends are taken regardless: it saw them complete).
+  bool Send(Endpoint& sender, const shm::SubmissionDesc& d, const PeerLink& to,
+            bool may_hold);
   bool AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
-                 const PeerLink& to);
+                 const PeerLink& to, bool may_hold);
   // kAmReply / kAmAck whose peer is a proxy id (IsProxy).
   void AmReplyOrAck(Endpoint& sender, const shm::SubmissionDesc& d);
   // A rendezvous chunk of a transfer to another node; false: not one.
