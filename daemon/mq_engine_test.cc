@@ -127,6 +127,20 @@ class MqEngineTest : public ::testing::Test {
     return token;
   }
 
+  // An eager message from endpoint `from`, its payload inline, and its key:
+  // what a transport beside the engine hands to Arrive.
+  UnexpectedMsg InlineMsg(uint32_t from, const std::string& payload) {
+    UnexpectedMsg m{};
+    m.sender_id = clients_[from].id;
+    m.len = static_cast<uint32_t>(payload.size());
+    std::memcpy(m.inline_data, payload.data(), payload.size());
+    return m;
+  }
+  MsgKey KeyFrom(uint32_t from, uint32_t tag0) {
+    const uint32_t tag[3] = {tag0, 0, 0};
+    return KeyOf(clients_[from].epid, tag);
+  }
+
   // Runs the engine until it has nothing left to do.
   void Drain() {
     for (int i = 0; i < 100 && engine_.PollAll(); i++) {
@@ -310,6 +324,115 @@ TEST_F(MqEngineTest, SendsBeyondTheReceiversBudgetWaitAndNothingIsLost) {
     }
   }
   EXPECT_EQ(received, 20);
+}
+
+using Arrival = MqEngine::Arrival;
+using Part = MqEngine::Part;
+
+TEST_F(MqEngineTest, AnArrivalIsMatchedOrQueuedOrHeldUntilTheBudgetFrees) {
+  Endpoint& r = *endpoints_[1];
+  r.unexpected_budget = 2 * kUnexpectedOverheadBytes;
+  const uint64_t posted = Recv(1, 0, 5, 64);
+  Drain();
+  EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 5), InlineMsg(0, "one")),
+            Arrival::kMatched);
+  auto done = Reap(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].req, posted);
+  EXPECT_EQ(PayloadOf(done[0]), "one");
+  EXPECT_EQ(done[0].flags & shm::kWasUnexpected, 0);
+  EXPECT_EQ(r.unexpected_cost, 0u);
+
+  // Charged once each, up to the budget; then held with nothing changed.
+  EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 6), InlineMsg(0, "two")),
+            Arrival::kQueued);
+  EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 6), InlineMsg(0, "three")),
+            Arrival::kQueued);
+  EXPECT_EQ(r.unexpected_cost, 2 * kUnexpectedOverheadBytes);
+  EXPECT_EQ(job_->unexpected_cost, 2 * kUnexpectedOverheadBytes);
+  EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 6), InlineMsg(0, "four")),
+            Arrival::kHeld);
+  EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 6), InlineMsg(0, "four")),
+            Arrival::kHeld);
+  EXPECT_EQ(r.unexpected.size(), 2u);
+  EXPECT_EQ(r.unexpected_cost, 2 * kUnexpectedOverheadBytes);
+  EXPECT_EQ(r.counters.unexpected_msgs.Get(), 2u);
+
+  // A receive takes the first; the held one fits again, in its order.
+  Recv(1, 0, 6, 64);
+  Drain();
+  done = Reap(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(PayloadOf(done[0]), "two");
+  EXPECT_NE(done[0].flags & shm::kWasUnexpected, 0);
+  EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 6), InlineMsg(0, "four")),
+            Arrival::kQueued);
+  for (const char* expected : {"three", "four"}) {
+    Recv(1, 0, 6, 64);
+    Drain();
+    done = Reap(1);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(PayloadOf(done[0]), expected);
+  }
+  EXPECT_EQ(r.unexpected_cost, 0u);
+  EXPECT_EQ(job_->unexpected_cost, 0u);
+}
+
+TEST_F(MqEngineTest, AMessageArrivingInTwoPartsIsDecidedAtItsEnvelope) {
+  Endpoint& r = *endpoints_[1];
+  r.unexpected_budget = kUnexpectedOverheadBytes;
+  // A receive posted before the envelope is claimed by it, and gets the
+  // payload only when that arrives.
+  const uint64_t posted = Recv(1, 0, 5, 64);
+  Drain();
+  PostedRecv claim{};
+  EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 5), InlineMsg(0, ""), Part::kEnvelope,
+                           &claim),
+            Arrival::kMatched);
+  EXPECT_EQ(claim.req, posted);
+  EXPECT_EQ(r.posted.size(), 0u);
+  EXPECT_TRUE(Reap(1).empty());
+  EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 5), InlineMsg(0, "one"),
+                           Part::kPayload, &claim),
+            Arrival::kMatched);
+  auto done = Reap(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].req, posted);
+  EXPECT_EQ(PayloadOf(done[0]), "one");
+
+  // Admitted at its envelope with nothing queued or charged yet; a receive
+  // posted before its payload takes it.
+  EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 6), InlineMsg(0, ""), Part::kEnvelope,
+                           &claim),
+            Arrival::kQueued);
+  EXPECT_EQ(r.unexpected.size(), 0u);
+  EXPECT_EQ(r.unexpected_cost, 0u);
+  const uint64_t later = Recv(1, 0, 6, 64);
+  Drain();
+  EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 6), InlineMsg(0, "two"),
+                           Part::kPayload, nullptr),
+            Arrival::kMatched);
+  done = Reap(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].req, later);
+  EXPECT_EQ(PayloadOf(done[0]), "two");
+
+  // Admitted, then the budget fills before the payload comes: the payload
+  // is queued and charged all the same (once); the next envelope is held.
+  EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 7), InlineMsg(0, ""), Part::kEnvelope,
+                           &claim),
+            Arrival::kQueued);
+  EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 8), InlineMsg(0, "fills")),
+            Arrival::kQueued);
+  EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 7), InlineMsg(0, "three"),
+                           Part::kPayload, nullptr),
+            Arrival::kQueued);
+  EXPECT_EQ(r.unexpected_cost, 2 * kUnexpectedOverheadBytes);
+  EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 9), InlineMsg(0, ""), Part::kEnvelope,
+                           &claim),
+            Arrival::kHeld);
+  EXPECT_EQ(r.unexpected.size(), 2u);
+  EXPECT_EQ(r.unexpected_cost, 2 * kUnexpectedOverheadBytes);
 }
 
 TEST_F(MqEngineTest, RemovingAReceiverReleasesWhatWaitedForIt) {
