@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "hw/fabric.h"
+#include "proto/counters.h"
 #include "shm/attach.h"
 #include "version/version.h"
 
@@ -198,23 +199,17 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
   w->set_core_shared(where.core_shared);
   w->set_yields(where.yields);
   for (const Remote::PeerRow& r : worker_->FabricStats()) {
-    const hw::PeerStats& p = r.fabric;
     v1::PeerNodeStats* row = reply->add_peer_nodes();
-    row->set_refused(r.refused);
-    row->set_parked(r.parked);
-    row->set_xoffs(r.xoffs);
-    row->set_kept(r.kept);
-    row->set_eager_offs(r.eager_offs);
-    row->set_node(static_cast<uint32_t>(p.node));
-    row->set_frames_sent(p.frames_sent);
-    row->set_bytes_sent(p.bytes_sent);
-    row->set_frames_received(p.frames_received);
-    row->set_bytes_received(p.bytes_received);
-    row->set_connects(p.connects);
-    row->set_disconnects(p.disconnects);
-    row->set_connect_failures(p.connect_failures);
-    row->set_auth_failures(p.auth_failures);
-    row->set_bad_frames(p.bad_frames);
+    row->set_node(static_cast<uint32_t>(r.fabric.node));
+    // A field per counter of the list (proto/counters.h), same name.
+#define PSMD_SET_FABRIC(name, column, metric, unit, help) \
+  row->set_##name(r.fabric.name);
+#define PSMD_SET_REMOTE(name, column, metric, unit, help) \
+  row->set_##name(r.counts.name);
+    PSMD_FABRIC_PEER_COUNTERS(PSMD_SET_FABRIC)
+    PSMD_REMOTE_EVENT_COUNTERS(PSMD_SET_REMOTE)
+#undef PSMD_SET_FABRIC
+#undef PSMD_SET_REMOTE
   }
   return grpc::Status::OK;
 }

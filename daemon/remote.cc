@@ -865,16 +865,8 @@ std::vector<Remote::PeerRow> Remote::Stats() const {
     PeerRow row;
     row.fabric = p;
     if (p.node <= 0xffff) {
-      const uint16_t node = static_cast<uint16_t>(p.node);
-      auto count = [node](const std::map<uint16_t, uint64_t>& by_node) {
-        auto it = by_node.find(node);
-        return it == by_node.end() ? uint64_t{0} : it->second;
-      };
-      row.refused = count(refused_by_node_);
-      row.parked = count(parked_by_node_);
-      row.xoffs = count(xoffs_by_node_);
-      row.kept = count(kept_by_node_);
-      row.eager_offs = count(eager_offs_by_node_);
+      auto counts = counts_by_node_.find(static_cast<uint16_t>(p.node));
+      if (counts != counts_by_node_.end()) row.counts = counts->second;
     }
     rows.push_back(row);
   }
@@ -884,7 +876,7 @@ std::vector<Remote::PeerRow> Remote::Stats() const {
 void Remote::Refused(uint16_t node, const hw::FrameFields& f,
                      const char* what) {
   refused_++;
-  refused_by_node_[node]++;
+  counts_by_node_[node].refused++;
   WarnClient(f.uid,
              "fabric: {} from epid {:#x} (node {}) for epid {:#x}: no such "
              "endpoint of that job and uid here ({} refused so far)",
@@ -1113,7 +1105,7 @@ void Remote::OnPayload(Peer& p) {
       kept->bytes = std::move(q.kept);
       kept->charged = sizeof(Kept) + kept->bytes.size();
       p.parked_bytes += kept->charged;
-      kept_by_node_[p.node]++;
+      counts_by_node_[p.node].kept++;
     }
     const MqEngine::Arrival arrival = engine_->Arrive(
         *r, KeyOf(q.f.src, q.wire.tag), m, MqEngine::Part::kPayload,
@@ -1205,7 +1197,7 @@ bool Remote::Park(Peer& p, bool chunk) {
     return false;
   }
   p.parked_bytes += bytes;
-  parked_by_node_[p.node]++;
+  counts_by_node_[p.node].parked++;
   if (f.op == kGone) {
     p.gone_after.push_back(f);
     return true;
@@ -1436,7 +1428,7 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
       // Only a node's own endpoints: a node cannot switch off another's.
       if (shm::NodeIdOf(f.src) != p.node) return Verdict::kDone;
       if (f.op == kEagerOff) {
-        eager_offs_by_node_[p.node]++;
+        counts_by_node_[p.node].eager_offs++;
         p.eager_off.insert(f.src);
         // Its queued eager envelopes (those set aside too) go as
         // rendezvous ones.
@@ -1452,7 +1444,7 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
         return Verdict::kDone;
       }
       if (f.op == kXoff) {
-        xoffs_by_node_[p.node]++;
+        counts_by_node_[p.node].xoffs++;
         p.off.insert(f.src);
         return Verdict::kDone;
       }

@@ -84,6 +84,7 @@
 
 #include "daemon/endpoint.h"
 #include "hw/fabric.h"
+#include "proto/counters.h"
 #include "shm/payload.h"
 #include "shm/pool.h"
 
@@ -143,15 +144,20 @@ class Remote {
                      const UnexpectedMsg& m);
   void EndpointRemoved(uint32_t id);
 
-  // The fabric's rows per peer node, and per node the frames this engine
-  // refused (no endpoint of that epid, job and uid here).
+  // This engine's counters per peer node, one per entry of
+  // PSMD_REMOTE_EVENT_COUNTERS (proto/counters.h): frames it refused (no
+  // endpoint of that epid, job and uid here), frames from that node it
+  // parked, kXoff from it, its payloads kept here, kEagerOff from it.
+  struct PeerCounts {
+#define PSMD_PEER_COUNTS_FIELD(name, column, metric, unit, help) \
+  uint64_t name = 0;
+    PSMD_REMOTE_EVENT_COUNTERS(PSMD_PEER_COUNTS_FIELD)
+#undef PSMD_PEER_COUNTS_FIELD
+  };
+  // The fabric's rows per peer node, each with this engine's counts.
   struct PeerRow {
     hw::PeerStats fabric;
-    uint64_t refused = 0;
-    uint64_t parked = 0;      // frames from that node parked here
-    uint64_t xoffs = 0;       // kXoff from that node
-    uint64_t kept = 0;        // payloads from that node kept here
-    uint64_t eager_offs = 0;  // kEagerOff from that node
+    PeerCounts counts;
   };
   std::vector<PeerRow> Stats() const;
 
@@ -348,11 +354,7 @@ class Remote {
   uint32_t passes_ = 0;
   uint64_t last_liveness_ms_ = 0;
   uint64_t refused_ = 0;
-  std::map<uint16_t, uint64_t> refused_by_node_;
-  std::map<uint16_t, uint64_t> parked_by_node_;
-  std::map<uint16_t, uint64_t> xoffs_by_node_;
-  std::map<uint16_t, uint64_t> kept_by_node_;
-  std::map<uint16_t, uint64_t> eager_offs_by_node_;
+  std::map<uint16_t, PeerCounts> counts_by_node_;
 };
 
 }  // namespace psmd

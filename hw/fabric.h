@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "hw/frame.h"
+#include "proto/counters.h"
 
 namespace psmd::hw {
 
@@ -95,21 +96,19 @@ struct Event {
   FrameFields fields;      // kRecvDone: the frame's header fields
 };
 
-// Counters per peer node, for psmctl stats. Failures of peers that never
+// Counters per peer node, for psmctl stats: one per entry of
+// PSMD_FABRIC_PEER_COUNTERS (proto/counters.h, which says what each
+// counts). Frames are data frames whose send completed (or that arrived),
+// bytes their payload bytes; connects counts connections opened by either
+// side (more than one means reconnects). Failures of peers that never
 // authenticated are counted under node 0 (a claimed node id is not
 // trusted, and counting under it would let anyone add rows).
 struct PeerStats {
   uint64_t node = 0;
-  uint64_t frames_sent = 0;  // data frames whose send completed
-  uint64_t bytes_sent = 0;   // their payload bytes
-  uint64_t frames_received = 0;
-  uint64_t bytes_received = 0;
-  uint64_t connects = 0;          // connections opened (either side); more
-                                  // than one means reconnects
-  uint64_t disconnects = 0;       // open connections that ended not by Close
-  uint64_t connect_failures = 0;  // our Connects that failed
-  uint64_t auth_failures = 0;     // handshakes refused for authentication
-  uint64_t bad_frames = 0;        // connections dropped for an invalid frame
+#define PSMD_PEER_STATS_FIELD(name, column, metric, unit, help) \
+  uint64_t name = 0;
+  PSMD_FABRIC_PEER_COUNTERS(PSMD_PEER_STATS_FIELD)
+#undef PSMD_PEER_STATS_FIELD
 };
 
 struct FabricOptions {

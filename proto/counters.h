@@ -65,6 +65,63 @@
   X(attaches_refused, refused_attaches, kCount,                          \
     "Attach requests refused (a token unknown, used or not the uid's).")
 
+// The counters per peer node of the fabric between nodes' daemons, as
+// psmctl shows them, in this order. Everything that handles them follows
+// from these lists: hw::PeerStats (hw/fabric.h: the fabric's), the
+// engine's per node (Remote::PeerCounts, daemon/remote.h), the GetStats
+// reply's PeerNodeStats (proto/control.proto: a field per entry, same name,
+// checked by //proto:counters_test) and psmctl's table, JSON and
+// Prometheus output.
+//
+// Each entry: X(name, column, metric, unit, help)
+//   name    the field (in hw::PeerStats or Remote::PeerCounts and in
+//           PeerNodeStats) and the JSON key; never renamed
+//   column  psmctl's table heading
+//   metric  the Prometheus name without the psmd_ prefix and _total suffix
+//   unit    kCount or kBytes
+//   help    one line for HELP lines
+//
+// Traffic, which the table writes human-readable in wide columns:
+#define PSMD_FABRIC_TRAFFIC_COUNTERS(X)                           \
+  X(frames_sent, frames_sent, fabric_frames_sent, kCount,         \
+    "Data frames sent to a peer node.")                           \
+  X(bytes_sent, bytes_sent, fabric_bytes_sent, kBytes,            \
+    "Payload bytes sent to a peer node.")                         \
+  X(frames_received, frames_recv, fabric_frames_received, kCount, \
+    "Data frames received from a peer node.")                     \
+  X(bytes_received, bytes_recv, fabric_bytes_received, kBytes,    \
+    "Payload bytes received from a peer node.")
+// Events, each worth seeing, which the table writes exactly: the fabric's
+#define PSMD_FABRIC_EVENT_COUNTERS(X)                                   \
+  X(connects, connects, fabric_connects, kCount,                        \
+    "Connections opened with a peer node.")                             \
+  X(disconnects, disconn, fabric_disconnects, kCount,                   \
+    "Connections with a peer node that ended other than by close.")     \
+  X(connect_failures, conn_err, fabric_connect_failures, kCount,        \
+    "Connects to a peer node that failed.")                             \
+  X(auth_failures, auth_err, fabric_auth_failures, kCount,              \
+    "Handshakes refused for authentication (node 0: unauthenticated).") \
+  X(bad_frames, bad_frm, fabric_bad_frames, kCount,                     \
+    "Connections dropped for an invalid frame.")
+// and the engine's (docs/design.md, "Between nodes: the engine").
+#define PSMD_REMOTE_EVENT_COUNTERS(X)                                      \
+  X(refused, refused, fabric_refused, kCount,                              \
+    "Frames refused: no endpoint of that epid, job and uid here.")         \
+  X(parked, parked, fabric_parked, kCount,                                 \
+    "Frames from that node parked here for a slow receiver.")              \
+  X(xoffs, xoffs, fabric_xoffs, kCount,                                    \
+    "Times that node asked us to hold messages to one of its endpoints.")  \
+  X(kept, kept, fabric_kept, kCount,                                       \
+    "Eager payloads from that node kept here for unexpected messages.")    \
+  X(eager_offs, eager_off, fabric_eager_offs, kCount,                      \
+    "Times that node asked for eager messages to one of its endpoints as " \
+    "envelopes only.")
+// hw::PeerStats, and every counter per peer node.
+#define PSMD_FABRIC_PEER_COUNTERS(X) \
+  PSMD_FABRIC_TRAFFIC_COUNTERS(X) PSMD_FABRIC_EVENT_COUNTERS(X)
+#define PSMD_PEER_COUNTERS(X) \
+  PSMD_FABRIC_PEER_COUNTERS(X) PSMD_REMOTE_EVENT_COUNTERS(X)
+
 namespace psmd::counters {
 
 enum class Unit { kCount, kBytes };

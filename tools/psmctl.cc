@@ -169,26 +169,50 @@ std::string RefusalsJson(const psmd::v1::GetStatsReply& r) {
   return out;
 }
 
+// The counters per peer node, from their list (proto/counters.h), each
+// with its field of PeerNodeStats.
+struct PeerCounter {
+  const char* name;
+  const char* column;
+  std::string metric;  // the whole Prometheus name
+  counters::Unit unit;
+  const char* help;
+  bool traffic;  // the table writes it human-readable, in a wide column
+  uint64_t (psmd::v1::PeerNodeStats::*get)() const;
+};
+#define PSMD_PEER_COUNTER(name, column, metric, unit, help, traffic)    \
+  {#name, #column, "psmd_" #metric "_total",      counters::Unit::unit, \
+   help,  traffic, &psmd::v1::PeerNodeStats::name},
+#define PSMD_PEER_TRAFFIC(name, column, metric, unit, help) \
+  PSMD_PEER_COUNTER(name, column, metric, unit, help, true)
+#define PSMD_PEER_EVENT(name, column, metric, unit, help) \
+  PSMD_PEER_COUNTER(name, column, metric, unit, help, false)
+const PeerCounter kPeerCounters[] = {
+    PSMD_FABRIC_TRAFFIC_COUNTERS(PSMD_PEER_TRAFFIC)
+        PSMD_FABRIC_EVENT_COUNTERS(PSMD_PEER_EVENT)
+            PSMD_REMOTE_EVENT_COUNTERS(PSMD_PEER_EVENT)};
+#undef PSMD_PEER_COUNTER
+#undef PSMD_PEER_TRAFFIC
+#undef PSMD_PEER_EVENT
+
 // The fabric's rows, one per peer node (none without a fabric).
 void PrintPeerNodes(const psmd::v1::GetStatsReply& r) {
   if (r.peer_nodes_size() == 0 && r.fabric_host().empty()) return;
-  printf(
-      "\nfabric %s\n%-5s %12s %12s %12s %12s %8s %8s %8s %8s %8s %8s %8s "
-      "%8s %8s %8s\n",
-      Printable(r.fabric_host()).c_str(), "node", "frames_sent", "bytes_sent",
-      "frames_recv", "bytes_recv", "connects", "disconn", "conn_err",
-      "auth_err", "bad_frm", "refused", "parked", "xoffs", "kept", "eager_off");
+  printf("\nfabric %s\n%-5s", Printable(r.fabric_host()).c_str(), "node");
+  for (const PeerCounter& c : kPeerCounters) {
+    printf(c.traffic ? " %12s" : " %8s", c.column);
+  }
+  printf("\n");
   for (const auto& p : r.peer_nodes()) {
-    printf("%-5u %12s %12s %12s %12s %8" PRIu64 " %8" PRIu64 " %8" PRIu64
-           " %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %8" PRIu64
-           " %8" PRIu64 " %8" PRIu64 "\n",
-           p.node(), Human(p.frames_sent(), counters::Unit::kCount).c_str(),
-           Human(p.bytes_sent(), counters::Unit::kBytes).c_str(),
-           Human(p.frames_received(), counters::Unit::kCount).c_str(),
-           Human(p.bytes_received(), counters::Unit::kBytes).c_str(),
-           p.connects(), p.disconnects(), p.connect_failures(),
-           p.auth_failures(), p.bad_frames(), p.refused(), p.parked(),
-           p.xoffs(), p.kept(), p.eager_offs());
+    printf("%-5u", p.node());
+    for (const PeerCounter& c : kPeerCounters) {
+      if (c.traffic) {
+        printf(" %12s", Human((p.*c.get)(), c.unit).c_str());
+      } else {
+        printf(" %8" PRIu64, (p.*c.get)());
+      }
+    }
+    printf("\n");
   }
 }
 
@@ -196,22 +220,11 @@ std::string PeerNodesJson(const psmd::v1::GetStatsReply& r) {
   std::string out = "[";
   for (int i = 0; i < r.peer_nodes_size(); i++) {
     const auto& p = r.peer_nodes(i);
-    char buf[512];
-    snprintf(buf, sizeof(buf),
-             "%s{\"node\": %u, \"frames_sent\": %" PRIu64
-             ", \"bytes_sent\": %" PRIu64 ", \"frames_received\": %" PRIu64
-             ", \"bytes_received\": %" PRIu64 ", \"connects\": %" PRIu64
-             ", \"disconnects\": %" PRIu64 ", \"connect_failures\": %" PRIu64
-             ", \"auth_failures\": %" PRIu64 ", \"bad_frames\": %" PRIu64
-             ", \"refused\": %" PRIu64 ", \"parked\": %" PRIu64
-             ", \"xoffs\": %" PRIu64 ", \"kept\": %" PRIu64
-             ", \"eager_offs\": %" PRIu64 "}",
-             i ? ", " : "", p.node(), p.frames_sent(), p.bytes_sent(),
-             p.frames_received(), p.bytes_received(), p.connects(),
-             p.disconnects(), p.connect_failures(), p.auth_failures(),
-             p.bad_frames(), p.refused(), p.parked(), p.xoffs(), p.kept(),
-             p.eager_offs());
-    out += buf;
+    out += (i ? ", {\"node\": " : "{\"node\": ") + std::to_string(p.node());
+    for (const PeerCounter& c : kPeerCounters) {
+      out += ", " + JsonString(c.name) + ": " + std::to_string((p.*c.get)());
+    }
+    out += "}";
   }
   return out + "]";
 }
@@ -304,58 +317,12 @@ void PrintStatsPrometheus(const psmd::v1::GetStatsReply& r) {
     family(name, "counter", refusals::kAll[i].help);
     printf("%s %" PRIu64 "\n", name.c_str(), refused[i]);
   }
-  struct PeerField {
-    const char* name;
-    const char* help;
-    uint64_t (psmd::v1::PeerNodeStats::*get)() const;
-  };
-  const PeerField peer_fields[] = {
-      {"psmd_fabric_frames_sent_total", "Data frames sent to a peer node.",
-       &psmd::v1::PeerNodeStats::frames_sent},
-      {"psmd_fabric_bytes_sent_total", "Payload bytes sent to a peer node.",
-       &psmd::v1::PeerNodeStats::bytes_sent},
-      {"psmd_fabric_frames_received_total",
-       "Data frames received from a peer node.",
-       &psmd::v1::PeerNodeStats::frames_received},
-      {"psmd_fabric_bytes_received_total",
-       "Payload bytes received from a peer node.",
-       &psmd::v1::PeerNodeStats::bytes_received},
-      {"psmd_fabric_connects_total", "Connections opened with a peer node.",
-       &psmd::v1::PeerNodeStats::connects},
-      {"psmd_fabric_disconnects_total",
-       "Connections with a peer node that ended other than by close.",
-       &psmd::v1::PeerNodeStats::disconnects},
-      {"psmd_fabric_connect_failures_total",
-       "Connects to a peer node that failed.",
-       &psmd::v1::PeerNodeStats::connect_failures},
-      {"psmd_fabric_auth_failures_total",
-       "Handshakes refused for authentication (node 0: unauthenticated).",
-       &psmd::v1::PeerNodeStats::auth_failures},
-      {"psmd_fabric_bad_frames_total",
-       "Connections dropped for an invalid frame.",
-       &psmd::v1::PeerNodeStats::bad_frames},
-      {"psmd_fabric_refused_total",
-       "Frames refused: no endpoint of that epid, job and uid here.",
-       &psmd::v1::PeerNodeStats::refused},
-      {"psmd_fabric_parked_total",
-       "Frames from that node parked here for a slow receiver.",
-       &psmd::v1::PeerNodeStats::parked},
-      {"psmd_fabric_xoffs_total",
-       "Times that node asked us to hold messages to one of its endpoints.",
-       &psmd::v1::PeerNodeStats::xoffs},
-      {"psmd_fabric_kept_total",
-       "Eager payloads from that node kept here for unexpected messages.",
-       &psmd::v1::PeerNodeStats::kept},
-      {"psmd_fabric_eager_offs_total",
-       "Times that node asked for eager messages to one of its endpoints as "
-       "envelopes only.",
-       &psmd::v1::PeerNodeStats::eager_offs},
-  };
   if (r.peer_nodes_size() > 0) {
-    for (const PeerField& f : peer_fields) {
-      family(f.name, "counter", f.help);
+    for (const PeerCounter& c : kPeerCounters) {
+      family(c.metric, "counter", c.help);
       for (const auto& p : r.peer_nodes()) {
-        printf("%s{node=\"%u\"} %" PRIu64 "\n", f.name, p.node(), (p.*f.get)());
+        printf("%s{node=\"%u\"} %" PRIu64 "\n", c.metric.c_str(), p.node(),
+               (p.*c.get)());
       }
     }
   }
