@@ -1,9 +1,10 @@
 // psmd::Mutex: std::mutex as a capability Clang's thread-safety analysis
 // knows (base/thread_annotations.h); MutexLock, which holds one for a
-// scope; CondVar, a condition variable waited on with the Mutex held. The daemon's locks are these, so that what each guards is written
-// on the member (PSMD_GUARDED_BY) and checked by the compiler rather than
-// said in a comment. (The client's endpoint lock is a spinlock of its own,
-// client/mutex.h, with the same annotations.)
+// scope; CondVar, a condition variable waited on with the Mutex held. The
+// daemon's locks are these, so that what each guards is written on the member
+// (PSMD_GUARDED_BY) and checked by the compiler rather than said in a comment.
+// (The client's endpoint lock is a spinlock of its own, client/mutex.h, with
+// the same annotations.)
 //
 // Thread-safety: a mutex.
 #ifndef PSMD_BASE_MUTEX_H_

@@ -32,7 +32,8 @@ TEST(PeerCountersTest, PeerNodeStatsHasAFieldPerCounterInItsOrder) {
   const std::string proto = text.str();
   const size_t begin = proto.find("message PeerNodeStats {");
   ASSERT_NE(begin, std::string::npos);
-  const std::string body = proto.substr(begin, proto.find("\n}", begin) - begin);
+  const std::string body =
+      proto.substr(begin, proto.find("\n}", begin) - begin);
   std::vector<std::string> fields;
   const std::regex field(R"((\w+) (\w+) = (\d+);)");
   for (auto it = std::sregex_iterator(body.begin(), body.end(), field);

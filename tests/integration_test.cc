@@ -1,6 +1,7 @@
 // End-to-end tests of psmd: a real daemon, real client processes, real shared
 // memory and sockets (tests/harness.h).
 #include <gtest/gtest.h>
+#include <psm2.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -517,6 +518,65 @@ TEST_F(IntegrationTest, OutOfFileDescriptorsNeitherSpinsNorFloodsTheLog) {
   ASSERT_EQ(prlimit(d.pid(), RLIMIT_NOFILE, &original, nullptr), 0);
   ExpectExchangeRuns(dir_, d, "rv", kJobA, 100);
   EXPECT_TRUE(d.Stop());
+}
+
+// psmd SIGKILLed and at once replaced on its socket, as systemd's Restart=
+// does: the new psmd knows nothing of the old one's endpoints, so their
+// clients must learn that they lost their psmd (their attach connection hung
+// up) instead of polling rings nobody serves. The receiver only polls
+// (test2 + psm2_poll, as Open MPI's progress loop), so it never sleeps in a
+// wait, where the library used to look (issue 33: it spun at 86% CPU).
+TEST_F(IntegrationTest, ClientsOfAKilledPsmdFailEvenWhenANewOneTakesItsSocket) {
+  std::string rv = Subdir(dir_, "rv");
+  auto old = std::make_unique<Daemon>(dir_);
+  std::vector<std::string> poller =
+      ExchangeArgs(dir_, rv, 1, kJobA, 100000000, 64);
+  poller.push_back("--poll-only");
+  Process r1 = Process::Start(poller, old->ClientEnv(), dir_.path() + "/r1.out",
+                              dir_.path() + "/r1.err");
+  Process r0 = Process::Start(ExchangeArgs(dir_, rv, 0, kJobA, 100000000, 64),
+                              old->ClientEnv(), dir_.path() + "/r0.out",
+                              dir_.path() + "/r0.err");
+  ASSERT_TRUE(WaitUntil(20 * TimeScale(), [&] {
+    return JsonNumber(Psmctl(dir_, *old, {"stats", "--json"}).out, "total",
+                      "msgs_received") > 1000;
+  })) << "the pair never got going";
+  ASSERT_TRUE(r0.running() && r1.running());
+  const long long killed_ms = MonotonicMs();
+  ASSERT_EQ(kill(old->pid(), SIGKILL), 0);
+  old.reset();  // reaped
+  Daemon fresh(dir_);
+
+  // The poller's receive ends with PSM2_EP_WAS_CLOSED, after the kill and
+  // within the bound; the sender's send fails (its call or its request).
+  const int poller_exit = r1.Wait(5 * TimeScale());
+  const std::string out = ReadFile(dir_.path() + "/r1.out");
+  const std::string err = ReadFile(dir_.path() + "/r1.err");
+  ASSERT_EQ(poller_exit, kExitRequestFailed)
+      << "(-1: still running 5 s after the kill) " << out << err;
+  unsigned error = 0;
+  long long ended_ms = 0;
+  const size_t at = out.find("ended ");
+  ASSERT_NE(at, std::string::npos) << out;
+  ASSERT_EQ(sscanf(out.c_str() + at, "ended %u at %lld", &error, &ended_ms), 2);
+  EXPECT_EQ(error, static_cast<unsigned>(PSM2_EP_WAS_CLOSED)) << out;
+  EXPECT_GE(ended_ms, killed_ms);
+  EXPECT_LE(ended_ms - killed_ms, 2000 * TimeScale());
+  EXPECT_NE(err.find("lost psmd"), std::string::npos) << err;
+  const int sender_exit = r0.Wait(5 * TimeScale());
+  EXPECT_TRUE(sender_exit == kExitCallFailed ||
+              sender_exit == kExitRequestFailed)
+      << sender_exit << " " << ReadFile(dir_.path() + "/r0.err");
+
+  // The new psmd serves new clients.
+  std::string rv2 = Subdir(dir_, "rv2");
+  Process b1 = Process::Start(ExchangeArgs(dir_, rv2, 1, kJobA, 100, 64),
+                              fresh.ClientEnv(), dir_.path() + "/b1.out",
+                              dir_.path() + "/b1.err");
+  RunResult b0 = RunToEnd(dir_, ExchangeArgs(dir_, rv2, 0, kJobA, 100, 64),
+                          fresh.ClientEnv());
+  EXPECT_EQ(b0.exit_code, 0) << b0.err;
+  EXPECT_EQ(b1.Wait(30 * TimeScale()), 0) << ReadFile(dir_.path() + "/b1.err");
 }
 
 TEST_F(IntegrationTest, SigtermRemovesSocketAndSegments) {

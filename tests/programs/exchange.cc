@@ -1,7 +1,8 @@
 // exchange: one rank of a two-rank tagged-message exchange through PSM2.
 //
 //   exchange --rank 0|1 --dir DIR [--uuid HEX] [--messages N] [--max-size B]
-//            [--seed S] [--hold-seconds T] [--linger-seconds T]
+//            [--seed S] [--hold-seconds T] [--linger-seconds T] [--no-ack]
+//            [--poll-only]
 //
 // Rank 0 sends N messages of pseudo-random sizes in [0, B] with tag i and a
 // payload derived from (seed, i); rank 1 receives them one by one with exact
@@ -17,7 +18,9 @@
 // psmctl tests, which look at the counters of open endpoints). --no-ack makes
 // rank 0 close its endpoint right after its last send and rank 1 start
 // receiving only after that, so every message is received from a sender that
-// has already gone.
+// has already gone. --poll-only makes rank 1 complete every receive with
+// psm2_mq_test2 + psm2_poll, never waiting: an application that only polls,
+// as Open MPI's progress loop does.
 #include <psm2.h>
 #include <psm2_mq.h>
 #include <unistd.h>
@@ -66,10 +69,12 @@ int main(int argc, char** argv) {
   unsigned hold_seconds = 0;
   unsigned linger_seconds = 0;
   bool ack = true;
+  bool poll_only = false;
   for (int i = 1; i < argc; i += 2) {
     std::string flag = argv[i];
-    if (flag == "--no-ack") {
-      ack = false;
+    if (flag == "--no-ack" || flag == "--poll-only") {  // flags without value
+      if (flag == "--no-ack") ack = false;
+      if (flag == "--poll-only") poll_only = true;
       i--;
       continue;
     }
@@ -199,7 +204,7 @@ int main(int argc, char** argv) {
                          nullptr, &req),
           "psm2_mq_irecv2");
       psm2_mq_status2_t st;
-      if (i % 2 == 0) {
+      if (i % 2 == 0 && !poll_only) {
         psmd::testing::CheckPsm(psm2_mq_wait2(&req, &st), "psm2_mq_wait2");
       } else {
         // The non-blocking path: test2 until done, polling in between.
