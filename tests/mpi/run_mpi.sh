@@ -10,6 +10,9 @@
 #                  tests/mpi/mpi4py_expected_failures.txt
 #   mpi4py_asan [RUNTESTS ARGS]   the same on the AddressSanitizer build of the
 #                  library (client/asan/libpsm2.so.2)
+#   mpi4py_intel [RUNTESTS ARGS]  the same on Intel's libpsm2 (the reference,
+#                  judged by the same list), plus each test the list says
+#                  crashes it, alone
 #   netpipe        NPopenmpi over its full default size range
 #   fi_pingpong S  libfabric's fi_pingpong -p psm2 with S-byte messages
 #   semantics_nodes, netpipe_nodes, mpi4py_nodes [RUNTESTS ARGS]
@@ -84,7 +87,7 @@ case "$case_name" in
     mpi 2 /usr/bin/python3 "$root/tests/mpi/mpi4py_check.py"
     status=$? min=10
     ;;
-  mpi4py_suite|mpi4py_asan|mpi4py_nodes)
+  mpi4py_suite|mpi4py_asan|mpi4py_nodes|mpi4py_intel)
     src=${PSMD_MPI4PY_TESTS:-}
     if [[ ! -f "$src/runtests.py" ]]; then
       echo "run_mpi: PSMD_MPI4PY_TESTS='$src' must name mpi4py 3.1.4's test/ folder" \
@@ -93,28 +96,49 @@ case "$case_name" in
     fi
     cp -r "$src" "$work/mpi4py-test"  # the suite writes next to itself
     mpi_btl=self,vader mpi_timeout=600
-    sanitizer=()
+    library=dropin sanitizer=()
     if [[ $case_name == mpi4py_asan ]]; then
       libdir=${PSMD_ASAN_LIBDIR:-$root/client/asan}
       sanitizer=(-x "LD_PRELOAD=$(gcc -print-file-name=libasan.so)"
                  -x ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
                  -x UBSAN_OPTIONS=print_stacktrace=1)
+    elif [[ $case_name == mpi4py_intel ]]; then
+      # The reference: Intel's libpsm2, which names itself in each rank's log.
+      libdir=/usr/lib/x86_64-linux-gnu library=intel sanitizer=(-x PSM2_IDENTIFY=1)
     fi
-    # A rank whose tests failed exits non-zero; without this mpirun would
-    # kill the other before it reports (the checker needs both reports).
-    mpi_opts=(--mca orte_abort_on_non_zero_status 0)
-    suite=(/usr/bin/python3 "$work/mpi4py-test/runtests.py" "$@")
-    if [[ $case_name == mpi4py_nodes ]]; then
-      mpi_nodes "${suite[@]}" >"$work/suite.log" 2>&1
-    else
-      mpi 2 "${mpi_opts[@]}" "${sanitizer[@]}" "${suite[@]}" >"$work/suite.log" 2>&1
-    fi
-    grep -E "^(FAIL|ERROR):|ERROR: AddressSanitizer|runtime error|^Ran |^OK|^FAILED" \
-      "$work/suite.log" | head -60
-    python3 "$here/mpi4py_suite_check.py" "$work/suite.log" \
-      "$here/mpi4py_expected_failures.txt" 2
+    check=$here/mpi4py_suite_check.py list=$here/mpi4py_expected_failures.txt
+    # suite NAME [--crash ID] RUNTESTS ARGS: one run, each rank's output in
+    # $work/NAME/1/rank.N (Open MPI's --output-filename), judged.
+    suite() {
+      local name=$1 crash=(); shift
+      [[ $1 == --crash ]] && { crash=(--crash "$2"); shift 2; }
+      mpi_opts=(--output-filename "$work/$name")
+      local rank=(/usr/bin/python3 "$check" rank /usr/bin/python3
+                  "$work/mpi4py-test/runtests.py" -v "$@")
+      if [[ $case_name == mpi4py_nodes ]]; then
+        mpi_nodes "${rank[@]}" >"$work/$name.log" 2>&1
+      else
+        mpi 2 "${mpi_opts[@]}" "${sanitizer[@]}" "${rank[@]}" >"$work/$name.log" 2>&1
+      fi
+      local run_status=$?
+      python3 "$check" judge "${crash[@]}" "$library" "$list" "$run_status" 2 \
+        "$work/$name" "$work/$name.log" || { tail -40 "$work/$name.log"; return 1; }
+      if [[ $library == intel ]] &&
+         ! grep -q "PSM2_IDENTIFY location .*/x86_64-linux-gnu/libpsm2.so.2" \
+           "$work/$name/1/rank.0/stderr" "$work/$name/1/rank.0/stdout"; then
+        echo "run_mpi: $name did not run on Intel's libpsm2" >&2; return 1
+      fi
+    }
+    suite suite "$@"
     status=$? min=1000
-    [[ $status == 0 ]] || tail -40 "$work/suite.log"
+    if [[ $library == intel ]]; then
+      min=0  # psmd carries nothing here
+      # Each test listed as crashing Intel's library, alone: it must.
+      for id in $(python3 "$check" crashes intel "$list"); do
+        suite "crash-${id##*.}-${id%.*}" --crash "$id" -i "${id%%.*}" \
+          -k "${id#*.}" || status=1
+      done
+    fi
     ;;
   netpipe)
     mpi 2 NPopenmpi -o "$work/np.out"
@@ -192,7 +216,7 @@ case "$case_name" in
     ;;
   *) echo "usage: run_mpi.sh semantics N | mpi4py | mpi4py_suite [ARGS] | mpi4py_asan [ARGS]" \
           "| netpipe | fi_pingpong SIZE | threads | semantics_nodes | netpipe_nodes" \
-          "| mpi4py_nodes [ARGS] | node_lost" >&2; exit 2 ;;
+          "| mpi4py_nodes [ARGS] | mpi4py_intel [ARGS] | node_lost" >&2; exit 2 ;;
 esac
 if [[ $case_name == *_nodes ]]; then  # not node_lost: node 2 is gone
   check_node_traffic "$psmctl" || status=1
