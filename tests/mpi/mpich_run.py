@@ -1,7 +1,8 @@
 """Runs MPICH's test/mpi programs of some directories over several Open MPI
 transports and judges them against an expected-failures list.
 
-usage: mpich_run.py [--ci] TESTDIR EXPECTED_FAILURES TRANSPORT=MPIRUN_ARGS...
+usage: mpich_run.py [--ci] [--build-logs DIR] [--only-listed TRANSPORT]
+                    TESTDIR EXPECTED_FAILURES TRANSPORT=MPIRUN_ARGS...
 
 TESTDIR is a configured and built test/mpi tree. Each directory's testlist
 names a program, its rank count and options; this runs every distinct
@@ -19,6 +20,14 @@ run time straddles its limit on this machine: it may pass or time out, but
 any other failure counts. A line "too-long-for-ci transport dir/program ranks
 [args]" lists a test that can only end at its time limit here (it hangs, or
 needs minutes): with --ci it is not run (and reported as such).
+
+A program of the testlists that did not build fails the run unless a line
+"not-built dir/program SYMBOL" lists it and its directory's build log
+(DIR/make-<dir>.log, --build-logs) shows SYMBOL as that program's error
+(an undefined reference or an undeclared name). A line "totals ci|full
+TRANSPORT PASSED RUN" is asserted for every transport of the run (ci with
+--ci). --only-listed TRANSPORT runs only the tests the list names for that
+transport (a reference stack, where only the list's claims are checked).
 """
 import os
 import re
@@ -114,31 +123,67 @@ def run(testdir, test, mpirun_args):
     return ok, why, time.time() - start
 
 
+def not_built_cause(build_logs, test, symbol):
+    """Whether the directory's build log shows `symbol` as the program's
+    error."""
+    d, name = test[0].split("/")
+    try:
+        log = open(os.path.join(build_logs, f"make-{d}.log"), errors="replace").read()
+    except OSError:
+        return False
+    return re.search(rf"\b{re.escape(name)}\.c:\d+(?::\d+)?: (?:undefined reference "
+                     rf"to |error: ).?{re.escape(symbol)}\b", log) is not None
+
+
 def main():
     argv = sys.argv[1:]
-    ci = argv[:1] == ["--ci"]
-    if ci:
-        argv = argv[1:]
+    ci = build_logs = None
+    only_listed = set()
+    while argv and argv[0].startswith("--"):
+        if argv[0] == "--ci":
+            ci, argv = True, argv[1:]
+        elif argv[0] == "--build-logs":
+            build_logs, argv = argv[1], argv[2:]
+        elif argv[0] == "--only-listed":
+            only_listed.add(argv[1])
+            argv = argv[2:]
+        else:
+            sys.exit(f"unknown option {argv[0]}")
     testdir, expected_path = argv[:2]
     transports = [t.split("=", 1) for t in argv[2:]]
     expected, slow, long = set(), set(), set()
+    not_built, totals = {}, {}
     for line in open(expected_path):
         line = re.sub(r"\s+", " ", line.split("#", 1)[0].strip())
-        if line.startswith("may-time-out "):
+        if line.startswith("not-built "):
+            _, prog, symbol = line.split(" ")
+            not_built[prog] = symbol
+        elif line.startswith("totals "):
+            _, mode, transport, passed, run_ = line.split(" ")
+            totals[(mode, transport)] = (int(passed), int(run_))
+        elif line.startswith("may-time-out "):
             slow.add(line[len("may-time-out "):])
         elif line.startswith("too-long-for-ci "):
             long.add(line[len("too-long-for-ci "):])
         elif line:
             expected.add(line)
     todo, missing = tests(testdir)
-    for test in missing:
-        print(f"not built: {label(test)} (needs what Open MPI 4.1 lacks: "
-              "MPI 4.0 functions)")
     bad = skipped = 0
+    for test in missing:
+        symbol = not_built.get(test[0])
+        if symbol and build_logs and not_built_cause(build_logs, test, symbol):
+            print(f"not built: {label(test)} (listed: Open MPI 4.1 lacks {symbol})")
+        else:
+            bad += 1
+            print(f"not built: {label(test)} FAIL ("
+                  + (f"the build log does not show {symbol} as its error)"
+                     if symbol else "not listed as not-built)"))
     counts = {}
     for test in todo:
         for transport, args in transports:
             key = f"{transport} {label(test)}"
+            if transport in only_listed and key not in expected | slow | long:
+                continue
             if ci and key in long:
                 print(f"{transport:6} {label(test):50} not run (too long for "
                       "CI: see the expected-failures list)", flush=True)
@@ -159,9 +204,19 @@ def main():
             counts[transport] = (p + ok, f + (not ok))
             print(f"{transport:6} {label(test):50} {verdict} {secs:.1f}s "
                   f"{why}", flush=True)
-    for transport, (p, f) in counts.items():
+    mode = "ci" if ci else "full"
+    for transport, _ in transports:
+        p, f = counts.get(transport, (0, 0))
+        claim = totals.get((mode, transport))
         print(f"mpich suite over {transport}: {p} passed, {f} failed "
-              f"of {p + f}")
+              f"of {p + f}" + (f" (the list says {claim[0]} of {claim[1]})"
+                               if claim else ""))
+        if ci and not claim:
+            bad += 1
+            print(f"mpich suite over {transport}: FAIL: the list states no ci totals")
+        elif claim and claim != (p, p + f):
+            bad += 1
+            print(f"mpich suite over {transport}: FAIL: not the list's totals")
     if skipped:
         print(f"mpich suite: {skipped} runs too long for CI not run")
     print(f"mpich suite: {bad} results differ from the expected-failures list")
