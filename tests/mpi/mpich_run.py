@@ -14,7 +14,8 @@ A test passes when it exits 0 and prints "No Errors" (MPICH's convention).
 Each transport is "name=mpirun arguments", e.g. "psmd=--mca pml cm --mca mtl
 psmd". Prints one line per test and transport, then the counts; exits non-zero
 when a test fails that EXPECTED_FAILURES does not list for that transport
-("transport dir/program ranks [args]  # cause"), or a listed one passes. A
+("transport dir/program ranks [args] [~ REGEX]  # cause"; with a REGEX the
+failing run's output must match it: how it fails), or a listed one passes. A
 line "may-time-out transport dir/program ranks [args]" lists a test whose
 run time straddles its limit on this machine: it may pass or time out, but
 any other failure counts. A line "too-long-for-ci transport dir/program ranks
@@ -119,8 +120,8 @@ def run(testdir, test, mpirun_args):
                     os.unlink(path)
             except OSError:
                 pass
-        ok, why = False, f"timed out after {timeout} s"
-    return ok, why, time.time() - start
+        ok, why, out = False, f"timed out after {timeout} s", ""
+    return ok, why, out, time.time() - start
 
 
 def not_built_cause(build_logs, test, symbol):
@@ -152,9 +153,12 @@ def main():
     testdir, expected_path = argv[:2]
     transports = [t.split("=", 1) for t in argv[2:]]
     expected, slow, long = set(), set(), set()
-    not_built, totals = {}, {}
+    not_built, totals, signatures = {}, {}, {}
     for line in open(expected_path):
-        line = re.sub(r"\s+", " ", line.split("#", 1)[0].strip())
+        line, _, signature = line.split("#", 1)[0].partition(" ~ ")
+        line = re.sub(r"\s+", " ", line.strip())
+        if signature.strip():
+            signatures[line] = re.compile(signature.strip(), re.M)
         if line.startswith("not-built "):
             _, prog, symbol = line.split(" ")
             not_built[prog] = symbol
@@ -189,16 +193,20 @@ def main():
                       "CI: see the expected-failures list)", flush=True)
                 skipped += 1
                 continue
-            ok, why, secs = run(testdir, test, shlex.split(args))
+            ok, why, out, secs = run(testdir, test, shlex.split(args))
             listed = key in expected
             timed_out = why.startswith("timed out")
+            otherwise = (not ok and key in signatures and
+                         not signatures[key].search(out))
             verdict = ("pass" if ok else "FAIL") + (
                 " (expected failure PASSED)" if ok and listed else
+                " (listed, but it fails otherwise: "
+                f"not /{signatures[key].pattern}/)" if otherwise else
                 " (expected)" if not ok and listed else
                 " (listed: may time out)" if timed_out and key in slow else "")
             if key in slow:
                 bad += not (ok or timed_out)
-            elif ok == listed:
+            elif ok == listed or otherwise:
                 bad += 1
             p, f = counts.get(transport, (0, 0))
             counts[transport] = (p + ok, f + (not ok))

@@ -76,6 +76,13 @@ class MpichRun(unittest.TestCase):
         self.assertNotEqual(self.run_judge(CLEAN.replace("t pt2pt/bad 1\n", ""))[0], 0)
         self.assertNotEqual(self.run_judge(CLEAN + "t pt2pt/ok 1\n")[0], 0)
 
+    def test_signature(self):
+        self.assertEqual(self.run_judge(CLEAN.replace(
+            "t pt2pt/bad 1", "t pt2pt/bad 1 ~ ^Found 1 errors$"))[0], 0)
+        # A listed test failing otherwise than its signature says.
+        self.assertNotEqual(self.run_judge(CLEAN.replace(
+            "t pt2pt/bad 1", "t pt2pt/bad 1 ~ ^Found 2 errors$"))[0], 0)
+
     def test_only_listed(self):
         status, out = self.run_judge(CLEAN.replace("totals ci t 1 2", "totals ci t 0 1"),
                                      options=("--ci", "--only-listed", "t"))
