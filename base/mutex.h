@@ -10,6 +10,7 @@
 #ifndef PSMD_BASE_MUTEX_H_
 #define PSMD_BASE_MUTEX_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 
@@ -48,6 +49,15 @@ class CondVar {
     std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
     cv_.wait(lock);
     lock.release();  // still held, by the caller's MutexLock
+  }
+  // The same, returning by `deadline` at the latest (false: it passed).
+  bool WaitUntil(Mutex* mu, std::chrono::steady_clock::time_point deadline)
+      PSMD_REQUIRES(mu) {
+    std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
+    const bool woken =
+        cv_.wait_until(lock, deadline) == std::cv_status::no_timeout;
+    lock.release();
+    return woken;
   }
   void NotifyAll() { cv_.notify_all(); }
 

@@ -10,10 +10,10 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "shm/attach.h"
 
 namespace psmd {
@@ -93,17 +93,17 @@ class SharedConfig {
  public:
   explicit SharedConfig(const Config& config) : config_(config) {}
   Config Get() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return config_;
   }
   void Set(const Config& config) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     config_ = config;
   }
 
  private:
-  mutable std::mutex mu_;
-  Config config_;  // guarded by mu_
+  mutable Mutex mu_;
+  Config config_ PSMD_GUARDED_BY(mu_);
 };
 
 // Reads the command line once, and builds a Config from defaults, the file and

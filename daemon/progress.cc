@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <future>
 
@@ -133,7 +132,7 @@ void ProgressWorker::RunSync(std::function<void()> fn) {
   std::promise<void> done;
   auto future = done.get_future();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     commands_.push_back([&] {
       fn();
       done.set_value();
@@ -190,27 +189,30 @@ void ProgressWorker::EnableFabric(std::unique_ptr<hw::Fabric> fabric,
 std::vector<ProgressWorker::RemoteOutcome> ProgressWorker::QueryRemote(
     uint32_t id, const std::vector<uint64_t>& epids) {
   struct Shared {
-    std::mutex mu;
-    std::condition_variable cv;
-    size_t left = 0;
-    std::vector<RemoteOutcome> out;
+    Mutex mu;
+    CondVar cv;
+    size_t left PSMD_GUARDED_BY(mu) = 0;
+    std::vector<RemoteOutcome> out PSMD_GUARDED_BY(mu);
   };
   auto shared = std::make_shared<Shared>();
-  shared->out.resize(epids.size());
-  shared->left = epids.size();
-  for (auto& o : shared->out) {
-    o.error = PSM2_TIMEOUT;
-    o.message = "psmd's progress worker did not get an answer in time";
+  {
+    MutexLock lock(&shared->mu);
+    shared->out.resize(epids.size());
+    shared->left = epids.size();
+    for (auto& o : shared->out) {
+      o.error = PSM2_TIMEOUT;
+      o.message = "psmd's progress worker did not get an answer in time";
+    }
   }
   RunSync([&] {
     Endpoint* ep = engine_.FindEndpoint(id);
     for (size_t i = 0; i < epids.size(); i++) {
       auto done = [shared, i](int error, const std::string& why) {
-        std::lock_guard<std::mutex> lock(shared->mu);
+        MutexLock lock(&shared->mu);
         shared->out[i].error = error;
         shared->out[i].message = why;
         shared->left--;
-        shared->cv.notify_all();
+        shared->cv.NotifyAll();
       };
       if (ep == nullptr || remote_ == nullptr) {
         done(PSM2_EPID_UNREACHABLE, "no fabric to other nodes");
@@ -219,14 +221,15 @@ std::vector<ProgressWorker::RemoteOutcome> ProgressWorker::QueryRemote(
       // After Query, which reads the node table again for a new node.
       remote_->Query(*ep, epids[i], done);
       std::string host = remote_->HostName(shm::NodeIdOf(epids[i]));
-      std::lock_guard<std::mutex> lock(shared->mu);
+      MutexLock lock(&shared->mu);
       shared->out[i].host = std::move(host);
     }
   });
-  std::unique_lock<std::mutex> lock(shared->mu);
-  shared->cv.wait_for(lock,
-                      std::chrono::milliseconds(fabric_timeout_ms_ + 1000),
-                      [&] { return shared->left == 0; });
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(fabric_timeout_ms_ + 1000);
+  MutexLock lock(&shared->mu);
+  while (shared->left > 0 && shared->cv.WaitUntil(&shared->mu, deadline)) {
+  }
   return shared->out;
 }
 
@@ -246,7 +249,7 @@ uint64_t ProgressWorker::LastTurnAgeNs() const {
 void ProgressWorker::RunCommands() {
   std::deque<std::function<void()>> batch;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     batch.swap(commands_);
     commands_pending_.store(false, std::memory_order_relaxed);
   }

@@ -20,9 +20,9 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 
+#include "base/mutex.h"
 #include "daemon/config.h"
 #include "daemon/endpoint.h"
 #include "daemon/mq_engine.h"
@@ -144,8 +144,8 @@ class ProgressWorker {
   int epoll_fd_ = -1;
   int wake_fd_ = -1;  // eventfd: commands or stop pending
 
-  std::mutex mu_;
-  std::deque<std::function<void()>> commands_;  // guarded by mu_
+  Mutex mu_;
+  std::deque<std::function<void()>> commands_ PSMD_GUARDED_BY(mu_);
   std::atomic<bool> commands_pending_{false};
   std::atomic<bool> stop_{false};
 
