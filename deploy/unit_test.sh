@@ -48,12 +48,22 @@ cat "$work/psmd.service" deploy/psmd-fabric.conf >"$work/fabric/psmd.service"
 cp deploy/psmd.socket "$work/fabric/"
 check_unit "$work/fabric" 2.5 "with psmd-fabric.conf"
 
-# The shipped configuration and command line are accepted as they are.
+# The shipped configuration and command line are accepted as they are, and
+# PSMD_OPTIONS (EnvironmentFile=-/etc/default/psmd) reaches psmd as flags,
+# split on whitespace as systemd splits an unquoted $VAR.
+grep -qx 'EnvironmentFile=-/etc/default/psmd' deploy/psmd.service ||
+  { echo "FAIL: no optional EnvironmentFile=-/etc/default/psmd"; exit 1; }
 exec_args=$(sed -n 's|^ExecStart=/usr/sbin/psmd ||p' deploy/psmd.service |
   sed "s|/etc/psmd/psmd.toml|deploy/psmd.toml|")
+[[ "$exec_args" == *' $PSMD_OPTIONS' ]] ||
+  { echo "FAIL: ExecStart= does not end with \$PSMD_OPTIONS"; exit 1; }
+PSMD_OPTIONS="--spin-us 300 --log-level debug"
 # shellcheck disable=SC2086
-"$psmd" $exec_args --check-config >"$work/effective.toml" ||
+"$psmd" ${exec_args% \$PSMD_OPTIONS} $PSMD_OPTIONS --check-config >"$work/effective.toml" ||
   { echo "FAIL: psmd --check-config rejects deploy/psmd.toml"; exit 1; }
+grep -q '^spin_us = 300$' "$work/effective.toml" &&
+  grep -q '^log_level = .debug.$' "$work/effective.toml" ||
+  { echo "FAIL: PSMD_OPTIONS did not reach psmd"; cat "$work/effective.toml"; exit 1; }
 grep -q '^socket = ./run/psmd/psmd.sock.$' "$work/effective.toml" ||
   { echo "FAIL: shipped socket path is not /run/psmd/psmd.sock"; exit 1; }
 grep -q '^ListenStream=/run/psmd/psmd.sock$' deploy/psmd.socket ||

@@ -52,7 +52,7 @@ for f in sbin/psmd bin/psmctl lib/libpsmclient.so lib/psmd/libpsm2.so.2.2 \
 done
 [[ "$(readlink "$p/lib/psmd/libpsm2.so.2")" == libpsm2.so.2.2 ]] || fail "SONAME link"
 objdump -p "$p/lib/psmd/libpsm2.so.2.2" | grep -q 'SONAME *libpsm2.so.2' || fail "SONAME"
-grep -qx 'ExecStart=/opt/psmd/sbin/psmd --config /opt/psmd/etc/psmd/psmd.toml' \
+grep -qx 'ExecStart=/opt/psmd/sbin/psmd --config /opt/psmd/etc/psmd/psmd.toml $PSMD_OPTIONS' \
   "$p/lib/systemd/system/psmd.service" || fail "unit's ExecStart not pointed at the prefix"
 "$p/sbin/psmd" --check-config --config "$p/etc/psmd/psmd.toml" >/dev/null ||
   fail "the installed default config does not pass --check-config"
@@ -141,6 +141,8 @@ step "dpkg -i + apt-get -f install: ok; the edited conffile survived a re-instal
 unit=$root/usr/lib/systemd/system/psmd.service
 exec_start=$(sed -n 's/^ExecStart=//p' "$unit")
 [[ "$exec_start" == /usr/sbin/psmd* ]] || fail "unit's ExecStart: $exec_start"
+# No /etc/default/psmd here: systemd expands $PSMD_OPTIONS to nothing.
+exec_start=${exec_start% \$PSMD_OPTIONS}
 mkdir -m 0755 "$root/run/psmd"
 # Not through the in_root function: $! must be psmd itself (chroot and env
 # exec it), so that SIGTERM reaches it.
