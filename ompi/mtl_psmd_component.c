@@ -4,6 +4,7 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "mtl_psmd.h"
 #include "ompi/mca/mtl/base/base.h"
@@ -62,9 +63,25 @@ static int component_register(void) {
   return OMPI_SUCCESS;
 }
 
+/* Whether the user named this component in "--mca mtl LIST" (an include
+ * list; "^..." excludes): then a psmd that is not there is their problem to
+ * fix, not a quiet fallback, and Open MPI's own message for it ("Data unpack
+ * would read past end of buffer") does not name psmd. */
+static bool explicitly_selected(void) {
+  const char* list = ompi_mtl_base_framework.framework_selection;
+  if (list == NULL || list[0] == '^') return false;
+  for (const char* p = list; *p != '\0';) {
+    const size_t n = strcspn(p, ",");
+    if (n == 4 && strncmp(p, "psmd", 4) == 0) return true;
+    p += n + (p[n] == ',');
+  }
+  return false;
+}
+
 /* Available only when psmd's control socket answers a health call; anything
  * else declines quietly (a line at mtl_base_verbose 10 says why) so that
- * Open MPI falls back to its own transports. */
+ * Open MPI falls back to its own transports, unless the user asked for this
+ * component by name: then one line says what is missing and how to fix it. */
 static int component_open(void) {
   int major = PSM2_VERNO_MAJOR, minor = PSM2_VERNO_MINOR;
   if (psm2_init(&major, &minor) != PSM2_OK) {
@@ -77,10 +94,16 @@ static int component_open(void) {
   psm2_error_t err =
       psm2_info_query(PSM2_INFO_QUERY_UNIT_STATUS, &status, 1, &unit);
   if (err != PSM2_OK || status != 1) {
-    VERBOSE("not available: psmd %s at %s",
-            err == PSM2_OK && status == 0 ? "does not answer"
-                                          : "has no control socket",
-            socket_description());
+    const char* what = err == PSM2_OK && status == 0 ? "does not answer"
+                                                     : "has no control socket";
+    VERBOSE("not available: psmd %s at %s", what, socket_description());
+    if (explicitly_selected()) {
+      opal_output(0,
+                  "mtl psmd: asked for (--mca mtl psmd), but psmd %s at %s: "
+                  "start it (systemctl start psmd) or set PSMD_SOCKET to its "
+                  "socket (mpirun -x PSMD_SOCKET)",
+                  what, socket_description());
+    }
     component_close();
     return OPAL_ERR_NOT_AVAILABLE;
   }
