@@ -128,11 +128,22 @@ TEST_F(PsmctlTest, EveryCommandDescribesOpenEndpointsAndJobs) {
       << watch.out;
   EXPECT_TRUE(Contains(watch.out, "\"total_per_second\": {\"msgs_sent\": "))
       << watch.out;
+  // Each interval stamped with when it ended (UTC).
+  EXPECT_TRUE(std::regex_search(
+      watch.out,
+      std::regex("^\\{\"time\": \"20[0-9]{2}-[0-9]{2}-[0-9]{2}T[0-9:.]{12}Z\", "
+                 "\"interval_seconds\": ")))
+      << watch.out;
   RunResult watch_table =
       Psmctl(d, {"stats", "--watch", "0.2", "--count", "1"});
   ASSERT_EQ(watch_table.exit_code, 0) << watch_table.err;
   EXPECT_TRUE(
       std::regex_search(watch_table.out, std::regex("msgs_sent +.*0 /s")))
+      << watch_table.out;
+  EXPECT_TRUE(std::regex_search(
+      watch_table.out,
+      std::regex("^20[0-9]{2}-[0-9]{2}-[0-9]{2}T[0-9:.]{12}Z psmd rates over "
+                 "[0-9.]+ s, [0-9]+ endpoints?\n")))
       << watch_table.out;
 
   // Jobs: endpoints and budgets.

@@ -4,6 +4,7 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 
 namespace psmd::tools {
 
@@ -36,6 +37,21 @@ std::string HumanRate(double per_second, counters::Unit unit) {
   // "1.2 M/s", "3 B/s", but "12.5 /s" for a bare count.
   return text +
          (isdigit(static_cast<unsigned char>(text.back())) ? " /s" : "/s");
+}
+
+std::string Counted(uint64_t n, const std::string& noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
+std::string UtcTimestamp(int64_t unix_ms) {
+  const time_t seconds = static_cast<time_t>(unix_ms / 1000);
+  struct tm utc;
+  gmtime_r(&seconds, &utc);
+  char buf[32];
+  const size_t n = strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &utc);
+  snprintf(buf + n, sizeof(buf) - n, ".%03dZ",
+           static_cast<int>(unix_ms % 1000));
+  return buf;
 }
 
 std::string JsonString(const std::string& s) {

@@ -20,6 +20,14 @@ std::string Human(double value, counters::Unit unit);
 // Human() of a rate, with "/s".
 std::string HumanRate(double per_second, counters::Unit unit);
 
+// "1 endpoint", "2 endpoints": a count with its noun, singular or plural
+// (nouns whose plural adds an "s").
+std::string Counted(uint64_t n, const std::string& noun);
+
+// An instant as ISO 8601 UTC with milliseconds, "2026-12-06T02:13:22.123Z":
+// what --watch stamps its lines with.
+std::string UtcTimestamp(int64_t unix_ms);
+
 // A JSON string literal, quotes included.
 std::string JsonString(const std::string& s);
 

@@ -51,5 +51,16 @@ TEST(CountersTest, EveryCounterHasANameMetricAndHelp) {
   }
 }
 
+TEST(CountedTest, OneIsSingular) {
+  EXPECT_EQ(Counted(0, "endpoint"), "0 endpoints");
+  EXPECT_EQ(Counted(1, "endpoint"), "1 endpoint");
+  EXPECT_EQ(Counted(2, "sleep"), "2 sleeps");
+}
+
+TEST(UtcTimestampTest, IsoWithMilliseconds) {
+  EXPECT_EQ(UtcTimestamp(0), "1970-01-01T00:00:00.000Z");
+  EXPECT_EQ(UtcTimestamp(1796004802123), "2026-11-30T02:13:22.123Z");
+}
+
 }  // namespace
 }  // namespace psmd::tools

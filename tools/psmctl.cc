@@ -23,11 +23,13 @@ namespace {
 
 using psmd::Status;
 using psmd::client::ControlClient;
+using psmd::tools::Counted;
 using psmd::tools::Human;
 using psmd::tools::HumanRate;
 using psmd::tools::JsonString;
 using psmd::tools::Printable;
 using psmd::tools::PromLabel;
+using psmd::tools::UtcTimestamp;
 namespace counters = psmd::counters;
 namespace refusals = psmd::refusals;
 
@@ -361,10 +363,11 @@ int ShowStats(ControlClient& control, const std::string& format) {
   } else if (format == "prometheus") {
     PrintStatsPrometheus(r);
   } else {
-    printf("psmd up %.1f s, %u endpoints, %" PRIu64 " doorbells, %" PRIu64
-           " sleeps\n",
-           static_cast<double>(r.uptime_ns()) / 1e9, r.endpoint_count(),
-           r.doorbells(), r.sleeps());
+    printf("psmd up %.1f s, %s, %s, %s\n",
+           static_cast<double>(r.uptime_ns()) / 1e9,
+           Counted(r.endpoint_count(), "endpoint").c_str(),
+           Counted(r.doorbells(), "doorbell").c_str(),
+           Counted(r.sleeps(), "sleep").c_str());
     if (r.has_worker()) PrintWorker(r.worker());
     PrintIdentities(r);
     PrintCounterTable(Rows(r), 0);
@@ -406,8 +409,15 @@ int WatchStats(ControlClient& control, const std::string& format,
       (*delta.mutable_total()->mutable_counters())[counters::kAll[i].name] -=
           total_was[i];
     }
+    // When the interval ended, by this machine's clock: a log of many
+    // intervals reads without counting them.
+    const std::string at =
+        UtcTimestamp(std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count());
     if (format == "json") {
-      printf("{\"interval_seconds\": %.3f, \"endpoints\": [", seconds);
+      printf("{\"time\": \"%s\", \"interval_seconds\": %.3f, \"endpoints\": [",
+             at.c_str(), seconds);
       for (int i = 0; i < delta.endpoints_size(); i++) {
         const auto& e = delta.endpoints(i);
         printf("%s{\"endpoint_id\": %u, \"per_second\": {%s}}", i ? ", " : "",
@@ -416,8 +426,8 @@ int WatchStats(ControlClient& control, const std::string& format,
       printf("], \"total_per_second\": {%s}}\n",
              CountersJson(ValuesOf(delta.total()), seconds).c_str());
     } else {
-      printf("psmd rates over %.1f s, %u endpoints\n", seconds,
-             after.endpoint_count());
+      printf("%s psmd rates over %.1f s, %s\n", at.c_str(), seconds,
+             Counted(after.endpoint_count(), "endpoint").c_str());
       PrintCounterTable(Rows(delta), seconds);
       printf("\n");
     }
