@@ -589,7 +589,11 @@ TEST_F(IntegrationTest, SigtermRemovesSocketAndSegments) {
   // the client (shared memory that psmd must not leave anywhere).
   ASSERT_TRUE(WaitForEndpointOf(dir_, *d, r1.pid()));
   EXPECT_EQ(CountMappings(d->pid(), "memfd:psmd-endpoint"), 1);
-  EXPECT_GE(CountMappings(r1.pid(), "memfd:psmd"), 2);
+  // psmd lists the endpoint once opened; the client maps its segments
+  // after that, when its attach is answered.
+  EXPECT_TRUE(WaitUntil(10 * TimeScale(), [&] {
+    return CountMappings(r1.pid(), "memfd:psmd") >= 2;
+  })) << "the client never mapped its segment and pool";
   EXPECT_TRUE(d->Stop());
   EXPECT_NE(access(d->socket().c_str(), F_OK), 0) << "socket file left behind";
   // With the client still holding its endpoint: nothing named in

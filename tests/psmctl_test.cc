@@ -163,6 +163,15 @@ TEST_F(PsmctlTest, EveryCommandDescribesOpenEndpointsAndJobs) {
   // Endpoints, still as before.
   RunResult eps = Psmctl(d, {"endpoints"});
   ASSERT_EQ(eps.exit_code, 0);
+  // The identity columns in the order stats shows them.
+  EXPECT_TRUE(std::regex_search(
+      eps.out, std::regex("^endpoint +epid +job_uuid +uid +pid +conns +label")))
+      << eps.out;
+  RunResult stats_table = Psmctl(d, {"stats"});
+  EXPECT_TRUE(std::regex_search(
+      stats_table.out,
+      std::regex("\nendpoint +epid +job_uuid +uid +pid +label\n")))
+      << stats_table.out;
   EXPECT_TRUE(Contains(eps.out, std::to_string(ranks[1].pid()))) << eps.out;
   EXPECT_TRUE(Contains(eps.out, "exchange")) << eps.out;
 

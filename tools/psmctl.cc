@@ -485,12 +485,13 @@ int ShowEndpoints(ControlClient& control, const std::string& format) {
     printf("]\n");
     return 0;
   }
-  printf("%-8s %-18s %-36s %8s %6s %5s  %s\n", "id", "epid", "job_uuid", "pid",
-         "uid", "conns", "label");
+  // The columns stats shows first, in its order (PrintIdentities).
+  printf("%-8s %-18s %-36s %6s %8s %5s  %s\n", "endpoint", "epid", "job_uuid",
+         "uid", "pid", "conns", "label");
   for (const auto& e : r.endpoints()) {
-    printf("%-8u %-18s %-36s %8u %6u %5u  %s\n", e.endpoint_id(),
-           Hex(e.epid()).c_str(), Printable(e.job_uuid()).c_str(), e.pid(),
-           e.uid(), e.connections(), Printable(e.label()).c_str());
+    printf("%-8u %-18s %-36s %6u %8u %5u  %s\n", e.endpoint_id(),
+           Hex(e.epid()).c_str(), Printable(e.job_uuid()).c_str(), e.uid(),
+           e.pid(), e.connections(), Printable(e.label()).c_str());
   }
   return 0;
 }
