@@ -1,0 +1,243 @@
+// The inter-node engine end to end: two nodes, each an MqEngine with its
+// Remote beside it (as ProgressWorker wires them), joined by the in-process
+// fabric (hw/loopback_fabric.h) and driven by hand from the test thread.
+// Clients are shm/'s own views of in-memory segments, as in
+// mq_engine_test.cc, so frames, rings and pools are all the real ones.
+#include "daemon/remote.h"
+
+#include <gtest/gtest.h>
+#include <psm2.h>
+#include <psm2_mq.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/mq_engine.h"
+#include "hw/loopback_fabric.h"
+#include "shm/epid.h"
+#include "shm/payload.h"
+#include "shm/pool.h"
+#include "shm/segment.h"
+
+namespace psmd {
+namespace {
+
+constexpr uint32_t kRingCapacity = 64;
+constexpr uint64_t kRegionBytes = 1 << 20;
+constexpr uint32_t kEndpoints = 2;
+constexpr uint16_t kNonce = 7;
+constexpr uint32_t kTimeoutMs = 2000;
+
+// One endpoint as its client sees it.
+struct ClientSide {
+  uint32_t id = 0;
+  uint64_t epid = 0;
+  shm::ClientRings rings;
+  shm::SendArena arena;
+  uint64_t next_token = 1;
+};
+
+// One node: its engine, its Remote, one job with kEndpoints endpoints.
+struct Node {
+  uint16_t id = 0;
+  std::unique_ptr<MqEngine> engine;
+  hw::LoopbackFabric* fabric = nullptr;  // owned by remote
+  std::unique_ptr<Remote> remote;
+  std::shared_ptr<Job> job;
+  std::vector<std::shared_ptr<Endpoint>> endpoints;
+  std::vector<ClientSide> clients;
+};
+
+class RemoteTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    nodes_file_ = std::string(tmp != nullptr ? tmp : "/tmp") + "/nodes";
+    std::ofstream(nodes_file_) << "1 host1 1@127.0.0.1:1\n"
+                               << "2 host2 2@127.0.0.1:2\n";
+    for (uint16_t n = 1; n <= 2; n++) MakeNode(n, &nodes_[n - 1]);
+  }
+
+  void TearDown() override {
+    for (Node& n : nodes_) KillNode(n);
+  }
+
+  void MakeNode(uint16_t id, Node* node) {
+    node->id = id;
+    node->engine = std::make_unique<MqEngine>(1 << 30, 1 << 30, 1 << 30);
+    std::unique_ptr<hw::LoopbackFabric> fabric = net_.Create(id);
+    node->fabric = fabric.get();
+    node->remote =
+        std::make_unique<Remote>(node->engine.get(), std::move(fabric), id,
+                                 kNonce, nodes_file_, kTimeoutMs);
+    node->engine->AttachRemote(node->remote.get());
+    std::string error;
+    shm::Mapping pool;
+    ASSERT_TRUE(shm::Mapping::Create("test-pool",
+                                     (kEndpoints + 1) * kRegionBytes, geteuid(),
+                                     getegid(), &pool, &error))
+        << error;
+    node->job = std::make_shared<Job>(
+        JobKey{Uuid{1}, geteuid()}, std::move(pool), kEndpoints, kRegionBytes,
+        std::make_shared<UidAccount>(), /*inbox=*/true);
+    for (uint32_t i = 0; i < kEndpoints; i++) AddEndpoint(*node, i + 1);
+  }
+
+  // The node dies: its Remote (and fabric) go before its engine, as in
+  // ProgressWorker; its peers see the connection close.
+  void KillNode(Node& n) {
+    n.remote.reset();
+    n.fabric = nullptr;
+    n.engine.reset();
+  }
+
+  void AddEndpoint(Node& n, uint32_t id) {
+    auto ep = std::make_shared<Endpoint>();
+    ep->id = id;
+    ep->epid = shm::MakeEpid(n.id, kNonce, id);
+    ep->job = n.job;
+    ep->uid = geteuid();
+    ep->region = *n.job->TakeRegion();
+    ep->geometry = shm::ComputeGeometry(kRingCapacity, kRingCapacity);
+    ep->unexpected_budget = 1 << 20;
+    std::string error;
+    ASSERT_TRUE(shm::Mapping::Create("test-endpoint", ep->geometry.bytes,
+                                     geteuid(), getegid(), &ep->segment,
+                                     &error))
+        << error;
+    n.job->endpoints++;
+    ClientSide c;
+    c.id = id;
+    c.epid = ep->epid;
+    c.rings = shm::ClientRingsOf(ep->segment.base(), ep->geometry);
+    c.arena = shm::SendArena(n.job->pool().base(), ep->region.offset,
+                             ep->region.bytes);
+    n.endpoints.push_back(ep);
+    n.clients.push_back(c);
+    n.engine->Add(ep);
+  }
+
+  Node& node(uint16_t id) { return nodes_[id - 1]; }
+
+  // Runs both engines and both Remotes until neither has anything to do.
+  void Drain() {
+    int idle = 0;
+    for (int i = 0; i < 10000 && idle < 3; i++) {
+      bool did = false;
+      for (Node& n : nodes_) {
+        if (!n.engine) continue;
+        did |= n.engine->PollAll();
+        did |= n.remote->Poll();
+      }
+      idle = did ? 0 : idle + 1;
+    }
+  }
+
+  // psm2_ep_connect from endpoint `from` of node `a` to endpoint `to` of
+  // node `b`, put in `from`'s slot `slot`.
+  void Connect(uint16_t a, uint32_t from, uint16_t b, uint32_t to,
+               uint32_t slot) {
+    Node& na = node(a);
+    const uint64_t epid = node(b).clients[to].epid;
+    int result = -1;
+    std::string why;
+    na.remote->Query(*na.endpoints[from], epid,
+                     [&](int error, const std::string& w) {
+                       result = error;
+                       why = w;
+                     });
+    Drain();
+    ASSERT_EQ(result, PSM2_OK) << why;
+    na.engine->SetPeer(na.clients[from].id, slot, PeerLink{kRemotePeer, epid});
+  }
+
+  void Submit(Node& n, uint32_t from, const shm::SubmissionDesc& d) {
+    auto& r = shm::TraitsOf(d.op).ring == shm::Ring::kMessage
+                  ? n.clients[from].rings.msg_sq
+                  : n.clients[from].rings.ctl_sq;
+    ASSERT_TRUE(r.TryPush(d));
+  }
+
+  uint64_t Token(Node& n, uint32_t from) {
+    return n.clients[from].next_token++;
+  }
+
+  // A send of `payload` from endpoint `from` of node `a` to its slot `slot`
+  // (eager, or rendezvous with `rndv`); pooled when not inline.
+  uint64_t Send(uint16_t a, uint32_t from, uint32_t slot, uint32_t tag0,
+                const std::string& payload, uint8_t flags = 0,
+                bool rndv = false) {
+    Node& n = node(a);
+    const uint32_t tag[3] = {tag0, 0, 0};
+    const uint64_t token = Token(n, from);
+    auto len = static_cast<uint32_t>(payload.size());
+    shm::SubmissionDesc d = shm::PrepSend(slot, token, tag, len, rndv);
+    d.flags |= flags;
+    if (!rndv) {
+      if (shm::PayloadInPool(d)) {
+        auto off = n.clients[from].arena.Allocate(len);
+        EXPECT_TRUE(off.has_value());
+        std::memcpy(n.job->pool().base() + *off, payload.data(), len);
+        d.body.pool.pool_offset = *off;
+      } else {
+        std::memcpy(d.body.inline_data, payload.data(), len);
+      }
+    }
+    Submit(n, from, d);
+    return token;
+  }
+
+  uint64_t Recv(uint16_t a, uint32_t at, uint32_t from_slot, uint32_t tag0,
+                uint32_t capacity) {
+    Node& n = node(a);
+    const uint32_t tag[3] = {tag0, 0, 0};
+    const uint32_t sel[3] = {~0u, ~0u, ~0u};
+    const uint64_t token = Token(n, at);
+    Submit(n, at, shm::PrepRecv(from_slot, token, tag, sel, capacity));
+    return token;
+  }
+
+  std::vector<shm::CompletionDesc> Reap(uint16_t a, uint32_t at) {
+    std::vector<shm::CompletionDesc> out;
+    shm::CompletionDesc c;
+    while (node(a).clients[at].rings.cq.PopBatch(&c, 1) == 1) {
+      out.push_back(c);
+    }
+    return out;
+  }
+
+  // The payload a kRecvDone delivers (its chunk released, as a client).
+  std::string PayloadOf(uint16_t a, const shm::CompletionDesc& c) {
+    shm::PoolPayload chunk = shm::PayloadOf(node(a).job->pool().base(), c);
+    const uint8_t* src = chunk ? chunk.data() : c.body.inline_data;
+    return std::string(reinterpret_cast<const char*>(src), c.msg_len);
+  }
+
+  hw::LoopbackNetwork net_;
+  std::string nodes_file_;
+  Node nodes_[2];
+};
+
+TEST_F(RemoteTest, AnEagerMessageReachesAReceivePostedOnAnotherNode) {
+  Connect(1, 0, 2, 0, /*slot=*/0);
+  Connect(2, 0, 1, 0, /*slot=*/0);
+  uint64_t r = Recv(2, 0, 0, 7, 64);
+  Drain();
+  Send(1, 0, 0, 7, "hello");
+  Drain();
+  auto done = Reap(2, 0);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].op, shm::CompleteOp::kRecvDone);
+  EXPECT_EQ(done[0].req, r);
+  EXPECT_FALSE(done[0].flags & shm::kWasUnexpected);
+  EXPECT_EQ(done[0].src_epid, node(1).clients[0].epid);
+  EXPECT_EQ(PayloadOf(2, done[0]), "hello");
+}
+
+}  // namespace
+}  // namespace psmd
