@@ -10,6 +10,7 @@
 #include <psm2_mq.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -218,6 +219,39 @@ class RemoteTest : public ::testing::Test {
     return std::string(reinterpret_cast<const char*>(src), c.msg_len);
   }
 
+  // One chunk of the transfer `go` names, from `src` + offset through the
+  // pool, as the sender's library streams it.
+  void Chunk(uint16_t a, uint32_t from, const shm::CompletionDesc& go,
+             const std::string& src, uint64_t offset, uint32_t len) {
+    Node& n = node(a);
+    shm::SubmissionDesc d =
+        shm::PrepRndvData(go.req, go.body.go.transfer, offset, len);
+    auto off = n.clients[from].arena.Allocate(len);
+    ASSERT_TRUE(off.has_value());
+    std::memcpy(n.job->pool().base() + *off, src.data() + offset, len);
+    d.body.rndv.pool_offset = *off;
+    Submit(n, from, d);
+  }
+
+  // Puts the kRndvChunk completions' payloads where they belong in *out
+  // (released, as a client); returns the bytes placed.
+  size_t Assemble(uint16_t a, const std::vector<shm::CompletionDesc>& done,
+                  std::string* out) {
+    size_t placed = 0;
+    for (const auto& c : done) {
+      if (c.op != shm::CompleteOp::kRndvChunk || c.error != PSM2_OK) continue;
+      shm::PoolPayload chunk = shm::PayloadOf(node(a).job->pool().base(), c);
+      if (!chunk) continue;
+      if (out->size() < c.body.chunk.offset + c.body.chunk.len) {
+        out->resize(c.body.chunk.offset + c.body.chunk.len);
+      }
+      std::memcpy(out->data() + c.body.chunk.offset, chunk.data(),
+                  c.body.chunk.len);
+      placed += c.body.chunk.len;
+    }
+    return placed;
+  }
+
   hw::LoopbackNetwork net_;
   std::string nodes_file_;
   Node nodes_[2];
@@ -237,6 +271,108 @@ TEST_F(RemoteTest, AnEagerMessageReachesAReceivePostedOnAnotherNode) {
   EXPECT_FALSE(done[0].flags & shm::kWasUnexpected);
   EXPECT_EQ(done[0].src_epid, node(1).clients[0].epid);
   EXPECT_EQ(PayloadOf(2, done[0]), "hello");
+}
+
+// An eager message that finds no receive waits at the receiver's node as
+// unexpected; a sync send completes only when a receive matches it there.
+TEST_F(RemoteTest, AnUnexpectedSyncMessageWaitsAndItsSenderHearsOfTheMatch) {
+  Connect(1, 0, 2, 0, 0);
+  Connect(2, 0, 1, 0, 0);
+  const std::string big(5000, 'u');  // pooled: an envelope and a payload
+  const uint64_t s = Send(1, 0, 0, 3, big, shm::kSendSync);
+  Drain();
+  EXPECT_TRUE(Reap(1, 0).empty());
+  EXPECT_TRUE(Reap(2, 0).empty());
+  const uint64_t r = Recv(2, 0, 0, 3, 8192);
+  Drain();
+  auto done = Reap(2, 0);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].op, shm::CompleteOp::kRecvDone);
+  EXPECT_EQ(done[0].req, r);
+  EXPECT_TRUE(done[0].flags & shm::kWasUnexpected);
+  EXPECT_EQ(PayloadOf(2, done[0]), big);
+  auto sent = Reap(1, 0);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].op, shm::CompleteOp::kSendDone);
+  EXPECT_EQ(sent[0].req, s);
+  EXPECT_EQ(sent[0].error, PSM2_OK);
+}
+
+// Messages from one sender match in the order sent, across the fabric too
+// (invariant 1), inline and pooled alike.
+TEST_F(RemoteTest, MessagesFromOneRemoteSenderMatchInOrder) {
+  Connect(1, 0, 2, 0, 0);
+  Connect(2, 0, 1, 0, 0);
+  for (int i = 0; i < 10; i++) {
+    Send(1, 0, 0, 5, std::string(i % 2 ? 3000 : 1, char('a' + i)));
+  }
+  Drain();
+  for (int i = 0; i < 10; i++) Recv(2, 0, shm::kAnySlot, 5, 4096);
+  Drain();
+  std::string got;
+  for (const auto& c : Reap(2, 0)) got += PayloadOf(2, c).substr(0, 1);
+  EXPECT_EQ(got, "abcdefghij");
+}
+
+TEST_F(RemoteTest, ARendezvousMessageStreamsToAReceiveOnAnotherNode) {
+  Connect(1, 0, 2, 0, 0);
+  Connect(2, 0, 1, 0, 0);
+  std::string src(200000, 0);
+  for (size_t i = 0; i < src.size(); i++) src[i] = static_cast<char>(i * 7);
+  const uint64_t r = Recv(2, 0, 0, 9, src.size());
+  Drain();
+  const uint64_t s = Send(1, 0, 0, 9, src, 0, /*rndv=*/true);
+  Drain();
+  auto go = Reap(1, 0);
+  ASSERT_EQ(go.size(), 1u);
+  ASSERT_EQ(go[0].op, shm::CompleteOp::kRndvGo);
+  EXPECT_EQ(go[0].req, s);
+  EXPECT_EQ(go[0].body.go.send_bytes, src.size());
+  constexpr uint32_t kChunk = 64 << 10;
+  for (uint64_t off = 0; off < src.size(); off += kChunk) {
+    const auto len =
+        static_cast<uint32_t>(std::min<uint64_t>(kChunk, src.size() - off));
+    Chunk(1, 0, go[0], src, off, len);
+  }
+  Drain();
+  auto done = Reap(2, 0);
+  ASSERT_GE(done.size(), 2u);
+  EXPECT_EQ(done[0].op, shm::CompleteOp::kRecvRndv);
+  EXPECT_EQ(done[0].req, r);
+  EXPECT_EQ(done[0].msg_len, src.size());
+  std::string got;
+  EXPECT_EQ(Assemble(2, done, &got), src.size());
+  EXPECT_EQ(got, src);
+}
+
+// The sender's node dies after the receiver's daemon said go: the
+// receive in progress fails at once, it does not wait for chunks.
+TEST_F(RemoteTest, APeerLostMidRendezvousFailsTheSurvivorsReceive) {
+  Connect(1, 0, 2, 0, 0);
+  Connect(2, 0, 1, 0, 0);
+  const std::string src(200000, 'r');
+  const uint64_t r = Recv(2, 0, 0, 9, src.size());
+  Drain();
+  Send(1, 0, 0, 9, src, 0, /*rndv=*/true);
+  Drain();
+  auto go = Reap(1, 0);
+  ASSERT_EQ(go.size(), 1u);
+  ASSERT_EQ(go[0].op, shm::CompleteOp::kRndvGo);
+  Chunk(1, 0, go[0], src, 0, 64 << 10);  // one chunk of four
+  Drain();
+  KillNode(node(1));
+  Drain();
+  auto done = Reap(2, 0);
+  ASSERT_FALSE(done.empty());
+  EXPECT_EQ(done[0].op, shm::CompleteOp::kRecvRndv);
+  bool failed = false;
+  for (const auto& c : done) {
+    if (c.req == r && c.error != PSM2_OK) {
+      failed = true;
+      EXPECT_EQ(c.error, PSM2_EPID_UNREACHABLE);
+    }
+  }
+  EXPECT_TRUE(failed);
 }
 
 }  // namespace
