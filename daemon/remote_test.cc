@@ -375,5 +375,150 @@ TEST_F(RemoteTest, APeerLostMidRendezvousFailsTheSurvivorsReceive) {
   EXPECT_TRUE(failed);
 }
 
+// An active message with an ack: the request reaches the handler's
+// endpoint on the other node naming its sender by a proxy id, which the
+// reply (pooled) and the ack travel back to.
+TEST_F(RemoteTest, AnActiveMessageIsAnsweredAndAckedAcrossNodes) {
+  Connect(1, 0, 2, 0, 0);
+  Node& n1 = node(1);
+  Node& n2 = node(2);
+  const uint64_t token = Token(n1, 0);
+  shm::SubmissionDesc req = shm::PrepActiveMessage(
+      false, /*peer=*/0, token, /*handler=*/3, /*nargs=*/1, /*payload=*/4);
+  req.flags |= shm::kAmWantsAck;
+  const uint64_t arg = 42;
+  std::memcpy(req.body.inline_data, &arg, 8);
+  std::memcpy(req.body.inline_data + 8, "ping", 4);
+  Submit(n1, 0, req);
+  Drain();
+  auto at_target = Reap(2, 0);
+  ASSERT_EQ(at_target.size(), 1u);
+  const shm::CompletionDesc& got = at_target[0];
+  EXPECT_EQ(got.op, shm::CompleteOp::kAmRequest);
+  EXPECT_EQ(got.tag[0], 3u);
+  EXPECT_EQ(got.tag[1], 1u);
+  EXPECT_TRUE(Remote::IsProxy(got.tag[2]));
+  EXPECT_EQ(got.src_epid, n1.clients[0].epid);
+  EXPECT_EQ(
+      std::string(reinterpret_cast<const char*>(got.body.inline_data) + 8, 4),
+      "ping");
+
+  // The handler replies with a pooled payload and acks the request.
+  const std::string answer(3000, 'p');
+  shm::SubmissionDesc reply =
+      shm::PrepActiveMessage(true, got.tag[2], Token(n2, 0), /*handler=*/4, 0,
+                             static_cast<uint32_t>(answer.size()));
+  auto off = n2.clients[0].arena.Allocate(answer.size());
+  ASSERT_TRUE(off.has_value());
+  std::memcpy(n2.job->pool().base() + *off, answer.data(), answer.size());
+  reply.body.pool.pool_offset = *off;
+  Submit(n2, 0, reply);
+  Submit(n2, 0, shm::PrepAmAck(got.tag[2], got.req, 3, PSM2_OK));
+  Drain();
+  auto at_sender = Reap(1, 0);
+  ASSERT_EQ(at_sender.size(), 2u);
+  EXPECT_EQ(at_sender[0].op, shm::CompleteOp::kAmReply);
+  EXPECT_EQ(at_sender[0].tag[0], 4u);
+  shm::PoolPayload chunk = shm::PayloadOf(n1.job->pool().base(), at_sender[0]);
+  ASSERT_TRUE(chunk);
+  EXPECT_EQ(
+      std::string(reinterpret_cast<const char*>(chunk.data()), answer.size()),
+      answer);
+  EXPECT_EQ(at_sender[1].op, shm::CompleteOp::kAmAcked);
+  EXPECT_EQ(at_sender[1].req, token);
+  EXPECT_EQ(at_sender[1].error, PSM2_OK);
+  EXPECT_EQ(at_sender[1].tag[0], 3u);
+}
+
+// A probe at the receiver sees a message from another node; a claimed
+// rendezvous one is then received by kClaimedRecv and streams as usual.
+TEST_F(RemoteTest, AProbeClaimsARemoteRendezvousMessage) {
+  Connect(1, 0, 2, 0, 0);
+  Connect(2, 0, 1, 0, 0);
+  const std::string src(100000, 'c');
+  Send(1, 0, 0, 11, src, 0, /*rndv=*/true);
+  Drain();
+  Node& n2 = node(2);
+  const uint32_t tag[3] = {11, 0, 0};
+  const uint32_t sel[3] = {~0u, ~0u, ~0u};
+  shm::SubmissionDesc probe =
+      shm::PrepProbe(shm::kAnySlot, Token(n2, 0), tag, sel, /*claim=*/true);
+  Submit(n2, 0, probe);
+  Drain();
+  auto probed = Reap(2, 0);
+  ASSERT_EQ(probed.size(), 1u);
+  EXPECT_EQ(probed[0].op, shm::CompleteOp::kProbeDone);
+  EXPECT_EQ(probed[0].error, PSM2_OK);
+  EXPECT_EQ(probed[0].msg_len, src.size());
+  EXPECT_EQ(probed[0].src_epid, node(1).clients[0].epid);
+  Submit(n2, 0, shm::PrepClaimedRecv(probe.req, src.size()));
+  Drain();
+  auto go = Reap(1, 0);
+  ASSERT_EQ(go.size(), 1u);
+  ASSERT_EQ(go[0].op, shm::CompleteOp::kRndvGo);
+  Chunk(1, 0, go[0], src, 0, 65536);
+  Chunk(1, 0, go[0], src, 65536, src.size() - 65536);
+  Drain();
+  std::string got;
+  EXPECT_EQ(Assemble(2, Reap(2, 0), &got), src.size());
+  EXPECT_EQ(got, src);
+}
+
+// psm2_ep_connect to an epid its node does not have fails.
+TEST_F(RemoteTest, AQueryForAnEndpointTheNodeDoesNotHaveFails) {
+  Node& n1 = node(1);
+  int result = -1;
+  n1.remote->Query(*n1.endpoints[0], shm::MakeEpid(2, kNonce, 99),
+                   [&](int error, const std::string&) { result = error; });
+  Drain();
+  EXPECT_NE(result, PSM2_OK);
+  EXPECT_NE(result, -1);
+}
+
+// Invariant 8 across nodes: an endpoint removed on node 1 is told to node
+// 2 (kGone), where a receive naming it fails at once.
+TEST_F(RemoteTest, AReceiveNamingARemovedRemoteEndpointFails) {
+  Connect(1, 0, 2, 0, 0);
+  Connect(2, 0, 1, 0, 0);
+  const uint64_t r = Recv(2, 0, 0, 1, 64);
+  Drain();
+  node(1).engine->Remove(node(1).clients[0].id);
+  Drain();
+  auto done = Reap(2, 0);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].req, r);
+  EXPECT_EQ(done[0].error, PSM2_EPID_UNREACHABLE);
+}
+
+// Back-pressure rules 1 and 2: a receiver over its unexpected budget gets
+// what arrives for it parked at its node, whose daemon asks the sender's to
+// hold (kXoff); nothing is lost or reordered once receives drain the queue.
+TEST_F(RemoteTest, MessagesOverTheReceiversBudgetParkAndTheSenderHolds) {
+  Connect(1, 0, 2, 0, 0);
+  Connect(2, 0, 1, 0, 0);
+  node(2).endpoints[0]->unexpected_budget = 0;  // one message at a time
+  constexpr int kMessages = 20;
+  for (int i = 0; i < kMessages; i++) {
+    Send(1, 0, 0, 6, std::string(i % 2 ? 2000 : 1, char('A' + i)));
+  }
+  Drain();
+  auto counts = [](Node& n, uint16_t peer) {
+    for (const Remote::PeerRow& row : n.remote->Stats()) {
+      if (row.fabric.node == peer) return row.counts;
+    }
+    return Remote::PeerCounts{};
+  };
+  EXPECT_GE(counts(node(2), 1).parked, 1u);
+  EXPECT_GE(counts(node(1), 2).xoffs, 1u);
+  for (int i = 0; i < kMessages; i++) Recv(2, 0, 0, 6, 4096);
+  Drain();
+  std::string got;
+  for (const auto& c : Reap(2, 0)) {
+    EXPECT_EQ(c.op, shm::CompleteOp::kRecvDone);
+    got += PayloadOf(2, c).substr(0, 1);
+  }
+  EXPECT_EQ(got, "ABCDEFGHIJKLMNOPQRST");
+}
+
 }  // namespace
 }  // namespace psmd
