@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -518,6 +519,100 @@ TEST_F(RemoteTest, MessagesOverTheReceiversBudgetParkAndTheSenderHolds) {
     got += PayloadOf(2, c).substr(0, 1);
   }
   EXPECT_EQ(got, "ABCDEFGHIJKLMNOPQRST");
+}
+
+// The receiver's node dies while a rendezvous send waits for its match:
+// the sender's request fails at once.
+TEST_F(RemoteTest, AReceiversNodeLostFailsAWaitingRendezvousSend) {
+  Connect(1, 0, 2, 0, 0);
+  Connect(2, 0, 1, 0, 0);
+  const uint64_t s = Send(1, 0, 0, 9, std::string(100000, 's'), 0, true);
+  Drain();
+  EXPECT_TRUE(Reap(1, 0).empty());
+  KillNode(node(2));
+  Drain();
+  auto done = Reap(1, 0);
+  bool failed = false;
+  for (const auto& c : done) {
+    if (c.req == s) {
+      failed = true;
+      EXPECT_EQ(c.error, PSM2_EPID_UNREACHABLE);
+    }
+  }
+  EXPECT_TRUE(failed);
+}
+
+// A connection reset (both nodes alive) tells each endpoint that had
+// connected to one on the other node (kNodeLost), and a receive naming one
+// fails.
+TEST_F(RemoteTest, AResetConnectionIsReportedAsTheNodeLost) {
+  Connect(1, 0, 2, 0, 0);
+  Connect(2, 0, 1, 0, 0);
+  const uint64_t r = Recv(2, 0, 0, 1, 64);
+  Drain();
+  node(1).fabric->Sever(2);
+  Drain();
+  auto done = Reap(2, 0);
+  bool lost = false, failed = false;
+  for (const auto& c : done) {
+    if (c.op == shm::CompleteOp::kNodeLost) {
+      lost = true;
+      EXPECT_EQ(c.tag[0], 1u);
+      EXPECT_EQ(c.error, PSM2_EPID_UNREACHABLE);
+    }
+    if (c.req == r) {
+      failed = true;
+      EXPECT_EQ(c.error, PSM2_EPID_UNREACHABLE);
+    }
+  }
+  EXPECT_TRUE(lost);
+  EXPECT_TRUE(failed);
+}
+
+// Back-pressure rule 3: eager messages nobody receives fill their share of
+// the receiving job's inbox; after kPoolStallNs the next payloads are kept
+// in daemon memory (kEagerOff to the sender's daemon, which then sends
+// envelopes only). Every message still arrives intact and in order.
+TEST_F(RemoteTest, EagerMessagesPastTheInboxShareAreKeptAndStillArrive) {
+  Connect(1, 0, 2, 0, 0);
+  Connect(2, 0, 1, 0, 0);
+  constexpr int kMessages = 40;
+  constexpr uint32_t kBytes = 20000;  // 40 x 20000 > half the 1 MiB inbox
+  for (int i = 0; i < kMessages; i++) {
+    Send(1, 0, 0, 8, std::string(kBytes, char('A' + i)));
+    if (i % 8 == 7) Drain();  // the sender's ring holds 64
+  }
+  auto counts = [](Node& n, uint16_t peer) {
+    for (const Remote::PeerRow& row : n.remote->Stats()) {
+      if (row.fabric.node == peer) return row.counts;
+    }
+    return Remote::PeerCounts{};
+  };
+  for (int i = 0; i < 50 && counts(node(2), 1).kept == 0; i++) {
+    Drain();
+    usleep(5000);
+  }
+  EXPECT_GE(counts(node(2), 1).kept, 1u);
+  EXPECT_GE(counts(node(1), 2).eager_offs, 1u);
+  std::vector<uint64_t> reqs;
+  std::map<uint64_t, std::string> got;
+  for (int i = 0; i < kMessages; i++) {
+    reqs.push_back(Recv(2, 0, 0, 8, kBytes));
+    if (i % 8 == 7) {
+      Drain();
+      for (const auto& c : Reap(2, 0)) {
+        if (c.op == shm::CompleteOp::kRecvDone) {
+          got[c.req] = PayloadOf(2, c);
+        } else {
+          Assemble(2, {c}, &got[c.req]);
+        }
+      }
+    }
+  }
+  ASSERT_EQ(got.size(), static_cast<size_t>(kMessages));
+  for (int i = 0; i < kMessages; i++) {
+    EXPECT_EQ(got[reqs[i]], std::string(kBytes, char('A' + i))) << i;
+  }
 }
 
 }  // namespace
