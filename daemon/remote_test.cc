@@ -615,5 +615,53 @@ TEST_F(RemoteTest, EagerMessagesPastTheInboxShareAreKeptAndStillArrive) {
   }
 }
 
+// Back-pressure rule 4: a peer that sent more than kParkMax before it could
+// hear kXoff (here: node 2 does not run while node 1 sends) pauses its
+// connection as a whole; what waits is read once the receiver drains, in
+// order, with nothing lost.
+TEST_F(RemoteTest, PastTheParkCapTheConnectionPausesAndThenResumes) {
+  Connect(1, 0, 2, 0, 0);
+  Connect(2, 0, 1, 0, 0);
+  node(2).endpoints[0]->unexpected_budget = 0;
+  constexpr int kMessages = 1100;
+  constexpr uint32_t kBytes = 16 << 10;  // 1100 x 16 KiB > kParkMax (16 MiB)
+  Node& n1 = node(1);
+  for (int i = 0; i < kMessages; i++) {
+    std::string payload(kBytes, 0);
+    std::memcpy(payload.data(), &i, sizeof(i));
+    Send(1, 0, 0, 2, payload);
+    if (i % 32 == 31 || i + 1 == kMessages) {
+      // Only node 1 runs: its frames pile up at node 2 unread.
+      for (int j = 0; j < 8; j++) {
+        n1.engine->PollAll();
+        n1.remote->Poll();
+      }
+    }
+  }
+  EXPECT_EQ(node(2).fabric->frames_waiting(), 2u * kMessages);
+  Drain();
+  // Node 2 parked what fits and stopped reading: frames still wait.
+  EXPECT_GT(node(2).fabric->frames_waiting(), 0u);
+  int received = 0;
+  int posted = 0;
+  for (int round = 0; round < 200 && received < kMessages; round++) {
+    for (int k = 0; k < 32 && posted < kMessages; k++, posted++) {
+      Recv(2, 0, 0, 2, kBytes);
+    }
+    Drain();
+    for (const auto& c : Reap(2, 0)) {
+      ASSERT_EQ(c.op, shm::CompleteOp::kRecvDone);
+      ASSERT_EQ(c.error, PSM2_OK);
+      const std::string got = PayloadOf(2, c);
+      int index = -1;
+      std::memcpy(&index, got.data(), sizeof(index));
+      ASSERT_EQ(index, received);
+      received++;
+    }
+  }
+  EXPECT_EQ(received, kMessages);
+  EXPECT_EQ(node(2).fabric->frames_waiting(), 0u);
+}
+
 }  // namespace
 }  // namespace psmd
