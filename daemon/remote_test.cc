@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -33,7 +34,6 @@ constexpr uint32_t kRingCapacity = 64;
 constexpr uint64_t kRegionBytes = 1 << 20;
 constexpr uint32_t kEndpoints = 2;
 constexpr uint16_t kNonce = 7;
-constexpr uint32_t kTimeoutMs = 2000;
 
 // One endpoint as its client sees it.
 struct ClientSide {
@@ -76,7 +76,7 @@ class RemoteTest : public ::testing::Test {
     node->fabric = fabric.get();
     node->remote =
         std::make_unique<Remote>(node->engine.get(), std::move(fabric), id,
-                                 kNonce, nodes_file_, kTimeoutMs);
+                                 kNonce, nodes_file_, timeout_ms_);
     node->engine->AttachRemote(node->remote.get());
     std::string error;
     shm::Mapping pool;
@@ -253,6 +253,7 @@ class RemoteTest : public ::testing::Test {
     return placed;
   }
 
+  uint32_t timeout_ms_ = 2000;  // the fabric timeout (liveness)
   hw::LoopbackNetwork net_;
   std::string nodes_file_;
   Node nodes_[2];
@@ -661,6 +662,86 @@ TEST_F(RemoteTest, PastTheParkCapTheConnectionPausesAndThenResumes) {
   }
   EXPECT_EQ(received, kMessages);
   EXPECT_EQ(node(2).fabric->frames_waiting(), 0u);
+}
+
+// A receive naming a remote sender can be cancelled until a message from
+// it matches; one that arrives after goes to the next receive.
+TEST_F(RemoteTest, AReceiveFromARemoteSenderCancelsBeforeItsMatch) {
+  Connect(1, 0, 2, 0, 0);
+  Connect(2, 0, 1, 0, 0);
+  Node& n2 = node(2);
+  const uint64_t r = Recv(2, 0, 0, 4, 64);
+  Drain();
+  const uint64_t c = Token(n2, 0);
+  Submit(n2, 0, shm::PrepCancel(c, r));
+  Drain();
+  auto done = Reap(2, 0);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].op, shm::CompleteOp::kCancelDone);
+  EXPECT_EQ(done[0].error, PSM2_OK);
+  Send(1, 0, 0, 4, "late");
+  Drain();
+  EXPECT_TRUE(Reap(2, 0).empty());  // unexpected now
+  const uint64_t r2 = Recv(2, 0, 0, 4, 64);
+  Drain();
+  done = Reap(2, 0);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].req, r2);
+  EXPECT_EQ(PayloadOf(2, done[0]), "late");
+}
+
+// A rendezvous receive smaller than the message asks for what fits only.
+TEST_F(RemoteTest, ARendezvousReceiveSmallerThanTheMessageGetsWhatFits) {
+  Connect(1, 0, 2, 0, 0);
+  Connect(2, 0, 1, 0, 0);
+  const std::string src(100000, 't');
+  Recv(2, 0, 0, 9, 50000);
+  Drain();
+  Send(1, 0, 0, 9, src, 0, /*rndv=*/true);
+  Drain();
+  auto go = Reap(1, 0);
+  ASSERT_EQ(go.size(), 1u);
+  ASSERT_EQ(go[0].op, shm::CompleteOp::kRndvGo);
+  EXPECT_EQ(go[0].body.go.send_bytes, 50000u);
+  Chunk(1, 0, go[0], src, 0, 50000);
+  Drain();
+  auto done = Reap(2, 0);
+  ASSERT_GE(done.size(), 2u);
+  EXPECT_EQ(done[0].msg_len, src.size());
+  std::string got;
+  EXPECT_EQ(Assemble(2, done, &got), 50000u);
+  EXPECT_EQ(got, src.substr(0, 50000));
+}
+
+class ShortTimeoutRemoteTest : public RemoteTest {
+ protected:
+  ShortTimeoutRemoteTest() { timeout_ms_ = 300; }
+};
+
+// Liveness: a node whose daemon stops running (no frames, no heartbeats)
+// is declared dead after the fabric timeout; receives naming its endpoints
+// fail with PSM2_TIMEOUT.
+TEST_F(ShortTimeoutRemoteTest, ASilentNodeIsDeclaredDeadAfterTheTimeout) {
+  Connect(1, 0, 2, 0, 0);
+  Connect(2, 0, 1, 0, 0);
+  const uint64_t r = Recv(1, 0, 0, 1, 64);
+  Drain();
+  Node& n1 = node(1);
+  bool failed = false;
+  const auto start = std::chrono::steady_clock::now();
+  while (!failed && std::chrono::steady_clock::now() - start <
+                        std::chrono::milliseconds(3 * timeout_ms_)) {
+    n1.engine->PollAll();  // node 1 alone runs
+    n1.remote->Poll();
+    for (const auto& c : Reap(1, 0)) {
+      if (c.req == r) {
+        failed = true;
+        EXPECT_EQ(c.error, PSM2_TIMEOUT);
+      }
+    }
+    usleep(200);
+  }
+  EXPECT_TRUE(failed);
 }
 
 }  // namespace
