@@ -715,7 +715,7 @@ TEST_F(RemoteTest, ARendezvousReceiveSmallerThanTheMessageGetsWhatFits) {
 
 class ShortTimeoutRemoteTest : public RemoteTest {
  protected:
-  ShortTimeoutRemoteTest() { timeout_ms_ = 300; }
+  ShortTimeoutRemoteTest() { timeout_ms_ = 200; }
 };
 
 // Liveness: a node whose daemon stops running (no frames, no heartbeats)
@@ -728,9 +728,11 @@ TEST_F(ShortTimeoutRemoteTest, ASilentNodeIsDeclaredDeadAfterTheTimeout) {
   Drain();
   Node& n1 = node(1);
   bool failed = false;
+  // Usually about two timeouts; a loaded machine's late checks are not
+  // counted against the peer (Remote::CheckLiveness), so allow more.
   const auto start = std::chrono::steady_clock::now();
   while (!failed && std::chrono::steady_clock::now() - start <
-                        std::chrono::milliseconds(3 * timeout_ms_)) {
+                        std::chrono::milliseconds(15 * timeout_ms_)) {
     n1.engine->PollAll();  // node 1 alone runs
     n1.remote->Poll();
     for (const auto& c : Reap(1, 0)) {
