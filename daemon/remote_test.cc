@@ -347,6 +347,66 @@ TEST_F(RemoteTest, ARendezvousMessageStreamsToAReceiveOnAnotherNode) {
   EXPECT_EQ(got, src);
 }
 
+// A sync send that finds its receive posted completes once matched there
+// (kSyncAck).
+TEST_F(RemoteTest, ASyncSendToAPostedRemoteReceiveCompletes) {
+  Connect(1, 0, 2, 0, 0);
+  Connect(2, 0, 1, 0, 0);
+  const uint64_t r = Recv(2, 0, 0, 12, 64);
+  Drain();
+  const uint64_t s = Send(1, 0, 0, 12, "sync", shm::kSendSync);
+  Drain();
+  auto done = Reap(2, 0);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].req, r);
+  auto sent = Reap(1, 0);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].op, shm::CompleteOp::kSendDone);
+  EXPECT_EQ(sent[0].req, s);
+  EXPECT_EQ(sent[0].error, PSM2_OK);
+}
+
+// A rendezvous message that finds no receive waits as unexpected at the
+// receiver's node; the receive posted later starts the transfer.
+TEST_F(RemoteTest, AnUnexpectedRendezvousMessageStreamsOnceReceived) {
+  Connect(1, 0, 2, 0, 0);
+  Connect(2, 0, 1, 0, 0);
+  const std::string src(70000, 'q');
+  Send(1, 0, 0, 13, src, 0, /*rndv=*/true);
+  Drain();
+  EXPECT_TRUE(Reap(1, 0).empty());
+  const uint64_t r = Recv(2, 0, 0, 13, src.size());
+  Drain();
+  auto go = Reap(1, 0);
+  ASSERT_EQ(go.size(), 1u);
+  ASSERT_EQ(go[0].op, shm::CompleteOp::kRndvGo);
+  Chunk(1, 0, go[0], src, 0, src.size());
+  Drain();
+  auto done = Reap(2, 0);
+  ASSERT_GE(done.size(), 2u);
+  EXPECT_EQ(done[0].op, shm::CompleteOp::kRecvRndv);
+  EXPECT_EQ(done[0].req, r);
+  EXPECT_TRUE(done[0].flags & shm::kWasUnexpected);
+  std::string got;
+  EXPECT_EQ(Assemble(2, done, &got), src.size());
+  EXPECT_EQ(got, src);
+}
+
+// A send to a remote slot whose node has no connection (never queried)
+// fails at once and gives its payload back.
+TEST_F(RemoteTest, ASendToANodeNeverConnectedFails) {
+  Node& n1 = node(1);
+  n1.engine->SetPeer(n1.clients[0].id, 0,
+                     PeerLink{kRemotePeer, node(2).clients[0].epid});
+  const uint64_t s = Send(1, 0, 0, 1, std::string(4000, 'x'));
+  Drain();
+  auto done = Reap(1, 0);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].op, shm::CompleteOp::kError);
+  EXPECT_EQ(done[0].req, s);
+  EXPECT_EQ(done[0].error, PSM2_EPID_UNREACHABLE);
+}
+
 // The sender's node dies after the receiver's daemon said go: the
 // receive in progress fails at once, it does not wait for chunks.
 TEST_F(RemoteTest, APeerLostMidRendezvousFailsTheSurvivorsReceive) {
