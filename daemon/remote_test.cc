@@ -582,6 +582,30 @@ TEST_F(RemoteTest, MessagesOverTheReceiversBudgetParkAndTheSenderHolds) {
   EXPECT_EQ(got, "ABCDEFGHIJKLMNOPQRST");
 }
 
+// The sending endpoint closes mid-transfer while its node lives on: its
+// daemon tells the receiver's (kAbort), whose receive fails.
+TEST_F(RemoteTest, ASenderThatLeavesMidRendezvousFailsTheReceive) {
+  Connect(1, 0, 2, 0, 0);
+  Connect(2, 0, 1, 0, 0);
+  const std::string src(200000, 'a');
+  const uint64_t r = Recv(2, 0, 0, 9, src.size());
+  Drain();
+  Send(1, 0, 0, 9, src, 0, /*rndv=*/true);
+  Drain();
+  auto go = Reap(1, 0);
+  ASSERT_EQ(go.size(), 1u);
+  ASSERT_EQ(go[0].op, shm::CompleteOp::kRndvGo);
+  Chunk(1, 0, go[0], src, 0, 64 << 10);
+  Drain();
+  node(1).engine->Remove(node(1).clients[0].id);
+  Drain();
+  bool failed = false;
+  for (const auto& c : Reap(2, 0)) {
+    if (c.req == r && c.error != PSM2_OK) failed = true;
+  }
+  EXPECT_TRUE(failed);
+}
+
 // The receiver's node dies while a rendezvous send waits for its match:
 // the sender's request fails at once.
 TEST_F(RemoteTest, AReceiversNodeLostFailsAWaitingRendezvousSend) {
