@@ -29,6 +29,8 @@ A program of the testlists that did not build fails the run unless a line
 TRANSPORT PASSED RUN" is asserted for every transport of the run (ci with
 --ci). --only-listed TRANSPORT runs only the tests the list names for that
 transport (a reference stack, where only the list's claims are checked).
+With MPICH_RUN_SHOW_OUTPUT set, the whole output of every failure is printed
+(indented with "| "), for writing an entry's signature.
 """
 import os
 import re
@@ -212,6 +214,10 @@ def main():
             counts[transport] = (p + ok, f + (not ok))
             print(f"{transport:6} {label(test):50} {verdict} {secs:.1f}s "
                   f"{why}", flush=True)
+            # The whole output of a failure, for writing its signature.
+            if not ok and os.environ.get("MPICH_RUN_SHOW_OUTPUT"):
+                print("    | " + out.rstrip().replace("\n", "\n    | "),
+                      flush=True)
     mode = "ci" if ci else "full"
     for transport, _ in transports:
         p, f = counts.get(transport, (0, 0))
