@@ -17,7 +17,7 @@
 #                  on btl vader (tests/mpi/mpi_threads)
 #   decline        no psmd: the component declines quietly (saying why at
 #                  mtl_base_verbose 10) and Open MPI runs over its own BTLs;
-#                  asked for by name (--mca mtl psmd), each rank says why
+#                  asked for by name (--mca mtl psmd), the ranks say why
 #   semantics_nodes, netpipe_nodes, mpi4py_nodes [RUNTESTS ARGS]
 #                  the same programs (mpi4py's suite judged against the same
 #                  list) with 2 ranks on two psmd linked by the fabric
@@ -195,14 +195,15 @@ case "$case_name" in
     if grep -qiE "psm|error" "$work/quiet.log"; then
       echo "run_mtl: without psmd the run printed:" >&2; cat "$work/quiet.log" >&2; status=1
     fi
-    # Asked for by name, it cannot fall back: the run fails, and one line
-    # per rank names psmd's socket and the fix.
+    # Asked for by name, it cannot fall back: the run fails, and a rank's
+    # line names psmd's socket and the fix (every rank that gets to opening
+    # the component prints it; mpirun may end the others first).
     if mpi 2 --mca pml cm --mca mtl psmd "$work/mpi_semantics" >"$work/asked.log" 2>&1; then
       echo "run_mtl: --mca mtl psmd without psmd succeeded" >&2; status=1
     fi
     asked=$(grep -c "mtl psmd: asked for (--mca mtl psmd), but psmd has no control socket at $PSMD_SOCKET: start it" "$work/asked.log")
     echo "run_mtl: --mca mtl psmd without psmd: $asked ranks said why"
-    ((asked == 2)) || { echo "run_mtl: not said by both ranks:" >&2; head -20 "$work/asked.log" >&2; status=1; }
+    ((asked >= 1)) || { echo "run_mtl: no rank said why:" >&2; head -20 "$work/asked.log" >&2; status=1; }
     ;;
   semantics_nodes)
     mpi_nodes "$work/mpi_semantics"
