@@ -158,6 +158,22 @@ class RemoteTest : public ::testing::Test {
     na.engine->SetPeer(na.clients[from].id, slot, PeerLink{kRemotePeer, epid});
   }
 
+  // Endpoints 0 of nodes 1 and 2 connected to each other, each in its
+  // slot 0: the pair most cases use.
+  void ConnectPair() {
+    ASSERT_NO_FATAL_FAILURE(Connect(1, 0, 2, 0, 0));
+    ASSERT_NO_FATAL_FAILURE(Connect(2, 0, 1, 0, 0));
+  }
+
+  // The one completion a rendezvous sender reaps once the receiver's node
+  // matched it: kRndvGo, in (*go)[0].
+  void AwaitGo(uint16_t a, uint32_t from,
+               std::vector<shm::CompletionDesc>* go) {
+    *go = Reap(a, from);
+    ASSERT_EQ(go->size(), 1u);
+    ASSERT_EQ((*go)[0].op, shm::CompleteOp::kRndvGo);
+  }
+
   void Submit(Node& n, uint32_t from, const shm::SubmissionDesc& d) {
     auto& r = shm::TraitsOf(d.op).ring == shm::Ring::kMessage
                   ? n.clients[from].rings.msg_sq
@@ -260,8 +276,7 @@ class RemoteTest : public ::testing::Test {
 };
 
 TEST_F(RemoteTest, AnEagerMessageReachesAReceivePostedOnAnotherNode) {
-  Connect(1, 0, 2, 0, /*slot=*/0);
-  Connect(2, 0, 1, 0, /*slot=*/0);
+  ConnectPair();
   uint64_t r = Recv(2, 0, 0, 7, 64);
   Drain();
   Send(1, 0, 0, 7, "hello");
@@ -278,8 +293,7 @@ TEST_F(RemoteTest, AnEagerMessageReachesAReceivePostedOnAnotherNode) {
 // An eager message that finds no receive waits at the receiver's node as
 // unexpected; a sync send completes only when a receive matches it there.
 TEST_F(RemoteTest, AnUnexpectedSyncMessageWaitsAndItsSenderHearsOfTheMatch) {
-  Connect(1, 0, 2, 0, 0);
-  Connect(2, 0, 1, 0, 0);
+  ConnectPair();
   const std::string big(5000, 'u');  // pooled: an envelope and a payload
   const uint64_t s = Send(1, 0, 0, 3, big, shm::kSendSync);
   Drain();
@@ -303,8 +317,7 @@ TEST_F(RemoteTest, AnUnexpectedSyncMessageWaitsAndItsSenderHearsOfTheMatch) {
 // Messages from one sender match in the order sent, across the fabric too
 // (invariant 1), inline and pooled alike.
 TEST_F(RemoteTest, MessagesFromOneRemoteSenderMatchInOrder) {
-  Connect(1, 0, 2, 0, 0);
-  Connect(2, 0, 1, 0, 0);
+  ConnectPair();
   for (int i = 0; i < 10; i++) {
     Send(1, 0, 0, 5, std::string(i % 2 ? 3000 : 1, char('a' + i)));
   }
@@ -317,17 +330,15 @@ TEST_F(RemoteTest, MessagesFromOneRemoteSenderMatchInOrder) {
 }
 
 TEST_F(RemoteTest, ARendezvousMessageStreamsToAReceiveOnAnotherNode) {
-  Connect(1, 0, 2, 0, 0);
-  Connect(2, 0, 1, 0, 0);
+  ConnectPair();
   std::string src(200000, 0);
   for (size_t i = 0; i < src.size(); i++) src[i] = static_cast<char>(i * 7);
   const uint64_t r = Recv(2, 0, 0, 9, src.size());
   Drain();
   const uint64_t s = Send(1, 0, 0, 9, src, 0, /*rndv=*/true);
   Drain();
-  auto go = Reap(1, 0);
-  ASSERT_EQ(go.size(), 1u);
-  ASSERT_EQ(go[0].op, shm::CompleteOp::kRndvGo);
+  std::vector<shm::CompletionDesc> go;
+  ASSERT_NO_FATAL_FAILURE(AwaitGo(1, 0, &go));
   EXPECT_EQ(go[0].req, s);
   EXPECT_EQ(go[0].body.go.send_bytes, src.size());
   constexpr uint32_t kChunk = 64 << 10;
@@ -350,8 +361,7 @@ TEST_F(RemoteTest, ARendezvousMessageStreamsToAReceiveOnAnotherNode) {
 // A sync send that finds its receive posted completes once matched there
 // (kSyncAck).
 TEST_F(RemoteTest, ASyncSendToAPostedRemoteReceiveCompletes) {
-  Connect(1, 0, 2, 0, 0);
-  Connect(2, 0, 1, 0, 0);
+  ConnectPair();
   const uint64_t r = Recv(2, 0, 0, 12, 64);
   Drain();
   const uint64_t s = Send(1, 0, 0, 12, "sync", shm::kSendSync);
@@ -369,17 +379,15 @@ TEST_F(RemoteTest, ASyncSendToAPostedRemoteReceiveCompletes) {
 // A rendezvous message that finds no receive waits as unexpected at the
 // receiver's node; the receive posted later starts the transfer.
 TEST_F(RemoteTest, AnUnexpectedRendezvousMessageStreamsOnceReceived) {
-  Connect(1, 0, 2, 0, 0);
-  Connect(2, 0, 1, 0, 0);
+  ConnectPair();
   const std::string src(70000, 'q');
   Send(1, 0, 0, 13, src, 0, /*rndv=*/true);
   Drain();
   EXPECT_TRUE(Reap(1, 0).empty());
   const uint64_t r = Recv(2, 0, 0, 13, src.size());
   Drain();
-  auto go = Reap(1, 0);
-  ASSERT_EQ(go.size(), 1u);
-  ASSERT_EQ(go[0].op, shm::CompleteOp::kRndvGo);
+  std::vector<shm::CompletionDesc> go;
+  ASSERT_NO_FATAL_FAILURE(AwaitGo(1, 0, &go));
   Chunk(1, 0, go[0], src, 0, src.size());
   Drain();
   auto done = Reap(2, 0);
@@ -410,16 +418,14 @@ TEST_F(RemoteTest, ASendToANodeNeverConnectedFails) {
 // The sender's node dies after the receiver's daemon said go: the
 // receive in progress fails at once, it does not wait for chunks.
 TEST_F(RemoteTest, APeerLostMidRendezvousFailsTheSurvivorsReceive) {
-  Connect(1, 0, 2, 0, 0);
-  Connect(2, 0, 1, 0, 0);
+  ConnectPair();
   const std::string src(200000, 'r');
   const uint64_t r = Recv(2, 0, 0, 9, src.size());
   Drain();
   Send(1, 0, 0, 9, src, 0, /*rndv=*/true);
   Drain();
-  auto go = Reap(1, 0);
-  ASSERT_EQ(go.size(), 1u);
-  ASSERT_EQ(go[0].op, shm::CompleteOp::kRndvGo);
+  std::vector<shm::CompletionDesc> go;
+  ASSERT_NO_FATAL_FAILURE(AwaitGo(1, 0, &go));
   Chunk(1, 0, go[0], src, 0, 64 << 10);  // one chunk of four
   Drain();
   KillNode(node(1));
@@ -495,8 +501,7 @@ TEST_F(RemoteTest, AnActiveMessageIsAnsweredAndAckedAcrossNodes) {
 // A probe at the receiver sees a message from another node; a claimed
 // rendezvous one is then received by kClaimedRecv and streams as usual.
 TEST_F(RemoteTest, AProbeClaimsARemoteRendezvousMessage) {
-  Connect(1, 0, 2, 0, 0);
-  Connect(2, 0, 1, 0, 0);
+  ConnectPair();
   const std::string src(100000, 'c');
   Send(1, 0, 0, 11, src, 0, /*rndv=*/true);
   Drain();
@@ -515,9 +520,8 @@ TEST_F(RemoteTest, AProbeClaimsARemoteRendezvousMessage) {
   EXPECT_EQ(probed[0].src_epid, node(1).clients[0].epid);
   Submit(n2, 0, shm::PrepClaimedRecv(probe.req, src.size()));
   Drain();
-  auto go = Reap(1, 0);
-  ASSERT_EQ(go.size(), 1u);
-  ASSERT_EQ(go[0].op, shm::CompleteOp::kRndvGo);
+  std::vector<shm::CompletionDesc> go;
+  ASSERT_NO_FATAL_FAILURE(AwaitGo(1, 0, &go));
   Chunk(1, 0, go[0], src, 0, 65536);
   Chunk(1, 0, go[0], src, 65536, src.size() - 65536);
   Drain();
@@ -540,8 +544,7 @@ TEST_F(RemoteTest, AQueryForAnEndpointTheNodeDoesNotHaveFails) {
 // Invariant 8 across nodes: an endpoint removed on node 1 is told to node
 // 2 (kGone), where a receive naming it fails at once.
 TEST_F(RemoteTest, AReceiveNamingARemovedRemoteEndpointFails) {
-  Connect(1, 0, 2, 0, 0);
-  Connect(2, 0, 1, 0, 0);
+  ConnectPair();
   const uint64_t r = Recv(2, 0, 0, 1, 64);
   Drain();
   node(1).engine->Remove(node(1).clients[0].id);
@@ -556,8 +559,7 @@ TEST_F(RemoteTest, AReceiveNamingARemovedRemoteEndpointFails) {
 // what arrives for it parked at its node, whose daemon asks the sender's to
 // hold (kXoff); nothing is lost or reordered once receives drain the queue.
 TEST_F(RemoteTest, MessagesOverTheReceiversBudgetParkAndTheSenderHolds) {
-  Connect(1, 0, 2, 0, 0);
-  Connect(2, 0, 1, 0, 0);
+  ConnectPair();
   node(2).endpoints[0]->unexpected_budget = 0;  // one message at a time
   constexpr int kMessages = 20;
   for (int i = 0; i < kMessages; i++) {
@@ -585,16 +587,14 @@ TEST_F(RemoteTest, MessagesOverTheReceiversBudgetParkAndTheSenderHolds) {
 // The sending endpoint closes mid-transfer while its node lives on: its
 // daemon tells the receiver's (kAbort), whose receive fails.
 TEST_F(RemoteTest, ASenderThatLeavesMidRendezvousFailsTheReceive) {
-  Connect(1, 0, 2, 0, 0);
-  Connect(2, 0, 1, 0, 0);
+  ConnectPair();
   const std::string src(200000, 'a');
   const uint64_t r = Recv(2, 0, 0, 9, src.size());
   Drain();
   Send(1, 0, 0, 9, src, 0, /*rndv=*/true);
   Drain();
-  auto go = Reap(1, 0);
-  ASSERT_EQ(go.size(), 1u);
-  ASSERT_EQ(go[0].op, shm::CompleteOp::kRndvGo);
+  std::vector<shm::CompletionDesc> go;
+  ASSERT_NO_FATAL_FAILURE(AwaitGo(1, 0, &go));
   Chunk(1, 0, go[0], src, 0, 64 << 10);
   Drain();
   node(1).engine->Remove(node(1).clients[0].id);
@@ -609,8 +609,7 @@ TEST_F(RemoteTest, ASenderThatLeavesMidRendezvousFailsTheReceive) {
 // The receiver's node dies while a rendezvous send waits for its match:
 // the sender's request fails at once.
 TEST_F(RemoteTest, AReceiversNodeLostFailsAWaitingRendezvousSend) {
-  Connect(1, 0, 2, 0, 0);
-  Connect(2, 0, 1, 0, 0);
+  ConnectPair();
   const uint64_t s = Send(1, 0, 0, 9, std::string(100000, 's'), 0, true);
   Drain();
   EXPECT_TRUE(Reap(1, 0).empty());
@@ -631,8 +630,7 @@ TEST_F(RemoteTest, AReceiversNodeLostFailsAWaitingRendezvousSend) {
 // connected to one on the other node (kNodeLost), and a receive naming one
 // fails.
 TEST_F(RemoteTest, AResetConnectionIsReportedAsTheNodeLost) {
-  Connect(1, 0, 2, 0, 0);
-  Connect(2, 0, 1, 0, 0);
+  ConnectPair();
   const uint64_t r = Recv(2, 0, 0, 1, 64);
   Drain();
   node(1).fabric->Sever(2);
@@ -659,8 +657,7 @@ TEST_F(RemoteTest, AResetConnectionIsReportedAsTheNodeLost) {
 // in daemon memory (kEagerOff to the sender's daemon, which then sends
 // envelopes only). Every message still arrives intact and in order.
 TEST_F(RemoteTest, EagerMessagesPastTheInboxShareAreKeptAndStillArrive) {
-  Connect(1, 0, 2, 0, 0);
-  Connect(2, 0, 1, 0, 0);
+  ConnectPair();
   constexpr int kMessages = 40;
   constexpr uint32_t kBytes = 20000;  // 40 x 20000 > half the 1 MiB inbox
   for (int i = 0; i < kMessages; i++) {
@@ -705,8 +702,7 @@ TEST_F(RemoteTest, EagerMessagesPastTheInboxShareAreKeptAndStillArrive) {
 // connection as a whole; what waits is read once the receiver drains, in
 // order, with nothing lost.
 TEST_F(RemoteTest, PastTheParkCapTheConnectionPausesAndThenResumes) {
-  Connect(1, 0, 2, 0, 0);
-  Connect(2, 0, 1, 0, 0);
+  ConnectPair();
   node(2).endpoints[0]->unexpected_budget = 0;
   constexpr int kMessages = 1100;
   constexpr uint32_t kBytes = 16 << 10;  // 1100 x 16 KiB > kParkMax (16 MiB)
@@ -751,8 +747,7 @@ TEST_F(RemoteTest, PastTheParkCapTheConnectionPausesAndThenResumes) {
 // A receive naming a remote sender can be cancelled until a message from
 // it matches; one that arrives after goes to the next receive.
 TEST_F(RemoteTest, AReceiveFromARemoteSenderCancelsBeforeItsMatch) {
-  Connect(1, 0, 2, 0, 0);
-  Connect(2, 0, 1, 0, 0);
+  ConnectPair();
   Node& n2 = node(2);
   const uint64_t r = Recv(2, 0, 0, 4, 64);
   Drain();
@@ -776,16 +771,14 @@ TEST_F(RemoteTest, AReceiveFromARemoteSenderCancelsBeforeItsMatch) {
 
 // A rendezvous receive smaller than the message asks for what fits only.
 TEST_F(RemoteTest, ARendezvousReceiveSmallerThanTheMessageGetsWhatFits) {
-  Connect(1, 0, 2, 0, 0);
-  Connect(2, 0, 1, 0, 0);
+  ConnectPair();
   const std::string src(100000, 't');
   Recv(2, 0, 0, 9, 50000);
   Drain();
   Send(1, 0, 0, 9, src, 0, /*rndv=*/true);
   Drain();
-  auto go = Reap(1, 0);
-  ASSERT_EQ(go.size(), 1u);
-  ASSERT_EQ(go[0].op, shm::CompleteOp::kRndvGo);
+  std::vector<shm::CompletionDesc> go;
+  ASSERT_NO_FATAL_FAILURE(AwaitGo(1, 0, &go));
   EXPECT_EQ(go[0].body.go.send_bytes, 50000u);
   Chunk(1, 0, go[0], src, 0, 50000);
   Drain();
@@ -806,8 +799,7 @@ class ShortTimeoutRemoteTest : public RemoteTest {
 // is declared dead after the fabric timeout; receives naming its endpoints
 // fail with PSM2_TIMEOUT.
 TEST_F(ShortTimeoutRemoteTest, ASilentNodeIsDeclaredDeadAfterTheTimeout) {
-  Connect(1, 0, 2, 0, 0);
-  Connect(2, 0, 1, 0, 0);
+  ConnectPair();
   const uint64_t r = Recv(1, 0, 0, 1, 64);
   Drain();
   Node& n1 = node(1);
