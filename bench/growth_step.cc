@@ -7,7 +7,7 @@
 //   growth_step [--count N] [--mode exact|tag64] [--misses M]
 //
 // Uses only post() and take_match(), so the same source
-// also builds against an older daemon/matcher.h (docs/reliability.md).
+// also builds against an older daemon/engine/matcher.h (docs/reliability.md).
 #include <time.h>
 
 #include <algorithm>
@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/matcher.h"
+#include "daemon/engine/matcher.h"
 
 namespace {
 using Clock = std::chrono::steady_clock;

@@ -1,6 +1,6 @@
 // match_bench: cost of one match in the posted and unexpected queues
-// (daemon/matcher.h) as a function of queue depth, beside the linear
-// reference model (daemon/matcher_reference.h).
+// (daemon/engine/matcher.h) as a function of queue depth, beside the linear
+// reference model (daemon/engine/matcher_reference.h).
 //
 // Every benchmark pre-fills a queue with `depth` entries, then repeatedly
 // matches the entry for a target and puts it back at the end, keeping the
@@ -35,9 +35,9 @@
 #include <utility>
 #include <vector>
 
-#include "daemon/matcher.h"
-#include "daemon/matcher_reference.h"
-#include "daemon/tag.h"
+#include "daemon/engine/matcher.h"
+#include "daemon/engine/matcher_reference.h"
+#include "daemon/engine/tag.h"
 
 namespace psmd {
 namespace {
@@ -94,7 +94,7 @@ std::vector<uint32_t> Targets(uint32_t depth, Order order) {
 }
 
 // Matches per batch in the *Batch benchmarks: the daemon's ring batch
-// (kBatch in daemon/mq_engine.cc).
+// (kBatch in daemon/engine/mq_engine.cc).
 constexpr size_t kBatch = 32;
 
 // Prefetches the queue entries of the next kBatch targets when iteration k

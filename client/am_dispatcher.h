@@ -4,7 +4,7 @@
 // psm2_am_reply_short and psm2_am_get_source take.
 //
 // psmd routes active messages and checks every limit before delivering
-// (daemon/mq_engine.h, invariant 6); what reaches Deliver has a handler
+// (daemon/engine/mq_engine.h, invariant 6); what reaches Deliver has a handler
 // index below kAmMaxHandlers, at most kAmMaxArgs arguments and a length
 // that covers them.
 //

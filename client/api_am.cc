@@ -1,4 +1,4 @@
-// psm2_am.h: active messages. psmd routes them (daemon/mq_engine.h,
+// psm2_am.h: active messages. psmd routes them (daemon/engine/mq_engine.h,
 // invariant 6); handlers run in this library, inside the application's
 // progress calls (psm2_poll, psm2_mq_wait*, psm2_mq_test*, ...), on the
 // application's thread.

@@ -23,7 +23,7 @@ namespace {
 // leaves room for one that is merely slow: psmd's control and admission
 // threads share the node's cores with spinning ranks, and under such load an
 // endpoint open took longer than the 900 ms this once was. psmd keeps an
-// opened endpoint this long for its attach (daemon/registry.cc).
+// opened endpoint this long for its attach (daemon/control/registry.cc).
 constexpr std::chrono::milliseconds kDeadline = std::chrono::seconds(5);
 
 // PSMD_CONNECT_TIMEOUT_MS raises the deadline, for a daemon slower still (a

@@ -300,7 +300,7 @@ bool psm2_ep::Progress() {
 void psm2_ep::HandleCompletion(const shm::CompletionDesc& c) {
   using State = psm2_mq_req::State;
   // The completion after a SENDSYNC send to ourselves is that of the
-  // receive it matched (invariant 2 of daemon/mq_engine.h): the send
+  // receive it matched (invariant 2 of daemon/engine/mq_engine.h): the send
   // completes now, just before it, so that a receive is never seen pending
   // after the send that it matched has returned.
   if (sync_self_pending_ != 0) {

@@ -21,8 +21,8 @@
 //      (bounded by the receives and sends psmd already holds) until we reap.
 //   3. A request is referred to on the wire by a token (slot index and the
 //      generation's low 31 bits, so a token stays below 2^63: psmd names
-//      requests of its own above, daemon/remote.h); a completion whose token
-//      is stale is ignored.
+//      requests of its own above, daemon/remote/remote.h); a completion whose
+//      token is stale is ignored.
 //   4. A non-sync send to the endpoint itself completes for test and wait
 //      without a receive, but joins the ipeek list only when a receive
 //      matched it (psmd's kSendDone for the eager message or kRndvGo for the

@@ -5,7 +5,7 @@
 //   PSM2_MQ_RNDV_HFI_THRESH   PSM2_MQ_RNDV_HFI_SZ   kept and reported (no
 //   fabric) PSM2_MQ_MAX_SYSBUF_MBYTES PSM2_MQ_MAX_SYSBUF_MBYTES  unexpected
 //   budget, MiB
-// The budget is enforced by psmd (daemon/mq_engine.h, invariant 4), so
+// The budget is enforced by psmd (daemon/engine/mq_engine.h, invariant 4), so
 // setting it is a round trip to the daemon.
 //
 // Thread-safety: each function takes the endpoint's mutex itself; call them

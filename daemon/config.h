@@ -71,7 +71,7 @@ struct Config {
   std::string munge_socket;           // empty: libmunge's default
   uint32_t fabric_timeout_ms = 5000;
   // The node table: "NODE HOSTNAME NODE@ADDR:PORT,..." per line, read again
-  // whenever it changes (daemon/remote.h).
+  // whenever it changes (daemon/remote/remote.h).
   std::string fabric_nodes;
 };
 

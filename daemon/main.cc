@@ -11,12 +11,12 @@
 
 #include <spdlog/spdlog.h>
 
-#include "daemon/admission.h"
 #include "daemon/config.h"
-#include "daemon/control_service.h"
+#include "daemon/control/admission.h"
+#include "daemon/control/control_service.h"
+#include "daemon/control/registry.h"
 #include "daemon/log.h"
 #include "daemon/progress.h"
-#include "daemon/registry.h"
 #include "hw/socket/socket_fabric.h"
 #include "version/version.h"
 

@@ -21,7 +21,7 @@
 #include <spdlog/spdlog.h>
 
 #include "daemon/log.h"
-#include "daemon/remote.h"
+#include "daemon/remote/remote.h"
 #include "shm/doorbell.h"
 #include "shm/epid.h"
 

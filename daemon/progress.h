@@ -24,9 +24,9 @@
 
 #include "base/mutex.h"
 #include "daemon/config.h"
-#include "daemon/endpoint.h"
-#include "daemon/mq_engine.h"
-#include "daemon/remote.h"
+#include "daemon/engine/endpoint.h"
+#include "daemon/engine/mq_engine.h"
+#include "daemon/remote/remote.h"
 #include "hw/fabric.h"
 #include "shm/spin.h"
 
@@ -55,7 +55,7 @@ class ProgressWorker {
   void ClearPeer(uint32_t id, uint32_t slot);
 
   // Before Start: serve endpoints of other nodes through `fabric`
-  // (daemon/remote.h); its event fd joins the worker's epoll set.
+  // (daemon/remote/remote.h); its event fd joins the worker's epoll set.
   void EnableFabric(std::unique_ptr<hw::Fabric> fabric, const Config& config,
                     uint16_t boot_nonce);
   bool has_fabric() const { return remote_ != nullptr; }

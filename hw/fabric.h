@@ -126,7 +126,7 @@ struct FabricOptions {
   // aborts a connection whose peer advertised a zero window for longer
   // than TCP_USER_TIMEOUT, so a user that pauses receiving for longer
   // (back-pressure) turns it off and watches liveness itself (the daemon's
-  // heartbeat frames, daemon/remote.h).
+  // heartbeat frames, daemon/remote/remote.h).
   uint32_t user_timeout_ms = 0;
   static constexpr uint32_t kNoUserTimeout = UINT32_MAX;
   uint32_t connect_attempt_ms = 1000;  // per address tried

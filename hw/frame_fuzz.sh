@@ -6,7 +6,7 @@
 #   hw/frame_fuzz.sh --ci           (4000000 inputs from seed 1)
 #   hw/frame_fuzz.sh --write-seeds  (regenerates the seed corpus)
 # It is also the Bazel test //hw:frame_fuzz_test (--ci): a gate gives the
-# same verdict on every run of one commit (daemon/engine_fuzz.sh says why).
+# same verdict on every run of one commit (daemon/engine/engine_fuzz.sh says why).
 # Exits non-zero on a crash, a sanitizer report or a failed round-trip
 # check, and when the run never decoded a header under one of the four
 # limit sets, never had a frame refused by each tighter limit, or never

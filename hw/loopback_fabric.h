@@ -6,7 +6,7 @@
 // delivered without a posted receive; header first, then PostPayload), so
 // an engine above it sees the same event sequences as over sockets, with no
 // kernel, port or credential involved. For tests of the inter-node engine
-// (daemon/remote_test.cc).
+// (daemon/remote/remote_test.cc).
 //
 // Host descriptions are "NODE@127.0.0.1:NODE": only the node id matters.
 // Destroying a fabric closes its connections: each peer sees kClosed with

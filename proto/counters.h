@@ -1,9 +1,10 @@
 // The one list of psmd's per-endpoint counters. Everything that handles
 // counters follows from PSMD_ENDPOINT_COUNTERS: the daemon's counter struct
-// (daemon/endpoint.h), its snapshots and totals (daemon/registry.h), the
-// GetStats reply (a name -> value map in proto/control.proto), and psmctl's
-// table, JSON and Prometheus output (tools/psmctl.cc). Adding a counter is
-// one line here plus the increment where the event happens.
+// (daemon/engine/endpoint.h), its snapshots and totals
+// (daemon/control/registry.h), the GetStats reply (a name -> value map in
+// proto/control.proto), and psmctl's table, JSON and Prometheus output
+// (tools/psmctl.cc). Adding a counter is one line here plus the increment where
+// the event happens.
 //
 // Each entry: X(name, metric, unit, help)
 //   name    the field, JSON key and table row ("msgs_sent"); never renamed,
@@ -68,7 +69,7 @@
 // The counters per peer node of the fabric between nodes' daemons, as
 // psmctl shows them, in this order. Everything that handles them follows
 // from these lists: hw::PeerStats (hw/fabric.h: the fabric's), the
-// engine's per node (Remote::PeerCounts, daemon/remote.h), the GetStats
+// engine's per node (Remote::PeerCounts, daemon/remote/remote.h), the GetStats
 // reply's PeerNodeStats (proto/control.proto: a field per entry, same name,
 // checked by //proto:counters_test) and psmctl's table, JSON and
 // Prometheus output.

@@ -38,7 +38,7 @@ daemon 0 "==1==ERROR: LeakSanitizer: detected memory leaks"
 stop_daemon "$!" leak "$work/log"
 expect 1 "a LeakSanitizer report fails"
 
-daemon 0 "daemon/remote.cc:12:3: runtime error: signed integer overflow"
+daemon 0 "daemon/remote/remote.cc:12:3: runtime error: signed integer overflow"
 stop_daemon "$!" ubsan "$work/log"
 expect 1 "a UBSan report fails"
 

@@ -3,7 +3,7 @@
 //
 // Thread-safety: plain data. The daemon only ever looks at its own private
 // copy of a submission descriptor (copied out of the ring by RingConsumer)
-// and validates that copy before use (see daemon/validate.h).
+// and validates that copy before use (see daemon/engine/validate.h).
 #ifndef PSMD_SHM_DESCRIPTOR_H_
 #define PSMD_SHM_DESCRIPTOR_H_
 
@@ -72,7 +72,7 @@ enum SubmitFlags : uint8_t {
   kSendInPlace =
       1u << 2,  // kRndvSend: body.place.addr is the payload's address in
                 // the sender's memory, where psmd may copy it from itself
-                // (cross-memory attach, daemon/cross_copy.h)
+                // (cross-memory attach, daemon/engine/cross_copy.h)
   kRecvInPlace = 1u << 0,  // kRecv (body.recv.addr), kClaimedRecv
                            // (body.place.addr): the receive buffer's address
                            // in the receiver's memory, where psmd may copy
@@ -135,10 +135,10 @@ static_assert(offsetof(SubmissionDesc, body) == 32);
 // ---- Operation traits: the one place that says how each op travels ----
 //
 // The client's ring choice, credits and payload placement
-// (client/publisher.{h,cc}), the daemon's validator (daemon/validate.cc) and
-// the engine's dispatch (daemon/mq_engine.cc) all read this table. Adding an
-// operation touches three places: its row here and its builder below, and
-// its handler in the engine (docs/design.md, "Adding an operation").
+// (client/publisher.{h,cc}), the daemon's validator (daemon/engine/validate.cc)
+// and the engine's dispatch (daemon/engine/mq_engine.cc) all read this table.
+// Adding an operation touches three places: its row here and its builder below,
+// and its handler in the engine (docs/design.md, "Adding an operation").
 
 enum class Ring : uint8_t {
   kMessage,  // msg_sq: may be held back for the receiver's budget
@@ -411,7 +411,7 @@ enum class CompleteOp : uint8_t {
                       // kBudgetStallNs for an unexpected budget
                       // (tag[1]: which, a StallBudget; tag[0]: its MiB),
                       // and none of its msg_len unexpected messages was
-                      // received meanwhile (daemon/mq_engine.h)
+                      // received meanwhile (daemon/engine/mq_engine.h)
 };
 
 // How long sends to an endpoint wait for its budget, with none of its
@@ -447,10 +447,11 @@ enum CompleteFlags : uint8_t {
   kPayloadFailed =
       1u << 5,  // kRecvDone/kProbeDone: the message stands for a failed
                 // send (kSendFailed); the receive fails with PARAM_ERR
-  kPayloadPlaced = 1u << 6,  // kRndvChunk: psmd copied these bytes into the
-                             // receive buffer itself (it took the transfer
-                             // over, daemon/mq_engine.h invariant 10); no pool
-                             // payload; error says whether the copy failed
+  kPayloadPlaced =
+      1u << 6,  // kRndvChunk: psmd copied these bytes into the
+                // receive buffer itself (it took the transfer
+                // over, daemon/engine/mq_engine.h invariant 10); no pool
+                // payload; error says whether the copy failed
   kGoAwaitDone = 1u << 7,  // kRndvGo: psmd may take the transfer over; the send
                            // completes on kSendDone, not when its last chunk is
                            // published

@@ -1,7 +1,7 @@
 // Copies in place (issue 16): psmd moves a rendezvous payload from the
-// sender's memory into the receive buffer itself (daemon/cross_copy.h), so a
-// large message arrives while both ranks compute without calling PSM2. Real
-// psmd, real client processes (tests/programs/async_progress).
+// sender's memory into the receive buffer itself (daemon/engine/cross_copy.h),
+// so a large message arrives while both ranks compute without calling PSM2.
+// Real psmd, real client processes (tests/programs/async_progress).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/types.h>

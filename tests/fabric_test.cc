@@ -392,7 +392,7 @@ TEST_F(FabricTest, AReceiverKilledOnAnotherNodeFailsItsSender) {
        false},
       // 400 unexpected eager messages of 60000 B, every eighth synchronous:
       // node 2 keeps payloads past half the inbox and node 1 sends the rest
-      // as envelopes (daemon/remote.h, back-pressure 3). The receiver's
+      // as envelopes (daemon/remote/remote.h, back-pressure 3). The receiver's
       // death ends every synchronous and rendezvous send with an error.
       {"unexpected-sender", "unreceived",
        "receiver killed with payloads kept: the sender failed", "0 left open",
@@ -477,7 +477,7 @@ TEST_F(FabricTest, AFloodAtAnIdleReceiverOnAnotherNodeIsHeldBackNotBuffered) {
   // that counts in its resident set once touched).
   const long long kInboxKiB = 8 << 10;
   // And it may park or keep what was in flight when it switched the
-  // receiver off (daemon/remote.h, back-pressure 4: kParkMax, 16 MiB per
+  // receiver off (daemon/remote/remote.h, back-pressure 4: kParkMax, 16 MiB per
   // connection).
   const long long kParkKiB = 16 << 10;
   if (MemoryBoundsMeaningful()) {
@@ -522,7 +522,7 @@ TEST_F(FabricTest, AFloodAtAnIdleReceiverOnAnotherNodeIsHeldBackNotBuffered) {
 // F's frames; or its eager payloads are kept at node 2, which asks node 1
 // for envelopes only (kEagerOff). Job B's exchange over the same
 // connection meanwhile runs at full speed, and F's messages all arrive, in
-// order and intact, once its receiver reads (daemon/remote.h,
+// order and intact, once its receiver reads (daemon/remote/remote.h,
 // back-pressure).
 void FabricTest::StallOneTenant(const std::vector<std::string>& flood_args,
                                 bool sends_held) {

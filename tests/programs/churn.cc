@@ -6,7 +6,7 @@
 //
 // Each rank keeps a sentinel receive posted from its peer, with a tag
 // nobody sends: psmd fails it when the peer's endpoint goes (invariant 7 of
-// daemon/mq_engine.h), which is how the survivor learns of a death while
+// daemon/engine/mq_engine.h), which is how the survivor learns of a death while
 // it waits for anything. Every wait polls the request and the sentinel.
 // After its first round a rank creates DIR/running.R. When any request
 // ends with an error the rank prints "ended <error> at <monotonic ms>" and

@@ -1,5 +1,6 @@
 // A sender floods a receiver that posts nothing for a while: the test of
-// psmd's bounded unexpected-message memory (daemon/mq_engine.h, invariant 4).
+// psmd's bounded unexpected-message memory (daemon/engine/mq_engine.h,
+// invariant 4).
 //
 //   flood --rank 0|1 --dir DIR [--small N] [--bytes TOTAL] [--idle-seconds S]
 //         [--uuid UUID] [--large BYTES] [--post-first 1] [--am N]

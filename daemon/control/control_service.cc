@@ -1,0 +1,258 @@
+#include "daemon/control/control_service.h"
+
+#include <unistd.h>
+
+#include <string>
+#include <utility>
+
+#include "hw/fabric.h"
+#include "proto/counters.h"
+#include "shm/attach.h"
+#include "version/version.h"
+
+namespace psmd {
+
+namespace {
+
+// Control errors travel as FAILED_PRECONDITION with the psm2_error_t in the
+// error details, so the client can return the same code to the application.
+grpc::Status ToStatus(const Status& e) {
+  if (e.ok()) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, e.message,
+                      std::to_string(e.code));
+}
+
+void FillCounters(const counters::Values& values, v1::EndpointStats* out) {
+  auto* map = out->mutable_counters();
+  for (size_t i = 0; i < counters::kNumCounters; i++) {
+    (*map)[counters::kAll[i].name] = values[i];
+  }
+}
+
+void FillStats(const EndpointSnapshot& s, v1::EndpointStats* out) {
+  out->set_endpoint_id(s.id);
+  out->set_epid(s.epid);
+  out->set_job_uuid(UuidToString(s.uuid));
+  out->set_uid(s.uid);
+  out->set_pid(static_cast<uint32_t>(s.pid));
+  out->set_label(s.label);
+  FillCounters(s.counters, out);
+}
+
+std::string VersionText() {
+  return std::string(version::Version()) + " (commit " + version::Commit() +
+         ")";
+}
+
+}  // namespace
+
+ControlService::ControlService(Registry* registry, Admission* admission,
+                               ProgressWorker* worker,
+                               const SharedConfig* config,
+                               std::string config_path)
+    : registry_(registry),
+      admission_(admission),
+      worker_(worker),
+      config_(config),
+      config_path_(std::move(config_path)),
+      started_(std::chrono::steady_clock::now()) {}
+
+uint64_t ControlService::UptimeNs() const {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now() - started_)
+      .count();
+}
+
+grpc::Status ControlService::Identify(grpc::ServerContext* ctx,
+                                      Credentials* who) {
+  if (admission_->CredentialsOf(ctx->peer(), who)) return grpc::Status::OK;
+  return grpc::Status(
+      grpc::StatusCode::UNAUTHENTICATED,
+      "psmd cannot tell who is calling (peer " + ctx->peer() + ")");
+}
+
+grpc::Status ControlService::Health(grpc::ServerContext* ctx,
+                                    const v1::HealthRequest*,
+                                    v1::HealthReply* reply) {
+  // Anyone may ask whether psmd is alive (the MTL component does before it
+  // opens); how busy the node is only root learns, others count their own.
+  Credentials who;
+  const bool known = Identify(ctx, &who).ok();
+  const bool root = known && who.uid == 0;
+  reply->set_version(version::Version());
+  reply->set_commit(version::Commit());
+  reply->set_worker_last_turn_age_ns(worker_->LastTurnAgeNs());
+  reply->set_uptime_ns(UptimeNs());
+  reply->set_endpoint_count(
+      static_cast<uint32_t>(root    ? registry_->endpoint_count()
+                            : known ? registry_->Snapshot(who).size()
+                                    : 0));
+  reply->set_max_endpoints(registry_->max_endpoints());
+  reply->set_daemon_pid(static_cast<uint32_t>(getpid()));
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::GetConfig(grpc::ServerContext*,
+                                       const v1::GetConfigRequest*,
+                                       v1::GetConfigReply* reply) {
+  reply->set_toml(ConfigToToml(config_->Get()));
+  reply->set_config_path(config_path_);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::OpenEndpoint(grpc::ServerContext* ctx,
+                                          const v1::OpenEndpointRequest* req,
+                                          v1::OpenEndpointReply* reply) {
+  Credentials who;
+  if (auto s = Identify(ctx, &who); !s.ok()) return s;
+  if (req->job_uuid().size() != 16) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "job_uuid must be 16 bytes");
+  }
+  Uuid uuid;
+  std::copy(req->job_uuid().begin(), req->job_uuid().end(), uuid.begin());
+  OpenedEndpoint opened;
+  Status e = registry_->Open(who, uuid, req->label(), &opened);
+  if (!e.ok()) return ToStatus(e);
+  reply->set_endpoint_id(opened.id);
+  reply->set_epid(opened.epid);
+  reply->set_attach_token(opened.token.data(), opened.token.size());
+  reply->set_segment_bytes(opened.segment_bytes);
+  reply->set_pool_bytes(opened.pool_bytes);
+  reply->set_daemon_version(VersionText());
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::CloseEndpoint(grpc::ServerContext* ctx,
+                                           const v1::CloseEndpointRequest* req,
+                                           v1::CloseEndpointReply*) {
+  Credentials who;
+  if (auto s = Identify(ctx, &who); !s.ok()) return s;
+  return ToStatus(registry_->Close(who, req->endpoint_id()));
+}
+
+grpc::Status ControlService::Connect(grpc::ServerContext* ctx,
+                                     const v1::ConnectRequest* req,
+                                     v1::ConnectReply* reply) {
+  Credentials who;
+  if (auto s = Identify(ctx, &who); !s.ok()) return s;
+  std::vector<uint64_t> epids(req->epids().begin(), req->epids().end());
+  if (req->epids_size() > shm::kMaxEpidsPerConnect) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "Connect names " + std::to_string(req->epids_size()) +
+                            " epids; at most " +
+                            std::to_string(shm::kMaxEpidsPerConnect) +
+                            " per call (libpsmclient splits larger calls)");
+  }
+  std::vector<ConnectOutcome> outcomes;
+  Status e = registry_->Connect(who, req->endpoint_id(), epids, &outcomes);
+  if (!e.ok()) return ToStatus(e);
+  for (const ConnectOutcome& o : outcomes) {
+    v1::ConnectResult* r = reply->add_results();
+    r->set_error(o.error);
+    r->set_slot(o.slot);
+    r->set_message(o.message);
+    r->set_host(o.host);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::Disconnect(grpc::ServerContext* ctx,
+                                        const v1::DisconnectRequest* req,
+                                        v1::DisconnectReply* reply) {
+  Credentials who;
+  if (auto s = Identify(ctx, &who); !s.ok()) return s;
+  std::vector<uint32_t> slots(req->slots().begin(), req->slots().end());
+  std::vector<int> errors;
+  Status e = registry_->Disconnect(who, req->endpoint_id(), slots, &errors);
+  if (!e.ok()) return ToStatus(e);
+  for (int err : errors) reply->add_errors(err);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
+                                      const v1::GetStatsRequest*,
+                                      v1::GetStatsReply* reply) {
+  Credentials who;
+  if (auto s = Identify(ctx, &who); !s.ok()) return s;
+  std::vector<EndpointSnapshot> snaps = registry_->Snapshot(who);
+  reply->set_uptime_ns(UptimeNs());
+  reply->set_endpoint_count(static_cast<uint32_t>(snaps.size()));
+  counters::Values total = registry_->ClosedTotals(who);
+  for (const EndpointSnapshot& s : snaps) {
+    FillStats(s, reply->add_endpoints());
+    counters::Accumulate(s.counters, &total);
+  }
+  FillCounters(total, reply->mutable_total());
+  const refusals::Values refused = registry_->refusals().For(who.uid);
+  for (size_t i = 0; i < refusals::kNumCounters; i++)
+    (*reply->mutable_refusals())[refusals::kAll[i].name] = refused[i];
+  reply->set_fabric_host(worker_->fabric_host());
+  if (who.uid != 0) return grpc::Status::OK;
+  // Node-wide figures, root's only: others' activity shows in them.
+  reply->set_doorbells(worker_->doorbells());
+  reply->set_sleeps(worker_->sleeps());
+  const ProgressWorker::Placement where = worker_->placement();
+  v1::WorkerPlacement* w = reply->mutable_worker();
+  w->set_cpu(where.cpu);
+  w->set_core_checks(where.core_checks);
+  w->set_core_shared(where.core_shared);
+  w->set_yields(where.yields);
+  for (const Remote::PeerRow& r : worker_->FabricStats()) {
+    v1::PeerNodeStats* row = reply->add_peer_nodes();
+    row->set_node(static_cast<uint32_t>(r.fabric.node));
+    // A field per counter of the list (proto/counters.h), same name.
+#define PSMD_SET_FABRIC(name, column, metric, unit, help) \
+  row->set_##name(r.fabric.name);
+#define PSMD_SET_REMOTE(name, column, metric, unit, help) \
+  row->set_##name(r.counts.name);
+    PSMD_FABRIC_PEER_COUNTERS(PSMD_SET_FABRIC)
+    PSMD_REMOTE_EVENT_COUNTERS(PSMD_SET_REMOTE)
+#undef PSMD_SET_FABRIC
+#undef PSMD_SET_REMOTE
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::ListEndpoints(grpc::ServerContext* ctx,
+                                           const v1::ListEndpointsRequest*,
+                                           v1::ListEndpointsReply* reply) {
+  Credentials who;
+  if (auto s = Identify(ctx, &who); !s.ok()) return s;
+  for (const EndpointSnapshot& s : registry_->Snapshot(who)) {
+    v1::EndpointInfo* info = reply->add_endpoints();
+    info->set_endpoint_id(s.id);
+    info->set_epid(s.epid);
+    info->set_job_uuid(UuidToString(s.uuid));
+    info->set_pid(static_cast<uint32_t>(s.pid));
+    info->set_uid(s.uid);
+    info->set_gid(s.gid);
+    info->set_label(s.label);
+    info->set_connections(s.connections);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::ListJobs(grpc::ServerContext* ctx,
+                                      const v1::ListJobsRequest*,
+                                      v1::ListJobsReply* reply) {
+  Credentials who;
+  if (auto s = Identify(ctx, &who); !s.ok()) return s;
+  const Config& c = registry_->config();
+  for (const JobSnapshot& j : registry_->Jobs(who)) {
+    v1::JobInfo* info = reply->add_jobs();
+    info->set_job_uuid(UuidToString(j.uuid));
+    info->set_uid(j.uid);
+    for (uint32_t id : j.endpoint_ids) info->add_endpoint_ids(id);
+    info->set_pool_bytes(j.pool_bytes);
+    info->set_region_bytes(c.region_bytes);
+    info->set_max_endpoints(c.max_endpoints_per_job);
+    info->set_unexpected_budget_bytes(j.unexpected_budget_bytes);
+    info->set_max_unexpected_budget_bytes(c.max_unexpected_budget_bytes);
+    info->set_job_unexpected_budget_bytes(c.job_unexpected_budget_bytes);
+    info->set_uid_unexpected_budget_bytes(c.uid_unexpected_budget_bytes);
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace psmd

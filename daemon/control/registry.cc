@@ -1,0 +1,510 @@
+#include "daemon/control/registry.h"
+
+#include <psm2.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "daemon/log.h"
+
+#include "daemon/engine/cross_copy.h"
+#include "shm/epid.h"
+#include "shm/layout.h"
+#include "shm/segment.h"
+
+namespace psmd {
+
+namespace {
+
+constexpr auto kAttachDeadline = std::chrono::seconds(5);
+
+void FillRandom(void* buf, size_t len) {
+  auto* p = static_cast<uint8_t*>(buf);
+  while (len > 0) {
+    ssize_t n = getrandom(p, len, 0);
+    if (n <= 0) continue;
+    p += n;
+    len -= static_cast<size_t>(n);
+  }
+}
+
+uint16_t RandomNonce() {
+  uint16_t v;
+  FillRandom(&v, sizeof(v));
+  return v;
+}
+
+}  // namespace
+
+std::string UuidToString(const Uuid& u) {
+  char buf[37];
+  snprintf(
+      buf, sizeof(buf),
+      "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+      u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11],
+      u[12], u[13], u[14], u[15]);
+  return buf;
+}
+
+Registry::Registry(const Config& config, ProgressWorker* worker)
+    : config_(config),
+      worker_(worker),
+      boot_nonce_(RandomNonce()),
+      default_unexpected_budget_(config.unexpected_budget_bytes) {}
+
+Registry::~Registry() { RemoveAll(); }
+
+Status Registry::Open(const Credentials& who, const Uuid& uuid,
+                      const std::string& label, OpenedEndpoint* out) {
+  std::shared_ptr<Endpoint> ep;
+  if (Status e = Reserve(who, uuid, label, out, &ep); !e.ok()) return e;
+  // Not under mu_: the worker may be busy, and opens, attaches and closes
+  // of every other tenant must not wait for it.
+  worker_->AddEndpoint(ep);
+  {
+    MutexLock lock(&mu_);
+    records_.at(ep->id).ready = true;
+    id_by_epid_[ep->epid] = ep->id;
+  }
+  spdlog::info("opened endpoint {} epid {:#x} for pid {} uid {} job {} ({})",
+               ep->id, ep->epid, who.pid, who.uid, UuidToString(uuid),
+               ep->label);
+  return {};
+}
+
+Status Registry::Reserve(const Credentials& who, const Uuid& uuid,
+                         const std::string& label, OpenedEndpoint* out,
+                         std::shared_ptr<Endpoint>* reserved) {
+  MutexLock lock(&mu_);
+  if (records_.size() >= config_.max_endpoints) {
+    refusals_.Count(who.uid, refusals::k_endpoints_refused);
+    return {PSM2_TOO_MANY_ENDPOINTS,
+            "psmd serves its maximum of " +
+                std::to_string(config_.max_endpoints) +
+                " endpoints; close some or raise psmd --max-endpoints"};
+  }
+  if (!who.is_root() &&
+      open_by_uid_[who.uid] >= config_.max_endpoints_per_uid) {
+    WarnClient(who.uid,
+               "uid {} (pid {}) refused an endpoint: it holds {} "
+               "(--max-endpoints-per-uid)",
+               who.uid, who.pid, config_.max_endpoints_per_uid);
+    refusals_.Count(who.uid, refusals::k_endpoints_refused);
+    return {PSM2_TOO_MANY_ENDPOINTS,
+            "uid " + std::to_string(who.uid) + " holds its maximum of " +
+                std::to_string(config_.max_endpoints_per_uid) +
+                " open endpoints on this node; close some or raise psmd "
+                "--max-endpoints-per-uid"};
+  }
+  JobKey key{uuid, who.uid};
+  std::string error;
+  std::shared_ptr<Job>& job = jobs_[key];
+  if (!job) {
+    // With the fabric, one region more: the inbox of payloads from other
+    // nodes (daemon/remote/remote.h).
+    const bool inbox = !config_.fabric_listen.empty();
+    uint64_t pool_bytes =
+        uint64_t{config_.max_endpoints_per_job + (inbox ? 1 : 0)} *
+        config_.region_bytes;
+    shm::Mapping pool;
+    if (!shm::Mapping::Create("psmd-pool", pool_bytes, who.uid, who.gid, &pool,
+                              &error)) {
+      jobs_.erase(key);
+      return {PSM2_NO_MEMORY, "cannot create the job's payload pool: " + error};
+    }
+    std::shared_ptr<UidAccount> account = uid_accounts_[who.uid].lock();
+    if (!account) {
+      account = std::make_shared<UidAccount>();
+      uid_accounts_[who.uid] = account;
+    }
+    job = std::make_shared<Job>(
+        key, std::move(pool), config_.max_endpoints_per_job,
+        config_.region_bytes, std::move(account), inbox);
+  }
+  auto region = job->TakeRegion();
+  if (!region) {
+    if (job->endpoints == 0) jobs_.erase(key);
+    refusals_.Count(who.uid, refusals::k_endpoints_refused);
+    return {PSM2_TOO_MANY_ENDPOINTS,
+            "job " + UuidToString(uuid) + " has opened its maximum of " +
+                std::to_string(config_.max_endpoints_per_job) +
+                " endpoints on this node; raise psmd --max-endpoints-per-job"};
+  }
+
+  auto ep = std::make_shared<Endpoint>();
+  ep->id = next_id_++;
+  ep->epid = shm::MakeEpid(config_.node_id, boot_nonce_, ep->id);
+  ep->job = job;
+  ep->uid = who.uid;
+  ep->gid = who.gid;
+  ep->pid = who.pid;
+  // Escaped once here: the label is logged and shown by psmctl.
+  ep->label = Escaped(label.substr(0, 64));
+  ep->region = *region;
+  ep->geometry = shm::ComputeGeometry(config_.sq_capacity, config_.cq_capacity);
+  auto fail = [&](const std::string& what) PSMD_REQUIRES(mu_) {
+    job->RetireRegion(*region);
+    if (job->endpoints == 0) jobs_.erase(key);
+    return Status{PSM2_NO_MEMORY, what};
+  };
+  if (!shm::Mapping::Create("psmd-endpoint", ep->geometry.bytes, who.uid,
+                            who.gid, &ep->segment, &error)) {
+    return fail("cannot create the endpoint segment: " + error);
+  }
+  ep->doorbell_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (ep->doorbell_fd < 0)
+    return fail(std::string("eventfd: ") + strerror(errno));
+
+  // The header is written once, before anyone else can map the segment.
+  shm::SegmentParams params;
+  params.endpoint_id = ep->id;
+  params.epid = ep->epid;
+  params.geometry = ep->geometry;
+  params.pool_bytes = job->pool().size();
+  params.region_offset = ep->region.offset;
+  params.region_bytes = ep->region.bytes;
+  params.unexpected_budget = default_unexpected_budget_;
+  params.max_unexpected_budget = config_.max_unexpected_budget_bytes;
+  shm::WriteSegmentHeader(ep->segment.base(), params);
+  ep->unexpected_budget = default_unexpected_budget_;
+
+  job->endpoints++;
+  open_by_uid_[who.uid]++;
+  Record rec;
+  rec.ep = ep;
+  FillRandom(rec.token.data(), rec.token.size());
+  rec.opened = std::chrono::steady_clock::now();
+  out->id = ep->id;
+  out->epid = ep->epid;
+  out->token = rec.token;
+  out->segment_bytes = ep->geometry.bytes;
+  out->pool_bytes = job->pool().size();
+  records_.emplace(ep->id, std::move(rec));
+  *reserved = ep;
+  return {};
+}
+
+Status Registry::Attach(const AttachToken& token, const Credentials& who,
+                        int liveness_fd, int fds[shm::kAttachFdCount],
+                        uint32_t* endpoint_id) {
+  MutexLock lock(&mu_);
+  for (auto& [id, rec] : records_) {
+    if (!rec.ready || rec.attached || rec.token != token) continue;
+    // The token is a capability, but only for the process that opened it.
+    if (rec.ep->uid != who.uid || rec.ep->pid != who.pid) {
+      return {PSM2_PARAM_ERR, "attach token presented by pid " +
+                                  std::to_string(who.pid) + " uid " +
+                                  std::to_string(who.uid) +
+                                  ", but it was issued to another process"};
+    }
+    rec.attached = true;
+    rec.liveness_fd = liveness_fd;
+    rec.ep->pidfd.store(CrossCopier::PeerPidfd(liveness_fd),
+                        std::memory_order_release);
+    rec.token.fill(0);
+    fds[0] = rec.ep->segment.fd();
+    fds[1] = rec.ep->job->pool().fd();
+    fds[2] = rec.ep->doorbell_fd;
+    *endpoint_id = id;
+    return {};
+  }
+  return {PSM2_PARAM_ERR, "unknown or expired attach token"};
+}
+
+std::shared_ptr<Endpoint> Registry::Unlink(uint32_t id) {
+  auto it = records_.find(id);
+  if (it == records_.end() || !it->second.ready) return nullptr;
+  std::shared_ptr<Endpoint> ep = std::move(it->second.ep);
+  // Wake the client's side of the attach connection so it notices too.
+  if (it->second.liveness_fd >= 0) shutdown(it->second.liveness_fd, SHUT_RDWR);
+  records_.erase(it);
+  id_by_epid_.erase(ep->epid);
+  if (--open_by_uid_[ep->uid] == 0) open_by_uid_.erase(ep->uid);
+  Job& job = *ep->job;
+  job.RetireRegion(ep->region);
+  if (--job.endpoints == 0) jobs_.erase(job.key());
+  return ep;
+}
+
+void Registry::Retire(std::shared_ptr<Endpoint> ep) {
+  if (!ep) return;
+  worker_->RemoveEndpoint(ep->id);
+  {
+    // Counters are final now that the worker has dropped the endpoint.
+    counters::Values last = ep->counters.Values();
+    MutexLock lock(&mu_);
+    counters::Accumulate(last, &closed_totals_[ep->uid]);
+  }
+  spdlog::info(
+      "closed endpoint {} epid {:#x} (pid {}): sent {} msgs, received {} msgs",
+      ep->id, ep->epid, ep->pid, ep->counters.msgs_sent.Get(),
+      ep->counters.msgs_received.Get());
+  // Last reference: the segment is unmapped and its memfd closed here, and the
+  // pool too once the job's last endpoint is gone.
+}
+
+Status Registry::FindControllable(const Credentials& who, uint32_t id,
+                                  Record** out) {
+  auto it = records_.find(id);
+  // Another uid's endpoint gets the answer a missing one gets: the caller
+  // may not learn that it exists, nor whose it is (psmctl endpoints hides it).
+  if (it == records_.end() || !it->second.ready ||
+      !MayControl(who, *it->second.ep)) {
+    return {PSM2_PARAM_ERR,
+            "no endpoint " + std::to_string(id) +
+                " of yours (already closed? only its uid or root may close "
+                "it or connect from it)"};
+  }
+  *out = &it->second;
+  return {};
+}
+
+Status Registry::Close(const Credentials& who, uint32_t id) {
+  std::shared_ptr<Endpoint> ep;
+  {
+    MutexLock lock(&mu_);
+    Record* found = nullptr;
+    if (Status e = FindControllable(who, id, &found); !e.ok()) return e;
+    ep = Unlink(id);
+  }
+  Retire(std::move(ep));
+  return {};
+}
+
+void Registry::ConnectionLost(uint32_t id) {
+  std::shared_ptr<Endpoint> ep;
+  {
+    MutexLock lock(&mu_);
+    auto it = records_.find(id);
+    if (it != records_.end())
+      it->second.liveness_fd = -1;  // the caller closes it
+    ep = Unlink(id);
+  }
+  if (ep) spdlog::info("endpoint {}: client pid {} went away", ep->id, ep->pid);
+  Retire(std::move(ep));
+}
+
+Status Registry::Connect(const Credentials& who, uint32_t id,
+                         const std::vector<uint64_t>& epids,
+                         std::vector<ConnectOutcome>* out) {
+  struct NewLink {
+    uint32_t slot;
+    PeerLink link;
+  };
+  std::vector<NewLink> links;
+  // Epids of other nodes: asked of their daemons without mu_ held.
+  std::vector<size_t> remote_index;
+  std::vector<uint64_t> remote_epids;
+  {
+    MutexLock lock(&mu_);
+    Record* found = nullptr;
+    if (Status e = FindControllable(who, id, &found); !e.ok()) return e;
+    Record& rec = *found;
+    out->clear();
+    for (uint64_t epid : epids) {
+      ConnectOutcome o;
+      if (shm::NodeIdOf(epid) != config_.node_id && worker_->has_fabric()) {
+        remote_index.push_back(out->size());
+        remote_epids.push_back(epid);
+        out->push_back(o);
+        continue;
+      }
+      auto peer_it = id_by_epid_.find(epid);
+      const Endpoint* peer = peer_it == id_by_epid_.end()
+                                 ? nullptr
+                                 : records_.at(peer_it->second).ep.get();
+      // Another uid's endpoint is answered exactly as a missing one, so
+      // that no tenant can learn which epids exist on the node.
+      if (peer == nullptr || peer->job->key().uid != rec.ep->job->key().uid) {
+        char hex[32];
+        snprintf(hex, sizeof(hex), "%#llx",
+                 static_cast<unsigned long long>(epid));
+        o.error = PSM2_EPID_UNREACHABLE;
+        o.message = std::string("no endpoint with epid ") + hex +
+                    " of this uid on this node";
+        if (shm::NodeIdOf(epid) != config_.node_id) {
+          o.message += " (it names node " +
+                       std::to_string(shm::NodeIdOf(epid)) +
+                       ", and this psmd has no fabric: --fabric-listen)";
+        }
+        out->push_back(o);
+        continue;
+      }
+      if (!(peer->job->key() == rec.ep->job->key())) {
+        o.error = PSM2_EPID_INVALID_UUID_KEY;
+        o.message = "endpoint " + std::to_string(peer->id) +
+                    " belongs to another job of this uid (a different job "
+                    "uuid); endpoints of different jobs never connect";
+        out->push_back(o);
+        continue;
+      }
+      // Reconnecting an epid reuses its slot (and re-arms it after a
+      // disconnect).
+      auto slot_it =
+          rec.slot_by_epid
+              .try_emplace(epid, static_cast<uint32_t>(rec.slot_by_epid.size()))
+              .first;
+      o.slot = slot_it->second;
+      links.push_back({o.slot, PeerLink{peer->id, peer->epid}});
+      out->push_back(o);
+    }
+  }
+  if (!remote_epids.empty()) {
+    std::vector<ProgressWorker::RemoteOutcome> answers =
+        worker_->QueryRemote(id, remote_epids);
+    MutexLock lock(&mu_);
+    Record* found = nullptr;
+    if (Status e = FindControllable(who, id, &found); !e.ok()) return e;
+    for (size_t i = 0; i < remote_epids.size(); i++) {
+      ConnectOutcome& o = (*out)[remote_index[i]];
+      o.error = answers[i].error;
+      o.message = answers[i].message;
+      o.host = answers[i].host;
+      if (o.error != PSM2_OK) continue;
+      auto slot_it =
+          found->slot_by_epid
+              .try_emplace(remote_epids[i],
+                           static_cast<uint32_t>(found->slot_by_epid.size()))
+              .first;
+      o.slot = slot_it->second;
+      links.push_back({o.slot, PeerLink{kRemotePeer, remote_epids[i]}});
+    }
+  }
+  for (const NewLink& l : links) worker_->SetPeer(id, l.slot, l.link);
+  return {};
+}
+
+Status Registry::Disconnect(const Credentials& who, uint32_t id,
+                            const std::vector<uint32_t>& slots,
+                            std::vector<int>* errors) {
+  std::vector<uint32_t> cleared;
+  {
+    MutexLock lock(&mu_);
+    Record* found = nullptr;
+    if (Status e = FindControllable(who, id, &found); !e.ok()) return e;
+    Record& rec = *found;
+    errors->clear();
+    for (uint32_t slot : slots) {
+      bool found = false;
+      for (auto s = rec.slot_by_epid.begin(); s != rec.slot_by_epid.end();
+           ++s) {
+        if (s->second == slot) {
+          found = true;
+          break;
+        }
+      }
+      // The slot number stays reserved for its epid, so a reconnect reuses it
+      // and a stale descriptor can never reach a different peer.
+      errors->push_back(found ? PSM2_OK : PSM2_EPID_UNKNOWN);
+      if (found) cleared.push_back(slot);
+    }
+  }
+  for (uint32_t slot : cleared) worker_->ClearPeer(id, slot);
+  return {};
+}
+
+std::vector<EndpointSnapshot> Registry::Snapshot(const Credentials& who) {
+  MutexLock lock(&mu_);
+  std::vector<EndpointSnapshot> out;
+  for (auto& [id, rec] : records_) {
+    const Endpoint& ep = *rec.ep;
+    if (!MayControl(who, ep)) continue;
+    EndpointSnapshot s;
+    s.id = ep.id;
+    s.epid = ep.epid;
+    s.uuid = ep.job->key().uuid;
+    s.pid = ep.pid;
+    s.uid = ep.uid;
+    s.gid = ep.gid;
+    s.label = ep.label;
+    s.connections = static_cast<uint32_t>(rec.slot_by_epid.size());
+    s.counters = ep.counters.Values();
+    out.push_back(std::move(s));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const EndpointSnapshot& a, const EndpointSnapshot& b) {
+              return a.id < b.id;
+            });
+  return out;
+}
+
+counters::Values Registry::ClosedTotals(const Credentials& who) {
+  MutexLock lock(&mu_);
+  counters::Values total{};
+  for (const auto& [uid, t] : closed_totals_) {
+    if (who.is_root() || who.uid == uid) counters::Accumulate(t, &total);
+  }
+  return total;
+}
+
+std::vector<JobSnapshot> Registry::Jobs(const Credentials& who) {
+  MutexLock lock(&mu_);
+  std::map<JobKey, JobSnapshot> jobs;  // ordered: a stable listing
+  for (const auto& [id, rec] : records_) {
+    const Endpoint& ep = *rec.ep;
+    if (!MayControl(who, ep)) continue;
+    JobSnapshot& j = jobs[ep.job->key()];
+    j.uuid = ep.job->key().uuid;
+    j.uid = ep.uid;
+    j.pool_bytes = ep.job->pool().size();
+    j.unexpected_budget_bytes = default_unexpected_budget_;
+    j.endpoint_ids.push_back(ep.id);
+  }
+  std::vector<JobSnapshot> out;
+  for (auto& [key, j] : jobs) {
+    std::sort(j.endpoint_ids.begin(), j.endpoint_ids.end());
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+size_t Registry::endpoint_count() {
+  MutexLock lock(&mu_);
+  return records_.size();
+}
+
+void Registry::SetDefaultUnexpectedBudget(uint64_t bytes) {
+  MutexLock lock(&mu_);
+  default_unexpected_budget_ = bytes;
+}
+
+void Registry::ExpireUnattached() {
+  std::vector<std::shared_ptr<Endpoint>> expired;
+  {
+    MutexLock lock(&mu_);
+    auto now = std::chrono::steady_clock::now();
+    std::vector<uint32_t> ids;
+    for (auto& [id, rec] : records_) {
+      if (!rec.attached && now - rec.opened > kAttachDeadline)
+        ids.push_back(id);
+    }
+    for (uint32_t id : ids) {
+      const Endpoint& ep = *records_.at(id).ep;
+      WarnClient(ep.uid,
+                 "endpoint {}: pid {} uid {} never attached its segments; "
+                 "reclaiming it",
+                 id, ep.pid, ep.uid);
+      expired.push_back(Unlink(id));
+    }
+  }
+  for (auto& ep : expired) Retire(std::move(ep));
+}
+
+void Registry::RemoveAll() {
+  std::vector<std::shared_ptr<Endpoint>> all;
+  {
+    MutexLock lock(&mu_);
+    std::vector<uint32_t> ids;
+    for (auto& [id, rec] : records_) ids.push_back(id);
+    for (uint32_t id : ids) all.push_back(Unlink(id));
+  }
+  for (auto& ep : all) Retire(std::move(ep));
+}
+
+}  // namespace psmd

@@ -1,0 +1,183 @@
+// The registry of jobs and endpoints: what the control plane creates,
+// connects, lists and removes. It owns segment creation and the attach
+// tokens; the progress worker owns the endpoints' matching state.
+//
+// Thread-safety: every public method may be called from any thread (gRPC
+// handlers, the admission thread); state is guarded by one mutex (mu_, the
+// annotations say what it guards), which is never held while waiting for
+// the progress worker.
+#ifndef PSMD_DAEMON_CONTROL_REGISTRY_H_
+#define PSMD_DAEMON_CONTROL_REGISTRY_H_
+
+#include <sys/types.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "base/mutex.h"
+#include "daemon/config.h"
+#include "daemon/control/refusals.h"
+#include "daemon/engine/endpoint.h"
+#include "daemon/engine/job.h"
+#include "daemon/progress.h"
+#include "shm/attach.h"
+#include "shm/status.h"
+
+namespace psmd {
+
+// Who is calling, as the kernel says (SO_PEERCRED).
+struct Credentials {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  bool is_root() const { return uid == 0; }
+};
+
+using AttachToken = std::array<uint8_t, shm::kAttachTokenBytes>;
+
+struct OpenedEndpoint {
+  uint32_t id = 0;
+  uint64_t epid = 0;
+  AttachToken token{};
+  uint64_t segment_bytes = 0;
+  uint64_t pool_bytes = 0;
+  // What an endpoint opened now gets (SIGHUP may have changed it).
+  uint64_t unexpected_budget_bytes = 0;
+};
+
+struct ConnectOutcome {
+  int error = 0;  // psm2_error_t
+  uint32_t slot = 0;
+  std::string message;
+  std::string host;  // ConnectResult.host
+};
+
+struct EndpointSnapshot {
+  uint32_t id = 0;
+  uint64_t epid = 0;
+  Uuid uuid{};
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::string label;
+  uint32_t connections = 0;
+  counters::Values counters{};
+};
+
+// A job as psmctl lists it, with the budgets that apply to it.
+struct JobSnapshot {
+  Uuid uuid{};
+  uid_t uid = 0;
+  std::vector<uint32_t> endpoint_ids;  // open endpoints, ascending
+  uint64_t pool_bytes = 0;
+  // What an endpoint opened now gets (SIGHUP may have changed it).
+  uint64_t unexpected_budget_bytes = 0;
+};
+
+class Registry {
+ public:
+  Registry(const Config& config, ProgressWorker* worker);
+  ~Registry();
+
+  Status Open(const Credentials& who, const Uuid& uuid,
+              const std::string& label, OpenedEndpoint* out);
+  // Redeems an attach token. On success fills fds (borrowed: valid while the
+  // endpoint lives; the caller sends them, it does not close them) and binds
+  // the endpoint's life to `liveness_fd`.
+  Status Attach(const AttachToken& token, const Credentials& who,
+                int liveness_fd, int fds[shm::kAttachFdCount],
+                uint32_t* endpoint_id);
+  Status Close(const Credentials& who, uint32_t id);
+  // The attach connection hung up: the client is gone (or closed).
+  void ConnectionLost(uint32_t id);
+  Status Connect(const Credentials& who, uint32_t id,
+                 const std::vector<uint64_t>& epids,
+                 std::vector<ConnectOutcome>* out);
+  Status Disconnect(const Credentials& who, uint32_t id,
+                    const std::vector<uint32_t>& slots,
+                    std::vector<int>* errors);
+  // Endpoints the caller may see: its own uid's, or all for root.
+  std::vector<EndpointSnapshot> Snapshot(const Credentials& who);
+  // Counters of the closed endpoints the caller may see, summed (so totals
+  // cover the daemon's lifetime, not only the endpoints open now).
+  counters::Values ClosedTotals(const Credentials& who);
+  // Jobs the caller may see (its own uid's, or all for root), by uuid.
+  std::vector<JobSnapshot> Jobs(const Credentials& who);
+  const Config& config() const { return config_; }
+  // Refusals by a limit, per uid (Registry's own and Admission's).
+  Refusals& refusals() { return refusals_; }
+  // Bits 47..32 of the epids minted by this run of psmd.
+  uint16_t boot_nonce() const { return boot_nonce_; }
+  size_t endpoint_count();
+  // The most endpoints psmd serves at once (--max-endpoints).
+  uint32_t max_endpoints() const { return config_.max_endpoints; }
+  // The unexpected-message budget endpoints opened from now on get (SIGHUP
+  // reload); open endpoints keep theirs.
+  void SetDefaultUnexpectedBudget(uint64_t bytes);
+  // Removes endpoints whose attach token was not redeemed in time.
+  void ExpireUnattached();
+  // Removes every endpoint (daemon shutdown).
+  void RemoveAll();
+
+ private:
+  struct Record {
+    std::shared_ptr<Endpoint> ep;
+    AttachToken token{};
+    bool attached = false;
+    // False until the progress worker serves the endpoint: Open adds it
+    // there without mu_ held, and until then nobody may attach, connect
+    // to, or close it (a close would reach the worker before the add).
+    bool ready = false;
+    std::chrono::steady_clock::time_point opened;
+    int liveness_fd = -1;
+    std::map<uint64_t, uint32_t>
+        slot_by_epid;  // connections made by this endpoint
+  };
+
+  // Open's first half, under mu_ (it takes it): checks quotas, creates the
+  // segment and the record (not ready yet).
+  Status Reserve(const Credentials& who, const Uuid& uuid,
+                 const std::string& label, OpenedEndpoint* out,
+                 std::shared_ptr<Endpoint>* reserved) PSMD_EXCLUDES(mu_);
+  // Takes the endpoint out of every table (mu_ held); the caller then removes
+  // it from the worker without the lock.
+  std::shared_ptr<Endpoint> Unlink(uint32_t id) PSMD_REQUIRES(mu_);
+  void Retire(std::shared_ptr<Endpoint> ep) PSMD_EXCLUDES(mu_);
+  // The record of endpoint `id` if `who` may act on it (mu_ held).
+  Status FindControllable(const Credentials& who, uint32_t id, Record** out)
+      PSMD_REQUIRES(mu_);
+  bool MayControl(const Credentials& who, const Endpoint& ep) const {
+    return who.is_root() || who.uid == ep.uid;
+  }
+
+  Refusals refusals_;
+  // As started; the default unexpected budget changes (SIGHUP), so it is
+  // default_unexpected_budget_ that counts.
+  const Config config_;
+  ProgressWorker* const worker_;
+  const uint16_t boot_nonce_;
+
+  Mutex mu_;
+  uint64_t default_unexpected_budget_ PSMD_GUARDED_BY(mu_);
+  uint32_t next_id_ PSMD_GUARDED_BY(mu_) = 1;
+  std::unordered_map<uint32_t, Record> records_ PSMD_GUARDED_BY(mu_);
+  // Open endpoints per owner uid.
+  std::unordered_map<uid_t, uint32_t> open_by_uid_ PSMD_GUARDED_BY(mu_);
+  // Each uid's account, shared by its jobs while any lives.
+  std::unordered_map<uid_t, std::weak_ptr<UidAccount>> uid_accounts_
+      PSMD_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, uint32_t> id_by_epid_ PSMD_GUARDED_BY(mu_);
+  std::map<JobKey, std::shared_ptr<Job>> jobs_ PSMD_GUARDED_BY(mu_);
+  // By owner uid.
+  std::map<uid_t, counters::Values> closed_totals_ PSMD_GUARDED_BY(mu_);
+};
+
+}  // namespace psmd
+
+#endif  // PSMD_DAEMON_CONTROL_REGISTRY_H_

@@ -1,0 +1,198 @@
+// The daemon's view of one endpoint: identity, shared segment, and the
+// matching state the progress worker owns.
+//
+// Thread-safety:
+//   1. Identity fields, the segment mapping, geometry and region are set
+//      before the endpoint is published and never change.
+//   2. Everything under "worker-owned" is touched only by the progress worker
+//      that owns the endpoint.
+//   3. Counters are written by the worker only (relaxed stores) and read by
+//      control threads (relaxed loads): stats may be a moment old, never torn.
+#ifndef PSMD_DAEMON_ENGINE_ENDPOINT_H_
+#define PSMD_DAEMON_ENGINE_ENDPOINT_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "daemon/engine/job.h"
+#include "daemon/engine/matcher.h"
+#include "daemon/engine/validate.h"
+#include "proto/counters.h"
+#include "shm/descriptor.h"
+#include "shm/layout.h"
+#include "shm/mapping.h"
+#include "shm/ring.h"
+
+namespace psmd {
+
+// A counter with one writer: increments are a load and a store, no locked
+// instruction on the hot path.
+class Counter {
+ public:
+  void Add(uint64_t n) {
+    v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
+  uint64_t Get() const { return v_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> v_{0};
+};
+
+// One Counter per entry of the list in proto/counters.h.
+struct EndpointCounters {
+#define PSMD_COUNTER_FIELD(name, metric, unit, help) Counter name;
+  PSMD_ENDPOINT_COUNTERS(PSMD_COUNTER_FIELD)
+#undef PSMD_COUNTER_FIELD
+
+  counters::Values Values() const {
+    return {{
+#define PSMD_COUNTER_VALUE(name, metric, unit, help) name.Get(),
+        PSMD_ENDPOINT_COUNTERS(PSMD_COUNTER_VALUE)
+#undef PSMD_COUNTER_VALUE
+    }};
+  }
+};
+
+// What one unexpected message is charged against its receiver's budgets
+// (mq_engine.h, invariant 4): the daemon's own bookkeeping for it (the queue
+// entry, with up to shm::kInlineMax payload bytes, and matcher node),
+// rounded up. A larger payload is not psmd's memory: it waits in a pool
+// region whose share for payloads that may linger bounds it (shm/pool.h;
+// the sender's region on this node, the receiving job's inbox from another
+// node), or with its sender (rendezvous), or in a connection's park
+// (daemon/remote/remote.h, kParkMax).
+inline constexpr uint64_t kUnexpectedOverheadBytes = 128;
+
+// A receive waiting in the posted queue.
+struct PostedRecv {
+  uint64_t req;
+  uint32_t capacity;  // bytes the receive buffer holds
+  uint64_t source;    // the epid it names, or kAnySource
+  uint64_t addr;  // the buffer in the receiver's memory (kRecvInPlace), or 0
+};
+
+// A message waiting in the unexpected queue (or claimed by a matched probe).
+struct UnexpectedMsg {
+  // The sending endpoint's id; for a sender on another node (remote_src),
+  // 0, or the id of its payload this daemon keeps (a rendezvous whose
+  // sender is psmd, daemon/remote/remote.h back-pressure 3).
+  uint32_t sender_id;
+  uint8_t flags;    // shm::SubmitFlags of the send
+  bool rendezvous;  // a request-to-send: the payload is still with the sender
+  uint32_t len;
+  uint64_t sender_req;  // kSendSync / rendezvous: the sender's request
+  // One or the other, so that a queued message costs psmd no more than
+  // kUnexpectedOverheadBytes charges for it.
+  union {
+    uint64_t pool_offset;  // eager, len > kInlineMax
+    uint64_t send_addr;    // rendezvous with kSendInPlace: the payload's
+                           // address in the sender (else 0)
+  };
+  uint8_t inline_data[shm::kInlineMax];
+  // Non-zero: the sender is this epid on another node; an eager payload is
+  // in the receiver's job inbox (daemon/remote/remote.h).
+  uint64_t remote_src;
+};
+
+// A message removed from the unexpected queue by a matched probe
+// (psm2_mq_improbe), waiting for the receive that names the probe's request.
+struct ClaimedMsg {
+  MsgKey key;
+  UnexpectedMsg msg;
+};
+
+// PeerLink::endpoint_id of a peer on another node (daemon/remote/remote.h).
+inline constexpr uint32_t kRemotePeer = 0xffffffffu;
+
+// One connection slot: the peer this endpoint named by index in descriptors.
+struct PeerLink {
+  uint32_t endpoint_id = 0;  // 0: slot unused
+  uint64_t epid = 0;
+  // The peer closed or died: everything it sent has been delivered or is
+  // queued here, so a receive naming it can match only what is queued.
+  bool gone = false;
+};
+
+class Endpoint {
+ public:
+  Endpoint() = default;
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+  ~Endpoint();
+
+  // Identity (immutable once published).
+  uint32_t id = 0;
+  uint64_t epid = 0;
+  std::shared_ptr<Job> job;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  pid_t pid = 0;
+  std::string label;
+  shm::Mapping segment;
+  shm::SegmentGeometry geometry{};
+  SendRegion region;
+  int doorbell_fd = -1;  // eventfd the client rings when the daemon sleeps
+  // The client process, from its attach socket (SO_PEERPIDFD), for copies in
+  // place (daemon/engine/cross_copy.h); -1 until attached, or when unavailable.
+  std::atomic<int> pidfd{-1};
+
+  shm::SegmentControl* control() const {
+    return shm::ControlOf(segment.base());
+  }
+
+  // Worker-owned.
+  shm::RingConsumer<shm::SubmissionDesc> msg_sq;
+  shm::RingConsumer<shm::SubmissionDesc> ctl_sq;
+  shm::RingProducer<shm::CompletionDesc> cq;
+  std::deque<shm::CompletionDesc>
+      cq_overflow;  // completions waiting for ring space
+  // Sends taken off msg_sq that wait for their receiver's unexpected budget,
+  // in order; at most one batch. msg_sq is not read while this is non-empty.
+  std::deque<shm::SubmissionDesc> held_sends;
+  std::vector<PeerLink> peers;
+  PostedQueue<PostedRecv> posted;
+  UnexpectedQueue<UnexpectedMsg> unexpected;
+  // Rendezvous messages claimed by a matched probe, by the probe's request
+  // token, until the client receives them (kClaimedRecv). A claimed eager
+  // message goes to the client with the probe's answer instead.
+  std::unordered_map<uint64_t, ClaimedMsg> claimed;
+  uint64_t unexpected_cost = 0;    // kUnexpectedOverheadBytes per unexpected
+                                   // and claimed message
+  uint64_t unexpected_budget = 0;  // PSM2_MQ_MAX_SYSBUF_MBYTES of this endpoint
+  // Since when a send to this endpoint has waited for its budget with none
+  // of its unexpected messages received (0: none waits); whether it is in
+  // MqEngine's stall_watch_.
+  uint64_t held_since_ns = 0;
+  bool stall_watched = false;
+  // posted.size() when last added to its job's and uid's posted_recvs
+  // (mq_engine.h, invariant 9).
+  uint64_t posted_charged = 0;
+  bool notify_pending =
+      false;             // completions published since the last wake check
+  bool faulted = false;  // ring corrupted by the client: no longer served
+  // psmd may not read or write this process (a copy failed with EPERM):
+  // its rendezvous messages stream through the pool (mq_engine.h, inv. 10).
+  bool copy_denied = false;
+  // When psmd last took a rendezvous chunk from this endpoint: a sender
+  // busy streaming one message is not stalled on the others (inv. 10).
+  uint64_t last_chunk_ns = 0;
+  // Rings of a doorbell with nothing submitted, counted per second (progress
+  // worker only): a client ringing in a loop is not listened to for a while
+  // (ProgressWorker::NoteIdleDoorbell) instead of keeping psmd awake.
+  uint32_t idle_doorbells = 0;
+  uint64_t idle_doorbell_window_ns = 0;  // start of the current second
+  uint64_t doorbell_muted_until_ns = 0;  // 0: listened to
+
+  EndpointCounters counters;
+};
+
+}  // namespace psmd
+
+#endif  // PSMD_DAEMON_ENGINE_ENDPOINT_H_

@@ -1,0 +1,833 @@
+// libFuzzer target for the descriptor validator and the engine's dispatch
+// (daemon/engine/engine_fuzz.sh runs it; //daemon/engine:engine_fuzz_test in
+// CI).
+//
+// Each input is a program for a small node: two jobs of one uid (job A with
+// three endpoint positions, job B with one) on real memfd segments and pools,
+// an MqEngine driven by hand, and the harness playing every client. The
+// input's bytes are read front to back as operations: a raw 64-byte
+// descriptor on either ring, well-formed descriptors from the shm::Prep*
+// builders with fuzzed fields (sometimes on the wrong ring), bytes scribbled
+// into a job pool, engine turns, client reaps (which release the chunks the
+// completions carry, as a client does), and removing and re-adding
+// endpoints. At the end every endpoint is removed.
+//
+// Checked beyond "no crash, no sanitizer report":
+//   1. Every completion an endpoint reaps belongs to its own job: its token
+//      carries the job's tag (the harness tags every submission's token,
+//      also raw ones) and its source epid, if any, is of the same job. A
+//      completion's payload chunk lies inside the job's pool.
+//   2. Once every endpoint is removed, every pool chunk the harness handed
+//      over in a valid submission is released (mq_engine.h, Remove: payloads
+//      of dropped messages and of unread completions go back to their
+//      senders; a rejected submission's chunk stays the client's, as in
+//      client/endpoint.cc). Skipped for a job whose pool was scribbled on,
+//      since a scribble may have rewritten chunk headers.
+//   3. Once every endpoint is removed, nothing is charged to any job's or
+//      the uid's unexpected budget.
+//
+// Seeds: ENGINE_FUZZ_WRITE_SEEDS=DIR ./engine_fuzz writes the seed corpus
+// (well-formed sequences built with the Encoder below) into DIR and exits.
+#include <psm2.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "daemon/engine/mq_engine.h"
+#include "daemon/engine/validate.h"
+#include "shm/payload.h"
+#include "shm/pool.h"
+#include "shm/segment.h"
+
+namespace psmd {
+namespace {
+
+constexpr uint32_t kRingCapacity = 16;  // small: overflow and holds happen
+constexpr uint64_t kRegionBytes = 64 << 10;
+constexpr uint32_t kLivesPerPosition = 3;  // regions are never recycled
+constexpr uint32_t kMaxLen = 200000;       // rendezvous lengths up to this
+
+// Operations (one byte each, modulo kOpCount).
+enum Op : uint8_t {
+  kRaw,
+  kSend,
+  kRndvSend,
+  kRecv,
+  kProbe,
+  kClaimedRecv,
+  kCancel,
+  kRndvData,
+  kSetOption,
+  kAmRequest,
+  kAmReply,
+  kAmAck,
+  kScribble,
+  kTurn,
+  kReap,
+  kRemove,
+  kReAdd,
+  kDisconnect,  // psm2_ep_disconnect of one slot (Registry::Disconnect)
+  kReconnect,
+  kOpCount
+};
+
+[[noreturn]] void Fail(const char* what) {
+  fprintf(stderr, "engine_fuzz: property violated: %s\n", what);
+  abort();
+}
+
+// Reads the input front to back; past its end every read is zero.
+class Reader {
+ public:
+  Reader(const uint8_t* data, size_t size) : p_(data), n_(size) {}
+  bool done() const { return n_ == 0; }
+  uint8_t U8() {
+    if (n_ == 0) return 0;
+    n_--;
+    return *p_++;
+  }
+  uint16_t U16() { return static_cast<uint16_t>(U8() | (U8() << 8)); }
+  uint32_t U32() { return U16() | (uint32_t{U16()} << 16); }
+  uint64_t U64() { return U32() | (uint64_t{U32()} << 32); }
+  // A value in [lo, hi] from two bytes.
+  uint32_t Range(uint32_t lo, uint32_t hi) {
+    return lo + static_cast<uint32_t>(U16() % (uint64_t{hi} - lo + 1));
+  }
+  bool Bool() { return U8() & 1; }
+  void Bytes(void* out, size_t k) {
+    auto* o = static_cast<uint8_t*>(out);
+    for (size_t i = 0; i < k; i++) o[i] = U8();
+  }
+  // A message length: inline sizes often, pool and rendezvous sizes too.
+  uint32_t Len(uint32_t max) {
+    uint8_t kind = U8();
+    if (kind < 128) return kind % (shm::kInlineMax + 1);
+    if (kind < 224) return Range(0, 9000 < max ? 9000 : max);
+    return U32() % (max + 1);
+  }
+
+ private:
+  const uint8_t* p_;
+  size_t n_;
+};
+
+struct JobState {
+  std::shared_ptr<Job> job;
+  uint8_t tag;  // top byte of every token of this job
+  std::vector<uint32_t> positions;
+  std::set<uint64_t> epids;    // every epid the job ever had
+  std::set<uint64_t> tracked;  // chunks handed over in valid submissions
+  bool scribbled = false;
+};
+
+// One endpoint position as its client sees it.
+struct Client {
+  bool live = false;
+  uint32_t job = 0;  // index into Node::jobs_
+  uint32_t lives = 0;
+  std::shared_ptr<Endpoint> ep;
+  shm::ClientRings rings;
+  shm::SendArena arena;
+  std::vector<uint64_t> recvs;   // tokens of posted receives
+  std::vector<uint64_t> probes;  // tokens of claiming probes
+  struct Go {
+    uint64_t transfer;
+    uint32_t send_bytes;
+    uint32_t sent;
+  };
+  std::vector<Go> gos;  // rendezvous sends cleared to stream
+  struct AmIn {
+    uint32_t from_id;
+    uint64_t req;
+    uint32_t handler;
+  };
+  std::vector<AmIn> ams;  // active messages that could be acknowledged
+};
+
+class Node {
+ public:
+  Node() {
+    auto account = std::make_shared<UidAccount>();
+    MakeJob(0xA, 3, account);
+    MakeJob(0xB, 1, account);
+    for (uint32_t pos = 0; pos < clients_.size(); pos++) AddAt(pos);
+  }
+
+  void Run(Reader& in) {
+    while (!in.done()) Step(in);
+    // Drain, read everything, then close every endpoint.
+    for (int i = 0; i < 8 && engine_.PollAll(); i++) {
+    }
+    for (uint32_t pos = 0; pos < clients_.size(); pos++) Reap(pos, ~0u);
+    for (uint32_t pos = 0; pos < clients_.size(); pos++) RemoveAt(pos);
+    for (JobState& j : jobs_) {
+      if (j.job->unexpected_cost != 0) Fail("a job's budget still charged");
+      if (!j.scribbled) {
+        for (uint64_t off : j.tracked) {
+          if (shm::ChunkOf(j.job->pool().base(), off)
+                  ->state.load(std::memory_order_relaxed) !=
+              shm::kChunkReleased) {
+            fprintf(stderr, "chunk at pool offset %llu of job %x\n",
+                    static_cast<unsigned long long>(off), j.tag);
+            Fail("a pool chunk was never released");
+          }
+        }
+      }
+    }
+    if (jobs_[0].job->account().unexpected_cost != 0)
+      Fail("the uid's budget still charged");
+  }
+
+ private:
+  void MakeJob(uint8_t tag, uint32_t positions,
+               std::shared_ptr<UidAccount> account) {
+    std::string error;
+    shm::Mapping pool;
+    const uint32_t regions = positions * kLivesPerPosition;
+    if (!shm::Mapping::Create("fuzz-pool", regions * kRegionBytes, geteuid(),
+                              getegid(), &pool, &error)) {
+      fprintf(stderr, "%s\n", error.c_str());
+      abort();
+    }
+    JobState j;
+    j.tag = tag;
+    j.job = std::make_shared<Job>(JobKey{Uuid{tag}, geteuid()}, std::move(pool),
+                                  regions, kRegionBytes, std::move(account));
+    for (uint32_t i = 0; i < positions; i++) {
+      j.positions.push_back(static_cast<uint32_t>(clients_.size()));
+      Client c;
+      c.job = static_cast<uint32_t>(jobs_.size());
+      clients_.push_back(std::move(c));
+      ids_.push_back(0);
+    }
+    jobs_.push_back(std::move(j));
+  }
+
+  void AddAt(uint32_t pos) {
+    Client& c = clients_[pos];
+    JobState& j = jobs_[c.job];
+    if (c.live || c.lives >= kLivesPerPosition) return;
+    const uint32_t lives = c.lives + 1;
+    auto region = j.job->TakeRegion();
+    if (!region) return;
+    auto ep = std::make_shared<Endpoint>();
+    ep->id = next_id_++;
+    ep->epid = 0x1000 + ep->id;
+    ep->job = j.job;
+    ep->uid = geteuid();
+    ep->region = *region;
+    ep->geometry = shm::ComputeGeometry(kRingCapacity, kRingCapacity);
+    ep->unexpected_budget = 16 << 10;
+    std::string error;
+    if (!shm::Mapping::Create("fuzz-endpoint", ep->geometry.bytes, geteuid(),
+                              getegid(), &ep->segment, &error)) {
+      fprintf(stderr, "%s\n", error.c_str());
+      abort();
+    }
+    j.job->endpoints++;
+    j.epids.insert(ep->epid);
+    ids_[pos] = ep->id;
+    c = Client{};
+    c.live = true;
+    c.job = static_cast<uint32_t>(&j - jobs_.data());
+    c.lives = lives;
+    c.ep = ep;
+    c.rings = shm::ClientRingsOf(ep->segment.base(), ep->geometry);
+    c.arena =
+        shm::SendArena(j.job->pool().base(), region->offset, region->bytes);
+    engine_.Add(ep);
+    // Slot i of every endpoint of the job names the job's i-th position
+    // (a position closed for good keeps naming the endpoint that left).
+    for (uint32_t slot = 0; slot < j.positions.size(); slot++) {
+      engine_.SetPeer(ep->id, slot,
+                      PeerLink{ids_[j.positions[slot]],
+                               0x1000 + uint64_t{ids_[j.positions[slot]]}});
+    }
+    for (uint32_t slot = 0; slot < j.positions.size(); slot++) {
+      uint32_t other = j.positions[slot];
+      if (other != pos && clients_[other].live) {
+        for (uint32_t s = 0; s < j.positions.size(); s++) {
+          if (j.positions[s] == pos)
+            engine_.SetPeer(ids_[other], s, PeerLink{ep->id, ep->epid});
+        }
+      }
+    }
+  }
+
+  void RemoveAt(uint32_t pos) {
+    Client& c = clients_[pos];
+    if (!c.live) return;
+    engine_.Remove(c.ep->id);
+    JobState& j = jobs_[c.job];
+    j.job->RetireRegion(c.ep->region);
+    j.job->endpoints--;
+    c.live = false;
+    c.ep.reset();
+  }
+
+  uint64_t Token(const Client& c, uint64_t raw) const {
+    return (raw & ((uint64_t{1} << 56) - 1)) |
+           (uint64_t{jobs_[c.job].tag} << 56);
+  }
+
+  // Publishes `d` from `c`; `chunk` is the pool chunk it hands over (0:
+  // none). A chunk of a submission the client could not publish, or that
+  // the validator will reject, stays the client's (released or not).
+  bool Submit(Client& c, const shm::SubmissionDesc& d, shm::Ring ring,
+              uint64_t chunk) {
+    auto& r = ring == shm::Ring::kMessage ? c.rings.msg_sq : c.rings.ctl_sq;
+    if (!r.TryPush(d)) {
+      if (chunk != 0) shm::ReleaseChunk(jobs_[c.job].job->pool().base(), chunk);
+      return false;
+    }
+    if (chunk != 0) {
+      SubmissionBounds b;
+      b.peer_slots = static_cast<uint32_t>(jobs_[c.job].positions.size());
+      b.region = c.ep->region;
+      const bool valid = ValidateSubmission(d, ring, b) == Rejection::kNone;
+      if (valid) jobs_[c.job].tracked.insert(chunk);
+      if (trace_) {
+        fprintf(stderr, "  op %d hands over chunk %llu (%s)\n",
+                static_cast<int>(d.op), static_cast<unsigned long long>(chunk),
+                valid ? "valid" : "rejected");
+      }
+    }
+    return true;
+  }
+
+  // The ring `d` belongs on, or (one time in eight) the other one.
+  static shm::Ring RingFor(Reader& in, const shm::SubmissionDesc& d) {
+    shm::Ring right = shm::TraitsOf(d.op).ring;
+    if ((in.U8() & 7) != 7) return right;
+    return right == shm::Ring::kMessage ? shm::Ring::kControl
+                                        : shm::Ring::kMessage;
+  }
+
+  // Puts `len` payload bytes of `d` in the pool (or inline). Returns the
+  // chunk, 0 for none, or nullopt when the region is full.
+  std::optional<uint64_t> AttachPayload(Client& c, shm::SubmissionDesc& d,
+                                        Reader& in) {
+    if (!shm::PayloadInPool(d)) {
+      if (d.len <= sizeof(d.body.inline_data))
+        in.Bytes(d.body.inline_data, d.len < 8 ? d.len : 8);
+      return uint64_t{0};
+    }
+    auto off = c.arena.Allocate(d.len);
+    if (!off) return std::nullopt;
+    // The arena reuses the place of released chunks: this chunk's header
+    // and payload may cover their headers (not only at the same offset),
+    // and the bytes written below overwrite their state words. Those
+    // chunks were released (the arena reclaims nothing else); they are
+    // forgotten, and this one is tracked anew (or not).
+    std::set<uint64_t>& tracked = jobs_[c.job].tracked;
+    tracked.erase(tracked.lower_bound(*off),
+                  tracked.lower_bound(*off + d.len + shm::kChunkHeaderBytes));
+    d.body.pool.pool_offset = *off;
+    std::memset(jobs_[c.job].job->pool().base() + *off, 0x5a,
+                d.len < 64 ? d.len : 64);
+    return *off;
+  }
+
+  uint32_t Slot(Reader& in, const Client& c) {
+    // One past the last slot is out of range.
+    return in.Range(0, static_cast<uint32_t>(jobs_[c.job].positions.size()));
+  }
+
+  void Tag(Reader& in, uint32_t tag[3]) {
+    tag[0] = in.U8() & 3;
+    tag[1] = in.U8() & 1;
+    tag[2] = 0;
+  }
+
+  void Step(Reader& in) {
+    const uint8_t op = in.U8() % kOpCount;
+    const uint32_t pos = in.U8() % clients_.size();
+    Client& c = clients_[pos];
+    const bool needs_live = op != kTurn && op != kReAdd && op != kScribble;
+    if (needs_live && !c.live) return;
+    if (trace_) fprintf(stderr, "op %d at pos %u\n", op, pos);
+    uint32_t tag[3];
+    const uint32_t full_sel[3] = {~0u, ~0u, ~0u};
+    switch (op) {
+      case kRaw: {
+        shm::SubmissionDesc d;
+        in.Bytes(&d, sizeof(d));
+        d.req = Token(c, d.req);
+        Submit(c, d, in.Bool() ? shm::Ring::kMessage : shm::Ring::kControl, 0);
+        break;
+      }
+      case kSend:
+      case kRndvSend: {
+        Tag(in, tag);
+        const bool rndv = op == kRndvSend;
+        uint32_t len = in.Len(rndv ? kMaxLen : 9000);
+        uint32_t slot = Slot(in, c);
+        uint64_t token = Token(c, in.U16());
+        shm::SubmissionDesc d = shm::PrepSend(slot, token, tag, len, rndv);
+        if (!rndv) {
+          uint8_t f = in.U8();
+          if (f & 1) d.flags |= shm::kSendSync;
+          if ((f & 6) == 6) {
+            d.flags |= shm::kSendFailed;
+            d.len = 0;
+          }
+        }
+        shm::Ring ring = RingFor(in, d);
+        auto chunk = AttachPayload(c, d, in);
+        if (chunk) Submit(c, d, ring, *chunk);
+        break;
+      }
+      case kRecv:
+      case kProbe: {
+        Tag(in, tag);
+        const uint32_t none[3] = {0, 0, 0};
+        const uint32_t* sel = in.Bool() ? full_sel : none;
+        uint32_t slot = in.Bool() ? shm::kAnySlot : Slot(in, c);
+        uint64_t token = Token(c, in.U16());
+        shm::SubmissionDesc d;
+        if (op == kRecv) {
+          uint32_t capacity = in.Len(kMaxLen);
+          d = shm::PrepRecv(slot, token, tag, sel, capacity);
+        } else {
+          bool claim = in.Bool();
+          d = shm::PrepProbe(slot, token, tag, sel, claim);
+        }
+        if (Submit(c, d, RingFor(in, d), 0)) {
+          auto& list = op == kRecv ? c.recvs : c.probes;
+          if (list.size() < 16) list.push_back(token);
+        }
+        break;
+      }
+      case kClaimedRecv:
+      case kCancel: {
+        auto& list = op == kCancel ? c.recvs : c.probes;
+        uint64_t target =
+            list.empty() ? Token(c, in.U16()) : list[in.U8() % list.size()];
+        shm::SubmissionDesc d =
+            op == kCancel ? shm::PrepCancel(Token(c, in.U16()), target)
+                          : shm::PrepClaimedRecv(target, in.Len(kMaxLen));
+        Submit(c, d, RingFor(in, d), 0);
+        break;
+      }
+      case kRndvData: {
+        Client::Go* go =
+            c.gos.empty() ? nullptr : &c.gos[in.U8() % c.gos.size()];
+        uint64_t transfer = go ? go->transfer : in.U8();
+        uint32_t left = go ? go->send_bytes - go->sent : 1;
+        uint32_t limit = static_cast<uint32_t>(c.arena.MaxPayload());
+        uint32_t len = in.Range(1, left < limit ? left : limit);
+        uint64_t offset = go ? go->sent : 0;
+        if (in.U8() == 0xff) offset += in.U8();  // out of order
+        shm::SubmissionDesc d =
+            shm::PrepRndvData(Token(c, in.U16()), transfer, offset, len);
+        shm::Ring ring = RingFor(in, d);
+        auto chunk = AttachPayload(c, d, in);
+        if (chunk && Submit(c, d, ring, *chunk) && go) {
+          go->sent += len;
+          if (go->sent >= go->send_bytes)
+            c.gos.erase(c.gos.begin() + (go - c.gos.data()));
+        }
+        break;
+      }
+      case kSetOption: {
+        uint8_t k = in.U8();
+        uint64_t value = k < 200 ? uint64_t{in.U16()} << (k % 12) : in.U64();
+        shm::SubmissionDesc d = shm::PrepSetOption(
+            Token(c, in.U16()), static_cast<shm::QueueOption>(k < 240 ? 1 : k),
+            value);
+        Submit(c, d, RingFor(in, d), 0);
+        break;
+      }
+      case kAmRequest:
+      case kAmReply: {
+        const bool reply = op == kAmReply;
+        // A reply names an endpoint id: any id so far, of either job.
+        uint32_t peer = reply ? in.Range(0, next_id_) : Slot(in, c);
+        uint32_t handler = in.U8() < 250 ? in.U8() % 4 : in.U16();
+        uint32_t nargs = in.Range(0, shm::kAmMaxArgs + 1);
+        uint32_t payload = in.Len(shm::kAmMaxPayload + 64);
+        shm::SubmissionDesc d = shm::PrepActiveMessage(
+            reply, peer, Token(c, in.U16()), handler, nargs, payload);
+        d.flags = in.U8() & 7;
+        shm::Ring ring = RingFor(in, d);
+        auto chunk = AttachPayload(c, d, in);
+        if (chunk) Submit(c, d, ring, *chunk);
+        break;
+      }
+      case kAmAck: {
+        Client::AmIn am{in.Range(0, next_id_), in.U64(), in.U8()};
+        if (!c.ams.empty() && in.Bool()) am = c.ams[in.U8() % c.ams.size()];
+        shm::SubmissionDesc d =
+            shm::PrepAmAck(am.from_id, am.req, am.handler,
+                           in.Bool() ? PSM2_OK : PSM2_NO_MEMORY);
+        d.req = Token(c, d.req);
+        Submit(c, d, RingFor(in, d), 0);
+        break;
+      }
+      case kScribble: {
+        JobState& j = jobs_[in.U8() % jobs_.size()];
+        const shm::Mapping& pool = j.job->pool();
+        uint64_t off = in.U32() % pool.size();
+        uint32_t n = in.U8() % 72;
+        if (n > pool.size() - off) n = static_cast<uint32_t>(pool.size() - off);
+        in.Bytes(pool.base() + off, n);
+        j.scribbled = true;
+        break;
+      }
+      case kTurn: {
+        uint32_t turns = 1 + in.U8() % 4;
+        for (uint32_t i = 0; i < turns; i++) engine_.PollAll();
+        engine_.AnySubmissionPending();
+        engine_.NotifyClients();
+        break;
+      }
+      case kReap:
+        Reap(pos, 1 + in.U8() % 32);
+        break;
+      case kRemove:
+        RemoveAt(pos);
+        break;
+      case kReAdd:
+        AddAt(pos);
+        break;
+      case kDisconnect:
+      case kReconnect: {
+        const JobState& j = jobs_[c.job];
+        uint32_t slot = in.U8() % j.positions.size();
+        uint32_t peer = ids_[j.positions[slot]];
+        if (op == kDisconnect) {
+          engine_.ClearPeer(c.ep->id, slot);
+        } else {
+          engine_.SetPeer(c.ep->id, slot,
+                          PeerLink{peer, 0x1000 + uint64_t{peer}});
+        }
+        break;
+      }
+      default:
+        break;
+    }
+  }
+
+  // Reads up to `max` completions of position `pos` as its client would.
+  void Reap(uint32_t pos, uint32_t max) {
+    Client& c = clients_[pos];
+    if (!c.live) return;
+    JobState& j = jobs_[c.job];
+    shm::CompletionDesc d;
+    for (uint32_t i = 0; i < max && c.rings.cq.TryPop(&d); i++) {
+      // Property 1: only completions of this job reach this endpoint.
+      if (d.op != shm::CompleteOp::kAmAcked && (d.req >> 56) != j.tag)
+        Fail("a completion for another job's submission");
+      if (d.src_epid != 0 && j.epids.count(d.src_epid) == 0)
+        Fail("a completion from an endpoint of another job");
+      if (shm::CompletionCarriesChunk(d)) {
+        uint64_t off = shm::ChunkOffsetOf(d);
+        if (off < shm::kChunkHeaderBytes || off >= j.job->pool().size() ||
+            off % shm::kCacheLine != 0) {
+          Fail("a completion's chunk outside the job's pool");
+        }
+      }
+      if (trace_) {
+        fprintf(stderr, "pos %u reaps op %d error %d req %llx len %u\n", pos,
+                static_cast<int>(d.op), d.error,
+                static_cast<unsigned long long>(d.req), d.msg_len);
+      }
+      shm::PayloadOf(j.job->pool().base(), d).Release();
+      switch (d.op) {
+        case shm::CompleteOp::kRndvGo:
+          if (d.error == PSM2_OK && d.body.go.send_bytes > 0 &&
+              c.gos.size() < 8) {
+            c.gos.push_back({d.body.go.transfer, d.body.go.send_bytes, 0});
+          }
+          break;
+        case shm::CompleteOp::kAmRequest:
+        case shm::CompleteOp::kAmReply:
+          if (c.ams.size() < 8) c.ams.push_back({d.tag[2], d.req, d.tag[0]});
+          break;
+        default:
+          break;
+      }
+    }
+  }
+
+  MqEngine engine_{/*max_unexpected_budget=*/1 << 20,
+                   /*job_unexpected_budget=*/48 << 10,
+                   /*uid_unexpected_budget=*/64 << 10};
+  std::vector<JobState> jobs_;
+  std::vector<Client> clients_;
+  std::vector<uint32_t> ids_;  // the endpoint id at each position (last one)
+  uint32_t next_id_ = 1;
+  // ENGINE_FUZZ_TRACE=1: every reaped completion on stderr (for reproducers).
+  const bool trace_ = getenv("ENGINE_FUZZ_TRACE") != nullptr;
+};
+
+// ---- Seed corpus: well-formed sequences, encoded for Reader ----
+
+class Encoder {
+ public:
+  Encoder& U8(uint8_t v) {
+    out_.push_back(v);
+    return *this;
+  }
+  Encoder& U16(uint16_t v) { return U8(v & 0xff).U8(v >> 8); }
+  Encoder& U32(uint32_t v) { return U16(v & 0xffff).U16(v >> 16); }
+  Encoder& U64(uint64_t v) { return U32(v & 0xffffffff).U32(v >> 32); }
+  Encoder& Range(uint32_t lo, uint32_t v) { return U16(v - lo); }
+  Encoder& Len(uint32_t len) {  // through the U32 branch of Reader::Len
+    return U8(255).U32(len);
+  }
+  Encoder& Op(Op op, uint8_t pos) { return U8(op).U8(pos); }
+  const std::vector<uint8_t>& bytes() const { return out_; }
+
+  // Reader::Step's field order for each op.
+  Encoder& Send(uint8_t from, uint8_t slot, uint8_t tag, uint32_t len,
+                bool sync = false, bool rndv = false) {
+    Op(rndv ? kRndvSend : kSend, from).U8(tag).U8(0).Len(len).Range(0, slot);
+    U16(next_token_++);
+    if (!rndv) U8(sync ? 1 : 0);
+    U8(0);  // the right ring
+    if (len <= shm::kInlineMax) {
+      for (uint32_t i = 0; i < (len < 8 ? len : 8); i++) U8('a' + i);
+    }
+    return *this;
+  }
+  Encoder& Recv(uint8_t at, uint8_t slot, uint8_t tag, uint32_t capacity,
+                bool probe = false, bool claim = false) {
+    Op(probe ? kProbe : kRecv, at).U8(tag).U8(0).U8(1);  // full selector
+    if (slot == 0xff) {
+      U8(1);
+    } else {
+      U8(0).Range(0, slot);
+    }
+    U16(next_token_++);
+    if (probe) {
+      U8(claim ? 1 : 0);
+    } else {
+      Len(capacity);
+    }
+    return U8(0);
+  }
+  Encoder& Turn(uint8_t turns = 4) { return Op(kTurn, 0).U8(turns - 1); }
+  Encoder& Reap(uint8_t at) { return Op(kReap, at).U8(31); }
+  Encoder& RndvData(uint8_t from, uint32_t len) {
+    return Op(kRndvData, from)
+        .U8(0)
+        .Range(1, len)
+        .U8(0)
+        .U16(next_token_++)
+        .U8(0);
+  }
+  Encoder& Am(uint8_t from, bool reply, uint32_t peer, uint32_t nargs,
+              uint32_t payload, uint8_t flags) {
+    Op(reply ? kAmReply : kAmRequest, from).Range(0, peer).U8(0).U8(1);
+    Range(0, nargs).Len(payload).U16(next_token_++).U8(flags).U8(0);
+    uint32_t len = nargs * shm::kAmArgBytes + payload;
+    if (len <= shm::kInlineMax) {
+      for (uint32_t i = 0; i < (len < 8 ? len : 8); i++) U8(i);
+    }
+    return *this;
+  }
+
+ private:
+  std::vector<uint8_t> out_;
+  uint16_t next_token_ = 1;
+};
+
+std::vector<std::vector<uint8_t>> Seeds() {
+  std::vector<std::vector<uint8_t>> seeds;
+  auto add = [&](const Encoder& e) { seeds.push_back(e.bytes()); };
+  // Eager, inline and pooled, expected and unexpected.
+  add(Encoder().Send(0, 1, 1, 5).Turn().Recv(1, 0, 1, 64).Turn().Reap(1));
+  add(Encoder().Recv(1, 0, 2, 9000).Turn().Send(0, 1, 2, 5000).Turn().Reap(1));
+  add(Encoder()
+          .Send(0, 1, 1, 3000)
+          .Send(0, 1, 1, 20)
+          .Turn()
+          .Recv(1, 0xff, 1, 4000)
+          .Recv(1, 0xff, 1, 4000)
+          .Turn()
+          .Reap(1)
+          .Reap(0));
+  // Sync send.
+  add(Encoder()
+          .Send(0, 2, 3, 100, true)
+          .Turn()
+          .Recv(2, 0, 3, 100)
+          .Turn()
+          .Reap(2)
+          .Reap(0));
+  // Rendezvous, in chunks.
+  add(Encoder()
+          .Send(0, 1, 1, 100000, false, true)
+          .Turn()
+          .Recv(1, 0, 1, 100000)
+          .Turn()
+          .Reap(0)
+          .RndvData(0, 60000)
+          .Turn()
+          .Reap(1)
+          .RndvData(0, 40000)
+          .Turn()
+          .Reap(1));
+  add(Encoder()
+          .Recv(1, 0, 1, 5000)
+          .Turn()
+          .Send(0, 1, 1, 70000, false, true)
+          .Turn()
+          .Reap(0)
+          .RndvData(0, 5000)
+          .Turn()
+          .Reap(1));
+  // Probes: plain and claiming, eager and rendezvous.
+  add(Encoder()
+          .Send(2, 0, 0, 40)
+          .Turn()
+          .Recv(0, 0xff, 0, 0, true, false)
+          .Recv(0, 0xff, 0, 0, true, true)
+          .Turn()
+          .Reap(0));
+  add(Encoder()
+          .Send(2, 0, 0, 30000, false, true)
+          .Turn()
+          .Recv(0, 2, 0, 0, true, true)
+          .Turn()
+          .Reap(0)
+          .Op(kClaimedRecv, 0)
+          .U8(0)
+          .Len(30000)
+          .U8(0)
+          .Turn()
+          .Reap(2)
+          .RndvData(2, 30000)
+          .Turn()
+          .Reap(0));
+  // Cancel.
+  add(Encoder()
+          .Recv(1, 0, 3, 10)
+          .Turn()
+          .Op(kCancel, 1)
+          .U8(0)
+          .U16(77)
+          .U8(0)
+          .Turn()
+          .Reap(1));
+  // Budget: many unexpected sends held, then drained.
+  {
+    Encoder e;
+    for (int i = 0; i < 12; i++) e.Send(0, 1, 2, 4000);
+    e.Turn();
+    for (int i = 0; i < 12; i++) e.Recv(1, 0, 2, 4000).Turn().Reap(1);
+    add(e);
+  }
+  // Active messages: request, reply, ack; to another job's endpoint too.
+  add(Encoder()
+          .Am(0, false, 1, 2, 100, shm::kAmWantsAck)
+          .Turn()
+          .Reap(1)
+          .Am(1, true, 1, 1, 8, 0)
+          .Op(kAmAck, 1)
+          .Range(0, 1)
+          .U64(0)
+          .U8(0)
+          .U8(1)
+          .U8(0)
+          .U8(1)
+          .U8(0)
+          .Turn()
+          .Reap(0));
+  add(Encoder().Am(0, true, 4, 0, 5000, 0).Turn().Reap(0).Reap(3));
+  // Closing: removal with messages queued both ways, and a re-add.
+  add(Encoder()
+          .Send(0, 1, 1, 2000, true)
+          .Send(1, 0, 1, 3000)
+          .Turn()
+          .Op(kRemove, 1)
+          .Turn()
+          .Reap(0)
+          .Op(kReAdd, 1)
+          .Send(0, 1, 1, 50)
+          .Turn()
+          .Recv(1, 0, 1, 64)
+          .Turn()
+          .Reap(1));
+  add(Encoder()
+          .Send(0, 1, 1, 90000, false, true)
+          .Recv(1, 0, 1, 90000)
+          .Turn()
+          .Reap(0)
+          .RndvData(0, 10000)
+          .Op(kRemove, 1)
+          .Turn()
+          .Reap(0)
+          .RndvData(0, 10000)
+          .Turn());
+  // Job B alone; a send to an unconnected slot.
+  add(Encoder()
+          .Send(3, 0, 1, 500)
+          .Turn()
+          .Recv(3, 0, 1, 500)
+          .Turn()
+          .Reap(3)
+          .Send(3, 1, 1, 500)
+          .Turn()
+          .Reap(3));
+  // A budget option, and a completion ring left full.
+  {
+    Encoder e;
+    e.Op(kSetOption, 1).U8(10).U16(8).U16(1).U8(0);
+    for (int i = 0; i < 20; i++) e.Send(0, 1, 0, 10);
+    for (int i = 0; i < 20; i++) e.Recv(1, 0xff, 0, 10);
+    e.Turn().Turn().Reap(1);
+    add(e);
+  }
+  // The send arena wraps around with its chunk boundaries shifted by one
+  // header: the last payload covers the header of a chunk of the first
+  // round, released long before (property 2 must not count it).
+  {
+    Encoder e;
+    for (uint32_t len :
+         {8128, 8128, 8128, 8128, 8128, 8128, 8128, 8128, 8064, 100}) {
+      e.Recv(1, 0, 1, 9000).Send(0, 1, 1, len).Turn().Reap(1);
+    }
+    add(e);
+  }
+  return seeds;
+}
+
+}  // namespace
+}  // namespace psmd
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  spdlog::set_level(spdlog::level::off);
+  if (const char* dir = getenv("ENGINE_FUZZ_WRITE_SEEDS")) {
+    int i = 0;
+    for (const auto& seed : psmd::Seeds()) {
+      char name[32];
+      snprintf(name, sizeof(name), "/seed-%02d", i++);
+      std::ofstream(std::string(dir) + name, std::ios::binary)
+          .write(reinterpret_cast<const char*>(seed.data()),
+                 static_cast<std::streamsize>(seed.size()));
+    }
+    printf("engine_fuzz: wrote %d seeds to %s\n", i, dir);
+    exit(0);
+  }
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  psmd::Reader in(data, size);
+  psmd::Node node;
+  node.Run(in);
+  return 0;
+}

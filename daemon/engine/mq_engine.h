@@ -1,0 +1,369 @@
+// The matched-queue engine of one progress worker: the endpoints it owns and
+// what happens to each descriptor they submit (send, receive, probe, cancel,
+// rendezvous data, options, active messages), i.e. matching,
+// unexpected-message queueing, rendezvous transfers, active-message routing
+// and completion posting. Transports beside it (daemon/remote/remote.h: frames
+// from other nodes) reach its state only through the surface below marked
+// so: a message arrives (Arrive), a completion or an error is posted, peers
+// are gone, a transfer id is taken.
+//
+// Thread-safety: not thread-safe. Every method runs on the owning progress
+// worker's thread (control threads reach it through ProgressWorker::RunSync).
+//
+// Invariants:
+//   1. Messages from one sender are matched in submission order (one worker
+//      consumes each submission ring in order), giving MPI non-overtaking.
+//   2. Every receive and every sync send gets exactly one completion; an
+//      invalid descriptor gets exactly one kError completion. An eager sync
+//      send's completion is posted before its receive's, so a sender that
+//      is its own receiver reaps them in that order.
+//   3. A completion that finds the client's completion ring full waits in the
+//      endpoint's overflow queue; while that queue is non-empty the endpoint's
+//      submissions are not consumed (back-pressure, nothing dropped).
+//   4. A receiver's unexpected messages cost at most its budget, those of
+//      all endpoints of a job at most the job's budget, and those of all
+//      jobs of a uid at most the uid's budget, kUnexpectedOverheadBytes
+//      each whatever their length (daemon/engine/endpoint.h says where payloads
+//      wait instead), plus one message per receiver, so that a receiver
+//      with an empty queue is never starved by its job (nor by a budget of
+//      0): a send that would exceed any waits in the sender's held_sends, and
+//      the sender's message ring is not read until it fits. Control
+//      submissions are always read, so the receiver can still post the
+//      receives that drain the queue. A hold that lasts shm::kBudgetStallNs
+//      with none of them drained is reported (ReportBudgetStalls). Enforced
+//      in one place, Arrive, whatever carried the message (HandleSend, and
+//      daemon/remote/remote.cc for frames from other nodes): the only place
+//      that charges a message (Uncharge gives it back when it is received or
+//      discarded).
+//   5. A rendezvous transfer exists from match to its last chunk; chunks
+//      arrive from the sender in offset order and are forwarded at once (the
+//      daemon never holds payload: the chunk stays in the sender's region
+//      until the receiver copied it).
+//   6. Active messages are routed, never matched: a request goes from the
+//      sender's message ring to the target's completion ring in order (so
+//      one sender's requests to one target run in issue order); replies and
+//      acks travel on control rings and reach only endpoints of the same job.
+//      A request is held while its target has kAmOverflowLimit completions
+//      waiting for ring space.
+//   7. A pass (PollAll) consumes at most kBatch submissions per ring of an
+//      endpoint and kJobBudget per job, whose endpoints are adjacent in
+//      order_ and take turns going first; every submission's handling costs
+//      O(1) in the depth of the posted queue (daemon/engine/matcher.h). So a
+//      job with any backlog delays another job by a bounded slice per pass
+//      (issue 12).
+//   8. Once an endpoint is removed (closed or dead) after its rings were
+//      drained, or its daemon said so (kGone), or the connection to its
+//      node ended (daemon/remote/remote.h), a receive that names it as the
+//      source can match only what is already queued at the receiver: posted
+//      ones fail at once with PSM2_EPID_UNREACHABLE (PSM2_TIMEOUT for a node
+//      that fell silent), and new ones do unless a queued message matches,
+//      until a psm2_ep_connect re-arms the slot. The survivor of a peer's
+//      death never waits for it. Enforced in one place, PeersGone, which
+//      Remove and daemon/remote/remote.cc call with the links they found gone:
+//      it marks them and fails their posted receives; HandleRecv fails new ones
+//      on the mark.
+//  10. A rendezvous transfer whose sender and receiver both named their
+//      buffers (kSendInPlace, kRecvInPlace), of at least the copy threshold,
+//      between two endpoints of this node whose processes psmd may read and
+//      write, starts as a stream like any other, but its sender completes
+//      only on psmd's kSendDone (kGoAwaitDone). If no chunk of it, nor of
+//      any transfer of its sender, arrives for copy_after (the sender
+//      computes, or waits for pool space its receiver does not give back),
+//      psmd takes it over: the CrossCopier
+//      copies the rest straight from the sender's memory into the receive
+//      buffer, chunks the sender still publishes are released unread, and
+//      the receiver gets one kRndvChunk with kPayloadPlaced for the rest, the
+//      sender kSendDone. So a transfer completes while both processes
+//      compute, and a stream both sides keep busy stays a stream (two
+//      processes copy in parallel: faster here than one copier thread).
+//   9. The posted receives of a job, and of all jobs of a uid, stay within
+//      SetPostedLimits' bounds: a receive that would exceed one fails with
+//      PSM2_NO_MEMORY (counted in recvs_refused), the job's other traffic
+//      unaffected. A job's count (Job::posted_recvs) is the sum of its
+//      endpoints' posted_charged, which is brought up to posted.size() when
+//      a receive is posted (matches and cancels lower it lazily: a count
+//      may be high, never low, and is recomputed before a refusal).
+#ifndef PSMD_DAEMON_ENGINE_MQ_ENGINE_H_
+#define PSMD_DAEMON_ENGINE_MQ_ENGINE_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "daemon/engine/cross_copy.h"
+#include "daemon/engine/endpoint.h"
+#include "daemon/engine/other_nodes.h"
+
+namespace psmd {
+
+class MqEngine {
+ public:
+  // `max_unexpected_budget`: the largest unexpected budget a client may set;
+  // `job_unexpected_budget`, `uid_unexpected_budget`: the budget of each
+  // job, and of all jobs of one uid (invariant 4).
+  MqEngine(uint64_t max_unexpected_budget, uint64_t job_unexpected_budget,
+           uint64_t uid_unexpected_budget)
+      : max_unexpected_budget_(max_unexpected_budget),
+        job_unexpected_budget_(job_unexpected_budget),
+        uid_unexpected_budget_(uid_unexpected_budget) {}
+  ~MqEngine();
+
+  // Posted receives one job, and all jobs of one uid, may hold (invariant
+  // 9).
+  void SetPostedLimits(uint64_t per_job, uint64_t per_uid) {
+    job_posted_limit_ = per_job;
+    uid_posted_limit_ = per_uid;
+  }
+
+  void Add(std::shared_ptr<Endpoint> ep);
+  // Removes the endpoint and everything queued for it: posted receives are
+  // dropped, unexpected payloads and the chunks of completions it never read
+  // released back to their senders, sync and rendezvous senders (also those
+  // streaming to it) told PSM2_EPID_UNREACHABLE; its unfinished outgoing
+  // rendezvous transfers fail their receivers' requests.
+  void Remove(uint32_t id);
+  void SetPeer(uint32_t id, uint32_t slot, const PeerLink& link);
+  void ClearPeer(uint32_t id, uint32_t slot);
+
+  // Consumes and handles up to a batch of submissions from every endpoint.
+  // Returns true when anything was done.
+  bool PollAll();
+  // True when some endpoint has a submission waiting (used before sleeping).
+  bool AnySubmissionPending();
+  // The same for one endpoint (a doorbell without one is idle).
+  bool SubmissionPending(Endpoint& ep);
+  // Wakes clients that sleep waiting for completions published since the
+  // last call.
+  void NotifyClients();
+
+  const std::vector<Endpoint*>& endpoints() const { return order_; }
+
+  // Takes over rendezvous transfers of `min_bytes` or more that stalled for
+  // `after_ns` (invariant 10); `wake` wakes the worker when a copy ends.
+  // Before the worker starts.
+  void EnableCrossCopy(std::function<void()> wake, uint64_t min_bytes,
+                       uint64_t after_ns);
+  bool copies_done() const { return copier_ && copier_->done_pending(); }
+  // Transfers psmd may yet take over: the worker must not sleep longer
+  // than copy_after while there are any.
+  bool takeovers_pending() const { return !takeover_candidates_.empty(); }
+
+  // Endpoints on other nodes, through the fabric (daemon/remote/remote.h),
+  // which the caller owns and keeps alive as long as this engine: sends, active
+  // messages and rendezvous chunks to them, and the answers to messages
+  // from them, go there. None without a fabric. Set before the worker
+  // starts.
+  void AttachRemote(OtherNodes* remote) { remote_ = remote; }
+
+  // ---- What a transport beside the engine uses (daemon/remote/remote.cc) ----
+
+  // What became of a message that reached its receiver (Arrive).
+  enum class Arrival : uint8_t {
+    kMatched,  // a posted receive took it
+    kQueued,   // unexpected: queued, charged to the receiver's budgets
+    kHeld,     // over a budget: nothing changed; offer it again later
+  };
+  // How much of a message Arrive is given. A frame from another node is
+  // read header first, and where its payload lands (the inbox share it may
+  // use) depends on whether a receive matched: such a message arrives as
+  // its envelope and then, once the payload is there, as its payload.
+  enum class Part : uint8_t {
+    kWhole,
+    // kMatched takes the receive into *claim (delivered at kPayload);
+    // kQueued means only that the budgets admit it (queued at kPayload).
+    kEnvelope,
+    // Delivers to *claim if not null, else to a receive posted since the
+    // envelope, else queues it: the budgets admitted it at its envelope.
+    kPayload,
+  };
+  // The one place a message reaches its receiver, whatever carried it (a
+  // local send, a frame from another node): matched against the posted
+  // receives in arrival order (invariant 1), else queued as unexpected and
+  // charged to the budgets once, or held when over one (invariant 4).
+  // `key` is the message's source epid and tag. `receiver` must be served
+  // (not faulted); the sender's side (its counters, a refused send) is the
+  // caller's.
+  Arrival Arrive(Endpoint& receiver, const MsgKey& key, const UnexpectedMsg& m,
+                 Part part = Part::kWhole, PostedRecv* claim = nullptr);
+  Endpoint* FindEndpoint(uint32_t id) { return Find(id); }
+  // A completion (or an error completion for request `req`) for `ep`'s
+  // client; held in its overflow queue while its ring is full (invariant 3).
+  void Post(Endpoint& ep, const shm::CompletionDesc& c);
+  void PostError(Endpoint& ep, uint64_t req, int32_t error);
+  // Invariant 8, wherever it was learnt that peers are gone (Remove; kGone
+  // from another node's daemon, or the connection to it lost:
+  // daemon/remote/remote.cc): every link `gone` selects among the links not yet
+  // marked gone is marked, and the receives posted naming its peer fail at
+  // once with `error` (HandleRecv fails new ones on the mark).
+  using LinkFilter = std::function<bool(const Endpoint&, const PeerLink&)>;
+  void PeersGone(const LinkFilter& gone, int32_t error);
+  // An id for a rendezvous transfer, unique among this engine's and its
+  // transports' (a chunk names its transfer by it alone).
+  uint64_t NewTransferId() { return next_transfer_++; }
+
+  // Active messages waiting in a target's completion overflow beyond which
+  // further requests to it are held (invariant 6).
+  static constexpr size_t kAmOverflowLimitValue = 1024;
+
+  // Invariant 4's hold made visible: tells each receiver whose senders have
+  // waited shm::kBudgetStallNs for its unexpected budget, with none of its
+  // unexpected messages received since, once per such stall: a warning in the
+  // log, its budget_stalls counter and a kBudgetStall completion, which its
+  // library prints. A program that waits for a message sent after the
+  // ones filling the budget would otherwise hang without a word. Call
+  // about once a second; cheap when nothing is held.
+  void ReportBudgetStalls(uint64_t now_ns);
+
+ private:
+  // One rendezvous transfer (invariant 5).
+  struct Transfer {
+    uint32_t sender_id;
+    uint32_t receiver_id;  // 0 once the receiver is gone: chunks are released
+    uint64_t sender_req;
+    uint64_t recv_req;
+    uint32_t send_bytes;
+    uint32_t forwarded;
+    // Invariant 10: both buffers, and whether the sender awaits kSendDone
+    // (then psmd may take the transfer over once it stalls).
+    uint64_t send_addr = 0;
+    uint64_t recv_addr = 0;
+    bool await_done = false;
+    bool taken = false;    // the CrossCopier moves the rest from `forwarded`
+    uint64_t last_ns = 0;  // when the transfer last moved
+  };
+
+  // One endpoint, both rings (used when removing it).
+  bool Poll(Endpoint& ep);
+  // Consume up to `limit` submissions (at most a batch) and add how many to
+  // *used (invariant 7).
+  bool PollControl(Endpoint& ep, size_t limit = SIZE_MAX,
+                   size_t* used = nullptr);
+  bool PollMessages(Endpoint& ep, size_t limit = SIZE_MAX,
+                    size_t* used = nullptr);
+  // Validates `d`, taken from `ring`, and runs its handler. False when the
+  // descriptor is a send that must wait (invariant 4).
+  bool Dispatch(Endpoint& ep, const shm::SubmissionDesc& d, shm::Ring ring);
+  // A handler per op (kHandlers, row for row with shm::kOpTraits). Returns
+  // false only for a message-ring op that must wait for its receiver.
+  using Handler = bool (MqEngine::*)(Endpoint&, const shm::SubmissionDesc&);
+  static const Handler kHandlers[shm::kSubmitOpCount];
+  bool HandleSend(Endpoint& sender, const shm::SubmissionDesc& d);
+  // Arrive, its Part known where it is called.
+  template <Part kPart>
+  Arrival ArriveAs(Endpoint& receiver, const MsgKey& key,
+                   const UnexpectedMsg& m, PostedRecv* claim);
+  bool HandleRecv(Endpoint& receiver, const shm::SubmissionDesc& d);
+  bool HandleCancel(Endpoint& ep, const shm::SubmissionDesc& d);
+  bool HandleProbe(Endpoint& ep, const shm::SubmissionDesc& d);
+  bool HandleClaimedRecv(Endpoint& ep, const shm::SubmissionDesc& d);
+  bool HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d);
+  bool HandleSetOption(Endpoint& ep, const shm::SubmissionDesc& d);
+  bool HandleAmRequest(Endpoint& sender, const shm::SubmissionDesc& d);
+  bool HandleAmReply(Endpoint& sender, const shm::SubmissionDesc& d);
+  bool HandleAmAck(Endpoint& sender, const shm::SubmissionDesc& d);
+  void ForwardActiveMessage(const Endpoint& sender, Endpoint& target,
+                            const shm::SubmissionDesc& d, shm::CompleteOp op,
+                            uint8_t flags);
+  // Starts loading the queue entries the sends and receives of a popped
+  // batch will match against (PostedQueue::prefetch_slot).
+  void PrefetchMatches(Endpoint& ep, const shm::SubmissionDesc* batch,
+                       size_t n);
+  // Endpoint `id` if it exists, is served and belongs to ep's job.
+  Endpoint* FindInJob(const Endpoint& ep, uint32_t id);
+  // `recv_addr`: the receive buffer's address in the receiver (kRecvInPlace),
+  // or 0.
+  void Deliver(Endpoint& receiver, uint64_t recv_req, uint32_t capacity,
+               const MsgKey& key, const UnexpectedMsg& m, bool was_unexpected,
+               uint64_t recv_addr = 0);
+  // Invariant 10: whether `t` may be taken over (both buffers named, large
+  // enough, both processes known and not denied).
+  bool MayTakeOver(const Transfer& t, const Endpoint& sender,
+                   const Endpoint& receiver) const;
+  // Takes over the transfers that stalled for copy_after.
+  bool TakeOverStalled();
+  // Completes the transfers whose copies ended.
+  bool FinishCopies();
+  // The last word on a transfer psmd moved itself: the rest of the data to
+  // the receiver, kSendDone to the sender; erases it.
+  void EndTakenTransfer(std::unordered_map<uint64_t, Transfer>::iterator it,
+                        int32_t recv_error, int32_t send_error);
+  // Puts an eager message's payload into a completion (inline, or the pool
+  // offset the receiver copies from and releases).
+  static void AttachEagerPayload(shm::CompletionDesc& c,
+                                 const UnexpectedMsg& m);
+  void StartTransfer(Endpoint& receiver, uint64_t recv_req, uint32_t send_bytes,
+                     const UnexpectedMsg& m, uint64_t recv_addr = 0);
+  // Invariant 4: whether one more unexpected message for `receiver` would
+  // exceed its budget, its job's or its uid's; Charge and Uncharge count one
+  // in or out.
+  bool OverBudget(const Endpoint& receiver) const;
+  // The first of those budgets (its own, its job's, its uid's) one more
+  // message would exceed, and its size in *bytes (if not null); nothing if
+  // none would.
+  std::optional<shm::StallBudget> FullBudget(const Endpoint& receiver,
+                                             uint64_t* bytes) const;
+  // A send to `receiver` waits for its budget: starts its stall clock
+  // (ReportBudgetStalls), which Uncharge stops.
+  void NoteHeld(Endpoint& receiver);
+  void Charge(Endpoint& receiver);
+  void Uncharge(Endpoint& receiver);
+  void CompleteSync(uint32_t sender_id, uint64_t sender_req, int32_t error);
+  // The same for message `m` received by `receiver`, wherever its sender is.
+  void CompleteSyncOf(const Endpoint& receiver, const UnexpectedMsg& m,
+                      int32_t error);
+  // Drops a queued (or claimed) message nobody will receive: uncharges it,
+  // gives its payload back and fails a waiting sync or rendezvous sender.
+  void Discard(Endpoint& receiver, const UnexpectedMsg& m);
+  // Invariant 9: brings ep's share of its job's and uid's posted_recvs up
+  // to date; and whether one more receive fits, counting every endpoint's
+  // share afresh before saying no.
+  void ChargePosted(Endpoint& ep);
+  bool PostedFits(Endpoint& ep);
+  bool FlushOverflow(Endpoint& ep);
+  void ReleasePayload(const Endpoint& any_of_job, const UnexpectedMsg& m);
+  // Gives back the pool chunk that completion `c` hands to `ep`, which will
+  // never read it (it is being removed).
+  void ReleaseUnread(const Endpoint& ep, const shm::CompletionDesc& c);
+  void ReportBadDescriptor(Endpoint& ep, const char* what);
+  Endpoint* Find(uint32_t id);
+
+  std::unordered_map<uint32_t, std::shared_ptr<Endpoint>> by_id_;
+  std::vector<Endpoint*> order_;
+  const uint64_t max_unexpected_budget_;
+  const uint64_t job_unexpected_budget_;
+  const uint64_t uid_unexpected_budget_;
+  uint64_t job_posted_limit_ = uint64_t{1} << 21;
+  uint64_t uid_posted_limit_ = uint64_t{1} << 22;
+  // Set while Remove() flushes a closing endpoint's submissions: its sends
+  // are admitted over any budget (the sender saw them complete).
+  bool admit_over_budget_ = false;
+  std::unordered_map<uint64_t, Transfer> transfers_;
+  uint64_t next_transfer_ = 1;
+  // PollAll: passes so far (whose endpoint of a job goes first) and the
+  // submissions each job consumed in this pass.
+  size_t passes_ = 0;
+  std::vector<size_t> job_used_;
+  OtherNodes* remote_ = nullptr;
+  // Invariant 10: the copier (its copies are named by transfer id).
+  std::unique_ptr<CrossCopier> copier_;
+  uint64_t copy_min_bytes_ = 0;
+  uint64_t copy_after_ns_ = 0;
+  uint64_t next_takeover_check_ns_ = 0;
+  // Transfers that may be taken over, in turn: a check looks at most
+  // kTakeoverScan of them, so a job with a million transfers outstanding
+  // costs the worker a bounded slice (ids of transfers that ended are
+  // dropped when their turn comes).
+  std::deque<uint64_t> takeover_candidates_;
+  // Receivers whose stall clock runs (Endpoint::held_since_ns), each once.
+  std::vector<uint32_t> stall_watch_;
+};
+
+}  // namespace psmd
+
+#endif  // PSMD_DAEMON_ENGINE_MQ_ENGINE_H_

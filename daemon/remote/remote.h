@@ -1,0 +1,345 @@
+// The engine's side of the fabric (hw/): how MQ and AM operations reach
+// endpoints on other nodes, through their nodes' daemons. One connection per
+// peer node carries every endpoint's traffic; each frame names the sending
+// and receiving epids, the job uuid and uid (frame fields), and the daemon
+// that receives it delivers only to an endpoint of that epid, job and uid.
+//
+// Frames (op values, docs/design.md "Between nodes: the engine"): every op
+// but kPayload and kRndvData is an *envelope*, a 32-byte Wire record (plus
+// up to kInlineMax payload bytes) read into a fixed buffer; the engine
+// decides from it where the next frame's payload goes (a receive matched
+// now, or an unexpected message the receiver's budgets admit:
+// MqEngine::Arrive with Part::kEnvelope), and only then posts the next
+// receive. A payload lands once, in the receiving job's
+// inbox region of its pool (Job::InboxRegion), which its client reads and
+// releases as it does a local sender's chunk. A rendezvous chunk is sent
+// from the sender's pool chunk and received into an inbox chunk.
+//
+// Back-pressure, per receiving endpoint (one tenant's slow receiver must
+// not stall the others that share the connection):
+//   1. A message or chunk that finds its receiver over its unexpected
+//      budget, its target's completion overflow full, or (a chunk or an
+//      active message) its job's inbox full is *parked*: its envelope and
+//      payload are read into daemon memory, queued per receiving epid, and
+//      retried on every pass. Every later message or chunk for that epid
+//      parks behind it (per-flow order); a kGone waits for the parked
+//      frames of its endpoint.
+//   2. The first frame parked for an epid sends kXoff(epid) to the sending
+//      node; the last one delivered sends kXon. While an epid is off, its
+//      node's daemon holds new sends and active-message requests to it (in
+//      the senders' held_sends, mq_engine.h invariant 4) and sets aside the
+//      queued frames for it (Peer::deferred), so what is parked is bounded
+//      by what was in flight when kXoff arrived.
+//   3. An eager MQ message that may stay unexpected gets at most half of
+//      its job's inbox (shm/pool.h, ChunkUse::kMayLinger), so that the
+//      messages and chunks receives wait for always find room. When that
+//      share (or the inbox) has refused space for shm::kPoolStallNs (the
+//      message parks meanwhile, as in 1), its payload is *kept*: read into
+//      daemon memory, while its envelope enters the matcher at once as a
+//      rendezvous whose sender is this daemon (UnexpectedMsg::sender_id
+//      names the kept payload); when matched, the payload moves to the
+//      inbox as one rendezvous chunk. The first payload kept waiting for
+//      an epid sends kEagerOff(epid), the last one matched kEagerOn; in
+//      between the sending daemon sends eager MQ messages to it as
+//      envelopes only: rendezvous ones whose payload stays in the sender's
+//      pool chunk until the receiver asks (Converted), including the ones
+//      it had queued. So a message the receiver waits for never waits
+//      behind ones it has not asked for, and what is kept is bounded by
+//      what was in flight when kEagerOff arrived.
+//   4. Parked and kept bytes per connection are capped (kParkMax); past the
+//      cap the connection pauses as a whole (nothing more is read until the
+//      frame fits, TCP holds the sender back): the last resort against a
+//      peer that ignores kXoff or kEagerOff, logged once.
+// Frames to a node wait in a bounded per-node queue; a send to a node whose
+// queue is full is held likewise, so the worker never blocks and nothing is
+// dropped.
+//
+// Failure: a connection that closes fails every request waiting for an
+// answer from that node (sync and rendezvous sends, acknowledged active
+// messages, connect queries, rendezvous receives in progress, and posted
+// receives naming an endpoint there) with PSM2_EPID_UNREACHABLE at once
+// (PSM2_TIMEOUT when the peer fell silent), and tells every endpoint that
+// had connected to one there (kNodeLost), since its receives from any
+// source cannot fail; the next psm2_ep_connect reconnects.
+//
+// A Remote sits beside its MqEngine (the progress worker owns both): the
+// engine calls it for peers on other nodes (the hooks below), and it
+// reaches the engine only through the engine's public surface.
+//
+// Thread-safety: a Remote belongs to one progress worker; every method runs
+// on the worker thread.
+#ifndef PSMD_DAEMON_REMOTE_REMOTE_H_
+#define PSMD_DAEMON_REMOTE_REMOTE_H_
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "daemon/engine/endpoint.h"
+#include "daemon/engine/other_nodes.h"
+#include "hw/fabric.h"
+#include "proto/counters.h"
+#include "shm/payload.h"
+#include "shm/pool.h"
+
+namespace psmd {
+
+class MqEngine;
+
+// The node table (--fabric-nodes): "NODE HOSTNAME HOSTDESCRIPTION" per line,
+// '#' comments. Read again when the file changes.
+struct NodeEntry {
+  std::string hostname;
+  std::string description;  // NODE@ADDR:PORT,...
+};
+bool ParseNodeTable(const std::string& text, std::map<uint16_t, NodeEntry>* out,
+                    std::string* error);
+
+class Remote : public OtherNodes {
+ public:
+  Remote(MqEngine* engine, std::unique_ptr<hw::Fabric> fabric, uint16_t node_id,
+         uint16_t boot_nonce, std::string nodes_file, uint32_t timeout_ms);
+  ~Remote() override;
+
+  int event_fd() const { return fabric_->event_fd(); }
+  // Dispatches fabric events and retries paused receives; true when
+  // anything was done.
+  bool Poll();
+  // The longest the worker may sleep (ms) with work only time can unpause
+  // (an inbox waiting for its client to release chunks, query deadlines);
+  // -1: no limit.
+  int SleepLimitMs();
+
+  // psm2_ep_connect to `epid` on another node: connects to its node if
+  // needed and asks its daemon whether `ep`'s job and uid have that
+  // endpoint. `done` runs once, on the worker thread, with a psm2_error_t.
+  using QueryDone = std::function<void(int error, const std::string& why)>;
+  void Query(const Endpoint& ep, uint64_t epid, QueryDone done);
+  // The node table's host name of `node`, or "" if the table has no line
+  // for it.
+  std::string HostName(uint16_t node) const;
+
+  // OtherNodes: the engine's calls (daemon/engine/other_nodes.h).
+  bool Send(Endpoint& sender, const shm::SubmissionDesc& d, const PeerLink& to,
+            bool may_hold) override;
+  bool AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
+                 const PeerLink& to, bool may_hold) override;
+  void AmReplyOrAck(Endpoint& sender, const shm::SubmissionDesc& d) override;
+  bool RndvData(Endpoint& sender, const shm::SubmissionDesc& d) override;
+  void CompleteSync(const Endpoint& receiver, const UnexpectedMsg& m,
+                    int32_t error) override;
+  void StartTransfer(Endpoint& receiver, uint64_t recv_req, uint32_t send_bytes,
+                     const UnexpectedMsg& m) override;
+  void EndpointRemoved(uint32_t id) override;
+
+  // This engine's counters per peer node, one per entry of
+  // PSMD_REMOTE_EVENT_COUNTERS (proto/counters.h): frames it refused (no
+  // endpoint of that epid, job and uid here), frames from that node it
+  // parked, kXoff from it, its payloads kept here, kEagerOff from it.
+  struct PeerCounts {
+#define PSMD_PEER_COUNTS_FIELD(name, column, metric, unit, help) \
+  uint64_t name = 0;
+    PSMD_REMOTE_EVENT_COUNTERS(PSMD_PEER_COUNTS_FIELD)
+#undef PSMD_PEER_COUNTS_FIELD
+  };
+  // The fabric's rows per peer node, each with this engine's counts.
+  struct PeerRow {
+    hw::PeerStats fabric;
+    PeerCounts counts;
+  };
+  std::vector<PeerRow> Stats() const;
+
+  enum Op : uint16_t {
+    kQuery = 1,      // is dst an endpoint of this job and uid? aux: query
+    kAnswer = 2,     // aux: query, error
+    kEnvelope = 3,   // an MQ send; aux: sender's request
+    kPayload = 4,    // the payload of the envelope before it
+    kSyncAck = 5,    // dst's sync send matched; aux: its request
+    kRndvGo = 6,     // send `len` bytes; aux: request, x: transfer
+    kRndvData = 7,   // a chunk; aux: transfer, offset: where
+    kAmRequest = 8,  // aux: request
+    kAmReply = 9,
+    kAmAck = 10,     // aux: the request acknowledged, tag[0]: handler
+    kError = 11,     // dst's request `aux` failed with `error`
+    kAbort = 12,     // rendezvous transfer `aux` to dst ends: its sender left
+    kPing = 13,      // nothing: a heartbeat (liveness, see CheckLiveness)
+    kGone = 14,      // endpoint src (of the sending node) was removed
+    kXoff = 15,      // hold messages to endpoint src (of the sending node)
+    kXon = 16,       // send to src again
+    kEagerOff = 17,  // eager MQ messages to src as envelopes only
+    kEagerOn = 18,   // eager MQ messages to src as before
+    kLastOp = kEagerOn,
+  };
+
+  // The envelope record (little-endian on the wire as the header is).
+  struct Wire {
+    uint32_t tag[3];
+    uint32_t len;    // message bytes
+    uint32_t flags;  // SubmitFlags (sends), completion flags (AM)
+    int32_t error;
+    uint64_t x;  // kRndvGo: the receiver's transfer id
+  };
+  static_assert(sizeof(Wire) == 32);
+  static constexpr uint32_t kWireFlagRndv = 1u << 31;
+  // In a request field (aux) on the wire: the sending daemon's id of a
+  // Converted send, not a client's request token (those stay below 2^63,
+  // client/endpoint.h).
+  static constexpr uint64_t kConvertedBit = 1ull << 63;
+
+ private:
+  struct OutFrame;
+  struct Peer;
+  struct Pending;  // an envelope whose payload frame comes next
+  struct InTransfer;
+  struct OutTransfer;
+  struct JobPages;
+  struct QueryState;
+  struct Parked;
+  struct Kept;
+  struct Converted;
+  enum class Verdict { kDone, kPause };
+
+  Peer* PeerOf(uint16_t node);
+  Peer* PeerOfConn(hw::ConnId conn);
+  void Enqueue(Peer& p, std::unique_ptr<OutFrame> f);
+  void Flush(Peer& p);
+  void SendEnvelope(Peer& p, uint16_t op, const Endpoint& from, uint64_t dst,
+                    uint64_t aux, const Wire& w, const uint8_t* inline_data,
+                    uint32_t inline_len);
+  // An active-message request or reply (op) of `sender` from submission d:
+  // its envelope, carrying an inline payload or followed by the payload's
+  // frame; one that wants an ack is remembered until the ack comes.
+  void SendAm(Peer& p, uint16_t op, const Endpoint& sender, uint64_t dst,
+              const shm::SubmissionDesc& d, shm::PoolPayload* payload,
+              uint32_t wire_flags);
+  // The kPayload frame that follows an envelope: it sends the pool chunk
+  // `payload` (len bytes, now the frame's until its send completes).
+  std::unique_ptr<OutFrame> PayloadFrame(const Endpoint& sender, uint64_t dst,
+                                         uint64_t req,
+                                         shm::PoolPayload* payload,
+                                         uint32_t len);
+  // Makes the envelope `w` of an eager MQ send of `sender` (its request
+  // `req`) to an endpoint that is off a rendezvous one; its payload frame
+  // waits in converted_ for kRndvGo. Returns the id the envelope's aux
+  // carries instead of req.
+  uint64_t Convert(Peer& p, uint32_t sender, uint64_t req, Wire* w,
+                   std::unique_ptr<OutFrame> payload);
+  // Releases the payloads of the converted sends `drop` selects, and
+  // forgets them.
+  void DropConverted(const std::function<bool(const Converted&)>& drop);
+  // kRndvGo, kError or kSyncAck (op, in p.f) for a converted send of `t`.
+  void OnConverted(Peer& p, uint16_t op, Endpoint& t, const Wire& w);
+  // Converts the eager envelopes to `dst` in `queue` (kEagerOff).
+  void ConvertQueued(Peer& p, std::deque<std::unique_ptr<OutFrame>>& queue,
+                     uint64_t dst);
+  // A matched kept payload (m.sender_id) goes to its receiver as one
+  // rendezvous chunk of send_bytes.
+  void DeliverKept(Endpoint& receiver, uint64_t recv_req, uint32_t send_bytes,
+                   const UnexpectedMsg& m);
+  // kSyncAck (error PSM2_OK) or kError for the sender of `m`.
+  void TellSender(const Endpoint& receiver, const UnexpectedMsg& m,
+                  int32_t error);
+  // Takes the kept payload `m` names out of its peer; false when it is
+  // gone with its connection.
+  bool TakeKept(const UnexpectedMsg& m, std::vector<uint8_t>* bytes);
+  // Copies a chunk of `transfer_id` held in daemon memory into its
+  // receiver's inbox (or drops it if the receiver left); false when the
+  // inbox is full.
+  bool DeliverChunk(uint64_t transfer_id, const std::vector<uint8_t>& bytes);
+  // Delivers p's matched kept payloads in order while the inbox has room;
+  // true when any went.
+  bool DeliverKeptChunks(Peer& p);
+  void SendControl(uint16_t node, uint16_t op, uint64_t src, uint64_t dst,
+                   const hw::FrameFields& about, uint64_t aux, int32_t error);
+  // "node N (HOSTNAME)" from the node table, for messages to clients.
+  std::string NodeName(uint16_t node) const;
+  void HandleEvent(const hw::Event& e);
+  void OnHeader(Peer& p, const hw::Event& e);
+  void OnRecvDone(Peer& p, const hw::Event& e);
+  // Decides the envelope in p.env; may pause (kept, retried).
+  Verdict OnEnvelope(Peer& p);
+  // OnEnvelope, unless frames parked before it must go first.
+  Verdict Admit(Peer& p);
+  // The envelope in p.env (or, with `chunk`, the rendezvous chunk whose
+  // header is p.f) waits in p.parked; its payload, if any, is read next
+  // into daemon memory. False: over kParkMax, pause the connection instead.
+  bool Park(Peer& p, bool chunk);
+  // Retries the parked frames of every epid in order; true when any went.
+  bool RetryParked(Peer& p);
+  bool Deliver(Peer& p, Parked& e);
+  // A payload (of the envelope in p.pending) landed in its inbox chunk.
+  void OnPayload(Peer& p);
+  // A rendezvous chunk of `transfer_id` landed in `job`'s inbox at `chunk`.
+  void OnChunk(uint64_t transfer_id, const std::shared_ptr<Job>& job,
+               uint64_t chunk, uint32_t len);
+  // Whether Flush sets `f` aside for a node's endpoint that is off (kXoff).
+  bool Defer(Peer& p, const OutFrame& f);
+  void RecvNext(Peer& p);
+  void Drop(Peer& p, const char* why);
+  void FailPeer(uint16_t node, hw::ErrorClass why);
+  // The local endpoint a frame is for: epid, job and uid all match.
+  Endpoint* Target(const hw::FrameFields& f);
+  // This daemon's state for `job`'s pool, made on first use.
+  JobPages& PagesOf(const std::shared_ptr<Job>& job);
+  // Allocates `bytes` in the inbox of `ep`'s job; false when full (or, for
+  // kMayLinger, when lingering chunks hold their share: shm/pool.h).
+  bool AllocInbox(Endpoint& ep, uint32_t bytes, uint64_t* offset,
+                  shm::ChunkUse use = shm::ChunkUse::kBrief);
+  uint32_t ProxyFor(uint64_t epid);
+  void DropProxy(uint64_t epid);
+  void ReloadNodes();
+  void CheckDeadlines();
+  // Heartbeats: a ping to every open peer sent nothing for a third of the
+  // timeout; a peer heard nothing from for the whole timeout while we were
+  // reading (not paused) is dead. TCP_USER_TIMEOUT cannot be used for this:
+  // it also kills a connection whose receiver paused (zero window) longer.
+  // Time this worker did not run (a gap between checks over a third of the
+  // timeout, less one idle period) does not count as a peer's silence.
+  void CheckLiveness();
+  void Refused(uint16_t node, const hw::FrameFields& f, const char* what);
+
+  MqEngine* const engine_;
+  std::unique_ptr<hw::Fabric> fabric_;
+  const uint16_t node_id_;
+  const uint16_t boot_nonce_;
+  const std::string nodes_file_;
+  const uint32_t timeout_ms_;
+  std::map<uint16_t, NodeEntry> nodes_;
+  int64_t nodes_mtime_ns_ = -1;
+
+  std::unordered_map<uint16_t, std::unique_ptr<Peer>> peers_;
+  std::unordered_map<hw::ConnId, uint16_t> node_of_conn_;
+  std::unordered_map<uint64_t, std::unique_ptr<OutFrame>> in_flight_;
+  uint64_t next_cookie_ = 1;
+  std::unordered_map<uint64_t, std::unique_ptr<QueryState>> queries_;
+  uint64_t next_query_ = 1;
+  std::unordered_map<uint64_t, std::unique_ptr<InTransfer>> in_transfers_;
+  uint64_t next_in_transfer_ = 1;
+  std::unordered_map<uint64_t, std::unique_ptr<OutTransfer>> out_transfers_;
+  std::unordered_map<uint64_t, Converted> converted_;  // by id (with the bit)
+  uint64_t next_converted_ = 1;
+  uint32_t next_kept_ = 1;
+  // Per local endpoint, the nodes that connected to it (a kQuery it
+  // answered OK): told kGone when it is removed, so their receives naming
+  // it fail (mq_engine.h invariant 8). At most one entry per node.
+  std::unordered_map<uint32_t, std::set<uint16_t>> watchers_;
+  std::unordered_map<const Job*, std::unique_ptr<JobPages>> job_pages_;
+  std::unordered_map<uint64_t, uint32_t> proxy_by_epid_;
+  std::unordered_map<uint32_t, uint64_t> epid_by_proxy_;
+  uint32_t next_proxy_ = kProxyBase;
+  uint32_t passes_ = 0;
+  uint64_t last_liveness_ms_ = 0;
+  uint64_t refused_ = 0;
+  std::map<uint16_t, PeerCounts> counts_by_node_;
+};
+
+}  // namespace psmd
+
+#endif  // PSMD_DAEMON_REMOTE_REMOTE_H_

@@ -1,0 +1,826 @@
+// The inter-node engine end to end: two nodes, each an MqEngine with its
+// Remote beside it (as ProgressWorker wires them), joined by the in-process
+// fabric (hw/loopback_fabric.h) and driven by hand from the test thread.
+// Clients are shm/'s own views of in-memory segments, as in
+// mq_engine_test.cc, so frames, rings and pools are all the real ones.
+#include "daemon/remote/remote.h"
+
+#include <gtest/gtest.h>
+#include <psm2.h>
+#include <psm2_mq.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/engine/mq_engine.h"
+#include "hw/loopback_fabric.h"
+#include "shm/epid.h"
+#include "shm/payload.h"
+#include "shm/pool.h"
+#include "shm/segment.h"
+
+namespace psmd {
+namespace {
+
+constexpr uint32_t kRingCapacity = 64;
+constexpr uint64_t kRegionBytes = 1 << 20;
+constexpr uint32_t kEndpoints = 2;
+constexpr uint16_t kNonce = 7;
+
+// One endpoint as its client sees it.
+struct ClientSide {
+  uint32_t id = 0;
+  uint64_t epid = 0;
+  shm::ClientRings rings;
+  shm::SendArena arena;
+  uint64_t next_token = 1;
+};
+
+// One node: its engine, its Remote, one job with kEndpoints endpoints.
+struct Node {
+  uint16_t id = 0;
+  std::unique_ptr<MqEngine> engine;
+  hw::LoopbackFabric* fabric = nullptr;  // owned by remote
+  std::unique_ptr<Remote> remote;
+  std::shared_ptr<Job> job;
+  std::vector<std::shared_ptr<Endpoint>> endpoints;
+  std::vector<ClientSide> clients;
+};
+
+class RemoteTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    nodes_file_ = std::string(tmp != nullptr ? tmp : "/tmp") + "/nodes";
+    std::ofstream(nodes_file_) << "1 host1 1@127.0.0.1:1\n"
+                               << "2 host2 2@127.0.0.1:2\n";
+    for (uint16_t n = 1; n <= 2; n++) MakeNode(n, &nodes_[n - 1]);
+  }
+
+  void TearDown() override {
+    for (Node& n : nodes_) KillNode(n);
+  }
+
+  void MakeNode(uint16_t id, Node* node) {
+    node->id = id;
+    node->engine = std::make_unique<MqEngine>(1 << 30, 1 << 30, 1 << 30);
+    std::unique_ptr<hw::LoopbackFabric> fabric = net_.Create(id);
+    node->fabric = fabric.get();
+    node->remote =
+        std::make_unique<Remote>(node->engine.get(), std::move(fabric), id,
+                                 kNonce, nodes_file_, timeout_ms_);
+    node->engine->AttachRemote(node->remote.get());
+    std::string error;
+    shm::Mapping pool;
+    ASSERT_TRUE(shm::Mapping::Create("test-pool",
+                                     (kEndpoints + 1) * kRegionBytes, geteuid(),
+                                     getegid(), &pool, &error))
+        << error;
+    node->job = std::make_shared<Job>(
+        JobKey{Uuid{1}, geteuid()}, std::move(pool), kEndpoints, kRegionBytes,
+        std::make_shared<UidAccount>(), /*inbox=*/true);
+    for (uint32_t i = 0; i < kEndpoints; i++) AddEndpoint(*node, i + 1);
+  }
+
+  // The node dies: its Remote (and fabric) go before its engine, as in
+  // ProgressWorker; its peers see the connection close.
+  void KillNode(Node& n) {
+    n.remote.reset();
+    n.fabric = nullptr;
+    n.engine.reset();
+  }
+
+  void AddEndpoint(Node& n, uint32_t id) {
+    auto ep = std::make_shared<Endpoint>();
+    ep->id = id;
+    ep->epid = shm::MakeEpid(n.id, kNonce, id);
+    ep->job = n.job;
+    ep->uid = geteuid();
+    ep->region = *n.job->TakeRegion();
+    ep->geometry = shm::ComputeGeometry(kRingCapacity, kRingCapacity);
+    ep->unexpected_budget = 1 << 20;
+    std::string error;
+    ASSERT_TRUE(shm::Mapping::Create("test-endpoint", ep->geometry.bytes,
+                                     geteuid(), getegid(), &ep->segment,
+                                     &error))
+        << error;
+    n.job->endpoints++;
+    ClientSide c;
+    c.id = id;
+    c.epid = ep->epid;
+    c.rings = shm::ClientRingsOf(ep->segment.base(), ep->geometry);
+    c.arena = shm::SendArena(n.job->pool().base(), ep->region.offset,
+                             ep->region.bytes);
+    n.endpoints.push_back(ep);
+    n.clients.push_back(c);
+    n.engine->Add(ep);
+  }
+
+  Node& node(uint16_t id) { return nodes_[id - 1]; }
+
+  // Runs both engines and both Remotes until neither has anything to do.
+  void Drain() {
+    int idle = 0;
+    for (int i = 0; i < 10000 && idle < 3; i++) {
+      bool did = false;
+      for (Node& n : nodes_) {
+        if (!n.engine) continue;
+        did |= n.engine->PollAll();
+        did |= n.remote->Poll();
+      }
+      idle = did ? 0 : idle + 1;
+    }
+  }
+
+  // psm2_ep_connect from endpoint `from` of node `a` to endpoint `to` of
+  // node `b`, put in `from`'s slot `slot`.
+  void Connect(uint16_t a, uint32_t from, uint16_t b, uint32_t to,
+               uint32_t slot) {
+    Node& na = node(a);
+    const uint64_t epid = node(b).clients[to].epid;
+    int result = -1;
+    std::string why;
+    na.remote->Query(*na.endpoints[from], epid,
+                     [&](int error, const std::string& w) {
+                       result = error;
+                       why = w;
+                     });
+    Drain();
+    ASSERT_EQ(result, PSM2_OK) << why;
+    na.engine->SetPeer(na.clients[from].id, slot, PeerLink{kRemotePeer, epid});
+  }
+
+  // Endpoints 0 of nodes 1 and 2 connected to each other, each in its
+  // slot 0: the pair most cases use.
+  void ConnectPair() {
+    ASSERT_NO_FATAL_FAILURE(Connect(1, 0, 2, 0, 0));
+    ASSERT_NO_FATAL_FAILURE(Connect(2, 0, 1, 0, 0));
+  }
+
+  // The one completion a rendezvous sender reaps once the receiver's node
+  // matched it: kRndvGo, in (*go)[0].
+  void AwaitGo(uint16_t a, uint32_t from,
+               std::vector<shm::CompletionDesc>* go) {
+    *go = Reap(a, from);
+    ASSERT_EQ(go->size(), 1u);
+    ASSERT_EQ((*go)[0].op, shm::CompleteOp::kRndvGo);
+  }
+
+  void Submit(Node& n, uint32_t from, const shm::SubmissionDesc& d) {
+    auto& r = shm::TraitsOf(d.op).ring == shm::Ring::kMessage
+                  ? n.clients[from].rings.msg_sq
+                  : n.clients[from].rings.ctl_sq;
+    ASSERT_TRUE(r.TryPush(d));
+  }
+
+  uint64_t Token(Node& n, uint32_t from) {
+    return n.clients[from].next_token++;
+  }
+
+  // A send of `payload` from endpoint `from` of node `a` to its slot `slot`
+  // (eager, or rendezvous with `rndv`); pooled when not inline.
+  uint64_t Send(uint16_t a, uint32_t from, uint32_t slot, uint32_t tag0,
+                const std::string& payload, uint8_t flags = 0,
+                bool rndv = false) {
+    Node& n = node(a);
+    const uint32_t tag[3] = {tag0, 0, 0};
+    const uint64_t token = Token(n, from);
+    auto len = static_cast<uint32_t>(payload.size());
+    shm::SubmissionDesc d = shm::PrepSend(slot, token, tag, len, rndv);
+    d.flags |= flags;
+    if (!rndv) {
+      if (shm::PayloadInPool(d)) {
+        auto off = n.clients[from].arena.Allocate(len);
+        EXPECT_TRUE(off.has_value());
+        std::memcpy(n.job->pool().base() + *off, payload.data(), len);
+        d.body.pool.pool_offset = *off;
+      } else {
+        std::memcpy(d.body.inline_data, payload.data(), len);
+      }
+    }
+    Submit(n, from, d);
+    return token;
+  }
+
+  uint64_t Recv(uint16_t a, uint32_t at, uint32_t from_slot, uint32_t tag0,
+                uint32_t capacity) {
+    Node& n = node(a);
+    const uint32_t tag[3] = {tag0, 0, 0};
+    const uint32_t sel[3] = {~0u, ~0u, ~0u};
+    const uint64_t token = Token(n, at);
+    Submit(n, at, shm::PrepRecv(from_slot, token, tag, sel, capacity));
+    return token;
+  }
+
+  std::vector<shm::CompletionDesc> Reap(uint16_t a, uint32_t at) {
+    std::vector<shm::CompletionDesc> out;
+    shm::CompletionDesc c;
+    while (node(a).clients[at].rings.cq.PopBatch(&c, 1) == 1) {
+      out.push_back(c);
+    }
+    return out;
+  }
+
+  // The payload a kRecvDone delivers (its chunk released, as a client).
+  std::string PayloadOf(uint16_t a, const shm::CompletionDesc& c) {
+    shm::PoolPayload chunk = shm::PayloadOf(node(a).job->pool().base(), c);
+    const uint8_t* src = chunk ? chunk.data() : c.body.inline_data;
+    return std::string(reinterpret_cast<const char*>(src), c.msg_len);
+  }
+
+  // One chunk of the transfer `go` names, from `src` + offset through the
+  // pool, as the sender's library streams it.
+  void Chunk(uint16_t a, uint32_t from, const shm::CompletionDesc& go,
+             const std::string& src, uint64_t offset, uint32_t len) {
+    Node& n = node(a);
+    shm::SubmissionDesc d =
+        shm::PrepRndvData(go.req, go.body.go.transfer, offset, len);
+    auto off = n.clients[from].arena.Allocate(len);
+    ASSERT_TRUE(off.has_value());
+    std::memcpy(n.job->pool().base() + *off, src.data() + offset, len);
+    d.body.rndv.pool_offset = *off;
+    Submit(n, from, d);
+  }
+
+  // Puts the kRndvChunk completions' payloads where they belong in *out
+  // (released, as a client); returns the bytes placed.
+  size_t Assemble(uint16_t a, const std::vector<shm::CompletionDesc>& done,
+                  std::string* out) {
+    size_t placed = 0;
+    for (const auto& c : done) {
+      if (c.op != shm::CompleteOp::kRndvChunk || c.error != PSM2_OK) continue;
+      shm::PoolPayload chunk = shm::PayloadOf(node(a).job->pool().base(), c);
+      if (!chunk) continue;
+      if (out->size() < c.body.chunk.offset + c.body.chunk.len) {
+        out->resize(c.body.chunk.offset + c.body.chunk.len);
+      }
+      std::memcpy(out->data() + c.body.chunk.offset, chunk.data(),
+                  c.body.chunk.len);
+      placed += c.body.chunk.len;
+    }
+    return placed;
+  }
+
+  uint32_t timeout_ms_ = 2000;  // the fabric timeout (liveness)
+  hw::LoopbackNetwork net_;
+  std::string nodes_file_;
+  Node nodes_[2];
+};
+
+TEST_F(RemoteTest, AnEagerMessageReachesAReceivePostedOnAnotherNode) {
+  ConnectPair();
+  uint64_t r = Recv(2, 0, 0, 7, 64);
+  Drain();
+  Send(1, 0, 0, 7, "hello");
+  Drain();
+  auto done = Reap(2, 0);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].op, shm::CompleteOp::kRecvDone);
+  EXPECT_EQ(done[0].req, r);
+  EXPECT_FALSE(done[0].flags & shm::kWasUnexpected);
+  EXPECT_EQ(done[0].src_epid, node(1).clients[0].epid);
+  EXPECT_EQ(PayloadOf(2, done[0]), "hello");
+}
+
+// An eager message that finds no receive waits at the receiver's node as
+// unexpected; a sync send completes only when a receive matches it there.
+TEST_F(RemoteTest, AnUnexpectedSyncMessageWaitsAndItsSenderHearsOfTheMatch) {
+  ConnectPair();
+  const std::string big(5000, 'u');  // pooled: an envelope and a payload
+  const uint64_t s = Send(1, 0, 0, 3, big, shm::kSendSync);
+  Drain();
+  EXPECT_TRUE(Reap(1, 0).empty());
+  EXPECT_TRUE(Reap(2, 0).empty());
+  const uint64_t r = Recv(2, 0, 0, 3, 8192);
+  Drain();
+  auto done = Reap(2, 0);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].op, shm::CompleteOp::kRecvDone);
+  EXPECT_EQ(done[0].req, r);
+  EXPECT_TRUE(done[0].flags & shm::kWasUnexpected);
+  EXPECT_EQ(PayloadOf(2, done[0]), big);
+  auto sent = Reap(1, 0);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].op, shm::CompleteOp::kSendDone);
+  EXPECT_EQ(sent[0].req, s);
+  EXPECT_EQ(sent[0].error, PSM2_OK);
+}
+
+// Messages from one sender match in the order sent, across the fabric too
+// (invariant 1), inline and pooled alike.
+TEST_F(RemoteTest, MessagesFromOneRemoteSenderMatchInOrder) {
+  ConnectPair();
+  for (int i = 0; i < 10; i++) {
+    Send(1, 0, 0, 5, std::string(i % 2 ? 3000 : 1, char('a' + i)));
+  }
+  Drain();
+  for (int i = 0; i < 10; i++) Recv(2, 0, shm::kAnySlot, 5, 4096);
+  Drain();
+  std::string got;
+  for (const auto& c : Reap(2, 0)) got += PayloadOf(2, c).substr(0, 1);
+  EXPECT_EQ(got, "abcdefghij");
+}
+
+TEST_F(RemoteTest, ARendezvousMessageStreamsToAReceiveOnAnotherNode) {
+  ConnectPair();
+  std::string src(200000, 0);
+  for (size_t i = 0; i < src.size(); i++) src[i] = static_cast<char>(i * 7);
+  const uint64_t r = Recv(2, 0, 0, 9, src.size());
+  Drain();
+  const uint64_t s = Send(1, 0, 0, 9, src, 0, /*rndv=*/true);
+  Drain();
+  std::vector<shm::CompletionDesc> go;
+  ASSERT_NO_FATAL_FAILURE(AwaitGo(1, 0, &go));
+  EXPECT_EQ(go[0].req, s);
+  EXPECT_EQ(go[0].body.go.send_bytes, src.size());
+  constexpr uint32_t kChunk = 64 << 10;
+  for (uint64_t off = 0; off < src.size(); off += kChunk) {
+    const auto len =
+        static_cast<uint32_t>(std::min<uint64_t>(kChunk, src.size() - off));
+    Chunk(1, 0, go[0], src, off, len);
+  }
+  Drain();
+  auto done = Reap(2, 0);
+  ASSERT_GE(done.size(), 2u);
+  EXPECT_EQ(done[0].op, shm::CompleteOp::kRecvRndv);
+  EXPECT_EQ(done[0].req, r);
+  EXPECT_EQ(done[0].msg_len, src.size());
+  std::string got;
+  EXPECT_EQ(Assemble(2, done, &got), src.size());
+  EXPECT_EQ(got, src);
+}
+
+// A sync send that finds its receive posted completes once matched there
+// (kSyncAck).
+TEST_F(RemoteTest, ASyncSendToAPostedRemoteReceiveCompletes) {
+  ConnectPair();
+  const uint64_t r = Recv(2, 0, 0, 12, 64);
+  Drain();
+  const uint64_t s = Send(1, 0, 0, 12, "sync", shm::kSendSync);
+  Drain();
+  auto done = Reap(2, 0);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].req, r);
+  auto sent = Reap(1, 0);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].op, shm::CompleteOp::kSendDone);
+  EXPECT_EQ(sent[0].req, s);
+  EXPECT_EQ(sent[0].error, PSM2_OK);
+}
+
+// A rendezvous message that finds no receive waits as unexpected at the
+// receiver's node; the receive posted later starts the transfer.
+TEST_F(RemoteTest, AnUnexpectedRendezvousMessageStreamsOnceReceived) {
+  ConnectPair();
+  const std::string src(70000, 'q');
+  Send(1, 0, 0, 13, src, 0, /*rndv=*/true);
+  Drain();
+  EXPECT_TRUE(Reap(1, 0).empty());
+  const uint64_t r = Recv(2, 0, 0, 13, src.size());
+  Drain();
+  std::vector<shm::CompletionDesc> go;
+  ASSERT_NO_FATAL_FAILURE(AwaitGo(1, 0, &go));
+  Chunk(1, 0, go[0], src, 0, src.size());
+  Drain();
+  auto done = Reap(2, 0);
+  ASSERT_GE(done.size(), 2u);
+  EXPECT_EQ(done[0].op, shm::CompleteOp::kRecvRndv);
+  EXPECT_EQ(done[0].req, r);
+  EXPECT_TRUE(done[0].flags & shm::kWasUnexpected);
+  std::string got;
+  EXPECT_EQ(Assemble(2, done, &got), src.size());
+  EXPECT_EQ(got, src);
+}
+
+// A send to a remote slot whose node has no connection (never queried)
+// fails at once and gives its payload back.
+TEST_F(RemoteTest, ASendToANodeNeverConnectedFails) {
+  Node& n1 = node(1);
+  n1.engine->SetPeer(n1.clients[0].id, 0,
+                     PeerLink{kRemotePeer, node(2).clients[0].epid});
+  const uint64_t s = Send(1, 0, 0, 1, std::string(4000, 'x'));
+  Drain();
+  auto done = Reap(1, 0);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].op, shm::CompleteOp::kError);
+  EXPECT_EQ(done[0].req, s);
+  EXPECT_EQ(done[0].error, PSM2_EPID_UNREACHABLE);
+}
+
+// The sender's node dies after the receiver's daemon said go: the
+// receive in progress fails at once, it does not wait for chunks.
+TEST_F(RemoteTest, APeerLostMidRendezvousFailsTheSurvivorsReceive) {
+  ConnectPair();
+  const std::string src(200000, 'r');
+  const uint64_t r = Recv(2, 0, 0, 9, src.size());
+  Drain();
+  Send(1, 0, 0, 9, src, 0, /*rndv=*/true);
+  Drain();
+  std::vector<shm::CompletionDesc> go;
+  ASSERT_NO_FATAL_FAILURE(AwaitGo(1, 0, &go));
+  Chunk(1, 0, go[0], src, 0, 64 << 10);  // one chunk of four
+  Drain();
+  KillNode(node(1));
+  Drain();
+  auto done = Reap(2, 0);
+  ASSERT_FALSE(done.empty());
+  EXPECT_EQ(done[0].op, shm::CompleteOp::kRecvRndv);
+  bool failed = false;
+  for (const auto& c : done) {
+    if (c.req == r && c.error != PSM2_OK) {
+      failed = true;
+      EXPECT_EQ(c.error, PSM2_EPID_UNREACHABLE);
+    }
+  }
+  EXPECT_TRUE(failed);
+}
+
+// An active message with an ack: the request reaches the handler's
+// endpoint on the other node naming its sender by a proxy id, which the
+// reply (pooled) and the ack travel back to.
+TEST_F(RemoteTest, AnActiveMessageIsAnsweredAndAckedAcrossNodes) {
+  Connect(1, 0, 2, 0, 0);
+  Node& n1 = node(1);
+  Node& n2 = node(2);
+  const uint64_t token = Token(n1, 0);
+  shm::SubmissionDesc req = shm::PrepActiveMessage(
+      false, /*peer=*/0, token, /*handler=*/3, /*nargs=*/1, /*payload=*/4);
+  req.flags |= shm::kAmWantsAck;
+  const uint64_t arg = 42;
+  std::memcpy(req.body.inline_data, &arg, 8);
+  std::memcpy(req.body.inline_data + 8, "ping", 4);
+  Submit(n1, 0, req);
+  Drain();
+  auto at_target = Reap(2, 0);
+  ASSERT_EQ(at_target.size(), 1u);
+  const shm::CompletionDesc& got = at_target[0];
+  EXPECT_EQ(got.op, shm::CompleteOp::kAmRequest);
+  EXPECT_EQ(got.tag[0], 3u);
+  EXPECT_EQ(got.tag[1], 1u);
+  EXPECT_TRUE(IsProxy(got.tag[2]));
+  EXPECT_EQ(got.src_epid, n1.clients[0].epid);
+  EXPECT_EQ(
+      std::string(reinterpret_cast<const char*>(got.body.inline_data) + 8, 4),
+      "ping");
+
+  // The handler replies with a pooled payload and acks the request.
+  const std::string answer(3000, 'p');
+  shm::SubmissionDesc reply =
+      shm::PrepActiveMessage(true, got.tag[2], Token(n2, 0), /*handler=*/4, 0,
+                             static_cast<uint32_t>(answer.size()));
+  auto off = n2.clients[0].arena.Allocate(answer.size());
+  ASSERT_TRUE(off.has_value());
+  std::memcpy(n2.job->pool().base() + *off, answer.data(), answer.size());
+  reply.body.pool.pool_offset = *off;
+  Submit(n2, 0, reply);
+  Submit(n2, 0, shm::PrepAmAck(got.tag[2], got.req, 3, PSM2_OK));
+  Drain();
+  auto at_sender = Reap(1, 0);
+  ASSERT_EQ(at_sender.size(), 2u);
+  EXPECT_EQ(at_sender[0].op, shm::CompleteOp::kAmReply);
+  EXPECT_EQ(at_sender[0].tag[0], 4u);
+  shm::PoolPayload chunk = shm::PayloadOf(n1.job->pool().base(), at_sender[0]);
+  ASSERT_TRUE(chunk);
+  EXPECT_EQ(
+      std::string(reinterpret_cast<const char*>(chunk.data()), answer.size()),
+      answer);
+  EXPECT_EQ(at_sender[1].op, shm::CompleteOp::kAmAcked);
+  EXPECT_EQ(at_sender[1].req, token);
+  EXPECT_EQ(at_sender[1].error, PSM2_OK);
+  EXPECT_EQ(at_sender[1].tag[0], 3u);
+}
+
+// A probe at the receiver sees a message from another node; a claimed
+// rendezvous one is then received by kClaimedRecv and streams as usual.
+TEST_F(RemoteTest, AProbeClaimsARemoteRendezvousMessage) {
+  ConnectPair();
+  const std::string src(100000, 'c');
+  Send(1, 0, 0, 11, src, 0, /*rndv=*/true);
+  Drain();
+  Node& n2 = node(2);
+  const uint32_t tag[3] = {11, 0, 0};
+  const uint32_t sel[3] = {~0u, ~0u, ~0u};
+  shm::SubmissionDesc probe =
+      shm::PrepProbe(shm::kAnySlot, Token(n2, 0), tag, sel, /*claim=*/true);
+  Submit(n2, 0, probe);
+  Drain();
+  auto probed = Reap(2, 0);
+  ASSERT_EQ(probed.size(), 1u);
+  EXPECT_EQ(probed[0].op, shm::CompleteOp::kProbeDone);
+  EXPECT_EQ(probed[0].error, PSM2_OK);
+  EXPECT_EQ(probed[0].msg_len, src.size());
+  EXPECT_EQ(probed[0].src_epid, node(1).clients[0].epid);
+  Submit(n2, 0, shm::PrepClaimedRecv(probe.req, src.size()));
+  Drain();
+  std::vector<shm::CompletionDesc> go;
+  ASSERT_NO_FATAL_FAILURE(AwaitGo(1, 0, &go));
+  Chunk(1, 0, go[0], src, 0, 65536);
+  Chunk(1, 0, go[0], src, 65536, src.size() - 65536);
+  Drain();
+  std::string got;
+  EXPECT_EQ(Assemble(2, Reap(2, 0), &got), src.size());
+  EXPECT_EQ(got, src);
+}
+
+// psm2_ep_connect to an epid its node does not have fails.
+TEST_F(RemoteTest, AQueryForAnEndpointTheNodeDoesNotHaveFails) {
+  Node& n1 = node(1);
+  int result = -1;
+  n1.remote->Query(*n1.endpoints[0], shm::MakeEpid(2, kNonce, 99),
+                   [&](int error, const std::string&) { result = error; });
+  Drain();
+  EXPECT_NE(result, PSM2_OK);
+  EXPECT_NE(result, -1);
+}
+
+// Invariant 8 across nodes: an endpoint removed on node 1 is told to node
+// 2 (kGone), where a receive naming it fails at once.
+TEST_F(RemoteTest, AReceiveNamingARemovedRemoteEndpointFails) {
+  ConnectPair();
+  const uint64_t r = Recv(2, 0, 0, 1, 64);
+  Drain();
+  node(1).engine->Remove(node(1).clients[0].id);
+  Drain();
+  auto done = Reap(2, 0);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].req, r);
+  EXPECT_EQ(done[0].error, PSM2_EPID_UNREACHABLE);
+}
+
+// Back-pressure rules 1 and 2: a receiver over its unexpected budget gets
+// what arrives for it parked at its node, whose daemon asks the sender's to
+// hold (kXoff); nothing is lost or reordered once receives drain the queue.
+TEST_F(RemoteTest, MessagesOverTheReceiversBudgetParkAndTheSenderHolds) {
+  ConnectPair();
+  node(2).endpoints[0]->unexpected_budget = 0;  // one message at a time
+  constexpr int kMessages = 20;
+  for (int i = 0; i < kMessages; i++) {
+    Send(1, 0, 0, 6, std::string(i % 2 ? 2000 : 1, char('A' + i)));
+  }
+  Drain();
+  auto counts = [](Node& n, uint16_t peer) {
+    for (const Remote::PeerRow& row : n.remote->Stats()) {
+      if (row.fabric.node == peer) return row.counts;
+    }
+    return Remote::PeerCounts{};
+  };
+  EXPECT_GE(counts(node(2), 1).parked, 1u);
+  EXPECT_GE(counts(node(1), 2).xoffs, 1u);
+  for (int i = 0; i < kMessages; i++) Recv(2, 0, 0, 6, 4096);
+  Drain();
+  std::string got;
+  for (const auto& c : Reap(2, 0)) {
+    EXPECT_EQ(c.op, shm::CompleteOp::kRecvDone);
+    got += PayloadOf(2, c).substr(0, 1);
+  }
+  EXPECT_EQ(got, "ABCDEFGHIJKLMNOPQRST");
+}
+
+// The sending endpoint closes mid-transfer while its node lives on: its
+// daemon tells the receiver's (kAbort), whose receive fails.
+TEST_F(RemoteTest, ASenderThatLeavesMidRendezvousFailsTheReceive) {
+  ConnectPair();
+  const std::string src(200000, 'a');
+  const uint64_t r = Recv(2, 0, 0, 9, src.size());
+  Drain();
+  Send(1, 0, 0, 9, src, 0, /*rndv=*/true);
+  Drain();
+  std::vector<shm::CompletionDesc> go;
+  ASSERT_NO_FATAL_FAILURE(AwaitGo(1, 0, &go));
+  Chunk(1, 0, go[0], src, 0, 64 << 10);
+  Drain();
+  node(1).engine->Remove(node(1).clients[0].id);
+  Drain();
+  bool failed = false;
+  for (const auto& c : Reap(2, 0)) {
+    if (c.req == r && c.error != PSM2_OK) failed = true;
+  }
+  EXPECT_TRUE(failed);
+}
+
+// The receiver's node dies while a rendezvous send waits for its match:
+// the sender's request fails at once.
+TEST_F(RemoteTest, AReceiversNodeLostFailsAWaitingRendezvousSend) {
+  ConnectPair();
+  const uint64_t s = Send(1, 0, 0, 9, std::string(100000, 's'), 0, true);
+  Drain();
+  EXPECT_TRUE(Reap(1, 0).empty());
+  KillNode(node(2));
+  Drain();
+  auto done = Reap(1, 0);
+  bool failed = false;
+  for (const auto& c : done) {
+    if (c.req == s) {
+      failed = true;
+      EXPECT_EQ(c.error, PSM2_EPID_UNREACHABLE);
+    }
+  }
+  EXPECT_TRUE(failed);
+}
+
+// A connection reset (both nodes alive) tells each endpoint that had
+// connected to one on the other node (kNodeLost), and a receive naming one
+// fails.
+TEST_F(RemoteTest, AResetConnectionIsReportedAsTheNodeLost) {
+  ConnectPair();
+  const uint64_t r = Recv(2, 0, 0, 1, 64);
+  Drain();
+  node(1).fabric->Sever(2);
+  Drain();
+  auto done = Reap(2, 0);
+  bool lost = false, failed = false;
+  for (const auto& c : done) {
+    if (c.op == shm::CompleteOp::kNodeLost) {
+      lost = true;
+      EXPECT_EQ(c.tag[0], 1u);
+      EXPECT_EQ(c.error, PSM2_EPID_UNREACHABLE);
+    }
+    if (c.req == r) {
+      failed = true;
+      EXPECT_EQ(c.error, PSM2_EPID_UNREACHABLE);
+    }
+  }
+  EXPECT_TRUE(lost);
+  EXPECT_TRUE(failed);
+}
+
+// Back-pressure rule 3: eager messages nobody receives fill their share of
+// the receiving job's inbox; after kPoolStallNs the next payloads are kept
+// in daemon memory (kEagerOff to the sender's daemon, which then sends
+// envelopes only). Every message still arrives intact and in order.
+TEST_F(RemoteTest, EagerMessagesPastTheInboxShareAreKeptAndStillArrive) {
+  ConnectPair();
+  constexpr int kMessages = 40;
+  constexpr uint32_t kBytes = 20000;  // 40 x 20000 > half the 1 MiB inbox
+  for (int i = 0; i < kMessages; i++) {
+    Send(1, 0, 0, 8, std::string(kBytes, char('A' + i)));
+    if (i % 8 == 7) Drain();  // the sender's ring holds 64
+  }
+  auto counts = [](Node& n, uint16_t peer) {
+    for (const Remote::PeerRow& row : n.remote->Stats()) {
+      if (row.fabric.node == peer) return row.counts;
+    }
+    return Remote::PeerCounts{};
+  };
+  for (int i = 0; i < 50 && counts(node(2), 1).kept == 0; i++) {
+    Drain();
+    usleep(5000);
+  }
+  EXPECT_GE(counts(node(2), 1).kept, 1u);
+  EXPECT_GE(counts(node(1), 2).eager_offs, 1u);
+  std::vector<uint64_t> reqs;
+  std::map<uint64_t, std::string> got;
+  for (int i = 0; i < kMessages; i++) {
+    reqs.push_back(Recv(2, 0, 0, 8, kBytes));
+    if (i % 8 == 7) {
+      Drain();
+      for (const auto& c : Reap(2, 0)) {
+        if (c.op == shm::CompleteOp::kRecvDone) {
+          got[c.req] = PayloadOf(2, c);
+        } else {
+          Assemble(2, {c}, &got[c.req]);
+        }
+      }
+    }
+  }
+  ASSERT_EQ(got.size(), static_cast<size_t>(kMessages));
+  for (int i = 0; i < kMessages; i++) {
+    EXPECT_EQ(got[reqs[i]], std::string(kBytes, char('A' + i))) << i;
+  }
+}
+
+// Back-pressure rule 4: a peer that sent more than kParkMax before it could
+// hear kXoff (here: node 2 does not run while node 1 sends) pauses its
+// connection as a whole; what waits is read once the receiver drains, in
+// order, with nothing lost.
+TEST_F(RemoteTest, PastTheParkCapTheConnectionPausesAndThenResumes) {
+  ConnectPair();
+  node(2).endpoints[0]->unexpected_budget = 0;
+  constexpr int kMessages = 1100;
+  constexpr uint32_t kBytes = 16 << 10;  // 1100 x 16 KiB > kParkMax (16 MiB)
+  Node& n1 = node(1);
+  for (int i = 0; i < kMessages; i++) {
+    std::string payload(kBytes, 0);
+    std::memcpy(payload.data(), &i, sizeof(i));
+    Send(1, 0, 0, 2, payload);
+    if (i % 32 == 31 || i + 1 == kMessages) {
+      // Only node 1 runs: its frames pile up at node 2 unread.
+      for (int j = 0; j < 8; j++) {
+        n1.engine->PollAll();
+        n1.remote->Poll();
+      }
+    }
+  }
+  EXPECT_EQ(node(2).fabric->frames_waiting(), 2u * kMessages);
+  Drain();
+  // Node 2 parked what fits and stopped reading: frames still wait.
+  EXPECT_GT(node(2).fabric->frames_waiting(), 0u);
+  int received = 0;
+  int posted = 0;
+  for (int round = 0; round < 200 && received < kMessages; round++) {
+    for (int k = 0; k < 32 && posted < kMessages; k++, posted++) {
+      Recv(2, 0, 0, 2, kBytes);
+    }
+    Drain();
+    for (const auto& c : Reap(2, 0)) {
+      ASSERT_EQ(c.op, shm::CompleteOp::kRecvDone);
+      ASSERT_EQ(c.error, PSM2_OK);
+      const std::string got = PayloadOf(2, c);
+      int index = -1;
+      std::memcpy(&index, got.data(), sizeof(index));
+      ASSERT_EQ(index, received);
+      received++;
+    }
+  }
+  EXPECT_EQ(received, kMessages);
+  EXPECT_EQ(node(2).fabric->frames_waiting(), 0u);
+}
+
+// A receive naming a remote sender can be cancelled until a message from
+// it matches; one that arrives after goes to the next receive.
+TEST_F(RemoteTest, AReceiveFromARemoteSenderCancelsBeforeItsMatch) {
+  ConnectPair();
+  Node& n2 = node(2);
+  const uint64_t r = Recv(2, 0, 0, 4, 64);
+  Drain();
+  const uint64_t c = Token(n2, 0);
+  Submit(n2, 0, shm::PrepCancel(c, r));
+  Drain();
+  auto done = Reap(2, 0);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].op, shm::CompleteOp::kCancelDone);
+  EXPECT_EQ(done[0].error, PSM2_OK);
+  Send(1, 0, 0, 4, "late");
+  Drain();
+  EXPECT_TRUE(Reap(2, 0).empty());  // unexpected now
+  const uint64_t r2 = Recv(2, 0, 0, 4, 64);
+  Drain();
+  done = Reap(2, 0);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].req, r2);
+  EXPECT_EQ(PayloadOf(2, done[0]), "late");
+}
+
+// A rendezvous receive smaller than the message asks for what fits only.
+TEST_F(RemoteTest, ARendezvousReceiveSmallerThanTheMessageGetsWhatFits) {
+  ConnectPair();
+  const std::string src(100000, 't');
+  Recv(2, 0, 0, 9, 50000);
+  Drain();
+  Send(1, 0, 0, 9, src, 0, /*rndv=*/true);
+  Drain();
+  std::vector<shm::CompletionDesc> go;
+  ASSERT_NO_FATAL_FAILURE(AwaitGo(1, 0, &go));
+  EXPECT_EQ(go[0].body.go.send_bytes, 50000u);
+  Chunk(1, 0, go[0], src, 0, 50000);
+  Drain();
+  auto done = Reap(2, 0);
+  ASSERT_GE(done.size(), 2u);
+  EXPECT_EQ(done[0].msg_len, src.size());
+  std::string got;
+  EXPECT_EQ(Assemble(2, done, &got), 50000u);
+  EXPECT_EQ(got, src.substr(0, 50000));
+}
+
+class ShortTimeoutRemoteTest : public RemoteTest {
+ protected:
+  ShortTimeoutRemoteTest() { timeout_ms_ = 200; }
+};
+
+// Liveness: a node whose daemon stops running (no frames, no heartbeats)
+// is declared dead after the fabric timeout; receives naming its endpoints
+// fail with PSM2_TIMEOUT.
+TEST_F(ShortTimeoutRemoteTest, ASilentNodeIsDeclaredDeadAfterTheTimeout) {
+  ConnectPair();
+  const uint64_t r = Recv(1, 0, 0, 1, 64);
+  Drain();
+  Node& n1 = node(1);
+  bool failed = false;
+  // Usually about two timeouts; a loaded machine's late checks are not
+  // counted against the peer (Remote::CheckLiveness), so allow more.
+  const auto start = std::chrono::steady_clock::now();
+  while (!failed && std::chrono::steady_clock::now() - start <
+                        std::chrono::milliseconds(15 * timeout_ms_)) {
+    n1.engine->PollAll();  // node 1 alone runs
+    n1.remote->Poll();
+    for (const auto& c : Reap(1, 0)) {
+      if (c.req == r) {
+        failed = true;
+        EXPECT_EQ(c.error, PSM2_TIMEOUT);
+      }
+    }
+    usleep(200);
+  }
+  EXPECT_TRUE(failed);
+}
+
+}  // namespace
+}  // namespace psmd
