@@ -22,8 +22,8 @@ grpc::Status ToStatus(const Status& e) {
                       std::to_string(e.code));
 }
 
-void FillCounters(const counters::Values& values, v1::EndpointStats* out) {
-  auto* map = out->mutable_counters();
+void FillCounters(const counters::Values& values,
+                  google::protobuf::Map<std::string, uint64_t>* map) {
   for (size_t i = 0; i < counters::kNumCounters; i++) {
     (*map)[counters::kAll[i].name] = values[i];
   }
@@ -36,7 +36,7 @@ void FillStats(const EndpointSnapshot& s, v1::EndpointStats* out) {
   out->set_uid(s.uid);
   out->set_pid(static_cast<uint32_t>(s.pid));
   out->set_label(s.label);
-  FillCounters(s.counters, out);
+  FillCounters(s.counters, out->mutable_counters());
 }
 
 std::string VersionText() {
@@ -55,7 +55,10 @@ ControlService::ControlService(Registry* registry, Admission* admission,
       worker_(worker),
       config_(config),
       config_path_(std::move(config_path)),
-      started_(std::chrono::steady_clock::now()) {}
+      started_(std::chrono::steady_clock::now()),
+      started_unix_ns_(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count()) {}
 
 uint64_t ControlService::UptimeNs() const {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -175,15 +178,24 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
                                       v1::GetStatsReply* reply) {
   Credentials who;
   if (auto s = Identify(ctx, &who); !s.ok()) return s;
-  std::vector<EndpointSnapshot> snaps = registry_->Snapshot(who);
+  const StatsSnapshot stats = registry_->Stats(who);
   reply->set_uptime_ns(UptimeNs());
-  reply->set_endpoint_count(static_cast<uint32_t>(snaps.size()));
-  counters::Values total = registry_->ClosedTotals(who);
-  for (const EndpointSnapshot& s : snaps) {
+  reply->set_start_time_unix_ns(started_unix_ns_);
+  reply->set_version(version::Version());
+  reply->set_commit(version::Commit());
+  reply->set_endpoint_count(static_cast<uint32_t>(stats.endpoints.size()));
+  for (const EndpointSnapshot& s : stats.endpoints) {
     FillStats(s, reply->add_endpoints());
-    counters::Accumulate(s.counters, &total);
   }
-  FillCounters(total, reply->mutable_total());
+  for (const JobTotals& j : stats.jobs) {
+    v1::JobStats* job = reply->add_jobs();
+    job->set_job_uuid(UuidToString(j.key.uuid));
+    job->set_uid(j.key.uid);
+    job->set_open_endpoints(j.open_endpoints);
+    job->set_finished_age_ns(static_cast<uint64_t>(j.finished_age.count()));
+    FillCounters(j.counters, job->mutable_counters());
+  }
+  FillCounters(stats.total, reply->mutable_total()->mutable_counters());
   const refusals::Values refused = registry_->refusals().For(who.uid);
   for (size_t i = 0; i < refusals::kNumCounters; i++)
     (*reply->mutable_refusals())[refusals::kAll[i].name] = refused[i];

@@ -62,6 +62,7 @@ class ControlService final : public v1::Control::Service {
   const SharedConfig* const config_;
   const std::string config_path_;
   const std::chrono::steady_clock::time_point started_;
+  const uint64_t started_unix_ns_;  // the same instant by the wall clock
 };
 
 }  // namespace psmd

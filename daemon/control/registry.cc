@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -228,6 +229,8 @@ std::shared_ptr<Endpoint> Registry::Unlink(uint32_t id) {
   if (--open_by_uid_[ep->uid] == 0) open_by_uid_.erase(ep->uid);
   Job& job = *ep->job;
   job.RetireRegion(ep->region);
+  job_history_[job.key()].retiring++;
+  retiring_[ep->id] = ep;
   if (--job.endpoints == 0) jobs_.erase(job.key());
   return ep;
 }
@@ -236,10 +239,20 @@ void Registry::Retire(std::shared_ptr<Endpoint> ep) {
   if (!ep) return;
   worker_->RemoveEndpoint(ep->id);
   {
-    // Counters are final now that the worker has dropped the endpoint.
+    // Counters are final now that the worker has dropped the endpoint. They
+    // move from retiring_ to the totals under one lock: Stats counts them
+    // once, before and after.
     counters::Values last = ep->counters.Values();
     MutexLock lock(&mu_);
     counters::Accumulate(last, &closed_totals_[ep->uid]);
+    const JobKey& key = ep->job->key();
+    JobHistory& history = job_history_[key];
+    counters::Accumulate(last, &history.closed);
+    history.retiring--;
+    history.last_closed = std::chrono::steady_clock::now();
+    retiring_.erase(ep->id);
+    if (history.retiring == 0 && jobs_.count(key) == 0)
+      ForgetFinishedJobs(history.last_closed);
   }
   spdlog::info(
       "closed endpoint {} epid {:#x} (pid {}): sent {} msgs, received {} msgs",
@@ -411,6 +424,10 @@ Status Registry::Disconnect(const Credentials& who, uint32_t id,
 
 std::vector<EndpointSnapshot> Registry::Snapshot(const Credentials& who) {
   MutexLock lock(&mu_);
+  return SnapshotLocked(who);
+}
+
+std::vector<EndpointSnapshot> Registry::SnapshotLocked(const Credentials& who) {
   std::vector<EndpointSnapshot> out;
   for (auto& [id, rec] : records_) {
     const Endpoint& ep = *rec.ep;
@@ -434,13 +451,60 @@ std::vector<EndpointSnapshot> Registry::Snapshot(const Credentials& who) {
   return out;
 }
 
-counters::Values Registry::ClosedTotals(const Credentials& who) {
+StatsSnapshot Registry::Stats(const Credentials& who,
+                              std::chrono::steady_clock::time_point now) {
   MutexLock lock(&mu_);
-  counters::Values total{};
-  for (const auto& [uid, t] : closed_totals_) {
-    if (who.is_root() || who.uid == uid) counters::Accumulate(t, &total);
+  ForgetFinishedJobs(now);
+  StatsSnapshot out;
+  out.endpoints = SnapshotLocked(who);
+  std::map<JobKey, JobTotals> jobs;
+  auto count = [&](const JobKey& key, const counters::Values& values) {
+    JobTotals& j = jobs[key];
+    j.open_endpoints++;
+    counters::Accumulate(values, &j.counters);
+    counters::Accumulate(values, &out.total);
+  };
+  for (const EndpointSnapshot& s : out.endpoints) {
+    count({s.uuid, s.uid}, s.counters);
   }
-  return total;
+  for (const auto& [id, ep] : retiring_) {
+    if (MayControl(who, *ep)) count(ep->job->key(), ep->counters.Values());
+  }
+  for (const auto& [key, history] : job_history_) {
+    if (!who.is_root() && who.uid != key.uid) continue;
+    JobTotals& j = jobs[key];
+    counters::Accumulate(history.closed, &j.counters);
+    if (j.open_endpoints == 0) j.finished_age = now - history.last_closed;
+  }
+  for (auto& [key, j] : jobs) {
+    j.key = key;
+    out.jobs.push_back(j);
+  }
+  for (const auto& [uid, t] : closed_totals_) {
+    if (who.is_root() || who.uid == uid) counters::Accumulate(t, &out.total);
+  }
+  return out;
+}
+
+void Registry::ForgetFinishedJobs(std::chrono::steady_clock::time_point now) {
+  // Finished: no endpoint open (jobs_) nor closing (retiring).
+  std::map<uid_t, std::vector<std::map<JobKey, JobHistory>::iterator>> by_uid;
+  for (auto it = job_history_.begin(); it != job_history_.end(); ++it) {
+    if (it->second.retiring > 0 || jobs_.count(it->first) > 0) continue;
+    by_uid[it->first.uid].push_back(it);
+  }
+  for (auto& [uid, finished] : by_uid) {
+    // Newest first: those past the count or the age go.
+    std::sort(finished.begin(), finished.end(), [](auto a, auto b) {
+      return a->second.last_closed > b->second.last_closed;
+    });
+    for (size_t i = 0; i < finished.size(); i++) {
+      if (i >= kMaxFinishedJobsPerUid ||
+          now - finished[i]->second.last_closed > kFinishedJobRetention) {
+        job_history_.erase(finished[i]);
+      }
+    }
+  }
 }
 
 std::vector<JobSnapshot> Registry::Jobs(const Credentials& who) {

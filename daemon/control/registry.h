@@ -70,6 +70,27 @@ struct EndpointSnapshot {
   counters::Values counters{};
 };
 
+// A job's counters over its life on this node, open and closed endpoints
+// summed (what GetStats reports per job).
+struct JobTotals {
+  JobKey key{};
+  // Open endpoints, and those closing whose counters are not final yet;
+  // 0: the job has finished.
+  uint32_t open_endpoints = 0;
+  // Since its last endpoint closed, when it has finished.
+  std::chrono::nanoseconds finished_age{0};
+  counters::Values counters{};
+};
+
+// What GetStats answers, taken at one instant: an endpoint that closes is
+// counted in exactly one of endpoints (open), its job's and the node's
+// totals (closed), never in none or both, so no total ever falls.
+struct StatsSnapshot {
+  std::vector<EndpointSnapshot> endpoints;  // open, by id
+  std::vector<JobTotals> jobs;              // by (uuid, uid)
+  counters::Values total{};                 // every endpoint since start
+};
+
 // A job as psmctl lists it, with the budgets that apply to it.
 struct JobSnapshot {
   Uuid uuid{};
@@ -82,6 +103,13 @@ struct JobSnapshot {
 
 class Registry {
  public:
+  // How long, and how many per uid, finished jobs' totals are kept, so that
+  // a scraper sees a job's last values before its series ends (psmctl(8),
+  // "COUNTERS"). The count bounds what a tenant costs psmd by opening and
+  // closing jobs at any rate: the oldest is forgotten first.
+  static constexpr std::chrono::minutes kFinishedJobRetention{10};
+  static constexpr size_t kMaxFinishedJobsPerUid = 64;
+
   Registry(const Config& config, ProgressWorker* worker);
   ~Registry();
 
@@ -104,9 +132,13 @@ class Registry {
                     std::vector<int>* errors);
   // Endpoints the caller may see: its own uid's, or all for root.
   std::vector<EndpointSnapshot> Snapshot(const Credentials& who);
-  // Counters of the closed endpoints the caller may see, summed (so totals
-  // cover the daemon's lifetime, not only the endpoints open now).
-  counters::Values ClosedTotals(const Credentials& who);
+  // Counters the caller may see (its own uid's, or all for root): per open
+  // endpoint, per job and in total, closed endpoints included. A finished
+  // job is reported until kFinishedJobRetention after its last endpoint
+  // closed, as `now` tells (tests pass a later instant).
+  StatsSnapshot Stats(const Credentials& who,
+                      std::chrono::steady_clock::time_point now =
+                          std::chrono::steady_clock::now());
   // Jobs the caller may see (its own uid's, or all for root), by uuid.
   std::vector<JobSnapshot> Jobs(const Credentials& who);
   const Config& config() const { return config_; }
@@ -152,6 +184,12 @@ class Registry {
   // The record of endpoint `id` if `who` may act on it (mu_ held).
   Status FindControllable(const Credentials& who, uint32_t id, Record** out)
       PSMD_REQUIRES(mu_);
+  std::vector<EndpointSnapshot> SnapshotLocked(const Credentials& who)
+      PSMD_REQUIRES(mu_);
+  // Drops the histories of finished jobs beyond the retention: older than
+  // it, or more than kMaxFinishedJobsPerUid of one uid (oldest first).
+  void ForgetFinishedJobs(std::chrono::steady_clock::time_point now)
+      PSMD_REQUIRES(mu_);
   bool MayControl(const Credentials& who, const Endpoint& ep) const {
     return who.is_root() || who.uid == ep.uid;
   }
@@ -174,8 +212,20 @@ class Registry {
       PSMD_GUARDED_BY(mu_);
   std::unordered_map<uint64_t, uint32_t> id_by_epid_ PSMD_GUARDED_BY(mu_);
   std::map<JobKey, std::shared_ptr<Job>> jobs_ PSMD_GUARDED_BY(mu_);
-  // By owner uid.
+  // Closed endpoints' counters by owner uid, for the whole run.
   std::map<uid_t, counters::Values> closed_totals_ PSMD_GUARDED_BY(mu_);
+  // Endpoints Unlink took out of records_ whose Retire has not finished:
+  // the worker may still count for them, and stats still show them.
+  std::unordered_map<uint32_t, std::shared_ptr<Endpoint>> retiring_
+      PSMD_GUARDED_BY(mu_);
+  // What a job's totals keep of its closed endpoints, from its first close
+  // until ForgetFinishedJobs drops it.
+  struct JobHistory {
+    counters::Values closed{};
+    uint32_t retiring = 0;  // its endpoints in retiring_
+    std::chrono::steady_clock::time_point last_closed{};
+  };
+  std::map<JobKey, JobHistory> job_history_ PSMD_GUARDED_BY(mu_);
 };
 
 }  // namespace psmd

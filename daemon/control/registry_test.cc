@@ -141,5 +141,47 @@ TEST_F(RegistryTest, ClosedEndpointsLeaveTheirCountersInTheTotals) {
   EXPECT_TRUE(registry_.Jobs(User(1000)).empty());  // the job ended
 }
 
+// The uuids of the jobs Stats reports to `who`, by their first byte.
+std::vector<int> JobsIn(const StatsSnapshot& stats) {
+  std::vector<int> out;
+  for (const JobTotals& j : stats.jobs) out.push_back(j.key.uuid[0]);
+  return out;
+}
+
+TEST_F(RegistryTest, AFinishedJobIsReportedForTheRetentionOnly) {
+  OpenedEndpoint a = Open(User(1000), 1);
+  OpenedEndpoint b = Open(User(1000), 1);
+  ASSERT_TRUE(registry_.Close(User(1000), a.id).ok());
+  StatsSnapshot half = registry_.Stats(User(1000));
+  ASSERT_EQ(JobsIn(half), std::vector<int>{1});
+  EXPECT_EQ(half.jobs[0].open_endpoints, 1u);
+  ASSERT_TRUE(registry_.Close(User(1000), b.id).ok());
+  StatsSnapshot ended = registry_.Stats(User(1000));
+  ASSERT_EQ(JobsIn(ended), std::vector<int>{1});  // finished, still there
+  EXPECT_EQ(ended.jobs[0].open_endpoints, 0u);
+  EXPECT_TRUE(registry_.Stats(User(1001)).jobs.empty());  // not theirs
+  EXPECT_EQ(JobsIn(registry_.Stats(User(0))), std::vector<int>{1});
+  // Past the retention it is forgotten.
+  auto later = std::chrono::steady_clock::now() +
+               Registry::kFinishedJobRetention + std::chrono::seconds(1);
+  EXPECT_TRUE(registry_.Stats(User(1000), later).jobs.empty());
+}
+
+TEST_F(RegistryTest, AUidKeepsAtMostItsBoundOfFinishedJobsNewestFirst) {
+  // A tenant cycling through jobs: each opened and closed at once.
+  const int jobs = static_cast<int>(Registry::kMaxFinishedJobsPerUid) + 3;
+  OpenedEndpoint other = Open(User(1001), 0);
+  ASSERT_TRUE(registry_.Close(User(1001), other.id).ok());
+  for (int i = 1; i <= jobs; i++) {
+    ASSERT_TRUE(registry_.Close(User(1000), Open(User(1000), i).id).ok());
+  }
+  std::vector<int> kept = JobsIn(registry_.Stats(User(1000)));
+  ASSERT_EQ(kept.size(), Registry::kMaxFinishedJobsPerUid);
+  EXPECT_EQ(kept.front(), 4);  // 1, 2 and 3, the oldest, were forgotten
+  EXPECT_EQ(kept.back(), jobs);
+  // Another uid's finished job is not pushed out by this one's.
+  EXPECT_EQ(JobsIn(registry_.Stats(User(1001))), std::vector<int>{0});
+}
+
 }  // namespace
 }  // namespace psmd
