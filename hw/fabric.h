@@ -105,8 +105,7 @@ struct Event {
 // trusted, and counting under it would let anyone add rows).
 struct PeerStats {
   uint64_t node = 0;
-#define PSMD_PEER_STATS_FIELD(name, column, metric, unit, help) \
-  uint64_t name = 0;
+#define PSMD_PEER_STATS_FIELD(name, column, unit, help) uint64_t name = 0;
   PSMD_FABRIC_PEER_COUNTERS(PSMD_PEER_STATS_FIELD)
 #undef PSMD_PEER_STATS_FIELD
 };

@@ -6,11 +6,11 @@
 // (tools/psmctl.cc). Adding a counter is one line here plus the increment where
 // the event happens.
 //
-// Each entry: X(name, metric, unit, help)
-//   name    the field, JSON key and table row ("msgs_sent"); never renamed,
-//           scripts read it
-//   metric  the Prometheus name without the psmd_ prefix and _total suffix,
-//           unit last as Prometheus asks ("sent_messages")
+// Each entry: X(name, unit, help)
+//   name    the field, JSON key, table column and Prometheus name
+//           ("msgs_sent": psmd_msgs_sent_total for the node,
+//           psmd_job_msgs_sent_total per job); one word for a counter
+//           everywhere, never renamed: scripts and dashboards read it
 //   unit    how psmctl writes a number: kCount (1.2 M) or kBytes (3.4 GiB)
 //   help    one line for --help, HELP lines and the man page
 //
@@ -22,48 +22,46 @@
 #include <cstddef>
 #include <cstdint>
 
-#define PSMD_ENDPOINT_COUNTERS(X)                                              \
-  X(msgs_sent, sent_messages, kCount, "Messages sent (eager and rendezvous).") \
-  X(bytes_sent, sent_bytes, kBytes, "Payload bytes sent.")                     \
-  X(rndv_msgs_sent, sent_rendezvous_messages, kCount,                          \
-    "Messages sent by rendezvous (part of msgs_sent).")                        \
-  X(rndv_bytes_sent, sent_rendezvous_bytes, kBytes,                            \
-    "Payload bytes sent by rendezvous (part of bytes_sent).")                  \
-  X(rndv_msgs_copied, copied_rendezvous_messages, kCount,                      \
-    "Rendezvous messages psmd copied in place from the sender's memory "       \
-    "(part of rndv_msgs_sent).")                                               \
-  X(rndv_bytes_copied, copied_rendezvous_bytes, kBytes,                        \
-    "Payload bytes psmd copied in place (part of rndv_bytes_sent).")           \
-  X(msgs_received, received_messages, kCount, "Messages received.")            \
-  X(bytes_received, received_bytes, kBytes, "Payload bytes received.")         \
-  X(unexpected_msgs, unexpected_messages, kCount,                              \
-    "Messages that arrived before their receive was posted.")                  \
-  X(unexpected_bytes, unexpected_bytes, kBytes,                                \
-    "Payload bytes of messages that arrived before their receive.")            \
-  X(posted_recvs, posted_receives, kCount, "Receives posted.")                 \
-  X(probes, probes, kCount, "Probes (psm2_mq_iprobe and kin) answered.")       \
-  X(sends_held, held_sends, kCount,                                            \
-    "Times a send waited for its receiver's unexpected-message budget.")       \
-  X(budget_stalls, budget_stalls, kCount,                                      \
-    "Times sends to this endpoint waited 10 s for an unexpected-message "      \
-    "budget while it received none of its unexpected messages.")               \
-  X(am_requests_sent, sent_am_requests, kCount,                                \
-    "Active-message requests sent.")                                           \
-  X(am_replies_sent, sent_am_replies, kCount, "Active-message replies sent.")  \
-  X(bad_descriptors, bad_descriptors, kCount,                                  \
-    "Descriptors the daemon refused as malformed.")                            \
-  X(recvs_refused, refused_receives, kCount,                                   \
+#define PSMD_ENDPOINT_COUNTERS(X)                                            \
+  X(msgs_sent, kCount, "Messages sent (eager and rendezvous).")              \
+  X(bytes_sent, kBytes, "Payload bytes sent.")                               \
+  X(rndv_msgs_sent, kCount,                                                  \
+    "Messages sent by rendezvous (part of msgs_sent).")                      \
+  X(rndv_bytes_sent, kBytes,                                                 \
+    "Payload bytes sent by rendezvous (part of bytes_sent).")                \
+  X(rndv_msgs_copied, kCount,                                                \
+    "Rendezvous messages psmd copied in place from the sender's memory "     \
+    "(part of rndv_msgs_sent).")                                             \
+  X(rndv_bytes_copied, kBytes,                                               \
+    "Payload bytes psmd copied in place (part of rndv_bytes_sent).")         \
+  X(msgs_received, kCount, "Messages received.")                             \
+  X(bytes_received, kBytes, "Payload bytes received.")                       \
+  X(unexpected_msgs, kCount,                                                 \
+    "Messages that arrived before their receive was posted.")                \
+  X(unexpected_bytes, kBytes,                                                \
+    "Payload bytes of messages that arrived before their receive.")          \
+  X(posted_recvs, kCount, "Receives posted.")                                \
+  X(probes, kCount, "Probes (psm2_mq_iprobe and kin) answered.")             \
+  X(sends_held, kCount,                                                      \
+    "Times a send waited for its receiver's unexpected-message budget.")     \
+  X(budget_stalls, kCount,                                                   \
+    "Times sends to this endpoint waited 10 s for an unexpected-message "    \
+    "budget while it received none of its unexpected messages.")             \
+  X(am_requests_sent, kCount, "Active-message requests sent.")               \
+  X(am_replies_sent, kCount, "Active-message replies sent.")                 \
+  X(bad_descriptors, kCount, "Descriptors the daemon refused as malformed.") \
+  X(recvs_refused, kCount,                                                   \
     "Receives refused: the job's or uid's posted-receive limit.")
 
 // Refusals by a limit, counted per uid (GetStats shows a uid its own, root
 // every uid's). Same entry format.
 #define PSMD_REFUSAL_COUNTERS(X)                                         \
-  X(endpoints_refused, refused_endpoints, kCount,                        \
+  X(endpoints_refused, kCount,                                           \
     "Endpoint opens refused by a limit (psmd's, the uid's or the job's " \
     "endpoints).")                                                       \
-  X(control_connections_refused, refused_control_connections, kCount,    \
+  X(control_connections_refused, kCount,                                 \
     "Control connections refused (max_control_connections_per_uid).")    \
-  X(attaches_refused, refused_attaches, kCount,                          \
+  X(attaches_refused, kCount,                                            \
     "Attach requests refused (a token unknown, used or not the uid's).")
 
 // The counters per peer node of the fabric between nodes' daemons, as
@@ -74,47 +72,43 @@
 // checked by //proto:counters_test) and psmctl's table, JSON and
 // Prometheus output.
 //
-// Each entry: X(name, column, metric, unit, help)
+// Each entry: X(name, column, unit, help)
 //   name    the field (in hw::PeerStats or Remote::PeerCounts and in
-//           PeerNodeStats) and the JSON key; never renamed
+//           PeerNodeStats), the JSON key and the Prometheus name
+//           (psmd_fabric_<name>_total); never renamed
 //   column  psmctl's table heading
-//   metric  the Prometheus name without the psmd_ prefix and _total suffix
 //   unit    kCount or kBytes
 //   help    one line for HELP lines
 //
 // Traffic, which the table writes human-readable in wide columns:
-#define PSMD_FABRIC_TRAFFIC_COUNTERS(X)                           \
-  X(frames_sent, frames_sent, fabric_frames_sent, kCount,         \
-    "Data frames sent to a peer node.")                           \
-  X(bytes_sent, bytes_sent, fabric_bytes_sent, kBytes,            \
-    "Payload bytes sent to a peer node.")                         \
-  X(frames_received, frames_recv, fabric_frames_received, kCount, \
-    "Data frames received from a peer node.")                     \
-  X(bytes_received, bytes_recv, fabric_bytes_received, kBytes,    \
+#define PSMD_FABRIC_TRAFFIC_COUNTERS(X)                                   \
+  X(frames_sent, frames_sent, kCount, "Data frames sent to a peer node.") \
+  X(bytes_sent, bytes_sent, kBytes, "Payload bytes sent to a peer node.") \
+  X(frames_received, frames_recv, kCount,                                 \
+    "Data frames received from a peer node.")                             \
+  X(bytes_received, bytes_recv, kBytes,                                   \
     "Payload bytes received from a peer node.")
 // Events, each worth seeing, which the table writes exactly: the fabric's
 #define PSMD_FABRIC_EVENT_COUNTERS(X)                                   \
-  X(connects, connects, fabric_connects, kCount,                        \
-    "Connections opened with a peer node.")                             \
-  X(disconnects, disconn, fabric_disconnects, kCount,                   \
+  X(connects, connects, kCount, "Connections opened with a peer node.") \
+  X(disconnects, disconn, kCount,                                       \
     "Connections with a peer node that ended other than by close.")     \
-  X(connect_failures, conn_err, fabric_connect_failures, kCount,        \
+  X(connect_failures, conn_err, kCount,                                 \
     "Connects to a peer node that failed.")                             \
-  X(auth_failures, auth_err, fabric_auth_failures, kCount,              \
+  X(auth_failures, auth_err, kCount,                                    \
     "Handshakes refused for authentication (node 0: unauthenticated).") \
-  X(bad_frames, bad_frm, fabric_bad_frames, kCount,                     \
-    "Connections dropped for an invalid frame.")
+  X(bad_frames, bad_frm, kCount, "Connections dropped for an invalid frame.")
 // and the engine's (docs/design.md, "Between nodes: the engine").
 #define PSMD_REMOTE_EVENT_COUNTERS(X)                                      \
-  X(refused, refused, fabric_refused, kCount,                              \
+  X(refused, refused, kCount,                                              \
     "Frames refused: no endpoint of that epid, job and uid here.")         \
-  X(parked, parked, fabric_parked, kCount,                                 \
+  X(parked, parked, kCount,                                                \
     "Frames from that node parked here for a slow receiver.")              \
-  X(xoffs, xoffs, fabric_xoffs, kCount,                                    \
+  X(xoffs, xoffs, kCount,                                                  \
     "Times that node asked us to hold messages to one of its endpoints.")  \
-  X(kept, kept, fabric_kept, kCount,                                       \
+  X(kept, kept, kCount,                                                    \
     "Eager payloads from that node kept here for unexpected messages.")    \
-  X(eager_offs, eager_off, fabric_eager_offs, kCount,                      \
+  X(eager_offs, eager_off, kCount,                                         \
     "Times that node asked for eager messages to one of its endpoints as " \
     "envelopes only.")
 // hw::PeerStats, and every counter per peer node.
@@ -129,7 +123,6 @@ enum class Unit { kCount, kBytes };
 
 struct Info {
   const char* name;
-  const char* metric;
   Unit unit;
   const char* help;
 };
@@ -138,9 +131,9 @@ struct Info {
 
 // A list's Id enum (the index of each counter in kAll and in Values), its
 // kAll table, its Values array and Accumulate, in the current namespace.
-#define PSMD_COUNTER_ID(name, metric, unit, help) k_##name,
-#define PSMD_COUNTER_INFO(name, metric, unit, help) \
-  {#name, #metric, ::psmd::counters::Unit::unit, help},
+#define PSMD_COUNTER_ID(name, unit, help) k_##name,
+#define PSMD_COUNTER_INFO(name, unit, help) \
+  {#name, ::psmd::counters::Unit::unit, help},
 #define PSMD_DEFINE_COUNTER_SET(LIST)                                        \
   enum Id : size_t { LIST(PSMD_COUNTER_ID) kNumCounters };                   \
   inline constexpr std::array<::psmd::counters::Info, kNumCounters> kAll = { \

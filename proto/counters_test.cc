@@ -20,7 +20,7 @@ namespace {
 
 TEST(PeerCountersTest, PeerNodeStatsHasAFieldPerCounterInItsOrder) {
   std::vector<std::string> listed = {"uint32 node = 1"};
-#define PSMD_LISTED(name, column, metric, unit, help) \
+#define PSMD_LISTED(name, column, unit, help) \
   listed.push_back("uint64 " #name " = " + std::to_string(listed.size() + 1));
   PSMD_PEER_COUNTERS(PSMD_LISTED)
 #undef PSMD_LISTED

@@ -16,6 +16,7 @@ PACKAGES=(
   openmpi-bin libopenmpi-dev libfabric-bin netpipe-openmpi python3-mpi4py
   openssh-client  # Open MPI's launcher looks for ssh even for local ranks
   python3-prometheus-client  # tests parse psmctl's Prometheus output with it
+  prometheus  # promtool: tests check psmctl's Prometheus output with it
   iproute2  # tests/fabric_netns_test: network namespaces and a veth pair
   scdoc dpkg-dev debootstrap  # man pages, the .deb and its clean-root test
   gnuplot-nox  # scripts/bench.sh's plots

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Parses a Prometheus text exposition file with prometheus_client's own
 parser (what node_exporter's textfile collector accepts) and prints one line
-per sample: name, labels as k=v joined by commas, value. Exits 1 when the
-file does not parse or a family lacks HELP or TYPE."""
+per family (name, type) and per sample: name, labels as k=v joined by commas
+in name order ("-" for none), value. Exits 1 when the file does not parse or
+a family lacks HELP or TYPE."""
 import sys
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -23,4 +24,4 @@ for family in families:
     print(f"family {family.name} {family.type}")
     for s in family.samples:
         labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-        print(f"sample {s.name} {labels} {s.value:.0f}")
+        print(f"sample {s.name} {labels or '-'} {s.value:.3f}")

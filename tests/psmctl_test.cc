@@ -1,6 +1,9 @@
-// psmctl against a real psmd and real clients: every command's output, the
-// Prometheus text parsed by prometheus_client's parser, health failing while
-// the progress worker is really stopped, and PSM2_IDENTIFY.
+// psmctl against a real psmd and real clients: every command's output and
+// its layout, the JSON schema version, the Prometheus text (parsed by
+// prometheus_client's parser and checked by promtool: counters never fall
+// while jobs end, psmd_up 0 in an atomically replaced file when psmd is
+// gone), health failing while the progress worker is really stopped, and
+// PSM2_IDENTIFY.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -8,7 +11,9 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include "tests/harness.h"
@@ -18,6 +23,8 @@ namespace {
 
 const char kJob[] = "5053d0d0cccccccccccccccccccccccc";
 const char kJobText[] = "5053d0d0-cccc-cccc-cccc-cccccccccccc";
+// Debian's prometheus package; the test fails without it (scripts/deps.sh).
+const char kPromtool[] = "/usr/bin/promtool";
 
 class PsmctlTest : public ::testing::Test {
  protected:
@@ -30,11 +37,14 @@ class PsmctlTest : public ::testing::Test {
     return psmd::testing::Psmctl(dir_, d, args);
   }
 
-  // Both ranks of an exchange of `messages` messages that keep their
-  // endpoints open `linger` seconds after it.
+  // Both ranks of an exchange of `messages` messages in job `uuid` that keep
+  // their endpoints open `linger` seconds after it; their output in
+  // p<pair>r<rank>.out and .err, pairs counted from 0.
   std::vector<Process> StartPair(const Daemon& d, int messages, int linger,
-                                 std::map<std::string, std::string> env = {}) {
-    std::string rv = dir_.path() + "/rv" + std::to_string(pairs_++);
+                                 std::map<std::string, std::string> env = {},
+                                 const std::string& uuid = kJob) {
+    const std::string pair = std::to_string(pairs_++);
+    std::string rv = dir_.path() + "/rv" + pair;
     mkdir(rv.c_str(), 0755);
     for (const auto& [k, v] : d.ClientEnv()) env[k] = v;
     std::vector<Process> ranks;
@@ -42,10 +52,10 @@ class PsmctlTest : public ::testing::Test {
       std::string r = std::to_string(rank);
       ranks.push_back(Process::Start(
           {Runfile("tests/programs/exchange"), "--rank", r, "--dir", rv,
-           "--uuid", kJob, "--messages", std::to_string(messages), "--max-size",
+           "--uuid", uuid, "--messages", std::to_string(messages), "--max-size",
            "1000", "--linger-seconds", std::to_string(linger)},
-          env, dir_.path() + "/r" + r + ".out",
-          dir_.path() + "/r" + r + ".err"));
+          env, dir_.path() + "/p" + pair + "r" + r + ".out",
+          dir_.path() + "/p" + pair + "r" + r + ".err"));
     }
     return ranks;
   }
@@ -82,77 +92,82 @@ TEST_F(PsmctlTest, EveryCommandDescribesOpenEndpointsAndJobs) {
   long long bytes = JsonNumber(json.out, "jobs", "bytes_sent");
   EXPECT_GT(bytes, 1024);  // 100 messages of up to 1000 B
 
-  // The table: identities, a column per endpoint and job, human numbers.
+  // Every JSON answer begins with its schema version; lists are wrapped.
+  EXPECT_EQ(json.out.rfind("{\"schema_version\": 1, ", 0), 0u) << json.out;
+  EXPECT_EQ(JsonNumber(json.out, "jobs", "open_endpoints"), 2) << json.out;
+
+  // The table: a line per endpoint, job and the total, a column per
+  // counter (bytes human-readable), identities in psmctl endpoints' order.
   RunResult table = Psmctl(d, {"stats"});
   ASSERT_EQ(table.exit_code, 0) << table.err;
+  std::smatch heading;
+  ASSERT_TRUE(std::regex_search(
+      table.out, heading,
+      std::regex("\nendpoint +job_uuid +uid +pid +msgs_sent +bytes_sent "
+                 "[a-z_ ]* recvs_refused  label\n")))
+      << table.out;
   long long ep = JsonNumber(json.out, "endpoints", "endpoint_id");
-  EXPECT_TRUE(Contains(table.out, "ep " + std::to_string(ep))) << table.out;
-  EXPECT_TRUE(Contains(table.out, "job 5053d0d0/0")) << table.out;
-  EXPECT_TRUE(Contains(table.out, kJobText)) << table.out;
-  EXPECT_TRUE(Contains(table.out, std::to_string(ranks[0].pid())));
-  EXPECT_TRUE(
-      std::regex_search(table.out, std::regex("bytes_sent +.* [0-9.]+ KiB")))
-      << table.out;
-  EXPECT_TRUE(std::regex_search(table.out, std::regex("msgs_sent +.* 101")))
-      << table.out;
-
-  // Prometheus, read by the parser Prometheus' own Python client uses.
-  RunResult prom = Psmctl(d, {"stats", "--format", "prometheus"});
-  ASSERT_EQ(prom.exit_code, 0) << prom.err;
-  std::string prom_path = dir_.path() + "/psmd.prom";
-  {
-    FILE* f = fopen(prom_path.c_str(), "w");
-    fputs(prom.out.c_str(), f);
-    fclose(f);
+  for (const Process& p : ranks) {
+    EXPECT_TRUE(std::regex_search(
+        table.out, std::regex("\n[0-9]+ +" + std::string(kJobText) + " +0 +" +
+                              std::to_string(p.pid()) +
+                              " +[0-9]+ +[0-9.]+ (KiB|B) .* exchange\n")))
+        << table.out;
   }
-  RunResult parsed = RunToEnd(
-      dir_,
-      {"/usr/bin/python3", Runfile("tests/parse_prometheus.py"), prom_path},
-      {});
-  ASSERT_EQ(parsed.exit_code, 0) << parsed.err << prom.out;
-  std::string labels = std::string("job=") + kJobText + ",uid=0";
-  EXPECT_TRUE(Contains(parsed.out,
-                       "sample psmd_sent_messages_total " + labels + " 101"))
-      << parsed.out;
-  EXPECT_TRUE(Contains(parsed.out, "sample psmd_sent_bytes_total " + labels +
-                                       " " + std::to_string(bytes)))
-      << parsed.out;
-  EXPECT_TRUE(Contains(parsed.out, "family psmd_uptime_seconds gauge"));
-  EXPECT_TRUE(Contains(parsed.out, "family psmd_bad_descriptors counter"));
+  EXPECT_TRUE(
+      std::regex_search(table.out, std::regex("\n" + std::to_string(ep) + " ")))
+      << table.out;
+  std::smatch job_row;
+  ASSERT_TRUE(
+      std::regex_search(table.out, job_row,
+                        std::regex("\njob +" + std::string(kJobText) +
+                                   " +0 +- +101 +[0-9.]+ KiB .* 2 open\n")))
+      << table.out;
+  EXPECT_TRUE(std::regex_search(
+      table.out, std::regex("\ntotal +- +- +- +101 +[0-9.]+ KiB .* since psmd "
+                            "started\n")))
+      << table.out;
+  // Aligned: "101" ends where the heading "msgs_sent" does.
+  const std::string head = heading.str(), row = job_row.str();
+  EXPECT_EQ(head.find("msgs_sent") + strlen("msgs_sent"),
+            row.find(" 101 ") + strlen(" 101"))
+      << head << row;
 
-  // Rates: one line per interval.
+  // Rates: one line per interval, stamped with when it ended (UTC).
   RunResult watch =
       Psmctl(d, {"stats", "--watch", "0.2", "--count", "2", "--json"});
   ASSERT_EQ(watch.exit_code, 0) << watch.err;
   EXPECT_EQ(std::count(watch.out.begin(), watch.out.end(), '\n'), 2)
       << watch.out;
-  EXPECT_TRUE(Contains(watch.out, "\"total_per_second\": {\"msgs_sent\": "))
-      << watch.out;
-  // Each interval stamped with when it ended (UTC).
-  EXPECT_TRUE(std::regex_search(
-      watch.out,
-      std::regex("^\\{\"time\": \"20[0-9]{2}-[0-9]{2}-[0-9]{2}T[0-9:.]{12}Z\", "
-                 "\"interval_seconds\": ")))
-      << watch.out;
+  const std::regex stamped_json(
+      "\\{\"schema_version\": 1, \"time\": "
+      "\"20[0-9]{2}-[0-9]{2}-[0-9]{2}T[0-9:.]{12}Z\", \"interval_seconds\": "
+      "[0-9.]+, \"endpoints\": \\[.*\\], \"total_per_second\": "
+      "\\{\"msgs_sent\": [0-9.]+, .*\\}\\}");
+  std::istringstream watch_lines(watch.out);
+  for (std::string line; std::getline(watch_lines, line);) {
+    EXPECT_TRUE(std::regex_match(line, stamped_json)) << line;
+  }
   RunResult watch_table =
-      Psmctl(d, {"stats", "--watch", "0.2", "--count", "1"});
+      Psmctl(d, {"stats", "--watch", "0.2", "--count", "2"});
   ASSERT_EQ(watch_table.exit_code, 0) << watch_table.err;
-  EXPECT_TRUE(
-      std::regex_search(watch_table.out, std::regex("msgs_sent +.*0 /s")))
-      << watch_table.out;
-  EXPECT_TRUE(std::regex_search(
+  EXPECT_TRUE(std::regex_match(
       watch_table.out,
-      std::regex("^20[0-9]{2}-[0-9]{2}-[0-9]{2}T[0-9:.]{12}Z psmd rates over "
-                 "[0-9.]+ s, [0-9]+ endpoints?\n")))
+      std::regex("time +seconds +endpoints +msgs_sent +bytes_sent [a-z_ ]* "
+                 "recvs_refused  \\(per second\\)\n"
+                 "(20[0-9]{2}-[0-9]{2}-[0-9]{2}T[0-9:.]{12}Z +[0-9.]+ +2 +"
+                 "[0-9.]+ +[0-9.]+ B[^\n]*\n){2}")))
       << watch_table.out;
 
   // Jobs: endpoints and budgets.
   RunResult jobs = Psmctl(d, {"jobs", "--json"});
   ASSERT_EQ(jobs.exit_code, 0) << jobs.err;
-  EXPECT_EQ(JsonNumber(jobs.out, "", "job_unexpected_budget_bytes"),
+  EXPECT_EQ(jobs.out.rfind("{\"schema_version\": 1, \"jobs\": [", 0), 0u)
+      << jobs.out;
+  EXPECT_EQ(JsonNumber(jobs.out, "jobs", "job_unexpected_budget_bytes"),
             100ll << 20)
       << jobs.out;
-  EXPECT_EQ(JsonNumber(jobs.out, "", "max_endpoints"), 64);
+  EXPECT_EQ(JsonNumber(jobs.out, "jobs", "max_endpoints"), 64);
   EXPECT_TRUE(Contains(jobs.out, kJobText));
   RunResult jobs_table = Psmctl(d, {"jobs"});
   ASSERT_EQ(jobs_table.exit_code, 0);
@@ -160,23 +175,164 @@ TEST_F(PsmctlTest, EveryCommandDescribesOpenEndpointsAndJobs) {
   EXPECT_TRUE(Contains(jobs_table.out, "100.0 MiB")) << jobs_table.out;
   EXPECT_TRUE(Contains(jobs_table.out, "(of 64)")) << jobs_table.out;
 
-  // Endpoints, still as before.
+  // Endpoints: the identity columns in the order stats shows them.
   RunResult eps = Psmctl(d, {"endpoints"});
   ASSERT_EQ(eps.exit_code, 0);
-  // The identity columns in the order stats shows them.
   EXPECT_TRUE(std::regex_search(
       eps.out, std::regex("^endpoint +epid +job_uuid +uid +pid +conns +label")))
       << eps.out;
-  RunResult stats_table = Psmctl(d, {"stats"});
-  EXPECT_TRUE(std::regex_search(
-      stats_table.out,
-      std::regex("\nendpoint +epid +job_uuid +uid +pid +label\n")))
-      << stats_table.out;
   EXPECT_TRUE(Contains(eps.out, std::to_string(ranks[1].pid()))) << eps.out;
   EXPECT_TRUE(Contains(eps.out, "exchange")) << eps.out;
+  RunResult eps_json = Psmctl(d, {"endpoints", "--json"});
+  EXPECT_EQ(eps_json.out.rfind("{\"schema_version\": 1, \"endpoints\": [", 0),
+            0u)
+      << eps_json.out;
+  EXPECT_EQ(JsonNumber(eps_json.out, "endpoints", "connections"), 1)
+      << eps_json.out;
+  RunResult health = Psmctl(d, {"health", "--json"});
+  EXPECT_EQ(health.out.rfind("{\"schema_version\": 1, \"healthy\": true", 0),
+            0u)
+      << health.out;
 
   for (Process& p : ranks) EXPECT_EQ(p.Wait(30), 0);
   EXPECT_TRUE(d.Stop());
+}
+
+// The samples of a Prometheus text, "name{labels}" -> value, as
+// prometheus_client's parser reads them (it fails on what it refuses).
+std::map<std::string, double> Samples(const TempDir& dir,
+                                      const std::string& path) {
+  RunResult parsed = RunToEnd(
+      dir, {"/usr/bin/python3", Runfile("tests/parse_prometheus.py"), path},
+      {});
+  EXPECT_EQ(parsed.exit_code, 0) << parsed.err << ReadFile(path);
+  std::map<std::string, double> samples;
+  std::istringstream lines(parsed.out);
+  for (std::string kind, name, labels, value; lines >> kind;) {
+    if (kind == "family") {
+      std::getline(lines, value);
+      continue;
+    }
+    lines >> name >> labels >> value;
+    samples[name + "{" + (labels == "-" ? "" : labels) + "}"] =
+        std::stod(value);
+  }
+  return samples;
+}
+
+// promtool's verdict on a Prometheus text: "" when it passes.
+std::string Promtool(const TempDir& dir, const std::string& path) {
+  if (!std::filesystem::exists(kPromtool)) {
+    return std::string(kPromtool) +
+           " missing: install prometheus "
+           "(scripts/deps.sh)";
+  }
+  RunResult r = RunToEnd(
+      dir,
+      {"/bin/sh", "-c", std::string(kPromtool) + " check metrics < " + path},
+      {});
+  return r.exit_code == 0 && r.out.empty() && r.err.empty()
+             ? ""
+             : "exit " + std::to_string(r.exit_code) + ": " + r.out + r.err;
+}
+
+TEST_F(PsmctlTest, PrometheusCountersNeverFallAndPsmdDownIsExported) {
+  Daemon d(dir_);
+  const std::string prom = dir_.path() + "/psmd.prom";
+  // psmctl stats --format prometheus --output, parsed and checked.
+  auto scrape = [&] {
+    RunResult r =
+        Psmctl(d, {"stats", "--format", "prometheus", "--output", prom});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(Promtool(dir_, prom), "");
+    EXPECT_TRUE(r.out.empty()) << r.out;  // all of it went to the file
+    return Samples(dir_, prom);
+  };
+  // One job of two pairs: the first ends while the second still runs.
+  std::vector<Process> first = StartPair(d, 1000, 3);
+  std::vector<Process> second = StartPair(d, 10, 8);
+  // Each pair's messages and one acknowledgement.
+  const std::string job = "job_uuid=" + std::string(kJobText) + ",uid=0";
+  const std::string job_sent = "psmd_job_msgs_sent_total{" + job + "}";
+  // The first scrape that finds `open` endpoints and the job's messages
+  // counted up to `sent`.
+  auto scrape_when = [&](double open, double sent) {
+    std::map<std::string, double> samples;
+    EXPECT_TRUE(WaitUntil(20, [&] {
+      samples = scrape();
+      return samples["psmd_endpoints{}"] == open && samples[job_sent] >= sent;
+    })) << ReadFile(prom);
+    return samples;
+  };
+  std::map<std::string, double> both = scrape_when(4, 1001 + 11);
+  for (Process& p : first) EXPECT_EQ(p.Wait(30), 0);
+  std::map<std::string, double> one_closed = scrape_when(2, 0);
+  for (Process& p : second) EXPECT_EQ(p.Wait(30), 0);
+  std::map<std::string, double> ended = scrape_when(0, 0);
+
+  // Every counter of an earlier scrape is there later, never lower: the
+  // job's series keep their closed endpoints, and outlive the job.
+  for (const auto* later : {&one_closed, &ended}) {
+    for (const auto* earlier : {&both, &one_closed}) {
+      if (earlier == later) break;
+      for (const auto& [series, value] : *earlier) {
+        if (series.find("_total{") == std::string::npos) continue;
+        ASSERT_EQ(later->count(series), 1u) << series << " gone";
+        EXPECT_GE(later->at(series), value) << series << " fell";
+      }
+    }
+  }
+  EXPECT_EQ(ended[job_sent], 1012);
+  EXPECT_EQ(ended["psmd_job_msgs_received_total{" + job + "}"], 1012);
+  // The node's totals, without labels, under the names of table and JSON.
+  EXPECT_EQ(ended["psmd_msgs_sent_total{}"], 1012);
+  EXPECT_GT(ended["psmd_bytes_sent_total{}"], 1000);
+  EXPECT_EQ(ended["psmd_bad_descriptors_total{}"], 0);
+  EXPECT_EQ(ended.count("psmd_bad_descriptors_total{}"), 1u);
+  // psmd itself: up, its build, when it started (the same in each scrape).
+  EXPECT_EQ(ended["psmd_up{}"], 1);
+  EXPECT_EQ(both["psmd_start_time_seconds{}"],
+            ended["psmd_start_time_seconds{}"]);
+  EXPECT_GT(ended["psmd_start_time_seconds{}"], 1.7e9);
+  RunResult version =
+      RunToEnd(dir_, {Runfile("tools/psmctl"), "--version"}, {});
+  std::smatch build;
+  ASSERT_TRUE(std::regex_search(
+      version.out, build, std::regex("psmctl (\\S+) \\(commit (\\S+)\\)")));
+  EXPECT_EQ(ended["psmd_build_info{commit=" + build[2].str() +
+                  ",version=" + build[1].str() + "}"],
+            1)
+      << ReadFile(prom);
+  // The label is job_uuid: Prometheus adds its own "job" at scrape time.
+  EXPECT_FALSE(std::regex_search(ReadFile(prom), std::regex("[{,]job=")));
+
+  // psmd gone: the file is replaced (a new inode: renamed over, never
+  // rewritten in place) by one that says so, and psmctl exits 1.
+  struct stat up_file;
+  ASSERT_EQ(stat(prom.c_str(), &up_file), 0);
+  ASSERT_TRUE(d.Stop());
+  RunResult down =
+      Psmctl(d, {"stats", "--format", "prometheus", "--output", prom});
+  EXPECT_EQ(down.exit_code, 1);
+  EXPECT_FALSE(down.err.empty());
+  struct stat down_file;
+  ASSERT_EQ(stat(prom.c_str(), &down_file), 0);
+  EXPECT_NE(down_file.st_ino, up_file.st_ino);
+  EXPECT_EQ(down_file.st_mode & 0777, 0644u);  // node_exporter's to read
+  EXPECT_EQ(Promtool(dir_, prom), "");
+  std::map<std::string, double> gone = Samples(dir_, prom);
+  EXPECT_EQ(gone.size(), 1u) << ReadFile(prom);
+  EXPECT_EQ(gone["psmd_up{}"], 0);
+  // No temporary file left beside it.
+  for (const auto& entry : std::filesystem::directory_iterator(dir_.path())) {
+    EXPECT_EQ(entry.path().filename().string().rfind("psmd.prom.", 0),
+              std::string::npos)
+        << entry.path();
+  }
+  // The same on standard output.
+  RunResult down_stdout = Psmctl(d, {"stats", "--format", "prometheus"});
+  EXPECT_EQ(down_stdout.exit_code, 1);
+  EXPECT_TRUE(Contains(down_stdout.out, "\npsmd_up 0\n")) << down_stdout.out;
 }
 
 TEST_F(PsmctlTest, UsageErrorsAreNamedBeforeTheSocketIsTried) {
@@ -259,7 +415,7 @@ TEST_F(PsmctlTest, Psm2IdentifyNamesTheLibraryAndTheDaemon) {
 
   std::vector<Process> ranks = StartPair(d, 10, 0, {{"PSM2_IDENTIFY", "1"}});
   for (Process& p : ranks) EXPECT_EQ(p.Wait(30), 0);
-  std::string err = ReadFile(dir_.path() + "/r0.err");
+  std::string err = ReadFile(dir_.path() + "/p0r0.err");
   EXPECT_TRUE(std::regex_search(
       err, std::regex("\\.[0-9]+: PSM2: psmd .* version: 2\\.2, from "
                       "/.*libpsm2\\.so\\.2\n")))
@@ -271,7 +427,7 @@ TEST_F(PsmctlTest, Psm2IdentifyNamesTheLibraryAndTheDaemon) {
   // Unset: nothing.
   ranks = StartPair(d, 10, 0);
   for (Process& p : ranks) EXPECT_EQ(p.Wait(30), 0);
-  EXPECT_FALSE(Contains(ReadFile(dir_.path() + "/r0.err"), "PSM2:"));
+  EXPECT_FALSE(Contains(ReadFile(dir_.path() + "/p1r0.err"), "PSM2:"));
   EXPECT_TRUE(d.Stop());
 }
 

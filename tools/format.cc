@@ -1,6 +1,5 @@
 #include "tools/format.h"
 
-#include <cctype>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -30,13 +29,6 @@ std::string Human(double value, counters::Unit unit) {
   snprintf(buf, sizeof(buf), "%.1f %s", value,
            bytes ? kBinary[prefix] : kDecimal[prefix]);
   return buf;
-}
-
-std::string HumanRate(double per_second, counters::Unit unit) {
-  std::string text = Human(per_second, unit);
-  // "1.2 M/s", "3 B/s", but "12.5 /s" for a bare count.
-  return text +
-         (isdigit(static_cast<unsigned char>(text.back())) ? " /s" : "/s");
 }
 
 std::string Counted(uint64_t n, const std::string& noun) {

@@ -13,12 +13,9 @@
 
 namespace psmd::tools {
 
-// 999 -> "999", 1234567 -> "1.2 M"; bytes: 1023 -> "1023 B",
-// 3.4 * 2^30 -> "3.4 GiB".
+// 999 -> "999", 12.5 -> "12.5" (a rate), 1234567 -> "1.2 M"; bytes:
+// 1023 -> "1023 B", 3.4 * 2^30 -> "3.4 GiB".
 std::string Human(double value, counters::Unit unit);
-
-// Human() of a rate, with "/s".
-std::string HumanRate(double per_second, counters::Unit unit);
 
 // "1 endpoint", "2 endpoints": a count with its noun, singular or plural
 // (nouns whose plural adds an "s").

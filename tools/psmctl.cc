@@ -2,12 +2,19 @@
 // per question an operator asks; each is an Add* function below, registered
 // in main(). Counters are named and formatted from the one list in
 // proto/counters.h, so a new counter shows up here without a change.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
+#include <cerrno>
 #include <chrono>
 #include <cinttypes>
+#include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 #include <thread>
@@ -25,7 +32,6 @@ using psmd::Status;
 using psmd::client::ControlClient;
 using psmd::tools::Counted;
 using psmd::tools::Human;
-using psmd::tools::HumanRate;
 using psmd::tools::JsonString;
 using psmd::tools::Printable;
 using psmd::tools::PromLabel;
@@ -37,6 +43,10 @@ namespace refusals = psmd::refusals;
 constexpr int kFailed = 1;
 constexpr int kUsage = 2;
 
+// The shape of every JSON answer, in each as "schema_version" (psmctl(8),
+// "JSON"): raised when a key changes meaning or goes, not when one is added.
+constexpr int kSchemaVersion = 1;
+
 // The command line: where the daemon is and how to write (every command),
 // then each command's own options.
 struct Options {
@@ -47,6 +57,7 @@ struct Options {
   int count = 0;          // stats --count N
   double max_stall = 5;   // health --max-stall SECONDS
   uint32_t close_id = 0;  // close ID
+  std::string output;     // stats --output FILE
 };
 
 int Fail(const Status& e) {
@@ -62,82 +73,34 @@ std::string Hex(uint64_t v) {
 
 // ---- stats ----
 
-// A row of counters: one endpoint, one job's open endpoints, or the total.
-struct Row {
-  std::string heading;
-  counters::Values values{};
-};
+using CounterMap = google::protobuf::Map<std::string, uint64_t>;
 
-counters::Values ValuesOf(const psmd::v1::EndpointStats& s) {
-  counters::Values v{};
-  for (size_t i = 0; i < counters::kNumCounters; i++) {
-    auto it = s.counters().find(counters::kAll[i].name);
-    if (it != s.counters().end()) v[i] = it->second;
+// The values of one counter set (proto/counters.h) in a reply's map, in list
+// order (0 for any a psmd older than the list did not send).
+template <size_t N>
+std::array<uint64_t, N> ValuesOf(const CounterMap& map,
+                                 const std::array<counters::Info, N>& all) {
+  std::array<uint64_t, N> v{};
+  for (size_t i = 0; i < N; i++) {
+    auto it = map.find(all[i].name);
+    if (it != map.end()) v[i] = it->second;
   }
   return v;
 }
 
-// A job as stats shows it: (uuid, uid) and the sum of its open endpoints.
-using JobKey = std::pair<std::string, uint32_t>;
-
-std::map<JobKey, counters::Values> JobTotals(const psmd::v1::GetStatsReply& r) {
-  std::map<JobKey, counters::Values> jobs;
-  for (const auto& e : r.endpoints()) {
-    counters::Accumulate(ValuesOf(e), &jobs[{e.job_uuid(), e.uid()}]);
-  }
-  return jobs;
+counters::Values ValuesOf(const CounterMap& map) {
+  return ValuesOf(map, counters::kAll);
 }
 
-std::string JobHeading(const JobKey& job) {
-  return "job " + job.first.substr(0, 8) + "/" + std::to_string(job.second);
-}
-
-std::vector<Row> Rows(const psmd::v1::GetStatsReply& r) {
-  std::vector<Row> rows;
-  for (const auto& e : r.endpoints()) {
-    rows.push_back({"ep " + std::to_string(e.endpoint_id()), ValuesOf(e)});
-  }
-  for (const auto& [job, values] : JobTotals(r)) {
-    rows.push_back({JobHeading(job), values});
-  }
-  rows.push_back({"total", ValuesOf(r.total())});
-  return rows;
-}
-
-void PrintIdentities(const psmd::v1::GetStatsReply& r) {
-  printf("%-8s %-18s %-36s %6s %8s  %s\n", "endpoint", "epid", "job_uuid",
-         "uid", "pid", "label");
-  for (const auto& e : r.endpoints()) {
-    printf("%-8u %-18s %-36s %6u %8u  %s\n", e.endpoint_id(),
-           Hex(e.epid()).c_str(), Printable(e.job_uuid()).c_str(), e.uid(),
-           e.pid(), Printable(e.label()).c_str());
-  }
-}
-
-// Counters down, endpoints / jobs / total across: a new counter is one more
-// line, however many there are. `rate_seconds` > 0: values are per second.
-void PrintCounterTable(const std::vector<Row>& rows, double rate_seconds) {
-  printf("\n%-18s", "counter");
-  for (const Row& row : rows) printf(" %16s", row.heading.c_str());
-  printf("\n");
-  for (size_t i = 0; i < counters::kNumCounters; i++) {
-    printf("%-18s", counters::kAll[i].name);
-    for (const Row& row : rows) {
-      double v = static_cast<double>(row.values[i]);
-      std::string text =
-          rate_seconds > 0 ? HumanRate(v / rate_seconds, counters::kAll[i].unit)
-                           : Human(v, counters::kAll[i].unit);
-      printf(" %16s", text.c_str());
-    }
-    printf("\n");
-  }
-}
-
-std::string CountersJson(const counters::Values& v, double rate_seconds) {
+// "name": value, ... of one counter set; per second over `rate_seconds`
+// when it is > 0.
+template <size_t N>
+std::string CountersJson(const std::array<uint64_t, N>& v,
+                         const std::array<counters::Info, N>& all,
+                         double rate_seconds = 0) {
   std::string out;
-  for (size_t i = 0; i < counters::kNumCounters; i++) {
-    out += i ? ", " : "";
-    out += JsonString(counters::kAll[i].name) + ": ";
+  for (size_t i = 0; i < N; i++) {
+    out += (i ? ", " : "") + JsonString(all[i].name) + ": ";
     if (rate_seconds > 0) {
       char buf[32];
       snprintf(buf, sizeof(buf), "%.3f",
@@ -150,25 +113,70 @@ std::string CountersJson(const counters::Values& v, double rate_seconds) {
   return out;
 }
 
-// The refusals of the reply, in list order (0 for any a psmd older than the
-// list did not send).
-refusals::Values RefusalsOf(const psmd::v1::GetStatsReply& r) {
-  refusals::Values v{};
-  for (size_t i = 0; i < refusals::kNumCounters; i++) {
-    auto it = r.refusals().find(refusals::kAll[i].name);
-    if (it != r.refusals().end()) v[i] = it->second;
-  }
-  return v;
+// The table's counter columns: each as wide as its name or a human number
+// ("1023.9 KiB"), so a row is as wide for one endpoint as for a million.
+int CounterWidth(size_t i) {
+  return std::max(static_cast<int>(strlen(counters::kAll[i].name)), 10);
 }
 
-std::string RefusalsJson(const psmd::v1::GetStatsReply& r) {
-  const refusals::Values v = RefusalsOf(r);
+std::string CounterHeadings() {
   std::string out;
-  for (size_t i = 0; i < refusals::kNumCounters; i++) {
-    out += (i ? ", " : "") + JsonString(refusals::kAll[i].name) + ": " +
-           std::to_string(v[i]);
+  for (size_t i = 0; i < counters::kNumCounters; i++) {
+    char buf[64];
+    snprintf(buf, sizeof(buf), " %*s", CounterWidth(i), counters::kAll[i].name);
+    out += buf;
   }
   return out;
+}
+
+// One row's counters, human-readable; per second over `rate_seconds` when it
+// is > 0.
+std::string CounterCells(const counters::Values& v, double rate_seconds = 0) {
+  std::string out;
+  for (size_t i = 0; i < counters::kNumCounters; i++) {
+    double value = static_cast<double>(v[i]);
+    if (rate_seconds > 0) value /= rate_seconds;
+    char buf[64];
+    snprintf(buf, sizeof(buf), " %*s", CounterWidth(i),
+             Human(value, counters::kAll[i].unit).c_str());
+    out += buf;
+  }
+  return out;
+}
+
+// A job's state in a word or three: "2 open", "finished 12 s ago".
+std::string JobState(const psmd::v1::JobStats& j) {
+  if (j.open_endpoints() > 0)
+    return std::to_string(j.open_endpoints()) + " open";
+  char buf[48];
+  snprintf(buf, sizeof(buf), "finished %.0f s ago",
+           static_cast<double>(j.finished_age_ns()) / 1e9);
+  return buf;
+}
+
+// A line per endpoint, then per job (open and recently finished) and the
+// node's total: identities in the order psmctl endpoints has them, the
+// counters across, the label last (its width is the client's to choose).
+void PrintCounterTable(const psmd::v1::GetStatsReply& r) {
+  const char* const kIdentity = "%-8s %-36s %6s %8s";
+  printf(kIdentity, "endpoint", "job_uuid", "uid", "pid");
+  printf("%s  label\n", CounterHeadings().c_str());
+  for (const auto& e : r.endpoints()) {
+    printf(kIdentity, std::to_string(e.endpoint_id()).c_str(),
+           Printable(e.job_uuid()).c_str(), std::to_string(e.uid()).c_str(),
+           std::to_string(e.pid()).c_str());
+    printf("%s  %s\n", CounterCells(ValuesOf(e.counters())).c_str(),
+           Printable(e.label()).c_str());
+  }
+  for (const auto& j : r.jobs()) {
+    printf(kIdentity, "job", Printable(j.job_uuid()).c_str(),
+           std::to_string(j.uid()).c_str(), "-");
+    printf("%s  %s\n", CounterCells(ValuesOf(j.counters())).c_str(),
+           JobState(j).c_str());
+  }
+  printf(kIdentity, "total", "-", "-", "-");
+  printf("%s  since psmd started\n",
+         CounterCells(ValuesOf(r.total().counters())).c_str());
 }
 
 // The counters per peer node, from their list (proto/counters.h), each
@@ -176,19 +184,18 @@ std::string RefusalsJson(const psmd::v1::GetStatsReply& r) {
 struct PeerCounter {
   const char* name;
   const char* column;
-  std::string metric;  // the whole Prometheus name
   counters::Unit unit;
   const char* help;
   bool traffic;  // the table writes it human-readable, in a wide column
   uint64_t (psmd::v1::PeerNodeStats::*get)() const;
 };
-#define PSMD_PEER_COUNTER(name, column, metric, unit, help, traffic)    \
-  {#name, #column, "psmd_" #metric "_total",      counters::Unit::unit, \
+#define PSMD_PEER_COUNTER(name, column, unit, help, traffic) \
+  {#name, #column, counters::Unit::unit,                     \
    help,  traffic, &psmd::v1::PeerNodeStats::name},
-#define PSMD_PEER_TRAFFIC(name, column, metric, unit, help) \
-  PSMD_PEER_COUNTER(name, column, metric, unit, help, true)
-#define PSMD_PEER_EVENT(name, column, metric, unit, help) \
-  PSMD_PEER_COUNTER(name, column, metric, unit, help, false)
+#define PSMD_PEER_TRAFFIC(name, column, unit, help) \
+  PSMD_PEER_COUNTER(name, column, unit, help, true)
+#define PSMD_PEER_EVENT(name, column, unit, help) \
+  PSMD_PEER_COUNTER(name, column, unit, help, false)
 const PeerCounter kPeerCounters[] = {
     PSMD_FABRIC_TRAFFIC_COUNTERS(PSMD_PEER_TRAFFIC)
         PSMD_FABRIC_EVENT_COUNTERS(PSMD_PEER_EVENT)
@@ -242,12 +249,17 @@ std::string WorkerJson(const psmd::v1::GetStatsReply& r) {
   return buf;
 }
 
+double Seconds(uint64_t ns) { return static_cast<double>(ns) / 1e9; }
+
 void PrintStatsJson(const psmd::v1::GetStatsReply& r) {
   printf(
-      "{\"uptime_seconds\": %.3f, \"endpoint_count\": %u, \"doorbells\": "
-      "%" PRIu64 ", \"sleeps\": %" PRIu64 ",\n \"endpoints\": [",
-      static_cast<double>(r.uptime_ns()) / 1e9, r.endpoint_count(),
-      r.doorbells(), r.sleeps());
+      "{\"schema_version\": %d, \"version\": %s, \"commit\": %s, "
+      "\"start_time_seconds\": %.3f, \"uptime_seconds\": %.3f, "
+      "\"endpoint_count\": %u, \"doorbells\": %" PRIu64 ", \"sleeps\": %" PRIu64
+      ",\n \"endpoints\": [",
+      kSchemaVersion, JsonString(r.version()).c_str(),
+      JsonString(r.commit()).c_str(), Seconds(r.start_time_unix_ns()),
+      Seconds(r.uptime_ns()), r.endpoint_count(), r.doorbells(), r.sleeps());
   for (int i = 0; i < r.endpoints_size(); i++) {
     const auto& e = r.endpoints(i);
     printf(
@@ -255,53 +267,88 @@ void PrintStatsJson(const psmd::v1::GetStatsReply& r) {
         "\"uid\": %u, \"pid\": %u, \"label\": %s, %s}",
         i ? "," : "", e.endpoint_id(), JsonString(Hex(e.epid())).c_str(),
         JsonString(e.job_uuid()).c_str(), e.uid(), e.pid(),
-        JsonString(e.label()).c_str(), CountersJson(ValuesOf(e), 0).c_str());
+        JsonString(e.label()).c_str(),
+        CountersJson(ValuesOf(e.counters()), counters::kAll).c_str());
   }
   printf("],\n \"jobs\": [");
-  bool first = true;
-  for (const auto& [job, values] : JobTotals(r)) {
-    printf("%s\n  {\"job_uuid\": %s, \"uid\": %u, %s}", first ? "" : ",",
-           JsonString(job.first).c_str(), job.second,
-           CountersJson(values, 0).c_str());
-    first = false;
+  for (int i = 0; i < r.jobs_size(); i++) {
+    const auto& j = r.jobs(i);
+    printf(
+        "%s\n  {\"job_uuid\": %s, \"uid\": %u, \"open_endpoints\": %u, "
+        "\"finished_seconds_ago\": %.3f, %s}",
+        i ? "," : "", JsonString(j.job_uuid()).c_str(), j.uid(),
+        j.open_endpoints(), Seconds(j.finished_age_ns()),
+        CountersJson(ValuesOf(j.counters()), counters::kAll).c_str());
   }
   printf(
       "],\n \"total\": {%s},\n \"refusals\": {%s},\n \"worker\": %s,\n "
       "\"fabric_host\": %s,\n \"peer_nodes\": %s}\n",
-      CountersJson(ValuesOf(r.total()), 0).c_str(), RefusalsJson(r).c_str(),
+      CountersJson(ValuesOf(r.total().counters()), counters::kAll).c_str(),
+      CountersJson(ValuesOf(r.refusals(), refusals::kAll), refusals::kAll)
+          .c_str(),
       WorkerJson(r).c_str(), JsonString(r.fabric_host()).c_str(),
       PeerNodesJson(r).c_str());
 }
 
-// node_exporter's textfile collector format: one family per counter, a
-// sample per job (labels job and uid) summed over its open endpoints, and
-// the daemon's own gauges and counters.
-void PrintStatsPrometheus(const psmd::v1::GetStatsReply& r) {
-  auto family = [](const std::string& name, const char* type,
-                   const char* help) {
-    printf("# HELP %s %s\n# TYPE %s %s\n", name.c_str(), help, name.c_str(),
-           type);
+// printf onto the end of a string.
+void Appendf(std::string* out, const char* format, ...)
+    __attribute__((format(printf, 2, 3)));
+void Appendf(std::string* out, const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  char buf[512];
+  int n = vsnprintf(buf, sizeof(buf), format, args);
+  va_end(args);
+  if (n >= static_cast<int>(sizeof(buf))) {
+    std::string big(static_cast<size_t>(n) + 1, '\0');
+    va_start(args, format);
+    vsnprintf(big.data(), big.size(), format, args);
+    va_end(args);
+    big.pop_back();
+    *out += big;
+  } else if (n > 0) {
+    *out += buf;
+  }
+}
+
+// Prometheus' text format for node_exporter's textfile collector
+// (psmctl(8), "PROMETHEUS"). `r` null: psmd did not answer, and psmd_up 0
+// is all there is to say.
+std::string PrometheusText(const psmd::v1::GetStatsReply* r) {
+  std::string out;
+  auto family = [&out](const std::string& name, const char* type,
+                       const char* help) {
+    Appendf(&out, "# HELP %s %s\n# TYPE %s %s\n", name.c_str(), help,
+            name.c_str(), type);
   };
-  family("psmd_uptime_seconds", "gauge", "Seconds since psmd started.");
-  printf("psmd_uptime_seconds %.3f\n",
-         static_cast<double>(r.uptime_ns()) / 1e9);
   // A family of one sample without labels.
-  auto single = [&](const char* name, const char* type, const char* help,
+  auto single = [&](const std::string& name, const char* type, const char* help,
                     uint64_t value) {
     family(name, type, help);
-    printf("%s %" PRIu64 "\n", name, value);
+    Appendf(&out, "%s %" PRIu64 "\n", name.c_str(), value);
   };
-  single("psmd_endpoints", "gauge", "Endpoints open now.", r.endpoint_count());
+  single("psmd_up", "gauge", "1 if psmd answered psmctl, else 0.", r ? 1 : 0);
+  if (!r) return out;
+  family("psmd_build_info", "gauge", "psmd's version and commit; always 1.");
+  Appendf(&out, "psmd_build_info{version=%s,commit=%s} 1\n",
+          PromLabel(r->version()).c_str(), PromLabel(r->commit()).c_str());
+  family("psmd_start_time_seconds", "gauge",
+         "When psmd started, in seconds since the Unix epoch.");
+  Appendf(&out, "psmd_start_time_seconds %.3f\n",
+          Seconds(r->start_time_unix_ns()));
+  family("psmd_uptime_seconds", "gauge", "Seconds since psmd started.");
+  Appendf(&out, "psmd_uptime_seconds %.3f\n", Seconds(r->uptime_ns()));
+  single("psmd_endpoints", "gauge", "Endpoints open now.", r->endpoint_count());
   single("psmd_doorbells_total", "counter",
-         "Times a client woke the sleeping progress worker.", r.doorbells());
+         "Times a client woke the sleeping progress worker.", r->doorbells());
   single("psmd_sleeps_total", "counter",
-         "Times the progress worker went to sleep.", r.sleeps());
-  if (r.has_worker()) {
-    const auto& w = r.worker();
+         "Times the progress worker went to sleep.", r->sleeps());
+  if (r->has_worker()) {
+    const auto& w = r->worker();
     family("psmd_worker_cpu", "gauge",
            "The CPU the progress worker ran on at its last idle check "
            "(-1: none yet).");
-    printf("psmd_worker_cpu %d\n", w.cpu());
+    Appendf(&out, "psmd_worker_cpu %d\n", w.cpu());
     single("psmd_worker_core_checks_total", "counter",
            "The progress worker's idle checks of the pollers on its CPU.",
            w.core_checks());
@@ -312,32 +359,81 @@ void PrintStatsPrometheus(const psmd::v1::GetStatsReply& r) {
            "Idle passes on which the progress worker gave its core away.",
            w.yields());
   }
-  const refusals::Values refused = RefusalsOf(r);
+  const refusals::Values refused = ValuesOf(r->refusals(), refusals::kAll);
   for (size_t i = 0; i < refusals::kNumCounters; i++) {
-    std::string name =
-        std::string("psmd_") + refusals::kAll[i].metric + "_total";
-    family(name, "counter", refusals::kAll[i].help);
-    printf("%s %" PRIu64 "\n", name.c_str(), refused[i]);
+    single(std::string("psmd_") + refusals::kAll[i].name + "_total", "counter",
+           refusals::kAll[i].help, refused[i]);
   }
-  if (r.peer_nodes_size() > 0) {
+  if (r->peer_nodes_size() > 0) {
     for (const PeerCounter& c : kPeerCounters) {
-      family(c.metric, "counter", c.help);
-      for (const auto& p : r.peer_nodes()) {
-        printf("%s{node=\"%u\"} %" PRIu64 "\n", c.metric.c_str(), p.node(),
-               (p.*c.get)());
+      const std::string name = std::string("psmd_fabric_") + c.name + "_total";
+      family(name, "counter", c.help);
+      for (const auto& p : r->peer_nodes()) {
+        Appendf(&out, "%s{node=\"%u\"} %" PRIu64 "\n", name.c_str(), p.node(),
+                (p.*c.get)());
       }
     }
   }
-  auto jobs = JobTotals(r);
+  // Each counter twice: for the node (all endpoints since psmd started) and
+  // per job (label job_uuid: Prometheus adds its own "job" at scrape time).
+  const counters::Values total = ValuesOf(r->total().counters());
   for (size_t i = 0; i < counters::kNumCounters; i++) {
-    std::string name =
-        std::string("psmd_") + counters::kAll[i].metric + "_total";
-    family(name, "counter", counters::kAll[i].help);
-    for (const auto& [job, values] : jobs) {
-      printf("%s{job=%s,uid=\"%u\"} %" PRIu64 "\n", name.c_str(),
-             PromLabel(job.first).c_str(), job.second, values[i]);
+    const counters::Info& c = counters::kAll[i];
+    single(std::string("psmd_") + c.name + "_total", "counter", c.help,
+           total[i]);
+    const std::string name = std::string("psmd_job_") + c.name + "_total";
+    family(name, "counter", c.help);
+    for (const auto& j : r->jobs()) {
+      Appendf(&out, "%s{job_uuid=%s,uid=\"%u\"} %" PRIu64 "\n", name.c_str(),
+              PromLabel(j.job_uuid()).c_str(), j.uid(),
+              ValuesOf(j.counters())[i]);
     }
   }
+  return out;
+}
+
+// Replaces `path` by a file holding `text`, all at once: written to a
+// temporary file beside it (same file system), then renamed over it, so a
+// collector reading it never sees half a file.
+Status WriteAtomically(const std::string& path, const std::string& text) {
+  std::string temp = path + ".XXXXXX";  // not *.prom: collectors skip it
+  int fd = mkstemp(temp.data());
+  if (fd < 0)
+    return {PSM2_INTERNAL_ERR,
+            "cannot create " + temp + ": " + strerror(errno)};
+  // Readable by node_exporter, which runs as another user.
+  bool ok = fchmod(fd, 0644) == 0;
+  for (size_t done = 0; ok && done < text.size();) {
+    ssize_t n = write(fd, text.data() + done, text.size() - done);
+    ok = n > 0 || (n < 0 && errno == EINTR);
+    if (n > 0) done += static_cast<size_t>(n);
+  }
+  ok = ok && fsync(fd) == 0;
+  const std::string error = strerror(errno);
+  ok = close(fd) == 0 && ok;
+  if (ok && rename(temp.c_str(), path.c_str()) == 0) return {};
+  unlink(temp.c_str());
+  return {PSM2_INTERNAL_ERR, "cannot write " + path + ": " + error};
+}
+
+// stats --format prometheus [--output FILE]. `control` null: psmd's socket
+// is not there. Whatever psmd does, the output is fresh: psmd_up 0 when it
+// did not answer, and then exit status 1 too.
+int ExportPrometheus(ControlClient* control, const std::string& output) {
+  psmd::v1::GetStatsReply r;
+  bool up = false;
+  if (control) {
+    Status asked = control->GetStats(&r);
+    up = asked.ok();
+    if (!up) Fail(asked);
+  }
+  const std::string text = PrometheusText(up ? &r : nullptr);
+  if (output.empty()) {
+    fputs(text.c_str(), stdout);
+  } else if (Status e = WriteAtomically(output, text); !e.ok()) {
+    return Fail(e);
+  }
+  return up ? 0 : kFailed;
 }
 
 // One line on where the progress worker runs: a client polling on its CPU
@@ -360,55 +456,48 @@ int ShowStats(ControlClient& control, const std::string& format) {
   if (Status e = control.GetStats(&r); !e.ok()) return Fail(e);
   if (format == "json") {
     PrintStatsJson(r);
-  } else if (format == "prometheus") {
-    PrintStatsPrometheus(r);
-  } else {
-    printf("psmd up %.1f s, %s, %s, %s\n",
-           static_cast<double>(r.uptime_ns()) / 1e9,
-           Counted(r.endpoint_count(), "endpoint").c_str(),
-           Counted(r.doorbells(), "doorbell").c_str(),
-           Counted(r.sleeps(), "sleep").c_str());
-    if (r.has_worker()) PrintWorker(r.worker());
-    PrintIdentities(r);
-    PrintCounterTable(Rows(r), 0);
-    const refusals::Values refused = RefusalsOf(r);
-    printf("\n");
-    for (size_t i = 0; i < refusals::kNumCounters; i++)
-      printf("%-28s %16" PRIu64 "\n", refusals::kAll[i].name, refused[i]);
-    PrintPeerNodes(r);
+    return 0;
   }
+  printf("psmd up %.1f s, %s, %s, %s\n", Seconds(r.uptime_ns()),
+         Counted(r.endpoint_count(), "endpoint").c_str(),
+         Counted(r.doorbells(), "doorbell").c_str(),
+         Counted(r.sleeps(), "sleep").c_str());
+  if (r.has_worker()) PrintWorker(r.worker());
+  printf("\n");
+  PrintCounterTable(r);
+  const refusals::Values refused = ValuesOf(r.refusals(), refusals::kAll);
+  printf("\n");
+  for (size_t i = 0; i < refusals::kNumCounters; i++)
+    printf("%-28s %16" PRIu64 "\n", refusals::kAll[i].name, refused[i]);
+  PrintPeerNodes(r);
   return 0;
 }
 
-// Rates over each interval: per endpoint open at both ends of it, per job,
-// and in total. `samples` 0: until interrupted.
+// Rates over each interval, one line each: in the table the node's (the
+// heading once, first), in JSON also each endpoint's that was open at both
+// ends of it. `samples` 0: until interrupted.
 int WatchStats(ControlClient& control, const std::string& format,
                double interval, int samples) {
   psmd::v1::GetStatsReply before;
   if (Status e = control.GetStats(&before); !e.ok()) return Fail(e);
+  if (format != "json") {
+    printf("%-24s %8s %9s%s  (per second)\n", "time", "seconds", "endpoints",
+           CounterHeadings().c_str());
+  }
   for (int n = 0; samples == 0 || n < samples; n++) {
     std::this_thread::sleep_for(std::chrono::duration<double>(interval));
     psmd::v1::GetStatsReply after;
     if (Status e = control.GetStats(&after); !e.ok()) return Fail(e);
-    double seconds =
-        static_cast<double>(after.uptime_ns() - before.uptime_ns()) / 1e9;
-    std::map<uint32_t, counters::Values> earlier;
-    for (const auto& e : before.endpoints()) {
-      earlier[e.endpoint_id()] = ValuesOf(e);
-    }
-    // Deltas: endpoints new in this interval count from zero.
-    psmd::v1::GetStatsReply delta = after;
-    for (auto& e : *delta.mutable_endpoints()) {
-      counters::Values was = earlier[e.endpoint_id()];
-      for (size_t i = 0; i < counters::kNumCounters; i++) {
-        (*e.mutable_counters())[counters::kAll[i].name] -= was[i];
-      }
-    }
-    counters::Values total_was = ValuesOf(before.total());
-    for (size_t i = 0; i < counters::kNumCounters; i++) {
-      (*delta.mutable_total()->mutable_counters())[counters::kAll[i].name] -=
-          total_was[i];
-    }
+    const double seconds = Seconds(after.uptime_ns() - before.uptime_ns());
+    // Each delta: what `after` counted beyond `was` (an endpoint new in this
+    // interval counts from zero).
+    auto delta = [](const CounterMap& now, const counters::Values& was) {
+      counters::Values d = ValuesOf(now);
+      for (size_t i = 0; i < counters::kNumCounters; i++) d[i] -= was[i];
+      return d;
+    };
+    const counters::Values total =
+        delta(after.total().counters(), ValuesOf(before.total().counters()));
     // When the interval ended, by this machine's clock: a log of many
     // intervals reads without counting them.
     const std::string at =
@@ -416,20 +505,27 @@ int WatchStats(ControlClient& control, const std::string& format,
                          std::chrono::system_clock::now().time_since_epoch())
                          .count());
     if (format == "json") {
-      printf("{\"time\": \"%s\", \"interval_seconds\": %.3f, \"endpoints\": [",
-             at.c_str(), seconds);
-      for (int i = 0; i < delta.endpoints_size(); i++) {
-        const auto& e = delta.endpoints(i);
+      std::map<uint32_t, counters::Values> earlier;
+      for (const auto& e : before.endpoints()) {
+        earlier[e.endpoint_id()] = ValuesOf(e.counters());
+      }
+      printf(
+          "{\"schema_version\": %d, \"time\": \"%s\", \"interval_seconds\": "
+          "%.3f, \"endpoints\": [",
+          kSchemaVersion, at.c_str(), seconds);
+      for (int i = 0; i < after.endpoints_size(); i++) {
+        const auto& e = after.endpoints(i);
         printf("%s{\"endpoint_id\": %u, \"per_second\": {%s}}", i ? ", " : "",
-               e.endpoint_id(), CountersJson(ValuesOf(e), seconds).c_str());
+               e.endpoint_id(),
+               CountersJson(delta(e.counters(), earlier[e.endpoint_id()]),
+                            counters::kAll, seconds)
+                   .c_str());
       }
       printf("], \"total_per_second\": {%s}}\n",
-             CountersJson(ValuesOf(delta.total()), seconds).c_str());
+             CountersJson(total, counters::kAll, seconds).c_str());
     } else {
-      printf("%s psmd rates over %.1f s, %s\n", at.c_str(), seconds,
-             Counted(after.endpoint_count(), "endpoint").c_str());
-      PrintCounterTable(Rows(delta), seconds);
-      printf("\n");
+      printf("%-24s %8.1f %9u%s\n", at.c_str(), seconds, after.endpoint_count(),
+             CounterCells(total, seconds).c_str());
     }
     fflush(stdout);
     before = std::move(after);
@@ -450,16 +546,29 @@ void AddStats(CLI::App& app, Options& opts, std::function<int()>* run) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber)
       ->needs(watch);
+  cmd->add_option("--output", opts.output,
+                  "With --format prometheus: replace FILE atomically "
+                  "(psmd_up 0 in it when psmd does not answer)")
+      ->option_text("FILE")
+      ->excludes(watch);
   cmd->callback([&opts, run] {
     *run = [&opts] {
-      ControlClient control(opts.socket);
-      if (opts.watch == 0) return ShowStats(control, opts.format);
       if (opts.format == "prometheus") {
-        fprintf(stderr,
-                "psmctl: --watch shows rates; for Prometheus export totals "
-                "and let it compute rates (rate())\n");
+        if (opts.watch > 0) {
+          fprintf(stderr,
+                  "psmctl: --watch shows rates; for Prometheus export totals "
+                  "and let it compute rates (rate())\n");
+          return kUsage;
+        }
+        ControlClient control(opts.socket);
+        return ExportPrometheus(&control, opts.output);
+      }
+      if (!opts.output.empty()) {
+        fprintf(stderr, "psmctl: --output is for --format prometheus\n");
         return kUsage;
       }
+      ControlClient control(opts.socket);
+      if (opts.watch == 0) return ShowStats(control, opts.format);
       return WatchStats(control, opts.format, opts.watch, opts.count);
     };
   });
@@ -471,7 +580,7 @@ int ShowEndpoints(ControlClient& control, const std::string& format) {
   psmd::v1::ListEndpointsReply r;
   if (Status e = control.ListEndpoints(&r); !e.ok()) return Fail(e);
   if (format == "json") {
-    printf("[");
+    printf("{\"schema_version\": %d, \"endpoints\": [", kSchemaVersion);
     for (int i = 0; i < r.endpoints_size(); i++) {
       const auto& e = r.endpoints(i);
       printf(
@@ -482,7 +591,7 @@ int ShowEndpoints(ControlClient& control, const std::string& format) {
           JsonString(e.job_uuid()).c_str(), e.pid(), e.uid(), e.gid(),
           JsonString(e.label()).c_str(), e.connections());
     }
-    printf("]\n");
+    printf("]}\n");
     return 0;
   }
   // The columns stats shows first, in its order (PrintIdentities).
@@ -520,7 +629,7 @@ int ShowJobs(ControlClient& control, const std::string& format) {
     return out;
   };
   if (format == "json") {
-    printf("[");
+    printf("{\"schema_version\": %d, \"jobs\": [", kSchemaVersion);
     for (int i = 0; i < r.jobs_size(); i++) {
       const auto& j = r.jobs(i);
       printf(
@@ -536,7 +645,7 @@ int ShowJobs(ControlClient& control, const std::string& format) {
           j.max_unexpected_budget_bytes(), j.job_unexpected_budget_bytes(),
           j.uid_unexpected_budget_bytes());
     }
-    printf("]\n");
+    printf("]}\n");
     return 0;
   }
   const auto bytes = counters::Unit::kBytes;
@@ -568,13 +677,14 @@ int ShowHealth(ControlClient& control, const std::string& format,
   bool healthy = age <= max_stall;
   if (format == "json") {
     printf(
-        "{\"healthy\": %s, \"version\": %s, \"commit\": %s, "
+        "{\"schema_version\": %d, \"healthy\": %s, \"version\": %s, "
+        "\"commit\": %s, "
         "\"uptime_seconds\": %.3f, \"endpoint_count\": %u, "
         "\"max_endpoints\": %u, \"pid\": %u, "
         "\"worker_last_turn_seconds\": %.3f, \"max_stall_seconds\": %.3f}\n",
-        healthy ? "true" : "false", JsonString(r.version()).c_str(),
-        JsonString(r.commit()).c_str(), uptime, r.endpoint_count(),
-        r.max_endpoints(), r.daemon_pid(), age, max_stall);
+        kSchemaVersion, healthy ? "true" : "false",
+        JsonString(r.version()).c_str(), JsonString(r.commit()).c_str(), uptime,
+        r.endpoint_count(), r.max_endpoints(), r.daemon_pid(), age, max_stall);
   } else {
     printf(
         "psmd %s (commit %s, pid %u): up %.1f s, %u of %u endpoints, "
@@ -717,6 +827,11 @@ int main(int argc, char** argv) {
             "psmctl: no psmd socket at %s; is psmd running? (--socket or "
             "PSMD_SOCKET)\n",
             opts.socket.c_str());
+    // A Prometheus export says so in its output too (psmd_up 0): a
+    // collector must not go on reading the last file psmd was up for.
+    if (opts.format == "prometheus" && opts.watch == 0) {
+      return ExportPrometheus(nullptr, opts.output);
+    }
     return kFailed;
   }
   return run();

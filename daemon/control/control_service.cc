@@ -214,9 +214,9 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
     v1::PeerNodeStats* row = reply->add_peer_nodes();
     row->set_node(static_cast<uint32_t>(r.fabric.node));
     // A field per counter of the list (proto/counters.h), same name.
-#define PSMD_SET_FABRIC(name, column, metric, unit, help) \
+#define PSMD_SET_FABRIC(name, column, unit, help) \
   row->set_##name(r.fabric.name);
-#define PSMD_SET_REMOTE(name, column, metric, unit, help) \
+#define PSMD_SET_REMOTE(name, column, unit, help) \
   row->set_##name(r.counts.name);
     PSMD_FABRIC_PEER_COUNTERS(PSMD_SET_FABRIC)
     PSMD_REMOTE_EVENT_COUNTERS(PSMD_SET_REMOTE)

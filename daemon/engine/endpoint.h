@@ -47,13 +47,13 @@ class Counter {
 
 // One Counter per entry of the list in proto/counters.h.
 struct EndpointCounters {
-#define PSMD_COUNTER_FIELD(name, metric, unit, help) Counter name;
+#define PSMD_COUNTER_FIELD(name, unit, help) Counter name;
   PSMD_ENDPOINT_COUNTERS(PSMD_COUNTER_FIELD)
 #undef PSMD_COUNTER_FIELD
 
   counters::Values Values() const {
     return {{
-#define PSMD_COUNTER_VALUE(name, metric, unit, help) name.Get(),
+#define PSMD_COUNTER_VALUE(name, unit, help) name.Get(),
         PSMD_ENDPOINT_COUNTERS(PSMD_COUNTER_VALUE)
 #undef PSMD_COUNTER_VALUE
     }};

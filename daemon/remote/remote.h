@@ -144,8 +144,7 @@ class Remote : public OtherNodes {
   // endpoint of that epid, job and uid here), frames from that node it
   // parked, kXoff from it, its payloads kept here, kEagerOff from it.
   struct PeerCounts {
-#define PSMD_PEER_COUNTS_FIELD(name, column, metric, unit, help) \
-  uint64_t name = 0;
+#define PSMD_PEER_COUNTS_FIELD(name, column, unit, help) uint64_t name = 0;
     PSMD_REMOTE_EVENT_COUNTERS(PSMD_PEER_COUNTS_FIELD)
 #undef PSMD_PEER_COUNTS_FIELD
   };
