@@ -780,7 +780,7 @@ int main(int argc, char** argv) {
   std::function<int()> run;
   AddStats(app, opts, &run);
   AddSimple(app, opts, &run, "endpoints",
-            "Open endpoints: id, epid, job uuid, pid, uid, connections, label",
+            "Open endpoints: id, epid, job uuid, uid, pid, connections, label",
             ShowEndpoints);
   AddSimple(app, opts, &run, "jobs",
             "Jobs: their endpoints, payload pool and unexpected-message "
