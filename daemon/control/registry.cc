@@ -474,7 +474,12 @@ StatsSnapshot Registry::Stats(const Credentials& who,
     if (!who.is_root() && who.uid != key.uid) continue;
     JobTotals& j = jobs[key];
     counters::Accumulate(history.closed, &j.counters);
-    if (j.open_endpoints == 0) j.finished_age = now - history.last_closed;
+    // (`now` was read before the lock: a close since is "just now".)
+    if (j.open_endpoints == 0) {
+      j.finished_age =
+          std::max(std::chrono::nanoseconds(0),
+                   std::chrono::nanoseconds(now - history.last_closed));
+    }
   }
   for (auto& [key, j] : jobs) {
     j.key = key;
