@@ -306,6 +306,14 @@ TEST_F(PsmctlTest, PrometheusCountersNeverFallAndPsmdDownIsExported) {
   // The label is job_uuid: Prometheus adds its own "job" at scrape time.
   EXPECT_FALSE(std::regex_search(ReadFile(prom), std::regex("[{,]job=")));
 
+  // A file psmctl cannot write is a failure, not a silent stale file.
+  RunResult unwritable = Psmctl(d, {"stats", "--format", "prometheus",
+                                    "--output", dir_.path() + "/no/psmd.prom"});
+  EXPECT_EQ(unwritable.exit_code, 1);
+  EXPECT_TRUE(Contains(unwritable.err,
+                       "cannot create " + dir_.path() + "/no/psmd.prom."))
+      << unwritable.err;
+
   // psmd gone: the file is replaced (a new inode: renamed over, never
   // rewritten in place) by one that says so, and psmctl exits 1.
   struct stat up_file;
@@ -350,6 +358,14 @@ TEST_F(PsmctlTest, UsageErrorsAreNamedBeforeTheSocketIsTried) {
   r = RunToEnd(dir_, {Runfile("tools/psmctl"), "--format", "xml", "stats"}, {});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_TRUE(Contains(r.err, "xml")) << r.err;
+
+  r = RunToEnd(dir_,
+               {Runfile("tools/psmctl"), "--socket", "/nonexistent/s", "stats",
+                "--output", dir_.path() + "/psmd.prom"},
+               {});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(Contains(r.err, "--output is for --format prometheus")) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir_.path() + "/psmd.prom"));
 
   r = RunToEnd(dir_, {Runfile("tools/psmctl")}, {});
   EXPECT_EQ(r.exit_code, 2);

@@ -409,9 +409,9 @@ Status WriteAtomically(const std::string& path, const std::string& text) {
     if (n > 0) done += static_cast<size_t>(n);
   }
   ok = ok && fsync(fd) == 0;
-  const std::string error = strerror(errno);
   ok = close(fd) == 0 && ok;
   if (ok && rename(temp.c_str(), path.c_str()) == 0) return {};
+  const std::string error = strerror(errno);
   unlink(temp.c_str());
   return {PSM2_INTERNAL_ERR, "cannot write " + path + ": " + error};
 }
@@ -562,10 +562,6 @@ void AddStats(CLI::App& app, Options& opts, std::function<int()>* run) {
         }
         ControlClient control(opts.socket);
         return ExportPrometheus(&control, opts.output);
-      }
-      if (!opts.output.empty()) {
-        fprintf(stderr, "psmctl: --output is for --format prometheus\n");
-        return kUsage;
       }
       ControlClient control(opts.socket);
       if (opts.watch == 0) return ShowStats(control, opts.format);
@@ -820,6 +816,10 @@ int main(int argc, char** argv) {
   if (opts.format == "prometheus" &&
       app.get_subcommands().front()->get_name() != "stats") {
     fprintf(stderr, "psmctl: --format prometheus is for stats only\n");
+    return kUsage;
+  }
+  if (!opts.output.empty() && opts.format != "prometheus") {
+    fprintf(stderr, "psmctl: --output is for --format prometheus\n");
     return kUsage;
   }
   if (access(opts.socket.c_str(), F_OK) != 0) {
