@@ -17,15 +17,7 @@
 start_nodes() {
   local psmd=$1 count=$2 i addr port listen=()
   shift 2
-  chmod go+x "$work"  # munged wants its socket's directories searchable
-  mkdir -m 0711 "$work/munge"
-  head -c 1024 /dev/urandom >"$work/munge/key"
-  chmod 0600 "$work/munge/key"
-  /usr/sbin/munged --foreground --force --socket="$work/munge/socket" \
-    --key-file="$work/munge/key" --pid-file="$work/munge/pid" \
-    --log-file="$work/munge/log" --seed-file="$work/munge/seed" 2>/dev/null &
-  pids+=($!)
-  for _ in $(seq 200); do [[ -S "$work/munge/socket" ]] && break; sleep 0.05; done
+  start_munged || return 1
   : >"$work/nodes"
   for ((i = 0; i < count; i++)); do
     addr=127.0.0.$((2 + i))
@@ -54,6 +46,24 @@ start_nodes() {
     cat "$work/psmd$i.log" >&2
     return 1
   done
+}
+
+# start_munged: a munged of our own (a generated key, its socket
+# $work/munge/socket, its PID appended to $pids); returns once the socket is
+# up, else 1.
+start_munged() {
+  chmod go+x "$work"  # munged wants its socket's directories searchable
+  mkdir -m 0711 "$work/munge"
+  head -c 1024 /dev/urandom >"$work/munge/key"
+  chmod 0600 "$work/munge/key"
+  /usr/sbin/munged --foreground --force --socket="$work/munge/socket" \
+    --key-file="$work/munge/key" --pid-file="$work/munge/pid" \
+    --log-file="$work/munge/log" --seed-file="$work/munge/seed" \
+    </dev/null >/dev/null 2>&1 &
+  pids+=($!)
+  for _ in $(seq 200); do [[ -S "$work/munge/socket" ]] && return 0; sleep 0.05; done
+  echo "munged did not come up on $work/munge/socket" >&2
+  return 1
 }
 
 # check_node_traffic PSMCTL: daemons 0 and 1 each sent the other node more
