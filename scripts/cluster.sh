@@ -33,6 +33,7 @@
 # $PSMD_DROPIN, else Bazel's outputs (bazel build //daemon:psmd
 # //tools:psmctl //ompi:mca_mtl_psmd.so //client:libpsm2.so.2).
 set -euo pipefail
+PATH=/usr/sbin:/sbin:$PATH  # slurmctld, slurmd, munged, ip (a test's PATH may lack them)
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 dir=${PSMD_CLUSTER_DIR:-/tmp/psmd-cluster}
 nodes=(node1 node2 node3)
@@ -94,9 +95,17 @@ init_place() {
   mkdir -p "$dir"
   mount --move /run/cluster "$dir"
   rmdir /run/cluster
-  mount -t tmpfs -o mode=1777 "cluster-$name-shm" /dev/shm
-  touch "$dir/ns/$name.ready"
-  exec sleep infinity
+  if [[ $name == ctl ]]; then
+    mount -t tmpfs -o mode=1777 "cluster-$name-shm" /dev/shm
+    touch "$dir/ns/$name.ready"
+    exec sleep infinity
+  fi
+  # A node shows an Omni-Path adapter (scripts/fake_hfi.sh, which also gives
+  # it a private /dev/shm): Open MPI's mtl psm2 opens only where /dev/hfi1_*
+  # exists, and on these nodes loads psmd's drop-in libpsm2.so.2.
+  mkdir /run/hfi
+  PSMD_FAKE_HFI_DIR=/run/hfi exec "$root/scripts/fake_hfi.sh" \
+    bash -c 'touch "$1" && exec sleep infinity' holder "$dir/ns/$name.ready"
 }
 
 write_config() {

@@ -18,6 +18,10 @@ PACKAGES=(
   python3-prometheus-client  # tests parse psmctl's Prometheus output with it
   prometheus  # promtool: tests check psmctl's Prometheus output with it
   iproute2  # tests/fabric_netns_test: network namespaces and a veth pair
+  # scripts/cluster.sh, //tests/slurm:cluster_test: a real Slurm cluster in
+  # namespaces; srun --mpi=pmix (Slurm's mpi_pmix plugin) wires up Open MPI's
+  # ranks through PMIx (Open MPI's pmix ext3x component, on libpmix2)
+  slurmctld slurmd slurm-client libpmix2
   scdoc dpkg-dev debootstrap  # man pages, the .deb and its clean-root test
   gnuplot-nox  # scripts/bench.sh's plots
 )

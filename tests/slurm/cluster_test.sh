@@ -1,0 +1,247 @@
+#!/usr/bin/env bash
+# Open MPI jobs launched by a real Slurm over psmd (issue 37): the cluster of
+# scripts/cluster.sh (slurmctld in ctl; node1..node3 each with slurmd and a
+# psmd on the fabric), and as uid nobody, from ctl:
+#   up             the cluster comes up, its nodes idle, and no cluster
+#                  address exists in this machine's own namespace
+#   srun_mtl_psmd  srun --mpi=pmix -N 3 -n 6 of tests/mpi's mpi_semantics
+#                  over pml cm + mtl psmd (PMIx wire-up, no mpirun): every
+#                  check passes on every rank, and every node's psmd carried
+#                  the job (psmctl stats: its messages, and payload bytes to
+#                  each other node)
+#   srun_dropin    the same under Open MPI's own mtl psm2, which loads psmd's
+#                  drop-in libpsm2.so.2 (LD_LIBRARY_PATH)
+#   sbatch         a batch script doing the first, sbatch --wait
+#   node_clean     afterwards every node's psmd holds no endpoint and its
+#                  /dev/shm is empty
+#   down_clean     cluster.sh down leaves nothing: no process of the cluster
+#                  (the PIDs it recorded, any process in its namespaces), no
+#                  namespace, no link or address, no mount, no file of
+#                  Slurm's, PMIx's, Open MPI's or the cluster's in /tmp,
+#                  /dev/shm or /run, no Slurm cgroup
+# One JUnit case each ($XML_OUTPUT_FILE). Needs root (namespaces, mounts,
+# slurmd); skipped otherwise. The cluster is taken down however the test
+# ends. PSMD_CLUSTER_TEST_NODES (default 3) runs the jobs on fewer nodes: a
+# negative control, which must fail srun_mtl_psmd and the rest (a node's
+# psmd carried nothing).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+PATH=/usr/sbin:/sbin:$PATH
+cases=(up srun_mtl_psmd srun_dropin sbatch node_clean down_clean)
+
+# junit: the cases' results (results file lines "NAME ok|fail|skip").
+junit() {
+  [[ -n "${XML_OUTPUT_FILE:-}" ]] || return 0
+  python3 - "$1" >"$XML_OUTPUT_FILE" <<'PY'
+import sys
+rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
+fail = sum(r[1] == "fail" for r in rows)
+print('<?xml version="1.0" encoding="UTF-8"?>')
+print(f'<testsuites><testsuite name="slurm_cluster" tests="{len(rows)}" failures="{fail}">')
+for name, result in rows:
+    body = {"ok": "", "fail": '<failure message="failed"/>', "skip": '<skipped message="needs root"/>'}[result]
+    print(f'<testcase name="{name}" classname="slurm_cluster">{body}</testcase>')
+print('</testsuite></testsuites>')
+PY
+}
+
+if [[ $(id -u) != 0 ]]; then
+  echo "cluster_test: needs root (namespaces, mounts, slurmd); skipped"
+  results=$(mktemp)
+  for c in "${cases[@]}"; do echo "$c skip"; done >"$results"
+  junit "$results"
+  rm -f "$results"
+  exit 0
+fi
+
+source "$root/scripts/workdir.sh" psmd-slurm
+chmod 755 "$work"  # the cluster's run directory is the jobs' cwd, for nobody too
+export PSMD_CLUSTER_DIR=$work/cluster
+cluster=("$root/scripts/cluster.sh")
+c=$PSMD_CLUSTER_DIR
+trap '"${cluster[@]}" down >/dev/null; junit "$work/results"; cleanup' EXIT
+: >"$work/results"
+status=0
+result() {  # result NAME STATUS
+  if [[ $2 == 0 ]]; then echo "$1 ok"; else echo "$1 fail"; status=1; fi >>"$work/results"
+  echo "cluster_test: $1: $([[ $2 == 0 ]] && echo passed || echo FAILED)"
+}
+ms() { echo $((($(date +%s%N) - $1) / 1000000)); }
+
+# What a run could leave behind, named as Slurm, PMIx, Open MPI, munged and
+# the cluster name theirs (other tests may share this machine's /tmp).
+leftovers() {
+  ls -A /tmp /dev/shm /run 2>/dev/null |
+    grep -E '^(spmix|pmix|slurm|munge|psmd-cluster|cluster)|^ompi\.(node|ctl)' | sort
+  ls -d /sys/fs/cgroup/*/slurm* 2>/dev/null
+}
+leftovers >"$work/leftovers.before"
+
+# --- up
+t=$(date +%s%N)
+"${cluster[@]}" up
+s=$?
+up_ms=$(ms "$t")
+echo "cluster_test: cluster up in $up_ms ms"
+if [[ $s == 0 ]] && ip -4 addr | grep -q ' 10\.77\.37\.'; then
+  echo "cluster_test: a cluster address exists in this machine's namespace" >&2; s=1
+fi
+result up "$s"
+((s == 0)) || exit 1
+# What down must remove: the recorded PIDs, the namespaces.
+awk '{print $1}' "$c/pids" >"$work/pids"
+cat "$c"/ns/node? "$c/ns/ctl" >>"$work/pids"
+for p in $(cat "$c"/ns/node? "$c/ns/ctl"); do readlink "/proc/$p/ns/net" "/proc/$p/ns/mnt" "/proc/$p/ns/uts"; done >"$work/namespaces"
+
+# The programs, where uid nobody can read them.
+cp "$root/tests/mpi/mpi_semantics" "$c/bin/"
+chmod a+rx "$c/bin/mpi_semantics"
+ompi_components=$(dirname "$(find /usr/lib/x86_64-linux-gnu/openmpi/lib -name mca_pml_cm.so | head -1)")
+n=${PSMD_CLUSTER_TEST_NODES:-3}
+nodes=(node1 node2 node3)
+
+# as_nobody CMD...: CMD on ctl as uid nobody, in the cluster's run
+# directory, with Open MPI's components and psmd's.
+as_nobody() {
+  (cd "$c/run" && timeout -k 10 120 "${cluster[@]}" exec ctl \
+    setpriv --reuid=nobody --regid=nogroup --clear-groups \
+    env HOME="$c/run" OMPI_MCA_mca_base_component_path="$ompi_components:$c/components" \
+    OMPI_MCA_btl=self OMPI_MCA_pml=cm "$@")
+}
+
+# counters NODE: "msgs_sent bytes_to_node1 bytes_to_node2 bytes_to_node3"
+# of that node's psmd.
+counters() {
+  "${cluster[@]}" exec "$1" psmctl --json stats | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+peers = {r["node"]: r["bytes_sent"] for r in d["peer_nodes"]}
+print(d["total"]["msgs_sent"], *(peers.get(i, 0) for i in (1, 2, 3)))'
+}
+snapshot() { for node in "${nodes[@]}"; do counters "$node"; done >"$work/$1"; }
+
+# carried NAME: every node's psmd sent at least 1000 of the job's messages
+# and 100,000 payload bytes to each other node since snapshot "before".
+carried() {
+  snapshot after
+  python3 - "$work/before" "$work/after" "$1" <<'PY'
+import sys
+before = [list(map(int, l.split())) for l in open(sys.argv[1])]
+after = [list(map(int, l.split())) for l in open(sys.argv[2])]
+ok = True
+for i, (b, a) in enumerate(zip(before, after)):
+    d = [y - x for x, y in zip(b, a)]
+    to = {j + 1: d[1 + j] for j in range(3) if j != i}
+    print(f"{sys.argv[3]}: node{i + 1}'s psmd: {d[0]} messages sent, payload bytes to " +
+          ", ".join(f"node{j} {v}" for j, v in to.items()))
+    if d[0] < 1000 or min(to.values()) < 100000:
+        print(f"{sys.argv[3]}: node{i + 1}'s psmd did not carry the job", file=sys.stderr)
+        ok = False
+sys.exit(0 if ok else 1)
+PY
+}
+
+# passed LOG: mpi_semantics' six checks passed (rank 0 prints them; a rank
+# that fails one prints FAILED and exits non-zero).
+passed() {
+  local pass
+  pass=$(grep -c '^PASS ' "$1")
+  ! grep -q FAIL "$1" && ((pass == 6)) ||
+    { echo "cluster_test: $pass checks passed:" >&2; tail -30 "$1" >&2; return 1; }
+}
+
+# --- srun over mtl psmd: the ranks find psmd at /run/psmd/psmd.sock.
+snapshot before
+t=$(date +%s%N)
+as_nobody OMPI_MCA_mtl=psmd srun --mpi=pmix -N "$n" -n $((2 * n)) \
+  sh -c 'echo "task $SLURM_PROCID on $(hostname) as $(id -un)" >&2; exec "$0"' \
+  "$c/bin/mpi_semantics" >"$work/srun.log" 2>&1
+s=$?
+echo "cluster_test: srun (mtl psmd) exit $s in $(ms "$t") ms"
+grep '^task' "$work/srun.log" | sort -k2n
+[[ $(grep -c '^task .* as nobody$' "$work/srun.log") == 6 ]] ||
+  { echo "cluster_test: not 6 tasks as nobody" >&2; s=1; }
+for node in "${nodes[@]}"; do
+  grep -q "^task .* on $node as" "$work/srun.log" || { echo "cluster_test: no task on $node" >&2; s=1; }
+done
+passed "$work/srun.log" || s=1
+carried srun_mtl_psmd || s=1
+result srun_mtl_psmd "$s"
+
+# --- srun under Open MPI's mtl psm2 with psmd's drop-in library.
+snapshot before
+t=$(date +%s%N)
+as_nobody OMPI_MCA_mtl=psm2 OMPI_MCA_mtl_base_verbose=10 LD_LIBRARY_PATH="$c/lib" \
+  srun --mpi=pmix -N "$n" -n $((2 * n)) "$c/bin/mpi_semantics" >"$work/dropin.log" 2>&1
+s=$?
+echo "cluster_test: srun (mtl psm2, drop-in) exit $s in $(ms "$t") ms"
+selected=$(grep -c 'select: component psm2 selected' "$work/dropin.log")
+echo "cluster_test: $selected ranks selected mtl psm2"
+((selected == 6)) || { echo "cluster_test: not every rank on mtl psm2" >&2; s=1; }
+passed "$work/dropin.log" || s=1
+carried srun_dropin || s=1
+result srun_dropin "$s"
+
+# --- sbatch: a batch script whose step is the srun above.
+snapshot before
+cat >"$c/run/job.sh" <<EOF
+#!/bin/bash
+#SBATCH --nodes=$n --ntasks=$((2 * n)) --output=$c/run/sbatch-%j.out
+OMPI_MCA_mtl=psmd exec srun --mpi=pmix $c/bin/mpi_semantics
+EOF
+chmod a+r "$c/run/job.sh"
+t=$(date +%s%N)
+as_nobody sbatch --wait "$c/run/job.sh" >"$work/sbatch.log" 2>&1
+s=$?
+echo "cluster_test: sbatch --wait exit $s in $(ms "$t") ms: $(cat "$work/sbatch.log")"
+job=$(grep -o 'Submitted batch job [0-9]*' "$work/sbatch.log" | awk '{print $4}')
+if [[ -f "$c/run/sbatch-$job.out" ]]; then
+  passed "$c/run/sbatch-$job.out" || s=1
+else
+  echo "cluster_test: no output of batch job '$job'" >&2; s=1
+fi
+carried sbatch || s=1
+result sbatch "$s"
+
+# --- the nodes after the jobs.
+s=0
+for node in "${nodes[@]}"; do
+  eps=$("${cluster[@]}" exec "$node" psmctl --json stats |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["endpoint_count"])')
+  shm=$("${cluster[@]}" exec "$node" ls -A /dev/shm)
+  echo "cluster_test: $node: $eps endpoints open, /dev/shm: '${shm}'"
+  [[ $eps == 0 && -z $shm ]] || s=1
+done
+result node_clean "$s"
+if ((status)); then
+  for node in "${nodes[@]}"; do echo "---- $node psmd" >&2; tail -20 "$c/$node/psmd.out" >&2; done
+fi
+
+# --- down, and nothing left.
+t=$(date +%s%N)
+"${cluster[@]}" down
+s=$?
+echo "cluster_test: cluster down in $(ms "$t") ms"
+while read -r pid; do
+  if [[ -e /proc/$pid && $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]]; then
+    echo "cluster_test: pid $pid still runs: $(tr '\0' ' ' <"/proc/$pid/cmdline")" >&2; s=1
+  fi
+done <"$work/pids"
+for pid in /proc/[0-9]*; do
+  ns=$(readlink "$pid/ns/net" "$pid/ns/mnt" "$pid/ns/uts" 2>/dev/null) || continue
+  if grep -qxF -f "$work/namespaces" <<<"$ns"; then
+    echo "cluster_test: ${pid#/proc/} is in a cluster namespace" >&2; s=1
+  fi
+done
+[[ -e $c ]] && { echo "cluster_test: $c is left" >&2; s=1; }
+grep -q "$c\|cluster-node\|cluster-ctl" /proc/self/mountinfo && { echo "cluster_test: a mount is left" >&2; s=1; }
+ip -br link | grep -E '^(br0|vnode[0-9])' && { echo "cluster_test: a link is left" >&2; s=1; }
+ip -4 addr | grep ' 10\.77\.37\.' && s=1
+leftovers >"$work/leftovers.after"
+if ! diff "$work/leftovers.before" "$work/leftovers.after" >&2; then
+  echo "cluster_test: left in /tmp, /dev/shm, /run or the cgroups (above)" >&2; s=1
+fi
+result down_clean "$s"
+echo "cluster_test: $([[ $status == 0 ]] && echo PASS || echo FAIL), in $SECONDS s"
+exit "$status"
