@@ -61,6 +61,11 @@ export PSMD_CLUSTER_DIR=$work/cluster
 cluster=("$root/scripts/cluster.sh")
 c=$PSMD_CLUSTER_DIR
 trap '"${cluster[@]}" down >/dev/null; junit "$work/results"; cleanup' EXIT
+# A signal (Bazel's timeout sends TERM) ends the test through that trap too:
+# bash runs no EXIT trap when a signal it does not handle kills it.
+trap 'exit 143' TERM
+trap 'exit 130' INT
+trap 'exit 129' HUP
 : >"$work/results"
 status=0
 result() {  # result NAME STATUS
