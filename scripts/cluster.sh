@@ -29,6 +29,9 @@
 # every process of the cluster by PID (the ones it started, then any other
 # process in a place's network namespace: slurmstepd, ranks), which removes
 # the namespaces and the links with them, and deletes the directory.
+# Slurm's step cgroups (proctrack/cgroup, task/cgroup) are the machine's:
+# slurm_NODE in each cgroup v1 hierarchy Slurm uses: up refuses while any
+# slurmd runs on the machine (another cluster), down removes them.
 # Needs root. The binaries: $PSMD_BIN, $PSMCTL_BIN, $PSMD_MTL_COMPONENT,
 # $PSMD_DROPIN, else Bazel's outputs (bazel build //daemon:psmd
 # //tools:psmctl //ompi:mca_mtl_psmd.so //client:libpsm2.so.2).
@@ -104,6 +107,7 @@ init_place() {
   # it a private /dev/shm): Open MPI's mtl psm2 opens only where /dev/hfi1_*
   # exists, and on these nodes loads psmd's drop-in libpsm2.so.2.
   mkdir /run/hfi
+  # shellcheck disable=SC2016  # expanded by the inner shell
   PSMD_FAKE_HFI_DIR=/run/hfi exec "$root/scripts/fake_hfi.sh" \
     bash -c 'touch "$1" && exec sleep infinity' holder "$dir/ns/$name.ready"
 }
@@ -137,8 +141,8 @@ SlurmdPidFile=$dir/%n/slurmd.pid
 SlurmdLogFile=$dir/%n/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+ProctrackType=proctrack/cgroup
+TaskPlugin=task/cgroup
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
@@ -161,6 +165,26 @@ EOF
   echo "PMIxCliTmpDirBase=/tmp" >"$dir/etc/mpi.conf"
 }
 
+# node_cgroups: the cgroups of this machine's slurmd named like the
+# cluster's nodes (this Debian build names a node's cgroup slurm_NODE, in
+# each controller its plugins use).
+node_cgroups() {
+  local n
+  for n in "${nodes[@]}"; do
+    compgen -G "/sys/fs/cgroup/*/slurm_$n" || true
+  done
+}
+
+# remove_cgroups: removes the cluster's node cgroups, innermost first; a
+# cgroup that still holds a process is not removed (and said).
+remove_cgroups() {
+  local cg
+  for cg in $(node_cgroups); do
+    find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null ||
+      echo "cluster: could not remove $cg (a process in it?)" >&2
+  done
+}
+
 # wait_for WHAT SECONDS CMD...: until CMD succeeds; else says so, returns 1.
 wait_for() {
   local what=$1 limit=$(($2 * 10)) i
@@ -181,6 +205,13 @@ up() {
     echo "cluster: $dir exists (a cluster is up, or left over: scripts/cluster.sh down)" >&2
     return 1
   fi
+  # Slurm's cgroups are the machine's, named by node (slurmd makes them when
+  # it starts): one cluster at a time.
+  if pgrep -x slurmd >/dev/null; then
+    echo "cluster: a slurmd runs on this machine (another cluster?): $(pgrep -ax slurmd | head -3)" >&2
+    return 1
+  fi
+  remove_cgroups  # ones a killed run left
   mkdir -p "$dir"/{ns,bin,lib,components,run}
   chmod 0755 "$dir"
   chmod 1777 "$dir/run"
@@ -194,7 +225,9 @@ up() {
   mkdir -p "$dir/ctl/state"
 
   # The cluster's munged (scripts/nodes.sh), its PID recorded like the rest.
+  # shellcheck disable=SC2034  # work: start_munged's directory
   local work=$dir pids=()
+  # shellcheck source=/dev/null
   source "$root/scripts/nodes.sh"
   start_munged
   echo "${pids[0]} - munged" >>"$dir/pids"
@@ -301,6 +334,7 @@ down() {
   for place in "${places[@]}"; do pid=$(cat "$dir/ns/$place" 2>/dev/null) && holders+=("$pid"); done
   stop_pids KILL "${holders[@]}"
   stop_pids TERM "${munged[@]}"
+  remove_cgroups
   rm -rf "$dir"
   echo "cluster: down"
 }
