@@ -10,7 +10,9 @@ bazel build //... || { echo "0 passed, 1 failed"; exit 1; }
 # mpi4py's own test suite lives beside the repository (../shared/external);
 # //tests/mpi:mtl_psmd_mpi4py_suite runs it on one psmd, ..._mpi4py_nodes
 # with its ranks on two. //tests:fabric_netns_test (a veth link set down
-# mid-transfer) needs root, as CI runs this, and skips itself otherwise.
+# mid-transfer) and //tests/slurm:cluster_test (Open MPI jobs from a real
+# Slurm cluster in namespaces, scripts/cluster.sh) need root, as CI runs
+# this, and skip themselves otherwise.
 mpi4py_tests=$(cd .. && pwd)/shared/external/mpi4py-3.1.4-test/test
 # Bazel's own account of the run (each target's status and test.xml) is
 # what the count below reads.
