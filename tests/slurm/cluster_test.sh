@@ -6,7 +6,8 @@
 #   up             the cluster comes up, its nodes idle, and no cluster
 #                  address exists in this machine's own namespace
 #   srun_mtl_psmd  srun --mpi=pmix -N 3 -n 6 of tests/mpi's mpi_semantics
-#                  over pml cm + mtl psmd (PMIx wire-up, no mpirun): every
+#                  over pml cm + mtl psmd (PMIx wire-up, no mpirun; each
+#                  rank finds its node's psmd at the default socket): every
 #                  check passes on every rank, and every node's psmd carried
 #                  the job (psmctl stats: its messages, and payload bytes to
 #                  each other node)
@@ -168,7 +169,7 @@ passed() {
 snapshot before
 t=$(date +%s%N)
 # shellcheck disable=SC2016  # expanded by the task's shell
-as_nobody OMPI_MCA_mtl=psmd srun --mpi=pmix -N "$n" -n $((2 * n)) \
+as_nobody OMPI_MCA_mtl=psmd OMPI_MCA_mtl_base_verbose=10 srun --mpi=pmix -N "$n" -n $((2 * n)) \
   sh -c 'echo "task $SLURM_PROCID on $(hostname) as $(id -un)" >&2; exec "$0"' \
   "$c/bin/mpi_semantics" >"$work/srun.log" 2>&1
 s=$?
@@ -179,6 +180,9 @@ grep '^task' "$work/srun.log" | sort -k2n
 for node in "${nodes[@]}"; do
   grep -q "^task .* on $node as" "$work/srun.log" || { echo "cluster_test: no task on $node" >&2; s=1; }
 done
+default=$(grep -c 'mtl:psmd: selected: endpoint .* on psmd at /run/psmd/psmd.sock (the default' "$work/srun.log")
+echo "cluster_test: $default ranks opened their endpoint on their node's psmd at the default socket"
+((default == 6)) || { echo "cluster_test: not every rank on the default socket" >&2; s=1; }
 passed "$work/srun.log" || s=1
 carried srun_mtl_psmd || s=1
 result srun_mtl_psmd "$s"
