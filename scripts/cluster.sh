@@ -78,6 +78,7 @@ start() {
   # nsenter execs CMD (no PID namespace): $! is the daemon's PID.
   nsenter -t "$pid" -n -u -m --wd="$dir" -- "$@" </dev/null >"$dir/$place/$name.out" 2>&1 &
   echo "$! $place $name" >>"$dir/pids"
+  disown  # down ends it, by PID; no job notice from this shell
 }
 
 # built PATH: a binary of the build, from Bazel's runfiles or bazel-bin.
@@ -216,8 +217,9 @@ up() {
   chmod 0755 "$dir"
   chmod 1777 "$dir/run"
   trap 'echo "cluster: up failed; taking it down" >&2; down' ERR
-  cp "${PSMD_BIN:-$(built daemon/psmd)}" "${PSMCTL_BIN:-$(built tools/psmctl)}" "$dir/bin/"
-  cp "${PSMD_MTL_COMPONENT:-$(built ompi/mca_mtl_psmd.so)}" "$dir/components/"
+  cp "${PSMD_BIN:-$(built daemon/psmd)}" "$dir/bin/psmd"
+  cp "${PSMCTL_BIN:-$(built tools/psmctl)}" "$dir/bin/psmctl"
+  cp "${PSMD_MTL_COMPONENT:-$(built ompi/mca_mtl_psmd.so)}" "$dir/components/mca_mtl_psmd.so"
   cp "${PSMD_DROPIN:-$(built client/libpsm2.so.2)}" "$dir/lib/libpsm2.so.2"
   chmod -R a+rX "$dir"
   write_config
@@ -236,6 +238,7 @@ up() {
   for p in "${places[@]}"; do
     unshare -n -u -m --propagation private "$0" _init "$p" </dev/null >"$dir/$p/init.out" 2>&1 &
     echo "$!" >"$dir/ns/$p"
+    disown
   done
   for p in "${places[@]}"; do
     wait_for "place $p" 10 test -e "$dir/ns/$p.ready" || { cat "$dir/$p/init.out" >&2; false; }
