@@ -19,13 +19,16 @@
 # default path, which ranks find without being told. The veth pairs are made
 # inside the namespaces: no cluster link or address exists in the machine's
 # own. One munged of the cluster's own (a generated key) authenticates
-# Slurm and psmd's fabric.
+# Slurm and psmd's fabric. Nodes show a fake Omni-Path adapter
+# (scripts/fake_hfi.sh), without which Open MPI's mtl psm2, and so psmd's
+# drop-in libpsm2.so.2 under it, does not open.
 #
 # Everything lives in one directory, $PSMD_CLUSTER_DIR (default
 # /tmp/psmd-cluster): configuration (etc/slurm.conf, cgroup.conf, mpi.conf),
 # logs (ctl/, nodeN/), spool and state, copies of psmd, psmctl, psmd's Open MPI
 # component (components/) and drop-in libpsm2.so.2 (lib/), and run/, a
-# directory every user may write in (jobs' working directory). `down` ends
+# directory every user may write in (jobs' working directory; the
+# directories above it must let the jobs' users through). `down` ends
 # every process of the cluster by PID (the ones it started, then any other
 # process in a place's network namespace: slurmstepd, ranks), which removes
 # the namespaces and the links with them, and deletes the directory.
