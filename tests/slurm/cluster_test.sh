@@ -165,6 +165,15 @@ passed() {
   fi
 }
 
+# every LOG PATTERN WHAT: all six ranks (or tasks) have a line of LOG
+# matching PATTERN (grep -E); prints how many had, WHAT saying what.
+every() {
+  local count
+  count=$(grep -cE "$2" "$1")
+  echo "cluster_test: $count $3"
+  ((count == 6)) || { echo "cluster_test: not 6 $3" >&2; return 1; }
+}
+
 # --- srun over mtl psmd: the ranks find psmd at /run/psmd/psmd.sock.
 snapshot before
 t=$(date +%s%N)
@@ -175,14 +184,12 @@ as_nobody OMPI_MCA_mtl=psmd OMPI_MCA_mtl_base_verbose=10 srun --mpi=pmix -N "$n"
 s=$?
 echo "cluster_test: srun (mtl psmd) exit $s in $(ms "$t") ms"
 grep '^task' "$work/srun.log" | sort -k2n
-[[ $(grep -c '^task .* as nobody$' "$work/srun.log") == 6 ]] ||
-  { echo "cluster_test: not 6 tasks as nobody" >&2; s=1; }
+every "$work/srun.log" '^task .* as nobody$' "tasks ran as nobody" || s=1
 for node in "${nodes[@]}"; do
   grep -q "^task .* on $node as" "$work/srun.log" || { echo "cluster_test: no task on $node" >&2; s=1; }
 done
-default=$(grep -c 'mtl:psmd: selected: endpoint .* on psmd at /run/psmd/psmd.sock (the default' "$work/srun.log")
-echo "cluster_test: $default ranks opened their endpoint on their node's psmd at the default socket"
-((default == 6)) || { echo "cluster_test: not every rank on the default socket" >&2; s=1; }
+every "$work/srun.log" 'mtl:psmd: selected: endpoint .* on psmd at /run/psmd/psmd.sock \(the default' \
+  "ranks opened their endpoint on their node's psmd at the default socket" || s=1
 passed "$work/srun.log" || s=1
 carried srun_mtl_psmd || s=1
 result srun_mtl_psmd "$s"
@@ -194,9 +201,7 @@ as_nobody OMPI_MCA_mtl=psm2 OMPI_MCA_mtl_base_verbose=10 LD_LIBRARY_PATH="$c/lib
   srun --mpi=pmix -N "$n" -n $((2 * n)) "$c/bin/mpi_semantics" >"$work/dropin.log" 2>&1
 s=$?
 echo "cluster_test: srun (mtl psm2, drop-in) exit $s in $(ms "$t") ms"
-selected=$(grep -c 'select: component psm2 selected' "$work/dropin.log")
-echo "cluster_test: $selected ranks selected mtl psm2"
-((selected == 6)) || { echo "cluster_test: not every rank on mtl psm2" >&2; s=1; }
+every "$work/dropin.log" 'select: component psm2 selected' "ranks selected mtl psm2" || s=1
 passed "$work/dropin.log" || s=1
 carried srun_dropin || s=1
 result srun_dropin "$s"
