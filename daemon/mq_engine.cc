@@ -26,6 +26,22 @@ constexpr size_t kBatch = 32;
 // endpoints gets as much of a pass as a job with two, so one with a million
 // operations queued delays another by at most one such slice per pass.
 constexpr size_t kJobBudget = 4 * kBatch;
+// ... and at most about this much of the worker's time per pass while
+// another job has work too (invariant 7): a count alone does not bound a
+// slice, since what one submission costs varies a thousandfold. Receives
+// posted into a queue of a million cost 0.3 us each (their hash slots and
+// nodes miss every cache), and tens of us when they fault in a growing
+// table's pages or a new chunk of nodes: 128 of them were slices of
+// 40-600 us, and a bystander's 8 B round trip waited for one each way
+// (issue 38). 4 us is about one such round trip.
+constexpr uint64_t kJobSliceNs = 4000;
+// A job that consumed this many submissions in a pass (or all it was
+// allowed) is timed in the next while it has company: only backlogged jobs
+// read the clock, never a latency-bound client's pass.
+constexpr size_t kTimedFrom = 8;
+// Passes after the last one in which two jobs had work during which a job
+// still counts as having company (a bystander between two messages).
+constexpr size_t kCompanyPasses = 256;
 // The copier's bounce buffer: one process_vm_readv and one
 // process_vm_writev per MiB (docs/perf.md, "Copies in place": 64 KiB
 // chunks reach half the bandwidth of 1 MiB ones at 4 MiB).
@@ -186,6 +202,7 @@ bool MqEngine::PollAll() {
   // submissions over both phases, and its endpoints take turns being first
   // from pass to pass, so none of them starves when the budget runs out
   // (invariant 7). Index loops: handlers never add or remove endpoints.
+  size_t busy_jobs = 0;
   for (int phase = 0; phase < 2; phase++) {
     size_t group = 0;
     for (size_t begin = 0; begin < order_.size(); group++) {
@@ -193,28 +210,63 @@ bool MqEngine::PollAll() {
       while (end < order_.size() && order_[end]->job == order_[begin]->job)
         end++;
       if (phase == 0) {
-        if (job_used_.size() <= group) job_used_.resize(group + 1);
-        job_used_[group] = 0;
+        if (job_turns_.size() <= group)
+          job_turns_.resize(group + 1, JobTurn{0, kJobBudget, 0, false});
+        job_turns_[group].used = 0;
+        job_turns_[group].ns = 0;
       }
-      size_t& used = job_used_[group];
+      JobTurn& t = job_turns_[group];
       const size_t n = end - begin;
       // (No division for a job of one endpoint: a divide costs dozens of
       // cycles, on every pass of every latency-bound client.)
       const size_t first = n == 1 ? 0 : passes_ % n;
-      for (size_t k = 0; k < n && used < kJobBudget; k++) {
+      const uint64_t start = t.timed ? NowNs() : 0;
+      for (size_t k = 0; k < n && t.used < t.budget; k++) {
         const size_t turn = first + k < n ? first + k : first + k - n;
         Endpoint& ep = *order_[begin + turn];
-        const size_t limit = std::min(kBatch, kJobBudget - used);
+        const size_t limit = std::min(kBatch, t.budget - t.used);
         if (phase == 0) {
-          did |= PollControl(ep, limit, &used);
+          did |= PollControl(ep, limit, &t.used);
         } else if (!ep.faulted && ep.cq_overflow.empty()) {
-          did |= PollMessages(ep, limit, &used);
+          did |= PollMessages(ep, limit, &t.used);
         }
       }
+      if (t.timed) t.ns += NowNs() - start;
+      if (phase == 1) busy_jobs += t.used > 0;
       begin = end;
     }
   }
+  if (busy_jobs > 1) company_pass_ = passes_;
+  const bool company = passes_ - company_pass_ <= kCompanyPasses;
+  for (size_t g = 0; g < job_turns_.size(); g++) Rebudget(job_turns_[g], company);
   return did;
+}
+
+// Invariant 7's time bound. A job is timed once it shows a backlog (it
+// consumed kTimedFrom submissions, or all it was allowed) while another
+// job has work; its next budget is what fits in kJobSliceNs at the cost
+// per submission it just took, so a slice tracks its cost from pass to
+// pass (a deep queue, a growing table). Without company the budget is
+// kJobBudget again. Without a backlog nothing is timed and the budget
+// doubles per pass: a flooding client whose ring ran dry for a pass (it
+// publishes only inside its library's calls) must not come back with a
+// full kJobBudget of its expensive submissions.
+void MqEngine::Rebudget(JobTurn& t, bool company) {
+  if (!company) {
+    t.timed = false;
+    t.budget = kJobBudget;
+    return;
+  }
+  if (t.used < kTimedFrom && t.used < t.budget) {
+    t.timed = false;
+    t.budget = std::min(kJobBudget, 2 * t.budget);
+    return;
+  }
+  if (t.timed && t.ns > 0) {
+    t.budget = static_cast<size_t>(std::clamp<uint64_t>(
+        t.used * kJobSliceNs / t.ns, 1, kJobBudget));
+  }
+  t.timed = true;
 }
 
 bool MqEngine::AnySubmissionPending() {

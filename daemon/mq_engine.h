@@ -50,7 +50,10 @@
 //      order_ and take turns going first; every submission's handling costs
 //      O(1) in the depth of the posted queue (daemon/matcher.h). So a job
 //      with any backlog delays another job by a bounded slice per pass
-//      (issue 12).
+//      (issue 12). While another job has work too, a backlogged job's
+//      budget is what fits in kJobSliceNs at what its submissions cost in
+//      its last pass (Rebudget): O(1) is not cheap when each receive posted
+//      into a million misses every cache or faults in a page (issue 38).
 //   8. Once an endpoint is removed (closed or dead) after its rings were
 //      drained, or its daemon said so (kGone), or the connection to its
 //      node ended (daemon/remote.h), a receive that names it as the source
@@ -239,6 +242,14 @@ class MqEngine {
     uint64_t last_ns = 0;  // when the transfer last moved
   };
 
+  // A job's share of a pass (invariant 7).
+  struct JobTurn {
+    size_t used = 0;    // submissions consumed in this pass
+    size_t budget = 0;  // submissions it may consume (set by Rebudget)
+    uint64_t ns = 0;    // what they took, when timed
+    bool timed = false;
+  };
+  void Rebudget(JobTurn& t, bool company);
   // One endpoint, both rings (used when removing it).
   bool Poll(Endpoint& ep);
   // Consume up to `limit` submissions (at most a batch) and add how many to
@@ -346,10 +357,12 @@ class MqEngine {
   bool admit_over_budget_ = false;
   std::unordered_map<uint64_t, Transfer> transfers_;
   uint64_t next_transfer_ = 1;
-  // PollAll: passes so far (whose endpoint of a job goes first) and the
-  // submissions each job consumed in this pass.
+  // PollAll: passes so far (whose endpoint of a job goes first), each
+  // job's turn in this pass (by its place in order_), and the last pass in
+  // which more than one job had work (invariant 7).
   size_t passes_ = 0;
-  std::vector<size_t> job_used_;
+  std::vector<JobTurn> job_turns_;
+  size_t company_pass_ = 0;
   Remote* remote_ = nullptr;
   // Invariant 10: the copier (its copies are named by transfer id).
   std::unique_ptr<CrossCopier> copier_;
