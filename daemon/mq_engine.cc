@@ -48,6 +48,10 @@ constexpr size_t kCompanyPasses = 256;
 constexpr size_t kCopyChunkBytes = size_t{1} << 20;
 // Takeover candidates looked at per check (every copy_after_us / 4).
 constexpr size_t kTakeoverScan = 256;
+// A posted queue emptied by cancels gives back what it kept from its peak
+// (PostedQueue::shed_memory) once that is this much: below, it is kept for
+// the receives to come.
+constexpr size_t kShedFromBytes = size_t{4} << 20;
 
 // Queue depth from which a batch's matches are prefetched. Up to here a
 // queue's entries and hash slots (~250 KiB at 4096) stay in L2, and
@@ -191,6 +195,7 @@ Endpoint* MqEngine::Find(uint32_t id) {
 bool MqEngine::PollAll() {
   bool did = copies_done() && FinishCopies();
   if (!takeover_candidates_.empty()) did |= TakeOverStalled();
+  if (!shedding_.empty()) did |= ShedStep();
   ++passes_;
   // Two phases: every endpoint's control ring (receives, probes, ...) before
   // any message ring. A receive published before a send (say, before the
@@ -589,6 +594,21 @@ bool MqEngine::HandleCancel(Endpoint& ep, const shm::SubmissionDesc& d) {
   auto removed = ep.posted.remove_id(d.body.cancel.target);
   c.error = removed ? PSM2_OK : PSM2_MQ_NO_COMPLETIONS;
   Post(ep, c);
+  // The last of a deep queue cancelled: give its memory back, a step per
+  // pass (ShedStep).
+  if (removed && ep.posted.empty() &&
+      ep.posted.memory_bytes() >= kShedFromBytes &&
+      std::find(shedding_.begin(), shedding_.end(), ep.id) == shedding_.end()) {
+    shedding_.push_back(ep.id);
+  }
+  return true;
+}
+
+bool MqEngine::ShedStep() {
+  Endpoint* ep = Find(shedding_.front());
+  if (ep == nullptr || !ep->posted.shed_memory()) {
+    shedding_.erase(shedding_.begin());
+  }
   return true;
 }
 

@@ -272,6 +272,9 @@ class MqEngine {
                    const UnexpectedMsg& m, PostedRecv* claim);
   bool HandleRecv(Endpoint& receiver, const shm::SubmissionDesc& d);
   bool HandleCancel(Endpoint& ep, const shm::SubmissionDesc& d);
+  // Frees a bounded part of the first shedding_ endpoint's posted queue's
+  // spare memory.
+  bool ShedStep();
   bool HandleProbe(Endpoint& ep, const shm::SubmissionDesc& d);
   bool HandleClaimedRecv(Endpoint& ep, const shm::SubmissionDesc& d);
   bool HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d);
@@ -376,6 +379,9 @@ class MqEngine {
   std::deque<uint64_t> takeover_candidates_;
   // Receivers whose stall clock runs (Endpoint::held_since_ns), each once.
   std::vector<uint32_t> stall_watch_;
+  // Endpoints whose posted queue, emptied by cancels, gives back its memory
+  // a step per pass (PostedQueue::shed_memory), one after the other.
+  std::vector<uint32_t> shedding_;
 };
 
 }  // namespace psmd
