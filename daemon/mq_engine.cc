@@ -257,6 +257,12 @@ bool MqEngine::PollAll() {
 // publishes only inside its library's calls) must not come back with a
 // full kJobBudget of its expensive submissions.
 void MqEngine::Rebudget(JobTurn& t, bool company) {
+  if (t.timed && t.used > 0) {
+    slices_.Add(1);
+    slice_ns_.Add(t.ns);
+    if (t.ns > 8000) slices_over_8us_.Add(1);
+    if (t.ns > 64000) slices_over_64us_.Add(1);
+  }
   if (!company) {
     t.timed = false;
     t.budget = kJobBudget;

@@ -148,6 +148,20 @@ class MqEngine {
 
   const std::vector<Endpoint*>& endpoints() const { return order_; }
 
+  // Invariant 7 made visible (psmctl stats, worker): the turns of backlogged
+  // jobs timed while another job had work, what they took in all, and how
+  // many took longer than 8 and 64 us. Read from any thread.
+  struct SliceStats {
+    uint64_t slices = 0;
+    uint64_t ns = 0;
+    uint64_t over_8us = 0;
+    uint64_t over_64us = 0;
+  };
+  SliceStats slice_stats() const {
+    return {slices_.Get(), slice_ns_.Get(), slices_over_8us_.Get(),
+            slices_over_64us_.Get()};
+  }
+
   // Takes over rendezvous transfers of `min_bytes` or more that stalled for
   // `after_ns` (invariant 10); `wake` wakes the worker when a copy ends.
   // Before the worker starts.
@@ -366,6 +380,10 @@ class MqEngine {
   size_t passes_ = 0;
   std::vector<JobTurn> job_turns_;
   size_t company_pass_ = 0;
+  Counter slices_;
+  Counter slice_ns_;
+  Counter slices_over_8us_;
+  Counter slices_over_64us_;
   Remote* remote_ = nullptr;
   // Invariant 10: the copier (its copies are named by transfer id).
   std::unique_ptr<CrossCopier> copier_;
