@@ -93,6 +93,21 @@ void MqEngine::Add(std::shared_ptr<Endpoint> ep) {
   auto last_of_job = std::find_if(order_.rbegin(), order_.rend(),
                                   [&](auto* e) { return e->job == raw->job; });
   order_.insert(last_of_job.base(), raw);
+  Regroup();
+}
+
+// The jobs' runs of order_ (invariant 7), worked out when it changes rather
+// than on every pass. A job whose endpoints change starts afresh.
+void MqEngine::Regroup() {
+  std::vector<JobTurn> turns;
+  for (size_t begin = 0; begin < order_.size();) {
+    size_t end = begin + 1;
+    while (end < order_.size() && order_[end]->job == order_[begin]->job)
+      end++;
+    turns.push_back(JobTurn{begin, end, 0, kJobBudget, 0, false, false});
+    begin = end;
+  }
+  job_turns_ = std::move(turns);
 }
 
 void MqEngine::Remove(uint32_t id) {
@@ -154,6 +169,7 @@ void MqEngine::Remove(uint32_t id) {
   }
   if (remote_) remote_->EndpointRemoved(id);
   order_.erase(std::find(order_.begin(), order_.end(), &ep));
+  Regroup();
   // Its peers' receives naming it can never match now (invariant 8): they
   // fail at once instead of waiting forever.
   PeersGone([id](const Endpoint&,
@@ -209,19 +225,13 @@ bool MqEngine::PollAll() {
   // (invariant 7). Index loops: handlers never add or remove endpoints.
   size_t busy_jobs = 0;
   for (int phase = 0; phase < 2; phase++) {
-    size_t group = 0;
-    for (size_t begin = 0; begin < order_.size(); group++) {
-      size_t end = begin + 1;
-      while (end < order_.size() && order_[end]->job == order_[begin]->job)
-        end++;
+    for (JobTurn& t : job_turns_) {
       if (phase == 0) {
-        if (job_turns_.size() <= group)
-          job_turns_.resize(group + 1, JobTurn{0, kJobBudget, 0, false});
-        job_turns_[group].used = 0;
-        job_turns_[group].ns = 0;
+        t.used = 0;
+        t.ns = 0;
       }
-      JobTurn& t = job_turns_[group];
-      const size_t n = end - begin;
+      const size_t begin = t.begin;
+      const size_t n = t.end - begin;
       // (No division for a job of one endpoint: a divide costs dozens of
       // cycles, on every pass of every latency-bound client.)
       const size_t first = n == 1 ? 0 : passes_ % n;
@@ -237,13 +247,15 @@ bool MqEngine::PollAll() {
         }
       }
       if (t.timed) t.ns += NowNs() - start;
-      if (phase == 1) busy_jobs += t.used > 0;
-      begin = end;
+      if (phase == 1) {
+        busy_jobs += t.used > 0;
+        // Only a job with a backlog, or one timed or held back, has a
+        // budget to work out: a latency-bound pass skips the call.
+        if (t.used >= kTimedFrom || t.adapting) Rebudget(t);
+      }
     }
   }
   if (busy_jobs > 1) company_pass_ = passes_;
-  const bool company = passes_ - company_pass_ <= kCompanyPasses;
-  for (size_t g = 0; g < job_turns_.size(); g++) Rebudget(job_turns_[g], company);
   return did;
 }
 
@@ -256,7 +268,9 @@ bool MqEngine::PollAll() {
 // doubles per pass: a flooding client whose ring ran dry for a pass (it
 // publishes only inside its library's calls) must not come back with a
 // full kJobBudget of its expensive submissions.
-void MqEngine::Rebudget(JobTurn& t, bool company) {
+void MqEngine::Rebudget(JobTurn& t) {
+  // Company as of the passes before this one.
+  const bool company = passes_ - company_pass_ <= kCompanyPasses;
   if (t.timed && t.used > 0) {
     slices_.Add(1);
     slice_ns_.Add(t.ns);
@@ -266,18 +280,17 @@ void MqEngine::Rebudget(JobTurn& t, bool company) {
   if (!company) {
     t.timed = false;
     t.budget = kJobBudget;
-    return;
-  }
-  if (t.used < kTimedFrom && t.used < t.budget) {
+  } else if (t.used < kTimedFrom && t.used < t.budget) {
     t.timed = false;
     t.budget = std::min(kJobBudget, 2 * t.budget);
-    return;
+  } else {
+    if (t.timed && t.ns > 0) {
+      t.budget = static_cast<size_t>(std::clamp<uint64_t>(
+          t.used * kJobSliceNs / t.ns, 1, kJobBudget));
+    }
+    t.timed = true;
   }
-  if (t.timed && t.ns > 0) {
-    t.budget = static_cast<size_t>(std::clamp<uint64_t>(
-        t.used * kJobSliceNs / t.ns, 1, kJobBudget));
-  }
-  t.timed = true;
+  t.adapting = t.timed || t.budget != kJobBudget;
 }
 
 bool MqEngine::AnySubmissionPending() {

@@ -258,12 +258,16 @@ class MqEngine {
 
   // A job's share of a pass (invariant 7).
   struct JobTurn {
+    size_t begin = 0;   // its endpoints: order_[begin, end)
+    size_t end = 0;
     size_t used = 0;    // submissions consumed in this pass
     size_t budget = 0;  // submissions it may consume (set by Rebudget)
     uint64_t ns = 0;    // what they took, when timed
     bool timed = false;
+    bool adapting = false;  // timed, or its budget is not kJobBudget
   };
-  void Rebudget(JobTurn& t, bool company);
+  void Rebudget(JobTurn& t);
+  void Regroup();
   // One endpoint, both rings (used when removing it).
   bool Poll(Endpoint& ep);
   // Consume up to `limit` submissions (at most a batch) and add how many to
@@ -375,8 +379,8 @@ class MqEngine {
   std::unordered_map<uint64_t, Transfer> transfers_;
   uint64_t next_transfer_ = 1;
   // PollAll: passes so far (whose endpoint of a job goes first), each
-  // job's turn in this pass (by its place in order_), and the last pass in
-  // which more than one job had work (invariant 7).
+  // job's turn in this pass (one per run of order_, in order), and the
+  // last pass in which more than one job had work (invariant 7).
   size_t passes_ = 0;
   std::vector<JobTurn> job_turns_;
   size_t company_pass_ = 0;
