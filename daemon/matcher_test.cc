@@ -926,8 +926,11 @@ TEST(MatcherWorkTest, ClearDropsEverything) {
 TEST(MatcherWorkTest, AnEmptiedQueueShedsItsMemoryInBoundedSteps) {
   constexpr int kN = 300'000;  // tables of 16 MiB: mapped, freed in steps
   PostedQueue<Req> q;
-  auto exact = [](int i) { return Exact(5, T(static_cast<uint32_t>(i), 9, 9)); };
-  for (int i = 0; i < kN; ++i) q.post(exact(i), Req{i}, static_cast<uint64_t>(i));
+  auto exact = [](int i) {
+    return Exact(5, T(static_cast<uint32_t>(i), 9, 9));
+  };
+  for (int i = 0; i < kN; ++i)
+    q.post(exact(i), Req{i}, static_cast<uint64_t>(i));
   const size_t peak = q.memory_bytes();
   EXPECT_FALSE(q.shed_memory()) << "a queue in use keeps its memory";
   EXPECT_EQ(q.memory_bytes(), peak);

@@ -102,8 +102,7 @@ void MqEngine::Regroup() {
   std::vector<JobTurn> turns;
   for (size_t begin = 0; begin < order_.size();) {
     size_t end = begin + 1;
-    while (end < order_.size() && order_[end]->job == order_[begin]->job)
-      end++;
+    while (end < order_.size() && order_[end]->job == order_[begin]->job) end++;
     turns.push_back(JobTurn{begin, end, 0, kJobBudget, 0, false, false});
     begin = end;
   }
@@ -285,8 +284,8 @@ void MqEngine::Rebudget(JobTurn& t) {
     t.budget = std::min(kJobBudget, 2 * t.budget);
   } else {
     if (t.timed && t.ns > 0) {
-      t.budget = static_cast<size_t>(std::clamp<uint64_t>(
-          t.used * kJobSliceNs / t.ns, 1, kJobBudget));
+      t.budget = static_cast<size_t>(
+          std::clamp<uint64_t>(t.used * kJobSliceNs / t.ns, 1, kJobBudget));
     }
     t.timed = true;
   }

@@ -258,7 +258,7 @@ class MqEngine {
 
   // A job's share of a pass (invariant 7).
   struct JobTurn {
-    size_t begin = 0;   // its endpoints: order_[begin, end)
+    size_t begin = 0;  // its endpoints: order_[begin, end)
     size_t end = 0;
     size_t used = 0;    // submissions consumed in this pass
     size_t budget = 0;  // submissions it may consume (set by Rebudget)

@@ -68,12 +68,19 @@ class CancelFloodTest : public ::testing::Test {
     const std::string rv = dir_.path() + "/pp" + std::to_string(runs_++);
     mkdir(rv.c_str(), 0755);
     auto args = [&](int rank) {
-      return std::vector<std::string>{
-          Runfile("bench/pingpong"), "--rank",     std::to_string(rank),
-          "--dir",                   rv,           "--max-size",
-          "8",                       "--iters",    std::to_string(kIters),
-          "--tail",                  "1",          "--uuid",
-          kBystanderJob};
+      return std::vector<std::string>{Runfile("bench/pingpong"),
+                                      "--rank",
+                                      std::to_string(rank),
+                                      "--dir",
+                                      rv,
+                                      "--max-size",
+                                      "8",
+                                      "--iters",
+                                      std::to_string(kIters),
+                                      "--tail",
+                                      "1",
+                                      "--uuid",
+                                      kBystanderJob};
     };
     Process echo = Process::Start(args(1), daemon_.ClientEnv(), rv + "/1.out",
                                   rv + "/1.err");
@@ -100,6 +107,19 @@ class CancelFloodTest : public ::testing::Test {
          std::to_string(count), "--cancel-all", cancel_all ? "1" : "0"},
         daemon_.ClientEnv(), dir_.path() + "/" + name + ".out",
         dir_.path() + "/" + name + ".err");
+  }
+
+  // Starts a tenant (as Tenant) and waits until it posted all `count`.
+  ::testing::AssertionResult Flooded(Process& tenant, const std::string& name,
+                                     long count) {
+    WaitUntil(120, [&] {
+      return Reported(Out(name), "ready", "posted") == count ||
+             tenant.Wait(0) != -1;
+    });
+    if (Reported(Out(name), "ready", "posted") == count)
+      return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure()
+           << "the tenant did not post all " << count << ": " << Out(name);
   }
 
   std::string Out(const std::string& name) {
@@ -137,12 +157,7 @@ TEST_F(CancelFloodTest, ABystanderKeepsItsRoundTripFromTheFirstSecond) {
   const RoundTrip before = Bystander();
   const long long base_rss = Rss();
   Process tenant = Tenant("tenant", kFlood, /*cancel_all=*/false);
-  ASSERT_TRUE(WaitUntil(120, [&] {
-    return Reported(Out("tenant"), "ready", "posted") == kFlood ||
-           tenant.Wait(0) != -1;
-  })) << Out("tenant");
-  ASSERT_EQ(Reported(Out("tenant"), "ready", "posted"), kFlood)
-      << Out("tenant");
+  ASSERT_TRUE(Flooded(tenant, "tenant", kFlood));
   const std::string from = Stats();
   const RoundTrip attacked = Bystander();
   const std::string to = Stats();
@@ -161,16 +176,17 @@ TEST_F(CancelFloodTest, ABystanderKeepsItsRoundTripFromTheFirstSecond) {
   const long long over_64us = moved("shared_slices_over_64us");
   const double quiet_median = (before.median_us + after.median_us) / 2;
   const double quiet_mean = (before.mean_us + after.mean_us) / 2;
-  printf("bystander beside the flood: median %.2f us (%.2fx), mean %.2f us "
-         "(%.2fx), quiet before/after %.2f/%.2f and %.2f/%.2f us\n"
-         "the tenant's turns while the bystander had work: %lld, mean %.2f "
-         "us, %lld over 8 us, %lld over 64 us\n"
-         "psmd %lld KiB before, %lld KiB flooded\n%s",
-         attacked.median_us, attacked.median_us / quiet_median,
-         attacked.mean_us, attacked.mean_us / quiet_mean, before.median_us,
-         before.mean_us, after.median_us, after.mean_us, slices,
-         slices > 0 ? moved("shared_slice_ns") / 1e3 / slices : 0.0, over_8us,
-         over_64us, base_rss, flooded_rss, Out("tenant").c_str());
+  printf(
+      "bystander beside the flood: median %.2f us (%.2fx), mean %.2f us "
+      "(%.2fx), quiet before/after %.2f/%.2f and %.2f/%.2f us\n"
+      "the tenant's turns while the bystander had work: %lld, mean %.2f "
+      "us, %lld over 8 us, %lld over 64 us\n"
+      "psmd %lld KiB before, %lld KiB flooded\n%s",
+      attacked.median_us, attacked.median_us / quiet_median, attacked.mean_us,
+      attacked.mean_us / quiet_mean, before.median_us, before.mean_us,
+      after.median_us, after.mean_us, slices,
+      slices > 0 ? moved("shared_slice_ns") / 1e3 / slices : 0.0, over_8us,
+      over_64us, base_rss, flooded_rss, Out("tenant").c_str());
   fflush(stdout);
   // (a)
   ASSERT_GE(slices, kLeastSlices)
@@ -191,14 +207,10 @@ TEST_F(CancelFloodTest, CancelledReceivesGiveTheirMemoryBack) {
   (void)unused;
   const long long base_rss = Rss();
   Process tenant = Tenant("tenant", kCancelled, /*cancel_all=*/true);
-  ASSERT_TRUE(WaitUntil(60, [&] {
-    return Reported(Out("tenant"), "ready", "posted") == kCancelled ||
-           tenant.Wait(0) != -1;
-  })) << Out("tenant");
+  ASSERT_TRUE(Flooded(tenant, "tenant", kCancelled));
   // The loop ran (and psmd took every post in: the cancels wait for them).
   ASSERT_TRUE(WaitUntil(60, [&] {
-    return JsonNumber(Psmctl(dir_, daemon_, {"stats", "--json"}).out, "total",
-                      "posted_recvs") > kCancelled;
+    return JsonNumber(Stats(), "total", "posted_recvs") > kCancelled;
   }));
   const long long flooded_rss = Rss();
   tenant.Kill(SIGTERM);

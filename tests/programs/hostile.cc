@@ -68,8 +68,8 @@ void Hold(Clock::time_point end) {
   while (Going(end)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
-int PostedRecvs(psm2_ep_t ep, psm2_epid_t epid, uint64_t count,
-                bool cancel_all, Clock::time_point end) {
+int PostedRecvs(psm2_ep_t ep, psm2_epid_t epid, uint64_t count, bool cancel_all,
+                Clock::time_point end) {
   psm2_mq_t mq;
   CheckPsm(psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq), "mq_init");
   psm2_epaddr_t self;
