@@ -65,8 +65,11 @@ void PingPong(Transport& t, int rank, uint32_t min_size, uint32_t max_size,
       printf("%10u %12.2f %12.1f %8d\n", size, median, size / median, n);
       if (tail) {
         std::sort(half_rtt_us.begin(), half_rtt_us.end());
-        printf("# %u B half round trip: p99 %.2f us, max %.2f us\n", size,
-               half_rtt_us[n * 99 / 100], half_rtt_us.back());
+        double sum = 0;
+        for (double us : half_rtt_us) sum += us;
+        printf(
+            "# %u B half round trip: p99 %.2f us, max %.2f us, mean %.2f us\n",
+            size, half_rtt_us[n * 99 / 100], half_rtt_us.back(), sum / n);
       }
       fflush(stdout);
     }

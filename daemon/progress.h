@@ -88,10 +88,11 @@ class ProgressWorker {
     uint64_t core_checks = 0;
     uint64_t core_shared = 0;
     uint64_t yields = 0;
+    MqEngine::SliceStats slices;  // MqEngine::slice_stats
   };
   Placement placement() const {
     return {cpu_.load(std::memory_order_relaxed), core_checks_.Get(),
-            core_shared_.Get(), yields_.Get()};
+            core_shared_.Get(), yields_.Get(), engine_.slice_stats()};
   }
   // Nanoseconds since the worker last went round its loop (psmctl health).
   // The worker notes the time every kHeartbeatPasses busy passes, on every

@@ -241,11 +241,16 @@ std::string PeerNodesJson(const psmd::v1::GetStatsReply& r) {
 std::string WorkerJson(const psmd::v1::GetStatsReply& r) {
   if (!r.has_worker()) return "null";
   const auto& w = r.worker();
-  char buf[200];
+  char buf[400];
   snprintf(buf, sizeof(buf),
            "{\"cpu\": %d, \"core_checks\": %" PRIu64
-           ", \"core_shared\": %" PRIu64 ", \"yields\": %" PRIu64 "}",
-           w.cpu(), w.core_checks(), w.core_shared(), w.yields());
+           ", \"core_shared\": %" PRIu64 ", \"yields\": %" PRIu64
+           ", \"shared_slices\": %" PRIu64 ", \"shared_slice_ns\": %" PRIu64
+           ", \"shared_slices_over_8us\": %" PRIu64
+           ", \"shared_slices_over_64us\": %" PRIu64 "}",
+           w.cpu(), w.core_checks(), w.core_shared(), w.yields(),
+           w.shared_slices(), w.shared_slice_ns(), w.shared_slices_over_8us(),
+           w.shared_slices_over_64us());
   return buf;
 }
 
@@ -358,6 +363,19 @@ std::string PrometheusText(const psmd::v1::GetStatsReply* r) {
     single("psmd_worker_yields_total", "counter",
            "Idle passes on which the progress worker gave its core away.",
            w.yields());
+    single("psmd_worker_shared_slices_total", "counter",
+           "Turns of jobs with a backlog while another job had work.",
+           w.shared_slices());
+    family("psmd_worker_shared_slice_seconds_total", "counter",
+           "The time those turns took.");
+    printf("psmd_worker_shared_slice_seconds_total %.9f\n",
+           static_cast<double>(w.shared_slice_ns()) / 1e9);
+    single("psmd_worker_shared_slices_over_8us_total", "counter",
+           "Those turns that took longer than 8 us.",
+           w.shared_slices_over_8us());
+    single("psmd_worker_shared_slices_over_64us_total", "counter",
+           "Those turns that took longer than 64 us.",
+           w.shared_slices_over_64us());
   }
   const refusals::Values refused = ValuesOf(r->refusals(), refusals::kAll);
   for (size_t i = 0; i < refusals::kNumCounters; i++) {

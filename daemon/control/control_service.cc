@@ -210,6 +210,10 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
   w->set_core_checks(where.core_checks);
   w->set_core_shared(where.core_shared);
   w->set_yields(where.yields);
+  w->set_shared_slices(where.slices.slices);
+  w->set_shared_slice_ns(where.slices.ns);
+  w->set_shared_slices_over_8us(where.slices.over_8us);
+  w->set_shared_slices_over_64us(where.slices.over_64us);
   for (const Remote::PeerRow& r : worker_->FabricStats()) {
     v1::PeerNodeStats* row = reply->add_peer_nodes();
     row->set_node(static_cast<uint32_t>(r.fabric.node));

@@ -161,6 +161,20 @@ class ValueSlot {
   alignas(T) unsigned char buf_[sizeof(T)];
 };
 
+// Zeroed memory straight from the kernel, whose zero pages arrive as they
+// are first touched, and given straight back: node chunks and large hash
+// tables. Through malloc, a queue of a million receives left 64 MiB of
+// freed chunks resident in the worker's arena after its endpoint closed
+// (issue 38), and calloc memsets a large block whenever glibc serves it
+// from its heap, a stop-the-world pass over a whole new table.
+inline void* MapZeroed(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  return p;
+}
+inline void Unmap(void* p, size_t bytes) { munmap(p, bytes); }
+
 // Fixed-size chunks of nodes plus a free list threaded through
 // `Node::chain.next`. Chunks (not one growing vector) so growth never moves
 // live nodes: no latency spike from copying a deep queue, and pointers handed
@@ -170,6 +184,9 @@ class ValueSlot {
 template <typename Node>
 class NodePool {
  public:
+  static_assert(std::is_trivially_destructible_v<Node>,
+                "chunks are unmapped without destroying their nodes");
+
   Node& operator[](Index i) { return chunks_[i >> kChunkBits][i & kChunkMask]; }
   const Node& operator[](Index i) const {
     return chunks_[i >> kChunkBits][i & kChunkMask];
@@ -181,7 +198,17 @@ class NodePool {
   }
 
   size_t memory_bytes() const {
-    return capacity() * sizeof(Node) + chunks_.capacity() * sizeof(chunks_[0]);
+    return chunks_.size() * kChunkBytes +
+           chunks_.capacity() * sizeof(chunks_[0]);
+  }
+
+  // For a pool whose nodes are all unused and which will not be used again
+  // until empty: unmaps its last chunk. Returns whether any chunk is left.
+  // Lets an owner give a large pool back a bounded amount at a time.
+  bool release_chunk() {
+    free_ = kNil;  // threads through the chunks going away
+    if (!chunks_.empty()) chunks_.pop_back();
+    return !chunks_.empty();
   }
 
   // Allocates if needed so that the next acquire() does not allocate (only
@@ -210,6 +237,12 @@ class NodePool {
   static constexpr unsigned kChunkBits = 9;  // 512 nodes per chunk
   static constexpr Index kChunkSize = Index{1} << kChunkBits;
   static constexpr Index kChunkMask = kChunkSize - 1;
+  static constexpr size_t kPageBytes = 4096;
+  static constexpr size_t kChunkBytes =
+      (kChunkSize * sizeof(Node) + kPageBytes - 1) / kPageBytes * kPageBytes;
+  struct ChunkUnmap {
+    void operator()(Node* p) const { Unmap(p, kChunkBytes); }
+  };
   void grow() {
     if (chunks_.size() >= (kNil >> kChunkBits)) {
       // 2^32 queued entries: the per-uid memory budgets end a tenant long
@@ -220,7 +253,10 @@ class NodePool {
       std::abort();
     }
     const Index base = static_cast<Index>(chunks_.size()) * kChunkSize;
-    chunks_.push_back(std::make_unique<Node[]>(kChunkSize));
+    Node* nodes = static_cast<Node*>(MapZeroed(kChunkBytes));
+    std::uninitialized_default_construct_n(nodes, kChunkSize);
+    std::unique_ptr<Node[], ChunkUnmap> chunk(nodes);
+    chunks_.push_back(std::move(chunk));  // (unmapped again if this throws)
     // Thread the new chunk onto the free list in index order so that a
     // freshly filled queue is laid out sequentially in memory.
     for (Index k = kChunkSize; k-- > 0;) {
@@ -229,7 +265,7 @@ class NodePool {
     }
   }
 
-  std::vector<std::unique_ptr<Node[]>> chunks_;
+  std::vector<std::unique_ptr<Node[], ChunkUnmap>> chunks_;
   Index free_ = kNil;
 };
 
@@ -399,7 +435,19 @@ class HashIndex {
 
   void clear() { *this = HashIndex(); }
 
-  size_t memory_bytes() const { return (cur_.size + old_.size) * sizeof(Slot); }
+  // For an index whose buckets are forgotten (moved out of its queue, never
+  // looked up again): frees its tables, unmapping at most kUnmapBytes of a
+  // large one per call. Returns whether any memory is left.
+  bool release_some() {
+    live_ = old_live_ = 0;
+    if (retired_bytes_ == 0) retire(old_.size != 0 ? old_ : cur_);
+    unmap_some(kUnmapBytes);
+    return retired_bytes_ > 0 || cur_.size > 0 || old_.size > 0;
+  }
+
+  size_t memory_bytes() const {
+    return (cur_.size + old_.size) * sizeof(Slot) + retired_bytes_;
+  }
 
   // Test hooks: slots looked at by lookups so far, and the most slots one
   // reserve_one() moved.
@@ -428,21 +476,15 @@ class HashIndex {
   static constexpr size_t kMapBytes = size_t{1} << 20;
   static Slot* Allocate(size_t n) {
     const size_t bytes = n * sizeof(Slot);
-    void* p;
-    if (bytes >= kMapBytes) {
-      p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED) p = nullptr;
-    } else {
-      p = std::calloc(n, sizeof(Slot));
-    }
+    if (bytes >= kMapBytes) return static_cast<Slot*>(MapZeroed(bytes));
+    void* p = std::calloc(n, sizeof(Slot));
     if (p == nullptr) throw std::bad_alloc();
     return static_cast<Slot*>(p);
   }
   static void Free(Slot* p, size_t n) {
     if (p == nullptr) return;
     if (n * sizeof(Slot) >= kMapBytes) {
-      munmap(p, n * sizeof(Slot));
+      Unmap(p, n * sizeof(Slot));
     } else {
       std::free(p);
     }
@@ -644,6 +686,9 @@ class PostedQueue {
     swap(pool_, other.pool_);
     by_key_.swap(other.by_key_);
     by_id_.swap(other.by_id_);
+    swap(shed_.pool, other.shed_.pool);
+    shed_.by_key.swap(other.shed_.by_key);
+    shed_.by_id.swap(other.shed_.by_id);
     swap(classes_, other.classes_);
     swap(live_classes_, other.live_classes_);
     swap(overflow_, other.overflow_);
@@ -795,7 +840,32 @@ class PostedQueue {
   // Heap bytes held, excluding what values own.
   size_t memory_bytes() const {
     return pool_.memory_bytes() + by_key_.memory_bytes() +
-           by_id_.memory_bytes();
+           by_id_.memory_bytes() + shed_.pool.memory_bytes() +
+           shed_.by_key.memory_bytes() + shed_.by_id.memory_bytes();
+  }
+
+  // Gives back the memory an empty queue kept from its peak, a bounded
+  // amount per call (a chunk of nodes or HashIndex::kUnmapBytes of a
+  // table): the first call on an empty queue sets its nodes and tables
+  // aside, O(1), and each call frees some of them, whatever the queue does
+  // meanwhile. Returns whether more is left to free (call again). Nodes
+  // and tables are otherwise kept for reuse, so a queue a tenant filled
+  // with a million receives and cancelled would hold ~180 MB until its
+  // endpoint closed (issue 38).
+  bool shed_memory() {
+    if (size_ == 0 && !shedding() && pool_.capacity() != 0) {
+      shed_.pool = std::move(pool_);
+      pool_ = matcher_internal::NodePool<Node>();
+      shed_.by_key.swap(by_key_);
+      shed_.by_id.swap(by_id_);
+      reset_index();
+    }
+    if (!shedding()) return false;
+    // Tables first: theirs are the pages a later post touches at random.
+    if (!shed_.by_key.release_some() && !shed_.by_id.release_some()) {
+      shed_.pool.release_chunk();
+    }
+    return shedding();
   }
 
   // Removes every entry, calling f(RecvT&&) for each in posting order. The
@@ -991,9 +1061,21 @@ class PostedQueue {
     size_ = 0;
   }
 
+  bool shedding() const {
+    return shed_.pool.capacity() != 0 || shed_.by_key.memory_bytes() != 0 ||
+           shed_.by_id.memory_bytes() != 0;
+  }
+
   matcher_internal::NodePool<Node> pool_;
   HashIndex by_key_;
   HashIndex by_id_;
+  // What shed_memory() has set aside and not yet freed: no live node, no
+  // bucket anyone looks up.
+  struct Shed {
+    matcher_internal::NodePool<Node> pool;
+    HashIndex by_key;
+    HashIndex by_id;
+  } shed_;
   std::array<Class, kMaxClasses> classes_{};
   uint32_t live_classes_ = 0;  // bit c: class c in use
   Index overflow_ = kNil;      // head of the overflow list

@@ -921,6 +921,44 @@ TEST(MatcherWorkTest, ClearDropsEverything) {
   EXPECT_EQ(Counted::live, 0);
 }
 
+// A queue a tenant filled and cancelled gives its memory back, a bounded
+// step per shed_memory() call, and works meanwhile and after (issue 38).
+TEST(MatcherWorkTest, AnEmptiedQueueShedsItsMemoryInBoundedSteps) {
+  constexpr int kN = 300'000;  // tables of 16 MiB: mapped, freed in steps
+  PostedQueue<Req> q;
+  auto exact = [](int i) {
+    return Exact(5, T(static_cast<uint32_t>(i), 9, 9));
+  };
+  for (int i = 0; i < kN; ++i)
+    q.post(exact(i), Req{i}, static_cast<uint64_t>(i));
+  const size_t peak = q.memory_bytes();
+  EXPECT_FALSE(q.shed_memory()) << "a queue in use keeps its memory";
+  EXPECT_EQ(q.memory_bytes(), peak);
+  for (int i = 0; i < kN; ++i)
+    ASSERT_EQ(Id(q.remove_id(static_cast<uint64_t>(i))), i);
+  size_t calls = 0, largest_step = 0, before = q.memory_bytes();
+  for (bool more = true; more; ++calls) {
+    more = q.shed_memory();
+    const size_t now = q.memory_bytes();
+    if (now < before) largest_step = std::max(largest_step, before - now);
+    // The queue is usable while it sheds.
+    if (calls % 97 == 0) {
+      q.post(exact(kN + 1), Req{kN + 1}, 1);
+      ASSERT_EQ(Id(q.take_match(Msg96(kN + 1))), kN + 1);
+    }
+    before = q.memory_bytes();
+    ASSERT_LT(calls, size_t{1} << 20);
+  }
+  EXPECT_LT(q.memory_bytes(), peak / 100) << "peak " << peak;
+  EXPECT_LE(largest_step, size_t{1} << 20);  // a chunk, 64 KiB of a table
+  EXPECT_GE(calls, peak / (size_t{1} << 20));
+  q.post(exact(3), Req{3}, 3);
+  q.post(exact(4), Req{4}, 4);
+  EXPECT_EQ(Id(q.remove_id(3)), 3);
+  EXPECT_EQ(Id(q.take_match(Msg96(4))), 4);
+  EXPECT_TRUE(q.empty());
+}
+
 // ---------------------------------------------------------------------------
 // Randomized differential test against the linear model.
 

@@ -25,12 +25,32 @@ constexpr size_t kBatch = 32;
 // endpoints gets as much of a pass as a job with two, so one with a million
 // operations queued delays another by at most one such slice per pass.
 constexpr size_t kJobBudget = 4 * kBatch;
+// ... and at most about this much of the worker's time per pass while
+// another job has work too (invariant 7): a count alone does not bound a
+// slice, since what one submission costs varies a thousandfold. Receives
+// posted into a queue of a million cost 0.3 us each (their hash slots and
+// nodes miss every cache), and tens of us when they fault in a growing
+// table's pages or a new chunk of nodes: 128 of them were slices of
+// 40-600 us, and a bystander's 8 B round trip waited for one each way
+// (issue 38). 4 us is about one such round trip.
+constexpr uint64_t kJobSliceNs = 4000;
+// A job that consumed this many submissions in a pass (or all it was
+// allowed) is timed in the next while it has company: only backlogged jobs
+// read the clock, never a latency-bound client's pass.
+constexpr size_t kTimedFrom = 8;
+// Passes after the last one in which two jobs had work during which a job
+// still counts as having company (a bystander between two messages).
+constexpr size_t kCompanyPasses = 256;
 // The copier's bounce buffer: one process_vm_readv and one
 // process_vm_writev per MiB (docs/perf.md, "Copies in place": 64 KiB
 // chunks reach half the bandwidth of 1 MiB ones at 4 MiB).
 constexpr size_t kCopyChunkBytes = size_t{1} << 20;
 // Takeover candidates looked at per check (every copy_after_us / 4).
 constexpr size_t kTakeoverScan = 256;
+// A posted queue emptied by cancels gives back what it kept from its peak
+// (PostedQueue::shed_memory) once that is this much: below, it is kept for
+// the receives to come.
+constexpr size_t kShedFromBytes = size_t{4} << 20;
 
 // Queue depth from which a batch's matches are prefetched. Up to here a
 // queue's entries and hash slots (~250 KiB at 4096) stay in L2, and
@@ -72,6 +92,20 @@ void MqEngine::Add(std::shared_ptr<Endpoint> ep) {
   auto last_of_job = std::find_if(order_.rbegin(), order_.rend(),
                                   [&](auto* e) { return e->job == raw->job; });
   order_.insert(last_of_job.base(), raw);
+  Regroup();
+}
+
+// The jobs' runs of order_ (invariant 7), worked out when it changes rather
+// than on every pass. A job whose endpoints change starts afresh.
+void MqEngine::Regroup() {
+  std::vector<JobTurn> turns;
+  for (size_t begin = 0; begin < order_.size();) {
+    size_t end = begin + 1;
+    while (end < order_.size() && order_[end]->job == order_[begin]->job) end++;
+    turns.push_back(JobTurn{begin, end, 0, kJobBudget, 0, false, false});
+    begin = end;
+  }
+  job_turns_ = std::move(turns);
 }
 
 void MqEngine::Remove(uint32_t id) {
@@ -133,6 +167,7 @@ void MqEngine::Remove(uint32_t id) {
   }
   if (remote_) remote_->EndpointRemoved(id);
   order_.erase(std::find(order_.begin(), order_.end(), &ep));
+  Regroup();
   // Its peers' receives naming it can never match now (invariant 8): they
   // fail at once instead of waiting forever.
   PeersGone([id](const Endpoint&,
@@ -174,6 +209,7 @@ Endpoint* MqEngine::Find(uint32_t id) {
 bool MqEngine::PollAll() {
   bool did = copies_done() && FinishCopies();
   if (!takeover_candidates_.empty()) did |= TakeOverStalled();
+  if (!shedding_.empty()) did |= ShedStep();
   ++passes_;
   // Two phases: every endpoint's control ring (receives, probes, ...) before
   // any message ring. A receive published before a send (say, before the
@@ -185,35 +221,74 @@ bool MqEngine::PollAll() {
   // submissions over both phases, and its endpoints take turns being first
   // from pass to pass, so none of them starves when the budget runs out
   // (invariant 7). Index loops: handlers never add or remove endpoints.
+  size_t busy_jobs = 0;
   for (int phase = 0; phase < 2; phase++) {
-    size_t group = 0;
-    for (size_t begin = 0; begin < order_.size(); group++) {
-      size_t end = begin + 1;
-      while (end < order_.size() && order_[end]->job == order_[begin]->job)
-        end++;
+    for (JobTurn& t : job_turns_) {
       if (phase == 0) {
-        if (job_used_.size() <= group) job_used_.resize(group + 1);
-        job_used_[group] = 0;
+        t.used = 0;
+        t.ns = 0;
       }
-      size_t& used = job_used_[group];
-      const size_t n = end - begin;
+      const size_t begin = t.begin;
+      const size_t n = t.end - begin;
       // (No division for a job of one endpoint: a divide costs dozens of
       // cycles, on every pass of every latency-bound client.)
       const size_t first = n == 1 ? 0 : passes_ % n;
-      for (size_t k = 0; k < n && used < kJobBudget; k++) {
+      const uint64_t start = t.timed ? NowNs() : 0;
+      for (size_t k = 0; k < n && t.used < t.budget; k++) {
         const size_t turn = first + k < n ? first + k : first + k - n;
         Endpoint& ep = *order_[begin + turn];
-        const size_t limit = std::min(kBatch, kJobBudget - used);
+        const size_t limit = std::min(kBatch, t.budget - t.used);
         if (phase == 0) {
-          did |= PollControl(ep, limit, &used);
+          did |= PollControl(ep, limit, &t.used);
         } else if (!ep.faulted && ep.cq_overflow.empty()) {
-          did |= PollMessages(ep, limit, &used);
+          did |= PollMessages(ep, limit, &t.used);
         }
       }
-      begin = end;
+      if (t.timed) t.ns += NowNs() - start;
+      if (phase == 1) {
+        busy_jobs += t.used > 0;
+        // Only a job with a backlog, or one timed or held back, has a
+        // budget to work out: a latency-bound pass skips the call.
+        if (t.used >= kTimedFrom || t.adapting) Rebudget(t);
+      }
     }
   }
+  if (busy_jobs > 1) company_pass_ = passes_;
   return did;
+}
+
+// Invariant 7's time bound. A job is timed once it shows a backlog (it
+// consumed kTimedFrom submissions, or all it was allowed) while another
+// job has work; its next budget is what fits in kJobSliceNs at the cost
+// per submission it just took, so a slice tracks its cost from pass to
+// pass (a deep queue, a growing table). Without company the budget is
+// kJobBudget again. Without a backlog nothing is timed and the budget
+// doubles per pass: a flooding client whose ring ran dry for a pass (it
+// publishes only inside its library's calls) must not come back with a
+// full kJobBudget of its expensive submissions.
+void MqEngine::Rebudget(JobTurn& t) {
+  // Company as of the passes before this one.
+  const bool company = passes_ - company_pass_ <= kCompanyPasses;
+  if (t.timed && t.used > 0) {
+    slices_.Add(1);
+    slice_ns_.Add(t.ns);
+    if (t.ns > 8000) slices_over_8us_.Add(1);
+    if (t.ns > 64000) slices_over_64us_.Add(1);
+  }
+  if (!company) {
+    t.timed = false;
+    t.budget = kJobBudget;
+  } else if (t.used < kTimedFrom && t.used < t.budget) {
+    t.timed = false;
+    t.budget = std::min(kJobBudget, 2 * t.budget);
+  } else {
+    if (t.timed && t.ns > 0) {
+      t.budget = static_cast<size_t>(
+          std::clamp<uint64_t>(t.used * kJobSliceNs / t.ns, 1, kJobBudget));
+    }
+    t.timed = true;
+  }
+  t.adapting = t.timed || t.budget != kJobBudget;
 }
 
 bool MqEngine::AnySubmissionPending() {
@@ -536,6 +611,21 @@ bool MqEngine::HandleCancel(Endpoint& ep, const shm::SubmissionDesc& d) {
   auto removed = ep.posted.remove_id(d.body.cancel.target);
   c.error = removed ? PSM2_OK : PSM2_MQ_NO_COMPLETIONS;
   Post(ep, c);
+  // The last of a deep queue cancelled: give its memory back, a step per
+  // pass (ShedStep).
+  if (removed && ep.posted.empty() &&
+      ep.posted.memory_bytes() >= kShedFromBytes &&
+      std::find(shedding_.begin(), shedding_.end(), ep.id) == shedding_.end()) {
+    shedding_.push_back(ep.id);
+  }
+  return true;
+}
+
+bool MqEngine::ShedStep() {
+  Endpoint* ep = Find(shedding_.front());
+  if (ep == nullptr || !ep->posted.shed_memory()) {
+    shedding_.erase(shedding_.begin());
+  }
   return true;
 }
 

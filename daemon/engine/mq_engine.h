@@ -50,7 +50,10 @@
 //      order_ and take turns going first; every submission's handling costs
 //      O(1) in the depth of the posted queue (daemon/engine/matcher.h). So a
 //      job with any backlog delays another job by a bounded slice per pass
-//      (issue 12).
+//      (issue 12). While another job has work too, a backlogged job's
+//      budget is what fits in kJobSliceNs at what its submissions cost in
+//      its last pass (Rebudget): O(1) is not cheap when each receive posted
+//      into a million misses every cache or faults in a page (issue 38).
 //   8. Once an endpoint is removed (closed or dead) after its rings were
 //      drained, or its daemon said so (kGone), or the connection to its
 //      node ended (daemon/remote/remote.h), a receive that names it as the
@@ -143,6 +146,20 @@ class MqEngine {
   void NotifyClients();
 
   const std::vector<Endpoint*>& endpoints() const { return order_; }
+
+  // Invariant 7 made visible (psmctl stats, worker): the turns of backlogged
+  // jobs timed while another job had work, what they took in all, and how
+  // many took longer than 8 and 64 us. Read from any thread.
+  struct SliceStats {
+    uint64_t slices = 0;
+    uint64_t ns = 0;
+    uint64_t over_8us = 0;
+    uint64_t over_64us = 0;
+  };
+  SliceStats slice_stats() const {
+    return {slices_.Get(), slice_ns_.Get(), slices_over_8us_.Get(),
+            slices_over_64us_.Get()};
+  }
 
   // Takes over rendezvous transfers of `min_bytes` or more that stalled for
   // `after_ns` (invariant 10); `wake` wakes the worker when a copy ends.
@@ -238,6 +255,18 @@ class MqEngine {
     uint64_t last_ns = 0;  // when the transfer last moved
   };
 
+  // A job's share of a pass (invariant 7).
+  struct JobTurn {
+    size_t begin = 0;  // its endpoints: order_[begin, end)
+    size_t end = 0;
+    size_t used = 0;    // submissions consumed in this pass
+    size_t budget = 0;  // submissions it may consume (set by Rebudget)
+    uint64_t ns = 0;    // what they took, when timed
+    bool timed = false;
+    bool adapting = false;  // timed, or its budget is not kJobBudget
+  };
+  void Rebudget(JobTurn& t);
+  void Regroup();
   // One endpoint, both rings (used when removing it).
   bool Poll(Endpoint& ep);
   // Consume up to `limit` submissions (at most a batch) and add how many to
@@ -260,6 +289,9 @@ class MqEngine {
                    const UnexpectedMsg& m, PostedRecv* claim);
   bool HandleRecv(Endpoint& receiver, const shm::SubmissionDesc& d);
   bool HandleCancel(Endpoint& ep, const shm::SubmissionDesc& d);
+  // Frees a bounded part of the first shedding_ endpoint's posted queue's
+  // spare memory.
+  bool ShedStep();
   bool HandleProbe(Endpoint& ep, const shm::SubmissionDesc& d);
   bool HandleClaimedRecv(Endpoint& ep, const shm::SubmissionDesc& d);
   bool HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d);
@@ -345,10 +377,16 @@ class MqEngine {
   bool admit_over_budget_ = false;
   std::unordered_map<uint64_t, Transfer> transfers_;
   uint64_t next_transfer_ = 1;
-  // PollAll: passes so far (whose endpoint of a job goes first) and the
-  // submissions each job consumed in this pass.
+  // PollAll: passes so far (whose endpoint of a job goes first), each
+  // job's turn in this pass (one per run of order_, in order), and the
+  // last pass in which more than one job had work (invariant 7).
   size_t passes_ = 0;
-  std::vector<size_t> job_used_;
+  std::vector<JobTurn> job_turns_;
+  size_t company_pass_ = 0;
+  Counter slices_;
+  Counter slice_ns_;
+  Counter slices_over_8us_;
+  Counter slices_over_64us_;
   OtherNodes* remote_ = nullptr;
   // Invariant 10: the copier (its copies are named by transfer id).
   std::unique_ptr<CrossCopier> copier_;
@@ -362,6 +400,9 @@ class MqEngine {
   std::deque<uint64_t> takeover_candidates_;
   // Receivers whose stall clock runs (Endpoint::held_since_ns), each once.
   std::vector<uint32_t> stall_watch_;
+  // Endpoints whose posted queue, emptied by cancels, gives back its memory
+  // a step per pass (PostedQueue::shed_memory), one after the other.
+  std::vector<uint32_t> shedding_;
 };
 
 }  // namespace psmd

@@ -605,8 +605,10 @@ TEST_F(MqEngineTest, AJobsBacklogCostsOthersOneBoundedSlicePerPass) {
     EXPECT_LE(consumed, 4u * 32u) << "pass " << pass;
     EXPECT_GT(consumed, 0u) << "pass " << pass;
   }
-  // Its endpoints take turns: none starves.
-  for (uint32_t i = 0; i < kHostile; i++) EXPECT_GT(progress[i], 10u) << i;
+  // Its endpoints take turns going first, and the first is always served
+  // (a slice bounded in time still holds one submission): none starves.
+  for (uint32_t i = 0; i < kHostile; i++)
+    EXPECT_GE(progress[i], 50u / kHostile) << i;
 }
 
 // Cancels and 64-bit receives cost O(1) whatever the number of receives

@@ -13,7 +13,11 @@
 //   posted-recvs  posts N (default 1,000,000) receives that nothing will
 //                 match, half 64-bit (psm2_mq_irecv), half 96-bit exact
 //                 (psm2_mq_irecv2), then cancels and reposts them one by
-//                 one until the end. Reports posted= (ready), cancels=.
+//                 one until the end. Reports posted= (ready), cancels=,
+//                 and the slowest cancel and repost in slowest_us=. With
+//                 --cancel-all 1 it then cancels every receive, reports
+//                 "hostile: cancelled n=", and holds its endpoint until a
+//                 second SIGTERM.
 //   connect-junk  calls psm2_ep_connect with N (default 400,000) made-up
 //                 epids, again and again. Reports epids= and how many of
 //                 them the last call found unreachable= (ready after the
@@ -34,6 +38,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -52,9 +57,9 @@ using psmd::testing::CheckPsm;
 
 constexpr int kExitCouldNotAttack = 3;
 
-volatile sig_atomic_t g_stop = 0;
+volatile sig_atomic_t g_stop = 0;  // SIGTERMs received
 
-void OnTerm(int) { g_stop = 1; }
+void OnTerm(int) { g_stop = g_stop + 1; }
 
 bool Going(Clock::time_point end) { return !g_stop && Clock::now() < end; }
 
@@ -63,7 +68,7 @@ void Hold(Clock::time_point end) {
   while (Going(end)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
-int PostedRecvs(psm2_ep_t ep, psm2_epid_t epid, uint64_t count,
+int PostedRecvs(psm2_ep_t ep, psm2_epid_t epid, uint64_t count, bool cancel_all,
                 Clock::time_point end) {
   psm2_mq_t mq;
   CheckPsm(psm2_mq_init(ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &mq), "mq_init");
@@ -95,15 +100,32 @@ int PostedRecvs(psm2_ep_t ep, psm2_epid_t epid, uint64_t count,
          static_cast<unsigned long long>(posted));
   fflush(stdout);
   uint64_t cancels = 0;
+  Clock::duration slowest{};
   for (uint64_t i = 0; posted == count && Going(end); i = (i + 7919) % count) {
+    const auto t0 = Clock::now();
     psm2_mq_cancel(&reqs[i]);
     psm2_mq_req_free(mq, reqs[i]);
     post(i);
+    slowest = std::max(slowest, Clock::now() - t0);
     cancels++;
   }
-  printf("hostile: done posted=%llu cancels=%llu\n",
+  printf("hostile: done posted=%llu cancels=%llu slowest_us=%lld\n",
          static_cast<unsigned long long>(posted),
-         static_cast<unsigned long long>(cancels));
+         static_cast<unsigned long long>(cancels),
+         static_cast<long long>(
+             std::chrono::duration_cast<std::chrono::microseconds>(slowest)
+                 .count()));
+  fflush(stdout);
+  if (!cancel_all) return 0;
+  uint64_t cancelled = 0;
+  for (uint64_t i = 0; i < posted; i++) {
+    cancelled += psm2_mq_cancel(&reqs[i]) == PSM2_OK;
+    psm2_mq_req_free(mq, reqs[i]);
+  }
+  printf("hostile: cancelled n=%llu\n",
+         static_cast<unsigned long long>(cancelled));
+  fflush(stdout);
+  while (g_stop < 2) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   return 0;
 }
 
@@ -200,12 +222,14 @@ int main(int argc, char** argv) {
   std::string attack, uuid_text = "0bad0bad0bad0bad0bad0bad0bad0bad";
   double seconds = 3;
   uint64_t count = 0;
+  bool cancel_all = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     if (flag == "--attack") attack = argv[i + 1];
     if (flag == "--seconds") seconds = atof(argv[i + 1]);
     if (flag == "--uuid") uuid_text = argv[i + 1];
     if (flag == "--count") count = strtoull(argv[i + 1], nullptr, 10);
+    if (flag == "--cancel-all") cancel_all = atoi(argv[i + 1]) != 0;
   }
   psm2_uuid_t uuid;
   if (!psmd::testing::ParseUuid(uuid_text, uuid)) return 2;
@@ -218,7 +242,7 @@ int main(int argc, char** argv) {
   psmd::testing::InitAndOpen(uuid, &ep, &epid);
   setenv("PSM2_NO_VERBOSE_ERRORS", "1", 1);  // failures are the point
   if (attack == "posted-recvs")
-    return PostedRecvs(ep, epid, count ? count : 1000000, end);
+    return PostedRecvs(ep, epid, count ? count : 1000000, cancel_all, end);
   if (attack == "connect-junk")
     return ConnectJunk(ep, count ? count : 400000, end);
   if (attack == "endpoints") return Endpoints(uuid, end);
