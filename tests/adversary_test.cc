@@ -120,33 +120,13 @@ class AdversaryTest : public ::testing::Test {
     for (int run = 0; run < 3; run++) {
       std::string rv = dir_.path() + "/pp" + std::to_string(runs_++);
       mkdir(rv.c_str(), 0755);
-      auto args = [&](int rank) {
-        return std::vector<std::string>{Runfile("bench/pingpong"),
-                                        "--rank",
-                                        std::to_string(rank),
-                                        "--dir",
-                                        rv,
-                                        "--max-size",
-                                        "8",
-                                        "--iters",
-                                        "2000",
-                                        "--uuid",
-                                        kBystanderJob};
-      };
-      Process echo = Process::Start(args(1), daemon_.ClientEnv(), rv + "/1.out",
-                                    rv + "/1.err");
-      RunResult r = RunToEnd(dir_, args(0), daemon_.ClientEnv(), 60);
-      EXPECT_EQ(r.exit_code, 0) << r.err;
-      EXPECT_EQ(echo.Wait(30), 0) << ReadFile(rv + "/1.err");
-      unsigned bytes = 0;
-      double us = 0;
-      size_t line = r.out.find('\n');
-      if (line == std::string::npos ||
-          sscanf(r.out.c_str() + line + 1, "%u %lf", &bytes, &us) != 2) {
-        ADD_FAILURE() << "pingpong printed: " << r.out;
+      const PingPongResult p =
+          PingPong8(dir_, daemon_, rv, kBystanderJob, 2000);
+      if (!p.error.empty()) {
+        ADD_FAILURE() << p.error;
         return 0;
       }
-      medians.push_back(us);
+      medians.push_back(p.median_us);
     }
     std::sort(medians.begin(), medians.end());
     return medians[1];

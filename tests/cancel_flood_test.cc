@@ -56,48 +56,16 @@ constexpr double kMostOver64us = 0.1;
 constexpr long long kLeastSlices = 100;
 constexpr double kMemoryFactor = 2.0;
 
-struct RoundTrip {
-  double median_us = 0;
-  double mean_us = 0;
-};
-
 class CancelFloodTest : public ::testing::Test {
  protected:
   // The bystander's 8 B ping-pong, kIters round trips.
-  RoundTrip Bystander() {
+  PingPongResult Bystander() {
     const std::string rv = dir_.path() + "/pp" + std::to_string(runs_++);
     mkdir(rv.c_str(), 0755);
-    auto args = [&](int rank) {
-      return std::vector<std::string>{Runfile("bench/pingpong"),
-                                      "--rank",
-                                      std::to_string(rank),
-                                      "--dir",
-                                      rv,
-                                      "--max-size",
-                                      "8",
-                                      "--iters",
-                                      std::to_string(kIters),
-                                      "--tail",
-                                      "1",
-                                      "--uuid",
-                                      kBystanderJob};
-    };
-    Process echo = Process::Start(args(1), daemon_.ClientEnv(), rv + "/1.out",
-                                  rv + "/1.err");
-    const RunResult r = RunToEnd(dir_, args(0), daemon_.ClientEnv(), 120);
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_EQ(echo.Wait(30), 0) << ReadFile(rv + "/1.err");
-    RoundTrip rt;
-    unsigned bytes = 0;
-    const size_t line = r.out.find('\n');
-    const size_t mean = r.out.find("mean ");
-    if (line == std::string::npos || mean == std::string::npos ||
-        sscanf(r.out.c_str() + line + 1, "%u %lf", &bytes, &rt.median_us) !=
-            2 ||
-        sscanf(r.out.c_str() + mean, "mean %lf", &rt.mean_us) != 1) {
-      ADD_FAILURE() << "pingpong printed: " << r.out;
-    }
-    return rt;
+    const PingPongResult p =
+        PingPong8(dir_, daemon_, rv, kBystanderJob, kIters);
+    EXPECT_EQ(p.error, "");
+    return p;
   }
 
   Process Tenant(const std::string& name, long count, bool cancel_all) {
@@ -154,12 +122,12 @@ class CancelFloodTest : public ::testing::Test {
 
 TEST_F(CancelFloodTest, ABystanderKeepsItsRoundTripFromTheFirstSecond) {
   Bystander();  // psmd's first clients' allocations, before the baseline
-  const RoundTrip before = Bystander();
+  const PingPongResult before = Bystander();
   const long long base_rss = Rss();
   Process tenant = Tenant("tenant", kFlood, /*cancel_all=*/false);
   ASSERT_TRUE(Flooded(tenant, "tenant", kFlood));
   const std::string from = Stats();
-  const RoundTrip attacked = Bystander();
+  const PingPongResult attacked = Bystander();
   const std::string to = Stats();
   const long long flooded_rss = Rss();
   tenant.Kill(SIGTERM);
@@ -167,7 +135,7 @@ TEST_F(CancelFloodTest, ABystanderKeepsItsRoundTripFromTheFirstSecond) {
   // It attacked: it held every receive and cancelled some.
   EXPECT_GE(Reported(Out("tenant"), "done", "cancels"), 1) << Out("tenant");
   ASSERT_TRUE(WaitUntil(30, [&] { return Endpoints() == 0; }));
-  const RoundTrip after = Bystander();
+  const PingPongResult after = Bystander();
   auto moved = [&](const char* key) {
     return JsonNumber(to, "worker", key) - JsonNumber(from, "worker", key);
   };
@@ -203,8 +171,7 @@ TEST_F(CancelFloodTest, ABystanderKeepsItsRoundTripFromTheFirstSecond) {
 // gives their memory back (it kept every node and both hash tables of the
 // queue's peak until the endpoint closed).
 TEST_F(CancelFloodTest, CancelledReceivesGiveTheirMemoryBack) {
-  RoundTrip unused = Bystander();  // as above: the baseline after a client
-  (void)unused;
+  Bystander();  // as above: the baseline after a client
   const long long base_rss = Rss();
   Process tenant = Tenant("tenant", kCancelled, /*cancel_all=*/true);
   ASSERT_TRUE(Flooded(tenant, "tenant", kCancelled));

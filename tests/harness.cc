@@ -204,6 +204,45 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
+PingPongResult PingPong8(const TempDir& dir, const Daemon& d,
+                         const std::string& rendezvous, const std::string& uuid,
+                         int iters) {
+  auto args = [&](int rank) {
+    return std::vector<std::string>{Runfile("bench/pingpong"),
+                                    "--rank",
+                                    std::to_string(rank),
+                                    "--dir",
+                                    rendezvous,
+                                    "--max-size",
+                                    "8",
+                                    "--iters",
+                                    std::to_string(iters),
+                                    "--tail",
+                                    "1",
+                                    "--uuid",
+                                    uuid};
+  };
+  Process echo = Process::Start(args(1), d.ClientEnv(), rendezvous + "/1.out",
+                                rendezvous + "/1.err");
+  const RunResult r = RunToEnd(dir, args(0), d.ClientEnv(), 120);
+  const int echo_status = echo.Wait(30);
+  PingPongResult p;
+  unsigned bytes = 0;
+  const size_t line = r.out.find('\n');
+  const size_t mean = r.out.find("mean ");
+  if (r.exit_code != 0 || echo_status != 0) {
+    p.error = "pingpong exited " + std::to_string(r.exit_code) + " and " +
+              std::to_string(echo_status) + ": " + r.err +
+              ReadFile(rendezvous + "/1.err");
+  } else if (line == std::string::npos || mean == std::string::npos ||
+             sscanf(r.out.c_str() + line + 1, "%u %lf", &bytes, &p.median_us) !=
+                 2 ||
+             sscanf(r.out.c_str() + mean, "mean %lf", &p.mean_us) != 1) {
+    p.error = "pingpong printed: " + r.out;
+  }
+  return p;
+}
+
 std::vector<std::string> ExchangeArgs(const TempDir&,
                                       const std::string& rendezvous, int rank,
                                       const std::string& uuid, int messages,

@@ -153,6 +153,19 @@ std::vector<std::string> ExchangeArgs(const TempDir& dir,
                                       const std::string& uuid, int messages,
                                       int max_size, int hold_seconds = 0);
 
+// bench/pingpong's 8 B ping-pong between two clients of job `uuid` (32 hex
+// digits) on `d`, `iters` round trips, meeting in directory `rendezvous`:
+// rank 0's median and mean half round trip in microseconds, and what went
+// wrong (empty when both ranks exited 0 and rank 0 printed both figures).
+struct PingPongResult {
+  double median_us = 0;
+  double mean_us = 0;
+  std::string error;
+};
+PingPongResult PingPong8(const TempDir& dir, const Daemon& d,
+                         const std::string& rendezvous, const std::string& uuid,
+                         int iters);
+
 // The integer value of "key": N inside the JSON object that follows "object"
 // (or anywhere when object is empty). -1 when absent.
 long long JsonNumber(const std::string& json, const std::string& object,
