@@ -1,7 +1,7 @@
 """Runs MPICH's test/mpi programs of some directories over several Open MPI
 transports and judges them against an expected-failures list.
 
-usage: mpich_run.py [--ci] [--build-logs DIR] [--only-listed TRANSPORT]
+usage: mpich_run.py [--ci] [--build-logs DIR]
                     TESTDIR EXPECTED_FAILURES TRANSPORT=MPIRUN_ARGS...
 
 TESTDIR is a configured and built test/mpi tree. Each directory's testlist
@@ -14,8 +14,9 @@ A test passes when it exits 0 and prints "No Errors" (MPICH's convention).
 Each transport is "name=mpirun arguments", e.g. "psmd=--mca pml cm --mca mtl
 psmd". Prints one line per test and transport, then the counts; exits non-zero
 when a test fails that EXPECTED_FAILURES does not list for that transport
-("transport dir/program ranks [args] [~ REGEX]  # cause"; with a REGEX the
-failing run's output must match it: how it fails), or a listed one passes. A
+("transport dir/program ranks [args] ~ REGEX  # cause": the failing run's
+output must match REGEX, how it fails; only a test that ends at its time
+limit, below, is judged by another line's), or a listed one passes. A
 line "too-long-for-ci transport dir/program ranks [args] [~ REGEX]" lists a
 test that can only end at its time limit here (it hangs, or needs minutes):
 with --ci it is not run (and reported as such). A line "may-time-out
@@ -34,8 +35,7 @@ A program of the testlists that did not build fails the run unless a line
 (DIR/make-<dir>.log, --build-logs) shows SYMBOL as that program's error
 (an undefined reference or an undeclared name). A line "totals ci|full
 TRANSPORT PASSED RUN" is required and asserted for every transport of the
-run (ci with --ci; RUN without the may-time-out runs). --only-listed TRANSPORT runs only the tests the list names for that
-transport (a reference stack, where only the list's claims are checked).
+run (ci with --ci; RUN without the may-time-out runs).
 With MPICH_RUN_SHOW_OUTPUT set, the whole output of every failure is printed
 (indented with "| "), for writing an entry's signature.
 """
@@ -169,7 +169,9 @@ def judge(key, ok, timed_out, out, expected, slow, long, signatures):
                 "itself"), ""
     if not listed:
         return "not listed", ""
-    if key in signatures and not signatures[key].search(out):
+    if key not in signatures:
+        return "listed, but the entry gives no signature (how it fails)", ""
+    if not signatures[key].search(out):
         return f"listed, but it fails otherwise: not /{signatures[key].pattern}/", ""
     return "", "(expected)"
 
@@ -189,15 +191,11 @@ def not_built_cause(build_logs, test, symbol):
 def main():
     argv = sys.argv[1:]
     ci = build_logs = None
-    only_listed = set()
     while argv and argv[0].startswith("--"):
         if argv[0] == "--ci":
             ci, argv = True, argv[1:]
         elif argv[0] == "--build-logs":
             build_logs, argv = argv[1], argv[2:]
-        elif argv[0] == "--only-listed":
-            only_listed.add(argv[1])
-            argv = argv[2:]
         else:
             sys.exit(f"unknown option {argv[0]}")
     testdir, expected_path = argv[:2]
@@ -236,8 +234,6 @@ def main():
     for test in todo:
         for transport, args in transports:
             key = f"{transport} {label(test)}"
-            if transport in only_listed and key not in expected | slow | long:
-                continue
             if ci and key in long:
                 print(f"{transport:6} {label(test):50} not run (too long for "
                       "CI: see the expected-failures list)", flush=True)
