@@ -191,12 +191,13 @@ case "$case_name" in
       kill -TERM "$server" 2>/dev/null
       wait "$server"
       cat "$work/server.out"
-      # The client must have corrupted a payload, reported the mismatch and
-      # failed; then this run passes.
-      if ! grep -q "^corrupt_rx: inverted byte" "$work/client.out"; then
+      # The client must have corrupted a payload, reported the mismatch at
+      # the byte inverted and failed; then this run passes.
+      byte=$(sed -n 's/^corrupt_rx: inverted byte \([0-9]*\) .*/\1/p' "$work/client.out")
+      if [[ -z $byte ]]; then
         echo "run_mpi: the interposer corrupted no payload (nothing was checked)" >&2
         status=1
-      elif ((status == 0)) || ! grep -q "^Error at iteration=" "$work/client.out"; then
+      elif ((status == 0)) || ! grep -q "^Error at iteration=[0-9]* size=$size byte=$byte\$" "$work/client.out"; then
         echo "run_mpi: fi_pingpong -c did not detect a corrupted payload" >&2
         status=1
       else
