@@ -1,7 +1,7 @@
 """Runs MPICH's test/mpi programs of some directories over several Open MPI
 transports and judges them against an expected-failures list.
 
-usage: mpich_run.py [--ci] [--build-logs DIR] [--only-listed TRANSPORT]
+usage: mpich_run.py [--ci] [--build-logs DIR]
                     TESTDIR EXPECTED_FAILURES TRANSPORT=MPIRUN_ARGS...
 
 TESTDIR is a configured and built test/mpi tree. Each directory's testlist
@@ -14,21 +14,28 @@ A test passes when it exits 0 and prints "No Errors" (MPICH's convention).
 Each transport is "name=mpirun arguments", e.g. "psmd=--mca pml cm --mca mtl
 psmd". Prints one line per test and transport, then the counts; exits non-zero
 when a test fails that EXPECTED_FAILURES does not list for that transport
-("transport dir/program ranks [args] [~ REGEX]  # cause"; with a REGEX the
-failing run's output must match it: how it fails), or a listed one passes. A
-line "may-time-out transport dir/program ranks [args]" lists a test whose
-run time straddles its limit on this machine: it may pass or time out, but
-any other failure counts. A line "too-long-for-ci transport dir/program ranks
-[args]" lists a test that can only end at its time limit here (it hangs, or
-needs minutes): with --ci it is not run (and reported as such).
+("transport dir/program ranks [args] ~ REGEX  # cause": the failing run's
+output must match REGEX, how it fails; only a test that ends at its time
+limit, below, is judged by another line's), or a listed one passes. A
+line "too-long-for-ci transport dir/program ranks [args] [~ REGEX]" lists a
+test that can only end at its time limit here (it hangs, or needs minutes):
+with --ci it is not run (and reported as such). A line "may-time-out
+transport dir/program ranks [args] ~ REGEX" lists a test whose run time
+straddles its limit on this machine: it must pass or be killed at its limit.
+A test listed as failing and too-long-for-ci must be killed at its limit
+(ending by itself, even with a matching output, fails the run). Such runs
+ended at their limit are judged by the REGEX of their too-long-for-ci or
+may-time-out line, matched against what they printed until the kill (the
+line must give one), and any other run killed at its limit fails.
+may-time-out runs are counted apart from the totals (passed, timed out), so
+that these do not depend on the machine's load.
 
 A program of the testlists that did not build fails the run unless a line
 "not-built dir/program SYMBOL" lists it and its directory's build log
 (DIR/make-<dir>.log, --build-logs) shows SYMBOL as that program's error
 (an undefined reference or an undeclared name). A line "totals ci|full
-TRANSPORT PASSED RUN" is asserted for every transport of the run (ci with
---ci). --only-listed TRANSPORT runs only the tests the list names for that
-transport (a reference stack, where only the list's claims are checked).
+TRANSPORT PASSED RUN" is required and asserted for every transport of the
+run (ci with --ci; RUN without the may-time-out runs).
 With MPICH_RUN_SHOW_OUTPUT set, the whole output of every failure is printed
 (indented with "| "), for writing an entry's signature.
 """
@@ -96,6 +103,8 @@ def kill_session(sid):
 
 
 def run(testdir, test, mpirun_args):
+    """Runs one test: (passed, timed out, why, output, seconds). A test
+    killed at its time limit keeps the output it printed until then."""
     name, ranks, args, timeout = test
     cmd = (["mpirun", "--oversubscribe", "-np", str(ranks)] + mpirun_args +
            [os.path.join(testdir, name)] + list(args))
@@ -110,9 +119,11 @@ def run(testdir, test, mpirun_args):
         ok = p.returncode == 0 and "No Errors" in out
         why = "" if ok else f"exit {p.returncode}: " + " | ".join(
             out.strip().splitlines()[-3:])[:300]
+        return ok, False, why, out, time.time() - start
     except subprocess.TimeoutExpired:
         kill_session(p.pid)
-        p.communicate()
+        # What it printed before the kill (communicate keeps what it read).
+        out = p.communicate()[0].decode(errors="replace")
         # Killed ranks leave vader's shared-memory segments behind.
         for leftover in set(os.listdir("/dev/shm")) - shm_before:
             path = os.path.join("/dev/shm", leftover)
@@ -122,8 +133,47 @@ def run(testdir, test, mpirun_args):
                     os.unlink(path)
             except OSError:
                 pass
-        ok, why, out = False, f"timed out after {timeout} s", ""
-    return ok, why, out, time.time() - start
+        return (False, True, f"timed out after {timeout:.0f} s", out,
+                time.time() - start)
+
+
+def judge(key, ok, timed_out, out, expected, slow, long, signatures):
+    """What is wrong with a run's result against the list ("" when
+    nothing), and the note to print."""
+    listed = key in expected
+    # A test that ends only at its time limit here: listed as failing and
+    # too-long-for-ci (it hangs), or may-time-out. Its signature (on that
+    # line) is matched against what it printed until the kill.
+    at_limit = key in slow or (listed and key in long)
+    limit_sig = (signatures.get(f"may-time-out {key}") or
+                 signatures.get(f"too-long-for-ci {key}"))
+    if at_limit and not limit_sig:
+        return ("listed as ending at its time limit, but the line gives no "
+                "signature of its output until then", "")
+    if ok:
+        return ("expected failure PASSED", "") if listed else ("", "")
+    if timed_out:
+        if not at_limit:
+            return "timed out (not listed as ending at its time limit)", ""
+        if not limit_sig.search(out):
+            return ("killed at its time limit as listed, but its output until "
+                    f"then is not /{limit_sig.pattern}/"), ""
+        return "", ("(listed: may time out; its output until the limit matches)"
+                    if key in slow else
+                    "(expected: killed at its time limit, its output until "
+                    "then matches)")
+    if key in slow:
+        return "listed as may-time-out, but it failed otherwise", ""
+    if at_limit:
+        return ("listed as ending only at its time limit, but it ended by "
+                "itself"), ""
+    if not listed:
+        return "not listed", ""
+    if key not in signatures:
+        return "listed, but the entry gives no signature (how it fails)", ""
+    if not signatures[key].search(out):
+        return f"listed, but it fails otherwise: not /{signatures[key].pattern}/", ""
+    return "", "(expected)"
 
 
 def not_built_cause(build_logs, test, symbol):
@@ -141,15 +191,11 @@ def not_built_cause(build_logs, test, symbol):
 def main():
     argv = sys.argv[1:]
     ci = build_logs = None
-    only_listed = set()
     while argv and argv[0].startswith("--"):
         if argv[0] == "--ci":
             ci, argv = True, argv[1:]
         elif argv[0] == "--build-logs":
             build_logs, argv = argv[1], argv[2:]
-        elif argv[0] == "--only-listed":
-            only_listed.add(argv[1])
-            argv = argv[2:]
         else:
             sys.exit(f"unknown option {argv[0]}")
     testdir, expected_path = argv[:2]
@@ -188,30 +234,25 @@ def main():
     for test in todo:
         for transport, args in transports:
             key = f"{transport} {label(test)}"
-            if transport in only_listed and key not in expected | slow | long:
-                continue
             if ci and key in long:
                 print(f"{transport:6} {label(test):50} not run (too long for "
                       "CI: see the expected-failures list)", flush=True)
                 skipped += 1
                 continue
-            ok, why, out, secs = run(testdir, test, shlex.split(args))
-            listed = key in expected
-            timed_out = why.startswith("timed out")
-            otherwise = (not ok and key in signatures and
-                         not signatures[key].search(out))
+            ok, timed_out, why, out, secs = run(testdir, test, shlex.split(args))
+            problem, note = judge(key, ok, timed_out, out, expected, slow, long,
+                                  signatures)
+            bad += bool(problem)
             verdict = ("pass" if ok else "FAIL") + (
-                " (expected failure PASSED)" if ok and listed else
-                " (listed, but it fails otherwise: "
-                f"not /{signatures[key].pattern}/)" if otherwise else
-                " (expected)" if not ok and listed else
-                " (listed: may time out)" if timed_out and key in slow else "")
+                f" ({problem})" if problem else f" {note}" if note else "")
+            # may-time-out runs are counted apart (passed, timed out): the
+            # totals do not depend on how loaded the machine is.
+            c = counts.setdefault(transport, [0, 0, 0, 0])
             if key in slow:
-                bad += not (ok or timed_out)
-            elif ok == listed or otherwise:
-                bad += 1
-            p, f = counts.get(transport, (0, 0))
-            counts[transport] = (p + ok, f + (not ok))
+                c[2 if ok else 3] += 1
+            else:
+                c[0] += ok
+                c[1] += 1
             print(f"{transport:6} {label(test):50} {verdict} {secs:.1f}s "
                   f"{why}", flush=True)
             # The whole output of a failure, for writing its signature.
@@ -220,15 +261,19 @@ def main():
                       flush=True)
     mode = "ci" if ci else "full"
     for transport, _ in transports:
-        p, f = counts.get(transport, (0, 0))
+        p, n, slow_passed, slow_timed_out = counts.get(transport, [0, 0, 0, 0])
         claim = totals.get((mode, transport))
-        print(f"mpich suite over {transport}: {p} passed, {f} failed "
-              f"of {p + f}" + (f" (the list says {claim[0]} of {claim[1]})"
-                               if claim else ""))
-        if ci and not claim:
+        print(f"mpich suite over {transport}: {p} passed, {n - p} failed "
+              f"of {n}" + (f" (the list says {claim[0]} of {claim[1]})"
+                           if claim else "") +
+              (f"; apart, {slow_passed + slow_timed_out} that may time out: "
+               f"{slow_passed} passed, {slow_timed_out} timed out"
+               if slow_passed + slow_timed_out else ""))
+        if not claim:
             bad += 1
-            print(f"mpich suite over {transport}: FAIL: the list states no ci totals")
-        elif claim and claim != (p, p + f):
+            print(f"mpich suite over {transport}: FAIL: the list states no "
+                  f"{mode} totals")
+        elif claim != (p, n):
             bad += 1
             print(f"mpich suite over {transport}: FAIL: not the list's totals")
     if skipped:

@@ -15,8 +15,12 @@
 #                  crashes it, alone
 #   netpipe        NPopenmpi over its full default size range, in its
 #                  integrity mode (-i: every payload checked; netpipe_check.py)
-#   fi_pingpong S  libfabric's fi_pingpong -p psm2 with S-byte messages, its
-#                  data checks on (-c: a payload that differs fails the run)
+#   fi_pingpong S [--corrupt]  libfabric's fi_pingpong -p psm2 with S-byte
+#                  messages, its data checks on (-c: a payload that differs
+#                  fails the run). --corrupt, the check's negative control:
+#                  one byte of a payload the client receives inverted after
+#                  delivery (LD_PRELOAD of corrupt_rx.c); passes only when
+#                  the client fails with fi_pingpong's mismatch report
 #   semantics_nodes, netpipe_nodes, mpi4py_nodes [RUNTESTS ARGS]
 #                  the same programs (mpi4py's suite judged against the same
 #                  list) with 2 ranks on two psmd linked by the fabric
@@ -162,6 +166,11 @@ case "$case_name" in
     # A control port of our own: the three pingpong tests may run at once.
     size=$1 iters=200 port=$((20000 + RANDOM % 20000))
     wrap=("$root/scripts/fake_hfi.sh" env LD_LIBRARY_PATH="$libdir")
+    # --corrupt: the negative control of the data check (-c). The client
+    # runs with corrupt_rx.c's interposer over the library, which inverts a
+    # byte of the third payload it receives after delivery.
+    corrupt=()
+    [[ ${2:-} == --corrupt ]] && corrupt=(LD_PRELOAD="$root/tests/mpi/libcorrupt_rx.so")
     # Started directly (no subshell) so that cleanup's TERM reaches timeout,
     # which passes it on to fake_hfi.sh and the server.
     cd "$work"
@@ -171,12 +180,36 @@ case "$case_name" in
     cd - >/dev/null
     pids+=($server)
     sleep 1
-    (cd "$work" && timeout -k 10 120 "${wrap[@]}" \
-      fi_pingpong -p psm2 -c -S "$size" -I "$iters" -P "$port" 127.0.0.1)
+    (cd "$work" && timeout -k 10 120 "${wrap[@]}" "${corrupt[@]}" \
+      fi_pingpong -p psm2 -c -S "$size" -I "$iters" -P "$port" 127.0.0.1) >"$work/client.out" 2>&1
     status=$?
-    wait "$server" || status=1
-    cat "$work/server.out"
+    cat "$work/client.out"
     min=$((2 * iters))
+    if ((${#corrupt[@]})); then
+      # The server waits for a pong the failed client never sends: ended
+      # here (TERM to timeout, passed on to the server).
+      kill -TERM "$server" 2>/dev/null
+      wait "$server"
+      cat "$work/server.out"
+      # The client must have corrupted a payload, reported the mismatch at
+      # the byte inverted and failed; then this run passes.
+      byte=$(sed -n 's/^corrupt_rx: inverted byte \([0-9]*\) .*/\1/p' "$work/client.out")
+      if [[ -z $byte ]]; then
+        echo "run_mpi: the interposer corrupted no payload (nothing was checked)" >&2
+        status=1
+      elif ((status == 0)) || ! grep -q "^Error at iteration=[0-9]* size=$size byte=$byte\$" "$work/client.out"; then
+        echo "run_mpi: fi_pingpong -c did not detect a corrupted payload" >&2
+        status=1
+      else
+        echo "run_mpi: fi_pingpong -c detected the corrupted payload (exit $status)"
+        status=0 min=4  # a few messages went through before the corruption
+      fi
+    else
+      wait "$server" || status=1
+      cat "$work/server.out"
+      # A reported mismatch fails the run whatever the exit status says.
+      ! grep -h "^Error at iteration=" "$work/client.out" "$work/server.out" || status=1
+    fi
     ;;
   threads)
     mkdir "$work/components" && cp "$root/ompi/mca_mtl_psmd.so" "$work/components/"
@@ -219,7 +252,7 @@ case "$case_name" in
     status=$? min=0
     ;;
   *) echo "usage: run_mpi.sh semantics N | mpi4py | mpi4py_suite [ARGS] | mpi4py_asan [ARGS]" \
-          "| netpipe | fi_pingpong SIZE | threads | semantics_nodes | netpipe_nodes" \
+          "| netpipe | fi_pingpong SIZE [--corrupt] | threads | semantics_nodes | netpipe_nodes" \
           "| mpi4py_nodes [ARGS] | mpi4py_intel [ARGS] | node_lost" >&2; exit 2 ;;
 esac
 if [[ $case_name == *_nodes ]]; then  # not node_lost: node 2 is gone
