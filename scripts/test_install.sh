@@ -41,7 +41,7 @@ dest=$work/dest
 scripts/install.sh --prefix /opt/psmd --destdir "$dest" >/dev/null 2>&1 ||
   fail "install.sh"
 p=$dest/opt/psmd
-for f in sbin/psmd bin/psmctl lib/libpsmclient.so lib/psmd/libpsm2.so.2.2 \
+for f in sbin/psmd bin/psmctl lib/libpsmclient.so.0 lib/libpsmclient.so lib/psmd/libpsm2.so.2.2 \
   lib/psmd/libpsm2.so.2 lib/psmd/libpsm2.so include/psmd/psm2.h \
   include/psmd/psm2_mq.h include/psmd/psm2_am.h lib/pkgconfig/psm2.pc \
   lib/pkgconfig/psmclient.pc lib/systemd/system/psmd.service \
@@ -51,6 +51,7 @@ for f in sbin/psmd bin/psmctl lib/libpsmclient.so lib/psmd/libpsm2.so.2.2 \
   [[ -e "$p/$f" ]] || fail "install.sh did not install $f"
 done
 [[ "$(readlink "$p/lib/psmd/libpsm2.so.2")" == libpsm2.so.2.2 ]] || fail "SONAME link"
+[[ "$(readlink "$p/lib/libpsmclient.so")" == libpsmclient.so.0 ]] || fail "libpsmclient.so link"
 objdump -p "$p/lib/psmd/libpsm2.so.2.2" | grep -q 'SONAME *libpsm2.so.2' || fail "SONAME"
 grep -qx 'ExecStart=/opt/psmd/sbin/psmd --config /opt/psmd/etc/psmd/psmd.toml $PSMD_OPTIONS' \
   "$p/lib/systemd/system/psmd.service" || fail "unit's ExecStart not pointed at the prefix"
