@@ -32,7 +32,7 @@ void IdentifyLibrary() {
   if (!Wanted()) return;
   Dl_info info{};
   // psm2_init is this library's own entry point, so dladdr names the file
-  // it came from: libpsm2.so.2, libpsmclient.so or a static link.
+  // it came from: libpsm2.so.2, libpsmclient.so.0 or a static link.
   const char* path =
       dladdr(reinterpret_cast<void*>(&psm2_init), &info) && info.dli_fname
           ? info.dli_fname

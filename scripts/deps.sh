@@ -23,6 +23,7 @@ PACKAGES=(
   # ranks through PMIx (Open MPI's pmix ext3x component, on libpmix2)
   slurmctld slurmd slurm-client libpmix2
   scdoc dpkg-dev debootstrap  # man pages, the .deb and its clean-root test
+  debhelper lintian pkg-config file  # debian/ (build_deb.sh) and test_deb.sh
   gnuplot-nox  # scripts/bench.sh's plots
 )
 

@@ -6,7 +6,8 @@
 #
 # Installs, under D (default: none) + P (default /usr/local):
 #   sbin/psmd, bin/psmctl
-#   lib/libpsmclient.so                    (its SONAME is libpsmclient.so)
+#   lib/libpsmclient.so.0, lib/libpsmclient.so -> .so.0
+#                                          (its SONAME is libpsmclient.so.0)
 #   lib/psmd/libpsm2.so.2 -> libpsm2.so.2.2, lib/psmd/libpsm2.so -> .so.2
 #                                          the drop-in, in a directory of its
 #                                          own so that it never shadows
@@ -121,7 +122,8 @@ link() {  # link TARGET NAME
 
 put "$bin/daemon/psmd" "$prefix/sbin/psmd" 0755
 put "$bin/tools/psmctl" "$prefix/bin/psmctl" 0755
-put "$bin/client/libpsmclient.so" "$prefix/lib/libpsmclient.so" 0755
+put "$bin/client/libpsmclient.so.0" "$prefix/lib/libpsmclient.so.0" 0755
+link libpsmclient.so.0 "$prefix/lib/libpsmclient.so"
 put "$bin/client/libpsm2.so.2" "$prefix/lib/psmd/libpsm2.so.2.2" 0755
 link libpsm2.so.2.2 "$prefix/lib/psmd/libpsm2.so.2"
 link libpsm2.so.2 "$prefix/lib/psmd/libpsm2.so"

@@ -24,17 +24,19 @@ status=$?
 # Checks of their own, each counted once: formatting (.clang-format),
 # Clang's thread-safety analysis of the daemon's and the library's lock
 # annotations, the
-# install (prefix install/uninstall and the .deb in a clean root), and the
+# install into a prefix (install/uninstall), the Debian packages (built
+# with debhelper, lintian, their split, installed in a clean root), and the
 # daemon's unit, tenant and conformance tests under AddressSanitizer + UBSan
 # (docs/reliability.md; last, since its copts build everything again, into
 # an output tree of its own). //tests:integration_test is left out of it:
 # under ASan it alone takes ~7 min on this 2-core machine.
-checks=4
+checks=5
 checks_failed=0
 scripts/format.sh --check || { checks_failed=$((checks_failed + 1)); status=1; }
 bazel build --config=thread-safety //daemon/... //client/... ||
   { checks_failed=$((checks_failed + 1)); status=1; }
 scripts/test_install.sh || { checks_failed=$((checks_failed + 1)); status=1; }
+scripts/test_deb.sh || { checks_failed=$((checks_failed + 1)); status=1; }
 bazel test --config=asan --jobs=2 -- //shm/... //daemon/... //client/... \
   -//daemon/engine:engine_fuzz_test //tests:tenant_test //tests/conformance:mq_conformance_psmd \
   //tests/conformance:am_conformance_psmd \
