@@ -368,8 +368,8 @@ std::string PrometheusText(const psmd::v1::GetStatsReply* r) {
            w.shared_slices());
     family("psmd_worker_shared_slice_seconds_total", "counter",
            "The time those turns took.");
-    printf("psmd_worker_shared_slice_seconds_total %.9f\n",
-           static_cast<double>(w.shared_slice_ns()) / 1e9);
+    Appendf(&out, "psmd_worker_shared_slice_seconds_total %.9f\n",
+            static_cast<double>(w.shared_slice_ns()) / 1e9);
     single("psmd_worker_shared_slices_over_8us_total", "counter",
            "Those turns that took longer than 8 us.",
            w.shared_slices_over_8us());
