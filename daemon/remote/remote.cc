@@ -24,7 +24,6 @@ namespace psmd {
 
 namespace {
 
-constexpr uint32_t kEnvelopeMax = sizeof(Remote::Wire) + shm::kInlineMax;
 // Frames queued to one node beyond which its senders are held.
 constexpr size_t kMaxQueued = 1024;
 // Receiving a payload nobody will take (its receiver is gone).
@@ -44,16 +43,24 @@ int ErrorOf(hw::ErrorClass e) {
   return e == hw::ErrorClass::kTimeout ? PSM2_TIMEOUT : PSM2_EPID_UNREACHABLE;
 }
 
+wire::Sender SenderOf(const Endpoint& ep) {
+  wire::Sender s;
+  s.epid = ep.epid;
+  s.uid = ep.uid;
+  std::memcpy(s.job, ep.job->key().uuid.data(), sizeof(s.job));
+  return s;
+}
+
 }  // namespace
 
 // ---- state ----
 
 struct Remote::OutFrame {
-  hw::FrameFields f;
-  Wire wire{};
-  uint8_t inline_data[shm::kInlineMax] = {};
-  iovec iov[2] = {};
-  int iovcnt = 0;
+  // An envelope (encoded into `bytes` when it is sent), or a data frame's
+  // fields (msg.f) and the bytes it sends (iov).
+  wire::Envelope msg;
+  uint8_t bytes[wire::kEnvelopeMax] = {};
+  iovec iov = {};
   // A pool chunk the frame sends from, released when the frame is done.
   uint8_t* chunk_base = nullptr;
   uint64_t chunk_offset = 0;
@@ -67,9 +74,7 @@ struct Remote::OutFrame {
 };
 
 struct Remote::Pending {
-  uint16_t op = 0;
-  hw::FrameFields f;
-  Wire wire{};
+  wire::Envelope env;
   uint32_t receiver = 0;  // 0: discard the payload
   std::shared_ptr<Job> job;
   uint64_t chunk = 0;  // inbox offset the payload lands at
@@ -101,9 +106,9 @@ struct Remote::Converted {
 
 // A frame parked for its receiving endpoint (remote.h, back-pressure 1).
 struct Remote::Parked {
-  hw::FrameFields f;
-  bool chunk = false;            // a kRndvData chunk; else an envelope
-  std::vector<uint8_t> env;      // the envelope as received
+  bool chunk = false;  // a kRndvData chunk; else an envelope
+  // The envelope as decoded, or the chunk's header (env.f).
+  wire::Envelope env;
   std::vector<uint8_t> payload;  // its payload frame, or the chunk's bytes
   uint64_t bytes = 0;            // counted in Peer::parked_bytes
   // A receive the envelope had matched before it parked (Peer::has_held).
@@ -126,7 +131,8 @@ struct Remote::Peer {
   Rx rx = Rx::kIdle;
   hw::FrameFields f;  // of the frame being received
   uint32_t length = 0;
-  uint8_t env[kEnvelopeMax] = {};
+  uint8_t env[wire::kEnvelopeMax] = {};  // an envelope as received
+  wire::Envelope in;                     // and decoded
   bool expect_payload = false;
   Pending pending;
   // kChunk: the rendezvous chunk being received.
@@ -143,7 +149,7 @@ struct Remote::Peer {
   // Parked frames by receiving epid, each list in arrival order, and kGone
   // frames waiting for the parked frames of their endpoint.
   std::unordered_map<uint64_t, std::deque<Parked>> parked;
-  std::deque<hw::FrameFields> gone_after;
+  std::deque<wire::Envelope> gone_after;
   // Parked frames per sending epid: a kGone asks it on every pass while it
   // waits, so it must not cost a walk over every parked frame.
   std::unordered_map<uint64_t, uint32_t> parked_from;
@@ -195,7 +201,7 @@ struct Remote::OutTransfer {  // a rendezvous send to another node
   // come (the sender was told).
   bool dead;
   uint64_t sender_req;
-  hw::FrameFields about;  // uid and job, for an abort
+  wire::Sender from;  // the sending endpoint, for an abort
 };
 
 // What this daemon keeps per job it moves bytes of: the inbox arena (if the
@@ -323,21 +329,29 @@ void Remote::Enqueue(Peer& p, std::unique_ptr<OutFrame> f) {
   Flush(p);
 }
 
+void Remote::Post(Peer& p, const wire::Envelope& e) {
+  auto f = std::make_unique<OutFrame>();
+  f->msg = e;
+  Enqueue(p, std::move(f));
+}
+
+void Remote::PostTo(uint16_t node, const wire::Envelope& e) {
+  if (Peer* p = PeerOf(node)) Post(*p, e);
+}
+
 bool Remote::Defer(Peer& p, const OutFrame& f) {
-  const bool off = !p.off.empty() && p.off.count(f.f.dst) != 0;
-  switch (f.f.op) {
-    case kPayload:
+  const bool off = !p.off.empty() && p.off.count(f.msg.f.dst) != 0;
+  switch (f.msg.op()) {
+    case wire::Op::kPayload:
       // With its envelope, wherever that went (they are adjacent in the
       // queue, and on the wire).
       return std::exchange(p.defer_payload, false);
-    case kEnvelope:
-    case kAmRequest:
-    case kAmReply: {
-      const bool rndv = f.f.op == kEnvelope && (f.wire.flags & kWireFlagRndv);
-      p.defer_payload = off && !rndv && !shm::IsInline(f.wire.len);
+    case wire::Op::kEnvelope:
+    case wire::Op::kAmRequest:
+    case wire::Op::kAmReply:
+      p.defer_payload = off && wire::PayloadFollows(f.msg);
       return off;
-    }
-    case kRndvData:
+    case wire::Op::kRndvData:
       return off;
     default:
       return false;
@@ -347,14 +361,17 @@ bool Remote::Defer(Peer& p, const OutFrame& f) {
 void Remote::Flush(Peer& p) {
   while (p.open && !p.queue.empty()) {
     if (Defer(p, *p.queue.front())) {
-      const uint64_t dst = p.queue.front()->f.dst;
+      const uint64_t dst = p.queue.front()->msg.f.dst;
       p.deferred[dst].push_back(std::move(p.queue.front()));
       p.queue.pop_front();
       continue;
     }
     OutFrame& f = *p.queue.front();
+    if (wire::TraitsOf(f.msg.f.op).shape == wire::Shape::kEnvelope) {
+      f.iov = {f.bytes, wire::Encode(f.msg, f.bytes)};
+    }
     const uint64_t cookie = next_cookie_++;
-    hw::ErrorClass e = fabric_->PostSend(p.conn, f.f, f.iov, f.iovcnt, cookie);
+    hw::ErrorClass e = fabric_->PostSend(p.conn, f.msg.f, &f.iov, 1, cookie);
     if (e == hw::ErrorClass::kBusy) return;  // again after a kSendDone
     if (e != hw::ErrorClass::kOk) {
       // The connection is going; its kClosed fails what waits.
@@ -366,45 +383,6 @@ void Remote::Flush(Peer& p) {
     p.queue.pop_front();
     p.last_sent_ms = NowMs();
   }
-}
-
-void Remote::SendEnvelope(Peer& p, uint16_t op, const Endpoint& from,
-                          uint64_t dst, uint64_t aux, const Wire& w,
-                          const uint8_t* inline_data, uint32_t inline_len) {
-  auto f = std::make_unique<OutFrame>();
-  f->f.op = op;
-  f->f.uid = from.uid;
-  f->f.src = from.epid;
-  f->f.dst = dst;
-  std::memcpy(f->f.job, from.job->key().uuid.data(), 16);
-  f->f.aux = aux;
-  f->wire = w;
-  f->iov[0] = {&f->wire, sizeof(Wire)};
-  f->iovcnt = 1;
-  if (inline_len > 0) {
-    std::memcpy(f->inline_data, inline_data, inline_len);
-    f->iov[1] = {f->inline_data, inline_len};
-    f->iovcnt = 2;
-  }
-  Enqueue(p, std::move(f));
-}
-
-void Remote::SendControl(uint16_t node, uint16_t op, uint64_t src, uint64_t dst,
-                         const hw::FrameFields& about, uint64_t aux,
-                         int32_t error) {
-  Peer* p = PeerOf(node);
-  if (p == nullptr) return;
-  auto f = std::make_unique<OutFrame>();
-  f->f.op = op;
-  f->f.uid = about.uid;
-  f->f.src = src;
-  f->f.dst = dst;
-  std::memcpy(f->f.job, about.job, 16);
-  f->f.aux = aux;
-  f->wire.error = error;
-  f->iov[0] = {&f->wire, sizeof(Wire)};
-  f->iovcnt = 1;
-  Enqueue(*p, std::move(f));
 }
 
 std::string Remote::HostName(uint16_t node) const {
@@ -450,8 +428,7 @@ void Remote::Query(const Endpoint& ep, uint64_t epid, QueryDone done) {
   const uint64_t id = next_query_++;
   queries_[id] = std::make_unique<QueryState>(
       QueryState{node, NowMs() + timeout_ms_, std::move(done)});
-  Wire w{};
-  SendEnvelope(*p, kQuery, ep, epid, id, w, nullptr, 0);
+  Post(*p, wire::PrepQuery(SenderOf(ep), epid, id));
 }
 
 bool Remote::Send(Endpoint& sender, const shm::SubmissionDesc& d,
@@ -471,21 +448,17 @@ bool Remote::Send(Endpoint& sender, const shm::SubmissionDesc& d,
     payload.Take();  // still the sender's: the send is held, not dropped
     return false;
   }
-  Wire w{};
-  std::memcpy(w.tag, d.tag, sizeof(w.tag));
-  w.len = d.len;
-  w.flags = d.flags | (rndv ? kWireFlagRndv : 0);
-  const bool inl = !rndv && shm::IsInline(d.len);
+  wire::Envelope env =
+      wire::PrepMessage(SenderOf(sender), dst, d.req, d.tag, d.len, d.flags,
+                        rndv, d.body.inline_data);
   std::unique_ptr<OutFrame> frame;
-  uint64_t aux = d.req;
-  if (!rndv && !inl) {
+  if (wire::PayloadFollows(env)) {
     frame = PayloadFrame(sender, dst, d.req, &payload, d.len);
     if (p->eager_off.count(dst) != 0) {
-      aux = Convert(*p, sender.id, d.req, &w, std::move(frame));
+      env.f.aux = Convert(*p, sender.id, d.req, &env.r, std::move(frame));
     }
   }
-  SendEnvelope(*p, kEnvelope, sender, dst, aux, w,
-               inl ? d.body.inline_data : nullptr, inl ? d.len : 0);
+  Post(*p, env);
   if (frame) Enqueue(*p, std::move(frame));
   if (rndv || (d.flags & shm::kSendSync))
     p->awaiting.insert({sender.id, d.req});
@@ -514,7 +487,7 @@ bool Remote::AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
   uint32_t flags = 0;
   if (d.flags & shm::kAmNoReply) flags |= shm::kAmRequestNoReply;
   if (d.flags & shm::kAmWantsAck) flags |= shm::kAmRequestWantsAck;
-  SendAm(*p, kAmRequest, sender, dst, d, &payload, flags);
+  SendAm(*p, /*reply=*/false, sender, dst, d, &payload, flags);
   sender.counters.am_requests_sent.Add(1);
   return true;
 }
@@ -526,64 +499,61 @@ void Remote::AmReplyOrAck(Endpoint& sender, const shm::SubmissionDesc& d) {
   Peer* p = dst == 0 ? nullptr : PeerOf(shm::NodeIdOf(dst));
   if (d.op == shm::SubmitOp::kAmAck) {
     if (p == nullptr) return;  // the requester's node is gone
-    Wire w{};
-    w.tag[0] = d.body.ack.handler;
-    w.error = d.body.ack.error;
-    SendEnvelope(*p, kAmAck, sender, dst, d.body.ack.request, w, nullptr, 0);
+    Post(*p, wire::PrepAmAck(SenderOf(sender), dst, d.body.ack.request,
+                             d.body.ack.handler, d.body.ack.error));
     return;
   }
   if (p == nullptr) {
     engine_->PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
     return;
   }
-  SendAm(*p, kAmReply, sender, dst, d, &payload,
+  SendAm(*p, /*reply=*/true, sender, dst, d, &payload,
          (d.flags & shm::kAmWantsAck) ? shm::kAmRequestWantsAck : 0);
   sender.counters.am_replies_sent.Add(1);
 }
 
-void Remote::SendAm(Peer& p, uint16_t op, const Endpoint& sender, uint64_t dst,
+void Remote::SendAm(Peer& p, bool reply, const Endpoint& sender, uint64_t dst,
                     const shm::SubmissionDesc& d, shm::PoolPayload* payload,
                     uint32_t wire_flags) {
-  Wire w{};
-  w.tag[0] = d.tag[0];
-  w.tag[1] = d.tag[1];
-  w.len = d.len;
-  w.flags = wire_flags;
-  const bool inl = shm::IsInline(d.len);
-  SendEnvelope(p, op, sender, dst, d.req, w, inl ? d.body.inline_data : nullptr,
-               inl ? d.len : 0);
-  if (!inl) Enqueue(p, PayloadFrame(sender, dst, d.req, payload, d.len));
+  const wire::Envelope env =
+      wire::PrepActiveMessage(reply, SenderOf(sender), dst, d.req, d.tag[0],
+                              d.tag[1], d.len, wire_flags, d.body.inline_data);
+  Post(p, env);
+  if (wire::PayloadFollows(env)) {
+    Enqueue(p, PayloadFrame(sender, dst, d.req, payload, d.len));
+  }
   if (d.flags & shm::kAmWantsAck) p.awaiting.insert({sender.id, d.req});
+}
+
+std::unique_ptr<Remote::OutFrame> Remote::ChunkFrame(
+    const Endpoint& sender, const hw::FrameFields& fields,
+    shm::PoolPayload* payload, uint32_t len) {
+  auto f = std::make_unique<OutFrame>();
+  f->msg.f = fields;
+  f->chunk_base = sender.job->pool().base();
+  f->chunk_offset = payload->Take();
+  f->chunk_job = sender.job;
+  PagesOf(sender.job).pages.Prepare(f->chunk_offset, len);
+  f->iov = {f->chunk_base + f->chunk_offset, len};
+  return f;
 }
 
 std::unique_ptr<Remote::OutFrame> Remote::PayloadFrame(
     const Endpoint& sender, uint64_t dst, uint64_t req,
     shm::PoolPayload* payload, uint32_t len) {
-  auto f = std::make_unique<OutFrame>();
-  f->f.op = kPayload;
-  f->f.uid = sender.uid;
-  f->f.src = sender.epid;
-  f->f.dst = dst;
-  std::memcpy(f->f.job, sender.job->key().uuid.data(), 16);
-  f->f.aux = req;
-  f->chunk_base = sender.job->pool().base();
-  f->chunk_offset = payload->Take();
-  f->chunk_job = sender.job;
-  PagesOf(sender.job).pages.Prepare(f->chunk_offset, len);
-  f->iov[0] = {f->chunk_base + f->chunk_offset, len};
-  f->iovcnt = 1;
-  return f;
+  return ChunkFrame(sender, wire::PrepPayload(SenderOf(sender), dst, req),
+                    payload, len);
 }
 
-uint64_t Remote::Convert(Peer& p, uint32_t sender, uint64_t req, Wire* w,
-                         std::unique_ptr<OutFrame> payload) {
-  const uint64_t id = kConvertedBit | next_converted_++;
-  w->flags |= kWireFlagRndv;
+uint64_t Remote::Convert(Peer& p, uint32_t sender, uint64_t req,
+                         wire::Record* r, std::unique_ptr<OutFrame> payload) {
+  const uint64_t id = wire::kConvertedBit | next_converted_++;
+  r->flags |= wire::kFlagRndv;
   Converted& c = converted_[id];
   c.node = p.node;
   c.sender = sender;
   c.req = req;
-  c.sync = (w->flags & shm::kSendSync) != 0;
+  c.sync = (r->flags & shm::kSendSync) != 0;
   c.payload = std::move(payload);
   return id;
 }
@@ -595,10 +565,10 @@ void Remote::ConvertQueued(Peer& p,
   // front whose envelope is already on the wire stays.
   std::deque<std::unique_ptr<OutFrame>> out;
   for (size_t i = 0; i < queue.size(); i++) {
-    OutFrame& env = *queue[i];
-    if (env.f.op == kEnvelope && env.f.dst == dst && i + 1 < queue.size() &&
-        queue[i + 1]->f.op == kPayload) {
-      env.f.aux = Convert(p, shm::EndpointIdOf(env.f.src), env.f.aux, &env.wire,
+    wire::Envelope& env = queue[i]->msg;
+    if (env.op() == wire::Op::kEnvelope && env.f.dst == dst &&
+        i + 1 < queue.size() && queue[i + 1]->msg.op() == wire::Op::kPayload) {
+      env.f.aux = Convert(p, shm::EndpointIdOf(env.f.src), env.f.aux, &env.r,
                           std::move(queue[i + 1]));
       out.push_back(std::move(queue[i]));
       i++;
@@ -620,39 +590,42 @@ void Remote::DropConverted(const std::function<bool(const Converted&)>& drop) {
   }
 }
 
-void Remote::OnConverted(Peer& p, uint16_t op, Endpoint& t, const Wire& w) {
-  const hw::FrameFields& f = p.f;
+void Remote::OnConverted(Peer& p, const wire::Envelope& in, Endpoint& t) {
+  const hw::FrameFields& f = in.f;
+  const wire::Record& w = in.r;
+  const bool go = in.op() == wire::Op::kRndvGo;
   auto it = converted_.find(f.aux);
   if (it == converted_.end() || it->second.node != p.node ||
       it->second.sender != t.id) {
     // Not ours (a client's token never has the bit): a receiver waiting
     // for data learns there is none.
-    if (op == kRndvGo && w.len > 0) {
-      SendControl(p.node, kAbort, f.dst, f.src, f, w.x, PSM2_EPID_UNREACHABLE);
+    if (go && w.len > 0) {
+      Post(p, wire::PrepAbort(wire::ReceiverOf(f), f.src, w.x,
+                              PSM2_EPID_UNREACHABLE));
     }
     return;
   }
   Converted c = std::move(it->second);
   converted_.erase(it);
   std::unique_ptr<OutFrame> frame = std::move(c.payload);
-  const uint32_t len = static_cast<uint32_t>(frame->iov[0].iov_len);
-  if (op == kRndvGo && w.len > 0 && w.len <= len) {
+  const uint32_t len = static_cast<uint32_t>(frame->iov.iov_len);
+  if (go && w.len > 0 && w.len <= len) {
     // The payload goes as the transfer's one chunk, from the same pool
     // chunk the eager send placed it in.
-    frame->f.op = kRndvData;
-    frame->f.aux = w.x;
-    frame->f.offset = 0;
-    frame->iov[0].iov_len = w.len;
+    frame->msg.f = wire::PrepRndvData(wire::SenderOf(frame->msg.f),
+                                      frame->msg.f.dst, w.x, 0);
+    frame->iov.iov_len = w.len;
     Enqueue(p, std::move(frame));
   } else {
-    if (op == kRndvGo && w.len > len) {
-      SendControl(p.node, kAbort, f.dst, f.src, f, w.x, PSM2_EPID_UNREACHABLE);
+    if (go && w.len > len) {
+      Post(p, wire::PrepAbort(wire::ReceiverOf(f), f.src, w.x,
+                              PSM2_EPID_UNREACHABLE));
     }
     frame->ReleaseChunk();
   }
   if (!c.sync) return;  // its sender saw it complete when it was sent
   p.awaiting.erase({t.id, c.req});
-  if (op == kError) {
+  if (in.op() == wire::Op::kError) {
     engine_->PostError(t, c.req, w.error);
     return;
   }
@@ -675,21 +648,11 @@ bool Remote::RndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
   t.forwarded += d.len;
   Peer* p = t.dead ? nullptr : PeerOf(t.node);
   if (p != nullptr) {
-    auto f = std::make_unique<OutFrame>();
-    f->f.op = kRndvData;
-    f->f.uid = sender.uid;
-    f->f.src = sender.epid;
-    f->f.dst = t.dst;
-    std::memcpy(f->f.job, sender.job->key().uuid.data(), 16);
-    f->f.aux = t.remote_transfer;
-    f->f.offset = d.body.rndv.offset;
-    f->chunk_base = sender.job->pool().base();
-    f->chunk_offset = chunk.Take();
-    f->chunk_job = sender.job;
-    PagesOf(sender.job).pages.Prepare(f->chunk_offset, d.len);
-    f->iov[0] = {f->chunk_base + f->chunk_offset, d.len};
-    f->iovcnt = 1;
-    Enqueue(*p, std::move(f));
+    Enqueue(*p, ChunkFrame(
+                    sender,
+                    wire::PrepRndvData(SenderOf(sender), t.dst,
+                                       t.remote_transfer, d.body.rndv.offset),
+                    &chunk, d.len));
   }
   if (t.forwarded == t.send_bytes) out_transfers_.erase(it);
   return true;
@@ -706,11 +669,11 @@ void Remote::CompleteSync(const Endpoint& receiver, const UnexpectedMsg& m,
 
 void Remote::TellSender(const Endpoint& receiver, const UnexpectedMsg& m,
                         int32_t error) {
-  hw::FrameFields about;
-  about.uid = receiver.uid;
-  std::memcpy(about.job, receiver.job->key().uuid.data(), 16);
-  SendControl(shm::NodeIdOf(m.remote_src), error == PSM2_OK ? kSyncAck : kError,
-              receiver.epid, m.remote_src, about, m.sender_req, error);
+  const wire::Sender from = SenderOf(receiver);
+  PostTo(shm::NodeIdOf(m.remote_src),
+         error == PSM2_OK
+             ? wire::PrepSyncAck(from, m.remote_src, m.sender_req)
+             : wire::PrepError(from, m.remote_src, m.sender_req, error));
 }
 
 void Remote::StartTransfer(Endpoint& receiver, uint64_t recv_req,
@@ -727,16 +690,15 @@ void Remote::StartTransfer(Endpoint& receiver, uint64_t recv_req,
     }
     return;
   }
-  Wire w{};
-  w.len = send_bytes;
+  uint64_t transfer = 0;
   if (send_bytes > 0) {
-    w.x = next_in_transfer_++;
-    in_transfers_[w.x] = std::make_unique<InTransfer>(
+    transfer = next_in_transfer_++;
+    in_transfers_[transfer] = std::make_unique<InTransfer>(
         InTransfer{node, receiver.id, recv_req, m.remote_src, send_bytes, 0,
                    m.sender_req});
   }
-  SendEnvelope(*p, kRndvGo, receiver, m.remote_src, m.sender_req, w, nullptr,
-               0);
+  Post(*p, wire::PrepRndvGo(SenderOf(receiver), m.remote_src, m.sender_req,
+                            send_bytes, transfer));
 }
 
 bool Remote::TakeKept(const UnexpectedMsg& m, std::vector<uint8_t>* bytes) {
@@ -752,7 +714,7 @@ bool Remote::TakeKept(const UnexpectedMsg& m, std::vector<uint8_t>* bytes) {
     auto waiting = p->kept_waiting.find(k.f.dst);
     if (--waiting->second == 0) {
       p->kept_waiting.erase(waiting);
-      SendControl(p->node, kEagerOn, k.f.dst, 0, k.f, 0, PSM2_OK);
+      Post(*p, wire::PrepFlow(wire::Op::kEagerOn, wire::ReceiverOf(k.f)));
     }
   }
   return true;
@@ -798,12 +760,9 @@ void Remote::EndpointRemoved(uint32_t id) {
     // unless nothing more comes (all read, or a payload kept here).
     t->receiver = 0;
     if (t->accepted == t->send_bytes) continue;
-    hw::FrameFields about;
     if (Endpoint* r = engine_->FindEndpoint(id)) {
-      about.uid = r->uid;
-      std::memcpy(about.job, r->job->key().uuid.data(), 16);
-      SendControl(t->node, kError, r->epid, t->src, about, t->sender_req,
-                  PSM2_EPID_UNREACHABLE);
+      PostTo(t->node, wire::PrepError(SenderOf(*r), t->src, t->sender_req,
+                                      PSM2_EPID_UNREACHABLE));
     }
   }
   for (auto it = out_transfers_.begin(); it != out_transfers_.end();) {
@@ -814,8 +773,8 @@ void Remote::EndpointRemoved(uint32_t id) {
     }
     // The receiver would wait for the rest of the message.
     if (!t.dead) {
-      SendControl(t.node, kAbort, t.about.src, t.dst, t.about,
-                  t.remote_transfer, PSM2_EPID_UNREACHABLE);
+      PostTo(t.node, wire::PrepAbort(t.from, t.dst, t.remote_transfer,
+                                     PSM2_EPID_UNREACHABLE));
     }
     it = out_transfers_.erase(it);
   }
@@ -825,11 +784,8 @@ void Remote::EndpointRemoved(uint32_t id) {
   // (one connection per node pair keeps the order).
   if (auto w = watchers_.find(id); w != watchers_.end()) {
     if (Endpoint* ep = engine_->FindEndpoint(id)) {
-      hw::FrameFields about;
-      about.uid = ep->uid;
-      std::memcpy(about.job, ep->job->key().uuid.data(), 16);
       for (uint16_t node : w->second) {
-        SendControl(node, kGone, ep->epid, 0, about, 0, PSM2_EPID_UNREACHABLE);
+        PostTo(node, wire::PrepGone(SenderOf(*ep), PSM2_EPID_UNREACHABLE));
       }
     }
     watchers_.erase(w);
@@ -955,90 +911,137 @@ void Remote::Drop(Peer& p, const char* why) {
   fabric_->Close(p.conn);
 }
 
+// Indexed by wire::Op, row for row with wire::kOpTraits: a data op's handler
+// decides where its bytes go once its header is in; an envelope's handles
+// it once decoded.
+constexpr Remote::Handler Remote::kHandlers[wire::kOpCount] = {
+    /* kInvalid  */ {nullptr, nullptr},  // refused by wire::CheckHeader
+    /* kQuery    */ {nullptr, &Remote::OnQuery},
+    /* kAnswer   */ {nullptr, &Remote::OnAnswer},
+    /* kEnvelope */ {nullptr, &Remote::OnMessage},
+    /* kPayload  */ {&Remote::OnPayloadHeader, nullptr},
+    /* kSyncAck  */ {nullptr, &Remote::OnSendAnswer},
+    /* kRndvGo   */ {nullptr, &Remote::OnRndvGo},
+    /* kRndvData */ {&Remote::OnChunkHeader, nullptr},
+    /* kAmRequest*/ {nullptr, &Remote::OnActiveMessage},
+    /* kAmReply  */ {nullptr, &Remote::OnActiveMessage},
+    /* kAmAck    */ {nullptr, &Remote::OnAmAck},
+    /* kError    */ {nullptr, &Remote::OnSendAnswer},
+    /* kAbort    */ {nullptr, &Remote::OnAbort},
+    /* kPing     */ {nullptr, &Remote::OnPing},
+    /* kGone     */ {nullptr, &Remote::OnGone},
+    /* kXoff     */ {nullptr, &Remote::OnXoff},
+    /* kXon      */ {nullptr, &Remote::OnXon},
+    /* kEagerOff */ {nullptr, &Remote::OnEagerOff},
+    /* kEagerOn  */ {nullptr, &Remote::OnEagerOn},
+};
+
+constexpr bool Remote::EveryOpHasItsHandler() {
+  for (uint16_t op = 0; op < wire::kOpCount; op++) {
+    const wire::Shape shape = wire::kOpTraits[op].shape;
+    if ((shape == wire::Shape::kData) != (kHandlers[op].data != nullptr) ||
+        (shape == wire::Shape::kEnvelope) !=
+            (kHandlers[op].envelope != nullptr)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 void Remote::OnHeader(Peer& p, const hw::Event& e) {
+  static_assert(EveryOpHasItsHandler(), "a handler per op, of its shape");
   p.last_recv_ms = NowMs();
   p.f = e.fields;
   p.length = e.length;
-  const uint16_t op = e.fields.op;
-  if (op == kPayload) {
-    if (!p.expect_payload || e.length != p.pending.wire.len ||
-        e.fields.aux != p.pending.f.aux || e.fields.dst != p.pending.f.dst) {
-      Drop(p, "payload without its envelope");
-      return;
-    }
-    iovec iov;
-    if (p.park_payload) {
-      std::vector<uint8_t>& to = p.parked[p.pending.f.dst].back().payload;
-      to.resize(e.length);
-      iov = {to.data(), e.length};
-    } else if (p.pending.keep) {
-      p.pending.kept.resize(e.length);
-      iov = {p.pending.kept.data(), e.length};
-    } else if (p.pending.receiver != 0) {
-      iov = {p.pending.job->pool().base() + p.pending.chunk, e.length};
-    } else {
-      p.discard.resize(std::min<uint32_t>(e.length, kDiscardBytes));
-      iov = {p.discard.data(), p.discard.size()};
-    }
-    p.rx = Peer::Rx::kPayload;
-    fabric_->PostPayload(p.conn, &iov, 1, p.node);
+  const wire::Error error = wire::CheckHeader(p.node, e.fields, e.length);
+  if (error != wire::Error::kOk) {
+    Drop(p, wire::ErrorName(error));
     return;
   }
-  if (p.expect_payload) {
-    Drop(p, "envelope without its payload");
+  // After a message envelope whose payload follows, that payload and
+  // nothing else.
+  const bool payload =
+      wire::TraitsOf(e.fields.op).payload == wire::Payload::kFrame;
+  if (p.expect_payload != payload) {
+    Drop(p, payload ? "payload without its envelope"
+                    : "envelope without its payload");
     return;
   }
-  if (op == kRndvData) {
-    auto it = in_transfers_.find(e.fields.aux);
-    if (it == in_transfers_.end() || it->second->node != p.node ||
-        it->second->src != e.fields.src ||
-        e.fields.offset != it->second->accepted || e.length == 0 ||
-        e.length > it->second->send_bytes - it->second->accepted) {
-      Drop(p, "rendezvous chunk of no transfer, or out of order");
-      return;
-    }
-    InTransfer& t = *it->second;
-    p.chunk_transfer = e.fields.aux;
-    p.chunk_offset = 0;
-    p.chunk_job.reset();
-    p.park_chunk = false;
-    Endpoint* r = t.receiver == 0 ? nullptr : engine_->FindEndpoint(t.receiver);
-    if (r != nullptr) {
-      // Behind what is parked for its receiver, or parked itself when the
-      // inbox is full.
-      if (p.parked.count(e.fields.dst) != 0 ||
-          !AllocInbox(*r, e.length, &p.chunk_offset)) {
-        if (!Park(p, /*chunk=*/true)) {
-          p.rx = Peer::Rx::kPaused;  // retried in Poll
-          return;
-        }
-      } else {
-        p.chunk_job = r->job;
-      }
-    }
-    t.accepted += e.length;
-    iovec iov;
-    if (p.park_chunk) {
-      std::vector<uint8_t>& to = p.parked[e.fields.dst].back().payload;
-      to.resize(e.length);
-      iov = {to.data(), e.length};
-    } else if (p.chunk_job) {
-      iov = {p.chunk_job->pool().base() + p.chunk_offset, e.length};
-    } else {
-      p.discard.resize(std::min<uint32_t>(e.length, kDiscardBytes));
-      iov = {p.discard.data(), p.discard.size()};
-    }
-    p.rx = Peer::Rx::kChunk;
-    fabric_->PostPayload(p.conn, &iov, 1, p.node);
-    return;
-  }
-  if (op < kQuery || op > kLastOp || e.length < sizeof(Wire) ||
-      e.length > kEnvelopeMax) {
-    Drop(p, "unknown op or envelope size");
+  if (const DataHandler data = kHandlers[e.fields.op].data) {
+    (this->*data)(p, e);
     return;
   }
   iovec iov{p.env, e.length};
   p.rx = Peer::Rx::kEnvelope;
+  fabric_->PostPayload(p.conn, &iov, 1, p.node);
+}
+
+void Remote::OnPayloadHeader(Peer& p, const hw::Event& e) {
+  const hw::FrameFields& env = p.pending.env.f;
+  if (e.length != p.pending.env.r.len || e.fields.aux != env.aux ||
+      e.fields.dst != env.dst) {
+    Drop(p, "payload without its envelope");
+    return;
+  }
+  iovec iov;
+  if (p.park_payload) {
+    std::vector<uint8_t>& to = p.parked[env.dst].back().payload;
+    to.resize(e.length);
+    iov = {to.data(), e.length};
+  } else if (p.pending.keep) {
+    p.pending.kept.resize(e.length);
+    iov = {p.pending.kept.data(), e.length};
+  } else if (p.pending.receiver != 0) {
+    iov = {p.pending.job->pool().base() + p.pending.chunk, e.length};
+  } else {
+    p.discard.resize(std::min<uint32_t>(e.length, kDiscardBytes));
+    iov = {p.discard.data(), p.discard.size()};
+  }
+  p.rx = Peer::Rx::kPayload;
+  fabric_->PostPayload(p.conn, &iov, 1, p.node);
+}
+
+void Remote::OnChunkHeader(Peer& p, const hw::Event& e) {
+  auto it = in_transfers_.find(e.fields.aux);
+  if (it == in_transfers_.end() || it->second->node != p.node ||
+      it->second->src != e.fields.src ||
+      e.fields.offset != it->second->accepted ||
+      e.length > it->second->send_bytes - it->second->accepted) {
+    Drop(p, "rendezvous chunk of no transfer, or out of order");
+    return;
+  }
+  InTransfer& t = *it->second;
+  p.chunk_transfer = e.fields.aux;
+  p.chunk_offset = 0;
+  p.chunk_job.reset();
+  p.park_chunk = false;
+  Endpoint* r = t.receiver == 0 ? nullptr : engine_->FindEndpoint(t.receiver);
+  if (r != nullptr) {
+    // Behind what is parked for its receiver, or parked itself when the
+    // inbox is full.
+    if (p.parked.count(e.fields.dst) != 0 ||
+        !AllocInbox(*r, e.length, &p.chunk_offset)) {
+      if (!Park(p, /*chunk=*/true)) {
+        p.rx = Peer::Rx::kPaused;  // retried in Poll
+        return;
+      }
+    } else {
+      p.chunk_job = r->job;
+    }
+  }
+  t.accepted += e.length;
+  iovec iov;
+  if (p.park_chunk) {
+    std::vector<uint8_t>& to = p.parked[e.fields.dst].back().payload;
+    to.resize(e.length);
+    iov = {to.data(), e.length};
+  } else if (p.chunk_job) {
+    iov = {p.chunk_job->pool().base() + p.chunk_offset, e.length};
+  } else {
+    p.discard.resize(std::min<uint32_t>(e.length, kDiscardBytes));
+    iov = {p.discard.data(), p.discard.size()};
+  }
+  p.rx = Peer::Rx::kChunk;
   fabric_->PostPayload(p.conn, &iov, 1, p.node);
 }
 
@@ -1047,12 +1050,19 @@ void Remote::OnRecvDone(Peer& p, const hw::Event& e) {
   if (e.error != hw::ErrorClass::kOk && e.error != hw::ErrorClass::kTruncated)
     return;  // kClosed follows
   switch (p.rx) {
-    case Peer::Rx::kEnvelope:
-      if (Admit(p) == Verdict::kPause && !Park(p, /*chunk=*/false)) {
+    case Peer::Rx::kEnvelope: {
+      const wire::Error error =
+          wire::DecodeEnvelope(p.node, p.f, p.env, p.length, &p.in);
+      if (error != wire::Error::kOk) {
+        Drop(p, wire::ErrorName(error));
+        return;
+      }
+      if (Admit(p, p.in) == Verdict::kPause && !Park(p, /*chunk=*/false)) {
         p.rx = Peer::Rx::kPaused;
         return;
       }
       break;
+    }
     case Peer::Rx::kPayload:
       if (p.park_payload) {
         p.park_payload = false;
@@ -1077,56 +1087,67 @@ void Remote::OnRecvDone(Peer& p, const hw::Event& e) {
   RecvNext(p);
 }
 
+namespace {
+
+// The completion an active message arrives as, but for its payload.
+shm::CompletionDesc AmArrival(const wire::Envelope& in, uint32_t proxy) {
+  shm::CompletionDesc c{};
+  c.op = in.op() == wire::Op::kAmRequest ? shm::CompleteOp::kAmRequest
+                                         : shm::CompleteOp::kAmReply;
+  c.flags = static_cast<uint8_t>(in.r.flags);
+  c.req = in.f.aux;
+  c.tag[0] = in.r.tag[0];
+  c.tag[1] = in.r.tag[1];
+  c.tag[2] = proxy;
+  c.msg_len = in.r.len;
+  c.src_epid = in.f.src;
+  return c;
+}
+
+}  // namespace
+
 void Remote::OnPayload(Peer& p) {
   Pending& q = p.pending;
+  const hw::FrameFields& f = q.env.f;
   p.expect_payload = false;
   Endpoint* r = q.receiver == 0 ? nullptr : engine_->FindEndpoint(q.receiver);
   if (r == nullptr || r->job != q.job) {
     if (q.job && !q.keep) shm::ReleaseChunk(q.job->pool().base(), q.chunk);
-    if (q.op == kEnvelope && (q.wire.flags & shm::kSendSync) &&
+    if (q.env.op() == wire::Op::kEnvelope && (q.env.r.flags & shm::kSendSync) &&
         q.receiver != 0) {
-      SendControl(p.node, kError, q.f.dst, q.f.src, q.f, q.f.aux,
-                  PSM2_EPID_UNREACHABLE);
+      Post(p, wire::PrepError(wire::ReceiverOf(f), f.src, f.aux,
+                              PSM2_EPID_UNREACHABLE));
     }
-  } else if (q.op == kEnvelope) {
+  } else if (q.env.op() == wire::Op::kEnvelope) {
     UnexpectedMsg m{};
-    m.flags = static_cast<uint8_t>(q.wire.flags);
-    m.len = q.wire.len;
-    m.sender_req = q.f.aux;
+    m.flags = static_cast<uint8_t>(q.env.r.flags);
+    m.len = q.env.r.len;
+    m.sender_req = f.aux;
     m.pool_offset = q.chunk;
-    m.remote_src = q.f.src;
+    m.remote_src = f.src;
     Kept* kept = nullptr;
     if (q.keep) {  // a rendezvous from this daemon's memory
       m.rendezvous = true;
       m.pool_offset = 0;
       m.sender_id = p.NextKeptId(&next_kept_);
       kept = &p.kept[m.sender_id];
-      kept->f = q.f;
+      kept->f = f;
       kept->bytes = std::move(q.kept);
       kept->charged = sizeof(Kept) + kept->bytes.size();
       p.parked_bytes += kept->charged;
       counts_by_node_[p.node].kept++;
     }
     const MqEngine::Arrival arrival = engine_->Arrive(
-        *r, KeyOf(q.f.src, q.wire.tag), m, MqEngine::Part::kPayload,
+        *r, KeyOf(f.src, q.env.r.tag), m, MqEngine::Part::kPayload,
         q.matched ? &q.recv : nullptr);
     if (arrival == MqEngine::Arrival::kQueued && kept != nullptr) {
       kept->waiting = true;
-      if (p.kept_waiting[q.f.dst]++ == 0) {  // (takes uid and job of q.f)
-        SendControl(p.node, kEagerOff, q.f.dst, 0, q.f, 0, PSM2_OK);
+      if (p.kept_waiting[f.dst]++ == 0) {  // (takes uid and job of f)
+        Post(p, wire::PrepFlow(wire::Op::kEagerOff, wire::ReceiverOf(f)));
       }
     }
   } else {  // kAmRequest, kAmReply
-    shm::CompletionDesc c{};
-    c.op = q.op == kAmRequest ? shm::CompleteOp::kAmRequest
-                              : shm::CompleteOp::kAmReply;
-    c.flags = static_cast<uint8_t>(q.wire.flags);
-    c.req = q.f.aux;
-    c.tag[0] = q.wire.tag[0];
-    c.tag[1] = q.wire.tag[1];
-    c.tag[2] = ProxyFor(q.f.src);
-    c.msg_len = q.wire.len;
-    c.src_epid = q.f.src;
+    shm::CompletionDesc c = AmArrival(q.env, ProxyFor(f.src));
     c.body.pool.pool_offset = q.chunk;
     engine_->Post(*r, c);
   }
@@ -1157,32 +1178,28 @@ void Remote::OnChunk(uint64_t transfer_id, const std::shared_ptr<Job>& job,
   if (t.received == t.send_bytes) in_transfers_.erase(it);
 }
 
-Remote::Verdict Remote::Admit(Peer& p) {
-  switch (p.f.op) {
-    case kEnvelope:
-    case kAmRequest:
-    case kAmReply:
-      if (p.parked.count(p.f.dst) != 0) return Verdict::kPause;
-      break;
-    case kGone:
-      if (p.parked_from.count(p.f.src) != 0) return Verdict::kPause;
-      break;
-    default:
-      break;
+Remote::Verdict Remote::Admit(Peer& p, const wire::Envelope& in) {
+  // A message waits behind the frames parked for its receiver; a kGone
+  // behind those its endpoint sent.
+  if (wire::TraitsOf(in.f.op).payload == wire::Payload::kInlineOrFrame) {
+    if (p.parked.count(in.f.dst) != 0) return Verdict::kPause;
+  } else if (in.op() == wire::Op::kGone) {
+    if (p.parked_from.count(in.f.src) != 0) return Verdict::kPause;
   }
-  return OnEnvelope(p);
+  return Handle(p, in);
+}
+
+Remote::Verdict Remote::Handle(Peer& p, const wire::Envelope& in) {
+  return (this->*kHandlers[in.f.op].envelope)(p, in);
 }
 
 bool Remote::Park(Peer& p, bool chunk) {
-  const hw::FrameFields& f = p.f;
+  const hw::FrameFields& f = chunk ? p.f : p.in.f;
   uint64_t payload = 0;
   if (chunk) {
     payload = p.length;
-  } else if (f.op != kGone) {
-    Wire w;
-    std::memcpy(&w, p.env, sizeof(Wire));
-    const bool rndv = f.op == kEnvelope && (w.flags & kWireFlagRndv);
-    if (!rndv && !shm::IsInline(w.len)) payload = w.len;
+  } else if (wire::PayloadFollows(p.in)) {
+    payload = p.in.r.len;
   }
   const uint64_t bytes = sizeof(Parked) + (chunk ? 0 : p.length) + payload;
   if (p.parked_bytes + bytes > kParkMax) {
@@ -1198,33 +1215,31 @@ bool Remote::Park(Peer& p, bool chunk) {
   }
   p.parked_bytes += bytes;
   counts_by_node_[p.node].parked++;
-  if (f.op == kGone) {
-    p.gone_after.push_back(f);
+  if (!chunk && p.in.op() == wire::Op::kGone) {
+    p.gone_after.push_back(p.in);
     return true;
   }
   auto [list, first] = p.parked.try_emplace(f.dst);
   p.parked_from[f.src]++;
   Parked& e = list->second.emplace_back();
-  e.f = f;
   e.chunk = chunk;
   e.bytes = bytes;
   if (chunk) {
+    e.env.f = f;
     p.park_chunk = true;
   } else {
-    e.env.assign(p.env, p.env + p.length);
+    e.env = p.in;
     e.has_held = std::exchange(p.has_held, false);
     e.held_receiver = p.held_receiver;
     e.held_recv = p.held_recv;
     if (payload > 0) {
       p.pending = Pending{};
-      p.pending.op = f.op;
-      p.pending.f = f;
-      std::memcpy(&p.pending.wire, p.env, sizeof(Wire));
+      p.pending.env = p.in;
       p.expect_payload = true;
       p.park_payload = true;
     }
   }
-  if (first) SendControl(p.node, kXoff, f.dst, 0, f, 0, PSM2_OK);
+  if (first) Post(p, wire::PrepFlow(wire::Op::kXoff, wire::ReceiverOf(f)));
   return true;
 }
 
@@ -1234,27 +1249,22 @@ bool Remote::RetryParked(Peer& p) {
   const bool moved = DeliverKeptChunks(p);
   if (p.parked.empty() && p.gone_after.empty()) return moved;
   // Only between frames: a payload or chunk being read owns p.pending or
-  // p.chunk_*. A paused frame's state is kept aside meanwhile.
+  // p.chunk_*. A paused envelope's held receive is kept aside meanwhile.
   if (p.expect_payload || p.dropped ||
       (p.rx != Peer::Rx::kHeader && p.rx != Peer::Rx::kPaused)) {
     return moved;
   }
-  const hw::FrameFields f = p.f;
-  const uint32_t length = p.length;
-  uint8_t env[kEnvelopeMax];
-  std::memcpy(env, p.env, sizeof(env));
   const bool has_held = std::exchange(p.has_held, false);
   const uint32_t held_receiver = p.held_receiver;
   const PostedRecv held_recv = p.held_recv;
   bool did = false;
   for (auto it = p.parked.begin(); it != p.parked.end() && !p.dropped;) {
     std::deque<Parked>& frames = it->second;
-    hw::FrameFields about;
+    hw::FrameFields last;  // of the last frame delivered
     while (!frames.empty() && !p.dropped && Deliver(p, frames.front())) {
-      about.uid = frames.front().f.uid;
-      std::memcpy(about.job, frames.front().f.job, 16);
+      last = frames.front().env.f;
       p.parked_bytes -= frames.front().bytes;
-      auto from = p.parked_from.find(frames.front().f.src);
+      auto from = p.parked_from.find(last.src);
       if (--from->second == 0) p.parked_from.erase(from);
       frames.pop_front();
       did = true;
@@ -1263,21 +1273,15 @@ bool Remote::RetryParked(Peer& p) {
       ++it;
       continue;
     }
-    SendControl(p.node, kXon, it->first, 0, about, 0, PSM2_OK);
+    Post(p, wire::PrepFlow(wire::Op::kXon, wire::ReceiverOf(last)));
     it = p.parked.erase(it);
   }
   while (!p.gone_after.empty() && !p.dropped) {
-    p.f = p.gone_after.front();
-    p.length = sizeof(Wire);
-    std::memset(p.env, 0, sizeof(Wire));
-    if (Admit(p) == Verdict::kPause) break;
+    if (Admit(p, p.gone_after.front()) == Verdict::kPause) break;
     p.gone_after.pop_front();
     p.parked_bytes -= sizeof(Parked);
     did = true;
   }
-  p.f = f;
-  p.length = length;
-  std::memcpy(p.env, env, sizeof(env));
   p.has_held = has_held;
   p.held_receiver = held_receiver;
   p.held_recv = held_recv;
@@ -1303,14 +1307,11 @@ bool Remote::DeliverChunk(uint64_t transfer_id,
 }
 
 bool Remote::Deliver(Peer& p, Parked& e) {
-  p.f = e.f;
-  if (e.chunk) return DeliverChunk(e.f.aux, e.payload);
-  p.length = static_cast<uint32_t>(e.env.size());
-  std::memcpy(p.env, e.env.data(), e.env.size());
+  if (e.chunk) return DeliverChunk(e.env.f.aux, e.payload);
   p.has_held = e.has_held;
   p.held_receiver = e.held_receiver;
   p.held_recv = e.held_recv;
-  if (OnEnvelope(p) == Verdict::kPause) {
+  if (Handle(p, e.env) == Verdict::kPause) {
     e.has_held = std::exchange(p.has_held, false);
     e.held_receiver = p.held_receiver;
     e.held_recv = p.held_recv;
@@ -1320,7 +1321,7 @@ bool Remote::Deliver(Peer& p, Parked& e) {
     if (p.pending.keep) {
       p.pending.kept = std::move(e.payload);
     } else if (p.pending.receiver != 0 &&
-               e.payload.size() == p.pending.wire.len) {
+               e.payload.size() == p.pending.env.r.len) {
       std::memcpy(p.pending.job->pool().base() + p.pending.chunk,
                   e.payload.data(), e.payload.size());
     }
@@ -1329,247 +1330,231 @@ bool Remote::Deliver(Peer& p, Parked& e) {
   return true;
 }
 
-Remote::Verdict Remote::OnEnvelope(Peer& p) {
-  const hw::FrameFields& f = p.f;
-  Wire w;
-  std::memcpy(&w, p.env, sizeof(Wire));
-  const uint8_t* inline_data = p.env + sizeof(Wire);
-  const uint32_t inline_len = p.length - sizeof(Wire);
-  switch (f.op) {
-    case kQuery: {
-      Endpoint* t = Target(f);
-      if (t == nullptr) Refused(p.node, f, "connect");
-      if (t != nullptr) watchers_[t->id].insert(p.node);
-      SendControl(p.node, kAnswer, f.dst, f.src, f, f.aux,
-                  t != nullptr ? PSM2_OK : PSM2_EPID_UNREACHABLE);
-      return Verdict::kDone;
-    }
-    case kAnswer: {
-      auto it = queries_.find(f.aux);
-      if (it != queries_.end() && it->second->node == p.node) {
-        QueryDone done = std::move(it->second->done);
-        queries_.erase(it);
-        done(w.error,
-             w.error == PSM2_OK
-                 ? std::string()
-                 : NodeName(p.node) +
-                       " has no endpoint of this job and uid with that epid");
-      }
-      return Verdict::kDone;
-    }
-    case kSyncAck:
-    case kError: {
-      Endpoint* t = Target(f);
-      if (t == nullptr) return Verdict::kDone;  // the sender is gone
-      if (f.aux & kConvertedBit) {
-        OnConverted(p, f.op, *t, w);
-        return Verdict::kDone;
-      }
-      p.awaiting.erase({t->id, f.aux});
-      if (f.op == kError) {
-        // A rendezvous send streaming to a receiver that left: its chunks
-        // still on the ring are dropped.
-        for (auto& [id, out] : out_transfers_) {
-          if (out->sender == t->id && out->sender_req == f.aux) {
-            out->dead = true;
-          }
-        }
-      }
-      if (f.op == kSyncAck) {
-        shm::CompletionDesc c{};
-        c.op = shm::CompleteOp::kSendDone;
-        c.req = f.aux;
-        c.error = w.error;
-        engine_->Post(*t, c);
-      } else {
-        engine_->PostError(*t, f.aux, w.error);
-      }
-      return Verdict::kDone;
-    }
-    case kRndvGo: {
-      Endpoint* t = Target(f);
-      if (t == nullptr) {
-        // The sender left: the receiver would wait for its data.
-        if (w.len > 0) {
-          SendControl(p.node, kAbort, f.dst, f.src, f, w.x,
-                      PSM2_EPID_UNREACHABLE);
-        }
-        return Verdict::kDone;
-      }
-      if (f.aux & kConvertedBit) {
-        OnConverted(p, f.op, *t, w);
-        return Verdict::kDone;
-      }
-      p.awaiting.erase({t->id, f.aux});
-      shm::CompletionDesc go{};
-      go.op = shm::CompleteOp::kRndvGo;
-      go.req = f.aux;
-      go.error = PSM2_OK;
-      go.body.go.send_bytes = w.len;
-      if (w.len > 0) {
-        go.body.go.transfer = engine_->NewTransferId();
-        hw::FrameFields about;
-        about.uid = f.uid;
-        about.src = t->epid;
-        std::memcpy(about.job, f.job, 16);
-        out_transfers_[go.body.go.transfer] =
-            std::make_unique<OutTransfer>(OutTransfer{
-                p.node, t->id, f.src, w.x, w.len, 0, false, f.aux, about});
-      }
-      engine_->Post(*t, go);
-      return Verdict::kDone;
-    }
-    case kPing:
-      return Verdict::kDone;
-    case kXoff:
-    case kXon:
-    case kEagerOff:
-    case kEagerOn: {
-      // Only a node's own endpoints: a node cannot switch off another's.
-      if (shm::NodeIdOf(f.src) != p.node) return Verdict::kDone;
-      if (f.op == kEagerOff) {
-        counts_by_node_[p.node].eager_offs++;
-        p.eager_off.insert(f.src);
-        // Its queued eager envelopes (those set aside too) go as
-        // rendezvous ones.
-        ConvertQueued(p, p.queue, f.src);
-        if (auto set_aside = p.deferred.find(f.src);
-            set_aside != p.deferred.end()) {
-          ConvertQueued(p, set_aside->second, f.src);
-        }
-        return Verdict::kDone;
-      }
-      if (f.op == kEagerOn) {
-        p.eager_off.erase(f.src);
-        return Verdict::kDone;
-      }
-      if (f.op == kXoff) {
-        counts_by_node_[p.node].xoffs++;
-        p.off.insert(f.src);
-        return Verdict::kDone;
-      }
-      p.off.erase(f.src);
-      auto set_aside = p.deferred.find(f.src);
-      if (set_aside != p.deferred.end()) {
-        // Back to the front of the queue, in their order; after a payload
-        // whose envelope is already on the wire.
-        auto at = p.queue.begin();
-        if (at != p.queue.end() && (*at)->f.op == kPayload) ++at;
-        p.queue.insert(at, std::make_move_iterator(set_aside->second.begin()),
-                       std::make_move_iterator(set_aside->second.end()));
-        p.deferred.erase(set_aside);
-        Flush(p);
-      }
-      return Verdict::kDone;
-    }
-    case kGone: {
-      // Only a node's own endpoints: a node cannot declare another's gone.
-      if (shm::NodeIdOf(f.src) != p.node) return Verdict::kDone;
-      DropProxy(f.src);
-      engine_->PeersGone(
-          [&f](const Endpoint& ep, const PeerLink& link) {
-            return link.endpoint_id == kRemotePeer && link.epid == f.src &&
-                   ep.uid == f.uid &&
-                   std::memcmp(ep.job->key().uuid.data(), f.job, 16) == 0;
-          },
-          PSM2_EPID_UNREACHABLE);
-      return Verdict::kDone;
-    }
-    case kAbort: {
-      auto it = in_transfers_.find(f.aux);
-      if (it == in_transfers_.end() || it->second->node != p.node ||
-          it->second->src != f.src) {
-        return Verdict::kDone;
-      }
-      if (it->second->receiver != 0) {
-        if (Endpoint* r = engine_->FindEndpoint(it->second->receiver)) {
-          engine_->PostError(*r, it->second->recv_req, w.error);
-        }
-      }
-      in_transfers_.erase(it);
-      return Verdict::kDone;
-    }
-    case kAmAck: {
-      Endpoint* t = Target(f);
-      if (t == nullptr) return Verdict::kDone;
-      p.awaiting.erase({t->id, f.aux});
-      shm::CompletionDesc c{};
-      c.op = shm::CompleteOp::kAmAcked;
-      c.req = f.aux;
-      c.error = w.error;
-      c.tag[0] = w.tag[0];
-      c.src_epid = f.src;
-      engine_->Post(*t, c);
-      return Verdict::kDone;
-    }
-    case kEnvelope:
-    case kAmRequest:
-    case kAmReply:
-      break;
-    default:
-      return Verdict::kDone;
+// ---- the envelope handlers ----
+
+Remote::Verdict Remote::OnQuery(Peer& p, const wire::Envelope& in) {
+  Endpoint* t = Target(in.f);
+  if (t == nullptr) Refused(p.node, in.f, "connect");
+  if (t != nullptr) watchers_[t->id].insert(p.node);
+  Post(p, wire::PrepAnswer(wire::ReceiverOf(in.f), in.f.src, in.f.aux,
+                           t != nullptr ? PSM2_OK : PSM2_EPID_UNREACHABLE));
+  return Verdict::kDone;
+}
+
+Remote::Verdict Remote::OnAnswer(Peer& p, const wire::Envelope& in) {
+  auto it = queries_.find(in.f.aux);
+  if (it != queries_.end() && it->second->node == p.node) {
+    QueryDone done = std::move(it->second->done);
+    queries_.erase(it);
+    const int32_t error = in.r.error;
+    done(error,
+         error == PSM2_OK
+             ? std::string()
+             : NodeName(p.node) +
+                   " has no endpoint of this job and uid with that epid");
   }
-  // A message: an MQ send or an active message.
-  const bool rndv = f.op == kEnvelope && (w.flags & kWireFlagRndv);
-  const bool inl = !rndv && shm::IsInline(w.len);
-  if ((inl && inline_len != w.len) || (!inl && inline_len != 0)) {
-    Drop(p, "envelope length");
+  return Verdict::kDone;
+}
+
+Remote::Verdict Remote::OnSendAnswer(Peer& p, const wire::Envelope& in) {
+  const hw::FrameFields& f = in.f;
+  Endpoint* t = Target(f);
+  if (t == nullptr) return Verdict::kDone;  // the sender is gone
+  if (f.aux & wire::kConvertedBit) {
+    OnConverted(p, in, *t);
     return Verdict::kDone;
   }
-  Endpoint* r = Target(f);
-  Pending q;
-  q.op = f.op;
-  q.f = f;
-  q.wire = w;
-  if (r == nullptr) {
-    Refused(p.node, f, f.op == kEnvelope ? "a message" : "an active message");
-    // As for a local receiver that is gone, the sender's request gets an
-    // error completion (a reply's sender is not waiting for one).
-    if (f.op != kAmReply) {
-      SendControl(p.node, kError, f.dst, f.src, f, f.aux,
-                  PSM2_EPID_UNREACHABLE);
-    }
-    if (!inl && !rndv) {  // its payload frame comes next; read and drop it
-      p.pending = q;
-      p.expect_payload = true;
+  p.awaiting.erase({t->id, f.aux});
+  if (in.op() == wire::Op::kSyncAck) {
+    shm::CompletionDesc c{};
+    c.op = shm::CompleteOp::kSendDone;
+    c.req = f.aux;
+    c.error = in.r.error;
+    engine_->Post(*t, c);
+    return Verdict::kDone;
+  }
+  // A rendezvous send streaming to a receiver that left: its chunks still
+  // on the ring are dropped.
+  for (auto& [id, out] : out_transfers_) {
+    if (out->sender == t->id && out->sender_req == f.aux) out->dead = true;
+  }
+  engine_->PostError(*t, f.aux, in.r.error);
+  return Verdict::kDone;
+}
+
+Remote::Verdict Remote::OnRndvGo(Peer& p, const wire::Envelope& in) {
+  const hw::FrameFields& f = in.f;
+  const wire::Record& w = in.r;
+  Endpoint* t = Target(f);
+  if (t == nullptr) {
+    // The sender left: the receiver would wait for its data.
+    if (w.len > 0) {
+      Post(p, wire::PrepAbort(wire::ReceiverOf(f), f.src, w.x,
+                              PSM2_EPID_UNREACHABLE));
     }
     return Verdict::kDone;
   }
-  if (f.op != kEnvelope) {  // active message: held while the target is slow
-    if (r->cq_overflow.size() >= MqEngine::kAmOverflowLimitValue) {
-      return Verdict::kPause;
+  if (f.aux & wire::kConvertedBit) {
+    OnConverted(p, in, *t);
+    return Verdict::kDone;
+  }
+  p.awaiting.erase({t->id, f.aux});
+  shm::CompletionDesc go{};
+  go.op = shm::CompleteOp::kRndvGo;
+  go.req = f.aux;
+  go.error = PSM2_OK;
+  go.body.go.send_bytes = w.len;
+  if (w.len > 0) {
+    go.body.go.transfer = engine_->NewTransferId();
+    out_transfers_[go.body.go.transfer] = std::make_unique<OutTransfer>(
+        OutTransfer{p.node, t->id, f.src, w.x, w.len, 0, false, f.aux,
+                    wire::ReceiverOf(f)});
+  }
+  engine_->Post(*t, go);
+  return Verdict::kDone;
+}
+
+Remote::Verdict Remote::OnPing(Peer&, const wire::Envelope&) {
+  return Verdict::kDone;  // heard: CheckLiveness counts from its header
+}
+
+Remote::Verdict Remote::OnXoff(Peer& p, const wire::Envelope& in) {
+  counts_by_node_[p.node].xoffs++;
+  p.off.insert(in.f.src);
+  return Verdict::kDone;
+}
+
+Remote::Verdict Remote::OnXon(Peer& p, const wire::Envelope& in) {
+  p.off.erase(in.f.src);
+  auto set_aside = p.deferred.find(in.f.src);
+  if (set_aside != p.deferred.end()) {
+    // Back to the front of the queue, in their order; after a payload
+    // whose envelope is already on the wire.
+    auto at = p.queue.begin();
+    if (at != p.queue.end() && (*at)->msg.op() == wire::Op::kPayload) ++at;
+    p.queue.insert(at, std::make_move_iterator(set_aside->second.begin()),
+                   std::make_move_iterator(set_aside->second.end()));
+    p.deferred.erase(set_aside);
+    Flush(p);
+  }
+  return Verdict::kDone;
+}
+
+Remote::Verdict Remote::OnEagerOff(Peer& p, const wire::Envelope& in) {
+  counts_by_node_[p.node].eager_offs++;
+  p.eager_off.insert(in.f.src);
+  // Its queued eager envelopes (those set aside too) go as rendezvous ones.
+  ConvertQueued(p, p.queue, in.f.src);
+  if (auto set_aside = p.deferred.find(in.f.src);
+      set_aside != p.deferred.end()) {
+    ConvertQueued(p, set_aside->second, in.f.src);
+  }
+  return Verdict::kDone;
+}
+
+Remote::Verdict Remote::OnEagerOn(Peer& p, const wire::Envelope& in) {
+  p.eager_off.erase(in.f.src);
+  return Verdict::kDone;
+}
+
+Remote::Verdict Remote::OnGone(Peer&, const wire::Envelope& in) {
+  const hw::FrameFields& f = in.f;
+  DropProxy(f.src);
+  engine_->PeersGone(
+      [&f](const Endpoint& ep, const PeerLink& link) {
+        return link.endpoint_id == kRemotePeer && link.epid == f.src &&
+               ep.uid == f.uid &&
+               std::memcmp(ep.job->key().uuid.data(), f.job, 16) == 0;
+      },
+      PSM2_EPID_UNREACHABLE);
+  return Verdict::kDone;
+}
+
+Remote::Verdict Remote::OnAbort(Peer& p, const wire::Envelope& in) {
+  auto it = in_transfers_.find(in.f.aux);
+  if (it == in_transfers_.end() || it->second->node != p.node ||
+      it->second->src != in.f.src) {
+    return Verdict::kDone;
+  }
+  if (it->second->receiver != 0) {
+    if (Endpoint* r = engine_->FindEndpoint(it->second->receiver)) {
+      engine_->PostError(*r, it->second->recv_req, in.r.error);
     }
-    if (inl) {
-      shm::CompletionDesc c{};
-      c.op = f.op == kAmRequest ? shm::CompleteOp::kAmRequest
-                                : shm::CompleteOp::kAmReply;
-      c.flags = static_cast<uint8_t>(w.flags) | shm::kPayloadInline;
-      c.req = f.aux;
-      c.tag[0] = w.tag[0];
-      c.tag[1] = w.tag[1];
-      c.tag[2] = ProxyFor(f.src);
-      c.msg_len = w.len;
-      c.src_epid = f.src;
-      std::memcpy(c.body.inline_data, inline_data, w.len);
-      engine_->Post(*r, c);
-      return Verdict::kDone;
-    }
-    if (!AllocInbox(*r, w.len, &q.chunk)) return Verdict::kPause;
-    q.receiver = r->id;
-    q.job = r->job;
-    p.pending = q;
+  }
+  in_transfers_.erase(it);
+  return Verdict::kDone;
+}
+
+Remote::Verdict Remote::OnAmAck(Peer& p, const wire::Envelope& in) {
+  Endpoint* t = Target(in.f);
+  if (t == nullptr) return Verdict::kDone;
+  p.awaiting.erase({t->id, in.f.aux});
+  shm::CompletionDesc c{};
+  c.op = shm::CompleteOp::kAmAcked;
+  c.req = in.f.aux;
+  c.error = in.r.error;
+  c.tag[0] = in.r.tag[0];
+  c.src_epid = in.f.src;
+  engine_->Post(*t, c);
+  return Verdict::kDone;
+}
+
+Endpoint* Remote::Receiver(Peer& p, const wire::Envelope& in) {
+  if (Endpoint* r = Target(in.f)) return r;
+  const hw::FrameFields& f = in.f;
+  Refused(p.node, f,
+          in.op() == wire::Op::kEnvelope ? "a message" : "an active message");
+  // As for a local receiver that is gone, the sender's request gets an
+  // error completion (a reply's sender is not waiting for one).
+  if (in.op() != wire::Op::kAmReply) {
+    Post(p, wire::PrepError(wire::ReceiverOf(f), f.src, f.aux,
+                            PSM2_EPID_UNREACHABLE));
+  }
+  if (wire::PayloadFollows(in)) {  // read and drop it
+    p.pending = Pending{};
+    p.pending.env = in;
     p.expect_payload = true;
+  }
+  return nullptr;
+}
+
+Remote::Verdict Remote::OnActiveMessage(Peer& p, const wire::Envelope& in) {
+  Endpoint* r = Receiver(p, in);
+  if (r == nullptr) return Verdict::kDone;
+  // Held while the target is slow.
+  if (r->cq_overflow.size() >= MqEngine::kAmOverflowLimitValue) {
+    return Verdict::kPause;
+  }
+  if (!wire::PayloadFollows(in)) {
+    shm::CompletionDesc c = AmArrival(in, ProxyFor(in.f.src));
+    c.flags |= shm::kPayloadInline;
+    std::memcpy(c.body.inline_data, in.inline_data, in.inline_len);
+    engine_->Post(*r, c);
     return Verdict::kDone;
   }
+  Pending q;
+  q.env = in;
+  if (!AllocInbox(*r, in.r.len, &q.chunk)) return Verdict::kPause;
+  q.receiver = r->id;
+  q.job = r->job;
+  p.pending = std::move(q);
+  p.expect_payload = true;
+  return Verdict::kDone;
+}
+
+Remote::Verdict Remote::OnMessage(Peer& p, const wire::Envelope& in) {
+  Endpoint* r = Receiver(p, in);
+  if (r == nullptr) return Verdict::kDone;
+  const wire::Record& w = in.r;
   UnexpectedMsg m{};
   m.flags = static_cast<uint8_t>(w.flags);
-  m.rendezvous = rndv;
+  m.rendezvous = (w.flags & wire::kFlagRndv) != 0;
   m.len = w.len;
-  m.sender_req = f.aux;
-  m.remote_src = f.src;
-  if (inl) std::memcpy(m.inline_data, inline_data, w.len);
-  const MsgKey key = KeyOf(f.src, w.tag);
-  if (rndv || inl) {
+  m.sender_req = in.f.aux;
+  m.remote_src = in.f.src;
+  std::memcpy(m.inline_data, in.inline_data, in.inline_len);
+  const MsgKey key = KeyOf(in.f.src, w.tag);
+  if (!wire::PayloadFollows(in)) {
     return engine_->Arrive(*r, key, m) == MqEngine::Arrival::kHeld
                ? Verdict::kPause
                : Verdict::kDone;
@@ -1591,6 +1576,8 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
         break;
     }
   }
+  Pending q;
+  q.env = in;
   // A message that may stay unexpected takes at most half the inbox; the
   // rest is for the ones receives wait for. When that has had no room for
   // a while, its payload is kept (remote.h, back-pressure 3).
@@ -1609,7 +1596,7 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
   p.has_held = false;
   q.receiver = r->id;
   q.job = r->job;
-  p.pending = q;
+  p.pending = std::move(q);
   p.expect_payload = true;
   return Verdict::kDone;
 }
@@ -1824,14 +1811,14 @@ bool Remote::Poll() {
     Peer& p = *peer;
     did |= RetryParked(p);
     if (p.rx != Peer::Rx::kPaused) continue;
-    if (p.f.op == kRndvData) {
+    if (wire::OpOf(p.f) == wire::Op::kRndvData) {
       hw::Event e;
       e.conn = p.conn;
       e.fields = p.f;
       e.length = p.length;
       OnHeader(p, e);
       if (p.rx != Peer::Rx::kPaused) did = true;
-    } else if (Admit(p) == Verdict::kDone || Park(p, /*chunk=*/false)) {
+    } else if (Admit(p, p.in) == Verdict::kDone || Park(p, /*chunk=*/false)) {
       did = true;
       if (p.rx == Peer::Rx::kPaused) RecvNext(p);
     }
@@ -1881,8 +1868,7 @@ void Remote::CheckLiveness() {
     }
     // Behind queued frames a ping adds nothing (the peer hears those).
     if (now - p.last_sent_ms >= ping_ms && p.queue.empty()) {
-      hw::FrameFields none;
-      SendControl(node, kPing, 0, 0, none, 0, 0);
+      Post(p, wire::PrepPing());
     }
   }
   for (uint16_t node : dead) {

@@ -4,9 +4,10 @@
 // and receiving epids, the job uuid and uid (frame fields), and the daemon
 // that receives it delivers only to an endpoint of that epid, job and uid.
 //
-// Frames (op values, docs/design.md "Between nodes: the engine"): every op
-// but kPayload and kRndvData is an *envelope*, a 32-byte Wire record (plus
-// up to kInlineMax payload bytes) read into a fixed buffer; the engine
+// Frames (their ops, traits, builders and decoders: daemon/remote/wire.h):
+// every op but kPayload and kRndvData is an *envelope*, a 32-byte record
+// (plus up to kInlineMax payload bytes) read into a fixed buffer and decoded
+// (a frame the decoder refuses drops the connection); the engine
 // decides from it where the next frame's payload goes (a receive matched
 // now, or an unexpected message the receiver's budgets admit:
 // MqEngine::Arrive with Part::kEnvelope), and only then posts the next
@@ -84,6 +85,7 @@
 
 #include "daemon/engine/endpoint.h"
 #include "daemon/engine/other_nodes.h"
+#include "daemon/remote/wire.h"
 #include "hw/fabric.h"
 #include "proto/counters.h"
 #include "shm/payload.h"
@@ -155,43 +157,6 @@ class Remote : public OtherNodes {
   };
   std::vector<PeerRow> Stats() const;
 
-  enum Op : uint16_t {
-    kQuery = 1,      // is dst an endpoint of this job and uid? aux: query
-    kAnswer = 2,     // aux: query, error
-    kEnvelope = 3,   // an MQ send; aux: sender's request
-    kPayload = 4,    // the payload of the envelope before it
-    kSyncAck = 5,    // dst's sync send matched; aux: its request
-    kRndvGo = 6,     // send `len` bytes; aux: request, x: transfer
-    kRndvData = 7,   // a chunk; aux: transfer, offset: where
-    kAmRequest = 8,  // aux: request
-    kAmReply = 9,
-    kAmAck = 10,     // aux: the request acknowledged, tag[0]: handler
-    kError = 11,     // dst's request `aux` failed with `error`
-    kAbort = 12,     // rendezvous transfer `aux` to dst ends: its sender left
-    kPing = 13,      // nothing: a heartbeat (liveness, see CheckLiveness)
-    kGone = 14,      // endpoint src (of the sending node) was removed
-    kXoff = 15,      // hold messages to endpoint src (of the sending node)
-    kXon = 16,       // send to src again
-    kEagerOff = 17,  // eager MQ messages to src as envelopes only
-    kEagerOn = 18,   // eager MQ messages to src as before
-    kLastOp = kEagerOn,
-  };
-
-  // The envelope record (little-endian on the wire as the header is).
-  struct Wire {
-    uint32_t tag[3];
-    uint32_t len;    // message bytes
-    uint32_t flags;  // SubmitFlags (sends), completion flags (AM)
-    int32_t error;
-    uint64_t x;  // kRndvGo: the receiver's transfer id
-  };
-  static_assert(sizeof(Wire) == 32);
-  static constexpr uint32_t kWireFlagRndv = 1u << 31;
-  // In a request field (aux) on the wire: the sending daemon's id of a
-  // Converted send, not a client's request token (those stay below 2^63,
-  // client/endpoint.h).
-  static constexpr uint64_t kConvertedBit = 1ull << 63;
-
  private:
   struct OutFrame;
   struct Peer;
@@ -208,33 +173,37 @@ class Remote : public OtherNodes {
   Peer* PeerOf(uint16_t node);
   Peer* PeerOfConn(hw::ConnId conn);
   void Enqueue(Peer& p, std::unique_ptr<OutFrame> f);
+  // Queues envelope `e` to p, or to `node` if connected.
+  void Post(Peer& p, const wire::Envelope& e);
+  void PostTo(uint16_t node, const wire::Envelope& e);
   void Flush(Peer& p);
-  void SendEnvelope(Peer& p, uint16_t op, const Endpoint& from, uint64_t dst,
-                    uint64_t aux, const Wire& w, const uint8_t* inline_data,
-                    uint32_t inline_len);
-  // An active-message request or reply (op) of `sender` from submission d:
+  // An active-message request or reply of `sender` from submission d:
   // its envelope, carrying an inline payload or followed by the payload's
   // frame; one that wants an ack is remembered until the ack comes.
-  void SendAm(Peer& p, uint16_t op, const Endpoint& sender, uint64_t dst,
+  void SendAm(Peer& p, bool reply, const Endpoint& sender, uint64_t dst,
               const shm::SubmissionDesc& d, shm::PoolPayload* payload,
               uint32_t wire_flags);
-  // The kPayload frame that follows an envelope: it sends the pool chunk
-  // `payload` (len bytes, now the frame's until its send completes).
+  // A data frame with header `fields` sending the pool chunk `payload`
+  // (len bytes, now the frame's until its send completes).
+  std::unique_ptr<OutFrame> ChunkFrame(const Endpoint& sender,
+                                       const hw::FrameFields& fields,
+                                       shm::PoolPayload* payload, uint32_t len);
+  // The kPayload frame that follows an envelope.
   std::unique_ptr<OutFrame> PayloadFrame(const Endpoint& sender, uint64_t dst,
                                          uint64_t req,
                                          shm::PoolPayload* payload,
                                          uint32_t len);
-  // Makes the envelope `w` of an eager MQ send of `sender` (its request
+  // Makes the record `r` of an eager MQ send of `sender` (its request
   // `req`) to an endpoint that is off a rendezvous one; its payload frame
   // waits in converted_ for kRndvGo. Returns the id the envelope's aux
   // carries instead of req.
-  uint64_t Convert(Peer& p, uint32_t sender, uint64_t req, Wire* w,
+  uint64_t Convert(Peer& p, uint32_t sender, uint64_t req, wire::Record* r,
                    std::unique_ptr<OutFrame> payload);
   // Releases the payloads of the converted sends `drop` selects, and
   // forgets them.
   void DropConverted(const std::function<bool(const Converted&)>& drop);
-  // kRndvGo, kError or kSyncAck (op, in p.f) for a converted send of `t`.
-  void OnConverted(Peer& p, uint16_t op, Endpoint& t, const Wire& w);
+  // kRndvGo, kError or kSyncAck `in` for a converted send of `t`.
+  void OnConverted(Peer& p, const wire::Envelope& in, Endpoint& t);
   // Converts the eager envelopes to `dst` in `queue` (kEagerOff).
   void ConvertQueued(Peer& p, std::deque<std::unique_ptr<OutFrame>>& queue,
                      uint64_t dst);
@@ -255,18 +224,53 @@ class Remote : public OtherNodes {
   // Delivers p's matched kept payloads in order while the inbox has room;
   // true when any went.
   bool DeliverKeptChunks(Peer& p);
-  void SendControl(uint16_t node, uint16_t op, uint64_t src, uint64_t dst,
-                   const hw::FrameFields& about, uint64_t aux, int32_t error);
   // "node N (HOSTNAME)" from the node table, for messages to clients.
   std::string NodeName(uint16_t node) const;
   void HandleEvent(const hw::Event& e);
+  // A frame's header: checked (wire::CheckHeader), then its data handler
+  // places its bytes, or its envelope is read into p.env.
   void OnHeader(Peer& p, const hw::Event& e);
   void OnRecvDone(Peer& p, const hw::Event& e);
-  // Decides the envelope in p.env; may pause (kept, retried).
-  Verdict OnEnvelope(Peer& p);
-  // OnEnvelope, unless frames parked before it must go first.
-  Verdict Admit(Peer& p);
-  // The envelope in p.env (or, with `chunk`, the rendezvous chunk whose
+
+  // The handlers, a row per wire::Op (kHandlers, row for row with
+  // wire::kOpTraits). A data op's decides where the frame's bytes go; an
+  // envelope's decides the decoded envelope and may pause it (kPause: it
+  // is parked or, past kParkMax, the connection pauses; retried).
+  using DataHandler = void (Remote::*)(Peer& p, const hw::Event& e);
+  using EnvelopeHandler = Verdict (Remote::*)(Peer& p,
+                                              const wire::Envelope& in);
+  struct Handler {
+    DataHandler data;
+    EnvelopeHandler envelope;
+  };
+  static const Handler kHandlers[wire::kOpCount];
+  // Whether data ops and only they have a data handler, and envelopes an
+  // envelope handler (a static_assert in OnHeader).
+  static constexpr bool EveryOpHasItsHandler();
+  void OnPayloadHeader(Peer& p, const hw::Event& e);
+  void OnChunkHeader(Peer& p, const hw::Event& e);
+  Verdict OnQuery(Peer& p, const wire::Envelope& in);
+  Verdict OnAnswer(Peer& p, const wire::Envelope& in);
+  Verdict OnMessage(Peer& p, const wire::Envelope& in);
+  Verdict OnSendAnswer(Peer& p, const wire::Envelope& in);  // kSyncAck, kError
+  Verdict OnRndvGo(Peer& p, const wire::Envelope& in);
+  Verdict OnActiveMessage(Peer& p, const wire::Envelope& in);
+  Verdict OnAmAck(Peer& p, const wire::Envelope& in);
+  Verdict OnAbort(Peer& p, const wire::Envelope& in);
+  Verdict OnPing(Peer& p, const wire::Envelope& in);
+  Verdict OnGone(Peer& p, const wire::Envelope& in);
+  Verdict OnXoff(Peer& p, const wire::Envelope& in);
+  Verdict OnXon(Peer& p, const wire::Envelope& in);
+  Verdict OnEagerOff(Peer& p, const wire::Envelope& in);
+  Verdict OnEagerOn(Peer& p, const wire::Envelope& in);
+  // The receiver of message or active message `in`; when there is none,
+  // refuses it (its payload, if one follows, is read and dropped).
+  Endpoint* Receiver(Peer& p, const wire::Envelope& in);
+  // Its handler's verdict on `in`.
+  Verdict Handle(Peer& p, const wire::Envelope& in);
+  // Handle, unless frames parked before it must go first.
+  Verdict Admit(Peer& p, const wire::Envelope& in);
+  // The envelope in p.in (or, with `chunk`, the rendezvous chunk whose
   // header is p.f) waits in p.parked; its payload, if any, is read next
   // into daemon memory. False: over kParkMax, pause the connection instead.
   bool Park(Peer& p, bool chunk);
