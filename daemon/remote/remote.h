@@ -67,6 +67,11 @@
 // engine calls it for peers on other nodes (the hooks below), and it
 // reaches the engine only through the engine's public surface.
 //
+// One class, its code by concern: peers.cc (connections, failure,
+// liveness), send.cc, receive.cc (a handler per op), flow_control.cc (the
+// back-pressure rules above); its private state is remote_state.h's, the
+// frames wire.h's, the node table node_table.h's.
+//
 // Thread-safety: a Remote belongs to one progress worker; every method runs
 // on the worker thread.
 #ifndef PSMD_DAEMON_REMOTE_REMOTE_H_
@@ -85,6 +90,8 @@
 
 #include "daemon/engine/endpoint.h"
 #include "daemon/engine/other_nodes.h"
+#include "daemon/remote/node_table.h"
+#include "daemon/remote/proxy_ids.h"
 #include "daemon/remote/wire.h"
 #include "hw/fabric.h"
 #include "proto/counters.h"
@@ -94,15 +101,6 @@
 namespace psmd {
 
 class MqEngine;
-
-// The node table (--fabric-nodes): "NODE HOSTNAME HOSTDESCRIPTION" per line,
-// '#' comments. Read again when the file changes.
-struct NodeEntry {
-  std::string hostname;
-  std::string description;  // NODE@ADDR:PORT,...
-};
-bool ParseNodeTable(const std::string& text, std::map<uint16_t, NodeEntry>* out,
-                    std::string* error);
 
 class Remote : public OtherNodes {
  public:
@@ -126,7 +124,7 @@ class Remote : public OtherNodes {
   void Query(const Endpoint& ep, uint64_t epid, QueryDone done);
   // The node table's host name of `node`, or "" if the table has no line
   // for it.
-  std::string HostName(uint16_t node) const;
+  std::string HostName(uint16_t node) const { return nodes_.HostName(node); }
 
   // OtherNodes: the engine's calls (daemon/engine/other_nodes.h).
   bool Send(Endpoint& sender, const shm::SubmissionDesc& d, const PeerLink& to,
@@ -170,8 +168,25 @@ class Remote : public OtherNodes {
   struct Converted;
   enum class Verdict { kDone, kPause };
 
+  // ---- peers and liveness (peers.cc) ----
   Peer* PeerOf(uint16_t node);
   Peer* PeerOfConn(hw::ConnId conn);
+  void HandleEvent(const hw::Event& e);
+  void RecvNext(Peer& p);
+  // Closes p's connection for a frame the engine refuses (`why`).
+  void Drop(Peer& p, const char* why);
+  void FailPeer(uint16_t node, hw::ErrorClass why);
+  void CheckDeadlines();
+  // Heartbeats: a ping to every open peer sent nothing for a third of the
+  // timeout; a peer heard nothing from for the whole timeout while we were
+  // reading (not paused) is dead. TCP_USER_TIMEOUT cannot be used for this:
+  // it also kills a connection whose receiver paused (zero window) longer.
+  // Time this worker did not run (a gap between checks over a third of the
+  // timeout, less one idle period) does not count as a peer's silence.
+  void CheckLiveness();
+  void Refused(uint16_t node, const hw::FrameFields& f, const char* what);
+
+  // ---- sending (send.cc) ----
   void Enqueue(Peer& p, std::unique_ptr<OutFrame> f);
   // Queues envelope `e` to p, or to `node` if connected.
   void Post(Peer& p, const wire::Envelope& e);
@@ -193,45 +208,15 @@ class Remote : public OtherNodes {
                                          uint64_t req,
                                          shm::PoolPayload* payload,
                                          uint32_t len);
-  // Makes the record `r` of an eager MQ send of `sender` (its request
-  // `req`) to an endpoint that is off a rendezvous one; its payload frame
-  // waits in converted_ for kRndvGo. Returns the id the envelope's aux
-  // carries instead of req.
-  uint64_t Convert(Peer& p, uint32_t sender, uint64_t req, wire::Record* r,
-                   std::unique_ptr<OutFrame> payload);
-  // Releases the payloads of the converted sends `drop` selects, and
-  // forgets them.
-  void DropConverted(const std::function<bool(const Converted&)>& drop);
-  // kRndvGo, kError or kSyncAck `in` for a converted send of `t`.
-  void OnConverted(Peer& p, const wire::Envelope& in, Endpoint& t);
-  // Converts the eager envelopes to `dst` in `queue` (kEagerOff).
-  void ConvertQueued(Peer& p, std::deque<std::unique_ptr<OutFrame>>& queue,
-                     uint64_t dst);
-  // A matched kept payload (m.sender_id) goes to its receiver as one
-  // rendezvous chunk of send_bytes.
-  void DeliverKept(Endpoint& receiver, uint64_t recv_req, uint32_t send_bytes,
-                   const UnexpectedMsg& m);
   // kSyncAck (error PSM2_OK) or kError for the sender of `m`.
   void TellSender(const Endpoint& receiver, const UnexpectedMsg& m,
                   int32_t error);
-  // Takes the kept payload `m` names out of its peer; false when it is
-  // gone with its connection.
-  bool TakeKept(const UnexpectedMsg& m, std::vector<uint8_t>* bytes);
-  // Copies a chunk of `transfer_id` held in daemon memory into its
-  // receiver's inbox (or drops it if the receiver left); false when the
-  // inbox is full.
-  bool DeliverChunk(uint64_t transfer_id, const std::vector<uint8_t>& bytes);
-  // Delivers p's matched kept payloads in order while the inbox has room;
-  // true when any went.
-  bool DeliverKeptChunks(Peer& p);
-  // "node N (HOSTNAME)" from the node table, for messages to clients.
-  std::string NodeName(uint16_t node) const;
-  void HandleEvent(const hw::Event& e);
+
+  // ---- receiving (receive.cc) ----
   // A frame's header: checked (wire::CheckHeader), then its data handler
   // places its bytes, or its envelope is read into p.env.
   void OnHeader(Peer& p, const hw::Event& e);
   void OnRecvDone(Peer& p, const hw::Event& e);
-
   // The handlers, a row per wire::Op (kHandlers, row for row with
   // wire::kOpTraits). A data op's decides where the frame's bytes go; an
   // envelope's decides the decoded envelope and may pause it (kPause: it
@@ -259,15 +244,26 @@ class Remote : public OtherNodes {
   Verdict OnAbort(Peer& p, const wire::Envelope& in);
   Verdict OnPing(Peer& p, const wire::Envelope& in);
   Verdict OnGone(Peer& p, const wire::Envelope& in);
-  Verdict OnXoff(Peer& p, const wire::Envelope& in);
-  Verdict OnXon(Peer& p, const wire::Envelope& in);
-  Verdict OnEagerOff(Peer& p, const wire::Envelope& in);
-  Verdict OnEagerOn(Peer& p, const wire::Envelope& in);
+  // Its handler's verdict on `in`.
+  Verdict Handle(Peer& p, const wire::Envelope& in);
   // The receiver of message or active message `in`; when there is none,
   // refuses it (its payload, if one follows, is read and dropped).
   Endpoint* Receiver(Peer& p, const wire::Envelope& in);
-  // Its handler's verdict on `in`.
-  Verdict Handle(Peer& p, const wire::Envelope& in);
+  // A payload (of the envelope in p.pending) landed in its inbox chunk.
+  void OnPayload(Peer& p);
+  // A rendezvous chunk of `transfer_id` landed in `job`'s inbox at `chunk`.
+  void OnChunk(uint64_t transfer_id, const std::shared_ptr<Job>& job,
+               uint64_t chunk, uint32_t len);
+  // The local endpoint a frame is for: epid, job and uid all match.
+  Endpoint* Target(const hw::FrameFields& f);
+  // This daemon's state for `job`'s pool, made on first use.
+  JobPages& PagesOf(const std::shared_ptr<Job>& job);
+  // Allocates `bytes` in the inbox of `ep`'s job; false when full (or, for
+  // kMayLinger, when lingering chunks hold their share: shm/pool.h).
+  bool AllocInbox(Endpoint& ep, uint32_t bytes, uint64_t* offset,
+                  shm::ChunkUse use = shm::ChunkUse::kBrief);
+
+  // ---- flow control, back-pressure 1-4 above (flow_control.cc) ----
   // Handle, unless frames parked before it must go first.
   Verdict Admit(Peer& p, const wire::Envelope& in);
   // The envelope in p.in (or, with `chunk`, the rendezvous chunk whose
@@ -277,45 +273,47 @@ class Remote : public OtherNodes {
   // Retries the parked frames of every epid in order; true when any went.
   bool RetryParked(Peer& p);
   bool Deliver(Peer& p, Parked& e);
-  // A payload (of the envelope in p.pending) landed in its inbox chunk.
-  void OnPayload(Peer& p);
-  // A rendezvous chunk of `transfer_id` landed in `job`'s inbox at `chunk`.
-  void OnChunk(uint64_t transfer_id, const std::shared_ptr<Job>& job,
-               uint64_t chunk, uint32_t len);
+  // Copies a chunk of `transfer_id` held in daemon memory into its
+  // receiver's inbox (or drops it if the receiver left); false when the
+  // inbox is full.
+  bool DeliverChunk(uint64_t transfer_id, const std::vector<uint8_t>& bytes);
+  Verdict OnXoff(Peer& p, const wire::Envelope& in);
+  Verdict OnXon(Peer& p, const wire::Envelope& in);
   // Whether Flush sets `f` aside for a node's endpoint that is off (kXoff).
   bool Defer(Peer& p, const OutFrame& f);
-  void RecvNext(Peer& p);
-  void Drop(Peer& p, const char* why);
-  void FailPeer(uint16_t node, hw::ErrorClass why);
-  // The local endpoint a frame is for: epid, job and uid all match.
-  Endpoint* Target(const hw::FrameFields& f);
-  // This daemon's state for `job`'s pool, made on first use.
-  JobPages& PagesOf(const std::shared_ptr<Job>& job);
-  // Allocates `bytes` in the inbox of `ep`'s job; false when full (or, for
-  // kMayLinger, when lingering chunks hold their share: shm/pool.h).
-  bool AllocInbox(Endpoint& ep, uint32_t bytes, uint64_t* offset,
-                  shm::ChunkUse use = shm::ChunkUse::kBrief);
-  uint32_t ProxyFor(uint64_t epid);
-  void DropProxy(uint64_t epid);
-  void ReloadNodes();
-  void CheckDeadlines();
-  // Heartbeats: a ping to every open peer sent nothing for a third of the
-  // timeout; a peer heard nothing from for the whole timeout while we were
-  // reading (not paused) is dead. TCP_USER_TIMEOUT cannot be used for this:
-  // it also kills a connection whose receiver paused (zero window) longer.
-  // Time this worker did not run (a gap between checks over a third of the
-  // timeout, less one idle period) does not count as a peer's silence.
-  void CheckLiveness();
-  void Refused(uint16_t node, const hw::FrameFields& f, const char* what);
+  // Makes the record `r` of an eager MQ send of `sender` (its request
+  // `req`) to an endpoint that is off a rendezvous one; its payload frame
+  // waits in converted_ for kRndvGo. Returns the id the envelope's aux
+  // carries instead of req.
+  uint64_t Convert(Peer& p, uint32_t sender, uint64_t req, wire::Record* r,
+                   std::unique_ptr<OutFrame> payload);
+  // Converts the eager envelopes to `dst` in `queue` (kEagerOff).
+  void ConvertQueued(Peer& p, std::deque<std::unique_ptr<OutFrame>>& queue,
+                     uint64_t dst);
+  // Releases the payloads of the converted sends `drop` selects, and
+  // forgets them.
+  void DropConverted(const std::function<bool(const Converted&)>& drop);
+  // kRndvGo, kError or kSyncAck `in` for a converted send of `t`.
+  void OnConverted(Peer& p, const wire::Envelope& in, Endpoint& t);
+  Verdict OnEagerOff(Peer& p, const wire::Envelope& in);
+  Verdict OnEagerOn(Peer& p, const wire::Envelope& in);
+  // Takes the kept payload `m` names out of its peer; false when it is
+  // gone with its connection.
+  bool TakeKept(const UnexpectedMsg& m, std::vector<uint8_t>* bytes);
+  // A matched kept payload (m.sender_id) goes to its receiver as one
+  // rendezvous chunk of send_bytes.
+  void DeliverKept(Endpoint& receiver, uint64_t recv_req, uint32_t send_bytes,
+                   const UnexpectedMsg& m);
+  // Delivers p's matched kept payloads in order while the inbox has room;
+  // true when any went.
+  bool DeliverKeptChunks(Peer& p);
 
   MqEngine* const engine_;
   std::unique_ptr<hw::Fabric> fabric_;
   const uint16_t node_id_;
   const uint16_t boot_nonce_;
-  const std::string nodes_file_;
   const uint32_t timeout_ms_;
-  std::map<uint16_t, NodeEntry> nodes_;
-  int64_t nodes_mtime_ns_ = -1;
+  NodeTable nodes_;
 
   std::unordered_map<uint16_t, std::unique_ptr<Peer>> peers_;
   std::unordered_map<hw::ConnId, uint16_t> node_of_conn_;
@@ -334,9 +332,7 @@ class Remote : public OtherNodes {
   // it fail (mq_engine.h invariant 8). At most one entry per node.
   std::unordered_map<uint32_t, std::set<uint16_t>> watchers_;
   std::unordered_map<const Job*, std::unique_ptr<JobPages>> job_pages_;
-  std::unordered_map<uint64_t, uint32_t> proxy_by_epid_;
-  std::unordered_map<uint32_t, uint64_t> epid_by_proxy_;
-  uint32_t next_proxy_ = kProxyBase;
+  ProxyIds proxies_;
   uint32_t passes_ = 0;
   uint64_t last_liveness_ms_ = 0;
   uint64_t refused_ = 0;

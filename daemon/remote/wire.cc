@@ -157,8 +157,8 @@ Error CheckHeader(uint16_t from, const hw::FrameFields& f, uint32_t length) {
   return Error::kOk;
 }
 
-Error DecodeEnvelope(uint16_t from, const hw::FrameFields& f,
-                     const uint8_t* in, uint32_t length, Envelope* out) {
+Error DecodeEnvelope(uint16_t from, const hw::FrameFields& f, const uint8_t* in,
+                     uint32_t length, Envelope* out) {
   const OpTraits& t = TraitsOf(f.op);
   if (t.shape != Shape::kEnvelope) return Error::kUnknownOp;
   if (Error error = CheckHeader(from, f, length); error != Error::kOk) {
@@ -243,8 +243,7 @@ Envelope PrepActiveMessage(bool reply, const Sender& from, uint64_t dst,
                            uint64_t req, uint32_t handler, uint32_t nargs,
                            uint32_t len, uint32_t flags,
                            const uint8_t* inline_data) {
-  Envelope e =
-      Addressed(reply ? Op::kAmReply : Op::kAmRequest, from, dst, req);
+  Envelope e = Addressed(reply ? Op::kAmReply : Op::kAmRequest, from, dst, req);
   e.r.tag[0] = handler;
   e.r.tag[1] = nargs;
   e.r.len = len;

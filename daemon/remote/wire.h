@@ -234,8 +234,8 @@ const char* ErrorName(Error error);
 Error CheckHeader(uint16_t from, const hw::FrameFields& f, uint32_t length);
 // An envelope of `length` bytes at `in`, under header `f` from node `from`:
 // CheckHeader, then the record and inline bytes.
-Error DecodeEnvelope(uint16_t from, const hw::FrameFields& f,
-                     const uint8_t* in, uint32_t length, Envelope* out);
+Error DecodeEnvelope(uint16_t from, const hw::FrameFields& f, const uint8_t* in,
+                     uint32_t length, Envelope* out);
 // The bytes DecodeEnvelope reads back as `e`; returns how many.
 uint32_t Encode(const Envelope& e, uint8_t out[kEnvelopeMax]);
 
