@@ -268,7 +268,8 @@ void Remote::RecvNext(Peer& p) {
 }
 
 void Remote::Drop(Peer& p, const char* why) {
-  if (!p.bad_logged) {
+  if (!p.bad_logged) {  // once per connection
+    counts_by_node_[p.node].malformed++;
     spdlog::warn(
         "fabric: node {} sent a frame the engine refuses ({}); dropping the "
         "connection",

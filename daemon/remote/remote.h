@@ -142,7 +142,8 @@ class Remote : public OtherNodes {
   // This engine's counters per peer node, one per entry of
   // PSMD_REMOTE_EVENT_COUNTERS (proto/counters.h): frames it refused (no
   // endpoint of that epid, job and uid here), frames from that node it
-  // parked, kXoff from it, its payloads kept here, kEagerOff from it.
+  // parked, kXoff from it, its payloads kept here, kEagerOff from it, its
+  // connections dropped for a frame the engine refused.
   struct PeerCounts {
 #define PSMD_PEER_COUNTS_FIELD(name, column, unit, help) uint64_t name = 0;
     PSMD_REMOTE_EVENT_COUNTERS(PSMD_PEER_COUNTS_FIELD)

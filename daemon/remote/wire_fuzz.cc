@@ -76,9 +76,8 @@ Envelope Rebuild(const Envelope& e) {
     case Op::kAnswer:
       return PrepAnswer(from, f.dst, f.aux, r.error);
     case Op::kEnvelope:
-      return PrepMessage(from, f.dst, f.aux, r.tag, r.len,
-                         r.flags & ~kFlagRndv, (r.flags & kFlagRndv) != 0,
-                         e.inline_data);
+      return PrepMessage(from, f.dst, f.aux, r.tag, r.len, r.flags & ~kFlagRndv,
+                         (r.flags & kFlagRndv) != 0, e.inline_data);
     case Op::kSyncAck:
       return PrepSyncAck(from, f.dst, f.aux);
     case Op::kRndvGo:
