@@ -72,9 +72,23 @@ void Remote::OnHeader(Peer& p, const hw::Event& e) {
     (this->*data)(p, e);
     return;
   }
-  iovec iov{p.env, e.length};
   p.rx = Peer::Rx::kEnvelope;
+  ReadBody(p, p.env, e.length);
+}
+
+void Remote::ReadBody(Peer& p, uint8_t* to, uint32_t length) {
+  iovec iov{to, length};
+  if (to == nullptr) {
+    p.discard.resize(std::min<uint32_t>(length, kDiscardBytes));
+    iov = {p.discard.data(), p.discard.size()};
+  }
   fabric_->PostPayload(p.conn, &iov, 1, p.node);
+}
+
+uint8_t* Remote::ParkedBody(Peer& p, uint64_t dst, uint32_t length) {
+  std::vector<uint8_t>& to = p.parked[dst].back().payload;
+  to.resize(length);
+  return to.data();
 }
 
 void Remote::OnPayloadHeader(Peer& p, const hw::Event& e) {
@@ -84,22 +98,17 @@ void Remote::OnPayloadHeader(Peer& p, const hw::Event& e) {
     Drop(p, "payload without its envelope");
     return;
   }
-  iovec iov;
+  uint8_t* to = nullptr;  // nobody takes it
   if (p.park_payload) {
-    std::vector<uint8_t>& to = p.parked[env.dst].back().payload;
-    to.resize(e.length);
-    iov = {to.data(), e.length};
+    to = ParkedBody(p, env.dst, e.length);
   } else if (p.pending.keep) {
     p.pending.kept.resize(e.length);
-    iov = {p.pending.kept.data(), e.length};
+    to = p.pending.kept.data();
   } else if (p.pending.receiver != 0) {
-    iov = {p.pending.job->pool().base() + p.pending.chunk, e.length};
-  } else {
-    p.discard.resize(std::min<uint32_t>(e.length, kDiscardBytes));
-    iov = {p.discard.data(), p.discard.size()};
+    to = p.pending.job->pool().base() + p.pending.chunk;
   }
   p.rx = Peer::Rx::kPayload;
-  fabric_->PostPayload(p.conn, &iov, 1, p.node);
+  ReadBody(p, to, e.length);
 }
 
 void Remote::OnChunkHeader(Peer& p, const hw::Event& e) {
@@ -131,19 +140,14 @@ void Remote::OnChunkHeader(Peer& p, const hw::Event& e) {
     }
   }
   t.accepted += e.length;
-  iovec iov;
+  uint8_t* to = nullptr;  // its receiver left
   if (p.park_chunk) {
-    std::vector<uint8_t>& to = p.parked[e.fields.dst].back().payload;
-    to.resize(e.length);
-    iov = {to.data(), e.length};
+    to = ParkedBody(p, e.fields.dst, e.length);
   } else if (p.chunk_job) {
-    iov = {p.chunk_job->pool().base() + p.chunk_offset, e.length};
-  } else {
-    p.discard.resize(std::min<uint32_t>(e.length, kDiscardBytes));
-    iov = {p.discard.data(), p.discard.size()};
+    to = p.chunk_job->pool().base() + p.chunk_offset;
   }
   p.rx = Peer::Rx::kChunk;
-  fabric_->PostPayload(p.conn, &iov, 1, p.node);
+  ReadBody(p, to, e.length);
 }
 
 void Remote::OnRecvDone(Peer& p, const hw::Event& e) {

@@ -217,6 +217,10 @@ class Remote : public OtherNodes {
   // A frame's header: checked (wire::CheckHeader), then its data handler
   // places its bytes, or its envelope is read into p.env.
   void OnHeader(Peer& p, const hw::Event& e);
+  // Reads the frame's `length` bytes into `to`, or drops them (null).
+  void ReadBody(Peer& p, uint8_t* to, uint32_t length);
+  // Where the bytes of the frame parked last for `dst` go.
+  uint8_t* ParkedBody(Peer& p, uint64_t dst, uint32_t length);
   void OnRecvDone(Peer& p, const hw::Event& e);
   // The handlers, a row per wire::Op (kHandlers, row for row with
   // wire::kOpTraits). A data op's decides where the frame's bytes go; an
