@@ -18,12 +18,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "daemon/remote/wire.h"
 #include "shm/epid.h"
+#include "tests/fuzz_seeds.h"
 
 namespace {
 
@@ -176,17 +176,7 @@ std::vector<std::string> Seeds() {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  if (const char* dir = getenv("WIRE_FUZZ_WRITE_SEEDS")) {
-    int i = 0;
-    for (const auto& seed : Seeds()) {
-      char name[32];
-      snprintf(name, sizeof(name), "/seed-%02d", i++);
-      std::ofstream(std::string(dir) + name, std::ios::binary)
-          .write(seed.data(), static_cast<std::streamsize>(seed.size()));
-    }
-    printf("wire_fuzz: wrote %d seeds to %s\n", i, dir);
-    exit(0);
-  }
+  fuzz::WriteSeedsIfAsked("WIRE_FUZZ_WRITE_SEEDS", "wire_fuzz", Seeds);
   return 0;
 }
 
