@@ -103,8 +103,9 @@ enum class Payload : uint8_t {
 // The fields an op uses: frame fields and record fields. Every other one is
 // zero on the wire, and a frame where it is not is refused.
 enum Field : uint16_t {
-  kSrc = 1u << 0,     // an endpoint of the sending node
-  kDst = 1u << 1,     // an endpoint of the receiving node
+  kSrc = 1u << 0,     // an endpoint of the sending node (checked here)
+  kDst = 1u << 1,     // the endpoint it is for (the engine checks it is
+                      // one of its own, of that job and uid)
   kSender = 1u << 2,  // uid and job: the sending endpoint's, or those of
                       // the frame answered
   kAux = 1u << 3,
