@@ -230,12 +230,21 @@ class Remote : public OtherNodes {
   using EnvelopeHandler = Verdict (Remote::*)(Peer& p,
                                               const wire::Envelope& in);
   struct Handler {
-    DataHandler data;
-    EnvelopeHandler envelope;
+    wire::Shape shape = wire::Shape::kNone;  // of the op it handles
+    DataHandler data = nullptr;
+    EnvelopeHandler envelope = nullptr;
   };
+  // A row of kHandlers: its shape follows from its handler's (and a null
+  // handler is no row: ambiguous).
+  static constexpr Handler On(DataHandler h) {
+    return {wire::Shape::kData, h, nullptr};
+  }
+  static constexpr Handler On(EnvelopeHandler h) {
+    return {wire::Shape::kEnvelope, nullptr, h};
+  }
   static const Handler kHandlers[wire::kOpCount];
-  // Whether data ops and only they have a data handler, and envelopes an
-  // envelope handler (a static_assert in OnHeader).
+  // Whether every op's row has a handler of the op's shape (a static_assert
+  // in OnHeader).
   static constexpr bool EveryOpHasItsHandler();
   void OnPayloadHeader(Peer& p, const hw::Event& e);
   void OnChunkHeader(Peer& p, const hw::Event& e);
