@@ -32,7 +32,7 @@
 //      receives that drain the queue. A hold that lasts shm::kBudgetStallNs
 //      with none of them drained is reported (ReportBudgetStalls). Enforced
 //      in one place, Arrive, whatever carried the message (HandleSend, and
-//      daemon/remote/remote.cc for frames from other nodes): the only place
+//      daemon/remote/receive.cc for frames from other nodes): the only place
 //      that charges a message (Uncharge gives it back when it is received or
 //      discarded).
 //   5. A rendezvous transfer exists from match to its last chunk; chunks
@@ -62,7 +62,7 @@
 //      that fell silent), and new ones do unless a queued message matches,
 //      until a psm2_ep_connect re-arms the slot. The survivor of a peer's
 //      death never waits for it. Enforced in one place, PeersGone, which
-//      Remove and daemon/remote/remote.cc call with the links they found gone:
+//      Remove and daemon/remote/ call with the links they found gone:
 //      it marks them and fails their posted receives; HandleRecv fails new ones
 //      on the mark.
 //  10. A rendezvous transfer whose sender and receiver both named their
@@ -178,7 +178,7 @@ class MqEngine {
   // starts.
   void AttachRemote(OtherNodes* remote) { remote_ = remote; }
 
-  // ---- What a transport beside the engine uses (daemon/remote/remote.cc) ----
+  // ---- What a transport beside the engine uses (daemon/remote/remote.h) ----
 
   // What became of a message that reached its receiver (Arrive).
   enum class Arrival : uint8_t {
@@ -215,7 +215,7 @@ class MqEngine {
   void PostError(Endpoint& ep, uint64_t req, int32_t error);
   // Invariant 8, wherever it was learnt that peers are gone (Remove; kGone
   // from another node's daemon, or the connection to it lost:
-  // daemon/remote/remote.cc): every link `gone` selects among the links not yet
+  // daemon/remote/): every link `gone` selects among the links not yet
   // marked gone is marked, and the receives posted naming its peer fail at
   // once with `error` (HandleRecv fails new ones on the mark).
   using LinkFilter = std::function<bool(const Endpoint&, const PeerLink&)>;
