@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <unordered_map>
 
 #include "base/mutex.h"
 #include "daemon/config.h"
@@ -149,7 +150,16 @@ class ProgressWorker {
   std::atomic<bool> commands_pending_{false};
   std::atomic<bool> stop_{false};
 
-  uint32_t muted_doorbells_ = 0;  // worker only
+  // A client ringing its doorbell with nothing submitted (NoteIdleDoorbell),
+  // by endpoint id: its idle rings in the current second, and until when
+  // it is not listened to.
+  struct DoorbellWatch {
+    uint32_t idle_rings = 0;
+    uint64_t window_ns = 0;       // start of the current second
+    uint64_t muted_until_ns = 0;  // 0: listened to
+  };
+  std::unordered_map<uint32_t, DoorbellWatch> doorbell_watch_;  // worker only
+  uint32_t muted_doorbells_ = 0;                                // worker only
   // Pollers per CPU (shm/spin.h), and whether one of our clients polls on
   // the worker's CPU, so that an idle pass must yield rather than pause;
   // worker only. Yielding is the safe guess before the first count.

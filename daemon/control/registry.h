@@ -153,7 +153,7 @@ class Registry {
   Status FindControllable(const Credentials& who, uint32_t id, Record** out)
       PSMD_REQUIRES(mu_);
   bool MayControl(const Credentials& who, const Endpoint& ep) const {
-    return who.is_root() || who.uid == ep.uid;
+    return who.is_root() || who.uid == ep.uid();
   }
 
   Refusals refusals_;

@@ -373,10 +373,10 @@ void Remote::SendEnvelope(Peer& p, uint16_t op, const Endpoint& from,
                           const uint8_t* inline_data, uint32_t inline_len) {
   auto f = std::make_unique<OutFrame>();
   f->f.op = op;
-  f->f.uid = from.uid;
-  f->f.src = from.epid;
+  f->f.uid = from.uid();
+  f->f.src = from.epid();
   f->f.dst = dst;
-  std::memcpy(f->f.job, from.job->key().uuid.data(), 16);
+  std::memcpy(f->f.job, from.job()->key().uuid.data(), 16);
   f->f.aux = aux;
   f->wire = w;
   f->iov[0] = {&f->wire, sizeof(Wire)};
@@ -459,7 +459,8 @@ bool Remote::Send(Endpoint& sender, const shm::SubmissionDesc& d,
   const uint64_t dst = to.epid;
   const bool rndv = d.op == shm::SubmitOp::kRndvSend;
   shm::PoolPayload payload =
-      rndv ? shm::PoolPayload() : shm::PayloadOf(sender.job->pool().base(), d);
+      rndv ? shm::PoolPayload()
+           : shm::PayloadOf(sender.job()->pool().base(), d);
   Peer* p = PeerOf(shm::NodeIdOf(dst));
   if (p == nullptr || to.gone) {
     engine_->PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
@@ -481,14 +482,14 @@ bool Remote::Send(Endpoint& sender, const shm::SubmissionDesc& d,
   if (!rndv && !inl) {
     frame = PayloadFrame(sender, dst, d.req, &payload, d.len);
     if (p->eager_off.count(dst) != 0) {
-      aux = Convert(*p, sender.id, d.req, &w, std::move(frame));
+      aux = Convert(*p, sender.id(), d.req, &w, std::move(frame));
     }
   }
   SendEnvelope(*p, kEnvelope, sender, dst, aux, w,
                inl ? d.body.inline_data : nullptr, inl ? d.len : 0);
   if (frame) Enqueue(*p, std::move(frame));
   if (rndv || (d.flags & shm::kSendSync))
-    p->awaiting.insert({sender.id, d.req});
+    p->awaiting.insert({sender.id(), d.req});
   sender.counters.msgs_sent.Add(1);
   sender.counters.bytes_sent.Add(d.len);
   if (rndv) {
@@ -501,7 +502,7 @@ bool Remote::Send(Endpoint& sender, const shm::SubmissionDesc& d,
 bool Remote::AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
                        const PeerLink& to, bool may_hold) {
   const uint64_t dst = to.epid;
-  shm::PoolPayload payload = shm::PayloadOf(sender.job->pool().base(), d);
+  shm::PoolPayload payload = shm::PayloadOf(sender.job()->pool().base(), d);
   Peer* p = PeerOf(shm::NodeIdOf(dst));
   if (p == nullptr || to.gone) {
     engine_->PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
@@ -520,7 +521,7 @@ bool Remote::AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
 }
 
 void Remote::AmReplyOrAck(Endpoint& sender, const shm::SubmissionDesc& d) {
-  shm::PoolPayload payload = shm::PayloadOf(sender.job->pool().base(), d);
+  shm::PoolPayload payload = shm::PayloadOf(sender.job()->pool().base(), d);
   auto proxy = epid_by_proxy_.find(d.peer);
   const uint64_t dst = proxy == epid_by_proxy_.end() ? 0 : proxy->second;
   Peer* p = dst == 0 ? nullptr : PeerOf(shm::NodeIdOf(dst));
@@ -553,7 +554,7 @@ void Remote::SendAm(Peer& p, uint16_t op, const Endpoint& sender, uint64_t dst,
   SendEnvelope(p, op, sender, dst, d.req, w, inl ? d.body.inline_data : nullptr,
                inl ? d.len : 0);
   if (!inl) Enqueue(p, PayloadFrame(sender, dst, d.req, payload, d.len));
-  if (d.flags & shm::kAmWantsAck) p.awaiting.insert({sender.id, d.req});
+  if (d.flags & shm::kAmWantsAck) p.awaiting.insert({sender.id(), d.req});
 }
 
 std::unique_ptr<Remote::OutFrame> Remote::PayloadFrame(
@@ -561,15 +562,15 @@ std::unique_ptr<Remote::OutFrame> Remote::PayloadFrame(
     shm::PoolPayload* payload, uint32_t len) {
   auto f = std::make_unique<OutFrame>();
   f->f.op = kPayload;
-  f->f.uid = sender.uid;
-  f->f.src = sender.epid;
+  f->f.uid = sender.uid();
+  f->f.src = sender.epid();
   f->f.dst = dst;
-  std::memcpy(f->f.job, sender.job->key().uuid.data(), 16);
+  std::memcpy(f->f.job, sender.job()->key().uuid.data(), 16);
   f->f.aux = req;
-  f->chunk_base = sender.job->pool().base();
+  f->chunk_base = sender.job()->pool().base();
   f->chunk_offset = payload->Take();
-  f->chunk_job = sender.job;
-  PagesOf(sender.job).pages.Prepare(f->chunk_offset, len);
+  f->chunk_job = sender.job();
+  PagesOf(sender.job()).pages.Prepare(f->chunk_offset, len);
   f->iov[0] = {f->chunk_base + f->chunk_offset, len};
   f->iovcnt = 1;
   return f;
@@ -624,7 +625,7 @@ void Remote::OnConverted(Peer& p, uint16_t op, Endpoint& t, const Wire& w) {
   const hw::FrameFields& f = p.f;
   auto it = converted_.find(f.aux);
   if (it == converted_.end() || it->second.node != p.node ||
-      it->second.sender != t.id) {
+      it->second.sender != t.id()) {
     // Not ours (a client's token never has the bit): a receiver waiting
     // for data learns there is none.
     if (op == kRndvGo && w.len > 0) {
@@ -651,7 +652,7 @@ void Remote::OnConverted(Peer& p, uint16_t op, Endpoint& t, const Wire& w) {
     frame->ReleaseChunk();
   }
   if (!c.sync) return;  // its sender saw it complete when it was sent
-  p.awaiting.erase({t.id, c.req});
+  p.awaiting.erase({t.id(), c.req});
   if (op == kError) {
     engine_->PostError(t, c.req, w.error);
     return;
@@ -667,26 +668,26 @@ bool Remote::RndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
   auto it = out_transfers_.find(d.body.rndv.transfer);
   if (it == out_transfers_.end()) return false;
   OutTransfer& t = *it->second;
-  if (t.sender != sender.id || d.body.rndv.offset != t.forwarded ||
+  if (t.sender != sender.id() || d.body.rndv.offset != t.forwarded ||
       d.len > t.send_bytes - t.forwarded) {
     return false;  // reported by the engine as a bad chunk
   }
-  shm::PoolPayload chunk = shm::PayloadOf(sender.job->pool().base(), d);
+  shm::PoolPayload chunk = shm::PayloadOf(sender.job()->pool().base(), d);
   t.forwarded += d.len;
   Peer* p = t.dead ? nullptr : PeerOf(t.node);
   if (p != nullptr) {
     auto f = std::make_unique<OutFrame>();
     f->f.op = kRndvData;
-    f->f.uid = sender.uid;
-    f->f.src = sender.epid;
+    f->f.uid = sender.uid();
+    f->f.src = sender.epid();
     f->f.dst = t.dst;
-    std::memcpy(f->f.job, sender.job->key().uuid.data(), 16);
+    std::memcpy(f->f.job, sender.job()->key().uuid.data(), 16);
     f->f.aux = t.remote_transfer;
     f->f.offset = d.body.rndv.offset;
-    f->chunk_base = sender.job->pool().base();
+    f->chunk_base = sender.job()->pool().base();
     f->chunk_offset = chunk.Take();
-    f->chunk_job = sender.job;
-    PagesOf(sender.job).pages.Prepare(f->chunk_offset, d.len);
+    f->chunk_job = sender.job();
+    PagesOf(sender.job()).pages.Prepare(f->chunk_offset, d.len);
     f->iov[0] = {f->chunk_base + f->chunk_offset, d.len};
     f->iovcnt = 1;
     Enqueue(*p, std::move(f));
@@ -707,10 +708,10 @@ void Remote::CompleteSync(const Endpoint& receiver, const UnexpectedMsg& m,
 void Remote::TellSender(const Endpoint& receiver, const UnexpectedMsg& m,
                         int32_t error) {
   hw::FrameFields about;
-  about.uid = receiver.uid;
-  std::memcpy(about.job, receiver.job->key().uuid.data(), 16);
+  about.uid = receiver.uid();
+  std::memcpy(about.job, receiver.job()->key().uuid.data(), 16);
   SendControl(shm::NodeIdOf(m.remote_src), error == PSM2_OK ? kSyncAck : kError,
-              receiver.epid, m.remote_src, about, m.sender_req, error);
+              receiver.epid(), m.remote_src, about, m.sender_req, error);
 }
 
 void Remote::StartTransfer(Endpoint& receiver, uint64_t recv_req,
@@ -732,7 +733,7 @@ void Remote::StartTransfer(Endpoint& receiver, uint64_t recv_req,
   if (send_bytes > 0) {
     w.x = next_in_transfer_++;
     in_transfers_[w.x] = std::make_unique<InTransfer>(
-        InTransfer{node, receiver.id, recv_req, m.remote_src, send_bytes, 0,
+        InTransfer{node, receiver.id(), recv_req, m.remote_src, send_bytes, 0,
                    m.sender_req});
   }
   SendEnvelope(*p, kRndvGo, receiver, m.remote_src, m.sender_req, w, nullptr,
@@ -772,7 +773,7 @@ void Remote::DeliverKept(Endpoint& receiver, uint64_t recv_req,
   Peer& p = *PeerOf(shm::NodeIdOf(m.remote_src));
   const uint64_t id = next_in_transfer_++;
   in_transfers_[id] = std::make_unique<InTransfer>(
-      InTransfer{p.node, receiver.id, recv_req, m.remote_src, send_bytes, 0,
+      InTransfer{p.node, receiver.id(), recv_req, m.remote_src, send_bytes, 0,
                  m.sender_req, send_bytes});
   bytes.resize(send_bytes);
   p.parked_bytes += bytes.size();
@@ -800,9 +801,9 @@ void Remote::EndpointRemoved(uint32_t id) {
     if (t->accepted == t->send_bytes) continue;
     hw::FrameFields about;
     if (Endpoint* r = engine_->FindEndpoint(id)) {
-      about.uid = r->uid;
-      std::memcpy(about.job, r->job->key().uuid.data(), 16);
-      SendControl(t->node, kError, r->epid, t->src, about, t->sender_req,
+      about.uid = r->uid();
+      std::memcpy(about.job, r->job()->key().uuid.data(), 16);
+      SendControl(t->node, kError, r->epid(), t->src, about, t->sender_req,
                   PSM2_EPID_UNREACHABLE);
     }
   }
@@ -826,10 +827,11 @@ void Remote::EndpointRemoved(uint32_t id) {
   if (auto w = watchers_.find(id); w != watchers_.end()) {
     if (Endpoint* ep = engine_->FindEndpoint(id)) {
       hw::FrameFields about;
-      about.uid = ep->uid;
-      std::memcpy(about.job, ep->job->key().uuid.data(), 16);
+      about.uid = ep->uid();
+      std::memcpy(about.job, ep->job()->key().uuid.data(), 16);
       for (uint16_t node : w->second) {
-        SendControl(node, kGone, ep->epid, 0, about, 0, PSM2_EPID_UNREACHABLE);
+        SendControl(node, kGone, ep->epid(), 0, about, 0,
+                    PSM2_EPID_UNREACHABLE);
       }
     }
     watchers_.erase(w);
@@ -852,8 +854,9 @@ Endpoint* Remote::Target(const hw::FrameFields& f) {
     return nullptr;
   }
   Endpoint* ep = engine_->FindEndpoint(shm::EndpointIdOf(f.dst));
-  if (ep == nullptr || ep->faulted || ep->epid != f.dst || ep->uid != f.uid ||
-      std::memcmp(ep->job->key().uuid.data(), f.job, 16) != 0) {
+  if (ep == nullptr || !MqEngine::Served(*ep) || ep->epid() != f.dst ||
+      ep->uid() != f.uid ||
+      std::memcmp(ep->job()->key().uuid.data(), f.job, 16) != 0) {
     return nullptr;
   }
   return ep;
@@ -904,7 +907,7 @@ Remote::JobPages& Remote::PagesOf(const std::shared_ptr<Job>& job) {
 
 bool Remote::AllocInbox(Endpoint& ep, uint32_t bytes, uint64_t* offset,
                         shm::ChunkUse use) {
-  JobPages& job = PagesOf(ep.job);
+  JobPages& job = PagesOf(ep.job());
   if (!job.inbox || bytes > job.inbox->MaxPayload()) return false;
   auto got = job.inbox->Allocate(bytes, use);
   if (!got) return false;
@@ -1013,7 +1016,7 @@ void Remote::OnHeader(Peer& p, const hw::Event& e) {
           return;
         }
       } else {
-        p.chunk_job = r->job;
+        p.chunk_job = r->job();
       }
     }
     t.accepted += e.length;
@@ -1081,7 +1084,7 @@ void Remote::OnPayload(Peer& p) {
   Pending& q = p.pending;
   p.expect_payload = false;
   Endpoint* r = q.receiver == 0 ? nullptr : engine_->FindEndpoint(q.receiver);
-  if (r == nullptr || r->job != q.job) {
+  if (r == nullptr || r->job() != q.job) {
     if (q.job && !q.keep) shm::ReleaseChunk(q.job->pool().base(), q.chunk);
     if (q.op == kEnvelope && (q.wire.flags & shm::kSendSync) &&
         q.receiver != 0) {
@@ -1142,7 +1145,7 @@ void Remote::OnChunk(uint64_t transfer_id, const std::shared_ptr<Job>& job,
   }
   InTransfer& t = *it->second;
   Endpoint* r = t.receiver == 0 ? nullptr : engine_->FindEndpoint(t.receiver);
-  if (job && (r == nullptr || r->job != job)) {
+  if (job && (r == nullptr || r->job() != job)) {
     shm::ReleaseChunk(job->pool().base(), chunk);
   } else if (job) {
     shm::CompletionDesc c{};
@@ -1297,8 +1300,8 @@ bool Remote::DeliverChunk(uint64_t transfer_id,
   }
   uint64_t chunk = 0;
   if (!AllocInbox(*r, len, &chunk)) return false;
-  std::memcpy(r->job->pool().base() + chunk, bytes.data(), len);
-  OnChunk(transfer_id, r->job, chunk, len);
+  std::memcpy(r->job()->pool().base() + chunk, bytes.data(), len);
+  OnChunk(transfer_id, r->job(), chunk, len);
   return true;
 }
 
@@ -1339,7 +1342,7 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
     case kQuery: {
       Endpoint* t = Target(f);
       if (t == nullptr) Refused(p.node, f, "connect");
-      if (t != nullptr) watchers_[t->id].insert(p.node);
+      if (t != nullptr) watchers_[t->id()].insert(p.node);
       SendControl(p.node, kAnswer, f.dst, f.src, f, f.aux,
                   t != nullptr ? PSM2_OK : PSM2_EPID_UNREACHABLE);
       return Verdict::kDone;
@@ -1365,12 +1368,12 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
         OnConverted(p, f.op, *t, w);
         return Verdict::kDone;
       }
-      p.awaiting.erase({t->id, f.aux});
+      p.awaiting.erase({t->id(), f.aux});
       if (f.op == kError) {
         // A rendezvous send streaming to a receiver that left: its chunks
         // still on the ring are dropped.
         for (auto& [id, out] : out_transfers_) {
-          if (out->sender == t->id && out->sender_req == f.aux) {
+          if (out->sender == t->id() && out->sender_req == f.aux) {
             out->dead = true;
           }
         }
@@ -1400,7 +1403,7 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
         OnConverted(p, f.op, *t, w);
         return Verdict::kDone;
       }
-      p.awaiting.erase({t->id, f.aux});
+      p.awaiting.erase({t->id(), f.aux});
       shm::CompletionDesc go{};
       go.op = shm::CompleteOp::kRndvGo;
       go.req = f.aux;
@@ -1410,11 +1413,11 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
         go.body.go.transfer = engine_->NewTransferId();
         hw::FrameFields about;
         about.uid = f.uid;
-        about.src = t->epid;
+        about.src = t->epid();
         std::memcpy(about.job, f.job, 16);
         out_transfers_[go.body.go.transfer] =
             std::make_unique<OutTransfer>(OutTransfer{
-                p.node, t->id, f.src, w.x, w.len, 0, false, f.aux, about});
+                p.node, t->id(), f.src, w.x, w.len, 0, false, f.aux, about});
       }
       engine_->Post(*t, go);
       return Verdict::kDone;
@@ -1469,8 +1472,8 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
       engine_->PeersGone(
           [&f](const Endpoint& ep, const PeerLink& link) {
             return link.endpoint_id == kRemotePeer && link.epid == f.src &&
-                   ep.uid == f.uid &&
-                   std::memcmp(ep.job->key().uuid.data(), f.job, 16) == 0;
+                   ep.uid() == f.uid &&
+                   std::memcmp(ep.job()->key().uuid.data(), f.job, 16) == 0;
           },
           PSM2_EPID_UNREACHABLE);
       return Verdict::kDone;
@@ -1492,7 +1495,7 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
     case kAmAck: {
       Endpoint* t = Target(f);
       if (t == nullptr) return Verdict::kDone;
-      p.awaiting.erase({t->id, f.aux});
+      p.awaiting.erase({t->id(), f.aux});
       shm::CompletionDesc c{};
       c.op = shm::CompleteOp::kAmAcked;
       c.req = f.aux;
@@ -1536,7 +1539,7 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
     return Verdict::kDone;
   }
   if (f.op != kEnvelope) {  // active message: held while the target is slow
-    if (r->cq_overflow.size() >= MqEngine::kAmOverflowLimitValue) {
+    if (MqEngine::AmHeld(*r)) {
       return Verdict::kPause;
     }
     if (inl) {
@@ -1555,8 +1558,8 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
       return Verdict::kDone;
     }
     if (!AllocInbox(*r, w.len, &q.chunk)) return Verdict::kPause;
-    q.receiver = r->id;
-    q.job = r->job;
+    q.receiver = r->id();
+    q.job = r->job();
     p.pending = q;
     p.expect_payload = true;
     return Verdict::kDone;
@@ -1577,13 +1580,13 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
   // The payload follows. A receive it matches is taken now (and kept
   // across pauses: the message is next in its flow anyway); otherwise the
   // budget must admit it. Then it needs inbox space.
-  if (p.has_held && p.held_receiver != r->id) p.has_held = false;
+  if (p.has_held && p.held_receiver != r->id()) p.has_held = false;
   if (!p.has_held) {
     switch (
         engine_->Arrive(*r, key, m, MqEngine::Part::kEnvelope, &p.held_recv)) {
       case MqEngine::Arrival::kMatched:
         p.has_held = true;
-        p.held_receiver = r->id;
+        p.held_receiver = r->id();
         break;
       case MqEngine::Arrival::kHeld:
         return Verdict::kPause;
@@ -1597,7 +1600,7 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
   if (!AllocInbox(
           *r, w.len, &q.chunk,
           p.has_held ? shm::ChunkUse::kBrief : shm::ChunkUse::kMayLinger)) {
-    const auto& inbox = PagesOf(r->job).inbox;
+    const auto& inbox = PagesOf(r->job()).inbox;
     if (!inbox || !inbox->Stalled() ||
         p.parked_bytes + sizeof(Kept) + w.len > kParkMax) {
       return Verdict::kPause;
@@ -1607,8 +1610,8 @@ Remote::Verdict Remote::OnEnvelope(Peer& p) {
   q.matched = p.has_held;
   q.recv = p.held_recv;
   p.has_held = false;
-  q.receiver = r->id;
-  q.job = r->job;
+  q.receiver = r->id();
+  q.job = r->job();
   p.pending = q;
   p.expect_payload = true;
   return Verdict::kDone;
