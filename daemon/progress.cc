@@ -61,6 +61,7 @@ ProgressWorker::~ProgressWorker() {
 }
 
 bool ProgressWorker::Start(std::string* error) {
+  role_.AssertHeld();  // the worker thread starts at the end
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (epoll_fd_ < 0 || wake_fd_ < 0) {
@@ -144,7 +145,7 @@ void ProgressWorker::RunSync(std::function<void()> fn) {
 }
 
 void ProgressWorker::AddEndpoint(std::shared_ptr<Endpoint> ep) {
-  RunSync([&] {
+  RunSync([&]() PSMD_REQUIRES(role_) {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.u64 = ep->id();
@@ -154,7 +155,7 @@ void ProgressWorker::AddEndpoint(std::shared_ptr<Endpoint> ep) {
 }
 
 void ProgressWorker::RemoveEndpoint(uint32_t id) {
-  RunSync([&] {
+  RunSync([&]() PSMD_REQUIRES(role_) {
     for (Endpoint* ep : engine_.endpoints()) {
       if (ep->id() != id) continue;
       auto watch = doorbell_watch_.find(id);
@@ -171,15 +172,16 @@ void ProgressWorker::RemoveEndpoint(uint32_t id) {
 }
 
 void ProgressWorker::SetPeer(uint32_t id, uint32_t slot, const PeerLink& link) {
-  RunSync([&] { engine_.SetPeer(id, slot, link); });
+  RunSync([&]() PSMD_REQUIRES(role_) { engine_.SetPeer(id, slot, link); });
 }
 
 void ProgressWorker::ClearPeer(uint32_t id, uint32_t slot) {
-  RunSync([&] { engine_.ClearPeer(id, slot); });
+  RunSync([&]() PSMD_REQUIRES(role_) { engine_.ClearPeer(id, slot); });
 }
 
 void ProgressWorker::EnableFabric(std::unique_ptr<hw::Fabric> fabric,
                                   const Config& config, uint16_t boot_nonce) {
+  role_.AssertHeld();  // before Start
   fabric_host_ = fabric->HostDescription();
   remote_ = std::make_unique<Remote>(
       &engine_, std::move(fabric), config.node_id, boot_nonce,
@@ -206,7 +208,7 @@ std::vector<ProgressWorker::RemoteOutcome> ProgressWorker::QueryRemote(
       o.message = "psmd's progress worker did not get an answer in time";
     }
   }
-  RunSync([&] {
+  RunSync([&]() PSMD_REQUIRES(role_) {
     Endpoint* ep = engine_.FindEndpoint(id);
     for (size_t i = 0; i < epids.size(); i++) {
       auto done = [shared, i](int error, const std::string& why) {
@@ -238,7 +240,7 @@ std::vector<ProgressWorker::RemoteOutcome> ProgressWorker::QueryRemote(
 std::vector<Remote::PeerRow> ProgressWorker::FabricStats() {
   std::vector<Remote::PeerRow> out;
   if (remote_ == nullptr) return out;
-  RunSync([&] { out = remote_->Stats(); });
+  RunSync([&]() PSMD_REQUIRES(role_) { out = remote_->Stats(); });
   return out;
 }
 
@@ -259,6 +261,7 @@ void ProgressWorker::RunCommands() {
 }
 
 void ProgressWorker::Loop() {
+  role_.Play();
   uint64_t last_work = NowNs();
   uint32_t idle_passes = 0;
   uint32_t busy_passes = 0;

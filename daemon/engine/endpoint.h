@@ -7,8 +7,11 @@
 //      exists and is const: any thread reads it through the accessors.
 //   2. The match state (rings, queues, peers, budgets, flags) is private to
 //      the endpoint and reachable only from MqEngine (friend), whose every
-//      method runs on its progress worker's thread. Transports beside the
-//      engine (daemon/remote) use MqEngine's public surface.
+//      method runs on its progress worker's thread; the worker holds its
+//      engine PSMD_GUARDED_BY its thread role (base/thread_role.h), so code
+//      on any other thread that reaches for it does not compile under
+//      --config=thread-safety. Transports beside the engine
+//      (daemon/remote) use MqEngine's public surface.
 //   3. pidfd is stored once by the registry at attach (release) and read by
 //      the engine (acquire).
 //   4. Counters are written by the worker only (relaxed stores) and read by

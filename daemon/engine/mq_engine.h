@@ -8,8 +8,10 @@
 // are gone, a transfer id is taken.
 //
 // Thread-safety: not thread-safe. Every method runs on the owning progress
-// worker's thread (control threads reach it through ProgressWorker::RunSync).
-// It is the only code that reaches an endpoint's match state (endpoint.h).
+// worker's thread (control threads reach it through ProgressWorker::RunSync),
+// which holds it PSMD_GUARDED_BY its thread role (daemon/progress.h): the
+// thread-safety build rejects a control thread that reaches for it. It is
+// the only code that reaches an endpoint's match state (endpoint.h).
 //
 // Invariants:
 //   1. Messages from one sender are matched in submission order (one worker
