@@ -152,7 +152,9 @@ class ProgressWorker {
   // null without a fabric. Set before Start; destroyed before the engine.
   std::unique_ptr<Remote> remote_ PSMD_PT_GUARDED_BY(role_);
   std::thread thread_;
-  int epoll_fd_ = -1;
+  // The doorbells, the wake fd and the fabric's: made by Start, then the
+  // worker's.
+  int epoll_fd_ PSMD_GUARDED_BY(role_) = -1;
   int wake_fd_ = -1;  // eventfd: commands or stop pending
 
   Mutex mu_;
