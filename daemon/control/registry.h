@@ -191,7 +191,7 @@ class Registry {
   void ForgetFinishedJobs(std::chrono::steady_clock::time_point now)
       PSMD_REQUIRES(mu_);
   bool MayControl(const Credentials& who, const Endpoint& ep) const {
-    return who.is_root() || who.uid == ep.uid;
+    return who.is_root() || who.uid == ep.uid();
   }
 
   Refusals refusals_;

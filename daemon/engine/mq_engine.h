@@ -8,7 +8,10 @@
 // are gone, a transfer id is taken.
 //
 // Thread-safety: not thread-safe. Every method runs on the owning progress
-// worker's thread (control threads reach it through ProgressWorker::RunSync).
+// worker's thread (control threads reach it through ProgressWorker::RunSync),
+// which holds it PSMD_GUARDED_BY its thread role (daemon/progress.h): the
+// thread-safety build rejects a control thread that reaches for it. It is
+// the only code that reaches an endpoint's match state (endpoint.h).
 //
 // Invariants:
 //   1. Messages from one sender are matched in submission order (one worker
@@ -141,6 +144,8 @@ class MqEngine {
   bool AnySubmissionPending();
   // The same for one endpoint (a doorbell without one is idle).
   bool SubmissionPending(Endpoint& ep);
+  // Whether `ep`'s client has completions in its ring it did not reap yet.
+  static bool CompletionsUnreaped(Endpoint& ep) { return !ep.cq.Drained(); }
   // Wakes clients that sleep waiting for completions published since the
   // last call.
   void NotifyClients();
@@ -224,9 +229,14 @@ class MqEngine {
   // transports' (a chunk names its transfer by it alone).
   uint64_t NewTransferId() { return next_transfer_++; }
 
-  // Active messages waiting in a target's completion overflow beyond which
-  // further requests to it are held (invariant 6).
-  static constexpr size_t kAmOverflowLimitValue = 1024;
+  // Whether `ep` is served: its rings were not found corrupted (a receiver
+  // Arrive takes).
+  static bool Served(const Endpoint& ep) { return !ep.faulted; }
+  // Invariant 6: whether active messages to `target` are held, its
+  // completion overflow holding kAmOverflowLimit.
+  static bool AmHeld(const Endpoint& target) {
+    return target.cq_overflow.size() >= kAmOverflowLimit;
+  }
 
   // Invariant 4's hold made visible: tells each receiver whose senders have
   // waited shm::kBudgetStallNs for its unexpected budget, with none of its
@@ -238,6 +248,11 @@ class MqEngine {
   void ReportBudgetStalls(uint64_t now_ns);
 
  private:
+  // Active messages waiting in a target's completion overflow beyond which
+  // further requests to it are held: a target that stops polling must not
+  // make psmd buffer without bound.
+  static constexpr size_t kAmOverflowLimit = 1024;
+
   // One rendezvous transfer (invariant 5).
   struct Transfer {
     uint32_t sender_id;

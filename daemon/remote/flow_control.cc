@@ -82,7 +82,7 @@ void Remote::OnConverted(Peer& p, const wire::Envelope& in, Endpoint& t) {
   const bool go = in.op() == wire::Op::kRndvGo;
   auto it = converted_.find(f.aux);
   if (it == converted_.end() || it->second.node != p.node ||
-      it->second.sender != t.id) {
+      it->second.sender != t.id()) {
     // Not ours (a client's token never has the bit): a receiver waiting
     // for data learns there is none.
     if (go && w.len > 0) {
@@ -110,7 +110,7 @@ void Remote::OnConverted(Peer& p, const wire::Envelope& in, Endpoint& t) {
     frame->ReleaseChunk();
   }
   if (!c.sync) return;  // its sender saw it complete when it was sent
-  p.awaiting.erase({t.id, c.req});
+  p.awaiting.erase({t.id(), c.req});
   if (in.op() == wire::Op::kError) {
     engine_->PostError(t, c.req, w.error);
     return;
@@ -155,7 +155,7 @@ void Remote::DeliverKept(Endpoint& receiver, uint64_t recv_req,
   Peer& p = *PeerOf(shm::NodeIdOf(m.remote_src));
   const uint64_t id = next_in_transfer_++;
   in_transfers_[id] = std::make_unique<InTransfer>(
-      InTransfer{p.node, receiver.id, recv_req, m.remote_src, send_bytes, 0,
+      InTransfer{p.node, receiver.id(), recv_req, m.remote_src, send_bytes, 0,
                  m.sender_req, send_bytes});
   bytes.resize(send_bytes);
   p.parked_bytes += bytes.size();
@@ -187,8 +187,8 @@ bool Remote::DeliverChunk(uint64_t transfer_id,
   }
   uint64_t chunk = 0;
   if (!AllocInbox(*r, len, &chunk)) return false;
-  std::memcpy(r->job->pool().base() + chunk, bytes.data(), len);
-  OnChunk(transfer_id, r->job, chunk, len);
+  std::memcpy(r->job()->pool().base() + chunk, bytes.data(), len);
+  OnChunk(transfer_id, r->job(), chunk, len);
   return true;
 }
 

@@ -133,7 +133,7 @@ void Remote::OnChunkHeader(Peer& p, const hw::Event& e) {
         return;
       }
     } else {
-      p.chunk_job = r->job;
+      p.chunk_job = r->job();
     }
   }
   t.accepted += e.length;
@@ -213,7 +213,7 @@ void Remote::OnPayload(Peer& p) {
   const hw::FrameFields& f = q.env.f;
   p.expect_payload = false;
   Endpoint* r = q.receiver == 0 ? nullptr : engine_->FindEndpoint(q.receiver);
-  if (r == nullptr || r->job != q.job) {
+  if (r == nullptr || r->job() != q.job) {
     if (q.job && !q.keep) shm::ReleaseChunk(q.job->pool().base(), q.chunk);
     if (q.env.op() == wire::Op::kEnvelope && (q.env.r.flags & shm::kSendSync) &&
         q.receiver != 0) {
@@ -265,7 +265,7 @@ void Remote::OnChunk(uint64_t transfer_id, const std::shared_ptr<Job>& job,
   }
   InTransfer& t = *it->second;
   Endpoint* r = t.receiver == 0 ? nullptr : engine_->FindEndpoint(t.receiver);
-  if (job && (r == nullptr || r->job != job)) {
+  if (job && (r == nullptr || r->job() != job)) {
     shm::ReleaseChunk(job->pool().base(), chunk);
   } else if (job) {
     shm::CompletionDesc c{};
@@ -287,7 +287,7 @@ Remote::Verdict Remote::Handle(Peer& p, const wire::Envelope& in) {
 Remote::Verdict Remote::OnQuery(Peer& p, const wire::Envelope& in) {
   Endpoint* t = Target(in.f);
   if (t == nullptr) Refused(p.node, in.f, "connect");
-  if (t != nullptr) watchers_[t->id].insert(p.node);
+  if (t != nullptr) watchers_[t->id()].insert(p.node);
   Post(p, wire::PrepAnswer(wire::ReceiverOf(in.f), in.f.src, in.f.aux,
                            t != nullptr ? PSM2_OK : PSM2_EPID_UNREACHABLE));
   return Verdict::kDone;
@@ -316,7 +316,7 @@ Remote::Verdict Remote::OnSendAnswer(Peer& p, const wire::Envelope& in) {
     OnConverted(p, in, *t);
     return Verdict::kDone;
   }
-  p.awaiting.erase({t->id, f.aux});
+  p.awaiting.erase({t->id(), f.aux});
   if (in.op() == wire::Op::kSyncAck) {
     shm::CompletionDesc c{};
     c.op = shm::CompleteOp::kSendDone;
@@ -328,7 +328,7 @@ Remote::Verdict Remote::OnSendAnswer(Peer& p, const wire::Envelope& in) {
   // A rendezvous send streaming to a receiver that left: its chunks still
   // on the ring are dropped.
   for (auto& [id, out] : out_transfers_) {
-    if (out->sender == t->id && out->sender_req == f.aux) out->dead = true;
+    if (out->sender == t->id() && out->sender_req == f.aux) out->dead = true;
   }
   engine_->PostError(*t, f.aux, in.r.error);
   return Verdict::kDone;
@@ -350,7 +350,7 @@ Remote::Verdict Remote::OnRndvGo(Peer& p, const wire::Envelope& in) {
     OnConverted(p, in, *t);
     return Verdict::kDone;
   }
-  p.awaiting.erase({t->id, f.aux});
+  p.awaiting.erase({t->id(), f.aux});
   shm::CompletionDesc go{};
   go.op = shm::CompleteOp::kRndvGo;
   go.req = f.aux;
@@ -359,7 +359,7 @@ Remote::Verdict Remote::OnRndvGo(Peer& p, const wire::Envelope& in) {
   if (w.len > 0) {
     go.body.go.transfer = engine_->NewTransferId();
     out_transfers_[go.body.go.transfer] = std::make_unique<OutTransfer>(
-        OutTransfer{p.node, t->id, f.src, w.x, w.len, 0, false, f.aux,
+        OutTransfer{p.node, t->id(), f.src, w.x, w.len, 0, false, f.aux,
                     wire::ReceiverOf(f)});
   }
   engine_->Post(*t, go);
@@ -376,8 +376,8 @@ Remote::Verdict Remote::OnGone(Peer&, const wire::Envelope& in) {
   engine_->PeersGone(
       [&f](const Endpoint& ep, const PeerLink& link) {
         return link.endpoint_id == kRemotePeer && link.epid == f.src &&
-               ep.uid == f.uid &&
-               std::memcmp(ep.job->key().uuid.data(), f.job, 16) == 0;
+               ep.uid() == f.uid &&
+               std::memcmp(ep.job()->key().uuid.data(), f.job, 16) == 0;
       },
       PSM2_EPID_UNREACHABLE);
   return Verdict::kDone;
@@ -401,7 +401,7 @@ Remote::Verdict Remote::OnAbort(Peer& p, const wire::Envelope& in) {
 Remote::Verdict Remote::OnAmAck(Peer& p, const wire::Envelope& in) {
   Endpoint* t = Target(in.f);
   if (t == nullptr) return Verdict::kDone;
-  p.awaiting.erase({t->id, in.f.aux});
+  p.awaiting.erase({t->id(), in.f.aux});
   shm::CompletionDesc c{};
   c.op = shm::CompleteOp::kAmAcked;
   c.req = in.f.aux;
@@ -435,7 +435,7 @@ Remote::Verdict Remote::OnActiveMessage(Peer& p, const wire::Envelope& in) {
   Endpoint* r = Receiver(p, in);
   if (r == nullptr) return Verdict::kDone;
   // Held while the target is slow.
-  if (r->cq_overflow.size() >= MqEngine::kAmOverflowLimitValue) {
+  if (MqEngine::AmHeld(*r)) {
     return Verdict::kPause;
   }
   if (!wire::PayloadFollows(in)) {
@@ -448,8 +448,8 @@ Remote::Verdict Remote::OnActiveMessage(Peer& p, const wire::Envelope& in) {
   Pending q;
   q.env = in;
   if (!AllocInbox(*r, in.r.len, &q.chunk)) return Verdict::kPause;
-  q.receiver = r->id;
-  q.job = r->job;
+  q.receiver = r->id();
+  q.job = r->job();
   p.pending = std::move(q);
   p.expect_payload = true;
   return Verdict::kDone;
@@ -475,13 +475,13 @@ Remote::Verdict Remote::OnMessage(Peer& p, const wire::Envelope& in) {
   // The payload follows. A receive it matches is taken now (and kept
   // across pauses: the message is next in its flow anyway); otherwise the
   // budget must admit it. Then it needs inbox space.
-  if (p.has_held && p.held_receiver != r->id) p.has_held = false;
+  if (p.has_held && p.held_receiver != r->id()) p.has_held = false;
   if (!p.has_held) {
     switch (
         engine_->Arrive(*r, key, m, MqEngine::Part::kEnvelope, &p.held_recv)) {
       case MqEngine::Arrival::kMatched:
         p.has_held = true;
-        p.held_receiver = r->id;
+        p.held_receiver = r->id();
         break;
       case MqEngine::Arrival::kHeld:
         return Verdict::kPause;
@@ -497,7 +497,7 @@ Remote::Verdict Remote::OnMessage(Peer& p, const wire::Envelope& in) {
   if (!AllocInbox(
           *r, w.len, &q.chunk,
           p.has_held ? shm::ChunkUse::kBrief : shm::ChunkUse::kMayLinger)) {
-    const auto& inbox = PagesOf(r->job).inbox;
+    const auto& inbox = PagesOf(r->job()).inbox;
     if (!inbox || !inbox->Stalled() ||
         p.parked_bytes + sizeof(Kept) + w.len > kParkMax) {
       return Verdict::kPause;
@@ -507,8 +507,8 @@ Remote::Verdict Remote::OnMessage(Peer& p, const wire::Envelope& in) {
   q.matched = p.has_held;
   q.recv = p.held_recv;
   p.has_held = false;
-  q.receiver = r->id;
-  q.job = r->job;
+  q.receiver = r->id();
+  q.job = r->job();
   p.pending = std::move(q);
   p.expect_payload = true;
   return Verdict::kDone;
@@ -520,8 +520,9 @@ Endpoint* Remote::Target(const hw::FrameFields& f) {
     return nullptr;
   }
   Endpoint* ep = engine_->FindEndpoint(shm::EndpointIdOf(f.dst));
-  if (ep == nullptr || ep->faulted || ep->epid != f.dst || ep->uid != f.uid ||
-      std::memcmp(ep->job->key().uuid.data(), f.job, 16) != 0) {
+  if (ep == nullptr || !MqEngine::Served(*ep) || ep->epid() != f.dst ||
+      ep->uid() != f.uid ||
+      std::memcmp(ep->job()->key().uuid.data(), f.job, 16) != 0) {
     return nullptr;
   }
   return ep;
@@ -548,7 +549,7 @@ Remote::JobPages& Remote::PagesOf(const std::shared_ptr<Job>& job) {
 
 bool Remote::AllocInbox(Endpoint& ep, uint32_t bytes, uint64_t* offset,
                         shm::ChunkUse use) {
-  JobPages& job = PagesOf(ep.job);
+  JobPages& job = PagesOf(ep.job());
   if (!job.inbox || bytes > job.inbox->MaxPayload()) return false;
   auto got = job.inbox->Allocate(bytes, use);
   if (!got) return false;

@@ -51,9 +51,9 @@ inline int ErrorOf(hw::ErrorClass e) {
 // The endpoint as the sender of a frame.
 inline wire::Sender SenderOf(const Endpoint& ep) {
   wire::Sender s;
-  s.epid = ep.epid;
-  s.uid = ep.uid;
-  std::memcpy(s.job, ep.job->key().uuid.data(), sizeof(s.job));
+  s.epid = ep.epid();
+  s.uid = ep.uid();
+  std::memcpy(s.job, ep.job()->key().uuid.data(), sizeof(s.job));
   return s;
 }
 

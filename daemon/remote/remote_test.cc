@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "daemon/engine/mq_engine.h"
+#include "daemon/engine/test_endpoint.h"
 #include "daemon/remote/wire.h"
 #include "hw/loopback_fabric.h"
 #include "shm/epid.h"
@@ -100,26 +101,15 @@ class RemoteTest : public ::testing::Test {
   }
 
   void AddEndpoint(Node& n, uint32_t id) {
-    auto ep = std::make_shared<Endpoint>();
-    ep->id = id;
-    ep->epid = shm::MakeEpid(n.id, kNonce, id);
-    ep->job = n.job;
-    ep->uid = geteuid();
-    ep->region = *n.job->TakeRegion();
-    ep->geometry = shm::ComputeGeometry(kRingCapacity, kRingCapacity);
-    ep->unexpected_budget = 1 << 20;
-    std::string error;
-    ASSERT_TRUE(shm::Mapping::Create("test-endpoint", ep->geometry.bytes,
-                                     geteuid(), getegid(), &ep->segment,
-                                     &error))
-        << error;
-    n.job->endpoints++;
+    auto ep = MakeTestEndpoint(n.job, *n.job->TakeRegion(), id,
+                               shm::MakeEpid(n.id, kNonce, id), kRingCapacity,
+                               1 << 20);
     ClientSide c;
     c.id = id;
-    c.epid = ep->epid;
-    c.rings = shm::ClientRingsOf(ep->segment.base(), ep->geometry);
-    c.arena = shm::SendArena(n.job->pool().base(), ep->region.offset,
-                             ep->region.bytes);
+    c.epid = ep->epid();
+    c.rings = shm::ClientRingsOf(ep->segment().base(), ep->geometry());
+    c.arena = shm::SendArena(n.job->pool().base(), ep->region().offset,
+                             ep->region().bytes);
     n.endpoints.push_back(ep);
     n.clients.push_back(c);
     n.engine->Add(ep);
@@ -569,7 +559,8 @@ TEST_F(RemoteTest, AReceiveNamingARemovedRemoteEndpointFails) {
 // hold (kXoff); nothing is lost or reordered once receives drain the queue.
 TEST_F(RemoteTest, MessagesOverTheReceiversBudgetParkAndTheSenderHolds) {
   ConnectPair();
-  node(2).endpoints[0]->unexpected_budget = 0;  // one message at a time
+  // One message at a time.
+  EndpointTestPeer(*node(2).endpoints[0]).set_unexpected_budget(0);
   constexpr int kMessages = 20;
   for (int i = 0; i < kMessages; i++) {
     Send(1, 0, 0, 6, std::string(i % 2 ? 2000 : 1, char('A' + i)));
@@ -700,7 +691,7 @@ TEST_F(RemoteTest, EagerMessagesPastTheInboxShareAreKeptAndStillArrive) {
 // order, with nothing lost.
 TEST_F(RemoteTest, PastTheParkCapTheConnectionPausesAndThenResumes) {
   ConnectPair();
-  node(2).endpoints[0]->unexpected_budget = 0;
+  EndpointTestPeer(*node(2).endpoints[0]).set_unexpected_budget(0);
   constexpr int kMessages = 1100;
   constexpr uint32_t kBytes = 16 << 10;  // 1100 x 16 KiB > kParkMax (16 MiB)
   Node& n1 = node(1);

@@ -59,7 +59,8 @@ bool Remote::Send(Endpoint& sender, const shm::SubmissionDesc& d,
   const uint64_t dst = to.epid;
   const bool rndv = d.op == shm::SubmitOp::kRndvSend;
   shm::PoolPayload payload =
-      rndv ? shm::PoolPayload() : shm::PayloadOf(sender.job->pool().base(), d);
+      rndv ? shm::PoolPayload()
+           : shm::PayloadOf(sender.job()->pool().base(), d);
   Peer* p = PeerOf(shm::NodeIdOf(dst));
   if (p == nullptr || to.gone) {
     engine_->PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
@@ -78,13 +79,13 @@ bool Remote::Send(Endpoint& sender, const shm::SubmissionDesc& d,
   if (wire::PayloadFollows(env)) {
     frame = PayloadFrame(sender, dst, d.req, &payload, d.len);
     if (p->eager_off.count(dst) != 0) {
-      env.f.aux = Convert(*p, sender.id, d.req, &env.r, std::move(frame));
+      env.f.aux = Convert(*p, sender.id(), d.req, &env.r, std::move(frame));
     }
   }
   Post(*p, env);
   if (frame) Enqueue(*p, std::move(frame));
   if (rndv || (d.flags & shm::kSendSync))
-    p->awaiting.insert({sender.id, d.req});
+    p->awaiting.insert({sender.id(), d.req});
   sender.counters.msgs_sent.Add(1);
   sender.counters.bytes_sent.Add(d.len);
   if (rndv) {
@@ -97,7 +98,7 @@ bool Remote::Send(Endpoint& sender, const shm::SubmissionDesc& d,
 bool Remote::AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
                        const PeerLink& to, bool may_hold) {
   const uint64_t dst = to.epid;
-  shm::PoolPayload payload = shm::PayloadOf(sender.job->pool().base(), d);
+  shm::PoolPayload payload = shm::PayloadOf(sender.job()->pool().base(), d);
   Peer* p = PeerOf(shm::NodeIdOf(dst));
   if (p == nullptr || to.gone) {
     engine_->PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
@@ -116,7 +117,7 @@ bool Remote::AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
 }
 
 void Remote::AmReplyOrAck(Endpoint& sender, const shm::SubmissionDesc& d) {
-  shm::PoolPayload payload = shm::PayloadOf(sender.job->pool().base(), d);
+  shm::PoolPayload payload = shm::PayloadOf(sender.job()->pool().base(), d);
   const uint64_t dst = proxies_.EpidOf(d.peer);
   Peer* p = dst == 0 ? nullptr : PeerOf(shm::NodeIdOf(dst));
   if (d.op == shm::SubmitOp::kAmAck) {
@@ -144,7 +145,7 @@ void Remote::SendAm(Peer& p, bool reply, const Endpoint& sender, uint64_t dst,
   if (wire::PayloadFollows(env)) {
     Enqueue(p, PayloadFrame(sender, dst, d.req, payload, d.len));
   }
-  if (d.flags & shm::kAmWantsAck) p.awaiting.insert({sender.id, d.req});
+  if (d.flags & shm::kAmWantsAck) p.awaiting.insert({sender.id(), d.req});
 }
 
 std::unique_ptr<Remote::OutFrame> Remote::ChunkFrame(
@@ -152,10 +153,10 @@ std::unique_ptr<Remote::OutFrame> Remote::ChunkFrame(
     shm::PoolPayload* payload, uint32_t len) {
   auto f = std::make_unique<OutFrame>();
   f->msg.f = fields;
-  f->chunk_base = sender.job->pool().base();
+  f->chunk_base = sender.job()->pool().base();
   f->chunk_offset = payload->Take();
-  f->chunk_job = sender.job;
-  PagesOf(sender.job).pages.Prepare(f->chunk_offset, len);
+  f->chunk_job = sender.job();
+  PagesOf(sender.job()).pages.Prepare(f->chunk_offset, len);
   f->iov = {f->chunk_base + f->chunk_offset, len};
   return f;
 }
@@ -171,11 +172,11 @@ bool Remote::RndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
   auto it = out_transfers_.find(d.body.rndv.transfer);
   if (it == out_transfers_.end()) return false;
   OutTransfer& t = *it->second;
-  if (t.sender != sender.id || d.body.rndv.offset != t.forwarded ||
+  if (t.sender != sender.id() || d.body.rndv.offset != t.forwarded ||
       d.len > t.send_bytes - t.forwarded) {
     return false;  // reported by the engine as a bad chunk
   }
-  shm::PoolPayload chunk = shm::PayloadOf(sender.job->pool().base(), d);
+  shm::PoolPayload chunk = shm::PayloadOf(sender.job()->pool().base(), d);
   t.forwarded += d.len;
   Peer* p = t.dead ? nullptr : PeerOf(t.node);
   if (p != nullptr) {
@@ -225,7 +226,7 @@ void Remote::StartTransfer(Endpoint& receiver, uint64_t recv_req,
   if (send_bytes > 0) {
     transfer = next_in_transfer_++;
     in_transfers_[transfer] = std::make_unique<InTransfer>(
-        InTransfer{node, receiver.id, recv_req, m.remote_src, send_bytes, 0,
+        InTransfer{node, receiver.id(), recv_req, m.remote_src, send_bytes, 0,
                    m.sender_req});
   }
   Post(*p, wire::PrepRndvGo(SenderOf(receiver), m.remote_src, m.sender_req,
