@@ -106,6 +106,13 @@ std::string SlurmJson(const Job& j) {
          ", \"slurm_step\": " + JsonString(SlurmText(j.slurm(), true));
 }
 
+// A job's Prometheus label slurm_job_id, after a comma; "" without Slurm
+// (an empty label is no label to Prometheus: the series stay as they were).
+std::string SlurmLabel(const psmd::v1::JobStats& j) {
+  if (!j.has_slurm()) return "";
+  return ",slurm_job_id=\"" + std::to_string(j.slurm().job_id()) + "\"";
+}
+
 // ---- stats ----
 
 using CounterMap = google::protobuf::Map<std::string, uint64_t>;
@@ -439,12 +446,10 @@ std::string PrometheusText(const psmd::v1::GetStatsReply* r) {
     const std::string name = std::string("psmd_job_") + c.name + "_total";
     family(name, "counter", c.help);
     for (const auto& j : r->jobs()) {
-      // slurm_job_id: "" (no label) for a job Slurm did not register.
-      Appendf(&out,
-              "%s{job_uuid=%s,slurm_job_id=\"%s\",uid=\"%u\"} %" PRIu64 "\n",
-              name.c_str(), PromLabel(j.job_uuid()).c_str(),
-              j.has_slurm() ? std::to_string(j.slurm().job_id()).c_str() : "",
-              j.uid(), ValuesOf(j.counters())[i]);
+      // slurm_job_id only for a job a Slurm step registered.
+      Appendf(&out, "%s{job_uuid=%s%s,uid=\"%u\"} %" PRIu64 "\n", name.c_str(),
+              PromLabel(j.job_uuid()).c_str(), SlurmLabel(j).c_str(), j.uid(),
+              ValuesOf(j.counters())[i]);
     }
   }
   return out;
