@@ -188,23 +188,34 @@ static void job_key(uint32_t job, uint32_t step, char* out, size_t out_len) {
            ((uint64_t)0x736c726d << 32) | step);
 }
 
-static int step_ids(spank_t sp, uint32_t* job, uint32_t* step) {
-  if (spank_get_item(sp, S_JOB_ID, job) != ESPANK_SUCCESS ||
-      spank_get_item(sp, S_JOB_STEPID, step) != ESPANK_SUCCESS) {
+/* A step's ids, as numbers and as psmctl's arguments. */
+struct step {
+  uint32_t job, id;
+  char job_text[16], id_text[16];
+};
+
+/* In slurmstepd (remote context): fills *st and returns 1, or -1 when
+ * Slurm does not say. Elsewhere (srun, sbatch: nothing to do here): 0. */
+static int remote_step(spank_t sp, struct step* st) {
+  if (spank_context() != S_CTX_REMOTE) return 0;
+  if (spank_get_item(sp, S_JOB_ID, &st->job) != ESPANK_SUCCESS ||
+      spank_get_item(sp, S_JOB_STEPID, &st->id) != ESPANK_SUCCESS) {
     slurm_error("psmd: cannot get the job and step ids");
     return -1;
   }
-  return 0;
+  snprintf(st->job_text, sizeof(st->job_text), "%" PRIu32, st->job);
+  snprintf(st->id_text, sizeof(st->id_text), "%" PRIu32, st->id);
+  return 1;
 }
 
 int slurm_spank_task_init_privileged(spank_t sp, int ac, char** av) {
   (void)ac;
   (void)av;
-  if (spank_context() != S_CTX_REMOTE) return 0;
-  uint32_t job, step;
-  if (step_ids(sp, &job, &step) != 0) return -1;
+  struct step st;
+  const int remote = remote_step(sp, &st);
+  if (remote <= 0) return remote;
   char key[40];
-  job_key(job, step, key, sizeof(key));
+  job_key(st.job, st.id, key, sizeof(key));
   if (spank_setenv(sp, "OMPI_MCA_orte_precondition_transports", key, 1) !=
       ESPANK_SUCCESS) {
     slurm_error("psmd: cannot set the job key in the task's environment");
@@ -219,37 +230,34 @@ static int registered;
 int slurm_spank_task_post_fork(spank_t sp, int ac, char** av) {
   (void)ac;
   (void)av;
-  if (spank_context() != S_CTX_REMOTE || registered) return 0;
-  uint32_t job, step;
+  struct step st;
+  const int remote = registered ? 0 : remote_step(sp, &st);
+  if (remote <= 0) return remote;
   uid_t uid;
   pid_t pid;
-  if (step_ids(sp, &job, &step) != 0) return -1;
   if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
       spank_get_item(sp, S_TASK_PID, &pid) != ESPANK_SUCCESS) {
     slurm_error("psmd: cannot get the job's uid or the task's pid");
     return -1;
   }
   char cgroup[1024];
-  if (step_cgroup(pid, job, cgroup, sizeof(cgroup)) != 0) {
-    slurm_error("psmd: job %" PRIu32 " step %" PRIu32
-                ": no cgroup of the step in /proc/%d/cgroup (psmd needs "
-                "proctrack/cgroup or task/cgroup)",
-                job, step, (int)pid);
+  if (step_cgroup(pid, st.job, cgroup, sizeof(cgroup)) != 0) {
+    slurm_error(
+        "psmd: job %s step %s: no cgroup of the step in "
+        "/proc/%d/cgroup (psmd needs proctrack/cgroup or task/cgroup)",
+        st.job_text, st.id_text, (int)pid);
     return -1;
   }
-  char key[40], job_text[16], step_text[16], uid_text[16];
-  job_key(job, step, key, sizeof(key));
-  snprintf(job_text, sizeof(job_text), "%" PRIu32, job);
-  snprintf(step_text, sizeof(step_text), "%" PRIu32, step);
+  char key[40], uid_text[16];
+  job_key(st.job, st.id, key, sizeof(key));
   snprintf(uid_text, sizeof(uid_text), "%u", (unsigned)uid);
-  const char* args[] = {"slurm-register", "--job-key", key,       "--job",
-                        job_text,         "--step",    step_text, "--uid",
-                        uid_text,         "--cgroup",  cgroup,    NULL};
+  const char* args[] = {"slurm-register", "--job-key", key,        "--job",
+                        st.job_text,      "--step",    st.id_text, "--uid",
+                        uid_text,         "--cgroup",  cgroup,     NULL};
   char out[kOutputBytes];
   if (run_psmctl(args, out, sizeof(out)) != 0) {
-    slurm_error("psmd: cannot register job %" PRIu32 " step %" PRIu32
-                " with psmd at %s: %s",
-                job, step, socket_path, out);
+    slurm_error("psmd: cannot register job %s step %s with psmd at %s: %s",
+                st.job_text, st.id_text, socket_path, out);
     return -1;
   }
   registered = 1;
@@ -259,19 +267,15 @@ int slurm_spank_task_post_fork(spank_t sp, int ac, char** av) {
 int slurm_spank_exit(spank_t sp, int ac, char** av) {
   (void)ac;
   (void)av;
-  if (spank_context() != S_CTX_REMOTE) return 0;
-  uint32_t job, step;
-  if (step_ids(sp, &job, &step) != 0) return -1;
-  char job_text[16], step_text[16];
-  snprintf(job_text, sizeof(job_text), "%" PRIu32, job);
-  snprintf(step_text, sizeof(step_text), "%" PRIu32, step);
-  const char* args[] = {"slurm-end", "--job",   job_text,
-                        "--step",    step_text, NULL};
+  struct step st;
+  const int remote = remote_step(sp, &st);
+  if (remote <= 0) return remote;
+  const char* args[] = {"slurm-end", "--job",    st.job_text,
+                        "--step",    st.id_text, NULL};
   char out[kOutputBytes];
   if (run_psmctl(args, out, sizeof(out)) != 0) {
-    slurm_error("psmd: cannot end job %" PRIu32 " step %" PRIu32
-                " in psmd at %s: %s",
-                job, step, socket_path, out);
+    slurm_error("psmd: cannot end job %s step %s in psmd at %s: %s",
+                st.job_text, st.id_text, socket_path, out);
     return -1;
   }
   /* One log line per line of psmctl's: the step, then each endpoint it
