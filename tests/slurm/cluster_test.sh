@@ -257,6 +257,7 @@ result sbatch "$s"
 # an endpoint opened with the job key the plugin set.
 s=0
 t=$(date +%s%N)
+plugin_t=$t
 (cd "$c/run" && exec timeout -k 5 100 "${cluster[@]}" exec ctl \
   setpriv --reuid=nobody --regid=nogroup --clear-groups env LD_LIBRARY_PATH="$c/lib" \
   srun -N 3 -n 3 "$c/bin/open_endpoint" 90) >"$work/hold.log" 2>&1 &
@@ -337,6 +338,7 @@ done
 # The step's registration is gone: its key is anyone's again.
 outsider "${key:-none}" || { cat "$work/outsider.log" >&2; s=1; }
 result scancel_clean "$s"
+echo "cluster_test: the SPANK plugin's cases took $(ms "$plugin_t") ms"
 
 # --- the nodes after the jobs.
 s=0
