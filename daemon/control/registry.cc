@@ -53,6 +53,33 @@ std::string UuidToString(const Uuid& u) {
   return buf;
 }
 
+bool InCgroup(const std::string& proc_cgroup, const std::string& step_cgroup) {
+  // "ID:CONTROLLERS:" then the path; the path must start with "/".
+  const size_t colon = step_cgroup.find(':');
+  const size_t path_at =
+      colon == std::string::npos ? colon : step_cgroup.find(':', colon + 1);
+  if (path_at == std::string::npos || path_at + 1 >= step_cgroup.size() ||
+      step_cgroup[path_at + 1] != '/') {
+    return false;
+  }
+  size_t start = 0;
+  while (start < proc_cgroup.size()) {
+    size_t end = proc_cgroup.find('\n', start);
+    if (end == std::string::npos) end = proc_cgroup.size();
+    const std::string line = proc_cgroup.substr(start, end - start);
+    start = end + 1;
+    if (line.size() < step_cgroup.size() ||
+        line.compare(0, step_cgroup.size(), step_cgroup) != 0) {
+      continue;
+    }
+    // The step's directory itself, or one below it ("/step_0" is not
+    // "/step_01").
+    if (line.size() == step_cgroup.size() || line[step_cgroup.size()] == '/')
+      return true;
+  }
+  return false;
+}
+
 Registry::Registry(const Config& config, ProgressWorker* worker)
     : config_(config),
       worker_(worker),
@@ -103,6 +130,7 @@ Status Registry::Reserve(const Credentials& who, const Uuid& uuid,
                 " open endpoints on this node; close some or raise psmd "
                 "--max-endpoints-per-uid"};
   }
+  if (Status e = CheckSlurmStep(who, uuid); !e.ok()) return e;
   JobKey key{uuid, who.uid};
   std::string error;
   std::shared_ptr<Job>& job = jobs_[key];
@@ -487,6 +515,7 @@ StatsSnapshot Registry::Stats(const Credentials& who,
   }
   for (auto& [key, j] : jobs) {
     j.key = key;
+    j.slurm = SlurmStepOf(key);
     out.jobs.push_back(j);
   }
   for (const auto& [uid, t] : closed_totals_) {
@@ -516,6 +545,120 @@ void Registry::ForgetFinishedJobs(std::chrono::steady_clock::time_point now) {
   }
 }
 
+Status Registry::CheckSlurmStep(const Credentials& who, const Uuid& uuid) {
+  auto it = slurm_steps_.find(uuid);
+  if (it == slurm_steps_.end()) return {};  // no Slurm: as before
+  const SlurmStep& step = it->second;
+  std::string why;
+  if (who.uid != step.uid) {
+    why = "it is of uid " + std::to_string(who.uid) + ", the step's is uid " +
+          std::to_string(step.uid);
+  } else if (who.cgroup.empty()) {
+    why = "psmd could not read its cgroup (/proc/" + std::to_string(who.pid) +
+          "/cgroup)";
+  } else if (!InCgroup(who.cgroup, step.cgroup)) {
+    why = "it is not inside the step's cgroup " + step.cgroup;
+  }
+  if (why.empty()) return {};
+  WarnClient(who.uid,
+             "pid {} uid {} refused an endpoint of job key {}: Slurm step "
+             "{}.{}'s, and {}",
+             who.pid, who.uid, UuidToString(uuid), step.job_id, step.step_id,
+             why);
+  return {PSM2_EPID_INVALID_UUID_KEY,
+          "job key " + UuidToString(uuid) + " belongs to Slurm job " +
+              std::to_string(step.job_id) + " step " +
+              std::to_string(step.step_id) + " on this node; pid " +
+              std::to_string(who.pid) + " may not use it: " + why};
+}
+
+std::optional<SlurmStep> Registry::SlurmStepOf(const JobKey& key) {
+  auto it = slurm_steps_.find(key.uuid);
+  if (it != slurm_steps_.end() && it->second.uid == key.uid) return it->second;
+  auto h = job_history_.find(key);
+  if (h != job_history_.end()) return h->second.slurm;
+  return std::nullopt;
+}
+
+Status Registry::RegisterSlurmStep(const Credentials& who, const Uuid& uuid,
+                                   const SlurmStep& step) {
+  if (!who.is_root()) {
+    return {PSM2_PARAM_ERR,
+            "only root registers Slurm steps (psmd's SPANK plugin); pid " +
+                std::to_string(who.pid) + " is uid " + std::to_string(who.uid)};
+  }
+  if (!InCgroup(step.cgroup, step.cgroup)) {
+    return {PSM2_PARAM_ERR,
+            "not a cgroup line (ID:CONTROLLERS:/path): '" + step.cgroup + "'"};
+  }
+  MutexLock lock(&mu_);
+  auto [it, added] = slurm_steps_.try_emplace(uuid, step);
+  if (!added && !(it->second == step)) {
+    return {PSM2_PARAM_ERR, "job key " + UuidToString(uuid) +
+                                " is already Slurm job " +
+                                std::to_string(it->second.job_id) + " step " +
+                                std::to_string(it->second.step_id) + "'s"};
+  }
+  if (added) {
+    spdlog::info(
+        "Slurm job {} step {} (uid {}, cgroup {}) registered job key {}",
+        step.job_id, step.step_id, step.uid, step.cgroup, UuidToString(uuid));
+  }
+  return {};
+}
+
+Status Registry::EndSlurmStep(const Credentials& who, uint32_t job_id,
+                              uint32_t step_id, bool* registered,
+                              std::vector<EndpointSnapshot>* closed) {
+  if (!who.is_root()) {
+    return {PSM2_PARAM_ERR,
+            "only root ends Slurm steps (psmd's SPANK plugin); pid " +
+                std::to_string(who.pid) + " is uid " + std::to_string(who.uid)};
+  }
+  std::vector<std::shared_ptr<Endpoint>> left;
+  std::vector<EndpointSnapshot> snapshots;
+  *registered = false;
+  {
+    MutexLock lock(&mu_);
+    auto step_it = slurm_steps_.begin();
+    for (; step_it != slurm_steps_.end(); ++step_it) {
+      if (step_it->second.job_id == job_id &&
+          step_it->second.step_id == step_id)
+        break;
+    }
+    if (step_it == slurm_steps_.end()) return {};
+    *registered = true;
+    const Uuid uuid = step_it->first;
+    const SlurmStep step = step_it->second;
+    slurm_steps_.erase(step_it);
+    std::vector<uint32_t> ids;
+    for (const EndpointSnapshot& s : SnapshotLocked(who)) {
+      if (s.uuid == uuid && records_.at(s.id).ready) {
+        ids.push_back(s.id);
+        snapshots.push_back(s);
+      }
+    }
+    for (uint32_t id : ids) {
+      std::shared_ptr<Endpoint> ep = Unlink(id);
+      if (ep) left.push_back(std::move(ep));
+    }
+    // Its totals keep naming the step after it ended.
+    auto h = job_history_.find(JobKey{uuid, step.uid});
+    if (h != job_history_.end()) h->second.slurm = step;
+    for (const EndpointSnapshot& s : snapshots) {
+      spdlog::warn(
+          "Slurm job {} step {} ended; closing endpoint {} it left (pid {} uid "
+          "{}, {})",
+          job_id, step_id, s.id, s.pid, s.uid, s.label);
+    }
+    spdlog::info("Slurm job {} step {} ended: {} endpoints left, closed",
+                 job_id, step_id, snapshots.size());
+  }
+  for (auto& ep : left) Retire(std::move(ep));
+  if (closed != nullptr) *closed = std::move(snapshots);
+  return {};
+}
+
 std::vector<JobSnapshot> Registry::Jobs(const Credentials& who) {
   MutexLock lock(&mu_);
   std::map<JobKey, JobSnapshot> jobs;  // ordered: a stable listing
@@ -528,6 +671,7 @@ std::vector<JobSnapshot> Registry::Jobs(const Credentials& who) {
     j.pool_bytes = ep.job()->pool().size();
     j.unexpected_budget_bytes = default_unexpected_budget_;
     j.endpoint_ids.push_back(ep.id());
+    j.slurm = SlurmStepOf(ep.job()->key());
   }
   std::vector<JobSnapshot> out;
   for (auto& [key, j] : jobs) {
