@@ -20,7 +20,7 @@
 #include <random>
 #include <unordered_map>
 
-#include "hw/socket/munge_auth.h"
+#include "hw/munge_auth.h"
 
 namespace psmd::hw {
 namespace {
