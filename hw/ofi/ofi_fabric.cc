@@ -338,6 +338,7 @@ class OfiFabric final : public Fabric {
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;
   fid_cq* cq_ = nullptr;
+  fid_wait* wait_ = nullptr;  // only where the CQ has no wait fd of its own
   fid_av* av_ = nullptr;
   fid_ep* ep_ = nullptr;
   fid_mr* mr_ = nullptr;
@@ -416,6 +417,7 @@ void OfiFabric::CloseFabric() {
   if (mr_ != nullptr) fi_close(&mr_->fid);
   if (av_ != nullptr) fi_close(&av_->fid);
   if (cq_ != nullptr) fi_close(&cq_->fid);
+  if (wait_ != nullptr) fi_close(&wait_->fid);
   if (domain_ != nullptr) fi_close(&domain_->fid);
   if (fabric_ != nullptr) fi_close(&fabric_->fid);
   if (info_ != nullptr) fi_freeinfo(info_);
@@ -423,6 +425,7 @@ void OfiFabric::CloseFabric() {
   mr_ = nullptr;
   av_ = nullptr;
   cq_ = nullptr;
+  wait_ = nullptr;
   domain_ = nullptr;
   fabric_ = nullptr;
   info_ = nullptr;
@@ -564,6 +567,9 @@ bool OfiFabric::TryPort(const ListenAddress& a, uint16_t port, bool* in_use,
   const uint32_t nrecvs = static_cast<uint32_t>(
       std::clamp<size_t>(info_->rx_attr->size / 2, 4, kMaxRecvs));
 
+  // The completion queue's wait object is a file descriptor the worker's
+  // epoll sleeps on: the queue's own (FI_GETWAIT on it), or, where the
+  // provider's queue does not hand it out (ofi_rxd), a wait set's.
   fi_cq_attr cq_attr{};
   cq_attr.format = FI_CQ_FORMAT_MSG;
   cq_attr.size = nslots + nrecvs + 16;
@@ -571,8 +577,22 @@ bool OfiFabric::TryPort(const ListenAddress& a, uint16_t port, bool* in_use,
   if ((rc = fi_cq_open(domain_, &cq_attr, &cq_, nullptr)) != 0) {
     return fail("fi_cq_open with a wait fd", rc);
   }
-  if ((rc = fi_control(&cq_->fid, FI_GETWAIT, &cq_fd_)) != 0) {
-    return fail("fi_control(FI_GETWAIT)", rc);
+  if (fi_control(&cq_->fid, FI_GETWAIT, &cq_fd_) != 0) {
+    fi_close(&cq_->fid);
+    cq_ = nullptr;
+    fi_wait_attr wait_attr{};
+    wait_attr.wait_obj = FI_WAIT_FD;
+    if ((rc = fi_wait_open(fabric_, &wait_attr, &wait_)) != 0) {
+      return fail("the completion queue has no wait fd, nor fi_wait_open", rc);
+    }
+    cq_attr.wait_obj = FI_WAIT_SET;
+    cq_attr.wait_set = wait_;
+    if ((rc = fi_cq_open(domain_, &cq_attr, &cq_, nullptr)) != 0) {
+      return fail("fi_cq_open on a wait set", rc);
+    }
+    if ((rc = fi_control(&wait_->fid, FI_GETWAIT, &cq_fd_)) != 0) {
+      return fail("fi_control(FI_GETWAIT) on the wait set", rc);
+    }
   }
   fi_av_attr av_attr{};
   av_attr.type = info_->domain_attr->av_type;
