@@ -1727,6 +1727,12 @@ int OfiFabric::ReadCq() {
 
 void OfiFabric::CheckDeadlines(int64_t now) {
   const int64_t timeout = int64_t{opt_.timeout_ms} * 1'000'000;
+  const int64_t user_timeout =
+      opt_.user_timeout_ms == FabricOptions::kNoUserTimeout
+          ? 0
+          : opt_.user_timeout_ms == 0
+                ? timeout
+                : int64_t{opt_.user_timeout_ms} * 1'000'000;
   std::vector<Conn*> all;
   all.reserve(owned_.size());
   for (auto& [c, owner] : owned_) all.push_back(c);
@@ -1744,10 +1750,13 @@ void OfiFabric::CheckDeadlines(int64_t now) {
       }
       continue;
     }
-    // Liveness, whatever the user reads: keepalives both ways.
-    if (now - c->last_rx_ns > timeout) {
+    // Liveness, whatever the user reads: keepalives both ways, and a peer
+    // silent for user_timeout_ms is gone (TCP_USER_TIMEOUT's part in the
+    // socket backend). kNoUserTimeout leaves it to the user's heartbeats,
+    // which know when the silence was their own (a stopped daemon).
+    if (user_timeout > 0 && now - c->last_rx_ns > user_timeout) {
       spdlog::warn("fabric: node {} silent for {} ms", c->peer_node,
-                   opt_.timeout_ms);
+                   user_timeout / 1'000'000);
       Fail(c, ErrorClass::kTimeout);
     } else if (now - c->last_tx_ns >= timeout / 4) {
       SendControl(c, kKeepalive, 0);
