@@ -58,6 +58,15 @@ std::string OfiProvider() {
   return p == nullptr ? std::string() : std::string(p);
 }
 
+// How a daemon killed on another node is reported, and how soon. Its
+// sockets close, so over TCP the survivor sees it at once:
+// PSM2_EPID_UNREACHABLE within a second. A libfabric RDM endpoint reports
+// no peer's death (ofi_rxm reconnects quietly; UDP has nothing to see), so
+// over ofi the engine's heartbeats find the silence: PSM2_TIMEOUT within
+// --fabric-timeout-ms (5 s here) and a little.
+int ExpectedLossError() { return OfiProvider().empty() ? 41 : 11; }
+long long LossBoundMs() { return OfiProvider().empty() ? 1000 : 6500; }
+
 class FabricTest : public ::testing::Test {
  protected:
   FabricTest() : munged_(dir_.path() + "/munge") {
@@ -279,8 +288,8 @@ TEST_F(FabricTest, DaemonKilledMidRendezvousFailsTheReceiverAndReconnectWorks) {
   long long killed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                             killed_at.time_since_epoch())
                             .count();
-  EXPECT_EQ(error, 41);  // PSM2_EPID_UNREACHABLE
-  EXPECT_LE(ended_ms - killed_ms, 1000) << b->Log();
+  EXPECT_EQ(error, ExpectedLossError());
+  EXPECT_LE(ended_ms - killed_ms, LossBoundMs()) << b->Log();
   printf("daemon killed: the other node's receiver failed after %lld ms\n",
          ended_ms - killed_ms);
   a->Stop();
@@ -370,15 +379,20 @@ TEST_F(FabricTest, ALostNodeIsReportedToTheEndpointsThatConnectedThere) {
       "daemon killed: the any-source receiver's handler ran after %lld "
       "ms:\n%s",
       handled_ms - killed_ms, out.c_str());
-  EXPECT_EQ(error, 41) << out;  // PSM2_EPID_UNREACHABLE
-  EXPECT_LE(handled_ms - killed_ms, 1000) << out;
-  EXPECT_NE(out.find("lost node 1 (node1): its psmd or the link to it is down"),
-            std::string::npos)
-      << out;
+  EXPECT_EQ(error, ExpectedLossError()) << out;
+  EXPECT_LE(handled_ms - killed_ms, LossBoundMs()) << out;
+  if (OfiProvider().empty()) {
+    EXPECT_NE(
+        out.find("lost node 1 (node1): its psmd or the link to it is down"),
+        std::string::npos)
+        << out;
+  }
   // The library names the lost endpoint's host from the node table, which
   // psm2_ep_connect's answer carried (no psm2_map_nid_hostname here).
   EXPECT_NE(out.find(" on node1, are unreachable"), std::string::npos) << out;
-  EXPECT_NE(out.find("poll returned 41"), std::string::npos) << out;
+  EXPECT_NE(out.find("poll returned " + std::to_string(ExpectedLossError())),
+            std::string::npos)
+      << out;
   // The other job, on the surviving node, heard nothing of it.
   std::ofstream(bystanders.rv + "/stop") << "1\n";
   EXPECT_EQ(bystanders.rank0.Wait(10), 0) << bystanders.Errors();
@@ -494,11 +508,17 @@ TEST_F(FabricTest, AFloodAtAnIdleReceiverOnAnotherNodeIsHeldBackNotBuffered) {
   // receiver off (daemon/remote/remote.h, back-pressure 4: kParkMax, 16 MiB per
   // connection).
   const long long kParkKiB = 16 << 10;
+  // The ofi backend holds in the daemon what TCP leaves in the kernel's
+  // socket buffers: bytes sent ahead of the receiver's receives, up to its
+  // 2 MiB window per connection (hw/ofi/ofi_fabric.cc), and its registered
+  // send and receive buffers (2 MiB).
+  const long long kBackendKiB = OfiProvider().empty() ? 0 : 4 << 10;
   if (MemoryBoundsMeaningful()) {
-    EXPECT_LE(peak_b - base_b,
-              (kBudgetMiB << 10) + kFixedOverheadKiB + kInboxKiB + kParkKiB)
+    EXPECT_LE(peak_b - base_b, (kBudgetMiB << 10) + kFixedOverheadKiB +
+                                   kInboxKiB + kParkKiB + kBackendKiB)
         << "receiving psmd grew from " << base_b << " KiB to " << peak_b;
-    EXPECT_LE(peak_a - base_a, (kBudgetMiB << 10) + kFixedOverheadKiB)
+    EXPECT_LE(peak_a - base_a,
+              (kBudgetMiB << 10) + kFixedOverheadKiB + kBackendKiB)
         << "sending psmd grew from " << base_a << " KiB to " << peak_a;
   }
   RunResult sa = Psmctl(dir_, *a, {"stats", "--format", "json"});
