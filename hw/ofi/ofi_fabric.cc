@@ -37,11 +37,11 @@ constexpr uint32_t kMsgMagic = 0x4f4d5350;
 constexpr uint8_t kMsgVersion = 1;
 constexpr size_t kPrefix = 32;
 enum MsgKind : uint8_t {
-  kContact = 1,  // connector -> acceptor: its libfabric address
-  kStream = 2,   // bytes of the connection's frame stream
-  kCredit = 3,   // the receiver consumed `seq` bytes: the window moves
-  kClose = 4,    // no bytes after `seq`; the connection is gone
-  kKeepalive = 5,
+  kContact = 1,    // connector -> acceptor: its libfabric address
+  kStream = 2,     // bytes of the connection's frame stream
+  kCredit = 3,     // the receiver consumed `seq` bytes: the window moves
+  kClose = 4,      // no bytes after `seq`; the connection is gone
+  kKeepalive = 5,  // `seq`: the credit again
 };
 constexpr size_t kMaxName = 256;  // libfabric address bytes in kContact
 // One message is at most this long (less if the provider's max_msg_size
@@ -459,9 +459,10 @@ bool OfiFabric::Open(std::string* error) {
     return false;
   }
   if (opt_.auth == AuthMode::kNone && !IsLoopback(a.host)) {
-    *error = "fabric auth 'none' is only allowed when every address is "
-             "loopback; '" +
-             opt_.listen[0] + "' is not (use MUNGE authentication)";
+    *error =
+        "fabric auth 'none' is only allowed when every address is "
+        "loopback; '" +
+        opt_.listen[0] + "' is not (use MUNGE authentication)";
     return false;
   }
   if (a.host == "0.0.0.0" || a.host == "::") {
@@ -530,8 +531,10 @@ bool OfiFabric::TryPort(const ListenAddress& a, uint16_t port, bool* in_use,
   int rc = fi_getinfo(FI_VERSION(1, 17), a.host.c_str(), service.c_str(),
                       FI_SOURCE, hints_, &info_);
   if (rc != 0) {
-    *error = "libfabric: " + prov + " offers no FI_EP_RDM endpoint with "
-             "FI_MSG at " + a.host + " (fi_getinfo: " + fi_strerror(-rc) +
+    *error = "libfabric: " + prov +
+             " offers no FI_EP_RDM endpoint with "
+             "FI_MSG at " +
+             a.host + " (fi_getinfo: " + fi_strerror(-rc) +
              "); see `psmd --help` and `fi_info -l`";
     info_ = nullptr;
     return false;
@@ -548,8 +551,8 @@ bool OfiFabric::TryPort(const ListenAddress& a, uint16_t port, bool* in_use,
   }
   auto fail = [&](const char* what, int err) {
     *in_use = err == -FI_EADDRINUSE;
-    *error = std::string("libfabric ") + info_->fabric_attr->prov_name +
-             ": " + what + ": " + fi_strerror(-err);
+    *error = std::string("libfabric ") + info_->fabric_attr->prov_name + ": " +
+             what + ": " + fi_strerror(-err);
     CloseFabric();
     return false;
   };
@@ -655,8 +658,8 @@ bool OfiFabric::TryPort(const ListenAddress& a, uint16_t port, bool* in_use,
   self_.node = opt_.node_id;
   self_.addresses = {{a.host, bound}};
   spdlog::info("fabric: libfabric {} {} at {}:{}, max message {}, inject {}",
-               info_->fabric_attr->prov_name, info_->fabric_attr->name,
-               a.host, bound, max_msg, inject_size_);
+               info_->fabric_attr->prov_name, info_->fabric_attr->name, a.host,
+               bound, max_msg, inject_size_);
   return true;
 }
 
@@ -1123,9 +1126,8 @@ void OfiFabric::PumpRx(Conn* c) {
   if (c->peer_closed && c->rx_off >= c->close_at &&
       c->state != State::kWaitPeer &&
       (c->state != State::kOpen ||
-       (!c->recvs.empty() &&
-        (avail == 0 ||
-         (c->rx_phase == RxPhase::kStage && avail < kFrameHeaderSize))))) {
+       (!c->recvs.empty() && (avail == 0 || (c->rx_phase == RxPhase::kStage &&
+                                             avail < kFrameHeaderSize))))) {
     Fail(c, c->state == State::kOpen ? ErrorClass::kPeerClosed
                                      : ErrorClass::kConnFailed);
   }
@@ -1140,17 +1142,16 @@ void OfiFabric::ParseStream(Conn* c) {
   while (!c->closing &&
          (c->state == State::kHandshake || c->state == State::kOpen)) {
     const size_t avail = c->in.size() - c->in_begin;
-    const auto* p = reinterpret_cast<const uint8_t*>(c->in.data()) +
-                    c->in_begin;
+    const auto* p =
+        reinterpret_cast<const uint8_t*>(c->in.data()) + c->in_begin;
     if (c->rx_phase == RxPhase::kAwaitPayload) return;
     if (c->rx_phase == RxPhase::kPayload) {
       const size_t n = std::min(avail, c->rx_header.length - c->rx_got);
       if (n == 0 && c->rx_got < c->rx_header.length) return;
       // The part of [rx_got, rx_got + n) below rx_take lands in the iovecs.
       size_t skip = c->rx_got, copied = 0;
-      const size_t want = c->rx_got < c->rx_take
-                              ? std::min(n, c->rx_take - c->rx_got)
-                              : 0;
+      const size_t want =
+          c->rx_got < c->rx_take ? std::min(n, c->rx_take - c->rx_got) : 0;
       for (const iovec& v : c->recvs.front().iov) {
         if (copied == want) break;
         if (skip >= v.iov_len) {
@@ -1239,8 +1240,7 @@ void OfiFabric::OnData(Conn* c, ErrorClass error) {
   c->rx_got = 0;
 }
 
-void OfiFabric::OnControl(Conn* c, FrameType type, const uint8_t* p,
-                          size_t n) {
+void OfiFabric::OnControl(Conn* c, FrameType type, const uint8_t* p, size_t n) {
   FrameError e = FrameError::kBadPayload;
   if (c->outgoing && type == FrameType::kChallenge &&
       c->peer_incarnation == 0) {
@@ -1446,6 +1446,8 @@ void OfiFabric::SendControl(Conn* c, MsgKind kind, uint64_t seq,
     const int64_t end = NowNs() + 100'000'000;
     while (free_slots_.empty() && NowNs() < end) ReadCq();
     if (!TakeSlot(&i)) {
+      // Lost: a close or keepalive matters little, a credit is repeated by
+      // the next keepalive.
       spdlog::warn("fabric: no send buffer for a control message to node {}",
                    c->peer_node);
       return;
@@ -1516,7 +1518,8 @@ void OfiFabric::FlushSends(Conn* c) {
         PeerStats& st = StatsOf(c->peer_node);
         st.frames_sent++;
         st.bytes_sent += f.total - kFrameHeaderSize;
-        if (c->visible) Emit(EventType::kSendDone, c, ErrorClass::kOk, f.cookie);
+        if (c->visible)
+          Emit(EventType::kSendDone, c, ErrorClass::kOk, f.cookie);
       }
       if (f.close_after) c->close_after_tx = true;
       c->tx.pop_front();
@@ -1556,8 +1559,7 @@ void OfiFabric::OnSendDone(uint32_t i, int err) {
       StartAttempt(c);
       return;
     }
-    spdlog::warn("fabric: send to node {}: {}", c->peer_node,
-                 fi_strerror(err));
+    spdlog::warn("fabric: send to node {}: {}", c->peer_node, fi_strerror(err));
     c->peer_closed = true;  // it cannot be told
     Fail(c, FromFiError(err, c->opened));
     return;
@@ -1574,9 +1576,10 @@ void OfiFabric::DropUnknown(const char* what) {
   StatsOf(0).bad_frames++;
   if (!unknown_logged_) {
     unknown_logged_ = true;
-    spdlog::warn("fabric: dropping a message from an unknown sender: {} "
-                 "(logged once)",
-                 what);
+    spdlog::warn(
+        "fabric: dropping a message from an unknown sender: {} "
+        "(logged once)",
+        what);
   }
 }
 
@@ -1607,12 +1610,15 @@ void OfiFabric::OnMessage(const uint8_t* p, size_t n) {
       OnSegment(c, m.seq, p + kPrefix, n - kPrefix);
       return;
     case kCredit:
-      if (m.seq > c->tx_off || m.seq < c->peer_consumed) {
+    case kKeepalive:  // carries the credit too
+      if (m.seq > c->tx_off) {
         BadFrame(c, "credit beyond what was sent");
         return;
       }
-      c->peer_consumed = m.seq;
-      FlushSends(c);
+      if (m.seq > c->peer_consumed) {
+        c->peer_consumed = m.seq;
+        FlushSends(c);
+      }
       return;
     case kClose:
       if (m.seq < c->rx_off) {
@@ -1623,7 +1629,7 @@ void OfiFabric::OnMessage(const uint8_t* p, size_t n) {
       c->close_at = m.seq;
       PumpRx(c);
       return;
-    default:  // kKeepalive
+    default:
       return;
   }
 }
@@ -1658,8 +1664,7 @@ void OfiFabric::OnContact(const Prefix& m, const uint8_t* p, size_t n) {
   QueueControl(c, FrameType::kChallenge, EncodeChallenge(ch));
 }
 
-void OfiFabric::OnSegment(Conn* c, uint64_t seq, const uint8_t* p,
-                          size_t n) {
+void OfiFabric::OnSegment(Conn* c, uint64_t seq, const uint8_t* p, size_t n) {
   if (n == 0) return;
   // The window bounds what one connection makes us hold.
   if (seq < c->rx_off || seq + n > c->consumed + kWindow ||
@@ -1732,11 +1737,9 @@ int OfiFabric::ReadCq() {
 void OfiFabric::CheckDeadlines(int64_t now) {
   const int64_t timeout = int64_t{opt_.timeout_ms} * 1'000'000;
   const int64_t user_timeout =
-      opt_.user_timeout_ms == FabricOptions::kNoUserTimeout
-          ? 0
-          : opt_.user_timeout_ms == 0
-                ? timeout
-                : int64_t{opt_.user_timeout_ms} * 1'000'000;
+      opt_.user_timeout_ms == FabricOptions::kNoUserTimeout ? 0
+      : opt_.user_timeout_ms == 0                           ? timeout
+                                  : int64_t{opt_.user_timeout_ms} * 1'000'000;
   std::vector<Conn*> all;
   all.reserve(owned_.size());
   for (auto& [c, owner] : owned_) all.push_back(c);
@@ -1745,8 +1748,7 @@ void OfiFabric::CheckDeadlines(int64_t now) {
     if (c->state != State::kOpen) {
       if (now >= c->deadline_ns) {
         if (c->outgoing) {
-          spdlog::warn("fabric: connecting to node {} timed out",
-                       c->peer_node);
+          spdlog::warn("fabric: connecting to node {} timed out", c->peer_node);
         }
         Fail(c, ErrorClass::kTimeout);
       } else if (c->state == State::kContacting && now >= c->attempt_ns) {
@@ -1763,7 +1765,8 @@ void OfiFabric::CheckDeadlines(int64_t now) {
                    user_timeout / 1'000'000);
       Fail(c, ErrorClass::kTimeout);
     } else if (now - c->last_tx_ns >= timeout / 4) {
-      SendControl(c, kKeepalive, 0);
+      // With the credit: one that could not be sent is repaired here.
+      SendControl(c, kKeepalive, c->credit_sent);
     }
   }
 }

@@ -30,7 +30,7 @@ using testing::PumpUntil;
 using testing::RawPeer;
 
 // For the tests that only the socket backend can run.
-#define SKIP_UNLESS_SOCKET(why)                                        \
+#define SKIP_UNLESS_SOCKET(why) \
   if (!testing::OfiProvider().empty()) GTEST_SKIP() << "ofi: " << why
 
 FabricOptions NoAuth() {
