@@ -23,7 +23,7 @@
 #include <random>
 #include <unordered_map>
 
-#include "hw/munge_auth.h"
+#include "hw/link_fabric.h"
 
 namespace psmd::hw {
 namespace {
@@ -138,94 +138,43 @@ struct Op {
 };
 static_assert(offsetof(Op, ctx) == 0);
 
-class OfiFabric final : public Fabric {
+class OfiFabric final : public LinkFabric {
  public:
-  explicit OfiFabric(const FabricOptions& options) : opt_(options) {}
+  explicit OfiFabric(const FabricOptions& options) : LinkFabric(options) {}
   ~OfiFabric() override;
 
   bool Open(std::string* error);
 
-  std::string HostDescription() const override {
-    return FormatHostDescription(self_);
-  }
   int event_fd() const override { return epoll_fd_; }
   ErrorClass Connect(const std::string& host_description, uint64_t cookie,
                      ConnId* conn) override;
   ErrorClass PostSend(ConnId conn, const FrameFields& fields, const iovec* iov,
                       int iovcnt, uint64_t cookie) override;
-  ErrorClass PostRecv(ConnId conn, const iovec* iov, int iovcnt,
-                      uint64_t cookie) override;
-  ErrorClass PostRecvHeader(ConnId conn, uint64_t cookie) override;
   ErrorClass PostPayload(ConnId conn, const iovec* iov, int iovcnt,
                          uint64_t cookie) override;
-  ErrorClass Close(ConnId conn) override;
   int Poll(Event* events, int max) override;
   int Wait(Event* events, int max, int timeout_ms) override;
-  std::vector<PeerStats> Stats() const override;
 
  private:
-  enum class State {
-    kContacting,  // outgoing: kContact sent, waiting for the first bytes
-    kHandshake,   // handshake frames on the stream
-    kAuth,        // waiting for the MUNGE helper
-    kWaitPeer,    // outgoing refused as a duplicate (see socket_fabric)
-    kRefusing,    // incoming: a Refuse is being sent, then close
-    kOpen,
-  };
+  using State = LinkState;
   // kStage: parse frames from the stream buffer; kPayload: the current
   // frame's payload goes to the front receive (past its capacity:
   // discarded); kAwaitPayload: a header went to a header-only receive,
   // nothing more is parsed until PostPayload.
   enum class RxPhase { kStage, kPayload, kAwaitPayload };
 
-  struct PendingSend {
-    uint8_t header[kFrameHeaderSize];
-    std::string control;  // handshake payload (owned here)
-    std::vector<iovec> iov;
-    size_t total = 0;
-    size_t done = 0;  // bytes copied into send buffers
-    uint64_t cookie = 0;
-    bool internal = false;
-    bool close_after = false;
-  };
-  struct PostedRecv {
-    std::vector<iovec> iov;
-    size_t capacity = 0;
-    uint64_t cookie = 0;
-    bool header_only = false;
-  };
-  struct Conn {
-    ConnId id = 0;
-    uint64_t serial = 0;
+  struct Conn : LinkConn {
     uint64_t key = 0;       // ours: the peer's messages carry it
     uint64_t peer_key = 0;  // 0 until the peer's first message
     fi_addr_t addr = FI_ADDR_NOTAVAIL;
-    bool outgoing = false;
-    bool visible = false;
-    bool opened = false;
-    State state = State::kContacting;
-    uint64_t cookie = 0;
-    uint64_t peer_node = 0;
-    uint64_t peer_incarnation = 0;
-    int64_t deadline_ns = 0;  // the whole handshake
-    int64_t attempt_ns = 0;   // kContacting: this address
+    int64_t attempt_ns = 0;  // kConnecting: this address
     int64_t last_rx_ns = 0;
     int64_t last_tx_ns = 0;
-    bool closing = false;
-    bool local_close = false;
-    bool counted_handshake = false;
-    bool bad_frame_logged = false;
     bool peer_closed = false;
     uint64_t close_at = 0;
-    ErrorClass close_error = ErrorClass::kOk;
-    std::vector<HostAddress> addresses;
-    size_t next_address = 0;
-    uint8_t challenge[kNonceSize] = {};
-    uint8_t nonce[kNonceSize] = {};
-    HelloPayload hello;
 
-    // Receive side: the stream in order from rx_off - (in.size() -
-    // in_begin); segments ahead of it wait in `ahead`.
+    // Receive side: the stream in order up to rx_off; segments ahead of
+    // it wait in `ahead`.
     std::string in;
     size_t in_begin = 0;
     uint64_t rx_off = 0;
@@ -236,18 +185,14 @@ class OfiFabric final : public Fabric {
     size_t rx_got = 0;
     size_t rx_take = 0;
     FrameHeader rx_header;
-    std::deque<PostedRecv> recvs;
     bool rx_parsing = false;
     bool rx_reparse = false;
 
     // Send side.
-    std::list<PendingSend> tx;
     uint64_t tx_off = 0;         // stream bytes handed to the provider
     uint64_t peer_consumed = 0;  // the peer's last credit
     bool tx_dirty = false;
     bool close_after_tx = false;
-    uint32_t tx_app_frames = 0;
-    uint64_t tx_app_bytes = 0;
   };
   struct Slot {
     Op op;
@@ -265,6 +210,14 @@ class OfiFabric final : public Fabric {
     int refs = 0;
   };
 
+  // LinkFabric's hooks.
+  void Fail(LinkConn* c, ErrorClass error) override;
+  void FlushSends(LinkConn* c) override;
+  void PumpRx(LinkConn* c) override;
+  void Kick() override {
+    if (!events_.empty() || !finish_.empty()) Signal();
+  }
+
   bool TryPort(const ListenAddress& a, uint16_t port, bool* in_use,
                std::string* error);
   void CloseFabric();
@@ -276,34 +229,17 @@ class OfiFabric final : public Fabric {
 
   Conn* NewConn(bool outgoing);
   void Rekey(Conn* c);
-  bool MakeRecv(const iovec* iov, int iovcnt, uint64_t cookie,
-                PostedRecv* r) const;
   void StartAttempt(Conn* c);
-  void Emit(EventType type, const Conn* c, ErrorClass error, uint64_t cookie);
-  void Fail(Conn* c, ErrorClass error);
   void Finish(Conn* c);
-  void OpenLink(Conn* c);
-  void QueueControl(Conn* c, FrameType type, std::string payload,
-                    bool close_after = false);
-  void Refuse(Conn* c, RefuseReason reason, const char* why);
-  void BadFrame(Conn* c, const std::string& what);
-  void Admit(Conn* c);
-  void Adopt(Conn* incoming, Conn* handle);
-
-  void PumpRx(Conn* c);
   void ParseStream(Conn* c);
   void Consume(Conn* c, size_t n);
   void OnData(Conn* c, ErrorClass error);
-  void OnControl(Conn* c, FrameType type, const uint8_t* p, size_t n);
-  void OnAuthResults();
-  bool RememberNonce(const uint8_t nonce[kNonceSize], int64_t now);
 
   // Sends one message of `kind` (control: no stream bytes) to c's peer.
   void SendControl(Conn* c, MsgKind kind, uint64_t seq,
                    const std::string& payload = {});
   bool TakeSlot(uint32_t* i);
   void PostSlot(uint32_t i);
-  void FlushSends(Conn* c);
   void FlushDirty();
 
   // Handles what the completion queue holds; how many completions.
@@ -315,27 +251,11 @@ class OfiFabric final : public Fabric {
   void CheckDeadlines(int64_t now);
   void DropUnknown(const char* what);
 
-  PeerStats& StatsOf(uint64_t node) {
-    PeerStats& p = stats_[node];
-    p.node = node;
-    return p;
-  }
-  PeerStats& UntrustedStatsOf(const Conn* c) {
-    return StatsOf(c->visible ? c->peer_node : 0);
-  }
-  Conn* Find(ConnId id) {
-    auto it = by_id_.find(id);
-    return it == by_id_.end() ? nullptr : it->second;
-  }
+  Conn* Find(ConnId id) { return static_cast<Conn*>(FindLive(id)); }
   Conn* ByKey(uint64_t key) {
     auto it = by_key_.find(key);
     return it == by_key_.end() ? nullptr : it->second;
   }
-
-  const FabricOptions opt_;
-  psmd::hw::HostDescription self_;
-  uint64_t incarnation_ = 0;
-  std::mt19937_64 rng_;
 
   fi_info* hints_ = nullptr;
   fi_info* info_ = nullptr;
@@ -358,8 +278,6 @@ class OfiFabric final : public Fabric {
   bool signaled_ = false;
   bool armed_ = false;  // fi_trywait said the wait fd will fire
   int auth_fd_ = -1;
-  uint32_t auth_waiting_ = 0;
-  std::unique_ptr<MungeAuth> auth_;
 
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_slots_;
@@ -368,24 +286,14 @@ class OfiFabric final : public Fabric {
   std::vector<uint32_t> unposted_recvs_;
   std::map<std::string, AvEntry> av_entries_;
   std::unordered_map<fi_addr_t, std::string> av_names_;
-  std::map<std::string, std::string> resolved_;  // "host:port" -> name
+  std::map<std::string, std::string> resolved_;  // "host|port" -> name
 
-  std::unordered_map<Conn*, std::unique_ptr<Conn>> owned_;
-  std::unordered_map<ConnId, Conn*> by_id_;
   std::unordered_map<uint64_t, Conn*> by_key_;
-  std::unordered_map<uint64_t, Conn*> by_serial_;
-  std::unordered_map<uint64_t, Conn*> by_node_;
   std::vector<Conn*> finish_;
   std::vector<ConnId> dirty_;  // frames queued or window opened
-  ConnId next_id_ = 1;
-  uint64_t next_serial_ = 1;
-  uint32_t handshakes_ = 0;
   int64_t next_check_ns_ = 0;
   int64_t next_limit_log_ns_ = 0;
   bool unknown_logged_ = false;
-  std::unordered_map<std::string, int64_t> nonces_;
-  std::deque<Event> events_;
-  std::map<uint64_t, PeerStats> stats_;
 };
 
 // ---- opening and closing ----
@@ -394,7 +302,8 @@ OfiFabric::~OfiFabric() {
   // Tell the peers, as a closed socket would; give the provider a moment
   // to send it (its progress is ours).
   if (ep_ != nullptr) {
-    for (auto& [c, owner] : owned_) {
+    for (auto& [link, owner] : owned_) {
+      auto* c = static_cast<Conn*>(link);
       if (!c->closing && c->peer_key != 0) {
         SendControl(c, kClose, c->tx_off);
       }
@@ -436,21 +345,11 @@ void OfiFabric::CloseFabric() {
 }
 
 bool OfiFabric::Open(std::string* error) {
-  if (opt_.node_id == 0) {
-    *error = "the fabric needs a non-zero node id";
-    return false;
-  }
+  if (!CheckOptions(error)) return false;
   if (opt_.listen.size() != 1) {
     *error =
         "the ofi fabric listens on exactly one address (one endpoint); "
         "give one --fabric-listen";
-    return false;
-  }
-  if (opt_.max_send_bytes < opt_.limits.max_payload + kFrameHeaderSize ||
-      opt_.max_send_frames == 0 || opt_.max_iov == 0 || opt_.max_iov > 255) {
-    *error =
-        "fabric limits: max_send_bytes must hold one largest frame, and "
-        "max_iov must be 1-255";
     return false;
   }
   ListenAddress a;
@@ -470,10 +369,6 @@ bool OfiFabric::Open(std::string* error) {
              "': give the interface's own address, not a wildcard";
     return false;
   }
-  std::random_device rd;
-  rng_.seed((uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(NowNs()));
-  incarnation_ = rng_() | 1;
-
   // What psmd needs, and the strictest modes it can honour: it registers
   // every buffer it hands the provider (FI_MR_LOCAL), allocates them itself
   // (FI_MR_ALLOCATED), binds the registration to the endpoint when asked
@@ -733,14 +628,8 @@ void OfiFabric::Signal() {
 // ---- the user's calls ----
 
 OfiFabric::Conn* OfiFabric::NewConn(bool outgoing) {
-  auto owner = std::make_unique<Conn>();
-  Conn* c = owner.get();
-  c->outgoing = outgoing;
-  c->serial = next_serial_++;
+  auto* c = static_cast<Conn*>(Track(std::make_unique<Conn>(), outgoing));
   c->last_rx_ns = c->last_tx_ns = NowNs();
-  c->deadline_ns = c->last_rx_ns + int64_t{opt_.timeout_ms} * 1'000'000;
-  by_serial_[c->serial] = c;
-  owned_[c] = std::move(owner);
   Rekey(c);
   return c;
 }
@@ -756,39 +645,12 @@ void OfiFabric::Rekey(Conn* c) {
 ErrorClass OfiFabric::Connect(const std::string& host_description,
                               uint64_t cookie, ConnId* conn) {
   psmd::hw::HostDescription d;
-  std::string error;
-  if (!ParseHostDescription(host_description, &d, &error)) {
-    spdlog::warn("fabric: connect: {}", error);
-    return ErrorClass::kBadHost;
+  if (ErrorClass e = CheckConnect(host_description, &d, conn);
+      e != ErrorClass::kOk) {
+    return e;
   }
-  if (d.node == opt_.node_id) {
-    spdlog::warn("fabric: connect: '{}' is this node", host_description);
-    return ErrorClass::kBadHost;
-  }
-  if (opt_.auth == AuthMode::kNone) {
-    for (const HostAddress& a : d.addresses) {
-      if (!IsLoopback(a.host)) {
-        spdlog::warn(
-            "fabric: connect: auth 'none' reaches loopback peers only, "
-            "not {}",
-            a.host);
-        return ErrorClass::kBadHost;
-      }
-    }
-  }
-  if (auto it = by_node_.find(d.node); it != by_node_.end()) {
-    *conn = it->second->id;
-    return ErrorClass::kAlreadyConnected;
-  }
-  if (owned_.size() >= opt_.max_connections) return ErrorClass::kLimit;
   Conn* c = NewConn(true);
-  c->id = next_id_++;
-  c->visible = true;
-  c->cookie = cookie;
-  c->peer_node = d.node;
-  c->addresses = d.addresses;
-  by_id_[c->id] = c;
-  by_node_[d.node] = c;
+  TrackOutgoing(c, d, cookie);
   *conn = c->id;
   StartAttempt(c);
   if (!finish_.empty()) Signal();
@@ -798,36 +660,11 @@ ErrorClass OfiFabric::Connect(const std::string& host_description,
 ErrorClass OfiFabric::PostSend(ConnId id, const FrameFields& fields,
                                const iovec* iov, int iovcnt, uint64_t cookie) {
   Conn* c = Find(id);
-  if (c == nullptr || c->closing) return ErrorClass::kBadConn;
-  if (iovcnt < 0 || static_cast<uint32_t>(iovcnt) > opt_.max_iov ||
-      (iovcnt > 0 && iov == nullptr)) {
-    return ErrorClass::kBadArg;
+  if (c == nullptr) return ErrorClass::kBadConn;
+  if (ErrorClass e = QueueData(c, fields, iov, iovcnt, cookie);
+      e != ErrorClass::kOk) {
+    return e;
   }
-  size_t length = 0;
-  for (int i = 0; i < iovcnt; i++) length += iov[i].iov_len;
-  if (length > opt_.limits.max_payload ||
-      fields.offset > opt_.limits.max_offset ||
-      length > opt_.limits.max_offset - fields.offset) {
-    return ErrorClass::kBadArg;
-  }
-  if (c->tx_app_frames >= opt_.max_send_frames ||
-      c->tx_app_bytes + length + kFrameHeaderSize > opt_.max_send_bytes) {
-    return ErrorClass::kBusy;
-  }
-  PendingSend& s = c->tx.emplace_back();
-  FrameHeader h;
-  h.type = FrameType::kData;
-  h.length = static_cast<uint32_t>(length);
-  h.fields = fields;
-  EncodeFrameHeader(h, s.header);
-  s.iov.push_back({s.header, kFrameHeaderSize});
-  for (int i = 0; i < iovcnt; i++) {
-    if (iov[i].iov_len > 0) s.iov.push_back(iov[i]);
-  }
-  s.total = kFrameHeaderSize + length;
-  s.cookie = cookie;
-  c->tx_app_frames++;
-  c->tx_app_bytes += s.total;
   // Sent by the next Poll: the frames posted in one pass share messages.
   if (!c->tx_dirty) {
     c->tx_dirty = true;
@@ -836,48 +673,11 @@ ErrorClass OfiFabric::PostSend(ConnId id, const FrameFields& fields,
   return ErrorClass::kOk;
 }
 
-bool OfiFabric::MakeRecv(const iovec* iov, int iovcnt, uint64_t cookie,
-                         PostedRecv* r) const {
-  if (iovcnt < 0 || static_cast<uint32_t>(iovcnt) > opt_.max_iov ||
-      (iovcnt > 0 && iov == nullptr)) {
-    return false;
-  }
-  for (int i = 0; i < iovcnt; i++) {
-    if (iov[i].iov_len > 0) r->iov.push_back(iov[i]);
-    r->capacity += iov[i].iov_len;
-  }
-  r->cookie = cookie;
-  return true;
-}
-
-ErrorClass OfiFabric::PostRecv(ConnId id, const iovec* iov, int iovcnt,
-                               uint64_t cookie) {
-  Conn* c = Find(id);
-  if (c == nullptr || c->closing) return ErrorClass::kBadConn;
-  PostedRecv r;
-  if (!MakeRecv(iov, iovcnt, cookie, &r)) return ErrorClass::kBadArg;
-  c->recvs.push_back(std::move(r));
-  PumpRx(c);
-  if (!events_.empty() || !finish_.empty()) Signal();
-  return ErrorClass::kOk;
-}
-
-ErrorClass OfiFabric::PostRecvHeader(ConnId id, uint64_t cookie) {
-  Conn* c = Find(id);
-  if (c == nullptr || c->closing) return ErrorClass::kBadConn;
-  PostedRecv& r = c->recvs.emplace_back();
-  r.cookie = cookie;
-  r.header_only = true;
-  PumpRx(c);
-  if (!events_.empty() || !finish_.empty()) Signal();
-  return ErrorClass::kOk;
-}
-
 ErrorClass OfiFabric::PostPayload(ConnId id, const iovec* iov, int iovcnt,
                                   uint64_t cookie) {
   Conn* c = Find(id);
-  if (c == nullptr || c->closing) return ErrorClass::kBadConn;
-  PostedRecv r;
+  if (c == nullptr) return ErrorClass::kBadConn;
+  LinkRecv r;
   if (c->rx_phase != RxPhase::kAwaitPayload ||
       !MakeRecv(iov, iovcnt, cookie, &r)) {
     return ErrorClass::kBadArg;
@@ -888,15 +688,6 @@ ErrorClass OfiFabric::PostPayload(ConnId id, const iovec* iov, int iovcnt,
   c->rx_phase = RxPhase::kPayload;
   PumpRx(c);
   if (!events_.empty() || !finish_.empty()) Signal();
-  return ErrorClass::kOk;
-}
-
-ErrorClass OfiFabric::Close(ConnId id) {
-  Conn* c = Find(id);
-  if (c == nullptr || c->closing) return ErrorClass::kBadConn;
-  c->local_close = true;
-  Fail(c, ErrorClass::kCanceled);
-  Signal();
   return ErrorClass::kOk;
 }
 
@@ -914,7 +705,7 @@ void OfiFabric::StartAttempt(Conn* c) {
     // names a key that is gone.
     Rekey(c);
     c->peer_key = 0;
-    c->state = State::kContacting;
+    c->state = State::kConnecting;
     c->attempt_ns = NowNs() + int64_t{opt_.connect_attempt_ms} * 1'000'000;
     SendControl(c, kContact, 0, name_);
     return;
@@ -923,25 +714,12 @@ void OfiFabric::StartAttempt(Conn* c) {
   Fail(c, ErrorClass::kConnFailed);
 }
 
-void OfiFabric::Emit(EventType type, const Conn* c, ErrorClass error,
-                     uint64_t cookie) {
-  Event e;
-  e.type = type;
-  e.conn = c->id;
-  e.error = error;
-  e.cookie = cookie;
-  e.peer_node = c->peer_node;
-  events_.push_back(e);
-}
-
-void OfiFabric::Fail(Conn* c, ErrorClass error) {
+void OfiFabric::Fail(LinkConn* link, ErrorClass error) {
+  auto* c = static_cast<Conn*>(link);
   if (c->closing) return;
   c->closing = true;
   c->close_error = error;
-  if (auto it = by_node_.find(c->peer_node);
-      it != by_node_.end() && it->second == c) {
-    by_node_.erase(it);
-  }
+  Unlink(c);
   // The peer learns at once (a closed socket's FIN), unless it told us.
   if (c->peer_key != 0 && !c->peer_closed) {
     SendControl(c, kClose, c->tx_off);
@@ -950,152 +728,15 @@ void OfiFabric::Fail(Conn* c, ErrorClass error) {
 }
 
 void OfiFabric::Finish(Conn* c) {
-  if (c->counted_handshake) handshakes_--;
-  if (c->visible) {
-    ErrorClass op_error = c->close_error;
-    for (PendingSend& s : c->tx) {
-      if (!s.internal) Emit(EventType::kSendDone, c, op_error, s.cookie);
-    }
-    for (PostedRecv& r : c->recvs) {
-      Emit(r.header_only ? EventType::kHeader : EventType::kRecvDone, c,
-           op_error, r.cookie);
-    }
-    if (c->opened) {
-      if (!c->local_close) StatsOf(c->peer_node).disconnects++;
-      Emit(EventType::kClosed, c,
-           c->local_close ? ErrorClass::kOk : c->close_error, 0);
-    } else {
-      if (!c->local_close) StatsOf(c->peer_node).connect_failures++;
-      Emit(EventType::kConnected, c, c->close_error, c->cookie);
-    }
-    if (auto it = by_id_.find(c->id); it != by_id_.end() && it->second == c) {
-      by_id_.erase(it);
-    }
-  }
   if (c->addr != FI_ADDR_NOTAVAIL) AvUnref(c->addr);
   by_key_.erase(c->key);
-  by_serial_.erase(c->serial);
-  owned_.erase(c);
-}
-
-void OfiFabric::OpenLink(Conn* c) {
-  c->state = State::kOpen;
-  c->opened = true;
-  StatsOf(c->peer_node).connects++;
-  if (c->counted_handshake) {
-    c->counted_handshake = false;
-    handshakes_--;
-  }
-  FlushSends(c);
-  PumpRx(c);
-}
-
-void OfiFabric::QueueControl(Conn* c, FrameType type, std::string payload,
-                             bool close_after) {
-  // Handshake frames go before the user's frames queued while connecting
-  // (none of which has left: nothing does before kOpen).
-  auto pos = std::find_if(c->tx.begin(), c->tx.end(),
-                          [](const PendingSend& s) { return !s.internal; });
-  PendingSend& s = *c->tx.emplace(pos);
-  FrameHeader h;
-  h.type = type;
-  h.length = static_cast<uint32_t>(payload.size());
-  EncodeFrameHeader(h, s.header);
-  s.control = std::move(payload);
-  s.iov.push_back({s.header, kFrameHeaderSize});
-  if (!s.control.empty()) s.iov.push_back({s.control.data(), s.control.size()});
-  s.total = kFrameHeaderSize + s.control.size();
-  s.internal = true;
-  s.close_after = close_after;
-  FlushSends(c);
-}
-
-void OfiFabric::Refuse(Conn* c, RefuseReason reason, const char* why) {
-  spdlog::warn("fabric: refused connection from node {}: {}", c->hello.node,
-               why);
-  if (reason == RefuseReason::kAuth) UntrustedStatsOf(c).auth_failures++;
-  c->state = State::kRefusing;
-  QueueControl(c, FrameType::kRefuse, EncodeRefuse(reason), true);
-}
-
-void OfiFabric::BadFrame(Conn* c, const std::string& what) {
-  UntrustedStatsOf(c).bad_frames++;
-  if (!c->bad_frame_logged) {
-    c->bad_frame_logged = true;
-    if (c->visible) {
-      spdlog::warn("fabric: dropping connection {} to node {}: {}", c->id,
-                   c->peer_node, what);
-    } else {
-      spdlog::warn("fabric: dropping a connection before authentication: {}",
-                   what);
-    }
-  }
-  Fail(c, ErrorClass::kBadFrame);
-}
-
-// One connection per node pair, as hw/fabric.h says and socket_fabric does.
-void OfiFabric::Admit(Conn* c) {
-  uint64_t node = c->hello.node;
-  auto it = by_node_.find(node);
-  if (it != by_node_.end() && it->second->state == State::kOpen) {
-    if (it->second->peer_incarnation == c->hello.incarnation) {
-      Refuse(c, RefuseReason::kDuplicate, "already connected");
-      return;
-    }
-    spdlog::info("fabric: node {} restarted; replacing its connection", node);
-    Fail(it->second, ErrorClass::kConnReset);
-    it = by_node_.end();
-  }
-  c->peer_node = node;
-  c->peer_incarnation = c->hello.incarnation;
-  if (it != by_node_.end()) {
-    if (node > opt_.node_id) {
-      Refuse(c, RefuseReason::kDuplicate, "our own connection to it wins");
-      return;
-    }
-    QueueControl(c, FrameType::kWelcome,
-                 EncodeWelcome({opt_.node_id, incarnation_}));
-    Adopt(c, it->second);
-    return;
-  }
-  if (owned_.size() > opt_.max_connections) {
-    Refuse(c, RefuseReason::kBusy, "too many connections");
-    return;
-  }
-  QueueControl(c, FrameType::kWelcome,
-               EncodeWelcome({opt_.node_id, incarnation_}));
-  c->id = next_id_++;
-  c->visible = true;
-  by_id_[c->id] = c;
-  by_node_[node] = c;
-  OpenLink(c);
-  Emit(EventType::kAccepted, c, ErrorClass::kOk, 0);
-}
-
-void OfiFabric::Adopt(Conn* incoming, Conn* handle) {
-  incoming->id = handle->id;
-  incoming->cookie = handle->cookie;
-  incoming->visible = true;
-  auto first_app =
-      std::find_if(handle->tx.begin(), handle->tx.end(),
-                   [](const PendingSend& s) { return !s.internal; });
-  incoming->tx.splice(incoming->tx.end(), handle->tx, first_app,
-                      handle->tx.end());
-  incoming->tx_app_frames = handle->tx_app_frames;
-  incoming->tx_app_bytes = handle->tx_app_bytes;
-  incoming->recvs = std::move(handle->recvs);
-  handle->recvs.clear();
-  handle->visible = false;
-  Fail(handle, ErrorClass::kCanceled);
-  by_id_[incoming->id] = incoming;
-  by_node_[incoming->peer_node] = incoming;
-  OpenLink(incoming);
-  Emit(EventType::kConnected, incoming, ErrorClass::kOk, incoming->cookie);
+  Release(c);
 }
 
 // ---- receiving ----
 
-void OfiFabric::PumpRx(Conn* c) {
+void OfiFabric::PumpRx(LinkConn* link) {
+  auto* c = static_cast<Conn*>(link);
   if (c->rx_parsing) {
     c->rx_reparse = true;
     return;
@@ -1198,7 +839,7 @@ void OfiFabric::ParseStream(Conn* c) {
     Consume(c, kFrameHeaderSize);
     c->rx_header = h;
     if (c->recvs.front().header_only) {
-      PostedRecv r = std::move(c->recvs.front());
+      LinkRecv r = std::move(c->recvs.front());
       c->recvs.pop_front();
       Event ev;
       ev.type = EventType::kHeader;
@@ -1222,7 +863,7 @@ void OfiFabric::ParseStream(Conn* c) {
 }
 
 void OfiFabric::OnData(Conn* c, ErrorClass error) {
-  PostedRecv r = std::move(c->recvs.front());
+  LinkRecv r = std::move(c->recvs.front());
   c->recvs.pop_front();
   Event e;
   e.type = EventType::kRecvDone;
@@ -1238,168 +879,6 @@ void OfiFabric::OnData(Conn* c, ErrorClass error) {
   st.bytes_received += c->rx_header.length;
   c->rx_phase = RxPhase::kStage;
   c->rx_got = 0;
-}
-
-void OfiFabric::OnControl(Conn* c, FrameType type, const uint8_t* p, size_t n) {
-  FrameError e = FrameError::kBadPayload;
-  if (c->outgoing && type == FrameType::kChallenge &&
-      c->peer_incarnation == 0) {
-    ChallengePayload ch;
-    e = DecodeChallenge(p, n, &ch);
-    if (e == FrameError::kOk) {
-      if (ch.node != c->peer_node) {
-        spdlog::warn("fabric: {} is node {}, not node {}",
-                     c->addresses[c->next_address - 1].host, ch.node,
-                     c->peer_node);
-        Fail(c, ErrorClass::kBadHost);
-        return;
-      }
-      c->peer_incarnation = ch.incarnation;
-      std::memcpy(c->challenge, ch.nonce, kNonceSize);
-      for (auto& b : c->nonce) b = static_cast<uint8_t>(rng_());
-      if (opt_.auth == AuthMode::kNone) {
-        QueueControl(c, FrameType::kHello,
-                     EncodeHello({opt_.node_id, incarnation_, c->peer_node,
-                                  AuthMode::kNone, ""}));
-      } else {
-        CredentialPayload cp;
-        std::memcpy(cp.challenge, c->challenge, kNonceSize);
-        std::memcpy(cp.nonce, c->nonce, kNonceSize);
-        cp.connector_node = opt_.node_id;
-        cp.acceptor_node = c->peer_node;
-        c->state = State::kAuth;
-        auth_waiting_++;
-        auth_->Encode(c->serial, EncodeCredentialPayload(cp));
-        return;
-      }
-    }
-  } else if (c->outgoing && type == FrameType::kWelcome &&
-             c->peer_incarnation != 0) {
-    WelcomePayload w;
-    e = DecodeWelcome(p, n, &w);
-    if (e == FrameError::kOk) {
-      if (w.node != c->peer_node || w.incarnation != c->peer_incarnation) {
-        BadFrame(c, "welcome from another node than the challenge");
-        return;
-      }
-      OpenLink(c);
-      Emit(EventType::kConnected, c, ErrorClass::kOk, c->cookie);
-      return;
-    }
-  } else if (c->outgoing && type == FrameType::kRefuse) {
-    RefuseReason reason;
-    e = DecodeRefuse(p, n, &reason);
-    if (e == FrameError::kOk) {
-      switch (reason) {
-        case RefuseReason::kDuplicate:
-          c->state = State::kWaitPeer;
-          return;
-        case RefuseReason::kAuth:
-          spdlog::warn("fabric: node {} refused our credential", c->peer_node);
-          StatsOf(c->peer_node).auth_failures++;
-          Fail(c, ErrorClass::kAuthFailed);
-          return;
-        case RefuseReason::kWrongNode:
-          Fail(c, ErrorClass::kBadHost);
-          return;
-        case RefuseReason::kBusy:
-          Fail(c, ErrorClass::kLimit);
-          return;
-      }
-    }
-  } else if (!c->outgoing && type == FrameType::kHello && c->hello.node == 0) {
-    e = DecodeHello(p, n, &c->hello);
-    if (e == FrameError::kOk) {
-      if (c->hello.target_node != opt_.node_id) {
-        Refuse(c, RefuseReason::kWrongNode, "it meant another node");
-        return;
-      }
-      if (c->hello.node == opt_.node_id) {
-        Refuse(c, RefuseReason::kWrongNode, "it claims our own node id");
-        return;
-      }
-      if (c->hello.auth != opt_.auth) {
-        Refuse(c, RefuseReason::kAuth, "authentication mode differs");
-        return;
-      }
-      if (opt_.auth == AuthMode::kNone) {
-        Admit(c);
-        return;
-      }
-      c->state = State::kAuth;
-      auth_waiting_++;
-      auth_->Decode(c->serial, c->hello.credential);
-      return;
-    }
-  } else {
-    BadFrame(c, "unexpected handshake frame");
-    return;
-  }
-  if (e != FrameError::kOk) {
-    BadFrame(c, std::string("handshake: ") + FrameErrorName(e));
-  }
-}
-
-bool OfiFabric::RememberNonce(const uint8_t nonce[kNonceSize], int64_t now) {
-  std::string key(reinterpret_cast<const char*>(nonce), kNonceSize);
-  if (nonces_.size() >= 65536) {
-    for (auto it = nonces_.begin(); it != nonces_.end();) {
-      it = it->second <= now ? nonces_.erase(it) : std::next(it);
-    }
-    if (nonces_.size() >= 65536) return false;
-  }
-  auto [it, fresh] = nonces_.try_emplace(
-      key, now + int64_t{opt_.credential_ttl_s} * 1'000'000'000);
-  if (!fresh && it->second <= now) {
-    it->second = now + int64_t{opt_.credential_ttl_s} * 1'000'000'000;
-    return true;
-  }
-  return fresh;
-}
-
-void OfiFabric::OnAuthResults() {
-  uint64_t drained;
-  (void)!read(auth_fd_, &drained, sizeof drained);
-  std::vector<MungeAuth::Result> results;
-  auth_->TakeResults(&results);
-  auth_waiting_ -= std::min<uint32_t>(auth_waiting_, results.size());
-  for (MungeAuth::Result& r : results) {
-    auto it = by_serial_.find(r.token);
-    if (it == by_serial_.end()) continue;
-    Conn* c = it->second;
-    if (c->closing || c->state != State::kAuth) continue;
-    if (c->outgoing) {
-      if (!r.ok) {
-        spdlog::error("fabric: MUNGE cannot encode a credential: {}", r.error);
-        Fail(c, ErrorClass::kAuthFailed);
-        continue;
-      }
-      c->state = State::kHandshake;
-      QueueControl(c, FrameType::kHello,
-                   EncodeHello({opt_.node_id, incarnation_, c->peer_node,
-                                AuthMode::kMunge, r.data}));
-      PumpRx(c);
-      continue;
-    }
-    CredentialPayload cp;
-    if (!r.ok) {
-      Refuse(c, RefuseReason::kAuth, r.error.c_str());
-    } else if (r.uid != opt_.required_uid) {
-      Refuse(c, RefuseReason::kAuth, "credential of the wrong uid");
-    } else if (DecodeCredentialPayload(
-                   reinterpret_cast<const uint8_t*>(r.data.data()),
-                   r.data.size(), &cp) != FrameError::kOk ||
-               std::memcmp(cp.challenge, c->challenge, kNonceSize) != 0 ||
-               cp.connector_node != c->hello.node ||
-               cp.acceptor_node != opt_.node_id) {
-      Refuse(c, RefuseReason::kAuth,
-             "credential not made for this connection (replayed?)");
-    } else if (!RememberNonce(cp.nonce, NowNs())) {
-      Refuse(c, RefuseReason::kAuth, "credential nonce seen before");
-    } else {
-      Admit(c);
-    }
-  }
 }
 
 // ---- sending ----
@@ -1474,7 +953,8 @@ void OfiFabric::FlushDirty() {
   }
 }
 
-void OfiFabric::FlushSends(Conn* c) {
+void OfiFabric::FlushSends(LinkConn* link) {
+  auto* c = static_cast<Conn*>(link);
   if (c->closing || c->peer_key == 0 || c->addr == FI_ADDR_NOTAVAIL) return;
   while (!c->tx.empty()) {
     if (c->state != State::kOpen && !c->tx.front().internal) break;
@@ -1493,10 +973,10 @@ void OfiFabric::FlushSends(Conn* c) {
     const size_t cap = std::min<uint64_t>(chunk_, kWindow - in_flight);
     size_t n = 0;
     while (!c->tx.empty() && n < cap) {
-      PendingSend& f = c->tx.front();
+      LinkSend& f = c->tx.front();
       if (c->state != State::kOpen && !f.internal) break;
-      // Copy from f's iovecs, starting f.done bytes in.
-      size_t skip = f.done;
+      // Copy from f's iovecs, starting f.sent bytes in.
+      size_t skip = f.sent;
       for (const iovec& v : f.iov) {
         if (n == cap) break;
         if (skip >= v.iov_len) {
@@ -1507,10 +987,10 @@ void OfiFabric::FlushSends(Conn* c) {
         std::memcpy(s.buf + kPrefix + n,
                     static_cast<const char*>(v.iov_base) + skip, k);
         n += k;
-        f.done += k;
+        f.sent += k;
         skip = 0;
       }
-      if (f.done < f.total) break;
+      if (f.sent < f.total) break;
       // Its bytes are all with the provider: the caller's buffers are free.
       if (!f.internal) {
         c->tx_app_frames--;
@@ -1553,7 +1033,7 @@ void OfiFabric::OnSendDone(uint32_t i, int err) {
   Conn* c = ByKey(s.conn_key);
   if (c == nullptr || c->closing) return;
   if (err != 0) {
-    if (c->state == State::kContacting) {
+    if (c->state == State::kConnecting) {
       spdlog::info("fabric: node {} at {}: {}", c->peer_node,
                    c->addresses[c->next_address - 1].host, fi_strerror(err));
       StartAttempt(c);
@@ -1597,7 +1077,7 @@ void OfiFabric::OnMessage(const uint8_t* p, size_t n) {
   // A message for a connection that is gone is late, not bad.
   if (c == nullptr || c->closing) return;
   if (c->peer_key == 0) {
-    if (c->state != State::kContacting || m.kind != kStream) return;
+    if (c->state != State::kConnecting || m.kind != kStream) return;
     c->peer_key = m.src;  // the acceptor's first bytes name its key
     c->state = State::kHandshake;
   } else if (m.src != c->peer_key) {
@@ -1653,15 +1133,7 @@ void OfiFabric::OnContact(const Prefix& m, const uint8_t* p, size_t n) {
   Conn* c = NewConn(false);
   c->peer_key = m.src;
   c->addr = addr;
-  c->state = State::kHandshake;
-  c->counted_handshake = true;
-  handshakes_++;
-  for (auto& b : c->challenge) b = static_cast<uint8_t>(rng_());
-  ChallengePayload ch;
-  ch.node = opt_.node_id;
-  ch.incarnation = incarnation_;
-  std::memcpy(ch.nonce, c->challenge, kNonceSize);
-  QueueControl(c, FrameType::kChallenge, EncodeChallenge(ch));
+  Challenge(c);
 }
 
 void OfiFabric::OnSegment(Conn* c, uint64_t seq, const uint8_t* p, size_t n) {
@@ -1742,7 +1214,7 @@ void OfiFabric::CheckDeadlines(int64_t now) {
                                   : int64_t{opt_.user_timeout_ms} * 1'000'000;
   std::vector<Conn*> all;
   all.reserve(owned_.size());
-  for (auto& [c, owner] : owned_) all.push_back(c);
+  for (auto& [link, owner] : owned_) all.push_back(static_cast<Conn*>(link));
   for (Conn* c : all) {
     if (c->closing) continue;
     if (c->state != State::kOpen) {
@@ -1751,7 +1223,7 @@ void OfiFabric::CheckDeadlines(int64_t now) {
           spdlog::warn("fabric: connecting to node {} timed out", c->peer_node);
         }
         Fail(c, ErrorClass::kTimeout);
-      } else if (c->state == State::kContacting && now >= c->attempt_ns) {
+      } else if (c->state == State::kConnecting && now >= c->attempt_ns) {
         StartAttempt(c);
       }
       continue;
@@ -1788,7 +1260,11 @@ int OfiFabric::Poll(Event* events, int max) {
     unposted_slots_.pop_front();
     PostSlot(i);
   }
-  if (auth_waiting_ > 0) OnAuthResults();
+  if (auth_waiting_ > 0) {
+    uint64_t drained;
+    (void)!read(auth_fd_, &drained, sizeof drained);
+    OnAuthResults();
+  }
   FlushDirty();
   const int64_t now = NowNs();
   if (now >= next_check_ns_) {
@@ -1833,12 +1309,6 @@ int OfiFabric::Wait(Event* events, int max, int timeout_ms) {
   epoll_wait(epoll_fd_, ev, 4, timeout_ms);
   armed_ = false;
   return Poll(events, max);
-}
-
-std::vector<PeerStats> OfiFabric::Stats() const {
-  std::vector<PeerStats> out;
-  for (const auto& [node, s] : stats_) out.push_back(s);
-  return out;
 }
 
 }  // namespace
