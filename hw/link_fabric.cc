@@ -82,8 +82,7 @@ ErrorClass LinkFabric::CheckConnect(const std::string& host_description,
   return ErrorClass::kOk;
 }
 
-void LinkFabric::TrackOutgoing(LinkConn* c,
-                               const psmd::hw::HostDescription& d,
+void LinkFabric::TrackOutgoing(LinkConn* c, const psmd::hw::HostDescription& d,
                                uint64_t cookie) {
   c->id = next_id_++;
   c->visible = true;

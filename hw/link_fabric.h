@@ -123,8 +123,8 @@ class LinkFabric : public Fabric {
   void TrackOutgoing(LinkConn* c, const psmd::hw::HostDescription& d,
                      uint64_t cookie);
   // PostSend's checks and queueing (the backend then flushes).
-  ErrorClass QueueData(LinkConn* c, const FrameFields& fields,
-                       const iovec* iov, int iovcnt, uint64_t cookie);
+  ErrorClass QueueData(LinkConn* c, const FrameFields& fields, const iovec* iov,
+                       int iovcnt, uint64_t cookie);
   bool MakeRecv(const iovec* iov, int iovcnt, uint64_t cookie,
                 LinkRecv* r) const;
   // Unlinks c from the node table (the first step of Fail).
