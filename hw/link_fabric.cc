@@ -128,6 +128,141 @@ ErrorClass LinkFabric::QueueData(LinkConn* c, const FrameFields& fields,
   return ErrorClass::kOk;
 }
 
+ErrorClass LinkFabric::PostSend(ConnId id, const FrameFields& fields,
+                                const iovec* iov, int iovcnt, uint64_t cookie) {
+  LinkConn* c = FindLive(id);
+  if (c == nullptr) return ErrorClass::kBadConn;
+  if (ErrorClass e = QueueData(c, fields, iov, iovcnt, cookie);
+      e != ErrorClass::kOk) {
+    return e;
+  }
+  // Flushed by the next Poll: the frames the engine posts in one pass (an
+  // envelope and its payload, say) then leave together rather than the
+  // second waiting for the first's completion.
+  if (!c->tx_dirty) {
+    c->tx_dirty = true;
+    dirty_.push_back(c->id);
+  }
+  return ErrorClass::kOk;
+}
+
+void LinkFabric::FlushDirty() {
+  std::vector<ConnId> dirty;
+  dirty.swap(dirty_);
+  for (ConnId id : dirty) {
+    // By id: a connection may have closed since it was marked.
+    if (LinkConn* c = FindLive(id)) {
+      c->tx_dirty = false;
+      FlushSends(c);
+    }
+  }
+}
+
+ErrorClass LinkFabric::PostPayload(ConnId id, const iovec* iov, int iovcnt,
+                                   uint64_t cookie) {
+  LinkConn* c = FindLive(id);
+  if (c == nullptr) return ErrorClass::kBadConn;
+  LinkRecv r;
+  if (!c->await_payload || !MakeRecv(iov, iovcnt, cookie, &r)) {
+    return ErrorClass::kBadArg;
+  }
+  c->recvs.push_front(std::move(r));
+  c->await_payload = false;
+  c->rx_take = std::min<size_t>(c->rx_header.length, c->recvs.front().capacity);
+  c->rx_got = 0;
+  PayloadPosted(c);
+  PumpRx(c);
+  Kick();
+  return ErrorClass::kOk;
+}
+
+// Re-entrant calls (a handshake frame that opens the link) only ask the
+// running parse to go once more.
+void LinkFabric::PumpRx(LinkConn* c) {
+  if (c->rx_parsing) {
+    c->rx_reparse = true;
+    return;
+  }
+  c->rx_parsing = true;
+  do {
+    c->rx_reparse = false;
+    ParseRx(c);
+  } while (c->rx_reparse && !c->closing);
+  c->rx_parsing = false;
+  AfterRx(c);
+}
+
+LinkFabric::FrameStart LinkFabric::StartFrame(LinkConn* c, const uint8_t* p,
+                                              size_t avail) {
+  if (avail < kFrameHeaderSize) return FrameStart::kWait;
+  // Back-pressure: a frame waits until a receive is posted for it.
+  if (c->state == LinkState::kOpen && c->recvs.empty()) {
+    return FrameStart::kWait;
+  }
+  FrameHeader h;
+  FrameError e = DecodeFrameHeader(p, avail, opt_.limits, &h);
+  if (e != FrameError::kOk) {
+    BadFrame(c, std::string("bad frame header: ") + FrameErrorName(e));
+    return FrameStart::kStop;
+  }
+  const bool data = h.type == FrameType::kData;
+  if (data != (c->state == LinkState::kOpen)) {
+    BadFrame(c, data ? "data frame before the handshake finished"
+                     : "handshake frame on an open connection");
+    return FrameStart::kStop;
+  }
+  if (!data) {  // whole (at most 64 + 1024 bytes), then handled
+    if (avail < kFrameHeaderSize + h.length) return FrameStart::kWait;
+    const std::string payload(
+        reinterpret_cast<const char*>(p) + kFrameHeaderSize, h.length);
+    Consume(c, kFrameHeaderSize + h.length);
+    OnControl(c, h.type, reinterpret_cast<const uint8_t*>(payload.data()),
+              payload.size());
+    return c->closing ? FrameStart::kStop : FrameStart::kNext;
+  }
+  Consume(c, kFrameHeaderSize);
+  c->rx_header = h;
+  if (c->recvs.front().header_only) {
+    LinkRecv r = std::move(c->recvs.front());
+    c->recvs.pop_front();
+    Event ev;
+    ev.type = EventType::kHeader;
+    ev.conn = c->id;
+    ev.cookie = r.cookie;
+    ev.peer_node = c->peer_node;
+    ev.length = h.length;
+    ev.fields = h.fields;
+    events_.push_back(ev);
+    if (h.length > 0) {
+      c->await_payload = true;
+      return FrameStart::kAwaitPayload;
+    }
+    StatsOf(c->peer_node).frames_received++;
+    return FrameStart::kNext;
+  }
+  c->rx_take = std::min<size_t>(h.length, c->recvs.front().capacity);
+  c->rx_got = 0;
+  return FrameStart::kPayload;
+}
+
+void LinkFabric::DeliverData(LinkConn* c, ErrorClass error) {
+  LinkRecv r = std::move(c->recvs.front());
+  c->recvs.pop_front();
+  Event e;
+  e.type = EventType::kRecvDone;
+  e.conn = c->id;
+  e.error = error;
+  e.cookie = r.cookie;
+  e.peer_node = c->peer_node;
+  e.length = static_cast<uint32_t>(c->rx_take);
+  e.fields = c->rx_header.fields;
+  events_.push_back(e);
+  PeerStats& st = StatsOf(c->peer_node);
+  st.frames_received++;
+  st.bytes_received += c->rx_header.length;
+  c->rx_got = 0;
+}
+
 LinkConn* LinkFabric::FindLive(ConnId id) {
   auto it = by_id_.find(id);
   if (it == by_id_.end() || it->second->closing) return nullptr;

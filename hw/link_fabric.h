@@ -80,9 +80,18 @@ struct LinkConn {
   uint8_t nonce[kNonceSize] = {};      // outgoing: our credential nonce
   HelloPayload hello;                  // incoming: what the peer said
   std::deque<LinkRecv> recvs;
+  // The frame being received: its header, the payload bytes going into the
+  // front receive (rx_take) and those consumed so far (rx_got).
+  FrameHeader rx_header;
+  size_t rx_take = 0;
+  size_t rx_got = 0;
+  bool await_payload = false;  // a header-only receive got rx_header
+  bool rx_parsing = false;     // ParseRx is on the stack
+  bool rx_reparse = false;     // ... and should run once more
   std::list<LinkSend> tx;
   uint32_t tx_app_frames = 0;
   uint64_t tx_app_bytes = 0;
+  bool tx_dirty = false;  // frames posted since the last flush (dirty_)
 };
 
 class LinkFabric : public Fabric {
@@ -92,9 +101,15 @@ class LinkFabric : public Fabric {
   std::string HostDescription() const override {
     return FormatHostDescription(self_);
   }
+  // Queues the frame; it leaves at the next Poll (FlushDirty), together
+  // with the frames posted before that.
+  ErrorClass PostSend(ConnId conn, const FrameFields& fields, const iovec* iov,
+                      int iovcnt, uint64_t cookie) override;
   ErrorClass PostRecv(ConnId conn, const iovec* iov, int iovcnt,
                       uint64_t cookie) override;
   ErrorClass PostRecvHeader(ConnId conn, uint64_t cookie) override;
+  ErrorClass PostPayload(ConnId conn, const iovec* iov, int iovcnt,
+                         uint64_t cookie) override;
   ErrorClass Close(ConnId conn) override;
   std::vector<PeerStats> Stats() const override;
 
@@ -105,13 +120,38 @@ class LinkFabric : public Fabric {
   virtual void Fail(LinkConn* c, ErrorClass error) = 0;
   // Sends what c->tx holds, as far as the transport lets it.
   virtual void FlushSends(LinkConn* c) = 0;
-  // Delivers what has arrived on c into its posted receives.
-  virtual void PumpRx(LinkConn* c) = 0;
+  // Delivers what has arrived on c into its posted receives (PumpRx runs
+  // it, once more whenever it was asked to while running).
+  virtual void ParseRx(LinkConn* c) = 0;
+  // After ParseRx: ask the transport for more, return credit, ...
+  virtual void AfterRx(LinkConn* c) = 0;
+  // Drops n bytes of what has arrived on c (they were parsed).
+  virtual void Consume(LinkConn* c, size_t n) = 0;
+  // PostPayload gave the front receive for c->rx_header's payload.
+  virtual void PayloadPosted(LinkConn* c) = 0;
   // After a user call that may have made events (PostRecv, Close): a
   // backend whose event_fd would not fire by itself signals it.
   virtual void Kick() {}
 
   // ---- shared ----
+  void PumpRx(LinkConn* c);
+  // What StartFrame did with the bytes at hand.
+  enum class FrameStart {
+    kWait,          // not a whole header (or handshake frame) yet, or no
+                    // receive posted: nothing consumed
+    kStop,          // the connection failed (a bad frame)
+    kNext,          // a handshake frame or a header-only receive's frame
+                    // without payload was consumed: parse on
+    kAwaitPayload,  // a header went to a header-only receive
+    kPayload,       // c->rx_header's payload goes to c->recvs.front()
+  };
+  // Parses the frame starting at p (avail bytes have arrived), consuming
+  // its header (and a handshake frame whole).
+  FrameStart StartFrame(LinkConn* c, const uint8_t* p, size_t avail);
+  // The front receive got c->rx_take bytes of the current frame.
+  void DeliverData(LinkConn* c, ErrorClass error);
+  // FlushSends for the connections PostSend marked.
+  void FlushDirty();
   // Checks the options every backend needs; seeds the random state.
   bool CheckOptions(std::string* error);
   // Connect's checks: kOk with *d parsed, else what Connect returns.
@@ -167,7 +207,8 @@ class LinkFabric : public Fabric {
   std::unordered_map<uint64_t, LinkConn*> by_serial_;
   // The one connection (pending outgoing or open) to each node.
   std::unordered_map<uint64_t, LinkConn*> by_node_;
-  uint32_t handshakes_ = 0;  // incoming, not yet authenticated
+  uint32_t handshakes_ = 0;    // incoming, not yet authenticated
+  std::vector<ConnId> dirty_;  // with frames PostSend queued since a flush
   std::deque<Event> events_;
   std::map<uint64_t, PeerStats> stats_;
 

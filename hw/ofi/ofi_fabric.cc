@@ -148,10 +148,6 @@ class OfiFabric final : public LinkFabric {
   int event_fd() const override { return epoll_fd_; }
   ErrorClass Connect(const std::string& host_description, uint64_t cookie,
                      ConnId* conn) override;
-  ErrorClass PostSend(ConnId conn, const FrameFields& fields, const iovec* iov,
-                      int iovcnt, uint64_t cookie) override;
-  ErrorClass PostPayload(ConnId conn, const iovec* iov, int iovcnt,
-                         uint64_t cookie) override;
   int Poll(Event* events, int max) override;
   int Wait(Event* events, int max, int timeout_ms) override;
 
@@ -159,9 +155,8 @@ class OfiFabric final : public LinkFabric {
   using State = LinkState;
   // kStage: parse frames from the stream buffer; kPayload: the current
   // frame's payload goes to the front receive (past its capacity:
-  // discarded); kAwaitPayload: a header went to a header-only receive,
-  // nothing more is parsed until PostPayload.
-  enum class RxPhase { kStage, kPayload, kAwaitPayload };
+  // discarded). While await_payload nothing more is parsed.
+  enum class RxPhase { kStage, kPayload };
 
   struct Conn : LinkConn {
     uint64_t key = 0;       // ours: the peer's messages carry it
@@ -182,16 +177,10 @@ class OfiFabric final : public LinkFabric {
     uint64_t consumed = 0;     // stream bytes parsed
     uint64_t credit_sent = 0;  // `consumed` last told to the peer
     RxPhase rx_phase = RxPhase::kStage;
-    size_t rx_got = 0;
-    size_t rx_take = 0;
-    FrameHeader rx_header;
-    bool rx_parsing = false;
-    bool rx_reparse = false;
 
     // Send side.
     uint64_t tx_off = 0;         // stream bytes handed to the provider
     uint64_t peer_consumed = 0;  // the peer's last credit
-    bool tx_dirty = false;
     bool close_after_tx = false;
   };
   struct Slot {
@@ -213,7 +202,12 @@ class OfiFabric final : public LinkFabric {
   // LinkFabric's hooks.
   void Fail(LinkConn* c, ErrorClass error) override;
   void FlushSends(LinkConn* c) override;
-  void PumpRx(LinkConn* c) override;
+  void ParseRx(LinkConn* c) override;
+  void AfterRx(LinkConn* c) override;
+  void Consume(LinkConn* c, size_t n) override;
+  void PayloadPosted(LinkConn* c) override {
+    static_cast<Conn*>(c)->rx_phase = RxPhase::kPayload;
+  }
   void Kick() override {
     if (!events_.empty() || !finish_.empty()) Signal();
   }
@@ -231,16 +225,12 @@ class OfiFabric final : public LinkFabric {
   void Rekey(Conn* c);
   void StartAttempt(Conn* c);
   void Finish(Conn* c);
-  void ParseStream(Conn* c);
-  void Consume(Conn* c, size_t n);
-  void OnData(Conn* c, ErrorClass error);
 
   // Sends one message of `kind` (control: no stream bytes) to c's peer.
   void SendControl(Conn* c, MsgKind kind, uint64_t seq,
                    const std::string& payload = {});
   bool TakeSlot(uint32_t* i);
   void PostSlot(uint32_t i);
-  void FlushDirty();
 
   // Handles what the completion queue holds; how many completions.
   int ReadCq();
@@ -290,7 +280,6 @@ class OfiFabric final : public LinkFabric {
 
   std::unordered_map<uint64_t, Conn*> by_key_;
   std::vector<Conn*> finish_;
-  std::vector<ConnId> dirty_;  // frames queued or window opened
   int64_t next_check_ns_ = 0;
   int64_t next_limit_log_ns_ = 0;
   bool unknown_logged_ = false;
@@ -657,40 +646,6 @@ ErrorClass OfiFabric::Connect(const std::string& host_description,
   return ErrorClass::kOk;
 }
 
-ErrorClass OfiFabric::PostSend(ConnId id, const FrameFields& fields,
-                               const iovec* iov, int iovcnt, uint64_t cookie) {
-  Conn* c = Find(id);
-  if (c == nullptr) return ErrorClass::kBadConn;
-  if (ErrorClass e = QueueData(c, fields, iov, iovcnt, cookie);
-      e != ErrorClass::kOk) {
-    return e;
-  }
-  // Sent by the next Poll: the frames posted in one pass share messages.
-  if (!c->tx_dirty) {
-    c->tx_dirty = true;
-    dirty_.push_back(c->id);
-  }
-  return ErrorClass::kOk;
-}
-
-ErrorClass OfiFabric::PostPayload(ConnId id, const iovec* iov, int iovcnt,
-                                  uint64_t cookie) {
-  Conn* c = Find(id);
-  if (c == nullptr) return ErrorClass::kBadConn;
-  LinkRecv r;
-  if (c->rx_phase != RxPhase::kAwaitPayload ||
-      !MakeRecv(iov, iovcnt, cookie, &r)) {
-    return ErrorClass::kBadArg;
-  }
-  c->recvs.push_front(std::move(r));
-  c->rx_take = std::min<size_t>(c->rx_header.length, c->recvs.front().capacity);
-  c->rx_got = 0;
-  c->rx_phase = RxPhase::kPayload;
-  PumpRx(c);
-  if (!events_.empty() || !finish_.empty()) Signal();
-  return ErrorClass::kOk;
-}
-
 // ---- connection life ----
 
 void OfiFabric::StartAttempt(Conn* c) {
@@ -735,18 +690,8 @@ void OfiFabric::Finish(Conn* c) {
 
 // ---- receiving ----
 
-void OfiFabric::PumpRx(LinkConn* link) {
+void OfiFabric::AfterRx(LinkConn* link) {
   auto* c = static_cast<Conn*>(link);
-  if (c->rx_parsing) {
-    c->rx_reparse = true;
-    return;
-  }
-  c->rx_parsing = true;
-  do {
-    c->rx_reparse = false;
-    ParseStream(c);
-  } while (c->rx_reparse && !c->closing);
-  c->rx_parsing = false;
   if (c->closing) return;
   if (c->in_begin == c->in.size()) {
     c->in.clear();
@@ -774,111 +719,51 @@ void OfiFabric::PumpRx(LinkConn* link) {
   }
 }
 
-void OfiFabric::Consume(Conn* c, size_t n) {
+void OfiFabric::Consume(LinkConn* link, size_t n) {
+  auto* c = static_cast<Conn*>(link);
   c->in_begin += n;
   c->consumed += n;
 }
 
-void OfiFabric::ParseStream(Conn* c) {
-  while (!c->closing &&
+void OfiFabric::ParseRx(LinkConn* link) {
+  auto* c = static_cast<Conn*>(link);
+  while (!c->closing && !c->await_payload &&
          (c->state == State::kHandshake || c->state == State::kOpen)) {
     const size_t avail = c->in.size() - c->in_begin;
     const auto* p =
         reinterpret_cast<const uint8_t*>(c->in.data()) + c->in_begin;
-    if (c->rx_phase == RxPhase::kAwaitPayload) return;
-    if (c->rx_phase == RxPhase::kPayload) {
-      const size_t n = std::min(avail, c->rx_header.length - c->rx_got);
-      if (n == 0 && c->rx_got < c->rx_header.length) return;
-      // The part of [rx_got, rx_got + n) below rx_take lands in the iovecs.
-      size_t skip = c->rx_got, copied = 0;
-      const size_t want =
-          c->rx_got < c->rx_take ? std::min(n, c->rx_take - c->rx_got) : 0;
-      for (const iovec& v : c->recvs.front().iov) {
-        if (copied == want) break;
-        if (skip >= v.iov_len) {
-          skip -= v.iov_len;
-          continue;
-        }
-        const size_t k = std::min(v.iov_len - skip, want - copied);
-        std::memcpy(static_cast<char*>(v.iov_base) + skip, p + copied, k);
-        copied += k;
-        skip = 0;
-      }
-      Consume(c, n);
-      c->rx_got += n;
-      if (c->rx_got == c->rx_header.length) {
-        OnData(c, c->rx_take == c->rx_header.length ? ErrorClass::kOk
-                                                    : ErrorClass::kTruncated);
-      }
-      continue;
-    }
-    if (avail < kFrameHeaderSize) return;
-    // Back-pressure: a frame waits until a receive is posted for it.
-    if (c->state == State::kOpen && c->recvs.empty()) return;
-    FrameHeader h;
-    FrameError e = DecodeFrameHeader(p, avail, opt_.limits, &h);
-    if (e != FrameError::kOk) {
-      BadFrame(c, std::string("bad frame header: ") + FrameErrorName(e));
+    if (c->rx_phase == RxPhase::kStage) {
+      const FrameStart f = StartFrame(c, p, avail);
+      if (f == FrameStart::kPayload) c->rx_phase = RxPhase::kPayload;
+      if (f == FrameStart::kNext || f == FrameStart::kPayload) continue;
       return;
     }
-    const bool data = h.type == FrameType::kData;
-    if (data != (c->state == State::kOpen)) {
-      BadFrame(c, data ? "data frame before the handshake finished"
-                       : "handshake frame on an open connection");
-      return;
-    }
-    if (!data) {
-      if (avail < kFrameHeaderSize + h.length) return;
-      const std::string payload(
-          reinterpret_cast<const char*>(p) + kFrameHeaderSize, h.length);
-      Consume(c, kFrameHeaderSize + h.length);
-      OnControl(c, h.type, reinterpret_cast<const uint8_t*>(payload.data()),
-                payload.size());
-      continue;
-    }
-    Consume(c, kFrameHeaderSize);
-    c->rx_header = h;
-    if (c->recvs.front().header_only) {
-      LinkRecv r = std::move(c->recvs.front());
-      c->recvs.pop_front();
-      Event ev;
-      ev.type = EventType::kHeader;
-      ev.conn = c->id;
-      ev.cookie = r.cookie;
-      ev.peer_node = c->peer_node;
-      ev.length = h.length;
-      ev.fields = h.fields;
-      events_.push_back(ev);
-      if (h.length > 0) {
-        c->rx_phase = RxPhase::kAwaitPayload;
-        return;
+    const size_t n = std::min(avail, c->rx_header.length - c->rx_got);
+    if (n == 0 && c->rx_got < c->rx_header.length) return;
+    // The part of [rx_got, rx_got + n) below rx_take lands in the iovecs.
+    size_t skip = c->rx_got, copied = 0;
+    const size_t want =
+        c->rx_got < c->rx_take ? std::min(n, c->rx_take - c->rx_got) : 0;
+    for (const iovec& v : c->recvs.front().iov) {
+      if (copied == want) break;
+      if (skip >= v.iov_len) {
+        skip -= v.iov_len;
+        continue;
       }
-      StatsOf(c->peer_node).frames_received++;
-      continue;
+      const size_t k = std::min(v.iov_len - skip, want - copied);
+      std::memcpy(static_cast<char*>(v.iov_base) + skip, p + copied, k);
+      copied += k;
+      skip = 0;
     }
-    c->rx_take = std::min<size_t>(h.length, c->recvs.front().capacity);
-    c->rx_got = 0;
-    c->rx_phase = RxPhase::kPayload;
+    Consume(c, n);
+    c->rx_got += n;
+    if (c->rx_got == c->rx_header.length) {
+      c->rx_phase = RxPhase::kStage;
+      DeliverData(c, c->rx_take == c->rx_header.length
+                         ? ErrorClass::kOk
+                         : ErrorClass::kTruncated);
+    }
   }
-}
-
-void OfiFabric::OnData(Conn* c, ErrorClass error) {
-  LinkRecv r = std::move(c->recvs.front());
-  c->recvs.pop_front();
-  Event e;
-  e.type = EventType::kRecvDone;
-  e.conn = c->id;
-  e.error = error;
-  e.cookie = r.cookie;
-  e.peer_node = c->peer_node;
-  e.length = static_cast<uint32_t>(c->rx_take);
-  e.fields = c->rx_header.fields;
-  events_.push_back(e);
-  PeerStats& st = StatsOf(c->peer_node);
-  st.frames_received++;
-  st.bytes_received += c->rx_header.length;
-  c->rx_phase = RxPhase::kStage;
-  c->rx_got = 0;
 }
 
 // ---- sending ----
@@ -940,17 +825,6 @@ void OfiFabric::SendControl(Conn* c, MsgKind kind, uint64_t seq,
   s.addr = c->addr;
   av_entries_[av_names_[c->addr]].refs++;  // the buffer holds the address
   PostSlot(i);
-}
-
-void OfiFabric::FlushDirty() {
-  std::vector<ConnId> dirty;
-  dirty.swap(dirty_);
-  for (ConnId id : dirty) {
-    if (Conn* c = Find(id)) {
-      c->tx_dirty = false;
-      FlushSends(c);
-    }
-  }
 }
 
 void OfiFabric::FlushSends(LinkConn* link) {

@@ -113,10 +113,6 @@ class SocketFabric final : public LinkFabric {
   int event_fd() const override { return event_fd_; }
   ErrorClass Connect(const std::string& host_description, uint64_t cookie,
                      ConnId* conn) override;
-  ErrorClass PostSend(ConnId conn, const FrameFields& fields, const iovec* iov,
-                      int iovcnt, uint64_t cookie) override;
-  ErrorClass PostPayload(ConnId conn, const iovec* iov, int iovcnt,
-                         uint64_t cookie) override;
   int Poll(Event* events, int max) override;
   int Wait(Event* events, int max, int timeout_ms) override;
 
@@ -142,21 +138,15 @@ class SocketFabric final : public LinkFabric {
     // Receive side.
     RxPhase rx_phase = RxPhase::kStage;
     bool rx_inflight = false;
-    bool rx_parsing = false;           // ParseStage is on the stack
-    bool rx_reparse = false;           // ... and should run once more
     std::unique_ptr<uint8_t[]> stage;  // kStageSize bytes, from the first read
     bool rx_after_large = false;       // the last data frame > kLargePayload
     size_t stage_begin = 0;
     size_t stage_end = 0;
-    size_t rx_got = 0;   // payload bytes of the current frame consumed
-    size_t rx_take = 0;  // payload bytes going into the posted receive
-    FrameHeader rx_header;
     std::vector<iovec> rx_iov;
     msghdr rx_msg{};
 
     // Send side.
     bool tx_inflight = false;
-    bool tx_dirty = false;  // frames posted since the last flush (dirty_)
     std::vector<iovec> tx_iov;
     msghdr tx_msg{};
   };
@@ -175,16 +165,18 @@ class SocketFabric final : public LinkFabric {
   // LinkFabric's hooks.
   void Fail(LinkConn* c, ErrorClass error) override;
   void FlushSends(LinkConn* c) override;
-  void PumpRx(LinkConn* c) override;
+  void ParseRx(LinkConn* c) override;
+  void AfterRx(LinkConn* c) override { ArmRecv(static_cast<Conn*>(c)); }
+  void Consume(LinkConn* c, size_t n) override {
+    static_cast<Conn*>(c)->stage_begin += n;
+  }
+  void PayloadPosted(LinkConn* c) override;
 
   Conn* NewConn(bool outgoing);
   void StartAttempt(Conn* c);
   void SetLinkOptions(int fd);
-  void ParseStage(Conn* c);
   void StartPayload(Conn* c);
   void ArmRecv(Conn* c);
-  // FlushSends for the connections PostSend marked.
-  void FlushDirty();
   void Finish(Conn* c);
 
   void HandleCqe(const io_uring_cqe* cqe);
@@ -207,7 +199,6 @@ class SocketFabric final : public LinkFabric {
   std::vector<std::unique_ptr<Listener>> listeners_;
 
   std::vector<Conn*> finish_;  // closing: check whether they can go
-  std::vector<ConnId> dirty_;  // with frames PostSend queued since a flush
   int64_t next_check_ns_ = 0;
   int64_t next_limit_log_ns_ = 0;
   uint8_t drain_[16384];
@@ -411,41 +402,6 @@ ErrorClass SocketFabric::Connect(const std::string& host_description,
   return ErrorClass::kOk;
 }
 
-ErrorClass SocketFabric::PostSend(ConnId id, const FrameFields& fields,
-                                  const iovec* iov, int iovcnt,
-                                  uint64_t cookie) {
-  Conn* c = Find(id);
-  if (c == nullptr) return ErrorClass::kBadConn;
-  if (ErrorClass e = QueueData(c, fields, iov, iovcnt, cookie);
-      e != ErrorClass::kOk) {
-    return e;
-  }
-  // Flushed by the next Poll, which submits anyway: the frames the engine
-  // posts in one pass (an envelope and its payload, say) then leave in one
-  // sendmsg rather than the second waiting for the first's completion.
-  if (!c->tx_dirty) {
-    c->tx_dirty = true;
-    dirty_.push_back(c->id);
-  }
-  return ErrorClass::kOk;
-}
-
-ErrorClass SocketFabric::PostPayload(ConnId id, const iovec* iov, int iovcnt,
-                                     uint64_t cookie) {
-  Conn* c = Find(id);
-  if (c == nullptr) return ErrorClass::kBadConn;
-  PostedRecv r;
-  if (c->rx_phase != RxPhase::kAwaitPayload ||
-      !MakeRecv(iov, iovcnt, cookie, &r)) {
-    return ErrorClass::kBadArg;
-  }
-  c->recvs.push_front(std::move(r));
-  c->rx_phase = RxPhase::kStage;
-  StartPayload(c);
-  PumpRx(c);
-  return ErrorClass::kOk;
-}
-
 // ---- connection life ----
 
 void SocketFabric::StartAttempt(Conn* c) {
@@ -500,76 +456,28 @@ void SocketFabric::Finish(Conn* c) {
 
 // ---- receiving ----
 
-// Parses what the staging buffer holds, then asks the kernel for more if
-// a frame is incomplete. Re-entrant calls (a handshake frame that opens
-// the link) only ask the running parse to go once more.
-void SocketFabric::PumpRx(LinkConn* link) {
+void SocketFabric::ParseRx(LinkConn* link) {
   auto* c = static_cast<Conn*>(link);
-  if (c->rx_parsing) {
-    c->rx_reparse = true;
-    return;
-  }
-  c->rx_parsing = true;
-  do {
-    c->rx_reparse = false;
-    ParseStage(c);
-  } while (c->rx_reparse && !c->closing);
-  c->rx_parsing = false;
-  ArmRecv(c);
-}
-
-void SocketFabric::ParseStage(Conn* c) {
   // A read into the stage is only in flight when what it holds is not a
   // whole frame; its completion parses again.
   if (c->rx_inflight) return;
   while (!c->closing && c->rx_phase == RxPhase::kStage &&
          (c->state == State::kHandshake || c->state == State::kOpen)) {
-    size_t avail = c->stage_end - c->stage_begin;
-    if (avail < kFrameHeaderSize) return;
-    // Back-pressure: a frame waits until a receive is posted for it.
-    if (c->state == State::kOpen && c->recvs.empty()) return;
-    const uint8_t* p = c->stage.get() + c->stage_begin;
-    FrameHeader h;
-    FrameError e = DecodeFrameHeader(p, avail, opt_.limits, &h);
-    if (e != FrameError::kOk) {
-      BadFrame(c, std::string("bad frame header: ") + FrameErrorName(e));
-      return;
+    const FrameStart f = StartFrame(c, c->stage.get() + c->stage_begin,
+                                    c->stage_end - c->stage_begin);
+    if (f == FrameStart::kAwaitPayload || f == FrameStart::kPayload) {
+      c->rx_after_large = c->rx_header.length > kLargePayload;
     }
-    bool data = h.type == FrameType::kData;
-    if (data != (c->state == State::kOpen)) {
-      BadFrame(c, data ? "data frame before the handshake finished"
-                       : "handshake frame on an open connection");
-      return;
-    }
-    if (!data) {  // whole in the stage (at most 64 + 1024 bytes)
-      if (avail < kFrameHeaderSize + h.length) return;
-      c->stage_begin += kFrameHeaderSize + h.length;
-      OnControl(c, h.type, p + kFrameHeaderSize, h.length);
-      continue;
-    }
-    c->stage_begin += kFrameHeaderSize;
-    c->rx_header = h;
-    c->rx_after_large = h.length > kLargePayload;
-    if (c->recvs.front().header_only) {
-      PostedRecv r = std::move(c->recvs.front());
-      c->recvs.pop_front();
-      Event ev;
-      ev.type = EventType::kHeader;
-      ev.conn = c->id;
-      ev.cookie = r.cookie;
-      ev.peer_node = c->peer_node;
-      ev.length = h.length;
-      ev.fields = h.fields;
-      events_.push_back(ev);
-      if (h.length > 0) {
-        c->rx_phase = RxPhase::kAwaitPayload;
-        return;
-      }
-      StatsOf(c->peer_node).frames_received++;
-      continue;
-    }
-    StartPayload(c);
+    if (f == FrameStart::kAwaitPayload) c->rx_phase = RxPhase::kAwaitPayload;
+    if (f == FrameStart::kPayload) StartPayload(c);
+    if (f != FrameStart::kNext && f != FrameStart::kPayload) return;
   }
+}
+
+void SocketFabric::PayloadPosted(LinkConn* link) {
+  auto* c = static_cast<Conn*>(link);
+  c->rx_phase = RxPhase::kStage;
+  StartPayload(c);
 }
 
 // The current frame's payload goes to the front posted receive: what the
@@ -577,8 +485,6 @@ void SocketFabric::ParseStage(Conn* c) {
 // discarded past their capacity).
 void SocketFabric::StartPayload(Conn* c) {
   const FrameHeader& h = c->rx_header;
-  c->rx_take = std::min<size_t>(h.length, c->recvs.front().capacity);
-  c->rx_got = 0;
   size_t n = std::min(c->stage_end - c->stage_begin, c->rx_take);
   const uint8_t* src = c->stage.get() + c->stage_begin;
   for (const iovec& v : c->recvs.front().iov) {
@@ -701,36 +607,11 @@ void SocketFabric::OnRecv(Conn* c, int res) {
 }
 
 void SocketFabric::OnData(Conn* c, ErrorClass error) {
-  PostedRecv r = std::move(c->recvs.front());
-  c->recvs.pop_front();
-  Event e;
-  e.type = EventType::kRecvDone;
-  e.conn = c->id;
-  e.error = error;
-  e.cookie = r.cookie;
-  e.peer_node = c->peer_node;
-  e.length = static_cast<uint32_t>(c->rx_take);
-  e.fields = c->rx_header.fields;
-  events_.push_back(e);
-  PeerStats& st = StatsOf(c->peer_node);
-  st.frames_received++;
-  st.bytes_received += c->rx_header.length;
   c->rx_phase = RxPhase::kStage;
-  c->rx_got = 0;
+  DeliverData(c, error);
 }
 
 // ---- sending ----
-
-void SocketFabric::FlushDirty() {
-  for (ConnId id : dirty_) {
-    // By id: a connection may have closed since it was marked.
-    if (Conn* c = Find(id)) {
-      c->tx_dirty = false;
-      FlushSends(c);
-    }
-  }
-  dirty_.clear();
-}
 
 void SocketFabric::FlushSends(LinkConn* link) {
   auto* c = static_cast<Conn*>(link);
