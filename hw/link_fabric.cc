@@ -7,19 +7,17 @@
 #include <cstring>
 
 namespace psmd::hw {
-namespace {
 
-int64_t NowNs() {
+int64_t MonotonicNs() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);  // vDSO: no syscall
   return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
 }
 
-}  // namespace
-
 LinkFabric::LinkFabric(const FabricOptions& options) : opt_(options) {}
 
-bool LinkFabric::CheckOptions(std::string* error) {
+bool LinkFabric::CheckOptions(std::vector<ListenAddress>* listen,
+                              std::string* error) {
   if (opt_.node_id == 0) {
     *error = "the fabric needs a non-zero node id";
     return false;
@@ -35,8 +33,30 @@ bool LinkFabric::CheckOptions(std::string* error) {
         "max_iov must be 1-255";
     return false;
   }
+  for (const std::string& text : opt_.listen) {
+    ListenAddress a;
+    if (!ParseListenAddress(text, &a, error)) {
+      *error = "fabric listen address " + *error;
+      return false;
+    }
+    if (opt_.auth == AuthMode::kNone && !IsLoopback(a.host)) {
+      *error =
+          "fabric auth 'none' is only allowed when every address is "
+          "loopback; '" +
+          text + "' is not (use MUNGE authentication)";
+      return false;
+    }
+    if (a.host == "0.0.0.0" || a.host == "::") {
+      *error = "fabric listen address '" + text +
+               "': give each interface's own address, not a wildcard (the "
+               "host description must name addresses peers can reach)";
+      return false;
+    }
+    listen->push_back(a);
+  }
   std::random_device rd;
-  rng_.seed((uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(NowNs()));
+  rng_.seed((uint64_t{rd()} << 32) ^ rd() ^
+            static_cast<uint64_t>(MonotonicNs()));
   incarnation_ = rng_() | 1;
   return true;
 }
@@ -45,15 +65,16 @@ LinkConn* LinkFabric::Track(std::unique_ptr<LinkConn> conn, bool outgoing) {
   LinkConn* c = conn.get();
   c->outgoing = outgoing;
   c->serial = next_serial_++;
-  c->deadline_ns = NowNs() + int64_t{opt_.timeout_ms} * 1'000'000;
+  c->deadline_ns = MonotonicNs() + int64_t{opt_.timeout_ms} * 1'000'000;
   owned_[c] = std::move(conn);
   by_serial_[c->serial] = c;
   return c;
 }
 
-ErrorClass LinkFabric::CheckConnect(const std::string& host_description,
-                                    psmd::hw::HostDescription* d,
-                                    ConnId* conn) {
+ErrorClass LinkFabric::Connect(const std::string& host_description,
+                               uint64_t cookie, ConnId* conn) {
+  psmd::hw::HostDescription parsed;
+  psmd::hw::HostDescription* d = &parsed;
   std::string error;
   if (!ParseHostDescription(host_description, d, &error)) {
     spdlog::warn("fabric: connect: {}", error);
@@ -79,18 +100,18 @@ ErrorClass LinkFabric::CheckConnect(const std::string& host_description,
     return ErrorClass::kAlreadyConnected;
   }
   if (owned_.size() >= opt_.max_connections) return ErrorClass::kLimit;
-  return ErrorClass::kOk;
-}
-
-void LinkFabric::TrackOutgoing(LinkConn* c, const psmd::hw::HostDescription& d,
-                               uint64_t cookie) {
+  LinkConn* c = NewLink(true);
   c->id = next_id_++;
   c->visible = true;
   c->cookie = cookie;
-  c->peer_node = d.node;
-  c->addresses = d.addresses;
+  c->peer_node = d->node;
+  c->addresses = d->addresses;
   by_id_[c->id] = c;
-  by_node_[d.node] = c;
+  by_node_[d->node] = c;
+  *conn = c->id;
+  StartAttempt(c);
+  Kick();
+  return ErrorClass::kOk;
 }
 
 ErrorClass LinkFabric::QueueData(LinkConn* c, const FrameFields& fields,
@@ -647,7 +668,7 @@ void LinkFabric::OnAuthResults() {
                cp.acceptor_node != opt_.node_id) {
       Refuse(c, RefuseReason::kAuth,
              "credential not made for this connection (replayed?)");
-    } else if (!RememberNonce(cp.nonce, NowNs())) {
+    } else if (!RememberNonce(cp.nonce, MonotonicNs())) {
       Refuse(c, RefuseReason::kAuth, "credential nonce seen before");
     } else {
       Admit(c);

@@ -29,6 +29,11 @@
 
 namespace psmd::hw {
 
+// CLOCK_MONOTONIC in ns (through the vDSO: no syscall).
+int64_t MonotonicNs();
+// How often the backends check deadlines while polled.
+inline constexpr int64_t kLinkCheckNs = 10'000'000;
+
 enum class LinkState {
   kConnecting,  // outgoing: reaching the peer's address
   kHandshake,   // reading handshake frames
@@ -101,6 +106,8 @@ class LinkFabric : public Fabric {
   std::string HostDescription() const override {
     return FormatHostDescription(self_);
   }
+  ErrorClass Connect(const std::string& host_description, uint64_t cookie,
+                     ConnId* conn) override;
   // Queues the frame; it leaves at the next Poll (FlushDirty), together
   // with the frames posted before that.
   ErrorClass PostSend(ConnId conn, const FrameFields& fields, const iovec* iov,
@@ -118,6 +125,10 @@ class LinkFabric : public Fabric {
   // Ends c (idempotent): marks it closing with `error`; the backend
   // releases it later with Release.
   virtual void Fail(LinkConn* c, ErrorClass error) = 0;
+  // A new connection of the backend's kind (registered with Track).
+  virtual LinkConn* NewLink(bool outgoing) = 0;
+  // Starts reaching c's next address (or fails it: none left).
+  virtual void StartAttempt(LinkConn* c) = 0;
   // Sends what c->tx holds, as far as the transport lets it.
   virtual void FlushSends(LinkConn* c) = 0;
   // Delivers what has arrived on c into its posted receives (PumpRx runs
@@ -152,16 +163,11 @@ class LinkFabric : public Fabric {
   void DeliverData(LinkConn* c, ErrorClass error);
   // FlushSends for the connections PostSend marked.
   void FlushDirty();
-  // Checks the options every backend needs; seeds the random state.
-  bool CheckOptions(std::string* error);
-  // Connect's checks: kOk with *d parsed, else what Connect returns.
-  ErrorClass CheckConnect(const std::string& host_description,
-                          psmd::hw::HostDescription* d, ConnId* conn);
+  // Checks the options every backend needs and parses the listen
+  // addresses into *listen; seeds the random state.
+  bool CheckOptions(std::vector<ListenAddress>* listen, std::string* error);
   // Registers a new connection (owned here from now on).
   LinkConn* Track(std::unique_ptr<LinkConn> conn, bool outgoing);
-  // Makes an outgoing connection to d visible as the user's handle.
-  void TrackOutgoing(LinkConn* c, const psmd::hw::HostDescription& d,
-                     uint64_t cookie);
   // PostSend's checks and queueing (the backend then flushes).
   ErrorClass QueueData(LinkConn* c, const FrameFields& fields, const iovec* iov,
                        int iovcnt, uint64_t cookie);
@@ -222,6 +228,15 @@ class LinkFabric : public Fabric {
   // Connector nonces seen within the credential TTL (replay defence).
   std::unordered_map<std::string, int64_t> nonces_;
 };
+
+// A backend's Open... function: null with *error when Open fails.
+template <class Backend>
+std::unique_ptr<Fabric> OpenLinkFabric(const FabricOptions& options,
+                                       std::string* error) {
+  auto f = std::make_unique<Backend>(options);
+  if (!f->Open(error)) return nullptr;
+  return f;
+}
 
 }  // namespace psmd::hw
 

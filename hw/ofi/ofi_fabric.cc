@@ -17,11 +17,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <list>
-#include <map>
-#include <random>
-#include <unordered_map>
 
 #include "hw/link_fabric.h"
 
@@ -56,13 +51,6 @@ constexpr uint32_t kMaxRecvs = 64;  // registered receive buffers
 // Stream bytes a sender may have beyond what the receiver consumed: what
 // one connection can make its receiver hold.
 constexpr uint64_t kWindow = 2u << 20;
-constexpr int64_t kDeadlineCheckNs = 10'000'000;
-
-int64_t NowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);  // vDSO: no syscall
-  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
 
 void Put32(uint8_t* p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] = static_cast<uint8_t>(v >> (8 * i));
@@ -146,8 +134,6 @@ class OfiFabric final : public LinkFabric {
   bool Open(std::string* error);
 
   int event_fd() const override { return epoll_fd_; }
-  ErrorClass Connect(const std::string& host_description, uint64_t cookie,
-                     ConnId* conn) override;
   int Poll(Event* events, int max) override;
   int Wait(Event* events, int max, int timeout_ms) override;
 
@@ -221,9 +207,10 @@ class OfiFabric final : public LinkFabric {
   void PostRecvBuffer(uint32_t i);
   void Signal();
 
+  LinkConn* NewLink(bool outgoing) override { return NewConn(outgoing); }
+  void StartAttempt(LinkConn* c) override;
   Conn* NewConn(bool outgoing);
   void Rekey(Conn* c);
-  void StartAttempt(Conn* c);
   void Finish(Conn* c);
 
   // Sends one message of `kind` (control: no stream bytes) to c's peer.
@@ -297,8 +284,8 @@ OfiFabric::~OfiFabric() {
         SendControl(c, kClose, c->tx_off);
       }
     }
-    const int64_t end = NowNs() + 200'000'000;
-    while (free_slots_.size() < slots_.size() && NowNs() < end) {
+    const int64_t end = MonotonicNs() + 200'000'000;
+    while (free_slots_.size() < slots_.size() && MonotonicNs() < end) {
       for (uint32_t i : std::deque<uint32_t>(std::move(unposted_slots_))) {
         PostSlot(i);
       }
@@ -334,30 +321,15 @@ void OfiFabric::CloseFabric() {
 }
 
 bool OfiFabric::Open(std::string* error) {
-  if (!CheckOptions(error)) return false;
-  if (opt_.listen.size() != 1) {
+  std::vector<ListenAddress> listen;
+  if (!CheckOptions(&listen, error)) return false;
+  if (listen.size() != 1) {
     *error =
         "the ofi fabric listens on exactly one address (one endpoint); "
         "give one --fabric-listen";
     return false;
   }
-  ListenAddress a;
-  if (!ParseListenAddress(opt_.listen[0], &a, error)) {
-    *error = "fabric listen address " + *error;
-    return false;
-  }
-  if (opt_.auth == AuthMode::kNone && !IsLoopback(a.host)) {
-    *error =
-        "fabric auth 'none' is only allowed when every address is "
-        "loopback; '" +
-        opt_.listen[0] + "' is not (use MUNGE authentication)";
-    return false;
-  }
-  if (a.host == "0.0.0.0" || a.host == "::") {
-    *error = "fabric listen address '" + opt_.listen[0] +
-             "': give the interface's own address, not a wildcard";
-    return false;
-  }
+  const ListenAddress& a = listen[0];
   // What psmd needs, and the strictest modes it can honour: it registers
   // every buffer it hands the provider (FI_MR_LOCAL), allocates them itself
   // (FI_MR_ALLOCATED), binds the registration to the endpoint when asked
@@ -618,7 +590,7 @@ void OfiFabric::Signal() {
 
 OfiFabric::Conn* OfiFabric::NewConn(bool outgoing) {
   auto* c = static_cast<Conn*>(Track(std::make_unique<Conn>(), outgoing));
-  c->last_rx_ns = c->last_tx_ns = NowNs();
+  c->last_rx_ns = c->last_tx_ns = MonotonicNs();
   Rekey(c);
   return c;
 }
@@ -631,24 +603,10 @@ void OfiFabric::Rekey(Conn* c) {
   by_key_[c->key] = c;
 }
 
-ErrorClass OfiFabric::Connect(const std::string& host_description,
-                              uint64_t cookie, ConnId* conn) {
-  psmd::hw::HostDescription d;
-  if (ErrorClass e = CheckConnect(host_description, &d, conn);
-      e != ErrorClass::kOk) {
-    return e;
-  }
-  Conn* c = NewConn(true);
-  TrackOutgoing(c, d, cookie);
-  *conn = c->id;
-  StartAttempt(c);
-  if (!finish_.empty()) Signal();
-  return ErrorClass::kOk;
-}
-
 // ---- connection life ----
 
-void OfiFabric::StartAttempt(Conn* c) {
+void OfiFabric::StartAttempt(LinkConn* link) {
+  auto* c = static_cast<Conn*>(link);
   while (c->next_address < c->addresses.size()) {
     const HostAddress& a = c->addresses[c->next_address++];
     std::string name;
@@ -661,7 +619,8 @@ void OfiFabric::StartAttempt(Conn* c) {
     Rekey(c);
     c->peer_key = 0;
     c->state = State::kConnecting;
-    c->attempt_ns = NowNs() + int64_t{opt_.connect_attempt_ms} * 1'000'000;
+    c->attempt_ns =
+        MonotonicNs() + int64_t{opt_.connect_attempt_ms} * 1'000'000;
     SendControl(c, kContact, 0, name_);
     return;
   }
@@ -789,7 +748,7 @@ void OfiFabric::PostSlot(uint32_t i) {
 void OfiFabric::SendControl(Conn* c, MsgKind kind, uint64_t seq,
                             const std::string& payload) {
   if (c->addr == FI_ADDR_NOTAVAIL) return;
-  c->last_tx_ns = NowNs();
+  c->last_tx_ns = MonotonicNs();
   Prefix m;
   m.kind = kind;
   m.dst = kind == kContact ? 0 : c->peer_key;
@@ -807,8 +766,8 @@ void OfiFabric::SendControl(Conn* c, MsgKind kind, uint64_t seq,
   if (!TakeSlot(&i)) {
     // Every buffer is in flight; control messages are rare, so wait for
     // one by progressing the provider (bounded: it completes or fails).
-    const int64_t end = NowNs() + 100'000'000;
-    while (free_slots_.empty() && NowNs() < end) ReadCq();
+    const int64_t end = MonotonicNs() + 100'000'000;
+    while (free_slots_.empty() && MonotonicNs() < end) ReadCq();
     if (!TakeSlot(&i)) {
       // Lost: a close or keepalive matters little, a credit is repeated by
       // the next keepalive.
@@ -889,7 +848,7 @@ void OfiFabric::FlushSends(LinkConn* link) {
     s.addr = c->addr;
     av_entries_[av_names_[c->addr]].refs++;
     c->tx_off += n;
-    c->last_tx_ns = NowNs();
+    c->last_tx_ns = MonotonicNs();
     PostSlot(i);
     if (c->closing) return;  // the post failed
   }
@@ -958,7 +917,7 @@ void OfiFabric::OnMessage(const uint8_t* p, size_t n) {
     DropUnknown("wrong sender key");
     return;
   }
-  c->last_rx_ns = NowNs();
+  c->last_rx_ns = MonotonicNs();
   switch (m.kind) {
     case kStream:
       OnSegment(c, m.seq, p + kPrefix, n - kPrefix);
@@ -993,7 +952,7 @@ void OfiFabric::OnContact(const Prefix& m, const uint8_t* p, size_t n) {
     DropUnknown("contact without an address");
     return;
   }
-  const int64_t now = NowNs();
+  const int64_t now = MonotonicNs();
   if (handshakes_ >= opt_.max_handshakes ||
       owned_.size() > opt_.max_connections) {
     if (now >= next_limit_log_ns_) {
@@ -1140,9 +1099,9 @@ int OfiFabric::Poll(Event* events, int max) {
     OnAuthResults();
   }
   FlushDirty();
-  const int64_t now = NowNs();
+  const int64_t now = MonotonicNs();
   if (now >= next_check_ns_) {
-    next_check_ns_ = now + kDeadlineCheckNs;
+    next_check_ns_ = now + kLinkCheckNs;
     CheckDeadlines(now);
   }
   while (!finish_.empty()) {
@@ -1189,9 +1148,7 @@ int OfiFabric::Wait(Event* events, int max, int timeout_ms) {
 
 std::unique_ptr<Fabric> OpenOfiFabric(const FabricOptions& options,
                                       std::string* error) {
-  auto f = std::make_unique<OfiFabric>(options);
-  if (!f->Open(error)) return nullptr;
-  return f;
+  return OpenLinkFabric<OfiFabric>(options, error);
 }
 
 }  // namespace psmd::hw

@@ -14,11 +14,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <deque>
-#include <list>
-#include <map>
-#include <random>
-#include <unordered_map>
 
 #include "hw/link_fabric.h"
 
@@ -55,13 +50,7 @@ constexpr size_t kStageSize = 131072;
 // time, streaming 256 KiB messages fell from 2.1-4.1 to 2.0-3.1 GB/s.)
 constexpr size_t kLargePayload = 65536;
 constexpr size_t kStageAfterLarge = 16384;
-constexpr int64_t kDeadlineCheckNs = 10'000'000;
-
-int64_t NowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);  // vDSO: no syscall
-  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
+constexpr int64_t kDeadlineCheckNs = kLinkCheckNs;
 
 ErrorClass FromErrno(int err) {
   switch (err) {
@@ -111,8 +100,6 @@ class SocketFabric final : public LinkFabric {
   bool Open(std::string* error);
 
   int event_fd() const override { return event_fd_; }
-  ErrorClass Connect(const std::string& host_description, uint64_t cookie,
-                     ConnId* conn) override;
   int Poll(Event* events, int max) override;
   int Wait(Event* events, int max, int timeout_ms) override;
 
@@ -172,8 +159,9 @@ class SocketFabric final : public LinkFabric {
   }
   void PayloadPosted(LinkConn* c) override;
 
+  LinkConn* NewLink(bool outgoing) override { return NewConn(outgoing); }
+  void StartAttempt(LinkConn* c) override;
   Conn* NewConn(bool outgoing);
-  void StartAttempt(Conn* c);
   void SetLinkOptions(int fd);
   void StartPayload(Conn* c);
   void ArmRecv(Conn* c);
@@ -224,29 +212,8 @@ SocketFabric::~SocketFabric() {
 bool SocketFabric::Open(std::string* error) {
   // LinkFabric bounds max_iov to 255: one sendmsg holds a frame's iovecs.
   static_assert(kMaxSendIov - 1 >= 255);
-  if (!CheckOptions(error)) return false;
   std::vector<ListenAddress> addresses;
-  for (const std::string& text : opt_.listen) {
-    ListenAddress a;
-    if (!ParseListenAddress(text, &a, error)) {
-      *error = "fabric listen address " + *error;
-      return false;
-    }
-    if (opt_.auth == AuthMode::kNone && !IsLoopback(a.host)) {
-      *error =
-          "fabric auth 'none' is only allowed when every address is "
-          "loopback; '" +
-          text + "' is not (use MUNGE authentication)";
-      return false;
-    }
-    if (a.host == "0.0.0.0" || a.host == "::") {
-      *error = "fabric listen address '" + text +
-               "': give each interface's own address, not a wildcard (the "
-               "host description must name addresses peers can reach)";
-      return false;
-    }
-    addresses.push_back(a);
-  }
+  if (!CheckOptions(&addresses, error)) return false;
   attempt_ts_.tv_sec = opt_.connect_attempt_ms / 1000;
   attempt_ts_.tv_nsec = (opt_.connect_attempt_ms % 1000) * 1'000'000ll;
 
@@ -388,23 +355,10 @@ void SocketFabric::SetLinkOptions(int fd) {
 
 // ---- the user's calls ----
 
-ErrorClass SocketFabric::Connect(const std::string& host_description,
-                                 uint64_t cookie, ConnId* conn) {
-  psmd::hw::HostDescription d;
-  if (ErrorClass e = CheckConnect(host_description, &d, conn);
-      e != ErrorClass::kOk) {
-    return e;
-  }
-  Conn* c = NewConn(true);
-  TrackOutgoing(c, d, cookie);
-  *conn = c->id;
-  StartAttempt(c);
-  return ErrorClass::kOk;
-}
-
 // ---- connection life ----
 
-void SocketFabric::StartAttempt(Conn* c) {
+void SocketFabric::StartAttempt(LinkConn* link) {
+  auto* c = static_cast<Conn*>(link);
   while (c->next_address < c->addresses.size()) {
     const HostAddress& a = c->addresses[c->next_address++];
     if (!MakeSockaddr(a.host, a.port, &c->addr, &c->addr_len)) continue;
@@ -709,7 +663,7 @@ void SocketFabric::OnAccept(Listener* l, int res) {
   if (handshakes_ >= opt_.max_handshakes ||
       owned_.size() >= opt_.max_connections) {
     close(res);
-    int64_t now = NowNs();
+    int64_t now = MonotonicNs();
     if (now >= next_limit_log_ns_) {  // at most one line a second
       next_limit_log_ns_ = now + 1'000'000'000;
       spdlog::warn(
@@ -788,7 +742,7 @@ void SocketFabric::Collect(Event* events, int max, int* n) {
 int SocketFabric::Poll(Event* events, int max) {
   FlushDirty();
   Submit();
-  int64_t now = NowNs();
+  int64_t now = MonotonicNs();
   if (now >= next_check_ns_) CheckDeadlines(now);
   // Completions waiting for task work (COOP_TASKRUN, Open): run it.
   if (IO_URING_READ_ONCE(*ring_.sq.kflags) & IORING_SQ_TASKRUN) {
@@ -825,9 +779,9 @@ int SocketFabric::Wait(Event* events, int max, int timeout_ms) {
   if (n > 0 || timeout_ms == 0) return n;
   int64_t limit_ns =
       timeout_ms < 0 ? INT64_MAX / 2 : int64_t{timeout_ms} * 1'000'000;
-  int64_t end = NowNs() + limit_ns;
+  int64_t end = MonotonicNs() + limit_ns;
   while (n == 0) {
-    int64_t now = NowNs();
+    int64_t now = MonotonicNs();
     if (now >= end) break;
     // Wake for deadlines while connections are being set up.
     int64_t sleep_ns = std::min(end - now, kDeadlineCheckNs * 10);
@@ -845,9 +799,7 @@ int SocketFabric::Wait(Event* events, int max, int timeout_ms) {
 
 std::unique_ptr<Fabric> OpenSocketFabric(const FabricOptions& options,
                                          std::string* error) {
-  auto f = std::make_unique<SocketFabric>(options);
-  if (!f->Open(error)) return nullptr;
-  return f;
+  return OpenLinkFabric<SocketFabric>(options, error);
 }
 
 }  // namespace psmd::hw
