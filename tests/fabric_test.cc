@@ -978,6 +978,23 @@ TEST_F(FabricTest, FlagsAreCheckedTogether) {
   EXPECT_NE(no_id.err.find("non-zero node_id"), std::string::npos) << no_id.err;
   RunResult bad = check({"--fabric-listen", "127.0.0.2:99999"});
   EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  // The ofi backend: one listen address; a provider only with it.
+  RunResult two = check({"--node-id", "3", "--fabric", "ofi", "--fabric-listen",
+                         "127.0.0.2", "--fabric-listen", "127.0.0.3",
+                         "--fabric-nodes", "/x"});
+  EXPECT_EQ(two.exit_code, 2);
+  EXPECT_NE(two.err.find("one address"), std::string::npos) << two.err;
+  RunResult stray = check({"--fabric-provider", "tcp;ofi_rxm"});
+  EXPECT_EQ(stray.exit_code, 2);
+  EXPECT_NE(stray.err.find("needs fabric = ofi"), std::string::npos)
+      << stray.err;
+  RunResult unknown = check({"--fabric", "verbs"});
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.out;
+  RunResult ofi =
+      check({"--fabric", "ofi", "--fabric-provider", "udp;ofi_rxd"});
+  EXPECT_EQ(ofi.exit_code, 0) << ofi.err;
+  EXPECT_NE(ofi.out.find("fabric_provider = 'udp;ofi_rxd'"), std::string::npos)
+      << ofi.out;
 }
 
 }  // namespace
