@@ -2,7 +2,8 @@
 // (bazel build --config=thread-safety //daemon/... //client/...): a member
 // marked PSMD_GUARDED_BY(mu) may only be touched with `mu` held, a function
 // marked PSMD_REQUIRES(mu) only be called so, and the analysis checks every
-// function body against that. GCC builds compile the annotations away.
+// function body against that. The capability may be a lock (base/mutex.h)
+// or a thread (base/thread_role.h). GCC builds compile the annotations away.
 //
 // Thread-safety: macros only.
 #ifndef PSMD_BASE_THREAD_ANNOTATIONS_H_
@@ -25,6 +26,7 @@
   PSMD_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
 #define PSMD_RELEASE(...) \
   PSMD_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
+#define PSMD_ASSERT_CAPABILITY(x) PSMD_THREAD_ANNOTATION(assert_capability(x))
 #define PSMD_RETURN_CAPABILITY(x) PSMD_THREAD_ANNOTATION(lock_returned(x))
 #define PSMD_NO_THREAD_SAFETY_ANALYSIS \
   PSMD_THREAD_ANNOTATION(no_thread_safety_analysis)

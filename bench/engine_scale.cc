@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "daemon/engine/mq_engine.h"
+#include "daemon/engine/test_endpoint.h"
 #include "shm/payload.h"
 #include "shm/pool.h"
 #include "shm/segment.h"
@@ -143,24 +144,14 @@ class Shard {
 
  private:
   void Add(uint32_t id) {
-    auto ep = std::make_shared<Endpoint>();
-    ep->id = id;
-    ep->epid = 0x1000 + clients_.size();
-    ep->job = job_;
-    ep->uid = geteuid();
-    ep->region = *job_->TakeRegion();
-    ep->geometry = shm::ComputeGeometry(kRingCapacity, kRingCapacity);
-    ep->unexpected_budget = kBudget;
-    std::string error;
-    if (!shm::Mapping::Create("engine-scale-endpoint", ep->geometry.bytes,
-                              geteuid(), getegid(), &ep->segment, &error))
-      Die(error);
-    job_->endpoints++;
+    auto ep =
+        MakeTestEndpoint(job_, *job_->TakeRegion(), id,
+                         0x1000 + clients_.size(), kRingCapacity, kBudget);
     ClientSide c;
     c.id = id;
-    c.rings = shm::ClientRingsOf(ep->segment.base(), ep->geometry);
-    c.arena = shm::SendArena(job_->pool().base(), ep->region.offset,
-                             ep->region.bytes);
+    c.rings = shm::ClientRingsOf(ep->segment().base(), ep->geometry());
+    c.arena = shm::SendArena(job_->pool().base(), ep->region().offset,
+                             ep->region().bytes);
     clients_.push_back(c);
     endpoints_.push_back(ep);
     engine_.Add(ep);

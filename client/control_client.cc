@@ -239,6 +239,26 @@ Status ControlClient::ListJobs(v1::ListJobsReply* reply) {
                     "jobs");
 }
 
+Status ControlClient::RegisterSlurmStep(
+    const v1::RegisterSlurmStepRequest& request) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  v1::RegisterSlurmStepReply reply;
+  return FromStatus(NewStub()->RegisterSlurmStep(&ctx, request, &reply),
+                    "register the Slurm step");
+}
+
+Status ControlClient::EndSlurmStep(uint32_t job_id, uint32_t step_id,
+                                   v1::EndSlurmStepReply* reply) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  v1::EndSlurmStepRequest request;
+  request.set_job_id(job_id);
+  request.set_step_id(step_id);
+  return FromStatus(NewStub()->EndSlurmStep(&ctx, request, reply),
+                    "end the Slurm step");
+}
+
 Status ControlClient::Health(v1::HealthReply* reply) {
   grpc::ClientContext ctx;
   Prepare(&ctx);

@@ -56,6 +56,11 @@ class ControlClient {
   Status ListJobs(v1::ListJobsReply* reply);
   Status Health(v1::HealthReply* reply);
   Status GetConfig(v1::GetConfigReply* reply);
+  // Slurm's SPANK plugin's calls (through psmctl slurm-register and
+  // slurm-end); root only.
+  Status RegisterSlurmStep(const v1::RegisterSlurmStepRequest& request);
+  Status EndSlurmStep(uint32_t job_id, uint32_t step_id,
+                      v1::EndSlurmStepReply* reply);
 
  private:
   // Converts a gRPC status into a Status that names the socket and the fix.

@@ -61,6 +61,7 @@ ProgressWorker::~ProgressWorker() {
 }
 
 bool ProgressWorker::Start(std::string* error) {
+  role_.AssertHeld();  // the worker thread starts at the end
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (epoll_fd_ < 0 || wake_fd_ < 0) {
@@ -144,40 +145,43 @@ void ProgressWorker::RunSync(std::function<void()> fn) {
 }
 
 void ProgressWorker::AddEndpoint(std::shared_ptr<Endpoint> ep) {
-  RunSync([&] {
+  RunSync([&]() PSMD_REQUIRES(role_) {
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.u64 = ep->id;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ep->doorbell_fd, &ev);
+    ev.data.u64 = ep->id();
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ep->doorbell_fd(), &ev);
     engine_.Add(std::move(ep));
   });
 }
 
 void ProgressWorker::RemoveEndpoint(uint32_t id) {
-  RunSync([&] {
+  RunSync([&]() PSMD_REQUIRES(role_) {
     for (Endpoint* ep : engine_.endpoints()) {
-      if (ep->id != id) continue;
-      if (ep->doorbell_muted_until_ns != 0) {
+      if (ep->id() != id) continue;
+      auto watch = doorbell_watch_.find(id);
+      if (watch != doorbell_watch_.end() && watch->second.muted_until_ns != 0) {
         muted_doorbells_--;  // already out of epoll
       } else {
-        epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, ep->doorbell_fd, nullptr);
+        epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, ep->doorbell_fd(), nullptr);
       }
     }
+    doorbell_watch_.erase(id);
     engine_.Remove(id);
     engine_.NotifyClients();  // sync senders told about a vanished receiver
   });
 }
 
 void ProgressWorker::SetPeer(uint32_t id, uint32_t slot, const PeerLink& link) {
-  RunSync([&] { engine_.SetPeer(id, slot, link); });
+  RunSync([&]() PSMD_REQUIRES(role_) { engine_.SetPeer(id, slot, link); });
 }
 
 void ProgressWorker::ClearPeer(uint32_t id, uint32_t slot) {
-  RunSync([&] { engine_.ClearPeer(id, slot); });
+  RunSync([&]() PSMD_REQUIRES(role_) { engine_.ClearPeer(id, slot); });
 }
 
 void ProgressWorker::EnableFabric(std::unique_ptr<hw::Fabric> fabric,
                                   const Config& config, uint16_t boot_nonce) {
+  role_.AssertHeld();  // before Start
   fabric_host_ = fabric->HostDescription();
   remote_ = std::make_unique<Remote>(
       &engine_, std::move(fabric), config.node_id, boot_nonce,
@@ -204,7 +208,7 @@ std::vector<ProgressWorker::RemoteOutcome> ProgressWorker::QueryRemote(
       o.message = "psmd's progress worker did not get an answer in time";
     }
   }
-  RunSync([&] {
+  RunSync([&]() PSMD_REQUIRES(role_) {
     Endpoint* ep = engine_.FindEndpoint(id);
     for (size_t i = 0; i < epids.size(); i++) {
       auto done = [shared, i](int error, const std::string& why) {
@@ -236,7 +240,7 @@ std::vector<ProgressWorker::RemoteOutcome> ProgressWorker::QueryRemote(
 std::vector<Remote::PeerRow> ProgressWorker::FabricStats() {
   std::vector<Remote::PeerRow> out;
   if (remote_ == nullptr) return out;
-  RunSync([&] { out = remote_->Stats(); });
+  RunSync([&]() PSMD_REQUIRES(role_) { out = remote_->Stats(); });
   return out;
 }
 
@@ -257,6 +261,7 @@ void ProgressWorker::RunCommands() {
 }
 
 void ProgressWorker::Loop() {
+  role_.Play();
   uint64_t last_work = NowNs();
   uint32_t idle_passes = 0;
   uint32_t busy_passes = 0;
@@ -313,8 +318,9 @@ bool ProgressWorker::CoreWanted() {
     // (An index from before an endpoint came or went names another one
     // until the next count: a hint, like the census itself.)
     if (i >= eps.size()) continue;
-    if (!eps[i]->cq.Drained() || eps[i]->control()->spin.client_blocked.load(
-                                     std::memory_order_relaxed) != 0) {
+    if (MqEngine::CompletionsUnreaped(*eps[i]) ||
+        eps[i]->control()->spin.client_blocked.load(
+            std::memory_order_relaxed) != 0) {
       return true;
     }
   }
@@ -329,44 +335,49 @@ bool ProgressWorker::CountPollers(uint32_t own_cpu) {
 
 void ProgressWorker::NoteIdleDoorbell(Endpoint& ep, uint64_t rings,
                                       uint64_t now_ns) {
-  if (now_ns - ep.idle_doorbell_window_ns >= kSecondNs) {
-    ep.idle_doorbell_window_ns = now_ns;
-    ep.idle_doorbells = 0;
+  DoorbellWatch& watch = doorbell_watch_[ep.id()];
+  if (now_ns - watch.window_ns >= kSecondNs) {
+    watch.window_ns = now_ns;
+    watch.idle_rings = 0;
   }
   // A client rings only when it published something and saw us asleep,
   // at most once per publication and per sleep of ours; a few rings find
   // nothing because we took the work first. A thousand a second are a
   // client ringing for nothing.
-  ep.idle_doorbells = static_cast<uint32_t>(
-      std::min<uint64_t>(uint64_t{ep.idle_doorbells} + rings, UINT32_MAX));
-  if (ep.idle_doorbells < kMaxIdleDoorbellsPerSecond ||
-      ep.doorbell_muted_until_ns != 0) {
+  watch.idle_rings = static_cast<uint32_t>(
+      std::min<uint64_t>(uint64_t{watch.idle_rings} + rings, UINT32_MAX));
+  if (watch.idle_rings < kMaxIdleDoorbellsPerSecond ||
+      watch.muted_until_ns != 0) {
     return;
   }
-  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, ep.doorbell_fd, nullptr);
-  ep.doorbell_muted_until_ns = now_ns + kMuteNs;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, ep.doorbell_fd(), nullptr);
+  watch.muted_until_ns = now_ns + kMuteNs;
   muted_doorbells_++;
-  WarnClient(ep.uid,
+  WarnClient(ep.uid(),
              "endpoint {} (pid {}, uid {}) rings its doorbell with nothing "
              "submitted ({} in under a second); not listening to it for {} ms "
              "at a time",
-             ep.id, ep.pid, ep.uid, ep.idle_doorbells, kMuteNs / 1'000'000);
+             ep.id(), ep.pid(), ep.uid(), watch.idle_rings,
+             kMuteNs / 1'000'000);
 }
 
 int ProgressWorker::ResumeMutedDoorbells(uint64_t now_ns) {
   if (muted_doorbells_ == 0) return -1;
   uint64_t next = UINT64_MAX;
   for (Endpoint* ep : engine_.endpoints()) {
-    if (ep->doorbell_muted_until_ns == 0) continue;
-    if (now_ns >= ep->doorbell_muted_until_ns) {
-      ep->doorbell_muted_until_ns = 0;
+    auto watch = doorbell_watch_.find(ep->id());
+    if (watch == doorbell_watch_.end()) continue;
+    uint64_t& muted_until_ns = watch->second.muted_until_ns;
+    if (muted_until_ns == 0) continue;
+    if (now_ns >= muted_until_ns) {
+      muted_until_ns = 0;
       muted_doorbells_--;
       epoll_event ev{};
       ev.events = EPOLLIN;
-      ev.data.u64 = ep->id;
-      epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ep->doorbell_fd, &ev);
+      ev.data.u64 = ep->id();
+      epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ep->doorbell_fd(), &ev);
     } else {
-      next = std::min(next, ep->doorbell_muted_until_ns);
+      next = std::min(next, muted_until_ns);
     }
   }
   if (next == UINT64_MAX) return -1;
@@ -419,8 +430,8 @@ void ProgressWorker::Sleep() {
       }
       doorbells_.fetch_add(1, std::memory_order_relaxed);
       for (Endpoint* ep : eps) {
-        if (ep->id != events[i].data.u64) continue;
-        uint64_t rings = shm::DrainEventFd(ep->doorbell_fd);
+        if (ep->id() != events[i].data.u64) continue;
+        uint64_t rings = shm::DrainEventFd(ep->doorbell_fd());
         if (!engine_.SubmissionPending(*ep)) NoteIdleDoorbell(*ep, rings, now);
       }
     }

@@ -12,6 +12,10 @@
 // Thread-safety: the public methods may be called from any thread; they hand
 // the work to the worker thread through a command queue and wait for it, so
 // the worker's hot loop takes no lock (it checks one atomic flag per pass).
+// What only the worker's thread touches (the engine, the inter-node engine,
+// the doorbell bookkeeping) is PSMD_GUARDED_BY its thread role (role_,
+// base/thread_role.h), and the functions that run there PSMD_REQUIRES it:
+// the thread-safety build rejects any other code that reaches for them.
 #ifndef PSMD_DAEMON_PROGRESS_H_
 #define PSMD_DAEMON_PROGRESS_H_
 
@@ -21,8 +25,10 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <unordered_map>
 
 #include "base/mutex.h"
+#include "base/thread_role.h"
 #include "daemon/config.h"
 #include "daemon/engine/endpoint.h"
 #include "daemon/engine/mq_engine.h"
@@ -90,7 +96,10 @@ class ProgressWorker {
     uint64_t yields = 0;
     MqEngine::SliceStats slices;  // MqEngine::slice_stats
   };
-  Placement placement() const {
+  // Any thread: the engine's part is its slice_stats, single-writer
+  // Counters (relaxed loads), the one piece of the engine another thread
+  // may read; the analysis cannot tell that member from the rest.
+  Placement placement() const PSMD_NO_THREAD_SAFETY_ANALYSIS {
     return {cpu_.load(std::memory_order_relaxed), core_checks_.Get(),
             core_shared_.Get(), yields_.Get(), engine_.slice_stats()};
   }
@@ -107,15 +116,16 @@ class ProgressWorker {
   static constexpr uint32_t kHeartbeatPasses = 4096;
 
  private:
-  // Runs fn on the worker thread and waits until it has run.
+  // Runs fn on the worker thread and waits until it has run (fn is
+  // PSMD_REQUIRES(role_): the one hand-over the analysis takes on trust).
   void RunSync(std::function<void()> fn);
   void Loop();
-  void RunCommands();
-  void Sleep();
+  void RunCommands() PSMD_REQUIRES(role_);
+  void Sleep() PSMD_REQUIRES(role_);
   // Sets the endpoints' core_shared hints with the worker on own_cpu (a
   // client_cpu word; 0: not polling) and returns whether a client polls on
   // that CPU (shm/spin.h).
-  bool CountPollers(uint32_t own_cpu);
+  bool CountPollers(uint32_t own_cpu) PSMD_REQUIRES(role_);
   // Whether a client polling on the worker's CPU has completions to reap or
   // submissions waiting for room (client_blocked): only then does a worker
   // that shares the core hand it over at once after work. Until then that
@@ -123,26 +133,32 @@ class ProgressWorker {
   // and a yield would cost two core switches (3-5 us each here) for nothing;
   // after a few dozen idle passes the worker yields anyway, for whatever else
   // runs there (docs/design.md, "Spinning").
-  bool CoreWanted();
+  bool CoreWanted() PSMD_REQUIRES(role_);
   // A doorbell of `ep`, rung `rings` times since we last drained it, woke
   // us with nothing submitted; past a rate, its doorbell leaves epoll for
   // kMuteNs. Its rings are still polled whenever the worker is awake.
-  void NoteIdleDoorbell(Endpoint& ep, uint64_t rings, uint64_t now_ns);
+  void NoteIdleDoorbell(Endpoint& ep, uint64_t rings, uint64_t now_ns)
+      PSMD_REQUIRES(role_);
   // Puts muted doorbells whose time is over back into epoll; returns the ms
   // until the next one is due (-1: none muted), for epoll_wait's timeout.
-  int ResumeMutedDoorbells(uint64_t now_ns);
+  int ResumeMutedDoorbells(uint64_t now_ns) PSMD_REQUIRES(role_);
   // The worker turned: notes the time (LastTurnAgeNs), under systemd's
   // watchdog pings it at most every watchdog_ping_ns_, and about once a
   // second has the engine report receivers whose senders wait for good
   // (MqEngine::ReportBudgetStalls).
-  void NoteTurn(uint64_t now_ns);
+  void NoteTurn(uint64_t now_ns) PSMD_REQUIRES(role_);
 
-  MqEngine engine_;
+  // The worker's thread, from the first line of Loop; setup before Start
+  // plays it too (nothing else runs then).
+  ThreadRole role_;
+  MqEngine engine_ PSMD_GUARDED_BY(role_);
   // Endpoints on other nodes, beside the engine (which it is attached to);
   // null without a fabric. Set before Start; destroyed before the engine.
-  std::unique_ptr<Remote> remote_;
+  std::unique_ptr<Remote> remote_ PSMD_PT_GUARDED_BY(role_);
   std::thread thread_;
-  int epoll_fd_ = -1;
+  // The doorbells, the wake fd and the fabric's: made by Start, then the
+  // worker's.
+  int epoll_fd_ PSMD_GUARDED_BY(role_) = -1;
   int wake_fd_ = -1;  // eventfd: commands or stop pending
 
   Mutex mu_;
@@ -150,21 +166,31 @@ class ProgressWorker {
   std::atomic<bool> commands_pending_{false};
   std::atomic<bool> stop_{false};
 
-  uint32_t muted_doorbells_ = 0;  // worker only
+  // A client ringing its doorbell with nothing submitted (NoteIdleDoorbell),
+  // by endpoint id: its idle rings in the current second, and until when
+  // it is not listened to.
+  struct DoorbellWatch {
+    uint32_t idle_rings = 0;
+    uint64_t window_ns = 0;       // start of the current second
+    uint64_t muted_until_ns = 0;  // 0: listened to
+  };
+  std::unordered_map<uint32_t, DoorbellWatch> doorbell_watch_
+      PSMD_GUARDED_BY(role_);
+  uint32_t muted_doorbells_ PSMD_GUARDED_BY(role_) = 0;
   // Pollers per CPU (shm/spin.h), and whether one of our clients polls on
-  // the worker's CPU, so that an idle pass must yield rather than pause;
-  // worker only. Yielding is the safe guess before the first count.
-  shm::CoreCensus census_;
-  bool share_core_ = true;
+  // the worker's CPU, so that an idle pass must yield rather than pause.
+  // Yielding is the safe guess before the first count.
+  shm::CoreCensus census_ PSMD_GUARDED_BY(role_);
+  bool share_core_ PSMD_GUARDED_BY(role_) = true;
   uint32_t fabric_timeout_ms_ = 5000;
   std::string fabric_host_;
   std::atomic<uint32_t> spin_us_;
   const bool copy_in_place_;  // Config::copy_in_place
   const uint64_t copy_min_bytes_;
   const uint32_t copy_after_us_;
-  uint64_t watchdog_ping_ns_ = 0;     // 0: no watchdog; set before Start
-  uint64_t last_ping_ns_ = 0;         // worker only
-  uint64_t last_stall_check_ns_ = 0;  // worker only
+  uint64_t watchdog_ping_ns_ = 0;  // 0: no watchdog; set before Start
+  uint64_t last_ping_ns_ PSMD_GUARDED_BY(role_) = 0;
+  uint64_t last_stall_check_ns_ PSMD_GUARDED_BY(role_) = 0;
   std::atomic<uint64_t> doorbells_{0};
   std::atomic<uint64_t> sleeps_{0};
   std::atomic<int32_t> cpu_{-1};  // written by the worker only

@@ -14,11 +14,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "hw/frame.h"
+#include "tests/fuzz_seeds.h"
 
 namespace {
 
@@ -108,17 +108,7 @@ std::vector<std::string> Seeds() {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  if (const char* dir = getenv("FRAME_FUZZ_WRITE_SEEDS")) {
-    int i = 0;
-    for (const auto& seed : Seeds()) {
-      char name[32];
-      snprintf(name, sizeof(name), "/seed-%02d", i++);
-      std::ofstream(std::string(dir) + name, std::ios::binary)
-          .write(seed.data(), static_cast<std::streamsize>(seed.size()));
-    }
-    printf("frame_fuzz: wrote %d seeds to %s\n", i, dir);
-    exit(0);
-  }
+  psmd::fuzz::WriteSeedsIfAsked("FRAME_FUZZ_WRITE_SEEDS", "frame_fuzz", Seeds);
   return 0;
 }
 

@@ -110,7 +110,10 @@
     "Eager payloads from that node kept here for unexpected messages.")    \
   X(eager_offs, eager_off, kCount,                                         \
     "Times that node asked for eager messages to one of its endpoints as " \
-    "envelopes only.")
+    "envelopes only.")                                                     \
+  X(malformed, malformed, kCount,                                          \
+    "Connections dropped for a frame the engine refused (malformed, or "   \
+    "out of turn).")
 // hw::PeerStats, and every counter per peer node.
 #define PSMD_FABRIC_PEER_COUNTERS(X) \
   PSMD_FABRIC_TRAFFIC_COUNTERS(X) PSMD_FABRIC_EVENT_COUNTERS(X)

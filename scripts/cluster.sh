@@ -35,9 +35,14 @@
 # Slurm's step cgroups (proctrack/cgroup, task/cgroup) are the machine's:
 # slurm_NODE in each cgroup v1 hierarchy Slurm uses: up refuses while any
 # slurmd runs on the machine (another cluster), down removes them.
+# psmd's SPANK plugin (deploy/slurm) is in every step: etc/plugstack.conf
+# says `required lib/psmd_spank.so psmctl=bin/psmctl`, so each step
+# registers with its nodes' psmd and its tasks get the step's job key
+# (PSMD_CLUSTER_SPANK=0: not).
 # Needs root. The binaries: $PSMD_BIN, $PSMCTL_BIN, $PSMD_MTL_COMPONENT,
-# $PSMD_DROPIN, else Bazel's outputs (bazel build //daemon:psmd
-# //tools:psmctl //ompi:mca_mtl_psmd.so //client:libpsm2.so.2).
+# $PSMD_DROPIN, $PSMD_SPANK_PLUGIN, else Bazel's outputs (bazel build
+# //daemon:psmd //tools:psmctl //ompi:mca_mtl_psmd.so //client:libpsm2.so.2
+# //deploy/slurm:psmd_spank.so).
 set -euo pipefail
 PATH=/usr/sbin:/sbin:$PATH  # slurmctld, slurmd, munged, ip (a test's PATH may lack them)
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -154,6 +159,7 @@ SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 MpiDefault=none
+PlugStackConfig=$dir/etc/plugstack.conf
 ReturnToService=2
 MailProg=/bin/true
 EOF
@@ -167,6 +173,13 @@ EOF
   # Each node's /tmp is its own (init_place): the PMIx plugin makes
   # spmix_appdir_UID_JOB.STEP there, which nodes sharing one /tmp collide on.
   echo "PMIxCliTmpDirBase=/tmp" >"$dir/etc/mpi.conf"
+  # psmd's SPANK plugin, with the cluster's psmctl (a node's psmd is at the
+  # default socket); PSMD_CLUSTER_SPANK=0 leaves it out (a negative control).
+  if [[ ${PSMD_CLUSTER_SPANK:-1} == 1 ]]; then
+    echo "required $dir/lib/psmd_spank.so psmctl=$dir/bin/psmctl"
+  else
+    echo "# PSMD_CLUSTER_SPANK=0: without psmd's plugin"
+  fi >"$dir/etc/plugstack.conf"
 }
 
 # node_cgroups: the cgroups of this machine's slurmd named like the
@@ -224,6 +237,7 @@ up() {
   cp "${PSMCTL_BIN:-$(built tools/psmctl)}" "$dir/bin/psmctl"
   cp "${PSMD_MTL_COMPONENT:-$(built ompi/mca_mtl_psmd.so)}" "$dir/components/mca_mtl_psmd.so"
   cp "${PSMD_DROPIN:-$(built client/libpsm2.so.2)}" "$dir/lib/libpsm2.so.2"
+  cp "${PSMD_SPANK_PLUGIN:-$(built deploy/slurm/psmd_spank.so)}" "$dir/lib/psmd_spank.so"
   chmod -R a+rX "$dir"
   write_config
   for p in "${places[@]}"; do mkdir -p "$dir/$p"; done

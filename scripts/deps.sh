@@ -23,6 +23,7 @@ PACKAGES=(
   # namespaces; srun --mpi=pmix (Slurm's mpi_pmix plugin) wires up Open MPI's
   # ranks through PMIx (Open MPI's pmix ext3x component, on libpmix2)
   slurmctld slurmd slurm-client libpmix2
+  libslurm-dev  # slurm/spank.h: deploy/slurm, psmd's SPANK plugin
   scdoc dpkg-dev debootstrap  # man pages, the .deb and its clean-root test
   debhelper lintian pkg-config file  # debian/ (build_deb.sh) and test_deb.sh
   gnuplot-nox  # scripts/bench.sh's plots

@@ -291,11 +291,19 @@ long long JsonNumber(const std::string& json, const std::string& object,
   return atoll(json.c_str() + at + key.size() + 3);
 }
 
-long long ResidentKiB(pid_t pid) {
+long long StatusKiB(pid_t pid, const std::string& field) {
   std::string status = ReadFile("/proc/" + std::to_string(pid) + "/status");
-  size_t at = status.find("VmRSS:");
+  size_t at = status.find(field + ":");
   if (at == std::string::npos) return -1;
-  return atoll(status.c_str() + at + 6);
+  return atoll(status.c_str() + at + field.size() + 1);
+}
+
+long long ResidentKiB(pid_t pid) { return StatusKiB(pid, "VmRSS"); }
+
+long long OwnMemoryKiB(pid_t pid) {
+  const long long anon = StatusKiB(pid, "RssAnon");
+  const long long shmem = StatusKiB(pid, "RssShmem");
+  return anon < 0 || shmem < 0 ? -1 : anon + shmem;
 }
 
 int OpenFds(pid_t pid) {

@@ -173,6 +173,13 @@ long long JsonNumber(const std::string& json, const std::string& object,
 
 // Resident set size of pid in KiB (VmRSS), -1 if unreadable.
 long long ResidentKiB(pid_t pid);
+// A field of /proc/PID/status in KiB ("RssAnon", "RssShmem", ...); -1 if
+// it is not there.
+long long StatusKiB(pid_t pid, const std::string& field);
+// The memory pid itself holds: anonymous and shared-memory pages resident
+// (RssAnon + RssShmem), without the libraries' code and data paged in from
+// their files, which varies by megabytes from run to run with what ran.
+long long OwnMemoryKiB(pid_t pid);
 
 // File descriptors pid holds (entries of /proc/PID/fd).
 int OpenFds(pid_t pid);

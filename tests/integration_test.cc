@@ -711,7 +711,7 @@ TEST_F(IntegrationTest,
   constexpr long long kBudgetMiB = 16;
   Daemon d(dir_, {"--unexpected-mib", std::to_string(kBudgetMiB)});
   std::string rv = Subdir(dir_, "rv");
-  long long baseline = ResidentKiB(d.pid());
+  long long baseline = OwnMemoryKiB(d.pid());
   ASSERT_GT(baseline, 0);
   auto args = [&](int rank) {
     return FloodArgs(rv, rank, {"--idle-seconds", "3"});
@@ -725,7 +725,7 @@ TEST_F(IntegrationTest,
   // A liveness bound, not a timing (54 s measured with three other builds
   // running beside it on 2 cores; the old 60 s bound failed there).
   for (int i = 0; i < 3000 && receiver_exit == -1; i++) {
-    peak = std::max(peak, ResidentKiB(d.pid()));
+    peak = std::max(peak, OwnMemoryKiB(d.pid()));
     receiver_exit = receiver.Wait(0.05);
   }
   ASSERT_EQ(receiver_exit, 0) << ReadFile(dir_.path() + "/r1.err");
@@ -747,10 +747,11 @@ TEST_F(IntegrationTest,
 // Runs two flood pairs (tests/programs/flood) with the given job uuids, each
 // sending 256 Ki 8-byte messages at a receiver idle for 3 s, checks that
 // every message arrived intact and that psmd held some sends back, and
-// returns how much psmd's resident memory grew at its peak, in KiB.
+// returns how much psmd's own memory (OwnMemoryKiB) grew at its peak, in
+// KiB.
 long long FloodTwoPairs(const TempDir& dir, const Daemon& d,
                         const std::string uuids[2]) {
-  long long baseline = ResidentKiB(d.pid());
+  long long baseline = OwnMemoryKiB(d.pid());
   EXPECT_GT(baseline, 0);
   std::vector<Process> receivers, senders;
   for (int p = 0; p < 2; p++) {
@@ -769,7 +770,7 @@ long long FloodTwoPairs(const TempDir& dir, const Daemon& d,
   std::vector<int> exits(receivers.size(), -1);
   // A liveness bound (150 s), not a timing: see the flood test above.
   for (int i = 0; i < 3000 && (exits[0] == -1 || exits[1] == -1); i++) {
-    peak = std::max(peak, ResidentKiB(d.pid()));
+    peak = std::max(peak, OwnMemoryKiB(d.pid()));
     for (size_t r = 0; r < receivers.size(); r++) {
       if (exits[r] == -1) exits[r] = receivers[r].Wait(0.025);
     }

@@ -58,6 +58,12 @@ struct Options {
   double max_stall = 5;   // health --max-stall SECONDS
   uint32_t close_id = 0;  // close ID
   std::string output;     // stats --output FILE
+  // slurm-register and slurm-end (psmd's SPANK plugin).
+  std::string job_key;
+  uint32_t slurm_job = 0;
+  uint32_t slurm_step = 0;
+  uint32_t slurm_uid = 0;
+  std::string slurm_cgroup;
 };
 
 int Fail(const Status& e) {
@@ -69,6 +75,42 @@ std::string Hex(uint64_t v) {
   char buf[24];
   snprintf(buf, sizeof(buf), "0x%016" PRIx64, v);
   return buf;
+}
+
+// A Slurm step as Slurm names it: "7.0", "7.batch"; "" when none.
+std::string SlurmText(const psmd::v1::SlurmStep& s, bool has) {
+  if (!has) return "";
+  std::string step;
+  switch (s.step_id()) {
+    case 0xfffffffau:
+      step = "interactive";
+      break;
+    case 0xfffffffbu:
+      step = "batch";
+      break;
+    case 0xfffffffcu:
+      step = "extern";
+      break;
+    default:
+      step = std::to_string(s.step_id());
+  }
+  return std::to_string(s.job_id()) + "." + step;
+}
+
+// The JSON fields of a job's Slurm step: "slurm_job_id" (null without
+// Slurm) and "slurm_step" ("7.0").
+template <typename Job>
+std::string SlurmJson(const Job& j) {
+  if (!j.has_slurm()) return "\"slurm_job_id\": null, \"slurm_step\": null";
+  return "\"slurm_job_id\": " + std::to_string(j.slurm().job_id()) +
+         ", \"slurm_step\": " + JsonString(SlurmText(j.slurm(), true));
+}
+
+// A job's Prometheus label slurm_job_id, after a comma; "" without Slurm
+// (an empty label is no label to Prometheus: the series stay as they were).
+std::string SlurmLabel(const psmd::v1::JobStats& j) {
+  if (!j.has_slurm()) return "";
+  return ",slurm_job_id=\"" + std::to_string(j.slurm().job_id()) + "\"";
 }
 
 // ---- stats ----
@@ -146,12 +188,14 @@ std::string CounterCells(const counters::Values& v, double rate_seconds = 0) {
 
 // A job's state in a word or three: "2 open", "finished 12 s ago".
 std::string JobState(const psmd::v1::JobStats& j) {
+  const std::string slurm =
+      j.has_slurm() ? ", Slurm step " + SlurmText(j.slurm(), true) : "";
   if (j.open_endpoints() > 0)
-    return std::to_string(j.open_endpoints()) + " open";
+    return std::to_string(j.open_endpoints()) + " open" + slurm;
   char buf[48];
   snprintf(buf, sizeof(buf), "finished %.0f s ago",
            static_cast<double>(j.finished_age_ns()) / 1e9);
-  return buf;
+  return buf + slurm;
 }
 
 // A line per endpoint, then per job (open and recently finished) and the
@@ -279,10 +323,10 @@ void PrintStatsJson(const psmd::v1::GetStatsReply& r) {
   for (int i = 0; i < r.jobs_size(); i++) {
     const auto& j = r.jobs(i);
     printf(
-        "%s\n  {\"job_uuid\": %s, \"uid\": %u, \"open_endpoints\": %u, "
+        "%s\n  {\"job_uuid\": %s, \"uid\": %u, %s, \"open_endpoints\": %u, "
         "\"finished_seconds_ago\": %.3f, %s}",
         i ? "," : "", JsonString(j.job_uuid()).c_str(), j.uid(),
-        j.open_endpoints(), Seconds(j.finished_age_ns()),
+        SlurmJson(j).c_str(), j.open_endpoints(), Seconds(j.finished_age_ns()),
         CountersJson(ValuesOf(j.counters()), counters::kAll).c_str());
   }
   printf(
@@ -368,8 +412,8 @@ std::string PrometheusText(const psmd::v1::GetStatsReply* r) {
            w.shared_slices());
     family("psmd_worker_shared_slice_seconds_total", "counter",
            "The time those turns took.");
-    printf("psmd_worker_shared_slice_seconds_total %.9f\n",
-           static_cast<double>(w.shared_slice_ns()) / 1e9);
+    Appendf(&out, "psmd_worker_shared_slice_seconds_total %.9f\n",
+            static_cast<double>(w.shared_slice_ns()) / 1e9);
     single("psmd_worker_shared_slices_over_8us_total", "counter",
            "Those turns that took longer than 8 us.",
            w.shared_slices_over_8us());
@@ -402,8 +446,9 @@ std::string PrometheusText(const psmd::v1::GetStatsReply* r) {
     const std::string name = std::string("psmd_job_") + c.name + "_total";
     family(name, "counter", c.help);
     for (const auto& j : r->jobs()) {
-      Appendf(&out, "%s{job_uuid=%s,uid=\"%u\"} %" PRIu64 "\n", name.c_str(),
-              PromLabel(j.job_uuid()).c_str(), j.uid(),
+      // slurm_job_id only for a job a Slurm step registered.
+      Appendf(&out, "%s{job_uuid=%s%s,uid=\"%u\"} %" PRIu64 "\n", name.c_str(),
+              PromLabel(j.job_uuid()).c_str(), SlurmLabel(j).c_str(), j.uid(),
               ValuesOf(j.counters())[i]);
     }
   }
@@ -647,15 +692,15 @@ int ShowJobs(ControlClient& control, const std::string& format) {
     for (int i = 0; i < r.jobs_size(); i++) {
       const auto& j = r.jobs(i);
       printf(
-          "%s\n {\"job_uuid\": %s, \"uid\": %u, \"endpoints\": [%s], "
+          "%s\n {\"job_uuid\": %s, \"uid\": %u, %s, \"endpoints\": [%s], "
           "\"pool_bytes\": %" PRIu64 ", \"region_bytes\": %" PRIu64
           ", \"max_endpoints\": %u, \"unexpected_budget_bytes\": %" PRIu64
           ", \"max_unexpected_budget_bytes\": %" PRIu64
           ", \"job_unexpected_budget_bytes\": %" PRIu64
           ", \"uid_unexpected_budget_bytes\": %" PRIu64 "}",
           i ? "," : "", JsonString(j.job_uuid()).c_str(), j.uid(),
-          ids(j, ", ").c_str(), j.pool_bytes(), j.region_bytes(),
-          j.max_endpoints(), j.unexpected_budget_bytes(),
+          SlurmJson(j).c_str(), ids(j, ", ").c_str(), j.pool_bytes(),
+          j.region_bytes(), j.max_endpoints(), j.unexpected_budget_bytes(),
           j.max_unexpected_budget_bytes(), j.job_unexpected_budget_bytes(),
           j.uid_unexpected_budget_bytes());
     }
@@ -663,14 +708,16 @@ int ShowJobs(ControlClient& control, const std::string& format) {
     return 0;
   }
   const auto bytes = counters::Unit::kBytes;
-  printf("%-36s %6s %-16s %10s %10s %12s %10s %10s\n", "job_uuid", "uid",
-         "endpoints", "pool", "ep_budget", "ep_max", "job_budget",
+  printf("%-36s %6s %-12s %-16s %10s %10s %12s %10s %10s\n", "job_uuid", "uid",
+         "slurm", "endpoints", "pool", "ep_budget", "ep_max", "job_budget",
          "uid_budget");
   for (const auto& j : r.jobs()) {
     std::string eps =
         ids(j, ",") + " (of " + std::to_string(j.max_endpoints()) + ")";
-    printf("%-36s %6u %-16s %10s %10s %12s %10s %10s\n",
-           Printable(j.job_uuid()).c_str(), j.uid(), eps.c_str(),
+    const std::string slurm = SlurmText(j.slurm(), j.has_slurm());
+    printf("%-36s %6u %-12s %-16s %10s %10s %12s %10s %10s\n",
+           Printable(j.job_uuid()).c_str(), j.uid(),
+           slurm.empty() ? "-" : slurm.c_str(), eps.c_str(),
            Human(j.pool_bytes(), bytes).c_str(),
            Human(j.unexpected_budget_bytes(), bytes).c_str(),
            Human(j.max_unexpected_budget_bytes(), bytes).c_str(),
@@ -755,6 +802,84 @@ void AddClose(CLI::App& app, Options& opts, std::function<int()>* run) {
   });
 }
 
+// ---- slurm-register, slurm-end: psmd's SPANK plugin runs them as root ----
+
+// Parses "%016llx-%016llx" (Open MPI's orte_precondition_transports, which
+// the plugin sets) into the 16 bytes of a PSM2 job key, as mtl psm2 and
+// mtl psmd do (the two words' bytes in memory order).
+bool ParseJobKey(const std::string& text, std::string* out) {
+  unsigned long long words[2];
+  char tail;
+  if (text.size() != 33 || sscanf(text.c_str(), "%16llx-%16llx%c", &words[0],
+                                  &words[1], &tail) != 2) {
+    return false;
+  }
+  out->assign(reinterpret_cast<const char*>(words), sizeof(words));
+  return true;
+}
+
+void AddSlurm(CLI::App& app, Options& opts, std::function<int()>* run) {
+  auto* reg = app.add_subcommand(
+      "slurm-register",
+      "Root only, for psmd's SPANK plugin: job key KEY is Slurm step "
+      "JOB.STEP's; only its tasks (uid, cgroup) may open endpoints with it");
+  reg->add_option("--job-key", opts.job_key,
+                  "The step's job key, as orte_precondition_transports")
+      ->required();
+  reg->add_option("--job", opts.slurm_job, "Slurm job id")->required();
+  reg->add_option("--step", opts.slurm_step, "Slurm step id")->required();
+  reg->add_option("--uid", opts.slurm_uid, "The step's uid")->required();
+  reg->add_option("--cgroup", opts.slurm_cgroup,
+                  "The step's cgroup: ID:CONTROLLERS:/path, a line of a "
+                  "task's /proc/PID/cgroup cut after the step's directory")
+      ->required();
+  reg->callback([&opts, run] {
+    *run = [&opts] {
+      psmd::v1::RegisterSlurmStepRequest req;
+      if (!ParseJobKey(opts.job_key, req.mutable_job_uuid())) {
+        fprintf(stderr, "psmctl: --job-key: not HEX16-HEX16: '%s'\n",
+                opts.job_key.c_str());
+        return kUsage;
+      }
+      req.mutable_step()->set_job_id(opts.slurm_job);
+      req.mutable_step()->set_step_id(opts.slurm_step);
+      req.mutable_step()->set_uid(opts.slurm_uid);
+      req.mutable_step()->set_cgroup(opts.slurm_cgroup);
+      ControlClient control(opts.socket);
+      if (Status e = control.RegisterSlurmStep(req); !e.ok()) return Fail(e);
+      return 0;
+    };
+  });
+  auto* end = app.add_subcommand(
+      "slurm-end",
+      "Root only, for psmd's SPANK plugin: Slurm step JOB.STEP ended; psmd "
+      "closes the endpoints it left and this names them");
+  end->add_option("--job", opts.slurm_job, "Slurm job id")->required();
+  end->add_option("--step", opts.slurm_step, "Slurm step id")->required();
+  end->callback([&opts, run] {
+    *run = [&opts] {
+      ControlClient control(opts.socket);
+      psmd::v1::EndSlurmStepReply r;
+      if (Status e = control.EndSlurmStep(opts.slurm_job, opts.slurm_step, &r);
+          !e.ok()) {
+        return Fail(e);
+      }
+      if (!r.registered()) {
+        printf("step %u.%u was not registered here\n", opts.slurm_job,
+               opts.slurm_step);
+      } else {
+        printf("step %u.%u ended: %d endpoints left open, closed\n",
+               opts.slurm_job, opts.slurm_step, r.closed_size());
+      }
+      for (const auto& e : r.closed()) {
+        printf("closed endpoint %u (pid %u uid %u, %s)\n", e.endpoint_id(),
+               e.pid(), e.uid(), Printable(e.label()).c_str());
+      }
+      return 0;
+    };
+  });
+}
+
 // A subcommand whose only input is the shared options.
 void AddSimple(CLI::App& app, Options& opts, std::function<int()>* run,
                const char* name, const char* help,
@@ -802,6 +927,7 @@ int main(int argc, char** argv) {
             ShowJobs);
   AddHealth(app, opts, &run);
   AddClose(app, opts, &run);
+  AddSlurm(app, opts, &run);
   AddSimple(app, opts, &run, "config",
             "The daemon's effective configuration, as the TOML psmd reads",
             ShowConfig);

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <grpcpp/server.h>
 #include <grpcpp/server_posix.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
@@ -14,9 +15,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include <spdlog/spdlog.h>
 
+#include "daemon/engine/cross_copy.h"
 #include "daemon/log.h"
 #include "shm/attach.h"
 #include "shm/doorbell.h"
@@ -24,6 +28,25 @@
 namespace psmd {
 
 namespace {
+
+// The /proc/PID/cgroup of the process that connected on `fd` (its pid from
+// SO_PEERCRED), or "" when it cannot be told. The pid is that process's
+// only while it lives: the file is read between taking a pidfd of the
+// connecting process (SO_PEERPIDFD) and seeing that pidfd still alive
+// afterwards, so it is the connecting process's, not a successor's under
+// a reused pid. Without SO_PEERPIDFD (a kernel before 6.5) it is "".
+std::string PeerCgroup(int fd, pid_t pid) {
+  const int pidfd = CrossCopier::PeerPidfd(fd);
+  if (pidfd < 0) return "";
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cgroup");
+  std::stringstream text;
+  text << in.rdbuf();
+  // Readable once the process has exited.
+  pollfd p{pidfd, POLLIN, 0};
+  const bool alive = poll(&p, 1, 0) == 0;
+  close(pidfd);
+  return alive && in ? text.str() : "";
+}
 
 enum Kind : uint32_t { kListen = 1, kStop = 2, kPending = 3, kLiveness = 4 };
 
@@ -366,7 +389,11 @@ void Admission::RefuseConnection(int fd, const Credentials& creds) {
   close(fd);
 }
 
-void Admission::HandOverToGrpc(int fd, const Credentials& creds) {
+void Admission::HandOverToGrpc(int fd, const Credentials& peer) {
+  // Read once, here: what a Slurm step's job key is checked against
+  // (Registry::RegisterSlurmStep), for every call on this connection.
+  Credentials creds = peer;
+  creds.cgroup = PeerCgroup(fd, creds.pid);
   fd = MoveToHighFd(fd);
   struct stat st {};
   fstat(fd, &st);

@@ -2,8 +2,10 @@
 
 #include <unistd.h>
 
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "hw/fabric.h"
 #include "proto/counters.h"
@@ -37,6 +39,34 @@ void FillStats(const EndpointSnapshot& s, v1::EndpointStats* out) {
   out->set_pid(static_cast<uint32_t>(s.pid));
   out->set_label(s.label);
   FillCounters(s.counters, out->mutable_counters());
+}
+
+void FillSlurm(const std::optional<SlurmStep>& step, v1::SlurmStep* out) {
+  out->set_job_id(step->job_id);
+  out->set_step_id(step->step_id);
+  out->set_uid(step->uid);
+  out->set_cgroup(step->cgroup);
+}
+
+void FillInfo(const EndpointSnapshot& s, v1::EndpointInfo* info) {
+  info->set_endpoint_id(s.id);
+  info->set_epid(s.epid);
+  info->set_job_uuid(UuidToString(s.uuid));
+  info->set_pid(static_cast<uint32_t>(s.pid));
+  info->set_uid(s.uid);
+  info->set_gid(s.gid);
+  info->set_label(s.label);
+  info->set_connections(s.connections);
+}
+
+// Root only, said before anything else is looked at.
+grpc::Status RootOnly(const Credentials& who, const char* what) {
+  if (who.is_root()) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                      std::string(what) +
+                          " is root's (psmd's SPANK plugin); "
+                          "the caller is uid " +
+                          std::to_string(who.uid));
 }
 
 std::string VersionText() {
@@ -193,6 +223,7 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
     job->set_uid(j.key.uid);
     job->set_open_endpoints(j.open_endpoints);
     job->set_finished_age_ns(static_cast<uint64_t>(j.finished_age.count()));
+    if (j.slurm) FillSlurm(j.slurm, job->mutable_slurm());
     FillCounters(j.counters, job->mutable_counters());
   }
   FillCounters(stats.total, reply->mutable_total()->mutable_counters());
@@ -236,15 +267,7 @@ grpc::Status ControlService::ListEndpoints(grpc::ServerContext* ctx,
   Credentials who;
   if (auto s = Identify(ctx, &who); !s.ok()) return s;
   for (const EndpointSnapshot& s : registry_->Snapshot(who)) {
-    v1::EndpointInfo* info = reply->add_endpoints();
-    info->set_endpoint_id(s.id);
-    info->set_epid(s.epid);
-    info->set_job_uuid(UuidToString(s.uuid));
-    info->set_pid(static_cast<uint32_t>(s.pid));
-    info->set_uid(s.uid);
-    info->set_gid(s.gid);
-    info->set_label(s.label);
-    info->set_connections(s.connections);
+    FillInfo(s, reply->add_endpoints());
   }
   return grpc::Status::OK;
 }
@@ -267,7 +290,44 @@ grpc::Status ControlService::ListJobs(grpc::ServerContext* ctx,
     info->set_max_unexpected_budget_bytes(c.max_unexpected_budget_bytes);
     info->set_job_unexpected_budget_bytes(c.job_unexpected_budget_bytes);
     info->set_uid_unexpected_budget_bytes(c.uid_unexpected_budget_bytes);
+    if (j.slurm) FillSlurm(j.slurm, info->mutable_slurm());
   }
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::RegisterSlurmStep(
+    grpc::ServerContext* ctx, const v1::RegisterSlurmStepRequest* req,
+    v1::RegisterSlurmStepReply*) {
+  Credentials who;
+  if (auto s = Identify(ctx, &who); !s.ok()) return s;
+  if (auto s = RootOnly(who, "RegisterSlurmStep"); !s.ok()) return s;
+  if (req->job_uuid().size() != 16) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "job_uuid must be 16 bytes");
+  }
+  Uuid uuid;
+  std::copy(req->job_uuid().begin(), req->job_uuid().end(), uuid.begin());
+  SlurmStep step;
+  step.job_id = req->step().job_id();
+  step.step_id = req->step().step_id();
+  step.uid = req->step().uid();
+  step.cgroup = req->step().cgroup();
+  return ToStatus(registry_->RegisterSlurmStep(who, uuid, step));
+}
+
+grpc::Status ControlService::EndSlurmStep(grpc::ServerContext* ctx,
+                                          const v1::EndSlurmStepRequest* req,
+                                          v1::EndSlurmStepReply* reply) {
+  Credentials who;
+  if (auto s = Identify(ctx, &who); !s.ok()) return s;
+  if (auto s = RootOnly(who, "EndSlurmStep"); !s.ok()) return s;
+  bool registered = false;
+  std::vector<EndpointSnapshot> closed;
+  Status e = registry_->EndSlurmStep(who, req->job_id(), req->step_id(),
+                                     &registered, &closed);
+  if (!e.ok()) return ToStatus(e);
+  reply->set_registered(registered);
+  for (const EndpointSnapshot& s : closed) FillInfo(s, reply->add_closed());
   return grpc::Status::OK;
 }
 

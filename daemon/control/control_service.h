@@ -49,6 +49,12 @@ class ControlService final : public v1::Control::Service {
   grpc::Status GetConfig(grpc::ServerContext* ctx,
                          const v1::GetConfigRequest* req,
                          v1::GetConfigReply* reply) override;
+  grpc::Status RegisterSlurmStep(grpc::ServerContext* ctx,
+                                 const v1::RegisterSlurmStepRequest* req,
+                                 v1::RegisterSlurmStepReply* reply) override;
+  grpc::Status EndSlurmStep(grpc::ServerContext* ctx,
+                            const v1::EndSlurmStepRequest* req,
+                            v1::EndSlurmStepReply* reply) override;
 
  private:
   // Fills *who from the kernel-reported credentials of the caller's

@@ -53,6 +53,33 @@ std::string UuidToString(const Uuid& u) {
   return buf;
 }
 
+bool InCgroup(const std::string& proc_cgroup, const std::string& step_cgroup) {
+  // "ID:CONTROLLERS:" then the path; the path must start with "/".
+  const size_t colon = step_cgroup.find(':');
+  const size_t path_at =
+      colon == std::string::npos ? colon : step_cgroup.find(':', colon + 1);
+  if (path_at == std::string::npos || path_at + 1 >= step_cgroup.size() ||
+      step_cgroup[path_at + 1] != '/') {
+    return false;
+  }
+  size_t start = 0;
+  while (start < proc_cgroup.size()) {
+    size_t end = proc_cgroup.find('\n', start);
+    if (end == std::string::npos) end = proc_cgroup.size();
+    const std::string line = proc_cgroup.substr(start, end - start);
+    start = end + 1;
+    if (line.size() < step_cgroup.size() ||
+        line.compare(0, step_cgroup.size(), step_cgroup) != 0) {
+      continue;
+    }
+    // The step's directory itself, or one below it ("/step_0" is not
+    // "/step_01").
+    if (line.size() == step_cgroup.size() || line[step_cgroup.size()] == '/')
+      return true;
+  }
+  return false;
+}
+
 Registry::Registry(const Config& config, ProgressWorker* worker)
     : config_(config),
       worker_(worker),
@@ -70,12 +97,12 @@ Status Registry::Open(const Credentials& who, const Uuid& uuid,
   worker_->AddEndpoint(ep);
   {
     MutexLock lock(&mu_);
-    records_.at(ep->id).ready = true;
-    id_by_epid_[ep->epid] = ep->id;
+    records_.at(ep->id()).ready = true;
+    id_by_epid_[ep->epid()] = ep->id();
   }
   spdlog::info("opened endpoint {} epid {:#x} for pid {} uid {} job {} ({})",
-               ep->id, ep->epid, who.pid, who.uid, UuidToString(uuid),
-               ep->label);
+               ep->id(), ep->epid(), who.pid, who.uid, UuidToString(uuid),
+               ep->label());
   return {};
 }
 
@@ -103,6 +130,7 @@ Status Registry::Reserve(const Credentials& who, const Uuid& uuid,
                 " open endpoints on this node; close some or raise psmd "
                 "--max-endpoints-per-uid"};
   }
+  if (Status e = CheckSlurmStep(who, uuid); !e.ok()) return e;
   JobKey key{uuid, who.uid};
   std::string error;
   std::shared_ptr<Job>& job = jobs_[key];
@@ -138,42 +166,44 @@ Status Registry::Reserve(const Credentials& who, const Uuid& uuid,
                 " endpoints on this node; raise psmd --max-endpoints-per-job"};
   }
 
-  auto ep = std::make_shared<Endpoint>();
-  ep->id = next_id_++;
-  ep->epid = shm::MakeEpid(config_.node_id, boot_nonce_, ep->id);
-  ep->job = job;
-  ep->uid = who.uid;
-  ep->gid = who.gid;
-  ep->pid = who.pid;
+  Endpoint::Identity identity;
+  identity.id = next_id_++;
+  identity.epid = shm::MakeEpid(config_.node_id, boot_nonce_, identity.id);
+  identity.job = job;
+  identity.uid = who.uid;
+  identity.gid = who.gid;
+  identity.pid = who.pid;
   // Escaped once here: the label is logged and shown by psmctl.
-  ep->label = Escaped(label.substr(0, 64));
-  ep->region = *region;
-  ep->geometry = shm::ComputeGeometry(config_.sq_capacity, config_.cq_capacity);
+  identity.label = Escaped(label.substr(0, 64));
+  identity.region = *region;
+  identity.geometry =
+      shm::ComputeGeometry(config_.sq_capacity, config_.cq_capacity);
   auto fail = [&](const std::string& what) PSMD_REQUIRES(mu_) {
     job->RetireRegion(*region);
     if (job->endpoints == 0) jobs_.erase(key);
     return Status{PSM2_NO_MEMORY, what};
   };
-  if (!shm::Mapping::Create("psmd-endpoint", ep->geometry.bytes, who.uid,
-                            who.gid, &ep->segment, &error)) {
+  if (!shm::Mapping::Create("psmd-endpoint", identity.geometry.bytes, who.uid,
+                            who.gid, &identity.segment, &error)) {
     return fail("cannot create the endpoint segment: " + error);
   }
-  ep->doorbell_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (ep->doorbell_fd < 0)
+  identity.doorbell_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (identity.doorbell_fd < 0)
     return fail(std::string("eventfd: ") + strerror(errno));
 
   // The header is written once, before anyone else can map the segment.
   shm::SegmentParams params;
-  params.endpoint_id = ep->id;
-  params.epid = ep->epid;
-  params.geometry = ep->geometry;
+  params.endpoint_id = identity.id;
+  params.epid = identity.epid;
+  params.geometry = identity.geometry;
   params.pool_bytes = job->pool().size();
-  params.region_offset = ep->region.offset;
-  params.region_bytes = ep->region.bytes;
+  params.region_offset = identity.region.offset;
+  params.region_bytes = identity.region.bytes;
   params.unexpected_budget = default_unexpected_budget_;
   params.max_unexpected_budget = config_.max_unexpected_budget_bytes;
-  shm::WriteSegmentHeader(ep->segment.base(), params);
-  ep->unexpected_budget = default_unexpected_budget_;
+  shm::WriteSegmentHeader(identity.segment.base(), params);
+  auto ep = std::make_shared<Endpoint>(std::move(identity),
+                                       default_unexpected_budget_);
 
   job->endpoints++;
   open_by_uid_[who.uid]++;
@@ -181,12 +211,12 @@ Status Registry::Reserve(const Credentials& who, const Uuid& uuid,
   rec.ep = ep;
   FillRandom(rec.token.data(), rec.token.size());
   rec.opened = std::chrono::steady_clock::now();
-  out->id = ep->id;
-  out->epid = ep->epid;
+  out->id = ep->id();
+  out->epid = ep->epid();
   out->token = rec.token;
-  out->segment_bytes = ep->geometry.bytes;
+  out->segment_bytes = ep->geometry().bytes;
   out->pool_bytes = job->pool().size();
-  records_.emplace(ep->id, std::move(rec));
+  records_.emplace(ep->id(), std::move(rec));
   *reserved = ep;
   return {};
 }
@@ -198,7 +228,7 @@ Status Registry::Attach(const AttachToken& token, const Credentials& who,
   for (auto& [id, rec] : records_) {
     if (!rec.ready || rec.attached || rec.token != token) continue;
     // The token is a capability, but only for the process that opened it.
-    if (rec.ep->uid != who.uid || rec.ep->pid != who.pid) {
+    if (rec.ep->uid() != who.uid || rec.ep->pid() != who.pid) {
       return {PSM2_PARAM_ERR, "attach token presented by pid " +
                                   std::to_string(who.pid) + " uid " +
                                   std::to_string(who.uid) +
@@ -209,9 +239,9 @@ Status Registry::Attach(const AttachToken& token, const Credentials& who,
     rec.ep->pidfd.store(CrossCopier::PeerPidfd(liveness_fd),
                         std::memory_order_release);
     rec.token.fill(0);
-    fds[0] = rec.ep->segment.fd();
-    fds[1] = rec.ep->job->pool().fd();
-    fds[2] = rec.ep->doorbell_fd;
+    fds[0] = rec.ep->segment().fd();
+    fds[1] = rec.ep->job()->pool().fd();
+    fds[2] = rec.ep->doorbell_fd();
     *endpoint_id = id;
     return {};
   }
@@ -225,38 +255,38 @@ std::shared_ptr<Endpoint> Registry::Unlink(uint32_t id) {
   // Wake the client's side of the attach connection so it notices too.
   if (it->second.liveness_fd >= 0) shutdown(it->second.liveness_fd, SHUT_RDWR);
   records_.erase(it);
-  id_by_epid_.erase(ep->epid);
-  if (--open_by_uid_[ep->uid] == 0) open_by_uid_.erase(ep->uid);
-  Job& job = *ep->job;
-  job.RetireRegion(ep->region);
+  id_by_epid_.erase(ep->epid());
+  if (--open_by_uid_[ep->uid()] == 0) open_by_uid_.erase(ep->uid());
+  Job& job = *ep->job();
+  job.RetireRegion(ep->region());
   job_history_[job.key()].retiring++;
-  retiring_[ep->id] = ep;
+  retiring_[ep->id()] = ep;
   if (--job.endpoints == 0) jobs_.erase(job.key());
   return ep;
 }
 
 void Registry::Retire(std::shared_ptr<Endpoint> ep) {
   if (!ep) return;
-  worker_->RemoveEndpoint(ep->id);
+  worker_->RemoveEndpoint(ep->id());
   {
     // Counters are final now that the worker has dropped the endpoint. They
     // move from retiring_ to the totals under one lock: Stats counts them
     // once, before and after.
     counters::Values last = ep->counters.Values();
     MutexLock lock(&mu_);
-    counters::Accumulate(last, &closed_totals_[ep->uid]);
-    const JobKey& key = ep->job->key();
+    counters::Accumulate(last, &closed_totals_[ep->uid()]);
+    const JobKey& key = ep->job()->key();
     JobHistory& history = job_history_[key];
     counters::Accumulate(last, &history.closed);
     history.retiring--;
     history.last_closed = std::chrono::steady_clock::now();
-    retiring_.erase(ep->id);
+    retiring_.erase(ep->id());
     if (history.retiring == 0 && jobs_.count(key) == 0)
       ForgetFinishedJobs(history.last_closed);
   }
   spdlog::info(
       "closed endpoint {} epid {:#x} (pid {}): sent {} msgs, received {} msgs",
-      ep->id, ep->epid, ep->pid, ep->counters.msgs_sent.Get(),
+      ep->id(), ep->epid(), ep->pid(), ep->counters.msgs_sent.Get(),
       ep->counters.msgs_received.Get());
   // Last reference: the segment is unmapped and its memfd closed here, and the
   // pool too once the job's last endpoint is gone.
@@ -299,7 +329,8 @@ void Registry::ConnectionLost(uint32_t id) {
       it->second.liveness_fd = -1;  // the caller closes it
     ep = Unlink(id);
   }
-  if (ep) spdlog::info("endpoint {}: client pid {} went away", ep->id, ep->pid);
+  if (ep)
+    spdlog::info("endpoint {}: client pid {} went away", ep->id(), ep->pid());
   Retire(std::move(ep));
 }
 
@@ -334,7 +365,8 @@ Status Registry::Connect(const Credentials& who, uint32_t id,
                                  : records_.at(peer_it->second).ep.get();
       // Another uid's endpoint is answered exactly as a missing one, so
       // that no tenant can learn which epids exist on the node.
-      if (peer == nullptr || peer->job->key().uid != rec.ep->job->key().uid) {
+      if (peer == nullptr ||
+          peer->job()->key().uid != rec.ep->job()->key().uid) {
         char hex[32];
         snprintf(hex, sizeof(hex), "%#llx",
                  static_cast<unsigned long long>(epid));
@@ -349,9 +381,9 @@ Status Registry::Connect(const Credentials& who, uint32_t id,
         out->push_back(o);
         continue;
       }
-      if (!(peer->job->key() == rec.ep->job->key())) {
+      if (!(peer->job()->key() == rec.ep->job()->key())) {
         o.error = PSM2_EPID_INVALID_UUID_KEY;
-        o.message = "endpoint " + std::to_string(peer->id) +
+        o.message = "endpoint " + std::to_string(peer->id()) +
                     " belongs to another job of this uid (a different job "
                     "uuid); endpoints of different jobs never connect";
         out->push_back(o);
@@ -364,7 +396,7 @@ Status Registry::Connect(const Credentials& who, uint32_t id,
               .try_emplace(epid, static_cast<uint32_t>(rec.slot_by_epid.size()))
               .first;
       o.slot = slot_it->second;
-      links.push_back({o.slot, PeerLink{peer->id, peer->epid}});
+      links.push_back({o.slot, PeerLink{peer->id(), peer->epid()}});
       out->push_back(o);
     }
   }
@@ -433,13 +465,13 @@ std::vector<EndpointSnapshot> Registry::SnapshotLocked(const Credentials& who) {
     const Endpoint& ep = *rec.ep;
     if (!MayControl(who, ep)) continue;
     EndpointSnapshot s;
-    s.id = ep.id;
-    s.epid = ep.epid;
-    s.uuid = ep.job->key().uuid;
-    s.pid = ep.pid;
-    s.uid = ep.uid;
-    s.gid = ep.gid;
-    s.label = ep.label;
+    s.id = ep.id();
+    s.epid = ep.epid();
+    s.uuid = ep.job()->key().uuid;
+    s.pid = ep.pid();
+    s.uid = ep.uid();
+    s.gid = ep.gid();
+    s.label = ep.label();
     s.connections = static_cast<uint32_t>(rec.slot_by_epid.size());
     s.counters = ep.counters.Values();
     out.push_back(std::move(s));
@@ -468,7 +500,7 @@ StatsSnapshot Registry::Stats(const Credentials& who,
     count({s.uuid, s.uid}, s.counters);
   }
   for (const auto& [id, ep] : retiring_) {
-    if (MayControl(who, *ep)) count(ep->job->key(), ep->counters.Values());
+    if (MayControl(who, *ep)) count(ep->job()->key(), ep->counters.Values());
   }
   for (const auto& [key, history] : job_history_) {
     if (!who.is_root() && who.uid != key.uid) continue;
@@ -483,6 +515,7 @@ StatsSnapshot Registry::Stats(const Credentials& who,
   }
   for (auto& [key, j] : jobs) {
     j.key = key;
+    j.slurm = SlurmStepOf(key);
     out.jobs.push_back(j);
   }
   for (const auto& [uid, t] : closed_totals_) {
@@ -512,18 +545,133 @@ void Registry::ForgetFinishedJobs(std::chrono::steady_clock::time_point now) {
   }
 }
 
+Status Registry::CheckSlurmStep(const Credentials& who, const Uuid& uuid) {
+  auto it = slurm_steps_.find(uuid);
+  if (it == slurm_steps_.end()) return {};  // no Slurm: as before
+  const SlurmStep& step = it->second;
+  std::string why;
+  if (who.uid != step.uid) {
+    why = "it is of uid " + std::to_string(who.uid) + ", the step's is uid " +
+          std::to_string(step.uid);
+  } else if (who.cgroup.empty()) {
+    why = "psmd could not read its cgroup (/proc/" + std::to_string(who.pid) +
+          "/cgroup)";
+  } else if (!InCgroup(who.cgroup, step.cgroup)) {
+    why = "it is not inside the step's cgroup " + step.cgroup;
+  }
+  if (why.empty()) return {};
+  WarnClient(who.uid,
+             "pid {} uid {} refused an endpoint of job key {}: Slurm step "
+             "{}.{}'s, and {}",
+             who.pid, who.uid, UuidToString(uuid), step.job_id, step.step_id,
+             why);
+  return {PSM2_EPID_INVALID_UUID_KEY,
+          "job key " + UuidToString(uuid) + " belongs to Slurm job " +
+              std::to_string(step.job_id) + " step " +
+              std::to_string(step.step_id) + " on this node; pid " +
+              std::to_string(who.pid) + " may not use it: " + why};
+}
+
+std::optional<SlurmStep> Registry::SlurmStepOf(const JobKey& key) {
+  auto it = slurm_steps_.find(key.uuid);
+  if (it != slurm_steps_.end() && it->second.uid == key.uid) return it->second;
+  auto h = job_history_.find(key);
+  if (h != job_history_.end()) return h->second.slurm;
+  return std::nullopt;
+}
+
+Status Registry::RegisterSlurmStep(const Credentials& who, const Uuid& uuid,
+                                   const SlurmStep& step) {
+  if (!who.is_root()) {
+    return {PSM2_PARAM_ERR,
+            "only root registers Slurm steps (psmd's SPANK plugin); pid " +
+                std::to_string(who.pid) + " is uid " + std::to_string(who.uid)};
+  }
+  if (!InCgroup(step.cgroup, step.cgroup)) {
+    return {PSM2_PARAM_ERR,
+            "not a cgroup line (ID:CONTROLLERS:/path): '" + step.cgroup + "'"};
+  }
+  MutexLock lock(&mu_);
+  auto [it, added] = slurm_steps_.try_emplace(uuid, step);
+  if (!added && !(it->second == step)) {
+    return {PSM2_PARAM_ERR, "job key " + UuidToString(uuid) +
+                                " is already Slurm job " +
+                                std::to_string(it->second.job_id) + " step " +
+                                std::to_string(it->second.step_id) + "'s"};
+  }
+  if (added) {
+    spdlog::info(
+        "Slurm job {} step {} (uid {}, cgroup {}) registered job key {}",
+        step.job_id, step.step_id, step.uid, step.cgroup, UuidToString(uuid));
+  }
+  return {};
+}
+
+Status Registry::EndSlurmStep(const Credentials& who, uint32_t job_id,
+                              uint32_t step_id, bool* registered,
+                              std::vector<EndpointSnapshot>* closed) {
+  if (!who.is_root()) {
+    return {PSM2_PARAM_ERR,
+            "only root ends Slurm steps (psmd's SPANK plugin); pid " +
+                std::to_string(who.pid) + " is uid " + std::to_string(who.uid)};
+  }
+  std::vector<std::shared_ptr<Endpoint>> left;
+  std::vector<EndpointSnapshot> snapshots;
+  *registered = false;
+  {
+    MutexLock lock(&mu_);
+    auto step_it = slurm_steps_.begin();
+    for (; step_it != slurm_steps_.end(); ++step_it) {
+      if (step_it->second.job_id == job_id &&
+          step_it->second.step_id == step_id)
+        break;
+    }
+    if (step_it == slurm_steps_.end()) return {};
+    *registered = true;
+    const Uuid uuid = step_it->first;
+    const SlurmStep step = step_it->second;
+    slurm_steps_.erase(step_it);
+    std::vector<uint32_t> ids;
+    for (const EndpointSnapshot& s : SnapshotLocked(who)) {
+      if (s.uuid == uuid && records_.at(s.id).ready) {
+        ids.push_back(s.id);
+        snapshots.push_back(s);
+      }
+    }
+    for (uint32_t id : ids) {
+      std::shared_ptr<Endpoint> ep = Unlink(id);
+      if (ep) left.push_back(std::move(ep));
+    }
+    // Its totals keep naming the step after it ended.
+    auto h = job_history_.find(JobKey{uuid, step.uid});
+    if (h != job_history_.end()) h->second.slurm = step;
+    for (const EndpointSnapshot& s : snapshots) {
+      spdlog::warn(
+          "Slurm job {} step {} ended; closing endpoint {} it left (pid {} uid "
+          "{}, {})",
+          job_id, step_id, s.id, s.pid, s.uid, s.label);
+    }
+    spdlog::info("Slurm job {} step {} ended: {} endpoints left, closed",
+                 job_id, step_id, snapshots.size());
+  }
+  for (auto& ep : left) Retire(std::move(ep));
+  if (closed != nullptr) *closed = std::move(snapshots);
+  return {};
+}
+
 std::vector<JobSnapshot> Registry::Jobs(const Credentials& who) {
   MutexLock lock(&mu_);
   std::map<JobKey, JobSnapshot> jobs;  // ordered: a stable listing
   for (const auto& [id, rec] : records_) {
     const Endpoint& ep = *rec.ep;
     if (!MayControl(who, ep)) continue;
-    JobSnapshot& j = jobs[ep.job->key()];
-    j.uuid = ep.job->key().uuid;
-    j.uid = ep.uid;
-    j.pool_bytes = ep.job->pool().size();
+    JobSnapshot& j = jobs[ep.job()->key()];
+    j.uuid = ep.job()->key().uuid;
+    j.uid = ep.uid();
+    j.pool_bytes = ep.job()->pool().size();
     j.unexpected_budget_bytes = default_unexpected_budget_;
-    j.endpoint_ids.push_back(ep.id);
+    j.endpoint_ids.push_back(ep.id());
+    j.slurm = SlurmStepOf(ep.job()->key());
   }
   std::vector<JobSnapshot> out;
   for (auto& [key, j] : jobs) {
@@ -555,10 +703,10 @@ void Registry::ExpireUnattached() {
     }
     for (uint32_t id : ids) {
       const Endpoint& ep = *records_.at(id).ep;
-      WarnClient(ep.uid,
+      WarnClient(ep.uid(),
                  "endpoint {}: pid {} uid {} never attached its segments; "
                  "reclaiming it",
-                 id, ep.pid, ep.uid);
+                 id, ep.pid(), ep.uid());
       expired.push_back(Unlink(id));
     }
   }

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -36,8 +37,30 @@ struct Credentials {
   pid_t pid = 0;
   uid_t uid = 0;
   gid_t gid = 0;
+  // The caller's /proc/PID/cgroup as Admission read it when the connection
+  // came in (while a pidfd showed the same process alive); empty: unknown.
+  std::string cgroup;
   bool is_root() const { return uid == 0; }
 };
+
+// A Slurm step as its SPANK plugin registered it (RegisterSlurmStep).
+struct SlurmStep {
+  uint32_t job_id = 0;
+  uint32_t step_id = 0;
+  uid_t uid = 0;
+  // "HIERARCHY:CONTROLLERS:/path/job_J/step_S": a line of /proc/PID/cgroup
+  // of one of its tasks, cut after the step's directory.
+  std::string cgroup;
+  bool operator==(const SlurmStep& o) const {
+    return job_id == o.job_id && step_id == o.step_id && uid == o.uid &&
+           cgroup == o.cgroup;
+  }
+};
+
+// Whether a process whose /proc/PID/cgroup reads `proc_cgroup` is inside
+// `step_cgroup` (a line of that file, as SlurmStep::cgroup): one of its
+// lines names the same hierarchy and the step's directory or one below it.
+bool InCgroup(const std::string& proc_cgroup, const std::string& step_cgroup);
 
 using AttachToken = std::array<uint8_t, shm::kAttachTokenBytes>;
 
@@ -80,6 +103,7 @@ struct JobTotals {
   // Since its last endpoint closed, when it has finished.
   std::chrono::nanoseconds finished_age{0};
   counters::Values counters{};
+  std::optional<SlurmStep> slurm;  // its key's registration, if any
 };
 
 // What GetStats answers, taken at one instant: an endpoint that closes is
@@ -99,6 +123,7 @@ struct JobSnapshot {
   uint64_t pool_bytes = 0;
   // What an endpoint opened now gets (SIGHUP may have changed it).
   uint64_t unexpected_budget_bytes = 0;
+  std::optional<SlurmStep> slurm;  // its key's registration, if any
 };
 
 class Registry {
@@ -157,6 +182,20 @@ class Registry {
   // Removes every endpoint (daemon shutdown).
   void RemoveAll();
 
+  // Slurm's SPANK plugin, root only (who.is_root()). Registers `step` as the
+  // owner of job key `uuid`: from now on only processes of step.uid inside
+  // step.cgroup may open endpoints with that key (Open refuses others,
+  // naming why). The same registration again is a no-op; another step's
+  // for a registered key is refused.
+  Status RegisterSlurmStep(const Credentials& who, const Uuid& uuid,
+                           const SlurmStep& step);
+  // Root only: the step ended. Closes every endpoint still open with its
+  // key (any uid), forgets the registration and fills `closed` (if not
+  // null) with what it closed. *registered tells whether the step was
+  // registered here (a step whose tasks never started on this node was not).
+  Status EndSlurmStep(const Credentials& who, uint32_t job_id, uint32_t step_id,
+                      bool* registered, std::vector<EndpointSnapshot>* closed);
+
  private:
   struct Record {
     std::shared_ptr<Endpoint> ep;
@@ -191,8 +230,14 @@ class Registry {
   void ForgetFinishedJobs(std::chrono::steady_clock::time_point now)
       PSMD_REQUIRES(mu_);
   bool MayControl(const Credentials& who, const Endpoint& ep) const {
-    return who.is_root() || who.uid == ep.uid;
+    return who.is_root() || who.uid == ep.uid();
   }
+  // Refuses `who` a key that a Slurm step registered, unless it is of the
+  // step's uid and inside its cgroup (mu_ held).
+  Status CheckSlurmStep(const Credentials& who, const Uuid& uuid)
+      PSMD_REQUIRES(mu_);
+  // The registration of `key`'s uuid, if it is for key's uid (mu_ held).
+  std::optional<SlurmStep> SlurmStepOf(const JobKey& key) PSMD_REQUIRES(mu_);
 
   Refusals refusals_;
   // As started; the default unexpected budget changes (SIGHUP), so it is
@@ -224,8 +269,12 @@ class Registry {
     counters::Values closed{};
     uint32_t retiring = 0;  // its endpoints in retiring_
     std::chrono::steady_clock::time_point last_closed{};
+    // Its Slurm step's registration, kept past the step's end.
+    std::optional<SlurmStep> slurm;
   };
   std::map<JobKey, JobHistory> job_history_ PSMD_GUARDED_BY(mu_);
+  // Job keys registered by Slurm's SPANK plugin, until their step ends.
+  std::map<Uuid, SlurmStep> slurm_steps_ PSMD_GUARDED_BY(mu_);
 };
 
 }  // namespace psmd

@@ -183,5 +183,159 @@ TEST_F(RegistryTest, AUidKeepsAtMostItsBoundOfFinishedJobsNewestFirst) {
   EXPECT_EQ(JobsIn(registry_.Stats(User(1001))), std::vector<int>{0});
 }
 
+// ---- Slurm steps (RegisterSlurmStep, EndSlurmStep) ----
+
+constexpr char kStep[] = "4:freezer:/slurm_n1/uid_1000/job_7/step_0";
+
+// /proc/PID/cgroup of a process of the step (a task below the step's
+// directory, other hierarchies elsewhere) and of one outside it.
+constexpr char kInside[] =
+    "5:memory:/slurm_n1/uid_1000/job_7/step_0/task_1\n"
+    "4:freezer:/slurm_n1/uid_1000/job_7/step_0\n"
+    "1:name=systemd:/user.slice\n";
+constexpr char kOutside[] =
+    "5:memory:/user.slice\n"
+    "4:freezer:/\n"
+    "1:name=systemd:/user.slice\n";
+
+SlurmStep Step(uint32_t job = 7, uint32_t step = 0, uid_t uid = 1000) {
+  SlurmStep s;
+  s.job_id = job;
+  s.step_id = step;
+  s.uid = uid;
+  s.cgroup = kStep;
+  return s;
+}
+
+Credentials In(const Credentials& who, const char* cgroup) {
+  Credentials c = who;
+  c.cgroup = cgroup;
+  return c;
+}
+
+Uuid Key(uint8_t job) {
+  Uuid uuid{};
+  uuid[0] = job;
+  return uuid;
+}
+
+TEST(InCgroupTest, TheStepsDirectoryOrBelowInTheSameHierarchy) {
+  EXPECT_TRUE(InCgroup(kInside, kStep));
+  EXPECT_TRUE(InCgroup("4:freezer:/slurm_n1/uid_1000/job_7/step_0", kStep));
+  EXPECT_FALSE(InCgroup(kOutside, kStep));
+  // A sibling whose name starts with the step's is not inside it.
+  EXPECT_FALSE(InCgroup("4:freezer:/slurm_n1/uid_1000/job_7/step_01", kStep));
+  EXPECT_FALSE(InCgroup("4:freezer:/slurm_n1/uid_1000/job_7", kStep));
+  // The same path in another hierarchy does not count.
+  EXPECT_FALSE(InCgroup("5:memory:/slurm_n1/uid_1000/job_7/step_0", kStep));
+  EXPECT_FALSE(InCgroup("", kStep));
+  // cgroup v2: one line, "0::".
+  EXPECT_TRUE(InCgroup("0::/system.slice/job_7/step_0/user/task_0",
+                       "0::/system.slice/job_7/step_0"));
+  // Not a cgroup line: nothing is inside it.
+  EXPECT_FALSE(InCgroup(kInside, "step_0"));
+  EXPECT_FALSE(InCgroup(kInside, ""));
+}
+
+TEST_F(RegistryTest, OnlyRootRegistersOrEndsASlurmStep) {
+  Status reg = registry_.RegisterSlurmStep(User(1000), Key(1), Step());
+  EXPECT_FALSE(reg.ok());
+  EXPECT_NE(reg.message.find("only root"), std::string::npos) << reg.message;
+  bool registered = true;
+  Status end = registry_.EndSlurmStep(User(1000), 7, 0, &registered, nullptr);
+  EXPECT_FALSE(end.ok());
+  // Refused: the key stays free for anyone, as without Slurm.
+  OpenedEndpoint out;
+  EXPECT_TRUE(registry_.Open(In(User(1001), kOutside), Key(1), "x", &out).ok());
+  ASSERT_TRUE(registry_.RegisterSlurmStep(User(0), Key(2), Step()).ok());
+  EXPECT_FALSE(
+      registry_.Open(In(User(1001), kOutside), Key(2), "x", &out).ok());
+}
+
+TEST_F(RegistryTest, ARegisteredKeyOpensOnlyInsideItsStep) {
+  ASSERT_TRUE(registry_.RegisterSlurmStep(User(0), Key(1), Step()).ok());
+  OpenedEndpoint out;
+  // The same uid outside the step's cgroup: refused, saying why.
+  Status outside =
+      registry_.Open(In(User(1000, 50), kOutside), Key(1), "x", &out);
+  EXPECT_EQ(outside.code, PSM2_EPID_INVALID_UUID_KEY);
+  EXPECT_NE(outside.message.find("Slurm job 7 step 0"), std::string::npos)
+      << outside.message;
+  EXPECT_NE(outside.message.find("not inside the step's cgroup"),
+            std::string::npos)
+      << outside.message;
+  // A cgroup psmd could not read is not inside.
+  Status unknown = registry_.Open(User(1000, 51), Key(1), "x", &out);
+  EXPECT_NE(unknown.message.find("could not read its cgroup"),
+            std::string::npos)
+      << unknown.message;
+  // Inside, but another uid (or root): refused.
+  EXPECT_FALSE(registry_.Open(In(User(1001), kInside), Key(1), "x", &out).ok());
+  EXPECT_FALSE(registry_.Open(In(User(0), kInside), Key(1), "x", &out).ok());
+  EXPECT_EQ(registry_.endpoint_count(), 0u);
+  // The step's own task opens.
+  EXPECT_TRUE(registry_.Open(In(User(1000), kInside), Key(1), "x", &out).ok());
+  // Other keys behave as without Slurm.
+  EXPECT_TRUE(registry_.Open(In(User(1000), kOutside), Key(2), "x", &out).ok());
+  EXPECT_EQ(registry_.endpoint_count(), 2u);
+}
+
+TEST_F(RegistryTest, AKeyBelongsToOneStep) {
+  ASSERT_TRUE(registry_.RegisterSlurmStep(User(0), Key(1), Step()).ok());
+  // Every task of the step registers it: the same again is fine.
+  EXPECT_TRUE(registry_.RegisterSlurmStep(User(0), Key(1), Step()).ok());
+  Status other = registry_.RegisterSlurmStep(User(0), Key(1), Step(7, 1));
+  EXPECT_FALSE(other.ok());
+  EXPECT_NE(other.message.find("already Slurm job 7 step 0"), std::string::npos)
+      << other.message;
+  SlurmStep bad = Step(8);
+  bad.cgroup = "/slurm/job_8/step_0";  // no hierarchy: not a cgroup line
+  EXPECT_FALSE(registry_.RegisterSlurmStep(User(0), Key(3), bad).ok());
+}
+
+TEST_F(RegistryTest, AStepsEndClosesWhatItLeftAndFreesItsKey) {
+  ASSERT_TRUE(registry_.RegisterSlurmStep(User(0), Key(1), Step()).ok());
+  OpenedEndpoint a, b, other;
+  ASSERT_TRUE(
+      registry_.Open(In(User(1000, 60), kInside), Key(1), "a", &a).ok());
+  ASSERT_TRUE(
+      registry_.Open(In(User(1000, 61), kInside), Key(1), "b", &b).ok());
+  ASSERT_TRUE(
+      registry_.Open(In(User(1000, 62), kOutside), Key(2), "c", &other).ok());
+  // The jobs list shows the step; the other job has none.
+  std::vector<JobSnapshot> jobs = registry_.Jobs(User(0));
+  ASSERT_EQ(jobs.size(), 2u);
+  ASSERT_TRUE(jobs[0].slurm.has_value());
+  EXPECT_EQ(jobs[0].slurm->job_id, 7u);
+  EXPECT_FALSE(jobs[1].slurm.has_value());
+  ASSERT_TRUE(registry_.Stats(User(1000)).jobs[0].slurm.has_value());
+
+  bool registered = false;
+  std::vector<EndpointSnapshot> closed;
+  // Another step's end touches nothing.
+  ASSERT_TRUE(registry_.EndSlurmStep(User(0), 7, 1, &registered, &closed).ok());
+  EXPECT_FALSE(registered);
+  EXPECT_TRUE(closed.empty());
+  EXPECT_EQ(registry_.endpoint_count(), 3u);
+
+  ASSERT_TRUE(registry_.EndSlurmStep(User(0), 7, 0, &registered, &closed).ok());
+  EXPECT_TRUE(registered);
+  ASSERT_EQ(closed.size(), 2u);
+  EXPECT_EQ(closed[0].id, a.id);
+  EXPECT_EQ(closed[0].pid, 60);
+  EXPECT_EQ(closed[1].id, b.id);
+  EXPECT_EQ(registry_.endpoint_count(), 1u);  // the other job's
+  // The finished job's totals still name its step.
+  StatsSnapshot stats = registry_.Stats(User(1000));
+  ASSERT_EQ(stats.jobs.size(), 2u);
+  EXPECT_EQ(stats.jobs[0].open_endpoints, 0u);
+  ASSERT_TRUE(stats.jobs[0].slurm.has_value());
+  EXPECT_EQ(stats.jobs[0].slurm->job_id, 7u);
+  // The key is nobody's now: as without Slurm.
+  OpenedEndpoint again;
+  EXPECT_TRUE(
+      registry_.Open(In(User(1000), kOutside), Key(1), "d", &again).ok());
+}
+
 }  // namespace
 }  // namespace psmd

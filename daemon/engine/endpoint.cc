@@ -5,7 +5,7 @@
 namespace psmd {
 
 Endpoint::~Endpoint() {
-  if (doorbell_fd >= 0) close(doorbell_fd);
+  if (identity_.doorbell_fd >= 0) close(identity_.doorbell_fd);
   if (pidfd.load() >= 0) close(pidfd.load());
 }
 

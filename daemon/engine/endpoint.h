@@ -1,12 +1,20 @@
-// The daemon's view of one endpoint: identity, shared segment, and the
-// matching state the progress worker owns.
+// The daemon's view of one endpoint, in three parts as the client's psm2_ep
+// is: its identity, the match state its engine owns, and its counters.
 //
-// Thread-safety:
-//   1. Identity fields, the segment mapping, geometry and region are set
-//      before the endpoint is published and never change.
-//   2. Everything under "worker-owned" is touched only by the progress worker
-//      that owns the endpoint.
-//   3. Counters are written by the worker only (relaxed stores) and read by
+// Thread-safety (each checked by the compiler where it says so):
+//   1. The identity (id, epid, job, uid/gid/pid, label, segment mapping,
+//      geometry, pool region, doorbell) is built whole before the endpoint
+//      exists and is const: any thread reads it through the accessors.
+//   2. The match state (rings, queues, peers, budgets, flags) is private to
+//      the endpoint and reachable only from MqEngine (friend), whose every
+//      method runs on its progress worker's thread; the worker holds its
+//      engine PSMD_GUARDED_BY its thread role (base/thread_role.h), so code
+//      on any other thread that reaches for it does not compile under
+//      --config=thread-safety. Transports beside the engine
+//      (daemon/remote) use MqEngine's public surface.
+//   3. pidfd is stored once by the registry at attach (release) and read by
+//      the engine (acquire).
+//   4. Counters are written by the worker only (relaxed stores) and read by
 //      control threads (relaxed loads): stats may be a moment old, never torn.
 #ifndef PSMD_DAEMON_ENGINE_ENDPOINT_H_
 #define PSMD_DAEMON_ENGINE_ENDPOINT_H_
@@ -122,32 +130,69 @@ struct PeerLink {
 
 class Endpoint {
  public:
-  Endpoint() = default;
+  // Who the endpoint is and where its shared memory lies: built whole by the
+  // registry (the segment created, its header written, the doorbell made)
+  // before the endpoint exists, then constant.
+  struct Identity {
+    uint32_t id = 0;
+    uint64_t epid = 0;
+    std::shared_ptr<Job> job;
+    uid_t uid = 0;
+    gid_t gid = 0;
+    pid_t pid = 0;
+    std::string label;
+    shm::Mapping segment;
+    shm::SegmentGeometry geometry{};
+    SendRegion region;
+    int doorbell_fd = -1;  // eventfd the client rings when the daemon sleeps
+  };
+
+  // Takes over the identity's segment and doorbell (closed with the
+  // endpoint); `unexpected_budget` is PSM2_MQ_MAX_SYSBUF_MBYTES until the
+  // client sets it.
+  Endpoint(Identity identity, uint64_t unexpected_budget)
+      : identity_(std::move(identity)), unexpected_budget(unexpected_budget) {}
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
   ~Endpoint();
 
-  // Identity (immutable once published).
-  uint32_t id = 0;
-  uint64_t epid = 0;
-  std::shared_ptr<Job> job;
-  uid_t uid = 0;
-  gid_t gid = 0;
-  pid_t pid = 0;
-  std::string label;
-  shm::Mapping segment;
-  shm::SegmentGeometry geometry{};
-  SendRegion region;
-  int doorbell_fd = -1;  // eventfd the client rings when the daemon sleeps
-  // The client process, from its attach socket (SO_PEERPIDFD), for copies in
-  // place (daemon/engine/cross_copy.h); -1 until attached, or when unavailable.
-  std::atomic<int> pidfd{-1};
-
+  // ---- identity: read from any thread ----
+  uint32_t id() const { return identity_.id; }
+  uint64_t epid() const { return identity_.epid; }
+  const std::shared_ptr<Job>& job() const { return identity_.job; }
+  uid_t uid() const { return identity_.uid; }
+  gid_t gid() const { return identity_.gid; }
+  pid_t pid() const { return identity_.pid; }
+  const std::string& label() const { return identity_.label; }
+  const shm::Mapping& segment() const { return identity_.segment; }
+  const shm::SegmentGeometry& geometry() const { return identity_.geometry; }
+  const SendRegion& region() const { return identity_.region; }
+  int doorbell_fd() const { return identity_.doorbell_fd; }
   shm::SegmentControl* control() const {
-    return shm::ControlOf(segment.base());
+    return shm::ControlOf(identity_.segment.base());
   }
 
-  // Worker-owned.
+  // The client process, from its attach socket (SO_PEERPIDFD), for copies in
+  // place (daemon/engine/cross_copy.h): stored once by the registry at
+  // attach (release), read by the engine (acquire); -1 until attached, or
+  // when unavailable.
+  std::atomic<int> pidfd{-1};
+
+  // Written by the progress worker only (relaxed stores), read by control
+  // threads (relaxed loads).
+  EndpointCounters counters;
+
+ private:
+  // The match state: the engine's alone (it runs on the progress worker's
+  // thread, and only that thread reaches the engine: daemon/progress.h).
+  // Transports beside the engine reach it through MqEngine's public surface;
+  // tests look at it through EndpointTestPeer
+  // (daemon/engine/test_endpoint.h).
+  friend class MqEngine;
+  friend class EndpointTestPeer;
+
+  const Identity identity_;
+
   shm::RingConsumer<shm::SubmissionDesc> msg_sq;
   shm::RingConsumer<shm::SubmissionDesc> ctl_sq;
   shm::RingProducer<shm::CompletionDesc> cq;
@@ -163,9 +208,9 @@ class Endpoint {
   // token, until the client receives them (kClaimedRecv). A claimed eager
   // message goes to the client with the probe's answer instead.
   std::unordered_map<uint64_t, ClaimedMsg> claimed;
-  uint64_t unexpected_cost = 0;    // kUnexpectedOverheadBytes per unexpected
-                                   // and claimed message
-  uint64_t unexpected_budget = 0;  // PSM2_MQ_MAX_SYSBUF_MBYTES of this endpoint
+  uint64_t unexpected_cost = 0;  // kUnexpectedOverheadBytes per unexpected
+                                 // and claimed message
+  uint64_t unexpected_budget;    // PSM2_MQ_MAX_SYSBUF_MBYTES of this endpoint
   // Since when a send to this endpoint has waited for its budget with none
   // of its unexpected messages received (0: none waits); whether it is in
   // MqEngine's stall_watch_.
@@ -183,14 +228,6 @@ class Endpoint {
   // When psmd last took a rendezvous chunk from this endpoint: a sender
   // busy streaming one message is not stalled on the others (inv. 10).
   uint64_t last_chunk_ns = 0;
-  // Rings of a doorbell with nothing submitted, counted per second (progress
-  // worker only): a client ringing in a loop is not listened to for a while
-  // (ProgressWorker::NoteIdleDoorbell) instead of keeping psmd awake.
-  uint32_t idle_doorbells = 0;
-  uint64_t idle_doorbell_window_ns = 0;  // start of the current second
-  uint64_t doorbell_muted_until_ns = 0;  // 0: listened to
-
-  EndpointCounters counters;
 };
 
 }  // namespace psmd

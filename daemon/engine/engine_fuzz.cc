@@ -45,6 +45,7 @@
 #include <spdlog/spdlog.h>
 
 #include "daemon/engine/mq_engine.h"
+#include "daemon/engine/test_endpoint.h"
 #include "daemon/engine/validate.h"
 #include "shm/payload.h"
 #include "shm/pool.h"
@@ -221,36 +222,24 @@ class Node {
     const uint32_t lives = c.lives + 1;
     auto region = j.job->TakeRegion();
     if (!region) return;
-    auto ep = std::make_shared<Endpoint>();
-    ep->id = next_id_++;
-    ep->epid = 0x1000 + ep->id;
-    ep->job = j.job;
-    ep->uid = geteuid();
-    ep->region = *region;
-    ep->geometry = shm::ComputeGeometry(kRingCapacity, kRingCapacity);
-    ep->unexpected_budget = 16 << 10;
-    std::string error;
-    if (!shm::Mapping::Create("fuzz-endpoint", ep->geometry.bytes, geteuid(),
-                              getegid(), &ep->segment, &error)) {
-      fprintf(stderr, "%s\n", error.c_str());
-      abort();
-    }
-    j.job->endpoints++;
-    j.epids.insert(ep->epid);
-    ids_[pos] = ep->id;
+    const uint32_t id = next_id_++;
+    auto ep = MakeTestEndpoint(j.job, *region, id, 0x1000 + id, kRingCapacity,
+                               16 << 10);
+    j.epids.insert(ep->epid());
+    ids_[pos] = ep->id();
     c = Client{};
     c.live = true;
     c.job = static_cast<uint32_t>(&j - jobs_.data());
     c.lives = lives;
     c.ep = ep;
-    c.rings = shm::ClientRingsOf(ep->segment.base(), ep->geometry);
+    c.rings = shm::ClientRingsOf(ep->segment().base(), ep->geometry());
     c.arena =
         shm::SendArena(j.job->pool().base(), region->offset, region->bytes);
     engine_.Add(ep);
     // Slot i of every endpoint of the job names the job's i-th position
     // (a position closed for good keeps naming the endpoint that left).
     for (uint32_t slot = 0; slot < j.positions.size(); slot++) {
-      engine_.SetPeer(ep->id, slot,
+      engine_.SetPeer(ep->id(), slot,
                       PeerLink{ids_[j.positions[slot]],
                                0x1000 + uint64_t{ids_[j.positions[slot]]}});
     }
@@ -259,7 +248,7 @@ class Node {
       if (other != pos && clients_[other].live) {
         for (uint32_t s = 0; s < j.positions.size(); s++) {
           if (j.positions[s] == pos)
-            engine_.SetPeer(ids_[other], s, PeerLink{ep->id, ep->epid});
+            engine_.SetPeer(ids_[other], s, PeerLink{ep->id(), ep->epid()});
         }
       }
     }
@@ -268,9 +257,9 @@ class Node {
   void RemoveAt(uint32_t pos) {
     Client& c = clients_[pos];
     if (!c.live) return;
-    engine_.Remove(c.ep->id);
+    engine_.Remove(c.ep->id());
     JobState& j = jobs_[c.job];
-    j.job->RetireRegion(c.ep->region);
+    j.job->RetireRegion(c.ep->region());
     j.job->endpoints--;
     c.live = false;
     c.ep.reset();
@@ -294,7 +283,7 @@ class Node {
     if (chunk != 0) {
       SubmissionBounds b;
       b.peer_slots = static_cast<uint32_t>(jobs_[c.job].positions.size());
-      b.region = c.ep->region;
+      b.region = c.ep->region();
       const bool valid = ValidateSubmission(d, ring, b) == Rejection::kNone;
       if (valid) jobs_[c.job].tracked.insert(chunk);
       if (trace_) {
@@ -507,9 +496,9 @@ class Node {
         uint32_t slot = in.U8() % j.positions.size();
         uint32_t peer = ids_[j.positions[slot]];
         if (op == kDisconnect) {
-          engine_.ClearPeer(c.ep->id, slot);
+          engine_.ClearPeer(c.ep->id(), slot);
         } else {
-          engine_.SetPeer(c.ep->id, slot,
+          engine_.SetPeer(c.ep->id(), slot,
                           PeerLink{peer, 0x1000 + uint64_t{peer}});
         }
         break;

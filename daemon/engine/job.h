@@ -76,7 +76,7 @@ class Job {
     region_state_[r.offset / region_bytes_] = RegionState::kRetired;
   }
   // The region after the endpoints' ones, written only by the progress
-  // worker (daemon/remote/remote.cc); none without the fabric.
+  // worker (daemon/remote/receive.cc); none without the fabric.
   std::optional<SendRegion> InboxRegion() const {
     if (!inbox_) return std::nullopt;
     return SendRegion{region_state_.size() * region_bytes_, region_bytes_};

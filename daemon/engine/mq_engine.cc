@@ -62,18 +62,15 @@ uint64_t RecvAddrOf(const shm::SubmissionDesc& d) {
   return (d.flags & shm::kRecvInPlace) ? d.body.recv.addr : 0;
 }
 
-RecvPattern PatternOf(const Endpoint& ep, const shm::SubmissionDesc& d) {
+// `peers`: the receiving endpoint's.
+RecvPattern PatternOf(const std::vector<PeerLink>& peers,
+                      const shm::SubmissionDesc& d) {
   RecvPattern p;
-  p.source = d.peer == shm::kAnySlot ? kAnySource : ep.peers[d.peer].epid;
+  p.source = d.peer == shm::kAnySlot ? kAnySource : peers[d.peer].epid;
   std::memcpy(p.tag.w, d.tag, sizeof(p.tag.w));
   std::memcpy(p.sel.w, d.body.recv.tagsel, sizeof(p.sel.w));
   return p;
 }
-
-// Active messages waiting in a target's completion overflow beyond which
-// further requests to it are held: a target that stops polling must not make
-// psmd buffer without bound.
-constexpr size_t kAmOverflowLimit = MqEngine::kAmOverflowLimitValue;
 
 }  // namespace
 
@@ -82,15 +79,16 @@ MqEngine::~MqEngine() = default;
 void MqEngine::Add(std::shared_ptr<Endpoint> ep) {
   Endpoint* raw = ep.get();
   shm::DaemonRings rings =
-      shm::DaemonRingsOf(raw->segment.base(), raw->geometry);
+      shm::DaemonRingsOf(raw->segment().base(), raw->geometry());
   raw->msg_sq = rings.msg_sq;
   raw->ctl_sq = rings.ctl_sq;
   raw->cq = rings.cq;
-  by_id_[raw->id] = std::move(ep);
+  by_id_[raw->id()] = std::move(ep);
   // Next to the other endpoints of its job: PollAll serves a job's
   // endpoints as one group (invariant 7).
-  auto last_of_job = std::find_if(order_.rbegin(), order_.rend(),
-                                  [&](auto* e) { return e->job == raw->job; });
+  auto last_of_job = std::find_if(order_.rbegin(), order_.rend(), [&](auto* e) {
+    return e->job() == raw->job();
+  });
   order_.insert(last_of_job.base(), raw);
   Regroup();
 }
@@ -101,7 +99,8 @@ void MqEngine::Regroup() {
   std::vector<JobTurn> turns;
   for (size_t begin = 0; begin < order_.size();) {
     size_t end = begin + 1;
-    while (end < order_.size() && order_[end]->job == order_[begin]->job) end++;
+    while (end < order_.size() && order_[end]->job() == order_[begin]->job())
+      end++;
     turns.push_back(JobTurn{begin, end, 0, kJobBudget, 0, false, false});
     begin = end;
   }
@@ -386,13 +385,13 @@ void MqEngine::PrefetchMatches(Endpoint& ep, const shm::SubmissionDesc* batch,
         }
         if (receiver != nullptr &&
             receiver->posted.size() >= kPrefetchMinDepth) {
-          prefetch(receiver->posted, KeyOf(ep.epid, d.tag));
+          prefetch(receiver->posted, KeyOf(ep.epid(), d.tag));
           deep++;
         }
       } else if (d.op == shm::SubmitOp::kRecv) {
         if (d.peer != shm::kAnySlot && d.peer >= ep.peers.size()) continue;
         if (ep.unexpected.size() >= kPrefetchMinDepth) {
-          prefetch(ep.unexpected, PatternOf(ep, d));
+          prefetch(ep.unexpected, PatternOf(ep.peers, d));
           deep++;
         }
       }
@@ -429,7 +428,7 @@ bool MqEngine::Dispatch(Endpoint& ep, const shm::SubmissionDesc& d,
                         shm::Ring ring) {
   SubmissionBounds bounds;
   bounds.peer_slots = static_cast<uint32_t>(ep.peers.size());
-  bounds.region = ep.region;
+  bounds.region = ep.region();
   Rejection r = ValidateSubmission(d, ring, bounds);
   if (r == Rejection::kNone) {
     // A slot in range may still have been disconnected.
@@ -441,7 +440,7 @@ bool MqEngine::Dispatch(Endpoint& ep, const shm::SubmissionDesc& d,
       // A send published just before its slot was disconnected: the client
       // saw it complete and will not release its (validated) payload, so it
       // goes back here, as for a peer that is gone. Found by engine_fuzz.
-      shm::PayloadOf(ep.job->pool().base(), d).Release();
+      shm::PayloadOf(ep.job()->pool().base(), d).Release();
       r = Rejection::kBadPeer;
     }
   }
@@ -512,7 +511,7 @@ bool MqEngine::HandleSend(Endpoint& sender, const shm::SubmissionDesc& d) {
     return remote_->Send(sender, d, link, /*may_hold=*/!admit_over_budget_);
   }
   UnexpectedMsg m{};
-  m.sender_id = sender.id;
+  m.sender_id = sender.id();
   m.flags = d.flags;
   m.rendezvous = d.op == shm::SubmitOp::kRndvSend;
   m.len = d.len;
@@ -533,7 +532,7 @@ bool MqEngine::HandleSend(Endpoint& sender, const shm::SubmissionDesc& d) {
     PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
     return true;
   }
-  if (ArriveAs<Part::kWhole>(*receiver, KeyOf(sender.epid, d.tag), m,
+  if (ArriveAs<Part::kWhole>(*receiver, KeyOf(sender.epid(), d.tag), m,
                              nullptr) == Arrival::kHeld) {
     return false;
   }
@@ -547,7 +546,7 @@ bool MqEngine::HandleSend(Endpoint& sender, const shm::SubmissionDesc& d) {
 }
 
 bool MqEngine::HandleRecv(Endpoint& receiver, const shm::SubmissionDesc& d) {
-  RecvPattern p = PatternOf(receiver, d);
+  RecvPattern p = PatternOf(receiver.peers, d);
   receiver.counters.posted_recvs.Add(1);
   MsgKey key;
   if (auto m = receiver.unexpected.take(p, &key)) {
@@ -563,12 +562,12 @@ bool MqEngine::HandleRecv(Endpoint& receiver, const shm::SubmissionDesc& d) {
   }
   if (!PostedFits(receiver)) {
     receiver.counters.recvs_refused.Add(1);
-    WarnClient(receiver.uid,
+    WarnClient(receiver.uid(),
                "endpoint {} (uid {}): receive refused: its job holds {} posted "
                "receives, its uid {} (max_posted_recvs_per_job {}, "
                "max_posted_recvs_per_uid {})",
-               receiver.id, receiver.uid, receiver.job->posted_recvs,
-               receiver.job->account().posted_recvs, job_posted_limit_,
+               receiver.id(), receiver.uid(), receiver.job()->posted_recvs,
+               receiver.job()->account().posted_recvs, job_posted_limit_,
                uid_posted_limit_);
     PostError(receiver, d.req, PSM2_NO_MEMORY);
     return true;
@@ -582,22 +581,22 @@ bool MqEngine::HandleRecv(Endpoint& receiver, const shm::SubmissionDesc& d) {
 void MqEngine::ChargePosted(Endpoint& ep) {
   const uint64_t now = ep.posted.size();
   // Unsigned arithmetic: a shrunken queue subtracts.
-  ep.job->posted_recvs += now - ep.posted_charged;
-  ep.job->account().posted_recvs += now - ep.posted_charged;
+  ep.job()->posted_recvs += now - ep.posted_charged;
+  ep.job()->account().posted_recvs += now - ep.posted_charged;
   ep.posted_charged = now;
 }
 
 bool MqEngine::PostedFits(Endpoint& ep) {
   auto fits = [&] {
-    return ep.job->posted_recvs < job_posted_limit_ &&
-           ep.job->account().posted_recvs < uid_posted_limit_;
+    return ep.job()->posted_recvs < job_posted_limit_ &&
+           ep.job()->account().posted_recvs < uid_posted_limit_;
   };
   ChargePosted(ep);
   if (fits()) return true;
   // Counts may be stale-high (receives matched or cancelled since): count
   // afresh. Rare: only at the limit.
   for (Endpoint* other : order_) {
-    if (&other->job->account() == &ep.job->account()) ChargePosted(*other);
+    if (&other->job()->account() == &ep.job()->account()) ChargePosted(*other);
   }
   return fits();
 }
@@ -615,8 +614,9 @@ bool MqEngine::HandleCancel(Endpoint& ep, const shm::SubmissionDesc& d) {
   // pass (ShedStep).
   if (removed && ep.posted.empty() &&
       ep.posted.memory_bytes() >= kShedFromBytes &&
-      std::find(shedding_.begin(), shedding_.end(), ep.id) == shedding_.end()) {
-    shedding_.push_back(ep.id);
+      std::find(shedding_.begin(), shedding_.end(), ep.id()) ==
+          shedding_.end()) {
+    shedding_.push_back(ep.id());
   }
   return true;
 }
@@ -631,7 +631,7 @@ bool MqEngine::ShedStep() {
 
 bool MqEngine::HandleProbe(Endpoint& ep, const shm::SubmissionDesc& d) {
   ep.counters.probes.Add(1);
-  RecvPattern p = PatternOf(ep, d);
+  RecvPattern p = PatternOf(ep.peers, d);
   shm::CompletionDesc c{};
   c.op = shm::CompleteOp::kProbeDone;
   c.req = d.req;
@@ -703,7 +703,7 @@ bool MqEngine::HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
   }
   // The pool range was validated, so the chunk can safely be given back if
   // it goes nowhere.
-  shm::PoolPayload chunk = shm::PayloadOf(sender.job->pool().base(), d);
+  shm::PoolPayload chunk = shm::PayloadOf(sender.job()->pool().base(), d);
   auto it = transfers_.find(d.body.rndv.transfer);
   if (it == transfers_.end() && d.body.rndv.transfer != 0 &&
       d.body.rndv.transfer < next_transfer_) {
@@ -712,10 +712,10 @@ bool MqEngine::HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
     return true;
   }
   if (it != transfers_.end() && it->second.taken &&
-      it->second.sender_id == sender.id) {
+      it->second.sender_id == sender.id()) {
     return true;  // psmd is copying the rest: released unread
   }
-  if (it == transfers_.end() || it->second.sender_id != sender.id ||
+  if (it == transfers_.end() || it->second.sender_id != sender.id() ||
       d.body.rndv.offset != it->second.forwarded ||
       d.len > it->second.send_bytes - it->second.forwarded) {
     ReportBadDescriptor(
@@ -778,12 +778,11 @@ bool MqEngine::HandleAmRequest(Endpoint& sender, const shm::SubmissionDesc& d) {
   }
   Endpoint* target = Find(sender.peers[d.peer].endpoint_id);
   if (target == nullptr || target->faulted) {
-    shm::PayloadOf(sender.job->pool().base(), d).Release();
+    shm::PayloadOf(sender.job()->pool().base(), d).Release();
     PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
     return true;
   }
-  if (target->cq_overflow.size() >= kAmOverflowLimit)
-    return false;  // held (invariant 6)
+  if (AmHeld(*target)) return false;  // held (invariant 6)
   uint8_t flags = 0;
   if (d.flags & shm::kAmNoReply) flags |= shm::kAmRequestNoReply;
   if (d.flags & shm::kAmWantsAck) flags |= shm::kAmRequestWantsAck;
@@ -799,7 +798,7 @@ bool MqEngine::HandleAmReply(Endpoint& sender, const shm::SubmissionDesc& d) {
   }
   Endpoint* target = FindInJob(sender, d.peer);
   if (target == nullptr) {
-    shm::PayloadOf(sender.job->pool().base(), d).Release();
+    shm::PayloadOf(sender.job()->pool().base(), d).Release();
     PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
     return true;
   }
@@ -822,7 +821,7 @@ bool MqEngine::HandleAmAck(Endpoint& sender, const shm::SubmissionDesc& d) {
   c.req = d.body.ack.request;
   c.error = d.body.ack.error;
   c.tag[0] = d.body.ack.handler;
-  c.src_epid = sender.epid;
+  c.src_epid = sender.epid();
   Post(*target, c);
   return true;
 }
@@ -836,9 +835,9 @@ void MqEngine::ForwardActiveMessage(const Endpoint& sender, Endpoint& target,
   c.req = d.req;
   c.tag[0] = d.tag[0];
   c.tag[1] = d.tag[1];
-  c.tag[2] = sender.id;
+  c.tag[2] = sender.id();
   c.msg_len = d.len;
-  c.src_epid = sender.epid;
+  c.src_epid = sender.epid();
   if (shm::IsInline(d.len)) {
     c.flags |= shm::kPayloadInline;
     std::memcpy(c.body.inline_data, d.body.inline_data, d.len);
@@ -852,7 +851,7 @@ Endpoint* MqEngine::FindInJob(const Endpoint& ep, uint32_t id) {
   Endpoint* other = Find(id);
   // Only an endpoint of the same job: a client must not reach another tenant
   // by naming an endpoint id.
-  if (other == nullptr || other->faulted || other->job != ep.job)
+  if (other == nullptr || other->faulted || other->job() != ep.job())
     return nullptr;
   return other;
 }
@@ -917,7 +916,8 @@ void MqEngine::StartTransfer(Endpoint& receiver, uint64_t recv_req,
   go.body.go.send_bytes = send_bytes;
   if (send_bytes > 0) {
     go.body.go.transfer = next_transfer_++;
-    Transfer t{sender->id, receiver.id, m.sender_req, recv_req, send_bytes, 0};
+    Transfer t{sender->id(), receiver.id(), m.sender_req,
+               recv_req,     send_bytes,    0};
     t.send_addr = m.send_addr;
     t.recv_addr = recv_addr;
     if (MayTakeOver(t, *sender, receiver)) {
@@ -969,8 +969,9 @@ bool MqEngine::TakeOverStalled() {
       takeover_candidates_.push_back(id);
       continue;
     }
-    CopySide from{sender->id, sender->pid, sender->pidfd.load(), t.send_addr};
-    CopySide to{receiver->id, receiver->pid, receiver->pidfd.load(),
+    CopySide from{sender->id(), sender->pid(), sender->pidfd.load(),
+                  t.send_addr};
+    CopySide to{receiver->id(), receiver->pid(), receiver->pidfd.load(),
                 t.recv_addr};
     // One byte first, here: a process psmd may not touch (EPERM) keeps its
     // stream, before any chunk of it is released unread.
@@ -982,13 +983,13 @@ bool MqEngine::TakeOverStalled() {
           "endpoint {} (pid {}): psmd may not {} its memory (EPERM): its "
           "rendezvous messages stream through the pool; give psmd "
           "CAP_SYS_PTRACE to copy them in place",
-          culprit->id, culprit->pid, reading ? "read" : "write");
+          culprit->id(), culprit->pid(), reading ? "read" : "write");
       continue;  // the stream goes on; never taken over
     }
     t.taken = true;
     from.addr += t.forwarded;
     to.addr += t.forwarded;
-    copier_->Submit(CrossCopier::Copy{id, receiver->job.get(), from, to,
+    copier_->Submit(CrossCopier::Copy{id, receiver->job().get(), from, to,
                                       t.send_bytes - t.forwarded});
     did = true;
   }
@@ -1008,10 +1009,10 @@ bool MqEngine::FinishCopies() {
       // receive, which did not get the message, with it.
       Endpoint* culprit = Find(d.failed_reading ? t.sender_id : t.receiver_id);
       if (culprit != nullptr) {
-        WarnClient(culprit->uid,
+        WarnClient(culprit->uid(),
                    "endpoint {} (uid {}): a rendezvous {} buffer at {:#x} is "
                    "not mapped in its process: the transfer fails",
-                   culprit->id, culprit->uid,
+                   culprit->id(), culprit->uid(),
                    d.failed_reading ? "send" : "receive",
                    d.failed_reading ? t.send_addr : t.recv_addr);
       }
@@ -1027,10 +1028,10 @@ bool MqEngine::FinishCopies() {
       // undumpable, say): no more copies for it; logged per uid, bounded.
       if (culprit != nullptr && d.error != ESRCH) {
         if (d.error == EPERM) culprit->copy_denied = true;
-        WarnClient(culprit->uid,
+        WarnClient(culprit->uid(),
                    "endpoint {} (uid {}): copy in place of a rendezvous "
                    "message failed: {}",
-                   culprit->id, culprit->uid, strerror(d.error));
+                   culprit->id(), culprit->uid(), strerror(d.error));
       }
     } else if (Endpoint* s = Find(t.sender_id)) {
       s->counters.rndv_msgs_copied.Add(1);
@@ -1080,17 +1081,17 @@ std::optional<shm::StallBudget> MqEngine::FullBudget(const Endpoint& receiver,
   };
   if (receiver.unexpected_cost + kOne > receiver.unexpected_budget)
     return full(shm::StallBudget::kEndpoint, receiver.unexpected_budget);
-  if (receiver.job->unexpected_cost + kOne > job_unexpected_budget_)
+  if (receiver.job()->unexpected_cost + kOne > job_unexpected_budget_)
     return full(shm::StallBudget::kJob, job_unexpected_budget_);
-  if (receiver.job->account().unexpected_cost + kOne > uid_unexpected_budget_)
+  if (receiver.job()->account().unexpected_cost + kOne > uid_unexpected_budget_)
     return full(shm::StallBudget::kUid, uid_unexpected_budget_);
   return std::nullopt;
 }
 
 void MqEngine::Charge(Endpoint& receiver) {
   receiver.unexpected_cost += kUnexpectedOverheadBytes;
-  receiver.job->unexpected_cost += kUnexpectedOverheadBytes;
-  receiver.job->account().unexpected_cost += kUnexpectedOverheadBytes;
+  receiver.job()->unexpected_cost += kUnexpectedOverheadBytes;
+  receiver.job()->account().unexpected_cost += kUnexpectedOverheadBytes;
 }
 
 void MqEngine::NoteHeld(Endpoint& receiver) {
@@ -1098,7 +1099,7 @@ void MqEngine::NoteHeld(Endpoint& receiver) {
   receiver.held_since_ns = NowNs();
   if (!receiver.stall_watched) {
     receiver.stall_watched = true;
-    stall_watch_.push_back(receiver.id);
+    stall_watch_.push_back(receiver.id());
   }
 }
 
@@ -1125,14 +1126,14 @@ void MqEngine::ReportBudgetStalls(uint64_t now_ns) {
     const shm::StallBudget full =
         FullBudget(*r, &budget).value_or(shm::StallBudget::kEndpoint);
     r->counters.budget_stalls.Add(1);
-    LogClient(spdlog::level::warn, r->job->key().uid,
+    LogClient(spdlog::level::warn, r->job()->key().uid,
               "endpoint {} (pid {}): sends to it have waited {} s for {} "
               "unexpected-message budget ({} MiB), and it received none of "
               "its {} unexpected messages meanwhile; if it waits for a "
               "message sent after them it waits for good: raise "
               "PSM2_MQ_MAX_SYSBUF_MBYTES (up to --max-unexpected-mib) or "
               "--job-unexpected-mib / --uid-unexpected-mib",
-              r->id, r->pid, (now_ns - r->held_since_ns) / 1'000'000'000,
+              r->id(), r->pid(), (now_ns - r->held_since_ns) / 1'000'000'000,
               shm::StallBudgetName(full), budget >> 20, r->unexpected.size());
     shm::CompletionDesc c{};
     c.op = shm::CompleteOp::kBudgetStall;
@@ -1149,8 +1150,8 @@ void MqEngine::ReportBudgetStalls(uint64_t now_ns) {
 void MqEngine::Uncharge(Endpoint& receiver) {
   receiver.held_since_ns = 0;  // a receive drained it: not stalled
   receiver.unexpected_cost -= kUnexpectedOverheadBytes;
-  receiver.job->unexpected_cost -= kUnexpectedOverheadBytes;
-  receiver.job->account().unexpected_cost -= kUnexpectedOverheadBytes;
+  receiver.job()->unexpected_cost -= kUnexpectedOverheadBytes;
+  receiver.job()->account().unexpected_cost -= kUnexpectedOverheadBytes;
 }
 
 void MqEngine::Discard(Endpoint& receiver, const UnexpectedMsg& m) {
@@ -1198,10 +1199,10 @@ void MqEngine::Post(Endpoint& ep, const shm::CompletionDesc& c) {
     return;
   }
   if (ep.cq.corrupt()) {
-    LogClient(spdlog::level::err, ep.uid,
+    LogClient(spdlog::level::err, ep.uid(),
               "endpoint {} (pid {}): completion ring indices corrupted by the "
               "client; the endpoint is no longer served — close and reopen it",
-              ep.id, ep.pid);
+              ep.id(), ep.pid());
     ep.faulted = true;
     return;
   }
@@ -1235,7 +1236,7 @@ void MqEngine::NotifyClients() {
 void MqEngine::ReleasePayload(const Endpoint& any_of_job,
                               const UnexpectedMsg& m) {
   if (!m.rendezvous && !shm::IsInline(m.len)) {
-    shm::ReleaseChunk(any_of_job.job->pool().base(), m.pool_offset);
+    shm::ReleaseChunk(any_of_job.job()->pool().base(), m.pool_offset);
   }
 }
 
@@ -1244,7 +1245,7 @@ void MqEngine::ReleaseUnread(const Endpoint& ep, const shm::CompletionDesc& c) {
   // Entries of the completion ring lie in memory the client could write:
   // only a chunk position inside the job's pool is touched.
   const uint64_t offset = shm::ChunkOffsetOf(c);
-  const shm::Mapping& pool = ep.job->pool();
+  const shm::Mapping& pool = ep.job()->pool();
   if (offset < shm::kChunkHeaderBytes || offset >= pool.size() ||
       offset % shm::kChunkHeaderBytes != 0) {
     return;
@@ -1255,10 +1256,11 @@ void MqEngine::ReleaseUnread(const Endpoint& ep, const shm::CompletionDesc& c) {
 void MqEngine::ReportBadDescriptor(Endpoint& ep, const char* what) {
   ep.counters.bad_descriptors.Add(1);
   // Rate-limited per uid: a client spraying garbage must not flood the log.
-  WarnClient(ep.uid,
+  WarnClient(ep.uid(),
              "endpoint {} (pid {}, uid {}): rejected submission: {} ({} "
              "rejected so far); the request completes with an error",
-             ep.id, ep.pid, ep.uid, what, ep.counters.bad_descriptors.Get());
+             ep.id(), ep.pid(), ep.uid(), what,
+             ep.counters.bad_descriptors.Get());
 }
 
 }  // namespace psmd

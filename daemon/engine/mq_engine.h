@@ -8,7 +8,10 @@
 // are gone, a transfer id is taken.
 //
 // Thread-safety: not thread-safe. Every method runs on the owning progress
-// worker's thread (control threads reach it through ProgressWorker::RunSync).
+// worker's thread (control threads reach it through ProgressWorker::RunSync),
+// which holds it PSMD_GUARDED_BY its thread role (daemon/progress.h): the
+// thread-safety build rejects a control thread that reaches for it. It is
+// the only code that reaches an endpoint's match state (endpoint.h).
 //
 // Invariants:
 //   1. Messages from one sender are matched in submission order (one worker
@@ -32,7 +35,7 @@
 //      receives that drain the queue. A hold that lasts shm::kBudgetStallNs
 //      with none of them drained is reported (ReportBudgetStalls). Enforced
 //      in one place, Arrive, whatever carried the message (HandleSend, and
-//      daemon/remote/remote.cc for frames from other nodes): the only place
+//      daemon/remote/receive.cc for frames from other nodes): the only place
 //      that charges a message (Uncharge gives it back when it is received or
 //      discarded).
 //   5. A rendezvous transfer exists from match to its last chunk; chunks
@@ -62,7 +65,7 @@
 //      that fell silent), and new ones do unless a queued message matches,
 //      until a psm2_ep_connect re-arms the slot. The survivor of a peer's
 //      death never waits for it. Enforced in one place, PeersGone, which
-//      Remove and daemon/remote/remote.cc call with the links they found gone:
+//      Remove and daemon/remote/ call with the links they found gone:
 //      it marks them and fails their posted receives; HandleRecv fails new ones
 //      on the mark.
 //  10. A rendezvous transfer whose sender and receiver both named their
@@ -141,6 +144,8 @@ class MqEngine {
   bool AnySubmissionPending();
   // The same for one endpoint (a doorbell without one is idle).
   bool SubmissionPending(Endpoint& ep);
+  // Whether `ep`'s client has completions in its ring it did not reap yet.
+  static bool CompletionsUnreaped(Endpoint& ep) { return !ep.cq.Drained(); }
   // Wakes clients that sleep waiting for completions published since the
   // last call.
   void NotifyClients();
@@ -178,7 +183,7 @@ class MqEngine {
   // starts.
   void AttachRemote(OtherNodes* remote) { remote_ = remote; }
 
-  // ---- What a transport beside the engine uses (daemon/remote/remote.cc) ----
+  // ---- What a transport beside the engine uses (daemon/remote/remote.h) ----
 
   // What became of a message that reached its receiver (Arrive).
   enum class Arrival : uint8_t {
@@ -215,7 +220,7 @@ class MqEngine {
   void PostError(Endpoint& ep, uint64_t req, int32_t error);
   // Invariant 8, wherever it was learnt that peers are gone (Remove; kGone
   // from another node's daemon, or the connection to it lost:
-  // daemon/remote/remote.cc): every link `gone` selects among the links not yet
+  // daemon/remote/): every link `gone` selects among the links not yet
   // marked gone is marked, and the receives posted naming its peer fail at
   // once with `error` (HandleRecv fails new ones on the mark).
   using LinkFilter = std::function<bool(const Endpoint&, const PeerLink&)>;
@@ -224,9 +229,14 @@ class MqEngine {
   // transports' (a chunk names its transfer by it alone).
   uint64_t NewTransferId() { return next_transfer_++; }
 
-  // Active messages waiting in a target's completion overflow beyond which
-  // further requests to it are held (invariant 6).
-  static constexpr size_t kAmOverflowLimitValue = 1024;
+  // Whether `ep` is served: its rings were not found corrupted (a receiver
+  // Arrive takes).
+  static bool Served(const Endpoint& ep) { return !ep.faulted; }
+  // Invariant 6: whether active messages to `target` are held, its
+  // completion overflow holding kAmOverflowLimit.
+  static bool AmHeld(const Endpoint& target) {
+    return target.cq_overflow.size() >= kAmOverflowLimit;
+  }
 
   // Invariant 4's hold made visible: tells each receiver whose senders have
   // waited shm::kBudgetStallNs for its unexpected budget, with none of its
@@ -238,6 +248,11 @@ class MqEngine {
   void ReportBudgetStalls(uint64_t now_ns);
 
  private:
+  // Active messages waiting in a target's completion overflow beyond which
+  // further requests to it are held: a target that stops polling must not
+  // make psmd buffer without bound.
+  static constexpr size_t kAmOverflowLimit = 1024;
+
   // One rendezvous transfer (invariant 5).
   struct Transfer {
     uint32_t sender_id;

@@ -3,6 +3,7 @@
 // it). The client side of each endpoint is shm/'s own view of a segment
 // (ClientRingsOf), so these tests exercise the wire contract as well.
 #include "daemon/engine/mq_engine.h"
+#include "daemon/engine/test_endpoint.h"
 
 #include <gtest/gtest.h>
 #include <psm2.h>
@@ -60,26 +61,14 @@ class MqEngineTest : public ::testing::Test {
 
   void AddEndpoint(uint32_t id) { AddEndpoint(id, job_); }
   void AddEndpoint(uint32_t id, const std::shared_ptr<Job>& job) {
-    auto ep = std::make_shared<Endpoint>();
-    ep->id = id;
-    ep->epid = 0x1000 + id;
-    ep->job = job;
-    ep->uid = geteuid();
-    ep->region = *job->TakeRegion();
-    ep->geometry = shm::ComputeGeometry(kRingCapacity, kRingCapacity);
-    ep->unexpected_budget = kBudget;
-    std::string error;
-    ASSERT_TRUE(shm::Mapping::Create("test-endpoint", ep->geometry.bytes,
-                                     geteuid(), getegid(), &ep->segment,
-                                     &error))
-        << error;
-    job->endpoints++;
+    auto ep = MakeTestEndpoint(job, *job->TakeRegion(), id, 0x1000 + id,
+                               kRingCapacity, kBudget);
     ClientSide c;
     c.id = id;
-    c.epid = ep->epid;
-    c.rings = shm::ClientRingsOf(ep->segment.base(), ep->geometry);
-    c.arena =
-        shm::SendArena(job->pool().base(), ep->region.offset, ep->region.bytes);
+    c.epid = ep->epid();
+    c.rings = shm::ClientRingsOf(ep->segment().base(), ep->geometry());
+    c.arena = shm::SendArena(job->pool().base(), ep->region().offset,
+                             ep->region().bytes);
     endpoints_.push_back(ep);
     clients_.push_back(c);
     engine_.Add(ep);
@@ -308,12 +297,12 @@ TEST_F(MqEngineTest, SendsBeyondTheReceiversBudgetWaitAndNothingIsLost) {
   // Room for 8 messages, whatever their size: a pooled payload stays in its
   // sender's region, so only psmd's entry is charged (invariant 4).
   constexpr uint64_t kRoom = 8 * kUnexpectedOverheadBytes;
-  endpoints_[1]->unexpected_budget = kRoom;
+  EndpointTestPeer(*endpoints_[1]).set_unexpected_budget(kRoom);
   const std::string chunk(4000, 'm');
   for (int i = 0; i < 20; i++) Send(0, 1, 1, chunk);
   Drain();
   EXPECT_GT(endpoints_[0]->counters.sends_held.Get(), 0u);
-  EXPECT_EQ(endpoints_[1]->unexpected_cost, kRoom);
+  EXPECT_EQ(EndpointTestPeer(*endpoints_[1]).unexpected_cost(), kRoom);
   int received = 0;
   for (int round = 0; round < 40 && received < 20; round++) {
     Recv(1, 0, 1, 4000);
@@ -331,7 +320,8 @@ using Part = MqEngine::Part;
 
 TEST_F(MqEngineTest, AnArrivalIsMatchedOrQueuedOrHeldUntilTheBudgetFrees) {
   Endpoint& r = *endpoints_[1];
-  r.unexpected_budget = 2 * kUnexpectedOverheadBytes;
+  EndpointTestPeer peer(r);
+  peer.set_unexpected_budget(2 * kUnexpectedOverheadBytes);
   const uint64_t posted = Recv(1, 0, 5, 64);
   Drain();
   EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 5), InlineMsg(0, "one")),
@@ -341,21 +331,21 @@ TEST_F(MqEngineTest, AnArrivalIsMatchedOrQueuedOrHeldUntilTheBudgetFrees) {
   EXPECT_EQ(done[0].req, posted);
   EXPECT_EQ(PayloadOf(done[0]), "one");
   EXPECT_EQ(done[0].flags & shm::kWasUnexpected, 0);
-  EXPECT_EQ(r.unexpected_cost, 0u);
+  EXPECT_EQ(peer.unexpected_cost(), 0u);
 
   // Charged once each, up to the budget; then held with nothing changed.
   EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 6), InlineMsg(0, "two")),
             Arrival::kQueued);
   EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 6), InlineMsg(0, "three")),
             Arrival::kQueued);
-  EXPECT_EQ(r.unexpected_cost, 2 * kUnexpectedOverheadBytes);
+  EXPECT_EQ(peer.unexpected_cost(), 2 * kUnexpectedOverheadBytes);
   EXPECT_EQ(job_->unexpected_cost, 2 * kUnexpectedOverheadBytes);
   EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 6), InlineMsg(0, "four")),
             Arrival::kHeld);
   EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 6), InlineMsg(0, "four")),
             Arrival::kHeld);
-  EXPECT_EQ(r.unexpected.size(), 2u);
-  EXPECT_EQ(r.unexpected_cost, 2 * kUnexpectedOverheadBytes);
+  EXPECT_EQ(peer.unexpected().size(), 2u);
+  EXPECT_EQ(peer.unexpected_cost(), 2 * kUnexpectedOverheadBytes);
   EXPECT_EQ(r.counters.unexpected_msgs.Get(), 2u);
 
   // A receive takes the first; the held one fits again, in its order.
@@ -374,13 +364,14 @@ TEST_F(MqEngineTest, AnArrivalIsMatchedOrQueuedOrHeldUntilTheBudgetFrees) {
     ASSERT_EQ(done.size(), 1u);
     EXPECT_EQ(PayloadOf(done[0]), expected);
   }
-  EXPECT_EQ(r.unexpected_cost, 0u);
+  EXPECT_EQ(peer.unexpected_cost(), 0u);
   EXPECT_EQ(job_->unexpected_cost, 0u);
 }
 
 TEST_F(MqEngineTest, AMessageArrivingInTwoPartsIsDecidedAtItsEnvelope) {
   Endpoint& r = *endpoints_[1];
-  r.unexpected_budget = kUnexpectedOverheadBytes;
+  EndpointTestPeer peer(r);
+  peer.set_unexpected_budget(kUnexpectedOverheadBytes);
   // A receive posted before the envelope is claimed by it, and gets the
   // payload only when that arrives.
   const uint64_t posted = Recv(1, 0, 5, 64);
@@ -390,7 +381,7 @@ TEST_F(MqEngineTest, AMessageArrivingInTwoPartsIsDecidedAtItsEnvelope) {
                            &claim),
             Arrival::kMatched);
   EXPECT_EQ(claim.req, posted);
-  EXPECT_EQ(r.posted.size(), 0u);
+  EXPECT_EQ(peer.posted().size(), 0u);
   EXPECT_TRUE(Reap(1).empty());
   EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 5), InlineMsg(0, "one"),
                            Part::kPayload, &claim),
@@ -405,8 +396,8 @@ TEST_F(MqEngineTest, AMessageArrivingInTwoPartsIsDecidedAtItsEnvelope) {
   EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 6), InlineMsg(0, ""), Part::kEnvelope,
                            &claim),
             Arrival::kQueued);
-  EXPECT_EQ(r.unexpected.size(), 0u);
-  EXPECT_EQ(r.unexpected_cost, 0u);
+  EXPECT_EQ(peer.unexpected().size(), 0u);
+  EXPECT_EQ(peer.unexpected_cost(), 0u);
   const uint64_t later = Recv(1, 0, 6, 64);
   Drain();
   EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 6), InlineMsg(0, "two"),
@@ -427,12 +418,12 @@ TEST_F(MqEngineTest, AMessageArrivingInTwoPartsIsDecidedAtItsEnvelope) {
   EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 7), InlineMsg(0, "three"),
                            Part::kPayload, nullptr),
             Arrival::kQueued);
-  EXPECT_EQ(r.unexpected_cost, 2 * kUnexpectedOverheadBytes);
+  EXPECT_EQ(peer.unexpected_cost(), 2 * kUnexpectedOverheadBytes);
   EXPECT_EQ(engine_.Arrive(r, KeyFrom(0, 9), InlineMsg(0, ""), Part::kEnvelope,
                            &claim),
             Arrival::kHeld);
-  EXPECT_EQ(r.unexpected.size(), 2u);
-  EXPECT_EQ(r.unexpected_cost, 2 * kUnexpectedOverheadBytes);
+  EXPECT_EQ(peer.unexpected().size(), 2u);
+  EXPECT_EQ(peer.unexpected_cost(), 2 * kUnexpectedOverheadBytes);
 }
 
 TEST_F(MqEngineTest, RemovingAReceiverReleasesWhatWaitedForIt) {
@@ -539,7 +530,7 @@ TEST_F(MqEngineTest, AFullCompletionRingHoldsBackSubmissions) {
   Drain();
   int got = static_cast<int>(Reap(1).size());
   EXPECT_EQ(got, static_cast<int>(kRingCapacity));
-  EXPECT_FALSE(endpoints_[1]->cq_overflow.empty());
+  EXPECT_FALSE(EndpointTestPeer(*endpoints_[1]).cq_overflow().empty());
   Drain();
   got += static_cast<int>(Reap(1).size());
   Drain();
@@ -580,7 +571,9 @@ TEST_F(MqEngineTest, AJobsBacklogCostsOthersOneBoundedSlicePerPass) {
       }
     }
   };
-  auto posted = [&](size_t e) { return endpoints_[e]->posted.size(); };
+  auto posted = [&](size_t e) {
+    return EndpointTestPeer(*endpoints_[e]).posted().size();
+  };
   std::vector<size_t> progress(kHostile, 0);
   for (int pass = 0; pass < 50; pass++) {
     fill();
@@ -625,8 +618,9 @@ TEST_F(MqEngineTest, CancelAndSixtyFourBitMatchDoNotScanPostedReceives) {
   }
   Drain();
   Reap(1);
-  ASSERT_EQ(endpoints_[1]->posted.size(), static_cast<size_t>(kPosted));
-  const uint64_t before = endpoints_[1]->posted.work();
+  const EndpointTestPeer receiver(*endpoints_[1]);
+  ASSERT_EQ(receiver.posted().size(), static_cast<size_t>(kPosted));
+  const uint64_t before = receiver.posted().work();
   Submit(1, shm::PrepCancel(Token(1), reqs[kPosted / 2]));
   Drain();
   auto done = Reap(1);
@@ -642,8 +636,8 @@ TEST_F(MqEngineTest, CancelAndSixtyFourBitMatchDoNotScanPostedReceives) {
   done = Reap(1);
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].req, reqs[kPosted - 1]);
-  EXPECT_LE(endpoints_[1]->posted.work() - before, 64u);
-  EXPECT_EQ(endpoints_[1]->posted.size(), static_cast<size_t>(kPosted - 2));
+  EXPECT_LE(receiver.posted().work() - before, 64u);
+  EXPECT_EQ(receiver.posted().size(), static_cast<size_t>(kPosted - 2));
 }
 
 // Copies in place (invariant 10). Every endpoint here is this process, so
@@ -653,7 +647,6 @@ class CopyInPlaceEngineTest : public MqEngineTest {
   void SetUp() override {
     MqEngineTest::SetUp();
     for (auto& ep : endpoints_) {
-      ep->pid = getpid();
       ep->pidfd.store(static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0)));
       ASSERT_GE(ep->pidfd.load(), 0);
     }

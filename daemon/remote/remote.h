@@ -4,9 +4,10 @@
 // and receiving epids, the job uuid and uid (frame fields), and the daemon
 // that receives it delivers only to an endpoint of that epid, job and uid.
 //
-// Frames (op values, docs/design.md "Between nodes: the engine"): every op
-// but kPayload and kRndvData is an *envelope*, a 32-byte Wire record (plus
-// up to kInlineMax payload bytes) read into a fixed buffer; the engine
+// Frames (their ops, traits, builders and decoders: daemon/remote/wire.h):
+// every op but kPayload and kRndvData is an *envelope*, a 32-byte record
+// (plus up to kInlineMax payload bytes) read into a fixed buffer and decoded
+// (a frame the decoder refuses drops the connection); the engine
 // decides from it where the next frame's payload goes (a receive matched
 // now, or an unexpected message the receiver's budgets admit:
 // MqEngine::Arrive with Part::kEnvelope), and only then posts the next
@@ -66,6 +67,11 @@
 // engine calls it for peers on other nodes (the hooks below), and it
 // reaches the engine only through the engine's public surface.
 //
+// One class, its code by concern: peers.cc (connections, failure,
+// liveness), send.cc, receive.cc (a handler per op), flow_control.cc (the
+// back-pressure rules above); its private state is remote_state.h's, the
+// frames wire.h's, the node table node_table.h's.
+//
 // Thread-safety: a Remote belongs to one progress worker; every method runs
 // on the worker thread.
 #ifndef PSMD_DAEMON_REMOTE_REMOTE_H_
@@ -84,6 +90,9 @@
 
 #include "daemon/engine/endpoint.h"
 #include "daemon/engine/other_nodes.h"
+#include "daemon/remote/node_table.h"
+#include "daemon/remote/proxy_ids.h"
+#include "daemon/remote/wire.h"
 #include "hw/fabric.h"
 #include "proto/counters.h"
 #include "shm/payload.h"
@@ -92,15 +101,6 @@
 namespace psmd {
 
 class MqEngine;
-
-// The node table (--fabric-nodes): "NODE HOSTNAME HOSTDESCRIPTION" per line,
-// '#' comments. Read again when the file changes.
-struct NodeEntry {
-  std::string hostname;
-  std::string description;  // NODE@ADDR:PORT,...
-};
-bool ParseNodeTable(const std::string& text, std::map<uint16_t, NodeEntry>* out,
-                    std::string* error);
 
 class Remote : public OtherNodes {
  public:
@@ -124,7 +124,7 @@ class Remote : public OtherNodes {
   void Query(const Endpoint& ep, uint64_t epid, QueryDone done);
   // The node table's host name of `node`, or "" if the table has no line
   // for it.
-  std::string HostName(uint16_t node) const;
+  std::string HostName(uint16_t node) const { return nodes_.HostName(node); }
 
   // OtherNodes: the engine's calls (daemon/engine/other_nodes.h).
   bool Send(Endpoint& sender, const shm::SubmissionDesc& d, const PeerLink& to,
@@ -142,7 +142,8 @@ class Remote : public OtherNodes {
   // This engine's counters per peer node, one per entry of
   // PSMD_REMOTE_EVENT_COUNTERS (proto/counters.h): frames it refused (no
   // endpoint of that epid, job and uid here), frames from that node it
-  // parked, kXoff from it, its payloads kept here, kEagerOff from it.
+  // parked, kXoff from it, its payloads kept here, kEagerOff from it, its
+  // connections dropped for a frame the engine refused.
   struct PeerCounts {
 #define PSMD_PEER_COUNTS_FIELD(name, column, unit, help) uint64_t name = 0;
     PSMD_REMOTE_EVENT_COUNTERS(PSMD_PEER_COUNTS_FIELD)
@@ -154,43 +155,6 @@ class Remote : public OtherNodes {
     PeerCounts counts;
   };
   std::vector<PeerRow> Stats() const;
-
-  enum Op : uint16_t {
-    kQuery = 1,      // is dst an endpoint of this job and uid? aux: query
-    kAnswer = 2,     // aux: query, error
-    kEnvelope = 3,   // an MQ send; aux: sender's request
-    kPayload = 4,    // the payload of the envelope before it
-    kSyncAck = 5,    // dst's sync send matched; aux: its request
-    kRndvGo = 6,     // send `len` bytes; aux: request, x: transfer
-    kRndvData = 7,   // a chunk; aux: transfer, offset: where
-    kAmRequest = 8,  // aux: request
-    kAmReply = 9,
-    kAmAck = 10,     // aux: the request acknowledged, tag[0]: handler
-    kError = 11,     // dst's request `aux` failed with `error`
-    kAbort = 12,     // rendezvous transfer `aux` to dst ends: its sender left
-    kPing = 13,      // nothing: a heartbeat (liveness, see CheckLiveness)
-    kGone = 14,      // endpoint src (of the sending node) was removed
-    kXoff = 15,      // hold messages to endpoint src (of the sending node)
-    kXon = 16,       // send to src again
-    kEagerOff = 17,  // eager MQ messages to src as envelopes only
-    kEagerOn = 18,   // eager MQ messages to src as before
-    kLastOp = kEagerOn,
-  };
-
-  // The envelope record (little-endian on the wire as the header is).
-  struct Wire {
-    uint32_t tag[3];
-    uint32_t len;    // message bytes
-    uint32_t flags;  // SubmitFlags (sends), completion flags (AM)
-    int32_t error;
-    uint64_t x;  // kRndvGo: the receiver's transfer id
-  };
-  static_assert(sizeof(Wire) == 32);
-  static constexpr uint32_t kWireFlagRndv = 1u << 31;
-  // In a request field (aux) on the wire: the sending daemon's id of a
-  // Converted send, not a client's request token (those stay below 2^63,
-  // client/endpoint.h).
-  static constexpr uint64_t kConvertedBit = 1ull << 63;
 
  private:
   struct OutFrame;
@@ -205,95 +169,14 @@ class Remote : public OtherNodes {
   struct Converted;
   enum class Verdict { kDone, kPause };
 
+  // ---- peers and liveness (peers.cc) ----
   Peer* PeerOf(uint16_t node);
   Peer* PeerOfConn(hw::ConnId conn);
-  void Enqueue(Peer& p, std::unique_ptr<OutFrame> f);
-  void Flush(Peer& p);
-  void SendEnvelope(Peer& p, uint16_t op, const Endpoint& from, uint64_t dst,
-                    uint64_t aux, const Wire& w, const uint8_t* inline_data,
-                    uint32_t inline_len);
-  // An active-message request or reply (op) of `sender` from submission d:
-  // its envelope, carrying an inline payload or followed by the payload's
-  // frame; one that wants an ack is remembered until the ack comes.
-  void SendAm(Peer& p, uint16_t op, const Endpoint& sender, uint64_t dst,
-              const shm::SubmissionDesc& d, shm::PoolPayload* payload,
-              uint32_t wire_flags);
-  // The kPayload frame that follows an envelope: it sends the pool chunk
-  // `payload` (len bytes, now the frame's until its send completes).
-  std::unique_ptr<OutFrame> PayloadFrame(const Endpoint& sender, uint64_t dst,
-                                         uint64_t req,
-                                         shm::PoolPayload* payload,
-                                         uint32_t len);
-  // Makes the envelope `w` of an eager MQ send of `sender` (its request
-  // `req`) to an endpoint that is off a rendezvous one; its payload frame
-  // waits in converted_ for kRndvGo. Returns the id the envelope's aux
-  // carries instead of req.
-  uint64_t Convert(Peer& p, uint32_t sender, uint64_t req, Wire* w,
-                   std::unique_ptr<OutFrame> payload);
-  // Releases the payloads of the converted sends `drop` selects, and
-  // forgets them.
-  void DropConverted(const std::function<bool(const Converted&)>& drop);
-  // kRndvGo, kError or kSyncAck (op, in p.f) for a converted send of `t`.
-  void OnConverted(Peer& p, uint16_t op, Endpoint& t, const Wire& w);
-  // Converts the eager envelopes to `dst` in `queue` (kEagerOff).
-  void ConvertQueued(Peer& p, std::deque<std::unique_ptr<OutFrame>>& queue,
-                     uint64_t dst);
-  // A matched kept payload (m.sender_id) goes to its receiver as one
-  // rendezvous chunk of send_bytes.
-  void DeliverKept(Endpoint& receiver, uint64_t recv_req, uint32_t send_bytes,
-                   const UnexpectedMsg& m);
-  // kSyncAck (error PSM2_OK) or kError for the sender of `m`.
-  void TellSender(const Endpoint& receiver, const UnexpectedMsg& m,
-                  int32_t error);
-  // Takes the kept payload `m` names out of its peer; false when it is
-  // gone with its connection.
-  bool TakeKept(const UnexpectedMsg& m, std::vector<uint8_t>* bytes);
-  // Copies a chunk of `transfer_id` held in daemon memory into its
-  // receiver's inbox (or drops it if the receiver left); false when the
-  // inbox is full.
-  bool DeliverChunk(uint64_t transfer_id, const std::vector<uint8_t>& bytes);
-  // Delivers p's matched kept payloads in order while the inbox has room;
-  // true when any went.
-  bool DeliverKeptChunks(Peer& p);
-  void SendControl(uint16_t node, uint16_t op, uint64_t src, uint64_t dst,
-                   const hw::FrameFields& about, uint64_t aux, int32_t error);
-  // "node N (HOSTNAME)" from the node table, for messages to clients.
-  std::string NodeName(uint16_t node) const;
   void HandleEvent(const hw::Event& e);
-  void OnHeader(Peer& p, const hw::Event& e);
-  void OnRecvDone(Peer& p, const hw::Event& e);
-  // Decides the envelope in p.env; may pause (kept, retried).
-  Verdict OnEnvelope(Peer& p);
-  // OnEnvelope, unless frames parked before it must go first.
-  Verdict Admit(Peer& p);
-  // The envelope in p.env (or, with `chunk`, the rendezvous chunk whose
-  // header is p.f) waits in p.parked; its payload, if any, is read next
-  // into daemon memory. False: over kParkMax, pause the connection instead.
-  bool Park(Peer& p, bool chunk);
-  // Retries the parked frames of every epid in order; true when any went.
-  bool RetryParked(Peer& p);
-  bool Deliver(Peer& p, Parked& e);
-  // A payload (of the envelope in p.pending) landed in its inbox chunk.
-  void OnPayload(Peer& p);
-  // A rendezvous chunk of `transfer_id` landed in `job`'s inbox at `chunk`.
-  void OnChunk(uint64_t transfer_id, const std::shared_ptr<Job>& job,
-               uint64_t chunk, uint32_t len);
-  // Whether Flush sets `f` aside for a node's endpoint that is off (kXoff).
-  bool Defer(Peer& p, const OutFrame& f);
   void RecvNext(Peer& p);
+  // Closes p's connection for a frame the engine refuses (`why`).
   void Drop(Peer& p, const char* why);
   void FailPeer(uint16_t node, hw::ErrorClass why);
-  // The local endpoint a frame is for: epid, job and uid all match.
-  Endpoint* Target(const hw::FrameFields& f);
-  // This daemon's state for `job`'s pool, made on first use.
-  JobPages& PagesOf(const std::shared_ptr<Job>& job);
-  // Allocates `bytes` in the inbox of `ep`'s job; false when full (or, for
-  // kMayLinger, when lingering chunks hold their share: shm/pool.h).
-  bool AllocInbox(Endpoint& ep, uint32_t bytes, uint64_t* offset,
-                  shm::ChunkUse use = shm::ChunkUse::kBrief);
-  uint32_t ProxyFor(uint64_t epid);
-  void DropProxy(uint64_t epid);
-  void ReloadNodes();
   void CheckDeadlines();
   // Heartbeats: a ping to every open peer sent nothing for a third of the
   // timeout; a peer heard nothing from for the whole timeout while we were
@@ -304,14 +187,147 @@ class Remote : public OtherNodes {
   void CheckLiveness();
   void Refused(uint16_t node, const hw::FrameFields& f, const char* what);
 
+  // ---- sending (send.cc) ----
+  void Enqueue(Peer& p, std::unique_ptr<OutFrame> f);
+  // Queues envelope `e` to p, or to `node` if connected.
+  void Post(Peer& p, const wire::Envelope& e);
+  void PostTo(uint16_t node, const wire::Envelope& e);
+  void Flush(Peer& p);
+  // An active-message request or reply of `sender` from submission d:
+  // its envelope, carrying an inline payload or followed by the payload's
+  // frame; one that wants an ack is remembered until the ack comes.
+  void SendAm(Peer& p, bool reply, const Endpoint& sender, uint64_t dst,
+              const shm::SubmissionDesc& d, shm::PoolPayload* payload,
+              uint32_t wire_flags);
+  // A data frame with header `fields` sending the pool chunk `payload`
+  // (len bytes, now the frame's until its send completes).
+  std::unique_ptr<OutFrame> ChunkFrame(const Endpoint& sender,
+                                       const hw::FrameFields& fields,
+                                       shm::PoolPayload* payload, uint32_t len);
+  // The kPayload frame that follows an envelope.
+  std::unique_ptr<OutFrame> PayloadFrame(const Endpoint& sender, uint64_t dst,
+                                         uint64_t req,
+                                         shm::PoolPayload* payload,
+                                         uint32_t len);
+  // kSyncAck (error PSM2_OK) or kError for the sender of `m`.
+  void TellSender(const Endpoint& receiver, const UnexpectedMsg& m,
+                  int32_t error);
+
+  // ---- receiving (receive.cc) ----
+  // A frame's header: checked (wire::CheckHeader), then its data handler
+  // places its bytes, or its envelope is read into p.env.
+  void OnHeader(Peer& p, const hw::Event& e);
+  // Reads the frame's `length` bytes into `to`, or drops them (null).
+  void ReadBody(Peer& p, uint8_t* to, uint32_t length);
+  // Where the bytes of the frame parked last for `dst` go.
+  uint8_t* ParkedBody(Peer& p, uint64_t dst, uint32_t length);
+  void OnRecvDone(Peer& p, const hw::Event& e);
+  // The handlers, a row per wire::Op (kHandlers, row for row with
+  // wire::kOpTraits). A data op's decides where the frame's bytes go; an
+  // envelope's decides the decoded envelope and may pause it (kPause: it
+  // is parked or, past kParkMax, the connection pauses; retried).
+  using DataHandler = void (Remote::*)(Peer& p, const hw::Event& e);
+  using EnvelopeHandler = Verdict (Remote::*)(Peer& p,
+                                              const wire::Envelope& in);
+  struct Handler {
+    wire::Shape shape = wire::Shape::kNone;  // of the op it handles
+    DataHandler data = nullptr;
+    EnvelopeHandler envelope = nullptr;
+  };
+  // A row of kHandlers: its shape follows from its handler's (and a null
+  // handler is no row: ambiguous).
+  static constexpr Handler On(DataHandler h) {
+    return {wire::Shape::kData, h, nullptr};
+  }
+  static constexpr Handler On(EnvelopeHandler h) {
+    return {wire::Shape::kEnvelope, nullptr, h};
+  }
+  static const Handler kHandlers[wire::kOpCount];
+  // Whether every op's row has a handler of the op's shape (a static_assert
+  // in OnHeader).
+  static constexpr bool EveryOpHasItsHandler();
+  void OnPayloadHeader(Peer& p, const hw::Event& e);
+  void OnChunkHeader(Peer& p, const hw::Event& e);
+  Verdict OnQuery(Peer& p, const wire::Envelope& in);
+  Verdict OnAnswer(Peer& p, const wire::Envelope& in);
+  Verdict OnMessage(Peer& p, const wire::Envelope& in);
+  Verdict OnSendAnswer(Peer& p, const wire::Envelope& in);  // kSyncAck, kError
+  Verdict OnRndvGo(Peer& p, const wire::Envelope& in);
+  Verdict OnActiveMessage(Peer& p, const wire::Envelope& in);
+  Verdict OnAmAck(Peer& p, const wire::Envelope& in);
+  Verdict OnAbort(Peer& p, const wire::Envelope& in);
+  Verdict OnPing(Peer& p, const wire::Envelope& in);
+  Verdict OnGone(Peer& p, const wire::Envelope& in);
+  // Its handler's verdict on `in`.
+  Verdict Handle(Peer& p, const wire::Envelope& in);
+  // The receiver of message or active message `in`; when there is none,
+  // refuses it (its payload, if one follows, is read and dropped).
+  Endpoint* Receiver(Peer& p, const wire::Envelope& in);
+  // A payload (of the envelope in p.pending) landed in its inbox chunk.
+  void OnPayload(Peer& p);
+  // A rendezvous chunk of `transfer_id` landed in `job`'s inbox at `chunk`.
+  void OnChunk(uint64_t transfer_id, const std::shared_ptr<Job>& job,
+               uint64_t chunk, uint32_t len);
+  // The local endpoint a frame is for: epid, job and uid all match.
+  Endpoint* Target(const hw::FrameFields& f);
+  // This daemon's state for `job`'s pool, made on first use.
+  JobPages& PagesOf(const std::shared_ptr<Job>& job);
+  // Allocates `bytes` in the inbox of `ep`'s job; false when full (or, for
+  // kMayLinger, when lingering chunks hold their share: shm/pool.h).
+  bool AllocInbox(Endpoint& ep, uint32_t bytes, uint64_t* offset,
+                  shm::ChunkUse use = shm::ChunkUse::kBrief);
+
+  // ---- flow control, back-pressure 1-4 above (flow_control.cc) ----
+  // Handle, unless frames parked before it must go first.
+  Verdict Admit(Peer& p, const wire::Envelope& in);
+  // The envelope in p.in (or, with `chunk`, the rendezvous chunk whose
+  // header is p.f) waits in p.parked; its payload, if any, is read next
+  // into daemon memory. False: over kParkMax, pause the connection instead.
+  bool Park(Peer& p, bool chunk);
+  // Retries the parked frames of every epid in order; true when any went.
+  bool RetryParked(Peer& p);
+  bool Deliver(Peer& p, Parked& e);
+  // Copies a chunk of `transfer_id` held in daemon memory into its
+  // receiver's inbox (or drops it if the receiver left); false when the
+  // inbox is full.
+  bool DeliverChunk(uint64_t transfer_id, const std::vector<uint8_t>& bytes);
+  Verdict OnXoff(Peer& p, const wire::Envelope& in);
+  Verdict OnXon(Peer& p, const wire::Envelope& in);
+  // Whether Flush sets `f` aside for a node's endpoint that is off (kXoff).
+  bool Defer(Peer& p, const OutFrame& f);
+  // Makes the record `r` of an eager MQ send of `sender` (its request
+  // `req`) to an endpoint that is off a rendezvous one; its payload frame
+  // waits in converted_ for kRndvGo. Returns the id the envelope's aux
+  // carries instead of req.
+  uint64_t Convert(Peer& p, uint32_t sender, uint64_t req, wire::Record* r,
+                   std::unique_ptr<OutFrame> payload);
+  // Converts the eager envelopes to `dst` in `queue` (kEagerOff).
+  void ConvertQueued(Peer& p, std::deque<std::unique_ptr<OutFrame>>& queue,
+                     uint64_t dst);
+  // Releases the payloads of the converted sends `drop` selects, and
+  // forgets them.
+  void DropConverted(const std::function<bool(const Converted&)>& drop);
+  // kRndvGo, kError or kSyncAck `in` for a converted send of `t`.
+  void OnConverted(Peer& p, const wire::Envelope& in, Endpoint& t);
+  Verdict OnEagerOff(Peer& p, const wire::Envelope& in);
+  Verdict OnEagerOn(Peer& p, const wire::Envelope& in);
+  // Takes the kept payload `m` names out of its peer; false when it is
+  // gone with its connection.
+  bool TakeKept(const UnexpectedMsg& m, std::vector<uint8_t>* bytes);
+  // A matched kept payload (m.sender_id) goes to its receiver as one
+  // rendezvous chunk of send_bytes.
+  void DeliverKept(Endpoint& receiver, uint64_t recv_req, uint32_t send_bytes,
+                   const UnexpectedMsg& m);
+  // Delivers p's matched kept payloads in order while the inbox has room;
+  // true when any went.
+  bool DeliverKeptChunks(Peer& p);
+
   MqEngine* const engine_;
   std::unique_ptr<hw::Fabric> fabric_;
   const uint16_t node_id_;
   const uint16_t boot_nonce_;
-  const std::string nodes_file_;
   const uint32_t timeout_ms_;
-  std::map<uint16_t, NodeEntry> nodes_;
-  int64_t nodes_mtime_ns_ = -1;
+  NodeTable nodes_;
 
   std::unordered_map<uint16_t, std::unique_ptr<Peer>> peers_;
   std::unordered_map<hw::ConnId, uint16_t> node_of_conn_;
@@ -330,9 +346,7 @@ class Remote : public OtherNodes {
   // it fail (mq_engine.h invariant 8). At most one entry per node.
   std::unordered_map<uint32_t, std::set<uint16_t>> watchers_;
   std::unordered_map<const Job*, std::unique_ptr<JobPages>> job_pages_;
-  std::unordered_map<uint64_t, uint32_t> proxy_by_epid_;
-  std::unordered_map<uint32_t, uint64_t> epid_by_proxy_;
-  uint32_t next_proxy_ = kProxyBase;
+  ProxyIds proxies_;
   uint32_t passes_ = 0;
   uint64_t last_liveness_ms_ = 0;
   uint64_t refused_ = 0;

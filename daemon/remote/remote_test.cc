@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "daemon/engine/mq_engine.h"
+#include "daemon/engine/test_endpoint.h"
+#include "daemon/remote/wire.h"
 #include "hw/loopback_fabric.h"
 #include "shm/epid.h"
 #include "shm/payload.h"
@@ -99,26 +101,15 @@ class RemoteTest : public ::testing::Test {
   }
 
   void AddEndpoint(Node& n, uint32_t id) {
-    auto ep = std::make_shared<Endpoint>();
-    ep->id = id;
-    ep->epid = shm::MakeEpid(n.id, kNonce, id);
-    ep->job = n.job;
-    ep->uid = geteuid();
-    ep->region = *n.job->TakeRegion();
-    ep->geometry = shm::ComputeGeometry(kRingCapacity, kRingCapacity);
-    ep->unexpected_budget = 1 << 20;
-    std::string error;
-    ASSERT_TRUE(shm::Mapping::Create("test-endpoint", ep->geometry.bytes,
-                                     geteuid(), getegid(), &ep->segment,
-                                     &error))
-        << error;
-    n.job->endpoints++;
+    auto ep = MakeTestEndpoint(n.job, *n.job->TakeRegion(), id,
+                               shm::MakeEpid(n.id, kNonce, id), kRingCapacity,
+                               1 << 20);
     ClientSide c;
     c.id = id;
-    c.epid = ep->epid;
-    c.rings = shm::ClientRingsOf(ep->segment.base(), ep->geometry);
-    c.arena = shm::SendArena(n.job->pool().base(), ep->region.offset,
-                             ep->region.bytes);
+    c.epid = ep->epid();
+    c.rings = shm::ClientRingsOf(ep->segment().base(), ep->geometry());
+    c.arena = shm::SendArena(n.job->pool().base(), ep->region().offset,
+                             ep->region().bytes);
     n.endpoints.push_back(ep);
     n.clients.push_back(c);
     n.engine->Add(ep);
@@ -267,6 +258,14 @@ class RemoteTest : public ::testing::Test {
       placed += c.body.chunk.len;
     }
     return placed;
+  }
+
+  // This engine's counts for frames from `peer`.
+  static Remote::PeerCounts CountsFrom(Node& n, uint64_t peer) {
+    for (const Remote::PeerRow& row : n.remote->Stats()) {
+      if (row.fabric.node == peer) return row.counts;
+    }
+    return Remote::PeerCounts{};
   }
 
   uint32_t timeout_ms_ = 2000;  // the fabric timeout (liveness)
@@ -560,20 +559,15 @@ TEST_F(RemoteTest, AReceiveNamingARemovedRemoteEndpointFails) {
 // hold (kXoff); nothing is lost or reordered once receives drain the queue.
 TEST_F(RemoteTest, MessagesOverTheReceiversBudgetParkAndTheSenderHolds) {
   ConnectPair();
-  node(2).endpoints[0]->unexpected_budget = 0;  // one message at a time
+  // One message at a time.
+  EndpointTestPeer(*node(2).endpoints[0]).set_unexpected_budget(0);
   constexpr int kMessages = 20;
   for (int i = 0; i < kMessages; i++) {
     Send(1, 0, 0, 6, std::string(i % 2 ? 2000 : 1, char('A' + i)));
   }
   Drain();
-  auto counts = [](Node& n, uint16_t peer) {
-    for (const Remote::PeerRow& row : n.remote->Stats()) {
-      if (row.fabric.node == peer) return row.counts;
-    }
-    return Remote::PeerCounts{};
-  };
-  EXPECT_GE(counts(node(2), 1).parked, 1u);
-  EXPECT_GE(counts(node(1), 2).xoffs, 1u);
+  EXPECT_GE(CountsFrom(node(2), 1).parked, 1u);
+  EXPECT_GE(CountsFrom(node(1), 2).xoffs, 1u);
   for (int i = 0; i < kMessages; i++) Recv(2, 0, 0, 6, 4096);
   Drain();
   std::string got;
@@ -664,18 +658,12 @@ TEST_F(RemoteTest, EagerMessagesPastTheInboxShareAreKeptAndStillArrive) {
     Send(1, 0, 0, 8, std::string(kBytes, char('A' + i)));
     if (i % 8 == 7) Drain();  // the sender's ring holds 64
   }
-  auto counts = [](Node& n, uint16_t peer) {
-    for (const Remote::PeerRow& row : n.remote->Stats()) {
-      if (row.fabric.node == peer) return row.counts;
-    }
-    return Remote::PeerCounts{};
-  };
-  for (int i = 0; i < 50 && counts(node(2), 1).kept == 0; i++) {
+  for (int i = 0; i < 50 && CountsFrom(node(2), 1).kept == 0; i++) {
     Drain();
     usleep(5000);
   }
-  EXPECT_GE(counts(node(2), 1).kept, 1u);
-  EXPECT_GE(counts(node(1), 2).eager_offs, 1u);
+  EXPECT_GE(CountsFrom(node(2), 1).kept, 1u);
+  EXPECT_GE(CountsFrom(node(1), 2).eager_offs, 1u);
   std::vector<uint64_t> reqs;
   std::map<uint64_t, std::string> got;
   for (int i = 0; i < kMessages; i++) {
@@ -703,7 +691,7 @@ TEST_F(RemoteTest, EagerMessagesPastTheInboxShareAreKeptAndStillArrive) {
 // order, with nothing lost.
 TEST_F(RemoteTest, PastTheParkCapTheConnectionPausesAndThenResumes) {
   ConnectPair();
-  node(2).endpoints[0]->unexpected_budget = 0;
+  EndpointTestPeer(*node(2).endpoints[0]).set_unexpected_budget(0);
   constexpr int kMessages = 1100;
   constexpr uint32_t kBytes = 16 << 10;  // 1100 x 16 KiB > kParkMax (16 MiB)
   Node& n1 = node(1);
@@ -788,6 +776,135 @@ TEST_F(RemoteTest, ARendezvousReceiveSmallerThanTheMessageGetsWhatFits) {
   std::string got;
   EXPECT_EQ(Assemble(2, done, &got), 50000u);
   EXPECT_EQ(got, src.substr(0, 50000));
+}
+
+// A daemon trusts nothing another node sends: a frame of each op that
+// wire.h's decoders refuse (or, for the data ops, that nothing announced)
+// ends that node's connection and is counted, after a well-formed frame
+// from the same node was taken. Node 9 is a bare fabric driven by hand,
+// connecting anew for each case.
+TEST_F(RemoteTest, AMalformedFrameOfEachOpDropsItsConnection) {
+  constexpr uint16_t kRogue = 9;
+  struct Case {
+    const char* what;
+    wire::Error why;       // the decoders' verdict (kOk: the engine's)
+    wire::Envelope frame;  // its fields, and its body unless `body` is set
+    std::vector<uint8_t> body;
+  };
+  const uint64_t dst = node(2).clients[0].epid;
+  const uint32_t tag[3] = {1, 2, 3};
+  const uint8_t bytes[shm::kInlineMax] = {};
+  std::vector<Case> cases;
+  auto add = [&](const char* what, wire::Error why, const wire::Envelope& e,
+                 std::vector<uint8_t> body = {}) {
+    cases.push_back(Case{what, why, e, std::move(body)});
+  };
+  wire::Sender from;
+  from.epid = shm::MakeEpid(kRogue, kNonce, 1);
+  from.uid = geteuid();
+  from.job[0] = 1;
+  wire::Envelope e;
+  e.f.op = 0;
+  add("op 0", wire::Error::kUnknownOp, e);
+  e.f.op = wire::kOpCount;
+  add("an op past the last", wire::Error::kUnknownOp, e);
+  e = wire::PrepQuery(from, dst, 1);
+  e.r.tag[0] = 1;
+  add("kQuery with a tag", wire::Error::kFields, e);
+  e = wire::PrepAnswer(from, dst, 1, 0);
+  add("kAnswer one byte long", wire::Error::kLength, e, {1});
+  e = wire::PrepMessage(from, dst, 1, tag, 3, 0, false, bytes);
+  e.inline_len = 0;
+  add("kEnvelope without its inline bytes", wire::Error::kInline, e);
+  e.f = wire::PrepPayload(from, dst, 1);
+  add("kPayload shorter than inline", wire::Error::kLength, e,
+      std::vector<uint8_t>(10));
+  e = wire::PrepSyncAck(from, dst, 1);
+  e.f.src = shm::MakeEpid(1, kNonce, 1);
+  add("kSyncAck from an endpoint of another node", wire::Error::kForeign, e);
+  e = wire::PrepRndvGo(from, dst, 1, 4096, 0);
+  add("kRndvGo of bytes without a transfer", wire::Error::kRange, e);
+  e.f = wire::PrepRndvData(from, dst, 77, 0);
+  add("kRndvData of no transfer", wire::Error::kOk, e,
+      std::vector<uint8_t>(64));
+  e = wire::PrepActiveMessage(false, from, dst, 1, shm::kAmMaxHandlers, 0, 0, 0,
+                              bytes);
+  add("kAmRequest to a handler out of range", wire::Error::kRange, e);
+  e = wire::PrepActiveMessage(true, from, dst, 1, 0, 0, 0,
+                              shm::kAmRequestNoReply, bytes);
+  add("kAmReply with a request's flag", wire::Error::kFlags, e);
+  e = wire::PrepAmAck(from, dst, 1, shm::kAmMaxHandlers, 0);
+  add("kAmAck of a handler out of range", wire::Error::kRange, e);
+  e = wire::PrepError(from, dst, 1, PSM2_EPID_UNREACHABLE);
+  e.r.x = 1;
+  add("kError with a transfer id", wire::Error::kFields, e);
+  e = wire::PrepAbort(from, dst, 1, PSM2_EPID_UNREACHABLE);
+  e.f.offset = 8;
+  add("kAbort with an offset", wire::Error::kFields, e);
+  e = wire::PrepPing();
+  e.f.aux = 1;
+  add("kPing with a request", wire::Error::kFields, e);
+  e = wire::PrepGone(from, PSM2_EPID_UNREACHABLE);
+  e.f.src = shm::MakeEpid(1, kNonce, 1);
+  add("kGone of an endpoint of another node", wire::Error::kForeign, e);
+  for (wire::Op op : {wire::Op::kXoff, wire::Op::kXon, wire::Op::kEagerOff,
+                      wire::Op::kEagerOn}) {
+    e = wire::PrepFlow(op, from);
+    e.f.dst = dst;
+    add("kXoff/kXon/kEagerOff/kEagerOn with a dst", wire::Error::kFields, e);
+  }
+  std::vector<bool> covered(wire::kOpCount);
+  for (size_t i = 0; i < cases.size(); i++) {
+    Case& c = cases[i];
+    SCOPED_TRACE(c.what);
+    if (c.frame.f.op < wire::kOpCount) covered[c.frame.f.op] = true;
+    uint8_t out[wire::kEnvelopeMax];
+    iovec iov = c.body.empty() ? iovec{out, wire::Encode(c.frame, out)}
+                               : iovec{c.body.data(), c.body.size()};
+    const auto length = static_cast<uint32_t>(iov.iov_len);
+    wire::Envelope decoded;
+    EXPECT_EQ(wire::TraitsOf(c.frame.f.op).shape == wire::Shape::kEnvelope
+                  ? wire::DecodeEnvelope(kRogue, c.frame.f,
+                                         static_cast<uint8_t*>(iov.iov_base),
+                                         length, &decoded)
+                  : wire::CheckHeader(kRogue, c.frame.f, length),
+              c.why);
+    std::unique_ptr<hw::LoopbackFabric> rogue = net_.Create(kRogue);
+    hw::ConnId conn = 0;
+    ASSERT_EQ(rogue->Connect("2@127.0.0.1:2", 2, &conn), hw::ErrorClass::kOk);
+    Drain();
+    // A well-formed frame goes through.
+    const wire::Envelope ping = wire::PrepPing();
+    uint8_t ping_bytes[wire::kEnvelopeMax];
+    iovec ping_iov{ping_bytes, wire::Encode(ping, ping_bytes)};
+    ASSERT_EQ(rogue->PostSend(conn, ping.f, &ping_iov, 1, 1),
+              hw::ErrorClass::kOk);
+    Drain();
+    EXPECT_EQ(CountsFrom(node(2), kRogue).malformed, i);
+    ASSERT_EQ(rogue->PostSend(conn, c.frame.f, &iov, 1, 2),
+              hw::ErrorClass::kOk);
+    Drain();
+    EXPECT_EQ(CountsFrom(node(2), kRogue).malformed, i + 1);
+    bool closed = false;
+    hw::Event events[16];
+    for (int n = rogue->Poll(events, 16); n > 0; n = rogue->Poll(events, 16)) {
+      for (int k = 0; k < n; k++) {
+        closed |= events[k].type == hw::EventType::kClosed;
+      }
+    }
+    EXPECT_TRUE(closed);
+  }
+  for (uint16_t op = 0; op < wire::kOpCount; op++) {
+    EXPECT_TRUE(covered[op]) << "no malformed frame of op " << op;
+  }
+  // The other node's connection is untouched.
+  ConnectPair();
+  Recv(2, 0, 0, 5, 64);
+  Send(1, 0, 0, 5, "still here");
+  Drain();
+  auto done = Reap(2, 0);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(PayloadOf(2, done[0]), "still here");
 }
 
 class ShortTimeoutRemoteTest : public RemoteTest {

@@ -15,6 +15,18 @@
 #                  drop-in libpsm2.so.2 (LD_LIBRARY_PATH)
 #   sbatch         a batch script doing the first; the job must complete
 #                  with exit code 0
+#   slurm_jobs     psmd's SPANK plugin (plugstack.conf): a step of
+#                  open_endpoint tasks holding an endpoint each, one per
+#                  node, shows its Slurm job id in every node's
+#                  psmctl jobs --json, and its job key is the plugin's
+#   outsider_refused  a process of the same uid outside the step's cgroup
+#                  (cluster.sh exec on node1 while the step runs) is refused
+#                  an endpoint with the step's key, psmd naming why; the
+#                  same process with another key opens one
+#   root_only      slurm-register as uid nobody is refused (root's call)
+#   scancel_clean  scancel of that step: every node's plugin told its psmd
+#                  that the step ended (slurmd's log), no endpoint of the
+#                  job remains, /dev/shm is empty, and the key is free again
 #   node_clean     afterwards every node's psmd holds no endpoint and its
 #                  /dev/shm is empty
 #   down_clean     cluster.sh down leaves nothing: no process of the cluster
@@ -26,12 +38,15 @@
 # slurmd); skipped otherwise. The cluster is taken down however the test
 # ends. PSMD_CLUSTER_TEST_NODES (default 3) runs the jobs on fewer nodes: a
 # negative control, which must fail srun_mtl_psmd and the rest (a node's
-# psmd carried nothing).
+# psmd carried nothing). PSMD_CLUSTER_SPANK=0 runs it without psmd's SPANK
+# plugin: a negative control, which must fail slurm_jobs, outsider_refused
+# and scancel_clean.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 PATH=/usr/sbin:/sbin:$PATH
-cases=(up srun_mtl_psmd srun_dropin sbatch node_clean down_clean)
+cases=(up srun_mtl_psmd srun_dropin sbatch slurm_jobs outsider_refused root_only scancel_clean
+  node_clean down_clean)
 
 # junit: the cases' results (results file lines "NAME ok|fail|skip").
 junit() {
@@ -108,8 +123,8 @@ cat "$c"/ns/node? "$c/ns/ctl" | while read -r p; do
 done >"$work/namespaces"
 
 # The programs, where uid nobody can read them.
-cp "$root/tests/mpi/mpi_semantics" "$c/bin/"
-chmod a+rx "$c/bin/mpi_semantics"
+cp "$root/tests/mpi/mpi_semantics" "$root/tests/slurm/open_endpoint" "$c/bin/"
+chmod a+rx "$c/bin/mpi_semantics" "$c/bin/open_endpoint"
 ompi_components=$(dirname "$(find /usr/lib/x86_64-linux-gnu/openmpi/lib -name mca_pml_cm.so | head -1)")
 n=${PSMD_CLUSTER_TEST_NODES:-3}
 nodes=(node1 node2 node3)
@@ -237,6 +252,93 @@ else
 fi
 carried sbatch || s=1
 result sbatch "$s"
+
+# --- psmd's SPANK plugin: a step of three tasks, one per node, each holding
+# an endpoint opened with the job key the plugin set.
+s=0
+t=$(date +%s%N)
+plugin_t=$t
+(cd "$c/run" && exec timeout -k 5 100 "${cluster[@]}" exec ctl \
+  setpriv --reuid=nobody --regid=nogroup --clear-groups env LD_LIBRARY_PATH="$c/lib" \
+  srun -N 3 -n 3 "$c/bin/open_endpoint" 90) >"$work/hold.log" 2>&1 &
+hold=$!
+for _ in $(seq 150); do
+  (($(grep -c '^opened: ' "$work/hold.log") == 3)) && break
+  sleep 0.1
+done
+cat "$work/hold.log"
+key=$(grep -m1 -oE 'key [0-9a-f]{16}-[0-9a-f]{16}' "$work/hold.log" | cut -d' ' -f2)
+slurm_job=$(cd "$c/run" && "${cluster[@]}" exec ctl squeue -h -u nobody -o %i | head -1)
+echo "cluster_test: step ${slurm_job:-?}.0 holds endpoints with key '${key}' after $(ms "$t") ms"
+# The plugin's key: "psmd" and the job id, "slrm" and the step id.
+[[ -n $slurm_job && $key == "$(printf '70736d64%08x-736c726d00000000' "$slurm_job")" ]] ||
+  { echo "cluster_test: not the plugin's job key" >&2; s=1; }
+for node in "${nodes[@]}"; do
+  "${cluster[@]}" exec "$node" psmctl jobs --json >"$work/jobs.$node.json"
+  python3 - "$work/jobs.$node.json" "$node" "${slurm_job:-0}" <<'PY' || s=1
+import json, sys
+jobs = json.load(open(sys.argv[1]))["jobs"]
+mine = [j for j in jobs if j["slurm_job_id"] == int(sys.argv[3])]
+print(f"cluster_test: {sys.argv[2]}: jobs " +
+      ", ".join(f'{j["job_uuid"]} slurm {j["slurm_step"]} endpoints {j["endpoints"]}' for j in jobs))
+sys.exit(0 if len(mine) == 1 and len(mine[0]["endpoints"]) == 1 and mine[0]["slurm_step"] == sys.argv[3] + ".0" else 1)
+PY
+done
+result slurm_jobs "$s"
+
+# The same uid, on node1, outside the step's cgroup: refused with the key,
+# not with another.
+s=0
+outsider() {  # outsider KEY: open_endpoint as nobody on node1, outside the step
+  "${cluster[@]}" exec node1 setpriv --reuid=nobody --regid=nogroup --clear-groups \
+    env LD_LIBRARY_PATH="$c/lib" OMPI_MCA_orte_precondition_transports="$1" \
+    "$c/bin/open_endpoint" >"$work/outsider.log" 2>&1
+}
+outsider "${key:-none}"
+o=$?
+cat "$work/outsider.log"
+if [[ $o != 3 ]] ||
+  ! grep -q "belongs to Slurm job $slurm_job step 0 .*not inside the step's cgroup" "$work/outsider.log"; then
+  echo "cluster_test: the outsider was not refused, saying why (exit $o)" >&2; s=1
+fi
+outsider 0123456789abcdef-0123456789abcdef
+o=$?
+[[ $o == 0 ]] || { echo "cluster_test: the outsider could not open with its own key (exit $o)" >&2; s=1; }
+result outsider_refused "$s"
+
+# Registering a step is root's.
+s=0
+"${cluster[@]}" exec node1 setpriv --reuid=nobody --regid=nogroup --clear-groups \
+  psmctl slurm-register --job-key 0123456789abcdef-0123456789abcdef --job 1 --step 0 \
+  --uid 65534 --cgroup 1:freezer:/x >"$work/register.log" 2>&1
+o=$?
+cat "$work/register.log"
+if [[ $o == 0 ]] || ! grep -q "RegisterSlurmStep is root's" "$work/register.log"; then s=1; fi
+result root_only "$s"
+
+# scancel mid-step: the plugin's step end reaches every node's psmd.
+s=0
+t=$(date +%s%N)
+(cd "$c/run" && "${cluster[@]}" exec ctl scancel "${slurm_job:-0}")
+wait "$hold"
+echo "cluster_test: srun ended $(ms "$t") ms after scancel"
+for node in "${nodes[@]}"; do
+  for _ in $(seq 100); do
+    grep -q "\[$slurm_job\.0\] psmd: step $slurm_job\.0 ended" "$c/$node/slurmd.log" && break
+    sleep 0.1
+  done
+  ended=$(grep -h "\[$slurm_job\.0\] psmd: " "$c/$node/slurmd.log")
+  eps=$("${cluster[@]}" exec "$node" psmctl --json stats |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["endpoint_count"])')
+  left=$("${cluster[@]}" exec "$node" psmctl jobs --json | grep -c "\"slurm_job_id\": $slurm_job,")
+  shm=$("${cluster[@]}" exec "$node" ls -A /dev/shm)
+  echo "cluster_test: $node: '${ended##*] }', $eps endpoints, $left of the job's, /dev/shm '$shm'"
+  [[ -n $ended && $eps == 0 && $left == 0 && -z $shm ]] || s=1
+done
+# The step's registration is gone: its key is anyone's again.
+outsider "${key:-none}" || { cat "$work/outsider.log" >&2; s=1; }
+result scancel_clean "$s"
+echo "cluster_test: the SPANK plugin's cases took $(ms "$plugin_t") ms"
 
 # --- the nodes after the jobs.
 s=0
