@@ -204,6 +204,22 @@ const std::vector<Setting>& Settings() {
          return true;
        },
        [](const Config& c) { return c.fabric_listen; }},
+      OneOf("fabric", &Config::fabric, {"socket", "ofi"},
+            "the fabric's backend: socket (TCP on io_uring) or ofi "
+            "(libfabric, one FI_EP_RDM endpoint through fabric_provider; one "
+            "listen address)",
+            "socket or ofi"),
+      {"fabric_provider",
+       "with fabric = ofi, the libfabric provider in libfabric's syntax, "
+       "e.g. tcp;ofi_rxm or udp;ofi_rxd (empty: the first RDM provider that "
+       "serves the listen address)",
+       "a provider name, or empty", true,
+       [](const std::string& v, Config* c) {
+         if (v.size() > 128) return false;
+         c->fabric_provider = v;
+         return true;
+       },
+       [](const Config& c) { return c.fabric_provider; }},
       OneOf("fabric_auth", &Config::fabric_auth, {"munge", "none"},
             "how daemons authenticate each other: munge (a MUNGE credential "
             "checked by the acceptor's munged) or none (refused unless every "
@@ -270,6 +286,16 @@ void CheckTogether(const Config& c, std::vector<std::string>* errors) {
             "authenticate each other (--fabric-auth munge)");
       }
     }
+  }
+  if (c.fabric == "ofi" && listen.size() > 1) {
+    errors->push_back(
+        "fabric = ofi (--fabric ofi) listens on one address (one libfabric "
+        "endpoint); give one fabric_listen (--fabric-listen)");
+  }
+  if (c.fabric != "ofi" && !c.fabric_provider.empty()) {
+    errors->push_back(
+        "fabric_provider (--fabric-provider) names a libfabric provider: it "
+        "needs fabric = ofi (--fabric ofi)");
   }
   if (!listen.empty() && c.fabric_nodes.empty()) {
     errors->push_back(

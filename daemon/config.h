@@ -67,6 +67,10 @@ struct Config {
   // "ADDR[:PORT[-PORT]]" each, comma-joined (the flag is repeatable; the
   // first is the node's primary address).
   std::string fabric_listen;
+  // The backend: socket (TCP on io_uring, hw/socket/) or ofi (libfabric,
+  // hw/ofi/, through fabric_provider; empty: the first that serves).
+  std::string fabric = "socket";
+  std::string fabric_provider;
   std::string fabric_auth = "munge";  // munge | none (loopback only)
   std::string munge_socket;           // empty: libmunge's default
   uint32_t fabric_timeout_ms = 5000;

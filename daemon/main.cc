@@ -17,6 +17,7 @@
 #include "daemon/control/registry.h"
 #include "daemon/log.h"
 #include "daemon/progress.h"
+#include "hw/ofi/ofi_fabric.h"
 #include "hw/socket/socket_fabric.h"
 #include "version/version.h"
 
@@ -117,16 +118,20 @@ int main(int argc, char** argv) {
     // (zero window). The engine's heartbeats watch liveness instead.
     fo.user_timeout_ms = psmd::hw::FabricOptions::kNoUserTimeout;
     fo.connect_attempt_ms = std::min<uint32_t>(1000, config.fabric_timeout_ms);
+    fo.provider = config.fabric_provider;
     std::unique_ptr<psmd::hw::Fabric> fabric =
-        psmd::hw::OpenSocketFabric(fo, &error);
+        config.fabric == "ofi" ? psmd::hw::OpenOfiFabric(fo, &error)
+                               : psmd::hw::OpenSocketFabric(fo, &error);
     if (!fabric) {
       spdlog::critical("fabric: {}", error);
       sd_notifyf(0, "STATUS=failed: fabric: %s", error.c_str());
       return 1;
     }
     // What the node table needs for this node (docs/design.md).
-    spdlog::info("fabric: node {} listening, host description {} (auth {})",
-                 config.node_id, fabric->HostDescription(), config.fabric_auth);
+    spdlog::info(
+        "fabric: node {} listening, host description {} (backend {}, auth {})",
+        config.node_id, fabric->HostDescription(), config.fabric,
+        config.fabric_auth);
     worker.EnableFabric(std::move(fabric), config, registry.boot_nonce());
   }
   if (!admission.Bind(&error)) {

@@ -1,7 +1,7 @@
 // The fabric: how one node's daemon exchanges frames with other nodes'
-// daemons. A backend (hw/socket/ today; libfabric or verbs later, each one
-// more folder) implements `Fabric`. The model follows MPICH's sock layer:
-// every operation is *posted* and finishes as an *event* returned by one
+// daemons. A backend (hw/socket/: TCP on io_uring; hw/ofi/: libfabric;
+// each one folder) implements `Fabric`. The model follows MPICH's sock
+// layer: every operation is *posted* and finishes as an *event* returned by one
 // poll/wait call; failures are error classes, not errno values.
 //
 //   Open        listen on every configured address (a port range per
@@ -138,6 +138,10 @@ struct FabricOptions {
   uint32_t max_handshakes = 64;     // incoming, not yet authenticated
   uint32_t credential_ttl_s = 300;  // how long connector nonces are kept
   uint32_t ring_entries = 256;
+  // The ofi backend: the libfabric provider, in libfabric's syntax
+  // ("tcp;ofi_rxm", "udp;ofi_rxd"); empty: the first RDM provider that
+  // serves the listen address.
+  std::string provider;
 };
 
 class Fabric {

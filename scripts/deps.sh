@@ -12,6 +12,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev clang-format clang-14
   libpsm2-dev libpsm2-2 uuid-dev
   liburing-dev munge libmunge-dev  # hw/socket: io_uring, MUNGE auth
+  libfabric-dev  # hw/ofi: the libfabric backend
   clang libclang-rt-14-dev  # hw/frame_fuzz: libFuzzer
   openmpi-bin libopenmpi-dev libfabric-bin netpipe-openmpi python3-mpi4py
   openssh-client  # Open MPI's launcher looks for ssh even for local ranks

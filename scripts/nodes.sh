@@ -10,7 +10,9 @@
 # control socket ${node_socket[i]} and the PID ${node_pid[i]}, logs to
 # $work/psmd<i>.log, and is
 # authenticated by that munged; one node table ($work/nodes) names them all.
-# FLAGS go to every psmd. With NODE_CPUS set (a CPU list per node, e.g.
+# FLAGS go to every psmd; with PSMD_TEST_OFI_PROVIDER set (a libfabric
+# provider, e.g. "tcp;ofi_rxm"), they run the ofi backend over it. With
+# NODE_CPUS set (a CPU list per node, e.g.
 # "0 1"), daemon i runs pinned to the i-th (taskset). Returns once every
 # control socket is up; else prints the log of the one that is not and
 # returns 1.
@@ -27,6 +29,9 @@ start_nodes() {
     echo "$((i + 1)) node$((i + 1)) $((i + 1))@$addr:$port" >>"$work/nodes"
     listen[i]="$addr:$port"
   done
+  if [[ -n "${PSMD_TEST_OFI_PROVIDER:-}" ]]; then
+    set -- --fabric ofi --fabric-provider "$PSMD_TEST_OFI_PROVIDER" "$@"
+  fi
   node_socket=() node_pid=()
   local cpus=()
   read -r -a cpus <<<"${NODE_CPUS:-}"

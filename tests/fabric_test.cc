@@ -3,6 +3,9 @@
 // and authenticated by one real munged that this test starts with a
 // generated key; real client processes, each choosing its daemon by
 // PSMD_SOCKET. Every process is ended by PID and every file removed.
+// With PSMD_TEST_OFI_PROVIDER set (//tests:fabric_ofi_test), the daemons
+// and the test's own node use the ofi backend over that libfabric provider
+// instead; the tests that speak raw TCP to a daemon skip there.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -25,6 +28,7 @@
 #include <vector>
 
 #include "hw/fabric.h"
+#include "hw/ofi/ofi_fabric.h"
 #include "hw/socket/socket_fabric.h"
 #include "tests/harness.h"
 
@@ -48,6 +52,21 @@ int FreePort(const std::string& addr) {
   return ntohs(sa.sin_port);
 }
 
+// The libfabric provider the daemons use, empty for the socket backend.
+std::string OfiProvider() {
+  const char* p = std::getenv("PSMD_TEST_OFI_PROVIDER");
+  return p == nullptr ? std::string() : std::string(p);
+}
+
+// How a daemon killed on another node is reported, and how soon. Its
+// sockets close, so over TCP the survivor sees it at once:
+// PSM2_EPID_UNREACHABLE within a second. A libfabric RDM endpoint reports
+// no peer's death (ofi_rxm reconnects quietly; UDP has nothing to see), so
+// over ofi the engine's heartbeats find the silence: PSM2_TIMEOUT within
+// --fabric-timeout-ms (5 s here) and a little.
+int ExpectedLossError() { return OfiProvider().empty() ? 41 : 11; }
+long long LossBoundMs() { return OfiProvider().empty() ? 1000 : 6500; }
+
 class FabricTest : public ::testing::Test {
  protected:
   FabricTest() : munged_(dir_.path() + "/munge") {
@@ -64,11 +83,16 @@ class FabricTest : public ::testing::Test {
   }
   std::string nodes_path() const { return dir_.path() + "/nodes"; }
   std::vector<std::string> Flags(int i) const {
-    return {"--node-id",       std::to_string(i + 1),
-            "--fabric-listen", listen_[i],
-            "--fabric-nodes",  nodes_path(),
-            "--munge-socket",  munged_.socket(),
-            "--log-level",     "info"};
+    std::vector<std::string> flags = {"--node-id",       std::to_string(i + 1),
+                                      "--fabric-listen", listen_[i],
+                                      "--fabric-nodes",  nodes_path(),
+                                      "--munge-socket",  munged_.socket(),
+                                      "--log-level",     "info"};
+    if (!OfiProvider().empty()) {
+      flags.insert(flags.end(),
+                   {"--fabric", "ofi", "--fabric-provider", OfiProvider()});
+    }
+    return flags;
   }
   std::unique_ptr<Daemon> StartNode(int i) {
     return std::make_unique<Daemon>(node_dir_[i], Flags(i));
@@ -265,8 +289,8 @@ TEST_F(FabricTest, DaemonKilledMidRendezvousFailsTheReceiverAndReconnectWorks) {
   long long killed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                             killed_at.time_since_epoch())
                             .count();
-  EXPECT_EQ(error, 41);  // PSM2_EPID_UNREACHABLE
-  EXPECT_LE(ended_ms - killed_ms, 1000) << b->Log();
+  EXPECT_EQ(error, ExpectedLossError());
+  EXPECT_LE(ended_ms - killed_ms, LossBoundMs()) << b->Log();
   printf("daemon killed: the other node's receiver failed after %lld ms\n",
          ended_ms - killed_ms);
   a->Stop();
@@ -356,15 +380,20 @@ TEST_F(FabricTest, ALostNodeIsReportedToTheEndpointsThatConnectedThere) {
       "daemon killed: the any-source receiver's handler ran after %lld "
       "ms:\n%s",
       handled_ms - killed_ms, out.c_str());
-  EXPECT_EQ(error, 41) << out;  // PSM2_EPID_UNREACHABLE
-  EXPECT_LE(handled_ms - killed_ms, 1000) << out;
-  EXPECT_NE(out.find("lost node 1 (node1): its psmd or the link to it is down"),
-            std::string::npos)
-      << out;
+  EXPECT_EQ(error, ExpectedLossError()) << out;
+  EXPECT_LE(handled_ms - killed_ms, LossBoundMs()) << out;
+  if (OfiProvider().empty()) {
+    EXPECT_NE(
+        out.find("lost node 1 (node1): its psmd or the link to it is down"),
+        std::string::npos)
+        << out;
+  }
   // The library names the lost endpoint's host from the node table, which
   // psm2_ep_connect's answer carried (no psm2_map_nid_hostname here).
   EXPECT_NE(out.find(" on node1, are unreachable"), std::string::npos) << out;
-  EXPECT_NE(out.find("poll returned 41"), std::string::npos) << out;
+  EXPECT_NE(out.find("poll returned " + std::to_string(ExpectedLossError())),
+            std::string::npos)
+      << out;
   // The other job, on the surviving node, heard nothing of it.
   std::ofstream(bystanders.rv + "/stop") << "1\n";
   EXPECT_EQ(bystanders.rank0.Wait(10), 0) << bystanders.Errors();
@@ -480,11 +509,19 @@ TEST_F(FabricTest, AFloodAtAnIdleReceiverOnAnotherNodeIsHeldBackNotBuffered) {
   // receiver off (daemon/remote/remote.h, back-pressure 4: kParkMax, 16 MiB per
   // connection).
   const long long kParkKiB = 16 << 10;
+  // The ofi backend holds in the daemon what TCP leaves in the kernel's
+  // socket buffers: bytes sent ahead of the receiver's receives, up to its
+  // 2 MiB window per connection (hw/ofi/ofi_fabric.cc), its registered
+  // send and receive buffers (2 MiB), and the provider's own buffers. The
+  // receiving psmd grew 59-61 MiB over tcp;ofi_rxm against 36 MiB over
+  // sockets here (the rest not yet attributed: ofi_rxm's receive pools?).
+  const long long kBackendKiB = OfiProvider().empty() ? 0 : 8 << 10;
   if (MemoryBoundsMeaningful()) {
-    EXPECT_LE(peak_b - base_b,
-              (kBudgetMiB << 10) + kFixedOverheadKiB + kInboxKiB + kParkKiB)
+    EXPECT_LE(peak_b - base_b, (kBudgetMiB << 10) + kFixedOverheadKiB +
+                                   kInboxKiB + kParkKiB + kBackendKiB)
         << "receiving psmd grew from " << base_b << " KiB to " << peak_b;
-    EXPECT_LE(peak_a - base_a, (kBudgetMiB << 10) + kFixedOverheadKiB)
+    EXPECT_LE(peak_a - base_a,
+              (kBudgetMiB << 10) + kFixedOverheadKiB + kBackendKiB)
         << "sending psmd grew from " << base_a << " KiB to " << peak_a;
   }
   RunResult sa = Psmctl(dir_, *a, {"stats", "--format", "json"});
@@ -634,7 +671,9 @@ struct RawNode {
     options.listen = {"127.0.0.4"};
     options.munge_socket = munge_socket;
     std::string error;
-    fabric = hw::OpenSocketFabric(options, &error);
+    options.provider = OfiProvider();
+    fabric = options.provider.empty() ? hw::OpenSocketFabric(options, &error)
+                                      : hw::OpenOfiFabric(options, &error);
     if (!fabric) return ::testing::AssertionFailure() << error;
     if (fabric->Connect("1@" + listen, 1, &conn) != hw::ErrorClass::kOk) {
       return ::testing::AssertionFailure() << "cannot connect to " << listen;
@@ -814,6 +853,7 @@ TEST_F(FabricTest, TimeBothDaemonsWereStoppedIsNoPeersSilence) {
 }
 
 TEST_F(FabricTest, GarbageOnTheFabricPortIsDroppedWhileAJobsTrafficGoesOn) {
+  if (!OfiProvider().empty()) GTEST_SKIP() << "ofi: raw TCP peers";
   auto a = StartNode(0);
   auto b = StartNode(1);
   // While a job exchanges between the nodes, 16 raw connections to node 2's
@@ -942,6 +982,23 @@ TEST_F(FabricTest, FlagsAreCheckedTogether) {
   EXPECT_NE(no_id.err.find("non-zero node_id"), std::string::npos) << no_id.err;
   RunResult bad = check({"--fabric-listen", "127.0.0.2:99999"});
   EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  // The ofi backend: one listen address; a provider only with it.
+  RunResult two = check({"--node-id", "3", "--fabric", "ofi", "--fabric-listen",
+                         "127.0.0.2", "--fabric-listen", "127.0.0.3",
+                         "--fabric-nodes", "/x"});
+  EXPECT_EQ(two.exit_code, 2);
+  EXPECT_NE(two.err.find("one address"), std::string::npos) << two.err;
+  RunResult stray = check({"--fabric-provider", "tcp;ofi_rxm"});
+  EXPECT_EQ(stray.exit_code, 2);
+  EXPECT_NE(stray.err.find("needs fabric = ofi"), std::string::npos)
+      << stray.err;
+  RunResult unknown = check({"--fabric", "verbs"});
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.out;
+  RunResult ofi =
+      check({"--fabric", "ofi", "--fabric-provider", "udp;ofi_rxd"});
+  EXPECT_EQ(ofi.exit_code, 0) << ofi.err;
+  EXPECT_NE(ofi.out.find("fabric_provider = 'udp;ofi_rxd'"), std::string::npos)
+      << ofi.out;
 }
 
 }  // namespace

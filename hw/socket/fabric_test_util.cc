@@ -9,9 +9,11 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
+#include "hw/ofi/ofi_fabric.h"
 #include "hw/socket/socket_fabric.h"
 
 namespace psmd::hw::testing {
@@ -40,6 +42,18 @@ size_t Node::Count(EventType type) const {
   return n;
 }
 
+std::string OfiProvider() {
+  const char* p = std::getenv("PSMD_TEST_OFI_PROVIDER");
+  return p == nullptr ? std::string() : std::string(p);
+}
+
+std::unique_ptr<Fabric> OpenFabric(FabricOptions options, std::string* error) {
+  const std::string provider = OfiProvider();
+  if (provider.empty()) return OpenSocketFabric(options, error);
+  options.provider = provider;
+  return OpenOfiFabric(options, error);
+}
+
 std::unique_ptr<Node> OpenNode(uint64_t node_id,
                                std::vector<std::string> listen,
                                FabricOptions options) {
@@ -47,7 +61,7 @@ std::unique_ptr<Node> OpenNode(uint64_t node_id,
   options.listen = std::move(listen);
   std::string error;
   auto node = std::make_unique<Node>();
-  node->fabric = OpenSocketFabric(options, &error);
+  node->fabric = OpenFabric(options, &error);
   EXPECT_NE(node->fabric, nullptr) << error;
   return node;
 }

@@ -1,6 +1,9 @@
-// Test helpers for the socket fabric: a fabric with its collected events,
+// Test helpers for the fabric backends: a fabric with its collected events,
 // a pump that drives several fabrics until a condition holds, and a raw
-// TCP peer that speaks (or abuses) the wire format by hand.
+// TCP peer that speaks (or abuses) the socket backend's wire format by hand.
+// The backend is the socket one, or the ofi one (hw/ofi/) with the provider
+// named by the environment variable PSMD_TEST_OFI_PROVIDER: the same test
+// bodies run over both (hw/ofi/BUILD.bazel).
 //
 // Thread-safety: single-threaded test code.
 #ifndef PSMD_HW_SOCKET_FABRIC_TEST_UTIL_H_
@@ -29,6 +32,11 @@ struct Node {
   bool Take(EventType type, Event* out);
   size_t Count(EventType type) const;
 };
+
+// The ofi provider the tests run over, empty for the socket backend.
+std::string OfiProvider();
+// Opens a fabric of the backend under test (null with *error).
+std::unique_ptr<Fabric> OpenFabric(FabricOptions options, std::string* error);
 
 // Opens a node listening on each of `listen`; fails the test on error.
 std::unique_ptr<Node> OpenNode(uint64_t node_id,

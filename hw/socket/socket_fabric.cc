@@ -14,13 +14,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <deque>
-#include <list>
-#include <map>
-#include <random>
-#include <unordered_map>
 
-#include "hw/socket/munge_auth.h"
+#include "hw/link_fabric.h"
 
 namespace psmd::hw {
 namespace {
@@ -55,13 +50,7 @@ constexpr size_t kStageSize = 131072;
 // time, streaming 256 KiB messages fell from 2.1-4.1 to 2.0-3.1 GB/s.)
 constexpr size_t kLargePayload = 65536;
 constexpr size_t kStageAfterLarge = 16384;
-constexpr int64_t kDeadlineCheckNs = 10'000'000;
-
-int64_t NowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);  // vDSO: no syscall
-  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
+constexpr int64_t kDeadlineCheckNs = kLinkCheckNs;
 
 ErrorClass FromErrno(int err) {
   switch (err) {
@@ -103,41 +92,19 @@ bool MakeSockaddr(const std::string& host, uint16_t port, sockaddr_storage* ss,
   return false;
 }
 
-class SocketFabric final : public Fabric {
+class SocketFabric final : public LinkFabric {
  public:
-  explicit SocketFabric(const FabricOptions& options) : opt_(options) {}
+  explicit SocketFabric(const FabricOptions& options) : LinkFabric(options) {}
   ~SocketFabric() override;
 
   bool Open(std::string* error);
 
-  std::string HostDescription() const override {
-    return FormatHostDescription(self_);
-  }
   int event_fd() const override { return event_fd_; }
-  ErrorClass Connect(const std::string& host_description, uint64_t cookie,
-                     ConnId* conn) override;
-  ErrorClass PostSend(ConnId conn, const FrameFields& fields, const iovec* iov,
-                      int iovcnt, uint64_t cookie) override;
-  ErrorClass PostRecv(ConnId conn, const iovec* iov, int iovcnt,
-                      uint64_t cookie) override;
-  ErrorClass PostRecvHeader(ConnId conn, uint64_t cookie) override;
-  ErrorClass PostPayload(ConnId conn, const iovec* iov, int iovcnt,
-                         uint64_t cookie) override;
-  ErrorClass Close(ConnId conn) override;
   int Poll(Event* events, int max) override;
   int Wait(Event* events, int max, int timeout_ms) override;
-  std::vector<PeerStats> Stats() const override;
 
  private:
-  enum class State {
-    kConnecting,  // outgoing: TCP connect in progress
-    kHandshake,   // reading handshake frames
-    kAuth,        // waiting for the MUNGE helper
-    kWaitPeer,    // outgoing refused as a duplicate: the peer's own
-                  // connection to us will be bound to this handle
-    kRefusing,    // incoming: a Refuse is being sent, then close
-    kOpen,
-  };
+  using State = LinkState;  // kConnecting: the TCP connect is in progress
   // kStage: frames are parsed from the staging buffer (small payloads are
   // copied out of it); kPayload: the rest of a large payload is received
   // straight into the posted receive; kDrain: the rest of a truncated one
@@ -146,73 +113,27 @@ class SocketFabric final : public Fabric {
   // read until PostPayload says where its payload goes.
   enum class RxPhase { kStage, kPayload, kDrain, kAwaitPayload };
 
-  struct PendingSend {
-    uint8_t header[kFrameHeaderSize];
-    std::string control;  // handshake payload (owned here)
-    std::vector<iovec> iov;
-    size_t total = 0;
-    size_t sent = 0;
-    uint64_t cookie = 0;
-    bool internal = false;     // a handshake frame: no event
-    bool close_after = false;  // close the connection once sent
-  };
-  struct PostedRecv {
-    std::vector<iovec> iov;
-    size_t capacity = 0;
-    uint64_t cookie = 0;
-    bool header_only = false;
-  };
+  using PendingSend = LinkSend;
+  using PostedRecv = LinkRecv;
 
-  struct alignas(8) Conn {
-    ConnId id = 0;        // the user's handle (0 until visible)
-    uint64_t serial = 0;  // never changes; names it to the MUNGE helper
-    bool outgoing = false;
-    bool visible = false;  // the user knows it: events are delivered
-    bool opened = false;   // reached kOpen once
-    State state = State::kConnecting;
+  struct alignas(8) Conn : LinkConn {
     int fd = -1;
-    uint64_t cookie = 0;  // Connect's
-    uint64_t peer_node = 0;
-    uint64_t peer_incarnation = 0;
-    int64_t deadline_ns = 0;  // for every state before kOpen
-    int inflight = 0;         // io_uring operations not yet completed
-    bool closing = false;
-    bool local_close = false;
-    bool counted_handshake = false;
-    ErrorClass close_error = ErrorClass::kOk;
-    bool bad_frame_logged = false;
-
-    std::vector<HostAddress> addresses;
-    size_t next_address = 0;
+    int inflight = 0;  // io_uring operations not yet completed
     sockaddr_storage addr;
     socklen_t addr_len = 0;
-
-    uint8_t challenge[kNonceSize] = {};  // incoming: ours; outgoing: theirs
-    uint8_t nonce[kNonceSize] = {};      // outgoing: our credential nonce
-    HelloPayload hello;                  // incoming: what the peer said
 
     // Receive side.
     RxPhase rx_phase = RxPhase::kStage;
     bool rx_inflight = false;
-    bool rx_parsing = false;           // ParseStage is on the stack
-    bool rx_reparse = false;           // ... and should run once more
     std::unique_ptr<uint8_t[]> stage;  // kStageSize bytes, from the first read
     bool rx_after_large = false;       // the last data frame > kLargePayload
     size_t stage_begin = 0;
     size_t stage_end = 0;
-    size_t rx_got = 0;   // payload bytes of the current frame consumed
-    size_t rx_take = 0;  // payload bytes going into the posted receive
-    FrameHeader rx_header;
     std::vector<iovec> rx_iov;
     msghdr rx_msg{};
-    std::deque<PostedRecv> recvs;
 
     // Send side.
-    std::list<PendingSend> tx;
     bool tx_inflight = false;
-    bool tx_dirty = false;  // frames posted since the last flush (dirty_)
-    uint32_t tx_app_frames = 0;
-    uint64_t tx_app_bytes = 0;
     std::vector<iovec> tx_iov;
     msghdr tx_msg{};
   };
@@ -228,96 +149,59 @@ class SocketFabric final : public Fabric {
   void Submit();
   void ArmAccept(Listener* l);
   void ArmAuthNotify();
+  // LinkFabric's hooks.
+  void Fail(LinkConn* c, ErrorClass error) override;
+  void FlushSends(LinkConn* c) override;
+  void ParseRx(LinkConn* c) override;
+  void AfterRx(LinkConn* c) override { ArmRecv(static_cast<Conn*>(c)); }
+  void Consume(LinkConn* c, size_t n) override {
+    static_cast<Conn*>(c)->stage_begin += n;
+  }
+  void PayloadPosted(LinkConn* c) override;
+
+  LinkConn* NewLink(bool outgoing) override { return NewConn(outgoing); }
+  void StartAttempt(LinkConn* c) override;
   Conn* NewConn(bool outgoing);
-  bool MakeRecv(const iovec* iov, int iovcnt, uint64_t cookie,
-                PostedRecv* r) const;
-  void StartAttempt(Conn* c);
   void SetLinkOptions(int fd);
-  void PumpRx(Conn* c);
-  void ParseStage(Conn* c);
   void StartPayload(Conn* c);
   void ArmRecv(Conn* c);
-  void FlushSends(Conn* c);
-  // FlushSends for the connections PostSend marked.
-  void FlushDirty();
-  void QueueControl(Conn* c, FrameType type, std::string payload,
-                    bool close_after = false);
-  void Fail(Conn* c, ErrorClass error);
   void Finish(Conn* c);
-  void Refuse(Conn* c, RefuseReason reason, const char* why);
-  void Admit(Conn* c);
-  void Adopt(Conn* incoming, Conn* handle);
-  void OpenLink(Conn* c);
-  void BadFrame(Conn* c, const std::string& what);
-  void Emit(EventType type, const Conn* c, ErrorClass error, uint64_t cookie);
 
   void HandleCqe(const io_uring_cqe* cqe);
   void OnConnect(Conn* c, int res);
   void OnAccept(Listener* l, int res);
   void OnRecv(Conn* c, int res);
   void OnSend(Conn* c, int res);
-  void OnControl(Conn* c, FrameType type, const uint8_t* p, size_t n);
   void OnData(Conn* c, ErrorClass error);
-  void OnAuthResults();
   void CheckDeadlines(int64_t now);
-  bool RememberNonce(const uint8_t nonce[kNonceSize], int64_t now);
   void Collect(Event* events, int max, int* n);
 
-  PeerStats& StatsOf(uint64_t node) {
-    PeerStats& p = stats_[node];
-    p.node = node;
-    return p;
-  }
-  // The row for a peer that may not have authenticated.
-  PeerStats& UntrustedStatsOf(const Conn* c) {
-    return StatsOf(c->visible ? c->peer_node : 0);
-  }
+  Conn* Find(ConnId id) { return static_cast<Conn*>(FindLive(id)); }
 
-  Conn* Find(ConnId id) {
-    auto it = by_id_.find(id);
-    return it == by_id_.end() ? nullptr : it->second;
-  }
-
-  const FabricOptions opt_;
-  psmd::hw::HostDescription self_;
-  uint64_t incarnation_ = 0;
-  std::mt19937_64 rng_;
   io_uring ring_{};
   bool ring_ok_ = false;
   int event_fd_ = -1;
   int auth_fd_ = -1;
   uint64_t auth_buf_ = 0;
   __kernel_timespec attempt_ts_{};  // per-address connect timeout
-  std::unique_ptr<MungeAuth> auth_;
   std::vector<std::unique_ptr<Listener>> listeners_;
 
-  std::unordered_map<Conn*, std::unique_ptr<Conn>> owned_;
-  std::unordered_map<ConnId, Conn*> by_id_;
-  std::unordered_map<uint64_t, Conn*> by_serial_;
-  // The one connection (pending outgoing or open) to each node.
-  std::unordered_map<uint64_t, Conn*> by_node_;
   std::vector<Conn*> finish_;  // closing: check whether they can go
-  std::vector<ConnId> dirty_;  // with frames PostSend queued since a flush
-  ConnId next_id_ = 1;
-  uint64_t next_serial_ = 1;
-  uint32_t handshakes_ = 0;
   int64_t next_check_ns_ = 0;
   int64_t next_limit_log_ns_ = 0;
-  // Connector nonces seen within the credential TTL (replay defence).
-  std::unordered_map<std::string, int64_t> nonces_;
-  std::deque<Event> events_;
-  std::map<uint64_t, PeerStats> stats_;
   uint8_t drain_[16384];
 };
 
 SocketFabric::~SocketFabric() {
-  for (auto& [c, owner] : owned_) {
+  for (auto& [link, owner] : owned_) {
+    auto* c = static_cast<Conn*>(link);
     if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
   }
   // Tear the ring down before the buffers its operations point into.
   if (ring_ok_) io_uring_queue_exit(&ring_);
   auth_.reset();
-  for (auto& [c, owner] : owned_) {
+  for (auto& [link, owner] : owned_) {
+    auto* c = static_cast<Conn*>(link);
     if (c->fd >= 0) close(c->fd);
   }
   for (auto& l : listeners_) close(l->fd);
@@ -326,47 +210,10 @@ SocketFabric::~SocketFabric() {
 }
 
 bool SocketFabric::Open(std::string* error) {
-  if (opt_.node_id == 0) {
-    *error = "the fabric needs a non-zero node id";
-    return false;
-  }
-  if (opt_.listen.empty()) {
-    *error = "the fabric needs at least one listen address";
-    return false;
-  }
-  if (opt_.max_send_bytes < opt_.limits.max_payload + kFrameHeaderSize ||
-      opt_.max_send_frames == 0 || opt_.max_iov == 0 ||
-      opt_.max_iov > kMaxSendIov - 1) {
-    *error =
-        "fabric limits: max_send_bytes must hold one largest frame, and "
-        "max_iov must be 1-255";
-    return false;
-  }
+  // LinkFabric bounds max_iov to 255: one sendmsg holds a frame's iovecs.
+  static_assert(kMaxSendIov - 1 >= 255);
   std::vector<ListenAddress> addresses;
-  for (const std::string& text : opt_.listen) {
-    ListenAddress a;
-    if (!ParseListenAddress(text, &a, error)) {
-      *error = "fabric listen address " + *error;
-      return false;
-    }
-    if (opt_.auth == AuthMode::kNone && !IsLoopback(a.host)) {
-      *error =
-          "fabric auth 'none' is only allowed when every address is "
-          "loopback; '" +
-          text + "' is not (use MUNGE authentication)";
-      return false;
-    }
-    if (a.host == "0.0.0.0" || a.host == "::") {
-      *error = "fabric listen address '" + text +
-               "': give each interface's own address, not a wildcard (the "
-               "host description must name addresses peers can reach)";
-      return false;
-    }
-    addresses.push_back(a);
-  }
-  std::random_device rd;
-  rng_.seed((uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(NowNs()));
-  incarnation_ = rng_() | 1;
+  if (!CheckOptions(&addresses, error)) return false;
   attempt_ts_.tv_sec = opt_.connect_attempt_ms / 1000;
   attempt_ts_.tv_nsec = (opt_.connect_attempt_ms % 1000) * 1'000'000ll;
 
@@ -484,14 +331,7 @@ void SocketFabric::ArmAuthNotify() {
 }
 
 SocketFabric::Conn* SocketFabric::NewConn(bool outgoing) {
-  auto owner = std::make_unique<Conn>();
-  Conn* c = owner.get();
-  c->outgoing = outgoing;
-  c->serial = next_serial_++;
-  c->deadline_ns = NowNs() + int64_t{opt_.timeout_ms} * 1'000'000;
-  owned_[c] = std::move(owner);
-  by_serial_[c->serial] = c;
-  return c;
+  return static_cast<Conn*>(Track(std::make_unique<Conn>(), outgoing));
 }
 
 void SocketFabric::SetLinkOptions(int fd) {
@@ -515,153 +355,10 @@ void SocketFabric::SetLinkOptions(int fd) {
 
 // ---- the user's calls ----
 
-ErrorClass SocketFabric::Connect(const std::string& host_description,
-                                 uint64_t cookie, ConnId* conn) {
-  psmd::hw::HostDescription d;
-  std::string error;
-  if (!ParseHostDescription(host_description, &d, &error)) {
-    spdlog::warn("fabric: connect: {}", error);
-    return ErrorClass::kBadHost;
-  }
-  if (d.node == opt_.node_id) {
-    spdlog::warn("fabric: connect: '{}' is this node", host_description);
-    return ErrorClass::kBadHost;
-  }
-  if (opt_.auth == AuthMode::kNone) {
-    for (const HostAddress& a : d.addresses) {
-      if (!IsLoopback(a.host)) {
-        spdlog::warn(
-            "fabric: connect: auth 'none' reaches loopback peers only, "
-            "not {}",
-            a.host);
-        return ErrorClass::kBadHost;
-      }
-    }
-  }
-  if (auto it = by_node_.find(d.node); it != by_node_.end()) {
-    *conn = it->second->id;
-    return ErrorClass::kAlreadyConnected;
-  }
-  if (owned_.size() >= opt_.max_connections) return ErrorClass::kLimit;
-  Conn* c = NewConn(true);
-  c->id = next_id_++;
-  c->visible = true;
-  c->cookie = cookie;
-  c->peer_node = d.node;
-  c->addresses = d.addresses;
-  by_id_[c->id] = c;
-  by_node_[d.node] = c;
-  *conn = c->id;
-  StartAttempt(c);
-  return ErrorClass::kOk;
-}
-
-ErrorClass SocketFabric::PostSend(ConnId id, const FrameFields& fields,
-                                  const iovec* iov, int iovcnt,
-                                  uint64_t cookie) {
-  Conn* c = Find(id);
-  if (c == nullptr || c->closing) return ErrorClass::kBadConn;
-  if (iovcnt < 0 || static_cast<uint32_t>(iovcnt) > opt_.max_iov ||
-      (iovcnt > 0 && iov == nullptr)) {
-    return ErrorClass::kBadArg;
-  }
-  size_t length = 0;
-  for (int i = 0; i < iovcnt; i++) length += iov[i].iov_len;
-  if (length > opt_.limits.max_payload ||
-      fields.offset > opt_.limits.max_offset ||
-      length > opt_.limits.max_offset - fields.offset) {
-    return ErrorClass::kBadArg;
-  }
-  if (c->tx_app_frames >= opt_.max_send_frames ||
-      c->tx_app_bytes + length + kFrameHeaderSize > opt_.max_send_bytes) {
-    return ErrorClass::kBusy;
-  }
-  PendingSend& s = c->tx.emplace_back();
-  FrameHeader h;
-  h.type = FrameType::kData;
-  h.length = static_cast<uint32_t>(length);
-  h.fields = fields;
-  EncodeFrameHeader(h, s.header);
-  s.iov.push_back({s.header, kFrameHeaderSize});
-  for (int i = 0; i < iovcnt; i++) {
-    if (iov[i].iov_len > 0) s.iov.push_back(iov[i]);
-  }
-  s.total = kFrameHeaderSize + length;
-  s.cookie = cookie;
-  c->tx_app_frames++;
-  c->tx_app_bytes += s.total;
-  // Flushed by the next Poll, which submits anyway: the frames the engine
-  // posts in one pass (an envelope and its payload, say) then leave in one
-  // sendmsg rather than the second waiting for the first's completion.
-  if (!c->tx_dirty) {
-    c->tx_dirty = true;
-    dirty_.push_back(c->id);
-  }
-  return ErrorClass::kOk;
-}
-
-ErrorClass SocketFabric::PostRecv(ConnId id, const iovec* iov, int iovcnt,
-                                  uint64_t cookie) {
-  Conn* c = Find(id);
-  if (c == nullptr || c->closing) return ErrorClass::kBadConn;
-  PostedRecv r;
-  if (!MakeRecv(iov, iovcnt, cookie, &r)) return ErrorClass::kBadArg;
-  c->recvs.push_back(std::move(r));
-  PumpRx(c);
-  return ErrorClass::kOk;
-}
-
-ErrorClass SocketFabric::PostRecvHeader(ConnId id, uint64_t cookie) {
-  Conn* c = Find(id);
-  if (c == nullptr || c->closing) return ErrorClass::kBadConn;
-  PostedRecv& r = c->recvs.emplace_back();
-  r.cookie = cookie;
-  r.header_only = true;
-  PumpRx(c);
-  return ErrorClass::kOk;
-}
-
-ErrorClass SocketFabric::PostPayload(ConnId id, const iovec* iov, int iovcnt,
-                                     uint64_t cookie) {
-  Conn* c = Find(id);
-  if (c == nullptr || c->closing) return ErrorClass::kBadConn;
-  PostedRecv r;
-  if (c->rx_phase != RxPhase::kAwaitPayload ||
-      !MakeRecv(iov, iovcnt, cookie, &r)) {
-    return ErrorClass::kBadArg;
-  }
-  c->recvs.push_front(std::move(r));
-  c->rx_phase = RxPhase::kStage;
-  StartPayload(c);
-  PumpRx(c);
-  return ErrorClass::kOk;
-}
-
-bool SocketFabric::MakeRecv(const iovec* iov, int iovcnt, uint64_t cookie,
-                            PostedRecv* r) const {
-  if (iovcnt < 0 || static_cast<uint32_t>(iovcnt) > opt_.max_iov ||
-      (iovcnt > 0 && iov == nullptr)) {
-    return false;
-  }
-  for (int i = 0; i < iovcnt; i++) {
-    if (iov[i].iov_len > 0) r->iov.push_back(iov[i]);
-    r->capacity += iov[i].iov_len;
-  }
-  r->cookie = cookie;
-  return true;
-}
-
-ErrorClass SocketFabric::Close(ConnId id) {
-  Conn* c = Find(id);
-  if (c == nullptr || c->closing) return ErrorClass::kBadConn;
-  c->local_close = true;
-  Fail(c, ErrorClass::kCanceled);
-  return ErrorClass::kOk;
-}
-
 // ---- connection life ----
 
-void SocketFabric::StartAttempt(Conn* c) {
+void SocketFabric::StartAttempt(LinkConn* link) {
+  auto* c = static_cast<Conn*>(link);
   while (c->next_address < c->addresses.size()) {
     const HostAddress& a = c->addresses[c->next_address++];
     if (!MakeSockaddr(a.host, a.port, &c->addr, &c->addr_len)) continue;
@@ -687,25 +384,12 @@ void SocketFabric::StartAttempt(Conn* c) {
   Fail(c, ErrorClass::kConnFailed);
 }
 
-void SocketFabric::Emit(EventType type, const Conn* c, ErrorClass error,
-                        uint64_t cookie) {
-  Event e;
-  e.type = type;
-  e.conn = c->id;
-  e.error = error;
-  e.cookie = cookie;
-  e.peer_node = c->peer_node;
-  events_.push_back(e);
-}
-
-void SocketFabric::Fail(Conn* c, ErrorClass error) {
+void SocketFabric::Fail(LinkConn* link, ErrorClass error) {
+  auto* c = static_cast<Conn*>(link);
   if (c->closing) return;
   c->closing = true;
   c->close_error = error;
-  if (auto it = by_node_.find(c->peer_node);
-      it != by_node_.end() && it->second == c) {
-    by_node_.erase(it);
-  }
+  Unlink(c);
   if (c->fd >= 0) {
     // Ends the operations in flight on the socket; their completions
     // arrive before the connection is released.
@@ -721,219 +405,33 @@ void SocketFabric::Fail(Conn* c, ErrorClass error) {
 void SocketFabric::Finish(Conn* c) {
   if (c->fd >= 0) close(c->fd);
   c->fd = -1;
-  if (c->counted_handshake) handshakes_--;
-  if (c->visible) {
-    ErrorClass op_error = c->close_error;
-    for (PendingSend& s : c->tx) {
-      if (!s.internal) Emit(EventType::kSendDone, c, op_error, s.cookie);
-    }
-    for (PostedRecv& r : c->recvs) {
-      Emit(r.header_only ? EventType::kHeader : EventType::kRecvDone, c,
-           op_error, r.cookie);
-    }
-    if (c->opened) {
-      if (!c->local_close) StatsOf(c->peer_node).disconnects++;
-      Emit(EventType::kClosed, c,
-           c->local_close ? ErrorClass::kOk : c->close_error, 0);
-    } else {
-      if (!c->local_close) StatsOf(c->peer_node).connect_failures++;
-      Emit(EventType::kConnected, c, c->close_error, c->cookie);
-    }
-    if (auto it = by_id_.find(c->id); it != by_id_.end() && it->second == c) {
-      by_id_.erase(it);
-    }
-  }
-  by_serial_.erase(c->serial);
-  owned_.erase(c);
-}
-
-void SocketFabric::OpenLink(Conn* c) {
-  c->state = State::kOpen;
-  c->opened = true;
-  StatsOf(c->peer_node).connects++;
-  if (c->counted_handshake) {
-    c->counted_handshake = false;
-    handshakes_--;
-  }
-  FlushSends(c);
-  PumpRx(c);
-}
-
-void SocketFabric::QueueControl(Conn* c, FrameType type, std::string payload,
-                                bool close_after) {
-  // Handshake frames go before the user's frames queued while connecting.
-  auto pos = std::find_if(c->tx.begin(), c->tx.end(),
-                          [](const PendingSend& s) { return !s.internal; });
-  PendingSend& s = *c->tx.emplace(pos);
-  FrameHeader h;
-  h.type = type;
-  h.length = static_cast<uint32_t>(payload.size());
-  EncodeFrameHeader(h, s.header);
-  s.control = std::move(payload);
-  s.iov.push_back({s.header, kFrameHeaderSize});
-  if (!s.control.empty()) s.iov.push_back({s.control.data(), s.control.size()});
-  s.total = kFrameHeaderSize + s.control.size();
-  s.internal = true;
-  s.close_after = close_after;
-  FlushSends(c);
-}
-
-void SocketFabric::Refuse(Conn* c, RefuseReason reason, const char* why) {
-  spdlog::warn("fabric: refused connection from node {}: {}", c->hello.node,
-               why);
-  if (reason == RefuseReason::kAuth) UntrustedStatsOf(c).auth_failures++;
-  c->state = State::kRefusing;
-  QueueControl(c, FrameType::kRefuse, EncodeRefuse(reason), true);
-}
-
-void SocketFabric::BadFrame(Conn* c, const std::string& what) {
-  UntrustedStatsOf(c).bad_frames++;
-  if (!c->bad_frame_logged) {
-    c->bad_frame_logged = true;
-    if (c->visible) {
-      spdlog::warn("fabric: dropping connection {} to node {}: {}", c->id,
-                   c->peer_node, what);
-    } else {
-      spdlog::warn("fabric: dropping a connection before authentication: {}",
-                   what);
-    }
-  }
-  Fail(c, ErrorClass::kBadFrame);
-}
-
-// One connection per node pair: see hw/fabric.h for the rule.
-void SocketFabric::Admit(Conn* c) {
-  uint64_t node = c->hello.node;
-  auto it = by_node_.find(node);
-  if (it != by_node_.end() && it->second->state == State::kOpen) {
-    if (it->second->peer_incarnation == c->hello.incarnation) {
-      Refuse(c, RefuseReason::kDuplicate, "already connected");
-      return;
-    }
-    spdlog::info("fabric: node {} restarted; replacing its connection", node);
-    Fail(it->second, ErrorClass::kConnReset);
-    it = by_node_.end();
-  }
-  c->peer_node = node;
-  c->peer_incarnation = c->hello.incarnation;
-  if (it != by_node_.end()) {
-    if (node > opt_.node_id) {
-      Refuse(c, RefuseReason::kDuplicate, "our own connection to it wins");
-      return;
-    }
-    QueueControl(c, FrameType::kWelcome,
-                 EncodeWelcome({opt_.node_id, incarnation_}));
-    Adopt(c, it->second);
-    return;
-  }
-  if (owned_.size() > opt_.max_connections) {
-    Refuse(c, RefuseReason::kBusy, "too many connections");
-    return;
-  }
-  QueueControl(c, FrameType::kWelcome,
-               EncodeWelcome({opt_.node_id, incarnation_}));
-  c->id = next_id_++;
-  c->visible = true;
-  by_id_[c->id] = c;
-  by_node_[node] = c;
-  OpenLink(c);
-  Emit(EventType::kAccepted, c, ErrorClass::kOk, 0);
-}
-
-// The peer's connection (`incoming`) takes over the user's pending Connect
-// handle; the handle's own socket is closed without events.
-void SocketFabric::Adopt(Conn* incoming, Conn* handle) {
-  incoming->id = handle->id;
-  incoming->cookie = handle->cookie;
-  incoming->visible = true;
-  auto first_app =
-      std::find_if(handle->tx.begin(), handle->tx.end(),
-                   [](const PendingSend& s) { return !s.internal; });
-  incoming->tx.splice(incoming->tx.end(), handle->tx, first_app,
-                      handle->tx.end());
-  incoming->tx_app_frames = handle->tx_app_frames;
-  incoming->tx_app_bytes = handle->tx_app_bytes;
-  incoming->recvs = std::move(handle->recvs);
-  handle->recvs.clear();
-  handle->visible = false;
-  Fail(handle, ErrorClass::kCanceled);
-  by_id_[incoming->id] = incoming;
-  by_node_[incoming->peer_node] = incoming;
-  OpenLink(incoming);
-  Emit(EventType::kConnected, incoming, ErrorClass::kOk, incoming->cookie);
+  Release(c);
 }
 
 // ---- receiving ----
 
-// Parses what the staging buffer holds, then asks the kernel for more if
-// a frame is incomplete. Re-entrant calls (a handshake frame that opens
-// the link) only ask the running parse to go once more.
-void SocketFabric::PumpRx(Conn* c) {
-  if (c->rx_parsing) {
-    c->rx_reparse = true;
-    return;
-  }
-  c->rx_parsing = true;
-  do {
-    c->rx_reparse = false;
-    ParseStage(c);
-  } while (c->rx_reparse && !c->closing);
-  c->rx_parsing = false;
-  ArmRecv(c);
-}
-
-void SocketFabric::ParseStage(Conn* c) {
+void SocketFabric::ParseRx(LinkConn* link) {
+  auto* c = static_cast<Conn*>(link);
   // A read into the stage is only in flight when what it holds is not a
   // whole frame; its completion parses again.
   if (c->rx_inflight) return;
   while (!c->closing && c->rx_phase == RxPhase::kStage &&
          (c->state == State::kHandshake || c->state == State::kOpen)) {
-    size_t avail = c->stage_end - c->stage_begin;
-    if (avail < kFrameHeaderSize) return;
-    // Back-pressure: a frame waits until a receive is posted for it.
-    if (c->state == State::kOpen && c->recvs.empty()) return;
-    const uint8_t* p = c->stage.get() + c->stage_begin;
-    FrameHeader h;
-    FrameError e = DecodeFrameHeader(p, avail, opt_.limits, &h);
-    if (e != FrameError::kOk) {
-      BadFrame(c, std::string("bad frame header: ") + FrameErrorName(e));
-      return;
+    const FrameStart f = StartFrame(c, c->stage.get() + c->stage_begin,
+                                    c->stage_end - c->stage_begin);
+    if (f == FrameStart::kAwaitPayload || f == FrameStart::kPayload) {
+      c->rx_after_large = c->rx_header.length > kLargePayload;
     }
-    bool data = h.type == FrameType::kData;
-    if (data != (c->state == State::kOpen)) {
-      BadFrame(c, data ? "data frame before the handshake finished"
-                       : "handshake frame on an open connection");
-      return;
-    }
-    if (!data) {  // whole in the stage (at most 64 + 1024 bytes)
-      if (avail < kFrameHeaderSize + h.length) return;
-      c->stage_begin += kFrameHeaderSize + h.length;
-      OnControl(c, h.type, p + kFrameHeaderSize, h.length);
-      continue;
-    }
-    c->stage_begin += kFrameHeaderSize;
-    c->rx_header = h;
-    c->rx_after_large = h.length > kLargePayload;
-    if (c->recvs.front().header_only) {
-      PostedRecv r = std::move(c->recvs.front());
-      c->recvs.pop_front();
-      Event ev;
-      ev.type = EventType::kHeader;
-      ev.conn = c->id;
-      ev.cookie = r.cookie;
-      ev.peer_node = c->peer_node;
-      ev.length = h.length;
-      ev.fields = h.fields;
-      events_.push_back(ev);
-      if (h.length > 0) {
-        c->rx_phase = RxPhase::kAwaitPayload;
-        return;
-      }
-      StatsOf(c->peer_node).frames_received++;
-      continue;
-    }
-    StartPayload(c);
+    if (f == FrameStart::kAwaitPayload) c->rx_phase = RxPhase::kAwaitPayload;
+    if (f == FrameStart::kPayload) StartPayload(c);
+    if (f != FrameStart::kNext && f != FrameStart::kPayload) return;
   }
+}
+
+void SocketFabric::PayloadPosted(LinkConn* link) {
+  auto* c = static_cast<Conn*>(link);
+  c->rx_phase = RxPhase::kStage;
+  StartPayload(c);
 }
 
 // The current frame's payload goes to the front posted receive: what the
@@ -941,8 +439,6 @@ void SocketFabric::ParseStage(Conn* c) {
 // discarded past their capacity).
 void SocketFabric::StartPayload(Conn* c) {
   const FrameHeader& h = c->rx_header;
-  c->rx_take = std::min<size_t>(h.length, c->recvs.front().capacity);
-  c->rx_got = 0;
   size_t n = std::min(c->stage_end - c->stage_begin, c->rx_take);
   const uint8_t* src = c->stage.get() + c->stage_begin;
   for (const iovec& v : c->recvs.front().iov) {
@@ -1065,197 +561,14 @@ void SocketFabric::OnRecv(Conn* c, int res) {
 }
 
 void SocketFabric::OnData(Conn* c, ErrorClass error) {
-  PostedRecv r = std::move(c->recvs.front());
-  c->recvs.pop_front();
-  Event e;
-  e.type = EventType::kRecvDone;
-  e.conn = c->id;
-  e.error = error;
-  e.cookie = r.cookie;
-  e.peer_node = c->peer_node;
-  e.length = static_cast<uint32_t>(c->rx_take);
-  e.fields = c->rx_header.fields;
-  events_.push_back(e);
-  PeerStats& st = StatsOf(c->peer_node);
-  st.frames_received++;
-  st.bytes_received += c->rx_header.length;
   c->rx_phase = RxPhase::kStage;
-  c->rx_got = 0;
-}
-
-void SocketFabric::OnControl(Conn* c, FrameType type, const uint8_t* p,
-                             size_t n) {
-  FrameError e = FrameError::kBadPayload;
-  if (c->outgoing && type == FrameType::kChallenge &&
-      c->peer_incarnation == 0) {
-    ChallengePayload ch;
-    e = DecodeChallenge(p, n, &ch);
-    if (e == FrameError::kOk) {
-      if (ch.node != c->peer_node) {
-        spdlog::warn("fabric: {} is node {}, not node {}",
-                     c->addresses[c->next_address - 1].host, ch.node,
-                     c->peer_node);
-        Fail(c, ErrorClass::kBadHost);
-        return;
-      }
-      c->peer_incarnation = ch.incarnation;
-      std::memcpy(c->challenge, ch.nonce, kNonceSize);
-      for (auto& b : c->nonce) b = static_cast<uint8_t>(rng_());
-      if (opt_.auth == AuthMode::kNone) {
-        QueueControl(c, FrameType::kHello,
-                     EncodeHello({opt_.node_id, incarnation_, c->peer_node,
-                                  AuthMode::kNone, ""}));
-      } else {
-        CredentialPayload cp;
-        std::memcpy(cp.challenge, c->challenge, kNonceSize);
-        std::memcpy(cp.nonce, c->nonce, kNonceSize);
-        cp.connector_node = opt_.node_id;
-        cp.acceptor_node = c->peer_node;
-        c->state = State::kAuth;
-        auth_->Encode(c->serial, EncodeCredentialPayload(cp));
-        return;
-      }
-    }
-  } else if (c->outgoing && type == FrameType::kWelcome &&
-             c->peer_incarnation != 0) {
-    WelcomePayload w;
-    e = DecodeWelcome(p, n, &w);
-    if (e == FrameError::kOk) {
-      if (w.node != c->peer_node || w.incarnation != c->peer_incarnation) {
-        BadFrame(c, "welcome from another node than the challenge");
-        return;
-      }
-      OpenLink(c);
-      Emit(EventType::kConnected, c, ErrorClass::kOk, c->cookie);
-      return;
-    }
-  } else if (c->outgoing && type == FrameType::kRefuse) {
-    RefuseReason reason;
-    e = DecodeRefuse(p, n, &reason);
-    if (e == FrameError::kOk) {
-      switch (reason) {
-        case RefuseReason::kDuplicate:
-          // The peer's connection to us is the one that survives.
-          c->state = State::kWaitPeer;
-          return;
-        case RefuseReason::kAuth:
-          spdlog::warn("fabric: node {} refused our credential", c->peer_node);
-          StatsOf(c->peer_node).auth_failures++;
-          Fail(c, ErrorClass::kAuthFailed);
-          return;
-        case RefuseReason::kWrongNode:
-          Fail(c, ErrorClass::kBadHost);
-          return;
-        case RefuseReason::kBusy:
-          Fail(c, ErrorClass::kLimit);
-          return;
-      }
-    }
-  } else if (!c->outgoing && type == FrameType::kHello && c->hello.node == 0) {
-    e = DecodeHello(p, n, &c->hello);
-    if (e == FrameError::kOk) {
-      if (c->hello.target_node != opt_.node_id) {
-        Refuse(c, RefuseReason::kWrongNode, "it meant another node");
-        return;
-      }
-      if (c->hello.node == opt_.node_id) {
-        Refuse(c, RefuseReason::kWrongNode, "it claims our own node id");
-        return;
-      }
-      if (c->hello.auth != opt_.auth) {
-        Refuse(c, RefuseReason::kAuth, "authentication mode differs");
-        return;
-      }
-      if (opt_.auth == AuthMode::kNone) {
-        Admit(c);
-        return;
-      }
-      c->state = State::kAuth;
-      auth_->Decode(c->serial, c->hello.credential);
-      return;
-    }
-  } else {
-    BadFrame(c, "unexpected handshake frame");
-    return;
-  }
-  if (e != FrameError::kOk) {
-    BadFrame(c, std::string("handshake: ") + FrameErrorName(e));
-  }
-}
-
-bool SocketFabric::RememberNonce(const uint8_t nonce[kNonceSize], int64_t now) {
-  std::string key(reinterpret_cast<const char*>(nonce), kNonceSize);
-  if (nonces_.size() >= 65536) {
-    for (auto it = nonces_.begin(); it != nonces_.end();) {
-      it = it->second <= now ? nonces_.erase(it) : std::next(it);
-    }
-    if (nonces_.size() >= 65536) return false;  // bounded: refuse instead
-  }
-  auto [it, fresh] = nonces_.try_emplace(
-      key, now + int64_t{opt_.credential_ttl_s} * 1'000'000'000);
-  if (!fresh && it->second <= now) {
-    it->second = now + int64_t{opt_.credential_ttl_s} * 1'000'000'000;
-    return true;
-  }
-  return fresh;
-}
-
-void SocketFabric::OnAuthResults() {
-  std::vector<MungeAuth::Result> results;
-  auth_->TakeResults(&results);
-  for (MungeAuth::Result& r : results) {
-    auto it = by_serial_.find(r.token);
-    if (it == by_serial_.end()) continue;
-    Conn* c = it->second;
-    if (c->closing || c->state != State::kAuth) continue;
-    if (c->outgoing) {
-      if (!r.ok) {
-        spdlog::error("fabric: MUNGE cannot encode a credential: {}", r.error);
-        Fail(c, ErrorClass::kAuthFailed);
-        continue;
-      }
-      c->state = State::kHandshake;
-      QueueControl(c, FrameType::kHello,
-                   EncodeHello({opt_.node_id, incarnation_, c->peer_node,
-                                AuthMode::kMunge, r.data}));
-      PumpRx(c);
-      continue;
-    }
-    CredentialPayload cp;
-    if (!r.ok) {
-      Refuse(c, RefuseReason::kAuth, r.error.c_str());
-    } else if (r.uid != opt_.required_uid) {
-      Refuse(c, RefuseReason::kAuth, "credential of the wrong uid");
-    } else if (DecodeCredentialPayload(
-                   reinterpret_cast<const uint8_t*>(r.data.data()),
-                   r.data.size(), &cp) != FrameError::kOk ||
-               std::memcmp(cp.challenge, c->challenge, kNonceSize) != 0 ||
-               cp.connector_node != c->hello.node ||
-               cp.acceptor_node != opt_.node_id) {
-      Refuse(c, RefuseReason::kAuth,
-             "credential not made for this connection (replayed?)");
-    } else if (!RememberNonce(cp.nonce, NowNs())) {
-      Refuse(c, RefuseReason::kAuth, "credential nonce seen before");
-    } else {
-      Admit(c);
-    }
-  }
+  DeliverData(c, error);
 }
 
 // ---- sending ----
 
-void SocketFabric::FlushDirty() {
-  for (ConnId id : dirty_) {
-    // By id: a connection may have closed since it was marked.
-    if (Conn* c = Find(id)) {
-      c->tx_dirty = false;
-      FlushSends(c);
-    }
-  }
-  dirty_.clear();
-}
-
-void SocketFabric::FlushSends(Conn* c) {
+void SocketFabric::FlushSends(LinkConn* link) {
+  auto* c = static_cast<Conn*>(link);
   if (c->closing || c->fd < 0 || c->tx_inflight || c->tx.empty()) return;
   if (c->state == State::kConnecting) return;
   c->tx_iov.clear();
@@ -1350,7 +663,7 @@ void SocketFabric::OnAccept(Listener* l, int res) {
   if (handshakes_ >= opt_.max_handshakes ||
       owned_.size() >= opt_.max_connections) {
     close(res);
-    int64_t now = NowNs();
+    int64_t now = MonotonicNs();
     if (now >= next_limit_log_ns_) {  // at most one line a second
       next_limit_log_ns_ = now + 1'000'000'000;
       spdlog::warn(
@@ -1363,16 +676,8 @@ void SocketFabric::OnAccept(Listener* l, int res) {
   }
   Conn* c = NewConn(false);
   c->fd = res;
-  c->state = State::kHandshake;
-  c->counted_handshake = true;
-  handshakes_++;
   SetLinkOptions(c->fd);
-  for (auto& b : c->challenge) b = static_cast<uint8_t>(rng_());
-  ChallengePayload ch;
-  ch.node = opt_.node_id;
-  ch.incarnation = incarnation_;
-  std::memcpy(ch.nonce, c->challenge, kNonceSize);
-  QueueControl(c, FrameType::kChallenge, EncodeChallenge(ch));
+  Challenge(c);
   PumpRx(c);
 }
 
@@ -1414,7 +719,8 @@ void SocketFabric::CheckDeadlines(int64_t now) {
     }
   }
   std::vector<Conn*> late;
-  for (auto& [c, owner] : owned_) {
+  for (auto& [link, owner] : owned_) {
+    auto* c = static_cast<Conn*>(link);
     if (!c->closing && c->state != State::kOpen && c->deadline_ns <= now) {
       late.push_back(c);
     }
@@ -1436,7 +742,7 @@ void SocketFabric::Collect(Event* events, int max, int* n) {
 int SocketFabric::Poll(Event* events, int max) {
   FlushDirty();
   Submit();
-  int64_t now = NowNs();
+  int64_t now = MonotonicNs();
   if (now >= next_check_ns_) CheckDeadlines(now);
   // Completions waiting for task work (COOP_TASKRUN, Open): run it.
   if (IO_URING_READ_ONCE(*ring_.sq.kflags) & IORING_SQ_TASKRUN) {
@@ -1473,9 +779,9 @@ int SocketFabric::Wait(Event* events, int max, int timeout_ms) {
   if (n > 0 || timeout_ms == 0) return n;
   int64_t limit_ns =
       timeout_ms < 0 ? INT64_MAX / 2 : int64_t{timeout_ms} * 1'000'000;
-  int64_t end = NowNs() + limit_ns;
+  int64_t end = MonotonicNs() + limit_ns;
   while (n == 0) {
-    int64_t now = NowNs();
+    int64_t now = MonotonicNs();
     if (now >= end) break;
     // Wake for deadlines while connections are being set up.
     int64_t sleep_ns = std::min(end - now, kDeadlineCheckNs * 10);
@@ -1489,19 +795,11 @@ int SocketFabric::Wait(Event* events, int max, int timeout_ms) {
   return n;
 }
 
-std::vector<PeerStats> SocketFabric::Stats() const {
-  std::vector<PeerStats> rows;
-  for (const auto& [node, row] : stats_) rows.push_back(row);
-  return rows;
-}
-
 }  // namespace
 
 std::unique_ptr<Fabric> OpenSocketFabric(const FabricOptions& options,
                                          std::string* error) {
-  auto f = std::make_unique<SocketFabric>(options);
-  if (!f->Open(error)) return nullptr;
-  return f;
+  return OpenLinkFabric<SocketFabric>(options, error);
 }
 
 }  // namespace psmd::hw

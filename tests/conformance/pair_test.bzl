@@ -7,21 +7,27 @@ def pair_tests(program, ranks = 2, nodes = 0):
       program: name of the cc_binary in this package.
       ranks: how many ranks run_pair.sh starts.
       nodes: if not 0, also <program>_nodes: the psmd run with that many
-        daemons linked by the fabric (rank r on daemon r % nodes).
+        daemons linked by the fabric (rank r on daemon r % nodes), and
+        <program>_nodes_ofi: the same over the ofi backend on tcp;ofi_rxm.
     """
     if nodes:
-        native.sh_test(
-            name = program + "_nodes",
-            size = "medium",
-            srcs = ["run_pair.sh"],
-            args = ["--ranks", str(ranks), "--daemons", str(nodes), "psmd-nodes", "$(location :%s)" % program],
-            data = [
-                ":" + program,
-                "//daemon:psmd",
-                "//scripts:nodes",
-                "//scripts:workdir",
-            ],
-        )
+        for suffix, env in [
+            ("_nodes", {}),
+            ("_nodes_ofi", {"PSMD_TEST_OFI_PROVIDER": "tcp;ofi_rxm"}),
+        ]:
+            native.sh_test(
+                name = program + suffix,
+                size = "medium",
+                srcs = ["run_pair.sh"],
+                args = ["--ranks", str(ranks), "--daemons", str(nodes), "psmd-nodes", "$(location :%s)" % program],
+                data = [
+                    ":" + program,
+                    "//daemon:psmd",
+                    "//scripts:nodes",
+                    "//scripts:workdir",
+                ],
+                env = env,
+            )
     for impl in ["intel", "psmd"]:
         native.sh_test(
             name = program + "_" + impl,

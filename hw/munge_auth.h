@@ -1,12 +1,12 @@
-// MUNGE credentials for the socket fabric's handshake, off the progress
+// MUNGE credentials for the fabric backends' handshakes, off the progress
 // thread: encoding and decoding talk to munged over a Unix socket and may
 // take milliseconds, so a helper thread does them and the fabric collects
 // the results without blocking (TakeResults), woken by `notify_fd`.
 //
 // Thread-safety: Encode, Decode and TakeResults may be called from any one
 // thread (the fabric's); the helper thread is private.
-#ifndef PSMD_HW_SOCKET_MUNGE_AUTH_H_
-#define PSMD_HW_SOCKET_MUNGE_AUTH_H_
+#ifndef PSMD_HW_MUNGE_AUTH_H_
+#define PSMD_HW_MUNGE_AUTH_H_
 
 #include <sys/types.h>
 
@@ -62,4 +62,4 @@ class MungeAuth {
 
 }  // namespace psmd::hw
 
-#endif  // PSMD_HW_SOCKET_MUNGE_AUTH_H_
+#endif  // PSMD_HW_MUNGE_AUTH_H_

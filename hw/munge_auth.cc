@@ -1,4 +1,4 @@
-#include "hw/socket/munge_auth.h"
+#include "hw/munge_auth.h"
 
 #include <munge.h>
 #include <unistd.h>

@@ -1,0 +1,1154 @@
+#include "hw/ofi/ofi_fabric.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <spdlog/spdlog.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "hw/link_fabric.h"
+
+namespace psmd::hw {
+namespace {
+
+// Every message starts with this prefix (little-endian, 32 bytes):
+//   0 magic u32 "PSMO"  4 kind u8  5 version u8  6 zero u16
+//   8 dst_key u64 (the receiver's connection key; 0 in kContact)
+//  16 src_key u64 (the sender's)  24 seq u64 (kStream: the stream offset
+//  of the first byte; kCredit: bytes consumed; kClose: stream length)
+constexpr uint32_t kMsgMagic = 0x4f4d5350;
+constexpr uint8_t kMsgVersion = 1;
+constexpr size_t kPrefix = 32;
+enum MsgKind : uint8_t {
+  kContact = 1,    // connector -> acceptor: its libfabric address
+  kStream = 2,     // bytes of the connection's frame stream
+  kCredit = 3,     // the receiver consumed `seq` bytes: the window moves
+  kClose = 4,      // no bytes after `seq`; the connection is gone
+  kKeepalive = 5,  // `seq`: the credit again
+};
+constexpr size_t kMaxName = 256;  // libfabric address bytes in kContact
+// One message is at most this long (less if the provider's max_msg_size
+// is smaller): large frames go as several messages. Under 16 KiB because
+// ofi_rxm sends what exceeds its eager buffer (FI_OFI_RXM_BUFFER_SIZE,
+// 16 KiB with its header) by rendezvous, a round trip more per message;
+// with 64 KiB messages the fabric test's bystander exchange (200 messages
+// of 100 kB) missed its deadline on this machine.
+constexpr size_t kChunkCap = 16384 - 256;
+constexpr uint32_t kMaxSlots = 64;  // registered send buffers
+constexpr uint32_t kMaxRecvs = 64;  // registered receive buffers
+// Stream bytes a sender may have beyond what the receiver consumed: what
+// one connection can make its receiver hold.
+constexpr uint64_t kWindow = 2u << 20;
+
+void Put32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+void Put64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint32_t Get32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v |= uint32_t{p[i]} << (8 * i);
+  return v;
+}
+uint64_t Get64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v |= uint64_t{p[i]} << (8 * i);
+  return v;
+}
+
+struct Prefix {
+  uint8_t kind = 0;
+  uint64_t dst = 0, src = 0, seq = 0;
+};
+void EncodePrefix(const Prefix& m, uint8_t* p) {
+  Put32(p, kMsgMagic);
+  p[4] = m.kind;
+  p[5] = kMsgVersion;
+  p[6] = p[7] = 0;
+  Put64(p + 8, m.dst);
+  Put64(p + 16, m.src);
+  Put64(p + 24, m.seq);
+}
+bool DecodePrefix(const uint8_t* p, size_t n, Prefix* m) {
+  if (n < kPrefix || Get32(p) != kMsgMagic || p[5] != kMsgVersion ||
+      p[4] < kContact || p[4] > kKeepalive || p[6] != 0 || p[7] != 0) {
+    return false;
+  }
+  m->kind = p[4];
+  m->dst = Get64(p + 8);
+  m->src = Get64(p + 16);
+  m->seq = Get64(p + 24);
+  return m->src != 0 && (m->kind == kContact) == (m->dst == 0);
+}
+
+// A completion error (a positive FI_E* value) as what the user acts on.
+ErrorClass FromFiError(int err, bool opened) {
+  switch (err) {
+    case FI_ECONNREFUSED:
+    case FI_EHOSTUNREACH:
+    case FI_ENETUNREACH:
+    case FI_EADDRNOTAVAIL:
+      return opened ? ErrorClass::kConnReset : ErrorClass::kConnFailed;
+    case FI_ETIMEDOUT:
+      return ErrorClass::kTimeout;
+    case FI_ECONNRESET:
+    case FI_ECONNABORTED:
+    case EPIPE:  // FI_E* values are errno values
+    case FI_ENOTCONN:
+    case FI_EIO:
+      return ErrorClass::kConnReset;
+    case FI_ECANCELED:
+      return ErrorClass::kCanceled;
+    default:
+      return ErrorClass::kFail;
+  }
+}
+
+// What every operation hands libfabric as its context: FI_CONTEXT and
+// FI_CONTEXT2 providers own the first member while it is in flight.
+struct Op {
+  fi_context2 ctx;
+  bool send = false;
+  uint32_t index = 0;
+};
+static_assert(offsetof(Op, ctx) == 0);
+
+class OfiFabric final : public LinkFabric {
+ public:
+  explicit OfiFabric(const FabricOptions& options) : LinkFabric(options) {}
+  ~OfiFabric() override;
+
+  bool Open(std::string* error);
+
+  int event_fd() const override { return epoll_fd_; }
+  int Poll(Event* events, int max) override;
+  int Wait(Event* events, int max, int timeout_ms) override;
+
+ private:
+  using State = LinkState;
+  // kStage: parse frames from the stream buffer; kPayload: the current
+  // frame's payload goes to the front receive (past its capacity:
+  // discarded). While await_payload nothing more is parsed.
+  enum class RxPhase { kStage, kPayload };
+
+  struct Conn : LinkConn {
+    uint64_t key = 0;       // ours: the peer's messages carry it
+    uint64_t peer_key = 0;  // 0 until the peer's first message
+    fi_addr_t addr = FI_ADDR_NOTAVAIL;
+    int64_t attempt_ns = 0;  // kConnecting: this address
+    int64_t last_rx_ns = 0;
+    int64_t last_tx_ns = 0;
+    bool peer_closed = false;
+    uint64_t close_at = 0;
+
+    // Receive side: the stream in order up to rx_off; segments ahead of
+    // it wait in `ahead`.
+    std::string in;
+    size_t in_begin = 0;
+    uint64_t rx_off = 0;
+    std::map<uint64_t, std::string> ahead;
+    uint64_t consumed = 0;     // stream bytes parsed
+    uint64_t credit_sent = 0;  // `consumed` last told to the peer
+    RxPhase rx_phase = RxPhase::kStage;
+
+    // Send side.
+    uint64_t tx_off = 0;         // stream bytes handed to the provider
+    uint64_t peer_consumed = 0;  // the peer's last credit
+    bool close_after_tx = false;
+  };
+  struct Slot {
+    Op op;
+    uint8_t* buf = nullptr;
+    size_t len = 0;
+    uint64_t conn_key = 0;
+    fi_addr_t addr = FI_ADDR_NOTAVAIL;
+  };
+  struct Recv {
+    Op op;
+    uint8_t* buf = nullptr;
+  };
+  struct AvEntry {
+    fi_addr_t addr = FI_ADDR_NOTAVAIL;
+    int refs = 0;
+  };
+
+  // LinkFabric's hooks.
+  void Fail(LinkConn* c, ErrorClass error) override;
+  void FlushSends(LinkConn* c) override;
+  void ParseRx(LinkConn* c) override;
+  void AfterRx(LinkConn* c) override;
+  void Consume(LinkConn* c, size_t n) override;
+  void PayloadPosted(LinkConn* c) override {
+    static_cast<Conn*>(c)->rx_phase = RxPhase::kPayload;
+  }
+  void Kick() override {
+    if (!events_.empty() || !finish_.empty()) Signal();
+  }
+
+  bool TryPort(const ListenAddress& a, uint16_t port, bool* in_use,
+               std::string* error);
+  void CloseFabric();
+  bool Resolve(const HostAddress& a, std::string* name);
+  bool AvRef(const std::string& name, fi_addr_t* addr);
+  void AvUnref(fi_addr_t addr);
+  void PostRecvBuffer(uint32_t i);
+  void Signal();
+
+  LinkConn* NewLink(bool outgoing) override { return NewConn(outgoing); }
+  void StartAttempt(LinkConn* c) override;
+  Conn* NewConn(bool outgoing);
+  void Rekey(Conn* c);
+  void Finish(Conn* c);
+
+  // Sends one message of `kind` (control: no stream bytes) to c's peer.
+  void SendControl(Conn* c, MsgKind kind, uint64_t seq,
+                   const std::string& payload = {});
+  bool TakeSlot(uint32_t* i);
+  void PostSlot(uint32_t i);
+
+  // Handles what the completion queue holds; how many completions.
+  int ReadCq();
+  void OnMessage(const uint8_t* p, size_t n);
+  void OnContact(const Prefix& m, const uint8_t* p, size_t n);
+  void OnSegment(Conn* c, uint64_t seq, const uint8_t* p, size_t n);
+  void OnSendDone(uint32_t i, int err);
+  void CheckDeadlines(int64_t now);
+  void DropUnknown(const char* what);
+
+  Conn* Find(ConnId id) { return static_cast<Conn*>(FindLive(id)); }
+  Conn* ByKey(uint64_t key) {
+    auto it = by_key_.find(key);
+    return it == by_key_.end() ? nullptr : it->second;
+  }
+
+  fi_info* hints_ = nullptr;
+  fi_info* info_ = nullptr;
+  fid_fabric* fabric_ = nullptr;
+  fid_domain* domain_ = nullptr;
+  fid_cq* cq_ = nullptr;
+  fid_wait* wait_ = nullptr;  // only where the CQ has no wait fd of its own
+  fid_av* av_ = nullptr;
+  fid_ep* ep_ = nullptr;
+  fid_mr* mr_ = nullptr;
+  void* desc_ = nullptr;
+  std::unique_ptr<uint8_t[]> buffers_;
+  size_t buf_size_ = 0;  // one send or receive buffer: prefix + chunk
+  size_t chunk_ = 0;     // stream bytes per message
+  size_t inject_size_ = 0;
+  std::string name_;  // our libfabric address
+  int cq_fd_ = -1;
+  int epoll_fd_ = -1;
+  int signal_fd_ = -1;
+  bool signaled_ = false;
+  bool armed_ = false;  // fi_trywait said the wait fd will fire
+  int auth_fd_ = -1;
+
+  std::vector<Slot> slots_;
+  std::vector<uint32_t> free_slots_;
+  std::deque<uint32_t> unposted_slots_;  // -FI_EAGAIN: post again
+  std::vector<Recv> recvs_;
+  std::vector<uint32_t> unposted_recvs_;
+  std::map<std::string, AvEntry> av_entries_;
+  std::unordered_map<fi_addr_t, std::string> av_names_;
+  std::map<std::string, std::string> resolved_;  // "host|port" -> name
+
+  std::unordered_map<uint64_t, Conn*> by_key_;
+  std::vector<Conn*> finish_;
+  int64_t next_check_ns_ = 0;
+  int64_t next_limit_log_ns_ = 0;
+  bool unknown_logged_ = false;
+};
+
+// ---- opening and closing ----
+
+OfiFabric::~OfiFabric() {
+  // Tell the peers, as a closed socket would; give the provider a moment
+  // to send it (its progress is ours).
+  if (ep_ != nullptr) {
+    for (auto& [link, owner] : owned_) {
+      auto* c = static_cast<Conn*>(link);
+      if (!c->closing && c->peer_key != 0) {
+        SendControl(c, kClose, c->tx_off);
+      }
+    }
+    const int64_t end = MonotonicNs() + 200'000'000;
+    while (free_slots_.size() < slots_.size() && MonotonicNs() < end) {
+      for (uint32_t i : std::deque<uint32_t>(std::move(unposted_slots_))) {
+        PostSlot(i);
+      }
+      ReadCq();
+      if (free_slots_.size() < slots_.size()) usleep(1000);
+    }
+  }
+  auth_.reset();
+  CloseFabric();
+  if (hints_ != nullptr) fi_freeinfo(hints_);
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (signal_fd_ >= 0) close(signal_fd_);
+  if (auth_fd_ >= 0) close(auth_fd_);
+}
+
+void OfiFabric::CloseFabric() {
+  if (ep_ != nullptr) fi_close(&ep_->fid);
+  if (mr_ != nullptr) fi_close(&mr_->fid);
+  if (av_ != nullptr) fi_close(&av_->fid);
+  if (cq_ != nullptr) fi_close(&cq_->fid);
+  if (wait_ != nullptr) fi_close(&wait_->fid);
+  if (domain_ != nullptr) fi_close(&domain_->fid);
+  if (fabric_ != nullptr) fi_close(&fabric_->fid);
+  if (info_ != nullptr) fi_freeinfo(info_);
+  ep_ = nullptr;
+  mr_ = nullptr;
+  av_ = nullptr;
+  cq_ = nullptr;
+  wait_ = nullptr;
+  domain_ = nullptr;
+  fabric_ = nullptr;
+  info_ = nullptr;
+}
+
+bool OfiFabric::Open(std::string* error) {
+  std::vector<ListenAddress> listen;
+  if (!CheckOptions(&listen, error)) return false;
+  if (listen.size() != 1) {
+    *error =
+        "the ofi fabric listens on exactly one address (one endpoint); "
+        "give one --fabric-listen";
+    return false;
+  }
+  const ListenAddress& a = listen[0];
+  // What psmd needs, and the strictest modes it can honour: it registers
+  // every buffer it hands the provider (FI_MR_LOCAL), allocates them itself
+  // (FI_MR_ALLOCATED), binds the registration to the endpoint when asked
+  // (FI_MR_ENDPOINT), and gives every operation an fi_context2. It does no
+  // RMA, so FI_MR_VIRT_ADDR and FI_MR_PROV_KEY cost nothing.
+  hints_ = fi_allocinfo();
+  hints_->caps = FI_MSG;
+  hints_->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints_->ep_attr->type = FI_EP_RDM;
+  hints_->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED |
+                                 FI_MR_ENDPOINT | FI_MR_VIRT_ADDR |
+                                 FI_MR_PROV_KEY;
+  hints_->domain_attr->threading = FI_THREAD_DOMAIN;
+  hints_->addr_format =
+      a.host.find(':') != std::string::npos ? FI_SOCKADDR_IN6 : FI_SOCKADDR_IN;
+  if (!opt_.provider.empty()) {
+    hints_->fabric_attr->prov_name = strdup(opt_.provider.c_str());
+  }
+  const uint32_t lo = a.port_lo, hi = a.port_hi;
+  for (uint32_t port = lo; port <= hi; port++) {
+    bool in_use = false;
+    if (TryPort(a, static_cast<uint16_t>(port), &in_use, error)) break;
+    if (!in_use) return false;
+    if (port == hi) {
+      *error = "fabric listen address '" + opt_.listen[0] +
+               "': no free port in the range";
+      return false;
+    }
+  }
+
+  signal_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (signal_fd_ < 0 || epoll_fd_ < 0) {
+    *error = std::string("eventfd/epoll: ") + std::strerror(errno);
+    return false;
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, cq_fd_, &ev);
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, signal_fd_, &ev);
+  if (opt_.auth == AuthMode::kMunge) {
+    auth_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, auth_fd_, &ev);
+    auth_ = std::make_unique<MungeAuth>(opt_.munge_socket, auth_fd_);
+  }
+  for (uint32_t i = 0; i < recvs_.size(); i++) PostRecvBuffer(i);
+  return true;
+}
+
+bool OfiFabric::TryPort(const ListenAddress& a, uint16_t port, bool* in_use,
+                        std::string* error) {
+  const std::string service = std::to_string(port);
+  const std::string prov =
+      opt_.provider.empty() ? std::string("any provider") : opt_.provider;
+  int rc = fi_getinfo(FI_VERSION(1, 17), a.host.c_str(), service.c_str(),
+                      FI_SOURCE, hints_, &info_);
+  if (rc != 0) {
+    *error = "libfabric: " + prov +
+             " offers no FI_EP_RDM endpoint with "
+             "FI_MSG at " +
+             a.host + " (fi_getinfo: " + fi_strerror(-rc) +
+             "); see `psmd --help` and `fi_info -l`";
+    info_ = nullptr;
+    return false;
+  }
+  // fi_getinfo lists the best match first.
+  if (info_->addr_format != FI_SOCKADDR_IN &&
+      info_->addr_format != FI_SOCKADDR_IN6) {
+    *error = "libfabric provider " +
+             std::string(info_->fabric_attr->prov_name) +
+             " is not addressed by IP address and port, which the node "
+             "table names (see hw/README.md)";
+    CloseFabric();
+    return false;
+  }
+  auto fail = [&](const char* what, int err) {
+    *in_use = err == -FI_EADDRINUSE;
+    *error = std::string("libfabric ") + info_->fabric_attr->prov_name + ": " +
+             what + ": " + fi_strerror(-err);
+    CloseFabric();
+    return false;
+  };
+  if ((rc = fi_fabric(info_->fabric_attr, &fabric_, nullptr)) != 0) {
+    return fail("fi_fabric", rc);
+  }
+  if ((rc = fi_domain(fabric_, info_, &domain_, nullptr)) != 0) {
+    return fail("fi_domain", rc);
+  }
+  const size_t max_msg = info_->ep_attr->max_msg_size;
+  if (max_msg < kPrefix + kMaxName) {
+    return fail("max_msg_size too small", -FI_EMSGSIZE);
+  }
+  buf_size_ = std::min(max_msg, kChunkCap);
+  chunk_ = buf_size_ - kPrefix;
+  inject_size_ = info_->tx_attr->inject_size;
+  const uint32_t nslots = static_cast<uint32_t>(
+      std::clamp<size_t>(info_->tx_attr->size / 2, 4, kMaxSlots));
+  const uint32_t nrecvs = static_cast<uint32_t>(
+      std::clamp<size_t>(info_->rx_attr->size / 2, 4, kMaxRecvs));
+
+  // The completion queue's wait object is a file descriptor the worker's
+  // epoll sleeps on: the queue's own (FI_GETWAIT on it), or, where the
+  // provider's queue does not hand it out (ofi_rxd), a wait set's.
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_MSG;
+  cq_attr.size = nslots + nrecvs + 16;
+  cq_attr.wait_obj = FI_WAIT_FD;
+  if ((rc = fi_cq_open(domain_, &cq_attr, &cq_, nullptr)) != 0) {
+    return fail("fi_cq_open with a wait fd", rc);
+  }
+  if (fi_control(&cq_->fid, FI_GETWAIT, &cq_fd_) != 0) {
+    fi_close(&cq_->fid);
+    cq_ = nullptr;
+    fi_wait_attr wait_attr{};
+    wait_attr.wait_obj = FI_WAIT_FD;
+    if ((rc = fi_wait_open(fabric_, &wait_attr, &wait_)) != 0) {
+      return fail("the completion queue has no wait fd, nor fi_wait_open", rc);
+    }
+    cq_attr.wait_obj = FI_WAIT_SET;
+    cq_attr.wait_set = wait_;
+    if ((rc = fi_cq_open(domain_, &cq_attr, &cq_, nullptr)) != 0) {
+      return fail("fi_cq_open on a wait set", rc);
+    }
+    if ((rc = fi_control(&wait_->fid, FI_GETWAIT, &cq_fd_)) != 0) {
+      return fail("fi_control(FI_GETWAIT) on the wait set", rc);
+    }
+  }
+  fi_av_attr av_attr{};
+  av_attr.type = info_->domain_attr->av_type;
+  if ((rc = fi_av_open(domain_, &av_attr, &av_, nullptr)) != 0) {
+    return fail("fi_av_open", rc);
+  }
+  if ((rc = fi_endpoint(domain_, info_, &ep_, nullptr)) != 0) {
+    return fail("fi_endpoint", rc);
+  }
+  if ((rc = fi_ep_bind(ep_, &av_->fid, 0)) != 0) return fail("bind av", rc);
+  if ((rc = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV)) != 0) {
+    return fail("bind cq", rc);
+  }
+  if ((rc = fi_enable(ep_)) != 0) return fail("fi_enable", rc);
+
+  // One registration for every buffer, done once.
+  const size_t total = buf_size_ * (nslots + nrecvs);
+  buffers_.reset(new uint8_t[total]);
+  if ((rc = fi_mr_reg(domain_, buffers_.get(), total, FI_SEND | FI_RECV, 0, 0,
+                      0, &mr_, nullptr)) != 0) {
+    return fail("fi_mr_reg", rc);
+  }
+  if (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) {
+    if ((rc = fi_mr_bind(mr_, &ep_->fid, 0)) != 0 ||
+        (rc = fi_mr_enable(mr_)) != 0) {
+      return fail("binding the registration to the endpoint", rc);
+    }
+  }
+  desc_ = fi_mr_desc(mr_);
+  slots_.resize(nslots);
+  for (uint32_t i = 0; i < nslots; i++) {
+    slots_[i].op.send = true;
+    slots_[i].op.index = i;
+    slots_[i].buf = buffers_.get() + buf_size_ * i;
+    free_slots_.push_back(nslots - 1 - i);
+  }
+  recvs_.resize(nrecvs);
+  for (uint32_t i = 0; i < nrecvs; i++) {
+    recvs_[i].op.index = i;
+    recvs_[i].buf = buffers_.get() + buf_size_ * (nslots + i);
+  }
+
+  char name[kMaxName];
+  size_t len = sizeof name;
+  if ((rc = fi_getname(&ep_->fid, name, &len)) != 0) {
+    return fail("fi_getname", rc);
+  }
+  name_.assign(name, len);
+  uint16_t bound = port;
+  const auto* sa = reinterpret_cast<const sockaddr*>(name);
+  if (sa->sa_family == AF_INET && len >= sizeof(sockaddr_in)) {
+    bound = ntohs(reinterpret_cast<const sockaddr_in*>(name)->sin_port);
+  } else if (sa->sa_family == AF_INET6 && len >= sizeof(sockaddr_in6)) {
+    bound = ntohs(reinterpret_cast<const sockaddr_in6*>(name)->sin6_port);
+  }
+  self_.node = opt_.node_id;
+  self_.addresses = {{a.host, bound}};
+  spdlog::info("fabric: libfabric {} {} at {}:{}, max message {}, inject {}",
+               info_->fabric_attr->prov_name, info_->fabric_attr->name, a.host,
+               bound, max_msg, inject_size_);
+  return true;
+}
+
+bool OfiFabric::Resolve(const HostAddress& a, std::string* name) {
+  const std::string key = a.host + "|" + std::to_string(a.port);
+  if (auto it = resolved_.find(key); it != resolved_.end()) {
+    *name = it->second;
+    return true;
+  }
+  fi_info* r = nullptr;
+  int rc = fi_getinfo(FI_VERSION(1, 17), a.host.c_str(),
+                      std::to_string(a.port).c_str(), 0, hints_, &r);
+  if (rc != 0 || r->dest_addr == nullptr) {
+    spdlog::warn("fabric: {}:{} not reachable through {}: {}", a.host, a.port,
+                 info_->fabric_attr->prov_name, fi_strerror(-rc));
+    if (r != nullptr) fi_freeinfo(r);
+    return false;
+  }
+  name->assign(static_cast<const char*>(r->dest_addr), r->dest_addrlen);
+  fi_freeinfo(r);
+  resolved_[key] = *name;
+  return true;
+}
+
+bool OfiFabric::AvRef(const std::string& name, fi_addr_t* addr) {
+  auto it = av_entries_.find(name);
+  if (it == av_entries_.end()) {
+    fi_addr_t fa = FI_ADDR_NOTAVAIL;
+    int rc = fi_av_insert(av_, name.data(), 1, &fa, 0, nullptr);
+    if (rc != 1 || fa == FI_ADDR_NOTAVAIL) {
+      spdlog::warn("fabric: fi_av_insert refused an address");
+      return false;
+    }
+    it = av_entries_.emplace(name, AvEntry{fa, 0}).first;
+    av_names_[fa] = name;
+  }
+  it->second.refs++;
+  *addr = it->second.addr;
+  return true;
+}
+
+void OfiFabric::AvUnref(fi_addr_t addr) {
+  auto n = av_names_.find(addr);
+  if (n == av_names_.end()) return;
+  auto it = av_entries_.find(n->second);
+  if (--it->second.refs > 0) return;
+  fi_addr_t fa = addr;
+  fi_av_remove(av_, &fa, 1, 0);
+  av_entries_.erase(it);
+  av_names_.erase(n);
+}
+
+void OfiFabric::PostRecvBuffer(uint32_t i) {
+  Recv& r = recvs_[i];
+  ssize_t rc = fi_recv(ep_, r.buf, buf_size_, desc_, FI_ADDR_UNSPEC, &r.op);
+  if (rc == -FI_EAGAIN) {
+    unposted_recvs_.push_back(i);
+  } else if (rc != 0) {
+    spdlog::error("fabric: fi_recv: {}", fi_strerror(static_cast<int>(-rc)));
+    unposted_recvs_.push_back(i);
+  }
+}
+
+void OfiFabric::Signal() {
+  if (signaled_) return;
+  signaled_ = true;
+  const uint64_t one = 1;
+  (void)!write(signal_fd_, &one, sizeof one);
+}
+
+// ---- the user's calls ----
+
+OfiFabric::Conn* OfiFabric::NewConn(bool outgoing) {
+  auto* c = static_cast<Conn*>(Track(std::make_unique<Conn>(), outgoing));
+  c->last_rx_ns = c->last_tx_ns = MonotonicNs();
+  Rekey(c);
+  return c;
+}
+
+void OfiFabric::Rekey(Conn* c) {
+  if (c->key != 0) by_key_.erase(c->key);
+  do {
+    c->key = rng_();
+  } while (c->key == 0 || by_key_.count(c->key) != 0);
+  by_key_[c->key] = c;
+}
+
+// ---- connection life ----
+
+void OfiFabric::StartAttempt(LinkConn* link) {
+  auto* c = static_cast<Conn*>(link);
+  while (c->next_address < c->addresses.size()) {
+    const HostAddress& a = c->addresses[c->next_address++];
+    std::string name;
+    fi_addr_t addr;
+    if (!Resolve(a, &name) || !AvRef(name, &addr)) continue;
+    if (c->addr != FI_ADDR_NOTAVAIL) AvUnref(c->addr);
+    c->addr = addr;
+    // A new key per attempt: a late answer from the address tried before
+    // names a key that is gone.
+    Rekey(c);
+    c->peer_key = 0;
+    c->state = State::kConnecting;
+    c->attempt_ns =
+        MonotonicNs() + int64_t{opt_.connect_attempt_ms} * 1'000'000;
+    SendControl(c, kContact, 0, name_);
+    return;
+  }
+  spdlog::warn("fabric: node {} unreachable at every address", c->peer_node);
+  Fail(c, ErrorClass::kConnFailed);
+}
+
+void OfiFabric::Fail(LinkConn* link, ErrorClass error) {
+  auto* c = static_cast<Conn*>(link);
+  if (c->closing) return;
+  c->closing = true;
+  c->close_error = error;
+  Unlink(c);
+  // The peer learns at once (a closed socket's FIN), unless it told us.
+  if (c->peer_key != 0 && !c->peer_closed) {
+    SendControl(c, kClose, c->tx_off);
+  }
+  finish_.push_back(c);
+}
+
+void OfiFabric::Finish(Conn* c) {
+  if (c->addr != FI_ADDR_NOTAVAIL) AvUnref(c->addr);
+  by_key_.erase(c->key);
+  Release(c);
+}
+
+// ---- receiving ----
+
+void OfiFabric::AfterRx(LinkConn* link) {
+  auto* c = static_cast<Conn*>(link);
+  if (c->closing) return;
+  if (c->in_begin == c->in.size()) {
+    c->in.clear();
+    c->in_begin = 0;
+  } else if (c->in_begin > 65536 && c->in_begin > c->in.size() / 2) {
+    c->in.erase(0, c->in_begin);
+    c->in_begin = 0;
+  }
+  // The window moves once a quarter of it was consumed.
+  if (c->peer_key != 0 && c->consumed - c->credit_sent >= kWindow / 4) {
+    c->credit_sent = c->consumed;
+    SendControl(c, kCredit, c->consumed);
+  }
+  // The peer closed: seen once its last bytes are here, no whole frame
+  // waits and a receive is posted (as a socket's EOF is read only after the
+  // data before it, and only when the user reads).
+  const size_t avail = c->in.size() - c->in_begin;
+  if (c->peer_closed && c->rx_off >= c->close_at &&
+      c->state != State::kWaitPeer &&
+      (c->state != State::kOpen ||
+       (!c->recvs.empty() && (avail == 0 || (c->rx_phase == RxPhase::kStage &&
+                                             avail < kFrameHeaderSize))))) {
+    Fail(c, c->state == State::kOpen ? ErrorClass::kPeerClosed
+                                     : ErrorClass::kConnFailed);
+  }
+}
+
+void OfiFabric::Consume(LinkConn* link, size_t n) {
+  auto* c = static_cast<Conn*>(link);
+  c->in_begin += n;
+  c->consumed += n;
+}
+
+void OfiFabric::ParseRx(LinkConn* link) {
+  auto* c = static_cast<Conn*>(link);
+  while (!c->closing && !c->await_payload &&
+         (c->state == State::kHandshake || c->state == State::kOpen)) {
+    const size_t avail = c->in.size() - c->in_begin;
+    const auto* p =
+        reinterpret_cast<const uint8_t*>(c->in.data()) + c->in_begin;
+    if (c->rx_phase == RxPhase::kStage) {
+      const FrameStart f = StartFrame(c, p, avail);
+      if (f == FrameStart::kPayload) c->rx_phase = RxPhase::kPayload;
+      if (f == FrameStart::kNext || f == FrameStart::kPayload) continue;
+      return;
+    }
+    const size_t n = std::min(avail, c->rx_header.length - c->rx_got);
+    if (n == 0 && c->rx_got < c->rx_header.length) return;
+    // The part of [rx_got, rx_got + n) below rx_take lands in the iovecs.
+    size_t skip = c->rx_got, copied = 0;
+    const size_t want =
+        c->rx_got < c->rx_take ? std::min(n, c->rx_take - c->rx_got) : 0;
+    for (const iovec& v : c->recvs.front().iov) {
+      if (copied == want) break;
+      if (skip >= v.iov_len) {
+        skip -= v.iov_len;
+        continue;
+      }
+      const size_t k = std::min(v.iov_len - skip, want - copied);
+      std::memcpy(static_cast<char*>(v.iov_base) + skip, p + copied, k);
+      copied += k;
+      skip = 0;
+    }
+    Consume(c, n);
+    c->rx_got += n;
+    if (c->rx_got == c->rx_header.length) {
+      c->rx_phase = RxPhase::kStage;
+      DeliverData(c, c->rx_take == c->rx_header.length
+                         ? ErrorClass::kOk
+                         : ErrorClass::kTruncated);
+    }
+  }
+}
+
+// ---- sending ----
+
+bool OfiFabric::TakeSlot(uint32_t* i) {
+  if (free_slots_.empty()) return false;
+  *i = free_slots_.back();
+  free_slots_.pop_back();
+  return true;
+}
+
+void OfiFabric::PostSlot(uint32_t i) {
+  Slot& s = slots_[i];
+  ssize_t rc = fi_send(ep_, s.buf, s.len, desc_, s.addr, &s.op);
+  if (rc == 0) return;
+  if (rc == -FI_EAGAIN) {  // the provider's queue is full: after progress
+    unposted_slots_.push_back(i);
+    return;
+  }
+  OnSendDone(i, static_cast<int>(-rc));
+}
+
+void OfiFabric::SendControl(Conn* c, MsgKind kind, uint64_t seq,
+                            const std::string& payload) {
+  if (c->addr == FI_ADDR_NOTAVAIL) return;
+  c->last_tx_ns = MonotonicNs();
+  Prefix m;
+  m.kind = kind;
+  m.dst = kind == kContact ? 0 : c->peer_key;
+  m.src = c->key;
+  m.seq = seq;
+  uint8_t small[kPrefix + kMaxName];
+  const size_t len = kPrefix + payload.size();
+  // Small enough to inject: no buffer held, no completion.
+  if (len <= inject_size_ && len <= sizeof small) {
+    EncodePrefix(m, small);
+    std::memcpy(small + kPrefix, payload.data(), payload.size());
+    if (fi_inject(ep_, small, len, c->addr) == 0) return;
+  }
+  uint32_t i;
+  if (!TakeSlot(&i)) {
+    // Every buffer is in flight; control messages are rare, so wait for
+    // one by progressing the provider (bounded: it completes or fails).
+    const int64_t end = MonotonicNs() + 100'000'000;
+    while (free_slots_.empty() && MonotonicNs() < end) ReadCq();
+    if (!TakeSlot(&i)) {
+      // Lost: a close or keepalive matters little, a credit is repeated by
+      // the next keepalive.
+      spdlog::warn("fabric: no send buffer for a control message to node {}",
+                   c->peer_node);
+      return;
+    }
+  }
+  Slot& s = slots_[i];
+  EncodePrefix(m, s.buf);
+  std::memcpy(s.buf + kPrefix, payload.data(), payload.size());
+  s.len = len;
+  s.conn_key = c->key;
+  s.addr = c->addr;
+  av_entries_[av_names_[c->addr]].refs++;  // the buffer holds the address
+  PostSlot(i);
+}
+
+void OfiFabric::FlushSends(LinkConn* link) {
+  auto* c = static_cast<Conn*>(link);
+  if (c->closing || c->peer_key == 0 || c->addr == FI_ADDR_NOTAVAIL) return;
+  while (!c->tx.empty()) {
+    if (c->state != State::kOpen && !c->tx.front().internal) break;
+    const uint64_t in_flight = c->tx_off - c->peer_consumed;
+    if (in_flight >= kWindow) break;  // the peer's credit moves it on
+    uint32_t i;
+    if (!TakeSlot(&i)) {
+      // Resumed when a send completes (OnSendDone marks it dirty).
+      if (!c->tx_dirty) {
+        c->tx_dirty = true;
+        dirty_.push_back(c->id);
+      }
+      break;
+    }
+    Slot& s = slots_[i];
+    const size_t cap = std::min<uint64_t>(chunk_, kWindow - in_flight);
+    size_t n = 0;
+    while (!c->tx.empty() && n < cap) {
+      LinkSend& f = c->tx.front();
+      if (c->state != State::kOpen && !f.internal) break;
+      // Copy from f's iovecs, starting f.sent bytes in.
+      size_t skip = f.sent;
+      for (const iovec& v : f.iov) {
+        if (n == cap) break;
+        if (skip >= v.iov_len) {
+          skip -= v.iov_len;
+          continue;
+        }
+        const size_t k = std::min(v.iov_len - skip, cap - n);
+        std::memcpy(s.buf + kPrefix + n,
+                    static_cast<const char*>(v.iov_base) + skip, k);
+        n += k;
+        f.sent += k;
+        skip = 0;
+      }
+      if (f.sent < f.total) break;
+      // Its bytes are all with the provider: the caller's buffers are free.
+      if (!f.internal) {
+        c->tx_app_frames--;
+        c->tx_app_bytes -= f.total;
+        PeerStats& st = StatsOf(c->peer_node);
+        st.frames_sent++;
+        st.bytes_sent += f.total - kFrameHeaderSize;
+        if (c->visible)
+          Emit(EventType::kSendDone, c, ErrorClass::kOk, f.cookie);
+      }
+      if (f.close_after) c->close_after_tx = true;
+      c->tx.pop_front();
+    }
+    Prefix m;
+    m.kind = kStream;
+    m.dst = c->peer_key;
+    m.src = c->key;
+    m.seq = c->tx_off;
+    EncodePrefix(m, s.buf);
+    s.len = kPrefix + n;
+    s.conn_key = c->key;
+    s.addr = c->addr;
+    av_entries_[av_names_[c->addr]].refs++;
+    c->tx_off += n;
+    c->last_tx_ns = MonotonicNs();
+    PostSlot(i);
+    if (c->closing) return;  // the post failed
+  }
+  if (c->close_after_tx && c->tx.empty()) {
+    c->close_after_tx = false;
+    Fail(c, ErrorClass::kConnFailed);  // invisible: a refused connector
+  }
+}
+
+void OfiFabric::OnSendDone(uint32_t i, int err) {
+  Slot& s = slots_[i];
+  AvUnref(s.addr);
+  s.addr = FI_ADDR_NOTAVAIL;
+  free_slots_.push_back(i);
+  Conn* c = ByKey(s.conn_key);
+  if (c == nullptr || c->closing) return;
+  if (err != 0) {
+    if (c->state == State::kConnecting) {
+      spdlog::info("fabric: node {} at {}: {}", c->peer_node,
+                   c->addresses[c->next_address - 1].host, fi_strerror(err));
+      StartAttempt(c);
+      return;
+    }
+    spdlog::warn("fabric: send to node {}: {}", c->peer_node, fi_strerror(err));
+    c->peer_closed = true;  // it cannot be told
+    Fail(c, FromFiError(err, c->opened));
+    return;
+  }
+  if (!c->tx.empty() && !c->tx_dirty) {
+    c->tx_dirty = true;
+    dirty_.push_back(c->id);
+  }
+}
+
+// ---- completions ----
+
+void OfiFabric::DropUnknown(const char* what) {
+  StatsOf(0).bad_frames++;
+  if (!unknown_logged_) {
+    unknown_logged_ = true;
+    spdlog::warn(
+        "fabric: dropping a message from an unknown sender: {} "
+        "(logged once)",
+        what);
+  }
+}
+
+void OfiFabric::OnMessage(const uint8_t* p, size_t n) {
+  Prefix m;
+  if (!DecodePrefix(p, n, &m)) {
+    DropUnknown("bad prefix");
+    return;
+  }
+  if (m.kind == kContact) {
+    OnContact(m, p + kPrefix, n - kPrefix);
+    return;
+  }
+  Conn* c = ByKey(m.dst);
+  // A message for a connection that is gone is late, not bad.
+  if (c == nullptr || c->closing) return;
+  if (c->peer_key == 0) {
+    if (c->state != State::kConnecting || m.kind != kStream) return;
+    c->peer_key = m.src;  // the acceptor's first bytes name its key
+    c->state = State::kHandshake;
+  } else if (m.src != c->peer_key) {
+    DropUnknown("wrong sender key");
+    return;
+  }
+  c->last_rx_ns = MonotonicNs();
+  switch (m.kind) {
+    case kStream:
+      OnSegment(c, m.seq, p + kPrefix, n - kPrefix);
+      return;
+    case kCredit:
+    case kKeepalive:  // carries the credit too
+      if (m.seq > c->tx_off) {
+        BadFrame(c, "credit beyond what was sent");
+        return;
+      }
+      if (m.seq > c->peer_consumed) {
+        c->peer_consumed = m.seq;
+        FlushSends(c);
+      }
+      return;
+    case kClose:
+      if (m.seq < c->rx_off) {
+        BadFrame(c, "close before bytes already received");
+        return;
+      }
+      c->peer_closed = true;
+      c->close_at = m.seq;
+      PumpRx(c);
+      return;
+    default:
+      return;
+  }
+}
+
+void OfiFabric::OnContact(const Prefix& m, const uint8_t* p, size_t n) {
+  if (n == 0 || n > kMaxName) {
+    DropUnknown("contact without an address");
+    return;
+  }
+  const int64_t now = MonotonicNs();
+  if (handshakes_ >= opt_.max_handshakes ||
+      owned_.size() > opt_.max_connections) {
+    if (now >= next_limit_log_ns_) {
+      spdlog::warn("fabric: too many connections being set up; ignoring one");
+      next_limit_log_ns_ = now + 10'000'000'000;
+    }
+    return;
+  }
+  fi_addr_t addr;
+  if (!AvRef(std::string(reinterpret_cast<const char*>(p), n), &addr)) return;
+  Conn* c = NewConn(false);
+  c->peer_key = m.src;
+  c->addr = addr;
+  Challenge(c);
+}
+
+void OfiFabric::OnSegment(Conn* c, uint64_t seq, const uint8_t* p, size_t n) {
+  if (n == 0) return;
+  // The window bounds what one connection makes us hold.
+  if (seq < c->rx_off || seq + n > c->consumed + kWindow ||
+      c->ahead.count(seq) != 0) {
+    BadFrame(c, "stream bytes outside the window");
+    return;
+  }
+  if (seq != c->rx_off) {  // the provider reordered: hold it
+    c->ahead.emplace(seq, std::string(reinterpret_cast<const char*>(p), n));
+    return;
+  }
+  c->in.append(reinterpret_cast<const char*>(p), n);
+  c->rx_off += n;
+  while (!c->ahead.empty() && c->ahead.begin()->first <= c->rx_off) {
+    auto it = c->ahead.begin();
+    if (it->first != c->rx_off) {
+      BadFrame(c, "overlapping stream bytes");
+      return;
+    }
+    c->in += it->second;
+    c->rx_off += it->second.size();
+    c->ahead.erase(it);
+  }
+  PumpRx(c);
+}
+
+int OfiFabric::ReadCq() {
+  fi_cq_msg_entry entries[32];
+  int total = 0;
+  for (int round = 0; round < 8; round++) {
+    ssize_t n = fi_cq_read(cq_, entries, 32);
+    if (n == -FI_EAGAIN) return total;
+    if (n == -FI_EAVAIL) {
+      fi_cq_err_entry err{};
+      if (fi_cq_readerr(cq_, &err, 0) < 0) return total;
+      total++;
+      auto* op = static_cast<Op*>(err.op_context);
+      if (op == nullptr) continue;
+      if (op->send) {
+        OnSendDone(op->index, err.err != 0 ? err.err : FI_EIO);
+      } else {
+        // A message longer than our buffers (FI_ETRUNC) is no psmd's.
+        if (err.err != FI_ECANCELED) DropUnknown(fi_strerror(err.err));
+        if (ep_ != nullptr && err.err != FI_ECANCELED) {
+          PostRecvBuffer(op->index);
+        }
+      }
+      continue;
+    }
+    if (n < 0) {
+      spdlog::error("fabric: fi_cq_read: {}",
+                    fi_strerror(static_cast<int>(-n)));
+      return total;
+    }
+    total += static_cast<int>(n);
+    for (ssize_t k = 0; k < n; k++) {
+      auto* op = static_cast<Op*>(entries[k].op_context);
+      if (op->send) {
+        OnSendDone(op->index, 0);
+      } else {
+        OnMessage(recvs_[op->index].buf, entries[k].len);
+        PostRecvBuffer(op->index);
+      }
+    }
+    if (n < 32) return total;
+  }
+  return total;
+}
+
+void OfiFabric::CheckDeadlines(int64_t now) {
+  const int64_t timeout = int64_t{opt_.timeout_ms} * 1'000'000;
+  const int64_t user_timeout =
+      opt_.user_timeout_ms == FabricOptions::kNoUserTimeout ? 0
+      : opt_.user_timeout_ms == 0                           ? timeout
+                                  : int64_t{opt_.user_timeout_ms} * 1'000'000;
+  std::vector<Conn*> all;
+  all.reserve(owned_.size());
+  for (auto& [link, owner] : owned_) all.push_back(static_cast<Conn*>(link));
+  for (Conn* c : all) {
+    if (c->closing) continue;
+    if (c->state != State::kOpen) {
+      if (now >= c->deadline_ns) {
+        if (c->outgoing) {
+          spdlog::warn("fabric: connecting to node {} timed out", c->peer_node);
+        }
+        Fail(c, ErrorClass::kTimeout);
+      } else if (c->state == State::kConnecting && now >= c->attempt_ns) {
+        StartAttempt(c);
+      }
+      continue;
+    }
+    // Liveness, whatever the user reads: keepalives both ways, and a peer
+    // silent for user_timeout_ms is gone (TCP_USER_TIMEOUT's part in the
+    // socket backend). kNoUserTimeout leaves it to the user's heartbeats,
+    // which know when the silence was their own (a stopped daemon).
+    if (user_timeout > 0 && now - c->last_rx_ns > user_timeout) {
+      spdlog::warn("fabric: node {} silent for {} ms", c->peer_node,
+                   user_timeout / 1'000'000);
+      Fail(c, ErrorClass::kTimeout);
+    } else if (now - c->last_tx_ns >= timeout / 4) {
+      // With the credit: one that could not be sent is repaired here.
+      SendControl(c, kKeepalive, c->credit_sent);
+    }
+  }
+}
+
+int OfiFabric::Poll(Event* events, int max) {
+  if (signaled_) {
+    signaled_ = false;
+    uint64_t drained;
+    (void)!read(signal_fd_, &drained, sizeof drained);
+  }
+  if (ReadCq() > 0) armed_ = false;
+  for (size_t k = unposted_recvs_.size(); k > 0; k--) {
+    const uint32_t i = unposted_recvs_.front();
+    unposted_recvs_.erase(unposted_recvs_.begin());
+    PostRecvBuffer(i);
+  }
+  for (size_t k = unposted_slots_.size(); k > 0; k--) {
+    const uint32_t i = unposted_slots_.front();
+    unposted_slots_.pop_front();
+    PostSlot(i);
+  }
+  if (auth_waiting_ > 0) {
+    uint64_t drained;
+    (void)!read(auth_fd_, &drained, sizeof drained);
+    OnAuthResults();
+  }
+  FlushDirty();
+  const int64_t now = MonotonicNs();
+  if (now >= next_check_ns_) {
+    next_check_ns_ = now + kLinkCheckNs;
+    CheckDeadlines(now);
+  }
+  while (!finish_.empty()) {
+    std::vector<Conn*> done;
+    done.swap(finish_);
+    for (Conn* c : done) Finish(c);
+  }
+  int n = 0;
+  while (n < max && !events_.empty()) {
+    events[n++] = events_.front();
+    events_.pop_front();
+  }
+  if (!events_.empty() || !unposted_slots_.empty() ||
+      !unposted_recvs_.empty() || !dirty_.empty()) {
+    Signal();  // more to do: the worker comes back at once
+    armed_ = false;
+  } else if (n > 0) {
+    armed_ = false;
+  } else if (!armed_) {
+    // Idle: before the worker sleeps on the wait fd, the provider must
+    // arm it (a verbs CQ needs its notification requested).
+    fid* fids[1] = {&cq_->fid};
+    if (fi_trywait(fabric_, fids, 1) == FI_SUCCESS) {
+      armed_ = true;
+    } else {
+      Signal();
+    }
+  }
+  return n;
+}
+
+int OfiFabric::Wait(Event* events, int max, int timeout_ms) {
+  int n = Poll(events, max);
+  if (n > 0) return n;
+  // Deadlines and keepalives are checked by Poll: wake for them.
+  if (!owned_.empty() && (timeout_ms < 0 || timeout_ms > 10)) timeout_ms = 10;
+  epoll_event ev[4];
+  epoll_wait(epoll_fd_, ev, 4, timeout_ms);
+  armed_ = false;
+  return Poll(events, max);
+}
+
+}  // namespace
+
+std::unique_ptr<Fabric> OpenOfiFabric(const FabricOptions& options,
+                                      std::string* error) {
+  return OpenLinkFabric<OfiFabric>(options, error);
+}
+
+}  // namespace psmd::hw
