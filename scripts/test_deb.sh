@@ -76,7 +76,9 @@ done
 step "built $(ls "$out"/*.deb | wc -l) packages"
 
 # ---- 2. lintian ----
-if ! lintian --fail-on error,warning --display-info --tag-display-limit 0 \
+# lintian leaves its mldbm-elf-* databases in TMPDIR: give it the work
+# directory, which the EXIT trap removes.
+if ! TMPDIR="$work" lintian --fail-on error,warning --display-info --tag-display-limit 0 \
   "$out/psmd_${version}_${arch}.changes" >"$work/lintian.log" 2>&1; then
   cat "$work/lintian.log" >&2
   fail "lintian"
