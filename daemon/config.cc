@@ -1,5 +1,6 @@
 #include "daemon/config.h"
 
+#include <sched.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -140,6 +141,35 @@ const std::vector<Setting>& Settings() {
              "microseconds without progress after which psmd takes a "
              "rendezvous transfer over",
              "microseconds, 10 to 10000000"),
+      {"workers",
+       "progress workers, each serving its share of the endpoints (engine "
+       "shards); auto: the CPUs psmd may use minus one, at most 8",
+       "1 to 64, or auto", false,
+       [](const std::string& v, Config* c) {
+         uint64_t n;
+         if (v == "auto") {
+           c->workers = 0;
+           return true;
+         }
+         if (!ParseUnsigned(v, kMaxWorkers, &n) || n == 0) return false;
+         c->workers = static_cast<uint32_t>(n);
+         return true;
+       },
+       [](const Config& c) {
+         return c.workers == 0 ? std::string("auto")
+                               : std::to_string(c.workers);
+       }},
+      {"worker_cpus",
+       "CPUs the progress workers are pinned to, worker i on the i-th (round "
+       "robin); empty: not pinned",
+       "a CPU list such as 2,3 or 4-7", true,
+       [](const std::string& v, Config* c) {
+         std::vector<int> cpus;
+         if (!v.empty() && !ParseCpuList(v, &cpus)) return false;
+         c->worker_cpus = v;
+         return true;
+       },
+       [](const Config& c) { return c.worker_cpus; }},
       Slots("sq_slots", &Config::sq_capacity,
             "submission ring slots per endpoint"),
       Slots("cq_slots", &Config::cq_capacity,
@@ -326,6 +356,39 @@ bool ValueText(const toml::node& node, const Setting& s, std::string* out) {
 }
 
 }  // namespace
+
+bool ParseCpuList(const std::string& text, std::vector<int>* cpus) {
+  cpus->clear();
+  std::stringstream in(text);
+  std::string part;
+  while (std::getline(in, part, ',')) {
+    const size_t dash = part.find('-');
+    uint64_t first;
+    uint64_t last;
+    if (!ParseUnsigned(part.substr(0, dash), CPU_SETSIZE - 1, &first))
+      return false;
+    last = first;
+    if (dash != std::string::npos &&
+        (!ParseUnsigned(part.substr(dash + 1), CPU_SETSIZE - 1, &last) ||
+         last < first)) {
+      return false;
+    }
+    for (uint64_t cpu = first; cpu <= last; cpu++) {
+      cpus->push_back(static_cast<int>(cpu));
+    }
+  }
+  return !cpus->empty() && text.back() != ',';
+}
+
+uint32_t WorkerCount(const Config& config) {
+  if (config.workers != 0) return config.workers;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  int usable = 1;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) usable = CPU_COUNT(&set);
+  return static_cast<uint32_t>(
+      std::clamp<int>(usable - 1, 1, static_cast<int>(kMaxAutoWorkers)));
+}
 
 std::vector<std::string> FabricListenAddresses(const Config& config) {
   std::vector<std::string> out;

@@ -35,6 +35,14 @@ struct Config {
   std::string copy_in_place = "auto";
   uint64_t copy_min_bytes = 1u << 20;
   uint32_t copy_after_us = 10000;
+  // Engine shards (docs/design.md, "Engine shards"): progress workers, each
+  // serving its share of the endpoints; 0 is "auto" (WorkerCount). One by
+  // default: a second polling thread costs a core that, on a small node,
+  // the ranks want (docs/perf.md, "Engine scale").
+  uint32_t workers = 1;
+  // CPUs the workers are pinned to, in order, e.g. "2,3" or "4-7" (worker
+  // i on the i-th, round robin); empty: not pinned.
+  std::string worker_cpus;
   uint32_t sq_capacity = 256;   // submission ring slots per endpoint
   uint32_t cq_capacity = 1024;  // completion ring slots per endpoint
   // Per-job payload pool: one send region per endpoint of the job.
@@ -78,6 +86,15 @@ struct Config {
   // whenever it changes (daemon/remote/remote.h).
   std::string fabric_nodes;
 };
+
+// Progress workers psmd runs: config.workers, or for "auto" the CPUs psmd
+// may use minus one (for the ranks), at least 1 and at most kMaxAutoWorkers.
+inline constexpr uint32_t kMaxWorkers = 64;
+inline constexpr uint32_t kMaxAutoWorkers = 8;
+uint32_t WorkerCount(const Config& config);
+
+// The CPUs of a worker_cpus list ("0,2-3" is 0, 2, 3); false if malformed.
+bool ParseCpuList(const std::string& text, std::vector<int>* cpus);
 
 // The listen addresses of config.fabric_listen, in order.
 std::vector<std::string> FabricListenAddresses(const Config& config);

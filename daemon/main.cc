@@ -16,7 +16,7 @@
 #include "daemon/control/control_service.h"
 #include "daemon/control/registry.h"
 #include "daemon/log.h"
-#include "daemon/progress.h"
+#include "daemon/workers.h"
 #include "hw/ofi/ofi_fabric.h"
 #include "hw/socket/socket_fabric.h"
 #include "version/version.h"
@@ -29,7 +29,7 @@ constexpr int kStatusPeriodS = 10;
 // SIGHUP: reads the file again (the flags still win) and applies what can
 // change without disturbing open endpoints; the rest waits for a restart.
 void Reload(const psmd::ConfigLoader& loader, psmd::SharedConfig* shared,
-            psmd::Registry* registry, psmd::ProgressWorker* worker) {
+            psmd::Registry* registry, psmd::Workers* worker) {
   psmd::Config running = shared->Get();
   psmd::Config fresh;
   std::vector<std::string> errors;
@@ -97,7 +97,24 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   psmd::SharedConfig shared(config);
-  psmd::ProgressWorker worker(config);
+  const uint32_t workers = psmd::WorkerCount(config);
+  if (workers > 1 && !config.fabric_listen.empty()) {
+    // Shard 0 would own the fabric, and frames for endpoints of other
+    // shards would cross to them (docs/design.md, "Engine shards", 9):
+    // not built yet.
+    fprintf(stderr,
+            "psmd: workers = %u with a fabric (fabric_listen): a fabric "
+            "needs workers = 1 for now; set workers = 1 or leave "
+            "fabric_listen empty\n",
+            workers);
+    return 2;
+  }
+  psmd::Workers worker(config, workers);
+  std::vector<int> cpus;
+  if (!config.worker_cpus.empty()) {
+    psmd::ParseCpuList(config.worker_cpus, &cpus);
+    worker.SetCpus(cpus);
+  }
   uint64_t watchdog_us = 0;
   if (sd_watchdog_enabled(0, &watchdog_us) > 0) {
     worker.EnableWatchdog(watchdog_us);
@@ -132,7 +149,7 @@ int main(int argc, char** argv) {
         "fabric: node {} listening, host description {} (backend {}, auth {})",
         config.node_id, fabric->HostDescription(), config.fabric,
         config.fabric_auth);
-    worker.EnableFabric(std::move(fabric), config, registry.boot_nonce());
+    worker.at(0).EnableFabric(std::move(fabric), config, registry.boot_nonce());
   }
   if (!admission.Bind(&error)) {
     spdlog::critical("{}", error);
@@ -154,11 +171,14 @@ int main(int argc, char** argv) {
   }
   admission.Start(server.get());
   spdlog::info(
-      "psmd {} (commit {}) serving {}{} (pid {}, spin {} us, log to {}{})",
+      "psmd {} (commit {}) serving {}{} (pid {}, {} worker{}{}, spin {} us, "
+      "log to {}{})",
       psmd::version::Version(), psmd::version::Commit(),
       psmd::Escaped(config.socket_path),
-      admission.activated() ? " from systemd" : "", getpid(), config.spin_us,
-      log_target,
+      admission.activated() ? " from systemd" : "", getpid(), workers,
+      workers == 1 ? "" : "s",
+      cpus.empty() ? "" : " on CPUs " + psmd::Escaped(config.worker_cpus),
+      config.spin_us, log_target,
       watchdog_us ? ", watchdog " + std::to_string(watchdog_us) + " us" : "");
   // The socket is listening and its connections are handled: clients that
   // systemd started after us may connect now.

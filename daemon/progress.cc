@@ -41,7 +41,8 @@ constexpr uint64_t kMuteNs = 100'000'000;
 
 }  // namespace
 
-ProgressWorker::ProgressWorker(const Config& config)
+ProgressWorker::ProgressWorker(const Config& config, uint32_t shard,
+                               Crossing* crossing)
     : engine_(config.max_unexpected_budget_bytes,
               config.job_unexpected_budget_bytes,
               config.uid_unexpected_budget_bytes),
@@ -49,9 +50,18 @@ ProgressWorker::ProgressWorker(const Config& config)
       spin_us_(config.spin_us),
       copy_in_place_(config.copy_in_place != "off"),
       copy_min_bytes_(config.copy_min_bytes),
-      copy_after_us_(config.copy_after_us) {
+      copy_after_us_(config.copy_after_us),
+      shard_(shard),
+      crossing_(crossing) {
   engine_.SetPostedLimits(config.max_posted_recvs_per_job,
                           config.max_posted_recvs_per_uid);
+  // Made here, not in Start: the other shards' workers may push to this one
+  // (and read its fd) as soon as they run.
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (crossing_ != nullptr) {
+    engine_.JoinShards(crossing_, shard_);
+    crossing_->SetWakeFd(shard_, wake_fd_);
+  }
 }
 
 ProgressWorker::~ProgressWorker() {
@@ -63,7 +73,6 @@ ProgressWorker::~ProgressWorker() {
 bool ProgressWorker::Start(std::string* error) {
   role_.AssertHeld();  // the worker thread starts at the end
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (epoll_fd_ < 0 || wake_fd_ < 0) {
     *error = std::string("progress worker: ") + strerror(errno);
     return false;
@@ -93,14 +102,55 @@ bool ProgressWorker::Start(std::string* error) {
             : " where permitted (no CAP_SYS_PTRACE: only processes of "
               "psmd's own uid)");
   }
-  last_turn_ns_.store(NowNs(), std::memory_order_relaxed);
+  start_ns_ = NowNs();
+  last_turn_ns_.store(start_ns_, std::memory_order_relaxed);
   thread_ = std::thread([this] { Loop(); });
   // Named so that operators (top -H) and tests can find it.
-  pthread_setname_np(thread_.native_handle(), kThreadName);
+  const std::string name =
+      shard_ == 0 ? kThreadName : kThreadName + std::to_string(shard_);
+  pthread_setname_np(thread_.native_handle(), name.c_str());
+  if (pin_cpu_ >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(pin_cpu_, &set);
+    if (int err =
+            pthread_setaffinity_np(thread_.native_handle(), sizeof(set), &set);
+        err != 0) {
+      spdlog::warn(
+          "worker {}: cannot pin it to CPU {} ({}); it runs unpinned: check "
+          "worker_cpus against the CPUs psmd may use (systemd's "
+          "CPUAffinity=, Slurm's CpuSpecList)",
+          shard_, pin_cpu_, strerror(err));
+    }
+  }
   return true;
 }
 
-void ProgressWorker::EnableWatchdog(uint64_t interval_us) {
+ProgressWorker::Load ProgressWorker::load() const {
+  Load l;
+  clockid_t clock;
+  timespec ts{};
+  if (thread_.joinable() &&
+      pthread_getcpuclockid(const_cast<std::thread&>(thread_).native_handle(),
+                            &clock) == 0 &&
+      clock_gettime(clock, &ts) == 0) {
+    l.cpu_ns = uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
+  }
+  l.endpoints = endpoints_.load(std::memory_order_relaxed);
+  // Single-writer Counters of the engine (relaxed loads): the part of it
+  // another thread may read, as placement() does.
+  const MqEngine::ShardCounters c = engine_.shard_counters();
+  l.submissions = c.submissions;
+  l.cross_in = c.cross_in;
+  l.cross_out = c.cross_out;
+  l.busy_ns = busy_ns_.load(std::memory_order_relaxed);
+  l.wall_ns = start_ns_ == 0 ? 0 : NowNs() - start_ns_;
+  return l;
+}
+
+void ProgressWorker::EnableWatchdog(uint64_t interval_us,
+                                    std::function<bool()> others_turning) {
+  others_turning_ = std::move(others_turning);
   // A quarter of the interval: a ping may come up to one clock check and
   // one sleep late and still be on time.
   watchdog_ping_ns_ = std::max<uint64_t>(interval_us * 1000 / 4, 1'000'000);
@@ -114,6 +164,8 @@ void ProgressWorker::NoteTurn(uint64_t now_ns) {
   }
   if (watchdog_ping_ns_ == 0 || now_ns - last_ping_ns_ < watchdog_ping_ns_)
     return;
+  // One worker pings for all: not while another is stuck.
+  if (others_turning_ && !others_turning_()) return;
   last_ping_ns_ = now_ns;
   sd_notify(0, "WATCHDOG=1");
 }
@@ -152,6 +204,7 @@ void ProgressWorker::AddEndpoint(std::shared_ptr<Endpoint> ep) {
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ep->doorbell_fd(), &ev);
     engine_.Add(std::move(ep));
   });
+  endpoints_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void ProgressWorker::RemoveEndpoint(uint32_t id) {
@@ -166,6 +219,9 @@ void ProgressWorker::RemoveEndpoint(uint32_t id) {
       }
     }
     doorbell_watch_.erase(id);
+    if (engine_.FindEndpoint(id) != nullptr) {
+      endpoints_.fetch_sub(1, std::memory_order_relaxed);
+    }
     engine_.Remove(id);
     engine_.NotifyClients();  // sync senders told about a vanished receiver
   });
@@ -268,12 +324,16 @@ void ProgressWorker::Loop() {
   // Pause rather than yield on an idle pass: work is likely soon and no
   // client polls on our core (shm/spin.h).
   bool pause = false;
+  // When the current stretch with work began (0: idle), for busy_ns_.
+  uint64_t busy_since = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
     if (commands_pending_.load(std::memory_order_acquire)) RunCommands();
     bool did = engine_.PollAll();
     if (remote_ != nullptr) did |= remote_->Poll();
     engine_.NotifyClients();
     if (did) {
+      // A clock read only when work starts after an idle stretch.
+      if (busy_since == 0) busy_since = NowNs();
       idle_passes = 0;
       pause = true;  // even on a shared core: see CoreWanted
       if (++busy_passes % kHeartbeatPasses == 0) NoteTurn(NowNs());
@@ -293,6 +353,10 @@ void ProgressWorker::Loop() {
     }
     uint64_t now = NowNs();
     NoteTurn(now);
+    if (busy_since != 0) {
+      busy_ns_.fetch_add(now - busy_since, std::memory_order_relaxed);
+      busy_since = 0;
+    }
     if (muted_doorbells_ > 0) ResumeMutedDoorbells(now);
     if (idle_passes == 64) last_work = now;
     const uint32_t cpu_word = shm::CurrentCpuWord();
@@ -389,13 +453,15 @@ void ProgressWorker::Sleep() {
   for (Endpoint* ep : eps) {
     shm::SetDaemonSleeping(ep->control()->doorbells, true);
   }
+  if (crossing_ != nullptr) crossing_->SetSleeping(shard_, true);
   shm::WakeupFence();  // the flags before the re-check (shm/doorbell.h)
   Remote* remote = remote_.get();
   // The fabric's eventfd count is sticky: a frame after this Poll still
   // wakes epoll_wait.
   bool work = engine_.AnySubmissionPending() || engine_.copies_done() ||
               commands_pending_.load(std::memory_order_acquire) ||
-              stop_.load() || (remote != nullptr && remote->Poll());
+              stop_.load() || (remote != nullptr && remote->Poll()) ||
+              (crossing_ != nullptr && engine_.CrossingPending());
   if (!work) {
     sleeps_.fetch_add(1, std::memory_order_relaxed);
     epoll_event events[64];
@@ -409,6 +475,12 @@ void ProgressWorker::Sleep() {
     if (engine_.takeovers_pending()) {  // look for stalled transfers
       timeout_ms = std::min<int>(timeout_ms,
                                  static_cast<int>(copy_after_us_ / 1000) + 1);
+    }
+    // A budget another shard may free, or a lane that was full: that shard
+    // does not wake us for either (mq_engine.h, invariant 11).
+    if (crossing_ != nullptr &&
+        (engine_.OutboxWaiting() || engine_.HeldForBudget())) {
+      timeout_ms = std::min(timeout_ms, 1);
     }
     if (watchdog_ping_ns_ != 0) {  // wake to ping even when no client rings
       timeout_ms =
@@ -439,6 +511,7 @@ void ProgressWorker::Sleep() {
   for (Endpoint* ep : engine_.endpoints()) {
     shm::SetDaemonSleeping(ep->control()->doorbells, false);
   }
+  if (crossing_ != nullptr) crossing_->SetSleeping(shard_, false);
 }
 
 }  // namespace psmd

@@ -40,14 +40,21 @@ namespace psmd {
 
 class ProgressWorker {
  public:
-  explicit ProgressWorker(const Config& config);
+  // Shard `shard` of crossing->shards() (daemon/workers.h), or the only one.
+  explicit ProgressWorker(const Config& config, uint32_t shard = 0,
+                          Crossing* crossing = nullptr);
   ~ProgressWorker();  // stops the thread
   ProgressWorker(const ProgressWorker&) = delete;
   ProgressWorker& operator=(const ProgressWorker&) = delete;
 
   // Before Start: send systemd WATCHDOG=1 from the worker's loop at least
-  // every interval_us / 4, so that pings stop when this thread is stuck.
-  void EnableWatchdog(uint64_t interval_us);
+  // every interval_us / 4, so that pings stop when this thread is stuck,
+  // or when `others_turning` says another worker is.
+  void EnableWatchdog(uint64_t interval_us,
+                      std::function<bool()> others_turning = {});
+  // Before Start: the CPU the worker's thread is pinned to (-1: none).
+  void SetCpu(int cpu) { pin_cpu_ = cpu; }
+  uint32_t shard() const { return shard_; }
   bool Start(std::string* error);
   void Stop();
   // Takes effect at the worker's next idle stretch (SIGHUP reload).
@@ -84,6 +91,22 @@ class ProgressWorker {
     return doorbells_.load(std::memory_order_relaxed);
   }
   uint64_t sleeps() const { return sleeps_.load(std::memory_order_relaxed); }
+  // What the worker did (psmctl stats, per worker; docs/operations.md): its
+  // thread's CPU time, endpoints served, submissions consumed, messages
+  // taken from and handed to other shards, and the time it had work (from
+  // the first busy pass after an idle stretch to the 64th idle pass after
+  // it, when the worker reads the clock anyway) beside the wall time since
+  // it started. Any thread.
+  struct Load {
+    uint64_t cpu_ns = 0;
+    uint32_t endpoints = 0;
+    uint64_t submissions = 0;
+    uint64_t cross_in = 0;
+    uint64_t cross_out = 0;
+    uint64_t busy_ns = 0;
+    uint64_t wall_ns = 0;
+  };
+  Load load() const PSMD_NO_THREAD_SAFETY_ANALYSIS;
   // Where the worker runs (psmctl stats; docs/operations.md, "CPU
   // placement"). Every 64 idle passes it counts the pollers on its CPU:
   // `cpu` is that CPU at the last count (-1 before the first),
@@ -188,7 +211,14 @@ class ProgressWorker {
   const bool copy_in_place_;  // Config::copy_in_place
   const uint64_t copy_min_bytes_;
   const uint32_t copy_after_us_;
-  uint64_t watchdog_ping_ns_ = 0;  // 0: no watchdog; set before Start
+  uint64_t watchdog_ping_ns_ = 0;         // 0: no watchdog; set before Start
+  std::function<bool()> others_turning_;  // set before Start
+  const uint32_t shard_;
+  Crossing* const crossing_;  // null: the only worker
+  int pin_cpu_ = -1;
+  std::atomic<uint32_t> endpoints_{0};
+  std::atomic<uint64_t> busy_ns_{0};
+  uint64_t start_ns_ = 0;  // set by Start, before the thread runs
   uint64_t last_ping_ns_ PSMD_GUARDED_BY(role_) = 0;
   uint64_t last_stall_check_ns_ PSMD_GUARDED_BY(role_) = 0;
   std::atomic<uint64_t> doorbells_{0};

@@ -525,8 +525,8 @@ TEST(PlacementTest, StatsTellWhetherClientsPollOnTheWorkersCpu) {
     EXPECT_GT(worker(d, "core_checks"), 0);
     EXPECT_EQ(worker(d, "core_shared"), 0);
     RunResult text = Psmctl(dir, d, {"stats"});
-    EXPECT_NE(text.out.find("worker: on CPU 1; a client polled on that CPU "
-                            "at 0 of its "),
+    EXPECT_NE(text.out.find("on CPU 1; a client polled on that CPU at 0 of "
+                            "its "),
               std::string::npos)
         << text.out;
     EXPECT_TRUE(d.Stop()) << d.Log();
@@ -539,7 +539,8 @@ TEST(PlacementTest, StatsTellWhetherClientsPollOnTheWorkersCpu) {
     EXPECT_GT(worker(d, "core_shared"), 0);
     EXPECT_GT(worker(d, "yields"), 0);
     RunResult prom = Psmctl(dir, d, {"stats", "--format", "prometheus"});
-    EXPECT_NE(prom.out.find("\npsmd_worker_cpu 0\n"), std::string::npos)
+    EXPECT_NE(prom.out.find("\npsmd_worker_cpu{worker=\"0\"} 0\n"),
+              std::string::npos)
         << prom.out;
     EXPECT_TRUE(d.Stop()) << d.Log();
   }

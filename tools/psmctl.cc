@@ -282,20 +282,36 @@ std::string PeerNodesJson(const psmd::v1::GetStatsReply& r) {
   return out + "]";
 }
 
-std::string WorkerJson(const psmd::v1::GetStatsReply& r) {
-  if (!r.has_worker()) return "null";
-  const auto& w = r.worker();
-  char buf[400];
+std::string WorkerJson(const psmd::v1::WorkerPlacement& w) {
+  char buf[800];
   snprintf(buf, sizeof(buf),
-           "{\"cpu\": %d, \"core_checks\": %" PRIu64
+           "{\"shard\": %u, \"cpu\": %d, \"core_checks\": %" PRIu64
            ", \"core_shared\": %" PRIu64 ", \"yields\": %" PRIu64
            ", \"shared_slices\": %" PRIu64 ", \"shared_slice_ns\": %" PRIu64
            ", \"shared_slices_over_8us\": %" PRIu64
-           ", \"shared_slices_over_64us\": %" PRIu64 "}",
-           w.cpu(), w.core_checks(), w.core_shared(), w.yields(),
+           ", \"shared_slices_over_64us\": %" PRIu64 ", \"cpu_ns\": %" PRIu64
+           ", \"endpoints\": %u, \"submissions\": %" PRIu64
+           ", \"cross_in\": %" PRIu64 ", \"cross_out\": %" PRIu64
+           ", \"busy_ns\": %" PRIu64 ", \"wall_ns\": %" PRIu64
+           ", \"sleeps\": %" PRIu64 ", \"doorbells\": %" PRIu64 "}",
+           w.shard(), w.cpu(), w.core_checks(), w.core_shared(), w.yields(),
            w.shared_slices(), w.shared_slice_ns(), w.shared_slices_over_8us(),
-           w.shared_slices_over_64us());
+           w.shared_slices_over_64us(), w.cpu_ns(), w.endpoints(),
+           w.submissions(), w.cross_in(), w.cross_out(), w.busy_ns(),
+           w.wall_ns(), w.sleeps(), w.doorbells());
   return buf;
+}
+
+std::string WorkerJson(const psmd::v1::GetStatsReply& r) {
+  return r.has_worker() ? WorkerJson(r.worker()) : "null";
+}
+
+std::string WorkersJson(const psmd::v1::GetStatsReply& r) {
+  std::string out = "[";
+  for (int i = 0; i < r.workers_size(); i++) {
+    out += (i ? ", " : "") + WorkerJson(r.workers(i));
+  }
+  return out + "]";
 }
 
 double Seconds(uint64_t ns) { return static_cast<double>(ns) / 1e9; }
@@ -331,12 +347,12 @@ void PrintStatsJson(const psmd::v1::GetStatsReply& r) {
   }
   printf(
       "],\n \"total\": {%s},\n \"refusals\": {%s},\n \"worker\": %s,\n "
-      "\"fabric_host\": %s,\n \"peer_nodes\": %s}\n",
+      "\"workers\": %s,\n \"fabric_host\": %s,\n \"peer_nodes\": %s}\n",
       CountersJson(ValuesOf(r.total().counters()), counters::kAll).c_str(),
       CountersJson(ValuesOf(r.refusals(), refusals::kAll), refusals::kAll)
           .c_str(),
-      WorkerJson(r).c_str(), JsonString(r.fabric_host()).c_str(),
-      PeerNodesJson(r).c_str());
+      WorkerJson(r).c_str(), WorkersJson(r).c_str(),
+      JsonString(r.fabric_host()).c_str(), PeerNodesJson(r).c_str());
 }
 
 // printf onto the end of a string.
@@ -392,34 +408,72 @@ std::string PrometheusText(const psmd::v1::GetStatsReply* r) {
          "Times a client woke the sleeping progress worker.", r->doorbells());
   single("psmd_sleeps_total", "counter",
          "Times the progress worker went to sleep.", r->sleeps());
-  if (r->has_worker()) {
-    const auto& w = r->worker();
-    family("psmd_worker_cpu", "gauge",
-           "The CPU the progress worker ran on at its last idle check "
-           "(-1: none yet).");
-    Appendf(&out, "psmd_worker_cpu %d\n", w.cpu());
-    single("psmd_worker_core_checks_total", "counter",
-           "The progress worker's idle checks of the pollers on its CPU.",
-           w.core_checks());
-    single("psmd_worker_core_shared_total", "counter",
-           "Idle checks that found a client polling on the worker's CPU.",
-           w.core_shared());
-    single("psmd_worker_yields_total", "counter",
-           "Idle passes on which the progress worker gave its core away.",
-           w.yields());
-    single("psmd_worker_shared_slices_total", "counter",
-           "Turns of jobs with a backlog while another job had work.",
-           w.shared_slices());
-    family("psmd_worker_shared_slice_seconds_total", "counter",
-           "The time those turns took.");
-    Appendf(&out, "psmd_worker_shared_slice_seconds_total %.9f\n",
-            static_cast<double>(w.shared_slice_ns()) / 1e9);
-    single("psmd_worker_shared_slices_over_8us_total", "counter",
-           "Those turns that took longer than 8 us.",
-           w.shared_slices_over_8us());
-    single("psmd_worker_shared_slices_over_64us_total", "counter",
-           "Those turns that took longer than 64 us.",
-           w.shared_slices_over_64us());
+  // One series per worker (engine shard), labelled worker="N".
+  struct WorkerSeries {
+    const char* name;  // after psmd_worker_
+    const char* type;
+    const char* help;
+    double (*get)(const psmd::v1::WorkerPlacement&);
+  };
+  using W = psmd::v1::WorkerPlacement;
+  static const WorkerSeries kWorkerSeries[] = {
+      {"cpu", "gauge",
+       "The CPU the progress worker ran on at its last idle check (-1: none "
+       "yet).",
+       [](const W& w) { return double(w.cpu()); }},
+      {"endpoints", "gauge", "Endpoints the worker serves.",
+       [](const W& w) { return double(w.endpoints()); }},
+      {"cpu_seconds_total", "counter", "CPU time of the worker's thread.",
+       [](const W& w) { return double(w.cpu_ns()) / 1e9; }},
+      {"busy_seconds_total", "counter",
+       "Time the worker had work (its busy fraction is this over the wall "
+       "time).",
+       [](const W& w) { return double(w.busy_ns()) / 1e9; }},
+      {"wall_seconds_total", "counter", "Time since the worker started.",
+       [](const W& w) { return double(w.wall_ns()) / 1e9; }},
+      {"submissions_total", "counter",
+       "Submissions the worker took from its endpoints' rings.",
+       [](const W& w) { return double(w.submissions()); }},
+      {"cross_in_total", "counter",
+       "Messages the worker took from other workers (engine shards).",
+       [](const W& w) { return double(w.cross_in()); }},
+      {"cross_out_total", "counter",
+       "Messages the worker handed to other workers (engine shards).",
+       [](const W& w) { return double(w.cross_out()); }},
+      {"sleeps_total", "counter", "Times the worker went to sleep.",
+       [](const W& w) { return double(w.sleeps()); }},
+      {"doorbells_total", "counter", "Times a client woke the worker.",
+       [](const W& w) { return double(w.doorbells()); }},
+      {"core_checks_total", "counter",
+       "The worker's idle checks of the pollers on its CPU.",
+       [](const W& w) { return double(w.core_checks()); }},
+      {"core_shared_total", "counter",
+       "Idle checks that found a client polling on the worker's CPU.",
+       [](const W& w) { return double(w.core_shared()); }},
+      {"yields_total", "counter",
+       "Idle passes on which the worker gave its core away.",
+       [](const W& w) { return double(w.yields()); }},
+      {"shared_slices_total", "counter",
+       "Turns of jobs with a backlog while another job had work.",
+       [](const W& w) { return double(w.shared_slices()); }},
+      {"shared_slice_seconds_total", "counter", "The time those turns took.",
+       [](const W& w) { return double(w.shared_slice_ns()) / 1e9; }},
+      {"shared_slices_over_8us_total", "counter",
+       "Those turns that took longer than 8 us.",
+       [](const W& w) { return double(w.shared_slices_over_8us()); }},
+      {"shared_slices_over_64us_total", "counter",
+       "Those turns that took longer than 64 us.",
+       [](const W& w) { return double(w.shared_slices_over_64us()); }},
+  };
+  if (r->workers_size() > 0) {
+    for (const WorkerSeries& series : kWorkerSeries) {
+      const std::string name = std::string("psmd_worker_") + series.name;
+      family(name, series.type, series.help);
+      for (const auto& w : r->workers()) {
+        Appendf(&out, "%s{worker=\"%u\"} %.9g\n", name.c_str(), w.shard(),
+                series.get(w));
+      }
+    }
   }
   const refusals::Values refused = ValuesOf(r->refusals(), refusals::kAll);
   for (size_t i = 0; i < refusals::kNumCounters; i++) {
@@ -502,12 +556,19 @@ int ExportPrometheus(ControlClient* control, const std::string& output) {
 // One line on where the progress worker runs: a client polling on its CPU
 // takes turns with it there (docs/operations.md, "CPU placement").
 void PrintWorker(const psmd::v1::WorkerPlacement& w) {
+  printf("worker %u: %s, %" PRIu64 " submissions, %" PRIu64
+         " messages from other workers, %" PRIu64
+         " to them; busy %.1f%%, CPU %.3f s; ",
+         w.shard(), Counted(w.endpoints(), "endpoint").c_str(), w.submissions(),
+         w.cross_in(), w.cross_out(),
+         w.wall_ns() ? 100.0 * double(w.busy_ns()) / double(w.wall_ns()) : 0.0,
+         double(w.cpu_ns()) / 1e9);
   if (w.core_checks() == 0) {
-    printf("worker: no idle check of its CPU yet\n");
+    printf("no idle check of its CPU yet\n");
     return;
   }
-  printf("worker: on CPU %d; a client polled on that CPU at %" PRIu64
-         " of its %" PRIu64 " idle checks (%.0f%%); %" PRIu64 " yields\n",
+  printf("on CPU %d; a client polled on that CPU at %" PRIu64 " of its %" PRIu64
+         " idle checks (%.0f%%); %" PRIu64 " yields\n",
          w.cpu(), w.core_shared(), w.core_checks(),
          100.0 * static_cast<double>(w.core_shared()) /
              static_cast<double>(w.core_checks()),
@@ -525,7 +586,7 @@ int ShowStats(ControlClient& control, const std::string& format) {
          Counted(r.endpoint_count(), "endpoint").c_str(),
          Counted(r.doorbells(), "doorbell").c_str(),
          Counted(r.sleeps(), "sleep").c_str());
-  if (r.has_worker()) PrintWorker(r.worker());
+  for (const auto& w : r.workers()) PrintWorker(w);
   printf("\n");
   PrintCounterTable(r);
   const refusals::Values refused = ValuesOf(r.refusals(), refusals::kAll);

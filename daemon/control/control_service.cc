@@ -77,8 +77,7 @@ std::string VersionText() {
 }  // namespace
 
 ControlService::ControlService(Registry* registry, Admission* admission,
-                               ProgressWorker* worker,
-                               const SharedConfig* config,
+                               Workers* worker, const SharedConfig* config,
                                std::string config_path)
     : registry_(registry),
       admission_(admission),
@@ -235,16 +234,31 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
   // Node-wide figures, root's only: others' activity shows in them.
   reply->set_doorbells(worker_->doorbells());
   reply->set_sleeps(worker_->sleeps());
-  const ProgressWorker::Placement where = worker_->placement();
-  v1::WorkerPlacement* w = reply->mutable_worker();
-  w->set_cpu(where.cpu);
-  w->set_core_checks(where.core_checks);
-  w->set_core_shared(where.core_shared);
-  w->set_yields(where.yields);
-  w->set_shared_slices(where.slices.slices);
-  w->set_shared_slice_ns(where.slices.ns);
-  w->set_shared_slices_over_8us(where.slices.over_8us);
-  w->set_shared_slices_over_64us(where.slices.over_64us);
+  for (uint32_t shard = 0; shard < worker_->count(); shard++) {
+    const ProgressWorker& pw = worker_->at(shard);
+    const ProgressWorker::Placement where = pw.placement();
+    const ProgressWorker::Load load = pw.load();
+    v1::WorkerPlacement* w = reply->add_workers();
+    w->set_shard(shard);
+    w->set_cpu(where.cpu);
+    w->set_core_checks(where.core_checks);
+    w->set_core_shared(where.core_shared);
+    w->set_yields(where.yields);
+    w->set_shared_slices(where.slices.slices);
+    w->set_shared_slice_ns(where.slices.ns);
+    w->set_shared_slices_over_8us(where.slices.over_8us);
+    w->set_shared_slices_over_64us(where.slices.over_64us);
+    w->set_cpu_ns(load.cpu_ns);
+    w->set_endpoints(load.endpoints);
+    w->set_submissions(load.submissions);
+    w->set_cross_in(load.cross_in);
+    w->set_cross_out(load.cross_out);
+    w->set_busy_ns(load.busy_ns);
+    w->set_wall_ns(load.wall_ns);
+    w->set_sleeps(pw.sleeps());
+    w->set_doorbells(pw.doorbells());
+  }
+  *reply->mutable_worker() = reply->workers(0);
   for (const Remote::PeerRow& r : worker_->FabricStats()) {
     v1::PeerNodeStats* row = reply->add_peer_nodes();
     row->set_node(static_cast<uint32_t>(r.fabric.node));

@@ -2,7 +2,7 @@
 // Registry operations, with the caller's identity taken from Admission.
 //
 // Thread-safety: handlers run on gRPC's threads concurrently; all shared
-// state lives in Registry, Admission and ProgressWorker, which are safe.
+// state lives in Registry, Admission and Workers, which are safe.
 #ifndef PSMD_DAEMON_CONTROL_CONTROL_SERVICE_H_
 #define PSMD_DAEMON_CONTROL_CONTROL_SERVICE_H_
 
@@ -11,7 +11,7 @@
 #include "daemon/config.h"
 #include "daemon/control/admission.h"
 #include "daemon/control/registry.h"
-#include "daemon/progress.h"
+#include "daemon/workers.h"
 #include "proto/control.grpc.pb.h"
 
 namespace psmd {
@@ -20,9 +20,8 @@ class ControlService final : public v1::Control::Service {
  public:
   // `config` is the configuration in force (replaced on SIGHUP), read from
   // `config_path`.
-  ControlService(Registry* registry, Admission* admission,
-                 ProgressWorker* worker, const SharedConfig* config,
-                 std::string config_path);
+  ControlService(Registry* registry, Admission* admission, Workers* worker,
+                 const SharedConfig* config, std::string config_path);
 
   grpc::Status Health(grpc::ServerContext* ctx, const v1::HealthRequest* req,
                       v1::HealthReply* reply) override;
@@ -64,7 +63,7 @@ class ControlService final : public v1::Control::Service {
 
   Registry* const registry_;
   Admission* const admission_;
-  ProgressWorker* const worker_;
+  Workers* const worker_;
   const SharedConfig* const config_;
   const std::string config_path_;
   const std::chrono::steady_clock::time_point started_;

@@ -80,13 +80,29 @@ bool InCgroup(const std::string& proc_cgroup, const std::string& step_cgroup) {
   return false;
 }
 
-Registry::Registry(const Config& config, ProgressWorker* worker)
+Registry::Registry(const Config& config, Workers* worker)
     : config_(config),
       worker_(worker),
       boot_nonce_(RandomNonce()),
       default_unexpected_budget_(config.unexpected_budget_bytes) {}
 
 Registry::~Registry() { RemoveAll(); }
+
+uint32_t Registry::PickShard(const Job& job) {
+  const uint32_t shards = worker_->count();
+  if (shards == 1) return 0;
+  // The shard with the fewest endpoints of the job, then the fewest of
+  // all: a big job spreads over every shard, and small jobs fill them
+  // evenly (docs/design.md, "Engine shards").
+  std::vector<std::pair<uint32_t, uint32_t>> load(shards);  // job's, all
+  for (const auto& [id, record] : records_) {
+    auto& [of_job, all] = load[MqEngine::ShardOf(id, shards)];
+    of_job += record.ep->job().get() == &job;
+    all++;
+  }
+  return static_cast<uint32_t>(std::min_element(load.begin(), load.end()) -
+                               load.begin());
+}
 
 Status Registry::Open(const Credentials& who, const Uuid& uuid,
                       const std::string& label, OpenedEndpoint* out) {
@@ -167,7 +183,14 @@ Status Registry::Reserve(const Credentials& who, const Uuid& uuid,
   }
 
   Endpoint::Identity identity;
-  identity.id = next_id_++;
+  // Its shard is in its id (MqEngine::ShardOf): ids of other shards are
+  // skipped, never reused.
+  const uint32_t shard = PickShard(*job);
+  identity.id = next_id_;
+  while (MqEngine::ShardOf(identity.id, worker_->count()) != shard) {
+    identity.id++;
+  }
+  next_id_ = identity.id + 1;
   identity.epid = shm::MakeEpid(config_.node_id, boot_nonce_, identity.id);
   identity.job = job;
   identity.uid = who.uid;

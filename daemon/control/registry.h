@@ -26,7 +26,7 @@
 #include "daemon/control/refusals.h"
 #include "daemon/engine/endpoint.h"
 #include "daemon/engine/job.h"
-#include "daemon/progress.h"
+#include "daemon/workers.h"
 #include "shm/attach.h"
 #include "shm/status.h"
 
@@ -135,7 +135,7 @@ class Registry {
   static constexpr std::chrono::minutes kFinishedJobRetention{10};
   static constexpr size_t kMaxFinishedJobsPerUid = 64;
 
-  Registry(const Config& config, ProgressWorker* worker);
+  Registry(const Config& config, Workers* worker);
   ~Registry();
 
   Status Open(const Credentials& who, const Uuid& uuid,
@@ -216,6 +216,8 @@ class Registry {
   Status Reserve(const Credentials& who, const Uuid& uuid,
                  const std::string& label, OpenedEndpoint* out,
                  std::shared_ptr<Endpoint>* reserved) PSMD_EXCLUDES(mu_);
+  // The engine shard a new endpoint of `job` goes to (mu_ held).
+  uint32_t PickShard(const Job& job) PSMD_REQUIRES(mu_);
   // Takes the endpoint out of every table (mu_ held); the caller then removes
   // it from the worker without the lock.
   std::shared_ptr<Endpoint> Unlink(uint32_t id) PSMD_REQUIRES(mu_);
@@ -243,7 +245,7 @@ class Registry {
   // As started; the default unexpected budget changes (SIGHUP), so it is
   // default_unexpected_budget_ that counts.
   const Config config_;
-  ProgressWorker* const worker_;
+  Workers* const worker_;
   const uint16_t boot_nonce_;
 
   Mutex mu_;

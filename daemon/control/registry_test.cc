@@ -15,7 +15,7 @@ namespace {
 
 class RegistryTest : public ::testing::Test {
  protected:
-  RegistryTest() : worker_(Cfg()), registry_(Cfg(), &worker_) {}
+  RegistryTest() : worker_(Cfg(), 1), registry_(Cfg(), &worker_) {}
   ~RegistryTest() override { registry_.RemoveAll(); }
 
   static Config Cfg() {
@@ -45,7 +45,7 @@ class RegistryTest : public ::testing::Test {
     return out;
   }
 
-  ProgressWorker worker_;
+  Workers worker_;
   Registry registry_;
 };
 

@@ -225,6 +225,9 @@ class Endpoint {
   // psmd may not read or write this process (a copy failed with EPERM):
   // its rendezvous messages stream through the pool (mq_engine.h, inv. 10).
   bool copy_denied = false;
+  // Its sends and AM requests handed to other shards whose credit did not
+  // come back yet (mq_engine.h, invariant 11).
+  uint32_t cross_in_flight = 0;
   // When psmd last took a rendezvous chunk from this endpoint: a sender
   // busy streaming one message is not stalled on the others (inv. 10).
   uint64_t last_chunk_ns = 0;

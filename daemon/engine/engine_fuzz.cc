@@ -4,7 +4,11 @@
 //
 // Each input is a program for a small node: two jobs of one uid (job A with
 // three endpoint positions, job B with one) on real memfd segments and pools,
-// an MqEngine driven by hand, and the harness playing every client. The
+// an MqEngine driven by hand, and the harness playing every client. Every
+// input runs twice: on one engine, and on two engine shards joined by a
+// Crossing (mq_engine.h, invariant 11), endpoints placed by id as psmd
+// places them, so that job A's endpoints talk across shards; a turn turns
+// both shards. The
 // input's bytes are read front to back as operations: a raw 64-byte
 // descriptor on either ring, well-formed descriptors from the shm::Prep*
 // builders with fuzzed fields (sometimes on the wrong ring), bytes scribbled
@@ -158,7 +162,14 @@ struct Client {
 
 class Node {
  public:
-  Node() {
+  explicit Node(uint32_t shards) : crossing_(shards) {
+    for (uint32_t s = 0; s < shards; s++) {
+      engines_.push_back(std::make_unique<MqEngine>(
+          /*max_unexpected_budget=*/1 << 20,
+          /*job_unexpected_budget=*/48 << 10,
+          /*uid_unexpected_budget=*/64 << 10));
+      if (shards > 1) engines_.back()->JoinShards(&crossing_, s);
+    }
     auto account = std::make_shared<UidAccount>();
     MakeJob(0xA, 3, account);
     MakeJob(0xB, 1, account);
@@ -167,11 +178,14 @@ class Node {
 
   void Run(Reader& in) {
     while (!in.done()) Step(in);
-    // Drain, read everything, then close every endpoint.
-    for (int i = 0; i < 8 && engine_.PollAll(); i++) {
+    // Drain, read everything, then close every endpoint, and let the
+    // shards finish what crosses between them.
+    for (int i = 0; i < 32 && PollAll(); i++) {
     }
     for (uint32_t pos = 0; pos < clients_.size(); pos++) Reap(pos, ~0u);
     for (uint32_t pos = 0; pos < clients_.size(); pos++) RemoveAt(pos);
+    for (int i = 0; i < 32 && PollAll(); i++) {
+    }
     for (JobState& j : jobs_) {
       if (j.job->unexpected_cost != 0) Fail("a job's budget still charged");
       if (!j.scribbled) {
@@ -235,20 +249,22 @@ class Node {
     c.rings = shm::ClientRingsOf(ep->segment().base(), ep->geometry());
     c.arena =
         shm::SendArena(j.job->pool().base(), region->offset, region->bytes);
-    engine_.Add(ep);
+    EngineOf(ep->id()).Add(ep);
     // Slot i of every endpoint of the job names the job's i-th position
     // (a position closed for good keeps naming the endpoint that left).
     for (uint32_t slot = 0; slot < j.positions.size(); slot++) {
-      engine_.SetPeer(ep->id(), slot,
-                      PeerLink{ids_[j.positions[slot]],
-                               0x1000 + uint64_t{ids_[j.positions[slot]]}});
+      EngineOf(ep->id()).SetPeer(
+          ep->id(), slot,
+          PeerLink{ids_[j.positions[slot]],
+                   0x1000 + uint64_t{ids_[j.positions[slot]]}});
     }
     for (uint32_t slot = 0; slot < j.positions.size(); slot++) {
       uint32_t other = j.positions[slot];
       if (other != pos && clients_[other].live) {
         for (uint32_t s = 0; s < j.positions.size(); s++) {
           if (j.positions[s] == pos)
-            engine_.SetPeer(ids_[other], s, PeerLink{ep->id(), ep->epid()});
+            EngineOf(ids_[other])
+                .SetPeer(ids_[other], s, PeerLink{ep->id(), ep->epid()});
         }
       }
     }
@@ -257,7 +273,7 @@ class Node {
   void RemoveAt(uint32_t pos) {
     Client& c = clients_[pos];
     if (!c.live) return;
-    engine_.Remove(c.ep->id());
+    EngineOf(c.ep->id()).Remove(c.ep->id());
     JobState& j = jobs_[c.job];
     j.job->RetireRegion(c.ep->region());
     j.job->endpoints--;
@@ -476,9 +492,11 @@ class Node {
       }
       case kTurn: {
         uint32_t turns = 1 + in.U8() % 4;
-        for (uint32_t i = 0; i < turns; i++) engine_.PollAll();
-        engine_.AnySubmissionPending();
-        engine_.NotifyClients();
+        for (uint32_t i = 0; i < turns; i++) PollAll();
+        for (auto& e : engines_) {
+          e->AnySubmissionPending();
+          e->NotifyClients();
+        }
         break;
       }
       case kReap:
@@ -496,10 +514,11 @@ class Node {
         uint32_t slot = in.U8() % j.positions.size();
         uint32_t peer = ids_[j.positions[slot]];
         if (op == kDisconnect) {
-          engine_.ClearPeer(c.ep->id(), slot);
+          EngineOf(c.ep->id()).ClearPeer(c.ep->id(), slot);
         } else {
-          engine_.SetPeer(c.ep->id(), slot,
-                          PeerLink{peer, 0x1000 + uint64_t{peer}});
+          EngineOf(c.ep->id())
+              .SetPeer(c.ep->id(), slot,
+                       PeerLink{peer, 0x1000 + uint64_t{peer}});
         }
         break;
       }
@@ -550,9 +569,18 @@ class Node {
     }
   }
 
-  MqEngine engine_{/*max_unexpected_budget=*/1 << 20,
-                   /*job_unexpected_budget=*/48 << 10,
-                   /*uid_unexpected_budget=*/64 << 10};
+  MqEngine& EngineOf(uint32_t id) {
+    return *engines_[MqEngine::ShardOf(id, crossing_.shards())];
+  }
+  // A turn of every shard; whether any did something.
+  bool PollAll() {
+    bool did = false;
+    for (auto& e : engines_) did |= e->PollAll();
+    return did;
+  }
+
+  Crossing crossing_;
+  std::vector<std::unique_ptr<MqEngine>> engines_;
   std::vector<JobState> jobs_;
   std::vector<Client> clients_;
   std::vector<uint32_t> ids_;  // the endpoint id at each position (last one)
@@ -815,8 +843,10 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  psmd::Reader in(data, size);
-  psmd::Node node;
-  node.Run(in);
+  for (uint32_t shards = 1; shards <= 2; shards++) {
+    psmd::Reader in(data, size);
+    psmd::Node node(shards);
+    node.Run(in);
+  }
   return 0;
 }

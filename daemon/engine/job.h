@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -36,10 +37,11 @@ struct JobKey {
 };
 
 // What all jobs of one uid hold together (a uid can open any number of job
-// uuids). Touched only by the progress worker.
+// uuids). Charged by the engine shards where the messages and receives land
+// (relaxed atomics: a job spans shards, mq_engine.h invariant 4).
 struct UidAccount {
-  uint64_t unexpected_cost = 0;  // sum of its jobs' unexpected_cost
-  uint64_t posted_recvs = 0;     // sum of its jobs' posted_recvs
+  std::atomic<uint64_t> unexpected_cost{0};  // its jobs' unexpected_cost
+  std::atomic<uint64_t> posted_recvs{0};     // its jobs' posted_recvs
 };
 
 class Job {
@@ -84,11 +86,11 @@ class Job {
 
   int endpoints = 0;  // live endpoints; the job ends when this drops to 0
 
-  // Sum of its endpoints' unexpected_cost (mq_engine.h, invariant 4).
-  // Touched only by the progress worker, which owns all endpoints.
-  uint64_t unexpected_cost = 0;
-  // Sum of its endpoints' posted_charged (mq_engine.h, invariant 9).
-  uint64_t posted_recvs = 0;
+  // Sum of its endpoints' unexpected_cost (mq_engine.h, invariant 4), and
+  // of their posted_charged (invariant 9): charged by every engine shard
+  // that serves an endpoint of the job.
+  std::atomic<uint64_t> unexpected_cost{0};
+  std::atomic<uint64_t> posted_recvs{0};
 
  private:
   enum class RegionState : uint8_t { kFree, kOwned, kRetired };

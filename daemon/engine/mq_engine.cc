@@ -156,15 +156,15 @@ void MqEngine::Remove(uint32_t id) {
       // The sender learns at once (its queued chunks are dropped); chunks
       // already on its ring are released as they arrive (HandleRndvData:
       // a transfer that ended).
-      if (Endpoint* s = Find(t->second.sender_id)) {
-        PostError(*s, t->second.sender_req, PSM2_EPID_UNREACHABLE);
-      }
+      PostErrorTo(t->second.sender_id, t->second.sender_req,
+                  PSM2_EPID_UNREACHABLE);
       t = transfers_.erase(t);
       continue;
     }
     ++t;
   }
   if (remote_) remote_->EndpointRemoved(id);
+  if (crossing_) RemoveAcross(ep);
   order_.erase(std::find(order_.begin(), order_.end(), &ep));
   Regroup();
   // Its peers' receives naming it can never match now (invariant 8): they
@@ -172,6 +172,9 @@ void MqEngine::Remove(uint32_t id) {
   PeersGone([id](const Endpoint&,
                  const PeerLink& link) { return link.endpoint_id == id; },
             PSM2_EPID_UNREACHABLE);
+  if (crossing_ && shards_ > 1) {
+    departed_.emplace(id, Departed{std::move(it->second), shards_ - 1});
+  }
   by_id_.erase(it);
 }
 
@@ -207,6 +210,7 @@ Endpoint* MqEngine::Find(uint32_t id) {
 
 bool MqEngine::PollAll() {
   bool did = copies_done() && FinishCopies();
+  if (crossing_) did |= PollCrossing();
   if (!takeover_candidates_.empty()) did |= TakeOverStalled();
   if (!shedding_.empty()) did |= ShedStep();
   ++passes_;
@@ -253,6 +257,7 @@ bool MqEngine::PollAll() {
     }
   }
   if (busy_jobs > 1) company_pass_ = passes_;
+  if (crossing_) FlushCrossing();
   return did;
 }
 
@@ -327,6 +332,7 @@ bool MqEngine::PollControl(Endpoint& ep, size_t limit, size_t* used) {
   shm::SubmissionDesc batch[kBatch];
   size_t n = ep.ctl_sq.PopBatch(batch, std::min(limit, kBatch));
   if (used != nullptr) *used += n;
+  submissions_.Add(n);
   PrefetchMatches(ep, batch, n);
   for (size_t i = 0; i < n; i++) Dispatch(ep, batch[i], shm::Ring::kControl);
   return did || n > 0;
@@ -348,6 +354,7 @@ bool MqEngine::PollMessages(Endpoint& ep, size_t limit, size_t* used) {
   const size_t room = std::min(limit, kBatch);
   size_t n = ep.msg_sq.PopBatch(batch, held < room ? room - held : 0);
   if (used != nullptr) *used += n;
+  submissions_.Add(n);
   PrefetchMatches(ep, batch, n);
   for (size_t i = 0; i < n; i++) {
     if (!Dispatch(ep, batch[i], shm::Ring::kMessage)) {
@@ -525,16 +532,22 @@ bool MqEngine::HandleSend(Endpoint& sender, const shm::SubmissionDesc& d) {
   } else {
     m.pool_offset = d.body.pool.pool_offset;
   }
-  Endpoint* receiver = Find(link.endpoint_id);
-  if (receiver == nullptr || receiver->faulted) {
-    // The peer is gone: give the payload back and tell the sender.
-    ReleasePayload(sender, m);
-    PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
-    return true;
-  }
-  if (ArriveAs<Part::kWhole>(*receiver, KeyOf(sender.epid(), d.tag), m,
-                             nullptr) == Arrival::kHeld) {
-    return false;
+  if (!Local(link.endpoint_id)) {
+    // Invariant 11: it arrives on the receiver's shard.
+    if (!SendAcross(sender, link.endpoint_id, KeyOf(sender.epid(), d.tag), m))
+      return false;  // out of credit: held
+  } else {
+    Endpoint* receiver = Find(link.endpoint_id);
+    if (receiver == nullptr || receiver->faulted) {
+      // The peer is gone: give the payload back and tell the sender.
+      ReleasePayload(sender, m);
+      PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
+      return true;
+    }
+    if (ArriveAs<Part::kWhole>(*receiver, KeyOf(sender.epid(), d.tag), m,
+                               nullptr) == Arrival::kHeld) {
+      return false;
+    }
   }
   sender.counters.msgs_sent.Add(1);
   sender.counters.bytes_sent.Add(d.len);
@@ -562,13 +575,15 @@ bool MqEngine::HandleRecv(Endpoint& receiver, const shm::SubmissionDesc& d) {
   }
   if (!PostedFits(receiver)) {
     receiver.counters.recvs_refused.Add(1);
-    WarnClient(receiver.uid(),
-               "endpoint {} (uid {}): receive refused: its job holds {} posted "
-               "receives, its uid {} (max_posted_recvs_per_job {}, "
-               "max_posted_recvs_per_uid {})",
-               receiver.id(), receiver.uid(), receiver.job()->posted_recvs,
-               receiver.job()->account().posted_recvs, job_posted_limit_,
-               uid_posted_limit_);
+    WarnClient(
+        receiver.uid(),
+        "endpoint {} (uid {}): receive refused: its job holds {} posted "
+        "receives, its uid {} (max_posted_recvs_per_job {}, "
+        "max_posted_recvs_per_uid {})",
+        receiver.id(), receiver.uid(),
+        receiver.job()->posted_recvs.load(std::memory_order_relaxed),
+        receiver.job()->account().posted_recvs.load(std::memory_order_relaxed),
+        job_posted_limit_, uid_posted_limit_);
     PostError(receiver, d.req, PSM2_NO_MEMORY);
     return true;
   }
@@ -581,15 +596,19 @@ bool MqEngine::HandleRecv(Endpoint& receiver, const shm::SubmissionDesc& d) {
 void MqEngine::ChargePosted(Endpoint& ep) {
   const uint64_t now = ep.posted.size();
   // Unsigned arithmetic: a shrunken queue subtracts.
-  ep.job()->posted_recvs += now - ep.posted_charged;
-  ep.job()->account().posted_recvs += now - ep.posted_charged;
+  ep.job()->posted_recvs.fetch_add(now - ep.posted_charged,
+                                   std::memory_order_relaxed);
+  ep.job()->account().posted_recvs.fetch_add(now - ep.posted_charged,
+                                             std::memory_order_relaxed);
   ep.posted_charged = now;
 }
 
 bool MqEngine::PostedFits(Endpoint& ep) {
   auto fits = [&] {
-    return ep.job()->posted_recvs < job_posted_limit_ &&
-           ep.job()->account().posted_recvs < uid_posted_limit_;
+    return ep.job()->posted_recvs.load(std::memory_order_relaxed) <
+               job_posted_limit_ &&
+           ep.job()->account().posted_recvs.load(std::memory_order_relaxed) <
+               uid_posted_limit_;
   };
   ChargePosted(ep);
   if (fits()) return true;
@@ -701,6 +720,10 @@ bool MqEngine::HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
       remote_->RndvData(sender, d)) {
     return true;  // a transfer to another node
   }
+  // Invariant 11: the transfer is kept by the receiver's shard.
+  if (shards_ > 1 && d.body.rndv.transfer % shards_ != shard_) {
+    return ChunkAcross(sender, d);
+  }
   // The pool range was validated, so the chunk can safely be given back if
   // it goes nowhere.
   shm::PoolPayload chunk = shm::PayloadOf(sender.job()->pool().base(), d);
@@ -776,17 +799,27 @@ bool MqEngine::HandleAmRequest(Endpoint& sender, const shm::SubmissionDesc& d) {
     return remote_->AmRequest(sender, d, sender.peers[d.peer],
                               /*may_hold=*/!admit_over_budget_);
   }
-  Endpoint* target = Find(sender.peers[d.peer].endpoint_id);
+  uint8_t flags = 0;
+  if (d.flags & shm::kAmNoReply) flags |= shm::kAmRequestNoReply;
+  if (d.flags & shm::kAmWantsAck) flags |= shm::kAmRequestWantsAck;
+  const uint32_t target_id = sender.peers[d.peer].endpoint_id;
+  if (!Local(target_id)) {
+    if (!AmAcross(sender, target_id,
+                  AmCompletion(sender, d, shm::CompleteOp::kAmRequest, flags),
+                  /*request=*/true)) {
+      return false;  // out of credit: held
+    }
+    sender.counters.am_requests_sent.Add(1);
+    return true;
+  }
+  Endpoint* target = Find(target_id);
   if (target == nullptr || target->faulted) {
     shm::PayloadOf(sender.job()->pool().base(), d).Release();
     PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
     return true;
   }
   if (AmHeld(*target)) return false;  // held (invariant 6)
-  uint8_t flags = 0;
-  if (d.flags & shm::kAmNoReply) flags |= shm::kAmRequestNoReply;
-  if (d.flags & shm::kAmWantsAck) flags |= shm::kAmRequestWantsAck;
-  ForwardActiveMessage(sender, *target, d, shm::CompleteOp::kAmRequest, flags);
+  Post(*target, AmCompletion(sender, d, shm::CompleteOp::kAmRequest, flags));
   sender.counters.am_requests_sent.Add(1);
   return true;
 }
@@ -796,15 +829,21 @@ bool MqEngine::HandleAmReply(Endpoint& sender, const shm::SubmissionDesc& d) {
     remote_->AmReplyOrAck(sender, d);
     return true;
   }
+  const shm::CompletionDesc c =
+      AmCompletion(sender, d, shm::CompleteOp::kAmReply,
+                   (d.flags & shm::kAmWantsAck) ? shm::kAmRequestWantsAck : 0);
+  if (!Local(d.peer)) {
+    AmAcross(sender, d.peer, c, /*request=*/false);
+    sender.counters.am_replies_sent.Add(1);
+    return true;
+  }
   Endpoint* target = FindInJob(sender, d.peer);
   if (target == nullptr) {
     shm::PayloadOf(sender.job()->pool().base(), d).Release();
     PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
     return true;
   }
-  ForwardActiveMessage(
-      sender, *target, d, shm::CompleteOp::kAmReply,
-      (d.flags & shm::kAmWantsAck) ? shm::kAmRequestWantsAck : 0);
+  Post(*target, c);
   sender.counters.am_replies_sent.Add(1);
   return true;
 }
@@ -814,21 +853,25 @@ bool MqEngine::HandleAmAck(Endpoint& sender, const shm::SubmissionDesc& d) {
     remote_->AmReplyOrAck(sender, d);
     return true;
   }
-  Endpoint* target = FindInJob(sender, d.peer);
-  if (target == nullptr) return true;  // the requester is gone: nobody to tell
   shm::CompletionDesc c{};
   c.op = shm::CompleteOp::kAmAcked;
   c.req = d.body.ack.request;
   c.error = d.body.ack.error;
   c.tag[0] = d.body.ack.handler;
   c.src_epid = sender.epid();
+  if (!Local(d.peer)) {
+    AmAcross(sender, d.peer, c, /*request=*/false);
+    return true;
+  }
+  Endpoint* target = FindInJob(sender, d.peer);
+  if (target == nullptr) return true;  // the requester is gone: nobody to tell
   Post(*target, c);
   return true;
 }
 
-void MqEngine::ForwardActiveMessage(const Endpoint& sender, Endpoint& target,
-                                    const shm::SubmissionDesc& d,
-                                    shm::CompleteOp op, uint8_t flags) {
+shm::CompletionDesc MqEngine::AmCompletion(const Endpoint& sender,
+                                           const shm::SubmissionDesc& d,
+                                           shm::CompleteOp op, uint8_t flags) {
   shm::CompletionDesc c{};
   c.op = op;
   c.flags = flags;
@@ -844,7 +887,7 @@ void MqEngine::ForwardActiveMessage(const Endpoint& sender, Endpoint& target,
   } else {
     c.body.pool.pool_offset = d.body.pool.pool_offset;
   }
-  Post(target, c);
+  return c;
 }
 
 Endpoint* MqEngine::FindInJob(const Endpoint& ep, uint32_t id) {
@@ -903,6 +946,21 @@ void MqEngine::StartTransfer(Endpoint& receiver, uint64_t recv_req,
     if (remote_) remote_->StartTransfer(receiver, recv_req, send_bytes, m);
     return;
   }
+  if (!Local(m.sender_id)) {
+    // Invariant 11: kept here, streamed from the sender's shard (kChunk).
+    // Its shard answers kTransferSenderGone if the sender left meanwhile.
+    shm::CompletionDesc go{};
+    go.op = shm::CompleteOp::kRndvGo;
+    go.req = m.sender_req;
+    go.body.go.send_bytes = send_bytes;
+    if (send_bytes > 0) {
+      go.body.go.transfer = NewTransferId();
+      transfers_[go.body.go.transfer] = Transfer{
+          m.sender_id, receiver.id(), m.sender_req, recv_req, send_bytes, 0};
+    }
+    PostTo(m.sender_id, go);
+    return;
+  }
   Endpoint* sender = Find(m.sender_id);
   if (sender == nullptr) {
     // The sender left before the match: its data is gone with it.
@@ -915,7 +973,7 @@ void MqEngine::StartTransfer(Endpoint& receiver, uint64_t recv_req,
   go.error = PSM2_OK;
   go.body.go.send_bytes = send_bytes;
   if (send_bytes > 0) {
-    go.body.go.transfer = next_transfer_++;
+    go.body.go.transfer = NewTransferId();
     Transfer t{sender->id(), receiver.id(), m.sender_req,
                recv_req,     send_bytes,    0};
     t.send_addr = m.send_addr;
@@ -1081,17 +1139,22 @@ std::optional<shm::StallBudget> MqEngine::FullBudget(const Endpoint& receiver,
   };
   if (receiver.unexpected_cost + kOne > receiver.unexpected_budget)
     return full(shm::StallBudget::kEndpoint, receiver.unexpected_budget);
-  if (receiver.job()->unexpected_cost + kOne > job_unexpected_budget_)
+  const Job& job = *receiver.job();
+  if (job.unexpected_cost.load(std::memory_order_relaxed) + kOne >
+      job_unexpected_budget_)
     return full(shm::StallBudget::kJob, job_unexpected_budget_);
-  if (receiver.job()->account().unexpected_cost + kOne > uid_unexpected_budget_)
+  if (job.account().unexpected_cost.load(std::memory_order_relaxed) + kOne >
+      uid_unexpected_budget_)
     return full(shm::StallBudget::kUid, uid_unexpected_budget_);
   return std::nullopt;
 }
 
 void MqEngine::Charge(Endpoint& receiver) {
   receiver.unexpected_cost += kUnexpectedOverheadBytes;
-  receiver.job()->unexpected_cost += kUnexpectedOverheadBytes;
-  receiver.job()->account().unexpected_cost += kUnexpectedOverheadBytes;
+  receiver.job()->unexpected_cost.fetch_add(kUnexpectedOverheadBytes,
+                                            std::memory_order_relaxed);
+  receiver.job()->account().unexpected_cost.fetch_add(
+      kUnexpectedOverheadBytes, std::memory_order_relaxed);
 }
 
 void MqEngine::NoteHeld(Endpoint& receiver) {
@@ -1150,8 +1213,10 @@ void MqEngine::ReportBudgetStalls(uint64_t now_ns) {
 void MqEngine::Uncharge(Endpoint& receiver) {
   receiver.held_since_ns = 0;  // a receive drained it: not stalled
   receiver.unexpected_cost -= kUnexpectedOverheadBytes;
-  receiver.job()->unexpected_cost -= kUnexpectedOverheadBytes;
-  receiver.job()->account().unexpected_cost -= kUnexpectedOverheadBytes;
+  receiver.job()->unexpected_cost.fetch_sub(kUnexpectedOverheadBytes,
+                                            std::memory_order_relaxed);
+  receiver.job()->account().unexpected_cost.fetch_sub(
+      kUnexpectedOverheadBytes, std::memory_order_relaxed);
 }
 
 void MqEngine::Discard(Endpoint& receiver, const UnexpectedMsg& m) {
@@ -1175,13 +1240,11 @@ void MqEngine::CompleteSyncOf(const Endpoint& receiver, const UnexpectedMsg& m,
 
 void MqEngine::CompleteSync(uint32_t sender_id, uint64_t sender_req,
                             int32_t error) {
-  Endpoint* sender = Find(sender_id);
-  if (sender == nullptr) return;  // sender gone: nobody to tell
   shm::CompletionDesc c{};
   c.op = shm::CompleteOp::kSendDone;
   c.req = sender_req;
   c.error = error;
-  Post(*sender, c);
+  PostTo(sender_id, c);  // a sender that is gone has nobody to tell
 }
 
 void MqEngine::PostError(Endpoint& ep, uint64_t req, int32_t error) {

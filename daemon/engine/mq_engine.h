@@ -89,6 +89,26 @@
 //      endpoints' posted_charged, which is brought up to posted.size() when
 //      a receive is posted (matches and cancels lower it lazily: a count
 //      may be high, never low, and is recomputed before a refusal).
+//  11. Shards (issue 38; docs/design.md, "Engine shards"). An endpoint
+//      lives on one engine, the shard ShardOf(its id); only that engine
+//      reads its rings, matches for it and writes its completion ring. What
+//      concerns an endpoint of another shard crosses to it as a CrossItem
+//      (crossing.h): a send arrives there through Arrive exactly as a local
+//      one does (kArrive), completions for a sender go back (kPost), chunks
+//      go to the shard that keeps their transfer (the receiver's: transfer
+//      ids name it). One sender lives on one shard and lanes are FIFO, so
+//      per-pair order (invariant 1) holds; an item a budget holds waits in
+//      its receiver's held list, behind which that receiver's later items
+//      queue, and a sender has at most kCrossCredit such items in flight
+//      (its message ring waits beyond: invariant 4's back-pressure). A
+//      removed endpoint's shard drains its rings first, then tells every
+//      other shard (kGone): they admit its held items, fail transfers it
+//      sent, and mark links to it gone (invariant 8), in lane order after
+//      everything it sent. Job and uid budgets are relaxed atomics charged
+//      where a message or receive lands: each shard checks then charges, so
+//      a budget may be exceeded by one message per shard. Copies in place
+//      (invariant 10) stay within a shard: a transfer between shards
+//      streams through the pool.
 #ifndef PSMD_DAEMON_ENGINE_MQ_ENGINE_H_
 #define PSMD_DAEMON_ENGINE_MQ_ENGINE_H_
 
@@ -103,6 +123,7 @@
 #include <vector>
 
 #include "daemon/engine/cross_copy.h"
+#include "daemon/engine/crossing.h"
 #include "daemon/engine/endpoint.h"
 #include "daemon/engine/other_nodes.h"
 
@@ -176,6 +197,38 @@ class MqEngine {
   // than copy_after while there are any.
   bool takeovers_pending() const { return !takeover_candidates_.empty(); }
 
+  // ---- Shards (issue 38; daemon/engine/crossing.h, invariant 11) ----
+
+  // Makes this engine shard `shard` of crossing->shards(), before any
+  // endpoint is added: the endpoints whose id is another shard's (ShardOf)
+  // are reached through `crossing`, and this engine's transfer ids are its
+  // own (NewTransferId). `crossing` outlives the engine.
+  void JoinShards(Crossing* crossing, uint32_t shard);
+  // The shard that serves endpoint `id` among `shards`: ids are handed out
+  // so that this is where the registry placed it.
+  static uint32_t ShardOf(uint32_t id, uint32_t shards) {
+    return shards > 1 ? id % shards : 0;
+  }
+  uint32_t shard() const { return shard_; }
+  // Whether another shard sent something not taken yet, or our outbox holds
+  // items a full lane did not take (the worker must not sleep for long).
+  bool CrossingPending();
+  bool OutboxWaiting() const { return outbox_items_ > 0; }
+  // Whether a send waits for a budget that an endpoint of another shard
+  // may free (that shard does not wake us when it does): the worker sleeps
+  // briefly then.
+  bool HeldForBudget() const;
+  // What this shard did (psmctl stats, per worker): submissions consumed,
+  // items taken from other shards and sent to them. Read from any thread.
+  struct ShardCounters {
+    uint64_t submissions = 0;
+    uint64_t cross_in = 0;
+    uint64_t cross_out = 0;
+  };
+  ShardCounters shard_counters() const {
+    return {submissions_.Get(), cross_in_.Get(), cross_out_.Get()};
+  }
+
   // Endpoints on other nodes, through the fabric (daemon/remote/remote.h),
   // which the caller owns and keeps alive as long as this engine: sends, active
   // messages and rendezvous chunks to them, and the answers to messages
@@ -226,8 +279,13 @@ class MqEngine {
   using LinkFilter = std::function<bool(const Endpoint&, const PeerLink&)>;
   void PeersGone(const LinkFilter& gone, int32_t error);
   // An id for a rendezvous transfer, unique among this engine's and its
-  // transports' (a chunk names its transfer by it alone).
-  uint64_t NewTransferId() { return next_transfer_++; }
+  // transports' (a chunk names its transfer by it alone), and naming this
+  // shard (ShardOf): a chunk reaches the shard that keeps its transfer.
+  uint64_t NewTransferId() {
+    const uint64_t id = next_transfer_;
+    next_transfer_ += shards_;
+    return id;
+  }
 
   // Whether `ep` is served: its rings were not found corrupted (a receiver
   // Arrive takes).
@@ -314,9 +372,10 @@ class MqEngine {
   bool HandleAmRequest(Endpoint& sender, const shm::SubmissionDesc& d);
   bool HandleAmReply(Endpoint& sender, const shm::SubmissionDesc& d);
   bool HandleAmAck(Endpoint& sender, const shm::SubmissionDesc& d);
-  void ForwardActiveMessage(const Endpoint& sender, Endpoint& target,
-                            const shm::SubmissionDesc& d, shm::CompleteOp op,
-                            uint8_t flags);
+  // What an active message's target gets (its completion).
+  static shm::CompletionDesc AmCompletion(const Endpoint& sender,
+                                          const shm::SubmissionDesc& d,
+                                          shm::CompleteOp op, uint8_t flags);
   // Starts loading the queue entries the sends and receives of a popped
   // batch will match against (PostedQueue::prefetch_slot).
   void PrefetchMatches(Endpoint& ep, const shm::SubmissionDesc* batch,
@@ -379,6 +438,75 @@ class MqEngine {
   void ReleaseUnread(const Endpoint& ep, const shm::CompletionDesc& c);
   void ReportBadDescriptor(Endpoint& ep, const char* what);
   Endpoint* Find(uint32_t id);
+
+  // ---- Across shards (across_shards.cc; invariant 11) ----
+  // Items in flight to other shards per sender (kArrive, AM requests) past
+  // which its message ring waits: what a flooding sender can make another
+  // shard hold for a full receiver.
+  static constexpr uint32_t kCrossCredit = 32;
+  bool Local(uint32_t id) const {
+    return shards_ == 1 || id % shards_ == shard_;
+  }
+  // Hands `item` to shard `to` (through the outbox while that lane is full).
+  void Push(uint32_t to, const CrossItem& item);
+  // A completion for endpoint `id`, on this shard or another.
+  void PostTo(uint32_t id, const shm::CompletionDesc& c);
+  void PostErrorTo(uint32_t id, uint64_t req, int32_t error);
+  // The cross-shard halves of HandleSend and the AM handlers.
+  bool SendAcross(Endpoint& sender, uint32_t receiver_id, const MsgKey& key,
+                  const UnexpectedMsg& m);
+  bool AmAcross(Endpoint& sender, uint32_t target_id,
+                const shm::CompletionDesc& c, bool request);
+  bool ChunkAcross(Endpoint& sender, const shm::SubmissionDesc& d);
+  // What a shard does with an item from shard `from`.
+  bool PollCrossing();
+  void TakeItem(uint32_t from, const CrossItem& item);
+  // kArrive / kAm for a receiver that exists: false when held (invariant 4,
+  // invariant 6), the item to be offered again.
+  bool OfferItem(Endpoint& receiver, const CrossItem& item);
+  void TakeChunk(uint32_t from, const CrossItem& item);
+  void TakeGone(uint32_t gone_id);
+  // Answers a kArrive / kAm whose receiver is gone, as a send to a closed
+  // peer is answered.
+  void RefuseItem(const CrossItem& item, int32_t error);
+  void ReturnCredit(uint32_t sender_id);
+  // Offers the held items again, receiver by receiver, in order.
+  bool RetryHeld();
+  // At the end of a pass: gives back the credits taken, and wakes the
+  // shards pushed to.
+  void FlushCrossing();
+  // Ends what this shard holds for receiver `ep` (being removed), and tells
+  // the other shards it is gone.
+  void RemoveAcross(Endpoint& ep);
+
+  // Endpoints removed here that other shards may still answer (a chunk of
+  // theirs refused, to be released into their job's pool): kept until every
+  // other shard acknowledged their kGone, after which lanes (FIFO) hold
+  // nothing more for them.
+  struct Departed {
+    std::shared_ptr<Endpoint> ep;
+    uint32_t acks_due;
+  };
+  std::unordered_map<uint32_t, Departed> departed_;
+  Crossing* crossing_ = nullptr;
+  uint32_t shard_ = 0;
+  uint32_t shards_ = 1;
+  std::vector<std::deque<CrossItem>> outbox_;  // per destination shard
+  size_t outbox_items_ = 0;
+  std::vector<uint8_t> wake_;  // destination shards pushed to this pass
+  // Items another shard sent to a receiver of ours that a budget holds, by
+  // receiver, in arrival order (a later item for it queues behind them).
+  std::unordered_map<uint32_t, std::deque<CrossItem>> held_items_;
+  // Credits to give back, per sender: consecutive items of one sender
+  // share one kCredit.
+  struct CreditRun {
+    uint32_t sender_id;
+    uint32_t count;
+  };
+  std::vector<CreditRun> credits_;
+  Counter submissions_;
+  Counter cross_in_;
+  Counter cross_out_;
 
   std::unordered_map<uint32_t, std::shared_ptr<Endpoint>> by_id_;
   std::vector<Endpoint*> order_;

@@ -1,11 +1,14 @@
 """The two runs of one conformance program: against Intel's libpsm2 and psmd."""
 
-def pair_tests(program, ranks = 2, nodes = 0):
+def pair_tests(program, ranks = 2, nodes = 0, workers = 0):
     """Defines <program>_intel and <program>_psmd, each run by run_pair.sh.
 
     Args:
       program: name of the cc_binary in this package.
       ranks: how many ranks run_pair.sh starts.
+      workers: if not 0, also <program>_psmd_workers<N>: psmd with that many
+        engine shards, the ranks placed on different ones, and a check that
+        every shard carried traffic and messages crossed between them.
       nodes: if not 0, also <program>_nodes: the psmd run with that many
         daemons linked by the fabric (rank r on daemon r % nodes), and
         <program>_nodes_ofi: the same over the ofi backend on tcp;ofi_rxm.
@@ -28,6 +31,19 @@ def pair_tests(program, ranks = 2, nodes = 0):
                 ],
                 env = env,
             )
+    if workers:
+        native.sh_test(
+            name = program + "_psmd_workers" + str(workers),
+            size = "medium",
+            srcs = ["run_pair.sh"],
+            args = ["--ranks", str(ranks), "--workers", str(workers), "psmd", "$(location :%s)" % program],
+            data = [
+                ":" + program,
+                "//daemon:psmd",
+                "//scripts:workdir",
+                "//tools:psmctl",
+            ],
+        )
     for impl in ["intel", "psmd"]:
         native.sh_test(
             name = program + "_" + impl,

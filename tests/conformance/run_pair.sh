@@ -21,10 +21,14 @@
 set -uo pipefail
 ranks=${PSMD_CONFORMANCE_RANKS:-2}
 daemons=2
+workers=1
 while [[ "${1:-}" == --* ]]; do
   case "$1" in
     --ranks) ranks=$2; shift 2 ;;
     --daemons) daemons=$2; shift 2 ;;
+    # psmd with that many engine shards; afterwards every shard must have
+    # carried traffic and messages must have crossed between them.
+    --workers) workers=$2; shift 2 ;;
     *) break ;;
   esac
 done
@@ -54,7 +58,8 @@ case "$impl" in
     ;;
   psmd)
     export PSMD_SOCKET="$work/psmd.sock"
-    "${PSMD_BIN:-daemon/psmd}" --socket "$PSMD_SOCKET" --log-level warn 2>"$work/psmd0.log" &
+    "${PSMD_BIN:-daemon/psmd}" --socket "$PSMD_SOCKET" --log-level warn \
+      --workers "$workers" 2>"$work/psmd0.log" &
     pids+=($!)
     daemon_pids=($!)
     for _ in $(seq 100); do [[ -S "$PSMD_SOCKET" ]] && break; sleep 0.05; done
@@ -101,7 +106,42 @@ if [[ $ranks_status != 0 || -n "${PSMD_SHOW_LOGS:-}" ]]; then
     tail -n 40 "$work/psmd$i.log" >&2
   done
 fi
+# With shards: each carried traffic, and messages crossed between them
+# (psmctl stats, root's view of the workers).
+shards_ok=1
+if ((workers > 1)); then
+  if ((EUID != 0)); then
+    echo "run_pair: the shard check needs root (psmctl's worker figures)" >&2
+    shards_ok=0
+  else
+    "${PSMCTL_BIN:-tools/psmctl}" --socket "$PSMD_SOCKET" stats --format json \
+      >"$work/stats.json" || shards_ok=0
+    python3 - "$work/stats.json" "$workers" <<'PY' || shards_ok=0
+import json, sys
+stats = json.load(open(sys.argv[1]))
+workers = stats["workers"]
+want = int(sys.argv[2])
+problems = []
+if len(workers) != want:
+    problems.append(f"{len(workers)} workers, not {want}")
+for w in workers:
+    if w["submissions"] == 0:
+        problems.append(f"worker {w['shard']} took no submission")
+if sum(w["cross_out"] for w in workers) == 0:
+    problems.append("no message crossed between workers")
+if sum(w["cross_in"] for w in workers) != sum(w["cross_out"] for w in workers):
+    problems.append("messages handed over and taken differ")
+for w in workers:
+    print(f"run_pair: worker {w['shard']}: {w['submissions']} submissions, "
+          f"{w['cross_in']} in, {w['cross_out']} out", file=sys.stderr)
+if problems:
+    print("run_pair: shards: " + "; ".join(problems), file=sys.stderr)
+    sys.exit(1)
+PY
+  fi
+fi
 status=$ranks_status daemons_ok=1
+((shards_ok)) || status=1
 for i in "${!daemon_pids[@]}"; do
   stop_daemon "${daemon_pids[i]}" "psmd$i" "$work/psmd$i.log" || daemons_ok=0
 done
@@ -110,12 +150,14 @@ done
 # Under Bazel, one JUnit test case per conformance case (passed only if it
 # passed on every rank), plus one for the run as a whole (exit statuses).
 if [[ -n "${XML_OUTPUT_FILE:-}" ]]; then
-  python3 - "$work/results" "$ranks_status" "$(basename "$program")_$impl" "${#daemon_pids[@]}" \
-    "$daemons_ok" >"$XML_OUTPUT_FILE" <<'PY'
+  python3 - "$work/results" "$ranks_status" "$(basename "$program")_$impl$( ((workers > 1)) && echo "_workers$workers")" "${#daemon_pids[@]}" \
+    "$daemons_ok" "$( ((workers > 1)) && echo "$shards_ok" || echo -)" \
+    >"$XML_OUTPUT_FILE" <<'PY'
 import sys
 from xml.sax.saxutils import quoteattr
 results, status, suite = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 daemons, daemons_ok = int(sys.argv[4]), sys.argv[5] == "1"
+shards = sys.argv[6]
 cases = {}
 for line in open(results):
     parts = line.split()
@@ -124,6 +166,8 @@ for line in open(results):
 cases["all_ranks_exit_0"] = status == 0
 if daemons:
     cases["psmd_exits_0_on_sigterm"] = daemons_ok
+if shards != "-":
+    cases["every_shard_carried_traffic_and_messages_crossed"] = shards == "1"
 failures = sum(not ok for ok in cases.values())
 print(f'<?xml version="1.0" encoding="UTF-8"?>')
 print(f'<testsuites><testsuite name={quoteattr(suite)} tests="{len(cases)}" failures="{failures}">')

@@ -1,0 +1,81 @@
+// Workers: psmd's engine shards (issue 38; docs/design.md, "Engine shards").
+// One ProgressWorker per shard, each with its own engine, endpoints, sleep
+// and wake-up, and the Crossing between them. The registry places an
+// endpoint on a shard at open (it picks the id: MqEngine::ShardOf); every
+// call about an endpoint goes to its shard's worker. Shard 0 owns the fabric
+// to other nodes, which for now requires a single worker (main.cc refuses
+// more).
+//
+// Thread-safety: as ProgressWorker's: the public methods may be called from
+// any thread once Start returned; Enable* and SetCpus before Start.
+#ifndef PSMD_DAEMON_WORKERS_H_
+#define PSMD_DAEMON_WORKERS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/config.h"
+#include "daemon/engine/crossing.h"
+#include "daemon/progress.h"
+
+namespace psmd {
+
+class Workers {
+ public:
+  // `count` workers (WorkerCount(config)).
+  Workers(const Config& config, uint32_t count);
+  ~Workers();  // stops them
+  Workers(const Workers&) = delete;
+  Workers& operator=(const Workers&) = delete;
+
+  uint32_t count() const { return static_cast<uint32_t>(workers_.size()); }
+  ProgressWorker& at(uint32_t shard) { return *workers_[shard]; }
+  const ProgressWorker& at(uint32_t shard) const { return *workers_[shard]; }
+  // The worker that serves endpoint `id`.
+  ProgressWorker& of(uint32_t id) {
+    return *workers_[MqEngine::ShardOf(id, count())];
+  }
+
+  // Before Start: worker i pinned to cpus[i % cpus.size()] (none if empty).
+  void SetCpus(const std::vector<int>& cpus);
+  // Before Start: systemd's watchdog, pinged by worker 0 while every worker
+  // turns.
+  void EnableWatchdog(uint64_t interval_us);
+  bool Start(std::string* error);
+  void Stop();
+  void SetSpinUs(uint32_t spin_us);
+
+  void AddEndpoint(std::shared_ptr<Endpoint> ep) {
+    of(ep->id()).AddEndpoint(std::move(ep));
+  }
+  void RemoveEndpoint(uint32_t id) { of(id).RemoveEndpoint(id); }
+  void SetPeer(uint32_t id, uint32_t slot, const PeerLink& link) {
+    of(id).SetPeer(id, slot, link);
+  }
+  void ClearPeer(uint32_t id, uint32_t slot) { of(id).ClearPeer(id, slot); }
+
+  // The fabric: shard 0's.
+  bool has_fabric() const { return at(0).has_fabric(); }
+  const std::string& fabric_host() const { return at(0).fabric_host(); }
+  std::vector<ProgressWorker::RemoteOutcome> QueryRemote(
+      uint32_t id, const std::vector<uint64_t>& epids) {
+    return of(id).QueryRemote(id, epids);
+  }
+  std::vector<Remote::PeerRow> FabricStats() { return at(0).FabricStats(); }
+
+  // Node totals over the workers.
+  uint64_t doorbells() const;
+  uint64_t sleeps() const;
+  // The oldest of the workers' last turns (psmctl health).
+  uint64_t LastTurnAgeNs() const;
+
+ private:
+  Crossing crossing_;
+  std::vector<std::unique_ptr<ProgressWorker>> workers_;
+};
+
+}  // namespace psmd
+
+#endif  // PSMD_DAEMON_WORKERS_H_
