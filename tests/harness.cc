@@ -137,6 +137,11 @@ Daemon::Daemon(const TempDir& dir, std::vector<std::string> extra_flags,
   log_path_ = dir.path() + "/psmd.log";
   std::vector<std::string> argv = wrapper;
   argv.insert(argv.end(), {Runfile("daemon/psmd"), "--socket", socket_});
+  // The *_workers2 variants of tests/BUILD.bazel: the same test against
+  // psmd with engine shards (a test's own flags come after, and win).
+  if (const char* workers = getenv("PSMD_TEST_WORKERS")) {
+    argv.insert(argv.end(), {"--workers", workers});
+  }
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   process_ = Process::Start(argv, env, log_path_, log_path_);
   // Ready when the socket accepts (a file may be there before: a stale one).

@@ -179,7 +179,8 @@ TEST_F(PsmctlTest, EveryCommandDescribesOpenEndpointsAndJobs) {
   RunResult eps = Psmctl(d, {"endpoints"});
   ASSERT_EQ(eps.exit_code, 0);
   EXPECT_TRUE(std::regex_search(
-      eps.out, std::regex("^endpoint +epid +job_uuid +uid +pid +conns +label")))
+      eps.out,
+      std::regex("^endpoint +epid +job_uuid +uid +pid +conns +shard +label")))
       << eps.out;
   EXPECT_TRUE(Contains(eps.out, std::to_string(ranks[1].pid()))) << eps.out;
   EXPECT_TRUE(Contains(eps.out, "exchange")) << eps.out;

@@ -706,21 +706,21 @@ int ShowEndpoints(ControlClient& control, const std::string& format) {
       printf(
           "%s\n {\"endpoint_id\": %u, \"epid\": %s, \"job_uuid\": %s, "
           "\"pid\": %u, \"uid\": %u, \"gid\": %u, \"label\": %s, "
-          "\"connections\": %u}",
+          "\"connections\": %u, \"shard\": %u}",
           i ? "," : "", e.endpoint_id(), JsonString(Hex(e.epid())).c_str(),
           JsonString(e.job_uuid()).c_str(), e.pid(), e.uid(), e.gid(),
-          JsonString(e.label()).c_str(), e.connections());
+          JsonString(e.label()).c_str(), e.connections(), e.shard());
     }
     printf("]}\n");
     return 0;
   }
   // The columns stats shows first, in its order (PrintIdentities).
-  printf("%-8s %-18s %-36s %6s %8s %5s  %s\n", "endpoint", "epid", "job_uuid",
-         "uid", "pid", "conns", "label");
+  printf("%-8s %-18s %-36s %6s %8s %5s %5s  %s\n", "endpoint", "epid",
+         "job_uuid", "uid", "pid", "conns", "shard", "label");
   for (const auto& e : r.endpoints()) {
-    printf("%-8u %-18s %-36s %6u %8u %5u  %s\n", e.endpoint_id(),
+    printf("%-8u %-18s %-36s %6u %8u %5u %5u  %s\n", e.endpoint_id(),
            Hex(e.epid()).c_str(), Printable(e.job_uuid()).c_str(), e.uid(),
-           e.pid(), e.connections(), Printable(e.label()).c_str());
+           e.pid(), e.connections(), e.shard(), Printable(e.label()).c_str());
   }
   return 0;
 }

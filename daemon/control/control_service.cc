@@ -281,7 +281,9 @@ grpc::Status ControlService::ListEndpoints(grpc::ServerContext* ctx,
   Credentials who;
   if (auto s = Identify(ctx, &who); !s.ok()) return s;
   for (const EndpointSnapshot& s : registry_->Snapshot(who)) {
-    FillInfo(s, reply->add_endpoints());
+    v1::EndpointInfo* info = reply->add_endpoints();
+    FillInfo(s, info);
+    info->set_shard(MqEngine::ShardOf(s.id, worker_->count()));
   }
   return grpc::Status::OK;
 }
