@@ -18,8 +18,17 @@
 // matched message; cpu_util is the process's CPU time over the wall time
 // (2.0 = two cores busy).
 //
+// With more than one worker the engines are shards of one psmd: one job
+// spans them, ids place endpoints as the registry does (MqEngine::ShardOf),
+// and they are joined by a Crossing (daemon/engine/crossing.h). --cross P
+// puts the receiver of P% of each worker's pairs on the next worker's
+// shard: those messages cross a lane and arrive there through Arrive, and
+// their completions are reaped by the sending worker's thread (its
+// "client"). Each thread polls its own engine only, as a psmd worker does.
+//
 // Usage: engine_scale [--seconds S] [--pairs P] [--window W] [--cpus A,B]
 //                     [--workers N] [--size BYTES] [--feeder self|thread]
+//                     [--cross PERCENT]
 // With --feeder thread, each worker's clients are a second thread on the
 // next CPU of --cpus: the rings' cache lines then move between cores as
 // with client processes, and ns_per_msg includes those misses.
@@ -70,6 +79,7 @@ struct Options {
   int workers = 0;      // 0: 1 and 2
   bool feeder = false;  // the clients' half on its own thread and core
   uint32_t size = 0;    // 0: 8 and 4096
+  int cross = -1;       // -1: 0 and 50 (with 2 workers)
 };
 
 // This thread's CPU time: what the engine spent, not the wall time a
@@ -87,41 +97,85 @@ struct ClientSide {
   shm::SendArena arena;
 };
 
-// One engine with its endpoints, driven by one thread.
-class Shard {
- public:
-  Shard(int index, const Options& o, uint32_t size)
-      : o_(o), size_(size), payload_(size, 'p') {
-    const uint32_t endpoints = 2 * o.pairs;
+// The engines of one run: shards of one psmd when there are several.
+struct Node {
+  Node(int workers, uint32_t endpoints) : crossing(workers) {
     std::string error;
     shm::Mapping pool;
     if (!shm::Mapping::Create("engine-scale-pool", endpoints * kRegionBytes,
                               geteuid(), getegid(), &pool, &error))
       Die(error);
-    job_ = std::make_shared<Job>(
-        JobKey{Uuid{static_cast<uint64_t>(index) + 1}, geteuid()},
-        std::move(pool), endpoints, kRegionBytes,
-        std::make_shared<UidAccount>());
-    for (uint32_t i = 0; i < endpoints; i++) Add(index * 1000 + i + 1);
+    job = std::make_shared<Job>(JobKey{Uuid{1}, geteuid()}, std::move(pool),
+                                endpoints, kRegionBytes,
+                                std::make_shared<UidAccount>());
+    for (int w = 0; w < workers; w++) {
+      engines.push_back(std::make_unique<MqEngine>(kBudget, kBudget, kBudget));
+      if (workers > 1) engines.back()->JoinShards(&crossing, w);
+      next_id.push_back(static_cast<uint32_t>(workers + w));
+    }
+  }
+  // An id of shard `w` (MqEngine::ShardOf), as the registry hands them out.
+  uint32_t NewId(int w) {
+    const uint32_t id = next_id[w];
+    next_id[w] += static_cast<uint32_t>(engines.size());
+    return id;
+  }
+
+  Crossing crossing;
+  std::shared_ptr<Job> job;  // one job over every shard
+  std::vector<std::unique_ptr<MqEngine>> engines;
+  std::vector<uint32_t> next_id;
+  // Threads still running rounds: a thread that is done keeps polling its
+  // engine until none is, for the others' messages to its receivers.
+  std::atomic<int> running{0};
+};
+
+// One worker's pairs and the thread that drives them: its engine's
+// PollAll, and the clients of its pairs (senders on its shard, receivers
+// on its shard or, for --cross, the next one).
+class Shard {
+ public:
+  Shard(int index, const Options& o, uint32_t size, Node& node, int cross)
+      : o_(o),
+        size_(size),
+        payload_(size, 'p'),
+        node_(node),
+        engine_(*node.engines[index]) {
+    const int workers = static_cast<int>(node.engines.size());
+    const uint32_t cross_pairs = o.pairs * static_cast<uint32_t>(cross) / 100;
     // Pair p: endpoint 2p sends to 2p+1, each naming the other at slot 0.
     for (uint32_t p = 0; p < o.pairs; p++) {
-      engine_.SetPeer(clients_[2 * p].id, 0,
-                      PeerLink{clients_[2 * p + 1].id, 0x1000 + 2 * p + 1});
-      engine_.SetPeer(clients_[2 * p + 1].id, 0,
-                      PeerLink{clients_[2 * p].id, 0x1000 + 2 * p});
+      const int rx_shard = p < cross_pairs ? (index + 1) % workers : index;
+      Add(index);
+      Add(rx_shard);
+      ClientSide& tx = clients_[2 * p];
+      ClientSide& rx = clients_[2 * p + 1];
+      node.engines[index]->SetPeer(tx.id, 0, PeerLink{rx.id, 0x1000 + rx.id});
+      node.engines[rx_shard]->SetPeer(rx.id, 0,
+                                      PeerLink{tx.id, 0x1000 + tx.id});
     }
   }
 
-  // Runs rounds until `stop`; returns after the last round completed.
+  // Runs rounds until `stop`; returns after the last round completed and
+  // every other thread's did.
   void Run(const std::atomic<bool>& stop) {
+    node_.running.fetch_add(1);
     while (!stop.load(std::memory_order_relaxed)) {
       const uint64_t want = Publish();
+      uint32_t idle = 0;
       while (messages_ < want) {
         const bool did = Poll();
         Reap();
-        if (!did && messages_ < want) Die("the engine stopped short");
+        // Alone, an engine that does nothing is stuck; with shards, this
+        // one may wait for another's.
+        idle = did ? 0 : idle + 1;
+        if (node_.engines.size() == 1 && idle > 0 && messages_ < want)
+          Die("the engine stopped short");
+        if (idle > (1u << 26)) Die("the shards stopped short");
       }
     }
+    node_.running.fetch_sub(1);
+    while (node_.running.load() > 0) Poll();
   }
 
   // --feeder: the client's half, on another thread (and core): it publishes
@@ -143,18 +197,19 @@ class Shard {
   uint64_t engine_ns() const { return engine_ns_; }
 
  private:
-  void Add(uint32_t id) {
-    auto ep =
-        MakeTestEndpoint(job_, *job_->TakeRegion(), id,
-                         0x1000 + clients_.size(), kRingCapacity, kBudget);
+  // An endpoint on shard `w`, its client driven by this thread.
+  void Add(int w) {
+    const uint32_t id = node_.NewId(w);
+    auto ep = MakeTestEndpoint(node_.job, *node_.job->TakeRegion(), id,
+                               0x1000 + id, kRingCapacity, kBudget);
     ClientSide c;
     c.id = id;
     c.rings = shm::ClientRingsOf(ep->segment().base(), ep->geometry());
-    c.arena = shm::SendArena(job_->pool().base(), ep->region().offset,
+    c.arena = shm::SendArena(node_.job->pool().base(), ep->region().offset,
                              ep->region().bytes);
     clients_.push_back(c);
     endpoints_.push_back(ep);
-    engine_.Add(ep);
+    node_.engines[w]->Add(ep);
   }
 
   // Publishes a round of receives and sends; returns the message count
@@ -177,7 +232,7 @@ class Shard {
         if (shm::PayloadInPool(d)) {
           auto off = tx.arena.Allocate(size_);
           if (!off) Die("send arena full");
-          std::memcpy(job_->pool().base() + *off, payload_.data(), size_);
+          std::memcpy(node_.job->pool().base() + *off, payload_.data(), size_);
           d.body.pool.pool_offset = *off;
         } else {
           std::memcpy(d.body.inline_data, payload_.data(), size_);
@@ -206,7 +261,7 @@ class Shard {
         if (c.error != PSM2_OK || c.msg_len != size_)
           Die("a receive completed wrong");
         // Releases the chunk, as a client does once it copied the bytes.
-        shm::PoolPayload chunk = shm::PayloadOf(job_->pool().base(), c);
+        shm::PoolPayload chunk = shm::PayloadOf(node_.job->pool().base(), c);
         messages_++;
       }
     }
@@ -215,8 +270,8 @@ class Shard {
   const Options& o_;
   const uint32_t size_;
   const std::string payload_;
-  MqEngine engine_{kBudget, kBudget, kBudget};
-  std::shared_ptr<Job> job_;
+  Node& node_;
+  MqEngine& engine_;
   std::vector<std::shared_ptr<Endpoint>> endpoints_;
   std::vector<ClientSide> clients_;
   uint64_t next_token_ = 1;
@@ -233,10 +288,11 @@ void Pin(int cpu) {
     Die("cannot pin a worker to CPU " + std::to_string(cpu));
 }
 
-void RunOne(const Options& o, int workers, uint32_t size) {
+void RunOne(const Options& o, int workers, uint32_t size, int cross) {
+  Node node(workers, 2 * o.pairs * static_cast<uint32_t>(workers));
   std::vector<std::unique_ptr<Shard>> shards;
   for (int w = 0; w < workers; w++)
-    shards.push_back(std::make_unique<Shard>(w, o, size));
+    shards.push_back(std::make_unique<Shard>(w, o, size, node, cross));
   std::atomic<bool> stop{false};
   std::vector<std::thread> threads;
   std::string placement;
@@ -285,9 +341,9 @@ void RunOne(const Options& o, int workers, uint32_t size) {
     engine_ns += s->engine_ns();
   }
   std::printf(
-      "workers=%d cross=0 size=%u msgs_per_s=%.0f ns_per_msg=%.1f "
+      "workers=%d cross=%d size=%u msgs_per_s=%.0f ns_per_msg=%.1f "
       "msgs=%llu cpu_util=%.2f cpus=%s\n",
-      workers, size, msgs / wall, msgs ? double(engine_ns) / msgs : 0.0,
+      workers, cross, size, msgs / wall, msgs ? double(engine_ns) / msgs : 0.0,
       static_cast<unsigned long long>(msgs), cpu / wall, placement.c_str());
   std::fflush(stdout);
 }
@@ -325,6 +381,8 @@ int main(int argc, char** argv) {
       o.feeder = std::string(v) == "thread";
     } else if (k == "--size") {
       o.size = static_cast<uint32_t>(std::atoi(v));
+    } else if (k == "--cross") {
+      o.cross = std::atoi(v);
     } else {
       psmd::Die("unknown option " + k);
     }
@@ -343,7 +401,15 @@ int main(int argc, char** argv) {
       o.workers ? std::vector<int>{o.workers} : std::vector<int>{1, 2};
   const std::vector<uint32_t> sizes =
       o.size ? std::vector<uint32_t>{o.size} : std::vector<uint32_t>{8, 4096};
-  for (uint32_t size : sizes)
-    for (int w : workers) psmd::RunOne(o, w, size);
+  if (o.feeder && o.cross > 0) psmd::Die("--cross needs --feeder self");
+  for (uint32_t size : sizes) {
+    for (int w : workers) {
+      // Crossing needs two shards; with the defaults, 0% and 50%.
+      std::vector<int> crosses =
+          o.cross >= 0 ? std::vector<int>{o.cross} : std::vector<int>{0, 50};
+      if (w == 1 || o.feeder) crosses = {0};
+      for (int cross : crosses) psmd::RunOne(o, w, size, cross);
+    }
+  }
   return 0;
 }

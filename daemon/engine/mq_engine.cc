@@ -210,7 +210,6 @@ Endpoint* MqEngine::Find(uint32_t id) {
 
 bool MqEngine::PollAll() {
   bool did = copies_done() && FinishCopies();
-  if (crossing_) did |= PollCrossing();
   if (!takeover_candidates_.empty()) did |= TakeOverStalled();
   if (!shedding_.empty()) did |= ShedStep();
   ++passes_;
@@ -226,6 +225,9 @@ bool MqEngine::PollAll() {
   // (invariant 7). Index loops: handlers never add or remove endpoints.
   size_t busy_jobs = 0;
   for (int phase = 0; phase < 2; phase++) {
+    // What other shards sent arrives with the message rings, after every
+    // control ring, as a local send does (invariant 11).
+    if (phase == 1 && crossing_) did |= PollCrossing();
     for (JobTurn& t : job_turns_) {
       if (phase == 0) {
         t.used = 0;
@@ -596,10 +598,8 @@ bool MqEngine::HandleRecv(Endpoint& receiver, const shm::SubmissionDesc& d) {
 void MqEngine::ChargePosted(Endpoint& ep) {
   const uint64_t now = ep.posted.size();
   // Unsigned arithmetic: a shrunken queue subtracts.
-  ep.job()->posted_recvs.fetch_add(now - ep.posted_charged,
-                                   std::memory_order_relaxed);
-  ep.job()->account().posted_recvs.fetch_add(now - ep.posted_charged,
-                                             std::memory_order_relaxed);
+  AddTo(ep.job()->posted_recvs, now - ep.posted_charged);
+  AddTo(ep.job()->account().posted_recvs, now - ep.posted_charged);
   ep.posted_charged = now;
 }
 
@@ -1151,10 +1151,8 @@ std::optional<shm::StallBudget> MqEngine::FullBudget(const Endpoint& receiver,
 
 void MqEngine::Charge(Endpoint& receiver) {
   receiver.unexpected_cost += kUnexpectedOverheadBytes;
-  receiver.job()->unexpected_cost.fetch_add(kUnexpectedOverheadBytes,
-                                            std::memory_order_relaxed);
-  receiver.job()->account().unexpected_cost.fetch_add(
-      kUnexpectedOverheadBytes, std::memory_order_relaxed);
+  AddTo(receiver.job()->unexpected_cost, kUnexpectedOverheadBytes);
+  AddTo(receiver.job()->account().unexpected_cost, kUnexpectedOverheadBytes);
 }
 
 void MqEngine::NoteHeld(Endpoint& receiver) {
@@ -1213,10 +1211,8 @@ void MqEngine::ReportBudgetStalls(uint64_t now_ns) {
 void MqEngine::Uncharge(Endpoint& receiver) {
   receiver.held_since_ns = 0;  // a receive drained it: not stalled
   receiver.unexpected_cost -= kUnexpectedOverheadBytes;
-  receiver.job()->unexpected_cost.fetch_sub(kUnexpectedOverheadBytes,
-                                            std::memory_order_relaxed);
-  receiver.job()->account().unexpected_cost.fetch_sub(
-      kUnexpectedOverheadBytes, std::memory_order_relaxed);
+  AddTo(receiver.job()->unexpected_cost, -kUnexpectedOverheadBytes);
+  AddTo(receiver.job()->account().unexpected_cost, -kUnexpectedOverheadBytes);
 }
 
 void MqEngine::Discard(Endpoint& receiver, const UnexpectedMsg& m) {

@@ -447,6 +447,17 @@ class MqEngine {
   bool Local(uint32_t id) const {
     return shards_ == 1 || id % shards_ == shard_;
   }
+  // Adds `delta` (mod 2^64: a negative one subtracts) to a job's or uid's
+  // counter (invariants 4, 9, 11): a locked add only when other shards
+  // charge it too; alone, this thread is its only writer.
+  void AddTo(std::atomic<uint64_t>& counter, uint64_t delta) const {
+    if (shards_ == 1) {
+      counter.store(counter.load(std::memory_order_relaxed) + delta,
+                    std::memory_order_relaxed);
+    } else {
+      counter.fetch_add(delta, std::memory_order_relaxed);
+    }
+  }
   // Hands `item` to shard `to` (through the outbox while that lane is full).
   void Push(uint32_t to, const CrossItem& item);
   // A completion for endpoint `id`, on this shard or another.

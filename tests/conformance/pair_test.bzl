@@ -41,6 +41,7 @@ def pair_tests(program, ranks = 2, nodes = 0, workers = 0):
                 ":" + program,
                 "//daemon:psmd",
                 "//scripts:workdir",
+                "//tests:check_shards.py",
                 "//tools:psmctl",
             ],
         )

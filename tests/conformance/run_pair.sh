@@ -116,28 +116,8 @@ if ((workers > 1)); then
   else
     "${PSMCTL_BIN:-tools/psmctl}" --socket "$PSMD_SOCKET" stats --format json \
       >"$work/stats.json" || shards_ok=0
-    python3 - "$work/stats.json" "$workers" <<'PY' || shards_ok=0
-import json, sys
-stats = json.load(open(sys.argv[1]))
-workers = stats["workers"]
-want = int(sys.argv[2])
-problems = []
-if len(workers) != want:
-    problems.append(f"{len(workers)} workers, not {want}")
-for w in workers:
-    if w["submissions"] == 0:
-        problems.append(f"worker {w['shard']} took no submission")
-if sum(w["cross_out"] for w in workers) == 0:
-    problems.append("no message crossed between workers")
-if sum(w["cross_in"] for w in workers) != sum(w["cross_out"] for w in workers):
-    problems.append("messages handed over and taken differ")
-for w in workers:
-    print(f"run_pair: worker {w['shard']}: {w['submissions']} submissions, "
-          f"{w['cross_in']} in, {w['cross_out']} out", file=sys.stderr)
-if problems:
-    print("run_pair: shards: " + "; ".join(problems), file=sys.stderr)
-    sys.exit(1)
-PY
+    python3 "$root/tests/check_shards.py" "$work/stats.json" "$workers" ||
+      shards_ok=0
   fi
 fi
 status=$ranks_status daemons_ok=1

@@ -6,8 +6,11 @@ psmd=${PSMD_BIN:-$root/daemon/psmd}
 psmctl=${PSMCTL_BIN:-$root/tools/psmctl}
 export PSMD_SOCKET="$work/psmd.sock"
 
+# PSMD_WORKERS=N (the *_workers2 targets): psmd with N engine shards, and
+# check_shards to prove afterwards that they all carried traffic.
 start_psmd() {
-  "$psmd" --socket "$PSMD_SOCKET" --log-level warn &
+  "$psmd" --socket "$PSMD_SOCKET" --log-level warn \
+    --workers "${PSMD_WORKERS:-1}" &
   pids+=($!)
   for _ in $(seq 100); do [[ -S "$PSMD_SOCKET" ]] && break; sleep 0.05; done
 }
@@ -15,4 +18,10 @@ start_psmd() {
 sent() {
   "$psmctl" --socket "$PSMD_SOCKET" --json stats |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["total"]["msgs_sent"])'
+}
+
+check_shards() {
+  ((${PSMD_WORKERS:-1} > 1)) || return 0
+  "$psmctl" --socket "$PSMD_SOCKET" stats --format json >"$work/stats.json" &&
+    python3 "$root/tests/check_shards.py" "$work/stats.json" "$PSMD_WORKERS"
 }

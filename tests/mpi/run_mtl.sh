@@ -240,6 +240,7 @@ esac
 if [[ $case_name == *_nodes ]]; then  # not node_lost: node 2 is gone
   check_node_traffic "$psmctl" || status=1
 fi
+check_shards || status=1
 if [[ $case_name != decline ]]; then
   after=$(sent)
   echo "run_mtl: $case_name exit $status; psmd carried $((after - before)) messages (at least $min expected)"
