@@ -28,7 +28,11 @@
 //
 // Usage: engine_scale [--seconds S] [--pairs P] [--window W] [--cpus A,B]
 //                     [--workers N] [--size BYTES] [--feeder self|thread]
-//                     [--cross PERCENT]
+//                     [--cross PERCENT] [--threads one]
+// --threads one drives every shard from one thread, in turn: no cache line
+// moves between cores and no thread waits for another to be scheduled, so
+// ns_per_msg (and Ir/msg under callgrind) is the shards' own work per
+// message, crossing included.
 // With --feeder thread, each worker's clients are a second thread on the
 // next CPU of --cpus: the rings' cache lines then move between cores as
 // with client processes, and ns_per_msg includes those misses.
@@ -80,6 +84,7 @@ struct Options {
   bool feeder = false;  // the clients' half on its own thread and core
   uint32_t size = 0;    // 0: 8 and 4096
   int cross = -1;       // -1: 0 and 50 (with 2 workers)
+  bool one_thread = false;
 };
 
 // This thread's CPU time: what the engine spent, not the wall time a
@@ -176,6 +181,15 @@ class Shard {
     }
     node_.running.fetch_sub(1);
     while (node_.running.load() > 0) Poll();
+  }
+
+  // --threads one: a round of this shard's pairs published (returns the
+  // count at which it is complete), and one turn of its engine and clients.
+  uint64_t PublishRound() { return Publish(); }
+  bool Step() {
+    const bool did = Poll();
+    Reap();
+    return did;
   }
 
   // --feeder: the client's half, on another thread (and core): it publishes
@@ -302,7 +316,27 @@ void RunOne(const Options& o, int workers, uint32_t size, int cross) {
       before.ru_utime.tv_sec + before.ru_stime.tv_sec +
       (before.ru_utime.tv_usec + before.ru_stime.tv_usec) / 1e6;
   const auto start = std::chrono::steady_clock::now();
-  for (int w = 0; w < workers; w++) {
+  if (o.one_thread) {
+    placement = std::to_string(o.cpus[0]) + " (one thread)";
+    threads.emplace_back([&stop, &shards, cpu = o.cpus[0]] {
+      Pin(cpu);
+      std::vector<uint64_t> want(shards.size());
+      while (!stop.load(std::memory_order_relaxed)) {
+        for (size_t w = 0; w < shards.size(); w++)
+          want[w] = shards[w]->PublishRound();
+        for (bool short_of = true; short_of;) {
+          bool did = false;
+          short_of = false;
+          for (size_t w = 0; w < shards.size(); w++) {
+            did |= shards[w]->Step();
+            short_of |= shards[w]->messages() < want[w];
+          }
+          if (short_of && !did) Die("the shards stopped short");
+        }
+      }
+    });
+  }
+  for (int w = 0; w < workers && !o.one_thread; w++) {
     const int cpu = o.cpus[(o.feeder ? 2 * w : w) % o.cpus.size()];
     placement += (w ? "," : "") + std::to_string(cpu);
     Shard& shard = *shards[w];
@@ -383,6 +417,8 @@ int main(int argc, char** argv) {
       o.size = static_cast<uint32_t>(std::atoi(v));
     } else if (k == "--cross") {
       o.cross = std::atoi(v);
+    } else if (k == "--threads") {
+      o.one_thread = std::string(v) == "one";
     } else {
       psmd::Die("unknown option " + k);
     }
