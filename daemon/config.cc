@@ -38,6 +38,8 @@ struct Setting {
   bool is_string;
   std::function<bool(const std::string&, Config*)> set;
   std::function<std::string(const Config&)> get;
+  // A number setting that also takes a word (workers = "auto").
+  bool takes_word = false;
 };
 
 template <typename T>
@@ -158,7 +160,8 @@ const std::vector<Setting>& Settings() {
        [](const Config& c) {
          return c.workers == 0 ? std::string("auto")
                                : std::to_string(c.workers);
-       }},
+       },
+       /*takes_word=*/true},
       {"worker_cpus",
        "CPUs the progress workers are pinned to, worker i on the i-th (round "
        "robin); empty: not pinned",
@@ -350,6 +353,10 @@ bool ValueText(const toml::node& node, const Setting& s, std::string* out) {
     *out = node.as_string()->get();
     return true;
   }
+  if (s.takes_word && node.is_string()) {
+    *out = node.as_string()->get();
+    return true;
+  }
   if (!node.is_integer()) return false;
   *out = std::to_string(node.as_integer()->get());
   return true;
@@ -408,8 +415,9 @@ std::string ConfigToToml(const Config& config) {
   for (const Setting& s : Settings()) {
     std::string text = s.get(config);
     toml::table line;
-    if (s.is_string) {
-      line.insert(s.key, text);
+    if (s.is_string || (s.takes_word && text.find_first_not_of("0123456789") !=
+                                            std::string::npos)) {
+      line.insert(s.key, text);  // a string, or a number setting's word
     } else {
       line.insert(s.key, static_cast<int64_t>(std::stoull(text)));
     }

@@ -167,7 +167,9 @@ TEST(ServiceTest, SighupUnderTrafficReloadsAndNeverEndsTheDaemon) {
   };
   ASSERT_TRUE(WaitUntil(5, [&] { return endpoints() == 2; }))
       << "the pair never opened its endpoints: " << d.Log();
-  WriteFile(conf, "log_level = \"info\"\nspin_us = 50\nsq_slots = 512\n");
+  WriteFile(conf,
+            "log_level = \"info\"\nspin_us = 50\nsq_slots = 512\n"
+            "workers = 2\n");
   for (int i = 0; i < 20; i++) {
     kill(d.pid(), SIGHUP);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -183,6 +185,9 @@ TEST(ServiceTest, SighupUnderTrafficReloadsAndNeverEndsTheDaemon) {
   EXPECT_NE(log.find("reload: spin_us: 200 -> 50"), std::string::npos) << log;
   EXPECT_NE(log.find("sq_slots: 256 -> 512 takes effect only when psmd "
                      "restarts"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("workers: 1 -> 2 takes effect only when psmd restarts"),
             std::string::npos)
       << log;
 
@@ -219,6 +224,20 @@ TEST(ConfigTest, FileValuesApplyAndFlagsWin) {
   RunResult r = RunToEnd(
       dir, {Psmd(), "--config", conf, "--spin-us=70", "--check-config"}, {});
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  // A word where a number setting takes one, from the file and the flags,
+  // printed back as a string the file reads again.
+  std::string words = dir.path() + "/words.toml";
+  WriteFile(words, "workers = \"auto\"\nworker_cpus = \"0-1\"\n");
+  RunResult auto_workers =
+      RunToEnd(dir, {Psmd(), "--config", words, "--check-config"}, {});
+  ASSERT_EQ(auto_workers.exit_code, 0) << auto_workers.err;
+  EXPECT_NE(auto_workers.out.find("workers = 'auto'\n"), std::string::npos)
+      << auto_workers.out;
+  EXPECT_NE(auto_workers.out.find("worker_cpus = '0-1'\n"), std::string::npos)
+      << auto_workers.out;
+  RunResult bad_cpus =
+      RunToEnd(dir, {Psmd(), "--worker-cpus", "1-0", "--check-config"}, {});
+  EXPECT_EQ(bad_cpus.exit_code, 2) << bad_cpus.out;
   EXPECT_NE(r.out.find("spin_us = 70\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("max_endpoints = 10\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("log_level = 'debug'\n"), std::string::npos) << r.out;
