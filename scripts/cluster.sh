@@ -10,6 +10,11 @@
 # Places: ctl (10.77.37.254: the bridge, slurmctld, where srun, sbatch,
 # squeue, scancel and scontrol run) and node1..node3 (10.77.37.1-3: a
 # slurmd and a psmd each, the psmd on the fabric to the other two). Each
+# node's psmd learns the nodes from Slurm: its fabric_nodes_command is
+# deploy/slurm/psmd-slurm-nodes, which writes its node table
+# (nodeN/fabric_nodes) from `scontrol show nodes`, and its node_id is that
+# table's id for the node (psmd-slurm-nodes --self: 9473 for 10.77.37.1,
+# the address's low 16 bits). Each
 # place is a network, UTS and mount namespace held open by one process (a
 # `sleep infinity`, the place's "holder"): its own hostname, its own
 # /etc/hosts (the cluster's names), and private /run, /tmp and /dev/shm
@@ -40,7 +45,8 @@
 # registers with its nodes' psmd and its tasks get the step's job key
 # (PSMD_CLUSTER_SPANK=0: not).
 # Needs root. The binaries: $PSMD_BIN, $PSMCTL_BIN, $PSMD_MTL_COMPONENT,
-# $PSMD_DROPIN, $PSMD_SPANK_PLUGIN, else Bazel's outputs (bazel build
+# $PSMD_DROPIN, $PSMD_SPANK_PLUGIN, else Bazel's outputs (and the scripts of
+# deploy/slurm from the tree) (bazel build
 # //daemon:psmd //tools:psmctl //ompi:mca_mtl_psmd.so //client:libpsm2.so.2
 # //deploy/slurm:psmd_spank.so).
 set -euo pipefail
@@ -128,11 +134,6 @@ write_config() {
     echo "127.0.0.1 localhost"
     for n in "${places[@]}"; do echo "$(addr "$n") $n"; done
   } >"$dir/etc/hosts"
-  # psmd's node table: node id, name, fabric address.
-  : >"$dir/nodes"
-  for n in "${nodes[@]}"; do
-    echo "${n#node} $n ${n#node}@$(addr "$n"):$fabric_port" >>"$dir/nodes"
-  done
   cat >"$dir/etc/slurm.conf" <<EOF
 # The test cluster of scripts/cluster.sh.
 ClusterName=psmd
@@ -238,6 +239,7 @@ up() {
   cp "${PSMD_MTL_COMPONENT:-$(built ompi/mca_mtl_psmd.so)}" "$dir/components/mca_mtl_psmd.so"
   cp "${PSMD_DROPIN:-$(built client/libpsm2.so.2)}" "$dir/lib/libpsm2.so.2"
   cp "${PSMD_SPANK_PLUGIN:-$(built deploy/slurm/psmd_spank.so)}" "$dir/lib/psmd_spank.so"
+  cp "$root/deploy/slurm/psmd-slurm-nodes" "$dir/bin/"
   chmod -R a+rX "$dir"
   write_config
   for p in "${places[@]}"; do mkdir -p "$dir/$p"; done
@@ -273,18 +275,25 @@ up() {
     in_place "$p" ip link set eth0 up
   done
 
+  start ctl slurmctld slurmctld -D -i -f "$dir/etc/slurm.conf"
+  wait_for slurmctld 20 in_place ctl env SLURM_CONF="$dir/etc/slurm.conf" scontrol ping ||
+    { tail -20 "$dir/ctl/slurmctld.log" >&2; false; }
+  # Each psmd's node table comes from Slurm (slurmctld answers now), as its
+  # node id: the one the table gives the node.
+  local id
   for p in "${nodes[@]}"; do
-    start "$p" psmd "$dir/bin/psmd" --socket /run/psmd/psmd.sock --node-id "${p#node}" \
-      --fabric-listen "$(addr "$p"):$fabric_port" --fabric-nodes "$dir/nodes" \
+    id=$(in_place "$p" env SLURM_CONF="$dir/etc/slurm.conf" \
+      "$dir/bin/psmd-slurm-nodes" --port "$fabric_port" --self)
+    start "$p" psmd env SLURM_CONF="$dir/etc/slurm.conf" \
+      "$dir/bin/psmd" --socket /run/psmd/psmd.sock --node-id "$id" \
+      --fabric-listen "$(addr "$p"):$fabric_port" --fabric-nodes "$dir/$p/fabric_nodes" \
+      --fabric-nodes-command "$dir/bin/psmd-slurm-nodes --port $fabric_port" \
       --munge-socket "$dir/munge/socket" --log-level warn
   done
-  start ctl slurmctld slurmctld -D -i -f "$dir/etc/slurm.conf"
   for p in "${nodes[@]}"; do
     wait_for "psmd on $p" 10 in_place "$p" test -S /run/psmd/psmd.sock ||
       { cat "$dir/$p/psmd.out" >&2; false; }
   done
-  wait_for slurmctld 20 in_place ctl env SLURM_CONF="$dir/etc/slurm.conf" scontrol ping ||
-    { tail -20 "$dir/ctl/slurmctld.log" >&2; false; }
   for p in "${nodes[@]}"; do
     start "$p" slurmd slurmd -D -N "$p" -f "$dir/etc/slurm.conf"
   done
