@@ -5,6 +5,9 @@
 #                                      nodes are idle in Slurm
 #   scripts/cluster.sh exec NAME CMD...  runs CMD on node1, node2, node3 or
 #                                      ctl with that place's environment
+#   scripts/cluster.sh stop|start PLACE DAEMON  stops (by PID), or starts
+#                                      again, slurmctld on ctl, or psmd or
+#                                      slurmd on a node
 #   scripts/cluster.sh down            removes everything it made
 #
 # Places: ctl (10.77.37.254: the bridge, slurmctld, where srun, sbatch,
@@ -212,6 +215,46 @@ wait_for() {
   return 1
 }
 
+# start_daemon PLACE DAEMON: starts slurmctld (on ctl), or psmd or slurmd (on
+# a node), and waits until it serves: slurmctld answers scontrol ping, psmd
+# its socket. The cluster comes up this way, and `cluster.sh start` starts
+# again a daemon that `cluster.sh stop` stopped.
+start_daemon() {
+  local place=$1 daemon=$2 id
+  case $place/$daemon in
+    ctl/slurmctld)
+      start ctl slurmctld slurmctld -D -i -f "$dir/etc/slurm.conf"
+      wait_for slurmctld 20 in_place ctl env SLURM_CONF="$dir/etc/slurm.conf" scontrol ping ||
+        { tail -20 "$dir/ctl/slurmctld.log" >&2; return 1; }
+      ;;
+    node?/psmd)
+      # Its node table comes from Slurm (slurmctld must answer), as its node
+      # id: the one the table gives the node.
+      id=$(in_place "$place" env SLURM_CONF="$dir/etc/slurm.conf" \
+        "$dir/bin/psmd-slurm-nodes" --port "$fabric_port" --self) || return 1
+      start "$place" psmd env SLURM_CONF="$dir/etc/slurm.conf" \
+        "$dir/bin/psmd" --socket /run/psmd/psmd.sock --node-id "$id" \
+        --fabric-listen "$(addr "$place"):$fabric_port" --fabric-nodes "$dir/$place/fabric_nodes" \
+        --fabric-nodes-command "$dir/bin/psmd-slurm-nodes --port $fabric_port" \
+        --munge-socket "$dir/munge/socket" --log-level "${PSMD_CLUSTER_PSMD_LOG:-warn}"
+      wait_for "psmd on $place" 10 in_place "$place" test -S /run/psmd/psmd.sock ||
+        { cat "$dir/$place/psmd.out" >&2; return 1; }
+      ;;
+    node?/slurmd) start "$place" slurmd slurmd -D -N "$place" -f "$dir/etc/slurm.conf" ;;
+    *) echo "cluster: no daemon $daemon on $place" >&2; return 2 ;;
+  esac
+}
+
+# stop_daemon PLACE DAEMON: ends the daemon started there (SIGTERM, by its
+# recorded PID; KILL after 10 s) and forgets its PID.
+stop_daemon() {
+  local pid
+  pid=$(awk -v p="$1" -v n="$2" '$2 == p && $3 == n {print $1}' "$dir/pids" | tail -1)
+  [[ -n $pid ]] || { echo "cluster: no $2 on $1" >&2; return 1; }
+  stop_pids TERM "$pid"
+  awk -v pid="$pid" '$1 != pid' "$dir/pids" >"$dir/pids.new" && mv "$dir/pids.new" "$dir/pids"
+}
+
 nodes_idle() {
   local states
   states=$(in_place ctl env SLURM_CONF="$dir/etc/slurm.conf" sinfo -h -N -o '%N %t')
@@ -225,8 +268,11 @@ up() {
   fi
   # Slurm's cgroups are the machine's, named by node (slurmd makes them when
   # it starts): one cluster at a time.
-  if pgrep -x slurmd >/dev/null; then
-    echo "cluster: a slurmd runs on this machine (another cluster?): $(pgrep -ax slurmd | head -3)" >&2
+  # (A zombie is no slurmd: one that `down` just ended waits for its reaper.)
+  local running=() pid
+  for pid in $(pgrep -x slurmd); do alive "$pid" && running+=("$pid"); done
+  if ((${#running[@]})); then
+    echo "cluster: a slurmd runs on this machine (another cluster?): pids ${running[*]}" >&2
     return 1
   fi
   remove_cgroups  # ones a killed run left
@@ -275,28 +321,9 @@ up() {
     in_place "$p" ip link set eth0 up
   done
 
-  start ctl slurmctld slurmctld -D -i -f "$dir/etc/slurm.conf"
-  wait_for slurmctld 20 in_place ctl env SLURM_CONF="$dir/etc/slurm.conf" scontrol ping ||
-    { tail -20 "$dir/ctl/slurmctld.log" >&2; false; }
-  # Each psmd's node table comes from Slurm (slurmctld answers now), as its
-  # node id: the one the table gives the node.
-  local id
-  for p in "${nodes[@]}"; do
-    id=$(in_place "$p" env SLURM_CONF="$dir/etc/slurm.conf" \
-      "$dir/bin/psmd-slurm-nodes" --port "$fabric_port" --self)
-    start "$p" psmd env SLURM_CONF="$dir/etc/slurm.conf" \
-      "$dir/bin/psmd" --socket /run/psmd/psmd.sock --node-id "$id" \
-      --fabric-listen "$(addr "$p"):$fabric_port" --fabric-nodes "$dir/$p/fabric_nodes" \
-      --fabric-nodes-command "$dir/bin/psmd-slurm-nodes --port $fabric_port" \
-      --munge-socket "$dir/munge/socket" --log-level warn
-  done
-  for p in "${nodes[@]}"; do
-    wait_for "psmd on $p" 10 in_place "$p" test -S /run/psmd/psmd.sock ||
-      { cat "$dir/$p/psmd.out" >&2; false; }
-  done
-  for p in "${nodes[@]}"; do
-    start "$p" slurmd slurmd -D -N "$p" -f "$dir/etc/slurm.conf"
-  done
+  start_daemon ctl slurmctld
+  for p in "${nodes[@]}"; do start_daemon "$p" psmd; done
+  for p in "${nodes[@]}"; do start_daemon "$p" slurmd; done
   wait_for "3 idle nodes" 60 nodes_idle ||
     { in_place ctl env SLURM_CONF="$dir/etc/slurm.conf" sinfo -N >&2
       for p in "${nodes[@]}"; do tail -5 "$dir/$p/slurmd.log" >&2; done; false; }
@@ -378,6 +405,11 @@ case ${1:-} in
     # shellcheck disable=SC2046  # place_env's words are NAME=VALUE pairs
     in_place "$place" env $(place_env "$place") "$@"
     ;;
+  stop | start)
+    [[ $# == 3 ]] || { echo "usage: cluster.sh $1 PLACE DAEMON" >&2; exit 2; }
+    [[ -f "$dir/pids" ]] || { echo "cluster: not up" >&2; exit 1; }
+    "${1}_daemon" "$2" "$3"
+    ;;
   _init) init_place "$2" ;;
-  *) echo "usage: scripts/cluster.sh up | exec NAME CMD... | down" >&2; exit 2 ;;
+  *) echo "usage: scripts/cluster.sh up | exec NAME CMD... | stop|start PLACE DAEMON | down" >&2; exit 2 ;;
 esac

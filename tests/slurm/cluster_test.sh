@@ -5,6 +5,10 @@
 # psmd on the fabric), and as uid nobody, from ctl:
 #   up             the cluster comes up, its nodes idle, and no cluster
 #                  address exists in this machine's own namespace
+#   node_table     every node's psmd has Slurm's node list as its node
+#                  table (fabric_nodes_command: deploy/slurm/psmd-slurm-nodes
+#                  as run on ctl), ids from the nodes' addresses (9473-9475
+#                  for 10.77.37.1-3), and its own id is its row's
 #   srun_mtl_psmd  srun --mpi=pmix -N 3 -n 6 of tests/mpi's mpi_semantics
 #                  over pml cm + mtl psmd (PMIx wire-up, no mpirun; each
 #                  rank finds its node's psmd at the default socket): every
@@ -27,6 +31,11 @@
 #   scancel_clean  scancel of that step: every node's plugin told its psmd
 #                  that the step ended (slurmd's log), no endpoint of the
 #                  job remains, /dev/shm is empty, and the key is free again
+#   node_table_stable  with slurmctld stopped, a psmd told to refresh its
+#                  table (SIGHUP) keeps it, saying why; a node added to
+#                  slurm.conf before the others (slurmctld restarted) reaches
+#                  every psmd's table on SIGHUP and no other node's id
+#                  changes; node2's psmd restarted keeps its id
 #   node_clean     afterwards every node's psmd holds no endpoint and its
 #                  /dev/shm is empty
 #   down_clean     cluster.sh down leaves nothing: no process of the cluster
@@ -45,8 +54,8 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 PATH=/usr/sbin:/sbin:$PATH
-cases=(up srun_mtl_psmd srun_dropin sbatch slurm_jobs outsider_refused root_only scancel_clean
-  node_clean down_clean)
+cases=(up node_table srun_mtl_psmd srun_dropin sbatch slurm_jobs outsider_refused root_only
+  scancel_clean node_table_stable node_clean down_clean)
 
 # junit: the cases' results (results file lines "NAME ok|fail|skip").
 junit() {
@@ -122,6 +131,30 @@ cat "$c"/ns/node? "$c/ns/ctl" | while read -r p; do
   readlink "/proc/$p/ns/net" "/proc/$p/ns/mnt" "/proc/$p/ns/uts"
 done >"$work/namespaces"
 
+# --- the node table: Slurm's node list, in every psmd.
+s=0
+"${cluster[@]}" exec ctl psmd-slurm-nodes --port 7400 >"$work/table.slurm" || s=1
+cat "$work/table.slurm"
+expected=$(for i in 1 2 3; do echo "$((37 * 256 + i)) node$i $((37 * 256 + i))@10.77.37.$i:7400"; done)
+[[ $(cat "$work/table.slurm") == "$expected" ]] ||
+  { echo "cluster_test: Slurm's table is not the nodes' addresses' (expected $expected)" >&2; s=1; }
+# fabric_host NODE: the host description its psmd serves, NODE@ADDR:PORT.
+fabric_host() {
+  "${cluster[@]}" exec "$1" psmctl --json stats |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["fabric_host"])'
+}
+declare -A node_id
+for node in node1 node2 node3; do
+  node_id[$node]=$(awk -v n="$node" '$2 == n {print $1}' "$work/table.slurm")
+  host=$(fabric_host "$node")
+  echo "cluster_test: $node: psmd serves $host, its table has $(wc -l <"$c/$node/fabric_nodes") rows"
+  cmp -s "$c/$node/fabric_nodes" "$work/table.slurm" ||
+    { echo "cluster_test: $node's psmd has another table" >&2; s=1; }
+  [[ -n ${node_id[$node]} && $host == "${node_id[$node]}@"* ]] ||
+    { echo "cluster_test: $node's psmd is not its row's node" >&2; s=1; }
+done
+result node_table "$s"
+
 # The programs, where uid nobody can read them.
 cp "$root/tests/mpi/mpi_semantics" "$root/tests/slurm/open_endpoint" "$c/bin/"
 chmod a+rx "$c/bin/mpi_semantics" "$c/bin/open_endpoint"
@@ -145,7 +178,8 @@ counters() {
 import json, sys
 d = json.load(sys.stdin)
 peers = {r["node"]: r["bytes_sent"] for r in d["peer_nodes"]}
-print(d["total"]["msgs_sent"], *(peers.get(i, 0) for i in (1, 2, 3)))'
+print(d["total"]["msgs_sent"], *(peers.get(int(i), 0) for i in sys.argv[1:]))' \
+    "${node_id[node1]:-1}" "${node_id[node2]:-2}" "${node_id[node3]:-3}"
 }
 snapshot() { for node in "${nodes[@]}"; do counters "$node"; done >"$work/$1"; }
 
@@ -339,6 +373,44 @@ done
 outsider "${key:-none}" || { cat "$work/outsider.log" >&2; s=1; }
 result scancel_clean "$s"
 echo "cluster_test: the SPANK plugin's cases took $(ms "$plugin_t") ms"
+
+# --- the node table across Slurm's outage and reconfiguration, and psmd's
+# restart.
+s=0
+t=$(date +%s%N)
+psmd_pid() { awk -v n="$1" '$2 == n && $3 == "psmd" {print $1}' "$c/pids" | tail -1; }
+"${cluster[@]}" stop ctl slurmctld
+before=$(stat -c %y "$c/node1/fabric_nodes")
+kill -HUP "$(psmd_pid node1)"
+for _ in $(seq 100); do
+  grep -q 'fabric_nodes_command .* stays as it was' "$c/node1/psmd.out" && break
+  sleep 0.1
+done
+grep 'fabric_nodes_command' "$c/node1/psmd.out" ||
+  { echo "cluster_test: node1's psmd did not say its command failed" >&2; s=1; }
+if [[ $(stat -c %y "$c/node1/fabric_nodes") != "$before" ]] ||
+  ! cmp -s "$c/node1/fabric_nodes" "$work/table.slurm"; then
+  echo "cluster_test: node1's table changed while Slurm was down" >&2; s=1
+fi
+# A node added before the others in slurm.conf (down: nothing runs it).
+sed -i 's/^NodeName=node1 /NodeName=node0 NodeAddr=10.77.37.9 CPUs=2 State=DOWN\n&/' "$c/etc/slurm.conf"
+"${cluster[@]}" start ctl slurmctld || s=1
+for node in node1 node2 node3; do kill -HUP "$(psmd_pid "$node")"; done
+expected=$( (echo "$((37 * 256 + 9)) node0 $((37 * 256 + 9))@10.77.37.9:7400"; cat "$work/table.slurm") | sort -n)
+for node in node1 node2 node3; do
+  for _ in $(seq 100); do
+    [[ $(cat "$c/$node/fabric_nodes") == "$expected" ]] && break
+    sleep 0.1
+  done
+  [[ $(cat "$c/$node/fabric_nodes") == "$expected" ]] ||
+    { echo "cluster_test: $node's table after node0 was added:" >&2; cat "$c/$node/fabric_nodes" >&2; s=1; }
+done
+"${cluster[@]}" stop node2 psmd && "${cluster[@]}" start node2 psmd || s=1
+host=$(fabric_host node2)
+echo "cluster_test: node2's psmd restarted serves $host"
+[[ $host == "${node_id[node2]}@"* ]] || { echo "cluster_test: node2's id changed" >&2; s=1; }
+result node_table_stable "$s"
+echo "cluster_test: node_table_stable took $(ms "$t") ms"
 
 # --- the nodes after the jobs.
 s=0
