@@ -31,6 +31,14 @@
 #   scancel_clean  scancel of that step: every node's plugin told its psmd
 #                  that the step ended (slurmd's log), no endpoint of the
 #                  job remains, /dev/shm is empty, and the key is free again
+#   two_users      two jobs at once on the same three nodes, of nobody and
+#                  of daemon: each task opens an endpoint with its step's key
+#                  and connects to every endpoint of both jobs; a connect to
+#                  its own job's endpoints succeeds, to the other job's is
+#                  refused; then each job's tasks run mpi_semantics; both
+#                  complete, and each node's psmd counts messages under each
+#                  job's Slurm id (psmctl stats --json)
+#   two_jobs_one_user  the same with both jobs nobody's
 #   node_table_stable  with slurmctld stopped, a psmd told to refresh its
 #                  table (SIGHUP) keeps it, saying why; a node added to
 #                  slurm.conf before the others (slurmctld restarted) reaches
@@ -55,7 +63,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 PATH=/usr/sbin:/sbin:$PATH
 cases=(up node_table srun_mtl_psmd srun_dropin sbatch slurm_jobs outsider_refused root_only
-  scancel_clean node_table_stable node_clean down_clean)
+  scancel_clean two_users two_jobs_one_user node_table_stable node_clean down_clean)
 
 # junit: the cases' results (results file lines "NAME ok|fail|skip").
 junit() {
@@ -162,14 +170,17 @@ ompi_components=$(dirname "$(find /usr/lib/x86_64-linux-gnu/openmpi/lib -name mc
 n=${PSMD_CLUSTER_TEST_NODES:-3}
 nodes=(node1 node2 node3)
 
-# as_nobody CMD...: CMD on ctl as uid nobody, in the cluster's run
+# as USER GROUP CMD...: CMD on ctl as that user, in the cluster's run
 # directory, with Open MPI's components and psmd's.
-as_nobody() {
+as() {
+  local user=$1 group=$2
+  shift 2
   (cd "$c/run" && timeout -k 10 120 "${cluster[@]}" exec ctl \
-    setpriv --reuid=nobody --regid=nogroup --clear-groups \
+    setpriv --reuid="$user" --regid="$group" --clear-groups \
     env HOME="$c/run" OMPI_MCA_mca_base_component_path="$ompi_components:$c/components" \
     OMPI_MCA_btl=self OMPI_MCA_pml=cm "$@")
 }
+as_nobody() { as nobody nogroup "$@"; }
 
 # counters NODE: "msgs_sent bytes_to_node1 bytes_to_node2 bytes_to_node3"
 # of that node's psmd.
@@ -373,6 +384,83 @@ done
 outsider "${key:-none}" || { cat "$work/outsider.log" >&2; s=1; }
 result scancel_clean "$s"
 echo "cluster_test: the SPANK plugin's cases took $(ms "$plugin_t") ms"
+
+# --- two jobs at once on the same nodes: neither reaches the other.
+# job_pair CASE USER:GROUP USER:GROUP: the case's two jobs, and its checks.
+# Each task: open_endpoint (its step's key; connects to the epids of the
+# connect file the test writes once all six tasks opened), then
+# mpi_semantics as one of its job's three ranks.
+# shellcheck disable=SC2016  # expanded by the task's shell
+pair_task='echo "job $SLURM_JOB_ID"; LD_LIBRARY_PATH=$3 "$0" 60 "$1" && exec "$2"'
+job_pair() {
+  local name=$1 x s=0 t pids=() epids=() jobs=()
+  local users=("$2" "$3")
+  t=$(date +%s%N)
+  for x in 0 1; do
+    as "${users[x]%:*}" "${users[x]#*:}" OMPI_MCA_mtl=psmd srun --mpi=pmix -N 3 -n 3 \
+      sh -c "$pair_task" "$c/bin/open_endpoint" "$c/run/$name.$x.connect" \
+      "$c/bin/mpi_semantics" "$c/lib" >"$work/$name.$x.log" 2>&1 &
+    pids+=($!)
+  done
+  for _ in $(seq 300); do
+    (($(cat "$work/$name".?.log | grep -c '^opened: ') == 6)) && break
+    sleep 0.1
+  done
+  for x in 0 1; do
+    epids[x]=$(grep -oE '^opened: .* epid 0x[0-9a-f]+' "$work/$name.$x.log" | awk '{print $NF}' | sort)
+    jobs[x]=$(grep -m1 -oE '^job [0-9]+' "$work/$name.$x.log" | cut -d' ' -f2)
+  done
+  # Each job's tasks connect to both jobs' endpoints, their own first.
+  for x in 0 1; do
+    printf '%s\n' "${epids[x]}" "${epids[1 - x]}" >"$c/run/$name.$x.tmp"
+    mv "$c/run/$name.$x.tmp" "$c/run/$name.$x.connect"
+  done
+  for _ in $(seq 300); do
+    (($(cat "$work/$name".?.log | grep -c '^connect ') == 36)) && break
+    sleep 0.1
+  done
+  rm -f "$c/run/$name".?.connect  # the tasks close their endpoints
+  for x in 0 1; do
+    wait "${pids[x]}" || { echo "cluster_test: $name: job ${jobs[x]} (${users[x]%:*}) failed" >&2; s=1; }
+  done
+  echo "cluster_test: $name: jobs ${jobs[*]} ended after $(ms "$t") ms"
+  for x in 0 1; do
+    python3 - "$work/$name.$x.log" "${jobs[x]}" "${epids[x]}" "${epids[1 - x]}" <<'PY' || s=1
+import re, sys
+log, job, own, other = sys.argv[1], sys.argv[2], set(sys.argv[3].split()), set(sys.argv[4].split())
+ok, refused = set(), []
+for line in open(log):
+    m = re.match(r"connect (0x[0-9a-f]+): (ok|refused)", line)
+    if m and m[2] == "ok":
+        ok.add(m[1]) if m[1] in own else refused.append("REACHED " + m[1])
+    elif m:
+        refused.append(m[1])
+reached = [e for e in refused if e.startswith("REACHED")]
+theirs = [e for e in refused if e in other]
+print(f"cluster_test: job {job}: its tasks reached {len(ok)} of its own 3 endpoints; "
+      f"{len(theirs)} of 9 connects to the other job's refused, {len(reached)} succeeded")
+sys.exit(0 if len(own) == 3 and ok == own and len(theirs) == 9 and not reached else 1)
+PY
+    passed "$work/$name.$x.log" || s=1
+  done
+  [[ -n ${jobs[0]} && -n ${jobs[1]} && ${jobs[0]} != "${jobs[1]}" ]] || s=1
+  for node in "${nodes[@]}"; do
+    "${cluster[@]}" exec "$node" psmctl --json stats | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+node, ok = sys.argv[1], True
+for job in sys.argv[2:]:
+    rows = [j for j in d["jobs"] if str(j["slurm_job_id"]) == job]
+    sent = sum(j["msgs_sent"] for j in rows)
+    uids = sorted({j["uid"] for j in rows})
+    print(f"cluster_test: {node}: Slurm job {job}: {sent} messages sent (uid {uids})")
+    ok &= sent >= 20  # rank 0 (node1) sends the fewest: 41
+sys.exit(0 if ok else 1)' "$node" "${jobs[@]}" || s=1
+  done
+  result "$name" "$s"
+}
+job_pair two_users nobody:nogroup daemon:daemon
+job_pair two_jobs_one_user nobody:nogroup nobody:nogroup
 
 # --- the node table across Slurm's outage and reconfiguration, and psmd's
 # restart.
