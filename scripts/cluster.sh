@@ -46,7 +46,9 @@
 # psmd's SPANK plugin (deploy/slurm) is in every step: etc/plugstack.conf
 # says `required lib/psmd_spank.so psmctl=bin/psmctl`, so each step
 # registers with its nodes' psmd and its tasks get the step's job key
-# (PSMD_CLUSTER_SPANK=0: not).
+# (PSMD_CLUSTER_SPANK=0: not). Every job's end runs deploy/slurm/psmd-epilog
+# (slurm.conf Epilog=), which drains a node whose psmd still holds
+# anything of the job.
 # Needs root. The binaries: $PSMD_BIN, $PSMCTL_BIN, $PSMD_MTL_COMPONENT,
 # $PSMD_DROPIN, $PSMD_SPANK_PLUGIN, else Bazel's outputs (and the scripts of
 # deploy/slurm from the tree) (bazel build
@@ -164,6 +166,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 MpiDefault=none
 PlugStackConfig=$dir/etc/plugstack.conf
+Epilog=$dir/bin/psmd-epilog
 ReturnToService=2
 MailProg=/bin/true
 EOF
@@ -285,7 +288,7 @@ up() {
   cp "${PSMD_MTL_COMPONENT:-$(built ompi/mca_mtl_psmd.so)}" "$dir/components/mca_mtl_psmd.so"
   cp "${PSMD_DROPIN:-$(built client/libpsm2.so.2)}" "$dir/lib/libpsm2.so.2"
   cp "${PSMD_SPANK_PLUGIN:-$(built deploy/slurm/psmd_spank.so)}" "$dir/lib/psmd_spank.so"
-  cp "$root/deploy/slurm/psmd-slurm-nodes" "$dir/bin/"
+  cp "$root/deploy/slurm/psmd-slurm-nodes" "$root/deploy/slurm/psmd-epilog" "$dir/bin/"
   chmod -R a+rX "$dir"
   write_config
   for p in "${places[@]}"; do mkdir -p "$dir/$p"; done

@@ -39,6 +39,19 @@
 #                  complete, and each node's psmd counts messages under each
 #                  job's Slurm id (psmctl stats --json)
 #   two_jobs_one_user  the same with both jobs nobody's
+#   scancel_exchange  scancel of a job whose two ranks (node1, node2)
+#                  exchange 64 KiB messages (bench's mpi_pt2pt, 1e6 round
+#                  trips: minutes, and 8 MB of timings a rank), once both
+#                  psmd counted its messages: on every node psmd holds
+#                  nothing of it (psmctl jobs --check-ended), its totals say
+#                  it finished (psmctl stats: 0 open endpoints), /dev/shm is
+#                  empty; the epilog (deploy/slurm/psmd-epilog) drained no
+#                  node, and the next job runs
+#   epilog_drains  a step whose end never reaches psmd (the plugin's
+#                  psmctl slurm-end made to fail): the epilog finds its
+#                  registration left and node3 is drained, the reason naming
+#                  the step; once psmd is told, the check passes and node3
+#                  returns to service
 #   node_table_stable  with slurmctld stopped, a psmd told to refresh its
 #                  table (SIGHUP) keeps it, saying why; a node added to
 #                  slurm.conf before the others (slurmctld restarted) reaches
@@ -63,7 +76,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 PATH=/usr/sbin:/sbin:$PATH
 cases=(up node_table srun_mtl_psmd srun_dropin sbatch slurm_jobs outsider_refused root_only
-  scancel_clean two_users two_jobs_one_user node_table_stable node_clean down_clean)
+  scancel_clean two_users two_jobs_one_user scancel_exchange epilog_drains node_table_stable
+  node_clean down_clean)
 
 # junit: the cases' results (results file lines "NAME ok|fail|skip").
 junit() {
@@ -164,8 +178,8 @@ done
 result node_table "$s"
 
 # The programs, where uid nobody can read them.
-cp "$root/tests/mpi/mpi_semantics" "$root/tests/slurm/open_endpoint" "$c/bin/"
-chmod a+rx "$c/bin/mpi_semantics" "$c/bin/open_endpoint"
+cp "$root/tests/mpi/mpi_semantics" "$root/tests/slurm/open_endpoint" "$root/bench/mpi_pt2pt" "$c/bin/"
+chmod a+rx "$c/bin/mpi_semantics" "$c/bin/open_endpoint" "$c/bin/mpi_pt2pt"
 ompi_components=$(dirname "$(find /usr/lib/x86_64-linux-gnu/openmpi/lib -name mca_pml_cm.so | head -1)")
 n=${PSMD_CLUSTER_TEST_NODES:-3}
 nodes=(node1 node2 node3)
@@ -461,6 +475,110 @@ sys.exit(0 if ok else 1)' "$node" "${jobs[@]}" || s=1
 }
 job_pair two_users nobody:nogroup daemon:daemon
 job_pair two_jobs_one_user nobody:nogroup nobody:nogroup
+
+# slurm_job_of USER: the id of USER's job in squeue (up to 15 s).
+slurm_job_of() {
+  local id
+  for _ in $(seq 150); do
+    id=$("${cluster[@]}" exec ctl squeue -h -u "$1" -o %i | head -1)
+    [[ -n $id ]] && { echo "$id"; return 0; }
+    sleep 0.1
+  done
+  return 1
+}
+# job_messages NODE JOB: messages that node's psmd counts under Slurm job JOB.
+job_messages() {
+  "${cluster[@]}" exec "$1" psmctl --json stats | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+print(sum(j["msgs_sent"] for j in d["jobs"] if str(j["slurm_job_id"]) == sys.argv[1]))' "$2"
+}
+# nothing_left JOB: every node's psmd holds nothing of Slurm job JOB, says
+# it finished, and the node's /dev/shm is empty.
+nothing_left() {
+  local node s=0 check shm
+  for node in "${nodes[@]}"; do
+    for _ in $(seq 100); do
+      check=$("${cluster[@]}" exec "$node" psmctl jobs --check-ended "$1") && break
+      sleep 0.1
+    done
+    "${cluster[@]}" exec "$node" psmctl --json stats | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+rows = [j for j in d["jobs"] if str(j["slurm_job_id"]) == sys.argv[1]]
+print(f"cluster_test: {sys.argv[2]}: Slurm job {sys.argv[1]}: " + ", ".join(
+    "%d endpoints open, finished %.1f s ago" % (j["open_endpoints"], j["finished_seconds_ago"])
+    for j in rows))
+sys.exit(0 if all(j["open_endpoints"] == 0 for j in rows) else 1)' "$1" "$node" || s=1
+    shm=$("${cluster[@]}" exec "$node" ls -A /dev/shm)
+    echo "cluster_test: $node: '$check', /dev/shm '$shm'"
+    [[ $check == "psmd holds nothing of Slurm job $1" && -z $shm ]] || s=1
+  done
+  return "$s"
+}
+# node_states: "NODE STATE" per node, as sinfo says.
+node_states() { "${cluster[@]}" exec ctl sinfo -h -N -o '%N %t' | sort -u; }
+
+# --- scancel while two ranks exchange.
+s=0
+t=$(date +%s%N)
+as_nobody OMPI_MCA_mtl=psmd srun --mpi=pmix -N 2 -n 2 -w node1,node2 "$c/bin/mpi_pt2pt" \
+  --min-size 65536 --max-size 65536 --iters 1000000 >"$work/exchange.log" 2>&1 &
+exchange=$!
+xjob=$(slurm_job_of nobody) || s=1
+for _ in $(seq 300); do
+  m1=$(job_messages node1 "${xjob:-0}") m2=$(job_messages node2 "${xjob:-0}")
+  ((m1 >= 300 && m2 >= 300)) && break
+  sleep 0.1
+done
+echo "cluster_test: job ${xjob:-?} exchanging: node1's psmd counted $m1 messages, node2's $m2"
+((m1 >= 300 && m2 >= 300)) || s=1
+"${cluster[@]}" exec ctl scancel "${xjob:-0}"
+wait "$exchange"
+echo "cluster_test: the exchange ended $(ms "$t") ms after it started"
+nothing_left "${xjob:-0}" || s=1
+for _ in $(seq 100); do
+  "${cluster[@]}" exec ctl squeue -h -j "${xjob:-0}" 2>/dev/null | grep -q . || break
+  sleep 0.1
+done
+node_states
+node_states | grep -qv ' idle$' && { echo "cluster_test: a node is not idle after the job" >&2; s=1; }
+as_nobody srun -N 3 -n 3 hostname >"$work/next.log" 2>&1 || { cat "$work/next.log" >&2; s=1; }
+result scancel_exchange "$s"
+
+# --- the epilog drains a node where a step outlived its job: the plugin's
+# slurm-end is made to fail, as when psmd does not hear a step's end.
+s=0
+mv "$c/bin/psmctl" "$c/bin/psmctl.real"
+cat >"$c/bin/psmctl" <<EOF
+#!/bin/sh
+case " \$* " in *" slurm-end "*) echo "cluster_test: slurm-end fails" >&2; exit 1 ;; esac
+exec $c/bin/psmctl.real "\$@"
+EOF
+chmod 755 "$c/bin/psmctl"
+(cd "$c/run" && exec timeout -k 5 60 "${cluster[@]}" exec ctl \
+  setpriv --reuid=nobody --regid=nogroup --clear-groups env LD_LIBRARY_PATH="$c/lib" \
+  srun -N 1 -n 1 -w node3 "$c/bin/open_endpoint" 50) >"$work/outlive.log" 2>&1 &
+outlive=$!
+for _ in $(seq 150); do grep -q '^opened: ' "$work/outlive.log" && break; sleep 0.1; done
+ojob=$(slurm_job_of nobody) || s=1
+"${cluster[@]}" exec ctl scancel "${ojob:-0}"
+wait "$outlive"
+for _ in $(seq 150); do
+  [[ $(node_states) == *"node3 drain"* ]] && break
+  sleep 0.1
+done
+reason=$("${cluster[@]}" exec ctl sinfo -h -R -n node3 -o '%E')
+echo "cluster_test: after job ${ojob:-?}: $(node_states | tr '\n' ' '); node3's reason: '$reason'"
+[[ $(node_states) == *"node3 drain"* && $reason == "psmd: job $ojob: Slurm step $ojob.0 (uid 65534) outlived its job"* ]] ||
+  { echo "cluster_test: node3 not drained for the step psmd still holds" >&2; s=1; }
+mv "$c/bin/psmctl.real" "$c/bin/psmctl"
+"${cluster[@]}" exec node3 psmctl slurm-end --job "${ojob:-0}" --step 0
+"${cluster[@]}" exec node3 psmctl jobs --check-ended "${ojob:-0}" || s=1
+"${cluster[@]}" exec ctl scontrol update NodeName=node3 State=RESUME
+for _ in $(seq 100); do [[ $(node_states) == *"node3 idle"* ]] && break; sleep 0.1; done
+[[ $(node_states) == *"node3 idle"* ]] || { echo "cluster_test: node3 did not resume" >&2; s=1; }
+result epilog_drains "$s"
 
 # --- the node table across Slurm's outage and reconfiguration, and psmd's
 # restart.
