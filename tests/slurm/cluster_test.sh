@@ -19,6 +19,10 @@
 #                  drop-in libpsm2.so.2 (LD_LIBRARY_PATH)
 #   sbatch         a batch script doing the first; the job must complete
 #                  with exit code 0
+#   srun_netpipe   NPopenmpi in its integrity mode (-i, sizes to 1 MiB)
+#                  between node1 and node2: every size passes
+#                  (tests/mpi/netpipe_check.py), and both psmd carried it
+#   srun_mpi4py    tests/mpi/mpi4py_check.py with three ranks, one a node
 #   slurm_jobs     psmd's SPANK plugin (plugstack.conf): a step of
 #                  open_endpoint tasks holding an endpoint each, one per
 #                  node, shows its Slurm job id in every node's
@@ -75,7 +79,7 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 PATH=/usr/sbin:/sbin:$PATH
-cases=(up node_table srun_mtl_psmd srun_dropin sbatch slurm_jobs outsider_refused root_only
+cases=(up node_table srun_mtl_psmd srun_dropin sbatch srun_netpipe srun_mpi4py slurm_jobs outsider_refused root_only
   scancel_clean two_users two_jobs_one_user scancel_exchange epilog_drains node_table_stable
   node_clean down_clean)
 
@@ -178,8 +182,9 @@ done
 result node_table "$s"
 
 # The programs, where uid nobody can read them.
-cp "$root/tests/mpi/mpi_semantics" "$root/tests/slurm/open_endpoint" "$root/bench/mpi_pt2pt" "$c/bin/"
-chmod a+rx "$c/bin/mpi_semantics" "$c/bin/open_endpoint" "$c/bin/mpi_pt2pt"
+cp "$root/tests/mpi/mpi_semantics" "$root/tests/slurm/open_endpoint" "$root/bench/mpi_pt2pt" \
+  "$root/tests/mpi/mpi4py_check.py" "$c/bin/"
+chmod a+rx "$c/bin/mpi_semantics" "$c/bin/open_endpoint" "$c/bin/mpi_pt2pt" "$c/bin/mpi4py_check.py"
 ompi_components=$(dirname "$(find /usr/lib/x86_64-linux-gnu/openmpi/lib -name mca_pml_cm.so | head -1)")
 n=${PSMD_CLUSTER_TEST_NODES:-3}
 nodes=(node1 node2 node3)
@@ -208,22 +213,26 @@ print(d["total"]["msgs_sent"], *(peers.get(int(i), 0) for i in sys.argv[1:]))' \
 }
 snapshot() { for node in "${nodes[@]}"; do counters "$node"; done >"$work/$1"; }
 
-# carried NAME: every node's psmd sent at least 1000 of the job's messages
-# and 100,000 payload bytes to each other node since snapshot "before".
+# carried NAME [NODE...]: every node's psmd (or those of the node numbers
+# given) sent at least 1000 of the job's messages and 100,000 payload bytes
+# to each other such node since snapshot "before".
 carried() {
   snapshot after
-  python3 - "$work/before" "$work/after" "$1" <<'PY'
+  python3 - "$work/before" "$work/after" "$@" <<'PY'
 import sys
 before = [list(map(int, l.split())) for l in open(sys.argv[1])]
 after = [list(map(int, l.split())) for l in open(sys.argv[2])]
+name, ran = sys.argv[3], set(map(int, sys.argv[4:])) or {1, 2, 3}
 ok = True
 for i, (b, a) in enumerate(zip(before, after)):
+    if i + 1 not in ran:
+        continue
     d = [y - x for x, y in zip(b, a)]
-    to = {j + 1: d[1 + j] for j in range(3) if j != i}
-    print(f"{sys.argv[3]}: node{i + 1}'s psmd: {d[0]} messages sent, payload bytes to " +
+    to = {j + 1: d[1 + j] for j in range(3) if j != i and j + 1 in ran}
+    print(f"{name}: node{i + 1}'s psmd: {d[0]} messages sent, payload bytes to " +
           ", ".join(f"node{j} {v}" for j, v in to.items()))
     if d[0] < 1000 or min(to.values()) < 100000:
-        print(f"{sys.argv[3]}: node{i + 1}'s psmd did not carry the job", file=sys.stderr)
+        print(f"{name}: node{i + 1}'s psmd did not carry the job", file=sys.stderr)
         ok = False
 sys.exit(0 if ok else 1)
 PY
@@ -311,6 +320,28 @@ else
 fi
 carried sbatch || s=1
 result sbatch "$s"
+
+# --- NetPIPE between node1 and node2, in its integrity mode (every
+# payload checked, tests/mpi/netpipe_check.py), sizes up to 1 MiB.
+snapshot before
+t=$(date +%s%N)
+as_nobody OMPI_MCA_mtl=psmd srun --mpi=pmix -N 2 -n 2 -w node1,node2 -o "$c/run/np-%t.log" \
+  NPopenmpi -i -u 1048576 -o "$c/run/np.out" >"$work/netpipe.log" 2>&1
+s=$?
+echo "cluster_test: srun NPopenmpi exit $s in $(ms "$t") ms"
+python3 "$root/tests/mpi/netpipe_check.py" "$c/run/np-0.log" || { tail -5 "$work/netpipe.log" >&2; s=1; }
+carried srun_netpipe 1 2 || s=1
+result srun_netpipe "$s"
+
+# --- mpi4py (tests/mpi/mpi4py_check.py: pickled objects, buffers up to
+# 4 MiB with checksums, collectives) on the three nodes.
+t=$(date +%s%N)
+as_nobody OMPI_MCA_mtl=psmd srun --mpi=pmix -N 3 -n 3 \
+  /usr/bin/python3 "$c/bin/mpi4py_check.py" >"$work/mpi4py.log" 2>&1
+s=$?
+echo "cluster_test: srun mpi4py_check.py exit $s in $(ms "$t") ms: $(grep -E '^(PASS|FAIL)' "$work/mpi4py.log")"
+grep -qx 'PASS mpi4py' "$work/mpi4py.log" || { tail -20 "$work/mpi4py.log" >&2; s=1; }
+result srun_mpi4py "$s"
 
 # --- psmd's SPANK plugin: a step of three tasks, one per node, each holding
 # an endpoint opened with the job key the plugin set.
