@@ -280,6 +280,25 @@ const std::vector<Setting>& Settings() {
          return true;
        },
        [](const Config& c) { return c.fabric_nodes; }},
+      // The node table from a command (Slurm's node list): both keys here,
+      // together.
+      {"fabric_nodes_command",
+       "a command (run with /bin/sh -c) printing the node table, e.g. "
+       "psmd-slurm-nodes --port PORT (Slurm's nodes); psmd writes its "
+       "output to fabric_nodes at start, on SIGHUP and every "
+       "fabric_nodes_refresh_s; empty: fabric_nodes is written by hand",
+       "a command, or empty", true,
+       [](const std::string& v, Config* c) {
+         if (v.size() > 4096) return false;
+         c->fabric_nodes_command = v;
+         return true;
+       },
+       [](const Config& c) { return c.fabric_nodes_command; }},
+      Number("fabric_nodes_refresh_s", &Config::fabric_nodes_refresh_s, 0,
+             86400,
+             "seconds between runs of fabric_nodes_command (0: only at start "
+             "and on SIGHUP)",
+             "seconds, 0 to 86400"),
   };
   return *settings;
 }
@@ -334,6 +353,11 @@ void CheckTogether(const Config& c, std::vector<std::string>* errors) {
     errors->push_back(
         "fabric_listen (--fabric-listen) needs a node table (--fabric-nodes "
         "FILE) to reach other nodes");
+  }
+  if (!c.fabric_nodes_command.empty() && c.fabric_nodes.empty()) {
+    errors->push_back(
+        "fabric_nodes_command (--fabric-nodes-command) needs fabric_nodes "
+        "(--fabric-nodes FILE): the file psmd writes its table to");
   }
 }
 

@@ -85,6 +85,13 @@ struct Config {
   // The node table: "NODE HOSTNAME NODE@ADDR:PORT,..." per line, read again
   // whenever it changes (daemon/remote/remote.h).
   std::string fabric_nodes;
+  // A command printing the node table (e.g. deploy/slurm/psmd-slurm-nodes,
+  // from Slurm's node list): psmd runs it at start, on SIGHUP and every
+  // fabric_nodes_refresh_s (0: not periodically) and writes what it prints
+  // to fabric_nodes when it changed. Empty: fabric_nodes is an
+  // administrator's file.
+  std::string fabric_nodes_command;
+  uint32_t fabric_nodes_refresh_s = 300;
 };
 
 // Progress workers psmd runs: config.workers, or for "auto" the CPUs psmd

@@ -5,7 +5,9 @@
 #include <systemd/sd-daemon.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <set>
 
@@ -16,6 +18,7 @@
 #include "daemon/control/control_service.h"
 #include "daemon/control/registry.h"
 #include "daemon/log.h"
+#include "daemon/remote/node_table.h"
 #include "daemon/workers.h"
 #include "hw/ofi/ofi_fabric.h"
 #include "hw/socket/socket_fabric.h"
@@ -67,6 +70,51 @@ void Reload(const psmd::ConfigLoader& loader, psmd::SharedConfig* shared,
   registry->SetDefaultUnexpectedBudget(next.unexpected_budget_bytes);
   shared->Set(next);
   spdlog::info("reload done");
+}
+
+// fabric_nodes_command: the node table it prints (Slurm's node list) into
+// fabric_nodes, which the inter-node engine reads again when it changed. A
+// failure keeps the table psmd had. `self` is this daemon's host
+// description: a table whose row for this node names none of its addresses
+// is said loudly, for peers would not reach this node (or would reach
+// another): node_id and the command's ids disagree.
+void RefreshNodeTable(const psmd::Config& config, const std::string& self) {
+  if (config.fabric_nodes_command.empty()) return;
+  std::map<uint16_t, psmd::NodeEntry> table;
+  bool changed = false;
+  std::string error;
+  if (!psmd::RunNodeTableCommand(config.fabric_nodes_command,
+                                 config.fabric_nodes, &table, &changed,
+                                 &error)) {
+    spdlog::error(
+        "fabric_nodes_command {}: {}; the node table {} stays as it was",
+        psmd::Escaped(config.fabric_nodes_command), psmd::Escaped(error),
+        psmd::Escaped(config.fabric_nodes));
+    return;
+  }
+  if (!changed) return;
+  spdlog::info("fabric_nodes_command: {} nodes, written to {}", table.size(),
+               psmd::Escaped(config.fabric_nodes));
+  psmd::hw::HostDescription mine, row;
+  std::string why;
+  auto it = table.find(config.node_id);
+  bool found = false;
+  if (it != table.end() && psmd::hw::ParseHostDescription(self, &mine, &why) &&
+      psmd::hw::ParseHostDescription(it->second.description, &row, &why)) {
+    for (const auto& a : row.addresses) {
+      for (const auto& b : mine.addresses) {
+        found |= a.host == b.host && a.port == b.port;
+      }
+    }
+  }
+  if (!found) {
+    spdlog::error(
+        "fabric_nodes_command: its table has {} for this node (node_id {}), "
+        "which is not this daemon ({}): other nodes cannot reach it; set "
+        "node_id to this node's id in the table",
+        it == table.end() ? "no row" : psmd::Escaped(it->second.description),
+        config.node_id, self);
+  }
 }
 
 }  // namespace
@@ -122,6 +170,7 @@ int main(int argc, char** argv) {
   psmd::Registry registry(config, &worker);
   psmd::Admission admission(config, &registry);
   std::string error;
+  std::string host_description;  // with a fabric
   if (!config.fabric_listen.empty()) {
     psmd::hw::FabricOptions fo;
     fo.node_id = config.node_id;
@@ -149,6 +198,9 @@ int main(int argc, char** argv) {
         "fabric: node {} listening, host description {} (backend {}, auth {})",
         config.node_id, fabric->HostDescription(), config.fabric,
         config.fabric_auth);
+    host_description = fabric->HostDescription();
+    // Before the inter-node engine reads the table.
+    RefreshNodeTable(config, host_description);
     worker.at(0).EnableFabric(std::move(fabric), config, registry.boot_nonce());
   }
   if (!admission.Bind(&error)) {
@@ -186,9 +238,26 @@ int main(int argc, char** argv) {
              config.socket_path.c_str());
 
   int sig = 0;
+  auto nodes_refreshed = std::chrono::steady_clock::now();
   for (;;) {
     timespec period{kStatusPeriodS, 0};
+    if (config.fabric_nodes_refresh_s > 0 &&
+        !config.fabric_nodes_command.empty()) {
+      period.tv_sec =
+          std::min<time_t>(period.tv_sec, config.fabric_nodes_refresh_s);
+    }
     sig = sigtimedwait(&signals, nullptr, &period);
+    const auto now = std::chrono::steady_clock::now();
+    if (!host_description.empty() &&
+        (sig == SIGHUP ||
+         (sig <= 0 && config.fabric_nodes_refresh_s > 0 &&
+          now - nodes_refreshed >=
+              std::chrono::seconds(config.fabric_nodes_refresh_s)))) {
+      // Slurm's node list again (a node added, an address changed); the
+      // command and its period are the ones psmd started with.
+      RefreshNodeTable(config, host_description);
+      nodes_refreshed = now;
+    }
     if (sig == SIGHUP) {
       // The log goes to stderr or the journal, never to a file psmd opened,
       // so there is no log file to reopen (docs/operations.md).

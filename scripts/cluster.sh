@@ -5,11 +5,19 @@
 #                                      nodes are idle in Slurm
 #   scripts/cluster.sh exec NAME CMD...  runs CMD on node1, node2, node3 or
 #                                      ctl with that place's environment
+#   scripts/cluster.sh stop|start PLACE DAEMON  stops (by PID), or starts
+#                                      again, slurmctld on ctl, or psmd or
+#                                      slurmd on a node
 #   scripts/cluster.sh down            removes everything it made
 #
 # Places: ctl (10.77.37.254: the bridge, slurmctld, where srun, sbatch,
 # squeue, scancel and scontrol run) and node1..node3 (10.77.37.1-3: a
 # slurmd and a psmd each, the psmd on the fabric to the other two). Each
+# node's psmd learns the nodes from Slurm: its fabric_nodes_command is
+# deploy/slurm/psmd-slurm-nodes, which writes its node table
+# (nodeN/fabric_nodes) from `scontrol show nodes`, and its node_id is that
+# table's id for the node (psmd-slurm-nodes --self: 9473 for 10.77.37.1,
+# the address's low 16 bits). Each
 # place is a network, UTS and mount namespace held open by one process (a
 # `sleep infinity`, the place's "holder"): its own hostname, its own
 # /etc/hosts (the cluster's names), and private /run, /tmp and /dev/shm
@@ -38,9 +46,12 @@
 # psmd's SPANK plugin (deploy/slurm) is in every step: etc/plugstack.conf
 # says `required lib/psmd_spank.so psmctl=bin/psmctl`, so each step
 # registers with its nodes' psmd and its tasks get the step's job key
-# (PSMD_CLUSTER_SPANK=0: not).
+# (PSMD_CLUSTER_SPANK=0: not). Every job's end runs deploy/slurm/psmd-epilog
+# (slurm.conf Epilog=), which drains a node whose psmd still holds
+# anything of the job.
 # Needs root. The binaries: $PSMD_BIN, $PSMCTL_BIN, $PSMD_MTL_COMPONENT,
-# $PSMD_DROPIN, $PSMD_SPANK_PLUGIN, else Bazel's outputs (bazel build
+# $PSMD_DROPIN, $PSMD_SPANK_PLUGIN, else Bazel's outputs (and the scripts of
+# deploy/slurm from the tree) (bazel build
 # //daemon:psmd //tools:psmctl //ompi:mca_mtl_psmd.so //client:libpsm2.so.2
 # //deploy/slurm:psmd_spank.so).
 set -euo pipefail
@@ -128,11 +139,6 @@ write_config() {
     echo "127.0.0.1 localhost"
     for n in "${places[@]}"; do echo "$(addr "$n") $n"; done
   } >"$dir/etc/hosts"
-  # psmd's node table: node id, name, fabric address.
-  : >"$dir/nodes"
-  for n in "${nodes[@]}"; do
-    echo "${n#node} $n ${n#node}@$(addr "$n"):$fabric_port" >>"$dir/nodes"
-  done
   cat >"$dir/etc/slurm.conf" <<EOF
 # The test cluster of scripts/cluster.sh.
 ClusterName=psmd
@@ -160,6 +166,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 MpiDefault=none
 PlugStackConfig=$dir/etc/plugstack.conf
+Epilog=$dir/bin/psmd-epilog
 ReturnToService=2
 MailProg=/bin/true
 EOF
@@ -211,6 +218,46 @@ wait_for() {
   return 1
 }
 
+# start_daemon PLACE DAEMON: starts slurmctld (on ctl), or psmd or slurmd (on
+# a node), and waits until it serves: slurmctld answers scontrol ping, psmd
+# its socket. The cluster comes up this way, and `cluster.sh start` starts
+# again a daemon that `cluster.sh stop` stopped.
+start_daemon() {
+  local place=$1 daemon=$2 id
+  case $place/$daemon in
+    ctl/slurmctld)
+      start ctl slurmctld slurmctld -D -i -f "$dir/etc/slurm.conf"
+      wait_for slurmctld 20 in_place ctl env SLURM_CONF="$dir/etc/slurm.conf" scontrol ping ||
+        { tail -20 "$dir/ctl/slurmctld.log" >&2; return 1; }
+      ;;
+    node?/psmd)
+      # Its node table comes from Slurm (slurmctld must answer), as its node
+      # id: the one the table gives the node.
+      id=$(in_place "$place" env SLURM_CONF="$dir/etc/slurm.conf" \
+        "$dir/bin/psmd-slurm-nodes" --port "$fabric_port" --self) || return 1
+      start "$place" psmd env SLURM_CONF="$dir/etc/slurm.conf" \
+        "$dir/bin/psmd" --socket /run/psmd/psmd.sock --node-id "$id" \
+        --fabric-listen "$(addr "$place"):$fabric_port" --fabric-nodes "$dir/$place/fabric_nodes" \
+        --fabric-nodes-command "$dir/bin/psmd-slurm-nodes --port $fabric_port" \
+        --munge-socket "$dir/munge/socket" --log-level "${PSMD_CLUSTER_PSMD_LOG:-warn}"
+      wait_for "psmd on $place" 10 in_place "$place" test -S /run/psmd/psmd.sock ||
+        { cat "$dir/$place/psmd.out" >&2; return 1; }
+      ;;
+    node?/slurmd) start "$place" slurmd slurmd -D -N "$place" -f "$dir/etc/slurm.conf" ;;
+    *) echo "cluster: no daemon $daemon on $place" >&2; return 2 ;;
+  esac
+}
+
+# stop_daemon PLACE DAEMON: ends the daemon started there (SIGTERM, by its
+# recorded PID; KILL after 10 s) and forgets its PID.
+stop_daemon() {
+  local pid
+  pid=$(awk -v p="$1" -v n="$2" '$2 == p && $3 == n {print $1}' "$dir/pids" | tail -1)
+  [[ -n $pid ]] || { echo "cluster: no $2 on $1" >&2; return 1; }
+  stop_pids TERM "$pid"
+  awk -v pid="$pid" '$1 != pid' "$dir/pids" >"$dir/pids.new" && mv "$dir/pids.new" "$dir/pids"
+}
+
 nodes_idle() {
   local states
   states=$(in_place ctl env SLURM_CONF="$dir/etc/slurm.conf" sinfo -h -N -o '%N %t')
@@ -224,8 +271,11 @@ up() {
   fi
   # Slurm's cgroups are the machine's, named by node (slurmd makes them when
   # it starts): one cluster at a time.
-  if pgrep -x slurmd >/dev/null; then
-    echo "cluster: a slurmd runs on this machine (another cluster?): $(pgrep -ax slurmd | head -3)" >&2
+  # (A zombie is no slurmd: one that `down` just ended waits for its reaper.)
+  local running=() pid
+  for pid in $(pgrep -x slurmd); do alive "$pid" && running+=("$pid"); done
+  if ((${#running[@]})); then
+    echo "cluster: a slurmd runs on this machine (another cluster?): pids ${running[*]}" >&2
     return 1
   fi
   remove_cgroups  # ones a killed run left
@@ -238,6 +288,7 @@ up() {
   cp "${PSMD_MTL_COMPONENT:-$(built ompi/mca_mtl_psmd.so)}" "$dir/components/mca_mtl_psmd.so"
   cp "${PSMD_DROPIN:-$(built client/libpsm2.so.2)}" "$dir/lib/libpsm2.so.2"
   cp "${PSMD_SPANK_PLUGIN:-$(built deploy/slurm/psmd_spank.so)}" "$dir/lib/psmd_spank.so"
+  cp "$root/deploy/slurm/psmd-slurm-nodes" "$root/deploy/slurm/psmd-epilog" "$dir/bin/"
   chmod -R a+rX "$dir"
   write_config
   for p in "${places[@]}"; do mkdir -p "$dir/$p"; done
@@ -273,21 +324,9 @@ up() {
     in_place "$p" ip link set eth0 up
   done
 
-  for p in "${nodes[@]}"; do
-    start "$p" psmd "$dir/bin/psmd" --socket /run/psmd/psmd.sock --node-id "${p#node}" \
-      --fabric-listen "$(addr "$p"):$fabric_port" --fabric-nodes "$dir/nodes" \
-      --munge-socket "$dir/munge/socket" --log-level warn
-  done
-  start ctl slurmctld slurmctld -D -i -f "$dir/etc/slurm.conf"
-  for p in "${nodes[@]}"; do
-    wait_for "psmd on $p" 10 in_place "$p" test -S /run/psmd/psmd.sock ||
-      { cat "$dir/$p/psmd.out" >&2; false; }
-  done
-  wait_for slurmctld 20 in_place ctl env SLURM_CONF="$dir/etc/slurm.conf" scontrol ping ||
-    { tail -20 "$dir/ctl/slurmctld.log" >&2; false; }
-  for p in "${nodes[@]}"; do
-    start "$p" slurmd slurmd -D -N "$p" -f "$dir/etc/slurm.conf"
-  done
+  start_daemon ctl slurmctld
+  for p in "${nodes[@]}"; do start_daemon "$p" psmd; done
+  for p in "${nodes[@]}"; do start_daemon "$p" slurmd; done
   wait_for "3 idle nodes" 60 nodes_idle ||
     { in_place ctl env SLURM_CONF="$dir/etc/slurm.conf" sinfo -N >&2
       for p in "${nodes[@]}"; do tail -5 "$dir/$p/slurmd.log" >&2; done; false; }
@@ -369,6 +408,11 @@ case ${1:-} in
     # shellcheck disable=SC2046  # place_env's words are NAME=VALUE pairs
     in_place "$place" env $(place_env "$place") "$@"
     ;;
+  stop | start)
+    [[ $# == 3 ]] || { echo "usage: cluster.sh $1 PLACE DAEMON" >&2; exit 2; }
+    [[ -f "$dir/pids" ]] || { echo "cluster: not up" >&2; exit 1; }
+    "${1}_daemon" "$2" "$3"
+    ;;
   _init) init_place "$2" ;;
-  *) echo "usage: scripts/cluster.sh up | exec NAME CMD... | down" >&2; exit 2 ;;
+  *) echo "usage: scripts/cluster.sh up | exec NAME CMD... | stop|start PLACE DAEMON | down" >&2; exit 2 ;;
 esac

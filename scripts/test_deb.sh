@@ -12,7 +12,9 @@
 #     file; no ELF file of any package has an RPATH or RUNPATH; the drop-in
 #     keeps SONAME libpsm2.so.2; psmd-openmpi depends on the Open MPI
 #     release it was built against and its component sits where
-#     `ompi_info --path pkglibdir` says.
+#     `ompi_info --path pkglibdir` says; psmd-slurm (the SPANK plugin in
+#     Slurm's plugin directory, psmd-slurm-nodes and psmd-epilog in
+#     /usr/lib/psmd) depends on the Slurm release series it was built for.
 #  5. libpsmclient-dev: psmclient.pc names no rpath; a program built with
 #     `pkg-config --cflags --libs psmclient` against the unpacked packages
 #     (dpkg -x) needs libpsmclient.so.0 and opens an endpoint on the
@@ -57,8 +59,8 @@ version=$(dpkg-parsechangelog -S Version)
 arch=$(dpkg --print-architecture)
 ma=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
 lib=/usr/lib/$ma
-packages=(psmd libpsmclient0 libpsmclient-dev psmd-openmpi psmd-libpsm2)
-elf_packages=(psmd libpsmclient0 psmd-openmpi psmd-libpsm2)  # each with a -dbgsym
+packages=(psmd libpsmclient0 libpsmclient-dev psmd-openmpi psmd-libpsm2 psmd-slurm)
+elf_packages=(psmd libpsmclient0 psmd-openmpi psmd-libpsm2 psmd-slurm)  # each with a -dbgsym
 [[ "$version" == "$(cat VERSION)" ]] || fail "debian/changelog says $version, VERSION $(cat VERSION)"
 
 # ---- 1. build ----
@@ -106,6 +108,8 @@ want() {  # want PACKAGE: the files it must hold, one a line
       "$lib/pkgconfig/psmclient.pc" ;;
     psmd-openmpi) echo "$lib/openmpi/lib/openmpi3/mca_mtl_psmd.so" ;;
     psmd-libpsm2) echo "$lib/psmd/libpsm2.so.2" ;;
+    psmd-slurm) printf '%s\n' "$lib/slurm-wlm/psmd_spank.so" /usr/lib/psmd/psmd-epilog \
+      /usr/lib/psmd/psmd-slurm-nodes ;;
   esac
 }
 for p in "${packages[@]}"; do
@@ -156,7 +160,13 @@ dpkg-deb -f "$(deb psmd-openmpi)" Depends | grep -c "libopenmpi3 (>= $ompi), lib
   fail "psmd-openmpi does not depend on Open MPI $ompi: $(dpkg-deb -f "$(deb psmd-openmpi)" Depends)"
 [[ "$(ompi_info --parsable --path pkglibdir | sed -n 's/^path:pkglibdir://p')" == "$lib/openmpi/lib/openmpi3" ]] ||
   fail "Open MPI's component directory is not $lib/openmpi/lib/openmpi3"
-dpkg-deb -f "$(deb psmd)" Depends | grep -cE 'openmpi|libpsm' >/dev/null &&
+# The SPANK plugin: Slurm loads only plugins of its own X.YY release.
+slurm=$(dpkg-query -W -f='${Version}' libslurm-dev | sed 's/^[0-9]*://' | cut -d. -f1,2)
+dpkg-deb -f "$(deb psmd-slurm)" Depends | grep -c "slurmd (>= $slurm), slurmd (<< " >/dev/null ||
+  fail "psmd-slurm does not depend on Slurm $slurm: $(dpkg-deb -f "$(deb psmd-slurm)" Depends)"
+[[ $(dpkg-deb --fsys-tarfile "$(deb psmd-slurm)" | tar -tvf - ./usr/lib/psmd/psmd-epilog) == -rwxr-xr-x* ]] ||
+  fail "psmd-slurm: psmd-epilog is not executable"
+dpkg-deb -f "$(deb psmd)" Depends | grep -cE 'openmpi|libpsm|slurm' >/dev/null &&
   fail "psmd depends on Open MPI or libpsm: $(dpkg-deb -f "$(deb psmd)" Depends)"
 step "SONAME libpsmclient.so.0 with symbols file, no rpath, dependencies per package"
 
@@ -235,6 +245,8 @@ in_root apt-get update -qq >/dev/null 2>&1 || fail "apt-get update in the clean 
 install_debs psmd.deb
 in_root dpkg-query -W -f='${Status}' libopenmpi3 2>/dev/null | grep -c "install ok installed" >/dev/null &&
   fail "installing psmd alone pulled in Open MPI"
+# (psmd-slurm is not installed here: it pulls in slurmd, munge and their
+# services; the Slurm test cluster runs what it ships.)
 install_debs libpsmclient0.deb libpsmclient-dev.deb psmd-openmpi.deb psmd-libpsm2.deb
 step "dpkg -i + apt-get -f install: psmd alone without Open MPI, then the other packages"
 for link in multi-user.target.wants/psmd.service sockets.target.wants/psmd.socket; do

@@ -64,6 +64,7 @@ struct Options {
   uint32_t slurm_step = 0;
   uint32_t slurm_uid = 0;
   std::string slurm_cgroup;
+  int64_t check_ended = -1;  // jobs --check-ended JOB (-1: not asked)
 };
 
 int Fail(const Status& e) {
@@ -788,6 +789,63 @@ int ShowJobs(ControlClient& control, const std::string& format) {
   return 0;
 }
 
+// jobs --check-ended JOB, for an epilog at a Slurm job's end: 0 when psmd
+// holds nothing of Slurm job JOB on this node; otherwise a line per step
+// left (its open endpoints, or its registration, whose end never reached
+// psmd) and kFailed, so that the epilog fails and Slurm drains the node.
+// Root sees every uid's jobs; anyone else only their own.
+int CheckEnded(ControlClient& control, uint32_t job) {
+  psmd::v1::ListJobsReply r;
+  if (Status e = control.ListJobs(&r); !e.ok()) return Fail(e);
+  int left = 0;
+  for (const auto& j : r.jobs()) {
+    if (!j.has_slurm() || j.slurm().job_id() != job) continue;
+    left++;
+    const std::string step = SlurmText(j.slurm(), true);
+    if (j.endpoint_ids_size() > 0) {
+      std::string ids;
+      for (int i = 0; i < j.endpoint_ids_size(); i++) {
+        ids += (i ? "," : "") + std::to_string(j.endpoint_ids(i));
+      }
+      printf(
+          "Slurm step %s (uid %u) outlived its job: endpoints %s still open "
+          "in psmd\n",
+          step.c_str(), j.uid(), ids.c_str());
+    } else {
+      printf(
+          "Slurm step %s (uid %u) outlived its job: still registered with "
+          "psmd, its end never reached it (psmctl slurm-end --job %u --step "
+          "%u clears it)\n",
+          step.c_str(), j.uid(), j.slurm().job_id(), j.slurm().step_id());
+    }
+  }
+  if (left > 0) return kFailed;
+  printf("psmd holds nothing of Slurm job %u\n", job);
+  return 0;
+}
+
+void AddJobs(CLI::App& app, Options& opts, std::function<int()>* run) {
+  auto* cmd = app.add_subcommand(
+      "jobs",
+      "Jobs: their endpoints, payload pool and unexpected-message budgets "
+      "(and Slurm steps registered without endpoints)");
+  cmd->add_option("--check-ended", opts.check_ended,
+                  "Exit 1, naming what is left, when psmd still holds "
+                  "anything (endpoints, a step's registration) of this "
+                  "Slurm job: the check of deploy/slurm/psmd-epilog")
+      ->option_text("SLURM_JOB_ID")
+      ->check(CLI::Range(int64_t{0}, int64_t{UINT32_MAX}));
+  cmd->callback([&opts, run] {
+    *run = [&opts] {
+      ControlClient control(opts.socket);
+      if (opts.check_ended >= 0) {
+        return CheckEnded(control, static_cast<uint32_t>(opts.check_ended));
+      }
+      return ShowJobs(control, opts.format);
+    };
+  });
+}
+
 // ---- health ----
 
 int ShowHealth(ControlClient& control, const std::string& format,
@@ -982,10 +1040,7 @@ int main(int argc, char** argv) {
   AddSimple(app, opts, &run, "endpoints",
             "Open endpoints: id, epid, job uuid, uid, pid, connections, label",
             ShowEndpoints);
-  AddSimple(app, opts, &run, "jobs",
-            "Jobs: their endpoints, payload pool and unexpected-message "
-            "budgets",
-            ShowJobs);
+  AddJobs(app, opts, &run);
   AddHealth(app, opts, &run);
   AddClose(app, opts, &run);
   AddSlurm(app, opts, &run);

@@ -696,6 +696,19 @@ std::vector<JobSnapshot> Registry::Jobs(const Credentials& who) {
     j.endpoint_ids.push_back(ep.id());
     j.slurm = SlurmStepOf(ep.job()->key());
   }
+  // A registered step without endpoints is listed too: psmd holds its
+  // registration (before its tasks open, or after they closed until its
+  // step's end is told), and an epilog asks whether anything of a job is
+  // left (psmctl jobs --check-ended).
+  for (const auto& [uuid, step] : slurm_steps_) {
+    if (!who.is_root() && who.uid != step.uid) continue;
+    JobSnapshot& j = jobs[JobKey{uuid, step.uid}];
+    if (j.slurm) continue;  // it has endpoints: listed above
+    j.uuid = uuid;
+    j.uid = step.uid;
+    j.unexpected_budget_bytes = default_unexpected_budget_;
+    j.slurm = step;
+  }
   std::vector<JobSnapshot> out;
   for (auto& [key, j] : jobs) {
     std::sort(j.endpoint_ids.begin(), j.endpoint_ids.end());

@@ -115,7 +115,9 @@ struct StatsSnapshot {
   counters::Values total{};                 // every endpoint since start
 };
 
-// A job as psmctl lists it, with the budgets that apply to it.
+// A job as psmctl lists it, with the budgets that apply to it: one with open
+// endpoints, or a Slurm step registered here that has none (yet, or any
+// more, until its end is told).
 struct JobSnapshot {
   Uuid uuid{};
   uid_t uid = 0;

@@ -21,6 +21,27 @@ struct NodeEntry {
   std::string hostname;
   std::string description;  // NODE@ADDR:PORT,...
 };
+
+// The table's text into *out; false (and *error, naming the line) on the
+// first bad line.
+bool ParseNodeTable(const std::string& text, std::map<uint16_t, NodeEntry>* out,
+                    std::string* error);
+
+// fabric_nodes_command (docs/operations.md, "The node table from Slurm"):
+// runs `command` with /bin/sh -c in psmd's environment, stdin /dev/null, for
+// at most kNodeTableCommandTimeoutMs; its stdout must parse as a node table.
+// When it does and differs from what `file` holds, writes it there (to a
+// temporary file beside it, renamed over it, so an inter-node engine never
+// reads half a table) and sets *changed. Otherwise (the command failed, timed
+// out, or printed a bad table) returns false with *error (its exit status and
+// the end of its stderr, or the parse error) and leaves `file` as it was: a
+// Slurm controller that does not answer never takes nodes away. *table: what
+// the command printed, when it parsed. Blocking; main thread only.
+inline constexpr int kNodeTableCommandTimeoutMs = 30000;
+bool RunNodeTableCommand(const std::string& command, const std::string& file,
+                         std::map<uint16_t, NodeEntry>* table, bool* changed,
+                         std::string* error);
+
 class NodeTable {
  public:
   // Reads `file` once (host names for what is logged before a connect).

@@ -1,5 +1,5 @@
 /* psmd's SPANK plugin for Slurm (plugstack.conf: `required
- * /usr/lib/x86_64-linux-gnu/slurm/psmd_spank.so`; docs/operations.md,
+ * /usr/lib/x86_64-linux-gnu/slurm-wlm/psmd_spank.so`; docs/operations.md,
  * "Running under Slurm"). In slurmstepd (remote context) only:
  *
  *   slurm_spank_task_init_privileged, in each task's process before it
