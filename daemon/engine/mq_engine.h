@@ -88,7 +88,10 @@
 //      unaffected. A job's count (Job::posted_recvs) is the sum of its
 //      endpoints' posted_charged, which is brought up to posted.size() when
 //      a receive is posted (matches and cancels lower it lazily: a count
-//      may be high, never low, and is recomputed before a refusal).
+//      may be high, never low, and is recomputed before a refusal). With
+//      shards it moves in steps of kPostedStep receives, so that a stream
+//      of receives does not bounce the job's line between cores: high by
+//      less than two steps per endpoint.
 //  11. Shards (issue 38; docs/design.md, "Engine shards"). An endpoint
 //      lives on one engine, the shard ShardOf(its id); only that engine
 //      reads its rings, matches for it and writes its completion ring. What
@@ -429,7 +432,9 @@ class MqEngine {
   // Invariant 9: brings ep's share of its job's and uid's posted_recvs up
   // to date; and whether one more receive fits, counting every endpoint's
   // share afresh before saying no.
-  void ChargePosted(Endpoint& ep);
+  // `exact`: to posted.size() even with shards (the endpoint is removed).
+  void ChargePosted(Endpoint& ep, bool exact = false);
+  static constexpr uint64_t kPostedStep = 64;
   bool PostedFits(Endpoint& ep);
   bool FlushOverflow(Endpoint& ep);
   void ReleasePayload(const Endpoint& any_of_job, const UnexpectedMsg& m);
