@@ -369,18 +369,12 @@ void MqEngine::TakeChunk(uint32_t from, const CrossItem& item) {
     return;
   }
   Transfer& t = it->second;
-  Endpoint* receiver = Find(t.receiver_id);
-  if (receiver != nullptr && !receiver->faulted) {
-    shm::CompletionDesc c{};
-    c.op = shm::CompleteOp::kRndvChunk;
-    c.req = t.recv_req;
-    c.body.chunk.pool_offset = item.chunk.pool_offset;
-    c.body.chunk.offset = t.forwarded;
-    c.body.chunk.len = item.chunk.len;
-    Post(*receiver, c);
-  } else if (receiver != nullptr) {
-    shm::PoolPayload(receiver->job()->pool().base(), item.chunk.pool_offset)
-        .Release();
+  if (!ForwardChunk(t, item.chunk.pool_offset, item.chunk.len)) {
+    // A receiver not served: the chunk goes back into its job's pool.
+    if (Endpoint* receiver = Find(t.receiver_id)) {
+      shm::PoolPayload(receiver->job()->pool().base(), item.chunk.pool_offset)
+          .Release();
+    }
   }
   t.forwarded += item.chunk.len;
   if (t.forwarded == t.send_bytes) transfers_.erase(it);

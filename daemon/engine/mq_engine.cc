@@ -755,16 +755,8 @@ bool MqEngine::HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
     return true;
   }
   Transfer& t = it->second;
-  Endpoint* receiver = Find(t.receiver_id);
-  if (receiver != nullptr && !receiver->faulted) {
-    shm::CompletionDesc c{};
-    c.op = shm::CompleteOp::kRndvChunk;
-    c.req = t.recv_req;
-    c.body.chunk.pool_offset = chunk.Take();
-    c.body.chunk.offset = t.forwarded;
-    c.body.chunk.len = d.len;
-    Post(*receiver, c);
-  }
+  // (Not handed over, the chunk goes back when `chunk` goes.)
+  if (ForwardChunk(t, d.body.rndv.pool_offset, d.len)) chunk.Take();
   t.forwarded += d.len;
   sender.last_chunk_ns = NowNs();
   if (t.await_done) t.last_ns = sender.last_chunk_ns;
@@ -777,6 +769,20 @@ bool MqEngine::HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
     }
     transfers_.erase(it);
   }
+  return true;
+}
+
+bool MqEngine::ForwardChunk(const Transfer& t, uint64_t pool_offset,
+                            uint32_t len) {
+  Endpoint* receiver = Find(t.receiver_id);
+  if (receiver == nullptr || receiver->faulted) return false;
+  shm::CompletionDesc c{};
+  c.op = shm::CompleteOp::kRndvChunk;
+  c.req = t.recv_req;
+  c.body.chunk.pool_offset = pool_offset;
+  c.body.chunk.offset = t.forwarded;
+  c.body.chunk.len = len;
+  Post(*receiver, c);
   return true;
 }
 

@@ -371,6 +371,10 @@ class MqEngine {
   bool HandleProbe(Endpoint& ep, const shm::SubmissionDesc& d);
   bool HandleClaimedRecv(Endpoint& ep, const shm::SubmissionDesc& d);
   bool HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d);
+  // Hands chunk `pool_offset` (`len` bytes, at t.forwarded) to t's
+  // receiver; false when it is gone or not served (the chunk stays the
+  // caller's).
+  bool ForwardChunk(const Transfer& t, uint64_t pool_offset, uint32_t len);
   bool HandleSetOption(Endpoint& ep, const shm::SubmissionDesc& d);
   bool HandleAmRequest(Endpoint& sender, const shm::SubmissionDesc& d);
   bool HandleAmReply(Endpoint& sender, const shm::SubmissionDesc& d);
