@@ -1,5 +1,16 @@
 """The two runs of one conformance program: against Intel's libpsm2 and psmd."""
 
+def _run_pair(program, name, flags, data, env = {}):
+    """One run_pair.sh test of `program`: run_pair.sh FLAGS... PROGRAM."""
+    native.sh_test(
+        name = name,
+        size = "medium",
+        srcs = ["run_pair.sh"],
+        args = flags + ["$(location :%s)" % program],
+        data = [":" + program, "//daemon:psmd", "//scripts:workdir"] + data,
+        env = env,
+    )
+
 def pair_tests(program, ranks = 2, nodes = 0, workers = 0):
     """Defines <program>_intel and <program>_psmd, each run by run_pair.sh.
 
@@ -13,48 +24,19 @@ def pair_tests(program, ranks = 2, nodes = 0, workers = 0):
         daemons linked by the fabric (rank r on daemon r % nodes), and
         <program>_nodes_ofi: the same over the ofi backend on tcp;ofi_rxm.
     """
+    r = ["--ranks", str(ranks)]
     if nodes:
         for suffix, env in [
             ("_nodes", {}),
             ("_nodes_ofi", {"PSMD_TEST_OFI_PROVIDER": "tcp;ofi_rxm"}),
         ]:
-            native.sh_test(
-                name = program + suffix,
-                size = "medium",
-                srcs = ["run_pair.sh"],
-                args = ["--ranks", str(ranks), "--daemons", str(nodes), "psmd-nodes", "$(location :%s)" % program],
-                data = [
-                    ":" + program,
-                    "//daemon:psmd",
-                    "//scripts:nodes",
-                    "//scripts:workdir",
-                ],
-                env = env,
-            )
+            _run_pair(program, program + suffix,
+                      r + ["--daemons", str(nodes), "psmd-nodes"],
+                      ["//scripts:nodes"], env)
     if workers:
-        native.sh_test(
-            name = program + "_psmd_workers" + str(workers),
-            size = "medium",
-            srcs = ["run_pair.sh"],
-            args = ["--ranks", str(ranks), "--workers", str(workers), "psmd", "$(location :%s)" % program],
-            data = [
-                ":" + program,
-                "//daemon:psmd",
-                "//scripts:workdir",
-                "//tests:check_shards.py",
-                "//tools:psmctl",
-            ],
-        )
+        _run_pair(program, program + "_psmd_workers" + str(workers),
+                  r + ["--workers", str(workers), "psmd"],
+                  ["//tests:check_shards.py", "//tools:psmctl"])
     for impl in ["intel", "psmd"]:
-        native.sh_test(
-            name = program + "_" + impl,
-            size = "medium",
-            srcs = ["run_pair.sh"],
-            args = ["--ranks", str(ranks), impl, "$(location :%s)" % program],
-            data = [
-                ":" + program,
-                "//daemon:psmd",
-                "//scripts:fake_hfi",
-                "//scripts:workdir",
-            ],
-        )
+        _run_pair(program, program + "_" + impl, r + [impl],
+                  ["//scripts:fake_hfi"])
