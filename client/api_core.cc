@@ -127,8 +127,10 @@ size_t DrainSends(psm2_ep_t ep, int64_t timeout_ns) {
   while ((left = UnfinishedSends(ep)) > 0 && !ep->daemon_lost() &&
          Clock::now() < deadline) {
     if (ep->Progress()) continue;
-    // Nothing moved: the receivers have to act. Let other threads use the
-    // endpoint meanwhile.
+    // Nothing moved: the receivers have to act, unless psmd is gone, when
+    // nothing ever will (without this look the loop waits out the whole
+    // timeout, 60 s for 0). Let other threads use the endpoint meanwhile.
+    if (ep->CheckDaemon()) break;
     lock.Unlock();
     usleep(50);
     lock.Lock();
@@ -414,8 +416,11 @@ psm2_error_t psm2_ep_close(psm2_ep_t ep, int mode, int64_t timeout) {
   psmd::Status err;
   bool lost;
   {
+    // Looked at now: were psmd replaced, its successor could have given this
+    // endpoint's id to an endpoint of a new job, and closing by id would
+    // close that one.
     psmd::client::EndpointLock lock(&owned->mu);
-    lost = owned->daemon_lost();
+    lost = owned->CheckDaemon();
   }
   if (!lost) err = owned->control()->CloseEndpoint(owned->id());
   // Unmapping and closing the fds (the destructor) releases the segments;
@@ -452,6 +457,20 @@ psm2_error_t psm2_ep_connect(psm2_ep_t ep, int num_of_epid,
   if (!is_open) {
     return Library::Report(PSM2_EP_WAS_CLOSED,
                            "psm2_ep_connect: the endpoint is not open");
+  }
+  bool lost;
+  {
+    // As in psm2_ep_close: a successor psmd must not connect whichever of
+    // its endpoints has our id.
+    psmd::client::EndpointLock lock(&ep->mu);
+    lost = ep->CheckDaemon();
+  }
+  if (lost) {
+    for (int i = 0; i < num_of_epid; i++) {
+      if (array_of_epid_mask == nullptr || array_of_epid_mask[i] != 0)
+        array_of_errors[i] = PSM2_EP_WAS_CLOSED;
+    }
+    return Library::DaemonGone(ep, "psm2_ep_connect");
   }
   std::vector<uint64_t> wanted;
   std::vector<int> index_of;
