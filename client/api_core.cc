@@ -418,11 +418,11 @@ psm2_error_t psm2_ep_close(psm2_ep_t ep, int mode, int64_t timeout) {
   {
     // Looked at now: were psmd replaced, its successor could have given this
     // endpoint's id to an endpoint of a new job, and closing by id would
-    // close that one.
+    // close that one (psmd also refuses our epid, of an earlier psmd).
     psmd::client::EndpointLock lock(&owned->mu);
     lost = owned->CheckDaemon();
   }
-  if (!lost) err = owned->control()->CloseEndpoint(owned->id());
+  if (!lost) err = owned->control()->CloseEndpoint(owned->id(), owned->epid());
   // Unmapping and closing the fds (the destructor) releases the segments;
   // closing the attach connection tells the daemon in any case.
   owned.reset();
@@ -487,7 +487,8 @@ psm2_error_t psm2_ep_connect(psm2_ep_t ep, int num_of_epid,
   size_t failed = 0;
   if (!wanted.empty()) {
     psmd::v1::ConnectReply reply;
-    psmd::Status err = ep->control()->Connect(ep->id(), wanted, &reply);
+    psmd::Status err =
+        ep->control()->Connect(ep->id(), ep->epid(), wanted, &reply);
     if (err.ok() && reply.results_size() != static_cast<int>(wanted.size())) {
       err = {PSM2_INTERNAL_ERR, "psm2_ep_connect: psmd answered " +
                                     std::to_string(reply.results_size()) +

@@ -63,7 +63,7 @@ Status psm2_ep::Open(psmd::client::ControlClient* control,
   psmd::client::AttachedFds fds;
   err = control->Attach(reply.attach_token(), &fds);
   if (!err.ok()) {
-    control->CloseEndpoint(reply.endpoint_id());
+    control->CloseEndpoint(reply.endpoint_id(), reply.epid());
     return err;
   }
   std::string error;
@@ -74,7 +74,7 @@ Status psm2_ep::Open(psmd::client::ControlClient* control,
     }
     if (segment.fd() < 0 && fds.segment >= 0) close(fds.segment);
     if (pool.fd() < 0 && fds.pool >= 0) close(fds.pool);
-    control->CloseEndpoint(reply.endpoint_id());
+    control->CloseEndpoint(reply.endpoint_id(), reply.epid());
     return Status{PSM2_SHMEM_SEGMENT_ERR, "psm2_ep_open: " + what};
   };
   if (!shm::Mapping::Attach(fds.segment, reply.segment_bytes(), &segment,

@@ -161,7 +161,7 @@ grpc::Status ControlService::CloseEndpoint(grpc::ServerContext* ctx,
                                            v1::CloseEndpointReply*) {
   Credentials who;
   if (auto s = Identify(ctx, &who); !s.ok()) return s;
-  return ToStatus(registry_->Close(who, req->endpoint_id()));
+  return ToStatus(registry_->Close(who, {req->endpoint_id(), req->epid()}));
 }
 
 grpc::Status ControlService::Connect(grpc::ServerContext* ctx,
@@ -178,7 +178,8 @@ grpc::Status ControlService::Connect(grpc::ServerContext* ctx,
                             " per call (libpsmclient splits larger calls)");
   }
   std::vector<ConnectOutcome> outcomes;
-  Status e = registry_->Connect(who, req->endpoint_id(), epids, &outcomes);
+  Status e = registry_->Connect(who, {req->endpoint_id(), req->epid()}, epids,
+                                &outcomes);
   if (!e.ok()) return ToStatus(e);
   for (const ConnectOutcome& o : outcomes) {
     v1::ConnectResult* r = reply->add_results();
@@ -197,7 +198,8 @@ grpc::Status ControlService::Disconnect(grpc::ServerContext* ctx,
   if (auto s = Identify(ctx, &who); !s.ok()) return s;
   std::vector<uint32_t> slots(req->slots().begin(), req->slots().end());
   std::vector<int> errors;
-  Status e = registry_->Disconnect(who, req->endpoint_id(), slots, &errors);
+  Status e = registry_->Disconnect(who, {req->endpoint_id(), req->epid()},
+                                   slots, &errors);
   if (!e.ok()) return ToStatus(e);
   for (int err : errors) reply->add_errors(err);
   return grpc::Status::OK;
