@@ -127,8 +127,10 @@ size_t DrainSends(psm2_ep_t ep, int64_t timeout_ns) {
   while ((left = UnfinishedSends(ep)) > 0 && !ep->daemon_lost() &&
          Clock::now() < deadline) {
     if (ep->Progress()) continue;
-    // Nothing moved: the receivers have to act. Let other threads use the
-    // endpoint meanwhile.
+    // Nothing moved: the receivers have to act, unless psmd is gone, when
+    // nothing ever will (without this look the loop waits out the whole
+    // timeout, 60 s for 0). Let other threads use the endpoint meanwhile.
+    if (ep->CheckDaemon()) break;
     lock.Unlock();
     usleep(50);
     lock.Lock();
@@ -414,10 +416,13 @@ psm2_error_t psm2_ep_close(psm2_ep_t ep, int mode, int64_t timeout) {
   psmd::Status err;
   bool lost;
   {
+    // Looked at now: were psmd replaced, its successor could have given this
+    // endpoint's id to an endpoint of a new job, and closing by id would
+    // close that one (psmd also refuses our epid, of an earlier psmd).
     psmd::client::EndpointLock lock(&owned->mu);
-    lost = owned->daemon_lost();
+    lost = owned->CheckDaemon();
   }
-  if (!lost) err = owned->control()->CloseEndpoint(owned->id());
+  if (!lost) err = owned->control()->CloseEndpoint(owned->id(), owned->epid());
   // Unmapping and closing the fds (the destructor) releases the segments;
   // closing the attach connection tells the daemon in any case.
   owned.reset();
@@ -453,6 +458,20 @@ psm2_error_t psm2_ep_connect(psm2_ep_t ep, int num_of_epid,
     return Library::Report(PSM2_EP_WAS_CLOSED,
                            "psm2_ep_connect: the endpoint is not open");
   }
+  bool lost;
+  {
+    // As in psm2_ep_close: a successor psmd must not connect whichever of
+    // its endpoints has our id.
+    psmd::client::EndpointLock lock(&ep->mu);
+    lost = ep->CheckDaemon();
+  }
+  if (lost) {
+    for (int i = 0; i < num_of_epid; i++) {
+      if (array_of_epid_mask == nullptr || array_of_epid_mask[i] != 0)
+        array_of_errors[i] = PSM2_EP_WAS_CLOSED;
+    }
+    return Library::DaemonGone(ep, "psm2_ep_connect");
+  }
   std::vector<uint64_t> wanted;
   std::vector<int> index_of;
   for (int i = 0; i < num_of_epid; i++) {
@@ -468,7 +487,8 @@ psm2_error_t psm2_ep_connect(psm2_ep_t ep, int num_of_epid,
   size_t failed = 0;
   if (!wanted.empty()) {
     psmd::v1::ConnectReply reply;
-    psmd::Status err = ep->control()->Connect(ep->id(), wanted, &reply);
+    psmd::Status err =
+        ep->control()->Connect(ep->id(), ep->epid(), wanted, &reply);
     if (err.ok() && reply.results_size() != static_cast<int>(wanted.size())) {
       err = {PSM2_INTERNAL_ERR, "psm2_ep_connect: psmd answered " +
                                     std::to_string(reply.results_size()) +

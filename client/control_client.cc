@@ -173,9 +173,10 @@ Status ControlClient::Attach(const std::string& token, AttachedFds* fds) {
   return {};
 }
 
-Status ControlClient::CloseEndpoint(uint32_t endpoint_id) {
+Status ControlClient::CloseEndpoint(uint32_t endpoint_id, uint64_t epid) {
   v1::CloseEndpointRequest req;
   req.set_endpoint_id(endpoint_id);
+  req.set_epid(epid);
   v1::CloseEndpointReply reply;
   grpc::ClientContext ctx;
   Prepare(&ctx);
@@ -183,7 +184,7 @@ Status ControlClient::CloseEndpoint(uint32_t endpoint_id) {
                     "psm2_ep_close");
 }
 
-Status ControlClient::Connect(uint32_t endpoint_id,
+Status ControlClient::Connect(uint32_t endpoint_id, uint64_t epid,
                               const std::vector<uint64_t>& epids,
                               v1::ConnectReply* reply) {
   reply->Clear();
@@ -192,6 +193,7 @@ Status ControlClient::Connect(uint32_t endpoint_id,
         std::min(epids.size(), at + size_t{shm::kMaxEpidsPerConnect});
     v1::ConnectRequest req;
     req.set_endpoint_id(endpoint_id);
+    req.set_epid(epid);
     for (size_t i = at; i < end; i++) req.add_epids(epids[i]);
     v1::ConnectReply part;
     grpc::ClientContext ctx;
@@ -205,11 +207,12 @@ Status ControlClient::Connect(uint32_t endpoint_id,
   return {};
 }
 
-Status ControlClient::Disconnect(uint32_t endpoint_id,
+Status ControlClient::Disconnect(uint32_t endpoint_id, uint64_t epid,
                                  const std::vector<uint32_t>& slots,
                                  v1::DisconnectReply* reply) {
   v1::DisconnectRequest req;
   req.set_endpoint_id(endpoint_id);
+  req.set_epid(epid);
   for (uint32_t s : slots) req.add_slots(s);
   grpc::ClientContext ctx;
   Prepare(&ctx);

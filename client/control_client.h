@@ -46,10 +46,14 @@ class ControlClient {
   Status OpenEndpoint(const std::array<uint8_t, 16>& uuid,
                       const std::string& label, v1::OpenEndpointReply* reply);
   Status Attach(const std::string& token, AttachedFds* fds);
-  Status CloseEndpoint(uint32_t endpoint_id);
-  Status Connect(uint32_t endpoint_id, const std::vector<uint64_t>& epids,
-                 v1::ConnectReply* reply);
-  Status Disconnect(uint32_t endpoint_id, const std::vector<uint32_t>& slots,
+  // Calls that name an endpoint also carry its epid, which psmd checks, so
+  // that they never reach an endpoint a later psmd gave the same id to; 0
+  // (psmctl close, an operator naming an id) is not checked.
+  Status CloseEndpoint(uint32_t endpoint_id, uint64_t epid);
+  Status Connect(uint32_t endpoint_id, uint64_t epid,
+                 const std::vector<uint64_t>& epids, v1::ConnectReply* reply);
+  Status Disconnect(uint32_t endpoint_id, uint64_t epid,
+                    const std::vector<uint32_t>& slots,
                     v1::DisconnectReply* reply);
   Status GetStats(v1::GetStatsReply* reply);
   Status ListEndpoints(v1::ListEndpointsReply* reply);

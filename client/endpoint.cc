@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -62,7 +63,7 @@ Status psm2_ep::Open(psmd::client::ControlClient* control,
   psmd::client::AttachedFds fds;
   err = control->Attach(reply.attach_token(), &fds);
   if (!err.ok()) {
-    control->CloseEndpoint(reply.endpoint_id());
+    control->CloseEndpoint(reply.endpoint_id(), reply.epid());
     return err;
   }
   std::string error;
@@ -73,7 +74,7 @@ Status psm2_ep::Open(psmd::client::ControlClient* control,
     }
     if (segment.fd() < 0 && fds.segment >= 0) close(fds.segment);
     if (pool.fd() < 0 && fds.pool >= 0) close(fds.pool);
-    control->CloseEndpoint(reply.endpoint_id());
+    control->CloseEndpoint(reply.endpoint_id(), reply.epid());
     return Status{PSM2_SHMEM_SEGMENT_ERR, "psm2_ep_open: " + what};
   };
   if (!shm::Mapping::Attach(fds.segment, reply.segment_bytes(), &segment,
@@ -656,9 +657,11 @@ void psm2_ep::SleepForCompletions() {
   CheckDaemon();
 }
 
-void psm2_ep::CheckDaemon() {
+bool psm2_ep::CheckDaemon() {
   // The attach connection hangs up when the daemon dies or closes us; a
   // new psmd on the same socket (systemd's Restart=) does not reopen it.
+  // The kernel closes it as the old psmd exits, before anything could have
+  // waited for that exit to start a successor.
   pollfd p{liveness_fd_, POLLIN | POLLRDHUP, 0};
   if (!daemon_lost_ && poll(&p, 1, 0) > 0) {
     daemon_lost_ = true;
@@ -668,6 +671,20 @@ void psm2_ep::CheckDaemon() {
         identity_.id, identity_.control->socket_path().c_str());
     FailAllPending(PSM2_EP_WAS_CLOSED);
   }
+  return daemon_lost_;
+}
+
+void psm2_ep::IdleTurn(uint32_t turn) {
+  spin_.Idle(turn, !publisher_.idle());
+  if (turn % kClockTurns != 0) return;
+  // The coarse clock: read from the vDSO without a syscall, and its few ms
+  // of resolution are plenty for a 20 ms interval.
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
+  const int64_t now_ns = int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec;
+  if (now_ns - liveness_checked_ns_ < kLivenessIntervalNs) return;
+  liveness_checked_ns_ = now_ns;
+  CheckDaemon();
 }
 
 void psm2_ep::FailAllPending(psm2_error_t error) {

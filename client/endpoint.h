@@ -283,13 +283,19 @@ struct psm2_ep {
   // Only from the second empty call since Progress last found work or a
   // submission was published: a single check (Open MPI's mtl psmd peeks once
   // after every blocking send) should not cost even that.
-  // Every kLivenessChecks-th empty call also looks whether psmd is still
-  // there (CheckDaemon): an application that only polls never sleeps in
+  // Empty calls also look, now and then, whether psmd is still there
+  // (IdleTurn): an application that only polls never sleeps in
   // SleepForCompletions, where a waiting one finds out.
   void IdleYield() PSMD_REQUIRES(mu) {
-    if (empty_checks_++ > 0) spin_.Idle(empty_checks_ - 1, !publisher_.idle());
-    if (empty_checks_ % kLivenessChecks == 0) CheckDaemon();
+    if (empty_checks_++ > 0) IdleTurn(empty_checks_ - 1);
   }
+  // Whether the psmd this endpoint attached to is gone, looked at now (its
+  // attach connection hung up), not just remembered: the socket path may
+  // already be served by a successor that knows nothing of this endpoint
+  // and whose own endpoints may have the same ids. The first time it finds
+  // psmd gone it fails every pending request with PSM2_EP_WAS_CLOSED and
+  // says "lost psmd" once.
+  bool CheckDaemon() PSMD_REQUIRES(mu);
   void RemoveFromDoneList(psm2_mq_req* req) PSMD_REQUIRES(mu);
   // The error of the last node lost (kNodeLost) since the previous call,
   // else PSM2_OK: psm2_poll returns it once, so that an application
@@ -331,13 +337,17 @@ struct psm2_ep {
   void CountReceive(const psm2_mq_req* req, bool rendezvous) PSMD_REQUIRES(mu);
   psm2_mq_req* Lookup(uint64_t token) PSMD_REQUIRES(mu);
   void SleepForCompletions() PSMD_REQUIRES(mu);
-  // psmd went away (the liveness descriptor hung up): fails every pending
-  // request with PSM2_EP_WAS_CLOSED, once.
-  void CheckDaemon() PSMD_REQUIRES(mu);
-  // Empty non-blocking calls between two CheckDaemon: a poll(2) each 1024
-  // is lost in their pauses and yields, and at a few microseconds a call
-  // psmd's loss is still seen within milliseconds.
-  static constexpr uint32_t kLivenessChecks = 1024;
+  // One idle turn of a poll or wait that found nothing (`turn` counts them
+  // from 1): pause or yield (spin_), and every kClockTurns-th turn, if
+  // kLivenessIntervalNs have passed since the last look, CheckDaemon. By
+  // time, not by a count of turns alone: on a loaded node a turn that
+  // yields can cost a whole time slice, and 1024 of them (the count this
+  // replaced) took 0.6-2.4 s with four busy processes on 2 cores.
+  void IdleTurn(uint32_t turn) PSMD_REQUIRES(mu);
+  static constexpr uint32_t kClockTurns = 16;
+  // A poll(2) every 20 ms is nothing beside the turns' own yields; psmd's
+  // loss is then seen within 20 ms plus at most kClockTurns turns.
+  static constexpr int64_t kLivenessIntervalNs = 20'000'000;
   void FailAllPending(psm2_error_t error) PSMD_REQUIRES(mu);
 
   const Identity identity_;
@@ -351,6 +361,8 @@ struct psm2_ep {
   psmd::shm::Prefaulter pool_pages_ PSMD_GUARDED_BY(mu);  // set by UseRings
   psmd::client::Publisher publisher_ PSMD_GUARDED_BY(mu);
   bool daemon_lost_ PSMD_GUARDED_BY(mu) = false;
+  // CLOCK_MONOTONIC_COARSE ns of the last CheckDaemon from IdleTurn.
+  int64_t liveness_checked_ns_ PSMD_GUARDED_BY(mu) = 0;
   psm2_error_t node_lost_ PSMD_GUARDED_BY(mu) = PSM2_OK;  // TakeNodeLost
   // Token of a SENDSYNC send to ourselves that psmd matched (kSendDone) and
   // that completes with the next completion (psm2_mq_req::sync_to_self);
@@ -393,7 +405,7 @@ void psm2_ep::WaitUntil(Done done) {
     }
     if (done()) return;
     if (++idle < spins) {
-      spin_.Idle(idle, !publisher_.idle());
+      IdleTurn(idle);
       // Another application thread wants the endpoint (a send, a test):
       // let it in, as Intel's psm2_mq_wait does, rather than make it wait
       // until this wait ends or sleeps.

@@ -913,7 +913,8 @@ void AddClose(CLI::App& app, Options& opts, std::function<int()>* run) {
   cmd->callback([&opts, run] {
     *run = [&opts] {
       ControlClient control(opts.socket);
-      if (Status e = control.CloseEndpoint(opts.close_id); !e.ok())
+      // An operator names an id, whichever endpoint has it now (epid 0).
+      if (Status e = control.CloseEndpoint(opts.close_id, 0); !e.ok())
         return Fail(e);
       printf("closed endpoint %u\n", opts.close_id);
       return 0;

@@ -160,7 +160,7 @@ grpc::Status ControlService::CloseEndpoint(grpc::ServerContext* ctx,
                                            v1::CloseEndpointReply*) {
   Credentials who;
   if (auto s = Identify(ctx, &who); !s.ok()) return s;
-  return ToStatus(registry_->Close(who, req->endpoint_id()));
+  return ToStatus(registry_->Close(who, {req->endpoint_id(), req->epid()}));
 }
 
 grpc::Status ControlService::Connect(grpc::ServerContext* ctx,
@@ -177,7 +177,8 @@ grpc::Status ControlService::Connect(grpc::ServerContext* ctx,
                             " per call (libpsmclient splits larger calls)");
   }
   std::vector<ConnectOutcome> outcomes;
-  Status e = registry_->Connect(who, req->endpoint_id(), epids, &outcomes);
+  Status e = registry_->Connect(who, {req->endpoint_id(), req->epid()}, epids,
+                                &outcomes);
   if (!e.ok()) return ToStatus(e);
   for (const ConnectOutcome& o : outcomes) {
     v1::ConnectResult* r = reply->add_results();
@@ -196,7 +197,8 @@ grpc::Status ControlService::Disconnect(grpc::ServerContext* ctx,
   if (auto s = Identify(ctx, &who); !s.ok()) return s;
   std::vector<uint32_t> slots(req->slots().begin(), req->slots().end());
   std::vector<int> errors;
-  Status e = registry_->Disconnect(who, req->endpoint_id(), slots, &errors);
+  Status e = registry_->Disconnect(who, {req->endpoint_id(), req->epid()},
+                                   slots, &errors);
   if (!e.ok()) return ToStatus(e);
   for (int err : errors) reply->add_errors(err);
   return grpc::Status::OK;

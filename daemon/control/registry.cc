@@ -315,8 +315,23 @@ void Registry::Retire(std::shared_ptr<Endpoint> ep) {
   // pool too once the job's last endpoint is gone.
 }
 
-Status Registry::FindControllable(const Credentials& who, uint32_t id,
+Status Registry::FindControllable(const Credentials& who, EndpointName name,
                                   Record** out) {
+  const uint32_t id = name.id;
+  // Before the lookup: whatever has this id now, it is not the caller's
+  // endpoint, which ended with the psmd that opened it. Says nothing of
+  // anyone's endpoints here.
+  if (name.epid != 0 && (shm::NodeIdOf(name.epid) != config_.node_id ||
+                         shm::BootNonceOf(name.epid) != boot_nonce_)) {
+    char text[240];
+    snprintf(text, sizeof(text),
+             "endpoint %u (epid %#llx, boot nonce %#x) was opened by a psmd "
+             "that has ended; this psmd (boot nonce %#x) started since on "
+             "the same socket and knows nothing of it: open a new endpoint",
+             id, static_cast<unsigned long long>(name.epid),
+             shm::BootNonceOf(name.epid), boot_nonce_);
+    return {PSM2_EP_WAS_CLOSED, text};
+  }
   auto it = records_.find(id);
   // Another uid's endpoint gets the answer a missing one gets: the caller
   // may not learn that it exists, nor whose it is (psmctl endpoints hides it).
@@ -331,13 +346,13 @@ Status Registry::FindControllable(const Credentials& who, uint32_t id,
   return {};
 }
 
-Status Registry::Close(const Credentials& who, uint32_t id) {
+Status Registry::Close(const Credentials& who, EndpointName name) {
   std::shared_ptr<Endpoint> ep;
   {
     MutexLock lock(&mu_);
     Record* found = nullptr;
-    if (Status e = FindControllable(who, id, &found); !e.ok()) return e;
-    ep = Unlink(id);
+    if (Status e = FindControllable(who, name, &found); !e.ok()) return e;
+    ep = Unlink(name.id);
   }
   Retire(std::move(ep));
   return {};
@@ -357,9 +372,10 @@ void Registry::ConnectionLost(uint32_t id) {
   Retire(std::move(ep));
 }
 
-Status Registry::Connect(const Credentials& who, uint32_t id,
+Status Registry::Connect(const Credentials& who, EndpointName name,
                          const std::vector<uint64_t>& epids,
                          std::vector<ConnectOutcome>* out) {
+  const uint32_t id = name.id;
   struct NewLink {
     uint32_t slot;
     PeerLink link;
@@ -371,7 +387,7 @@ Status Registry::Connect(const Credentials& who, uint32_t id,
   {
     MutexLock lock(&mu_);
     Record* found = nullptr;
-    if (Status e = FindControllable(who, id, &found); !e.ok()) return e;
+    if (Status e = FindControllable(who, name, &found); !e.ok()) return e;
     Record& rec = *found;
     out->clear();
     for (uint64_t epid : epids) {
@@ -428,7 +444,7 @@ Status Registry::Connect(const Credentials& who, uint32_t id,
         worker_->QueryRemote(id, remote_epids);
     MutexLock lock(&mu_);
     Record* found = nullptr;
-    if (Status e = FindControllable(who, id, &found); !e.ok()) return e;
+    if (Status e = FindControllable(who, name, &found); !e.ok()) return e;
     for (size_t i = 0; i < remote_epids.size(); i++) {
       ConnectOutcome& o = (*out)[remote_index[i]];
       o.error = answers[i].error;
@@ -448,14 +464,15 @@ Status Registry::Connect(const Credentials& who, uint32_t id,
   return {};
 }
 
-Status Registry::Disconnect(const Credentials& who, uint32_t id,
+Status Registry::Disconnect(const Credentials& who, EndpointName name,
                             const std::vector<uint32_t>& slots,
                             std::vector<int>* errors) {
+  const uint32_t id = name.id;
   std::vector<uint32_t> cleared;
   {
     MutexLock lock(&mu_);
     Record* found = nullptr;
-    if (Status e = FindControllable(who, id, &found); !e.ok()) return e;
+    if (Status e = FindControllable(who, name, &found); !e.ok()) return e;
     Record& rec = *found;
     errors->clear();
     for (uint32_t slot : slots) {

@@ -74,6 +74,19 @@ struct OpenedEndpoint {
   uint64_t unexpected_budget_bytes = 0;
 };
 
+// How a control call names an endpoint: its id and the epid its opener was
+// told. Ids start at 1 in every psmd, so an id alone from a client of an
+// earlier psmd on the same socket (killed, then restarted by systemd) could
+// name another job's endpoint here; the epid's boot nonce tells. psmctl
+// close names an id only (epid 0: not checked).
+struct EndpointName {
+  // An id alone is a name too (psmctl close; tests).
+  EndpointName(uint32_t id, uint64_t epid = 0)  // NOLINT(runtime/explicit)
+      : id(id), epid(epid) {}
+  uint32_t id;
+  uint64_t epid;
+};
+
 struct ConnectOutcome {
   int error = 0;  // psm2_error_t
   uint32_t slot = 0;
@@ -148,13 +161,13 @@ class Registry {
   Status Attach(const AttachToken& token, const Credentials& who,
                 int liveness_fd, int fds[shm::kAttachFdCount],
                 uint32_t* endpoint_id);
-  Status Close(const Credentials& who, uint32_t id);
+  Status Close(const Credentials& who, EndpointName name);
   // The attach connection hung up: the client is gone (or closed).
   void ConnectionLost(uint32_t id);
-  Status Connect(const Credentials& who, uint32_t id,
+  Status Connect(const Credentials& who, EndpointName name,
                  const std::vector<uint64_t>& epids,
                  std::vector<ConnectOutcome>* out);
-  Status Disconnect(const Credentials& who, uint32_t id,
+  Status Disconnect(const Credentials& who, EndpointName name,
                     const std::vector<uint32_t>& slots,
                     std::vector<int>* errors);
   // Endpoints the caller may see: its own uid's, or all for root.
@@ -224,9 +237,10 @@ class Registry {
   // it from the worker without the lock.
   std::shared_ptr<Endpoint> Unlink(uint32_t id) PSMD_REQUIRES(mu_);
   void Retire(std::shared_ptr<Endpoint> ep) PSMD_EXCLUDES(mu_);
-  // The record of endpoint `id` if `who` may act on it (mu_ held).
-  Status FindControllable(const Credentials& who, uint32_t id, Record** out)
-      PSMD_REQUIRES(mu_);
+  // The record of the endpoint `name` if `who` may act on it (mu_ held);
+  // PSM2_EP_WAS_CLOSED if name.epid is of an earlier psmd.
+  Status FindControllable(const Credentials& who, EndpointName name,
+                          Record** out) PSMD_REQUIRES(mu_);
   std::vector<EndpointSnapshot> SnapshotLocked(const Credentials& who)
       PSMD_REQUIRES(mu_);
   // Drops the histories of finished jobs beyond the retention: older than

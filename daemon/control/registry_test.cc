@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "shm/epid.h"
+
 namespace psmd {
 namespace {
 
@@ -87,6 +89,43 @@ TEST_F(RegistryTest, OnlyTheOwnerOrRootMayCloseOrConnect) {
   EXPECT_EQ(out[0].error, PSM2_OK);
   EXPECT_TRUE(registry_.Close(User(0), mine.id).ok());
   EXPECT_FALSE(registry_.Close(User(1000), mine.id).ok());  // already gone
+}
+
+// Ids start at 1 in every psmd, so a client of an earlier psmd on the same
+// socket (SIGKILLed, restarted at once as systemd's Restart= does) names, by
+// id alone, whichever endpoint has its id now: its close used to close a
+// new job's endpoint (issue 33). With the epid it was told, whose boot
+// nonce is the earlier psmd's, it reaches nothing here.
+TEST_F(RegistryTest, AnEndpointOfAnEarlierPsmdReachesNothingHere) {
+  OpenedEndpoint old_ep;
+  {
+    ProgressWorker earlier_worker(Cfg());
+    Registry earlier(Cfg(), &earlier_worker);
+    ASSERT_TRUE(earlier.Open(User(1000), Uuid{1}, "old", &old_ep).ok());
+    earlier.RemoveAll();
+  }
+  OpenedEndpoint now = Open(User(1000), 1);
+  ASSERT_EQ(now.id, old_ep.id);
+  if (shm::BootNonceOf(now.epid) == shm::BootNonceOf(old_ep.epid))
+    GTEST_SKIP() << "both registries drew the same 16-bit boot nonce";
+  std::vector<ConnectOutcome> out;
+  std::vector<int> errors;
+  const EndpointName stale{old_ep.id, old_ep.epid};
+  Status close = registry_.Close(User(1000), stale);
+  EXPECT_EQ(close.code, PSM2_EP_WAS_CLOSED);
+  EXPECT_NE(close.message.find("opened by a psmd that has ended"),
+            std::string::npos)
+      << close.message;
+  EXPECT_EQ(registry_.Connect(User(1000), stale, {now.epid}, &out).code,
+            PSM2_EP_WAS_CLOSED);
+  EXPECT_EQ(registry_.Disconnect(User(1000), stale, {0}, &errors).code,
+            PSM2_EP_WAS_CLOSED);
+  // The endpoint that has the id now is untouched and answers its own epid.
+  const EndpointName current{now.id, now.epid};
+  ASSERT_TRUE(registry_.Connect(User(1000), current, {now.epid}, &out).ok());
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].error, PSM2_OK);
+  EXPECT_TRUE(registry_.Close(User(1000), current).ok());
 }
 
 // Refused for another uid exactly as for an id that names nothing: the

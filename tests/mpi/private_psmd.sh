@@ -12,7 +12,11 @@ start_psmd() {
   "$psmd" --socket "$PSMD_SOCKET" --log-level warn \
     --workers "${PSMD_WORKERS:-1}" &
   pids+=($!)
-  for _ in $(seq 100); do [[ -S "$PSMD_SOCKET" ]] && break; sleep 0.05; done
+  # Until it answers: the socket file alone may be a killed psmd's.
+  for _ in $(seq 100); do
+    "$psmctl" --socket "$PSMD_SOCKET" health >/dev/null 2>&1 && break
+    sleep 0.05
+  done
 }
 
 sent() {

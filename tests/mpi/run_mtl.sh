@@ -29,6 +29,14 @@
 #                  rank 0 must learn it (psmd's kNodeLost, the component's
 #                  error handler) and the job end with an error naming the
 #                  lost node within 30 s, not hang
+#   restart        tests/mpi/mpi_restart with 2 ranks (a verified exchange);
+#                  mid-exchange psmd is SIGKILLed and a new psmd started at
+#                  once on the same socket, as systemd's Restart= does (issue
+#                  33: the ranks spun at ~90% CPU until the run's time
+#                  limit). The job must end with an error, each rank that
+#                  reports its failed call within 1 s of the kill having used
+#                  at most 0.5 s of CPU since, "lost psmd" said; then a new
+#                  job runs on the new psmd
 #   with_dropin    psmd's drop-in libpsm2.so.2 on LD_LIBRARY_PATH as well (a
 #                  site that switched Open MPI's mtl psm2 to psmd): Open MPI
 #                  loads mca_mtl_psm2 (and so the drop-in) beside this
@@ -55,7 +63,7 @@ if [[ $case_name == with_dropin ]]; then
   mkdir "$work/lib" && cp "$dropin" "$work/lib/libpsm2.so.2"
 fi
 cp "$root/tests/mpi/mpi_semantics" "$root/tests/mpi/mpi_datatypes" \
-   "$root/tests/mpi/mpi_threads" "$work/"
+   "$root/tests/mpi/mpi_threads" "$root/tests/mpi/mpi_restart" "$work/"
 chmod -R a+rX "$work"
 as_user=()
 if [[ $(id -u) == 0 ]]; then
@@ -103,6 +111,15 @@ env_extra=() mpi_extra=()
 if [[ $case_name == with_dropin ]]; then
   env_extra=(LD_LIBRARY_PATH="$work/lib") mpi_extra=(-x LD_LIBRARY_PATH)
 fi
+
+# CLOCK_MONOTONIC in ms, the clock of mpi_restart's lines.
+monotonic_ms() { python3 -c 'import time; print(time.monotonic_ns() // 1000000)'; }
+# CPU ms (user + system) process $1 has used; 0 if it is gone.
+cpu_ms() {
+  local ticks
+  ticks=$(awk '{ sub(/.*\) /, ""); print $12 + $13 }' "/proc/$1/stat" 2>/dev/null)
+  echo $((${ticks:-0} * 1000 / $(getconf CLK_TCK)))
+}
 
 # The threads of each rank in "rank R threads N: ..." lines; prints the most.
 most_threads() {
@@ -215,6 +232,54 @@ case "$case_name" in
       mpi_nodes /usr/bin/python3 "$work/node_lost.py" "$work/run"
     status=$?
     ;;
+  restart)
+    scale=${PSMD_TEST_TIME_SCALE:-1}
+    mpi_timeout=60 mpi 2 --mca pml cm --mca mtl psmd \
+      "$work/mpi_restart" "$work/run" 0 >"$work/restart.log" 2>&1 &
+    job=$!
+    for _ in $(seq 600); do
+      [[ -s $work/run/ready0 && -s $work/run/ready1 ]] && break; sleep 0.1
+    done
+    status=0
+    rank_pid=("$(cat "$work/run/ready0" 2>/dev/null)" "$(cat "$work/run/ready1" 2>/dev/null)")
+    cpu_before=("$(cpu_ms "${rank_pid[0]}")" "$(cpu_ms "${rank_pid[1]}")")
+    [[ -n ${rank_pid[0]} && -n ${rank_pid[1]} ]] ||
+      { echo "run_mtl: the job never got going" >&2; status=1; }
+    old_psmd=${pids[-1]}
+    killed_ms=$(monotonic_ms)
+    # (bash's "Killed" notice for its own background job is not news)
+    { kill -KILL "$old_psmd"; wait "$old_psmd"; } 2>/dev/null
+    kept=()
+    for p in "${pids[@]}"; do [[ $p == "$old_psmd" ]] || kept+=("$p"); done
+    pids=("${kept[@]}")
+    start_psmd
+    wait "$job"; job_status=$?
+    ms=$(($(monotonic_ms) - killed_ms))
+    cat "$work/restart.log"
+    echo "run_mtl: restart: mpirun exit $job_status ${ms} ms after psmd was killed and replaced"
+    ((job_status != 0 && job_status != 124 && ms < 10000 * scale)) ||
+      { echo "run_mtl: the job did not end with an error in time" >&2; status=1; }
+    grep -q "lost psmd" "$work/restart.log" ||
+      { echo "run_mtl: no rank said it lost psmd" >&2; status=1; }
+    # "rank R: CALL failed at MS cpu_ms CPU: ..." (mpi_restart.cc)
+    reported=0
+    while read -r r at cpu; do
+      reported=$((reported + 1))
+      echo "run_mtl: rank $r failed $((at - killed_ms)) ms after the kill," \
+           "using $((cpu - cpu_before[r])) ms of CPU since"
+      ((at - killed_ms <= 1000 * scale && cpu - cpu_before[r] <= 500 * scale)) ||
+        { echo "run_mtl: rank $r failed too late or spun meanwhile" >&2; status=1; }
+    done < <(sed -nE 's/^rank ([01]): .* failed at ([0-9]+) cpu_ms ([0-9]+):.*/\1 \2 \3/p' \
+               "$work/restart.log")
+    ((reported >= 1)) || { echo "run_mtl: no rank reported its failed call" >&2; status=1; }
+    # A job started on the new psmd runs normally, through it.
+    before=$(sent)
+    mpi 2 --mca pml cm --mca mtl psmd "$work/mpi_restart" "$work/run" 300 \
+      >"$work/fresh.log" 2>&1 || status=1
+    [[ $(grep -c "rounds intact" "$work/fresh.log") == 2 ]] ||
+      { echo "run_mtl: the job on the new psmd failed:" >&2; tail -20 "$work/fresh.log" >&2; status=1; }
+    min=600
+    ;;
   with_dropin)
     # ompi_info opens every component: both libraries in one process.
     info=$("${as_user[@]}" env HOME="$work/run" LD_LIBRARY_PATH="$work/lib" \
@@ -235,7 +300,7 @@ case "$case_name" in
     ;;
   *) echo "usage: run_mtl.sh semantics N | datatypes | mpi4py_suite [ARGS] | netpipe" \
           "| selection | decline | semantics_nodes | netpipe_nodes" \
-          "| mpi4py_nodes [ARGS] | node_lost | with_dropin" >&2; exit 2 ;;
+          "| mpi4py_nodes [ARGS] | node_lost | with_dropin | restart" >&2; exit 2 ;;
 esac
 if [[ $case_name == *_nodes ]]; then  # not node_lost: node 2 is gone
   check_node_traffic "$psmctl" || status=1

@@ -1,11 +1,15 @@
 // How a test program that outlives its peer says so, for the tests that
 // judge it (tests/verdicts.h): a request that ended with an error is
-// reported by one line "ended <psm2_error_t> at <CLOCK_MONOTONIC ms>" and
-// exit status kExitRequestFailed, apart from a data mismatch (1) and a
-// call that failed (2), so that a test expecting "failed because the peer
-// died" cannot mistake a corruption or a crash for it.
+// reported by one line "ended <psm2_error_t> at <CLOCK_MONOTONIC ms> cpu_ms
+// <CPU ms the process used>" and exit status kExitRequestFailed, apart from
+// a data mismatch (1) and a call that failed (2), so that a test expecting
+// "failed because the peer died" cannot mistake a corruption or a crash for
+// it. The CPU time tells a test, which read the process's before the
+// failure, whether it spun meanwhile (it cannot read it once it ended).
 #ifndef PSMD_TESTS_PROGRAMS_SURVIVOR_H_
 #define PSMD_TESTS_PROGRAMS_SURVIVOR_H_
+
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
@@ -27,7 +31,12 @@ inline long long MonotonicMs() {
 }
 
 [[noreturn]] inline void EndWithRequestError(unsigned error) {
-  printf("ended %u at %lld\n", error, MonotonicMs());
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const long long cpu_ms =
+      (usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1000LL +
+      (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1000;
+  printf("ended %u at %lld cpu_ms %lld\n", error, MonotonicMs(), cpu_ms);
   fflush(stdout);
   exit(kExitRequestFailed);
 }
