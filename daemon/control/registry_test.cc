@@ -99,7 +99,7 @@ TEST_F(RegistryTest, OnlyTheOwnerOrRootMayCloseOrConnect) {
 TEST_F(RegistryTest, AnEndpointOfAnEarlierPsmdReachesNothingHere) {
   OpenedEndpoint old_ep;
   {
-    ProgressWorker earlier_worker(Cfg());
+    Workers earlier_worker(Cfg(), 1);
     Registry earlier(Cfg(), &earlier_worker);
     ASSERT_TRUE(earlier.Open(User(1000), Uuid{1}, "old", &old_ep).ok());
     earlier.RemoveAll();
