@@ -19,31 +19,23 @@
 #include <cstring>
 
 #include "hw/link_fabric.h"
+#include "hw/ofi/ofi_wire.h"
 
 namespace psmd::hw {
 namespace {
 
-// Every message starts with this prefix (little-endian, 32 bytes):
-//   0 magic u32 "PSMO"  4 kind u8  5 version u8  6 zero u16
-//   8 dst_key u64 (the receiver's connection key; 0 in kContact)
-//  16 src_key u64 (the sender's)  24 seq u64 (kStream: the stream offset
-//  of the first byte; kCredit: bytes consumed; kClose: stream length)
-// Version 2: contacts go to the listen endpoint, everything else between
-// data endpoints (kAccept names the acceptor's).
-constexpr uint32_t kMsgMagic = 0x4f4d5350;
-constexpr uint8_t kMsgVersion = 2;
-constexpr size_t kPrefix = 32;
-enum MsgKind : uint8_t {
-  kContact = 1,    // connector -> acceptor's listen endpoint: the
-                   // connector's data endpoint address
-  kStream = 2,     // bytes of the connection's frame stream
-  kCredit = 3,     // the receiver consumed `seq` bytes: the window moves
-  kClose = 4,      // no bytes after `seq`; the connection is gone
-  kKeepalive = 5,  // `seq`: the credit again
-  kAccept = 6,     // acceptor -> connector: the acceptor's data endpoint
-                   // address
-};
-constexpr size_t kMaxName = 256;  // libfabric address bytes in kContact
+// The messages' format: ofi_wire.h.
+using ofi::kAccept;
+using ofi::kClose;
+using ofi::kContact;
+using ofi::kCredit;
+using ofi::kKeepalive;
+using ofi::kMaxName;
+using ofi::kPrefix;
+using ofi::kStream;
+using ofi::MsgKind;
+using ofi::Prefix;
+
 // One message is at most this long (less if the provider's max_msg_size
 // is smaller): large frames go as several messages. Under 16 KiB because
 // ofi_rxm sends what exceeds its eager buffer (FI_OFI_RXM_BUFFER_SIZE,
@@ -57,48 +49,6 @@ constexpr uint32_t kListenRecvs = 8;  // the listen endpoint's
 // Stream bytes a sender may have beyond what the receiver consumed: what
 // one connection can make its receiver hold.
 constexpr uint64_t kWindow = 2u << 20;
-
-void Put32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-void Put64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint32_t Get32(const uint8_t* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; i++) v |= uint32_t{p[i]} << (8 * i);
-  return v;
-}
-uint64_t Get64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v |= uint64_t{p[i]} << (8 * i);
-  return v;
-}
-
-struct Prefix {
-  uint8_t kind = 0;
-  uint64_t dst = 0, src = 0, seq = 0;
-};
-void EncodePrefix(const Prefix& m, uint8_t* p) {
-  Put32(p, kMsgMagic);
-  p[4] = m.kind;
-  p[5] = kMsgVersion;
-  p[6] = p[7] = 0;
-  Put64(p + 8, m.dst);
-  Put64(p + 16, m.src);
-  Put64(p + 24, m.seq);
-}
-bool DecodePrefix(const uint8_t* p, size_t n, Prefix* m) {
-  if (n < kPrefix || Get32(p) != kMsgMagic || p[5] != kMsgVersion ||
-      p[4] < kContact || p[4] > kAccept || p[6] != 0 || p[7] != 0) {
-    return false;
-  }
-  m->kind = p[4];
-  m->dst = Get64(p + 8);
-  m->src = Get64(p + 16);
-  m->seq = Get64(p + 24);
-  return m->src != 0 && (m->kind == kContact) == (m->dst == 0);
-}
 
 // A completion error (a positive FI_E* value) as what the user acts on.
 ErrorClass FromFiError(int err, bool opened) {
@@ -769,7 +719,7 @@ void OfiFabric::InjectContact(Conn* c) {
   m.kind = kContact;
   m.src = c->key;
   uint8_t msg[kPrefix + kMaxName];
-  EncodePrefix(m, msg);
+  ofi::EncodePrefix(m, msg);
   std::memcpy(msg + kPrefix, name_.data(), name_.size());
   ssize_t rc = fi_inject(c->contact_ep, msg, kPrefix + name_.size(), c->addr);
   if (rc == -FI_EAGAIN) return;  // CheckDeadlines tries again
@@ -919,7 +869,7 @@ void OfiFabric::SendControl(Conn* c, MsgKind kind, uint64_t seq,
   const size_t len = kPrefix + payload.size();
   // Small enough to inject: no buffer held, no completion.
   if (len <= inject_size_ && len <= sizeof small) {
-    EncodePrefix(m, small);
+    ofi::EncodePrefix(m, small);
     std::memcpy(small + kPrefix, payload.data(), payload.size());
     if (fi_inject(ep_, small, len, c->addr) == 0) return;
   }
@@ -938,7 +888,7 @@ void OfiFabric::SendControl(Conn* c, MsgKind kind, uint64_t seq,
     }
   }
   Slot& s = slots_[i];
-  EncodePrefix(m, s.buf);
+  ofi::EncodePrefix(m, s.buf);
   std::memcpy(s.buf + kPrefix, payload.data(), payload.size());
   s.len = len;
   s.conn_key = c->key;
@@ -1008,7 +958,7 @@ void OfiFabric::FlushSends(LinkConn* link) {
     m.dst = c->peer_key;
     m.src = c->key;
     m.seq = c->tx_off;
-    EncodePrefix(m, s.buf);
+    ofi::EncodePrefix(m, s.buf);
     s.len = kPrefix + n;
     s.conn_key = c->key;
     s.addr = c->addr;
@@ -1066,7 +1016,7 @@ void OfiFabric::DropUnknown(const char* what) {
 
 void OfiFabric::OnMessage(const uint8_t* p, size_t n, bool listen) {
   Prefix m;
-  if (!DecodePrefix(p, n, &m)) {
+  if (!ofi::DecodePrefix(p, n, &m)) {
     DropUnknown("bad prefix");
     return;
   }
@@ -1128,7 +1078,8 @@ void OfiFabric::OnMessage(const uint8_t* p, size_t n, bool listen) {
 }
 
 void OfiFabric::OnContact(const Prefix& m, const uint8_t* p, size_t n) {
-  if (n == 0 || n > kMaxName) {
+  std::string name;
+  if (!ofi::DecodeAddress(p, n, &name)) {
     DropUnknown("contact without an address");
     return;
   }
@@ -1142,7 +1093,7 @@ void OfiFabric::OnContact(const Prefix& m, const uint8_t* p, size_t n) {
     return;
   }
   fi_addr_t addr;
-  if (!AvRef(std::string(reinterpret_cast<const char*>(p), n), &addr)) return;
+  if (!AvRef(name, &addr)) return;
   Conn* c = NewConn(false);
   c->peer_key = m.src;
   c->addr = addr;
@@ -1157,8 +1108,8 @@ void OfiFabric::OnAccept(Conn* c, const uint8_t* p, size_t n) {
     return;
   }
   fi_addr_t addr;
-  if (n == 0 || n > kMaxName ||
-      !AvRef(std::string(reinterpret_cast<const char*>(p), n), &addr)) {
+  std::string name;
+  if (!ofi::DecodeAddress(p, n, &name) || !AvRef(name, &addr)) {
     BadFrame(c, "an accept without a usable address");
     return;
   }
@@ -1174,12 +1125,13 @@ void OfiFabric::OnAccept(Conn* c, const uint8_t* p, size_t n) {
 void OfiFabric::OnSegment(Conn* c, uint64_t seq, const uint8_t* p, size_t n) {
   if (n == 0) return;
   // The window bounds what one connection makes us hold.
-  if (seq < c->rx_off || seq + n > c->consumed + kWindow ||
-      c->ahead.count(seq) != 0) {
+  const ofi::Segment place =
+      ofi::PlaceSegment(seq, n, c->rx_off, c->consumed, kWindow);
+  if (place == ofi::Segment::kRefused || c->ahead.count(seq) != 0) {
     BadFrame(c, "stream bytes outside the window");
     return;
   }
-  if (seq != c->rx_off) {  // the provider reordered: hold it
+  if (place == ofi::Segment::kAhead) {  // the provider reordered: hold it
     c->ahead.emplace(seq, std::string(reinterpret_cast<const char*>(p), n));
     return;
   }
