@@ -509,8 +509,10 @@ bool OfiFabric::TryPort(const ListenAddress& a, uint16_t port, bool* in_use,
     return fail("registering the data endpoint's buffers", rc);
   }
   // Contacts are small: the listen endpoint's buffers are a prefix and an
-  // address long (anything longer fails with FI_ETRUNC and is dropped).
-  const size_t listen_size = kPrefix + kMaxName;
+  // address long, and a byte more: ofi_rxd hands a longer message over
+  // cut to the buffer's length, not as FI_ETRUNC, and one that fills the
+  // buffer is thus too long (DecodeAddress refuses it).
+  const size_t listen_size = kPrefix + kMaxName + 1;
   listen_buffers_.reset(new uint8_t[listen_size * kListenRecvs]);
   if ((rc = reg(listen_buffers_.get(), listen_size * kListenRecvs, listen_ep_,
                 &listen_mr_, 1)) != 0) {
@@ -610,10 +612,9 @@ bool OfiFabric::AvRef(const std::string& name, fi_addr_t* addr) {
   if (it == av_entries_.end()) {
     fi_addr_t fa = FI_ADDR_NOTAVAIL;
     int rc = fi_av_insert(av_, name.data(), 1, &fa, 0, nullptr);
-    if (rc != 1 || fa == FI_ADDR_NOTAVAIL) {
-      spdlog::warn("fabric: fi_av_insert refused an address");
-      return false;
-    }
+    // The caller says what the address was (a peer's is no reason to
+    // log each time).
+    if (rc != 1 || fa == FI_ADDR_NOTAVAIL) return false;
     it = av_entries_.emplace(name, AvEntry{fa, 0}).first;
     av_names_[fa] = name;
   }
@@ -676,7 +677,12 @@ void OfiFabric::StartAttempt(LinkConn* link) {
     const HostAddress& a = c->addresses[c->next_address++];
     std::string name;
     fi_addr_t addr;
-    if (!Resolve(a, &name) || !AvRef(name, &addr)) continue;
+    if (!Resolve(a, &name)) continue;
+    if (!AvRef(name, &addr)) {
+      spdlog::warn("fabric: {}:{}: the address vector refuses its address",
+                   a.host, a.port);
+      continue;
+    }
     if (c->addr != FI_ADDR_NOTAVAIL) AvUnref(c->addr);
     c->addr = addr;
     c->addr_known = false;
@@ -1093,7 +1099,10 @@ void OfiFabric::OnContact(const Prefix& m, const uint8_t* p, size_t n) {
     return;
   }
   fi_addr_t addr;
-  if (!AvRef(name, &addr)) return;
+  if (!AvRef(name, &addr)) {
+    DropUnknown("contact with an address the provider refuses");
+    return;
+  }
   Conn* c = NewConn(false);
   c->peer_key = m.src;
   c->addr = addr;
