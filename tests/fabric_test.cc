@@ -236,8 +236,23 @@ TEST_F(FabricTest, TwoDaemonsCarryEagerAndRendezvousMessagesAndCountThem) {
   long long sent = JsonNumber(sa.out, "peer_nodes", "bytes_sent");
   EXPECT_GT(sent, 3000LL * 50000) << sa.out;
   EXPECT_EQ(JsonNumber(sa.out, "peer_nodes", "node"), 2) << sa.out;
+  // The fabric named: its host description, backend and provider, in each
+  // format.
+  const std::string backend = OfiProvider().empty() ? "socket" : "ofi";
   RunResult sb = Psmctl(dir_, *b, {"stats"});
-  EXPECT_NE(sb.out.find("fabric 2@" + listen_[1]), std::string::npos) << sb.out;
+  const std::string over =
+      "fabric 2@" + listen_[1] + " over " + backend +
+      (OfiProvider().empty() ? "\n" : " (" + OfiProvider() + ")\n");
+  EXPECT_NE(sb.out.find(over), std::string::npos) << over << sb.out;
+  EXPECT_NE(sa.out.find("\"fabric_backend\": \"" + backend +
+                        "\",\n \"fabric_provider\": \"" + OfiProvider() + "\""),
+            std::string::npos)
+      << sa.out;
+  RunResult prom = Psmctl(dir_, *b, {"stats", "--format", "prometheus"});
+  EXPECT_NE(prom.out.find("psmd_fabric_info{backend=\"" + backend +
+                          "\",provider=\"" + OfiProvider() + "\"} 1\n"),
+            std::string::npos)
+      << prom.out;
   EXPECT_TRUE(a->Stop());
   EXPECT_TRUE(b->Stop());
 }

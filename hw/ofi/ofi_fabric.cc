@@ -90,6 +90,9 @@ class OfiFabric final : public LinkFabric {
   bool Open(std::string* error);
 
   int event_fd() const override { return epoll_fd_; }
+  std::string Provider() const override {
+    return info_->fabric_attr->prov_name;
+  }
   int Poll(Event* events, int max) override;
   int Wait(Event* events, int max, int timeout_ms) override;
 
