@@ -111,7 +111,7 @@ class OfiFabric final : public LinkFabric {
     fi_addr_t addr = FI_ADDR_NOTAVAIL;
     bool addr_known = false;
     // kConnecting: the throwaway endpoint the contact goes from (see
-    // OpenOfiFabric's header), and whether the contact still waits for
+    // ofi_fabric.h), and whether the contact still waits for
     // the provider to take it (-FI_EAGAIN).
     fid_ep* contact_ep = nullptr;
     bool contact_pending = false;
@@ -224,7 +224,7 @@ class OfiFabric final : public LinkFabric {
   int contact_eps_ = 0;       // open contact endpoints
   fid_wait* wait_ = nullptr;  // only where the CQ has no wait fd of its own
   fid_av* av_ = nullptr;
-  // Two endpoints (see OpenOfiFabric's header): the data endpoint carries
+  // The long-lived endpoints (see ofi_fabric.h): the data endpoint carries
   // every connection, the listen endpoint only receives contacts.
   fid_ep* ep_ = nullptr;
   fid_ep* listen_ep_ = nullptr;
@@ -478,7 +478,7 @@ bool OfiFabric::TryPort(const ListenAddress& a, uint16_t port, bool* in_use,
     return fail("the listen endpoint", rc);
   }
   // The data endpoint at a port the system picks, so a new one at every
-  // start: see OpenOfiFabric's header.
+  // start: see ofi_fabric.h.
   ephemeral_info_ = fi_dupinfo(info_);
   if (ephemeral_info_ == nullptr || ephemeral_info_->src_addr == nullptr) {
     return fail("fi_dupinfo", -FI_ENOMEM);
