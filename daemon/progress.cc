@@ -239,6 +239,8 @@ void ProgressWorker::EnableFabric(std::unique_ptr<hw::Fabric> fabric,
                                   const Config& config, uint16_t boot_nonce) {
   role_.AssertHeld();  // before Start
   fabric_host_ = fabric->HostDescription();
+  fabric_backend_ = config.fabric;
+  fabric_provider_ = fabric->Provider();
   remote_ = std::make_unique<Remote>(
       &engine_, std::move(fabric), config.node_id, boot_nonce,
       config.fabric_nodes, config.fabric_timeout_ms);

@@ -86,6 +86,8 @@ class ProgressWorker {
   std::vector<Remote::PeerRow> FabricStats();
   // This node's host description ("" without a fabric); set before Start.
   const std::string& fabric_host() const { return fabric_host_; }
+  const std::string& fabric_backend() const { return fabric_backend_; }
+  const std::string& fabric_provider() const { return fabric_provider_; }
 
   uint64_t doorbells() const {
     return doorbells_.load(std::memory_order_relaxed);
@@ -207,6 +209,8 @@ class ProgressWorker {
   bool share_core_ PSMD_GUARDED_BY(role_) = true;
   uint32_t fabric_timeout_ms_ = 5000;
   std::string fabric_host_;
+  std::string fabric_backend_;   // config's fabric
+  std::string fabric_provider_;  // hw::Fabric::Provider()
   std::atomic<uint32_t> spin_us_;
   const bool copy_in_place_;  // Config::copy_in_place
   const uint64_t copy_min_bytes_;

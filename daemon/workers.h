@@ -59,6 +59,8 @@ class Workers {
   // The fabric: shard 0's.
   bool has_fabric() const { return at(0).has_fabric(); }
   const std::string& fabric_host() const { return at(0).fabric_host(); }
+  const std::string& fabric_backend() const { return at(0).fabric_backend(); }
+  const std::string& fabric_provider() const { return at(0).fabric_provider(); }
   std::vector<ProgressWorker::RemoteOutcome> QueryRemote(
       uint32_t id, const std::vector<uint64_t>& epids) {
     return of(id).QueryRemote(id, epids);

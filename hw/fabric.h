@@ -150,6 +150,9 @@ class Fabric {
 
   // "NODE@ADDR:PORT,ADDR:PORT..." with the ports actually bound.
   virtual std::string HostDescription() const = 0;
+  // The libfabric provider actually opened ("tcp;ofi_rxm"; the first that
+  // served when none was asked for); empty for a backend not on libfabric.
+  virtual std::string Provider() const { return {}; }
   // Readable whenever an event may be ready (an eventfd: read it to
   // rearm), for the daemon's epoll sleep. Poll after it fires.
   virtual int event_fd() const = 0;

@@ -252,7 +252,14 @@ const PeerCounter kPeerCounters[] = {
 // The fabric's rows, one per peer node (none without a fabric).
 void PrintPeerNodes(const psmd::v1::GetStatsReply& r) {
   if (r.peer_nodes_size() == 0 && r.fabric_host().empty()) return;
-  printf("\nfabric %s\n%-5s", Printable(r.fabric_host()).c_str(), "node");
+  printf("\nfabric %s", Printable(r.fabric_host()).c_str());
+  if (!r.fabric_backend().empty()) {
+    printf(" over %s", Printable(r.fabric_backend()).c_str());
+  }
+  if (!r.fabric_provider().empty()) {
+    printf(" (%s)", Printable(r.fabric_provider()).c_str());
+  }
+  printf("\n%-5s", "node");
   for (const PeerCounter& c : kPeerCounters) {
     printf(c.traffic ? " %12s" : " %8s", c.column);
   }
@@ -348,12 +355,15 @@ void PrintStatsJson(const psmd::v1::GetStatsReply& r) {
   }
   printf(
       "],\n \"total\": {%s},\n \"refusals\": {%s},\n \"worker\": %s,\n "
-      "\"workers\": %s,\n \"fabric_host\": %s,\n \"peer_nodes\": %s}\n",
+      "\"workers\": %s,\n \"fabric_host\": %s,\n \"fabric_backend\": %s,\n "
+      "\"fabric_provider\": %s,\n \"peer_nodes\": %s}\n",
       CountersJson(ValuesOf(r.total().counters()), counters::kAll).c_str(),
       CountersJson(ValuesOf(r.refusals(), refusals::kAll), refusals::kAll)
           .c_str(),
       WorkerJson(r).c_str(), WorkersJson(r).c_str(),
-      JsonString(r.fabric_host()).c_str(), PeerNodesJson(r).c_str());
+      JsonString(r.fabric_host()).c_str(),
+      JsonString(r.fabric_backend()).c_str(),
+      JsonString(r.fabric_provider()).c_str(), PeerNodesJson(r).c_str());
 }
 
 // printf onto the end of a string.
@@ -480,6 +490,14 @@ std::string PrometheusText(const psmd::v1::GetStatsReply* r) {
   for (size_t i = 0; i < refusals::kNumCounters; i++) {
     single(std::string("psmd_") + refusals::kAll[i].name + "_total", "counter",
            refusals::kAll[i].help, refused[i]);
+  }
+  if (!r->fabric_backend().empty()) {
+    family("psmd_fabric_info", "gauge",
+           "The fabric to other nodes' daemons: its backend and libfabric "
+           "provider (empty: not libfabric); always 1.");
+    Appendf(&out, "psmd_fabric_info{backend=%s,provider=%s} 1\n",
+            PromLabel(r->fabric_backend()).c_str(),
+            PromLabel(r->fabric_provider()).c_str());
   }
   if (r->peer_nodes_size() > 0) {
     for (const PeerCounter& c : kPeerCounters) {

@@ -232,6 +232,8 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
   for (size_t i = 0; i < refusals::kNumCounters; i++)
     (*reply->mutable_refusals())[refusals::kAll[i].name] = refused[i];
   reply->set_fabric_host(worker_->fabric_host());
+  reply->set_fabric_backend(worker_->fabric_backend());
+  reply->set_fabric_provider(worker_->fabric_provider());
   if (who.uid != 0) return grpc::Status::OK;
   // Node-wide figures, root's only: others' activity shows in them.
   reply->set_doorbells(worker_->doorbells());

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
@@ -80,8 +82,8 @@ void Remote::Query(const Endpoint& ep, uint64_t epid, QueryDone done) {
     if (p->open) RecvNext(*p);
   }
   const uint64_t id = next_query_++;
-  queries_[id] = std::make_unique<QueryState>(
-      QueryState{node, NowMs() + timeout_ms_, std::move(done)});
+  queries_[id] = std::make_unique<QueryState>(QueryState{
+      node, NowMs() + timeout_ms_, std::move(done), SenderOf(ep), epid});
   Post(*p, wire::PrepQuery(SenderOf(ep), epid, id));
 }
 
@@ -214,8 +216,22 @@ void Remote::HandleEvent(const hw::Event& e) {
         fabric_->Close(e.conn);
         return;
       }
+      // The peer restarted. Queries asked of its previous run went with
+      // that connection unanswered (over an RDM fabric nothing told us it
+      // died: a psm2_ep_connect made just after the restart rode it), so
+      // they are asked again of this run; an epid of the previous run is
+      // refused by it.
+      std::vector<std::pair<uint64_t, std::unique_ptr<QueryState>>> again;
       if (Peer* old = PeerOf(node); old != nullptr && old->conn != e.conn) {
-        FailPeer(node, hw::ErrorClass::kConnReset);  // the peer restarted
+        for (auto q = queries_.begin(); q != queries_.end();) {
+          if (q->second->node != node) {
+            ++q;
+            continue;
+          }
+          again.emplace_back(q->first, std::move(q->second));
+          q = queries_.erase(q);
+        }
+        FailPeer(node, hw::ErrorClass::kConnReset);
       }
       auto peer = std::make_unique<Peer>();
       peer->node = node;
@@ -226,6 +242,10 @@ void Remote::HandleEvent(const hw::Event& e) {
       node_of_conn_[e.conn] = node;
       spdlog::info("fabric: node {} connected", node);
       RecvNext(*p);
+      for (auto& [id, q] : again) {
+        Post(*p, wire::PrepQuery(q->from, q->epid, id));
+        queries_[id] = std::move(q);
+      }
       return;
     }
     case hw::EventType::kSendDone: {

@@ -220,6 +220,9 @@ struct Remote::QueryState {
   uint16_t node;
   uint64_t deadline_ms;
   QueryDone done;
+  // What was asked, to ask it again of the node's next run (a restart).
+  wire::Sender from;
+  uint64_t epid;
 };
 
 }  // namespace psmd

@@ -19,26 +19,23 @@
 #include <cstring>
 
 #include "hw/link_fabric.h"
+#include "hw/ofi/ofi_wire.h"
 
 namespace psmd::hw {
 namespace {
 
-// Every message starts with this prefix (little-endian, 32 bytes):
-//   0 magic u32 "PSMO"  4 kind u8  5 version u8  6 zero u16
-//   8 dst_key u64 (the receiver's connection key; 0 in kContact)
-//  16 src_key u64 (the sender's)  24 seq u64 (kStream: the stream offset
-//  of the first byte; kCredit: bytes consumed; kClose: stream length)
-constexpr uint32_t kMsgMagic = 0x4f4d5350;
-constexpr uint8_t kMsgVersion = 1;
-constexpr size_t kPrefix = 32;
-enum MsgKind : uint8_t {
-  kContact = 1,    // connector -> acceptor: its libfabric address
-  kStream = 2,     // bytes of the connection's frame stream
-  kCredit = 3,     // the receiver consumed `seq` bytes: the window moves
-  kClose = 4,      // no bytes after `seq`; the connection is gone
-  kKeepalive = 5,  // `seq`: the credit again
-};
-constexpr size_t kMaxName = 256;  // libfabric address bytes in kContact
+// The messages' format: ofi_wire.h.
+using ofi::kAccept;
+using ofi::kClose;
+using ofi::kContact;
+using ofi::kCredit;
+using ofi::kKeepalive;
+using ofi::kMaxName;
+using ofi::kPrefix;
+using ofi::kStream;
+using ofi::MsgKind;
+using ofi::Prefix;
+
 // One message is at most this long (less if the provider's max_msg_size
 // is smaller): large frames go as several messages. Under 16 KiB because
 // ofi_rxm sends what exceeds its eager buffer (FI_OFI_RXM_BUFFER_SIZE,
@@ -46,53 +43,12 @@ constexpr size_t kMaxName = 256;  // libfabric address bytes in kContact
 // with 64 KiB messages the fabric test's bystander exchange (200 messages
 // of 100 kB) missed its deadline on this machine.
 constexpr size_t kChunkCap = 16384 - 256;
-constexpr uint32_t kMaxSlots = 64;  // registered send buffers
-constexpr uint32_t kMaxRecvs = 64;  // registered receive buffers
+constexpr uint32_t kMaxSlots = 64;    // registered send buffers
+constexpr uint32_t kMaxRecvs = 64;    // registered receive buffers
+constexpr uint32_t kListenRecvs = 8;  // the listen endpoint's
 // Stream bytes a sender may have beyond what the receiver consumed: what
 // one connection can make its receiver hold.
 constexpr uint64_t kWindow = 2u << 20;
-
-void Put32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-void Put64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint32_t Get32(const uint8_t* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; i++) v |= uint32_t{p[i]} << (8 * i);
-  return v;
-}
-uint64_t Get64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v |= uint64_t{p[i]} << (8 * i);
-  return v;
-}
-
-struct Prefix {
-  uint8_t kind = 0;
-  uint64_t dst = 0, src = 0, seq = 0;
-};
-void EncodePrefix(const Prefix& m, uint8_t* p) {
-  Put32(p, kMsgMagic);
-  p[4] = m.kind;
-  p[5] = kMsgVersion;
-  p[6] = p[7] = 0;
-  Put64(p + 8, m.dst);
-  Put64(p + 16, m.src);
-  Put64(p + 24, m.seq);
-}
-bool DecodePrefix(const uint8_t* p, size_t n, Prefix* m) {
-  if (n < kPrefix || Get32(p) != kMsgMagic || p[5] != kMsgVersion ||
-      p[4] < kContact || p[4] > kKeepalive || p[6] != 0 || p[7] != 0) {
-    return false;
-  }
-  m->kind = p[4];
-  m->dst = Get64(p + 8);
-  m->src = Get64(p + 16);
-  m->seq = Get64(p + 24);
-  return m->src != 0 && (m->kind == kContact) == (m->dst == 0);
-}
 
 // A completion error (a positive FI_E* value) as what the user acts on.
 ErrorClass FromFiError(int err, bool opened) {
@@ -134,6 +90,9 @@ class OfiFabric final : public LinkFabric {
   bool Open(std::string* error);
 
   int event_fd() const override { return epoll_fd_; }
+  std::string Provider() const override {
+    return info_->fabric_attr->prov_name;
+  }
   int Poll(Event* events, int max) override;
   int Wait(Event* events, int max, int timeout_ms) override;
 
@@ -147,7 +106,15 @@ class OfiFabric final : public LinkFabric {
   struct Conn : LinkConn {
     uint64_t key = 0;       // ours: the peer's messages carry it
     uint64_t peer_key = 0;  // 0 until the peer's first message
+    // The peer's data endpoint once addr_known; before (kConnecting), its
+    // listen endpoint, which only contact_ep sends to.
     fi_addr_t addr = FI_ADDR_NOTAVAIL;
+    bool addr_known = false;
+    // kConnecting: the throwaway endpoint the contact goes from (see
+    // ofi_fabric.h), and whether the contact still waits for
+    // the provider to take it (-FI_EAGAIN).
+    fid_ep* contact_ep = nullptr;
+    bool contact_pending = false;
     int64_t attempt_ns = 0;  // kConnecting: this address
     int64_t last_rx_ns = 0;
     int64_t last_tx_ns = 0;
@@ -166,6 +133,7 @@ class OfiFabric final : public LinkFabric {
 
     // Send side.
     uint64_t tx_off = 0;         // stream bytes handed to the provider
+    uint32_t slots_out = 0;      // send buffers the provider holds for it
     uint64_t peer_consumed = 0;  // the peer's last credit
     bool close_after_tx = false;
   };
@@ -179,6 +147,10 @@ class OfiFabric final : public LinkFabric {
   struct Recv {
     Op op;
     uint8_t* buf = nullptr;
+    size_t size = 0;
+    fid_ep* ep = nullptr;  // the data or the listen endpoint
+    void* desc = nullptr;
+    bool listen = false;
   };
   struct AvEntry {
     fi_addr_t addr = FI_ADDR_NOTAVAIL;
@@ -200,6 +172,8 @@ class OfiFabric final : public LinkFabric {
 
   bool TryPort(const ListenAddress& a, uint16_t port, bool* in_use,
                std::string* error);
+  // An endpoint of info bound to the AV and `cq` and enabled; 0 or -FI_E*.
+  int OpenEndpoint(fi_info* info, fid_cq* cq, fid_ep** ep);
   void CloseFabric();
   bool Resolve(const HostAddress& a, std::string* name);
   bool AvRef(const std::string& name, fi_addr_t* addr);
@@ -212,6 +186,11 @@ class OfiFabric final : public LinkFabric {
   Conn* NewConn(bool outgoing);
   void Rekey(Conn* c);
   void Finish(Conn* c);
+  // Opens c's contact endpoint and sends the contact from it; false when
+  // the provider refuses (the next address is tried).
+  bool SendContact(Conn* c);
+  void InjectContact(Conn* c);
+  void CloseContact(Conn* c);
 
   // Sends one message of `kind` (control: no stream bytes) to c's peer.
   void SendControl(Conn* c, MsgKind kind, uint64_t seq,
@@ -221,8 +200,10 @@ class OfiFabric final : public LinkFabric {
 
   // Handles what the completion queue holds; how many completions.
   int ReadCq();
-  void OnMessage(const uint8_t* p, size_t n);
+  // `listen`: it came to the listen endpoint, where only contacts go.
+  void OnMessage(const uint8_t* p, size_t n, bool listen);
   void OnContact(const Prefix& m, const uint8_t* p, size_t n);
+  void OnAccept(Conn* c, const uint8_t* p, size_t n);
   void OnSegment(Conn* c, uint64_t seq, const uint8_t* p, size_t n);
   void OnSendDone(uint32_t i, int err);
   void CheckDeadlines(int64_t now);
@@ -239,16 +220,24 @@ class OfiFabric final : public LinkFabric {
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;
   fid_cq* cq_ = nullptr;
+  fid_cq* contact_cq_ = nullptr;
+  int contact_eps_ = 0;       // open contact endpoints
   fid_wait* wait_ = nullptr;  // only where the CQ has no wait fd of its own
   fid_av* av_ = nullptr;
+  // The long-lived endpoints (see ofi_fabric.h): the data endpoint carries
+  // every connection, the listen endpoint only receives contacts.
   fid_ep* ep_ = nullptr;
+  fid_ep* listen_ep_ = nullptr;
+  fi_info* ephemeral_info_ = nullptr;  // info_ at port 0
   fid_mr* mr_ = nullptr;
+  fid_mr* listen_mr_ = nullptr;  // its own: FI_MR_ENDPOINT binds one to one
   void* desc_ = nullptr;
   std::unique_ptr<uint8_t[]> buffers_;
+  std::unique_ptr<uint8_t[]> listen_buffers_;
   size_t buf_size_ = 0;  // one send or receive buffer: prefix + chunk
   size_t chunk_ = 0;     // stream bytes per message
   size_t inject_size_ = 0;
-  std::string name_;  // our libfabric address
+  std::string name_;  // our data endpoint's libfabric address
   int cq_fd_ = -1;
   int epoll_fd_ = -1;
   int signal_fd_ = -1;
@@ -257,6 +246,7 @@ class OfiFabric final : public LinkFabric {
   int auth_fd_ = -1;
 
   std::vector<Slot> slots_;
+  uint32_t conn_slots_ = 0;  // what one connection may hold of them
   std::vector<uint32_t> free_slots_;
   std::deque<uint32_t> unposted_slots_;  // -FI_EAGAIN: post again
   std::vector<Recv> recvs_;
@@ -293,6 +283,7 @@ OfiFabric::~OfiFabric() {
       if (free_slots_.size() < slots_.size()) usleep(1000);
     }
   }
+  for (auto& [link, owner] : owned_) CloseContact(static_cast<Conn*>(link));
   auth_.reset();
   CloseFabric();
   if (hints_ != nullptr) fi_freeinfo(hints_);
@@ -303,17 +294,25 @@ OfiFabric::~OfiFabric() {
 
 void OfiFabric::CloseFabric() {
   if (ep_ != nullptr) fi_close(&ep_->fid);
+  if (listen_ep_ != nullptr) fi_close(&listen_ep_->fid);
   if (mr_ != nullptr) fi_close(&mr_->fid);
+  if (listen_mr_ != nullptr) fi_close(&listen_mr_->fid);
   if (av_ != nullptr) fi_close(&av_->fid);
   if (cq_ != nullptr) fi_close(&cq_->fid);
+  if (contact_cq_ != nullptr) fi_close(&contact_cq_->fid);
   if (wait_ != nullptr) fi_close(&wait_->fid);
   if (domain_ != nullptr) fi_close(&domain_->fid);
   if (fabric_ != nullptr) fi_close(&fabric_->fid);
   if (info_ != nullptr) fi_freeinfo(info_);
+  if (ephemeral_info_ != nullptr) fi_freeinfo(ephemeral_info_);
   ep_ = nullptr;
+  listen_ep_ = nullptr;
+  ephemeral_info_ = nullptr;
   mr_ = nullptr;
+  listen_mr_ = nullptr;
   av_ = nullptr;
   cq_ = nullptr;
+  contact_cq_ = nullptr;
   wait_ = nullptr;
   domain_ = nullptr;
   fabric_ = nullptr;
@@ -435,7 +434,7 @@ bool OfiFabric::TryPort(const ListenAddress& a, uint16_t port, bool* in_use,
   // provider's queue does not hand it out (ofi_rxd), a wait set's.
   fi_cq_attr cq_attr{};
   cq_attr.format = FI_CQ_FORMAT_MSG;
-  cq_attr.size = nslots + nrecvs + 16;
+  cq_attr.size = nslots + nrecvs + kListenRecvs + 16;
   cq_attr.wait_obj = FI_WAIT_FD;
   if ((rc = fi_cq_open(domain_, &cq_attr, &cq_, nullptr)) != 0) {
     return fail("fi_cq_open with a wait fd", rc);
@@ -462,61 +461,132 @@ bool OfiFabric::TryPort(const ListenAddress& a, uint16_t port, bool* in_use,
   if ((rc = fi_av_open(domain_, &av_attr, &av_, nullptr)) != 0) {
     return fail("fi_av_open", rc);
   }
-  if ((rc = fi_endpoint(domain_, info_, &ep_, nullptr)) != 0) {
-    return fail("fi_endpoint", rc);
+  // The contact endpoints' queue has no wait object: ofi_rxd (1.17) adds
+  // an endpoint's fd to its CQ's wait object and leaves it there when the
+  // endpoint closes, and the next fi_trywait calls into the freed
+  // endpoint. Nothing completes there (contacts are injected); Poll reads
+  // it only to drive the provider's progress for them.
+  fi_cq_attr contact_attr{};
+  contact_attr.format = FI_CQ_FORMAT_MSG;
+  contact_attr.wait_obj = FI_WAIT_NONE;
+  if ((rc = fi_cq_open(domain_, &contact_attr, &contact_cq_, nullptr)) != 0) {
+    return fail("fi_cq_open for contacts", rc);
   }
-  if ((rc = fi_ep_bind(ep_, &av_->fid, 0)) != 0) return fail("bind av", rc);
-  if ((rc = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV)) != 0) {
-    return fail("bind cq", rc);
+  // The listen endpoint first: it is the one bound to the port asked for
+  // (FI_EADDRINUSE: the next port is tried).
+  if ((rc = OpenEndpoint(info_, cq_, &listen_ep_)) != 0) {
+    return fail("the listen endpoint", rc);
   }
-  if ((rc = fi_enable(ep_)) != 0) return fail("fi_enable", rc);
+  // The data endpoint at a port the system picks, so a new one at every
+  // start: see ofi_fabric.h.
+  ephemeral_info_ = fi_dupinfo(info_);
+  if (ephemeral_info_ == nullptr || ephemeral_info_->src_addr == nullptr) {
+    return fail("fi_dupinfo", -FI_ENOMEM);
+  }
+  auto* src = static_cast<sockaddr*>(ephemeral_info_->src_addr);
+  if (src->sa_family == AF_INET6) {
+    reinterpret_cast<sockaddr_in6*>(src)->sin6_port = 0;
+  } else {
+    reinterpret_cast<sockaddr_in*>(src)->sin_port = 0;
+  }
+  if ((rc = OpenEndpoint(ephemeral_info_, cq_, &ep_)) != 0) {
+    return fail("the data endpoint", rc);
+  }
 
-  // One registration for every buffer, done once.
+  // One registration for every buffer of each endpoint, done once.
+  const bool per_ep = (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) != 0;
+  // Keys differ: without FI_MR_PROV_KEY the provider takes ours, unique
+  // in the domain (FI_ENOKEY otherwise).
+  auto reg = [&](uint8_t* buf, size_t len, fid_ep* ep, fid_mr** mr,
+                 uint64_t key) {
+    int r =
+        fi_mr_reg(domain_, buf, len, FI_SEND | FI_RECV, 0, key, 0, mr, nullptr);
+    if (r == 0 && per_ep && (r = fi_mr_bind(*mr, &ep->fid, 0)) == 0) {
+      r = fi_mr_enable(*mr);
+    }
+    return r;
+  };
   const size_t total = buf_size_ * (nslots + nrecvs);
   buffers_.reset(new uint8_t[total]);
-  if ((rc = fi_mr_reg(domain_, buffers_.get(), total, FI_SEND | FI_RECV, 0, 0,
-                      0, &mr_, nullptr)) != 0) {
-    return fail("fi_mr_reg", rc);
+  if ((rc = reg(buffers_.get(), total, ep_, &mr_, 0)) != 0) {
+    return fail("registering the data endpoint's buffers", rc);
   }
-  if (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) {
-    if ((rc = fi_mr_bind(mr_, &ep_->fid, 0)) != 0 ||
-        (rc = fi_mr_enable(mr_)) != 0) {
-      return fail("binding the registration to the endpoint", rc);
-    }
+  // Contacts are small: the listen endpoint's buffers are a prefix and an
+  // address long, and a byte more: ofi_rxd hands a longer message over
+  // cut to the buffer's length, not as FI_ETRUNC, and one that fills the
+  // buffer is thus too long (DecodeAddress refuses it).
+  const size_t listen_size = kPrefix + kMaxName + 1;
+  listen_buffers_.reset(new uint8_t[listen_size * kListenRecvs]);
+  if ((rc = reg(listen_buffers_.get(), listen_size * kListenRecvs, listen_ep_,
+                &listen_mr_, 1)) != 0) {
+    return fail("registering the listen endpoint's buffers", rc);
   }
   desc_ = fi_mr_desc(mr_);
   slots_.resize(nslots);
+  conn_slots_ = std::max<uint32_t>(2, nslots / 2);
   for (uint32_t i = 0; i < nslots; i++) {
     slots_[i].op.send = true;
     slots_[i].op.index = i;
     slots_[i].buf = buffers_.get() + buf_size_ * i;
     free_slots_.push_back(nslots - 1 - i);
   }
-  recvs_.resize(nrecvs);
-  for (uint32_t i = 0; i < nrecvs; i++) {
-    recvs_[i].op.index = i;
-    recvs_[i].buf = buffers_.get() + buf_size_ * (nslots + i);
+  recvs_.resize(nrecvs + kListenRecvs);
+  for (uint32_t i = 0; i < recvs_.size(); i++) {
+    Recv& r = recvs_[i];
+    r.op.index = i;
+    r.listen = i >= nrecvs;
+    r.buf = r.listen ? listen_buffers_.get() + listen_size * (i - nrecvs)
+                     : buffers_.get() + buf_size_ * (nslots + i);
+    r.size = r.listen ? listen_size : buf_size_;
+    r.ep = r.listen ? listen_ep_ : ep_;
+    r.desc = r.listen ? fi_mr_desc(listen_mr_) : desc_;
   }
 
-  char name[kMaxName];
-  size_t len = sizeof name;
-  if ((rc = fi_getname(&ep_->fid, name, &len)) != 0) {
-    return fail("fi_getname", rc);
-  }
-  name_.assign(name, len);
-  uint16_t bound = port;
-  const auto* sa = reinterpret_cast<const sockaddr*>(name);
-  if (sa->sa_family == AF_INET && len >= sizeof(sockaddr_in)) {
-    bound = ntohs(reinterpret_cast<const sockaddr_in*>(name)->sin_port);
-  } else if (sa->sa_family == AF_INET6 && len >= sizeof(sockaddr_in6)) {
-    bound = ntohs(reinterpret_cast<const sockaddr_in6*>(name)->sin6_port);
+  auto port_of = [](fid_ep* ep, std::string* name) -> int {
+    char buf[kMaxName];
+    size_t len = sizeof buf;
+    if (fi_getname(&ep->fid, buf, &len) != 0) return -1;
+    if (name != nullptr) name->assign(buf, len);
+    const auto* sa = reinterpret_cast<const sockaddr*>(buf);
+    if (sa->sa_family == AF_INET && len >= sizeof(sockaddr_in)) {
+      return ntohs(reinterpret_cast<const sockaddr_in*>(buf)->sin_port);
+    }
+    if (sa->sa_family == AF_INET6 && len >= sizeof(sockaddr_in6)) {
+      return ntohs(reinterpret_cast<const sockaddr_in6*>(buf)->sin6_port);
+    }
+    return 0;
+  };
+  const int bound = port_of(listen_ep_, nullptr);
+  const int data_port = port_of(ep_, &name_);
+  if (bound < 0 || data_port < 0) return fail("fi_getname", -FI_EINVAL);
+  // A contact goes by fi_inject from an endpoint that has no registered
+  // buffers (SendContact).
+  if (kPrefix + name_.size() > inject_size_) {
+    return fail("inject_size is smaller than a contact message", -FI_EMSGSIZE);
   }
   self_.node = opt_.node_id;
-  self_.addresses = {{a.host, bound}};
-  spdlog::info("fabric: libfabric {} {} at {}:{}, max message {}, inject {}",
-               info_->fabric_attr->prov_name, info_->fabric_attr->name, a.host,
-               bound, max_msg, inject_size_);
+  self_.addresses = {{a.host, static_cast<uint16_t>(bound ? bound : port)}};
+  spdlog::info(
+      "fabric: libfabric {} {} at {}:{} (data endpoint port {}), max message "
+      "{}, inject {}",
+      info_->fabric_attr->prov_name, info_->fabric_attr->name, a.host,
+      bound ? bound : port, data_port, max_msg, inject_size_);
   return true;
+}
+
+int OfiFabric::OpenEndpoint(fi_info* info, fid_cq* cq, fid_ep** ep) {
+  int rc = fi_endpoint(domain_, info, ep, nullptr);
+  if (rc != 0) {
+    *ep = nullptr;
+    return rc;
+  }
+  if ((rc = fi_ep_bind(*ep, &av_->fid, 0)) != 0 ||
+      (rc = fi_ep_bind(*ep, &cq->fid, FI_TRANSMIT | FI_RECV)) != 0 ||
+      (rc = fi_enable(*ep)) != 0) {
+    fi_close(&(*ep)->fid);
+    *ep = nullptr;
+  }
+  return rc;
 }
 
 bool OfiFabric::Resolve(const HostAddress& a, std::string* name) {
@@ -545,10 +615,9 @@ bool OfiFabric::AvRef(const std::string& name, fi_addr_t* addr) {
   if (it == av_entries_.end()) {
     fi_addr_t fa = FI_ADDR_NOTAVAIL;
     int rc = fi_av_insert(av_, name.data(), 1, &fa, 0, nullptr);
-    if (rc != 1 || fa == FI_ADDR_NOTAVAIL) {
-      spdlog::warn("fabric: fi_av_insert refused an address");
-      return false;
-    }
+    // The caller says what the address was (a peer's is no reason to
+    // log each time).
+    if (rc != 1 || fa == FI_ADDR_NOTAVAIL) return false;
     it = av_entries_.emplace(name, AvEntry{fa, 0}).first;
     av_names_[fa] = name;
   }
@@ -570,7 +639,7 @@ void OfiFabric::AvUnref(fi_addr_t addr) {
 
 void OfiFabric::PostRecvBuffer(uint32_t i) {
   Recv& r = recvs_[i];
-  ssize_t rc = fi_recv(ep_, r.buf, buf_size_, desc_, FI_ADDR_UNSPEC, &r.op);
+  ssize_t rc = fi_recv(r.ep, r.buf, r.size, r.desc, FI_ADDR_UNSPEC, &r.op);
   if (rc == -FI_EAGAIN) {
     unposted_recvs_.push_back(i);
   } else if (rc != 0) {
@@ -611,9 +680,15 @@ void OfiFabric::StartAttempt(LinkConn* link) {
     const HostAddress& a = c->addresses[c->next_address++];
     std::string name;
     fi_addr_t addr;
-    if (!Resolve(a, &name) || !AvRef(name, &addr)) continue;
+    if (!Resolve(a, &name)) continue;
+    if (!AvRef(name, &addr)) {
+      spdlog::warn("fabric: {}:{}: the address vector refuses its address",
+                   a.host, a.port);
+      continue;
+    }
     if (c->addr != FI_ADDR_NOTAVAIL) AvUnref(c->addr);
     c->addr = addr;
+    c->addr_known = false;
     // A new key per attempt: a late answer from the address tried before
     // names a key that is gone.
     Rekey(c);
@@ -621,11 +696,55 @@ void OfiFabric::StartAttempt(LinkConn* link) {
     c->state = State::kConnecting;
     c->attempt_ns =
         MonotonicNs() + int64_t{opt_.connect_attempt_ms} * 1'000'000;
-    SendControl(c, kContact, 0, name_);
-    return;
+    if (SendContact(c)) return;
   }
   spdlog::warn("fabric: node {} unreachable at every address", c->peer_node);
   Fail(c, ErrorClass::kConnFailed);
+}
+
+bool OfiFabric::SendContact(Conn* c) {
+  CloseContact(c);
+  // A long-lived endpoint must never send to a listen address: a provider
+  // may keep per-address state for as long as the endpoint lives (ofi_rxd
+  // keeps its sequence numbers, whatever the AV), and the daemon at that
+  // address restarts at the same address, where the stale state makes the
+  // new one drop what we send. So each attempt sends from an endpoint of
+  // its own, closed once answered.
+  int rc = OpenEndpoint(ephemeral_info_, contact_cq_, &c->contact_ep);
+  if (rc != 0) {
+    spdlog::warn("fabric: no endpoint to contact node {} from: {}",
+                 c->peer_node, fi_strerror(-rc));
+    return false;
+  }
+  contact_eps_++;
+  c->contact_pending = true;
+  InjectContact(c);
+  return true;
+}
+
+void OfiFabric::InjectContact(Conn* c) {
+  if (!c->contact_pending || c->contact_ep == nullptr) return;
+  Prefix m;
+  m.kind = kContact;
+  m.src = c->key;
+  uint8_t msg[kPrefix + kMaxName];
+  ofi::EncodePrefix(m, msg);
+  std::memcpy(msg + kPrefix, name_.data(), name_.size());
+  ssize_t rc = fi_inject(c->contact_ep, msg, kPrefix + name_.size(), c->addr);
+  if (rc == -FI_EAGAIN) return;  // CheckDeadlines tries again
+  c->contact_pending = false;
+  if (rc != 0) {
+    spdlog::info("fabric: contacting node {}: {}", c->peer_node,
+                 fi_strerror(static_cast<int>(-rc)));
+  }
+}
+
+void OfiFabric::CloseContact(Conn* c) {
+  if (c->contact_ep == nullptr) return;
+  fi_close(&c->contact_ep->fid);
+  contact_eps_--;
+  c->contact_ep = nullptr;
+  c->contact_pending = false;
 }
 
 void OfiFabric::Fail(LinkConn* link, ErrorClass error) {
@@ -642,6 +761,7 @@ void OfiFabric::Fail(LinkConn* link, ErrorClass error) {
 }
 
 void OfiFabric::Finish(Conn* c) {
+  CloseContact(c);
   if (c->addr != FI_ADDR_NOTAVAIL) AvUnref(c->addr);
   by_key_.erase(c->key);
   Release(c);
@@ -747,18 +867,18 @@ void OfiFabric::PostSlot(uint32_t i) {
 
 void OfiFabric::SendControl(Conn* c, MsgKind kind, uint64_t seq,
                             const std::string& payload) {
-  if (c->addr == FI_ADDR_NOTAVAIL) return;
+  if (!c->addr_known) return;  // lost as in flight: keepalives repeat
   c->last_tx_ns = MonotonicNs();
   Prefix m;
   m.kind = kind;
-  m.dst = kind == kContact ? 0 : c->peer_key;
+  m.dst = c->peer_key;
   m.src = c->key;
   m.seq = seq;
   uint8_t small[kPrefix + kMaxName];
   const size_t len = kPrefix + payload.size();
   // Small enough to inject: no buffer held, no completion.
   if (len <= inject_size_ && len <= sizeof small) {
-    EncodePrefix(m, small);
+    ofi::EncodePrefix(m, small);
     std::memcpy(small + kPrefix, payload.data(), payload.size());
     if (fi_inject(ep_, small, len, c->addr) == 0) return;
   }
@@ -777,24 +897,29 @@ void OfiFabric::SendControl(Conn* c, MsgKind kind, uint64_t seq,
     }
   }
   Slot& s = slots_[i];
-  EncodePrefix(m, s.buf);
+  ofi::EncodePrefix(m, s.buf);
   std::memcpy(s.buf + kPrefix, payload.data(), payload.size());
   s.len = len;
   s.conn_key = c->key;
   s.addr = c->addr;
   av_entries_[av_names_[c->addr]].refs++;  // the buffer holds the address
+  c->slots_out++;
   PostSlot(i);
 }
 
 void OfiFabric::FlushSends(LinkConn* link) {
   auto* c = static_cast<Conn*>(link);
-  if (c->closing || c->peer_key == 0 || c->addr == FI_ADDR_NOTAVAIL) return;
+  if (c->closing || c->peer_key == 0 || !c->addr_known) return;
   while (!c->tx.empty()) {
     if (c->state != State::kOpen && !c->tx.front().internal) break;
     const uint64_t in_flight = c->tx_off - c->peer_consumed;
     if (in_flight >= kWindow) break;  // the peer's credit moves it on
     uint32_t i;
-    if (!TakeSlot(&i)) {
+    // A share of the buffers at most: sends to a peer that died complete
+    // only when the provider gives up (ofi_rxd: after minutes), and until
+    // then they must not hold every buffer, or no other node is sent to
+    // (nor the peer's next incarnation answered).
+    if (c->slots_out >= conn_slots_ || !TakeSlot(&i)) {
       // Resumed when a send completes (OnSendDone marks it dirty).
       if (!c->tx_dirty) {
         c->tx_dirty = true;
@@ -842,11 +967,12 @@ void OfiFabric::FlushSends(LinkConn* link) {
     m.dst = c->peer_key;
     m.src = c->key;
     m.seq = c->tx_off;
-    EncodePrefix(m, s.buf);
+    ofi::EncodePrefix(m, s.buf);
     s.len = kPrefix + n;
     s.conn_key = c->key;
     s.addr = c->addr;
     av_entries_[av_names_[c->addr]].refs++;
+    c->slots_out++;
     c->tx_off += n;
     c->last_tx_ns = MonotonicNs();
     PostSlot(i);
@@ -864,6 +990,7 @@ void OfiFabric::OnSendDone(uint32_t i, int err) {
   s.addr = FI_ADDR_NOTAVAIL;
   free_slots_.push_back(i);
   Conn* c = ByKey(s.conn_key);
+  if (c != nullptr) c->slots_out--;
   if (c == nullptr || c->closing) return;
   if (err != 0) {
     if (c->state == State::kConnecting) {
@@ -896,10 +1023,14 @@ void OfiFabric::DropUnknown(const char* what) {
   }
 }
 
-void OfiFabric::OnMessage(const uint8_t* p, size_t n) {
+void OfiFabric::OnMessage(const uint8_t* p, size_t n, bool listen) {
   Prefix m;
-  if (!DecodePrefix(p, n, &m)) {
+  if (!ofi::DecodePrefix(p, n, &m)) {
     DropUnknown("bad prefix");
+    return;
+  }
+  if (listen != (m.kind == kContact)) {
+    DropUnknown(listen ? "not a contact" : "a contact at the data endpoint");
     return;
   }
   if (m.kind == kContact) {
@@ -910,8 +1041,13 @@ void OfiFabric::OnMessage(const uint8_t* p, size_t n) {
   // A message for a connection that is gone is late, not bad.
   if (c == nullptr || c->closing) return;
   if (c->peer_key == 0) {
-    if (c->state != State::kConnecting || m.kind != kStream) return;
-    c->peer_key = m.src;  // the acceptor's first bytes name its key
+    if (c->state != State::kConnecting ||
+        (m.kind != kStream && m.kind != kAccept)) {
+      return;
+    }
+    // The acceptor's first message names its key (its kAccept and its
+    // first stream bytes may come in either order).
+    c->peer_key = m.src;
     c->state = State::kHandshake;
   } else if (m.src != c->peer_key) {
     DropUnknown("wrong sender key");
@@ -919,6 +1055,9 @@ void OfiFabric::OnMessage(const uint8_t* p, size_t n) {
   }
   c->last_rx_ns = MonotonicNs();
   switch (m.kind) {
+    case kAccept:
+      OnAccept(c, p + kPrefix, n - kPrefix);
+      return;
     case kStream:
       OnSegment(c, m.seq, p + kPrefix, n - kPrefix);
       return;
@@ -948,7 +1087,8 @@ void OfiFabric::OnMessage(const uint8_t* p, size_t n) {
 }
 
 void OfiFabric::OnContact(const Prefix& m, const uint8_t* p, size_t n) {
-  if (n == 0 || n > kMaxName) {
+  std::string name;
+  if (!ofi::DecodeAddress(p, n, &name)) {
     DropUnknown("contact without an address");
     return;
   }
@@ -962,22 +1102,48 @@ void OfiFabric::OnContact(const Prefix& m, const uint8_t* p, size_t n) {
     return;
   }
   fi_addr_t addr;
-  if (!AvRef(std::string(reinterpret_cast<const char*>(p), n), &addr)) return;
+  if (!AvRef(name, &addr)) {
+    DropUnknown("contact with an address the provider refuses");
+    return;
+  }
   Conn* c = NewConn(false);
   c->peer_key = m.src;
   c->addr = addr;
+  c->addr_known = true;
+  SendControl(c, kAccept, 0, name_);
   Challenge(c);
+}
+
+void OfiFabric::OnAccept(Conn* c, const uint8_t* p, size_t n) {
+  if (!c->outgoing || c->addr_known) {
+    BadFrame(c, "an accept it did not wait for");
+    return;
+  }
+  fi_addr_t addr;
+  std::string name;
+  if (!ofi::DecodeAddress(p, n, &name) || !AvRef(name, &addr)) {
+    BadFrame(c, "an accept without a usable address");
+    return;
+  }
+  // From now on everything goes to the peer's data endpoint; the contact
+  // was delivered, so its endpoint goes.
+  AvUnref(c->addr);
+  c->addr = addr;
+  c->addr_known = true;
+  CloseContact(c);
+  FlushSends(c);  // what the handshake queued meanwhile
 }
 
 void OfiFabric::OnSegment(Conn* c, uint64_t seq, const uint8_t* p, size_t n) {
   if (n == 0) return;
   // The window bounds what one connection makes us hold.
-  if (seq < c->rx_off || seq + n > c->consumed + kWindow ||
-      c->ahead.count(seq) != 0) {
+  const ofi::Segment place =
+      ofi::PlaceSegment(seq, n, c->rx_off, c->consumed, kWindow);
+  if (place == ofi::Segment::kRefused || c->ahead.count(seq) != 0) {
     BadFrame(c, "stream bytes outside the window");
     return;
   }
-  if (seq != c->rx_off) {  // the provider reordered: hold it
+  if (place == ofi::Segment::kAhead) {  // the provider reordered: hold it
     c->ahead.emplace(seq, std::string(reinterpret_cast<const char*>(p), n));
     return;
   }
@@ -1030,7 +1196,8 @@ int OfiFabric::ReadCq() {
       if (op->send) {
         OnSendDone(op->index, 0);
       } else {
-        OnMessage(recvs_[op->index].buf, entries[k].len);
+        OnMessage(recvs_[op->index].buf, entries[k].len,
+                  recvs_[op->index].listen);
         PostRecvBuffer(op->index);
       }
     }
@@ -1058,6 +1225,8 @@ void OfiFabric::CheckDeadlines(int64_t now) {
         Fail(c, ErrorClass::kTimeout);
       } else if (c->state == State::kConnecting && now >= c->attempt_ns) {
         StartAttempt(c);
+      } else {
+        InjectContact(c);
       }
       continue;
     }
@@ -1083,6 +1252,13 @@ int OfiFabric::Poll(Event* events, int max) {
     (void)!read(signal_fd_, &drained, sizeof drained);
   }
   if (ReadCq() > 0) armed_ = false;
+  if (contact_eps_ > 0) {
+    fi_cq_msg_entry ignored[4];
+    fi_cq_err_entry err{};
+    if (fi_cq_read(contact_cq_, ignored, 4) == -FI_EAVAIL) {
+      fi_cq_readerr(contact_cq_, &err, 0);
+    }
+  }
   for (size_t k = unposted_recvs_.size(); k > 0; k--) {
     const uint32_t i = unposted_recvs_.front();
     unposted_recvs_.erase(unposted_recvs_.begin());

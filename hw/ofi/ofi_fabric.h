@@ -9,9 +9,20 @@
 // at most one chunk, each prefixed with the receiver's key, the sender's key
 // and the stream offset. The stream carries exactly the socket backend's
 // frames (frame.h), handshake included: the connector's first message
-// (kContact) carries its libfabric address, the acceptor answers with a
-// Challenge frame, and MUNGE authentication (hw/munge_auth.h) runs as over
-// TCP before any data frame is accepted. Receives land in a pool of
+// (kContact) carries its libfabric address, the acceptor answers with its
+// own (kAccept) and a Challenge frame, and MUNGE authentication
+// (hw/munge_auth.h) runs as over TCP before any data frame is accepted.
+//
+// Three kinds of endpoint, because a provider may keep state per peer
+// address for as long as an endpoint lives, whatever the address vector
+// says (ofi_rxd keeps its sequence numbers: a daemon restarted at an
+// address its peers had talked to is not heard by them again). Like a
+// listening socket and its connections: the listen endpoint, bound to
+// --fabric-listen, only receives contacts; the data endpoint, at a port
+// the system picks anew at every start, carries every connection; each
+// connect attempt sends its contact from an endpoint of its own, closed
+// once answered. No long-lived endpoint thus talks to an address that
+// comes back with a new daemon behind it. Receives land in a pool of
 // registered buffers and are copied into a per-connection stream buffer,
 // bounded by a window the receiver grants (kCredit messages as the user
 // consumes frames), so a receiver that posts nothing holds its senders back
