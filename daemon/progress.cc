@@ -105,6 +105,7 @@ bool ProgressWorker::Start(std::string* error) {
   start_ns_ = NowNs();
   last_turn_ns_.store(start_ns_, std::memory_order_relaxed);
   thread_ = std::thread([this] { Loop(); });
+  native_thread_ = thread_.native_handle();
   // Named so that operators (top -H) and tests can find it.
   const std::string name =
       shard_ == 0 ? kThreadName : kThreadName + std::to_string(shard_);
@@ -131,8 +132,7 @@ ProgressWorker::Load ProgressWorker::load() const {
   clockid_t clock;
   timespec ts{};
   if (thread_.joinable() &&
-      pthread_getcpuclockid(const_cast<std::thread&>(thread_).native_handle(),
-                            &clock) == 0 &&
+      pthread_getcpuclockid(native_thread_, &clock) == 0 &&
       clock_gettime(clock, &ts) == 0) {
     l.cpu_ns = uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
   }

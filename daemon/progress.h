@@ -19,6 +19,8 @@
 #ifndef PSMD_DAEMON_PROGRESS_H_
 #define PSMD_DAEMON_PROGRESS_H_
 
+#include <pthread.h>
+
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -222,7 +224,8 @@ class ProgressWorker {
   int pin_cpu_ = -1;
   std::atomic<uint32_t> endpoints_{0};
   std::atomic<uint64_t> busy_ns_{0};
-  uint64_t start_ns_ = 0;  // set by Start, before the thread runs
+  uint64_t start_ns_ = 0;      // set by Start, before the thread runs
+  pthread_t native_thread_{};  // set by Start: load() reads its CPU clock
   uint64_t last_ping_ns_ PSMD_GUARDED_BY(role_) = 0;
   uint64_t last_stall_check_ns_ PSMD_GUARDED_BY(role_) = 0;
   std::atomic<uint64_t> doorbells_{0};
