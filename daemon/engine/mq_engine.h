@@ -129,6 +129,8 @@
 #include "daemon/engine/crossing.h"
 #include "daemon/engine/endpoint.h"
 #include "daemon/engine/other_nodes.h"
+#include "daemon/handover/state_codec.h"
+#include "shm/status.h"
 
 namespace psmd {
 
@@ -199,6 +201,12 @@ class MqEngine {
   // Transfers psmd may yet take over: the worker must not sleep longer
   // than copy_after while there are any.
   bool takeovers_pending() const { return !takeover_candidates_.empty(); }
+
+  // TEMPSHIM
+  bool PollQuiescing();
+  bool Quiesced() const;
+  void SaveState(handover::StateWriter& w) const;
+  Status LoadState(handover::StateReader& r);
 
   // ---- Shards (issue 38; daemon/engine/crossing.h, invariant 11) ----
 
