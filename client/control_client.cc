@@ -269,6 +269,17 @@ Status ControlClient::Health(v1::HealthReply* reply) {
                     "health");
 }
 
+Status ControlClient::Upgrade(const std::string& exec_path,
+                              v1::UpgradeReply* reply) {
+  grpc::ClientContext ctx;
+  // The new binary is asked its format first (up to 5 s) before the answer.
+  ctx.set_deadline(std::chrono::system_clock::now() + Deadline() +
+                   std::chrono::seconds(5));
+  v1::UpgradeRequest req;
+  req.set_exec_path(exec_path);
+  return FromStatus(NewStub()->Upgrade(&ctx, req, reply), "upgrade");
+}
+
 Status ControlClient::GetConfig(v1::GetConfigReply* reply) {
   grpc::ClientContext ctx;
   Prepare(&ctx);

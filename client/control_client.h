@@ -59,6 +59,8 @@ class ControlClient {
   Status ListEndpoints(v1::ListEndpointsReply* reply);
   Status ListJobs(v1::ListJobsReply* reply);
   Status Health(v1::HealthReply* reply);
+  // Root only: psmctl upgrade (docs/design.md, "Handover").
+  Status Upgrade(const std::string& exec_path, v1::UpgradeReply* reply);
   Status GetConfig(v1::GetConfigReply* reply);
   // Slurm's SPANK plugin's calls (through psmctl slurm-register and
   // slurm-end); root only.

@@ -17,8 +17,11 @@
 #include "daemon/control/admission.h"
 #include "daemon/control/control_service.h"
 #include "daemon/control/registry.h"
+#include "daemon/handover/handover.h"
+#include "daemon/handover/upgrades.h"
 #include "daemon/log.h"
 #include "daemon/remote/node_table.h"
+#include "daemon/succession.h"
 #include "daemon/workers.h"
 #include "hw/ofi/ofi_fabric.h"
 #include "hw/socket/socket_fabric.h"
@@ -117,9 +120,23 @@ void RefreshNodeTable(const psmd::Config& config, const std::string& self) {
   }
 }
 
+// The binary psmd runs from, read at start: the default of psmctl upgrade
+// (after a package upgrade the path holds the new binary).
+std::string StartedFrom() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First, before anything opens a descriptor: what a predecessor handed
+  // over (daemon/succession.h), if this psmd succeeds one.
+  const std::vector<int> inherited = psmd::handover::InheritedFds();
+  const int state_fd = psmd::handover::TakeStateFd();
+  const std::vector<std::string> args(argv, argv + argc);
+  psmd::handover::Upgrades upgrades(StartedFrom());
   psmd::ConfigLoader loader;
   if (int code = loader.ParseCommandLine(argc, argv); code >= 0) return code;
   psmd::Config config;
@@ -141,11 +158,34 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGHUP);
+  sigaddset(&signals, SIGUSR2);  // psmctl upgrade (handover::Upgrades)
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
   psmd::SharedConfig shared(config);
-  const uint32_t workers = psmd::WorkerCount(config);
+  std::optional<psmd::Inheritance> inheritance;
+  if (state_fd == -2) {
+    spdlog::error("{} is not a descriptor of this process; ignored",
+                  psmd::handover::kEnvFd);
+  } else if (state_fd >= 0) {
+    std::string why;
+    inheritance = psmd::ReadInheritance(state_fd, config, inherited, &why);
+    if (!inheritance) {
+      spdlog::error(
+          "handover refused: {}; every inherited endpoint ended, psmd "
+          "starts empty",
+          why);
+    }
+  }
+  uint32_t workers = psmd::WorkerCount(config);
+  if (inheritance && inheritance->process.workers != workers) {
+    // Endpoint ids name their shards (MqEngine::ShardOf).
+    spdlog::warn(
+        "workers = {} in the configuration; the endpoints handed over live "
+        "on {} shards, which this psmd keeps until it restarts",
+        workers, inheritance->process.workers);
+    workers = inheritance->process.workers;
+  }
   if (workers > 1 && !config.fabric_listen.empty()) {
     // Shard 0 would own the fabric, and frames for endpoints of other
     // shards would cross to them (docs/design.md, "Engine shards", 9):
@@ -203,7 +243,7 @@ int main(int argc, char** argv) {
     RefreshNodeTable(config, host_description);
     worker.at(0).EnableFabric(std::move(fabric), config, registry.boot_nonce());
   }
-  if (!admission.Bind(&error)) {
+  if (!inheritance && !admission.Bind(&error)) {
     spdlog::critical("{}", error);
     sd_notifyf(0, "STATUS=failed: %s", error.c_str());
     return 1;
@@ -213,15 +253,31 @@ int main(int argc, char** argv) {
     return 1;
   }
   psmd::ControlService service(&registry, &admission, &worker, &shared,
-                               loader.config_path());
-  grpc::ServerBuilder builder;
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server) {
+                               loader.config_path(), &upgrades);
+  std::unique_ptr<grpc::Server> server;
+  psmd::Daemon daemon{
+      config,
+      worker,
+      registry,
+      admission,
+      upgrades,
+      [&] {
+        grpc::ServerBuilder builder;
+        builder.RegisterService(&service);
+        server = builder.BuildAndStart();
+        if (server) admission.Start(server.get());
+        return server != nullptr;
+      },
+      [&] {
+        server->Shutdown(std::chrono::system_clock::now() +
+                         std::chrono::seconds(1));
+        server.reset();
+      }};
+  if (inheritance) psmd::TakeOver(daemon, *inheritance);
+  if (!daemon.start_server()) {
     spdlog::critical("cannot start the gRPC control server");
     return 1;
   }
-  admission.Start(server.get());
   spdlog::info(
       "psmd {} (commit {}) serving {}{} (pid {}, {} worker{}{}, spin {} us, "
       "log to {}{})",
@@ -258,6 +314,16 @@ int main(int argc, char** argv) {
       RefreshNodeTable(config, host_description);
       nodes_refreshed = now;
     }
+    if (sig == SIGUSR2) {
+      if (std::optional<std::string> path = upgrades.Take()) {
+        std::string why;
+        psmd::HandOver(daemon, *path, args, &why);  // returns on failure
+        spdlog::error("upgrade to {} failed: {}; psmd serves on",
+                      psmd::Escaped(*path), why);
+        upgrades.Failed();
+      }
+      continue;
+    }
     if (sig == SIGHUP) {
       // The log goes to stderr or the journal, never to a file psmd opened,
       // so there is no log file to reopen (docs/operations.md).
@@ -274,7 +340,7 @@ int main(int argc, char** argv) {
   spdlog::info("signal {}: shutting down", sig);
   sd_notify(0, "STOPPING=1\nSTATUS=stopping");
   admission.Stop();  // no new connections; socket file removed
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  daemon.stop_server();
   registry.RemoveAll();  // every segment unmapped and closed
   worker.Stop();
   spdlog::info("psmd stopped");

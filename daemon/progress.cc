@@ -2,6 +2,7 @@
 
 #include "daemon/clock.h"
 
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/epoll.h>
@@ -207,6 +208,34 @@ void ProgressWorker::AddEndpoint(std::shared_ptr<Endpoint> ep) {
   endpoints_.fetch_add(1, std::memory_order_relaxed);
 }
 
+void ProgressWorker::Freeze() {
+  RunSync([&]() PSMD_REQUIRES(role_) { frozen_ = true; });
+}
+
+void ProgressWorker::Thaw() {
+  RunSync([&]() PSMD_REQUIRES(role_) { frozen_ = false; });
+}
+
+bool ProgressWorker::Drain() {
+  bool quiesced = false;
+  RunSync([&]() PSMD_REQUIRES(role_) {
+    engine_.PollQuiescing();
+    engine_.NotifyClients();
+    quiesced = engine_.Quiesced();
+  });
+  return quiesced;
+}
+
+void ProgressWorker::SaveState(handover::StateWriter& w) {
+  RunSync([&]() PSMD_REQUIRES(role_) { engine_.SaveState(w); });
+}
+
+Status ProgressWorker::LoadState(handover::StateReader& r) {
+  Status status;
+  RunSync([&]() PSMD_REQUIRES(role_) { status = engine_.LoadState(r); });
+  return status;
+}
+
 void ProgressWorker::RemoveEndpoint(uint32_t id) {
   RunSync([&]() PSMD_REQUIRES(role_) {
     for (Endpoint* ep : engine_.endpoints()) {
@@ -330,6 +359,14 @@ void ProgressWorker::Loop() {
   uint64_t busy_since = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
     if (commands_pending_.load(std::memory_order_acquire)) RunCommands();
+    if (frozen_) {
+      // Handing over: the rings are the successor's. Wait for commands.
+      pollfd p{wake_fd_, POLLIN, 0};
+      poll(&p, 1, 100);
+      uint64_t rings;
+      (void)!read(wake_fd_, &rings, sizeof(rings));  // EAGAIN: the timeout
+      continue;
+    }
     bool did = engine_.PollAll();
     if (remote_ != nullptr) did |= remote_->Poll();
     engine_.NotifyClients();

@@ -58,6 +58,8 @@ struct Options {
   double max_stall = 5;   // health --max-stall SECONDS
   uint32_t close_id = 0;  // close ID
   std::string output;     // stats --output FILE
+  std::string exec_path;  // upgrade --exec PATH
+  double upgrade_timeout = 30;  // upgrade --timeout SECONDS
   // slurm-register and slurm-end (psmd's SPANK plugin).
   std::string job_key;
   uint32_t slurm_job = 0;
@@ -919,6 +921,80 @@ void AddHealth(CLI::App& app, Options& opts, std::function<int()>* run) {
   });
 }
 
+// ---- upgrade ----
+
+// Asks psmd to hand over to a new process, then waits until the new one
+// answers: a process younger than the request. It succeeded when it counts
+// one handover more; one that started empty refused the state (its log says
+// why, and so did every client's library).
+int Upgrade(ControlClient& control, const std::string& exec_path,
+            double timeout_s) {
+  psmd::v1::HealthReply before;
+  if (Status e = control.Health(&before); !e.ok()) return Fail(e);
+  const auto asked = std::chrono::steady_clock::now();
+  psmd::v1::UpgradeReply reply;
+  if (Status e = control.Upgrade(exec_path, &reply); !e.ok()) return Fail(e);
+  const auto deadline =
+      asked + std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6));
+  psmd::v1::HealthReply after;
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const auto now = std::chrono::steady_clock::now();
+    const auto since = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           now - asked)
+                           .count();
+    if (control.Health(&after).ok() &&
+        (after.generation() > reply.generation() ||
+         after.uptime_ns() < static_cast<uint64_t>(since))) {
+      break;
+    }
+    if (now > deadline) {
+      fprintf(stderr,
+              "psmctl: no new psmd answered within %.0f s of the upgrade to "
+              "%s; see psmd's log\n",
+              timeout_s, reply.exec_path().c_str());
+      return kFailed;
+    }
+  }
+  if (after.generation() <= reply.generation()) {
+    fprintf(stderr,
+            "psmctl: psmd %s (pid %u) started but did not take over the %u "
+            "endpoints, which have ended; its log says why\n",
+            after.version().c_str(), after.daemon_pid(),
+            reply.endpoint_count());
+    return kFailed;
+  }
+  printf(
+      "psmd %s -> %s (pid %u, generation %" PRIu64
+      "): %u endpoints carried over, blackout %.1f ms\n",
+      before.version().c_str(), after.version().c_str(), after.daemon_pid(),
+      after.generation(), after.last_carried_endpoints(),
+      static_cast<double>(after.last_blackout_ns()) / 1e6);
+  return 0;
+}
+
+void AddUpgrade(CLI::App& app, Options& opts, std::function<int()>* run) {
+  auto* cmd = app.add_subcommand(
+      "upgrade",
+      "Hand psmd over to a new process without ending any endpoint (root): "
+      "the binary psmd started from, or --exec PATH; exits 0 once the new "
+      "psmd serves, printing the blackout");
+  cmd->add_option("--exec", opts.exec_path,
+                  "The new psmd binary (absolute path); it must read this "
+                  "psmd's handover format (psmd --handover-format)")
+      ->option_text("PATH");
+  cmd->add_option("--timeout", opts.upgrade_timeout,
+                  "Seconds to wait for the new psmd to answer")
+      ->option_text("SECONDS (default 30)")
+      ->check(CLI::PositiveNumber);
+  cmd->callback([&opts, run] {
+    *run = [&opts] {
+      ControlClient control(opts.socket);
+      return Upgrade(control, opts.exec_path, opts.upgrade_timeout);
+    };
+  });
+}
+
 // ---- close ----
 
 void AddClose(CLI::App& app, Options& opts, std::function<int()>* run) {
@@ -1062,6 +1138,7 @@ int main(int argc, char** argv) {
   AddJobs(app, opts, &run);
   AddHealth(app, opts, &run);
   AddClose(app, opts, &run);
+  AddUpgrade(app, opts, &run);
   AddSlurm(app, opts, &run);
   AddSimple(app, opts, &run, "config",
             "The daemon's effective configuration, as the TOML psmd reads",

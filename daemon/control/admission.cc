@@ -96,6 +96,38 @@ bool Admission::Bind(std::string* error) {
   if (!(n == 1 ? TakeActivatedSocket(error) : CreateSocket(error))) {
     return false;
   }
+  PrepareFdNumbers();
+  return true;
+}
+
+void Admission::Adopt(int listen_fd, bool activated, bool bound,
+                      const std::vector<std::pair<int, uint32_t>>& liveness) {
+  listen_fd_ = listen_fd;
+  activated_ = activated;
+  bound_ = bound;
+  fcntl(listen_fd_, F_SETFD, FD_CLOEXEC);
+  for (const auto& [fd, id] : liveness) {
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    liveness_[fd] = id;
+  }
+  PrepareFdNumbers();
+}
+
+void Admission::Freeze() {
+  if (thread_.joinable()) {
+    shm::RingEventFd(stop_fd_);
+    thread_.join();
+  }
+  for (auto& [fd, p] : pending_) close(fd);
+  pending_.clear();
+  // liveness_ stays: the registry names those connections to the
+  // successor, and Start watches them again if psmd serves on.
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (stop_fd_ >= 0) close(stop_fd_);
+  epoll_fd_ = stop_fd_ = -1;
+}
+
+void Admission::PrepareFdNumbers() {
   // Room for the round-robin gRPC fd numbers (see the header comment).
   struct rlimit lim;
   if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
@@ -106,7 +138,6 @@ bool Admission::Bind(std::string* error) {
   high_fd_floor_ =
       lim.rlim_cur > 4096 ? 1024 : static_cast<int>(lim.rlim_cur / 2);
   next_high_fd_ = high_fd_floor_;
-  return true;
 }
 
 bool Admission::TakeActivatedSocket(std::string* error) {
@@ -210,6 +241,12 @@ void Admission::Start(grpc::Server* server) {
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev);
   ev.data.u64 = Tag(kStop, stop_fd_);
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, stop_fd_, &ev);
+  for (const auto& [fd, id] : liveness_) {  // adopted (Adopt)
+    epoll_event lev{};
+    lev.events = EPOLLIN | EPOLLRDHUP;
+    lev.data.u64 = Tag(kLiveness, fd);
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &lev);
+  }
   thread_ = std::thread([this] { Loop(); });
 }
 

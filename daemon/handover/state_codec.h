@@ -60,6 +60,15 @@ class StateWriter {
     }
   }
 
+  // A whole section whose body another writer wrote.
+  void Section(uint32_t tag, const std::string& body) {
+    const size_t at = BeginSection(tag);
+    Raw(body);
+    EndSection(at);
+  }
+  // Bytes another writer wrote (its sections), as they are.
+  void Raw(const std::string& bytes) { Put(bytes.data(), bytes.size()); }
+
   const std::string& bytes() const { return bytes_; }
   std::string Take() { return std::move(bytes_); }
 
