@@ -37,6 +37,11 @@
 #                  reports its failed call within 1 s of the kill having used
 #                  at most 0.5 s of CPU since, "lost psmd" said; then a new
 #                  job runs on the new psmd
+#   upgrade        tests/mpi/mpi_restart with 2 ranks and a fixed number of
+#                  rounds; mid-exchange psmd is handed over to a new
+#                  process twice (psmctl upgrade, issue 33). The job must
+#                  finish with every round intact and no rank losing psmd,
+#                  the handovers made while it ran
 #   with_dropin    psmd's drop-in libpsm2.so.2 on LD_LIBRARY_PATH as well (a
 #                  site that switched Open MPI's mtl psm2 to psmd): Open MPI
 #                  loads mca_mtl_psm2 (and so the drop-in) beside this
@@ -280,6 +285,30 @@ case "$case_name" in
       { echo "run_mtl: the job on the new psmd failed:" >&2; tail -20 "$work/fresh.log" >&2; status=1; }
     min=600
     ;;
+  upgrade)
+    mpi_timeout=120 mpi 2 --mca pml cm --mca mtl psmd \
+      "$work/mpi_restart" "$work/run" 60000 >"$work/upgrade.log" 2>&1 &
+    job=$!
+    for _ in $(seq 600); do
+      [[ -s $work/run/ready0 && -s $work/run/ready1 ]] && break; sleep 0.1
+    done
+    status=0
+    [[ -s $work/run/ready0 && -s $work/run/ready1 ]] ||
+      { echo "run_mtl: the job never got going" >&2; status=1; }
+    for round in 1 2; do
+      "$psmctl" --socket "$PSMD_SOCKET" upgrade ||
+        { echo "run_mtl: upgrade $round failed" >&2; status=1; }
+    done
+    kill -0 "$job" 2>/dev/null ||
+      { echo "run_mtl: the job ended before the upgrades; raise its rounds" >&2; status=1; }
+    wait "$job" || { echo "run_mtl: the job failed across the upgrades" >&2; status=1; }
+    cat "$work/upgrade.log"
+    [[ $(grep -c "rounds intact" "$work/upgrade.log") == 2 ]] ||
+      { echo "run_mtl: not every rank ended intact" >&2; status=1; }
+    ! grep -q "lost psmd" "$work/upgrade.log" ||
+      { echo "run_mtl: a rank lost psmd" >&2; status=1; }
+    min=60000
+    ;;
   with_dropin)
     # ompi_info opens every component: both libraries in one process.
     info=$("${as_user[@]}" env HOME="$work/run" LD_LIBRARY_PATH="$work/lib" \
@@ -300,7 +329,7 @@ case "$case_name" in
     ;;
   *) echo "usage: run_mtl.sh semantics N | datatypes | mpi4py_suite [ARGS] | netpipe" \
           "| selection | decline | semantics_nodes | netpipe_nodes" \
-          "| mpi4py_nodes [ARGS] | node_lost | with_dropin | restart" >&2; exit 2 ;;
+          "| mpi4py_nodes [ARGS] | node_lost | with_dropin | restart | upgrade" >&2; exit 2 ;;
 esac
 if [[ $case_name == *_nodes ]]; then  # not node_lost: node 2 is gone
   check_node_traffic "$psmctl" || status=1
