@@ -35,7 +35,8 @@ void HandOver(Daemon& d, const std::string& path,
   const uint64_t frozen_at = handover::MonotonicNs();
   // No new connection is classified, no call runs: nothing changes the
   // registry or adds work to a shard from here on.
-  d.admission.Freeze();
+  std::vector<int> pending;
+  d.admission.Freeze(&pending);
   d.stop_server();
   handover::StateWriter engines;
   if (Status s = d.workers.FreezeAndSave(engines, kSettleMs); !s.ok()) {
@@ -47,6 +48,7 @@ void HandOver(Daemon& d, const std::string& path,
   handover::FdTable fds;
   handover::ProcessState process;
   process.listen_fd = fds.Add(d.admission.listen_fd());
+  for (int fd : pending) process.pending.push_back(fds.Add(fd));
   if (Status s = d.registry.SaveState(registry, fds); !s.ok()) {
     *why = s.message;
     Resume(d);
@@ -133,6 +135,13 @@ std::optional<Inheritance> ReadInheritance(int state_fd, const Config& config,
   if (!in.fds.Take(in.process.listen_fd, &in.listen_fd, r, "control socket")) {
     return refuse(r.error());
   }
+  for (uint32_t index : in.process.pending) {
+    int fd = -1;
+    if (!in.fds.Take(index, &fd, r, "pending connection")) {
+      return refuse(r.error());
+    }
+    in.pending.push_back(fd);
+  }
   in.rest_at = in.body.size() - r.Left();
   // Anything inherited that the state does not name is not ours to keep.
   std::set<int> named(in.fds.fds().begin(), in.fds.fds().end());
@@ -175,7 +184,7 @@ bool TakeOver(Daemon& d, Inheritance& in) {
     liveness.clear();
   }
   d.admission.Adopt(in.listen_fd, in.process.activated, in.process.bound,
-                    liveness);
+                    liveness, in.pending);
   d.workers.Thaw();
   if (!status.ok()) return false;
   const uint64_t blackout = handover::MonotonicNs() - in.process.frozen_at_ns;

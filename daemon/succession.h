@@ -51,6 +51,7 @@ struct Inheritance {
   handover::ProcessState process;
   handover::FdTable fds;
   int listen_fd = -1;
+  std::vector<int> pending;  // connections not yet classified
   std::string body;  // the state file's sections
   size_t rest_at = 0;  // where the registry's section starts in body
 };

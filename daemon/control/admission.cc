@@ -101,7 +101,8 @@ bool Admission::Bind(std::string* error) {
 }
 
 void Admission::Adopt(int listen_fd, bool activated, bool bound,
-                      const std::vector<std::pair<int, uint32_t>>& liveness) {
+                      const std::vector<std::pair<int, uint32_t>>& liveness,
+                      const std::vector<int>& pending) {
   listen_fd_ = listen_fd;
   activated_ = activated;
   bound_ = bound;
@@ -110,16 +111,26 @@ void Admission::Adopt(int listen_fd, bool activated, bool bound,
     fcntl(fd, F_SETFD, FD_CLOEXEC);
     liveness_[fd] = id;
   }
+  for (int fd : pending) {
+    Pending p;
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    if (!PeerCredentials(fd, &p.creds)) {
+      close(fd);
+      continue;
+    }
+    p.since = std::chrono::steady_clock::now();
+    pending_[fd] = p;
+  }
   PrepareFdNumbers();
 }
 
-void Admission::Freeze() {
+void Admission::Freeze(std::vector<int>* pending) {
   if (thread_.joinable()) {
     shm::RingEventFd(stop_fd_);
     thread_.join();
   }
-  for (auto& [fd, p] : pending_) close(fd);
-  pending_.clear();
+  pending->clear();
+  for (auto& [fd, p] : pending_) pending->push_back(fd);
   // liveness_ stays: the registry names those connections to the
   // successor, and Start watches them again if psmd serves on.
   if (epoll_fd_ >= 0) close(epoll_fd_);
@@ -241,11 +252,19 @@ void Admission::Start(grpc::Server* server) {
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev);
   ev.data.u64 = Tag(kStop, stop_fd_);
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, stop_fd_, &ev);
-  for (const auto& [fd, id] : liveness_) {  // adopted (Adopt)
+  // Adopted (Adopt), or kept by a handover that failed (Freeze).
+  for (const auto& [fd, id] : liveness_) {
     epoll_event lev{};
     lev.events = EPOLLIN | EPOLLRDHUP;
     lev.data.u64 = Tag(kLiveness, fd);
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &lev);
+  }
+  for (const auto& [fd, p] : pending_) {
+    epoll_event pev{};
+    pev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+    pev.data.u64 = Tag(kPending, fd);
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &pev);
+    Classify(fd);  // what arrived meanwhile raises no new edge
   }
   thread_ = std::thread([this] { Loop(); });
 }

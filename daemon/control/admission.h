@@ -50,14 +50,17 @@ class Admission {
   // the old one's listening socket (`bound`: its file is psmd's to remove
   // at stop) and its endpoints' attach connections, watched from Start on.
   // A client that hung up meanwhile is found at once.
+  // `pending`: connections accepted but not yet classified, classified
+  // from Start on as if just accepted.
   void Adopt(int listen_fd, bool activated, bool bound,
-             const std::vector<std::pair<int, uint32_t>>& liveness);
-  // Hands over: stops the thread and drops connections still being
-  // classified (their clients' calls fail), but keeps the listening socket
-  // and every attach connection open, and the socket file where it is.
-  // Connections that come meanwhile wait in the backlog. Start resumes (a
-  // handover that failed before the exec).
-  void Freeze();
+             const std::vector<std::pair<int, uint32_t>>& liveness,
+             const std::vector<int>& pending);
+  // Hands over: stops the thread, but keeps the listening socket, every
+  // attach connection and every connection not yet classified open (their
+  // descriptors in *pending, for the successor), and the socket file where
+  // it is. Connections that come meanwhile wait in the backlog. Start
+  // resumes (a handover that failed before the exec).
+  void Freeze(std::vector<int>* pending);
   int listen_fd() const { return listen_fd_; }
   bool bound() const { return bound_; }
 

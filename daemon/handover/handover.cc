@@ -110,6 +110,8 @@ void ProcessState::Write(StateWriter& w) const {
   w.Str(socket_path);
   w.U32(workers);
   w.U32(listen_fd);
+  w.U32(static_cast<uint32_t>(pending.size()));
+  for (uint32_t p : pending) w.U32(p);
   w.Bool(activated);
   w.Bool(bound);
   w.U64(frozen_at_ns);
@@ -119,10 +121,18 @@ void ProcessState::Write(StateWriter& w) const {
 }
 
 bool ProcessState::Read(StateReader& r) {
-  return r.U16(&node_id, "node id") && r.U16(&boot_nonce, "boot nonce") &&
-         r.Str(&socket_path, 4096, "socket path") &&
-         r.U32(&workers, "workers") && r.U32(&listen_fd, "control socket") &&
-         r.Bool(&activated, "socket activated") && r.Bool(&bound, "bound") &&
+  uint32_t n = 0;
+  if (!r.U16(&node_id, "node id") || !r.U16(&boot_nonce, "boot nonce") ||
+      !r.Str(&socket_path, 4096, "socket path") ||
+      !r.U32(&workers, "workers") || !r.U32(&listen_fd, "control socket") ||
+      !r.Count(&n, 4, 1u << 20, "pending connections")) {
+    return false;
+  }
+  pending.resize(n);
+  for (uint32_t& p : pending) {
+    if (!r.U32(&p, "pending connection")) return false;
+  }
+  return r.Bool(&activated, "socket activated") && r.Bool(&bound, "bound") &&
          r.U64(&frozen_at_ns, "stop time") && r.U32(&old_pid, "old pid") &&
          r.U64(&generation, "generation") &&
          r.Str(&old_version, 256, "old version");

@@ -78,6 +78,9 @@ struct ProcessState {
   std::string socket_path;
   uint32_t workers = 1;  // ids name shards (MqEngine::ShardOf): kept
   uint32_t listen_fd = 0;  // FdTable index of the control socket
+  // FdTable indices of connections accepted but not yet classified (gRPC
+  // or attach): the successor classifies them.
+  std::vector<uint32_t> pending;
   bool activated = false;  // it came from systemd
   bool bound = false;      // psmd created its file (and removes it at stop)
   uint64_t frozen_at_ns = 0;  // CLOCK_MONOTONIC when the old one stopped
