@@ -881,10 +881,14 @@ int ShowHealth(ControlClient& control, const std::string& format,
         "\"commit\": %s, "
         "\"uptime_seconds\": %.3f, \"endpoint_count\": %u, "
         "\"max_endpoints\": %u, \"pid\": %u, "
-        "\"worker_last_turn_seconds\": %.3f, \"max_stall_seconds\": %.3f}\n",
+        "\"worker_last_turn_seconds\": %.3f, \"max_stall_seconds\": %.3f, "
+        "\"generation\": %" PRIu64 ", \"last_blackout_seconds\": %.6f, "
+        "\"last_carried_endpoints\": %u}\n",
         kSchemaVersion, healthy ? "true" : "false",
         JsonString(r.version()).c_str(), JsonString(r.commit()).c_str(), uptime,
-        r.endpoint_count(), r.max_endpoints(), r.daemon_pid(), age, max_stall);
+        r.endpoint_count(), r.max_endpoints(), r.daemon_pid(), age, max_stall,
+        r.generation(), static_cast<double>(r.last_blackout_ns()) / 1e9,
+        r.last_carried_endpoints());
   } else {
     printf(
         "psmd %s (commit %s, pid %u): up %.1f s, %u of %u endpoints, "
@@ -892,6 +896,13 @@ int ShowHealth(ControlClient& control, const std::string& format,
         r.version().c_str(), r.commit().c_str(), r.daemon_pid(), uptime,
         r.endpoint_count(), r.max_endpoints(), age,
         healthy ? "healthy" : "STALLED");
+    if (r.generation() > 0) {
+      printf("handed over %" PRIu64
+             " times (psmctl upgrade); the last carried %u endpoints over, "
+             "blackout %.1f ms\n",
+             r.generation(), r.last_carried_endpoints(),
+             static_cast<double>(r.last_blackout_ns()) / 1e6);
+    }
   }
   if (!healthy) {
     fprintf(stderr,
