@@ -133,8 +133,21 @@ std::string StartedFrom() {
 int main(int argc, char** argv) {
   // First, before anything opens a descriptor: what a predecessor handed
   // over (daemon/succession.h), if this psmd succeeds one.
-  const std::vector<int> inherited = psmd::handover::InheritedFds();
-  const int state_fd = psmd::handover::TakeStateFd();
+  std::vector<int> inherited = psmd::handover::InheritedFds();
+  int state_fd = psmd::handover::TakeStateFd();
+  // systemd's sockets and file-descriptor store (the environment cleared).
+  psmd::handover::ServiceManagerFds from_systemd =
+      psmd::handover::TakeServiceManagerFds();
+  const std::vector<int>* handed = nullptr;
+  if (state_fd == -1 && from_systemd.state_fd >= 0) {
+    // A predecessor stopped by systemctl restart stored its state there.
+    state_fd = from_systemd.state_fd;
+    handed = &from_systemd.handed;
+    inherited.clear();
+    for (int fd : from_systemd.handed) {
+      if (fd >= 0) inherited.push_back(fd);
+    }
+  }
   const std::vector<std::string> args(argv, argv + argc);
   psmd::handover::Upgrades upgrades(StartedFrom());
   psmd::ConfigLoader loader;
@@ -169,7 +182,8 @@ int main(int argc, char** argv) {
                   psmd::handover::kEnvFd);
   } else if (state_fd >= 0) {
     std::string why;
-    inheritance = psmd::ReadInheritance(state_fd, config, inherited, &why);
+    inheritance =
+        psmd::ReadInheritance(state_fd, config, inherited, handed, &why);
     if (!inheritance) {
       spdlog::error(
           "handover refused: {}; every inherited endpoint ended, psmd "
@@ -243,7 +257,12 @@ int main(int argc, char** argv) {
     RefreshNodeTable(config, host_description);
     worker.at(0).EnableFabric(std::move(fabric), config, registry.boot_nonce());
   }
-  if (!inheritance && !admission.Bind(&error)) {
+  if (inheritance) {
+    // The old psmd's listening socket is the one to serve on; systemd's
+    // is the same socket again.
+    for (int fd : from_systemd.activated) close(fd);
+  } else if (!admission.Bind(from_systemd.activated, from_systemd.error,
+                             &error)) {
     spdlog::critical("{}", error);
     sd_notifyf(0, "STATUS=failed: %s", error.c_str());
     return 1;
@@ -330,6 +349,18 @@ int main(int argc, char** argv) {
       sd_notify(0, "RELOADING=1");
       spdlog::info("SIGHUP: reloading {}", psmd::Escaped(loader.config_path()));
       Reload(loader, &shared, &registry, &worker);
+    } else if (sig == SIGTERM && getenv("NOTIFY_SOCKET") != nullptr &&
+               !worker.has_fabric()) {
+      // Under systemd: everything into its file-descriptor store, for the
+      // psmd that systemctl restart starts next (a stop discards it, which
+      // ends the endpoints as a stop always did).
+      std::string why;
+      if (psmd::HandOverToServiceManager(daemon, &why)) _exit(0);
+      spdlog::warn(
+          "SIGTERM: could not hand the endpoints to systemd ({}); stopping, "
+          "which ends them",
+          why);
+      break;
     } else if (sig > 0) {
       break;
     }

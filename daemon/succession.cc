@@ -29,9 +29,12 @@ void Resume(Daemon& d) {
 
 }  // namespace
 
-void HandOver(Daemon& d, const std::string& path,
-              const std::vector<std::string>& argv, std::string* why) {
-  sd_notifyf(0, "RELOADING=1\nSTATUS=handing over to %s", path.c_str());
+namespace {
+
+// Steps 2-5 of docs/design.md "Handover": everything frozen and written
+// into a sealed state file. Returns its descriptor and fills *fds, or
+// resumes serving and returns -1 (why in *why).
+int FreezeAndWrite(Daemon& d, handover::FdTable* fds, std::string* why) {
   const uint64_t frozen_at = handover::MonotonicNs();
   // No new connection is classified, no call runs: nothing changes the
   // registry or adds work to a shard from here on.
@@ -42,17 +45,16 @@ void HandOver(Daemon& d, const std::string& path,
   if (Status s = d.workers.FreezeAndSave(engines, kSettleMs); !s.ok()) {
     *why = s.message;
     Resume(d);
-    return;
+    return -1;
   }
   handover::StateWriter registry;
-  handover::FdTable fds;
   handover::ProcessState process;
-  process.listen_fd = fds.Add(d.admission.listen_fd());
-  for (int fd : pending) process.pending.push_back(fds.Add(fd));
-  if (Status s = d.registry.SaveState(registry, fds); !s.ok()) {
+  process.listen_fd = fds->Add(d.admission.listen_fd());
+  for (int fd : pending) process.pending.push_back(fds->Add(fd));
+  if (Status s = d.registry.SaveState(registry, *fds); !s.ok()) {
     *why = s.message;
     Resume(d);
-    return;
+    return -1;
   }
   process.node_id = d.config.node_id;
   process.boot_nonce = d.registry.boot_nonce();
@@ -70,7 +72,7 @@ void HandOver(Daemon& d, const std::string& path,
   process.Write(body);
   body.EndSection(at);
   at = body.BeginSection(handover::kFdSection);
-  fds.Write(body);
+  fds->Write(body);
   body.EndSection(at);
   body.Section(handover::kRegistrySection, registry.bytes());
   body.Raw(engines.bytes());
@@ -78,12 +80,23 @@ void HandOver(Daemon& d, const std::string& path,
   int state_fd = handover::WriteStateFile(body.Take(), version::Version(), why);
   if (state_fd < 0) {
     Resume(d);
-    return;
+    return -1;
   }
   spdlog::info(
-      "upgrade: handing over {} endpoints ({} descriptors, {} bytes of "
-      "state) to {}",
-      d.registry.endpoint_count(), fds.fds().size(), bytes, Escaped(path));
+      "handing over {} endpoints ({} descriptors, {} bytes of state)",
+      d.registry.endpoint_count(), fds->fds().size(), bytes);
+  return state_fd;
+}
+
+}  // namespace
+
+void HandOver(Daemon& d, const std::string& path,
+              const std::vector<std::string>& argv, std::string* why) {
+  sd_notifyf(0, "RELOADING=1\nSTATUS=handing over to %s", path.c_str());
+  handover::FdTable fds;
+  const int state_fd = FreezeAndWrite(d, &fds, why);
+  if (state_fd < 0) return;
+  spdlog::info("upgrade: executing {}", Escaped(path));
   spdlog::default_logger()->flush();
   handover::Exec(path, argv, state_fd, fds.fds(), why);
   // Still here: the exec failed, and nothing was given up.
@@ -91,8 +104,26 @@ void HandOver(Daemon& d, const std::string& path,
   Resume(d);
 }
 
+bool HandOverToServiceManager(Daemon& d, std::string* why) {
+  handover::FdTable fds;
+  const int state_fd = FreezeAndWrite(d, &fds, why);
+  if (state_fd < 0) return false;
+  if (!handover::StoreWithServiceManager(state_fd, fds.fds(), why)) {
+    close(state_fd);
+    Resume(d);
+    return false;
+  }
+  spdlog::info(
+      "stopping with every endpoint in systemd's file-descriptor store: "
+      "the next psmd it starts (systemctl restart) takes them over; a stop "
+      "ends them");
+  spdlog::default_logger()->flush();
+  return true;
+}
+
 std::optional<Inheritance> ReadInheritance(int state_fd, const Config& config,
                                            const std::vector<int>& inherited,
+                                           const std::vector<int>* handed,
                                            std::string* why) {
   Inheritance in;
   auto refuse = [&](const std::string& reason) -> std::optional<Inheritance> {
@@ -116,7 +147,7 @@ std::optional<Inheritance> ReadInheritance(int state_fd, const Config& config,
   if (!r.Section(handover::kProcessSection, &section, "process") ||
       !in.process.Read(section) || !r.Absorb(section) ||
       !r.Section(handover::kFdSection, &section, "descriptors") ||
-      !in.fds.Read(section) || !r.Absorb(section)) {
+      !in.fds.Read(section, handed) || !r.Absorb(section)) {
     return refuse(r.error());
   }
   if (in.process.node_id != config.node_id) {
@@ -183,9 +214,19 @@ bool TakeOver(Daemon& d, Inheritance& in) {
     handover::EndInherited(reason, in.fds.TakeRest());
     liveness.clear();
   }
+  std::vector<uint32_t> gone;  // their clients hung up meanwhile
+  for (auto it = liveness.begin(); it != liveness.end();) {
+    if (it->first >= 0) {
+      ++it;
+      continue;
+    }
+    gone.push_back(it->second);
+    it = liveness.erase(it);
+  }
   d.admission.Adopt(in.listen_fd, in.process.activated, in.process.bound,
                     liveness, in.pending);
   d.workers.Thaw();
+  for (uint32_t id : gone) d.registry.ConnectionLost(id);
   if (!status.ok()) return false;
   const uint64_t blackout = handover::MonotonicNs() - in.process.frozen_at_ns;
   d.upgrades.generation = in.process.generation;

@@ -45,6 +45,13 @@ struct Daemon {
 void HandOver(Daemon& d, const std::string& path,
               const std::vector<std::string>& argv, std::string* why);
 
+// On SIGTERM under systemd: the same state, stored with its descriptors in
+// the service's file-descriptor store (handover::StoreWithServiceManager)
+// for the psmd systemd starts next (systemctl restart). True when stored:
+// the caller then exits at once, closing nothing of the endpoints'. False:
+// psmd serves on (*why says what failed), and the caller stops as before.
+bool HandOverToServiceManager(Daemon& d, std::string* why);
+
 // The successor's view of what it was handed, read before the components
 // are built (their shard count and the control socket come from it).
 struct Inheritance {
@@ -56,13 +63,15 @@ struct Inheritance {
   size_t rest_at = 0;  // where the registry's section starts in body
 };
 
-// Reads the state file `state_fd` (handover::TakeStateFd) for a psmd with
-// `config`. On failure (the file unreadable or of another format, another
-// node id or socket) returns nothing, with the reason in *why, having told
-// every inherited attach connection that reason and closed each of
-// `inherited` (but stdin, stdout, stderr).
+// Reads the state file `state_fd` for a psmd with `config`; `handed`: the
+// table's descriptors as systemd gave them back (null after an exec, which
+// kept their numbers). On failure (the file unreadable or of another
+// format, another node id or socket) returns nothing, with the reason in
+// *why, having told every inherited attach connection that reason and
+// closed each of `inherited` (but stdin, stdout, stderr).
 std::optional<Inheritance> ReadInheritance(int state_fd, const Config& config,
                                            const std::vector<int>& inherited,
+                                           const std::vector<int>* handed,
                                            std::string* why);
 
 // With the workers started, before admission and gRPC: freezes the

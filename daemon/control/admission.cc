@@ -82,18 +82,19 @@ Admission::Admission(const Config& config, Registry* registry)
 
 Admission::~Admission() { Stop(); }
 
-bool Admission::Bind(std::string* error) {
-  int n = sd_listen_fds(1);
-  if (n < 0) {
-    *error = std::string("socket activation: ") + strerror(-n);
+bool Admission::Bind(const std::vector<int>& activated, int activation_error,
+                     std::string* error) {
+  if (activation_error < 0) {
+    *error = std::string("socket activation: ") + strerror(-activation_error);
     return false;
   }
-  if (n > 1) {
-    *error = "systemd passed " + std::to_string(n) +
+  if (activated.size() > 1) {
+    *error = "systemd passed " + std::to_string(activated.size()) +
              " sockets; psmd.socket must have exactly one ListenStream=";
     return false;
   }
-  if (!(n == 1 ? TakeActivatedSocket(error) : CreateSocket(error))) {
+  if (!(activated.size() == 1 ? TakeActivatedSocket(activated[0], error)
+                              : CreateSocket(error))) {
     return false;
   }
   PrepareFdNumbers();
@@ -151,8 +152,7 @@ void Admission::PrepareFdNumbers() {
   next_high_fd_ = high_fd_floor_;
 }
 
-bool Admission::TakeActivatedSocket(std::string* error) {
-  const int fd = SD_LISTEN_FDS_START;
+bool Admission::TakeActivatedSocket(int fd, std::string* error) {
   if (sd_is_socket_unix(fd, SOCK_STREAM, 1, config_.socket_path.c_str(), 0) <=
       0) {
     *error =

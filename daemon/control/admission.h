@@ -45,7 +45,10 @@ class Admission {
   // Takes the listening socket systemd passed (socket activation, psmd.socket)
   // or creates one. An existing file at the path is removed only when it is a
   // socket nothing listens on; anything else is an error naming the fix.
-  bool Bind(std::string* error);
+  // `activated`: the sockets systemd passed (handover::TakeServiceManagerFds),
+  // `activation_error` its error (a negative errno), if any.
+  bool Bind(const std::vector<int>& activated, int activation_error,
+            std::string* error);
   // Instead of Bind, in a psmd handed over to (daemon/handover/handover.h):
   // the old one's listening socket (`bound`: its file is psmd's to remove
   // at stop) and its endpoints' attach connections, watched from Start on.
@@ -80,7 +83,7 @@ class Admission {
     Credentials creds;
     std::chrono::steady_clock::time_point since;
   };
-  bool TakeActivatedSocket(std::string* error);
+  bool TakeActivatedSocket(int fd, std::string* error);
   // Raises the descriptor limit and places the gRPC fd numbers above it.
   void PrepareFdNumbers();
   bool CreateSocket(std::string* error);

@@ -209,7 +209,8 @@ class Registry {
   // then builds the jobs and endpoints and adds each endpoint to its worker
   // (a refusal leaves the registry empty and takes no descriptor). Fills
   // *liveness with each attached endpoint's connection and id, for
-  // Admission::Adopt.
+  // Admission::Adopt: -1 for a connection the service manager did not give
+  // back (it hung up: the caller then removes the endpoint, ConnectionLost).
   Status LoadState(handover::StateReader& r, handover::FdTable& fds,
                    uint16_t boot_nonce,
                    std::vector<std::pair<int, uint32_t>>* liveness);

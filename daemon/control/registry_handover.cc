@@ -436,7 +436,7 @@ Status Registry::LoadState(StateReader& r, FdTable& fds, uint16_t boot_nonce,
     int liveness = -1;
     fds.Take(eps[i].doorbell_fd, &identities[i].doorbell_fd, r, "doorbell");
     if (eps[i].liveness_fd != kNoFd) {
-      fds.Take(eps[i].liveness_fd, &liveness, r, "attach connection");
+      fds.TakeIfHanded(eps[i].liveness_fd, &liveness, r, "attach connection");
     }
     built.push_back(
         std::make_shared<Endpoint>(std::move(identities[i]), default_budget));
@@ -465,8 +465,9 @@ Status Registry::LoadState(StateReader& r, FdTable& fds, uint16_t boot_nonce,
       if (rec.liveness_fd >= 0) {
         ep->pidfd.store(CrossCopier::PeerPidfd(rec.liveness_fd),
                         std::memory_order_release);
-        liveness->emplace_back(rec.liveness_fd, ep->id());
       }
+      // -1: the service manager dropped the connection, its client is gone.
+      if (rec.attached) liveness->emplace_back(rec.liveness_fd, ep->id());
       ep->job()->endpoints++;
       open_by_uid_[ep->uid()]++;
       id_by_epid_[ep->epid()] = ep->id();

@@ -8,9 +8,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <systemd/sd-daemon.h>
+
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 
 namespace psmd::handover {
 
@@ -51,22 +54,27 @@ void FdTable::Write(StateWriter& w) const {
   for (int fd : fds_) w.U32(static_cast<uint32_t>(fd));
 }
 
-bool FdTable::Read(StateReader& r) {
+bool FdTable::Read(StateReader& r, const std::vector<int>* handed) {
   uint32_t n = 0;
   if (!r.Count(&n, 4, 1u << 22, "descriptor count")) return false;
   fds_.clear();
+  std::set<int> seen;
   for (uint32_t i = 0; i < n; ++i) {
-    uint32_t fd = 0;
-    if (!r.U32(&fd, "descriptor")) return false;
-    if (fd < 3 || fd > INT32_MAX || fcntl(static_cast<int>(fd), F_GETFD) < 0) {
+    uint32_t recorded = 0;
+    if (!r.U32(&recorded, "descriptor")) return false;
+    int fd = recorded > INT32_MAX ? -1 : static_cast<int>(recorded);
+    if (handed != nullptr) fd = i < handed->size() ? (*handed)[i] : -1;
+    if (fd == -1 && handed != nullptr) {
+      fds_.push_back(-1);  // not given back: Take says so
+      continue;
+    }
+    if (fd < 3 || fcntl(fd, F_GETFD) < 0) {
       return r.Fail("descriptor", std::to_string(fd) + " is not open here");
     }
-    for (int seen : fds_) {
-      if (seen == static_cast<int>(fd)) {
-        return r.Fail("descriptor", std::to_string(fd) + " is named twice");
-      }
+    if (!seen.insert(fd).second) {
+      return r.Fail("descriptor", std::to_string(fd) + " is named twice");
     }
-    fds_.push_back(static_cast<int>(fd));
+    fds_.push_back(fd);
   }
   taken_.assign(fds_.size(), false);
   return true;
@@ -81,15 +89,30 @@ bool FdTable::Take(uint32_t index, int* fd, StateReader& r, const char* what) {
     return r.Fail(what, "names descriptor " + std::to_string(index) +
                             ", which another entry took");
   }
+  if (fds_[index] < 0) {
+    return r.Fail(what, "descriptor " + std::to_string(index) +
+                            " was not given back by the service manager "
+                            "(is its FileDescriptorStoreMax= too small?)");
+  }
   taken_[index] = true;
   *fd = fds_[index];
   return true;
 }
 
+bool FdTable::TakeIfHanded(uint32_t index, int* fd, StateReader& r,
+                           const char* what) {
+  if (index < fds_.size() && fds_[index] < 0 && !taken_[index]) {
+    taken_[index] = true;
+    *fd = -1;
+    return true;
+  }
+  return Take(index, fd, r, what);
+}
+
 void FdTable::CloseUntaken() {
   taken_.resize(fds_.size(), false);
   for (size_t i = 0; i < fds_.size(); ++i) {
-    if (!taken_[i]) close(fds_[i]);
+    if (!taken_[i] && fds_[i] >= 0) close(fds_[i]);
     taken_[i] = true;
   }
 }
@@ -98,7 +121,7 @@ std::vector<int> FdTable::TakeRest() {
   std::vector<int> rest;
   taken_.resize(fds_.size(), false);
   for (size_t i = 0; i < fds_.size(); ++i) {
-    if (!taken_[i]) rest.push_back(fds_[i]);
+    if (!taken_[i] && fds_[i] >= 0) rest.push_back(fds_[i]);
     taken_[i] = true;
   }
   return rest;
@@ -241,6 +264,72 @@ int TakeStateFd() {
   if (!valid) return -2;
   fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
   return static_cast<int>(fd);
+}
+
+namespace {
+
+constexpr char kStateFdName[] = "psmd-state";
+constexpr char kTableFdPrefix[] = "psmd-fd-";
+
+}  // namespace
+
+ServiceManagerFds TakeServiceManagerFds() {
+  ServiceManagerFds out;
+  char** names = nullptr;
+  const int n = sd_listen_fds_with_names(1, &names);
+  if (n < 0) {
+    out.error = n;
+    return out;
+  }
+  const size_t prefix = sizeof(kTableFdPrefix) - 1;
+  for (int i = 0; i < n; i++) {
+    const int fd = SD_LISTEN_FDS_START + i;
+    const std::string name = names != nullptr && names[i] ? names[i] : "";
+    if (name == kStateFdName) {
+      out.state_fd = fd;
+    } else if (name.compare(0, prefix, kTableFdPrefix) == 0) {
+      char* end = nullptr;
+      const unsigned long index = strtoul(name.c_str() + prefix, &end, 10);
+      if (*end != '\0' || index >= (1u << 22)) {
+        close(fd);
+        continue;
+      }
+      if (out.handed.size() <= index) out.handed.resize(index + 1, -1);
+      if (out.handed[index] >= 0) close(out.handed[index]);
+      out.handed[index] = fd;
+    } else {
+      out.activated.push_back(fd);
+    }
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+  if (names != nullptr) {
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+  }
+  return out;
+}
+
+bool StoreWithServiceManager(int state_fd, const std::vector<int>& fds,
+                             std::string* error) {
+  // One message per descriptor: a name applies to every descriptor of its
+  // message, and the names carry the table's order (systemd may hand them
+  // back in another).
+  auto store = [&](int fd, const std::string& name) {
+    const std::string msg = "FDSTORE=1\nFDNAME=" + name;
+    const int rc = sd_pid_notify_with_fds(0, 0, msg.c_str(), &fd, 1);
+    if (rc <= 0) {
+      *error = rc == 0 ? "no service manager (NOTIFY_SOCKET unset)"
+                       : std::string("sd_pid_notify_with_fds: ") +
+                             strerror(-rc);
+      return false;
+    }
+    return true;
+  };
+  for (size_t i = 0; i < fds.size(); i++) {
+    if (!store(fds[i], kTableFdPrefix + std::to_string(i))) return false;
+  }
+  // The state last: a successor that finds it finds the rest too.
+  return store(state_fd, kStateFdName);
 }
 
 void Exec(const std::string& path, const std::vector<std::string>& argv,

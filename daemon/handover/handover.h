@@ -54,12 +54,18 @@ class FdTable {
   }
   const std::vector<int>& fds() const { return fds_; }
   void Write(StateWriter& w) const;
-  // Reads the table and checks that every entry is an open descriptor of
-  // this process, none named twice.
-  bool Read(StateReader& r);
+  // Reads the table. `handed`: the descriptors as the service manager gave
+  // them back, by index (-1: not given back); null: as the table names
+  // them (an exec keeps the numbers). Checks that every entry is open here
+  // and none named twice.
+  bool Read(StateReader& r, const std::vector<int>* handed = nullptr);
   // Entry `index`, once: the caller owns it from then on (and closes it).
-  // Fails (naming `what`) for an index out of range or taken before.
+  // Fails (naming `what`) for an index out of range, taken before, or not
+  // given back.
   bool Take(uint32_t index, int* fd, StateReader& r, const char* what);
+  // The same, but an entry not given back is no error: *fd = -1 (the
+  // service manager drops a connection that hung up, whose client is gone).
+  bool TakeIfHanded(uint32_t index, int* fd, StateReader& r, const char* what);
   // Closes every entry nobody took (a refused or partly adopted state).
   void CloseUntaken();
   // The entries nobody took, now marked taken (the caller ends them:
@@ -109,6 +115,26 @@ Status ReadStateFile(int fd, std::string* body);
 // over to (PSMD_HANDOVER_FD, which it removes from the environment), else
 // -1. A malformed variable is -2.
 int TakeStateFd();
+
+// What systemd passed at start (sd_listen_fds_with_names; the environment
+// is cleared): the socket unit's listening sockets, and what a predecessor
+// stored in the service's file-descriptor store (StoreWithServiceManager).
+struct ServiceManagerFds {
+  std::vector<int> activated;  // socket activation (psmd.socket)
+  int state_fd = -1;           // kStateFdName; -1: nothing stored
+  std::vector<int> handed;     // the table's entries by index (-1: none)
+  int error = 0;               // sd_listen_fds' negative errno
+};
+ServiceManagerFds TakeServiceManagerFds();
+
+// Under systemd: stores the state file and the table's descriptors in the
+// service's file-descriptor store (FDSTORE=1, each with its own name; unit
+// setting FileDescriptorStoreMax=), which systemd hands to the next psmd it
+// starts: at `systemctl restart`, or at once after a stop, when it
+// discards them, which ends the endpoints. False (errno's text in *error)
+// when the notify socket refused a message.
+bool StoreWithServiceManager(int state_fd, const std::vector<int>& fds,
+                             std::string* error);
 
 // Execs `path` with `argv` and PSMD_HANDOVER_FD=state_fd in the environment,
 // after clearing close-on-exec on `keep` and state_fd. Returns only on
