@@ -66,6 +66,10 @@ class FdTable {
   // The same, but an entry not given back is no error: *fd = -1 (the
   // service manager drops a connection that hung up, whose client is gone).
   bool TakeIfHanded(uint32_t index, int* fd, StateReader& r, const char* what);
+  // Whether entry `index` exists and was given back (not taken yet).
+  bool Handed(uint32_t index) const {
+    return index < fds_.size() && fds_[index] >= 0 && !taken_[index];
+  }
   // Closes every entry nobody took (a refused or partly adopted state).
   void CloseUntaken();
   // The entries nobody took, now marked taken (the caller ends them:
