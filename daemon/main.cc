@@ -355,6 +355,9 @@ int main(int argc, char** argv) {
       // psmd that systemctl restart starts next (a stop discards it, which
       // ends the endpoints as a stop always did).
       std::string why;
+      sd_notify(0,
+                "STOPPING=1\nSTATUS=stopping: endpoints into systemd's "
+                "file-descriptor store");
       if (psmd::HandOverToServiceManager(daemon, &why)) _exit(0);
       spdlog::warn(
           "SIGTERM: could not hand the endpoints to systemd ({}); stopping, "
