@@ -376,5 +376,84 @@ TEST_F(RegistryTest, AStepsEndClosesWhatItLeftAndFreesItsKey) {
       registry_.Open(In(User(1000), kOutside), Key(1), "d", &again).ok());
 }
 
+TEST(SlurmBudgetsTest, FromTheStepsTasksAndMemory) {
+  Config c;
+  c.max_endpoints_per_job = 64;
+  c.job_unexpected_budget_bytes = 4096ull << 20;
+  c.slurm_endpoints_per_task = 1;
+  c.slurm_unexpected_percent = 10;
+  SlurmStep s = Step();
+  s.tasks = 2;
+  s.memory_mib = 512;
+  SlurmBudgets(c, &s);
+  EXPECT_EQ(s.max_endpoints, 2u);
+  // 512 MiB * 10 / 100, in bytes, rounded down.
+  EXPECT_EQ(s.unexpected_budget_bytes, (512ull << 20) * 10 / 100);
+  c.slurm_endpoints_per_task = 3;
+  SlurmBudgets(c, &s);
+  EXPECT_EQ(s.max_endpoints, 6u);
+  // Never above the budgets without Slurm.
+  s.tasks = 100;
+  s.memory_mib = 1ull << 20;  // 1 TiB: 10% is over job_unexpected_mib
+  SlurmBudgets(c, &s);
+  EXPECT_EQ(s.max_endpoints, 64u);
+  EXPECT_EQ(s.unexpected_budget_bytes, 4096ull << 20);
+  // Unknown (0) tasks or memory, or a factor of 0: the configuration's.
+  s.tasks = 0;
+  s.memory_mib = 0;
+  SlurmBudgets(c, &s);
+  EXPECT_EQ(s.max_endpoints, 64u);
+  EXPECT_EQ(s.unexpected_budget_bytes, 4096ull << 20);
+  s.tasks = 2;
+  s.memory_mib = 512;
+  c.slurm_endpoints_per_task = 0;
+  c.slurm_unexpected_percent = 0;
+  SlurmBudgets(c, &s);
+  EXPECT_EQ(s.max_endpoints, 64u);
+  EXPECT_EQ(s.unexpected_budget_bytes, 4096ull << 20);
+  // Slurm's largest numbers do not overflow.
+  c.slurm_unexpected_percent = 100;
+  s.memory_mib = UINT64_MAX;
+  SlurmBudgets(c, &s);
+  EXPECT_EQ(s.unexpected_budget_bytes, 4096ull << 20);
+}
+
+TEST_F(RegistryTest, AStepsJobHoldsNoMoreEndpointsThanItsTasksAllow) {
+  SlurmStep step = Step();
+  step.tasks = 2;
+  step.memory_mib = 100;
+  ASSERT_TRUE(registry_.RegisterSlurmStep(User(0), Key(1), step).ok());
+  OpenedEndpoint a, b, c;
+  ASSERT_TRUE(
+      registry_.Open(In(User(1000, 60), kInside), Key(1), "a", &a).ok());
+  ASSERT_TRUE(
+      registry_.Open(In(User(1000, 61), kInside), Key(1), "b", &b).ok());
+  Status third = registry_.Open(In(User(1000, 62), kInside), Key(1), "c", &c);
+  EXPECT_EQ(third.code, PSM2_TOO_MANY_ENDPOINTS);
+  EXPECT_NE(third.message.find("Slurm job 7 step 0 holds its maximum of 2 "
+                               "open endpoints on this node (2 tasks here"),
+            std::string::npos)
+      << third.message;
+  // The jobs list shows the step's budgets, not the configuration's.
+  std::vector<JobSnapshot> jobs = registry_.Jobs(User(0));
+  ASSERT_EQ(jobs.size(), 1u);
+  EXPECT_EQ(jobs[0].max_endpoints, 2u);
+  EXPECT_EQ(jobs[0].job_unexpected_budget_bytes, (100ull << 20) * 10 / 100);
+  ASSERT_TRUE(jobs[0].slurm.has_value());
+  EXPECT_EQ(jobs[0].slurm->tasks, 2u);
+  EXPECT_EQ(jobs[0].slurm->max_endpoints, 2u);
+  // A bound on open endpoints: one closed, one more opens.
+  ASSERT_TRUE(registry_.Close(User(1000), a.id).ok());
+  EXPECT_TRUE(
+      registry_.Open(In(User(1000, 62), kInside), Key(1), "c", &c).ok());
+  // Another job (no Slurm) keeps max_endpoints_per_job.
+  ASSERT_TRUE(registry_.Open(In(User(1001), kOutside), Key(2), "x", &a).ok());
+  jobs = registry_.Jobs(User(0));
+  ASSERT_EQ(jobs.size(), 2u);
+  EXPECT_EQ(jobs[1].max_endpoints, Cfg().max_endpoints_per_job);
+  EXPECT_EQ(jobs[1].job_unexpected_budget_bytes,
+            Cfg().job_unexpected_budget_bytes);
+}
+
 }  // namespace
 }  // namespace psmd

@@ -315,6 +315,29 @@ TEST_F(MqEngineTest, SendsBeyondTheReceiversBudgetWaitAndNothingIsLost) {
   EXPECT_EQ(received, 20);
 }
 
+TEST_F(MqEngineTest, AJobsOwnBudgetHoldsSendersBelowTheEnginesBudget) {
+  // A Slurm step's share of its memory (Registry::RegisterSlurmStep): room
+  // for 5 messages in the whole job, though the endpoint and the engine's
+  // job budget have room for far more.
+  constexpr uint64_t kRoom = 5 * kUnexpectedOverheadBytes;
+  job_->set_unexpected_budget(kRoom);
+  const std::string chunk(4000, 'j');
+  for (int i = 0; i < 12; i++) Send(0, 1, 1, chunk);
+  Drain();
+  EXPECT_GT(endpoints_[0]->counters.sends_held.Get(), 0u);
+  EXPECT_EQ(job_->unexpected_cost.load(), kRoom);
+  int received = 0;
+  for (int round = 0; round < 40 && received < 12; round++) {
+    Recv(1, 0, 1, 4000);
+    Drain();
+    for (const auto& c : Reap(1)) {
+      EXPECT_EQ(PayloadOf(c), chunk);
+      received++;
+    }
+  }
+  EXPECT_EQ(received, 12);
+}
+
 using Arrival = MqEngine::Arrival;
 using Part = MqEngine::Part;
 
