@@ -12,11 +12,14 @@
  *   releases them only after every task's post_fork): registers the step
  *   with the node's psmd (job key, job id, step id, uid, and the step's
  *   cgroup as the task's /proc/PID/cgroup shows it: RegisterSlurmStep, root
- *   only), at its first task on the node. So no task can open an endpoint
- *   before its step is known. When registering fails, the step fails (the
- *   error says why). task_init_privileged cannot register: it runs in the
- *   task before slurmstepd has put it in the step's cgroups; user_init
- *   neither: it runs without root, before any task exists.
+ *   only), at its first task on the node, with the step's tasks and
+ *   memory on the node, from which psmd sets its job's budgets there
+ *   (psmd.toml(5): slurm_endpoints_per_task, slurm_unexpected_percent).
+ *   So no task can open an endpoint before its step is known. When
+ *   registering fails, the step fails (the error says why).
+ *   task_init_privileged cannot register: it runs in the task before
+ *   slurmstepd has put it in the step's cgroups; user_init neither: it
+ *   runs without root, before any task exists.
  *   slurm_spank_exit, once the step's tasks are gone: tells psmd the step
  *   ended (EndSlurmStep); psmd closes what the step left open and the
  *   plugin logs it (slurmd's log).
@@ -80,7 +83,7 @@ static long long now_ms(void) {
  * --socket), collecting its output (stdout and stderr) in `out`. Returns its
  * exit status, or -1 when it could not run or did not end in time. */
 static int run_psmctl(const char* const* args, char* out, size_t out_len) {
-  const char* argv[16];
+  const char* argv[24];
   size_t n = 0;
   argv[n++] = psmctl_path;
   argv[n++] = "--socket";
@@ -248,12 +251,27 @@ int slurm_spank_task_post_fork(spank_t sp, int ac, char** av) {
         st.job_text, st.id_text, (int)pid);
     return -1;
   }
-  char key[40], uid_text[16];
+  /* The step's allocation on this node, for its budgets in psmd: its tasks
+   * here, and its memory here (the step's, else the job's; 0 when Slurm
+   * does not track memory, SelectTypeParameters without _Memory). */
+  uint32_t tasks = 0;
+  uint64_t step_mem = 0, job_mem = 0;
+  if (spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &tasks) != ESPANK_SUCCESS)
+    tasks = 0;
+  if (spank_get_item(sp, S_STEP_ALLOC_MEM, &step_mem) != ESPANK_SUCCESS)
+    step_mem = 0;
+  if (spank_get_item(sp, S_JOB_ALLOC_MEM, &job_mem) != ESPANK_SUCCESS)
+    job_mem = 0;
+  char key[40], uid_text[16], tasks_text[16], mem_text[24];
   job_key(st.job, st.id, key, sizeof(key));
   snprintf(uid_text, sizeof(uid_text), "%u", (unsigned)uid);
-  const char* args[] = {"slurm-register", "--job-key", key,        "--job",
-                        st.job_text,      "--step",    st.id_text, "--uid",
-                        uid_text,         "--cgroup",  cgroup,     NULL};
+  snprintf(tasks_text, sizeof(tasks_text), "%" PRIu32, tasks);
+  snprintf(mem_text, sizeof(mem_text), "%" PRIu64,
+           step_mem != 0 ? step_mem : job_mem);
+  const char* args[] = {"slurm-register", "--job-key",    key,        "--job",
+                        st.job_text,      "--step",       st.id_text, "--uid",
+                        uid_text,         "--cgroup",     cgroup,     "--tasks",
+                        tasks_text,       "--memory-mib", mem_text,   NULL};
   char out[kOutputBytes];
   if (run_psmctl(args, out, sizeof(out)) != 0) {
     slurm_error("psmd: cannot register job %s step %s with psmd at %s: %s",

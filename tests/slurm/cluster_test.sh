@@ -35,6 +35,11 @@
 #   scancel_clean  scancel of that step: every node's plugin told its psmd
 #                  that the step ended (slurmd's log), no endpoint of the
 #                  job remains, /dev/shm is empty, and the key is free again
+#   slurm_budgets  a step of one task with --mem=300 on node1: its second
+#                  endpoint is refused, psmd naming the step's tasks
+#                  (slurm_endpoints_per_task = 1), and psmctl jobs --json
+#                  shows its budgets: 1 endpoint, 10% of 300 MiB for
+#                  unexpected messages (slurm_unexpected_percent = 10)
 #   two_users      two jobs at once on the same three nodes, of nobody and
 #                  of daemon: each task opens an endpoint with its step's key
 #                  and connects to every endpoint of both jobs; a connect to
@@ -80,7 +85,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 PATH=/usr/sbin:/sbin:$PATH
 cases=(up node_table srun_mtl_psmd srun_dropin sbatch srun_netpipe srun_mpi4py slurm_jobs outsider_refused root_only
-  scancel_clean two_users two_jobs_one_user scancel_exchange epilog_drains node_table_stable
+  scancel_clean slurm_budgets two_users two_jobs_one_user scancel_exchange epilog_drains node_table_stable
   node_clean down_clean)
 
 # junit: the cases' results (results file lines "NAME ok|fail|skip").
@@ -429,6 +434,44 @@ done
 outsider "${key:-none}" || { cat "$work/outsider.log" >&2; s=1; }
 result scancel_clean "$s"
 echo "cluster_test: the SPANK plugin's cases took $(ms "$plugin_t") ms"
+
+# --- a step's budgets from its allocation (psmd.toml: slurm_endpoints_per_task
+# = 1, slurm_unexpected_percent = 10, the defaults): one task with 300 MiB on
+# node1 holds an endpoint; a second endpoint of the step is refused, psmd
+# naming the step's tasks; psmctl shows the budgets the formula gives.
+s=0
+t=$(date +%s%N)
+# shellcheck disable=SC2016  # expanded by the task's shell
+(cd "$c/run" && exec timeout -k 5 60 "${cluster[@]}" exec ctl \
+  setpriv --reuid=nobody --regid=nogroup --clear-groups env LD_LIBRARY_PATH="$c/lib" \
+  srun -N 1 -n 1 -w node1 --mem=300 sh -c \
+  '"$0" 3 >/tmp/hold & for _ in $(seq 100); do grep -q opened /tmp/hold && break; sleep 0.1; done
+   cat /tmp/hold; "$0"; echo "second: exit $?"; wait' "$c/bin/open_endpoint") >"$work/budget.log" 2>&1 &
+budget=$!
+for _ in $(seq 150); do grep -q '^second: ' "$work/budget.log" && break; sleep 0.1; done
+"${cluster[@]}" exec node1 psmctl --json jobs >"$work/budget.jobs.json"
+"${cluster[@]}" exec node1 psmctl jobs
+wait "$budget"
+cat "$work/budget.log"
+grep -q '^opened: ' "$work/budget.log" || s=1
+grep -q '^second: exit 3$' "$work/budget.log" || { echo "cluster_test: the second endpoint was not refused" >&2; s=1; }
+bjob=$(grep -m1 -oE 'key 70736d64[0-9a-f]{8}' "$work/budget.log" | cut -c13-)
+bjob=$((16#${bjob:-0}))
+grep -q "Slurm job $bjob step 0 holds its maximum of 1 open endpoints on this node (1 tasks here, 1 per task" \
+  "$work/budget.log" || { echo "cluster_test: psmd did not say why" >&2; s=1; }
+python3 - "$work/budget.jobs.json" "$bjob" <<'PY' || s=1
+import json, sys
+jobs = [j for j in json.load(open(sys.argv[1]))["jobs"] if j["slurm_job_id"] == int(sys.argv[2])]
+want = 300 * 1048576 * 10 // 100  # memory MiB * 2^20 * percent / 100
+for j in jobs:
+    print(f"cluster_test: node1: Slurm step {j['slurm_step']}: {j['slurm']}, job max_endpoints "
+          f"{j['max_endpoints']}, job_unexpected_budget_bytes {j['job_unexpected_budget_bytes']} (want {want})")
+ok = len(jobs) == 1 and jobs[0]["slurm"] == {"tasks": 1, "memory_mib": 300, "max_endpoints": 1,
+                                             "unexpected_budget_bytes": want}
+sys.exit(0 if ok and jobs[0]["max_endpoints"] == 1 and jobs[0]["job_unexpected_budget_bytes"] == want else 1)
+PY
+echo "cluster_test: slurm_budgets took $(ms "$t") ms"
+result slurm_budgets "$s"
 
 # --- two jobs at once on the same nodes: neither reaches the other.
 # job_pair CASE USER:GROUP USER:GROUP: the case's two jobs, and its checks.
