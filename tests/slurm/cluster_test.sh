@@ -17,8 +17,10 @@
 #                  each other node)
 #   srun_dropin    the same under Open MPI's own mtl psm2, which loads psmd's
 #                  drop-in libpsm2.so.2 (LD_LIBRARY_PATH)
-#   sbatch         a batch script doing the first; the job must complete
-#                  with exit code 0
+#   sbatch         a batch script doing the first, then the second (a step
+#                  over mtl psm2 and the drop-in); the job must complete
+#                  with exit code 0, and every node's psmd count both
+#                  steps' messages under the job's Slurm id
 #   srun_netpipe   NPopenmpi in its integrity mode (-i, sizes to 1 MiB)
 #                  between node1 and node2: every size passes
 #                  (tests/mpi/netpipe_check.py), and both psmd carried it
@@ -301,7 +303,9 @@ snapshot before
 cat >"$c/run/job.sh" <<EOF
 #!/bin/bash
 #SBATCH --nodes=$n --ntasks=$((2 * n)) --output=$c/run/sbatch-%j.out
-OMPI_MCA_mtl=psmd exec srun --mpi=pmix $c/bin/mpi_semantics
+OMPI_MCA_mtl=psmd srun --mpi=pmix $c/bin/mpi_semantics || exit
+OMPI_MCA_mtl=psm2 OMPI_MCA_mtl_base_verbose=10 LD_LIBRARY_PATH=$c/lib \\
+  srun --mpi=pmix -o $c/run/sbatch-%j-dropin.out $c/bin/mpi_semantics
 EOF
 chmod a+r "$c/run/job.sh"
 t=$(date +%s%N)
@@ -318,12 +322,28 @@ echo "cluster_test: sbatch job '$job' ended in $(ms "$t") ms:" \
   "$(grep -oE '(JobState|ExitCode|SubmitTime|StartTime|EndTime)=[^ ]*' <<<"$state" | tr '\n' ' ')"
 [[ $state == *"JobState=COMPLETED "* && $state == *"ExitCode=0:0 "* ]] ||
   { echo "cluster_test: batch job not completed with 0:0: $state $(cat "$work/sbatch.log")" >&2; s=1; }
-if [[ -f "$c/run/sbatch-$job.out" ]]; then
+if [[ -f "$c/run/sbatch-$job.out" && -f "$c/run/sbatch-$job-dropin.out" ]]; then
   passed "$c/run/sbatch-$job.out" || s=1
+  every "$c/run/sbatch-$job-dropin.out" 'select: component psm2 selected' \
+    "ranks of the batch job's second step selected mtl psm2 (the drop-in)" || s=1
+  passed "$c/run/sbatch-$job-dropin.out" || s=1
 else
   echo "cluster_test: no output of batch job '$job'" >&2; s=1
 fi
 carried sbatch || s=1
+# Each node's psmd counts each step under the job's Slurm id: step 0 over
+# mtl psmd, step 1 over mtl psm2 and the drop-in.
+for node in "${nodes[@]}"; do
+  "${cluster[@]}" exec "$node" psmctl --json stats | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+node, job, ok = sys.argv[1], sys.argv[2], True
+for step in (job + ".0", job + ".1"):
+    sent = sum(j["msgs_sent"] for j in d["jobs"] if j["slurm_step"] == step)
+    print(f"cluster_test: {node}: Slurm step {step}: {sent} messages sent")
+    ok &= sent >= 20  # rank 0 sends the fewest
+sys.exit(0 if ok else 1)' "$node" "${job:-0}" || s=1
+done
 result sbatch "$s"
 
 # --- NetPIPE between node1 and node2, in its integrity mode (every
