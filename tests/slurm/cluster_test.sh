@@ -63,6 +63,8 @@
 #                  registration left and node3 is drained, the reason naming
 #                  the step; once psmd is told, the check passes and node3
 #                  returns to service
+#   psmd_restarted  node2's psmd restarted between jobs: same node id, and
+#                  the next srun over mtl psmd passes, every psmd carrying it
 #   node_table_stable  with slurmctld stopped, a psmd told to refresh its
 #                  table (SIGHUP) keeps it, saying why; a node added to
 #                  slurm.conf before the others (slurmctld restarted) reaches
@@ -87,8 +89,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 PATH=/usr/sbin:/sbin:$PATH
 cases=(up node_table srun_mtl_psmd srun_dropin sbatch srun_netpipe srun_mpi4py slurm_jobs outsider_refused root_only
-  scancel_clean slurm_budgets two_users two_jobs_one_user scancel_exchange epilog_drains node_table_stable
-  node_clean down_clean)
+  scancel_clean slurm_budgets two_users two_jobs_one_user scancel_exchange epilog_drains psmd_restarted
+  node_table_stable node_clean down_clean)
 
 # junit: the cases' results (results file lines "NAME ok|fail|skip").
 junit() {
@@ -685,11 +687,29 @@ for _ in $(seq 150); do node_states | grep -qv ' idle$' || break; sleep 0.1; don
 node_states | grep -qv ' idle$' && { echo "cluster_test: not every node is idle: $(node_states)" >&2; s=1; }
 result epilog_drains "$s"
 
+# --- node2's psmd restarted between two jobs (the jobs above, and this
+# one): its node id is the same, the other nodes' psmd reach the new one
+# over the fabric, and the next job runs over it as before.
+s=0
+t=$(date +%s%N)
+psmd_pid() { awk -v n="$1" '$2 == n && $3 == "psmd" {print $1}' "$c/pids" | tail -1; }
+old_pid=$(psmd_pid node2)
+"${cluster[@]}" stop node2 psmd && "${cluster[@]}" start node2 psmd || s=1
+host=$(fabric_host node2)
+echo "cluster_test: node2's psmd restarted (pid $old_pid, now $(psmd_pid node2)) serves $host"
+[[ $host == "${node_id[node2]}@"* && $(psmd_pid node2) != "$old_pid" ]] ||
+  { echo "cluster_test: node2's psmd did not come back with its id" >&2; s=1; }
+snapshot before
+as_nobody OMPI_MCA_mtl=psmd srun --mpi=pmix -N 3 -n 6 "$c/bin/mpi_semantics" >"$work/restarted.log" 2>&1 || s=1
+echo "cluster_test: the job after node2's restart ended after $(ms "$t") ms"
+passed "$work/restarted.log" || s=1
+carried psmd_restarted || s=1
+result psmd_restarted "$s"
+
 # --- the node table across Slurm's outage and reconfiguration, and psmd's
 # restart.
 s=0
 t=$(date +%s%N)
-psmd_pid() { awk -v n="$1" '$2 == n && $3 == "psmd" {print $1}' "$c/pids" | tail -1; }
 "${cluster[@]}" stop ctl slurmctld
 before=$(stat -c %y "$c/node1/fabric_nodes")
 kill -HUP "$(psmd_pid node1)"
