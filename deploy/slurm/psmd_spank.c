@@ -16,10 +16,12 @@
  *   memory on the node, from which psmd sets its job's budgets there
  *   (psmd.toml(5): slurm_endpoints_per_task, slurm_unexpected_percent).
  *   So no task can open an endpoint before its step is known. When
- *   registering fails, the step fails (the error says why).
- *   task_init_privileged cannot register: it runs in the task before
- *   slurmstepd has put it in the step's cgroups; user_init neither: it
- *   runs without root, before any task exists.
+ *   registering fails (psmd down or hung), the step fails (the error says
+ *   why) and the plugin cancels it on every node (cancel_step), so the job
+ *   fails at once rather than hang. task_init_privileged cannot
+ *   register: it runs in the task before slurmstepd has put it in the
+ *   step's cgroups; user_init neither: it runs without root, before any
+ *   task exists.
  *   slurm_spank_exit, once the step's tasks are gone: tells psmd the step
  *   ended (EndSlurmStep); psmd closes what the step left open and the
  *   plugin logs it (slurmd's log).
@@ -37,6 +39,7 @@
 #include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
+#include <slurm/slurm.h>
 #include <slurm/spank.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -230,6 +233,28 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char** av) {
 /* slurmstepd's: its step is registered (the first task's post_fork). */
 static int registered;
 
+/* A step that cannot register on this node fails here, but Slurm 22.05
+ * does not end it on its other nodes: their ranks wait in PMIx's fence for
+ * this node's, and srun never returns (docs/operations.md, "A node whose
+ * psmd is down"). So the plugin ends the step everywhere itself, as
+ * `scancel --signal=KILL JOB.STEP` would (slurmctld signals every node's
+ * tasks; root's request, through slurmstepd's own libslurm and its MUNGE
+ * credential): srun then returns at once with the error above and the
+ * step's tasks killed. Once per slurmstepd. */
+static void cancel_step(const struct step* st) {
+  static int cancelled;
+  if (cancelled) return;
+  cancelled = 1;
+  slurm_error(
+      "psmd: cancelling step %s.%s on every node: its tasks cannot use psmd "
+      "on this node",
+      st->job_text, st->id_text);
+  if (slurm_kill_job_step(st->job, st->id, SIGKILL) != 0) {
+    slurm_error("psmd: could not cancel step %s.%s: %s", st->job_text,
+                st->id_text, strerror(errno));
+  }
+}
+
 int slurm_spank_task_post_fork(spank_t sp, int ac, char** av) {
   (void)ac;
   (void)av;
@@ -276,6 +301,7 @@ int slurm_spank_task_post_fork(spank_t sp, int ac, char** av) {
   if (run_psmctl(args, out, sizeof(out)) != 0) {
     slurm_error("psmd: cannot register job %s step %s with psmd at %s: %s",
                 st.job_text, st.id_text, socket_path, out);
+    cancel_step(&st);
     return -1;
   }
   registered = 1;

@@ -65,6 +65,10 @@
 #                  returns to service
 #   psmd_restarted  node2's psmd restarted between jobs: same node id, and
 #                  the next srun over mtl psmd passes, every psmd carrying it
+#   psmd_down_at_launch  with node3's psmd stopped, srun -N 3 fails within
+#                  30 s (the plugin cancels the step on every node), psmd's
+#                  error in its output; node3 is drained by the epilog; with
+#                  psmd started again and node3 resumed, the next job runs
 #   node_table_stable  with slurmctld stopped, a psmd told to refresh its
 #                  table (SIGHUP) keeps it, saying why; a node added to
 #                  slurm.conf before the others (slurmctld restarted) reaches
@@ -90,7 +94,8 @@ root=$(cd "$here/../.." && pwd)
 PATH=/usr/sbin:/sbin:$PATH
 cases=(up node_table srun_mtl_psmd srun_dropin sbatch srun_netpipe srun_mpi4py slurm_jobs outsider_refused root_only
   scancel_clean slurm_budgets two_users two_jobs_one_user scancel_exchange epilog_drains psmd_restarted
-  node_table_stable node_clean down_clean)
+  psmd_down_at_launch node_table_stable
+  node_clean down_clean)
 
 # junit: the cases' results (results file lines "NAME ok|fail|skip").
 junit() {
@@ -705,6 +710,37 @@ echo "cluster_test: the job after node2's restart ended after $(ms "$t") ms"
 passed "$work/restarted.log" || s=1
 carried psmd_restarted || s=1
 result psmd_restarted "$s"
+
+# --- node3's psmd down when a step launches: the SPANK plugin's
+# registration fails there, and the plugin cancels the step on every node,
+# so srun returns at once with psmd's error (before it did, Slurm 22.05 left
+# the other nodes' ranks waiting in PMIx's fence and srun never returned);
+# the epilog drains node3 (its psmd does not answer). Once psmd is back and
+# node3 resumed, the next job runs.
+s=0
+"${cluster[@]}" stop node3 psmd || s=1
+t=$(date +%s%N)
+as_nobody OMPI_MCA_mtl=psmd srun --mpi=pmix -N 3 -n 3 "$c/bin/mpi_semantics" >"$work/down.log" 2>&1
+o=$?
+down_ms=$(ms "$t")
+cat "$work/down.log"
+echo "cluster_test: srun with node3's psmd down: exit $o after $down_ms ms"
+# timeout (as) ends a hung srun after 120 s with 124; within 30 s, failed:
+((o != 0 && o != 124 && down_ms < 30000)) || { echo "cluster_test: srun did not fail fast" >&2; s=1; }
+grep -q 'slurmstepd-node3: error: psmd: cannot register job [0-9]* step 0 with psmd at /run/psmd/psmd.sock: psmctl: no psmd socket' \
+  "$work/down.log" || { echo "cluster_test: no error naming psmd" >&2; s=1; }
+grep -q 'psmd: cancelling step [0-9.]* on every node' "$work/down.log" || s=1
+no_jobs || s=1
+reason=$("${cluster[@]}" exec ctl sinfo -h -R -n node3 -o '%E')
+echo "cluster_test: node3: $(node_states | grep node3), reason '$reason'"
+[[ $reason == "psmd: job "*"no psmd socket"* ]] || { echo "cluster_test: node3 not drained for its psmd" >&2; s=1; }
+"${cluster[@]}" start node3 psmd || s=1
+"${cluster[@]}" exec ctl scontrol update NodeName=node3 State=RESUME
+for _ in $(seq 150); do node_states | grep -qv ' idle$' || break; sleep 0.1; done
+as_nobody OMPI_MCA_mtl=psmd srun --mpi=pmix -N 3 -n 3 "$c/bin/mpi_semantics" >"$work/back.log" 2>&1 || s=1
+passed "$work/back.log" || s=1
+echo "cluster_test: psmd_down_at_launch took $(ms "$t") ms"
+result psmd_down_at_launch "$s"
 
 # --- the node table across Slurm's outage and reconfiguration, and psmd's
 # restart.
