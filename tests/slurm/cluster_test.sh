@@ -25,6 +25,9 @@
 #                  between node1 and node2: every size passes
 #                  (tests/mpi/netpipe_check.py), and both psmd carried it
 #   srun_mpi4py    tests/mpi/mpi4py_check.py with three ranks, one a node
+#   srun_mpi4py_suite  mpi4py's own suite the same way, when
+#                  PSMD_CLUSTER_MPI4PY_SUITE names its test/ folder (else
+#                  skipped), judged by tests/mpi/mpi4py_suite_check.py
 #   slurm_jobs     psmd's SPANK plugin (plugstack.conf): a step of
 #                  open_endpoint tasks holding an endpoint each, one per
 #                  node, shows its Slurm job id in every node's
@@ -92,7 +95,7 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 PATH=/usr/sbin:/sbin:$PATH
-cases=(up node_table srun_mtl_psmd srun_dropin sbatch srun_netpipe srun_mpi4py slurm_jobs outsider_refused root_only
+cases=(up node_table srun_mtl_psmd srun_dropin sbatch srun_netpipe srun_mpi4py srun_mpi4py_suite slurm_jobs outsider_refused root_only
   scancel_clean slurm_budgets two_users two_jobs_one_user scancel_exchange epilog_drains psmd_restarted
   psmd_down_at_launch node_table_stable
   node_clean down_clean)
@@ -107,7 +110,8 @@ fail = sum(r[1] == "fail" for r in rows)
 print('<?xml version="1.0" encoding="UTF-8"?>')
 print(f'<testsuites><testsuite name="slurm_cluster" tests="{len(rows)}" failures="{fail}">')
 for name, result in rows:
-    body = {"ok": "", "fail": '<failure message="failed"/>', "skip": '<skipped message="needs root"/>'}[result]
+    body = {"ok": "", "fail": '<failure message="failed"/>',
+            "skip": '<skipped message="needs root, or not asked for"/>'}[result]
     print(f'<testcase name="{name}" classname="slurm_cluster">{body}</testcase>')
 print('</testsuite></testsuites>')
 PY
@@ -374,6 +378,37 @@ s=$?
 echo "cluster_test: srun mpi4py_check.py exit $s in $(ms "$t") ms: $(grep -E '^(PASS|FAIL)' "$work/mpi4py.log")"
 grep -qx 'PASS mpi4py' "$work/mpi4py.log" || { tail -20 "$work/mpi4py.log" >&2; s=1; }
 result srun_mpi4py "$s"
+
+# --- mpi4py's own suite (1316 tests a rank) with three ranks, one a node:
+# only when PSMD_CLUSTER_MPI4PY_SUITE names mpi4py 3.1.4's test/ folder
+# (about 2 minutes more here: not in scripts/test.sh's run). Judged as
+# tests/mpi's runs are, each rank's output apart, against
+# tests/mpi/mpi4py_expected_failures.txt's "slurm" entries.
+if [[ -n ${PSMD_CLUSTER_MPI4PY_SUITE:-} ]]; then
+  s=0
+  t=$(date +%s%N)
+  cp -r "$PSMD_CLUSTER_MPI4PY_SUITE" "$c/run/mpi4py-test"  # it writes beside itself
+  cp "$root/tests/mpi/mpi4py_suite_check.py" "$c/bin/"
+  chmod -R a+rwX "$c/run/mpi4py-test" "$c/bin/mpi4py_suite_check.py"
+  for r in 0 1 2; do mkdir -p "$c/run/suite/1/rank.$r"; done
+  chmod -R a+rwx "$c/run/suite"
+  # (as's 120 s limit is too short for it.)
+  (cd "$c/run" && timeout -k 10 900 "${cluster[@]}" exec ctl \
+    setpriv --reuid=nobody --regid=nogroup --clear-groups \
+    env HOME="$c/run" OMPI_MCA_mca_base_component_path="$ompi_components:$c/components" \
+    OMPI_MCA_btl=self OMPI_MCA_pml=cm OMPI_MCA_mtl=psmd \
+    srun --mpi=pmix -N 3 -n 3 -o "$c/run/suite/1/rank.%t/stdout" -e "$c/run/suite/1/rank.%t/stderr" \
+    /usr/bin/python3 "$c/bin/mpi4py_suite_check.py" rank \
+    /usr/bin/python3 "$c/run/mpi4py-test/runtests.py" -v -e 'test_(dynproc|spawn|io|file)') \
+    >"$work/suite.log" 2>&1
+  python3 "$root/tests/mpi/mpi4py_suite_check.py" judge slurm \
+    "$root/tests/mpi/mpi4py_expected_failures.txt" $? 3 "$c/run/suite" "$work/suite.log" || s=1
+  echo "cluster_test: srun mpi4py suite in $(ms "$t") ms"
+  result srun_mpi4py_suite "$s"
+else
+  echo "srun_mpi4py_suite skip" >>"$work/results"
+  echo "cluster_test: srun_mpi4py_suite: skipped (PSMD_CLUSTER_MPI4PY_SUITE not set)"
+fi
 
 # --- psmd's SPANK plugin: a step of three tasks, one per node, each holding
 # an endpoint opened with the job key the plugin set.
