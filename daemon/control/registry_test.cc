@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shm/epid.h"
@@ -377,45 +378,37 @@ TEST_F(RegistryTest, AStepsEndClosesWhatItLeftAndFreesItsKey) {
 }
 
 TEST(SlurmBudgetsTest, FromTheStepsTasksAndMemory) {
+  using Budgets = std::pair<uint32_t, uint64_t>;  // endpoints, bytes
   Config c;
   c.max_endpoints_per_job = 64;
   c.job_unexpected_budget_bytes = 4096ull << 20;
   c.slurm_endpoints_per_task = 1;
   c.slurm_unexpected_percent = 10;
-  SlurmStep s = Step();
-  s.tasks = 2;
-  s.memory_mib = 512;
-  SlurmBudgets(c, &s);
-  EXPECT_EQ(s.max_endpoints, 2u);
+  // (max_endpoints, unexpected_budget_bytes) of a step with `tasks` and
+  // `mib` on the node.
+  auto budgets = [&c](uint32_t tasks, uint64_t mib) {
+    SlurmStep s = Step();
+    s.tasks = tasks;
+    s.memory_mib = mib;
+    SlurmBudgets(c, &s);
+    return Budgets{s.max_endpoints, s.unexpected_budget_bytes};
+  };
+  constexpr uint64_t kJobBudget = uint64_t{4096} << 20;
   // 512 MiB * 10 / 100, in bytes, rounded down.
-  EXPECT_EQ(s.unexpected_budget_bytes, (512ull << 20) * 10 / 100);
+  EXPECT_EQ(budgets(2, 512), Budgets(2, (uint64_t{512} << 20) * 10 / 100));
   c.slurm_endpoints_per_task = 3;
-  SlurmBudgets(c, &s);
-  EXPECT_EQ(s.max_endpoints, 6u);
-  // Never above the budgets without Slurm.
-  s.tasks = 100;
-  s.memory_mib = 1ull << 20;  // 1 TiB: 10% is over job_unexpected_mib
-  SlurmBudgets(c, &s);
-  EXPECT_EQ(s.max_endpoints, 64u);
-  EXPECT_EQ(s.unexpected_budget_bytes, 4096ull << 20);
+  EXPECT_EQ(budgets(2, 512).first, 6u);
+  // Never above the budgets without Slurm (1 TiB: 10% is over
+  // job_unexpected_mib).
+  EXPECT_EQ(budgets(100, 1ull << 20), Budgets(64, kJobBudget));
   // Unknown (0) tasks or memory, or a factor of 0: the configuration's.
-  s.tasks = 0;
-  s.memory_mib = 0;
-  SlurmBudgets(c, &s);
-  EXPECT_EQ(s.max_endpoints, 64u);
-  EXPECT_EQ(s.unexpected_budget_bytes, 4096ull << 20);
-  s.tasks = 2;
-  s.memory_mib = 512;
+  EXPECT_EQ(budgets(0, 0), Budgets(64, kJobBudget));
   c.slurm_endpoints_per_task = 0;
   c.slurm_unexpected_percent = 0;
-  SlurmBudgets(c, &s);
-  EXPECT_EQ(s.max_endpoints, 64u);
-  EXPECT_EQ(s.unexpected_budget_bytes, 4096ull << 20);
+  EXPECT_EQ(budgets(2, 512), Budgets(64, kJobBudget));
   // Slurm's largest numbers do not overflow.
   c.slurm_unexpected_percent = 100;
-  s.memory_mib = UINT64_MAX;
-  SlurmBudgets(c, &s);
-  EXPECT_EQ(s.unexpected_budget_bytes, 4096ull << 20);
+  EXPECT_EQ(budgets(2, UINT64_MAX).second, kJobBudget);
 }
 
 TEST_F(RegistryTest, AStepsJobHoldsNoMoreEndpointsThanItsTasksAllow) {
