@@ -210,6 +210,19 @@ const std::vector<Setting>& Settings() {
                 "unexpected-message budget of all endpoints of one job"),
       Mebibytes("uid_unexpected_mib", &Config::uid_unexpected_budget_bytes,
                 "unexpected-message budget of all jobs of one uid"),
+      Number("slurm_endpoints_per_task", &Config::slurm_endpoints_per_task, 0,
+             4096,
+             "a Slurm step's job may hold this many endpoints per task of "
+             "the step on this node (at most max_endpoints_per_job); 0: "
+             "max_endpoints_per_job only",
+             "0 to 4096"),
+      Number("slurm_unexpected_percent", &Config::slurm_unexpected_percent, 0,
+             100,
+             "a Slurm step's job may hold this percentage of the step's "
+             "memory on this node in unexpected messages (at most "
+             "job_unexpected_mib); 0, or a step without memory in Slurm: "
+             "job_unexpected_mib",
+             "0 to 100"),
       Number("node_id", &Config::node_id, 0, 0xffff,
              "high bits of every endpoint id minted on this node; with "
              "--fabric-listen, this node's id among the nodes (non-zero)",

@@ -69,6 +69,14 @@ struct Config {
   uint64_t job_unexpected_budget_bytes = 4096ull << 20;
   // ... and of all jobs of one uid together (a uid may open any number).
   uint64_t uid_unexpected_budget_bytes = 8192ull << 20;
+  // A Slurm step's budgets on this node, from its allocation (what psmd's
+  // SPANK plugin registers; Registry, SlurmBudgets): its job may hold at
+  // most tasks * slurm_endpoints_per_task endpoints here at once, and
+  // slurm_unexpected_percent of the step's memory on the node in
+  // unexpected messages; never more than max_endpoints_per_job and
+  // job_unexpected_budget_bytes. 0: that budget is not from the allocation.
+  uint32_t slurm_endpoints_per_task = 1;
+  uint32_t slurm_unexpected_percent = 10;
   uint16_t node_id = 0;  // high bits of every epid minted here
   // The fabric between nodes' daemons (hw/, docs/design.md "Between
   // nodes"). No listen address: this daemon serves its node only.

@@ -163,7 +163,8 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
+SelectTypeParameters=CR_CPU_Memory
+DefMemPerCPU=128
 MpiDefault=none
 PlugStackConfig=$dir/etc/plugstack.conf
 Epilog=$dir/bin/psmd-epilog
@@ -171,7 +172,7 @@ ReturnToService=2
 MailProg=/bin/true
 EOF
   for n in "${nodes[@]}"; do
-    echo "NodeName=$n NodeAddr=$(addr "$n") CPUs=$(nproc) State=UNKNOWN" >>"$dir/etc/slurm.conf"
+    echo "NodeName=$n NodeAddr=$(addr "$n") CPUs=$(nproc) RealMemory=1024 State=UNKNOWN" >>"$dir/etc/slurm.conf"
   done
   echo "PartitionName=psmd Nodes=ALL Default=YES MaxTime=30 State=UP" >>"$dir/etc/slurm.conf"
   # This machine mounts cgroup v1 controllers under a tmpfs: slurmd's

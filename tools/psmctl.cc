@@ -66,6 +66,8 @@ struct Options {
   uint32_t slurm_step = 0;
   uint32_t slurm_uid = 0;
   std::string slurm_cgroup;
+  uint32_t slurm_tasks = 0;
+  uint64_t slurm_memory_mib = 0;
   int64_t check_ended = -1;  // jobs --check-ended JOB (-1: not asked)
 };
 
@@ -101,12 +103,21 @@ std::string SlurmText(const psmd::v1::SlurmStep& s, bool has) {
 }
 
 // The JSON fields of a job's Slurm step: "slurm_job_id" (null without
-// Slurm) and "slurm_step" ("7.0").
+// Slurm), "slurm_step" ("7.0") and "slurm", its allocation on this node and
+// the budgets psmd gave its job from it ({"tasks", "memory_mib",
+// "max_endpoints", "unexpected_budget_bytes"}).
 template <typename Job>
 std::string SlurmJson(const Job& j) {
-  if (!j.has_slurm()) return "\"slurm_job_id\": null, \"slurm_step\": null";
-  return "\"slurm_job_id\": " + std::to_string(j.slurm().job_id()) +
-         ", \"slurm_step\": " + JsonString(SlurmText(j.slurm(), true));
+  if (!j.has_slurm())
+    return "\"slurm_job_id\": null, \"slurm_step\": null, \"slurm\": null";
+  const auto& s = j.slurm();
+  return "\"slurm_job_id\": " + std::to_string(s.job_id()) +
+         ", \"slurm_step\": " + JsonString(SlurmText(s, true)) +
+         ", \"slurm\": {\"tasks\": " + std::to_string(s.tasks()) +
+         ", \"memory_mib\": " + std::to_string(s.memory_mib()) +
+         ", \"max_endpoints\": " + std::to_string(s.max_endpoints()) +
+         ", \"unexpected_budget_bytes\": " +
+         std::to_string(s.unexpected_budget_bytes()) + "}";
 }
 
 // A job's Prometheus label slurm_job_id, after a comma; "" without Slurm
@@ -192,7 +203,14 @@ std::string CounterCells(const counters::Values& v, double rate_seconds = 0) {
 // A job's state in a word or three: "2 open", "finished 12 s ago".
 std::string JobState(const psmd::v1::JobStats& j) {
   const std::string slurm =
-      j.has_slurm() ? ", Slurm step " + SlurmText(j.slurm(), true) : "";
+      j.has_slurm()
+          ? ", Slurm step " + SlurmText(j.slurm(), true) + " (" +
+                std::to_string(j.slurm().tasks()) + " tasks here: at most " +
+                std::to_string(j.slurm().max_endpoints()) + " endpoints, " +
+                Human(static_cast<double>(j.slurm().unexpected_budget_bytes()),
+                      counters::Unit::kBytes) +
+                " unexpected)"
+          : "";
   if (j.open_endpoints() > 0)
     return std::to_string(j.open_endpoints()) + " open" + slurm;
   char buf[48];
@@ -1058,6 +1076,12 @@ void AddSlurm(CLI::App& app, Options& opts, std::function<int()>* run) {
                   "The step's cgroup: ID:CONTROLLERS:/path, a line of a "
                   "task's /proc/PID/cgroup cut after the step's directory")
       ->required();
+  reg->add_option("--tasks", opts.slurm_tasks,
+                  "The step's tasks on this node (its endpoints' bound; 0: "
+                  "unknown)");
+  reg->add_option("--memory-mib", opts.slurm_memory_mib,
+                  "The step's memory on this node in MiB (its unexpected "
+                  "budget's base; 0: unknown)");
   reg->callback([&opts, run] {
     *run = [&opts] {
       psmd::v1::RegisterSlurmStepRequest req;
@@ -1070,6 +1094,8 @@ void AddSlurm(CLI::App& app, Options& opts, std::function<int()>* run) {
       req.mutable_step()->set_step_id(opts.slurm_step);
       req.mutable_step()->set_uid(opts.slurm_uid);
       req.mutable_step()->set_cgroup(opts.slurm_cgroup);
+      req.mutable_step()->set_tasks(opts.slurm_tasks);
+      req.mutable_step()->set_memory_mib(opts.slurm_memory_mib);
       ControlClient control(opts.socket);
       if (Status e = control.RegisterSlurmStep(req); !e.ok()) return Fail(e);
       return 0;

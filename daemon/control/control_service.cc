@@ -50,6 +50,10 @@ void FillSlurm(const std::optional<SlurmStep>& step, v1::SlurmStep* out) {
   out->set_step_id(step->step_id);
   out->set_uid(step->uid);
   out->set_cgroup(step->cgroup);
+  out->set_tasks(step->tasks);
+  out->set_memory_mib(step->memory_mib);
+  out->set_max_endpoints(step->max_endpoints);
+  out->set_unexpected_budget_bytes(step->unexpected_budget_bytes);
 }
 
 void FillInfo(const EndpointSnapshot& s, v1::EndpointInfo* info) {
@@ -314,10 +318,10 @@ grpc::Status ControlService::ListJobs(grpc::ServerContext* ctx,
     for (uint32_t id : j.endpoint_ids) info->add_endpoint_ids(id);
     info->set_pool_bytes(j.pool_bytes);
     info->set_region_bytes(c.region_bytes);
-    info->set_max_endpoints(c.max_endpoints_per_job);
+    info->set_max_endpoints(j.max_endpoints);
     info->set_unexpected_budget_bytes(j.unexpected_budget_bytes);
     info->set_max_unexpected_budget_bytes(c.max_unexpected_budget_bytes);
-    info->set_job_unexpected_budget_bytes(c.job_unexpected_budget_bytes);
+    info->set_job_unexpected_budget_bytes(j.job_unexpected_budget_bytes);
     info->set_uid_unexpected_budget_bytes(c.uid_unexpected_budget_bytes);
     if (j.slurm) FillSlurm(j.slurm, info->mutable_slurm());
   }
@@ -341,6 +345,8 @@ grpc::Status ControlService::RegisterSlurmStep(
   step.step_id = req->step().step_id();
   step.uid = req->step().uid();
   step.cgroup = req->step().cgroup();
+  step.tasks = req->step().tasks();
+  step.memory_mib = req->step().memory_mib();
   return ToStatus(registry_->RegisterSlurmStep(who, uuid, step));
 }
 

@@ -80,6 +80,22 @@ bool InCgroup(const std::string& proc_cgroup, const std::string& step_cgroup) {
   return false;
 }
 
+void SlurmBudgets(const Config& config, SlurmStep* step) {
+  step->max_endpoints = config.max_endpoints_per_job;
+  const uint64_t endpoints =
+      uint64_t{step->tasks} * config.slurm_endpoints_per_task;
+  if (endpoints > 0 && endpoints < step->max_endpoints)
+    step->max_endpoints = static_cast<uint32_t>(endpoints);
+  step->unexpected_budget_bytes = config.job_unexpected_budget_bytes;
+  // memory_mib is Slurm's, taken as at most 2^36 MiB (64 PiB): no
+  // overflow below.
+  const uint64_t share =
+      (std::min<uint64_t>(step->memory_mib, uint64_t{1} << 36) << 20) *
+      config.slurm_unexpected_percent / 100;
+  if (share > 0 && share < step->unexpected_budget_bytes)
+    step->unexpected_budget_bytes = share;
+}
+
 Registry::Registry(const Config& config, Workers* worker)
     : config_(config),
       worker_(worker),
@@ -148,6 +164,29 @@ Status Registry::Reserve(const Credentials& who, const Uuid& uuid,
   }
   if (Status e = CheckSlurmStep(who, uuid); !e.ok()) return e;
   JobKey key{uuid, who.uid};
+  // CheckSlurmStep passed: a registration of the key is who's step's.
+  auto step = slurm_steps_.find(uuid);
+  if (step != slurm_steps_.end()) {
+    auto open = jobs_.find(key);
+    const uint32_t held = open == jobs_.end() ? 0 : open->second->endpoints;
+    const SlurmStep& s = step->second;
+    if (held >= s.max_endpoints) {
+      WarnClient(who.uid,
+                 "uid {} (pid {}) refused an endpoint: Slurm step {}.{} holds "
+                 "its maximum of {} on this node",
+                 who.uid, who.pid, s.job_id, s.step_id, s.max_endpoints);
+      refusals_.Count(who.uid, refusals::k_endpoints_refused);
+      return {PSM2_TOO_MANY_ENDPOINTS,
+              "Slurm job " + std::to_string(s.job_id) + " step " +
+                  std::to_string(s.step_id) + " holds its maximum of " +
+                  std::to_string(s.max_endpoints) +
+                  " open endpoints on this node (" + std::to_string(s.tasks) +
+                  " tasks here, " +
+                  std::to_string(config_.slurm_endpoints_per_task) +
+                  " per task: psmd's slurm_endpoints_per_task); close one, "
+                  "or run the step with more tasks here"};
+    }
+  }
   std::string error;
   std::shared_ptr<Job>& job = jobs_[key];
   if (!job) {
@@ -171,6 +210,8 @@ Status Registry::Reserve(const Credentials& who, const Uuid& uuid,
     job = std::make_shared<Job>(
         key, std::move(pool), config_.max_endpoints_per_job,
         config_.region_bytes, std::move(account), inbox);
+    if (step != slurm_steps_.end())
+      job->set_unexpected_budget(step->second.unexpected_budget_bytes);
   }
   auto region = job->TakeRegion();
   if (!region) {
@@ -631,8 +672,10 @@ Status Registry::RegisterSlurmStep(const Credentials& who, const Uuid& uuid,
     return {PSM2_PARAM_ERR,
             "not a cgroup line (ID:CONTROLLERS:/path): '" + step.cgroup + "'"};
   }
+  SlurmStep budgeted = step;
+  SlurmBudgets(config_, &budgeted);
   MutexLock lock(&mu_);
-  auto [it, added] = slurm_steps_.try_emplace(uuid, step);
+  auto [it, added] = slurm_steps_.try_emplace(uuid, budgeted);
   if (!added && !(it->second == step)) {
     return {PSM2_PARAM_ERR, "job key " + UuidToString(uuid) +
                                 " is already Slurm job " +
@@ -641,8 +684,14 @@ Status Registry::RegisterSlurmStep(const Credentials& who, const Uuid& uuid,
   }
   if (added) {
     spdlog::info(
-        "Slurm job {} step {} (uid {}, cgroup {}) registered job key {}",
-        step.job_id, step.step_id, step.uid, step.cgroup, UuidToString(uuid));
+        "Slurm job {} step {} (uid {}, cgroup {}) registered job key {}: {} "
+        "tasks and {} MiB here, so at most {} endpoints and {} bytes of "
+        "unexpected messages",
+        step.job_id, step.step_id, step.uid, step.cgroup, UuidToString(uuid),
+        step.tasks, step.memory_mib, budgeted.max_endpoints,
+        budgeted.unexpected_budget_bytes);
+    // A job of the key already open here (its endpoints opened before the
+    // registration) keeps the budgets it was opened with.
   }
   return {};
 }
@@ -712,6 +761,12 @@ std::vector<JobSnapshot> Registry::Jobs(const Credentials& who) {
     j.unexpected_budget_bytes = default_unexpected_budget_;
     j.endpoint_ids.push_back(ep.id());
     j.slurm = SlurmStepOf(ep.job()->key());
+    j.max_endpoints = config_.max_endpoints_per_job;
+    j.job_unexpected_budget_bytes = std::min(
+        config_.job_unexpected_budget_bytes, ep.job()->unexpected_budget());
+    auto step = slurm_steps_.find(ep.job()->key().uuid);
+    if (step != slurm_steps_.end() && step->second.uid == ep.uid())
+      j.max_endpoints = step->second.max_endpoints;
   }
   // A registered step without endpoints is listed too: psmd holds its
   // registration (before its tasks open, or after they closed until its
@@ -725,6 +780,8 @@ std::vector<JobSnapshot> Registry::Jobs(const Credentials& who) {
     j.uid = step.uid;
     j.unexpected_budget_bytes = default_unexpected_budget_;
     j.slurm = step;
+    j.max_endpoints = step.max_endpoints;
+    j.job_unexpected_budget_bytes = step.unexpected_budget_bytes;
   }
   std::vector<JobSnapshot> out;
   for (auto& [key, j] : jobs) {

@@ -52,11 +52,29 @@ struct SlurmStep {
   // "HIERARCHY:CONTROLLERS:/path/job_J/step_S": a line of /proc/PID/cgroup
   // of one of its tasks, cut after the step's directory.
   std::string cgroup;
+  // Its allocation on this node, as Slurm told the plugin: its tasks here
+  // and its memory here (MiB; 0: unknown, or Slurm does not track memory).
+  uint32_t tasks = 0;
+  uint64_t memory_mib = 0;
+  // Its job's budgets here, from those (SlurmBudgets; set by
+  // RegisterSlurmStep).
+  uint32_t max_endpoints = 0;
+  uint64_t unexpected_budget_bytes = 0;
   bool operator==(const SlurmStep& o) const {
     return job_id == o.job_id && step_id == o.step_id && uid == o.uid &&
-           cgroup == o.cgroup;
+           cgroup == o.cgroup && tasks == o.tasks && memory_mib == o.memory_mib;
   }
 };
+
+// A Slurm step's budgets on this node from its allocation
+// (docs/operations.md, "Per-step budgets"): fills step->max_endpoints,
+//   min(max_endpoints_per_job, tasks * slurm_endpoints_per_task),
+// or max_endpoints_per_job when either factor is 0; and
+// step->unexpected_budget_bytes,
+//   min(job_unexpected_budget_bytes,
+//       memory_mib MiB * slurm_unexpected_percent / 100),
+// or job_unexpected_budget_bytes when either factor is 0.
+void SlurmBudgets(const Config& config, SlurmStep* step);
 
 // Whether a process whose /proc/PID/cgroup reads `proc_cgroup` is inside
 // `step_cgroup` (a line of that file, as SlurmStep::cgroup): one of its
@@ -139,6 +157,9 @@ struct JobSnapshot {
   uint64_t pool_bytes = 0;
   // What an endpoint opened now gets (SIGHUP may have changed it).
   uint64_t unexpected_budget_bytes = 0;
+  // Its limits: the configuration's, or its Slurm step's (SlurmBudgets).
+  uint32_t max_endpoints = 0;
+  uint64_t job_unexpected_budget_bytes = 0;
   std::optional<SlurmStep> slurm;  // its key's registration, if any
 };
 
@@ -221,8 +242,11 @@ class Registry {
   // Slurm's SPANK plugin, root only (who.is_root()). Registers `step` as the
   // owner of job key `uuid`: from now on only processes of step.uid inside
   // step.cgroup may open endpoints with that key (Open refuses others,
-  // naming why). The same registration again is a no-op; another step's
-  // for a registered key is refused.
+  // naming why), and its job gets the budgets SlurmBudgets gives step (Open
+  // refuses an endpoint beyond step.max_endpoints, naming the step's
+  // tasks; the engine holds senders beyond its unexpected budget). The
+  // same registration again is a no-op; another step's for a registered
+  // key is refused.
   Status RegisterSlurmStep(const Credentials& who, const Uuid& uuid,
                            const SlurmStep& step);
   // Root only: the step ended. Closes every endpoint still open with its

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shm/epid.h"
@@ -376,6 +377,77 @@ TEST_F(RegistryTest, AStepsEndClosesWhatItLeftAndFreesItsKey) {
   OpenedEndpoint again;
   EXPECT_TRUE(
       registry_.Open(In(User(1000), kOutside), Key(1), "d", &again).ok());
+}
+
+TEST(SlurmBudgetsTest, FromTheStepsTasksAndMemory) {
+  using Budgets = std::pair<uint32_t, uint64_t>;  // endpoints, bytes
+  Config c;
+  c.max_endpoints_per_job = 64;
+  c.job_unexpected_budget_bytes = 4096ull << 20;
+  c.slurm_endpoints_per_task = 1;
+  c.slurm_unexpected_percent = 10;
+  // (max_endpoints, unexpected_budget_bytes) of a step with `tasks` and
+  // `mib` on the node.
+  auto budgets = [&c](uint32_t tasks, uint64_t mib) {
+    SlurmStep s = Step();
+    s.tasks = tasks;
+    s.memory_mib = mib;
+    SlurmBudgets(c, &s);
+    return Budgets{s.max_endpoints, s.unexpected_budget_bytes};
+  };
+  constexpr uint64_t kJobBudget = uint64_t{4096} << 20;
+  // 512 MiB * 10 / 100, in bytes, rounded down.
+  EXPECT_EQ(budgets(2, 512), Budgets(2, (uint64_t{512} << 20) * 10 / 100));
+  c.slurm_endpoints_per_task = 3;
+  EXPECT_EQ(budgets(2, 512).first, 6u);
+  // Never above the budgets without Slurm (1 TiB: 10% is over
+  // job_unexpected_mib).
+  EXPECT_EQ(budgets(100, 1ull << 20), Budgets(64, kJobBudget));
+  // Unknown (0) tasks or memory, or a factor of 0: the configuration's.
+  EXPECT_EQ(budgets(0, 0), Budgets(64, kJobBudget));
+  c.slurm_endpoints_per_task = 0;
+  c.slurm_unexpected_percent = 0;
+  EXPECT_EQ(budgets(2, 512), Budgets(64, kJobBudget));
+  // Slurm's largest numbers do not overflow.
+  c.slurm_unexpected_percent = 100;
+  EXPECT_EQ(budgets(2, UINT64_MAX).second, kJobBudget);
+}
+
+TEST_F(RegistryTest, AStepsJobHoldsNoMoreEndpointsThanItsTasksAllow) {
+  SlurmStep step = Step();
+  step.tasks = 2;
+  step.memory_mib = 100;
+  ASSERT_TRUE(registry_.RegisterSlurmStep(User(0), Key(1), step).ok());
+  OpenedEndpoint a, b, c;
+  ASSERT_TRUE(
+      registry_.Open(In(User(1000, 60), kInside), Key(1), "a", &a).ok());
+  ASSERT_TRUE(
+      registry_.Open(In(User(1000, 61), kInside), Key(1), "b", &b).ok());
+  Status third = registry_.Open(In(User(1000, 62), kInside), Key(1), "c", &c);
+  EXPECT_EQ(third.code, PSM2_TOO_MANY_ENDPOINTS);
+  EXPECT_NE(third.message.find("Slurm job 7 step 0 holds its maximum of 2 "
+                               "open endpoints on this node (2 tasks here"),
+            std::string::npos)
+      << third.message;
+  // The jobs list shows the step's budgets, not the configuration's.
+  std::vector<JobSnapshot> jobs = registry_.Jobs(User(0));
+  ASSERT_EQ(jobs.size(), 1u);
+  EXPECT_EQ(jobs[0].max_endpoints, 2u);
+  EXPECT_EQ(jobs[0].job_unexpected_budget_bytes, (100ull << 20) * 10 / 100);
+  ASSERT_TRUE(jobs[0].slurm.has_value());
+  EXPECT_EQ(jobs[0].slurm->tasks, 2u);
+  EXPECT_EQ(jobs[0].slurm->max_endpoints, 2u);
+  // A bound on open endpoints: one closed, one more opens.
+  ASSERT_TRUE(registry_.Close(User(1000), a.id).ok());
+  EXPECT_TRUE(
+      registry_.Open(In(User(1000, 62), kInside), Key(1), "c", &c).ok());
+  // Another job (no Slurm) keeps max_endpoints_per_job.
+  ASSERT_TRUE(registry_.Open(In(User(1001), kOutside), Key(2), "x", &a).ok());
+  jobs = registry_.Jobs(User(0));
+  ASSERT_EQ(jobs.size(), 2u);
+  EXPECT_EQ(jobs[1].max_endpoints, Cfg().max_endpoints_per_job);
+  EXPECT_EQ(jobs[1].job_unexpected_budget_bytes,
+            Cfg().job_unexpected_budget_bytes);
 }
 
 }  // namespace

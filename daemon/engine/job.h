@@ -118,6 +118,12 @@ class Job {
 
   int endpoints = 0;  // live endpoints; the job ends when this drops to 0
 
+  // Its own unexpected-message budget (a Slurm step's share of its memory,
+  // Registry::RegisterSlurmStep), below the engine's budget of every job;
+  // set once, before its first endpoint reaches a progress worker.
+  uint64_t unexpected_budget() const { return unexpected_budget_; }
+  void set_unexpected_budget(uint64_t bytes) { unexpected_budget_ = bytes; }
+
   // Sum of its endpoints' unexpected_cost (mq_engine.h, invariant 4), and
   // of their posted_charged (invariant 9): charged by every engine shard
   // that serves an endpoint of the job.
@@ -132,6 +138,7 @@ class Job {
   std::vector<RegionState> region_state_;
   std::shared_ptr<UidAccount> account_;  // shared by the uid's jobs
   bool inbox_;
+  uint64_t unexpected_budget_ = UINT64_MAX;
 };
 
 }  // namespace psmd

@@ -1154,9 +1154,10 @@ std::optional<shm::StallBudget> MqEngine::FullBudget(const Endpoint& receiver,
   if (receiver.unexpected_cost + kOne > receiver.unexpected_budget)
     return full(shm::StallBudget::kEndpoint, receiver.unexpected_budget);
   const Job& job = *receiver.job();
-  if (job.unexpected_cost.load(std::memory_order_relaxed) + kOne >
-      job_unexpected_budget_)
-    return full(shm::StallBudget::kJob, job_unexpected_budget_);
+  const uint64_t job_budget =
+      std::min(job_unexpected_budget_, job.unexpected_budget());
+  if (job.unexpected_cost.load(std::memory_order_relaxed) + kOne > job_budget)
+    return full(shm::StallBudget::kJob, job_budget);
   if (job.account().unexpected_cost.load(std::memory_order_relaxed) + kOne >
       uid_unexpected_budget_)
     return full(shm::StallBudget::kUid, uid_unexpected_budget_);

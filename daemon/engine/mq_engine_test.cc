@@ -150,6 +150,23 @@ class MqEngineTest : public ::testing::Test {
     return std::string(reinterpret_cast<const char*>(src), c.msg_len);
   }
 
+  // Posts receives (tag 1) at `at` from slot `from` one at a time until
+  // `count` messages of `payload` arrived (at most 2 * count rounds);
+  // returns how many did.
+  int ReceiveEach(uint32_t at, uint32_t from, int count,
+                  const std::string& payload) {
+    int received = 0;
+    for (int round = 0; round < 2 * count && received < count; round++) {
+      Recv(at, from, 1, static_cast<uint32_t>(payload.size()));
+      Drain();
+      for (const auto& c : Reap(at)) {
+        EXPECT_EQ(PayloadOf(c), payload);
+        received++;
+      }
+    }
+    return received;
+  }
+
   MqEngine engine_{/*max_unexpected_budget=*/1 << 30,
                    /*job_unexpected_budget=*/1 << 30,
                    /*uid_unexpected_budget=*/1 << 30};
@@ -303,16 +320,21 @@ TEST_F(MqEngineTest, SendsBeyondTheReceiversBudgetWaitAndNothingIsLost) {
   Drain();
   EXPECT_GT(endpoints_[0]->counters.sends_held.Get(), 0u);
   EXPECT_EQ(EndpointTestPeer(*endpoints_[1]).unexpected_cost(), kRoom);
-  int received = 0;
-  for (int round = 0; round < 40 && received < 20; round++) {
-    Recv(1, 0, 1, 4000);
-    Drain();
-    for (const auto& c : Reap(1)) {
-      EXPECT_EQ(PayloadOf(c), chunk);
-      received++;
-    }
-  }
-  EXPECT_EQ(received, 20);
+  EXPECT_EQ(ReceiveEach(1, 0, 20, chunk), 20);
+}
+
+TEST_F(MqEngineTest, AJobsOwnBudgetHoldsSendersBelowTheEnginesBudget) {
+  // A Slurm step's share of its memory (Registry::RegisterSlurmStep): room
+  // for 5 messages in the whole job, though the endpoint and the engine's
+  // job budget have room for far more.
+  constexpr uint64_t kRoom = 5 * kUnexpectedOverheadBytes;
+  job_->set_unexpected_budget(kRoom);
+  const std::string chunk(4000, 'j');
+  for (int i = 0; i < 12; i++) Send(0, 1, 1, chunk);
+  Drain();
+  EXPECT_GT(endpoints_[0]->counters.sends_held.Get(), 0u);
+  EXPECT_EQ(job_->unexpected_cost.load(), kRoom);
+  EXPECT_EQ(ReceiveEach(1, 0, 12, chunk), 12);
 }
 
 using Arrival = MqEngine::Arrival;

@@ -12,11 +12,16 @@
  *   releases them only after every task's post_fork): registers the step
  *   with the node's psmd (job key, job id, step id, uid, and the step's
  *   cgroup as the task's /proc/PID/cgroup shows it: RegisterSlurmStep, root
- *   only), at its first task on the node. So no task can open an endpoint
- *   before its step is known. When registering fails, the step fails (the
- *   error says why). task_init_privileged cannot register: it runs in the
- *   task before slurmstepd has put it in the step's cgroups; user_init
- *   neither: it runs without root, before any task exists.
+ *   only), at its first task on the node, with the step's tasks and
+ *   memory on the node, from which psmd sets its job's budgets there
+ *   (psmd.toml(5): slurm_endpoints_per_task, slurm_unexpected_percent).
+ *   So no task can open an endpoint before its step is known. When
+ *   registering fails (psmd down or hung), the step fails (the error says
+ *   why) and the plugin cancels it on every node (cancel_step), so the job
+ *   fails at once rather than hang. task_init_privileged cannot
+ *   register: it runs in the task before slurmstepd has put it in the
+ *   step's cgroups; user_init neither: it runs without root, before any
+ *   task exists.
  *   slurm_spank_exit, once the step's tasks are gone: tells psmd the step
  *   ended (EndSlurmStep); psmd closes what the step left open and the
  *   plugin logs it (slurmd's log).
@@ -34,6 +39,7 @@
 #include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
+#include <slurm/slurm.h>
 #include <slurm/spank.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,7 +86,7 @@ static long long now_ms(void) {
  * --socket), collecting its output (stdout and stderr) in `out`. Returns its
  * exit status, or -1 when it could not run or did not end in time. */
 static int run_psmctl(const char* const* args, char* out, size_t out_len) {
-  const char* argv[16];
+  const char* argv[24];
   size_t n = 0;
   argv[n++] = psmctl_path;
   argv[n++] = "--socket";
@@ -227,6 +233,28 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char** av) {
 /* slurmstepd's: its step is registered (the first task's post_fork). */
 static int registered;
 
+/* A step that cannot register on this node fails here, but Slurm 22.05
+ * does not end it on its other nodes: their ranks wait in PMIx's fence for
+ * this node's, and srun never returns (docs/operations.md, "A node whose
+ * psmd is down"). So the plugin ends the step everywhere itself, as
+ * `scancel --signal=KILL JOB.STEP` would (slurmctld signals every node's
+ * tasks; root's request, through slurmstepd's own libslurm and its MUNGE
+ * credential): srun then returns at once with the error above and the
+ * step's tasks killed. Once per slurmstepd. */
+static void cancel_step(const struct step* st) {
+  static int cancelled;
+  if (cancelled) return;
+  cancelled = 1;
+  slurm_error(
+      "psmd: cancelling step %s.%s on every node: its tasks cannot use psmd "
+      "on this node",
+      st->job_text, st->id_text);
+  if (slurm_kill_job_step(st->job, st->id, SIGKILL) != 0) {
+    slurm_error("psmd: could not cancel step %s.%s: %s", st->job_text,
+                st->id_text, strerror(errno));
+  }
+}
+
 int slurm_spank_task_post_fork(spank_t sp, int ac, char** av) {
   (void)ac;
   (void)av;
@@ -248,16 +276,32 @@ int slurm_spank_task_post_fork(spank_t sp, int ac, char** av) {
         st.job_text, st.id_text, (int)pid);
     return -1;
   }
-  char key[40], uid_text[16];
+  /* The step's allocation on this node, for its budgets in psmd: its tasks
+   * here, and its memory here (the step's, else the job's; 0 when Slurm
+   * does not track memory, SelectTypeParameters without _Memory). */
+  uint32_t tasks = 0;
+  uint64_t step_mem = 0, job_mem = 0;
+  if (spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &tasks) != ESPANK_SUCCESS)
+    tasks = 0;
+  if (spank_get_item(sp, S_STEP_ALLOC_MEM, &step_mem) != ESPANK_SUCCESS)
+    step_mem = 0;
+  if (spank_get_item(sp, S_JOB_ALLOC_MEM, &job_mem) != ESPANK_SUCCESS)
+    job_mem = 0;
+  char key[40], uid_text[16], tasks_text[16], mem_text[24];
   job_key(st.job, st.id, key, sizeof(key));
   snprintf(uid_text, sizeof(uid_text), "%u", (unsigned)uid);
-  const char* args[] = {"slurm-register", "--job-key", key,        "--job",
-                        st.job_text,      "--step",    st.id_text, "--uid",
-                        uid_text,         "--cgroup",  cgroup,     NULL};
+  snprintf(tasks_text, sizeof(tasks_text), "%" PRIu32, tasks);
+  snprintf(mem_text, sizeof(mem_text), "%" PRIu64,
+           step_mem != 0 ? step_mem : job_mem);
+  const char* args[] = {"slurm-register", "--job-key",    key,        "--job",
+                        st.job_text,      "--step",       st.id_text, "--uid",
+                        uid_text,         "--cgroup",     cgroup,     "--tasks",
+                        tasks_text,       "--memory-mib", mem_text,   NULL};
   char out[kOutputBytes];
   if (run_psmctl(args, out, sizeof(out)) != 0) {
     slurm_error("psmd: cannot register job %s step %s with psmd at %s: %s",
                 st.job_text, st.id_text, socket_path, out);
+    cancel_step(&st);
     return -1;
   }
   registered = 1;

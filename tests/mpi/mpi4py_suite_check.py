@@ -12,7 +12,7 @@ usage:
       STATUS is mpirun's exit status, RANK_DIR the directory given to Open
       MPI 4.1's --output-filename (RANK_DIR/1/rank.N/{stdout,stderr}),
       MPIRUN_LOG what mpirun itself printed. LIBRARY names the stack the
-      list's entries are for (dropin, intel, mtl-psmd).
+      list's entries are for (dropin, intel, mtl-psmd, slurm).
       Fails on: a non-zero mpirun status; a sanitizer report in any of the
       files; a rank without its exit status, without "Ran N tests", with 0
       tests, or whose status is not 0 with "OK" or 1 with "FAILED (...)";
@@ -33,7 +33,7 @@ import signal
 import subprocess
 import sys
 
-LIBRARIES = {"dropin", "intel", "mtl-psmd"}
+LIBRARIES = {"dropin", "intel", "mtl-psmd", "slurm"}
 OUTCOMES = {"fails", "crashes"}
 # What AddressSanitizer, LeakSanitizer, UBSan (and the others) print.
 SANITIZER = re.compile(r"^.*(?:(?:Address|Leak|Thread|Memory|UndefinedBehavior)"
