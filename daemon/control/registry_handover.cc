@@ -39,7 +39,9 @@ std::chrono::steady_clock::time_point Before(
 
 std::optional<handover::StepImage> ImageOf(const std::optional<SlurmStep>& s) {
   if (!s) return std::nullopt;
-  return handover::StepImage{s->job_id, s->step_id, s->uid, s->cgroup};
+  return handover::StepImage{s->job_id,     s->step_id,       s->uid,
+                             s->cgroup,     s->tasks,         s->memory_mib,
+                             s->max_endpoints, s->unexpected_budget_bytes};
 }
 
 SlurmStep StepOf(const handover::StepImage& s) {
@@ -48,6 +50,10 @@ SlurmStep StepOf(const handover::StepImage& s) {
   step.step_id = s.step_id;
   step.uid = s.uid;
   step.cgroup = s.cgroup;
+  step.tasks = s.tasks;
+  step.memory_mib = s.memory_mib;
+  step.max_endpoints = s.max_endpoints;
+  step.unexpected_budget_bytes = s.unexpected_budget_bytes;
   return step;
 }
 
@@ -84,6 +90,7 @@ Status Registry::SaveState(StateWriter& w, FdTable& fds) {
     j.region_bytes = job->region_bytes();
     j.inbox = job->has_inbox();
     j.region_states = job->RegionStates();
+    j.unexpected_budget = job->unexpected_budget();
     im.jobs.push_back(std::move(j));
   }
   for (const auto& [id, rec] : records_) {
@@ -160,6 +167,7 @@ Status Registry::LoadState(StateReader& r, FdTable& fds, uint16_t boot_nonce,
         static_cast<uint32_t>(j.region_states.size()), j.region_bytes, account,
         j.inbox);
     job->RestoreRegionStates(j.region_states);
+    job->set_unexpected_budget(j.unexpected_budget);
     jobs.push_back(std::move(job));
   }
   std::vector<Endpoint::Identity> identities(im.endpoints.size());

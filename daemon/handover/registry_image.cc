@@ -51,6 +51,10 @@ void WriteStep(StateWriter& w, const std::optional<StepImage>& s) {
   w.U32(s->step_id);
   w.U32(s->uid);
   w.Str(s->cgroup);
+  w.U32(s->tasks);
+  w.U64(s->memory_mib);
+  w.U32(s->max_endpoints);
+  w.U64(s->unexpected_budget_bytes);
 }
 bool ReadStep(StateReader& r, std::optional<StepImage>* s) {
   bool has = false;
@@ -63,7 +67,11 @@ bool ReadStep(StateReader& r, std::optional<StepImage>* s) {
   if (!r.U32(&step.job_id, "slurm job id") ||
       !r.U32(&step.step_id, "slurm step id") ||
       !r.U32(&step.uid, "slurm uid") ||
-      !r.Str(&step.cgroup, kMaxCgroup, "slurm cgroup")) {
+      !r.Str(&step.cgroup, kMaxCgroup, "slurm cgroup") ||
+      !r.U32(&step.tasks, "slurm tasks") ||
+      !r.U64(&step.memory_mib, "slurm memory") ||
+      !r.U32(&step.max_endpoints, "slurm endpoints") ||
+      !r.U64(&step.unexpected_budget_bytes, "slurm unexpected budget")) {
     return false;
   }
   *s = std::move(step);
@@ -89,6 +97,7 @@ void WriteRegistryImage(StateWriter& w, const RegistryImage& image) {
     w.Bool(j.inbox);
     w.U32(static_cast<uint32_t>(j.region_states.size()));
     for (uint8_t s : j.region_states) w.U8(s);
+    w.U64(j.unexpected_budget);
   }
   w.U32(static_cast<uint32_t>(image.endpoints.size()));
   for (const EndpointImage& e : image.endpoints) {
@@ -164,6 +173,7 @@ bool ParseRegistryImage(StateReader& r, const RegistryLimits& limits,
       if (!r.U8(&s, "region state")) return false;
       if (s > 2) return r.Fail("region state", std::to_string(s) + " is unknown");
     }
+    if (!r.U64(&j.unexpected_budget, "job unexpected budget")) return false;
     if (!keys.insert({j.uuid, j.uid}).second) {
       return r.Fail("job", "key appears twice");
     }
@@ -281,7 +291,7 @@ bool ParseRegistryImage(StateReader& r, const RegistryLimits& limits,
     }
     im.closed_totals.push_back(std::move(t));
   }
-  if (!r.Count(&n, 30, kMaxKept, "job histories")) return false;
+  if (!r.Count(&n, 33, kMaxKept, "job histories")) return false;
   im.histories.resize(n);
   for (HistoryImage& h : im.histories) {
     if (!ReadUuid(r, &h.uuid) || !r.U32(&h.uid, "history uid") ||
@@ -290,7 +300,7 @@ bool ParseRegistryImage(StateReader& r, const RegistryLimits& limits,
       return false;
     }
   }
-  if (!r.Count(&n, 17, kMaxKept, "slurm steps")) return false;
+  if (!r.Count(&n, 41, kMaxKept, "slurm steps")) return false;
   for (uint32_t i = 0; i < n; i++) {
     UuidBytes uuid{};
     std::optional<StepImage> step;

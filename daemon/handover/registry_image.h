@@ -43,10 +43,12 @@ struct StepImage {
   uint32_t step_id = 0;
   uint32_t uid = 0;
   std::string cgroup;
-  bool operator==(const StepImage& o) const {
-    return job_id == o.job_id && step_id == o.step_id && uid == o.uid &&
-           cgroup == o.cgroup;
-  }
+  // Its allocation here and the budgets registration gave its job (kept as
+  // registered: a changed configuration reaches new steps only).
+  uint32_t tasks = 0;
+  uint64_t memory_mib = 0;
+  uint32_t max_endpoints = 0;
+  uint64_t unexpected_budget_bytes = 0;
 };
 
 struct JobImage {
@@ -57,6 +59,7 @@ struct JobImage {
   uint64_t region_bytes = 0;
   bool inbox = false;
   std::vector<uint8_t> region_states;  // 0 free, 1 owned, 2 retired
+  uint64_t unexpected_budget = UINT64_MAX;  // its Slurm step's, if any
 };
 
 struct EndpointImage {

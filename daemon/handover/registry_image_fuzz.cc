@@ -147,7 +147,8 @@ RegistryImage Example(int jobs, int per_job, bool steps) {
   h.closed = {5, 6, 7, 8};
   h.age_ns = 1000;
   if (steps) {
-    StepImage step{42, 0, 1000, "0::/system.slice/slurmstepd.scope/job_42/step_0"};
+    StepImage step{42, 0, 1000, "0::/system.slice/slurmstepd.scope/job_42/step_0",
+                   2, 300, 2, 31457280};
     h.slurm = step;
     im.steps.push_back({im.jobs[0].uuid, step});
   }
