@@ -8,8 +8,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/harness.h"
@@ -103,6 +105,45 @@ TEST_F(HandoverTest, UpgradeUnderRunningExchangesLosesNothing) {
   after.Start(dir_, d, "after", kJobA, 1000, 4096);
   EXPECT_EQ(after.r0.Wait(30), 0) << after.Errors();
   EXPECT_EQ(after.r1.Wait(30), 0) << after.Errors();
+  EXPECT_TRUE(d.Stop());
+}
+
+// Jobs that start, connect and end while psmd is handed over, and control
+// calls made meanwhile, never notice: a connection made during the
+// blackout waits in the socket's backlog, one being classified is handed
+// over, and each call opens its own.
+TEST_F(HandoverTest, JobsStartingDuringUpgradesNeverNotice) {
+  Daemon d(dir_);
+  std::atomic<bool> done{false};
+  std::atomic<int> jobs{0}, calls{0};
+  std::string failures;
+  std::thread starter([&] {
+    for (int i = 0; !done || i < 3; i++) {
+      Pair p;
+      p.Start(dir_, d, "job" + std::to_string(i), i % 2 ? kJobA : kJobB, 200,
+              4096);
+      const int r0 = p.r0.Wait(60), r1 = p.r1.Wait(60);
+      if (r0 != 0 || r1 != 0) failures += p.Errors();
+      jobs++;
+    }
+  });
+  std::thread caller([&] {
+    while (!done) {
+      RunResult h = Psmctl(dir_, d, {"health"});
+      if (h.exit_code != 0) failures += "health: " + h.err;
+      calls++;
+    }
+  });
+  for (int i = 0; i < 6; i++) {
+    RunResult up = Psmctl(dir_, d, {"upgrade"});
+    EXPECT_EQ(up.exit_code, 0) << up.err;
+  }
+  done = true;
+  starter.join();
+  caller.join();
+  EXPECT_EQ(failures, "");
+  EXPECT_GE(jobs.load(), 3);
+  EXPECT_GE(calls.load(), 6);
   EXPECT_TRUE(d.Stop());
 }
 
