@@ -59,12 +59,40 @@ void WaitAll(std::vector<psm2_mq_req_t>& reqs, const char* what) {
     psm2_mq_status2_t st;
     CheckPsm(psm2_mq_wait2(&r, &st), what);
     if (st.error_code != PSM2_OK) {
-      fprintf(stderr, "handover_hold: %s ended with %d\n", what,
-              st.error_code);
+      fprintf(stderr, "handover_hold: %s ended with %d\n", what, st.error_code);
       exit(1);
     }
   }
   reqs.clear();
+}
+
+// Each endpoint i posts `depth` receives of `recv_kind` from its partner
+// (into its part of *bufs) and sends its partner `depth` messages of
+// `send_kind` (from its part of *out, which must outlive the sends).
+void PostAndSend(std::vector<Ep>& eps, int depth, uint32_t recv_kind,
+                 uint32_t send_kind, std::vector<uint64_t>* bufs,
+                 std::vector<uint64_t>* out, std::vector<psm2_mq_req_t>* recvs,
+                 std::vector<psm2_mq_req_t>* sends) {
+  psm2_mq_tag_t all;
+  all.tag0 = all.tag1 = all.tag2 = 0xffffffffu;
+  const int n = static_cast<int>(eps.size());
+  for (int i = 0; i < n; i++) {
+    for (int k = 0; k < depth; k++) {
+      psm2_mq_tag_t t = Tag(recv_kind, i ^ 1, k);
+      psm2_mq_req_t r;
+      CheckPsm(psm2_mq_irecv2(eps[i].mq, PSM2_MQ_ANY_ADDR, &t, &all, 0,
+                              &(*bufs)[size_t(i) * depth + k], 8, nullptr, &r),
+               "psm2_mq_irecv2");
+      recvs->push_back(r);
+      uint64_t& v = (*out)[size_t(i) * depth + k];
+      v = Payload(send_kind, i, k);
+      psm2_mq_tag_t q = Tag(send_kind, i, k);
+      CheckPsm(
+          psm2_mq_isend2(eps[i].mq, eps[i].partner, 0, &q, &v, 8, nullptr, &r),
+          "psm2_mq_isend2");
+      sends->push_back(r);
+    }
+  }
 }
 
 }  // namespace
@@ -94,9 +122,9 @@ int main(int argc, char** argv) {
     CheckPsm(psm2_ep_open_opts_get_defaults(&opts), "defaults");
     CheckPsm(psm2_ep_open(uuid, &opts, &eps[i].ep, &eps[i].epid),
              "psm2_ep_open");
-    CheckPsm(psm2_mq_init(eps[i].ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0,
-                          &eps[i].mq),
-             "psm2_mq_init");
+    CheckPsm(
+        psm2_mq_init(eps[i].ep, PSM2_MQ_ORDERMASK_ALL, nullptr, 0, &eps[i].mq),
+        "psm2_mq_init");
   }
   for (int i = 0; i < n; i++) {
     psm2_error_t err;
@@ -104,48 +132,21 @@ int main(int argc, char** argv) {
                              &eps[i].partner, kTimeoutNs),
              "psm2_ep_connect");
   }
-  std::vector<uint64_t> posted_buf(size_t(n) * depth), queued_buf(size_t(n) * depth);
-  std::vector<psm2_mq_req_t> posted, sends;
-  psm2_mq_tag_t all;
-  all.tag0 = all.tag1 = all.tag2 = 0xffffffffu;
-  for (int i = 0; i < n; i++) {
-    for (int k = 0; k < depth; k++) {
-      psm2_mq_tag_t t = Tag(kPosted, i ^ 1, k);
-      psm2_mq_req_t r;
-      CheckPsm(psm2_mq_irecv2(eps[i].mq, PSM2_MQ_ANY_ADDR, &t, &all, 0,
-                              &posted_buf[size_t(i) * depth + k], 8, nullptr, &r),
-               "psm2_mq_irecv2");
-      posted.push_back(r);
-      uint64_t v = Payload(kQueued, i, k);
-      psm2_mq_tag_t q = Tag(kQueued, i, k);
-      CheckPsm(psm2_mq_isend2(eps[i].mq, eps[i].partner, 0, &q, &v, 8, nullptr,
-                              &r),
-               "psm2_mq_isend2");
-      sends.push_back(r);
-    }
-  }
+  const size_t total = size_t(n) * depth;
+  std::vector<uint64_t> posted_buf(total), queued_buf(total);
+  std::vector<uint64_t> queued_out(total), posted_out(total);
+  std::vector<psm2_mq_req_t> posted, sends, recvs;
+  // Before the handover: receives of kPosted that nothing matches yet, and
+  // kQueued messages that nothing receives yet.
+  PostAndSend(eps, depth, kPosted, kQueued, &posted_buf, &queued_out, &posted,
+              &sends);
   WaitAll(sends, "a queued send");  // eager: buffered once psmd has it
   FILE* ready = fopen((dir + "/ready").c_str(), "w");
   if (ready != nullptr) fclose(ready);
   while (access((dir + "/go").c_str(), F_OK) != 0) usleep(10000);
-
-  std::vector<psm2_mq_req_t> recvs;
-  for (int i = 0; i < n; i++) {
-    for (int k = 0; k < depth; k++) {
-      psm2_mq_tag_t q = Tag(kQueued, i ^ 1, k);
-      psm2_mq_req_t r;
-      CheckPsm(psm2_mq_irecv2(eps[i].mq, PSM2_MQ_ANY_ADDR, &q, &all, 0,
-                              &queued_buf[size_t(i) * depth + k], 8, nullptr, &r),
-               "psm2_mq_irecv2");
-      recvs.push_back(r);
-      uint64_t v = Payload(kPosted, i, k);
-      psm2_mq_tag_t t = Tag(kPosted, i, k);
-      CheckPsm(psm2_mq_isend2(eps[i].mq, eps[i].partner, 0, &t, &v, 8, nullptr,
-                              &r),
-               "psm2_mq_isend2");
-      sends.push_back(r);
-    }
-  }
+  // After it: the other way round.
+  PostAndSend(eps, depth, kQueued, kPosted, &queued_buf, &posted_out, &recvs,
+              &sends);
   WaitAll(sends, "a send");
   WaitAll(posted, "a receive posted before the handover");
   WaitAll(recvs, "a receive of a message queued before the handover");

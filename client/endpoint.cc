@@ -1,8 +1,8 @@
 #include "client/endpoint.h"
 
 #include <poll.h>
-#include <sys/socket.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 

@@ -274,24 +274,23 @@ int main(int argc, char** argv) {
   psmd::ControlService service(&registry, &admission, &worker, &shared,
                                loader.config_path(), &upgrades);
   std::unique_ptr<grpc::Server> server;
-  psmd::Daemon daemon{
-      config,
-      worker,
-      registry,
-      admission,
-      upgrades,
-      [&] {
-        grpc::ServerBuilder builder;
-        builder.RegisterService(&service);
-        server = builder.BuildAndStart();
-        if (server) admission.Start(server.get());
-        return server != nullptr;
-      },
-      [&] {
-        server->Shutdown(std::chrono::system_clock::now() +
-                         std::chrono::seconds(1));
-        server.reset();
-      }};
+  psmd::Daemon daemon{config,
+                      worker,
+                      registry,
+                      admission,
+                      upgrades,
+                      [&] {
+                        grpc::ServerBuilder builder;
+                        builder.RegisterService(&service);
+                        server = builder.BuildAndStart();
+                        if (server) admission.Start(server.get());
+                        return server != nullptr;
+                      },
+                      [&] {
+                        server->Shutdown(std::chrono::system_clock::now() +
+                                         std::chrono::seconds(1));
+                        server.reset();
+                      }};
   if (inheritance) psmd::TakeOver(daemon, *inheritance);
   if (!daemon.start_server()) {
     spdlog::critical("cannot start the gRPC control server");

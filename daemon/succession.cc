@@ -82,9 +82,8 @@ int FreezeAndWrite(Daemon& d, handover::FdTable* fds, std::string* why) {
     Resume(d);
     return -1;
   }
-  spdlog::info(
-      "handing over {} endpoints ({} descriptors, {} bytes of state)",
-      d.registry.endpoint_count(), fds->fds().size(), bytes);
+  spdlog::info("handing over {} endpoints ({} descriptors, {} bytes of state)",
+               d.registry.endpoint_count(), fds->fds().size(), bytes);
   return state_fd;
 }
 
@@ -194,8 +193,8 @@ bool TakeOver(Daemon& d, Inheritance& in) {
   if (!r.Section(handover::kRegistrySection, &section, "registry")) {
     status = {PSM2_INTERNAL_ERR, r.error()};
   } else {
-    status = d.registry.LoadState(section, in.fds, in.process.boot_nonce,
-                                  &liveness);
+    status =
+        d.registry.LoadState(section, in.fds, in.process.boot_nonce, &liveness);
     registry_loaded = status.ok();
   }
   if (status.ok()) status = d.workers.LoadState(r);

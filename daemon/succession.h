@@ -59,8 +59,8 @@ struct Inheritance {
   handover::FdTable fds;
   int listen_fd = -1;
   std::vector<int> pending;  // connections not yet classified
-  std::string body;  // the state file's sections
-  size_t rest_at = 0;  // where the registry's section starts in body
+  std::string body;          // the state file's sections
+  size_t rest_at = 0;        // where the registry's section starts in body
 };
 
 // Reads the state file `state_fd` for a psmd with `config`; `handed`: the

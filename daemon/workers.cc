@@ -53,8 +53,8 @@ Status Workers::FreezeAndSave(handover::StateWriter& w, uint32_t timeout_ms) {
   Freeze();
   // A shard's drain may hand items to another, so a round counts only when
   // every shard was quiesced in it.
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(timeout_ms);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   for (;;) {
     bool all = true;
     for (auto& worker : workers_) all &= worker->Drain();

@@ -22,12 +22,6 @@ namespace {
 const char kJobA[] = "5053d0d0aaaaaaaaaaaaaaaaaaaaaaaa";
 const char kJobB[] = "5053d0d0bbbbbbbbbbbbbbbbbbbbbbbb";
 
-std::string Subdir(const TempDir& dir, const std::string& name) {
-  std::string p = dir.path() + "/" + name;
-  mkdir(p.c_str(), 0755);
-  return p;
-}
-
 std::string WriteScript(const TempDir& dir, const std::string& name,
                         const std::string& body) {
   const std::string path = dir.path() + "/" + name;
@@ -181,18 +175,21 @@ TEST_F(HandoverTest, BinaryOfAnotherFormatIsRefusedWhilePsmdServesOn) {
 // new jobs on the same socket.
 TEST_F(HandoverTest, DamagedStateEndsEndpointsWithTheReasonAndPsmdServesOn) {
   const std::string psmd = Runfile("daemon/psmd");
-  const std::string wrapper = WriteScript(
-      dir_, "damaging-psmd",
-      "[[ \"$1\" == --handover-format ]] && exec " + psmd +
-          " --handover-format\n"
-          "f=" + dir_.path() + "/state.copy\n"
-          "cat /proc/self/fd/$PSMD_HANDOVER_FD >\"$f\"\n"
-          "printf '\\x5a' | dd of=\"$f\" bs=1 seek=$((DAMAGE_AT)) "
-          "conv=notrunc status=none\n"
-          "exec {copy}<\"$f\"\n"
-          "rm -f \"$f\"\n"
-          "exec {PSMD_HANDOVER_FD}<&-\n"
-          "PSMD_HANDOVER_FD=$copy exec " + psmd + " \"$@\"\n");
+  const std::string wrapper =
+      WriteScript(dir_, "damaging-psmd",
+                  "[[ \"$1\" == --handover-format ]] && exec " + psmd +
+                      " --handover-format\n"
+                      "f=" +
+                      dir_.path() +
+                      "/state.copy\n"
+                      "cat /proc/self/fd/$PSMD_HANDOVER_FD >\"$f\"\n"
+                      "printf '\\x5a' | dd of=\"$f\" bs=1 seek=$((DAMAGE_AT)) "
+                      "conv=notrunc status=none\n"
+                      "exec {copy}<\"$f\"\n"
+                      "rm -f \"$f\"\n"
+                      "exec {PSMD_HANDOVER_FD}<&-\n"
+                      "PSMD_HANDOVER_FD=$copy exec " +
+                      psmd + " \"$@\"\n");
   for (const char* at : {"200", "8"}) {  // the body; the format field
     SCOPED_TRACE(std::string("damage at byte ") + at);
     TempDir dir;

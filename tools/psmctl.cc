@@ -52,13 +52,13 @@ constexpr int kSchemaVersion = 1;
 struct Options {
   std::string socket = psmd::client::SocketPath();
   std::string format = "table";
-  bool json = false;      // --json, kept from psmctl 0.5: --format json
-  double watch = 0;       // stats --watch SECONDS (0: totals)
-  int count = 0;          // stats --count N
-  double max_stall = 5;   // health --max-stall SECONDS
-  uint32_t close_id = 0;  // close ID
-  std::string output;     // stats --output FILE
-  std::string exec_path;  // upgrade --exec PATH
+  bool json = false;            // --json, kept from psmctl 0.5: --format json
+  double watch = 0;             // stats --watch SECONDS (0: totals)
+  int count = 0;                // stats --count N
+  double max_stall = 5;         // health --max-stall SECONDS
+  uint32_t close_id = 0;        // close ID
+  std::string output;           // stats --output FILE
+  std::string exec_path;        // upgrade --exec PATH
   double upgrade_timeout = 30;  // upgrade --timeout SECONDS
   // slurm-register and slurm-end (psmd's SPANK plugin).
   std::string job_key;
@@ -900,7 +900,8 @@ int ShowHealth(ControlClient& control, const std::string& format,
         "\"uptime_seconds\": %.3f, \"endpoint_count\": %u, "
         "\"max_endpoints\": %u, \"pid\": %u, "
         "\"worker_last_turn_seconds\": %.3f, \"max_stall_seconds\": %.3f, "
-        "\"generation\": %" PRIu64 ", \"last_blackout_seconds\": %.6f, "
+        "\"generation\": %" PRIu64
+        ", \"last_blackout_seconds\": %.6f, "
         "\"last_carried_endpoints\": %u}\n",
         kSchemaVersion, healthy ? "true" : "false",
         JsonString(r.version()).c_str(), JsonString(r.commit()).c_str(), uptime,
@@ -969,9 +970,9 @@ int Upgrade(ControlClient& control, const std::string& exec_path,
   for (;;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     const auto now = std::chrono::steady_clock::now();
-    const auto since = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           now - asked)
-                           .count();
+    const auto since =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(now - asked)
+            .count();
     if (control.Health(&after).ok() &&
         (after.generation() > reply.generation() ||
          after.uptime_ns() < static_cast<uint64_t>(since))) {
@@ -993,12 +994,11 @@ int Upgrade(ControlClient& control, const std::string& exec_path,
             reply.endpoint_count());
     return kFailed;
   }
-  printf(
-      "psmd %s -> %s (pid %u, generation %" PRIu64
-      "): %u endpoints carried over, blackout %.1f ms\n",
-      before.version().c_str(), after.version().c_str(), after.daemon_pid(),
-      after.generation(), after.last_carried_endpoints(),
-      static_cast<double>(after.last_blackout_ns()) / 1e6);
+  printf("psmd %s -> %s (pid %u, generation %" PRIu64
+         "): %u endpoints carried over, blackout %.1f ms\n",
+         before.version().c_str(), after.version().c_str(), after.daemon_pid(),
+         after.generation(), after.last_carried_endpoints(),
+         static_cast<double>(after.last_blackout_ns()) / 1e6);
   return 0;
 }
 

@@ -26,9 +26,9 @@ using handover::StateWriter;
 
 uint64_t AgeNs(std::chrono::steady_clock::time_point t,
                std::chrono::steady_clock::time_point now) {
-  return now > t ? static_cast<uint64_t>(
-                       std::chrono::nanoseconds(now - t).count())
-                 : 0;
+  return now > t
+             ? static_cast<uint64_t>(std::chrono::nanoseconds(now - t).count())
+             : 0;
 }
 
 std::chrono::steady_clock::time_point Before(
@@ -39,9 +39,9 @@ std::chrono::steady_clock::time_point Before(
 
 std::optional<handover::StepImage> ImageOf(const std::optional<SlurmStep>& s) {
   if (!s) return std::nullopt;
-  return handover::StepImage{s->job_id,     s->step_id,       s->uid,
-                             s->cgroup,     s->tasks,         s->memory_mib,
-                             s->max_endpoints, s->unexpected_budget_bytes};
+  return handover::StepImage{
+      s->job_id, s->step_id,    s->uid,           s->cgroup,
+      s->tasks,  s->memory_mib, s->max_endpoints, s->unexpected_budget_bytes};
 }
 
 SlurmStep StepOf(const handover::StepImage& s) {
@@ -162,10 +162,10 @@ Status Registry::LoadState(StateReader& r, FdTable& fds, uint16_t boot_nonce,
     }
     auto& account = accounts[j.uid];
     if (!account) account = std::make_shared<UidAccount>();
-    auto job = std::make_shared<Job>(
-        JobKey{j.uuid, j.uid}, std::move(pool),
-        static_cast<uint32_t>(j.region_states.size()), j.region_bytes, account,
-        j.inbox);
+    auto job =
+        std::make_shared<Job>(JobKey{j.uuid, j.uid}, std::move(pool),
+                              static_cast<uint32_t>(j.region_states.size()),
+                              j.region_bytes, account, j.inbox);
     job->RestoreRegionStates(j.region_states);
     job->set_unexpected_budget(j.unexpected_budget);
     jobs.push_back(std::move(job));
@@ -211,8 +211,8 @@ Status Registry::LoadState(StateReader& r, FdTable& fds, uint16_t boot_nonce,
     if (e.liveness_fd != handover::kNoFd) {
       fds.TakeIfHanded(e.liveness_fd, &fd, r, "attach connection");
     }
-    built.push_back(
-        std::make_shared<Endpoint>(std::move(identities[i]), im.default_budget));
+    built.push_back(std::make_shared<Endpoint>(std::move(identities[i]),
+                                               im.default_budget));
     liveness_fds.push_back(fd);
   }
 

@@ -485,7 +485,8 @@ TEST_F(RegistryHandoverTest, TheNextRegistryListsWhatThisOneHad) {
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
   int fds[shm::kAttachFdCount];
   uint32_t id = 0;
-  ASSERT_TRUE(registry_.Attach(a.token, User(1000, 10), pair[0], fds, &id).ok());
+  ASSERT_TRUE(
+      registry_.Attach(a.token, User(1000, 10), pair[0], fds, &id).ok());
   std::vector<ConnectOutcome> out;
   ASSERT_TRUE(registry_.Connect(User(1000, 10), a.id, {b.epid}, &out).ok());
 

@@ -109,8 +109,7 @@ class Job {
       return false;
     }
     const uint64_t i = r.offset / region_bytes_;
-    return i < region_state_.size() &&
-           region_state_[i] == RegionState::kOwned;
+    return i < region_state_.size() && region_state_[i] == RegionState::kOwned;
   }
   bool has_inbox() const { return inbox_; }
   uint64_t region_bytes() const { return region_bytes_; }

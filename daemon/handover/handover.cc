@@ -82,8 +82,8 @@ bool FdTable::Read(StateReader& r, const std::vector<int>* handed) {
 
 bool FdTable::Take(uint32_t index, int* fd, StateReader& r, const char* what) {
   if (index >= fds_.size()) {
-    return r.Fail(what, "names descriptor " + std::to_string(index) +
-                            " of " + std::to_string(fds_.size()));
+    return r.Fail(what, "names descriptor " + std::to_string(index) + " of " +
+                            std::to_string(fds_.size()));
   }
   if (taken_[index]) {
     return r.Fail(what, "names descriptor " + std::to_string(index) +
@@ -188,8 +188,8 @@ int WriteStateFile(const std::string& body, const std::string& version,
     return -1;
   }
   // Sealed: nothing may change it between the two processes.
-  fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE |
-                             F_SEAL_SEAL);
+  fcntl(fd, F_ADD_SEALS,
+        F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
   return fd;
 }
 
@@ -211,9 +211,8 @@ Status ReadStateFile(int fd, std::string* body) {
   }
   close(fd);
   if (!read_ok) {
-    return {PSM2_INTERNAL_ERR,
-            "cannot read the state file (size " + std::to_string(st.st_size) +
-                ")"};
+    return {PSM2_INTERNAL_ERR, "cannot read the state file (size " +
+                                   std::to_string(st.st_size) + ")"};
   }
   StateReader r(file.data(), file.size());
   uint8_t magic[sizeof(kMagic)];
@@ -226,9 +225,9 @@ Status ReadStateFile(int fd, std::string* body) {
   }
   if (!r.U32(&format, "format")) return {PSM2_INTERNAL_ERR, r.error()};
   if (format != kFormatVersion) {
-    return {PSM2_INTERNAL_ERR,
-            "state format " + std::to_string(format) + ", this psmd reads " +
-                std::to_string(kFormatVersion) + " only"};
+    return {PSM2_INTERNAL_ERR, "state format " + std::to_string(format) +
+                                   ", this psmd reads " +
+                                   std::to_string(kFormatVersion) + " only"};
   }
   if (!r.U32(&flags, "flags") || !r.U64(&len, "length") ||
       !r.U64(&sum, "checksum") || !r.Str(&writer, 256, "writer version")) {
@@ -246,9 +245,8 @@ Status ReadStateFile(int fd, std::string* body) {
   body->assign(file, file.size() - r.Left(), r.Left());
   if (Checksum(*body) != sum) {
     body->clear();
-    return {PSM2_INTERNAL_ERR,
-            "state checksum mismatch (written by psmd " + writer +
-                "): the file is damaged"};
+    return {PSM2_INTERNAL_ERR, "state checksum mismatch (written by psmd " +
+                                   writer + "): the file is damaged"};
   }
   return {};
 }
@@ -258,7 +256,8 @@ int TakeStateFd() {
   if (env == nullptr) return -1;
   char* end = nullptr;
   long fd = strtol(env, &end, 10);
-  const bool valid = *env != '\0' && *end == '\0' && fd >= 3 && fd < INT32_MAX &&
+  const bool valid = *env != '\0' && *end == '\0' && fd >= 3 &&
+                     fd < INT32_MAX &&
                      fcntl(static_cast<int>(fd), F_GETFD) >= 0;
   unsetenv(kEnvFd);
   if (!valid) return -2;
@@ -318,9 +317,9 @@ bool StoreWithServiceManager(int state_fd, const std::vector<int>& fds,
     const std::string msg = "FDSTORE=1\nFDNAME=" + name;
     const int rc = sd_pid_notify_with_fds(0, 0, msg.c_str(), &fd, 1);
     if (rc <= 0) {
-      *error = rc == 0 ? "no service manager (NOTIFY_SOCKET unset)"
-                       : std::string("sd_pid_notify_with_fds: ") +
-                             strerror(-rc);
+      *error = rc == 0
+                   ? "no service manager (NOTIFY_SOCKET unset)"
+                   : std::string("sd_pid_notify_with_fds: ") + strerror(-rc);
       return false;
     }
     return true;

@@ -86,13 +86,13 @@ struct ProcessState {
   uint16_t node_id = 0;
   uint16_t boot_nonce = 0;  // the epids' (shm/epid.h): clients keep theirs
   std::string socket_path;
-  uint32_t workers = 1;  // ids name shards (MqEngine::ShardOf): kept
+  uint32_t workers = 1;    // ids name shards (MqEngine::ShardOf): kept
   uint32_t listen_fd = 0;  // FdTable index of the control socket
   // FdTable indices of connections accepted but not yet classified (gRPC
   // or attach): the successor classifies them.
   std::vector<uint32_t> pending;
-  bool activated = false;  // it came from systemd
-  bool bound = false;      // psmd created its file (and removes it at stop)
+  bool activated = false;     // it came from systemd
+  bool bound = false;         // psmd created its file (and removes it at stop)
   uint64_t frozen_at_ns = 0;  // CLOCK_MONOTONIC when the old one stopped
   uint32_t old_pid = 0;
   uint64_t generation = 0;  // handovers so far, this one included

@@ -171,7 +171,8 @@ bool ParseRegistryImage(StateReader& r, const RegistryLimits& limits,
     j.region_states.resize(nregions);
     for (auto& s : j.region_states) {
       if (!r.U8(&s, "region state")) return false;
-      if (s > 2) return r.Fail("region state", std::to_string(s) + " is unknown");
+      if (s > 2)
+        return r.Fail("region state", std::to_string(s) + " is unknown");
     }
     if (!r.U64(&j.unexpected_budget, "job unexpected budget")) return false;
     if (!keys.insert({j.uuid, j.uid}).second) {

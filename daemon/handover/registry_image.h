@@ -58,7 +58,7 @@ struct JobImage {
   uint64_t pool_bytes = 0;
   uint64_t region_bytes = 0;
   bool inbox = false;
-  std::vector<uint8_t> region_states;  // 0 free, 1 owned, 2 retired
+  std::vector<uint8_t> region_states;       // 0 free, 1 owned, 2 retired
   uint64_t unexpected_budget = UINT64_MAX;  // its Slurm step's, if any
 };
 

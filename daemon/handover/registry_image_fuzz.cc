@@ -90,7 +90,8 @@ void CheckRules(const RegistryImage& im) {
     for (uint8_t s : im.jobs[j].region_states) owned += s == 1;
     Check(per_job[j] > 0 && owned == per_job[j]);
   }
-  for (const auto& t : im.closed_totals) Check(t.second.size() == kLimits.counters);
+  for (const auto& t : im.closed_totals)
+    Check(t.second.size() == kLimits.counters);
   for (const auto& h : im.histories) Check(h.closed.size() == kLimits.counters);
 }
 
@@ -147,8 +148,9 @@ RegistryImage Example(int jobs, int per_job, bool steps) {
   h.closed = {5, 6, 7, 8};
   h.age_ns = 1000;
   if (steps) {
-    StepImage step{42, 0, 1000, "0::/system.slice/slurmstepd.scope/job_42/step_0",
-                   2, 300, 2, 31457280};
+    StepImage step{
+        42, 0,   1000, "0::/system.slice/slurmstepd.scope/job_42/step_0",
+        2,  300, 2,    31457280};
     h.slurm = step;
     im.steps.push_back({im.jobs[0].uuid, step});
   }
@@ -159,7 +161,8 @@ RegistryImage Example(int jobs, int per_job, bool steps) {
 std::vector<std::string> Seeds() {
   std::vector<std::string> seeds;
   for (auto [jobs, per_job, steps] :
-       {std::tuple{1, 2, false}, std::tuple{2, 3, true}, std::tuple{3, 1, true}}) {
+       {std::tuple{1, 2, false}, std::tuple{2, 3, true},
+        std::tuple{3, 1, true}}) {
     StateWriter w;
     WriteRegistryImage(w, Example(jobs, per_job, steps));
     seeds.push_back(std::string(1, '\1') + w.bytes());

@@ -76,7 +76,8 @@ class StateWriter {
   template <typename T>
   void Little(T v) {
     char b[sizeof(T)];
-    for (size_t i = 0; i < sizeof(T); ++i) b[i] = static_cast<char>(v >> (8 * i));
+    for (size_t i = 0; i < sizeof(T); ++i)
+      b[i] = static_cast<char>(v >> (8 * i));
     Put(b, sizeof(T));
   }
   void Put(const void* p, size_t n) {
@@ -90,7 +91,9 @@ class StateReader {
  public:
   StateReader() = default;
   StateReader(const void* data, size_t size, size_t base_offset = 0)
-      : p_(static_cast<const uint8_t*>(data)), size_(size), base_(base_offset) {}
+      : p_(static_cast<const uint8_t*>(data)),
+        size_(size),
+        base_(base_offset) {}
 
   bool U8(uint8_t* v, const char* what) { return Get(v, 1, what); }
   bool Bool(bool* v, const char* what) {

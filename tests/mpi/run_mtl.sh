@@ -131,6 +131,14 @@ most_threads() {
   grep -o 'threads [0-9]*' "$1" | awk '{ if ($2 > m) m = $2 } END { print m + 0 }'
 }
 
+# Waits (at most 60 s) until both ranks of mpi_restart wrote their ready
+# files.
+await_ready() {
+  for _ in $(seq 600); do
+    [[ -s $work/run/ready0 && -s $work/run/ready1 ]] && return; sleep 0.1
+  done
+}
+
 before=0
 [[ $case_name != decline ]] && before=$(sent)
 min=0
@@ -242,9 +250,7 @@ case "$case_name" in
     mpi_timeout=60 mpi 2 --mca pml cm --mca mtl psmd \
       "$work/mpi_restart" "$work/run" 0 >"$work/restart.log" 2>&1 &
     job=$!
-    for _ in $(seq 600); do
-      [[ -s $work/run/ready0 && -s $work/run/ready1 ]] && break; sleep 0.1
-    done
+    await_ready
     status=0
     rank_pid=("$(cat "$work/run/ready0" 2>/dev/null)" "$(cat "$work/run/ready1" 2>/dev/null)")
     cpu_before=("$(cpu_ms "${rank_pid[0]}")" "$(cpu_ms "${rank_pid[1]}")")
@@ -289,9 +295,7 @@ case "$case_name" in
     mpi_timeout=120 mpi 2 --mca pml cm --mca mtl psmd \
       "$work/mpi_restart" "$work/run" 60000 >"$work/upgrade.log" 2>&1 &
     job=$!
-    for _ in $(seq 600); do
-      [[ -s $work/run/ready0 && -s $work/run/ready1 ]] && break; sleep 0.1
-    done
+    await_ready
     status=0
     [[ -s $work/run/ready0 && -s $work/run/ready1 ]] ||
       { echo "run_mtl: the job never got going" >&2; status=1; }
