@@ -38,7 +38,8 @@ bazel build --config=thread-safety //daemon/... //client/... ||
 scripts/test_install.sh || { checks_failed=$((checks_failed + 1)); status=1; }
 scripts/test_deb.sh || { checks_failed=$((checks_failed + 1)); status=1; }
 bazel test --config=asan --jobs=2 -- //shm/... //daemon/... //client/... \
-  -//daemon/engine:engine_fuzz_test -//daemon/remote:wire_fuzz_test //tests:tenant_test //tests/conformance:mq_conformance_psmd \
+  -//daemon/engine:engine_fuzz_test -//daemon/remote:wire_fuzz_test \
+  -//daemon/handover:registry_image_fuzz_test //tests:tenant_test //tests/conformance:mq_conformance_psmd \
   //tests/conformance:am_conformance_psmd \
   //tests/conformance:core_conformance_psmd \
   //tests/conformance:mq_conformance_psmd_workers2 \
