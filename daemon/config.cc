@@ -493,6 +493,10 @@ int ConfigLoader::ParseCommandLine(int argc, char** argv) {
   app.add_flag("--handover-format", handover_format,
                "print the handover state format this psmd reads (psmctl "
                "upgrade asks a new binary before handing over), and exit");
+  app.add_flag("--fabric-info", fabric_info_,
+               "list the libfabric providers, fabrics and domains that can "
+               "serve psmd's ofi fabric (with --fabric-provider: those "
+               "matching it), as fi_info does, and exit 0, or 1 if none");
   app.add_flag("--check-config", check_config_,
                "print the effective configuration and exit 0, or one line per "
                "bad value and exit 2");

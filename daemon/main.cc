@@ -162,6 +162,13 @@ int main(int argc, char** argv) {
     printf("%s", psmd::ConfigToToml(config).c_str());
     return 0;
   }
+  if (loader.fabric_info()) {
+    std::string table;
+    const int usable =
+        psmd::hw::DescribeOfiProviders(config.fabric_provider, &table);
+    printf("%s", table.c_str());
+    return usable > 0 ? 0 : 1;
+  }
   std::string log_target = psmd::SetUpLogging(config);
 
   // Signals are taken synchronously by the main thread; every other thread
