@@ -11,7 +11,7 @@ def _run_pair(program, name, flags, data, env = {}):
         env = env,
     )
 
-def pair_tests(program, ranks = 2, nodes = 0, workers = 0):
+def pair_tests(program, ranks = 2, nodes = 0, workers = 0, upgrades = False):
     """Defines <program>_intel and <program>_psmd, each run by run_pair.sh.
 
     Args:
@@ -23,6 +23,8 @@ def pair_tests(program, ranks = 2, nodes = 0, workers = 0):
       nodes: if not 0, also <program>_nodes: the psmd run with that many
         daemons linked by the fabric (rank r on daemon r % nodes), and
         <program>_nodes_ofi: the same over the ofi backend on tcp;ofi_rxm.
+      upgrades: also <program>_psmd_upgrades: psmd handed over to itself
+        every 200 ms while the ranks run (psmctl upgrade).
     """
     r = ["--ranks", str(ranks)]
     if nodes:
@@ -37,6 +39,9 @@ def pair_tests(program, ranks = 2, nodes = 0, workers = 0):
         _run_pair(program, program + "_psmd_workers" + str(workers),
                   r + ["--workers", str(workers), "psmd"],
                   ["//tests:check_shards.py", "//tools:psmctl"])
+    if upgrades:
+        _run_pair(program, program + "_psmd_upgrades", r + ["--upgrades", "psmd"],
+                  ["//tools:psmctl"])
     for impl in ["intel", "psmd"]:
         _run_pair(program, program + "_" + impl, r + [impl],
                   ["//scripts:fake_hfi"])
