@@ -169,8 +169,8 @@ TEST_F(HandoverTest, BinaryOfAnotherFormatIsRefusedWhilePsmdServesOn) {
   EXPECT_TRUE(d.Stop());
 }
 
-// The successor finds the state damaged (one byte changed on the way, by
-// a wrapper that copies it and execs the real psmd): it refuses the whole
+// The successor finds the state damaged (changed on the way by a wrapper
+// that copies it and execs the real psmd): it refuses the whole
 // state, every client is told why with its lost-psmd line, and psmd serves
 // new jobs on the same socket.
 TEST_F(HandoverTest, DamagedStateEndsEndpointsWithTheReasonAndPsmdServesOn) {
@@ -183,14 +183,19 @@ TEST_F(HandoverTest, DamagedStateEndsEndpointsWithTheReasonAndPsmdServesOn) {
                       dir_.path() +
                       "/state.copy\n"
                       "cat /proc/self/fd/$PSMD_HANDOVER_FD >\"$f\"\n"
-                      "printf '\\x5a' | dd of=\"$f\" bs=1 seek=$((DAMAGE_AT)) "
-                      "conv=notrunc status=none\n"
+                      "case $DAMAGE_AT in\n"
+                      "  t*) truncate -s \"${DAMAGE_AT#t}\" \"$f\" ;;\n"
+                      "  *) printf '\\x5a' | dd of=\"$f\" bs=1 "
+                      "seek=$((DAMAGE_AT)) conv=notrunc status=none ;;\n"
+                      "esac\n"
                       "exec {copy}<\"$f\"\n"
                       "rm -f \"$f\"\n"
                       "exec {PSMD_HANDOVER_FD}<&-\n"
                       "PSMD_HANDOVER_FD=$copy exec " +
                       psmd + " \"$@\"\n");
-  for (const char* at : {"200", "8"}) {  // the body; the format field
+  // A byte of the body changed; the format field changed; the file cut
+  // short after its envelope.
+  for (const char* at : {"200", "8", "t100"}) {
     SCOPED_TRACE(std::string("damage at byte ") + at);
     TempDir dir;
     Daemon d(dir, {}, {{"DAMAGE_AT", at}});
@@ -210,10 +215,10 @@ TEST_F(HandoverTest, DamagedStateEndsEndpointsWithTheReasonAndPsmdServesOn) {
     const std::string errors = p.Errors();
     EXPECT_NE(errors.find("could not take over from"), std::string::npos)
         << errors;
-    EXPECT_NE(errors.find(std::string(at) == "8" ? "state format"
-                                                 : "checksum mismatch"),
-              std::string::npos)
-        << errors;
+    const std::string why = std::string(at) == "8"      ? "state format"
+                            : std::string(at) == "t100" ? "state length"
+                                                        : "checksum mismatch";
+    EXPECT_NE(errors.find(why), std::string::npos) << errors;
     EXPECT_NE(d.Log().find("handover refused"), std::string::npos) << d.Log();
     Pair after;
     after.Start(dir, d, "after", kJobB, 1000, 64);
