@@ -52,10 +52,15 @@ void MqEngine::JoinShards(Crossing* crossing, uint32_t shard) {
 }
 
 void MqEngine::Push(uint32_t to, const CrossItem& item) {
-  std::deque<CrossItem>& out = outbox_[to];
+  std::deque<Waiting>& out = outbox_[to];
   // Behind what waits already (Crossing invariant 1).
   if (!out.empty() || !crossing_->TryPush(shard_, to, item)) {
-    out.push_back(item);
+    uint32_t owner = 0;
+    if (pushing_ != nullptr) {  // a control submission's: PollControl
+      owner = pushing_->id();
+      pushing_->outbox_waiting++;
+    }
+    out.push_back(Waiting{item, owner});
     outbox_items_++;
   }
   wake_[to] = 1;
@@ -152,8 +157,11 @@ bool MqEngine::PollCrossing() {
   bool did = false;
   // What full lanes did not take goes before anything new.
   for (uint32_t to = 0; outbox_items_ > 0 && to < shards_; to++) {
-    std::deque<CrossItem>& out = outbox_[to];
-    while (!out.empty() && crossing_->TryPush(shard_, to, out.front())) {
+    std::deque<Waiting>& out = outbox_[to];
+    while (!out.empty() && crossing_->TryPush(shard_, to, out.front().item)) {
+      if (out.front().owner != 0) {
+        if (Endpoint* ep = Find(out.front().owner)) ep->outbox_waiting--;
+      }
       out.pop_front();
       outbox_items_--;
       wake_[to] = 1;

@@ -103,7 +103,12 @@
 //      per-pair order (invariant 1) holds; an item a budget holds waits in
 //      its receiver's held list, behind which that receiver's later items
 //      queue, and a sender has at most kCrossCredit such items in flight
-//      (its message ring waits beyond: invariant 4's back-pressure). A
+//      (its message ring waits beyond: invariant 4's back-pressure).
+//      Items a full lane did not take wait in the sending shard's outbox;
+//      an endpoint's control ring waits while kOutboxPerEndpoint items of
+//      its control submissions (replies, acks, chunks: no credit) do, so
+//      the outbox holds at most that and a batch per endpoint. Lanes are
+//      drained whatever waits, so that wait ends (no cycle). A
 //      removed endpoint's shard drains its rings first, then tells every
 //      other shard (kGone): they admit its held items, fail transfers it
 //      sent, and mark links to it gone (invariant 8), in lane order after
@@ -237,6 +242,12 @@ class MqEngine {
   // items a full lane did not take (the worker must not sleep for long).
   bool CrossingPending();
   bool OutboxWaiting() const { return outbox_items_ > 0; }
+  size_t outbox_items() const { return outbox_items_; }
+  // Items of one endpoint's control submissions (AM replies and acks,
+  // rendezvous chunks, completions for other shards: uncredited) that may
+  // wait in the outbox before its control ring waits too; what one pass
+  // adds beyond is at most a batch's.
+  static constexpr uint32_t kOutboxPerEndpoint = 64;
   // After a transport beside the engine ran (Remote::Poll, invariant 12):
   // wakes the shards it pushed to, as the end of PollAll does.
   void FlushAcross() {
@@ -572,8 +583,16 @@ class MqEngine {
   Crossing* crossing_ = nullptr;
   uint32_t shard_ = 0;
   uint32_t shards_ = 1;
-  std::vector<std::deque<CrossItem>> outbox_;  // per destination shard
+  // Per destination shard: what full lanes did not take, each with the
+  // endpoint whose control submission made it (0: none), whose
+  // outbox_waiting counts it.
+  struct Waiting {
+    CrossItem item;
+    uint32_t owner;
+  };
+  std::vector<std::deque<Waiting>> outbox_;
   size_t outbox_items_ = 0;
+  Endpoint* pushing_ = nullptr;  // PollControl's endpoint, while it runs
   std::vector<uint8_t> wake_;  // destination shards pushed to this pass
   // Items another shard sent to a receiver of ours that a budget holds, by
   // receiver, in arrival order (a later item for it queues behind them).
