@@ -79,11 +79,7 @@ void MqEngine::PostTo(uint32_t id, const shm::CompletionDesc& c) {
 }
 
 void MqEngine::PostErrorTo(uint32_t id, uint64_t req, int32_t error) {
-  shm::CompletionDesc c{};
-  c.op = shm::CompleteOp::kError;
-  c.req = req;
-  c.error = error;
-  PostTo(id, c);
+  PostTo(id, ErrorCompletion(req, error));
 }
 
 bool MqEngine::SendAcross(Endpoint& sender, uint32_t receiver_id,

@@ -80,11 +80,7 @@ void MqEngine::PostFor(Endpoint& ep, const shm::CompletionDesc& c) {
 }
 
 void MqEngine::PostErrorFor(Endpoint& ep, uint64_t req, int32_t error) {
-  shm::CompletionDesc c{};
-  c.op = shm::CompleteOp::kError;
-  c.req = req;
-  c.error = error;
-  PostFor(ep, c);
+  PostFor(ep, ErrorCompletion(req, error));
 }
 
 bool MqEngine::MayArriveAcross(const Endpoint& receiver) const {
@@ -223,10 +219,7 @@ void MqEngine::AnswerToFabric(const Endpoint& receiver, const UnexpectedMsg& m,
   item.kind = CrossKind::kFabricAnswer;
   item.flags = flags;
   item.from = receiver.id();
-  item.answer.msg = m;
-  item.answer.recv_req = recv_req;
-  item.answer.send_bytes = send_bytes;
-  item.answer.error = error;
+  item.answer = {m, recv_req, send_bytes, error};
   Push(0, item);
 }
 

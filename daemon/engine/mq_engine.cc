@@ -1267,12 +1267,16 @@ void MqEngine::CompleteSync(uint32_t sender_id, uint64_t sender_req,
   PostTo(sender_id, c);  // a sender that is gone has nobody to tell
 }
 
-void MqEngine::PostError(Endpoint& ep, uint64_t req, int32_t error) {
+shm::CompletionDesc MqEngine::ErrorCompletion(uint64_t req, int32_t error) {
   shm::CompletionDesc c{};
   c.op = shm::CompleteOp::kError;
   c.req = req;
   c.error = error;
-  Post(ep, c);
+  return c;
+}
+
+void MqEngine::PostError(Endpoint& ep, uint64_t req, int32_t error) {
+  Post(ep, ErrorCompletion(req, error));
 }
 
 void MqEngine::Post(Endpoint& ep, const shm::CompletionDesc& c) {

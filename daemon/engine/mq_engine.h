@@ -327,6 +327,8 @@ class MqEngine {
   // completion crosses to it.
   void PostFor(Endpoint& ep, const shm::CompletionDesc& c);
   void PostErrorFor(Endpoint& ep, uint64_t req, int32_t error);
+  // The kError completion of request `req`.
+  static shm::CompletionDesc ErrorCompletion(uint64_t req, int32_t error);
   // A message or active message from another node for `receiver`, an
   // endpoint of another shard: Arrive (Part::kWhole) or its completion's
   // Post happen there. At most kCrossCredit of them are in flight to one
