@@ -85,7 +85,7 @@ void MqEngine::PostErrorFor(Endpoint& ep, uint64_t req, int32_t error) {
 
 bool MqEngine::MayArriveAcross(const Endpoint& receiver) const {
   auto it = remote_in_flight_.find(receiver.id());
-  return it == remote_in_flight_.end() || it->second < kCrossCredit;
+  return it == remote_in_flight_.end() || it->second < kFabricCredit;
 }
 
 void MqEngine::ArriveAcross(Endpoint& receiver, const MsgKey& key,

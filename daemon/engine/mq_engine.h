@@ -125,7 +125,7 @@
 //      for an endpoint of shard k crosses to it (kRemoteArrive, kRemoteAm)
 //      and arrives there through Arrive (Part::kWhole) or is posted as a
 //      local one is, held there as a cross-shard send is (invariant 11);
-//      at most kCrossCredit of them are in flight to one receiver, beyond
+//      at most kFabricCredit of them are in flight to one receiver, beyond
 //      which shard 0 leaves its frames unread (parked: remote.h's
 //      back-pressure, kXoff), so a full receiver on shard k holds back its
 //      own flow and nothing is dropped. Shard k's sends, requests and
@@ -331,7 +331,7 @@ class MqEngine {
   static shm::CompletionDesc ErrorCompletion(uint64_t req, int32_t error);
   // A message or active message from another node for `receiver`, an
   // endpoint of another shard: Arrive (Part::kWhole) or its completion's
-  // Post happen there. At most kCrossCredit of them are in flight to one
+  // Post happen there. At most kFabricCredit of them are in flight to one
   // receiver: MayArriveAcross says whether another may go (else the frame
   // waits: remote.h's back-pressure).
   bool MayArriveAcross(const Endpoint& receiver) const;
@@ -527,6 +527,13 @@ class MqEngine {
   // which its message ring waits: what a flooding sender can make another
   // shard hold for a full receiver.
   static constexpr uint32_t kCrossCredit = 32;
+  // Messages and active messages from other nodes in flight to one
+  // receiver of another shard (invariant 12) past which shard 0 parks its
+  // frames: more than a sender's credit, since parking copies the payload
+  // and switches the flow off at the sending node, which a stream to a
+  // receiver that keeps up should not meet between two of its shard's
+  // passes; 256 items of 128 B per such receiver held at most.
+  static constexpr uint32_t kFabricCredit = 256;
   bool Local(uint32_t id) const {
     return shards_ == 1 || id % shards_ == shard_;
   }

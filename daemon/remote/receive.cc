@@ -486,7 +486,7 @@ Remote::Verdict Remote::OnMessage(Peer& p, const wire::Envelope& in) {
   std::memcpy(m.inline_data, in.inline_data, in.inline_len);
   const MsgKey key = KeyOf(in.f.src, w.tag);
   // A receiver of another shard takes the message whole there (invariant
-  // 12 of mq_engine.h): it waits here while kCrossCredit are in flight to
+  // 12 of mq_engine.h): it waits here while kFabricCredit are in flight to
   // it, which its budgets hold back.
   const bool here = engine_->IsLocal(*r);
   if (!here && !engine_->MayArriveAcross(*r)) return Verdict::kPause;

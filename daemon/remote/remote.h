@@ -77,7 +77,7 @@
 // MqEngine::FindAny, reads only the identity of another shard's, and
 // reaches it through the engine (PostFor, ArriveAcross, AmArriveAcross:
 // such a receiver takes a message whole, on its shard, and at most
-// kCrossCredit of them may be in flight to it; its frames wait in
+// kFabricCredit of them may be in flight to it; its frames wait in
 // back-pressure 1 beyond).
 //
 // Thread-safety: a Remote belongs to one progress worker; every method runs
