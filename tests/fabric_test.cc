@@ -105,8 +105,8 @@ class FabricTest : public ::testing::Test {
   // an endpoint on the shard with the fewest of its job, then the fewest
   // overall), and every frame and every send of theirs crosses between
   // shard 1 and shard 0, which owns the fabric.
-  std::unique_ptr<Daemon> StartNode(int i,
-                                    const std::vector<std::string>& extra = {}) {
+  std::unique_ptr<Daemon> StartNode(
+      int i, const std::vector<std::string>& extra = {}) {
     std::vector<std::string> flags = Flags(i);
     flags.insert(flags.end(), extra.begin(), extra.end());
     auto d = std::make_unique<Daemon>(node_dir_[i], flags);

@@ -206,8 +206,8 @@ void MqEngine::TakeItem(uint32_t from, const CrossItem& item) {
       Endpoint* r = Find(item.to);
       // An active message reaches only its sender's job: a reply or an ack
       // names its target by an id the client wrote.
-      const bool am = item.kind == CrossKind::kAm ||
-                      item.kind == CrossKind::kRemoteAm;
+      const bool am =
+          item.kind == CrossKind::kAm || item.kind == CrossKind::kRemoteAm;
       if (r == nullptr || r->faulted ||
           (am && !(r->job()->key() == item.am.job))) {
         RefuseItem(item, PSM2_EPID_UNREACHABLE);
@@ -308,8 +308,7 @@ void MqEngine::TakeItem(uint32_t from, const CrossItem& item) {
       TakeFabricItem(item);
       return;
     case CrossKind::kEpidGone:
-      EpidGoneHere(item.epid_gone.epid, item.epid_gone.uid,
-                   item.epid_gone.job);
+      EpidGoneHere(item.epid_gone.epid, item.epid_gone.uid, item.epid_gone.job);
       return;
     case CrossKind::kNodeLost:
       NodeLostHere(item.post);

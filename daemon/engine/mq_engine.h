@@ -602,7 +602,7 @@ class MqEngine {
   std::vector<std::deque<Waiting>> outbox_;
   size_t outbox_items_ = 0;
   Endpoint* pushing_ = nullptr;  // PollControl's endpoint, while it runs
-  std::vector<uint8_t> wake_;  // destination shards pushed to this pass
+  std::vector<uint8_t> wake_;    // destination shards pushed to this pass
   // Items another shard sent to a receiver of ours that a budget holds, by
   // receiver, in arrival order (a later item for it queues behind them).
   std::unordered_map<uint32_t, std::deque<CrossItem>> held_items_;

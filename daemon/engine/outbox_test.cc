@@ -30,16 +30,16 @@ class OutboxTest : public ::testing::Test {
     for (uint32_t s = 0; s < 2; s++) engines_[s].JoinShards(&crossing_, s);
     std::string error;
     shm::Mapping pool;
-    ASSERT_TRUE(shm::Mapping::Create("outbox-pool", 3 * kRegionBytes,
-                                     geteuid(), getegid(), &pool, &error))
+    ASSERT_TRUE(shm::Mapping::Create("outbox-pool", 3 * kRegionBytes, geteuid(),
+                                     getegid(), &pool, &error))
         << error;
-    job_ = std::make_shared<Job>(JobKey{Uuid{7}, geteuid()}, std::move(pool),
-                                 3, kRegionBytes,
-                                 std::make_shared<UidAccount>());
+    job_ = std::make_shared<Job>(JobKey{Uuid{7}, geteuid()}, std::move(pool), 3,
+                                 kRegionBytes, std::make_shared<UidAccount>());
     for (uint32_t id : {2u, 3u, 4u}) {
       auto ep = MakeTestEndpoint(job_, *job_->TakeRegion(), id, 0x7000 + id,
                                  kRingCapacity, kBudget);
-      rings_.push_back(shm::ClientRingsOf(ep->segment().base(), ep->geometry()));
+      rings_.push_back(
+          shm::ClientRingsOf(ep->segment().base(), ep->geometry()));
       Engine(id).Add(ep);
       endpoints_.push_back(std::move(ep));
     }
@@ -83,8 +83,8 @@ TEST_F(OutboxTest, AFloodingSenderCannotGrowTheOutboxPastItsBound) {
   size_t peak = 0;
   for (int pass = 0; pass < 4000 && submitted < kAcks; pass++) {
     while (submitted < kAcks &&
-           Rings(2).ctl_sq.TryPush(shm::PrepAmAck(
-               3, submitted + 1, /*handler=*/5, PSM2_OK))) {
+           Rings(2).ctl_sq.TryPush(
+               shm::PrepAmAck(3, submitted + 1, /*handler=*/5, PSM2_OK))) {
       submitted++;
     }
     Engine(2).PollAll();
@@ -93,7 +93,8 @@ TEST_F(OutboxTest, AFloodingSenderCannotGrowTheOutboxPastItsBound) {
   // The lane is full and endpoint 2's control ring is no longer read.
   EXPECT_LT(submitted, kAcks);
   EXPECT_GT(Engine(2).outbox_items(), 0u);
-  EXPECT_LE(peak, MqEngine::kOutboxPerEndpoint + 32) << "outbox grew to " << peak;
+  EXPECT_LE(peak, MqEngine::kOutboxPerEndpoint + 32)
+      << "outbox grew to " << peak;
   printf("outbox: at most %zu items while %llu acks were submitted\n", peak,
          static_cast<unsigned long long>(submitted));
   // Endpoint 4, on the same shard, is still served: a message to itself.
@@ -112,8 +113,8 @@ TEST_F(OutboxTest, AFloodingSenderCannotGrowTheOutboxPastItsBound) {
   uint64_t next = 1;
   for (int pass = 0; pass < 100000 && next <= kAcks; pass++) {
     while (submitted < kAcks &&
-           Rings(2).ctl_sq.TryPush(shm::PrepAmAck(
-               3, submitted + 1, /*handler=*/5, PSM2_OK))) {
+           Rings(2).ctl_sq.TryPush(
+               shm::PrepAmAck(3, submitted + 1, /*handler=*/5, PSM2_OK))) {
       submitted++;
     }
     Engine(2).PollAll();

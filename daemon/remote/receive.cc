@@ -551,8 +551,7 @@ Endpoint* Remote::Target(const hw::FrameFields& f) {
   Endpoint* ep = engine_->FindAny(shm::EndpointIdOf(f.dst));
   // (Another shard's endpoint is checked where it is served.)
   if (ep == nullptr || (engine_->IsLocal(*ep) && !MqEngine::Served(*ep)) ||
-      ep->epid() != f.dst ||
-      ep->uid() != f.uid ||
+      ep->epid() != f.dst || ep->uid() != f.uid ||
       std::memcmp(ep->job()->key().uuid.data(), f.job, 16) != 0) {
     return nullptr;
   }
