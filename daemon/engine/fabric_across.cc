@@ -239,9 +239,14 @@ void MqEngine::TakeFabricItem(const CrossItem& item) {
         ReturnCredit(item);  // (not reached: the sender is known first)
         return;
       }
-      // Behind the sender's held ones: one sender's order holds.
+      // Behind the sender's held ones: one sender's order holds. An answer
+      // (a reply or an ack, off the control ring) is never held, and goes
+      // past them as it goes past held sends within one shard: nothing of
+      // a sender's control ring waits here.
       auto held = held_fabric_.find(item.from);
-      if (held != held_fabric_.end()) {
+      if ((item.flags & kFabricCallMask) == kFabricAmAnswer) {
+        OfferFabric(*sender, item);
+      } else if (held != held_fabric_.end()) {
         held->second.push_back(item);
       } else if (!OfferFabric(*sender, item)) {
         held_fabric_[item.from].push_back(item);
