@@ -207,17 +207,6 @@ int main(int argc, char** argv) {
         workers, inheritance->process.workers);
     workers = inheritance->process.workers;
   }
-  if (workers > 1 && !config.fabric_listen.empty()) {
-    // Shard 0 would own the fabric, and frames for endpoints of other
-    // shards would cross to them (docs/design.md, "Engine shards", 9):
-    // not built yet.
-    fprintf(stderr,
-            "psmd: workers = %u with a fabric (fabric_listen): a fabric "
-            "needs workers = 1 for now; set workers = 1 or leave "
-            "fabric_listen empty\n",
-            workers);
-    return 2;
-  }
   psmd::Workers worker(config, workers);
   std::vector<int> cpus;
   if (!config.worker_cpus.empty()) {
@@ -262,7 +251,7 @@ int main(int argc, char** argv) {
     host_description = fabric->HostDescription();
     // Before the inter-node engine reads the table.
     RefreshNodeTable(config, host_description);
-    worker.at(0).EnableFabric(std::move(fabric), config, registry.boot_nonce());
+    worker.EnableFabric(std::move(fabric), config, registry.boot_nonce());
   }
   if (inheritance) {
     // The old psmd's listening socket is the one to serve on; systemd's

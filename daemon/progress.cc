@@ -277,6 +277,15 @@ void ProgressWorker::EnableFabric(std::unique_ptr<hw::Fabric> fabric,
   fabric_timeout_ms_ = config.fabric_timeout_ms;
 }
 
+void ProgressWorker::RouteFabricToShard0() {
+  role_.AssertHeld();  // before Start
+  engine_.RouteFabricToShard0();
+}
+
+void ProgressWorker::AddForeign(std::shared_ptr<Endpoint> ep) {
+  RunSync([&]() PSMD_REQUIRES(role_) { engine_.AddForeign(std::move(ep)); });
+}
+
 std::vector<ProgressWorker::RemoteOutcome> ProgressWorker::QueryRemote(
     uint32_t id, const std::vector<uint64_t>& epids) {
   struct Shared {
@@ -296,7 +305,7 @@ std::vector<ProgressWorker::RemoteOutcome> ProgressWorker::QueryRemote(
     }
   }
   RunSync([&]() PSMD_REQUIRES(role_) {
-    Endpoint* ep = engine_.FindEndpoint(id);
+    Endpoint* ep = engine_.FindAny(id);  // of any shard (invariant 12)
     for (size_t i = 0; i < epids.size(); i++) {
       auto done = [shared, i](int error, const std::string& why) {
         MutexLock lock(&shared->mu);
@@ -368,7 +377,10 @@ void ProgressWorker::Loop() {
       continue;
     }
     bool did = engine_.PollAll();
-    if (remote_ != nullptr) did |= remote_->Poll();
+    if (remote_ != nullptr) {
+      did |= remote_->Poll();
+      engine_.FlushAcross();  // frames for other shards' endpoints
+    }
     engine_.NotifyClients();
     if (did) {
       // A clock read only when work starts after an idle stretch.
@@ -501,6 +513,7 @@ void ProgressWorker::Sleep() {
               commands_pending_.load(std::memory_order_acquire) ||
               stop_.load() || (remote != nullptr && remote->Poll()) ||
               (crossing_ != nullptr && engine_.CrossingPending());
+  if (remote != nullptr) engine_.FlushAcross();  // what that Poll pushed
   if (!work) {
     sleeps_.fetch_add(1, std::memory_order_relaxed);
     epoll_event events[64];

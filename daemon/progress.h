@@ -91,6 +91,12 @@ class ProgressWorker {
   void EnableFabric(std::unique_ptr<hw::Fabric> fabric, const Config& config,
                     uint16_t boot_nonce);
   bool has_fabric() const { return remote_ != nullptr; }
+  // Before Start, on a shard other than 0 when shard 0 has the fabric: this
+  // shard's calls for other nodes cross to it (mq_engine.h, invariant 12).
+  void RouteFabricToShard0();
+  // On shard 0 with the fabric: endpoint `ep` of another shard is about to
+  // be added there (MqEngine::AddForeign).
+  void AddForeign(std::shared_ptr<Endpoint> ep);
   struct RemoteOutcome {
     int error = 0;  // psm2_error_t
     std::string message;

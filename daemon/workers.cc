@@ -30,6 +30,14 @@ void Workers::EnableWatchdog(uint64_t interval_us) {
   });
 }
 
+void Workers::EnableFabric(std::unique_ptr<hw::Fabric> fabric,
+                           const Config& config, uint16_t boot_nonce) {
+  at(0).EnableFabric(std::move(fabric), config, boot_nonce);
+  for (uint32_t shard = 1; shard < count(); shard++) {
+    at(shard).RouteFabricToShard0();
+  }
+}
+
 bool Workers::Start(std::string* error) {
   for (auto& w : workers_) {
     if (!w->Start(error)) return false;

@@ -3,8 +3,9 @@
 // and wake-up, and the Crossing between them. The registry places an
 // endpoint on a shard at open (it picks the id: MqEngine::ShardOf); every
 // call about an endpoint goes to its shard's worker. Shard 0 owns the fabric
-// to other nodes, which for now requires a single worker (main.cc refuses
-// more).
+// to other nodes: the other shards' endpoints are made known to it as they
+// are added, and their calls for other nodes cross to it (mq_engine.h,
+// invariant 12).
 //
 // Thread-safety: as ProgressWorker's: the public methods may be called from
 // any thread once Start returned; Enable* and SetCpus before Start.
@@ -48,7 +49,15 @@ class Workers {
   void Stop();
   void SetSpinUs(uint32_t spin_us);
 
+  // Before Start: shard 0 serves endpoints of other nodes through `fabric`,
+  // for every shard.
+  void EnableFabric(std::unique_ptr<hw::Fabric> fabric, const Config& config,
+                    uint16_t boot_nonce);
+
   void AddEndpoint(std::shared_ptr<Endpoint> ep) {
+    // Known to the fabric's shard before a frame can name it.
+    if (count() > 1 && has_fabric() && MqEngine::ShardOf(ep->id(), count()))
+      at(0).AddForeign(ep);
     of(ep->id()).AddEndpoint(std::move(ep));
   }
   void RemoveEndpoint(uint32_t id) { of(id).RemoveEndpoint(id); }
@@ -64,7 +73,7 @@ class Workers {
   const std::string& fabric_provider() const { return at(0).fabric_provider(); }
   std::vector<ProgressWorker::RemoteOutcome> QueryRemote(
       uint32_t id, const std::vector<uint64_t>& epids) {
-    return of(id).QueryRemote(id, epids);
+    return at(0).QueryRemote(id, epids);
   }
   std::vector<Remote::PeerRow> FabricStats() { return at(0).FabricStats(); }
 

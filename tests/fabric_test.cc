@@ -37,6 +37,11 @@ namespace {
 
 const char kJobA[] = "fab1c0deaaaaaaaaaaaaaaaaaaaaaaaa";
 const char kJobB[] = "fab1c0debbbbbbbbbbbbbbbbbbbbbbbb";
+const char kJobHold[] = "fab1c0de0000000000000000000000a0";
+
+// fabric_test_workers2: every daemon runs two engine shards
+// (tests/harness.cc), shard 0 owning the fabric.
+bool Shards() { return std::getenv("PSMD_TEST_WORKERS") != nullptr; }
 
 // A port free on `addr` right now (the node table names it before the
 // daemon starts).
@@ -94,8 +99,52 @@ class FabricTest : public ::testing::Test {
     }
     return flags;
   }
-  std::unique_ptr<Daemon> StartNode(int i) {
-    return std::make_unique<Daemon>(node_dir_[i], Flags(i));
+  // With shards (fabric_test_workers2), each daemon started here first
+  // gets an endpoint of a job of its own, held until the test ends: it sits
+  // on shard 0, so the test's endpoints land on shard 1 (the registry puts
+  // an endpoint on the shard with the fewest of its job, then the fewest
+  // overall), and every frame and every send of theirs crosses between
+  // shard 1 and shard 0, which owns the fabric.
+  std::unique_ptr<Daemon> StartNode(
+      int i, const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> flags = Flags(i);
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    auto d = std::make_unique<Daemon>(node_dir_[i], flags);
+    if (Shards()) {
+      const std::string out =
+          dir_.path() + "/hold" + std::to_string(holds_.size());
+      holds_.push_back(Process::Start(
+          {Runfile("tests/programs/hold_endpoint"), "--uuid", kJobHold},
+          d->ClientEnv(), out, out + ".err"));
+      EXPECT_TRUE(WaitUntil(
+          10, [&] { return ReadFile(out).find("held") != std::string::npos; }))
+          << ReadFile(out + ".err") << d->Log();
+    }
+    return d;
+  }
+  // With shards: on daemon d both shards carried the test's messages (its
+  // endpoints' shard 1 took their submissions) and messages crossed both
+  // ways between them, as many taken as handed over (psmctl stats).
+  void ExpectShardsCrossed(const Daemon& d) {
+    if (!Shards()) return;
+    RunResult s = Psmctl(dir_, d, {"stats", "--format", "json"});
+    ASSERT_EQ(s.exit_code, 0) << s.err;
+    long long handed = 0, taken = 0;
+    for (int shard = 0; shard < 2; shard++) {
+      const long long in = WorkerNumber(s.out, shard, "cross_in");
+      const long long out = WorkerNumber(s.out, shard, "cross_out");
+      const long long took = WorkerNumber(s.out, shard, "submissions");
+      printf("shard %d: %lld submissions, %lld messages in, %lld out\n", shard,
+             took, in, out);
+      EXPECT_GT(in, 0) << "shard " << shard << ": " << s.out;
+      EXPECT_GT(out, 0) << "shard " << shard << ": " << s.out;
+      if (shard == 1) {  // the test's endpoints
+        EXPECT_GT(took, 0) << s.out;
+      }
+      handed += out;
+      taken += in;
+    }
+    EXPECT_EQ(handed, taken) << s.out;
   }
   // A fresh directory for one run's rendezvous files (numbered: a name used
   // twice in a test must not find the first run's files).
@@ -207,12 +256,15 @@ class FabricTest : public ::testing::Test {
   void ExchangeGoesOnThenStop(Daemon& a, Daemon& b) {
     RunResult r = Exchange(a, b, "after", 200, 100000);
     EXPECT_EQ(r.exit_code, 0) << r.err;
+    ExpectShardsCrossed(a);
+    ExpectShardsCrossed(b);
     EXPECT_TRUE(a.Stop());
     EXPECT_TRUE(b.Stop());
   }
 
   int rendezvous_runs_ = 0;
   TempDir dir_;
+  std::vector<Process> holds_;  // StartNode's, with shards
   TempDir node_dir_[2];
   Munged munged_;
   std::string addr_[2];
@@ -253,6 +305,8 @@ TEST_F(FabricTest, TwoDaemonsCarryEagerAndRendezvousMessagesAndCountThem) {
                           "\",provider=\"" + OfiProvider() + "\"} 1\n"),
             std::string::npos)
       << prom.out;
+  ExpectShardsCrossed(*a);
+  ExpectShardsCrossed(*b);
   EXPECT_TRUE(a->Stop());
   EXPECT_TRUE(b->Stop());
 }
@@ -519,11 +573,8 @@ TEST_F(FabricTest, AFloodAtAnIdleReceiverOnAnotherNodeIsHeldBackNotBuffered) {
   std::vector<std::string> extra = {
       "--unexpected-mib", std::to_string(kBudgetMiB), "--fabric-timeout-ms",
       std::to_string(static_cast<int>(1000 * TimeScale()))};
-  std::vector<std::string> fa = Flags(0), fb = Flags(1);
-  fa.insert(fa.end(), extra.begin(), extra.end());
-  fb.insert(fb.end(), extra.begin(), extra.end());
-  auto a = std::make_unique<Daemon>(node_dir_[0], fa);
-  auto b = std::make_unique<Daemon>(node_dir_[1], fb);
+  auto a = StartNode(0, extra);
+  auto b = StartNode(1, extra);
   // The connection first: what setting it up costs is fixed, not held for
   // the flood (ofi_rxm preposts a receive pool of 4096 16 KiB buffers,
   // FI_OFI_RXM_MSG_RX_SIZE, in each endpoint's first connection: about
@@ -597,9 +648,21 @@ TEST_F(FabricTest, AFloodAtAnIdleReceiverOnAnotherNodeIsHeldBackNotBuffered) {
       JsonNumber(sa.out, "peer_nodes", "xoffs"));
   // Both kinds of back-pressure happened, and reached the sender: its
   // eager payloads were kept and the rest asked for as envelopes, and its
-  // sends were held.
-  EXPECT_GT(JsonNumber(sb.out, "peer_nodes", "kept"), 0) << sb.out;
-  EXPECT_GT(JsonNumber(sa.out, "peer_nodes", "eager_offs"), 0) << sa.out;
+  // sends were held. With shards the receiver's budget is checked on its
+  // own shard, after shard 0 placed the payload (mq_engine.h invariant
+  // 12), and every payload for it takes the inbox's share for unexpected
+  // messages: whether that share stays full long enough for payloads to be
+  // kept is a matter of timing (in most runs here it did not: the frames
+  // parked and kXoff held the sender); one of the two must reach it.
+  const long long kept = JsonNumber(sb.out, "peer_nodes", "kept");
+  const long long eager_offs = JsonNumber(sa.out, "peer_nodes", "eager_offs");
+  if (Shards()) {
+    EXPECT_GT(eager_offs + JsonNumber(sa.out, "peer_nodes", "xoffs"), 0)
+        << sa.out;
+  } else {
+    EXPECT_GT(kept, 0) << sb.out;
+    EXPECT_GT(eager_offs, 0) << sa.out;
+  }
   EXPECT_GT(JsonNumber(sa.out, "total", "sends_held"), 0) << sa.out;
   // Idle for three timeouts: heartbeats keep the connection.
   std::this_thread::sleep_for(std::chrono::seconds(3));
@@ -609,6 +672,8 @@ TEST_F(FabricTest, AFloodAtAnIdleReceiverOnAnotherNodeIsHeldBackNotBuffered) {
   EXPECT_EQ(b->Log().find("ended"), std::string::npos) << b->Log();
   sa = Psmctl(dir_, *a, {"stats", "--format", "json"});
   EXPECT_EQ(JsonNumber(sa.out, "peer_nodes", "connects"), 1) << sa.out;
+  ExpectShardsCrossed(*a);
+  ExpectShardsCrossed(*b);
   EXPECT_TRUE(a->Stop());
   EXPECT_TRUE(b->Stop());
 }

@@ -302,6 +302,16 @@ long long JsonNumber(const std::string& json, const std::string& object,
   return atoll(json.c_str() + at + key.size() + 3);
 }
 
+long long WorkerNumber(const std::string& json, int shard,
+                       const std::string& key) {
+  const size_t workers = json.find("\"workers\"");
+  if (workers == std::string::npos) return -1;
+  const size_t at =
+      json.find("{\"shard\": " + std::to_string(shard) + ",", workers);
+  if (at == std::string::npos) return -1;
+  return JsonNumber(json.substr(at), "", key);
+}
+
 long long StatusKiB(pid_t pid, const std::string& field) {
   std::string status = ReadFile("/proc/" + std::to_string(pid) + "/status");
   size_t at = status.find(field + ":");

@@ -173,6 +173,10 @@ PingPongResult PingPong8(const TempDir& dir, const Daemon& d,
 // (or anywhere when object is empty). -1 when absent.
 long long JsonNumber(const std::string& json, const std::string& object,
                      const std::string& key);
+// The integer value of `key` in the object of worker `shard` of psmctl
+// stats --format json (its "workers" list). -1 when absent.
+long long WorkerNumber(const std::string& json, int shard,
+                       const std::string& key);
 
 // Resident set size of pid in KiB (VmRSS), -1 if unreadable.
 long long ResidentKiB(pid_t pid);

@@ -22,18 +22,22 @@ constexpr size_t kPopBatch = 64;
 // The chunk an item hands over that must go back to its sender if the item
 // goes nowhere (0: none; chunk offsets are never 0).
 uint64_t ChunkOf(const CrossItem& item) {
-  if (item.kind == CrossKind::kArrive) {
+  if (item.kind == CrossKind::kArrive ||
+      item.kind == CrossKind::kRemoteArrive) {
     const UnexpectedMsg& m = item.arrive.msg;
     return m.rendezvous || shm::IsInline(m.len) ? 0 : m.pool_offset;
   }
-  const shm::CompletionDesc& c = item.am.c;  // kAm
+  const shm::CompletionDesc& c = item.am.c;  // kAm, kRemoteAm
   return c.op == shm::CompleteOp::kAmAcked || shm::IsInline(c.msg_len)
              ? 0
              : c.body.pool.pool_offset;
 }
 
 bool Credited(const CrossItem& item) {
-  return item.kind == CrossKind::kArrive || (item.flags & kAmTakesCredit);
+  return item.kind == CrossKind::kArrive ||
+         item.kind == CrossKind::kRemoteArrive ||
+         item.kind == CrossKind::kRemoteAm ||
+         (item.kind == CrossKind::kAm && (item.flags & kAmTakesCredit));
 }
 
 }  // namespace
@@ -48,10 +52,15 @@ void MqEngine::JoinShards(Crossing* crossing, uint32_t shard) {
 }
 
 void MqEngine::Push(uint32_t to, const CrossItem& item) {
-  std::deque<CrossItem>& out = outbox_[to];
+  std::deque<Waiting>& out = outbox_[to];
   // Behind what waits already (Crossing invariant 1).
   if (!out.empty() || !crossing_->TryPush(shard_, to, item)) {
-    out.push_back(item);
+    uint32_t owner = 0;
+    if (pushing_ != nullptr) {  // a control submission's: PollControl
+      owner = pushing_->id();
+      pushing_->outbox_waiting++;
+    }
+    out.push_back(Waiting{item, owner});
     outbox_items_++;
   }
   wake_[to] = 1;
@@ -70,11 +79,7 @@ void MqEngine::PostTo(uint32_t id, const shm::CompletionDesc& c) {
 }
 
 void MqEngine::PostErrorTo(uint32_t id, uint64_t req, int32_t error) {
-  shm::CompletionDesc c{};
-  c.op = shm::CompleteOp::kError;
-  c.req = req;
-  c.error = error;
-  PostTo(id, c);
+  PostTo(id, ErrorCompletion(req, error));
 }
 
 bool MqEngine::SendAcross(Endpoint& sender, uint32_t receiver_id,
@@ -138,7 +143,7 @@ bool MqEngine::CrossingPending() {
 }
 
 bool MqEngine::HeldForBudget() const {
-  if (!held_items_.empty()) return true;
+  if (!held_items_.empty() || !held_fabric_.empty()) return true;
   return std::any_of(order_.begin(), order_.end(), [](const Endpoint* ep) {
     return !ep->held_sends.empty();
   });
@@ -148,8 +153,11 @@ bool MqEngine::PollCrossing() {
   bool did = false;
   // What full lanes did not take goes before anything new.
   for (uint32_t to = 0; outbox_items_ > 0 && to < shards_; to++) {
-    std::deque<CrossItem>& out = outbox_[to];
-    while (!out.empty() && crossing_->TryPush(shard_, to, out.front())) {
+    std::deque<Waiting>& out = outbox_[to];
+    while (!out.empty() && crossing_->TryPush(shard_, to, out.front().item)) {
+      if (out.front().owner != 0) {
+        if (Endpoint* ep = Find(out.front().owner)) ep->outbox_waiting--;
+      }
       out.pop_front();
       outbox_items_--;
       wake_[to] = 1;
@@ -168,16 +176,17 @@ bool MqEngine::PollCrossing() {
     }
   }
   if (!held_items_.empty()) did |= RetryHeld();
+  if (!held_fabric_.empty()) did |= RetryHeldFabric();
   return did;
 }
 
 void MqEngine::FlushCrossing() {
   for (const CreditRun& run : credits_) {
     CrossItem item{};
-    item.kind = CrossKind::kCredit;
+    item.kind = run.remote ? CrossKind::kRemoteCredit : CrossKind::kCredit;
     item.to = run.sender_id;
     item.count = run.count;
-    Push(ShardOf(run.sender_id, shards_), item);
+    Push(run.remote ? 0 : ShardOf(run.sender_id, shards_), item);
   }
   credits_.clear();
   for (uint32_t to = 0; to < shards_; to++) {
@@ -190,13 +199,17 @@ void MqEngine::FlushCrossing() {
 void MqEngine::TakeItem(uint32_t from, const CrossItem& item) {
   switch (item.kind) {
     case CrossKind::kArrive:
-    case CrossKind::kAm: {
+    case CrossKind::kAm:
+    case CrossKind::kRemoteArrive:
+    case CrossKind::kRemoteAm: {
       cross_in_.Add(1);
       Endpoint* r = Find(item.to);
       // An active message reaches only its sender's job: a reply or an ack
       // names its target by an id the client wrote.
+      const bool am =
+          item.kind == CrossKind::kAm || item.kind == CrossKind::kRemoteAm;
       if (r == nullptr || r->faulted ||
-          (item.kind == CrossKind::kAm && !(r->job()->key() == item.am.job))) {
+          (am && !(r->job()->key() == item.am.job))) {
         RefuseItem(item, PSM2_EPID_UNREACHABLE);
         return;
       }
@@ -269,6 +282,14 @@ void MqEngine::TakeItem(uint32_t from, const CrossItem& item) {
       if (gone != departed_.end() && --gone->second.acks_due == 0) {
         departed_.erase(gone);
       }
+      // Shard 0 will send nothing more for it, so every answer about it is
+      // on its way there (invariant 12).
+      if (from == 0 && fabric_via_0_) {
+        CrossItem forget{};
+        forget.kind = CrossKind::kForget;
+        forget.to = item.to;
+        Push(0, forget);
+      }
       return;
     }
     case CrossKind::kTransferSenderGone: {
@@ -280,26 +301,43 @@ void MqEngine::TakeItem(uint32_t from, const CrossItem& item) {
       transfers_.erase(it);
       return;
     }
+    case CrossKind::kRemoteCredit:
+    case CrossKind::kToFabric:
+    case CrossKind::kFabricAnswer:
+    case CrossKind::kForget:
+      TakeFabricItem(item);
+      return;
+    case CrossKind::kEpidGone:
+      EpidGoneHere(item.epid_gone.epid, item.epid_gone.uid, item.epid_gone.job);
+      return;
+    case CrossKind::kNodeLost:
+      NodeLostHere(item.post);
+      return;
   }
 }
 
 bool MqEngine::OfferItem(Endpoint& receiver, const CrossItem& item) {
-  if (item.kind == CrossKind::kArrive) {
+  if (item.kind == CrossKind::kArrive ||
+      item.kind == CrossKind::kRemoteArrive) {
     if (Arrive(receiver, item.arrive.key, item.arrive.msg) == Arrival::kHeld) {
       return false;
     }
   } else {
-    if ((item.flags & kAmTakesCredit) && !admit_over_budget_ &&
-        AmHeld(receiver)) {
+    if ((item.flags & kAmTakesCredit || item.kind == CrossKind::kRemoteAm) &&
+        !admit_over_budget_ && AmHeld(receiver)) {
       return false;  // invariant 6
     }
     Post(receiver, item.am.c);
   }
-  if (Credited(item)) ReturnCredit(item.from);
+  if (Credited(item)) ReturnCredit(item);
   return true;
 }
 
 void MqEngine::RefuseItem(const CrossItem& item, int32_t error) {
+  if (FromOtherNode(item)) {
+    RefuseRemote(item, error);
+    return;
+  }
   // As a send to a closed peer is answered: the payload goes back, the
   // sender is told (an ack's requester has nobody to tell).
   CrossItem r{};
@@ -314,15 +352,19 @@ void MqEngine::RefuseItem(const CrossItem& item, int32_t error) {
     r.flags = kRefusedPost;
     r.refused.req = item.am.c.req;
   }
-  if (Credited(item)) ReturnCredit(item.from);
+  if (Credited(item)) ReturnCredit(item);
   Push(ShardOf(item.from, shards_), r);
 }
 
-void MqEngine::ReturnCredit(uint32_t sender_id) {
-  if (!credits_.empty() && credits_.back().sender_id == sender_id) {
+void MqEngine::ReturnCredit(const CrossItem& item) {
+  // A sender's credit, or (from another node) its receiver's at shard 0.
+  const bool remote = FromOtherNode(item);
+  const uint32_t id = remote ? item.to : item.from;
+  if (!credits_.empty() && credits_.back().sender_id == id &&
+      credits_.back().remote == remote) {
     credits_.back().count++;
   } else {
-    credits_.push_back(CreditRun{sender_id, 1});
+    credits_.push_back(CreditRun{id, 1, remote});
   }
 }
 
@@ -348,6 +390,20 @@ bool MqEngine::RetryHeld() {
 void MqEngine::TakeChunk(uint32_t from, const CrossItem& item) {
   const uint64_t id = item.chunk.transfer;
   auto it = transfers_.find(id);
+  if (it == transfers_.end() && remote_ && !fabric_via_0_) {
+    // A chunk of a transfer to another node (invariant 12: its id is
+    // shard 0's, the fabric keeps it).
+    if (Endpoint* sender = Known(item.from)) {
+      shm::SubmissionDesc d{};
+      d.op = shm::SubmitOp::kRndvData;
+      d.req = item.chunk.req;
+      d.len = item.chunk.len;
+      d.body.rndv.pool_offset = item.chunk.pool_offset;
+      d.body.rndv.transfer = id;
+      d.body.rndv.offset = item.chunk.offset;
+      if (remote_->RndvData(*sender, d)) return;
+    }
+  }
   const bool fits =
       it != transfers_.end() && it->second.sender_id == item.from &&
       item.chunk.offset == it->second.forwarded &&
@@ -399,6 +455,7 @@ void MqEngine::TakeGone(uint32_t gone_id) {
     it = items.empty() ? held_items_.erase(it) : std::next(it);
   }
   admit_over_budget_ = false;
+  if (!held_fabric_.empty()) AdmitHeldFabric(gone_id);
   // The transfers it was sending here: their receivers wait for nothing.
   for (auto t = transfers_.begin(); t != transfers_.end();) {
     if (t->second.sender_id != gone_id) {
@@ -416,6 +473,13 @@ void MqEngine::TakeGone(uint32_t gone_id) {
         return link.endpoint_id == gone_id;
       },
       PSM2_EPID_UNREACHABLE);
+  // Shard 0: the fabric ends what it keeps for it and tells the nodes that
+  // connected to it, after everything it sent (invariant 12).
+  auto foreign = foreign_.find(gone_id);
+  if (foreign != foreign_.end() && !foreign->second.removed) {
+    if (remote_) remote_->EndpointRemoved(gone_id);
+    foreign->second.removed = true;
+  }
 }
 
 void MqEngine::RemoveAcross(Endpoint& ep) {

@@ -46,12 +46,31 @@ enum class CrossKind : uint8_t {
   kGone,     // endpoint `from` was removed (invariant 8 across shards)
   kGoneAck,  // the destination took kGone for its endpoint `to`
   kTransferSenderGone,  // the sender of transfer `transfer` is gone
+  // Between nodes (mq_engine.h invariant 12): shard 0 owns the fabric.
+  kRemoteArrive,  // to a shard: a message from another node for `to`
+  kRemoteAm,      // to a shard: an active message from another node for `to`
+  kRemoteCredit,  // to shard 0: `count` of those for `to` were taken
+  kToFabric,      // to shard 0: a send, AM or AM answer of `from` (`fabric`)
+  kFabricAnswer,  // to shard 0: `from` received or failed a message from
+                  // another node (`answer`)
+  kEpidGone,      // from shard 0: an endpoint on another node is gone
+  kNodeLost,      // from shard 0: the connection to a node ended (`post`)
+  kForget,        // to shard 0: nothing more about its endpoint `to` comes
 };
 
 // kRefused's flags.
 inline constexpr uint8_t kRefusedBad = 1;     // count a bad descriptor
 inline constexpr uint8_t kRefusedPost = 2;    // post `error` for `req`
 inline constexpr uint8_t kAmTakesCredit = 1;  // kAm: a request, credited
+// kToFabric's flags: which call (OtherNodes) and its arguments.
+inline constexpr uint8_t kFabricSend = 0;
+inline constexpr uint8_t kFabricAmRequest = 1;
+inline constexpr uint8_t kFabricAmAnswer = 2;  // a reply or an ack
+inline constexpr uint8_t kFabricCallMask = 3;
+inline constexpr uint8_t kFabricLinkGone = 4;
+inline constexpr uint8_t kFabricMayHold = 8;
+// kFabricAnswer's flags.
+inline constexpr uint8_t kAnswerStart = 1;  // StartTransfer, else CompleteSync
 
 struct CrossItem {
   CrossKind kind;
@@ -83,6 +102,21 @@ struct CrossItem {
       int32_t error;
     } refused;
     uint64_t transfer;
+    struct {
+      shm::SubmissionDesc d;  // as the sender submitted it
+      uint64_t epid;          // its peer link's
+    } fabric;
+    struct {
+      UnexpectedMsg msg;
+      uint64_t recv_req;
+      uint32_t send_bytes;
+      int32_t error;
+    } answer;
+    struct {
+      uint64_t epid;
+      uint32_t uid;
+      uint8_t job[16];
+    } epid_gone;
   };
 };
 static_assert(sizeof(CrossItem) <= 128, "two cache lines per item at most");

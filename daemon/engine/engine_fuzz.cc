@@ -8,7 +8,13 @@
 // input runs twice: on one engine, and on two engine shards joined by a
 // Crossing (mq_engine.h, invariant 11), endpoints placed by id as psmd
 // places them, so that job A's endpoints talk across shards; a turn turns
-// both shards. The
+// both shards. Beside them sits a stand-in for the fabric to other nodes
+// (FakeFabric: an OtherNodes on the only engine, or on shard 0 with the
+// other shards routed to it, as psmd runs it: mq_engine.h invariant 12):
+// frames from another node reach endpoints as the Remote hands them over
+// (Arrive or Post on shard 0, ArriveAcross and AmArriveAcross for another
+// shard's, held back when those say so), links name an endpoint on that
+// node, whose endpoints and whole node can be lost. The
 // input's bytes are read front to back as operations: a raw 64-byte
 // descriptor on either ring, well-formed descriptors from the shm::Prep*
 // builders with fuzzed fields (sometimes on the wrong ring), bytes scribbled
@@ -51,6 +57,7 @@
 #include "daemon/engine/mq_engine.h"
 #include "daemon/engine/test_endpoint.h"
 #include "daemon/engine/validate.h"
+#include "shm/epid.h"
 #include "shm/payload.h"
 #include "shm/pool.h"
 #include "shm/segment.h"
@@ -84,8 +91,17 @@ enum Op : uint8_t {
   kReAdd,
   kDisconnect,  // psm2_ep_disconnect of one slot (Registry::Disconnect)
   kReconnect,
+  // Between nodes (FakeFabric).
+  kFrame,       // a message or active message from another node arrives
+  kRemoteLink,  // a slot names the endpoint on another node
+  kNodeEvent,   // that endpoint, or its whole node, is gone
+  kFabricHold,  // the fabric holds sends to other nodes, or not
   kOpCount
 };
+
+// The one endpoint on another node, of every job (so its epid counts as
+// the job's in property 1).
+constexpr uint64_t kRemoteEpid = shm::MakeEpid(9, 1, 77);
 
 [[noreturn]] void Fail(const char* what) {
   fprintf(stderr, "engine_fuzz: property violated: %s\n", what);
@@ -129,7 +145,8 @@ class Reader {
 
 struct JobState {
   std::shared_ptr<Job> job;
-  uint8_t tag;  // top byte of every token of this job
+  shm::SendArena inbox;  // where frames from another node land
+  uint8_t tag;           // top byte of every token of this job
   std::vector<uint32_t> positions;
   std::set<uint64_t> epids;    // every epid the job ever had
   std::set<uint64_t> tracked;  // chunks handed over in valid submissions
@@ -160,6 +177,72 @@ struct Client {
   std::vector<AmIn> ams;  // active messages that could be acknowledged
 };
 
+// The fabric as the engine sees it (other_nodes.h), on the engine that owns
+// it: what goes to another node is sent (its payload released, as the
+// Remote does once the frame went), and that node answers every request
+// that waits for it with PSM2_EPID_UNREACHABLE (a node that never answers
+// well). Only the identity of another shard's endpoint is read.
+class FakeFabric : public OtherNodes {
+ public:
+  explicit FakeFabric(MqEngine* engine) : engine_(engine) {}
+  bool hold = false;  // sends and requests wait (a full queue, kXoff)
+
+  bool Send(Endpoint& sender, const shm::SubmissionDesc& d, const PeerLink& to,
+            bool may_hold) override {
+    CheckLink(to);
+    if (hold && may_hold) return false;
+    shm::PayloadOf(sender.job()->pool().base(), d).Release();
+    if (to.gone || d.op == shm::SubmitOp::kRndvSend ||
+        (d.flags & shm::kSendSync)) {
+      engine_->PostErrorFor(sender, d.req, PSM2_EPID_UNREACHABLE);
+    }
+    return true;
+  }
+  bool AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
+                 const PeerLink& to, bool may_hold) override {
+    CheckLink(to);
+    if (hold && may_hold) return false;
+    shm::PayloadOf(sender.job()->pool().base(), d).Release();
+    if (to.gone) engine_->PostErrorFor(sender, d.req, PSM2_EPID_UNREACHABLE);
+    return true;
+  }
+  void AmReplyOrAck(Endpoint& sender, const shm::SubmissionDesc& d) override {
+    if (!IsProxy(d.peer)) Fail("an answer to another node names no proxy");
+    shm::PayloadOf(sender.job()->pool().base(), d).Release();
+  }
+  bool RndvData(Endpoint&, const shm::SubmissionDesc&) override {
+    return false;  // it starts no transfer (StartTransfer fails them)
+  }
+  void CompleteSync(const Endpoint&, const UnexpectedMsg& m, int32_t) override {
+    if (m.remote_src != kRemoteEpid) Fail("an answer to a local sender");
+  }
+  void StartTransfer(Endpoint& receiver, uint64_t recv_req, uint32_t send_bytes,
+                     const UnexpectedMsg& m) override {
+    if (m.remote_src != kRemoteEpid) Fail("a transfer from a local sender");
+    if (send_bytes > 0) {
+      engine_->PostErrorFor(receiver, recv_req, PSM2_EPID_UNREACHABLE);
+    }
+  }
+  void EndpointRemoved(uint32_t) override {}
+
+ private:
+  static void CheckLink(const PeerLink& to) {
+    if (to.endpoint_id != kRemotePeer || to.epid != kRemoteEpid)
+      Fail("a send to another node on a local link");
+  }
+  MqEngine* const engine_;
+};
+
+// A frame from another node the fabric has read and not handed over.
+struct Parked {
+  uint32_t id = 0;  // its receiver
+  bool am = false;
+  uint64_t chunk = 0;  // its payload in the inbox, or 0
+  MsgKey key{};
+  UnexpectedMsg m{};
+  shm::CompletionDesc c{};
+};
+
 class Node {
  public:
   explicit Node(uint32_t shards) : crossing_(shards) {
@@ -169,7 +252,10 @@ class Node {
           /*job_unexpected_budget=*/48 << 10,
           /*uid_unexpected_budget=*/64 << 10));
       if (shards > 1) engines_.back()->JoinShards(&crossing_, s);
+      if (s > 0) engines_.back()->RouteFabricToShard0();
     }
+    fabric_ = std::make_unique<FakeFabric>(engines_[0].get());
+    engines_[0]->AttachRemote(fabric_.get());
     auto account = std::make_shared<UidAccount>();
     MakeJob(0xA, 3, account);
     MakeJob(0xB, 1, account);
@@ -210,15 +296,19 @@ class Node {
     std::string error;
     shm::Mapping pool;
     const uint32_t regions = positions * kLivesPerPosition;
-    if (!shm::Mapping::Create("fuzz-pool", regions * kRegionBytes, geteuid(),
-                              getegid(), &pool, &error)) {
+    if (!shm::Mapping::Create("fuzz-pool", (regions + 1) * kRegionBytes,
+                              geteuid(), getegid(), &pool, &error)) {
       fprintf(stderr, "%s\n", error.c_str());
       abort();
     }
     JobState j;
     j.tag = tag;
-    j.job = std::make_shared<Job>(JobKey{Uuid{tag}, geteuid()}, std::move(pool),
-                                  regions, kRegionBytes, std::move(account));
+    j.job =
+        std::make_shared<Job>(JobKey{Uuid{tag}, geteuid()}, std::move(pool),
+                              regions + 1, kRegionBytes, std::move(account));
+    auto inbox = j.job->TakeRegion();
+    j.inbox = shm::SendArena(j.job->pool().base(), inbox->offset, inbox->bytes);
+    j.epids.insert(kRemoteEpid);
     for (uint32_t i = 0; i < positions; i++) {
       j.positions.push_back(static_cast<uint32_t>(clients_.size()));
       Client c;
@@ -249,6 +339,8 @@ class Node {
     c.rings = shm::ClientRingsOf(ep->segment().base(), ep->geometry());
     c.arena =
         shm::SendArena(j.job->pool().base(), region->offset, region->bytes);
+    // Known to the fabric's shard before its own adds it (Workers).
+    if (&EngineOf(ep->id()) != engines_[0].get()) engines_[0]->AddForeign(ep);
     EngineOf(ep->id()).Add(ep);
     // Slot i of every endpoint of the job names the job's i-th position
     // (a position closed for good keeps naming the endpoint that left).
@@ -273,6 +365,18 @@ class Node {
   void RemoveAt(uint32_t pos) {
     Client& c = clients_[pos];
     if (!c.live) return;
+    // Its frames parked at the fabric find no receiver: their payloads go
+    // back into the inbox (a rendezvous sender is told, here nobody).
+    for (auto f = parked_.begin(); f != parked_.end();) {
+      if (f->id != c.ep->id()) {
+        ++f;
+        continue;
+      }
+      if (f->chunk != 0) {
+        shm::ReleaseChunk(jobs_[c.job].job->pool().base(), f->chunk);
+      }
+      f = parked_.erase(f);
+    }
     EngineOf(c.ep->id()).Remove(c.ep->id());
     JobState& j = jobs_[c.job];
     j.job->RetireRegion(c.ep->region());
@@ -330,18 +434,21 @@ class Node {
     }
     auto off = c.arena.Allocate(d.len);
     if (!off) return std::nullopt;
-    // The arena reuses the place of released chunks: this chunk's header
-    // and payload may cover their headers (not only at the same offset),
-    // and the bytes written below overwrite their state words. Those
-    // chunks were released (the arena reclaims nothing else); they are
-    // forgotten, and this one is tracked anew (or not).
-    std::set<uint64_t>& tracked = jobs_[c.job].tracked;
-    tracked.erase(tracked.lower_bound(*off),
-                  tracked.lower_bound(*off + d.len + shm::kChunkHeaderBytes));
+    Forget(jobs_[c.job], *off, d.len);
     d.body.pool.pool_offset = *off;
     std::memset(jobs_[c.job].job->pool().base() + *off, 0x5a,
                 d.len < 64 ? d.len : 64);
     return *off;
+  }
+
+  // The arena reuses the place of released chunks: a new chunk's header
+  // and payload may cover their headers (not only at the same offset), and
+  // the bytes written into it overwrite their state words. Those chunks
+  // were released (the arena reclaims nothing else); they are forgotten,
+  // and the new one is tracked anew (or not).
+  static void Forget(JobState& j, uint64_t off, uint32_t len) {
+    j.tracked.erase(j.tracked.lower_bound(off),
+                    j.tracked.lower_bound(off + len + shm::kChunkHeaderBytes));
   }
 
   uint32_t Slot(Reader& in, const Client& c) {
@@ -522,9 +629,125 @@ class Node {
         }
         break;
       }
+      case kFrame:
+        Frame(in, c);
+        break;
+      case kRemoteLink: {
+        const JobState& j = jobs_[c.job];
+        uint32_t slot = in.U8() % j.positions.size();
+        PeerLink link{kRemotePeer, kRemoteEpid};
+        link.gone = (in.U8() & 7) == 7;
+        EngineOf(c.ep->id()).SetPeer(c.ep->id(), slot, link);
+        break;
+      }
+      case kNodeEvent: {
+        MqEngine& fabric = *engines_[0];
+        if (in.Bool()) {
+          shm::CompletionDesc lost{};
+          lost.op = shm::CompleteOp::kNodeLost;
+          lost.error = in.Bool() ? PSM2_EPID_UNREACHABLE : PSM2_TIMEOUT;
+          lost.tag[0] = shm::NodeIdOf(kRemoteEpid);
+          fabric.NodeLost(lost);
+        } else {
+          const JobState& j = jobs_[in.U8() % jobs_.size()];
+          fabric.EpidGone(kRemoteEpid, geteuid(), j.job->key().uuid.data());
+        }
+        break;
+      }
+      case kFabricHold:
+        fabric_->hold = in.Bool();
+        break;
       default:
         break;
     }
+  }
+
+  // A message or active message from the endpoint on another node reaches
+  // `c` as the Remote hands it over: whole, its payload in the job's inbox,
+  // parked while the receiver cannot take it (behind what is parked for it
+  // already), in order.
+  void Frame(Reader& in, Client& c) {
+    JobState& j = jobs_[c.job];
+    Parked f;
+    f.id = c.ep->id();
+    f.am = in.Bool();
+    const uint32_t len = f.am ? in.Len(shm::kAmMaxPayload) : in.Len(9000);
+    const bool rndv = !f.am && (in.U8() & 3) == 3;
+    if (!rndv && !shm::IsInline(len)) {
+      auto off = j.inbox.Allocate(len);
+      if (!off) return;  // the inbox is full: the frame waits unread
+      Forget(j, *off, len);
+      std::memset(j.job->pool().base() + *off, 0x3c, len < 64 ? len : 64);
+      j.tracked.insert(*off);
+      f.chunk = *off;
+    }
+    uint32_t tag[3];
+    Tag(in, tag);
+    const uint64_t token = Token(c, in.U16());
+    if (f.am) {
+      shm::CompletionDesc& a = f.c;
+      a.op =
+          in.Bool() ? shm::CompleteOp::kAmRequest : shm::CompleteOp::kAmReply;
+      a.flags = in.U8() & shm::kAmRequestWantsAck;
+      a.req = token;
+      a.tag[0] = tag[0];
+      a.tag[2] = kProxyBase + 1;  // the Remote's proxy id of the sender
+      a.msg_len = len;
+      a.src_epid = kRemoteEpid;
+      if (f.chunk == 0) {
+        a.flags |= shm::kPayloadInline;
+      } else {
+        a.body.pool.pool_offset = f.chunk;
+      }
+    } else {
+      UnexpectedMsg& m = f.m;
+      m.flags = (in.U8() & 1) ? shm::kSendSync : 0;
+      m.rendezvous = rndv;
+      m.len = len;
+      m.sender_req = token;
+      m.pool_offset = f.chunk;
+      m.remote_src = kRemoteEpid;
+      f.key = KeyOf(kRemoteEpid, tag);
+    }
+    parked_.push_back(f);
+    RetryParked();
+  }
+
+  // Offers the parked frames again, each receiver's in order.
+  bool RetryParked() {
+    bool did = false;
+    std::set<uint32_t> blocked;
+    for (auto f = parked_.begin(); f != parked_.end();) {
+      if (blocked.count(f->id) == 0 && Offer(*f)) {
+        f = parked_.erase(f);
+        did = true;
+      } else {
+        blocked.insert(f->id);
+        ++f;
+      }
+    }
+    return did;
+  }
+
+  bool Offer(const Parked& f) {
+    MqEngine& fabric = *engines_[0];
+    Endpoint* r = fabric.FindAny(f.id);
+    if (r == nullptr) Fail("a frame parked for an endpoint that left");
+    if (!fabric.IsLocal(*r)) {
+      if (!fabric.MayArriveAcross(*r)) return false;
+      if (f.am) {
+        fabric.AmArriveAcross(*r, f.c);
+      } else {
+        fabric.ArriveAcross(*r, f.key, f.m);
+      }
+      return true;
+    }
+    if (f.am) {
+      if (MqEngine::AmHeld(*r)) return false;
+      fabric.Post(*r, f.c);
+      return true;
+    }
+    return fabric.Arrive(*r, f.key, f.m) != MqEngine::Arrival::kHeld;
   }
 
   // Reads up to `max` completions of position `pos` as its client would.
@@ -535,7 +758,8 @@ class Node {
     shm::CompletionDesc d;
     for (uint32_t i = 0; i < max && c.rings.cq.TryPop(&d); i++) {
       // Property 1: only completions of this job reach this endpoint.
-      if (d.op != shm::CompleteOp::kAmAcked && (d.req >> 56) != j.tag)
+      if (d.op != shm::CompleteOp::kAmAcked &&
+          d.op != shm::CompleteOp::kNodeLost && (d.req >> 56) != j.tag)
         Fail("a completion for another job's submission");
       if (d.src_epid != 0 && j.epids.count(d.src_epid) == 0)
         Fail("a completion from an endpoint of another job");
@@ -576,11 +800,15 @@ class Node {
   bool PollAll() {
     bool did = false;
     for (auto& e : engines_) did |= e->PollAll();
+    if (!parked_.empty()) did |= RetryParked();
+    engines_[0]->FlushAcross();
     return did;
   }
 
   Crossing crossing_;
   std::vector<std::unique_ptr<MqEngine>> engines_;
+  std::unique_ptr<FakeFabric> fabric_;
+  std::vector<Parked> parked_;
   std::vector<JobState> jobs_;
   std::vector<Client> clients_;
   std::vector<uint32_t> ids_;  // the endpoint id at each position (last one)
@@ -644,6 +872,14 @@ class Encoder {
         .U8(0)
         .U16(next_token_++)
         .U8(0);
+  }
+  // A message (or active message) from another node reaching `at`.
+  Encoder& Frame(uint8_t at, bool am, uint32_t len, uint8_t tag,
+                 bool rndv = false, bool sync = false) {
+    Op(kFrame, at).U8(am ? 1 : 0).Len(len);
+    if (!am) U8(rndv ? 3 : 0);
+    U8(tag).U8(0).U16(next_token_++);
+    return am ? U8(1).U8(0) : U8(sync ? 1 : 0);
   }
   Encoder& Am(uint8_t from, bool reply, uint32_t peer, uint32_t nargs,
               uint32_t payload, uint8_t flags) {
@@ -819,6 +1055,49 @@ std::vector<std::vector<uint8_t>> Seeds() {
     }
     add(e);
   }
+  // Between nodes: messages and active messages from another node, eager,
+  // pooled, synchronous and rendezvous, to endpoints of both shards; a
+  // link to that node and sends on it, held and not; its loss.
+  add(Encoder()
+          .Frame(0, false, 5000, 1)
+          .Frame(1, false, 20, 1, false, true)
+          .Frame(2, true, 3000, 2)
+          .Turn()
+          .Recv(0, 0xff, 1, 9000)
+          .Recv(1, 0xff, 1, 64)
+          .Turn()
+          .Reap(0)
+          .Reap(1)
+          .Reap(2)
+          .Frame(1, false, 70000, 1, true)
+          .Recv(1, 0xff, 1, 70000)
+          .Turn()
+          .Reap(1));
+  add(Encoder()
+          .Op(kRemoteLink, 1)
+          .U8(0)
+          .U8(0)
+          .Op(kFabricHold, 0)
+          .U8(1)
+          .Send(1, 0, 1, 3000)
+          .Send(1, 0, 1, 10, true)
+          .Turn()
+          .Op(kFabricHold, 0)
+          .U8(0)
+          .Turn()
+          .Reap(1)
+          .Recv(1, 0, 2, 100)
+          .Op(kNodeEvent, 0)
+          .U8(1)
+          .U8(1)
+          .Turn()
+          .Reap(1)
+          .Frame(0, false, 30, 3)
+          .Op(kNodeEvent, 0)
+          .U8(0)
+          .U8(0)
+          .Op(kRemove, 0)
+          .Turn());
   return seeds;
 }
 

@@ -23,6 +23,7 @@ clang++ -std=c++17 -O1 -g -I. -Iinclude -fsanitize=fuzzer,address,undefined \
   -DSPDLOG_SHARED_LIB -DSPDLOG_COMPILED_LIB -DSPDLOG_FMT_EXTERNAL \
   daemon/engine/engine_fuzz.cc daemon/engine/mq_engine.cc \
   daemon/engine/across_shards.cc daemon/engine/crossing.cc \
+  daemon/engine/fabric_across.cc \
   daemon/engine/validate.cc daemon/engine/endpoint.cc \
   daemon/engine/cross_copy.cc daemon/log.cc shm/mapping.cc shm/segment.cc \
   -lspdlog -lfmt -lsystemd -pthread -o "$work/engine_fuzz"

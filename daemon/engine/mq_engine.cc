@@ -312,7 +312,10 @@ bool MqEngine::SubmissionPending(Endpoint& ep) {
   if (!ep.cq_overflow.empty() && ep.cq.FreeSlots() > 0) return true;
   // A held endpoint's message ring does not count: it waits for a receiver,
   // and whatever drains that receiver arrives on some control ring.
-  if (ep.ctl_sq.Available() > 0) return true;
+  // Nor does a control ring that waits for its outbox items (PollControl):
+  // the worker wakes every millisecond while its outbox holds any.
+  if (ep.ctl_sq.Available() > 0 && ep.outbox_waiting < kOutboxPerEndpoint)
+    return true;
   return ep.held_sends.empty() && ep.msg_sq.Available() > 0;
 }
 
@@ -331,12 +334,19 @@ bool MqEngine::PollControl(Endpoint& ep, size_t limit, size_t* used) {
   }
   // An empty ring, the common case, costs one look at its next slot.
   if (ep.ctl_sq.Available() == 0) return did;
+  // What it handed other shards waits in the outbox (a lane is full): its
+  // control ring waits too, so that the outbox stays bounded (invariant
+  // 11). A closing endpoint's submissions are all taken (Remove).
+  if (ep.outbox_waiting >= kOutboxPerEndpoint && !admit_over_budget_)
+    return did;
   shm::SubmissionDesc batch[kBatch];
   size_t n = ep.ctl_sq.PopBatch(batch, std::min(limit, kBatch));
   if (used != nullptr) *used += n;
   submissions_.Add(n);
   PrefetchMatches(ep, batch, n);
+  pushing_ = &ep;  // its items in the outbox count against it
   for (size_t i = 0; i < n; i++) Dispatch(ep, batch[i], shm::Ring::kControl);
+  pushing_ = nullptr;
   return did || n > 0;
 }
 
@@ -1258,12 +1268,16 @@ void MqEngine::CompleteSync(uint32_t sender_id, uint64_t sender_req,
   PostTo(sender_id, c);  // a sender that is gone has nobody to tell
 }
 
-void MqEngine::PostError(Endpoint& ep, uint64_t req, int32_t error) {
+shm::CompletionDesc MqEngine::ErrorCompletion(uint64_t req, int32_t error) {
   shm::CompletionDesc c{};
   c.op = shm::CompleteOp::kError;
   c.req = req;
   c.error = error;
-  Post(ep, c);
+  return c;
+}
+
+void MqEngine::PostError(Endpoint& ep, uint64_t req, int32_t error) {
+  Post(ep, ErrorCompletion(req, error));
 }
 
 void MqEngine::Post(Endpoint& ep, const shm::CompletionDesc& c) {

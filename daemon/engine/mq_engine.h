@@ -103,7 +103,12 @@
 //      per-pair order (invariant 1) holds; an item a budget holds waits in
 //      its receiver's held list, behind which that receiver's later items
 //      queue, and a sender has at most kCrossCredit such items in flight
-//      (its message ring waits beyond: invariant 4's back-pressure). A
+//      (its message ring waits beyond: invariant 4's back-pressure).
+//      Items a full lane did not take wait in the sending shard's outbox;
+//      an endpoint's control ring waits while kOutboxPerEndpoint items of
+//      its control submissions (replies, acks, chunks: no credit) do, so
+//      the outbox holds at most that and a batch per endpoint. Lanes are
+//      drained whatever waits, so that wait ends (no cycle). A
 //      removed endpoint's shard drains its rings first, then tells every
 //      other shard (kGone): they admit its held items, fail transfers it
 //      sent, and mark links to it gone (invariant 8), in lane order after
@@ -112,6 +117,26 @@
 //      a budget may be exceeded by one message per shard. Copies in place
 //      (invariant 10) stay within a shard: a transfer between shards
 //      streams through the pool.
+//  12. Shards between nodes (fabric_across.cc). Shard 0 owns the fabric:
+//      its Remote, every node connection and all of their state. It knows
+//      the other shards' endpoints (AddForeign, before they are added;
+//      forgotten at kForget, after every answer about one came) and reads
+//      only their identity. A message or active message from another node
+//      for an endpoint of shard k crosses to it (kRemoteArrive, kRemoteAm)
+//      and arrives there through Arrive (Part::kWhole) or is posted as a
+//      local one is, held there as a cross-shard send is (invariant 11);
+//      at most kFabricCredit of them are in flight to one receiver, beyond
+//      which shard 0 leaves its frames unread (parked: remote.h's
+//      back-pressure, kXoff), so a full receiver on shard k holds back its
+//      own flow and nothing is dropped. Shard k's sends, requests and
+//      replies to other nodes, its rendezvous chunks of transfers to them
+//      and its answers to their messages cross to shard 0 (kToFabric under
+//      the sender's credit, kChunk, kFabricAnswer) and reach the Remote as
+//      shard 0's own do; completions for shard k's endpoints come back as
+//      kPost. A peer endpoint gone (kGone from its node) or a node lost is
+//      told to every shard (kEpidGone, kNodeLost), after which each keeps
+//      invariant 8 for its endpoints. Per-pair order holds: one flow
+//      crosses one lane in order, in each direction.
 #ifndef PSMD_DAEMON_ENGINE_MQ_ENGINE_H_
 #define PSMD_DAEMON_ENGINE_MQ_ENGINE_H_
 
@@ -225,6 +250,17 @@ class MqEngine {
   // items a full lane did not take (the worker must not sleep for long).
   bool CrossingPending();
   bool OutboxWaiting() const { return outbox_items_ > 0; }
+  size_t outbox_items() const { return outbox_items_; }
+  // Items of one endpoint's control submissions (AM replies and acks,
+  // rendezvous chunks, completions for other shards: uncredited) that may
+  // wait in the outbox before its control ring waits too; what one pass
+  // adds beyond is at most a batch's.
+  static constexpr uint32_t kOutboxPerEndpoint = 64;
+  // After a transport beside the engine ran (Remote::Poll, invariant 12):
+  // wakes the shards it pushed to, as the end of PollAll does.
+  void FlushAcross() {
+    if (crossing_) FlushCrossing();
+  }
   // Whether a send waits for a budget that an endpoint of another shard
   // may free (that shard does not wake us when it does): the worker sleeps
   // briefly then.
@@ -246,6 +282,12 @@ class MqEngine {
   // from them, go there. None without a fabric. Set before the worker
   // starts.
   void AttachRemote(OtherNodes* remote) { remote_ = remote; }
+  // Invariant 12, before the worker starts: on a shard other than 0 when
+  // shard 0 owns a fabric, calls for other nodes cross to shard 0.
+  void RouteFabricToShard0();
+  // Invariant 12, on shard 0 with a fabric: endpoint `ep` of another shard
+  // exists (called before that shard adds it), so frames for it find it.
+  void AddForeign(std::shared_ptr<Endpoint> ep);
 
   // ---- What a transport beside the engine uses (daemon/remote/remote.h) ----
 
@@ -278,6 +320,38 @@ class MqEngine {
   Arrival Arrive(Endpoint& receiver, const MsgKey& key, const UnexpectedMsg& m,
                  Part part = Part::kWhole, PostedRecv* claim = nullptr);
   Endpoint* FindEndpoint(uint32_t id) { return Find(id); }
+  // A transport's lookup (invariant 12): endpoint `id` of this shard, or on
+  // shard 0 with a fabric one of another shard not removed yet. Of another
+  // shard's endpoint only the identity may be read; what concerns it goes
+  // through PostFor, ArriveAcross and AmArriveAcross.
+  Endpoint* FindAny(uint32_t id) {
+    if (Local(id)) return Find(id);
+    auto it = foreign_.find(id);
+    return it == foreign_.end() || it->second.removed ? nullptr
+                                                      : it->second.ep.get();
+  }
+  bool IsLocal(const Endpoint& ep) const { return Local(ep.id()); }
+  // Post and PostError for an endpoint FindAny gave: on another shard, the
+  // completion crosses to it.
+  void PostFor(Endpoint& ep, const shm::CompletionDesc& c);
+  void PostErrorFor(Endpoint& ep, uint64_t req, int32_t error);
+  // The kError completion of request `req`.
+  static shm::CompletionDesc ErrorCompletion(uint64_t req, int32_t error);
+  // A message or active message from another node for `receiver`, an
+  // endpoint of another shard: Arrive (Part::kWhole) or its completion's
+  // Post happen there. At most kFabricCredit of them are in flight to one
+  // receiver: MayArriveAcross says whether another may go (else the frame
+  // waits: remote.h's back-pressure).
+  bool MayArriveAcross(const Endpoint& receiver) const;
+  void ArriveAcross(Endpoint& receiver, const MsgKey& key,
+                    const UnexpectedMsg& m);
+  void AmArriveAcross(Endpoint& receiver, const shm::CompletionDesc& c);
+  // Invariant 8 for endpoints on other nodes, on every shard: endpoint
+  // `epid` of job `job` and uid `uid` is gone; the connection to node
+  // lost.tag[0] ended with lost.error, and every endpoint with a link there
+  // gets `lost` (kNodeLost, the node's host name inline) counting them.
+  void EpidGone(uint64_t epid, uint32_t uid, const uint8_t job[16]);
+  void NodeLost(const shm::CompletionDesc& lost);
   // A completion (or an error completion for request `req`) for `ep`'s
   // client; held in its overflow queue while its ring is full (invariant 3).
   void Post(Endpoint& ep, const shm::CompletionDesc& c);
@@ -461,6 +535,13 @@ class MqEngine {
   // which its message ring waits: what a flooding sender can make another
   // shard hold for a full receiver.
   static constexpr uint32_t kCrossCredit = 32;
+  // Messages and active messages from other nodes in flight to one
+  // receiver of another shard (invariant 12) past which shard 0 parks its
+  // frames: more than a sender's credit, since parking copies the payload
+  // and switches the flow off at the sending node, which a stream to a
+  // receiver that keeps up should not meet between two of its shard's
+  // passes; 256 items of 128 B per such receiver held at most.
+  static constexpr uint32_t kFabricCredit = 256;
   bool Local(uint32_t id) const {
     return shards_ == 1 || id % shards_ == shard_;
   }
@@ -497,7 +578,7 @@ class MqEngine {
   // Answers a kArrive / kAm whose receiver is gone, as a send to a closed
   // peer is answered.
   void RefuseItem(const CrossItem& item, int32_t error);
-  void ReturnCredit(uint32_t sender_id);
+  void ReturnCredit(const CrossItem& item);
   // Offers the held items again, receiver by receiver, in order.
   bool RetryHeld();
   // At the end of a pass: gives back the credits taken, and wakes the
@@ -519,19 +600,66 @@ class MqEngine {
   Crossing* crossing_ = nullptr;
   uint32_t shard_ = 0;
   uint32_t shards_ = 1;
-  std::vector<std::deque<CrossItem>> outbox_;  // per destination shard
+  // Per destination shard: what full lanes did not take, each with the
+  // endpoint whose control submission made it (0: none), whose
+  // outbox_waiting counts it.
+  struct Waiting {
+    CrossItem item;
+    uint32_t owner;
+  };
+  std::vector<std::deque<Waiting>> outbox_;
   size_t outbox_items_ = 0;
-  std::vector<uint8_t> wake_;  // destination shards pushed to this pass
+  Endpoint* pushing_ = nullptr;  // PollControl's endpoint, while it runs
+  std::vector<uint8_t> wake_;    // destination shards pushed to this pass
   // Items another shard sent to a receiver of ours that a budget holds, by
   // receiver, in arrival order (a later item for it queues behind them).
   std::unordered_map<uint32_t, std::deque<CrossItem>> held_items_;
   // Credits to give back, per sender: consecutive items of one sender
   // share one kCredit.
   struct CreditRun {
-    uint32_t sender_id;
+    uint32_t sender_id;  // or, `remote`, a receiver of shard 0's frames
     uint32_t count;
+    bool remote;
   };
   std::vector<CreditRun> credits_;
+  // ---- Between nodes across shards (fabric_across.cc; invariant 12) ----
+  class FabricVia0;
+  static bool FromOtherNode(const CrossItem& item) {
+    return item.kind == CrossKind::kRemoteArrive ||
+           item.kind == CrossKind::kRemoteAm;
+  }
+  // A shard other than 0: hands an OtherNodes call to shard 0.
+  bool ToFabric(Endpoint& sender, const shm::SubmissionDesc& d,
+                const PeerLink& to, bool may_hold, uint8_t call);
+  void AnswerToFabric(const Endpoint& receiver, const UnexpectedMsg& m,
+                      uint8_t flags, uint64_t recv_req, uint32_t send_bytes,
+                      int32_t error);
+  // Shard 0: what the other shards hand the fabric.
+  void TakeFabricItem(const CrossItem& item);
+  bool OfferFabric(Endpoint& sender, const CrossItem& item);
+  bool RetryHeldFabric();
+  void AdmitHeldFabric(uint32_t sender_id);
+  // A kRemoteArrive / kRemoteAm whose receiver is gone: its payload goes
+  // back into the inbox, a waiting sender on the other node is told.
+  void RefuseRemote(const CrossItem& item, int32_t error);
+  void EpidGoneHere(uint64_t epid, uint32_t uid, const uint8_t job[16]);
+  void NodeLostHere(const shm::CompletionDesc& lost);
+  // The endpoint `id` names, here or removed but not yet forgotten (what
+  // an answer about it needs: its job's pool, its identity).
+  Endpoint* Known(uint32_t id);
+  std::unique_ptr<OtherNodes> fabric_via_0_;
+  // Shard 0: the other shards' endpoints (only their identity is read),
+  // kept after their removal until kForget; frames in flight to each
+  // (kRemoteArrive, kRemoteAm); sends of each to other nodes the fabric
+  // holds, in order.
+  struct Foreign {
+    std::shared_ptr<Endpoint> ep;
+    bool removed = false;
+  };
+  std::unordered_map<uint32_t, Foreign> foreign_;
+  std::unordered_map<uint32_t, uint32_t> remote_in_flight_;
+  std::unordered_map<uint32_t, std::deque<CrossItem>> held_fabric_;
+
   Counter submissions_;
   Counter cross_in_;
   Counter cross_out_;

@@ -112,14 +112,14 @@ void Remote::OnConverted(Peer& p, const wire::Envelope& in, Endpoint& t) {
   if (!c.sync) return;  // its sender saw it complete when it was sent
   p.awaiting.erase({t.id(), c.req});
   if (in.op() == wire::Op::kError) {
-    engine_->PostError(t, c.req, w.error);
+    engine_->PostErrorFor(t, c.req, w.error);
     return;
   }
   shm::CompletionDesc done{};
   done.op = shm::CompleteOp::kSendDone;
   done.req = c.req;
   done.error = PSM2_OK;
-  engine_->Post(t, done);
+  engine_->PostFor(t, done);
 }
 
 bool Remote::TakeKept(const UnexpectedMsg& m, std::vector<uint8_t>* bytes) {
@@ -146,7 +146,7 @@ void Remote::DeliverKept(Endpoint& receiver, uint64_t recv_req,
   std::vector<uint8_t> bytes;
   if (!TakeKept(m, &bytes)) {  // gone with its connection
     if (send_bytes > 0) {
-      engine_->PostError(receiver, recv_req, PSM2_EPID_UNREACHABLE);
+      engine_->PostErrorFor(receiver, recv_req, PSM2_EPID_UNREACHABLE);
     }
     return;
   }
@@ -180,7 +180,7 @@ bool Remote::DeliverChunk(uint64_t transfer_id,
   auto it = in_transfers_.find(transfer_id);
   Endpoint* r = it == in_transfers_.end() || it->second->receiver == 0
                     ? nullptr
-                    : engine_->FindEndpoint(it->second->receiver);
+                    : engine_->FindAny(it->second->receiver);
   if (r == nullptr) {
     OnChunk(transfer_id, nullptr, 0, len);  // its receiver left: dropped
     return true;

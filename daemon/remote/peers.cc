@@ -99,8 +99,8 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
                node, p->dropped ? "dropped by us" : hw::ErrorClassName(why),
                p->awaiting.size());
   for (const auto& [id, req] : p->awaiting) {
-    if (Endpoint* ep = engine_->FindEndpoint(id))
-      engine_->PostError(*ep, req, error);
+    if (Endpoint* ep = engine_->FindAny(id))
+      engine_->PostErrorFor(*ep, req, error);
   }
   for (auto& f : p->queue) f->ReleaseChunk();
   for (auto& [dst, frames] : p->deferred) {
@@ -113,8 +113,8 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
   }
   // Receives already matched to a message that will not arrive now.
   auto fail_recv = [&](uint32_t id, uint64_t req) {
-    if (Endpoint* r = engine_->FindEndpoint(id))
-      engine_->PostError(*r, req, error);
+    if (Endpoint* r = engine_->FindAny(id))
+      engine_->PostErrorFor(*r, req, error);
   };
   if (p->expect_payload && p->pending.matched && p->pending.receiver != 0) {
     fail_recv(p->pending.receiver, p->pending.recv.req);
@@ -134,8 +134,8 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
       continue;
     }
     if (t->second->receiver != 0) {
-      if (Endpoint* r = engine_->FindEndpoint(t->second->receiver)) {
-        engine_->PostError(*r, t->second->recv_req, error);
+      if (Endpoint* r = engine_->FindAny(t->second->receiver)) {
+        engine_->PostErrorFor(*r, t->second->recv_req, error);
       }
     }
     t = in_transfers_.erase(t);
@@ -148,37 +148,21 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
   // are lost, so each endpoint that had connected to one there is told
   // (kNodeLost: its library reports it through the error handler, which
   // for an MPI job ends it instead of leaving a rank waiting forever).
-  // Per endpoint: how many of its links went, and one of their epids.
-  std::unordered_map<const Endpoint*, shm::CompletionDesc> lost_at;
-  engine_->PeersGone(
-      [&](const Endpoint& ep, const PeerLink& link) {
-        if (link.endpoint_id != kRemotePeer ||
-            shm::NodeIdOf(link.epid) != node) {
-          return false;
-        }
-        shm::CompletionDesc& lost = lost_at[&ep];
-        lost.msg_len++;
-        lost.src_epid = link.epid;
-        return true;
-      },
-      error);
-  for (Endpoint* ep : engine_->endpoints()) {
-    auto at = lost_at.find(ep);
-    if (at == lost_at.end()) continue;
-    shm::CompletionDesc& lost = at->second;
-    lost.op = shm::CompleteOp::kNodeLost;
-    lost.error = error;
-    lost.tag[0] = node;
-    nodes_.HostName(node).copy(reinterpret_cast<char*>(lost.body.inline_data),
-                               shm::kInlineMax - 1);
-    engine_->Post(*ep, lost);
-  }
+  // On every shard (MqEngine::NodeLost): each endpoint gets one kNodeLost
+  // counting its links there.
+  shm::CompletionDesc lost{};
+  lost.op = shm::CompleteOp::kNodeLost;
+  lost.error = error;
+  lost.tag[0] = node;
+  nodes_.HostName(node).copy(reinterpret_cast<char*>(lost.body.inline_data),
+                             shm::kInlineMax - 1);
+  engine_->NodeLost(lost);
   for (auto& [id, t] : out_transfers_) {
     if (t->node != node || t->dead) continue;
     t->dead = true;
     // As when a local receiver leaves: the sender learns at once.
-    if (Endpoint* s = engine_->FindEndpoint(t->sender)) {
-      engine_->PostError(*s, t->sender_req, error);
+    if (Endpoint* s = engine_->FindAny(t->sender)) {
+      engine_->PostErrorFor(*s, t->sender_req, error);
     }
   }
   for (auto q = queries_.begin(); q != queries_.end();) {

@@ -122,7 +122,7 @@ void Remote::OnChunkHeader(Peer& p, const hw::Event& e) {
   p.chunk_offset = 0;
   p.chunk_job.reset();
   p.park_chunk = false;
-  Endpoint* r = t.receiver == 0 ? nullptr : engine_->FindEndpoint(t.receiver);
+  Endpoint* r = t.receiver == 0 ? nullptr : engine_->FindAny(t.receiver);
   if (r != nullptr) {
     // Behind what is parked for its receiver, or parked itself when the
     // inbox is full.
@@ -212,7 +212,7 @@ void Remote::OnPayload(Peer& p) {
   Pending& q = p.pending;
   const hw::FrameFields& f = q.env.f;
   p.expect_payload = false;
-  Endpoint* r = q.receiver == 0 ? nullptr : engine_->FindEndpoint(q.receiver);
+  Endpoint* r = q.receiver == 0 ? nullptr : engine_->FindAny(q.receiver);
   if (r == nullptr || r->job() != q.job) {
     if (q.job && !q.keep) shm::ReleaseChunk(q.job->pool().base(), q.chunk);
     if (q.env.op() == wire::Op::kEnvelope && (q.env.r.flags & shm::kSendSync) &&
@@ -239,6 +239,20 @@ void Remote::OnPayload(Peer& p) {
       p.parked_bytes += kept->charged;
       counts_by_node_[p.node].kept++;
     }
+    if (!engine_->IsLocal(*r)) {
+      // Invariant 12: it arrives whole on its receiver's shard, which says
+      // nothing back about a match; a kept payload counts as waiting
+      // until its receive asks for it (StartTransfer) or it is dropped.
+      if (kept != nullptr) {
+        kept->waiting = true;
+        if (p.kept_waiting[f.dst]++ == 0) {
+          Post(p, wire::PrepFlow(wire::Op::kEagerOff, wire::ReceiverOf(f)));
+        }
+      }
+      engine_->ArriveAcross(*r, KeyOf(f.src, q.env.r.tag), m);
+      q = Pending{};
+      return;
+    }
     const MqEngine::Arrival arrival = engine_->Arrive(
         *r, KeyOf(f.src, q.env.r.tag), m, MqEngine::Part::kPayload,
         q.matched ? &q.recv : nullptr);
@@ -251,7 +265,7 @@ void Remote::OnPayload(Peer& p) {
   } else {  // kAmRequest, kAmReply
     shm::CompletionDesc c = AmArrival(q.env, proxies_.For(f.src));
     c.body.pool.pool_offset = q.chunk;
-    engine_->Post(*r, c);
+    PostAm(*r, c);
   }
   q = Pending{};
 }
@@ -264,7 +278,7 @@ void Remote::OnChunk(uint64_t transfer_id, const std::shared_ptr<Job>& job,
     return;
   }
   InTransfer& t = *it->second;
-  Endpoint* r = t.receiver == 0 ? nullptr : engine_->FindEndpoint(t.receiver);
+  Endpoint* r = t.receiver == 0 ? nullptr : engine_->FindAny(t.receiver);
   if (job && (r == nullptr || r->job() != job)) {
     shm::ReleaseChunk(job->pool().base(), chunk);
   } else if (job) {
@@ -274,10 +288,18 @@ void Remote::OnChunk(uint64_t transfer_id, const std::shared_ptr<Job>& job,
     c.body.chunk.pool_offset = chunk;
     c.body.chunk.offset = t.received;
     c.body.chunk.len = len;
-    engine_->Post(*r, c);
+    engine_->PostFor(*r, c);
   }
   t.received += len;
   if (t.received == t.send_bytes) in_transfers_.erase(it);
+}
+
+void Remote::PostAm(Endpoint& r, const shm::CompletionDesc& c) {
+  if (engine_->IsLocal(r)) {
+    engine_->Post(r, c);
+  } else {
+    engine_->AmArriveAcross(r, c);
+  }
 }
 
 Remote::Verdict Remote::Handle(Peer& p, const wire::Envelope& in) {
@@ -322,7 +344,7 @@ Remote::Verdict Remote::OnSendAnswer(Peer& p, const wire::Envelope& in) {
     c.op = shm::CompleteOp::kSendDone;
     c.req = f.aux;
     c.error = in.r.error;
-    engine_->Post(*t, c);
+    engine_->PostFor(*t, c);
     return Verdict::kDone;
   }
   // A rendezvous send streaming to a receiver that left: its chunks still
@@ -330,7 +352,7 @@ Remote::Verdict Remote::OnSendAnswer(Peer& p, const wire::Envelope& in) {
   for (auto& [id, out] : out_transfers_) {
     if (out->sender == t->id() && out->sender_req == f.aux) out->dead = true;
   }
-  engine_->PostError(*t, f.aux, in.r.error);
+  engine_->PostErrorFor(*t, f.aux, in.r.error);
   return Verdict::kDone;
 }
 
@@ -362,7 +384,7 @@ Remote::Verdict Remote::OnRndvGo(Peer& p, const wire::Envelope& in) {
         OutTransfer{p.node, t->id(), f.src, w.x, w.len, 0, false, f.aux,
                     wire::ReceiverOf(f)});
   }
-  engine_->Post(*t, go);
+  engine_->PostFor(*t, go);
   return Verdict::kDone;
 }
 
@@ -373,13 +395,7 @@ Remote::Verdict Remote::OnPing(Peer&, const wire::Envelope&) {
 Remote::Verdict Remote::OnGone(Peer&, const wire::Envelope& in) {
   const hw::FrameFields& f = in.f;
   proxies_.Drop(f.src);
-  engine_->PeersGone(
-      [&f](const Endpoint& ep, const PeerLink& link) {
-        return link.endpoint_id == kRemotePeer && link.epid == f.src &&
-               ep.uid() == f.uid &&
-               std::memcmp(ep.job()->key().uuid.data(), f.job, 16) == 0;
-      },
-      PSM2_EPID_UNREACHABLE);
+  engine_->EpidGone(f.src, f.uid, f.job);  // on every shard
   return Verdict::kDone;
 }
 
@@ -390,8 +406,8 @@ Remote::Verdict Remote::OnAbort(Peer& p, const wire::Envelope& in) {
     return Verdict::kDone;
   }
   if (it->second->receiver != 0) {
-    if (Endpoint* r = engine_->FindEndpoint(it->second->receiver)) {
-      engine_->PostError(*r, it->second->recv_req, in.r.error);
+    if (Endpoint* r = engine_->FindAny(it->second->receiver)) {
+      engine_->PostErrorFor(*r, it->second->recv_req, in.r.error);
     }
   }
   in_transfers_.erase(it);
@@ -408,7 +424,7 @@ Remote::Verdict Remote::OnAmAck(Peer& p, const wire::Envelope& in) {
   c.error = in.r.error;
   c.tag[0] = in.r.tag[0];
   c.src_epid = in.f.src;
-  engine_->Post(*t, c);
+  engine_->PostFor(*t, c);
   return Verdict::kDone;
 }
 
@@ -434,15 +450,17 @@ Endpoint* Remote::Receiver(Peer& p, const wire::Envelope& in) {
 Remote::Verdict Remote::OnActiveMessage(Peer& p, const wire::Envelope& in) {
   Endpoint* r = Receiver(p, in);
   if (r == nullptr) return Verdict::kDone;
-  // Held while the target is slow.
-  if (MqEngine::AmHeld(*r)) {
+  // Held while the target is slow (on another shard: while it has not
+  // taken those in flight to it).
+  if (engine_->IsLocal(*r) ? MqEngine::AmHeld(*r)
+                           : !engine_->MayArriveAcross(*r)) {
     return Verdict::kPause;
   }
   if (!wire::PayloadFollows(in)) {
     shm::CompletionDesc c = AmArrival(in, proxies_.For(in.f.src));
     c.flags |= shm::kPayloadInline;
     std::memcpy(c.body.inline_data, in.inline_data, in.inline_len);
-    engine_->Post(*r, c);
+    PostAm(*r, c);
     return Verdict::kDone;
   }
   Pending q;
@@ -467,16 +485,27 @@ Remote::Verdict Remote::OnMessage(Peer& p, const wire::Envelope& in) {
   m.remote_src = in.f.src;
   std::memcpy(m.inline_data, in.inline_data, in.inline_len);
   const MsgKey key = KeyOf(in.f.src, w.tag);
+  // A receiver of another shard takes the message whole there (invariant
+  // 12 of mq_engine.h): it waits here while kFabricCredit are in flight to
+  // it, which its budgets hold back.
+  const bool here = engine_->IsLocal(*r);
+  if (!here && !engine_->MayArriveAcross(*r)) return Verdict::kPause;
   if (!wire::PayloadFollows(in)) {
+    if (!here) {
+      engine_->ArriveAcross(*r, key, m);
+      return Verdict::kDone;
+    }
     return engine_->Arrive(*r, key, m) == MqEngine::Arrival::kHeld
                ? Verdict::kPause
                : Verdict::kDone;
   }
   // The payload follows. A receive it matches is taken now (and kept
   // across pauses: the message is next in its flow anyway); otherwise the
-  // budget must admit it. Then it needs inbox space.
+  // budget must admit it. Then it needs inbox space. (On another shard
+  // neither is known here: its payload takes the share of a message that
+  // may stay unexpected.)
   if (p.has_held && p.held_receiver != r->id()) p.has_held = false;
-  if (!p.has_held) {
+  if (here && !p.has_held) {
     switch (
         engine_->Arrive(*r, key, m, MqEngine::Part::kEnvelope, &p.held_recv)) {
       case MqEngine::Arrival::kMatched:
@@ -519,9 +548,10 @@ Endpoint* Remote::Target(const hw::FrameFields& f) {
       shm::BootNonceOf(f.dst) != boot_nonce_) {
     return nullptr;
   }
-  Endpoint* ep = engine_->FindEndpoint(shm::EndpointIdOf(f.dst));
-  if (ep == nullptr || !MqEngine::Served(*ep) || ep->epid() != f.dst ||
-      ep->uid() != f.uid ||
+  Endpoint* ep = engine_->FindAny(shm::EndpointIdOf(f.dst));
+  // (Another shard's endpoint is checked where it is served.)
+  if (ep == nullptr || (engine_->IsLocal(*ep) && !MqEngine::Served(*ep)) ||
+      ep->epid() != f.dst || ep->uid() != f.uid ||
       std::memcmp(ep->job()->key().uuid.data(), f.job, 16) != 0) {
     return nullptr;
   }

@@ -72,6 +72,14 @@
 // back-pressure rules above); its private state is remote_state.h's, the
 // frames wire.h's, the node table node_table.h's.
 //
+// With engine shards the Remote is shard 0's and serves every shard's
+// endpoints (mq_engine.h, invariant 12): it finds them with
+// MqEngine::FindAny, reads only the identity of another shard's, and
+// reaches it through the engine (PostFor, ArriveAcross, AmArriveAcross:
+// such a receiver takes a message whole, on its shard, and at most
+// kFabricCredit of them may be in flight to it; its frames wait in
+// back-pressure 1 beyond).
+//
 // Thread-safety: a Remote belongs to one progress worker; every method runs
 // on the worker thread.
 #ifndef PSMD_DAEMON_REMOTE_REMOTE_H_
@@ -265,6 +273,9 @@ class Remote : public OtherNodes {
   Endpoint* Receiver(Peer& p, const wire::Envelope& in);
   // A payload (of the envelope in p.pending) landed in its inbox chunk.
   void OnPayload(Peer& p);
+  // Active message `c` from another node reaches `r`, of this shard or
+  // (MqEngine::AmArriveAcross) another.
+  void PostAm(Endpoint& r, const shm::CompletionDesc& c);
   // A rendezvous chunk of `transfer_id` landed in `job`'s inbox at `chunk`.
   void OnChunk(uint64_t transfer_id, const std::shared_ptr<Job>& job,
                uint64_t chunk, uint32_t len);

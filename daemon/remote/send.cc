@@ -63,7 +63,7 @@ bool Remote::Send(Endpoint& sender, const shm::SubmissionDesc& d,
            : shm::PayloadOf(sender.job()->pool().base(), d);
   Peer* p = PeerOf(shm::NodeIdOf(dst));
   if (p == nullptr || to.gone) {
-    engine_->PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
+    engine_->PostErrorFor(sender, d.req, PSM2_EPID_UNREACHABLE);
     return true;  // payload released
   }
   // (A closing sender's last sends are taken regardless: it saw them
@@ -86,6 +86,9 @@ bool Remote::Send(Endpoint& sender, const shm::SubmissionDesc& d,
   if (frame) Enqueue(*p, std::move(frame));
   if (rndv || (d.flags & shm::kSendSync))
     p->awaiting.insert({sender.id(), d.req});
+  // Another shard's sender was counted by its shard (counters have one
+  // writer: MqEngine::ToFabric).
+  if (!engine_->IsLocal(sender)) return true;
   sender.counters.msgs_sent.Add(1);
   sender.counters.bytes_sent.Add(d.len);
   if (rndv) {
@@ -101,7 +104,7 @@ bool Remote::AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
   shm::PoolPayload payload = shm::PayloadOf(sender.job()->pool().base(), d);
   Peer* p = PeerOf(shm::NodeIdOf(dst));
   if (p == nullptr || to.gone) {
-    engine_->PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
+    engine_->PostErrorFor(sender, d.req, PSM2_EPID_UNREACHABLE);
     return true;
   }
   if ((p->queue.size() >= kMaxQueued || p->off.count(dst) != 0) && may_hold) {
@@ -112,7 +115,7 @@ bool Remote::AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
   if (d.flags & shm::kAmNoReply) flags |= shm::kAmRequestNoReply;
   if (d.flags & shm::kAmWantsAck) flags |= shm::kAmRequestWantsAck;
   SendAm(*p, /*reply=*/false, sender, dst, d, &payload, flags);
-  sender.counters.am_requests_sent.Add(1);
+  if (engine_->IsLocal(sender)) sender.counters.am_requests_sent.Add(1);
   return true;
 }
 
@@ -127,12 +130,12 @@ void Remote::AmReplyOrAck(Endpoint& sender, const shm::SubmissionDesc& d) {
     return;
   }
   if (p == nullptr) {
-    engine_->PostError(sender, d.req, PSM2_EPID_UNREACHABLE);
+    engine_->PostErrorFor(sender, d.req, PSM2_EPID_UNREACHABLE);
     return;
   }
   SendAm(*p, /*reply=*/true, sender, dst, d, &payload,
          (d.flags & shm::kAmWantsAck) ? shm::kAmRequestWantsAck : 0);
-  sender.counters.am_replies_sent.Add(1);
+  if (engine_->IsLocal(sender)) sender.counters.am_replies_sent.Add(1);
 }
 
 void Remote::SendAm(Peer& p, bool reply, const Endpoint& sender, uint64_t dst,
@@ -218,7 +221,7 @@ void Remote::StartTransfer(Endpoint& receiver, uint64_t recv_req,
   Peer* p = PeerOf(node);
   if (p == nullptr) {
     if (send_bytes > 0) {
-      engine_->PostError(receiver, recv_req, PSM2_EPID_UNREACHABLE);
+      engine_->PostErrorFor(receiver, recv_req, PSM2_EPID_UNREACHABLE);
     }
     return;
   }
@@ -240,7 +243,7 @@ void Remote::EndpointRemoved(uint32_t id) {
     // unless nothing more comes (all read, or a payload kept here).
     t->receiver = 0;
     if (t->accepted == t->send_bytes) continue;
-    if (Endpoint* r = engine_->FindEndpoint(id)) {
+    if (Endpoint* r = engine_->FindAny(id)) {
       PostTo(t->node, wire::PrepError(SenderOf(*r), t->src, t->sender_req,
                                       PSM2_EPID_UNREACHABLE));
     }
@@ -263,7 +266,7 @@ void Remote::EndpointRemoved(uint32_t id) {
   // Nodes that connected to it learn it is gone, after everything it sent
   // (one connection per node pair keeps the order).
   if (auto w = watchers_.find(id); w != watchers_.end()) {
-    if (Endpoint* ep = engine_->FindEndpoint(id)) {
+    if (Endpoint* ep = engine_->FindAny(id)) {
       for (uint16_t node : w->second) {
         PostTo(node, wire::PrepGone(SenderOf(*ep), PSM2_EPID_UNREACHABLE));
       }

@@ -11,7 +11,8 @@ def _run_pair(program, name, flags, data, env = {}):
         env = env,
     )
 
-def pair_tests(program, ranks = 2, nodes = 0, workers = 0, upgrades = False):
+def pair_tests(program, ranks = 2, nodes = 0, workers = 0,
+               nodes_workers_ranks = 0, upgrades = False):
     """Defines <program>_intel and <program>_psmd, each run by run_pair.sh.
 
     Args:
@@ -23,6 +24,10 @@ def pair_tests(program, ranks = 2, nodes = 0, workers = 0, upgrades = False):
       nodes: if not 0, also <program>_nodes: the psmd run with that many
         daemons linked by the fabric (rank r on daemon r % nodes), and
         <program>_nodes_ofi: the same over the ofi backend on tcp;ofi_rxm.
+      nodes_workers_ranks: if not 0 (with nodes and workers), also
+        <program>_nodes_workers<N>: that many ranks over `nodes` daemons of
+        `workers` shards each (two ranks or more per daemon, so that every
+        shard has one), and the shard check on every daemon.
       upgrades: also <program>_psmd_upgrades: psmd handed over to itself
         every 200 ms while the ranks run (psmctl upgrade).
     """
@@ -35,6 +40,11 @@ def pair_tests(program, ranks = 2, nodes = 0, workers = 0, upgrades = False):
             _run_pair(program, program + suffix,
                       r + ["--daemons", str(nodes), "psmd-nodes"],
                       ["//scripts:nodes"], env)
+    if nodes and workers and nodes_workers_ranks:
+        _run_pair(program, program + "_nodes_workers" + str(workers),
+                  ["--ranks", str(nodes_workers_ranks), "--daemons", str(nodes),
+                   "--workers", str(workers), "psmd-nodes"],
+                  ["//scripts:nodes", "//tests:check_shards.py", "//tools:psmctl"])
     if workers:
         _run_pair(program, program + "_psmd_workers" + str(workers),
                   r + ["--workers", str(workers), "psmd"],

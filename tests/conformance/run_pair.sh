@@ -11,6 +11,10 @@
 #          fabric address 127.0.0.(2+i), node id i+1, one node table, and
 #          one private munged (generated key) authenticating them: every
 #          message between ranks of different daemons crosses the fabric.
+#          With --workers N each daemon runs N engine shards (give it two
+#          ranks or more per daemon, so that each shard has one: the fabric
+#          is shard 0's, and frames cross to the others), and each daemon's
+#          shards are checked as below.
 # --upgrades (psmd): while the ranks run, psmd is handed over to itself
 #          again and again (psmctl upgrade, docs/design.md "Handover"); the
 #          run also fails if no upgrade went through, or one failed.
@@ -74,7 +78,8 @@ case "$impl" in
     source "$root/scripts/nodes.sh"
     # shellcheck disable=SC2086  # PSMD_FABRIC_FLAGS: flags, split on purpose
     start_nodes "${PSMD_BIN:-daemon/psmd}" "$daemons" \
-      --log-level "${PSMD_LOG_LEVEL:-warn}" ${PSMD_FABRIC_FLAGS:-} || exit 1
+      --log-level "${PSMD_LOG_LEVEL:-warn}" --workers "$workers" \
+      ${PSMD_FABRIC_FLAGS:-} || exit 1
     export PSMD_SOCKETS="${node_socket[*]}"
     daemon_pids=("${node_pid[@]}")
     wrap=(env PSMD_CONFORMANCE_IMPL=psmd)
@@ -135,18 +140,22 @@ if [[ $ranks_status != 0 || -n "${PSMD_SHOW_LOGS:-}" ]]; then
     tail -n 40 "$work/psmd$i.log" >&2
   done
 fi
-# With shards: each carried traffic, and messages crossed between them
-# (psmctl stats, root's view of the workers).
+# With shards: on every daemon each carried traffic, and messages crossed
+# between them (psmctl stats, root's view of the workers).
 shards_ok=1
 if ((workers > 1)); then
   if ((EUID != 0)); then
     echo "run_pair: the shard check needs root (psmctl's worker figures)" >&2
     shards_ok=0
   else
-    "${PSMCTL_BIN:-tools/psmctl}" --socket "$PSMD_SOCKET" stats --format json \
-      >"$work/stats.json" || shards_ok=0
-    python3 "$root/tests/check_shards.py" "$work/stats.json" "$workers" ||
-      shards_ok=0
+    read -r -a check_sockets <<<"${PSMD_SOCKETS:-$PSMD_SOCKET}"
+    for i in "${!check_sockets[@]}"; do
+      echo "run_pair: shards of psmd$i" >&2
+      "${PSMCTL_BIN:-tools/psmctl}" --socket "${check_sockets[i]}" stats \
+        --format json >"$work/stats$i.json" || shards_ok=0
+      python3 "$root/tests/check_shards.py" "$work/stats$i.json" "$workers" ||
+        shards_ok=0
+    done
   fi
 fi
 status=$ranks_status daemons_ok=1

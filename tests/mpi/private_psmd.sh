@@ -24,8 +24,14 @@ sent() {
     python3 -c 'import json,sys; print(json.load(sys.stdin)["total"]["msgs_sent"])'
 }
 
+# Every daemon's: the test's own, or each of scripts/nodes.sh's.
 check_shards() {
   ((${PSMD_WORKERS:-1} > 1)) || return 0
-  "$psmctl" --socket "$PSMD_SOCKET" stats --format json >"$work/stats.json" &&
-    python3 "$root/tests/check_shards.py" "$work/stats.json" "$PSMD_WORKERS"
+  local sockets=("${node_socket[@]:-$PSMD_SOCKET}") i status=0
+  for i in "${!sockets[@]}"; do
+    "$psmctl" --socket "${sockets[i]}" stats --format json >"$work/stats$i.json" &&
+      python3 "$root/tests/check_shards.py" "$work/stats$i.json" "$PSMD_WORKERS" ||
+      status=1
+  done
+  return "$status"
 }

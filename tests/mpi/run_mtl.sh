@@ -23,7 +23,10 @@
 #                  list) with 2 ranks on two psmd linked by the fabric
 #                  (127.0.0.2 and .3, node ids 1 and 2, one private munged):
 #                  an MPMD mpirun, each rank with its own PSMD_SOCKET; both
-#                  daemons' per-peer-node counters must show the traffic
+#                  daemons' per-peer-node counters must show the traffic;
+#                  with PSMD_WORKERS=N (semantics_nodes_workers2) each psmd
+#                  runs N engine shards with N ranks on it, and every
+#                  daemon's shards are checked (check_shards)
 #   node_lost      2 ranks on two psmd (as above); once rank 0 waits in a
 #                  receive from MPI_ANY_SOURCE, node 2's psmd is SIGKILLed:
 #                  rank 0 must learn it (psmd's kNodeLost, the component's
@@ -79,21 +82,25 @@ fi
 # Two daemons linked by the fabric, authenticated by a munged of our own.
 source "$root/scripts/nodes.sh"
 
-# One rank on each daemon (an MPMD command line).
+# One rank on each daemon (an MPMD command line); with PSMD_WORKERS=N
+# (semantics_nodes_workers2), N on each, one per engine shard of a daemon
+# whose shard 0 owns the fabric.
 mpi_nodes() {
+  local per_node=${PSMD_WORKERS:-1}
   (cd "$work/run" && timeout -k 10 "${mpi_timeout:-300}" "${as_user[@]}" \
     env -u PSM2_DEVICES -u HFI_SYSFS_PATH HOME="$work/run" TMPDIR="$work/run" \
       OMPI_MCA_mca_base_component_path="$ompi_components:$work/components" \
       OMPI_MCA_plm_rsh_agent= \
       mpirun --oversubscribe --mca pml cm --mca mtl psmd "${mpi_extra[@]}" \
-        -np 1 env PSMD_SOCKET="${node_socket[0]}" "$@" : \
-        -np 1 env PSMD_SOCKET="${node_socket[1]}" "$@")
+        -np "$per_node" env PSMD_SOCKET="${node_socket[0]}" "$@" : \
+        -np "$per_node" env PSMD_SOCKET="${node_socket[1]}" "$@")
 }
 
 case $case_name in
   decline) ;;
   *_nodes|node_lost)
-    start_nodes "$psmd" 2 --log-level warn || exit 1
+    start_nodes "$psmd" 2 --log-level warn --workers "${PSMD_WORKERS:-1}" ||
+      exit 1
     node2_pid=${pids[-1]}
     export PSMD_SOCKET=${node_socket[0]}  # what sent() counts
     ;;
