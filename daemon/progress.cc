@@ -302,27 +302,6 @@ std::vector<Remote::PeerRow> ProgressWorker::FabricStats() {
   return out;
 }
 
-bool ProgressWorker::DrainEngine() {
-  bool did = false;
-  RunSync([&]() PSMD_REQUIRES(role_) { did = engine_.DrainPass(); });
-  return did;
-}
-
-bool ProgressWorker::EngineQuiesced() {
-  bool quiet = false;
-  RunSync([&]() PSMD_REQUIRES(role_) { quiet = engine_.Quiesced(); });
-  return quiet;
-}
-
-void ProgressWorker::SaveEngineState(handover::StateWriter* w) {
-  RunSync([&]() PSMD_REQUIRES(role_) { engine_.SaveState(*w); });
-}
-
-Status ProgressWorker::LoadEngineState(handover::StateReader& r) {
-  role_.AssertHeld();  // before Start
-  return engine_.LoadState(r);
-}
-
 uint64_t ProgressWorker::LastTurnAgeNs() const {
   uint64_t now = NowNs();
   uint64_t last = last_turn_ns_.load(std::memory_order_relaxed);

@@ -34,11 +34,9 @@
 #include "daemon/config.h"
 #include "daemon/engine/endpoint.h"
 #include "daemon/engine/mq_engine.h"
-#include "daemon/handover/state_codec.h"
 #include "daemon/remote/remote.h"
 #include "hw/fabric.h"
 #include "shm/spin.h"
-#include "shm/status.h"
 
 namespace psmd {
 
@@ -93,18 +91,6 @@ class ProgressWorker {
   const std::string& fabric_backend() const { return fabric_backend_; }
   const std::string& fabric_provider() const { return fabric_provider_; }
 
-  // ---- Handover (issue 33; MqEngine, "Handover to a successor process") ----
-  // On the worker's thread, while its loop runs no engine pass (the
-  // caller paused it: no submission ring may be read): one
-  // MqEngine::DrainPass (whether it did anything), MqEngine::Quiesced, and
-  // MqEngine::SaveState into *w.
-  bool DrainEngine();
-  bool EngineQuiesced();
-  void SaveEngineState(handover::StateWriter* w);
-  // Before Start, after AddEndpoint of every endpoint of this shard:
-  // MqEngine::LoadState (Workers::LoadEngineStates then recounts credits).
-  Status LoadEngineState(handover::StateReader& r);
-
   uint64_t doorbells() const {
     return doorbells_.load(std::memory_order_relaxed);
   }
@@ -157,13 +143,6 @@ class ProgressWorker {
   static constexpr uint32_t kHeartbeatPasses = 4096;
 
  private:
-  friend class Workers;
-  // Before Start: the engine, for MqEngine::RecountCredits over every
-  // shard (Workers::LoadEngineStates); nothing else runs then.
-  MqEngine* EngineBeforeStart() {
-    role_.AssertHeld();
-    return &engine_;
-  }
   // Runs fn on the worker thread and waits until it has run (fn is
   // PSMD_REQUIRES(role_): the one hand-over the analysis takes on trust).
   void RunSync(std::function<void()> fn);

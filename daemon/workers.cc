@@ -1,9 +1,6 @@
 #include "daemon/workers.h"
 
-#include <psm2.h>
-
 #include <algorithm>
-#include <string>
 
 namespace psmd {
 
@@ -44,47 +41,6 @@ void Workers::Stop() {
 
 void Workers::SetSpinUs(uint32_t spin_us) {
   for (auto& w : workers_) w->SetSpinUs(spin_us);
-}
-
-bool Workers::QuiesceEngines(int max_rounds) {
-  for (int round = 0; round < max_rounds; round++) {
-    bool did = false;
-    for (auto& w : workers_) did |= w->DrainEngine();
-    if (did) continue;
-    // Nothing moved in this round, and nothing runs between these calls:
-    // what one shard sees empty no other shard fills meanwhile.
-    if (std::all_of(workers_.begin(), workers_.end(),
-                    [](auto& w) { return w->EngineQuiesced(); }))
-      return true;
-  }
-  return false;
-}
-
-std::vector<std::string> Workers::SaveEngineStates() {
-  std::vector<std::string> states;
-  for (auto& w : workers_) {
-    handover::StateWriter out;
-    w->SaveEngineState(&out);
-    states.push_back(out.Take());
-  }
-  return states;
-}
-
-Status Workers::LoadEngineStates(std::vector<handover::StateReader>& states) {
-  if (states.size() != workers_.size()) {
-    return Status(PSM2_INTERNAL_ERR,
-                  "engine states for " + std::to_string(states.size()) +
-                      " shards, " + std::to_string(workers_.size()) +
-                      " workers");
-  }
-  std::vector<MqEngine*> engines;
-  for (size_t i = 0; i < workers_.size(); i++) {
-    Status st = workers_[i]->LoadEngineState(states[i]);
-    if (!st.ok()) return st;
-    engines.push_back(workers_[i]->EngineBeforeStart());
-  }
-  MqEngine::RecountCredits(engines);
-  return Status();
 }
 
 uint64_t Workers::doorbells() const {

@@ -18,9 +18,7 @@
 
 #include "daemon/config.h"
 #include "daemon/engine/crossing.h"
-#include "daemon/handover/state_codec.h"
 #include "daemon/progress.h"
-#include "shm/status.h"
 
 namespace psmd {
 
@@ -68,19 +66,6 @@ class Workers {
     return of(id).QueryRemote(id, epids);
   }
   std::vector<Remote::PeerRow> FabricStats() { return at(0).FabricStats(); }
-
-  // ---- Handover (issue 33; MqEngine, "Handover to a successor process") ----
-  // While no worker runs engine passes (the caller paused their loops):
-  // rounds of DrainPass on every shard until, in a round where none did
-  // anything, every shard is Quiesced. False if `max_rounds` did not do.
-  bool QuiesceEngines(int max_rounds);
-  // Shard i's engine state in element i (after QuiesceEngines).
-  std::vector<std::string> SaveEngineStates();
-  // Before Start, once every endpoint was added: shard i's state from
-  // states[i] (all must load), then MqEngine::RecountCredits. On failure
-  // the Status names the shard and field; what loaded before stays loaded
-  // (the caller removes the endpoints or destroys the workers).
-  Status LoadEngineStates(std::vector<handover::StateReader>& states);
 
   // Node totals over the workers.
   uint64_t doorbells() const;
