@@ -116,6 +116,7 @@ struct MqEngine::LoadedEndpoint {
   bool faulted = false;
   bool copy_denied = false;
   bool stall_watched = false;
+  uint32_t cross_in_flight = 0;
   uint64_t unexpected_budget = 0;
   uint64_t held_since_ns = 0;
   uint64_t last_chunk_ns = 0;
@@ -138,7 +139,7 @@ struct MqEngine::Loaded {
   std::vector<std::pair<uint32_t, std::deque<CrossItem>>> held;
 };
 
-bool MqEngine::DrainPass() {
+bool MqEngine::PollQuiescing() {
   bool did = copies_done() && FinishCopies();
   if (crossing_) did |= PollCrossing();
   for (Endpoint* ep : order_) {
@@ -149,7 +150,7 @@ bool MqEngine::DrainPass() {
   return did;
 }
 
-bool MqEngine::Quiesced() {
+bool MqEngine::Quiesced() const {
   if (copies_done()) return false;  // copies ended, not finished yet
   for (const auto& [id, t] : transfers_) {
     if (t.taken) return false;  // a copy in place runs
@@ -257,8 +258,11 @@ void MqEngine::SaveState(handover::StateWriter& w) const {
     // order (validated again when dispatched, as before).
     w.U32(static_cast<uint32_t>(ep->held_sends.size()));
     for (const shm::SubmissionDesc& d : ep->held_sends) w.Pod(d);
+    // Written: its items held by other shards whose credit has not come
+    // back (the lanes are empty when quiesced: CreditsAgree).
+    w.U32(ep->cross_in_flight);
     // Written: the counters by name (psmctl stats continue). posted_charged
-    // is not (recomputed); cross_in_flight is not (RecountCredits).
+    // is not (recomputed).
     const counters::Values values = ep->counters.Values();
     w.U32(static_cast<uint32_t>(counters::kNumCounters));
     for (size_t i = 0; i < counters::kNumCounters; i++) {
@@ -507,6 +511,12 @@ bool MqEngine::ReadEndpoint(handover::StateReader& r, LoadedEndpoint* out) {
       return r.Fail("held send", "is not a valid message-ring submission");
   }
 
+  // At most kCrossCredit: SendAcross and AmAcross take no more but for a
+  // closing endpoint, which is gone by the save.
+  if (!r.U32(&out->cross_in_flight, "cross-shard items in flight"))
+    return false;
+  if (out->cross_in_flight > kCrossCredit || (shards_ == 1 && out->cross_in_flight != 0))
+    return r.Fail("cross-shard items in flight", "exceed the credit");
   if (!r.Count(&n, 4 + 8, kMaxCounters, "counter count")) return false;
   out->counters.resize(n);
   std::unordered_set<size_t> named;
@@ -790,6 +800,7 @@ void MqEngine::Install(Loaded& loaded) {
 #undef PSMD_COUNTER_ADDRESS
     };
     for (const auto& [index, value] : e.counters) counters[index]->Add(value);
+    ep.cross_in_flight = e.cross_in_flight;
     ep.notify_pending = true;  // woken once: see SaveState
   }
   for (const auto& [id, t] : loaded.transfers) {
@@ -802,20 +813,24 @@ void MqEngine::Install(Loaded& loaded) {
   for (auto& [id, items] : loaded.held) held_items_[id] = std::move(items);
 }
 
-void MqEngine::RecountCredits(const std::vector<MqEngine*>& shards) {
-  for (MqEngine* e : shards) {
-    for (Endpoint* ep : e->order_) ep->cross_in_flight = 0;
-  }
-  for (MqEngine* e : shards) {
+bool MqEngine::CreditsAgree(const std::vector<const MqEngine*>& shards) {
+  std::unordered_map<uint32_t, uint32_t> held;  // credited items by sender
+  for (const MqEngine* e : shards) {
     for (const auto& [id, items] : e->held_items_) {
       for (const CrossItem& item : items) {
-        if (item.kind != CrossKind::kArrive && !(item.flags & kAmTakesCredit))
-          continue;  // not credited
-        MqEngine* home = shards[ShardOf(item.from, e->shards_)];
-        if (Endpoint* sender = home->Find(item.from)) sender->cross_in_flight++;
+        if (item.kind == CrossKind::kArrive || (item.flags & kAmTakesCredit))
+          held[item.from]++;
       }
     }
   }
+  for (const MqEngine* e : shards) {
+    for (const Endpoint* ep : e->order_) {
+      auto it = held.find(ep->id());
+      if (ep->cross_in_flight != (it == held.end() ? 0 : it->second))
+        return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace psmd

@@ -91,9 +91,9 @@ TEST_P(EngineStateTest, TheFullestCutHoldsEveryKindOfState) {
   EXPECT_EQ(EndpointTestPeer(w.ep(2)).cq_overflow().size(), 1024u);
   EXPECT_EQ(EndpointTestPeer(w.ep(1)).claimed(), 1u);
   EXPECT_EQ(EndpointTestPeer(w.ep(0)).held_sends().size(), held0);
-  // Recounted (RecountCredits), not carried.
   EXPECT_EQ(EndpointTestPeer(w.ep(0)).cross_in_flight(), in_flight0);
   EXPECT_EQ(EndpointTestPeer(w.ep(1)).cross_in_flight(), in_flight1);
+  EXPECT_TRUE(w.CreditsAgree());
 }
 
 TEST_P(EngineStateTest, TwoHandoversInARowChangeNothing) {

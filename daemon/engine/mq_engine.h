@@ -317,36 +317,37 @@ class MqEngine {
   // to a fresh engine in the next psmd, which continues exactly where this
   // one stopped: nothing lost, nothing duplicated, the same match order.
   // What lives in shared memory (rings, pools) stays where it is; the
-  // registry carries the endpoints' identities and fds. Protocol, per
-  // shard, all on the worker's thread (ProgressWorker::RunSync):
-  //   1. The worker stops running PollAll (no submission ring is read from
-  //      here on: what clients publish meanwhile waits in their rings).
-  //   2. DrainPass on every shard, then Quiesced on every shard, with
-  //      nothing run in between, until every shard says Quiesced and no
-  //      DrainPass of that round did anything.
+  // registry carries the endpoints' identities and fds. Protocol, each call
+  // on its shard's worker thread (ProgressWorker::RunSync):
+  //   1. The worker stops running PollAll (frozen: no submission ring is
+  //      read from here on; what clients publish meanwhile waits in their
+  //      rings for the successor).
+  //   2. Rounds of PollQuiescing then Quiesced on every shard, until a round
+  //      in which no PollQuiescing returned true and every shard said
+  //      Quiesced. (A round where some shard still moved something may have
+  //      pushed an item toward a shard that already said Quiesced.)
   //   3. SaveState on every shard.
-  // In the successor, before its workers start: Add every endpoint of the
-  // shard (identity as before, empty match state), JoinShards /
-  // EnableCrossCopy as configured, LoadState, and once every shard loaded,
-  // RecountCredits over all of them.
+  // In the successor, before its workers read any ring: Add every endpoint
+  // of the shard (identity as before, empty match state), with JoinShards
+  // and EnableCrossCopy as configured, then LoadState.
   //
   // One pass that moves only what is already inside psmd: copies in place
   // that ended are finished, items from other shards taken (and their
   // answers, credits and kGoneAcks sent), held items offered again,
   // completions waiting for ring space flushed into rings the clients
-  // drained. No submission ring is read and no transfer is taken over.
-  // Returns whether anything was done.
-  bool DrainPass();
+  // drained, clients woken. No submission ring is read and no transfer is
+  // taken over. Returns whether anything was done.
+  bool PollQuiescing();
   // Whether nothing is in flight that SaveState cannot write: no copy in
   // place running or ended unfinished, nothing in this shard's outbox or
   // pending credits, no item waiting in a lane toward this shard, no removed
   // endpoint awaiting other shards' kGoneAck. (Lanes from this shard are
-  // the other shards' to see empty: all must say Quiesced in one round.)
+  // the other shards' to see empty: see the protocol's round.)
   // Not covered: the fabric to other nodes (daemon/remote), whose state is
   // not carried: LoadState refuses messages from other nodes.
-  bool Quiesced();
-  // Writes the engine's state (below, field by field: written or rebuilt,
-  // and why). Quiesced must hold.
+  bool Quiesced() const;
+  // Writes the engine's state (engine_state.cc, field by field: written or
+  // rebuilt, and why). Quiesced must hold.
   void SaveState(handover::StateWriter& w) const;
   // Reads what SaveState wrote, as untrusted input: every id, offset,
   // length, count and enum is checked (endpoints, pools, budgets, limits,
@@ -356,13 +357,15 @@ class MqEngine {
   // nothing is changed and the Status names the field and why: the caller
   // may then Remove the endpoints or destroy the engine as it would have.
   // Call after Add of exactly the endpoints the state names (same ids and
-  // epids), with empty match state, before the worker starts.
+  // epids), with empty match state, before any ring is read.
   Status LoadState(handover::StateReader& r);
-  // After every shard's LoadState: each sender's count of items in flight
-  // to other shards (Endpoint::cross_in_flight) is what those shards hold
-  // for it (the lanes were empty at the save), recounted here rather than
-  // carried. `shards[i]` is shard i.
-  static void RecountCredits(const std::vector<MqEngine*>& shards);
+  // Whether every sender's count of items in flight to other shards
+  // (Endpoint::cross_in_flight, carried by its shard's state, bounded by
+  // kCrossCredit) is what the other shards hold for it: at a quiesced save
+  // the lanes are empty, so the two agree. `shards[i]` is shard i, all
+  // loaded; a check for tests and for a caller that can reach every shard
+  // at once (no worker running).
+  static bool CreditsAgree(const std::vector<const MqEngine*>& shards);
 
  private:
   // Active messages waiting in a target's completion overflow beyond which

@@ -78,8 +78,13 @@ class World {
     }
   }
 
-  ~World() {
+  ~World() { CloseAll(); }
+
+  // Removes every endpoint (as their clients closing) and lets the shards
+  // finish what crosses between them.
+  void CloseAll() {
     for (auto& ep : endpoints_) EngineOf(ep->id()).Remove(ep->id());
+    endpoints_.clear();
     Poll();
   }
 
@@ -90,10 +95,15 @@ class World {
   Job& job() { return *job_; }
 
   void Submit(uint32_t from, const shm::SubmissionDesc& d) {
+    if (!Offer(from, d)) Die("a submission ring is full");
+  }
+  // The same, false when the ring is full (or its indices are off: a
+  // loaded state may name any ring position).
+  bool Offer(uint32_t from, const shm::SubmissionDesc& d) {
     auto& r = shm::TraitsOf(d.op).ring == shm::Ring::kMessage
                   ? clients_[from].rings.msg_sq
                   : clients_[from].rings.ctl_sq;
-    if (!r.TryPush(d)) Die("a submission ring is full");
+    return r.TryPush(d);
   }
   uint64_t Token(uint32_t from) { return (uint64_t{from} << 32) | next_++; }
 
@@ -164,12 +174,12 @@ class World {
     return record_[at];
   }
 
-  // The handover's first half: DrainPass rounds until every shard is
+  // The handover's first half: PollQuiescing rounds until every shard is
   // Quiesced (mq_engine.h's protocol). False if it never was.
   bool Quiesce(int max_rounds = 1000) {
     for (int round = 0; round < max_rounds; round++) {
       bool did = false;
-      for (auto& e : engines_) did |= e->DrainPass();
+      for (auto& e : engines_) did |= e->PollQuiescing();
       bool quiet = !did;
       for (auto& e : engines_) quiet &= e->Quiesced();
       if (quiet) return true;
@@ -188,8 +198,8 @@ class World {
   // The successor: the engines, endpoints and job object destroyed and
   // made anew over the same shared memory (a job object for the same
   // pool, charged nothing, regions handed out as before; endpoints
-  // re-made over their segments); states[s], if any, loaded into shard s,
-  // then credits recounted. The first refusal, or OK.
+  // re-made over their segments); states[s], if any, loaded into shard s.
+  // The first refusal, or OK.
   Status Reload(const std::vector<std::optional<std::string>>& states) {
     auto job = std::make_shared<Job>(job_->key(), DupMapping(job_->pool()),
                                      kEndpoints, kRegionBytes,
@@ -213,15 +223,10 @@ class World {
     }
     return first;
   }
-  // States[s] into shard s of the engines as they are (fresh), then
-  // credits recounted over every shard.
+  // State into shard `shard` of the engines as they are (fresh).
   Status Load(uint32_t shard, const std::string& state) {
     handover::StateReader r(state.data(), state.size());
-    Status st = engines_[shard]->LoadState(r);
-    std::vector<MqEngine*> shards;
-    for (auto& e : engines_) shards.push_back(e.get());
-    MqEngine::RecountCredits(shards);
-    return st;
+    return engines_[shard]->LoadState(r);
   }
   // The whole handover; the first refusal, or OK.
   Status Handover() {
@@ -231,6 +236,11 @@ class World {
   }
 
   uint32_t shards() const { return shards_; }
+  bool CreditsAgree() const {
+    std::vector<const MqEngine*> shards;
+    for (auto& e : engines_) shards.push_back(e.get());
+    return MqEngine::CreditsAgree(shards);
+  }
 
  private:
   void MakeEngines() {
