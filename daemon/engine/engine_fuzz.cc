@@ -758,6 +758,7 @@ class Encoder {
 std::vector<std::vector<uint8_t>> Seeds() {
   std::vector<std::vector<uint8_t>> seeds;
   auto add = [&](const Encoder& e) { seeds.push_back(e.bytes()); };
+  Encoder handover_rndv;  // added with the other handovers, in seed order
   // Eager, inline and pooled, expected and unexpected.
   add(Encoder().Send(0, 1, 1, 5).Turn().Recv(1, 0, 1, 64).Turn().Reap(1));
   add(Encoder().Recv(1, 0, 2, 9000).Turn().Send(0, 1, 2, 5000).Turn().Reap(1));
@@ -778,19 +779,23 @@ std::vector<std::vector<uint8_t>> Seeds() {
           .Turn()
           .Reap(2)
           .Reap(0));
-  // Rendezvous, in chunks.
-  add(Encoder()
-          .Send(0, 1, 1, 100000, false, true)
-          .Turn()
-          .Recv(1, 0, 1, 100000)
-          .Turn()
-          .Reap(0)
-          .RndvData(0, 60000)
-          .Turn()
-          .Reap(1)
-          .RndvData(0, 40000)
-          .Turn()
-          .Reap(1));
+  // Rendezvous, in chunks; and with a handover between them (property 4).
+  for (bool handover : {false, true}) {
+    Encoder e;
+    e.Send(0, 1, 1, 100000, false, true)
+        .Turn()
+        .Recv(1, 0, 1, 100000)
+        .Turn()
+        .Reap(0)
+        .RndvData(0, 60000);
+    if (handover) e.Handover();
+    e.Turn().Reap(1).RndvData(0, 40000).Turn().Reap(1);
+    if (handover) {
+      handover_rndv = e;
+    } else {
+      add(e);
+    }
+  }
   add(Encoder()
           .Recv(1, 0, 1, 5000)
           .Turn()
@@ -915,19 +920,7 @@ std::vector<std::vector<uint8_t>> Seeds() {
   }
   // Handovers (property 4): mid-rendezvous, with sends held for a budget,
   // with a claimed message, and with completions left unreaped.
-  add(Encoder()
-          .Send(0, 1, 1, 100000, false, true)
-          .Turn()
-          .Recv(1, 0, 1, 100000)
-          .Turn()
-          .Reap(0)
-          .RndvData(0, 60000)
-          .Handover()
-          .Turn()
-          .Reap(1)
-          .RndvData(0, 40000)
-          .Turn()
-          .Reap(1));
+  add(handover_rndv);
   {
     Encoder e;
     for (int i = 0; i < 12; i++) e.Send(0, 1, 2, 4000);
