@@ -145,7 +145,15 @@ bool MqEngine::PollQuiescing() {
   for (Endpoint* ep : order_) {
     if (!ep->faulted && !ep->cq_overflow.empty()) did |= FlushOverflow(*ep);
   }
-  if (crossing_) FlushCrossing();
+  if (crossing_) {
+    // Anything pushed toward another shard counts, even where the pass has
+    // nothing else to show for it (RetryHeld refusing the held items of a
+    // receiver that faulted): that shard may have said Quiesced already.
+    did |= !credits_.empty() ||
+           std::any_of(wake_.begin(), wake_.end(),
+                       [](uint8_t pushed) { return pushed != 0; });
+    FlushCrossing();
+  }
   NotifyClients();
   return did;
 }
