@@ -219,9 +219,12 @@ void ProgressWorker::Thaw() {
 bool ProgressWorker::Drain() {
   bool quiesced = false;
   RunSync([&]() PSMD_REQUIRES(role_) {
-    engine_.PollQuiescing();
+    // A pass that moved anything may have handed another shard an item
+    // after it said it was quiesced: only a round in which no shard moved
+    // anything counts (Workers::FreezeAndSave).
+    const bool did = engine_.PollQuiescing();
     engine_.NotifyClients();
-    quiesced = engine_.Quiesced();
+    quiesced = !did && engine_.Quiesced();
   });
   return quiesced;
 }

@@ -78,8 +78,9 @@ class ProgressWorker {
   // Reads the rings again (a successor, once its state is loaded).
   void Thaw();
   // One pass of the work that needs no client ring (items from other
-  // shards, the outbox, copies in place), frozen; true when the engine
-  // holds nothing the state cannot carry (MqEngine::Quiesced).
+  // shards, the outbox, copies in place), frozen; true when it moved
+  // nothing and the engine holds nothing the state cannot carry
+  // (MqEngine::PollQuiescing, Quiesced).
   bool Drain();
   // The engine's state, frozen and drained (MqEngine::SaveState).
   void SaveState(handover::StateWriter& w);
