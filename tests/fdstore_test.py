@@ -219,7 +219,13 @@ def run(activate):
             # (held idle for a few seconds, so that the stop comes first)
             held, rv_held = pair(mgr, "held", "5053d0d0" + "c" * 24, 10, 64, hold=5)
             procs = held
-            check(wait_endpoints(mgr, 2), "a held pair open")
+            # Both connected and holding (exchange writes holding.R then).
+            for _ in range(400):
+                if all(os.path.exists(os.path.join(rv_held, "holding.%d" % r))
+                       for r in (0, 1)):
+                    break
+                time.sleep(0.05)
+            check(wait_endpoints(mgr, 2), "a held pair open and connected")
             check(mgr.sigterm() == 0, "stop: psmd exited 0")
             mgr.discard()
             ended = all(p.wait(60) not in (0, None) for p in held)

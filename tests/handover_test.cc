@@ -64,15 +64,15 @@ class HandoverTest : public ::testing::Test {
 
 // Two jobs exchange, one with small messages (posted and unexpected queues
 // deep), one with messages up to 192 KiB (rendezvous transfers in flight);
-// psmd is upgraded twice under them, to itself. Both pairs finish, every
+// psmd is upgraded ten times under them, to itself. Both pairs finish, every
 // byte checked, and psmd's pid, generation and endpoints say what happened.
 TEST_F(HandoverTest, UpgradeUnderRunningExchangesLosesNothing) {
   Daemon d(dir_);
   Pair small, large;
-  small.Start(dir_, d, "small", kJobA, 400000, 64);
-  large.Start(dir_, d, "large", kJobB, 30000, 192 * 1024);
+  small.Start(dir_, d, "small", kJobA, 1000000, 64);
+  large.Start(dir_, d, "large", kJobB, 60000, 192 * 1024);
   ASSERT_TRUE(WaitUntil(20, [&] { return EndpointCount(dir_, d) == 4; }));
-  for (int generation = 1; generation <= 2; generation++) {
+  for (int generation = 1; generation <= 10; generation++) {
     RunResult up = Psmctl(dir_, d, {"upgrade"});
     ASSERT_EQ(up.exit_code, 0) << up.err << d.Log();
     EXPECT_NE(up.out.find("generation " + std::to_string(generation) +
