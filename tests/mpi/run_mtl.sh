@@ -148,6 +148,17 @@ await_ready() {
 
 before=0
 [[ $case_name != decline ]] && before=$(sent)
+# PSMD_UPGRADES=1 (the *_upgrades targets): psmctl upgrade twice a second
+# while the case runs (docs/design.md, "Handover"); the run fails unless
+# one went through and none failed.
+if [[ -n ${PSMD_UPGRADES:-} ]]; then
+  (while sleep 0.5 && [[ ! -e $work/case_done ]]; do
+     if "$psmctl" --socket "$PSMD_SOCKET" upgrade >>"$work/upgrades.out" 2>&1; then
+       echo ok; else echo failed; fi
+   done >"$work/upgrades") &
+  pids+=($!)
+  upgrader=$!
+fi
 min=0
 case "$case_name" in
   semantics)
@@ -342,6 +353,13 @@ case "$case_name" in
           "| selection | decline | semantics_nodes | netpipe_nodes" \
           "| mpi4py_nodes [ARGS] | node_lost | with_dropin | restart | upgrade" >&2; exit 2 ;;
 esac
+if [[ -n ${PSMD_UPGRADES:-} ]]; then
+  touch "$work/case_done"
+  wait "$upgrader"
+  ups=$(grep -c '^ok$' "$work/upgrades") failed=$(grep -c '^failed$' "$work/upgrades")
+  echo "run_mtl: $ups upgrades of psmd while the case ran, $failed failed"
+  ((ups > 0 && failed == 0)) || { tail -5 "$work/upgrades.out" >&2; status=1; }
+fi
 if [[ $case_name == *_nodes ]]; then  # not node_lost: node 2 is gone
   check_node_traffic "$psmctl" || status=1
 fi
