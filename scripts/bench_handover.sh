@@ -23,7 +23,11 @@ done
 bash scripts/deps.sh
 bazel build -c opt //daemon:psmd //tools:psmctl //bench:handover_hold 2>/dev/null
 source scripts/lib.sh
-start_psmd -- --log-level info --max-endpoints 1024 2>"$work/psmd.log"
+# (not start_psmd: its --log-level warn would hide the state's size)
+bazel-bin/daemon/psmd --socket "$PSMD_SOCKET" --max-endpoints 1024 \
+  2>"$work/psmd.log" &
+pids+=($!)
+for _ in $(seq 100); do [[ -S "$PSMD_SOCKET" ]] && break; sleep 0.05; done
 psmctl=bazel-bin/tools/psmctl
 printf "%-10s %-6s %-12s %-12s %-12s %-12s %s\n" endpoints depth "median ms" \
   "min ms" "max ms" "state KiB" verified
