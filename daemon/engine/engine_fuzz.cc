@@ -105,7 +105,7 @@ enum Op : uint8_t {
   kRemoteLink,  // a slot names the endpoint on another node
   kNodeEvent,   // that endpoint, or its whole node, is gone
   kFabricHold,  // the fabric holds sends to other nodes, or not
-  kHandover,  // every engine quiesced, saved, and loaded into fresh ones
+  kHandover,    // every engine quiesced, saved, and loaded into fresh ones
   kOpCount
 };
 
@@ -858,9 +858,9 @@ class Node {
     auto account = std::make_shared<UidAccount>();
     std::vector<std::shared_ptr<Job>> jobs;
     for (JobState& j : jobs_) {
-      const uint32_t regions = static_cast<uint32_t>(j.positions.size()) *
-                                   kLivesPerPosition +
-                               1;  // and the inbox
+      const uint32_t regions =
+          static_cast<uint32_t>(j.positions.size()) * kLivesPerPosition +
+          1;  // and the inbox
       jobs.push_back(std::make_shared<Job>(j.job->key(),
                                            DupMapping(j.job->pool()), regions,
                                            kRegionBytes, account));

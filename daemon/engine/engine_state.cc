@@ -80,8 +80,7 @@ void WriteMsg(handover::StateWriter& w, const UnexpectedMsg& m) {
   w.U64(m.pool_offset);  // or send_addr: one union
   w.U64(m.remote_src);
   // Inline payload bytes only where there are some.
-  const uint32_t inline_len =
-      !m.rendezvous && shm::IsInline(m.len) ? m.len : 0;
+  const uint32_t inline_len = !m.rendezvous && shm::IsInline(m.len) ? m.len : 0;
   w.U8(static_cast<uint8_t>(inline_len));
   for (uint32_t i = 0; i < inline_len; i++) w.U8(m.inline_data[i]);
 }
@@ -348,8 +347,7 @@ bool MqEngine::ReadMsg(handover::StateReader& r, const Endpoint& receiver,
     return r.Fail("message sender", "is not an endpoint id");
   if ((m->flags & ~SendFlags()) != 0)
     return r.Fail("message flags", "has bits no send carries");
-  const Endpoint* sender = Local(m->sender_id) ? Find(m->sender_id)
-                                               : nullptr;
+  const Endpoint* sender = Local(m->sender_id) ? Find(m->sender_id) : nullptr;
   if (sender != nullptr) {
     // A sender still here: of the receiver's job, under its own epid.
     if (sender->job() != receiver.job())
@@ -397,13 +395,15 @@ bool MqEngine::ReadEndpoint(handover::StateReader& r, LoadedEndpoint* out) {
     return false;
   Endpoint* ep = Find(id);
   if (ep == nullptr) {
-    return r.Fail("endpoint id", std::to_string(id) +
-                                     " was not added to this shard");
+    return r.Fail("endpoint id",
+                  std::to_string(id) + " was not added to this shard");
   }
-  if (ep->epid() != epid) return r.Fail("endpoint epid", "is not the added one's");
+  if (ep->epid() != epid)
+    return r.Fail("endpoint epid", "is not the added one's");
   if (!ep->posted.empty() || !ep->unexpected.empty() || !ep->claimed.empty() ||
       !ep->cq_overflow.empty() || !ep->held_sends.empty())
-    return r.Fail("endpoint id", std::to_string(id) + " has match state already");
+    return r.Fail("endpoint id",
+                  std::to_string(id) + " has match state already");
   out->ep = ep;
   if (!r.U32(&out->rings.msg_sq, "message ring position") ||
       !r.U32(&out->rings.ctl_sq, "control ring position") ||
@@ -523,7 +523,8 @@ bool MqEngine::ReadEndpoint(handover::StateReader& r, LoadedEndpoint* out) {
   // closing endpoint, which is gone by the save.
   if (!r.U32(&out->cross_in_flight, "cross-shard items in flight"))
     return false;
-  if (out->cross_in_flight > kCrossCredit || (shards_ == 1 && out->cross_in_flight != 0))
+  if (out->cross_in_flight > kCrossCredit ||
+      (shards_ == 1 && out->cross_in_flight != 0))
     return r.Fail("cross-shard items in flight", "exceed the credit");
   if (!r.Count(&n, 4 + 8, kMaxCounters, "counter count")) return false;
   out->counters.resize(n);
@@ -617,18 +618,21 @@ bool MqEngine::ReadHeldItems(handover::StateReader& r, Loaded* out) {
     Endpoint* receiver = Local(id) ? Find(id) : nullptr;
     if (receiver == nullptr)
       return r.Fail("held receiver", "is not an endpoint of this shard");
-    if (!seen.insert(id).second) return r.Fail("held receiver", "appears twice");
+    if (!seen.insert(id).second)
+      return r.Fail("held receiver", "appears twice");
     if (n == 0) return r.Fail("held item count", "is 0");
     for (uint32_t i = 0; i < n; i++) {
       CrossItem item{};
       uint8_t kind = 0;
-      if (!r.U8(&kind, "held item kind") || !r.U8(&item.flags, "held item flags") ||
+      if (!r.U8(&kind, "held item kind") ||
+          !r.U8(&item.flags, "held item flags") ||
           !r.U32(&item.from, "held item sender"))
         return false;
       item.to = id;
       // Only another shard's endpoints send items.
       if (item.from == 0 || item.from == kRemotePeer || Local(item.from))
-        return r.Fail("held item sender", "is not an endpoint of another shard");
+        return r.Fail("held item sender",
+                      "is not an endpoint of another shard");
       if (kind == static_cast<uint8_t>(CrossKind::kArrive)) {
         item.kind = CrossKind::kArrive;
         if (item.flags != 0) return r.Fail("held item flags", "are not 0");
@@ -670,9 +674,9 @@ Status MqEngine::LoadState(handover::StateReader& in) {
   Loaded loaded;
   auto refuse = [&](handover::StateReader& failed) {
     in.Absorb(failed);
-    return Status(PSM2_INTERNAL_ERR, "engine state of shard " +
-                                         std::to_string(shard_) + ": " +
-                                         in.error());
+    return Status(
+        PSM2_INTERNAL_ERR,
+        "engine state of shard " + std::to_string(shard_) + ": " + in.error());
   };
   if (!in.Section(kEngineSection, &r, "engine section")) return refuse(in);
   uint32_t format = 0, shard = 0, shards = 0;
@@ -680,8 +684,8 @@ Status MqEngine::LoadState(handover::StateReader& in) {
       !r.U32(&shards, "shard count"))
     return refuse(r);
   if (format != kEngineFormat) {
-    r.Fail("engine format", std::to_string(format) + " is not " +
-                                std::to_string(kEngineFormat));
+    r.Fail("engine format",
+           std::to_string(format) + " is not " + std::to_string(kEngineFormat));
     return refuse(r);
   }
   if (shard != shard_ || shards != shards_) {
@@ -767,10 +771,9 @@ void MqEngine::Install(Loaded& loaded) {
   next_transfer_ = loaded.next_transfer;
   passes_ = loaded.passes;
   company_pass_ = loaded.company_pass;
-  Counter* engine_counters[] = {&submissions_,    &cross_in_,
-                                &cross_out_,      &slices_,
-                                &slice_ns_,       &slices_over_8us_,
-                                &slices_over_64us_};
+  Counter* engine_counters[] = {
+      &submissions_, &cross_in_,        &cross_out_,       &slices_,
+      &slice_ns_,    &slices_over_8us_, &slices_over_64us_};
   for (size_t i = 0; i < std::size(engine_counters); i++)
     engine_counters[i]->Add(loaded.engine_counters[i]);
   for (LoadedEndpoint& e : loaded.endpoints) {

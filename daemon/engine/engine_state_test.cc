@@ -43,8 +43,8 @@ void ExpectSameRecords(World& a, World& b, int cut) {
     for (size_t i = 0; i < ra.size(); i++) {
       ASSERT_TRUE(SameCompletion(ra[i], rb[i]))
           << "endpoint " << at << " completion " << i << " (op "
-          << static_cast<int>(ra[i].op) << " vs "
-          << static_cast<int>(rb[i].op) << "), cut " << cut;
+          << static_cast<int>(ra[i].op) << " vs " << static_cast<int>(rb[i].op)
+          << "), cut " << cut;
     }
   }
 }

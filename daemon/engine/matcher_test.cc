@@ -742,9 +742,7 @@ TEST(MatcherRealTest, QueuesCopiedInOrderMatchAsTheOriginals) {
     if (rng() % 3 == 0) sel = T(~0u << (i % 24), ~0u, 0);  // many classes
     return RecvPattern{source, T(rng() % 4, rng() % 2, 0), sel};
   };
-  auto key = [&] {
-    return Msg(1 + rng() % 3, T(rng() % 4, rng() % 2, 0));
-  };
+  auto key = [&] { return Msg(1 + rng() % 3, T(rng() % 4, rng() % 2, 0)); };
   PostedQueue<Req> posted;
   UnexpectedQueue<Req> unexpected;
   for (int i = 0; i < 600; ++i) {

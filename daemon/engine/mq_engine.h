@@ -587,8 +587,8 @@ class MqEngine {
   bool ReadEndpoint(handover::StateReader& r, LoadedEndpoint* out);
   bool ReadTransfers(handover::StateReader& r, Loaded* out);
   bool ReadHeldItems(handover::StateReader& r, Loaded* out);
-  bool ReadMsg(handover::StateReader& r, const Endpoint& receiver,
-               MsgKey* key, UnexpectedMsg* m);
+  bool ReadMsg(handover::StateReader& r, const Endpoint& receiver, MsgKey* key,
+               UnexpectedMsg* m);
   void Install(Loaded& loaded);
 
   // ---- Across shards (across_shards.cc; invariant 11) ----

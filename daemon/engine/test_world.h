@@ -53,15 +53,14 @@ class World {
                               geteuid(), getegid(), &pool, &error)) {
       Die(error.c_str());
     }
-    client_job_ = std::make_shared<Job>(JobKey{Uuid{7}, geteuid()},
-                                        std::move(pool), kEndpoints,
-                                        kRegionBytes,
-                                        std::make_shared<UidAccount>());
+    client_job_ = std::make_shared<Job>(
+        JobKey{Uuid{7}, geteuid()}, std::move(pool), kEndpoints, kRegionBytes,
+        std::make_shared<UidAccount>());
     job_ = client_job_;
     MakeEngines();
     for (uint32_t i = 0; i < kEndpoints; i++) {
-      auto ep = MakeTestEndpoint(job_, *job_->TakeRegion(), i + 1, 0x1000 + i + 1,
-                                 kRingCapacity, kBudget);
+      auto ep = MakeTestEndpoint(job_, *job_->TakeRegion(), i + 1,
+                                 0x1000 + i + 1, kRingCapacity, kBudget);
       Client c;
       c.segment = DupMapping(ep->segment());  // the client's own mapping
       c.rings = shm::ClientRingsOf(c.segment.base(), ep->geometry());
@@ -127,8 +126,8 @@ class World {
     const uint32_t tag[3] = {tag0, 0, 0};
     const uint32_t all[3] = {~0u, ~0u, ~0u};
     const uint32_t none[3] = {0, 0, 0};
-    Submit(at, shm::PrepRecv(slot, Token(at), tag, exact ? all : none,
-                             capacity));
+    Submit(at,
+           shm::PrepRecv(slot, Token(at), tag, exact ? all : none, capacity));
   }
   void Probe(uint32_t at, uint32_t slot, uint32_t tag0, uint64_t token) {
     const uint32_t tag[3] = {tag0, 0, 0};
@@ -201,9 +200,9 @@ class World {
   // re-made over their segments); states[s], if any, loaded into shard s.
   // The first refusal, or OK.
   Status Reload(const std::vector<std::optional<std::string>>& states) {
-    auto job = std::make_shared<Job>(job_->key(), DupMapping(job_->pool()),
-                                     kEndpoints, kRegionBytes,
-                                     std::make_shared<UidAccount>());
+    auto job =
+        std::make_shared<Job>(job_->key(), DupMapping(job_->pool()), kEndpoints,
+                              kRegionBytes, std::make_shared<UidAccount>());
     for (uint32_t i = 0; i < kEndpoints; i++) job->TakeRegion();
     std::vector<std::shared_ptr<Endpoint>> fresh;
     for (auto& ep : endpoints_)
@@ -268,7 +267,8 @@ class World {
 };
 
 // The transfer a kRndvGo among `cs` names, or 0.
-inline uint64_t GoOf(const std::vector<shm::CompletionDesc>& cs, uint32_t* bytes) {
+inline uint64_t GoOf(const std::vector<shm::CompletionDesc>& cs,
+                     uint32_t* bytes) {
   for (const auto& c : cs) {
     if (c.op == shm::CompleteOp::kRndvGo) {
       *bytes = c.body.go.send_bytes;
