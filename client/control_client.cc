@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 namespace psmd::client {
 
@@ -62,6 +63,37 @@ void ControlClient::Prepare(grpc::ClientContext* ctx) const {
   ctx->set_wait_for_ready(false);
 }
 
+bool ControlClient::SomethingListens() const {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path_.size() >= sizeof(addr.sun_path)) return false;
+  std::memcpy(addr.sun_path, socket_path_.c_str(), socket_path_.size() + 1);
+  int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (sock < 0) return false;
+  const int rc =
+      connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  const bool listens = rc == 0 || errno == EAGAIN || errno == EINPROGRESS;
+  close(sock);
+  return listens;
+}
+
+template <typename Rpc>
+Status ControlClient::Call(const char* what, Rpc rpc) const {
+  const auto until = std::chrono::steady_clock::now() + Deadline();
+  for (;;) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    const grpc::Status s = rpc(*NewStub(), &ctx);
+    const bool handing_over =
+        s.error_code() == grpc::StatusCode::CANCELLED ||
+        (s.error_code() == grpc::StatusCode::UNAVAILABLE && SomethingListens());
+    if (!handing_over || std::chrono::steady_clock::now() >= until) {
+      return FromStatus(s, what);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 Status ControlClient::FromStatus(const grpc::Status& status,
                                  const char* what) const {
   if (status.ok()) return {};
@@ -109,9 +141,9 @@ Status ControlClient::OpenEndpoint(const std::array<uint8_t, 16>& uuid,
   req.set_job_uuid(uuid.data(), uuid.size());
   req.set_label(label);
   req.set_unit(-1);
-  grpc::ClientContext ctx;
-  Prepare(&ctx);
-  return FromStatus(NewStub()->OpenEndpoint(&ctx, req, reply), "psm2_ep_open");
+  return Call("psm2_ep_open", [&](auto& stub, grpc::ClientContext* ctx) {
+    return stub.OpenEndpoint(ctx, req, reply);
+  });
 }
 
 Status ControlClient::Attach(const std::string& token, AttachedFds* fds) {
@@ -178,10 +210,9 @@ Status ControlClient::CloseEndpoint(uint32_t endpoint_id, uint64_t epid) {
   req.set_endpoint_id(endpoint_id);
   req.set_epid(epid);
   v1::CloseEndpointReply reply;
-  grpc::ClientContext ctx;
-  Prepare(&ctx);
-  return FromStatus(NewStub()->CloseEndpoint(&ctx, req, &reply),
-                    "psm2_ep_close");
+  return Call("psm2_ep_close", [&](auto& stub, grpc::ClientContext* ctx) {
+    return stub.CloseEndpoint(ctx, req, &reply);
+  });
 }
 
 Status ControlClient::Connect(uint32_t endpoint_id, uint64_t epid,
@@ -196,10 +227,10 @@ Status ControlClient::Connect(uint32_t endpoint_id, uint64_t epid,
     req.set_epid(epid);
     for (size_t i = at; i < end; i++) req.add_epids(epids[i]);
     v1::ConnectReply part;
-    grpc::ClientContext ctx;
-    Prepare(&ctx);
     Status s =
-        FromStatus(NewStub()->Connect(&ctx, req, &part), "psm2_ep_connect");
+        Call("psm2_ep_connect", [&](auto& stub, grpc::ClientContext* ctx) {
+          return stub.Connect(ctx, req, &part);
+        });
     if (!s.ok()) return s;
     for (v1::ConnectResult& r : *part.mutable_results())
       *reply->add_results() = std::move(r);
@@ -214,66 +245,69 @@ Status ControlClient::Disconnect(uint32_t endpoint_id, uint64_t epid,
   req.set_endpoint_id(endpoint_id);
   req.set_epid(epid);
   for (uint32_t s : slots) req.add_slots(s);
-  grpc::ClientContext ctx;
-  Prepare(&ctx);
-  return FromStatus(NewStub()->Disconnect(&ctx, req, reply),
-                    "psm2_ep_disconnect");
+  return Call("psm2_ep_disconnect", [&](auto& stub, grpc::ClientContext* ctx) {
+    return stub.Disconnect(ctx, req, reply);
+  });
 }
 
 Status ControlClient::GetStats(v1::GetStatsReply* reply) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx);
-  return FromStatus(NewStub()->GetStats(&ctx, v1::GetStatsRequest(), reply),
-                    "stats");
+  return Call("stats", [&](auto& stub, grpc::ClientContext* ctx) {
+    return stub.GetStats(ctx, v1::GetStatsRequest(), reply);
+  });
 }
 
 Status ControlClient::ListEndpoints(v1::ListEndpointsReply* reply) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx);
-  return FromStatus(
-      NewStub()->ListEndpoints(&ctx, v1::ListEndpointsRequest(), reply),
-      "endpoints");
+  return Call("endpoints", [&](auto& stub, grpc::ClientContext* ctx) {
+    return stub.ListEndpoints(ctx, v1::ListEndpointsRequest(), reply);
+  });
 }
 
 Status ControlClient::ListJobs(v1::ListJobsReply* reply) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx);
-  return FromStatus(NewStub()->ListJobs(&ctx, v1::ListJobsRequest(), reply),
-                    "jobs");
+  return Call("jobs", [&](auto& stub, grpc::ClientContext* ctx) {
+    return stub.ListJobs(ctx, v1::ListJobsRequest(), reply);
+  });
 }
 
 Status ControlClient::RegisterSlurmStep(
     const v1::RegisterSlurmStepRequest& request) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx);
   v1::RegisterSlurmStepReply reply;
-  return FromStatus(NewStub()->RegisterSlurmStep(&ctx, request, &reply),
-                    "register the Slurm step");
+  return Call("register the Slurm step",
+              [&](auto& stub, grpc::ClientContext* ctx) {
+                return stub.RegisterSlurmStep(ctx, request, &reply);
+              });
 }
 
 Status ControlClient::EndSlurmStep(uint32_t job_id, uint32_t step_id,
                                    v1::EndSlurmStepReply* reply) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx);
   v1::EndSlurmStepRequest request;
   request.set_job_id(job_id);
   request.set_step_id(step_id);
-  return FromStatus(NewStub()->EndSlurmStep(&ctx, request, reply),
-                    "end the Slurm step");
+  return Call("end the Slurm step", [&](auto& stub, grpc::ClientContext* ctx) {
+    return stub.EndSlurmStep(ctx, request, reply);
+  });
 }
 
 Status ControlClient::Health(v1::HealthReply* reply) {
+  return Call("health", [&](auto& stub, grpc::ClientContext* ctx) {
+    return stub.Health(ctx, v1::HealthRequest(), reply);
+  });
+}
+
+Status ControlClient::Upgrade(const std::string& exec_path,
+                              v1::UpgradeReply* reply) {
   grpc::ClientContext ctx;
-  Prepare(&ctx);
-  return FromStatus(NewStub()->Health(&ctx, v1::HealthRequest(), reply),
-                    "health");
+  // The new binary is asked its format first (up to 5 s) before the answer.
+  ctx.set_deadline(std::chrono::system_clock::now() + Deadline() +
+                   std::chrono::seconds(5));
+  v1::UpgradeRequest req;
+  req.set_exec_path(exec_path);
+  return FromStatus(NewStub()->Upgrade(&ctx, req, reply), "upgrade");
 }
 
 Status ControlClient::GetConfig(v1::GetConfigReply* reply) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx);
-  return FromStatus(NewStub()->GetConfig(&ctx, v1::GetConfigRequest(), reply),
-                    "config");
+  return Call("config", [&](auto& stub, grpc::ClientContext* ctx) {
+    return stub.GetConfig(ctx, v1::GetConfigRequest(), reply);
+  });
 }
 
 }  // namespace psmd::client

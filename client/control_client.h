@@ -59,6 +59,8 @@ class ControlClient {
   Status ListEndpoints(v1::ListEndpointsReply* reply);
   Status ListJobs(v1::ListJobsReply* reply);
   Status Health(v1::HealthReply* reply);
+  // Root only: psmctl upgrade (docs/design.md, "Handover").
+  Status Upgrade(const std::string& exec_path, v1::UpgradeReply* reply);
   Status GetConfig(v1::GetConfigReply* reply);
   // Slurm's SPANK plugin's calls (through psmctl slurm-register and
   // slurm-end); root only.
@@ -70,6 +72,17 @@ class ControlClient {
   // Converts a gRPC status into a Status that names the socket and the fix.
   Status FromStatus(const grpc::Status& status, const char* what) const;
   void Prepare(grpc::ClientContext* ctx) const;
+  // Makes the call `rpc(stub, ctx)`, again while psmd is handing over
+  // (docs/design.md, "Handover"): a call its old process's gRPC cancelled
+  // before running it (CANCELLED), or whose connection closed under it
+  // while something still listens on the socket (UNAVAILABLE: the
+  // successor takes the backlog), is made again on a new connection, until
+  // the deadline. A psmd that is not there is still reported at once.
+  template <typename Rpc>
+  Status Call(const char* what, Rpc rpc) const;
+  // Whether a process listens on the socket (a connect is accepted or
+  // queued).
+  bool SomethingListens() const;
   // A stub on a new channel to the daemon, for one call.
   std::unique_ptr<v1::Control::Stub> NewStub() const;
 

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -665,10 +666,17 @@ bool psm2_ep::CheckDaemon() {
   pollfd p{liveness_fd_, POLLIN | POLLRDHUP, 0};
   if (!daemon_lost_ && poll(&p, 1, 0) > 0) {
     daemon_lost_ = true;
-    fprintf(
-        stderr,
-        "libpsmclient: endpoint %u: lost psmd (%s); pending requests fail\n",
-        identity_.id, identity_.control->socket_path().c_str());
+    // psmd writes on this connection only to say why it ends it (a
+    // successor that could not take over: daemon/handover/handover.h).
+    char why[512];
+    ssize_t n = recv(liveness_fd_, why, sizeof(why) - 1, MSG_DONTWAIT);
+    while (n > 0 && (why[n - 1] == '\n' || why[n - 1] == '\0')) n--;
+    why[n > 0 ? n : 0] = '\0';
+    fprintf(stderr,
+            "libpsmclient: endpoint %u: lost psmd (%s)%s%s; pending requests "
+            "fail\n",
+            identity_.id, identity_.control->socket_path().c_str(),
+            n > 0 ? ": " : "", why);
     FailAllPending(PSM2_EP_WAS_CLOSED);
   }
   return daemon_lost_;

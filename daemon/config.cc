@@ -11,6 +11,7 @@
 #include <toml++/toml.h>
 #include <CLI/CLI.hpp>
 
+#include "daemon/handover/handover.h"
 #include "hw/fabric.h"
 #include "shm/ring.h"
 #include "version/version.h"
@@ -488,6 +489,14 @@ int ConfigLoader::ParseCommandLine(int argc, char** argv) {
                  "error, a missing --config file is")
       ->default_str(kDefaultConfigPath)
       ->type_name("PATH");
+  bool handover_format = false;
+  app.add_flag("--handover-format", handover_format,
+               "print the handover state format this psmd reads (psmctl "
+               "upgrade asks a new binary before handing over), and exit");
+  app.add_flag("--fabric-info", fabric_info_,
+               "list the libfabric providers, fabrics and domains that can "
+               "serve psmd's ofi fabric (with --fabric-provider: those "
+               "matching it), as fi_info does, and exit 0, or 1 if none");
   app.add_flag("--check-config", check_config_,
                "print the effective configuration and exit 0, or one line per "
                "bad value and exit 2");
@@ -521,6 +530,10 @@ int ConfigLoader::ParseCommandLine(int argc, char** argv) {
   }
   if (version) {
     printf("psmd %s (commit %s)\n", version::Version(), version::Commit());
+    return 0;
+  }
+  if (handover_format) {
+    printf("%u\n", handover::kFormatVersion);
     return 0;
   }
   config_path_given_ = app.count("--config") > 0;

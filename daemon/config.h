@@ -158,12 +158,15 @@ class ConfigLoader {
   bool Load(Config* out, std::vector<std::string>* errors) const;
 
   bool check_config() const { return check_config_; }
+  // psmd --fabric-info: list the libfabric providers psmd could use.
+  bool fabric_info() const { return fabric_info_; }
   const std::string& config_path() const { return config_path_; }
 
  private:
   std::string config_path_ = kDefaultConfigPath;
   bool config_path_given_ = false;
   bool check_config_ = false;
+  bool fabric_info_ = false;
   std::map<std::string, std::string> flags_;  // file key -> flag value
 };
 

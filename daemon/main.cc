@@ -17,8 +17,11 @@
 #include "daemon/control/admission.h"
 #include "daemon/control/control_service.h"
 #include "daemon/control/registry.h"
+#include "daemon/handover/handover.h"
+#include "daemon/handover/upgrades.h"
 #include "daemon/log.h"
 #include "daemon/remote/node_table.h"
+#include "daemon/succession.h"
 #include "daemon/workers.h"
 #include "hw/ofi/ofi_fabric.h"
 #include "hw/socket/socket_fabric.h"
@@ -117,9 +120,36 @@ void RefreshNodeTable(const psmd::Config& config, const std::string& self) {
   }
 }
 
+// The binary psmd runs from, read at start: the default of psmctl upgrade
+// (after a package upgrade the path holds the new binary).
+std::string StartedFrom() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First, before anything opens a descriptor: what a predecessor handed
+  // over (daemon/succession.h), if this psmd succeeds one.
+  std::vector<int> inherited = psmd::handover::InheritedFds();
+  int state_fd = psmd::handover::TakeStateFd();
+  // systemd's sockets and file-descriptor store (the environment cleared).
+  psmd::handover::ServiceManagerFds from_systemd =
+      psmd::handover::TakeServiceManagerFds();
+  const std::vector<int>* handed = nullptr;
+  if (state_fd == -1 && from_systemd.state_fd >= 0) {
+    // A predecessor stopped by systemctl restart stored its state there.
+    state_fd = from_systemd.state_fd;
+    handed = &from_systemd.handed;
+    inherited.clear();
+    for (int fd : from_systemd.handed) {
+      if (fd >= 0) inherited.push_back(fd);
+    }
+  }
+  const std::vector<std::string> args(argv, argv + argc);
+  psmd::handover::Upgrades upgrades(StartedFrom());
   psmd::ConfigLoader loader;
   if (int code = loader.ParseCommandLine(argc, argv); code >= 0) return code;
   psmd::Config config;
@@ -132,6 +162,13 @@ int main(int argc, char** argv) {
     printf("%s", psmd::ConfigToToml(config).c_str());
     return 0;
   }
+  if (loader.fabric_info()) {
+    std::string table;
+    const int usable =
+        psmd::hw::DescribeOfiProviders(config.fabric_provider, &table);
+    printf("%s", table.c_str());
+    return usable > 0 ? 0 : 1;
+  }
   std::string log_target = psmd::SetUpLogging(config);
 
   // Signals are taken synchronously by the main thread; every other thread
@@ -141,11 +178,35 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGHUP);
+  sigaddset(&signals, SIGUSR2);  // psmctl upgrade (handover::Upgrades)
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
   psmd::SharedConfig shared(config);
-  const uint32_t workers = psmd::WorkerCount(config);
+  std::optional<psmd::Inheritance> inheritance;
+  if (state_fd == -2) {
+    spdlog::error("{} is not a descriptor of this process; ignored",
+                  psmd::handover::kEnvFd);
+  } else if (state_fd >= 0) {
+    std::string why;
+    inheritance =
+        psmd::ReadInheritance(state_fd, config, inherited, handed, &why);
+    if (!inheritance) {
+      spdlog::error(
+          "handover refused: {}; every inherited endpoint ended, psmd "
+          "starts empty",
+          why);
+    }
+  }
+  uint32_t workers = psmd::WorkerCount(config);
+  if (inheritance && inheritance->process.workers != workers) {
+    // Endpoint ids name their shards (MqEngine::ShardOf).
+    spdlog::warn(
+        "workers = {} in the configuration; the endpoints handed over live "
+        "on {} shards, which this psmd keeps until it restarts",
+        workers, inheritance->process.workers);
+    workers = inheritance->process.workers;
+  }
   psmd::Workers worker(config, workers);
   std::vector<int> cpus;
   if (!config.worker_cpus.empty()) {
@@ -192,7 +253,12 @@ int main(int argc, char** argv) {
     RefreshNodeTable(config, host_description);
     worker.EnableFabric(std::move(fabric), config, registry.boot_nonce());
   }
-  if (!admission.Bind(&error)) {
+  if (inheritance) {
+    // The old psmd's listening socket is the one to serve on; systemd's
+    // is the same socket again.
+    for (int fd : from_systemd.activated) close(fd);
+  } else if (!admission.Bind(from_systemd.activated, from_systemd.error,
+                             &error)) {
     spdlog::critical("{}", error);
     sd_notifyf(0, "STATUS=failed: %s", error.c_str());
     return 1;
@@ -202,15 +268,30 @@ int main(int argc, char** argv) {
     return 1;
   }
   psmd::ControlService service(&registry, &admission, &worker, &shared,
-                               loader.config_path());
-  grpc::ServerBuilder builder;
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server) {
+                               loader.config_path(), &upgrades);
+  std::unique_ptr<grpc::Server> server;
+  psmd::Daemon daemon{config,
+                      worker,
+                      registry,
+                      admission,
+                      upgrades,
+                      [&] {
+                        grpc::ServerBuilder builder;
+                        builder.RegisterService(&service);
+                        server = builder.BuildAndStart();
+                        if (server) admission.Start(server.get());
+                        return server != nullptr;
+                      },
+                      [&] {
+                        server->Shutdown(std::chrono::system_clock::now() +
+                                         std::chrono::seconds(1));
+                        server.reset();
+                      }};
+  if (inheritance) psmd::TakeOver(daemon, *inheritance);
+  if (!daemon.start_server()) {
     spdlog::critical("cannot start the gRPC control server");
     return 1;
   }
-  admission.Start(server.get());
   spdlog::info(
       "psmd {} (commit {}) serving {}{} (pid {}, {} worker{}{}, spin {} us, "
       "log to {}{})",
@@ -247,12 +328,37 @@ int main(int argc, char** argv) {
       RefreshNodeTable(config, host_description);
       nodes_refreshed = now;
     }
+    if (sig == SIGUSR2) {
+      if (std::optional<std::string> path = upgrades.Take()) {
+        std::string why;
+        psmd::HandOver(daemon, *path, args, &why);  // returns on failure
+        spdlog::error("upgrade to {} failed: {}; psmd serves on",
+                      psmd::Escaped(*path), why);
+        upgrades.Failed();
+      }
+      continue;
+    }
     if (sig == SIGHUP) {
       // The log goes to stderr or the journal, never to a file psmd opened,
       // so there is no log file to reopen (docs/operations.md).
       sd_notify(0, "RELOADING=1");
       spdlog::info("SIGHUP: reloading {}", psmd::Escaped(loader.config_path()));
       Reload(loader, &shared, &registry, &worker);
+    } else if (sig == SIGTERM && getenv("NOTIFY_SOCKET") != nullptr &&
+               !worker.has_fabric()) {
+      // Under systemd: everything into its file-descriptor store, for the
+      // psmd that systemctl restart starts next (a stop discards it, which
+      // ends the endpoints as a stop always did).
+      std::string why;
+      sd_notify(0,
+                "STOPPING=1\nSTATUS=stopping: endpoints into systemd's "
+                "file-descriptor store");
+      if (psmd::HandOverToServiceManager(daemon, &why)) _exit(0);
+      spdlog::warn(
+          "SIGTERM: could not hand the endpoints to systemd ({}); stopping, "
+          "which ends them",
+          why);
+      break;
     } else if (sig > 0) {
       break;
     }
@@ -263,7 +369,7 @@ int main(int argc, char** argv) {
   spdlog::info("signal {}: shutting down", sig);
   sd_notify(0, "STOPPING=1\nSTATUS=stopping");
   admission.Stop();  // no new connections; socket file removed
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  daemon.stop_server();
   registry.RemoveAll();  // every segment unmapped and closed
   worker.Stop();
   spdlog::info("psmd stopped");

@@ -2,6 +2,7 @@
 
 #include "daemon/clock.h"
 
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/epoll.h>
@@ -207,6 +208,37 @@ void ProgressWorker::AddEndpoint(std::shared_ptr<Endpoint> ep) {
   endpoints_.fetch_add(1, std::memory_order_relaxed);
 }
 
+void ProgressWorker::Freeze() {
+  RunSync([&]() PSMD_REQUIRES(role_) { frozen_ = true; });
+}
+
+void ProgressWorker::Thaw() {
+  RunSync([&]() PSMD_REQUIRES(role_) { frozen_ = false; });
+}
+
+bool ProgressWorker::Drain() {
+  bool quiesced = false;
+  RunSync([&]() PSMD_REQUIRES(role_) {
+    // A pass that moved anything may have handed another shard an item
+    // after it said it was quiesced: only a round in which no shard moved
+    // anything counts (Workers::FreezeAndSave).
+    const bool did = engine_.PollQuiescing();
+    engine_.NotifyClients();
+    quiesced = !did && engine_.Quiesced();
+  });
+  return quiesced;
+}
+
+void ProgressWorker::SaveState(handover::StateWriter& w) {
+  RunSync([&]() PSMD_REQUIRES(role_) { engine_.SaveState(w); });
+}
+
+Status ProgressWorker::LoadState(handover::StateReader& r) {
+  Status status;
+  RunSync([&]() PSMD_REQUIRES(role_) { status = engine_.LoadState(r); });
+  return status;
+}
+
 void ProgressWorker::RemoveEndpoint(uint32_t id) {
   RunSync([&]() PSMD_REQUIRES(role_) {
     for (Endpoint* ep : engine_.endpoints()) {
@@ -339,6 +371,14 @@ void ProgressWorker::Loop() {
   uint64_t busy_since = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
     if (commands_pending_.load(std::memory_order_acquire)) RunCommands();
+    if (frozen_) {
+      // Handing over: the rings are the successor's. Wait for commands.
+      pollfd p{wake_fd_, POLLIN, 0};
+      poll(&p, 1, 100);
+      uint64_t rings;
+      (void)!read(wake_fd_, &rings, sizeof(rings));  // EAGAIN: the timeout
+      continue;
+    }
     bool did = engine_.PollAll();
     if (remote_ != nullptr) {
       did |= remote_->Poll();

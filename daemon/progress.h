@@ -34,6 +34,7 @@
 #include "daemon/config.h"
 #include "daemon/engine/endpoint.h"
 #include "daemon/engine/mq_engine.h"
+#include "daemon/handover/state_codec.h"
 #include "daemon/remote/remote.h"
 #include "hw/fabric.h"
 #include "shm/spin.h"
@@ -68,6 +69,23 @@ class ProgressWorker {
   void RemoveEndpoint(uint32_t id);
   void SetPeer(uint32_t id, uint32_t slot, const PeerLink& link);
   void ClearPeer(uint32_t id, uint32_t slot);
+
+  // ---- Handover (issue 33; daemon/handover/handover.h) ----
+  // Stops reading the clients' rings: from the next pass on the worker only
+  // runs commands (a frozen worker still wakes for RunSync). Rings keep
+  // what clients publish meanwhile; the successor reads it.
+  void Freeze();
+  // Reads the rings again (a successor, once its state is loaded).
+  void Thaw();
+  // One pass of the work that needs no client ring (items from other
+  // shards, the outbox, copies in place), frozen; true when it moved
+  // nothing and the engine holds nothing the state cannot carry
+  // (MqEngine::PollQuiescing, Quiesced).
+  bool Drain();
+  // The engine's state, frozen and drained (MqEngine::SaveState).
+  void SaveState(handover::StateWriter& w);
+  // Into a frozen worker whose endpoints were added: MqEngine::LoadState.
+  Status LoadState(handover::StateReader& r);
 
   // Before Start: serve endpoints of other nodes through `fabric`
   // (daemon/remote/remote.h); its event fd joins the worker's epoll set.
@@ -198,6 +216,9 @@ class ProgressWorker {
   std::deque<std::function<void()>> commands_ PSMD_GUARDED_BY(mu_);
   std::atomic<bool> commands_pending_{false};
   std::atomic<bool> stop_{false};
+  // Set and cleared on the worker's thread (Freeze, Thaw run there); read
+  // by the loop.
+  bool frozen_ PSMD_GUARDED_BY(role_) = false;
 
   // A client ringing its doorbell with nothing submitted (NoteIdleDoorbell),
   // by endpoint id: its idle rings in the current second, and until when

@@ -1,6 +1,8 @@
 #include "daemon/workers.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 namespace psmd {
 
@@ -45,6 +47,61 @@ bool Workers::Start(std::string* error) {
 
 void Workers::Stop() {
   for (auto& w : workers_) w->Stop();
+}
+
+void Workers::Freeze() {
+  for (auto& w : workers_) w->Freeze();
+}
+
+void Workers::Thaw() {
+  for (auto& w : workers_) w->Thaw();
+}
+
+Status Workers::FreezeAndSave(handover::StateWriter& w, uint32_t timeout_ms) {
+  Freeze();
+  // A shard's drain may hand items to another, so a round counts only when
+  // every shard was quiesced in it.
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    bool all = true;
+    for (auto& worker : workers_) all &= worker->Drain();
+    if (all) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      Thaw();
+      return {PSM2_TIMEOUT,
+              "the engine shards did not settle within " +
+                  std::to_string(timeout_ms) +
+                  " ms (copies in place or messages between shards still "
+                  "moving); psmd goes on serving, try again"};
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  for (auto& worker : workers_) {
+    const size_t at = w.BeginSection(handover::kEngineSection);
+    worker->SaveState(w);
+    w.EndSection(at);
+  }
+  return {};
+}
+
+Status Workers::LoadState(handover::StateReader& r) {
+  for (uint32_t shard = 0; shard < count(); shard++) {
+    handover::StateReader body;
+    if (!r.Section(handover::kEngineSection, &body, "engine shard")) {
+      return {PSM2_INTERNAL_ERR, r.error()};
+    }
+    if (Status s = workers_[shard]->LoadState(body); !s.ok()) {
+      s.message = "engine shard " + std::to_string(shard) + ": " + s.message;
+      return s;
+    }
+    if (!body.AtEnd()) {
+      return {PSM2_INTERNAL_ERR, "engine shard " + std::to_string(shard) +
+                                     ": " + std::to_string(body.Left()) +
+                                     " bytes left unread"};
+    }
+  }
+  return {};
 }
 
 void Workers::SetSpinUs(uint32_t spin_us) {

@@ -19,6 +19,7 @@
 
 #include "daemon/config.h"
 #include "daemon/engine/crossing.h"
+#include "daemon/handover/handover.h"
 #include "daemon/progress.h"
 
 namespace psmd {
@@ -75,6 +76,18 @@ class Workers {
     return at(0).QueryRemote(id, epids);
   }
   std::vector<Remote::PeerRow> FabricStats() { return at(0).FabricStats(); }
+
+  // ---- Handover (issue 33; daemon/handover/handover.h) ----
+  // Freezes every worker (no client ring is read any more), drains what
+  // crosses between shards until every engine is quiesced in one round, and
+  // writes one kEngineSection per shard. Fails, thawed again, if the engines
+  // do not quiesce within `timeout_ms` (copies in place running long).
+  Status FreezeAndSave(handover::StateWriter& w, uint32_t timeout_ms);
+  // In a successor whose workers were started and frozen (Freeze), with
+  // every endpoint added: each shard's kEngineSection.
+  Status LoadState(handover::StateReader& r);
+  void Freeze();
+  void Thaw();
 
   // Node totals over the workers.
   uint64_t doorbells() const;

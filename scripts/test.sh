@@ -9,7 +9,8 @@ bash scripts/deps.sh || exit 1
 bazel build //... || { echo "0 passed, 1 failed"; exit 1; }
 # mpi4py's own test suite lives beside the repository (../shared/external);
 # //tests/mpi:mtl_psmd_mpi4py_suite runs it on one psmd, ..._mpi4py_nodes
-# with its ranks on two. //tests:fabric_netns_test (a veth link set down
+# with its ranks on two, //tests/slurm:cluster_test through srun on three
+# nodes. //tests:fabric_netns_test (a veth link set down
 # mid-transfer) and //tests/slurm:cluster_test (Open MPI jobs from a real
 # Slurm cluster in namespaces, scripts/cluster.sh) need root, as CI runs
 # this, and skip themselves otherwise.
@@ -19,6 +20,7 @@ mpi4py_tests=$(cd .. && pwd)/shared/external/mpi4py-3.1.4-test/test
 events=$(mktemp /tmp/psmd-test-events-XXXXXX.json)
 trap 'rm -f "$events"' EXIT
 bazel test //... --test_output=errors --test_env=PSMD_MPI4PY_TESTS="$mpi4py_tests" \
+  --test_env=PSMD_CLUSTER_MPI4PY_SUITE="$mpi4py_tests" \
   --build_event_json_file="$events"
 status=$?
 # Checks of their own, each counted once: formatting (.clang-format),
@@ -38,7 +40,8 @@ bazel build --config=thread-safety //daemon/... //client/... ||
 scripts/test_install.sh || { checks_failed=$((checks_failed + 1)); status=1; }
 scripts/test_deb.sh || { checks_failed=$((checks_failed + 1)); status=1; }
 bazel test --config=asan --jobs=2 -- //shm/... //daemon/... //client/... \
-  -//daemon/engine:engine_fuzz_test -//daemon/remote:wire_fuzz_test //tests:tenant_test //tests/conformance:mq_conformance_psmd \
+  -//daemon/engine:engine_fuzz_test -//daemon/remote:wire_fuzz_test \
+  -//daemon/handover:registry_image_fuzz_test //tests:tenant_test //tests/conformance:mq_conformance_psmd \
   //tests/conformance:am_conformance_psmd \
   //tests/conformance:core_conformance_psmd \
   //tests/conformance:mq_conformance_psmd_workers2 \

@@ -24,7 +24,8 @@
 #     maintainer scripts enabled both units; ldconfig knows
 #     libpsmclient.so.0 and not the drop-in; an edited conffile survives a
 #     re-install; psmd started as its unit starts it serves psmctl stats,
-#     health and config (the edited one); dpkg --purge of every package
+#     health and config (the edited one), and is handed over in place by
+#     the package's upgrade (postinst: psmctl upgrade); dpkg --purge of every package
 #     leaves nothing named *psm* and no unit links.
 # The clean root is debootstrap --variant=minbase bookworm (about 3.5 min);
 # the first run keeps a tarball of it, untouched, in $PSMD_CLEAN_ROOT_CACHE
@@ -286,11 +287,19 @@ stats=$(in_root psmctl stats) || fail "psmctl stats"
 [[ "$stats" == "psmd up "* && "$stats" == *msgs_sent* ]] || fail "psmctl stats said: $stats"
 in_root psmctl health >/dev/null || fail "psmctl health"
 in_root psmctl config | grep -cx 'spin_us = 300' >/dev/null || fail "psmd did not read /etc/psmd/psmd.toml"
+# An upgrade (the same package again, as dpkg calls postinst configure with
+# the installed version) hands the running psmd over in place.
+mkdir "$root/tmp/debs"
+cp "$(deb psmd)" "$root/tmp/debs/psmd.deb"
+in_root dpkg -i /tmp/debs/psmd.deb >"$work/dpkg.log" 2>&1 || { tail -5 "$work/dpkg.log"; fail "dpkg -i under a running psmd"; }
+rm -rf "$root/tmp/debs"
+grep -q "endpoints carried over" "$work/dpkg.log" || { cat "$work/dpkg.log"; fail "the upgrade did not hand psmd over"; }
+in_root psmctl health --json | grep -c '"generation": 1' >/dev/null || fail "psmd's generation is not 1 after the upgrade"
 kill -TERM "${pids[-1]}"
 wait "${pids[-1]}" || fail "psmd did not exit 0 on SIGTERM"
 [[ ! -e "$root/run/psmd/psmd.sock" ]] || fail "psmd left its socket"
 rmdir "$root/run/psmd"  # systemd removes the RuntimeDirectory on stop
-step "psmd started from the unit's ExecStart with the edited config; psmctl stats, health and config answered"
+step "psmd started from the unit's ExecStart with the edited config; psmctl stats, health and config answered; an upgrade handed it over"
 
 in_root dpkg --purge "${packages[@]}" >/dev/null || fail "dpkg --purge"
 [[ -z "$(find "$root/etc/systemd/system" -name 'psmd.*')" ]] ||

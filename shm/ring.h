@@ -105,7 +105,10 @@ class RingProducer {
         mask_(capacity - 1),
         shift_(ring_internal::ShiftOf(capacity)),
         tail_(start),
-        head_cache_(start) {}
+        // Where the consumer is, unknown (a producer resumed by a successor
+        // process finds it anywhere up to a ring behind): as if the ring
+        // were full, so that the first FreeSlots reads it.
+        head_cache_(start - capacity) {}
 
   // Publishes one descriptor; false when the ring is full or corrupt.
   bool TryPush(const T& item) {
@@ -162,6 +165,9 @@ class RingProducer {
 
   bool corrupt() const { return corrupt_; }
   uint32_t capacity() const { return mask_ + 1; }
+  // The next index to publish: private to the producer, so a successor
+  // process (a handover, issue 33) starts its producer there (`start`).
+  uint32_t position() const { return tail_; }
 
  private:
   RingControl* control_ = nullptr;
@@ -219,6 +225,9 @@ class RingConsumer {
   }
 
   uint32_t capacity() const { return mask_ + 1; }
+  // The next index to consume (published in the control block too, where
+  // the producer could overwrite it: a successor starts from this one).
+  uint32_t position() const { return head_; }
 
  private:
   static constexpr uint32_t kScan = 64;

@@ -67,15 +67,16 @@ ClientRings ClientRingsOf(void* base, const SegmentGeometry& g) {
   return r;
 }
 
-DaemonRings DaemonRingsOf(void* base, const SegmentGeometry& g) {
+DaemonRings DaemonRingsOf(void* base, const SegmentGeometry& g,
+                          const RingPositions& at) {
   DaemonRings r;
   r.control = ControlOf(base);
   r.msg_sq = RingConsumer<SubmissionDesc>(
-      &r.control->msg_sq, MessageSlotsOf(base, g), g.sq_capacity);
+      &r.control->msg_sq, MessageSlotsOf(base, g), g.sq_capacity, at.msg_sq);
   r.ctl_sq = RingConsumer<SubmissionDesc>(
-      &r.control->ctl_sq, ControlSlotsOf(base, g), g.sq_capacity);
+      &r.control->ctl_sq, ControlSlotsOf(base, g), g.sq_capacity, at.ctl_sq);
   r.cq = RingProducer<CompletionDesc>(
-      &r.control->cq, CompletionSlotsOf(base, g), g.cq_capacity);
+      &r.control->cq, CompletionSlotsOf(base, g), g.cq_capacity, at.cq);
   return r;
 }
 

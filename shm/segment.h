@@ -59,7 +59,15 @@ struct DaemonRings {
   RingConsumer<SubmissionDesc> ctl_sq;
   RingProducer<CompletionDesc> cq;
 };
-DaemonRings DaemonRingsOf(void* base, const SegmentGeometry& g);
+// A successor process (a handover, issue 33) resumes each ring at the
+// position its predecessor had reached (RingConsumer/RingProducer::position).
+struct RingPositions {
+  uint32_t msg_sq = 0;
+  uint32_t ctl_sq = 0;
+  uint32_t cq = 0;
+};
+DaemonRings DaemonRingsOf(void* base, const SegmentGeometry& g,
+                          const RingPositions& at = {});
 
 }  // namespace psmd::shm
 

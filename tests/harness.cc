@@ -248,6 +248,12 @@ PingPongResult PingPong8(const TempDir& dir, const Daemon& d,
   return p;
 }
 
+std::string Subdir(const TempDir& dir, const std::string& name) {
+  std::string p = dir.path() + "/" + name;
+  mkdir(p.c_str(), 0755);
+  return p;
+}
+
 std::vector<std::string> ExchangeArgs(const TempDir&,
                                       const std::string& rendezvous, int rank,
                                       const std::string& uuid, int messages,

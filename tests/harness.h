@@ -120,6 +120,9 @@ RunResult RunToEnd(const TempDir& dir, const std::vector<std::string>& argv,
 
 std::string ReadFile(const std::string& path);
 
+// Makes directory `name` in `dir` and returns its path.
+std::string Subdir(const TempDir& dir, const std::string& name);
+
 // Runs the built psmctl against `d` with `args`.
 RunResult Psmctl(const TempDir& dir, const Daemon& d,
                  const std::vector<std::string>& args);

@@ -26,12 +26,6 @@ namespace {
 const char kJobA[] = "5053d0d0aaaaaaaaaaaaaaaaaaaaaaaa";
 const char kJobB[] = "5053d0d0bbbbbbbbbbbbbbbbbbbbbbbb";
 
-std::string Subdir(const TempDir& dir, const std::string& name) {
-  std::string p = dir.path() + "/" + name;
-  mkdir(p.c_str(), 0755);
-  return p;
-}
-
 // Runs an exchange pair of `messages` messages (up to 1000 B) in job `uuid`
 // to the end and expects both ranks to succeed.
 void ExpectExchangeRuns(const TempDir& dir, const Daemon& d,

@@ -60,6 +60,15 @@ class TenantTest : public ::testing::Test {
   TempDir dir_;
 };
 
+// Only root may hand psmd over (psmctl upgrade runs a binary as root).
+TEST_F(TenantTest, UpgradeIsRootOnly) {
+  Daemon d(dir_);
+  RunResult up = PsmctlAs(d, kNobody, {"upgrade"});
+  EXPECT_EQ(up.exit_code, 1);
+  EXPECT_NE(up.err.find("root"), std::string::npos) << up.err;
+  EXPECT_EQ(d.Log().find("handing over"), std::string::npos);
+}
+
 // A child process, running as `uid`, that opens `n` connections to `socket`
 // and speaks just enough HTTP/2 (the preface and an empty SETTINGS frame)
 // for psmd to hand each to gRPC, then holds them until killed. Returns its

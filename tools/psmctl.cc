@@ -52,12 +52,14 @@ constexpr int kSchemaVersion = 1;
 struct Options {
   std::string socket = psmd::client::SocketPath();
   std::string format = "table";
-  bool json = false;      // --json, kept from psmctl 0.5: --format json
-  double watch = 0;       // stats --watch SECONDS (0: totals)
-  int count = 0;          // stats --count N
-  double max_stall = 5;   // health --max-stall SECONDS
-  uint32_t close_id = 0;  // close ID
-  std::string output;     // stats --output FILE
+  bool json = false;            // --json, kept from psmctl 0.5: --format json
+  double watch = 0;             // stats --watch SECONDS (0: totals)
+  int count = 0;                // stats --count N
+  double max_stall = 5;         // health --max-stall SECONDS
+  uint32_t close_id = 0;        // close ID
+  std::string output;           // stats --output FILE
+  std::string exec_path;        // upgrade --exec PATH
+  double upgrade_timeout = 30;  // upgrade --timeout SECONDS
   // slurm-register and slurm-end (psmd's SPANK plugin).
   std::string job_key;
   uint32_t slurm_job = 0;
@@ -897,10 +899,15 @@ int ShowHealth(ControlClient& control, const std::string& format,
         "\"commit\": %s, "
         "\"uptime_seconds\": %.3f, \"endpoint_count\": %u, "
         "\"max_endpoints\": %u, \"pid\": %u, "
-        "\"worker_last_turn_seconds\": %.3f, \"max_stall_seconds\": %.3f}\n",
+        "\"worker_last_turn_seconds\": %.3f, \"max_stall_seconds\": %.3f, "
+        "\"generation\": %" PRIu64
+        ", \"last_blackout_seconds\": %.6f, "
+        "\"last_carried_endpoints\": %u}\n",
         kSchemaVersion, healthy ? "true" : "false",
         JsonString(r.version()).c_str(), JsonString(r.commit()).c_str(), uptime,
-        r.endpoint_count(), r.max_endpoints(), r.daemon_pid(), age, max_stall);
+        r.endpoint_count(), r.max_endpoints(), r.daemon_pid(), age, max_stall,
+        r.generation(), static_cast<double>(r.last_blackout_ns()) / 1e9,
+        r.last_carried_endpoints());
   } else {
     printf(
         "psmd %s (commit %s, pid %u): up %.1f s, %u of %u endpoints, "
@@ -908,6 +915,13 @@ int ShowHealth(ControlClient& control, const std::string& format,
         r.version().c_str(), r.commit().c_str(), r.daemon_pid(), uptime,
         r.endpoint_count(), r.max_endpoints(), age,
         healthy ? "healthy" : "STALLED");
+    if (r.generation() > 0) {
+      printf("handed over %" PRIu64
+             " times (psmctl upgrade); the last carried %u endpoints over, "
+             "blackout %.1f ms\n",
+             r.generation(), r.last_carried_endpoints(),
+             static_cast<double>(r.last_blackout_ns()) / 1e6);
+    }
   }
   if (!healthy) {
     fprintf(stderr,
@@ -933,6 +947,79 @@ void AddHealth(CLI::App& app, Options& opts, std::function<int()>* run) {
     *run = [&opts] {
       ControlClient control(opts.socket);
       return ShowHealth(control, opts.format, opts.max_stall);
+    };
+  });
+}
+
+// ---- upgrade ----
+
+// Asks psmd to hand over to a new process, then waits until the new one
+// answers: a process younger than the request. It succeeded when it counts
+// one handover more; one that started empty refused the state (its log says
+// why, and so did every client's library).
+int Upgrade(ControlClient& control, const std::string& exec_path,
+            double timeout_s) {
+  psmd::v1::HealthReply before;
+  if (Status e = control.Health(&before); !e.ok()) return Fail(e);
+  const auto asked = std::chrono::steady_clock::now();
+  psmd::v1::UpgradeReply reply;
+  if (Status e = control.Upgrade(exec_path, &reply); !e.ok()) return Fail(e);
+  const auto deadline =
+      asked + std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6));
+  psmd::v1::HealthReply after;
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const auto now = std::chrono::steady_clock::now();
+    const auto since =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(now - asked)
+            .count();
+    if (control.Health(&after).ok() &&
+        (after.generation() > reply.generation() ||
+         after.uptime_ns() < static_cast<uint64_t>(since))) {
+      break;
+    }
+    if (now > deadline) {
+      fprintf(stderr,
+              "psmctl: no new psmd answered within %.0f s of the upgrade to "
+              "%s; see psmd's log\n",
+              timeout_s, reply.exec_path().c_str());
+      return kFailed;
+    }
+  }
+  if (after.generation() <= reply.generation()) {
+    fprintf(stderr,
+            "psmctl: psmd %s (pid %u) started but did not take over the %u "
+            "endpoints, which have ended; its log says why\n",
+            after.version().c_str(), after.daemon_pid(),
+            reply.endpoint_count());
+    return kFailed;
+  }
+  printf("psmd %s -> %s (pid %u, generation %" PRIu64
+         "): %u endpoints carried over, blackout %.1f ms\n",
+         before.version().c_str(), after.version().c_str(), after.daemon_pid(),
+         after.generation(), after.last_carried_endpoints(),
+         static_cast<double>(after.last_blackout_ns()) / 1e6);
+  return 0;
+}
+
+void AddUpgrade(CLI::App& app, Options& opts, std::function<int()>* run) {
+  auto* cmd = app.add_subcommand(
+      "upgrade",
+      "Hand psmd over to a new process without ending any endpoint (root): "
+      "the binary psmd started from, or --exec PATH; exits 0 once the new "
+      "psmd serves, printing the blackout");
+  cmd->add_option("--exec", opts.exec_path,
+                  "The new psmd binary (absolute path); it must read this "
+                  "psmd's handover format (psmd --handover-format)")
+      ->option_text("PATH");
+  cmd->add_option("--timeout", opts.upgrade_timeout,
+                  "Seconds to wait for the new psmd to answer")
+      ->option_text("SECONDS (default 30)")
+      ->check(CLI::PositiveNumber);
+  cmd->callback([&opts, run] {
+    *run = [&opts] {
+      ControlClient control(opts.socket);
+      return Upgrade(control, opts.exec_path, opts.upgrade_timeout);
     };
   });
 }
@@ -1088,6 +1175,7 @@ int main(int argc, char** argv) {
   AddJobs(app, opts, &run);
   AddHealth(app, opts, &run);
   AddClose(app, opts, &run);
+  AddUpgrade(app, opts, &run);
   AddSlurm(app, opts, &run);
   AddSimple(app, opts, &run, "config",
             "The daemon's effective configuration, as the TOML psmd reads",

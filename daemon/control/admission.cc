@@ -82,20 +82,64 @@ Admission::Admission(const Config& config, Registry* registry)
 
 Admission::~Admission() { Stop(); }
 
-bool Admission::Bind(std::string* error) {
-  int n = sd_listen_fds(1);
-  if (n < 0) {
-    *error = std::string("socket activation: ") + strerror(-n);
+bool Admission::Bind(const std::vector<int>& activated, int activation_error,
+                     std::string* error) {
+  if (activation_error < 0) {
+    *error = std::string("socket activation: ") + strerror(-activation_error);
     return false;
   }
-  if (n > 1) {
-    *error = "systemd passed " + std::to_string(n) +
+  if (activated.size() > 1) {
+    *error = "systemd passed " + std::to_string(activated.size()) +
              " sockets; psmd.socket must have exactly one ListenStream=";
     return false;
   }
-  if (!(n == 1 ? TakeActivatedSocket(error) : CreateSocket(error))) {
+  if (!(activated.size() == 1 ? TakeActivatedSocket(activated[0], error)
+                              : CreateSocket(error))) {
     return false;
   }
+  PrepareFdNumbers();
+  return true;
+}
+
+void Admission::Adopt(int listen_fd, bool activated, bool bound,
+                      const std::vector<std::pair<int, uint32_t>>& liveness,
+                      const std::vector<int>& pending) {
+  listen_fd_ = listen_fd;
+  activated_ = activated;
+  bound_ = bound;
+  fcntl(listen_fd_, F_SETFD, FD_CLOEXEC);
+  for (const auto& [fd, id] : liveness) {
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    liveness_[fd] = id;
+  }
+  for (int fd : pending) {
+    Pending p;
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    if (!PeerCredentials(fd, &p.creds)) {
+      close(fd);
+      continue;
+    }
+    p.since = std::chrono::steady_clock::now();
+    pending_[fd] = p;
+  }
+  PrepareFdNumbers();
+}
+
+void Admission::Freeze(std::vector<int>* pending) {
+  if (thread_.joinable()) {
+    shm::RingEventFd(stop_fd_);
+    thread_.join();
+  }
+  pending->clear();
+  for (auto& [fd, p] : pending_) pending->push_back(fd);
+  // liveness_ stays: the registry names those connections to the
+  // successor, and Start watches them again if psmd serves on.
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (stop_fd_ >= 0) close(stop_fd_);
+  epoll_fd_ = stop_fd_ = -1;
+}
+
+void Admission::PrepareFdNumbers() {
   // Room for the round-robin gRPC fd numbers (see the header comment).
   struct rlimit lim;
   if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
@@ -106,11 +150,9 @@ bool Admission::Bind(std::string* error) {
   high_fd_floor_ =
       lim.rlim_cur > 4096 ? 1024 : static_cast<int>(lim.rlim_cur / 2);
   next_high_fd_ = high_fd_floor_;
-  return true;
 }
 
-bool Admission::TakeActivatedSocket(std::string* error) {
-  const int fd = SD_LISTEN_FDS_START;
+bool Admission::TakeActivatedSocket(int fd, std::string* error) {
   if (sd_is_socket_unix(fd, SOCK_STREAM, 1, config_.socket_path.c_str(), 0) <=
       0) {
     *error =
@@ -210,6 +252,20 @@ void Admission::Start(grpc::Server* server) {
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev);
   ev.data.u64 = Tag(kStop, stop_fd_);
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, stop_fd_, &ev);
+  // Adopted (Adopt), or kept by a handover that failed (Freeze).
+  for (const auto& [fd, id] : liveness_) {
+    epoll_event lev{};
+    lev.events = EPOLLIN | EPOLLRDHUP;
+    lev.data.u64 = Tag(kLiveness, fd);
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &lev);
+  }
+  for (const auto& [fd, p] : pending_) {
+    epoll_event pev{};
+    pev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+    pev.data.u64 = Tag(kPending, fd);
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &pev);
+    Classify(fd);  // what arrived meanwhile raises no new edge
+  }
   thread_ = std::thread([this] { Loop(); });
 }
 

@@ -24,6 +24,8 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "base/mutex.h"
 #include "daemon/config.h"
@@ -43,7 +45,28 @@ class Admission {
   // Takes the listening socket systemd passed (socket activation, psmd.socket)
   // or creates one. An existing file at the path is removed only when it is a
   // socket nothing listens on; anything else is an error naming the fix.
-  bool Bind(std::string* error);
+  // `activated`: the sockets systemd passed (handover::TakeServiceManagerFds),
+  // `activation_error` its error (a negative errno), if any.
+  bool Bind(const std::vector<int>& activated, int activation_error,
+            std::string* error);
+  // Instead of Bind, in a psmd handed over to (daemon/handover/handover.h):
+  // the old one's listening socket (`bound`: its file is psmd's to remove
+  // at stop) and its endpoints' attach connections, watched from Start on.
+  // A client that hung up meanwhile is found at once.
+  // `pending`: connections accepted but not yet classified, classified
+  // from Start on as if just accepted.
+  void Adopt(int listen_fd, bool activated, bool bound,
+             const std::vector<std::pair<int, uint32_t>>& liveness,
+             const std::vector<int>& pending);
+  // Hands over: stops the thread, but keeps the listening socket, every
+  // attach connection and every connection not yet classified open (their
+  // descriptors in *pending, for the successor), and the socket file where
+  // it is. Connections that come meanwhile wait in the backlog. Start
+  // resumes (a handover that failed before the exec).
+  void Freeze(std::vector<int>* pending);
+  int listen_fd() const { return listen_fd_; }
+  bool bound() const { return bound_; }
+
   // Starts accepting; gRPC connections go to `server`.
   void Start(grpc::Server* server);
   // Stops accepting, closes every connection it owns, removes the socket file.
@@ -60,7 +83,9 @@ class Admission {
     Credentials creds;
     std::chrono::steady_clock::time_point since;
   };
-  bool TakeActivatedSocket(std::string* error);
+  bool TakeActivatedSocket(int fd, std::string* error);
+  // Raises the descriptor limit and places the gRPC fd numbers above it.
+  void PrepareFdNumbers();
   bool CreateSocket(std::string* error);
   bool RemoveStaleSocket(const sockaddr_un& addr, std::string* error);
   void Loop();

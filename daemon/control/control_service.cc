@@ -1,5 +1,9 @@
 #include "daemon/control/control_service.h"
 
+#include <spdlog/spdlog.h>
+
+#include "daemon/log.h"
+
 #include <unistd.h>
 
 #include <optional>
@@ -82,12 +86,14 @@ std::string VersionText() {
 
 ControlService::ControlService(Registry* registry, Admission* admission,
                                Workers* worker, const SharedConfig* config,
-                               std::string config_path)
+                               std::string config_path,
+                               handover::Upgrades* upgrades)
     : registry_(registry),
       admission_(admission),
       worker_(worker),
       config_(config),
       config_path_(std::move(config_path)),
+      upgrades_(upgrades),
       started_(std::chrono::steady_clock::now()),
       started_unix_ns_(std::chrono::duration_cast<std::chrono::nanoseconds>(
                            std::chrono::system_clock::now().time_since_epoch())
@@ -125,6 +131,9 @@ grpc::Status ControlService::Health(grpc::ServerContext* ctx,
                                     : 0));
   reply->set_max_endpoints(registry_->max_endpoints());
   reply->set_daemon_pid(static_cast<uint32_t>(getpid()));
+  reply->set_generation(upgrades_->generation.load());
+  reply->set_last_blackout_ns(upgrades_->last_blackout_ns.load());
+  reply->set_last_carried_endpoints(upgrades_->last_carried.load());
   return grpc::Status::OK;
 }
 
@@ -354,6 +363,34 @@ grpc::Status ControlService::EndSlurmStep(grpc::ServerContext* ctx,
   if (!e.ok()) return ToStatus(e);
   reply->set_registered(registered);
   for (const EndpointSnapshot& s : closed) FillInfo(s, reply->add_closed());
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::Upgrade(grpc::ServerContext* ctx,
+                                     const v1::UpgradeRequest* req,
+                                     v1::UpgradeReply* reply) {
+  Credentials who;
+  if (auto s = Identify(ctx, &who); !s.ok()) return s;
+  if (auto s = RootOnly(who, "Upgrade"); !s.ok()) return s;
+  if (worker_->has_fabric()) {
+    // Connections to other nodes cannot be handed over yet (issue 33,
+    // item 4): their frames in flight would be lost.
+    return ToStatus({PSM2_PARAM_ERR,
+                     "upgrade: this psmd serves a fabric (fabric_listen), "
+                     "whose connections cannot be handed over yet; drain "
+                     "the node's jobs and restart psmd instead"});
+  }
+  const uint64_t generation = upgrades_->generation.load();
+  std::string path;
+  if (Status e = upgrades_->Request(req->exec_path(), &path); !e.ok()) {
+    spdlog::warn("upgrade asked by pid {}: {}", who.pid, e.message);
+    return ToStatus(e);
+  }
+  spdlog::info("upgrade asked by pid {}: handing over to {}", who.pid,
+               Escaped(path));
+  reply->set_generation(generation);
+  reply->set_exec_path(path);
+  reply->set_endpoint_count(static_cast<uint32_t>(registry_->endpoint_count()));
   return grpc::Status::OK;
 }
 

@@ -11,6 +11,7 @@
 #include "daemon/config.h"
 #include "daemon/control/admission.h"
 #include "daemon/control/registry.h"
+#include "daemon/handover/upgrades.h"
 #include "daemon/workers.h"
 #include "proto/control.grpc.pb.h"
 
@@ -20,8 +21,10 @@ class ControlService final : public v1::Control::Service {
  public:
   // `config` is the configuration in force (replaced on SIGHUP), read from
   // `config_path`.
+  // `upgrades`: psmctl upgrade's requests (daemon/handover/upgrades.h).
   ControlService(Registry* registry, Admission* admission, Workers* worker,
-                 const SharedConfig* config, std::string config_path);
+                 const SharedConfig* config, std::string config_path,
+                 handover::Upgrades* upgrades);
 
   grpc::Status Health(grpc::ServerContext* ctx, const v1::HealthRequest* req,
                       v1::HealthReply* reply) override;
@@ -54,6 +57,8 @@ class ControlService final : public v1::Control::Service {
   grpc::Status EndSlurmStep(grpc::ServerContext* ctx,
                             const v1::EndSlurmStepRequest* req,
                             v1::EndSlurmStepReply* reply) override;
+  grpc::Status Upgrade(grpc::ServerContext* ctx, const v1::UpgradeRequest* req,
+                       v1::UpgradeReply* reply) override;
 
  private:
   // Fills *who from the kernel-reported credentials of the caller's
@@ -66,6 +71,7 @@ class ControlService final : public v1::Control::Service {
   Workers* const worker_;
   const SharedConfig* const config_;
   const std::string config_path_;
+  handover::Upgrades* const upgrades_;
   const std::chrono::steady_clock::time_point started_;
   const uint64_t started_unix_ns_;  // the same instant by the wall clock
 };

@@ -26,6 +26,7 @@
 #include "daemon/control/refusals.h"
 #include "daemon/engine/endpoint.h"
 #include "daemon/engine/job.h"
+#include "daemon/handover/handover.h"
 #include "daemon/workers.h"
 #include "shm/attach.h"
 #include "shm/status.h"
@@ -218,6 +219,26 @@ class Registry {
   // Removes every endpoint (daemon shutdown).
   void RemoveAll();
 
+  // ---- Handover (issue 33; daemon/handover/handover.h) ----
+  // Writes every job and endpoint (the descriptors each needs into `fds`),
+  // the Slurm registrations and the totals stats keep. Called with the
+  // admission thread and gRPC stopped and the workers frozen, when nothing
+  // else reaches the registry.
+  Status SaveState(handover::StateWriter& w, handover::FdTable& fds);
+  // In a successor, before admission starts, with the workers started and
+  // frozen: reads and checks all of what SaveState wrote first, and only
+  // then builds the jobs and endpoints and adds each endpoint to its worker
+  // (a refusal leaves the registry empty and takes no descriptor). Fills
+  // *liveness with each attached endpoint's connection and id, for
+  // Admission::Adopt: -1 for a connection the service manager did not give
+  // back (it hung up: the caller then removes the endpoint, ConnectionLost).
+  Status LoadState(handover::StateReader& r, handover::FdTable& fds,
+                   uint16_t boot_nonce,
+                   std::vector<std::pair<int, uint32_t>>* liveness);
+  // Tells every attached client `reason` on its attach connection (its
+  // library prints it as it reports the lost psmd), then RemoveAll.
+  void EndAll(const std::string& reason);
+
   // Slurm's SPANK plugin, root only (who.is_root()). Registers `step` as the
   // owner of job key `uuid`: from now on only processes of step.uid inside
   // step.cgroup may open endpoints with that key (Open refuses others,
@@ -286,7 +307,9 @@ class Registry {
   // default_unexpected_budget_ that counts.
   const Config config_;
   Workers* const worker_;
-  const uint16_t boot_nonce_;
+  // Drawn at start, or the old psmd's after a handover (LoadState, before
+  // any other thread runs).
+  uint16_t boot_nonce_;
 
   Mutex mu_;
   uint64_t default_unexpected_budget_ PSMD_GUARDED_BY(mu_);

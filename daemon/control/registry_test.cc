@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 #include <psm2.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -446,6 +448,108 @@ TEST_F(RegistryTest, AStepsJobHoldsNoMoreEndpointsThanItsTasksAllow) {
   EXPECT_EQ(jobs[1].max_endpoints, Cfg().max_endpoints_per_job);
   EXPECT_EQ(jobs[1].job_unexpected_budget_bytes,
             Cfg().job_unexpected_budget_bytes);
+}
+
+}  // namespace
+}  // namespace psmd
+
+namespace psmd {
+namespace {
+
+// What a handover carries of the registry (issue 33): written by one
+// registry, read by another over copies of the same descriptors (as
+// systemd's store hands them back), it lists the same endpoints, jobs and
+// connections; a forged field refuses the whole state and takes nothing.
+class RegistryHandoverTest : public RegistryTest {
+ protected:
+  // Writes registry_'s state; *handed gets a copy of each descriptor.
+  std::string Save(handover::FdTable* table, std::vector<int>* handed) {
+    handover::StateWriter w;
+    handover::FdTable fds;
+    Status s = registry_.SaveState(w, fds);
+    EXPECT_TRUE(s.ok()) << s.message;
+    handover::StateWriter t;
+    fds.Write(t);
+    for (int fd : fds.fds()) handed->push_back(dup(fd));
+    handover::StateReader r(t.bytes().data(), t.bytes().size());
+    EXPECT_TRUE(table->Read(r, handed)) << r.error();
+    return w.bytes();
+  }
+};
+
+TEST_F(RegistryHandoverTest, TheNextRegistryListsWhatThisOneHad) {
+  OpenedEndpoint a = Open(User(1000, 10), 1);
+  OpenedEndpoint b = Open(User(1000, 11), 1);
+  Open(User(1001, 12), 2);
+  int pair[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
+  int fds[shm::kAttachFdCount];
+  uint32_t id = 0;
+  ASSERT_TRUE(
+      registry_.Attach(a.token, User(1000, 10), pair[0], fds, &id).ok());
+  std::vector<ConnectOutcome> out;
+  ASSERT_TRUE(registry_.Connect(User(1000, 10), a.id, {b.epid}, &out).ok());
+
+  handover::FdTable table;
+  std::vector<int> handed;
+  const std::string state = Save(&table, &handed);
+  Workers next_worker(Cfg(), 1);
+  Registry next(Cfg(), &next_worker);
+  handover::StateReader r(state.data(), state.size());
+  std::vector<std::pair<int, uint32_t>> liveness;
+  Status s = next.LoadState(r, table, registry_.boot_nonce(), &liveness);
+  ASSERT_TRUE(s.ok()) << s.message;
+  EXPECT_TRUE(table.TakeRest().empty());  // every descriptor adopted
+  Credentials root = User(0);
+  std::vector<EndpointSnapshot> before = registry_.Snapshot(root);
+  std::vector<EndpointSnapshot> after = next.Snapshot(root);
+  ASSERT_EQ(before.size(), after.size());
+  for (size_t i = 0; i < before.size(); i++) {
+    EXPECT_EQ(before[i].id, after[i].id);
+    EXPECT_EQ(before[i].epid, after[i].epid);
+    EXPECT_EQ(before[i].uid, after[i].uid);
+    EXPECT_EQ(before[i].label, after[i].label);
+    EXPECT_EQ(before[i].connections, after[i].connections);
+  }
+  EXPECT_EQ(next.Jobs(root).size(), 2u);
+  ASSERT_EQ(liveness.size(), 1u);  // a is attached, b and c not yet
+  EXPECT_EQ(liveness[0].second, a.id);
+  // A new endpoint gets a fresh id, never one handed over.
+  OpenedEndpoint fresh;
+  Uuid uuid{};
+  ASSERT_TRUE(next.Open(User(1002), uuid, "new", &fresh).ok());
+  EXPECT_GT(fresh.id, std::max(a.id, b.id));
+  next.RemoveAll();
+  // Attach connections are Admission's to close.
+  close(liveness[0].first);
+  close(pair[0]);
+  close(pair[1]);
+}
+
+TEST_F(RegistryHandoverTest, AForgedEpidRefusesTheWholeStateAndTakesNothing) {
+  OpenedEndpoint a = Open(User(1000, 10), 1);
+  handover::FdTable table;
+  std::vector<int> handed;
+  std::string state = Save(&table, &handed);
+  // The epid sits after the budget (8), next id (4), the job count (4) and
+  // the job, the endpoint count (4) and the id (4): find it by value.
+  const uint64_t epid = a.epid;
+  const std::string bytes(reinterpret_cast<const char*>(&epid), 8);
+  const size_t at = state.find(bytes);
+  ASSERT_NE(at, std::string::npos);
+  state[at] ^= 1;
+  Workers next_worker(Cfg(), 1);
+  Registry next(Cfg(), &next_worker);
+  handover::StateReader r(state.data(), state.size());
+  std::vector<std::pair<int, uint32_t>> liveness;
+  Status s = next.LoadState(r, table, registry_.boot_nonce(), &liveness);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message.find("epid does not name this node"), std::string::npos)
+      << s.message;
+  EXPECT_EQ(next.endpoint_count(), 0u);
+  std::vector<int> rest = table.TakeRest();
+  EXPECT_EQ(rest.size(), handed.size());  // nothing taken: the caller ends them
+  for (int fd : rest) close(fd);
 }
 
 }  // namespace

@@ -35,6 +35,14 @@
 //      since a scribble may have rewritten chunk headers.
 //   3. Once every endpoint is removed, nothing is charged to any job's or
 //      the uid's unexpected budget.
+//   4. A handover (issue 33; mq_engine.h, "Handover to a successor
+//      process") at any point the input picks: every shard quiesces (the
+//      rings are not read meanwhile), saves its state, and is destroyed
+//      with its endpoints and job objects; fresh ones are made over the
+//      same segments and pools (the clients keep their own mappings, as
+//      processes do) and load the states, which must load, and credits
+//      must agree across shards. Properties 1-3 then hold for the whole
+//      run, so nothing was lost, duplicated or left charged across it.
 //
 // Seeds: ENGINE_FUZZ_WRITE_SEEDS=DIR ./engine_fuzz writes the seed corpus
 // (well-formed sequences built with the Encoder below) into DIR and exits.
@@ -57,6 +65,7 @@
 #include "daemon/engine/mq_engine.h"
 #include "daemon/engine/test_endpoint.h"
 #include "daemon/engine/validate.h"
+#include "daemon/handover/state_codec.h"
 #include "shm/epid.h"
 #include "shm/payload.h"
 #include "shm/pool.h"
@@ -96,6 +105,7 @@ enum Op : uint8_t {
   kRemoteLink,  // a slot names the endpoint on another node
   kNodeEvent,   // that endpoint, or its whole node, is gone
   kFabricHold,  // the fabric holds sends to other nodes, or not
+  kHandover,    // every engine quiesced, saved, and loaded into fresh ones
   kOpCount
 };
 
@@ -144,7 +154,9 @@ class Reader {
 };
 
 struct JobState {
-  std::shared_ptr<Job> job;
+  std::shared_ptr<Job> job;    // the engines' (a new one per handover)
+  std::shared_ptr<Job> first;  // the clients' mapping of the pool (arenas)
+  uint32_t regions_taken = 0;
   shm::SendArena inbox;  // where frames from another node land
   uint8_t tag;           // top byte of every token of this job
   std::vector<uint32_t> positions;
@@ -155,6 +167,7 @@ struct JobState {
 
 // One endpoint position as its client sees it.
 struct Client {
+  shm::Mapping segment;  // the client's own mapping of its segment
   bool live = false;
   uint32_t job = 0;  // index into Node::jobs_
   uint32_t lives = 0;
@@ -245,17 +258,8 @@ struct Parked {
 
 class Node {
  public:
-  explicit Node(uint32_t shards) : crossing_(shards) {
-    for (uint32_t s = 0; s < shards; s++) {
-      engines_.push_back(std::make_unique<MqEngine>(
-          /*max_unexpected_budget=*/1 << 20,
-          /*job_unexpected_budget=*/48 << 10,
-          /*uid_unexpected_budget=*/64 << 10));
-      if (shards > 1) engines_.back()->JoinShards(&crossing_, s);
-      if (s > 0) engines_.back()->RouteFabricToShard0();
-    }
-    fabric_ = std::make_unique<FakeFabric>(engines_[0].get());
-    engines_[0]->AttachRemote(fabric_.get());
+  explicit Node(uint32_t shards) : shards_(shards) {
+    MakeEngines();
     auto account = std::make_shared<UidAccount>();
     MakeJob(0xA, 3, account);
     MakeJob(0xB, 1, account);
@@ -306,7 +310,9 @@ class Node {
     j.job =
         std::make_shared<Job>(JobKey{Uuid{tag}, geteuid()}, std::move(pool),
                               regions + 1, kRegionBytes, std::move(account));
+    j.first = j.job;
     auto inbox = j.job->TakeRegion();
+    j.regions_taken++;
     j.inbox = shm::SendArena(j.job->pool().base(), inbox->offset, inbox->bytes);
     j.epids.insert(kRemoteEpid);
     for (uint32_t i = 0; i < positions; i++) {
@@ -326,6 +332,7 @@ class Node {
     const uint32_t lives = c.lives + 1;
     auto region = j.job->TakeRegion();
     if (!region) return;
+    j.regions_taken++;
     const uint32_t id = next_id_++;
     auto ep = MakeTestEndpoint(j.job, *region, id, 0x1000 + id, kRingCapacity,
                                16 << 10);
@@ -336,9 +343,10 @@ class Node {
     c.job = static_cast<uint32_t>(&j - jobs_.data());
     c.lives = lives;
     c.ep = ep;
-    c.rings = shm::ClientRingsOf(ep->segment().base(), ep->geometry());
+    c.segment = DupMapping(ep->segment());
+    c.rings = shm::ClientRingsOf(c.segment.base(), ep->geometry());
     c.arena =
-        shm::SendArena(j.job->pool().base(), region->offset, region->bytes);
+        shm::SendArena(j.first->pool().base(), region->offset, region->bytes);
     // Known to the fabric's shard before its own adds it (Workers).
     if (&EngineOf(ep->id()) != engines_[0].get()) engines_[0]->AddForeign(ep);
     EngineOf(ep->id()).Add(ep);
@@ -466,7 +474,8 @@ class Node {
     const uint8_t op = in.U8() % kOpCount;
     const uint32_t pos = in.U8() % clients_.size();
     Client& c = clients_[pos];
-    const bool needs_live = op != kTurn && op != kReAdd && op != kScribble;
+    const bool needs_live =
+        op != kTurn && op != kReAdd && op != kScribble && op != kHandover;
     if (needs_live && !c.live) return;
     if (trace_) fprintf(stderr, "op %d at pos %u\n", op, pos);
     uint32_t tag[3];
@@ -615,6 +624,16 @@ class Node {
       case kReAdd:
         AddAt(pos);
         break;
+      case kHandover:
+        // A few per run: each costs a node's worth of mappings, and the
+        // CI run's inputs are many. Not once the fabric was used: psmd
+        // refuses a handover while it serves one (its frames in flight
+        // are not carried).
+        if (handovers_ < kMaxHandovers && !fabric_used_) {
+          handovers_++;
+          Handover();
+        }
+        break;
       case kDisconnect:
       case kReconnect: {
         const JobState& j = jobs_[c.job];
@@ -630,9 +649,11 @@ class Node {
         break;
       }
       case kFrame:
+        fabric_used_ = true;
         Frame(in, c);
         break;
       case kRemoteLink: {
+        fabric_used_ = true;
         const JobState& j = jobs_[c.job];
         uint32_t slot = in.U8() % j.positions.size();
         PeerLink link{kRemotePeer, kRemoteEpid};
@@ -641,6 +662,7 @@ class Node {
         break;
       }
       case kNodeEvent: {
+        fabric_used_ = true;
         MqEngine& fabric = *engines_[0];
         if (in.Bool()) {
           shm::CompletionDesc lost{};
@@ -655,6 +677,7 @@ class Node {
         break;
       }
       case kFabricHold:
+        fabric_used_ = true;
         fabric_->hold = in.Bool();
         break;
       default:
@@ -794,7 +817,85 @@ class Node {
   }
 
   MqEngine& EngineOf(uint32_t id) {
-    return *engines_[MqEngine::ShardOf(id, crossing_.shards())];
+    return *engines_[MqEngine::ShardOf(id, shards_)];
+  }
+
+  void MakeEngines() {
+    // The lanes are empty once every shard quiesced: the successor's
+    // engines join the same Crossing (a fresh one, as a new process has,
+    // is engine_state_test's; allocating its lanes per handover made the
+    // CI run ten times slower).
+    if (!crossing_) crossing_ = std::make_unique<Crossing>(shards_);
+    for (uint32_t s = 0; s < shards_; s++) {
+      engines_.push_back(std::make_unique<MqEngine>(
+          /*max_unexpected_budget=*/1 << 20,
+          /*job_unexpected_budget=*/48 << 10,
+          /*uid_unexpected_budget=*/64 << 10));
+      if (shards_ > 1) engines_.back()->JoinShards(crossing_.get(), s);
+      if (s > 0) engines_.back()->RouteFabricToShard0();
+    }
+    fabric_ = std::make_unique<FakeFabric>(engines_[0].get());
+    engines_[0]->AttachRemote(fabric_.get());
+  }
+
+  // Property 4: the protocol of mq_engine.h, then the successor.
+  void Handover() {
+    bool quiet = false;
+    for (int round = 0; round < 1000 && !quiet; round++) {
+      bool did = false;
+      for (auto& e : engines_) did |= e->PollQuiescing();
+      quiet = !did;
+      for (auto& e : engines_) quiet &= e->Quiesced();
+    }
+    if (!quiet) Fail("the engines never quiesced");
+    std::vector<std::string> states;
+    for (auto& e : engines_) {
+      handover::StateWriter w;
+      e->SaveState(w);
+      states.push_back(w.Take());
+    }
+    // The successor's jobs (one uid account), regions handed out as before.
+    auto account = std::make_shared<UidAccount>();
+    std::vector<std::shared_ptr<Job>> jobs;
+    for (JobState& j : jobs_) {
+      const uint32_t regions =
+          static_cast<uint32_t>(j.positions.size()) * kLivesPerPosition +
+          1;  // and the inbox
+      jobs.push_back(std::make_shared<Job>(j.job->key(),
+                                           DupMapping(j.job->pool()), regions,
+                                           kRegionBytes, account));
+      for (uint32_t i = 0; i < j.regions_taken; i++) jobs.back()->TakeRegion();
+    }
+    std::vector<std::shared_ptr<Endpoint>> fresh(clients_.size());
+    for (size_t pos = 0; pos < clients_.size(); pos++) {
+      Client& c = clients_[pos];
+      if (!c.live) continue;
+      fresh[pos] = RemakeTestEndpoint(*c.ep, jobs[c.job], 16 << 10);
+      c.ep.reset();
+    }
+    engines_.clear();  // the old engines, and with them their endpoints
+    for (size_t i = 0; i < jobs_.size(); i++) jobs_[i].job = jobs[i];
+    MakeEngines();
+    for (size_t pos = 0; pos < clients_.size(); pos++) {
+      if (!fresh[pos]) continue;
+      clients_[pos].ep = fresh[pos];
+      if (&EngineOf(fresh[pos]->id()) != engines_[0].get()) {
+        engines_[0]->AddForeign(fresh[pos]);
+      }
+      EngineOf(fresh[pos]->id()).Add(fresh[pos]);
+    }
+    std::vector<const MqEngine*> shards;
+    for (uint32_t s = 0; s < shards_; s++) {
+      handover::StateReader r(states[s].data(), states[s].size());
+      Status st = engines_[s]->LoadState(r);
+      if (!st.ok()) {
+        fprintf(stderr, "%s\n", st.message.c_str());
+        Fail("a saved state did not load");
+      }
+      shards.push_back(engines_[s].get());
+    }
+    if (!MqEngine::CreditsAgree(shards))
+      Fail("credits in flight disagree with the held items");
   }
   // A turn of every shard; whether any did something.
   bool PollAll() {
@@ -805,7 +906,11 @@ class Node {
     return did;
   }
 
-  Crossing crossing_;
+  const uint32_t shards_;
+  static constexpr int kMaxHandovers = 2;
+  int handovers_ = 0;
+  bool fabric_used_ = false;
+  std::unique_ptr<Crossing> crossing_;
   std::vector<std::unique_ptr<MqEngine>> engines_;
   std::unique_ptr<FakeFabric> fabric_;
   std::vector<Parked> parked_;
@@ -864,6 +969,7 @@ class Encoder {
     return U8(0);
   }
   Encoder& Turn(uint8_t turns = 4) { return Op(kTurn, 0).U8(turns - 1); }
+  Encoder& Handover() { return Op(kHandover, 0); }
   Encoder& Reap(uint8_t at) { return Op(kReap, at).U8(31); }
   Encoder& RndvData(uint8_t from, uint32_t len) {
     return Op(kRndvData, from)
@@ -900,6 +1006,7 @@ class Encoder {
 std::vector<std::vector<uint8_t>> Seeds() {
   std::vector<std::vector<uint8_t>> seeds;
   auto add = [&](const Encoder& e) { seeds.push_back(e.bytes()); };
+  Encoder handover_rndv;  // added with the other handovers, in seed order
   // Eager, inline and pooled, expected and unexpected.
   add(Encoder().Send(0, 1, 1, 5).Turn().Recv(1, 0, 1, 64).Turn().Reap(1));
   add(Encoder().Recv(1, 0, 2, 9000).Turn().Send(0, 1, 2, 5000).Turn().Reap(1));
@@ -920,19 +1027,23 @@ std::vector<std::vector<uint8_t>> Seeds() {
           .Turn()
           .Reap(2)
           .Reap(0));
-  // Rendezvous, in chunks.
-  add(Encoder()
-          .Send(0, 1, 1, 100000, false, true)
-          .Turn()
-          .Recv(1, 0, 1, 100000)
-          .Turn()
-          .Reap(0)
-          .RndvData(0, 60000)
-          .Turn()
-          .Reap(1)
-          .RndvData(0, 40000)
-          .Turn()
-          .Reap(1));
+  // Rendezvous, in chunks; and with a handover between them (property 4).
+  for (bool handover : {false, true}) {
+    Encoder e;
+    e.Send(0, 1, 1, 100000, false, true)
+        .Turn()
+        .Recv(1, 0, 1, 100000)
+        .Turn()
+        .Reap(0)
+        .RndvData(0, 60000);
+    if (handover) e.Handover();
+    e.Turn().Reap(1).RndvData(0, 40000).Turn().Reap(1);
+    if (handover) {
+      handover_rndv = e;
+    } else {
+      add(e);
+    }
+  }
   add(Encoder()
           .Recv(1, 0, 1, 5000)
           .Turn()
@@ -1098,6 +1209,42 @@ std::vector<std::vector<uint8_t>> Seeds() {
           .U8(0)
           .Op(kRemove, 0)
           .Turn());
+  // Handovers (property 4): mid-rendezvous, with sends held for a budget,
+  // with a claimed message, and with completions left unreaped.
+  add(handover_rndv);
+  {
+    Encoder e;
+    for (int i = 0; i < 12; i++) e.Send(0, 1, 2, 4000);
+    e.Turn().Handover();
+    for (int i = 0; i < 12; i++) e.Recv(1, 0, 2, 4000).Turn().Reap(1);
+    add(e);
+  }
+  add(Encoder()
+          .Send(2, 0, 0, 30000, false, true)
+          .Send(2, 0, 0, 40, true)
+          .Turn()
+          .Recv(0, 2, 0, 0, true, true)
+          .Turn()
+          .Handover()
+          .Reap(0)
+          .Op(kClaimedRecv, 0)
+          .U8(0)
+          .Len(30000)
+          .U8(0)
+          .Recv(0, 0xff, 0, 64)
+          .Turn()
+          .Handover()
+          .Reap(2)
+          .RndvData(2, 30000)
+          .Turn()
+          .Reap(0));
+  {
+    Encoder e;
+    for (int i = 0; i < 20; i++) e.Send(0, 1, 0, 10);
+    for (int i = 0; i < 20; i++) e.Recv(1, 0xff, 0, 10);
+    e.Turn().Handover().Turn().Reap(1).Handover().Turn().Reap(1);
+    add(e);
+  }
   return seeds;
 }
 

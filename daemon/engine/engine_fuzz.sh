@@ -16,17 +16,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 work=$(mktemp -d "${TEST_TMPDIR:-${PSMD_TEST_TMP:-/tmp}}/psmd-engine-fuzz-XXXXXX")
-# The daemon sources the engine needs, outside Bazel's gcc toolchain. The
-# spdlog defines are third_party/system:spdlog's.
-clang++ -std=c++17 -O1 -g -I. -Iinclude -fsanitize=fuzzer,address,undefined \
-  -fno-sanitize-recover=undefined \
-  -DSPDLOG_SHARED_LIB -DSPDLOG_COMPILED_LIB -DSPDLOG_FMT_EXTERNAL \
-  daemon/engine/engine_fuzz.cc daemon/engine/mq_engine.cc \
-  daemon/engine/across_shards.cc daemon/engine/crossing.cc \
-  daemon/engine/fabric_across.cc \
-  daemon/engine/validate.cc daemon/engine/endpoint.cc \
-  daemon/engine/cross_copy.cc daemon/log.cc shm/mapping.cc shm/segment.cc \
-  -lspdlog -lfmt -lsystemd -pthread -o "$work/engine_fuzz"
+source daemon/engine/engine_sources.sh
+clang++ -std=c++17 -O1 -g -I. -fsanitize=fuzzer,address,undefined \
+  -fno-sanitize-recover=undefined "${engine_flags[@]}" \
+  daemon/engine/engine_fuzz.cc "${engine_sources[@]}" "${engine_libs[@]}" \
+  -o "$work/engine_fuzz"
 if [ "${1:-}" = --write-seeds ]; then
   rm -rf daemon/engine/engine_fuzz_corpus
   mkdir daemon/engine/engine_fuzz_corpus

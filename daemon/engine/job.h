@@ -84,6 +84,37 @@ class Job {
     return SendRegion{region_state_.size() * region_bytes_, region_bytes_};
   }
 
+  // What each region is (0 free, 1 owned, 2 retired): handed to a
+  // successor psmd (daemon/handover/), which checks and restores them.
+  std::vector<uint8_t> RegionStates() const {
+    return {reinterpret_cast<const uint8_t*>(region_state_.data()),
+            reinterpret_cast<const uint8_t*>(region_state_.data()) +
+                region_state_.size()};
+  }
+  // False (nothing changed) unless `states` has one known value per region.
+  bool RestoreRegionStates(const std::vector<uint8_t>& states) {
+    if (states.size() != region_state_.size()) return false;
+    for (uint8_t v : states) {
+      if (v > static_cast<uint8_t>(RegionState::kRetired)) return false;
+    }
+    for (size_t i = 0; i < states.size(); i++) {
+      region_state_[i] = static_cast<RegionState>(states[i]);
+    }
+    return true;
+  }
+  // Whether `r` is exactly region i of this job and i is owned.
+  bool OwnsRegion(const SendRegion& r) const {
+    if (region_bytes_ == 0 || r.bytes != region_bytes_ ||
+        r.offset % region_bytes_ != 0) {
+      return false;
+    }
+    const uint64_t i = r.offset / region_bytes_;
+    return i < region_state_.size() && region_state_[i] == RegionState::kOwned;
+  }
+  bool has_inbox() const { return inbox_; }
+  uint64_t region_bytes() const { return region_bytes_; }
+  size_t regions() const { return region_state_.size(); }
+
   int endpoints = 0;  // live endpoints; the job ends when this drops to 0
 
   // Its own unexpected-message budget (a Slurm step's share of its memory,

@@ -868,6 +868,26 @@ class PostedQueue {
     return shedding();
   }
 
+  // Calls f(const RecvPattern&, uint64_t id, const RecvT&) for every
+  // receive in posting order, leaving the queue as it is; f must not touch
+  // the queue. The pattern's tag is the posted tag & its selector, which
+  // matches what the posted one did: posting the receives again in this
+  // order, with these patterns and ids, into an empty queue gives a queue
+  // that matches every message as this one does (a handover, issue 33).
+  // Allocates O(n) scratch, as drain does.
+  template <typename F>
+  void for_each_in_order(F&& f) const {
+    std::vector<Index> all;
+    all.reserve(size_);
+    for_each_live([&](Index i) { all.push_back(i); });
+    std::sort(all.begin(), all.end(),
+              [&](Index a, Index b) { return pool_[a].seq < pool_[b].seq; });
+    for (const Index i : all) {
+      const Node& n = pool_[i];
+      f(RecvPattern{n.source, n.tag, n.sel}, n.id, n.value.get());
+    }
+  }
+
   // Removes every entry, calling f(RecvT&&) for each in posting order. The
   // queue is already empty when f runs; receives f posts are not drained.
   // Allocates O(n) scratch: drain is for teardown, not the fast path.
@@ -1213,6 +1233,15 @@ class UnexpectedQueue {
   size_t memory_bytes() const {
     return pool_.memory_bytes() + gens_.capacity() * sizeof(gens_[0]) +
            by_tag_.memory_bytes() + arrivals_.capacity() * sizeof(Arrival);
+  }
+
+  // Calls f(const MsgKey&, const MsgT&) for every message in arrival order,
+  // leaving the queue as it is; f must not touch the queue. Pushing them
+  // again in this order into an empty queue gives a queue that matches as
+  // this one does (a handover, issue 33).
+  template <typename F>
+  void for_each_in_order(F&& f) const {
+    for_each_live([&](Index i) { f(pool_[i].key, pool_[i].value.get()); });
   }
 
   // Removes every message, calling f(const MsgKey&, MsgT&&) for each in

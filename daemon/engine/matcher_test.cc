@@ -728,6 +728,53 @@ TEST(MatcherRealTest, ManyDistinctExactTags) {
   }
 }
 
+// A queue copied entry by entry in order (for_each_in_order, as a handover
+// does: issue 33) into a fresh one matches every later message, receive,
+// cancel and probe exactly as the original: exact, wildcard and partial
+// selectors, more classes than are hashed (the overflow list), entries
+// already matched and cancelled before the copy.
+TEST(MatcherRealTest, QueuesCopiedInOrderMatchAsTheOriginals) {
+  std::mt19937_64 rng(11);
+  auto pattern = [&](int i) {
+    const uint64_t source = rng() % 4 == 0 ? kAnySource : 1 + rng() % 3;
+    Tag96 sel = kTagSelAll;
+    if (rng() % 3 == 0) sel = T(0, 0, 0);
+    if (rng() % 3 == 0) sel = T(~0u << (i % 24), ~0u, 0);  // many classes
+    return RecvPattern{source, T(rng() % 4, rng() % 2, 0), sel};
+  };
+  auto key = [&] { return Msg(1 + rng() % 3, T(rng() % 4, rng() % 2, 0)); };
+  PostedQueue<Req> posted;
+  UnexpectedQueue<Req> unexpected;
+  for (int i = 0; i < 600; ++i) {
+    posted.post(pattern(i), Req{i}, static_cast<uint64_t>(i % 50));
+    unexpected.push(key(), Req{i});
+    if (i % 5 == 0) posted.take_match(key());
+    if (i % 7 == 0) posted.remove_id(rng() % 50);
+    if (i % 3 == 0) unexpected.take(pattern(i));
+  }
+  PostedQueue<Req> posted_copy;
+  posted.for_each_in_order([&](const RecvPattern& p, uint64_t id,
+                               const Req& r) { posted_copy.post(p, r, id); });
+  UnexpectedQueue<Req> unexpected_copy;
+  unexpected.for_each_in_order(
+      [&](const MsgKey& k, const Req& r) { unexpected_copy.push(k, r); });
+  ASSERT_EQ(posted_copy.size(), posted.size());
+  ASSERT_EQ(unexpected_copy.size(), unexpected.size());
+  for (int i = 0; i < 2000; ++i) {
+    const MsgKey k = key();
+    ASSERT_EQ(Id(posted.take_match(k)), Id(posted_copy.take_match(k))) << i;
+    const uint64_t id = rng() % 50;
+    ASSERT_EQ(Id(posted.remove_id(id)), Id(posted_copy.remove_id(id))) << i;
+    const RecvPattern p = pattern(i);
+    MsgKey got{}, got_copy{};
+    ASSERT_EQ(Id(unexpected.find(p)), Id(unexpected_copy.find(p))) << i;
+    ASSERT_EQ(Id(unexpected.take(p, &got)),
+              Id(unexpected_copy.take(p, &got_copy)))
+        << i;
+    ASSERT_EQ(got, got_copy);
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Work bounds (issue 12: one tenant's posted receives must not make the
 // shared worker slow for everyone). Work is counted by the queue's test hook

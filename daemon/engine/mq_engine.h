@@ -154,6 +154,8 @@
 #include "daemon/engine/crossing.h"
 #include "daemon/engine/endpoint.h"
 #include "daemon/engine/other_nodes.h"
+#include "daemon/handover/state_codec.h"
+#include "shm/status.h"
 
 namespace psmd {
 
@@ -382,6 +384,63 @@ class MqEngine {
   // about once a second; cheap when nothing is held.
   void ReportBudgetStalls(uint64_t now_ns);
 
+  // ---- Handover to a successor process (issue 33; docs/design.md,
+  // "Handover") ----
+  //
+  // A planned upgrade hands everything this engine holds in process memory
+  // to a fresh engine in the next psmd, which continues exactly where this
+  // one stopped: nothing lost, nothing duplicated, the same match order.
+  // What lives in shared memory (rings, pools) stays where it is; the
+  // registry carries the endpoints' identities and fds. Protocol, each call
+  // on its shard's worker thread (ProgressWorker::RunSync):
+  //   1. The worker stops running PollAll (frozen: no submission ring is
+  //      read from here on; what clients publish meanwhile waits in their
+  //      rings for the successor).
+  //   2. Rounds of PollQuiescing then Quiesced on every shard, until a round
+  //      in which no PollQuiescing returned true and every shard said
+  //      Quiesced. (A round where some shard still moved something may have
+  //      pushed an item toward a shard that already said Quiesced.)
+  //   3. SaveState on every shard.
+  // In the successor, before its workers read any ring: Add every endpoint
+  // of the shard (identity as before, empty match state), with JoinShards
+  // and EnableCrossCopy as configured, then LoadState.
+  //
+  // One pass that moves only what is already inside psmd: copies in place
+  // that ended are finished, items from other shards taken (and their
+  // answers, credits and kGoneAcks sent), held items offered again,
+  // completions waiting for ring space flushed into rings the clients
+  // drained, clients woken. No submission ring is read and no transfer is
+  // taken over. Returns whether anything was done.
+  bool PollQuiescing();
+  // Whether nothing is in flight that SaveState cannot write: no copy in
+  // place running or ended unfinished, nothing in this shard's outbox or
+  // pending credits, no item waiting in a lane toward this shard, no removed
+  // endpoint awaiting other shards' kGoneAck. (Lanes from this shard are
+  // the other shards' to see empty: see the protocol's round.)
+  // Not covered: the fabric to other nodes (daemon/remote), whose state is
+  // not carried: LoadState refuses messages from other nodes.
+  bool Quiesced() const;
+  // Writes the engine's state (engine_state.cc, field by field: written or
+  // rebuilt, and why). Quiesced must hold.
+  void SaveState(handover::StateWriter& w) const;
+  // Reads what SaveState wrote, as untrusted input: every id, offset,
+  // length, count and enum is checked (endpoints, pools, budgets, limits,
+  // the shard), and counters derived from the queues (charges against the
+  // budgets, posted counts, stall watch, takeover candidates) are
+  // recomputed rather than read. Either the whole state is loaded, or
+  // nothing is changed and the Status names the field and why: the caller
+  // may then Remove the endpoints or destroy the engine as it would have.
+  // Call after Add of exactly the endpoints the state names (same ids and
+  // epids), with empty match state, before any ring is read.
+  Status LoadState(handover::StateReader& r);
+  // Whether every sender's count of items in flight to other shards
+  // (Endpoint::cross_in_flight, carried by its shard's state, bounded by
+  // kCrossCredit) is what the other shards hold for it: at a quiesced save
+  // the lanes are empty, so the two agree. `shards[i]` is shard i, all
+  // loaded; a check for tests and for a caller that can reach every shard
+  // at once (no worker running).
+  static bool CreditsAgree(const std::vector<const MqEngine*>& shards);
+
  private:
   // Active messages waiting in a target's completion overflow beyond which
   // further requests to it are held: a target that stops polling must not
@@ -521,6 +580,16 @@ class MqEngine {
   void ReleaseUnread(const Endpoint& ep, const shm::CompletionDesc& c);
   void ReportBadDescriptor(Endpoint& ep, const char* what);
   Endpoint* Find(uint32_t id);
+
+  // ---- Handover (engine_state.cc) ----
+  struct LoadedEndpoint;
+  struct Loaded;
+  bool ReadEndpoint(handover::StateReader& r, LoadedEndpoint* out);
+  bool ReadTransfers(handover::StateReader& r, Loaded* out);
+  bool ReadHeldItems(handover::StateReader& r, Loaded* out);
+  bool ReadMsg(handover::StateReader& r, const Endpoint& receiver, MsgKey* key,
+               UnexpectedMsg* m);
+  void Install(Loaded& loaded);
 
   // ---- Across shards (across_shards.cc; invariant 11) ----
   // Items in flight to other shards per sender (kArrive, AM requests) past

@@ -43,6 +43,40 @@ inline std::shared_ptr<Endpoint> MakeTestEndpoint(
   return std::make_shared<Endpoint>(std::move(identity), unexpected_budget);
 }
 
+// Another mapping of the memfd `m` maps (as a second process would map it,
+// or the successor of a handover, issue 33). Aborts on failure.
+inline shm::Mapping DupMapping(const shm::Mapping& m) {
+  shm::Mapping out;
+  std::string error;
+  if (!shm::Mapping::Attach(dup(m.fd()), m.size(), &out, &error)) {
+    fprintf(stderr, "dup mapping: %s\n", error.c_str());
+    abort();
+  }
+  return out;
+}
+
+// Endpoint `old` as a successor's registry re-creates it after a handover:
+// the same identity over its segment mapped anew, in `job` (the successor's
+// job object for the same pool), counted among its endpoints; empty match
+// state, for MqEngine::LoadState.
+inline std::shared_ptr<Endpoint> RemakeTestEndpoint(
+    const Endpoint& old, const std::shared_ptr<Job>& job,
+    uint64_t unexpected_budget) {
+  Endpoint::Identity identity;
+  identity.id = old.id();
+  identity.epid = old.epid();
+  identity.job = job;
+  identity.uid = old.uid();
+  identity.gid = old.gid();
+  identity.pid = old.pid();
+  identity.label = old.label();
+  identity.region = old.region();
+  identity.geometry = old.geometry();
+  identity.segment = DupMapping(old.segment());
+  job->endpoints++;
+  return std::make_shared<Endpoint>(std::move(identity), unexpected_budget);
+}
+
 // The match state of an endpoint, for a test's checks.
 class EndpointTestPeer {
  public:
@@ -56,6 +90,11 @@ class EndpointTestPeer {
     return ep_.cq_overflow;
   }
   uint64_t unexpected_cost() const { return ep_.unexpected_cost; }
+  const std::deque<shm::SubmissionDesc>& held_sends() const {
+    return ep_.held_sends;
+  }
+  size_t claimed() const { return ep_.claimed.size(); }
+  uint32_t cross_in_flight() const { return ep_.cross_in_flight; }
   // As the client's PSM2_MQ_MAX_SYSBUF_MBYTES option would set it.
   void set_unexpected_budget(uint64_t bytes) { ep_.unexpected_budget = bytes; }
 

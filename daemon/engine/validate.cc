@@ -10,18 +10,6 @@ bool PeerInRange(uint32_t peer, const SubmissionBounds& b, bool any_allowed) {
   return peer < b.peer_slots || (any_allowed && peer == shm::kAnySlot);
 }
 
-// A pool payload [off, off + len) must lie inside the sender's own region,
-// after a chunk header, chunk-aligned. Written to avoid overflow: every
-// quantity is bounded by region.bytes before it is added.
-Rejection ValidatePoolRange(uint64_t off, uint32_t len, const SendRegion& r) {
-  if (len > r.bytes - shm::kChunkHeaderBytes) return Rejection::kBadLength;
-  if (off < r.offset + shm::kChunkHeaderBytes ||
-      off - r.offset > r.bytes - len || off % shm::kCacheLine != 0) {
-    return Rejection::kBadPoolOffset;
-  }
-  return Rejection::kNone;
-}
-
 // An active message: handler index, argument count and payload within the
 // limits.
 Rejection ValidateActiveMessage(const shm::SubmissionDesc& d) {
@@ -35,6 +23,18 @@ Rejection ValidateActiveMessage(const shm::SubmissionDesc& d) {
 }
 
 }  // namespace
+
+// Written to avoid overflow: every quantity is bounded by region.bytes
+// before it is added.
+Rejection ValidatePoolRange(uint64_t off, uint32_t len, const SendRegion& r) {
+  if (r.bytes < shm::kChunkHeaderBytes) return Rejection::kBadLength;
+  if (len > r.bytes - shm::kChunkHeaderBytes) return Rejection::kBadLength;
+  if (off < r.offset + shm::kChunkHeaderBytes ||
+      off - r.offset > r.bytes - len || off % shm::kCacheLine != 0) {
+    return Rejection::kBadPoolOffset;
+  }
+  return Rejection::kNone;
+}
 
 Rejection ValidateSubmission(const shm::SubmissionDesc& d, shm::Ring ring,
                              const SubmissionBounds& b) {

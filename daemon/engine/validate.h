@@ -48,6 +48,11 @@ inline constexpr Rejection kAllRejections[] = {
 Rejection ValidateSubmission(const shm::SubmissionDesc& d, shm::Ring ring,
                              const SubmissionBounds& bounds);
 
+// A pool payload [off, off + len) inside region `r`, after a chunk header,
+// chunk-aligned: what a descriptor's pool payload must be, and what a
+// successor checks of every payload offset a handover (issue 33) hands it.
+Rejection ValidatePoolRange(uint64_t off, uint32_t len, const SendRegion& r);
+
 // A short, operator-readable name ("bad pool offset").
 const char* RejectionName(Rejection r);
 

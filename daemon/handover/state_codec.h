@@ -60,6 +60,15 @@ class StateWriter {
     }
   }
 
+  // A whole section whose body another writer wrote.
+  void Section(uint32_t tag, const std::string& body) {
+    const size_t at = BeginSection(tag);
+    Raw(body);
+    EndSection(at);
+  }
+  // Bytes another writer wrote (its sections), as they are.
+  void Raw(const std::string& bytes) { Put(bytes.data(), bytes.size()); }
+
   const std::string& bytes() const { return bytes_; }
   std::string Take() { return std::move(bytes_); }
 
@@ -67,7 +76,8 @@ class StateWriter {
   template <typename T>
   void Little(T v) {
     char b[sizeof(T)];
-    for (size_t i = 0; i < sizeof(T); ++i) b[i] = static_cast<char>(v >> (8 * i));
+    for (size_t i = 0; i < sizeof(T); ++i)
+      b[i] = static_cast<char>(v >> (8 * i));
     Put(b, sizeof(T));
   }
   void Put(const void* p, size_t n) {
@@ -81,7 +91,9 @@ class StateReader {
  public:
   StateReader() = default;
   StateReader(const void* data, size_t size, size_t base_offset = 0)
-      : p_(static_cast<const uint8_t*>(data)), size_(size), base_(base_offset) {}
+      : p_(static_cast<const uint8_t*>(data)),
+        size_(size),
+        base_(base_offset) {}
 
   bool U8(uint8_t* v, const char* what) { return Get(v, 1, what); }
   bool Bool(bool* v, const char* what) {

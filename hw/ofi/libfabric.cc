@@ -40,8 +40,9 @@ const Libfabric& Load() {
   std::call_once(once, [] {
     void* lib = dlopen("libfabric.so.1", RTLD_NOW | RTLD_GLOBAL);
     if (lib == nullptr) {
-      lf.error = std::string("cannot load libfabric.so.1 (install Debian's "
-                             "libfabric1): ") +
+      lf.error = std::string(
+                     "cannot load libfabric.so.1 (install Debian's "
+                     "libfabric1): ") +
                  dlerror();
       return;
     }

@@ -17,12 +17,34 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "hw/link_fabric.h"
 #include "hw/ofi/ofi_wire.h"
 
 namespace psmd::hw {
 namespace {
+
+// What psmd needs of a provider, and the strictest modes it can honour: it
+// registers every buffer it hands the provider (FI_MR_LOCAL), allocates
+// them itself (FI_MR_ALLOCATED), binds the registration to the endpoint
+// when asked (FI_MR_ENDPOINT), and gives every operation an fi_context2.
+// It does no RMA, so FI_MR_VIRT_ADDR and FI_MR_PROV_KEY cost nothing.
+// `provider`: libfabric's provider syntax, or "" for any;
+// `addr_format`: FI_FORMAT_UNSPEC for any.
+fi_info* PsmdHints(const std::string& provider, uint32_t addr_format) {
+  fi_info* hints = fi_allocinfo();
+  hints->caps = FI_MSG;
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_ENDPOINT |
+                                FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
+  hints->domain_attr->threading = FI_THREAD_DOMAIN;
+  hints->addr_format = addr_format;
+  if (!provider.empty())
+    hints->fabric_attr->prov_name = strdup(provider.c_str());
+  return hints;
+}
 
 // The messages' format: ofi_wire.h.
 using ofi::kAccept;
@@ -329,24 +351,9 @@ bool OfiFabric::Open(std::string* error) {
     return false;
   }
   const ListenAddress& a = listen[0];
-  // What psmd needs, and the strictest modes it can honour: it registers
-  // every buffer it hands the provider (FI_MR_LOCAL), allocates them itself
-  // (FI_MR_ALLOCATED), binds the registration to the endpoint when asked
-  // (FI_MR_ENDPOINT), and gives every operation an fi_context2. It does no
-  // RMA, so FI_MR_VIRT_ADDR and FI_MR_PROV_KEY cost nothing.
-  hints_ = fi_allocinfo();
-  hints_->caps = FI_MSG;
-  hints_->mode = FI_CONTEXT | FI_CONTEXT2;
-  hints_->ep_attr->type = FI_EP_RDM;
-  hints_->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED |
-                                 FI_MR_ENDPOINT | FI_MR_VIRT_ADDR |
-                                 FI_MR_PROV_KEY;
-  hints_->domain_attr->threading = FI_THREAD_DOMAIN;
-  hints_->addr_format =
-      a.host.find(':') != std::string::npos ? FI_SOCKADDR_IN6 : FI_SOCKADDR_IN;
-  if (!opt_.provider.empty()) {
-    hints_->fabric_attr->prov_name = strdup(opt_.provider.c_str());
-  }
+  hints_ = PsmdHints(opt_.provider, a.host.find(':') != std::string::npos
+                                        ? FI_SOCKADDR_IN6
+                                        : FI_SOCKADDR_IN);
   const uint32_t lo = a.port_lo, hi = a.port_hi;
   for (uint32_t port = lo; port <= hi; port++) {
     bool in_use = false;
@@ -1325,6 +1332,54 @@ int OfiFabric::Wait(Event* events, int max, int timeout_ms) {
 std::unique_ptr<Fabric> OpenOfiFabric(const FabricOptions& options,
                                       std::string* error) {
   return OpenLinkFabric<OfiFabric>(options, error);
+}
+
+int DescribeOfiProviders(const std::string& provider, std::string* out) {
+  fi_info* hints = PsmdHints(provider, FI_FORMAT_UNSPEC);
+  fi_info* list = nullptr;
+  const int rc =
+      fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints, &list);
+  fi_freeinfo(hints);
+  if (rc != 0) {
+    *out = "no libfabric provider" +
+           (provider.empty() ? std::string() : " matching " + provider) +
+           " offers psmd an FI_EP_RDM endpoint with FI_MSG (fi_getinfo: " +
+           fi_strerror(-rc) + ")\n";
+    return 0;
+  }
+  char line[512];
+  snprintf(line, sizeof(line), "%-18s %-22s %-10s %-16s %20s %8s  %s\n",
+           "provider", "fabric", "domain", "address", "max msg", "inject",
+           "psmd");
+  *out = line;
+  std::vector<std::string> seen;
+  int usable = 0;
+  for (fi_info* i = list; i != nullptr; i = i->next) {
+    const bool ip =
+        i->addr_format == FI_SOCKADDR_IN || i->addr_format == FI_SOCKADDR_IN6;
+    snprintf(line, sizeof(line), "%-18s %-22s %-10s %-16s %20zu %8zu  %s\n",
+             i->fabric_attr->prov_name, i->fabric_attr->name,
+             i->domain_attr->name,
+             i->addr_format == FI_SOCKADDR_IN    ? "FI_SOCKADDR_IN"
+             : i->addr_format == FI_SOCKADDR_IN6 ? "FI_SOCKADDR_IN6"
+                                                 : "other",
+             i->ep_attr->max_msg_size, i->tx_attr->inject_size,
+             ip ? "usable (--fabric-provider "
+                : "no: not addressed by IP and "
+                  "port, which the node table "
+                  "names");
+    std::string row = line;
+    if (ip) {
+      row.pop_back();
+      row += std::string(i->fabric_attr->prov_name) + ")\n";
+    }
+    if (std::find(seen.begin(), seen.end(), row) != seen.end()) continue;
+    seen.push_back(row);
+    *out += row;
+    usable += ip;
+  }
+  fi_freeinfo(list);
+  return usable;
 }
 
 }  // namespace psmd::hw

@@ -51,6 +51,14 @@ namespace psmd::hw {
 std::unique_ptr<Fabric> OpenOfiFabric(const FabricOptions& options,
                                       std::string* error);
 
+// psmd --fabric-info: a line per provider, fabric and domain that offers
+// psmd what it needs (an FI_EP_RDM endpoint with FI_MSG, its memory
+// registration and context modes), as fi_info would list them, each said
+// usable or why not (an address other than IP and port) in *out; returns
+// how many are usable. `provider` narrows it (libfabric's syntax, as
+// --fabric-provider).
+int DescribeOfiProviders(const std::string& provider, std::string* out);
+
 }  // namespace psmd::hw
 
 #endif  // PSMD_HW_OFI_OFI_FABRIC_H_

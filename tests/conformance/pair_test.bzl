@@ -11,7 +11,8 @@ def _run_pair(program, name, flags, data, env = {}):
         env = env,
     )
 
-def pair_tests(program, ranks = 2, nodes = 0, workers = 0, nodes_workers_ranks = 0):
+def pair_tests(program, ranks = 2, nodes = 0, workers = 0,
+               nodes_workers_ranks = 0, upgrades = False):
     """Defines <program>_intel and <program>_psmd, each run by run_pair.sh.
 
     Args:
@@ -27,6 +28,8 @@ def pair_tests(program, ranks = 2, nodes = 0, workers = 0, nodes_workers_ranks =
         <program>_nodes_workers<N>: that many ranks over `nodes` daemons of
         `workers` shards each (two ranks or more per daemon, so that every
         shard has one), and the shard check on every daemon.
+      upgrades: also <program>_psmd_upgrades: psmd handed over to itself
+        every 200 ms while the ranks run (psmctl upgrade).
     """
     r = ["--ranks", str(ranks)]
     if nodes:
@@ -46,6 +49,9 @@ def pair_tests(program, ranks = 2, nodes = 0, workers = 0, nodes_workers_ranks =
         _run_pair(program, program + "_psmd_workers" + str(workers),
                   r + ["--workers", str(workers), "psmd"],
                   ["//tests:check_shards.py", "//tools:psmctl"])
+    if upgrades:
+        _run_pair(program, program + "_psmd_upgrades", r + ["--upgrades", "psmd"],
+                  ["//tools:psmctl"])
     for impl in ["intel", "psmd"]:
         _run_pair(program, program + "_" + impl, r + [impl],
                   ["//scripts:fake_hfi"])

@@ -15,6 +15,9 @@
 #          ranks or more per daemon, so that each shard has one: the fabric
 #          is shard 0's, and frames cross to the others), and each daemon's
 #          shards are checked as below.
+# --upgrades (psmd): while the ranks run, psmd is handed over to itself
+#          again and again (psmctl upgrade, docs/design.md "Handover"); the
+#          run also fails if no upgrade went through, or one failed.
 # Ranks: 2 by default (each gets --rank I --dir DIR); --ranks N or
 # PSMD_CONFORMANCE_RANKS=N (the option wins) starts N, and for N != 2 also
 # passes --ranks N to every rank.
@@ -26,6 +29,7 @@ set -uo pipefail
 ranks=${PSMD_CONFORMANCE_RANKS:-2}
 daemons=2
 workers=1
+upgrades=0
 while [[ "${1:-}" == --* ]]; do
   case "$1" in
     --ranks) ranks=$2; shift 2 ;;
@@ -33,6 +37,7 @@ while [[ "${1:-}" == --* ]]; do
     # psmd with that many engine shards; afterwards every shard must have
     # carried traffic and messages must have crossed between them.
     --workers) workers=$2; shift 2 ;;
+    --upgrades) upgrades=1; shift ;;
     *) break ;;
   esac
 done
@@ -79,8 +84,20 @@ case "$impl" in
     daemon_pids=("${node_pid[@]}")
     wrap=(env PSMD_CONFORMANCE_IMPL=psmd)
     ;;
-  *) echo "usage: run_pair.sh [--ranks N] [--daemons D] intel|psmd|psmd-nodes PROGRAM [ARGS...]" >&2; exit 2 ;;
+  *) echo "usage: run_pair.sh [--ranks N] [--daemons D] [--workers W] [--upgrades] intel|psmd|psmd-nodes PROGRAM [ARGS...]" >&2; exit 2 ;;
 esac
+
+# --upgrades: psmctl upgrade every 200 ms while the ranks run; a line per
+# upgrade in $work/upgrades ("ok" or the error).
+if ((upgrades)); then
+  (while [[ ! -e $work/ranks_done ]]; do
+     if "${PSMCTL_BIN:-tools/psmctl}" --socket "$PSMD_SOCKET" upgrade \
+       >>"$work/upgrades.out" 2>&1; then echo ok; else echo failed; fi
+     sleep 0.2
+   done >"$work/upgrades") &
+  upgrader=$!
+  pids+=("$upgrader")
+fi
 
 # All ranks share one namespace on intel (shared memory must be common).
 "${wrap[@]}" bash -c '
@@ -105,6 +122,18 @@ esac
   echo "run_pair: $report" >&2
   ((ok))' run_pair "$program" "$work" "$timeout_s" "$ranks" "$@" | tee "$work/results"
 ranks_status=${PIPESTATUS[0]}
+upgrades_ok=1
+if ((upgrades)); then
+  touch "$work/ranks_done"
+  wait "$upgrader"
+  done_n=$(grep -c '^ok$' "$work/upgrades")
+  failed_n=$(grep -c '^failed$' "$work/upgrades")
+  echo "run_pair: $done_n upgrades of psmd while the ranks ran, $failed_n failed" >&2
+  if ((done_n == 0 || failed_n > 0)); then
+    tail -5 "$work/upgrades.out" >&2
+    upgrades_ok=0
+  fi
+fi
 if [[ $ranks_status != 0 || -n "${PSMD_SHOW_LOGS:-}" ]]; then
   for i in "${!daemon_pids[@]}"; do
     echo "---- psmd$i log" >&2
@@ -131,6 +160,7 @@ if ((workers > 1)); then
 fi
 status=$ranks_status daemons_ok=1
 ((shards_ok)) || status=1
+((upgrades_ok)) || status=1
 for i in "${!daemon_pids[@]}"; do
   stop_daemon "${daemon_pids[i]}" "psmd$i" "$work/psmd$i.log" || daemons_ok=0
 done
@@ -139,14 +169,15 @@ done
 # Under Bazel, one JUnit test case per conformance case (passed only if it
 # passed on every rank), plus one for the run as a whole (exit statuses).
 if [[ -n "${XML_OUTPUT_FILE:-}" ]]; then
-  python3 - "$work/results" "$ranks_status" "$(basename "$program")_$impl$( ((workers > 1)) && echo "_workers$workers")" "${#daemon_pids[@]}" \
+  python3 - "$work/results" "$ranks_status" "$(basename "$program")_$impl$( ((workers > 1)) && echo "_workers$workers")$( ((upgrades)) && echo "_upgrades")" "${#daemon_pids[@]}" \
     "$daemons_ok" "$( ((workers > 1)) && echo "$shards_ok" || echo -)" \
+    "$( ((upgrades)) && echo "$upgrades_ok" || echo -)" \
     >"$XML_OUTPUT_FILE" <<'PY'
 import sys
 from xml.sax.saxutils import quoteattr
 results, status, suite = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 daemons, daemons_ok = int(sys.argv[4]), sys.argv[5] == "1"
-shards = sys.argv[6]
+shards, upgrades = sys.argv[6], sys.argv[7]
 cases = {}
 for line in open(results):
     parts = line.split()
@@ -157,6 +188,8 @@ if daemons:
     cases["psmd_exits_0_on_sigterm"] = daemons_ok
 if shards != "-":
     cases["every_shard_carried_traffic_and_messages_crossed"] = shards == "1"
+if upgrades != "-":
+    cases["psmd_upgraded_while_the_ranks_ran"] = upgrades == "1"
 failures = sum(not ok for ok in cases.values())
 print(f'<?xml version="1.0" encoding="UTF-8"?>')
 print(f'<testsuites><testsuite name={quoteattr(suite)} tests="{len(cases)}" failures="{failures}">')

@@ -40,6 +40,11 @@
 #                  reports its failed call within 1 s of the kill having used
 #                  at most 0.5 s of CPU since, "lost psmd" said; then a new
 #                  job runs on the new psmd
+#   upgrade        tests/mpi/mpi_restart with 2 ranks and a fixed number of
+#                  rounds; mid-exchange psmd is handed over to a new
+#                  process twice (psmctl upgrade, issue 33). The job must
+#                  finish with every round intact and no rank losing psmd,
+#                  the handovers made while it ran
 #   with_dropin    psmd's drop-in libpsm2.so.2 on LD_LIBRARY_PATH as well (a
 #                  site that switched Open MPI's mtl psm2 to psmd): Open MPI
 #                  loads mca_mtl_psm2 (and so the drop-in) beside this
@@ -133,8 +138,27 @@ most_threads() {
   grep -o 'threads [0-9]*' "$1" | awk '{ if ($2 > m) m = $2 } END { print m + 0 }'
 }
 
+# Waits (at most 60 s) until both ranks of mpi_restart wrote their ready
+# files.
+await_ready() {
+  for _ in $(seq 600); do
+    [[ -s $work/run/ready0 && -s $work/run/ready1 ]] && return; sleep 0.1
+  done
+}
+
 before=0
 [[ $case_name != decline ]] && before=$(sent)
+# PSMD_UPGRADES=1 (the *_upgrades targets): psmctl upgrade twice a second
+# while the case runs (docs/design.md, "Handover"); the run fails unless
+# one went through and none failed.
+if [[ -n ${PSMD_UPGRADES:-} ]]; then
+  (while sleep 0.5 && [[ ! -e $work/case_done ]]; do
+     if "$psmctl" --socket "$PSMD_SOCKET" upgrade >>"$work/upgrades.out" 2>&1; then
+       echo ok; else echo failed; fi
+   done >"$work/upgrades") &
+  pids+=($!)
+  upgrader=$!
+fi
 min=0
 case "$case_name" in
   semantics)
@@ -244,9 +268,7 @@ case "$case_name" in
     mpi_timeout=60 mpi 2 --mca pml cm --mca mtl psmd \
       "$work/mpi_restart" "$work/run" 0 >"$work/restart.log" 2>&1 &
     job=$!
-    for _ in $(seq 600); do
-      [[ -s $work/run/ready0 && -s $work/run/ready1 ]] && break; sleep 0.1
-    done
+    await_ready
     status=0
     rank_pid=("$(cat "$work/run/ready0" 2>/dev/null)" "$(cat "$work/run/ready1" 2>/dev/null)")
     cpu_before=("$(cpu_ms "${rank_pid[0]}")" "$(cpu_ms "${rank_pid[1]}")")
@@ -287,6 +309,28 @@ case "$case_name" in
       { echo "run_mtl: the job on the new psmd failed:" >&2; tail -20 "$work/fresh.log" >&2; status=1; }
     min=600
     ;;
+  upgrade)
+    mpi_timeout=120 mpi 2 --mca pml cm --mca mtl psmd \
+      "$work/mpi_restart" "$work/run" 60000 >"$work/upgrade.log" 2>&1 &
+    job=$!
+    await_ready
+    status=0
+    [[ -s $work/run/ready0 && -s $work/run/ready1 ]] ||
+      { echo "run_mtl: the job never got going" >&2; status=1; }
+    for round in 1 2; do
+      "$psmctl" --socket "$PSMD_SOCKET" upgrade ||
+        { echo "run_mtl: upgrade $round failed" >&2; status=1; }
+    done
+    kill -0 "$job" 2>/dev/null ||
+      { echo "run_mtl: the job ended before the upgrades; raise its rounds" >&2; status=1; }
+    wait "$job" || { echo "run_mtl: the job failed across the upgrades" >&2; status=1; }
+    cat "$work/upgrade.log"
+    [[ $(grep -c "rounds intact" "$work/upgrade.log") == 2 ]] ||
+      { echo "run_mtl: not every rank ended intact" >&2; status=1; }
+    ! grep -q "lost psmd" "$work/upgrade.log" ||
+      { echo "run_mtl: a rank lost psmd" >&2; status=1; }
+    min=60000
+    ;;
   with_dropin)
     # ompi_info opens every component: both libraries in one process.
     info=$("${as_user[@]}" env HOME="$work/run" LD_LIBRARY_PATH="$work/lib" \
@@ -307,8 +351,15 @@ case "$case_name" in
     ;;
   *) echo "usage: run_mtl.sh semantics N | datatypes | mpi4py_suite [ARGS] | netpipe" \
           "| selection | decline | semantics_nodes | netpipe_nodes" \
-          "| mpi4py_nodes [ARGS] | node_lost | with_dropin | restart" >&2; exit 2 ;;
+          "| mpi4py_nodes [ARGS] | node_lost | with_dropin | restart | upgrade" >&2; exit 2 ;;
 esac
+if [[ -n ${PSMD_UPGRADES:-} ]]; then
+  touch "$work/case_done"
+  wait "$upgrader"
+  ups=$(grep -c '^ok$' "$work/upgrades") failed=$(grep -c '^failed$' "$work/upgrades")
+  echo "run_mtl: $ups upgrades of psmd while the case ran, $failed failed"
+  ((ups > 0 && failed == 0)) || { tail -5 "$work/upgrades.out" >&2; status=1; }
+fi
 if [[ $case_name == *_nodes ]]; then  # not node_lost: node 2 is gone
   check_node_traffic "$psmctl" || status=1
 fi

@@ -381,7 +381,7 @@ result srun_mpi4py "$s"
 
 # --- mpi4py's own suite (1316 tests a rank) with three ranks, one a node:
 # only when PSMD_CLUSTER_MPI4PY_SUITE names mpi4py 3.1.4's test/ folder
-# (about 2 minutes more here: not in scripts/test.sh's run). Judged as
+# (about 2 minutes more here; scripts/test.sh sets it). Judged as
 # tests/mpi's runs are, each rank's output apart, against
 # tests/mpi/mpi4py_expected_failures.txt's "slurm" entries.
 if [[ -n ${PSMD_CLUSTER_MPI4PY_SUITE:-} ]]; then

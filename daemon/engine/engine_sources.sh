@@ -1,0 +1,15 @@
+# The daemon sources an engine fuzz target links, outside Bazel's gcc
+# toolchain, and the flags they need (the spdlog defines are
+# third_party/system:spdlog's): sourced from the repository's root by
+# daemon/engine/engine_fuzz.sh and daemon/engine/engine_state_fuzz.sh.
+engine_sources=(
+  daemon/engine/mq_engine.cc daemon/engine/across_shards.cc
+  daemon/engine/engine_state.cc daemon/engine/crossing.cc
+  daemon/engine/fabric_across.cc
+  daemon/engine/validate.cc daemon/engine/endpoint.cc
+  daemon/engine/cross_copy.cc daemon/log.cc shm/mapping.cc shm/segment.cc
+)
+engine_flags=(
+  -Iinclude -DSPDLOG_SHARED_LIB -DSPDLOG_COMPILED_LIB -DSPDLOG_FMT_EXTERNAL
+)
+engine_libs=(-lspdlog -lfmt -lsystemd -pthread)

@@ -1,0 +1,388 @@
+#include "daemon/handover/handover.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <systemd/sd-daemon.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+
+namespace psmd::handover {
+
+namespace {
+
+constexpr char kMagic[8] = {'p', 's', 'm', 'd', '-', 'h', 'o', 'v'};
+// The most a state file may hold: far above what max_endpoints endpoints
+// with full queues write, far below what would exhaust a node.
+constexpr uint64_t kMaxBody = uint64_t{4} << 30;
+
+// FNV-1a, 64 bits: the file is psmd's own, sealed, and passed between two
+// processes of root; the checksum is against damage and misreading, not
+// against an adversary.
+uint64_t Checksum(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+bool WriteAll(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+}  // namespace
+
+void FdTable::Write(StateWriter& w) const {
+  w.U32(static_cast<uint32_t>(fds_.size()));
+  for (int fd : fds_) w.U32(static_cast<uint32_t>(fd));
+}
+
+bool FdTable::Read(StateReader& r, const std::vector<int>* handed) {
+  uint32_t n = 0;
+  if (!r.Count(&n, 4, 1u << 22, "descriptor count")) return false;
+  fds_.clear();
+  std::set<int> seen;
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t recorded = 0;
+    if (!r.U32(&recorded, "descriptor")) return false;
+    int fd = recorded > INT32_MAX ? -1 : static_cast<int>(recorded);
+    if (handed != nullptr) fd = i < handed->size() ? (*handed)[i] : -1;
+    if (fd == -1 && handed != nullptr) {
+      fds_.push_back(-1);  // not given back: Take says so
+      continue;
+    }
+    if (fd < 3 || fcntl(fd, F_GETFD) < 0) {
+      return r.Fail("descriptor", std::to_string(fd) + " is not open here");
+    }
+    if (!seen.insert(fd).second) {
+      return r.Fail("descriptor", std::to_string(fd) + " is named twice");
+    }
+    fds_.push_back(fd);
+  }
+  taken_.assign(fds_.size(), false);
+  return true;
+}
+
+bool FdTable::Take(uint32_t index, int* fd, StateReader& r, const char* what) {
+  if (index >= fds_.size()) {
+    return r.Fail(what, "names descriptor " + std::to_string(index) + " of " +
+                            std::to_string(fds_.size()));
+  }
+  if (taken_[index]) {
+    return r.Fail(what, "names descriptor " + std::to_string(index) +
+                            ", which another entry took");
+  }
+  if (fds_[index] < 0) {
+    return r.Fail(what, "descriptor " + std::to_string(index) +
+                            " was not given back by the service manager "
+                            "(is its FileDescriptorStoreMax= too small?)");
+  }
+  taken_[index] = true;
+  *fd = fds_[index];
+  return true;
+}
+
+bool FdTable::TakeIfHanded(uint32_t index, int* fd, StateReader& r,
+                           const char* what) {
+  if (index < fds_.size() && fds_[index] < 0 && !taken_[index]) {
+    taken_[index] = true;
+    *fd = -1;
+    return true;
+  }
+  return Take(index, fd, r, what);
+}
+
+void FdTable::CloseUntaken() {
+  taken_.resize(fds_.size(), false);
+  for (size_t i = 0; i < fds_.size(); ++i) {
+    if (!taken_[i] && fds_[i] >= 0) close(fds_[i]);
+    taken_[i] = true;
+  }
+}
+
+std::vector<int> FdTable::TakeRest() {
+  std::vector<int> rest;
+  taken_.resize(fds_.size(), false);
+  for (size_t i = 0; i < fds_.size(); ++i) {
+    if (!taken_[i] && fds_[i] >= 0) rest.push_back(fds_[i]);
+    taken_[i] = true;
+  }
+  return rest;
+}
+
+void ProcessState::Write(StateWriter& w) const {
+  w.U16(node_id);
+  w.U16(boot_nonce);
+  w.Str(socket_path);
+  w.U32(workers);
+  w.U32(listen_fd);
+  w.U32(static_cast<uint32_t>(pending.size()));
+  for (uint32_t p : pending) w.U32(p);
+  w.Bool(activated);
+  w.Bool(bound);
+  w.U64(frozen_at_ns);
+  w.U32(old_pid);
+  w.U64(generation);
+  w.Str(old_version);
+}
+
+bool ProcessState::Read(StateReader& r) {
+  uint32_t n = 0;
+  if (!r.U16(&node_id, "node id") || !r.U16(&boot_nonce, "boot nonce") ||
+      !r.Str(&socket_path, 4096, "socket path") ||
+      !r.U32(&workers, "workers") || !r.U32(&listen_fd, "control socket") ||
+      !r.Count(&n, 4, 1u << 20, "pending connections")) {
+    return false;
+  }
+  pending.resize(n);
+  for (uint32_t& p : pending) {
+    if (!r.U32(&p, "pending connection")) return false;
+  }
+  return r.Bool(&activated, "socket activated") && r.Bool(&bound, "bound") &&
+         r.U64(&frozen_at_ns, "stop time") && r.U32(&old_pid, "old pid") &&
+         r.U64(&generation, "generation") &&
+         r.Str(&old_version, 256, "old version");
+}
+
+uint64_t MonotonicNs() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return uint64_t(t.tv_sec) * 1'000'000'000u + uint64_t(t.tv_nsec);
+}
+
+int WriteStateFile(const std::string& body, const std::string& version,
+                   std::string* error) {
+  int fd = memfd_create("psmd-handover", MFD_ALLOW_SEALING);
+  if (fd < 0) {
+    *error = std::string("memfd_create: ") + strerror(errno);
+    return -1;
+  }
+  StateWriter head;
+  for (char c : kMagic) head.U8(static_cast<uint8_t>(c));
+  head.U32(kFormatVersion);
+  head.U32(0);
+  head.U64(body.size());
+  head.U64(Checksum(body));
+  head.Str(version);
+  if (!WriteAll(fd, head.bytes().data(), head.bytes().size()) ||
+      !WriteAll(fd, body.data(), body.size())) {
+    *error = std::string("writing the state file: ") + strerror(errno);
+    close(fd);
+    return -1;
+  }
+  // Sealed: nothing may change it between the two processes.
+  fcntl(fd, F_ADD_SEALS,
+        F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
+  return fd;
+}
+
+Status ReadStateFile(int fd, std::string* body) {
+  struct stat st {};
+  std::string file;
+  bool read_ok = fstat(fd, &st) == 0 && st.st_size >= 0 &&
+                 static_cast<uint64_t>(st.st_size) <= kMaxBody + 4096;
+  if (read_ok) {
+    file.resize(static_cast<size_t>(st.st_size));
+    size_t got = 0;
+    while (got < file.size()) {
+      ssize_t n = pread(fd, &file[got], file.size() - got, off_t(got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    read_ok = got == file.size();
+  }
+  close(fd);
+  if (!read_ok) {
+    return {PSM2_INTERNAL_ERR, "cannot read the state file (size " +
+                                   std::to_string(st.st_size) + ")"};
+  }
+  StateReader r(file.data(), file.size());
+  uint8_t magic[sizeof(kMagic)];
+  for (auto& m : magic) r.U8(&m, "magic");
+  uint32_t format = 0, flags = 0;
+  uint64_t len = 0, sum = 0;
+  std::string writer;
+  if (!r.ok() || std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) {
+    return {PSM2_INTERNAL_ERR, "not a psmd state file (wrong magic)"};
+  }
+  if (!r.U32(&format, "format")) return {PSM2_INTERNAL_ERR, r.error()};
+  if (format != kFormatVersion) {
+    return {PSM2_INTERNAL_ERR, "state format " + std::to_string(format) +
+                                   ", this psmd reads " +
+                                   std::to_string(kFormatVersion) + " only"};
+  }
+  if (!r.U32(&flags, "flags") || !r.U64(&len, "length") ||
+      !r.U64(&sum, "checksum") || !r.Str(&writer, 256, "writer version")) {
+    return {PSM2_INTERNAL_ERR, r.error()};
+  }
+  if (flags != 0) {
+    return {PSM2_INTERNAL_ERR,
+            "state flags " + std::to_string(flags) + " unknown to this psmd"};
+  }
+  if (len != r.Left()) {
+    return {PSM2_INTERNAL_ERR, "state length " + std::to_string(len) +
+                                   " where the file holds " +
+                                   std::to_string(r.Left()) + " bytes"};
+  }
+  body->assign(file, file.size() - r.Left(), r.Left());
+  if (Checksum(*body) != sum) {
+    body->clear();
+    return {PSM2_INTERNAL_ERR, "state checksum mismatch (written by psmd " +
+                                   writer + "): the file is damaged"};
+  }
+  return {};
+}
+
+int TakeStateFd() {
+  const char* env = getenv(kEnvFd);
+  if (env == nullptr) return -1;
+  char* end = nullptr;
+  long fd = strtol(env, &end, 10);
+  const bool valid = *env != '\0' && *end == '\0' && fd >= 3 &&
+                     fd < INT32_MAX &&
+                     fcntl(static_cast<int>(fd), F_GETFD) >= 0;
+  unsetenv(kEnvFd);
+  if (!valid) return -2;
+  fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+  return static_cast<int>(fd);
+}
+
+namespace {
+
+constexpr char kStateFdName[] = "psmd-state";
+constexpr char kTableFdPrefix[] = "psmd-fd-";
+
+}  // namespace
+
+ServiceManagerFds TakeServiceManagerFds() {
+  ServiceManagerFds out;
+  char** names = nullptr;
+  const int n = sd_listen_fds_with_names(1, &names);
+  if (n < 0) {
+    out.error = n;
+    return out;
+  }
+  const size_t prefix = sizeof(kTableFdPrefix) - 1;
+  for (int i = 0; i < n; i++) {
+    const int fd = SD_LISTEN_FDS_START + i;
+    const std::string name = names != nullptr && names[i] ? names[i] : "";
+    if (name == kStateFdName) {
+      out.state_fd = fd;
+    } else if (name.compare(0, prefix, kTableFdPrefix) == 0) {
+      char* end = nullptr;
+      const unsigned long index = strtoul(name.c_str() + prefix, &end, 10);
+      if (*end != '\0' || index >= (1u << 22)) {
+        close(fd);
+        continue;
+      }
+      if (out.handed.size() <= index) out.handed.resize(index + 1, -1);
+      if (out.handed[index] >= 0) close(out.handed[index]);
+      out.handed[index] = fd;
+    } else {
+      out.activated.push_back(fd);
+    }
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+  if (names != nullptr) {
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+  }
+  return out;
+}
+
+bool StoreWithServiceManager(int state_fd, const std::vector<int>& fds,
+                             std::string* error) {
+  // One message per descriptor: a name applies to every descriptor of its
+  // message, and the names carry the table's order (systemd may hand them
+  // back in another).
+  auto store = [&](int fd, const std::string& name) {
+    const std::string msg = "FDSTORE=1\nFDNAME=" + name;
+    const int rc = sd_pid_notify_with_fds(0, 0, msg.c_str(), &fd, 1);
+    if (rc <= 0) {
+      *error = rc == 0
+                   ? "no service manager (NOTIFY_SOCKET unset)"
+                   : std::string("sd_pid_notify_with_fds: ") + strerror(-rc);
+      return false;
+    }
+    return true;
+  };
+  for (size_t i = 0; i < fds.size(); i++) {
+    if (!store(fds[i], kTableFdPrefix + std::to_string(i))) return false;
+  }
+  // The state last: a successor that finds it finds the rest too.
+  return store(state_fd, kStateFdName);
+}
+
+void Exec(const std::string& path, const std::vector<std::string>& argv,
+          int state_fd, const std::vector<int>& keep, std::string* error) {
+  for (int fd : keep) fcntl(fd, F_SETFD, 0);
+  fcntl(state_fd, F_SETFD, 0);
+  setenv(kEnvFd, std::to_string(state_fd).c_str(), 1);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execv(path.c_str(), args.data());
+  *error = "exec " + path + ": " + strerror(errno);
+  unsetenv(kEnvFd);
+  for (int fd : keep) fcntl(fd, F_SETFD, FD_CLOEXEC);
+  fcntl(state_fd, F_SETFD, FD_CLOEXEC);
+}
+
+std::vector<int> InheritedFds() {
+  std::vector<int> fds;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return fds;
+  const int own = dirfd(dir);
+  while (dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    long fd = strtol(e->d_name, &end, 10);
+    if (*end != '\0' || e->d_name[0] == '.' || fd < 3 || fd == own) continue;
+    fds.push_back(static_cast<int>(fd));
+  }
+  closedir(dir);
+  return fds;
+}
+
+int EndInherited(const std::string& reason, const std::vector<int>& inherited) {
+  int told = 0;
+  for (int fd : inherited) {
+    int type = 0, listening = 0;
+    socklen_t len = sizeof(type);
+    sockaddr_storage peer{};
+    socklen_t peer_len = sizeof(peer);
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 &&
+        type == SOCK_STREAM &&
+        getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 &&
+        !listening &&
+        getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) == 0 &&
+        peer.ss_family == AF_UNIX) {
+      const std::string line = reason + "\n";
+      if (send(fd, line.data(), line.size(), MSG_DONTWAIT | MSG_NOSIGNAL) > 0) {
+        told++;
+      }
+      shutdown(fd, SHUT_RDWR);
+    }
+    close(fd);
+  }
+  return told;
+}
+
+}  // namespace psmd::handover

@@ -1,0 +1,161 @@
+// Handing a running psmd over to a new process without ending any endpoint
+// (issue 33; docs/design.md, "Handover"). The old psmd stops taking work,
+// writes what it holds into a sealed memfd (the state file: an envelope with
+// the format version and a checksum around sections written with
+// state_codec.h), clears close-on-exec on every descriptor the state names
+// (the control socket, each job's pool, each endpoint's segment, doorbell
+// and attach connection) and execs the new binary in its place: same pid, so
+// systemd's MAINPID and a container's init stay right, and every descriptor
+// stays open, so no client sees its attach connection hang up. The new
+// process finds the state file through PSMD_HANDOVER_FD, checks it, and
+// adopts it; one that cannot (another format, a damaged file, a different
+// node id) refuses it whole, tells each client why on its attach connection,
+// closes everything it inherited and starts empty.
+//
+// Thread-safety: functions, called by the main thread while nothing else
+// runs (before the exec, or before the successor starts its threads).
+#ifndef PSMD_DAEMON_HANDOVER_HANDOVER_H_
+#define PSMD_DAEMON_HANDOVER_HANDOVER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "daemon/handover/state_codec.h"
+#include "shm/status.h"
+
+namespace psmd::handover {
+
+// The state file's format. Bumped whenever any section's layout or meaning
+// changes: a successor reads exactly its own format (a downgrade or an
+// incompatible upgrade is refused before the old psmd stops: psmctl upgrade
+// asks the new binary first, `psmd --handover-format`).
+inline constexpr uint32_t kFormatVersion = 1;
+
+// The environment variable naming the state file's descriptor in the
+// successor (removed from the environment as it is read).
+inline constexpr char kEnvFd[] = "PSMD_HANDOVER_FD";
+
+// Sections, in the order they are written.
+enum Section : uint32_t {
+  kProcessSection = 1,
+  kFdSection = 2,
+  kRegistrySection = 3,
+  kEngineSection = 4,  // one per shard, in shard order
+};
+
+// Descriptors the state names by index: written as indices, so that a
+// successor checks each before use and adopts each at most once.
+class FdTable {
+ public:
+  uint32_t Add(int fd) {
+    fds_.push_back(fd);
+    return static_cast<uint32_t>(fds_.size() - 1);
+  }
+  const std::vector<int>& fds() const { return fds_; }
+  void Write(StateWriter& w) const;
+  // Reads the table. `handed`: the descriptors as the service manager gave
+  // them back, by index (-1: not given back); null: as the table names
+  // them (an exec keeps the numbers). Checks that every entry is open here
+  // and none named twice.
+  bool Read(StateReader& r, const std::vector<int>* handed = nullptr);
+  // Entry `index`, once: the caller owns it from then on (and closes it).
+  // Fails (naming `what`) for an index out of range, taken before, or not
+  // given back.
+  bool Take(uint32_t index, int* fd, StateReader& r, const char* what);
+  // The same, but an entry not given back is no error: *fd = -1 (the
+  // service manager drops a connection that hung up, whose client is gone).
+  bool TakeIfHanded(uint32_t index, int* fd, StateReader& r, const char* what);
+  // Whether entry `index` exists and was given back (not taken yet).
+  bool Handed(uint32_t index) const {
+    return index < fds_.size() && fds_[index] >= 0 && !taken_[index];
+  }
+  // Closes every entry nobody took (a refused or partly adopted state).
+  void CloseUntaken();
+  // The entries nobody took, now marked taken (the caller ends them:
+  // EndInherited).
+  std::vector<int> TakeRest();
+
+ private:
+  std::vector<int> fds_;
+  std::vector<bool> taken_;
+};
+
+// What the process hands over beside the registry and the engines.
+struct ProcessState {
+  uint16_t node_id = 0;
+  uint16_t boot_nonce = 0;  // the epids' (shm/epid.h): clients keep theirs
+  std::string socket_path;
+  uint32_t workers = 1;    // ids name shards (MqEngine::ShardOf): kept
+  uint32_t listen_fd = 0;  // FdTable index of the control socket
+  // FdTable indices of connections accepted but not yet classified (gRPC
+  // or attach): the successor classifies them.
+  std::vector<uint32_t> pending;
+  bool activated = false;     // it came from systemd
+  bool bound = false;         // psmd created its file (and removes it at stop)
+  uint64_t frozen_at_ns = 0;  // CLOCK_MONOTONIC when the old one stopped
+  uint32_t old_pid = 0;
+  uint64_t generation = 0;  // handovers so far, this one included
+  std::string old_version;  // the old psmd's version, for the log
+  void Write(StateWriter& w) const;
+  bool Read(StateReader& r);
+};
+
+// CLOCK_MONOTONIC in ns: one clock for the whole machine, so the successor
+// measures the blackout from the old process's stop.
+uint64_t MonotonicNs();
+
+// Wraps `body` in the envelope (magic, kFormatVersion, length, checksum,
+// the writer's version) in a sealed memfd without close-on-exec; -1 and
+// *error on failure.
+int WriteStateFile(const std::string& body, const std::string& version,
+                   std::string* error);
+// Reads the state file `fd` and checks its envelope (a format other than
+// kFormatVersion, a length or checksum that does not match: refused with
+// the reason). Closes fd.
+Status ReadStateFile(int fd, std::string* body);
+
+// In the successor: the state file's descriptor if this process was handed
+// over to (PSMD_HANDOVER_FD, which it removes from the environment), else
+// -1. A malformed variable is -2.
+int TakeStateFd();
+
+// What systemd passed at start (sd_listen_fds_with_names; the environment
+// is cleared): the socket unit's listening sockets, and what a predecessor
+// stored in the service's file-descriptor store (StoreWithServiceManager).
+struct ServiceManagerFds {
+  std::vector<int> activated;  // socket activation (psmd.socket)
+  int state_fd = -1;           // kStateFdName; -1: nothing stored
+  std::vector<int> handed;     // the table's entries by index (-1: none)
+  int error = 0;               // sd_listen_fds' negative errno
+};
+ServiceManagerFds TakeServiceManagerFds();
+
+// Under systemd: stores the state file and the table's descriptors in the
+// service's file-descriptor store (FDSTORE=1, each with its own name; unit
+// setting FileDescriptorStoreMax=), which systemd hands to the next psmd it
+// starts: at `systemctl restart`, or at once after a stop, when it
+// discards them, which ends the endpoints. False (errno's text in *error)
+// when the notify socket refused a message.
+bool StoreWithServiceManager(int state_fd, const std::vector<int>& fds,
+                             std::string* error);
+
+// Execs `path` with `argv` and PSMD_HANDOVER_FD=state_fd in the environment,
+// after clearing close-on-exec on `keep` and state_fd. Returns only on
+// failure (errno's text in *error).
+void Exec(const std::string& path, const std::vector<std::string>& argv,
+          int state_fd, const std::vector<int>& keep, std::string* error);
+
+// The descriptors this process holds beyond 0-2: called first thing in a
+// successor, before logging or anything else opens one, they are what it
+// inherited.
+std::vector<int> InheritedFds();
+// The successor refused what it was handed (or could not read it): each of
+// `inherited` is closed; a connected Unix stream socket among them (an
+// attach connection) is first told `reason`, which the client's library
+// prints as it reports the lost psmd. Returns how many were told.
+int EndInherited(const std::string& reason, const std::vector<int>& inherited);
+
+}  // namespace psmd::handover
+
+#endif  // PSMD_DAEMON_HANDOVER_HANDOVER_H_

@@ -1,0 +1,122 @@
+#include "daemon/handover/upgrades.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "daemon/handover/handover.h"
+
+extern char** environ;
+
+namespace psmd::handover {
+
+int AskFormat(const std::string& path, std::string* why) {
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) {
+    *why = std::string("pipe: ") + strerror(errno);
+    return -1;
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  char* const argv[] = {const_cast<char*>(path.c_str()),
+                        const_cast<char*>("--handover-format"), nullptr};
+  pid_t pid = -1;
+  const int rc =
+      posix_spawn(&pid, path.c_str(), &actions, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(out[1]);
+  if (rc != 0) {
+    close(out[0]);
+    *why = "cannot run " + path + ": " + strerror(rc);
+    return -1;
+  }
+  std::string text;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{out[0], POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+    char buf[64];
+    ssize_t n = read(out[0], buf, sizeof(buf));
+    if (n <= 0 || text.size() > 64) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  close(out[0]);
+  kill(pid, SIGKILL);  // a binary that hangs (or already exited: harmless)
+  int status = 0;
+  waitpid(pid, &status, 0);
+  char* end = nullptr;
+  const long format = strtol(text.c_str(), &end, 10);
+  if (text.empty() || end == text.c_str() || (*end != '\n' && *end != '\0') ||
+      format <= 0) {
+    *why = path +
+           " --handover-format printed no format: it is not a psmd that can "
+           "take over running jobs";
+    return -1;
+  }
+  return static_cast<int>(format);
+}
+
+Status Upgrades::Request(const std::string& exec_path, std::string* resolved) {
+  const std::string path = exec_path.empty() ? started_from_ : exec_path;
+  if (path.empty() || path[0] != '/') {
+    return {PSM2_PARAM_ERR,
+            "upgrade: name the new binary by an absolute path (--exec)"};
+  }
+  if (access(path.c_str(), X_OK) != 0) {
+    return {PSM2_PARAM_ERR,
+            "upgrade: " + path + " is not executable: " + strerror(errno)};
+  }
+  {
+    MutexLock lock(&mu_);
+    if (busy_) {
+      return {PSM2_PARAM_ERR, "upgrade: a handover is already under way"};
+    }
+    busy_ = true;
+  }
+  std::string why;
+  const int format = AskFormat(path, &why);
+  if (format != static_cast<int>(kFormatVersion)) {
+    Failed();
+    if (format < 0) return {PSM2_PARAM_ERR, "upgrade refused: " + why};
+    return {PSM2_PARAM_ERR,
+            "upgrade refused: " + path + " reads handover format " +
+                std::to_string(format) + ", this psmd writes " +
+                std::to_string(kFormatVersion) +
+                "; psmd serves on. To change to it, stop the jobs and "
+                "restart psmd"};
+  }
+  {
+    MutexLock lock(&mu_);
+    pending_ = path;
+  }
+  *resolved = path;
+  kill(getpid(), SIGUSR2);  // the main thread waits for it (sigtimedwait)
+  return {};
+}
+
+std::optional<std::string> Upgrades::Take() {
+  MutexLock lock(&mu_);
+  std::optional<std::string> p = pending_;
+  pending_.reset();
+  return p;
+}
+
+void Upgrades::Failed() {
+  MutexLock lock(&mu_);
+  busy_ = false;
+  pending_.reset();
+}
+
+}  // namespace psmd::handover

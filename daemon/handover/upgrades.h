@@ -1,0 +1,56 @@
+// psmctl upgrade's side of a handover (issue 33): the request the Upgrade
+// call leaves for the main thread, after asking the new binary whether it
+// reads this psmd's state format, and what the handovers so far cost
+// (Health's generation, blackout, endpoints carried).
+//
+// Thread-safety: any thread (a mutex guards the request; stats are atomics).
+#ifndef PSMD_DAEMON_HANDOVER_UPGRADES_H_
+#define PSMD_DAEMON_HANDOVER_UPGRADES_H_
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "base/mutex.h"
+#include "shm/status.h"
+
+namespace psmd::handover {
+
+class Upgrades {
+ public:
+  // `started_from`: the binary's path when psmd started (/proc/self/exe
+  // then), the default of an upgrade: after a package upgrade it holds the
+  // new binary.
+  explicit Upgrades(std::string started_from)
+      : started_from_(std::move(started_from)) {}
+
+  // The Upgrade call: `exec_path` (or the default) must be an executable
+  // that answers --handover-format with kFormatVersion within 5 s; then the
+  // request waits for the main thread, which SIGUSR2 wakes. One at a time.
+  Status Request(const std::string& exec_path, std::string* resolved);
+  // The main thread: the path asked for, if a request waits.
+  std::optional<std::string> Take();
+  // The main thread: the handover failed before the exec; psmd serves on
+  // and another request may come.
+  void Failed();
+
+  // What the successor records once it serves (any thread reads).
+  std::atomic<uint64_t> generation{0};
+  std::atomic<uint64_t> last_blackout_ns{0};
+  std::atomic<uint32_t> last_carried{0};
+
+ private:
+  const std::string started_from_;
+  Mutex mu_;
+  bool busy_ PSMD_GUARDED_BY(mu_) = false;
+  std::optional<std::string> pending_ PSMD_GUARDED_BY(mu_);
+};
+
+// Runs `path --handover-format` and returns the format it prints, or -1
+// (with the reason in *why).
+int AskFormat(const std::string& path, std::string* why);
+
+}  // namespace psmd::handover
+
+#endif  // PSMD_DAEMON_HANDOVER_UPGRADES_H_

@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""systemctl restart psmd without ending a job, with the test as systemd.
+
+Under systemd, psmd answers SIGTERM by storing its state file and every
+descriptor its endpoints need in the service's file-descriptor store
+(sd_pid_notify_with_fds, FDSTORE=1 and a name each), and systemd hands them
+to the psmd it starts next (sd_listen_fds_with_names): what systemctl
+restart does. A stop discards the store, which ends the endpoints. There is
+no systemd here, so the test plays its part of that protocol as
+sd_notify(3), sd_listen_fds(3) and systemd.service(5) specify it: the
+notify socket (NOTIFY_SOCKET), descriptors kept by name and dropped when
+they hang up (POLLHUP), passed back from fd 3 on with LISTEN_FDS,
+LISTEN_FDNAMES and LISTEN_PID, the socket unit's listening socket first
+(psmd.socket, socket activation). psmd, its clients and their exchanges
+are real.
+
+usage: fdstore_test.py PSMD PSMCTL EXCHANGE
+"""
+import array
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+PSMD, PSMCTL, EXCHANGE = sys.argv[1:4]
+failures = 0
+
+
+def check(ok, what):
+    global failures
+    print(("ok: " if ok else "FAIL: ") + what, flush=True)
+    failures += 0 if ok else 1
+
+
+class ServiceManager:
+    """systemd's side of a Type=notify service with a file-descriptor store."""
+
+    def __init__(self, workdir, activate):
+        self.workdir = workdir
+        self.sock = os.path.join(workdir, "psmd.sock")
+        self.notify_path = os.path.join(workdir, "notify")
+        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.notify.bind(self.notify_path)
+        self.notify.settimeout(0.1)
+        self.store = {}  # name -> fd, in the order stored
+        self.ready = threading.Event()
+        self.listening = None
+        if activate:  # psmd.socket
+            self.listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.listening.bind(self.sock)
+            os.chmod(self.sock, 0o666)
+            self.listening.listen(128)
+        self.proc = None
+        self.running = True
+        self.log = open(os.path.join(workdir, "psmd.log"), "ab")
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        while self.running:
+            try:
+                msg, anc, _, _ = self.notify.recvmsg(
+                    4096, socket.CMSG_SPACE(253 * 4), socket.MSG_CMSG_CLOEXEC)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            fds = array.array("i")
+            for level, kind, data in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+            fields = dict(l.split("=", 1) for l in msg.decode().split("\n")
+                          if "=" in l)
+            if fields.get("FDSTORE") == "1":
+                name = fields.get("FDNAME", "stored")
+                for fd in fds:
+                    self.store.setdefault(name, fd)
+            else:
+                for fd in fds:
+                    os.close(fd)
+            if fields.get("READY") == "1":
+                self.ready.set()
+
+    def _drop_hung_up(self):
+        # "automatically closed when POLLHUP or POLLERR is seen on them"
+        for name, fd in list(self.store.items()):
+            p = select.poll()
+            p.register(fd, select.POLLIN)
+            if any(ev & (select.POLLHUP | select.POLLERR) for _, ev in p.poll(0)):
+                os.close(fd)
+                del self.store[name]
+
+    def start(self):
+        self._drop_hung_up()
+        fds, names = [], []
+        if self.listening is not None:
+            fds.append(self.listening.fileno())
+            names.append("psmd.socket")
+        for name, fd in self.store.items():
+            fds.append(fd)
+            names.append(name)
+
+        def arrange():  # in the child: fds at 3, 4, ...
+            for i, fd in enumerate(fds):
+                os.dup2(fd, 10000 + i)
+            for i in range(len(fds)):
+                os.dup2(10000 + i, 3 + i)
+                os.close(10000 + i)
+
+        env = dict(os.environ, NOTIFY_SOCKET=self.notify_path)
+        if fds:
+            env.update(LISTEN_FDS=str(len(fds)), LISTEN_FDNAMES=":".join(names))
+        self.ready.clear()
+        # LISTEN_PID is psmd's own pid: the shell's, which exec keeps.
+        self.proc = subprocess.Popen(
+            ["/bin/sh", "-c", 'LISTEN_PID=$$; export LISTEN_PID; exec "$0" "$@"',
+             PSMD, "--socket", self.sock, "--config", "/dev/null"],
+            env=env, preexec_fn=arrange, close_fds=False,
+            stdout=self.log, stderr=self.log)
+        # What systemd passed is psmd's now; the store holds its own copies
+        # until psmd stores again.
+        for fd in self.store.values():
+            os.close(fd)
+        self.store.clear()
+        return self.ready.wait(20)
+
+    def sigterm(self):
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(30)
+
+    def discard(self):  # the unit fully stopped: the store is flushed
+        for fd in self.store.values():
+            os.close(fd)
+        self.store.clear()
+
+    def close(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.running = False
+        self.reader.join()
+        self.notify.close()
+        self.discard()
+        if self.listening is not None:
+            self.listening.close()
+        self.log.close()
+
+
+def psmctl(mgr, *args):
+    return subprocess.run([PSMCTL, "--socket", mgr.sock, *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def pair(mgr, name, uuid, messages, max_size, hold=0):
+    rv = os.path.join(mgr.workdir, name)
+    os.mkdir(rv)
+    env = dict(os.environ, PSMD_SOCKET=mgr.sock)
+    procs = []
+    for rank in (1, 0):
+        procs.append(subprocess.Popen(
+            [EXCHANGE, "--rank", str(rank), "--dir", rv, "--uuid", uuid,
+             "--messages", str(messages), "--max-size", str(max_size),
+             "--hold-seconds", str(hold)],
+            env=env, stdout=subprocess.DEVNULL,
+            stderr=open(os.path.join(rv, "r%d.err" % rank), "w")))
+    return procs, rv
+
+
+def errors(rv):
+    return "".join(open(os.path.join(rv, f)).read() for f in ("r0.err", "r1.err"))
+
+
+def wait_endpoints(mgr, n):
+    for _ in range(400):
+        out = psmctl(mgr, "health", "--json").stdout
+        if '"endpoint_count": %d,' % n in out:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def run(activate):
+    print("-- %s" % ("socket-activated (psmd.socket)" if activate
+                     else "psmd's own socket"), flush=True)
+    with tempfile.TemporaryDirectory(prefix="psmd-fdstore.", dir="/tmp") as d:
+        mgr = ServiceManager(d, activate)
+        procs = []
+        try:
+            check(mgr.start(), "psmd started and said READY=1")
+            small, rv_small = pair(mgr, "small", "5053d0d0" + "a" * 24, 400000, 64)
+            large, rv_large = pair(mgr, "large", "5053d0d0" + "b" * 24, 30000, 192 * 1024)
+            procs = small + large
+            check(wait_endpoints(mgr, 4), "4 endpoints open")
+            # systemctl restart: SIGTERM, the process exits, a new one starts
+            # with what the store holds.
+            code = mgr.sigterm()
+            check(code == 0, "psmd exited 0 on SIGTERM (%s)" % code)
+            check(any(n == "psmd-state" for n in mgr.store), "its state is in the store")
+            check(all(p.poll() is None for p in procs),
+                  "both exchanges still ran at the restart")
+            check(mgr.start(), "the next psmd started and said READY=1")
+            health = psmctl(mgr, "health", "--json").stdout
+            check('"generation": 1,' in health and '"last_carried_endpoints": 4' in health,
+                  "it took the 4 endpoints over: " + health.strip())
+            for p in procs:
+                p.wait(120)
+            check(all(p.returncode == 0 for p in small),
+                  "the small pair finished intact " + errors(rv_small))
+            check(all(p.returncode == 0 for p in large),
+                  "the large pair finished intact " + errors(rv_large))
+            check("lost psmd" not in errors(rv_small) + errors(rv_large),
+                  "no client lost psmd")
+            # systemctl stop: the store is discarded, the endpoints end.
+            # (held idle for a few seconds, so that the stop comes first)
+            held, rv_held = pair(mgr, "held", "5053d0d0" + "c" * 24, 10, 64, hold=5)
+            procs = held
+            # Both connected and holding (exchange writes holding.R then).
+            for _ in range(400):
+                if all(os.path.exists(os.path.join(rv_held, "holding.%d" % r))
+                       for r in (0, 1)):
+                    break
+                time.sleep(0.05)
+            check(wait_endpoints(mgr, 2), "a held pair open and connected")
+            check(mgr.sigterm() == 0, "stop: psmd exited 0")
+            mgr.discard()
+            ended = all(p.wait(60) not in (0, None) for p in held)
+            check(ended and "lost psmd" in errors(rv_held),
+                  "a stop ends the endpoints (lost psmd): " + errors(rv_held)[:300])
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            mgr.close()
+            log = open(os.path.join(d, "psmd.log"), errors="replace").read()
+            if failures:
+                print(log[-4000:])
+    left = [f for f in os.listdir("/dev/shm") if "psmd" in f]
+    check(not left, "nothing left in /dev/shm")
+
+
+run(activate=True)
+run(activate=False)
+print("%d failures" % failures)
+sys.exit(1 if failures else 0)

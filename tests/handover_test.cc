@@ -1,0 +1,232 @@
+// psmctl upgrade (issue 33; docs/design.md, "Handover"): a real psmd handed
+// over to a new process under running exchanges, which must finish with
+// every message delivered once, in order, byte for byte (the exchange
+// program checks); and the handovers that must not happen, or must fail
+// cleanly: a binary of another state format, a program that is no psmd, a
+// damaged state (tests/tenant_test.cc: a caller who is not root).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/harness.h"
+
+namespace psmd::testing {
+namespace {
+
+const char kJobA[] = "5053d0d0aaaaaaaaaaaaaaaaaaaaaaaa";
+const char kJobB[] = "5053d0d0bbbbbbbbbbbbbbbbbbbbbbbb";
+
+std::string WriteScript(const TempDir& dir, const std::string& name,
+                        const std::string& body) {
+  const std::string path = dir.path() + "/" + name;
+  std::ofstream(path) << "#!/bin/bash\n" << body;
+  chmod(path.c_str(), 0755);
+  return path;
+}
+
+// A pair of exchange ranks of job `uuid`, running.
+struct Pair {
+  std::string rv;
+  Process r0, r1;
+  void Start(const TempDir& dir, const Daemon& d, const std::string& name,
+             const std::string& uuid, int messages, int max_size) {
+    rv = Subdir(dir, name);
+    r1 = Process::Start(ExchangeArgs(dir, rv, 1, uuid, messages, max_size),
+                        d.ClientEnv(), rv + "/r1.out", rv + "/r1.err");
+    r0 = Process::Start(ExchangeArgs(dir, rv, 0, uuid, messages, max_size),
+                        d.ClientEnv(), rv + "/r0.out", rv + "/r0.err");
+  }
+  std::string Errors() const {
+    return ReadFile(rv + "/r0.err") + ReadFile(rv + "/r1.err");
+  }
+};
+
+int EndpointCount(const TempDir& dir, const Daemon& d) {
+  const std::string out = Psmctl(dir, d, {"health", "--json"}).out;
+  const size_t at = out.find("\"endpoint_count\": ");
+  return at == std::string::npos ? -1 : atoi(out.c_str() + at + 18);
+}
+
+class HandoverTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    EXPECT_TRUE(ShmLeftovers().empty())
+        << "something of ours was left in /dev/shm";
+  }
+  TempDir dir_;
+};
+
+// Two jobs exchange, one with small messages (posted and unexpected queues
+// deep), one with messages up to 192 KiB (rendezvous transfers in flight);
+// psmd is upgraded ten times under them, to itself. Both pairs finish, every
+// byte checked, and psmd's pid, generation and endpoints say what happened.
+TEST_F(HandoverTest, UpgradeUnderRunningExchangesLosesNothing) {
+  Daemon d(dir_);
+  Pair small, large;
+  small.Start(dir_, d, "small", kJobA, 1000000, 64);
+  large.Start(dir_, d, "large", kJobB, 60000, 192 * 1024);
+  ASSERT_TRUE(WaitUntil(20, [&] { return EndpointCount(dir_, d) == 4; }));
+  for (int generation = 1; generation <= 10; generation++) {
+    RunResult up = Psmctl(dir_, d, {"upgrade"});
+    ASSERT_EQ(up.exit_code, 0) << up.err << d.Log();
+    EXPECT_NE(up.out.find("generation " + std::to_string(generation) +
+                          "): 4 endpoints carried over"),
+              std::string::npos)
+        << up.out;
+    EXPECT_NE(up.out.find("pid " + std::to_string(d.pid())), std::string::npos)
+        << up.out;
+  }
+  // The upgrades happened while both pairs were still at work, else this
+  // test proves nothing.
+  EXPECT_TRUE(small.r0.Wait(0) == -1 || small.r1.Wait(0) == -1)
+      << "the small pair finished before the upgrades; raise its messages";
+  EXPECT_TRUE(large.r0.Wait(0) == -1 || large.r1.Wait(0) == -1)
+      << "the large pair finished before the upgrades; raise its messages";
+  EXPECT_EQ(small.r0.Wait(120 * TimeScale()), 0) << small.Errors();
+  EXPECT_EQ(small.r1.Wait(30), 0) << small.Errors();
+  EXPECT_EQ(large.r0.Wait(120 * TimeScale()), 0) << large.Errors();
+  EXPECT_EQ(large.r1.Wait(30), 0) << large.Errors();
+  EXPECT_EQ(small.Errors().find("lost psmd"), std::string::npos);
+  EXPECT_NE(d.Log().find("took over from psmd"), std::string::npos);
+  // New jobs open and run on the successor.
+  Pair after;
+  after.Start(dir_, d, "after", kJobA, 1000, 4096);
+  EXPECT_EQ(after.r0.Wait(30), 0) << after.Errors();
+  EXPECT_EQ(after.r1.Wait(30), 0) << after.Errors();
+  EXPECT_TRUE(d.Stop());
+}
+
+// Jobs that start, connect and end while psmd is handed over, and control
+// calls made meanwhile, never notice: a connection made during the
+// blackout waits in the socket's backlog, one being classified is handed
+// over, and each call opens its own.
+TEST_F(HandoverTest, JobsStartingDuringUpgradesNeverNotice) {
+  Daemon d(dir_);
+  std::atomic<bool> done{false};
+  std::atomic<int> jobs{0}, calls{0};
+  std::string failures;
+  std::thread starter([&] {
+    for (int i = 0; !done || i < 3; i++) {
+      Pair p;
+      p.Start(dir_, d, "job" + std::to_string(i), i % 2 ? kJobA : kJobB, 200,
+              4096);
+      const int r0 = p.r0.Wait(60), r1 = p.r1.Wait(60);
+      if (r0 != 0 || r1 != 0) failures += p.Errors();
+      jobs++;
+    }
+  });
+  std::thread caller([&] {
+    while (!done) {
+      RunResult h = Psmctl(dir_, d, {"health"});
+      if (h.exit_code != 0) failures += "health: " + h.err;
+      calls++;
+    }
+  });
+  for (int i = 0; i < 6; i++) {
+    RunResult up = Psmctl(dir_, d, {"upgrade"});
+    EXPECT_EQ(up.exit_code, 0) << up.err;
+  }
+  done = true;
+  starter.join();
+  caller.join();
+  EXPECT_EQ(failures, "");
+  EXPECT_GE(jobs.load(), 3);
+  EXPECT_GE(calls.load(), 6);
+  EXPECT_TRUE(d.Stop());
+}
+
+// A binary that reads another state format is refused before anything
+// stops: psmd serves on and the exchange never notices.
+TEST_F(HandoverTest, BinaryOfAnotherFormatIsRefusedWhilePsmdServesOn) {
+  Daemon d(dir_);
+  const std::string other = WriteScript(
+      dir_, "other-psmd",
+      "[[ \"$1\" == --handover-format ]] && { echo 999; exit 0; }\nexit 3\n");
+  Pair p;
+  p.Start(dir_, d, "p", kJobA, 100000, 64);
+  ASSERT_TRUE(WaitUntil(20, [&] { return EndpointCount(dir_, d) == 2; }));
+  RunResult up = Psmctl(dir_, d, {"upgrade", "--exec", other});
+  EXPECT_EQ(up.exit_code, 1);
+  EXPECT_NE(up.err.find("reads handover format 999, this psmd writes"),
+            std::string::npos)
+      << up.err;
+  RunResult not_psmd = Psmctl(dir_, d, {"upgrade", "--exec", "/bin/true"});
+  EXPECT_EQ(not_psmd.exit_code, 1);
+  EXPECT_NE(not_psmd.err.find("is not a psmd that can take over"),
+            std::string::npos)
+      << not_psmd.err;
+  RunResult relative = Psmctl(dir_, d, {"upgrade", "--exec", "psmd"});
+  EXPECT_NE(relative.err.find("absolute path"), std::string::npos);
+  EXPECT_EQ(p.r0.Wait(60 * TimeScale()), 0) << p.Errors();
+  EXPECT_EQ(p.r1.Wait(30), 0) << p.Errors();
+  EXPECT_EQ(d.Log().find("took over"), std::string::npos);
+  EXPECT_TRUE(d.Stop());
+}
+
+// The successor finds the state damaged (changed on the way by a wrapper
+// that copies it and execs the real psmd): it refuses the whole
+// state, every client is told why with its lost-psmd line, and psmd serves
+// new jobs on the same socket.
+TEST_F(HandoverTest, DamagedStateEndsEndpointsWithTheReasonAndPsmdServesOn) {
+  const std::string psmd = Runfile("daemon/psmd");
+  const std::string wrapper =
+      WriteScript(dir_, "damaging-psmd",
+                  "[[ \"$1\" == --handover-format ]] && exec " + psmd +
+                      " --handover-format\n"
+                      "f=" +
+                      dir_.path() +
+                      "/state.copy\n"
+                      "cat /proc/self/fd/$PSMD_HANDOVER_FD >\"$f\"\n"
+                      "case $DAMAGE_AT in\n"
+                      "  t*) truncate -s \"${DAMAGE_AT#t}\" \"$f\" ;;\n"
+                      "  *) printf '\\x5a' | dd of=\"$f\" bs=1 "
+                      "seek=$((DAMAGE_AT)) conv=notrunc status=none ;;\n"
+                      "esac\n"
+                      "exec {copy}<\"$f\"\n"
+                      "rm -f \"$f\"\n"
+                      "exec {PSMD_HANDOVER_FD}<&-\n"
+                      "PSMD_HANDOVER_FD=$copy exec " +
+                      psmd + " \"$@\"\n");
+  // A byte of the body changed; the format field changed; the file cut
+  // short after its envelope.
+  for (const char* at : {"200", "8", "t100"}) {
+    SCOPED_TRACE(std::string("damage at byte ") + at);
+    TempDir dir;
+    Daemon d(dir, {}, {{"DAMAGE_AT", at}});
+    Pair p;
+    p.Start(dir, d, "p", kJobA, 1000000, 64);
+    ASSERT_TRUE(WaitUntil(20, [&] { return EndpointCount(dir, d) == 2; }));
+    RunResult up = Psmctl(dir, d, {"upgrade", "--exec", wrapper});
+    EXPECT_EQ(up.exit_code, 1) << up.out;
+    EXPECT_NE(up.err.find("did not take over the 2 endpoints"),
+              std::string::npos)
+        << up.err << d.Log();
+    // Their requests fail with PSM2_EP_WAS_CLOSED (exit 2 or 4: an API
+    // error, or a request that ended with an error).
+    const int r0 = p.r0.Wait(30), r1 = p.r1.Wait(30);
+    EXPECT_TRUE(r0 == 2 || r0 == 4) << r0;
+    EXPECT_TRUE(r1 == 2 || r1 == 4) << r1;
+    const std::string errors = p.Errors();
+    EXPECT_NE(errors.find("could not take over from"), std::string::npos)
+        << errors;
+    const std::string why = std::string(at) == "8"      ? "state format"
+                            : std::string(at) == "t100" ? "state length"
+                                                        : "checksum mismatch";
+    EXPECT_NE(errors.find(why), std::string::npos) << errors;
+    EXPECT_NE(d.Log().find("handover refused"), std::string::npos) << d.Log();
+    Pair after;
+    after.Start(dir, d, "after", kJobB, 1000, 64);
+    EXPECT_EQ(after.r0.Wait(30), 0) << after.Errors();
+    EXPECT_EQ(after.r1.Wait(30), 0) << after.Errors();
+    EXPECT_TRUE(d.Stop());
+  }
+}
+
+}  // namespace
+}  // namespace psmd::testing
