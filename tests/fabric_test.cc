@@ -654,15 +654,12 @@ TEST_F(FabricTest, AFloodAtAnIdleReceiverOnAnotherNodeIsHeldBackNotBuffered) {
   // messages: whether that share stays full long enough for payloads to be
   // kept is a matter of timing (in most runs here it did not: the frames
   // parked and kXoff held the sender); one of the two must reach it.
-  const long long kept = JsonNumber(sb.out, "peer_nodes", "kept");
+  // With one worker too it is timing: here 64 and 1 payloads kept (1
+  // kEagerOff each) in two runs, none in a CI run (46,795 frames parked
+  // and 89 kXoff instead). Either is back-pressure reaching the sender.
   const long long eager_offs = JsonNumber(sa.out, "peer_nodes", "eager_offs");
-  if (Shards()) {
-    EXPECT_GT(eager_offs + JsonNumber(sa.out, "peer_nodes", "xoffs"), 0)
-        << sa.out;
-  } else {
-    EXPECT_GT(kept, 0) << sb.out;
-    EXPECT_GT(eager_offs, 0) << sa.out;
-  }
+  EXPECT_GT(eager_offs + JsonNumber(sa.out, "peer_nodes", "xoffs"), 0)
+      << sa.out;
   EXPECT_GT(JsonNumber(sa.out, "total", "sends_held"), 0) << sa.out;
   // Idle for three timeouts: heartbeats keep the connection.
   std::this_thread::sleep_for(std::chrono::seconds(3));
