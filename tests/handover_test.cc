@@ -94,6 +94,24 @@ TEST_F(HandoverTest, UpgradeUnderRunningExchangesLosesNothing) {
   EXPECT_EQ(large.r1.Wait(30), 0) << large.Errors();
   EXPECT_EQ(small.Errors().find("lost psmd"), std::string::npos);
   EXPECT_NE(d.Log().find("took over from psmd"), std::string::npos);
+  // Every form of psmctl stats tells an operator what happened.
+  RunResult table = Psmctl(dir_, d, {"stats"});
+  EXPECT_NE(table.out.find("generation 10: last handover carried 4 "
+                           "endpoints, blackout "),
+            std::string::npos)
+      << table.out;
+  RunResult json = Psmctl(dir_, d, {"stats", "--format", "json"});
+  EXPECT_NE(json.out.find("\"generation\": 10, \"last_blackout_seconds\": 0."),
+            std::string::npos)
+      << json.out;
+  EXPECT_NE(json.out.find("\"last_carried_endpoints\": 4"), std::string::npos);
+  RunResult prom = Psmctl(dir_, d, {"stats", "--format", "prometheus"});
+  EXPECT_NE(prom.out.find("\npsmd_generation 10\n"), std::string::npos)
+      << prom.out;
+  EXPECT_NE(prom.out.find("\npsmd_last_handover_endpoints 4\n"),
+            std::string::npos);
+  EXPECT_NE(prom.out.find("\npsmd_last_blackout_seconds 0."),
+            std::string::npos);
   // New jobs open and run on the successor.
   Pair after;
   after.Start(dir_, d, "after", kJobA, 1000, 4096);

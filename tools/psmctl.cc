@@ -349,10 +349,14 @@ void PrintStatsJson(const psmd::v1::GetStatsReply& r) {
       "{\"schema_version\": %d, \"version\": %s, \"commit\": %s, "
       "\"start_time_seconds\": %.3f, \"uptime_seconds\": %.3f, "
       "\"endpoint_count\": %u, \"doorbells\": %" PRIu64 ", \"sleeps\": %" PRIu64
+      ", \"generation\": %" PRIu64
+      ", \"last_blackout_seconds\": %.6f, \"last_carried_endpoints\": %u"
       ",\n \"endpoints\": [",
       kSchemaVersion, JsonString(r.version()).c_str(),
       JsonString(r.commit()).c_str(), Seconds(r.start_time_unix_ns()),
-      Seconds(r.uptime_ns()), r.endpoint_count(), r.doorbells(), r.sleeps());
+      Seconds(r.uptime_ns()), r.endpoint_count(), r.doorbells(), r.sleeps(),
+      r.generation(), Seconds(r.last_blackout_ns()),
+      r.last_carried_endpoints());
   for (int i = 0; i < r.endpoints_size(); i++) {
     const auto& e = r.endpoints(i);
     printf(
@@ -439,6 +443,18 @@ std::string PrometheusText(const psmd::v1::GetStatsReply* r) {
          "Times a client woke the sleeping progress worker.", r->doorbells());
   single("psmd_sleeps_total", "counter",
          "Times the progress worker went to sleep.", r->sleeps());
+  single("psmd_generation", "gauge",
+         "Handovers (psmctl upgrade, systemctl restart) since this psmd's "
+         "first process started.",
+         r->generation());
+  family("psmd_last_blackout_seconds", "gauge",
+         "The last handover's blackout: the old process's freeze to the new "
+         "one's first pass (0: none yet).");
+  Appendf(&out, "psmd_last_blackout_seconds %.6f\n",
+          Seconds(r->last_blackout_ns()));
+  single("psmd_last_handover_endpoints", "gauge",
+         "Endpoints the last handover carried over.",
+         r->last_carried_endpoints());
   // One series per worker (engine shard), labelled worker="N".
   struct WorkerSeries {
     const char* name;  // after psmd_worker_
@@ -625,6 +641,12 @@ int ShowStats(ControlClient& control, const std::string& format) {
          Counted(r.endpoint_count(), "endpoint").c_str(),
          Counted(r.doorbells(), "doorbell").c_str(),
          Counted(r.sleeps(), "sleep").c_str());
+  if (r.generation() > 0) {
+    printf(
+        "generation %" PRIu64 ": last handover carried %s, blackout %.1f ms\n",
+        r.generation(), Counted(r.last_carried_endpoints(), "endpoint").c_str(),
+        static_cast<double>(r.last_blackout_ns()) / 1e6);
+  }
   for (const auto& w : r.workers()) PrintWorker(w);
   printf("\n");
   PrintCounterTable(r);

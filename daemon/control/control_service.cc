@@ -225,6 +225,9 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
   const StatsSnapshot stats = registry_->Stats(who);
   reply->set_uptime_ns(UptimeNs());
   reply->set_start_time_unix_ns(started_unix_ns_);
+  reply->set_generation(upgrades_->generation.load());
+  reply->set_last_blackout_ns(upgrades_->last_blackout_ns.load());
+  reply->set_last_carried_endpoints(upgrades_->last_carried.load());
   reply->set_version(version::Version());
   reply->set_commit(version::Commit());
   reply->set_endpoint_count(static_cast<uint32_t>(stats.endpoints.size()));
