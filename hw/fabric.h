@@ -183,6 +183,9 @@ class Fabric {
 
   // One row per node seen (ordered by node id), node 0 first if any.
   virtual std::vector<PeerStats> Stats() const = 0;
+  // How soon Poll must run again although no event fd fires (a broken
+  // connection's next attempt to resume); -1: not before an event.
+  virtual int NextWakeMs() const { return -1; }
 };
 
 // ---- addresses (shared by the backends) ----

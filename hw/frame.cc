@@ -78,7 +78,7 @@ FrameError DecodeFrameHeader(const uint8_t* in, size_t size,
   if (in[4] != kFrameVersion) return FrameError::kBadVersion;
   uint8_t type = in[5];
   if (type < static_cast<uint8_t>(FrameType::kData) ||
-      type > static_cast<uint8_t>(FrameType::kRefuse)) {
+      type > static_cast<uint8_t>(FrameType::kClose)) {
     return FrameError::kBadType;
   }
   FrameHeader h;
@@ -99,7 +99,8 @@ FrameError DecodeFrameHeader(const uint8_t* in, size_t size,
     }
   } else {
     if (h.length > kMaxControlPayload) return FrameError::kTooLong;
-    // Handshake frames carry nothing of the user's: bytes 6-7 and 12-63.
+    // Handshake and ack frames carry nothing of the user's: bytes 6-7 and
+    // 12-63.
     if (h.fields.op != 0) return FrameError::kBadFields;
     for (size_t i = 12; i < kFrameHeaderSize; i++) {
       if (in[i] != 0) return FrameError::kBadFields;
@@ -135,7 +136,9 @@ std::string EncodeHello(const HelloPayload& p) {
   Put64(b + 8, p.incarnation);
   Put64(b + 16, p.target_node);
   b[24] = static_cast<uint8_t>(p.auth);
+  b[25] = p.resume ? 1 : 0;
   Put32(b + 28, static_cast<uint32_t>(p.credential.size()));
+  Put64(b + 32, p.delivered);
   return s + p.credential;
 }
 
@@ -150,8 +153,11 @@ FrameError DecodeHello(const uint8_t* in, size_t size, HelloPayload* out) {
   if (auth > static_cast<uint8_t>(AuthMode::kMunge)) {
     return FrameError::kBadPayload;
   }
-  if (in[25] != 0 || in[26] != 0 || in[27] != 0) return FrameError::kBadPayload;
+  if (in[25] > 1 || in[26] != 0 || in[27] != 0) return FrameError::kBadPayload;
   out->auth = static_cast<AuthMode>(auth);
+  out->resume = in[25] == 1;
+  out->delivered = Get64(in + 32);
+  if (!out->resume && out->delivered != 0) return FrameError::kBadPayload;
   uint32_t cred_len = Get32(in + 28);
   if (cred_len != size - kHelloFixedSize) return FrameError::kBadPayload;
   if ((out->auth == AuthMode::kNone) != (cred_len == 0)) {
@@ -175,6 +181,7 @@ std::string EncodeWelcome(const WelcomePayload& p) {
   auto* b = reinterpret_cast<uint8_t*>(s.data());
   Put64(b, p.node);
   Put64(b + 8, p.incarnation);
+  Put64(b + 16, p.delivered);
   return s;
 }
 
@@ -182,7 +189,20 @@ FrameError DecodeWelcome(const uint8_t* in, size_t size, WelcomePayload* out) {
   if (size != kWelcomeSize) return FrameError::kBadPayload;
   out->node = Get64(in);
   out->incarnation = Get64(in + 8);
+  out->delivered = Get64(in + 16);
   if (out->node == 0 || out->incarnation == 0) return FrameError::kBadPayload;
+  return FrameError::kOk;
+}
+
+std::string EncodeAck(uint64_t delivered) {
+  std::string s(kAckSize, '\0');
+  Put64(reinterpret_cast<uint8_t*>(s.data()), delivered);
+  return s;
+}
+
+FrameError DecodeAck(const uint8_t* in, size_t size, uint64_t* delivered) {
+  if (size != kAckSize) return FrameError::kBadPayload;
+  *delivered = Get64(in);
   return FrameError::kOk;
 }
 
@@ -196,7 +216,7 @@ FrameError DecodeRefuse(const uint8_t* in, size_t size, RefuseReason* out) {
   if (size != kRefuseSize) return FrameError::kBadPayload;
   uint32_t r = Get32(in);
   if (r < static_cast<uint32_t>(RefuseReason::kAuth) ||
-      r > static_cast<uint32_t>(RefuseReason::kBusy)) {
+      r > static_cast<uint32_t>(RefuseReason::kRetry)) {
     return FrameError::kBadPayload;
   }
   *out = static_cast<RefuseReason>(r);

@@ -12,7 +12,12 @@
 //  32 job[16]           48 offset u64  56 aux u64
 // `op`, `uid`, `src`, `dst`, `job`, `offset` and `aux` belong to the user of
 // the fabric (the daemon); hw/ only bounds `offset` and requires them all to
-// be zero in handshake frames.
+// be zero in handshake and ack frames.
+//
+// Version 2 added sessions (docs/design.md, "Sessions: a broken connection
+// resumes"): the ack frame, and in the handshake what a resuming connector
+// and its acceptor have delivered of each other's data frames. A daemon of
+// version 1 and one of version 2 refuse each other's frames (kBadVersion).
 //
 // Thread-safety: stateless; every function may be called from any thread.
 #ifndef PSMD_HW_FRAME_H_
@@ -25,7 +30,7 @@
 namespace psmd::hw {
 
 inline constexpr uint32_t kFrameMagic = 0x464d5350;  // "PSMF" on the wire
-inline constexpr uint8_t kFrameVersion = 1;
+inline constexpr uint8_t kFrameVersion = 2;
 inline constexpr size_t kFrameHeaderSize = 64;
 // Handshake payloads are small; anything longer is an attack or a bug.
 inline constexpr uint32_t kMaxControlPayload = 1024;
@@ -37,6 +42,10 @@ enum class FrameType : uint8_t {
   kHello = 3,      // connector -> acceptor: who I am and my credential
   kWelcome = 4,    // acceptor -> connector: accepted, the link is open
   kRefuse = 5,     // acceptor -> connector: refused (a RefuseReason)
+  kAck = 6,        // on an open connection: the data frames delivered so
+                   // far (EncodeAck)
+  kClose = 7,      // on an open connection, empty: its user closed it, so
+                   // the session ends with it (no resume)
 };
 
 // The fields a data frame carries for the fabric's user.
@@ -104,21 +113,31 @@ struct HelloPayload {
   uint64_t target_node = 0;  // the node the connector meant to reach
   AuthMode auth = AuthMode::kNone;
   std::string credential;
+  // A connection that broke resumes its session: the acceptor must hold
+  // one with this node at this incarnation, else it refuses (kNoSession).
+  bool resume = false;
+  // With resume: the acceptor's data frames the connector has delivered;
+  // the acceptor sends again what follows them. Zero otherwise.
+  uint64_t delivered = 0;
 };
-inline constexpr size_t kHelloFixedSize = 32;  // before the credential
+inline constexpr size_t kHelloFixedSize = 40;  // before the credential
 inline constexpr size_t kMaxCredential = kMaxControlPayload - kHelloFixedSize;
 
 struct WelcomePayload {
   uint64_t node = 0;
   uint64_t incarnation = 0;
+  // Resuming: the connector's data frames the acceptor has delivered.
+  uint64_t delivered = 0;
 };
-inline constexpr size_t kWelcomeSize = 16;
+inline constexpr size_t kWelcomeSize = 24;
 
 enum class RefuseReason : uint32_t {
   kAuth = 1,       // credential missing, invalid, replayed or wrong uid
   kDuplicate = 2,  // a connection between the two nodes already exists
   kWrongNode = 3,  // the connector meant another node
   kBusy = 4,       // too many connections
+  kNoSession = 5,  // nothing to resume: the session ended here
+  kRetry = 6,      // the session's old connection is still closing here
 };
 inline constexpr size_t kRefuseSize = 4;
 
@@ -140,6 +159,10 @@ std::string EncodeHello(const HelloPayload& p);
 FrameError DecodeHello(const uint8_t* in, size_t size, HelloPayload* out);
 std::string EncodeWelcome(const WelcomePayload& p);
 FrameError DecodeWelcome(const uint8_t* in, size_t size, WelcomePayload* out);
+// An ack frame's payload: the count of data frames delivered so far.
+inline constexpr size_t kAckSize = 8;
+std::string EncodeAck(uint64_t delivered);
+FrameError DecodeAck(const uint8_t* in, size_t size, uint64_t* delivered);
 std::string EncodeRefuse(RefuseReason reason);
 FrameError DecodeRefuse(const uint8_t* in, size_t size, RefuseReason* out);
 std::string EncodeCredentialPayload(const CredentialPayload& p);

@@ -89,7 +89,16 @@ std::vector<std::string> Seeds() {
   control.type = FrameType::kHello;
   control.length = static_cast<uint32_t>(payload.size());
   seeds.push_back(Seed(0, control, payload));
-  payload = EncodeWelcome(WelcomePayload{1, 2});
+  HelloPayload resume{2, 3, 1, AuthMode::kMunge, "MUNGE:cred", true, 77};
+  payload = EncodeHello(resume);
+  control.type = FrameType::kHello;
+  control.length = static_cast<uint32_t>(payload.size());
+  seeds.push_back(Seed(0, control, payload));
+  payload = EncodeAck(12345);
+  control.type = FrameType::kAck;
+  control.length = static_cast<uint32_t>(payload.size());
+  seeds.push_back(Seed(0, control, payload));
+  payload = EncodeWelcome(WelcomePayload{1, 2, 3});
   control.type = FrameType::kWelcome;
   control.length = static_cast<uint32_t>(payload.size());
   seeds.push_back(Seed(0, control, payload));
@@ -153,6 +162,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (DecodeWelcome(p, n, &w) == FrameError::kOk) {
     ++reached.payloads;
     Check(EncodeWelcome(w) == Bytes(p, n));
+  }
+  uint64_t delivered;
+  if (DecodeAck(p, n, &delivered) == FrameError::kOk) {
+    ++reached.payloads;
+    Check(EncodeAck(delivered) == Bytes(p, n));
   }
   RefuseReason r;
   if (DecodeRefuse(p, n, &r) == FrameError::kOk) {

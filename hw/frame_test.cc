@@ -50,11 +50,11 @@ TEST(Frame, DecoderRejectsWhatItCannotTrust) {
   bytes[0] ^= 1;
   EXPECT_EQ(DecodeFrameHeader(bytes, 64, limits, &out), FrameError::kBadMagic);
   bytes[0] ^= 1;
-  bytes[4] = 2;
+  bytes[4] = 1;  // before sessions
   EXPECT_EQ(DecodeFrameHeader(bytes, 64, limits, &out),
             FrameError::kBadVersion);
   bytes[4] = kFrameVersion;
-  for (uint8_t t : {0, 6, 255}) {
+  for (uint8_t t : {0, 8, 255}) {
     bytes[5] = t;
     EXPECT_EQ(DecodeFrameHeader(bytes, 64, limits, &out), FrameError::kBadType);
   }
@@ -121,7 +121,50 @@ TEST(Frame, HandshakePayloads) {
                         &hello2),
             FrameError::kBadPayload);
 
+  // A resuming hello carries what the connector delivered; a fresh one
+  // carries zero there, and anything else is refused.
+  HelloPayload resume{5, 6, 9, AuthMode::kMunge, "MUNGE:abc=:", true, 41};
+  s = EncodeHello(resume);
+  ASSERT_EQ(DecodeHello(reinterpret_cast<const uint8_t*>(s.data()), s.size(),
+                        &hello2),
+            FrameError::kOk);
+  EXPECT_TRUE(hello2.resume);
+  EXPECT_EQ(hello2.delivered, 41u);
+  EXPECT_EQ(hello2.credential, "MUNGE:abc=:");
+  resume.resume = false;
+  s = EncodeHello(resume);
+  EXPECT_EQ(DecodeHello(reinterpret_cast<const uint8_t*>(s.data()), s.size(),
+                        &hello2),
+            FrameError::kBadPayload);
+  s = EncodeHello(hello);
+  s[25] = 2;  // the flags byte: only bit 0 means something
+  EXPECT_EQ(DecodeHello(reinterpret_cast<const uint8_t*>(s.data()), s.size(),
+                        &hello2),
+            FrameError::kBadPayload);
+
+  WelcomePayload w;
+  s = EncodeWelcome({1, 2, 99});
+  ASSERT_EQ(
+      DecodeWelcome(reinterpret_cast<const uint8_t*>(s.data()), s.size(), &w),
+      FrameError::kOk);
+  EXPECT_EQ(w.delivered, 99u);
+
+  uint64_t delivered = 0;
+  s = EncodeAck(1ull << 40);
+  ASSERT_EQ(DecodeAck(reinterpret_cast<const uint8_t*>(s.data()), s.size(),
+                      &delivered),
+            FrameError::kOk);
+  EXPECT_EQ(delivered, 1ull << 40);
+  EXPECT_EQ(
+      DecodeAck(reinterpret_cast<const uint8_t*>(s.data()), 7, &delivered),
+      FrameError::kBadPayload);
+
   RefuseReason r;
+  s = EncodeRefuse(RefuseReason::kRetry);
+  ASSERT_EQ(
+      DecodeRefuse(reinterpret_cast<const uint8_t*>(s.data()), s.size(), &r),
+      FrameError::kOk);
+  EXPECT_EQ(r, RefuseReason::kRetry);
   s = EncodeRefuse(RefuseReason::kDuplicate);
   ASSERT_EQ(
       DecodeRefuse(reinterpret_cast<const uint8_t*>(s.data()), s.size(), &r),

@@ -144,6 +144,7 @@ ErrorClass LinkFabric::QueueData(LinkConn* c, const FrameFields& fields,
   }
   s.total = kFrameHeaderSize + length;
   s.cookie = cookie;
+  s.seq = ++c->tx_seq;
   c->tx_app_frames++;
   c->tx_app_bytes += s.total;
   return ErrorClass::kOk;
@@ -168,6 +169,7 @@ ErrorClass LinkFabric::PostSend(ConnId id, const FrameFields& fields,
 }
 
 void LinkFabric::FlushDirty() {
+  SendAcks();
   std::vector<ConnId> dirty;
   dirty.swap(dirty_);
   for (ConnId id : dirty) {
@@ -191,7 +193,9 @@ ErrorClass LinkFabric::PostPayload(ConnId id, const iovec* iov, int iovcnt,
   c->await_payload = false;
   c->rx_take = std::min<size_t>(c->rx_header.length, c->recvs.front().capacity);
   c->rx_got = 0;
-  PayloadPosted(c);
+  // Resumed before this frame's payload came: its header comes again
+  // first, and StartFrame reads it, then the payload (sessions, 5).
+  if (!c->rx_skip_header) PayloadPosted(c);
   PumpRx(c);
   Kick();
   return ErrorClass::kOk;
@@ -216,15 +220,60 @@ void LinkFabric::PumpRx(LinkConn* c) {
 LinkFabric::FrameStart LinkFabric::StartFrame(LinkConn* c, const uint8_t* p,
                                               size_t avail) {
   if (avail < kFrameHeaderSize) return FrameStart::kWait;
-  // Back-pressure: a frame waits until a receive is posted for it.
-  if (c->state == LinkState::kOpen && c->recvs.empty()) {
+  const bool open = c->state == LinkState::kOpen;
+  // Back-pressure: a frame waits until a receive is posted for it. An ack
+  // needs none (it frees our sends), nor the header of a frame whose header
+  // a receive already took before the connection broke.
+  if (open && c->recvs.empty() && !c->rx_skip_header &&
+      p[5] != static_cast<uint8_t>(FrameType::kAck) &&
+      p[5] != static_cast<uint8_t>(FrameType::kClose)) {
     return FrameStart::kWait;
   }
   FrameHeader h;
   FrameError e = DecodeFrameHeader(p, avail, opt_.limits, &h);
   if (e != FrameError::kOk) {
-    BadFrame(c, std::string("bad frame header: ") + FrameErrorName(e));
+    BadFrame(c, e == FrameError::kBadVersion
+                    ? "bad frame header: another fabric protocol version "
+                      "(every node needs a psmd of the same fabric version)"
+                    : std::string("bad frame header: ") + FrameErrorName(e));
     return FrameStart::kStop;
+  }
+  if (open && h.type == FrameType::kAck) {
+    if (avail < kFrameHeaderSize + h.length) return FrameStart::kWait;
+    uint64_t delivered = 0;
+    if (DecodeAck(p + kFrameHeaderSize, h.length, &delivered) !=
+        FrameError::kOk) {
+      BadFrame(c, "malformed ack");
+      return FrameStart::kStop;
+    }
+    Consume(c, kFrameHeaderSize + h.length);
+    return OnAck(c, delivered) ? FrameStart::kNext : FrameStart::kStop;
+  }
+  if (open && h.type == FrameType::kClose) {
+    if (h.length != 0) {
+      BadFrame(c, "malformed close");
+      return FrameStart::kStop;
+    }
+    Consume(c, kFrameHeaderSize);
+    c->session_lost = true;  // its end of file is final
+    return FrameStart::kNext;
+  }
+  if (open && c->rx_skip_header) {
+    // The frame the header-only receive took before the break, sent again.
+    const FrameFields& was = c->rx_header.fields;
+    if (h.type != FrameType::kData || h.length != c->rx_header.length ||
+        h.fields.op != was.op || h.fields.src != was.src ||
+        h.fields.dst != was.dst || h.fields.offset != was.offset ||
+        h.fields.aux != was.aux) {
+      BadFrame(c, "a resumed session's first frame is not the one it cut");
+      return FrameStart::kStop;
+    }
+    Consume(c, kFrameHeaderSize);
+    c->rx_skip_header = false;
+    if (c->await_payload) return FrameStart::kAwaitPayload;
+    c->rx_take = std::min<size_t>(h.length, c->recvs.front().capacity);
+    c->rx_got = 0;
+    return FrameStart::kPayload;
   }
   const bool data = h.type == FrameType::kData;
   if (data != (c->state == LinkState::kOpen)) {
@@ -256,9 +305,11 @@ LinkFabric::FrameStart LinkFabric::StartFrame(LinkConn* c, const uint8_t* p,
     events_.push_back(ev);
     if (h.length > 0) {
       c->await_payload = true;
+      c->rx_header_out = true;
       return FrameStart::kAwaitPayload;
     }
     StatsOf(c->peer_node).frames_received++;
+    NoteDelivered(c, 0);
     return FrameStart::kNext;
   }
   c->rx_take = std::min<size_t>(h.length, c->recvs.front().capacity);
@@ -282,12 +333,35 @@ void LinkFabric::DeliverData(LinkConn* c, ErrorClass error) {
   st.frames_received++;
   st.bytes_received += c->rx_header.length;
   c->rx_got = 0;
+  c->rx_header_out = false;
+  NoteDelivered(c, c->rx_header.length);
 }
 
 LinkConn* LinkFabric::FindLive(ConnId id) {
   auto it = by_id_.find(id);
-  if (it == by_id_.end() || it->second->closing) return nullptr;
+  if (it == by_id_.end()) return nullptr;
+  // A connection that broke and waits for its release keeps taking the
+  // user's frames and receives (the backend does nothing with them while
+  // it closes): Release hands them to the session's stand-in.
+  if (it->second->closing && !Resumable(it->second)) return nullptr;
   return it->second;
+}
+
+bool LinkFabric::Resumable(const LinkConn* c) const {
+  if (!c->visible || !c->opened || c->local_close || c->session_lost) {
+    return false;
+  }
+  switch (c->close_error) {
+    case ErrorClass::kPeerClosed:
+    case ErrorClass::kConnReset:
+    case ErrorClass::kConnFailed:
+    case ErrorClass::kLimit:
+    case ErrorClass::kFail:
+      break;
+    default:  // past the timeout, a bad frame or a refusal: final
+      return false;
+  }
+  return c->session_deadline_ns == 0 || MonotonicNs() < c->session_deadline_ns;
 }
 
 ErrorClass LinkFabric::PostRecv(ConnId id, const iovec* iov, int iovcnt,
@@ -331,6 +405,7 @@ ErrorClass LinkFabric::Close(ConnId id) {
   LinkConn* c = FindLive(id);
   if (c == nullptr) return ErrorClass::kBadConn;
   c->local_close = true;
+  if (c->state == LinkState::kOpen) Goodbye(c);
   Fail(c, ErrorClass::kCanceled);
   Kick();
   return ErrorClass::kOk;
@@ -362,8 +437,18 @@ void LinkFabric::Unlink(LinkConn* c) {
 
 void LinkFabric::Release(LinkConn* c) {
   if (c->counted_handshake) handshakes_--;
+  if (c->visible && Suspend(c)) c->visible = false;
   if (c->visible) {
     ErrorClass op_error = c->close_error;
+    if (c->session_deadline_ns != 0) {
+      spdlog::warn(
+          "fabric: the session with node {} ended: not resumed within {} ms "
+          "of the break; {} frames sent and not delivered are lost",
+          c->peer_node, opt_.timeout_ms, c->unacked.size());
+    }
+    for (LinkSend& s : c->unacked) {
+      Emit(EventType::kSendDone, c, op_error, s.cookie);
+    }
     for (LinkSend& s : c->tx) {
       if (!s.internal) Emit(EventType::kSendDone, c, op_error, s.cookie);
     }
@@ -387,7 +472,7 @@ void LinkFabric::Release(LinkConn* c) {
   owned_.erase(c);
 }
 
-void LinkFabric::OpenLink(LinkConn* c) {
+void LinkFabric::OpenLink(LinkConn* c, uint64_t peer_delivered) {
   c->state = LinkState::kOpen;
   c->opened = true;
   StatsOf(c->peer_node).connects++;
@@ -395,8 +480,236 @@ void LinkFabric::OpenLink(LinkConn* c) {
     c->counted_handshake = false;
     handshakes_--;
   }
+  if (c->resuming) {
+    if (!Resume(c, peer_delivered)) return;
+  } else {
+    c->session_incarnation = c->peer_incarnation;
+  }
   FlushSends(c);
   PumpRx(c);
+}
+
+// ---- sessions (see link_fabric.h) ----
+
+bool LinkFabric::FrontSent(LinkConn* c) {
+  LinkSend& s = c->tx.front();
+  const bool close_after = s.close_after;
+  if (s.internal) {
+    if (&s == c->queued_ack) c->queued_ack = nullptr;
+    c->tx.pop_front();
+    return close_after;
+  }
+  PeerStats& st = StatsOf(c->peer_node);
+  st.frames_sent++;
+  st.bytes_sent += s.total - kFrameHeaderSize;
+  // Kept (with the user's buffers) until the peer says it delivered it.
+  c->unacked.splice(c->unacked.end(), c->tx, c->tx.begin());
+  return close_after;
+}
+
+void LinkFabric::NoteDelivered(LinkConn* c, size_t bytes) {
+  c->rx_delivered++;
+  c->rx_unacked_bytes += bytes;
+  if (!c->ack_due) {
+    c->ack_due = true;
+    ack_due_.push_back(c->id);
+  }
+}
+
+// At each flush (each Poll). An ack costs the peer a parse and us a frame,
+// so one goes out: with data we send anyway (it rides in the same
+// sendmsg), when a quarter of the peer's window is unacknowledged, or when
+// nothing more arrived since the last flush (the peer paused, or our user
+// answers nothing). Deliveries of one Poll are thus acknowledged by the
+// next but one at the latest, and a worker polls again before it sleeps.
+void LinkFabric::SendAcks() {
+  if (ack_due_.empty()) return;
+  std::vector<ConnId> due;
+  due.swap(ack_due_);
+  for (ConnId id : due) {
+    LinkConn* c = FindLive(id);
+    if (c == nullptr || !c->ack_due) continue;
+    if (c->state != LinkState::kOpen) {
+      // A resume tells the peer what was delivered.
+      c->ack_due = false;
+      continue;
+    }
+    const uint64_t frames = c->rx_delivered - c->rx_acked;
+    if (c->tx_dirty || frames >= opt_.max_send_frames / 4 ||
+        c->rx_unacked_bytes >= opt_.max_send_bytes / 4 ||
+        c->rx_delivered == c->rx_delivered_at_flush) {
+      QueueAck(c);
+      c->ack_due = false;
+    } else {
+      c->rx_delivered_at_flush = c->rx_delivered;
+      ack_due_.push_back(id);
+    }
+  }
+}
+
+void LinkFabric::QueueAck(LinkConn* c) {
+  c->rx_acked = c->rx_delivered;
+  c->rx_unacked_bytes = 0;
+  c->rx_delivered_at_flush = c->rx_delivered;
+  const std::string payload = EncodeAck(c->rx_delivered);
+  // One ack waiting in tx at most: a peer that does not read cannot make
+  // us queue one per delivery.
+  if (c->queued_ack != nullptr && c->queued_ack->sent == 0) {
+    c->queued_ack->control = payload;
+    c->queued_ack->iov[1] = {c->queued_ack->control.data(), kAckSize};
+    return;
+  }
+  LinkSend& s = c->tx.emplace_back();  // behind what is in flight
+  FrameHeader h;
+  h.type = FrameType::kAck;
+  h.length = kAckSize;
+  EncodeFrameHeader(h, s.header);
+  s.control = payload;
+  s.iov.push_back({s.header, kFrameHeaderSize});
+  s.iov.push_back({s.control.data(), s.control.size()});
+  s.total = kFrameHeaderSize + kAckSize;
+  s.internal = true;
+  c->queued_ack = &s;
+  if (!c->tx_dirty) {
+    c->tx_dirty = true;
+    dirty_.push_back(c->id);
+  }
+}
+
+bool LinkFabric::OnAck(LinkConn* c, uint64_t delivered) {
+  if (delivered < c->tx_acked || delivered - c->tx_acked > c->unacked.size()) {
+    BadFrame(c, "an ack of frames never sent");
+    return false;
+  }
+  ReleaseAcked(c, delivered);
+  return true;
+}
+
+void LinkFabric::ReleaseAcked(LinkConn* c, uint64_t delivered) {
+  while (c->tx_acked < delivered) {
+    LinkSend& s = c->unacked.front();
+    Emit(EventType::kSendDone, c, ErrorClass::kOk, s.cookie);
+    c->tx_app_frames--;
+    c->tx_app_bytes -= s.total;
+    c->tx_acked++;
+    c->unacked.pop_front();
+  }
+}
+
+bool LinkFabric::Suspend(LinkConn* c) {
+  if (!Resumable(c)) return false;
+  const int64_t now = MonotonicNs();
+  if (c->session_deadline_ns == 0) {
+    c->broke_at_ns = now;
+    c->session_deadline_ns = now + int64_t{opt_.timeout_ms} * 1'000'000;
+    spdlog::info(
+        "fabric: the connection to node {} broke ({}); resuming its session "
+        "(within {} ms)",
+        c->peer_node, ErrorClassName(c->close_error), opt_.timeout_ms);
+  }
+  if (now >= c->session_deadline_ns) return false;
+  LinkConn* n = NewLink(c->outgoing);
+  MoveSession(c, n);
+  n->state = LinkState::kWaitPeer;
+  n->deadline_ns = n->session_deadline_ns;
+  // The dialler tries at once after the break, then every 20 ms.
+  if (n->outgoing) n->redial_at_ns = c->resuming ? now + 20'000'000 : now;
+  return true;
+}
+
+void LinkFabric::MoveSession(LinkConn* from, LinkConn* to) {
+  to->id = from->id;
+  to->cookie = from->cookie;
+  to->visible = true;
+  to->opened = true;
+  to->resuming = true;
+  to->peer_node = from->peer_node;
+  to->session_incarnation = from->session_incarnation;
+  to->addresses = from->addresses;
+  to->next_address = 0;
+  to->broke_at_ns = from->broke_at_ns;
+  to->session_deadline_ns = from->session_deadline_ns;
+  // Frames: the unacknowledged first, then the unsent; whatever part of
+  // one the old connection carried goes again whole. Its handshake and
+  // ack frames stay behind.
+  to->unacked.splice(to->unacked.end(), from->unacked);
+  for (auto it = from->tx.begin(); it != from->tx.end();) {
+    auto next = std::next(it);
+    if (!it->internal) {
+      it->sent = 0;
+      to->tx.splice(to->tx.end(), from->tx, it);
+    }
+    it = next;
+  }
+  to->tx_app_frames = from->tx_app_frames;
+  to->tx_app_bytes = from->tx_app_bytes;
+  to->tx_seq = from->tx_seq;
+  to->tx_acked = from->tx_acked;
+  to->recvs = std::move(from->recvs);
+  from->recvs.clear();
+  to->rx_delivered = from->rx_delivered;
+  to->rx_acked = from->rx_acked;
+  to->rx_unacked_bytes = from->rx_unacked_bytes;
+  to->ack_due = from->ack_due;
+  to->rx_header = from->rx_header;
+  to->await_payload = from->await_payload;
+  to->rx_header_out = from->rx_header_out;
+  to->rx_skip_header = from->rx_header_out;
+  from->visible = false;
+  by_id_[to->id] = to;
+  by_node_[to->peer_node] = to;
+}
+
+bool LinkFabric::Resume(LinkConn* c, uint64_t peer_delivered) {
+  if (peer_delivered < c->tx_acked ||
+      peer_delivered - c->tx_acked > c->unacked.size()) {
+    BadFrame(c, "a resume naming frames never sent");
+    return false;
+  }
+  ReleaseAcked(c, peer_delivered);
+  const size_t again = c->unacked.size();
+  // Before anything queued since, behind this connection's handshake.
+  auto first_data = std::find_if(c->tx.begin(), c->tx.end(),
+                                 [](const LinkSend& s) { return !s.internal; });
+  for (LinkSend& s : c->unacked) s.sent = 0;
+  c->tx.splice(first_data, c->unacked);
+  // The peer learnt what we delivered from the handshake.
+  c->rx_acked = c->rx_delivered;
+  c->rx_unacked_bytes = 0;
+  c->resuming = false;
+  PeerStats& st = StatsOf(c->peer_node);
+  st.resumes++;
+  st.frames_replayed += again;
+  spdlog::info(
+      "fabric: the session with node {} resumed {:.1f} ms after its "
+      "connection broke: {} frames sent again",
+      c->peer_node, (MonotonicNs() - c->broke_at_ns) / 1e6, again);
+  c->broke_at_ns = 0;
+  c->session_deadline_ns = 0;
+  return true;
+}
+
+void LinkFabric::CheckSessions(int64_t now) {
+  std::vector<LinkConn*> due;
+  for (auto& [link, owner] : owned_) {
+    if (link->resuming && !link->closing &&
+        link->state == LinkState::kWaitPeer && link->redial_at_ns != 0 &&
+        now >= link->redial_at_ns) {
+      due.push_back(link);
+    }
+  }
+  for (LinkConn* c : due) {
+    c->redial_at_ns = 0;
+    c->next_address = 0;
+    StartAttempt(c);
+  }
+}
+
+int LinkFabric::NextWakeMs() const {
+  for (const auto& [link, owner] : owned_) {
+    if (link->resuming && !link->closing) return 10;
+  }
+  return -1;
 }
 
 void LinkFabric::QueueControl(LinkConn* c, FrameType type, std::string payload,
@@ -455,8 +768,21 @@ void LinkFabric::Challenge(LinkConn* c) {
 
 // One connection per node pair: see hw/fabric.h for the rule.
 void LinkFabric::Admit(LinkConn* c) {
+  if (c->hello.resume) {
+    AdmitResume(c);
+    return;
+  }
   uint64_t node = c->hello.node;
   auto it = by_node_.find(node);
+  if (it != by_node_.end() && it->second->resuming) {
+    // The peer connects afresh: it gave the session up, or it restarted.
+    spdlog::info(
+        "fabric: node {} connected afresh; its broken session cannot resume",
+        node);
+    it->second->session_lost = true;
+    Fail(it->second, ErrorClass::kConnReset);
+    it = by_node_.end();
+  }
   if (it != by_node_.end() && it->second->state == LinkState::kOpen) {
     if (it->second->peer_incarnation == c->hello.incarnation) {
       Refuse(c, RefuseReason::kDuplicate, "already connected");
@@ -492,6 +818,44 @@ void LinkFabric::Admit(LinkConn* c) {
   Emit(EventType::kAccepted, c, ErrorClass::kOk, 0);
 }
 
+void LinkFabric::AdmitResume(LinkConn* c) {
+  const uint64_t node = c->hello.node;
+  auto it = by_node_.find(node);
+  LinkConn* s = it == by_node_.end() ? nullptr : it->second;
+  if (s != nullptr && s->state == LinkState::kOpen &&
+      s->session_incarnation == c->hello.incarnation) {
+    // The break has not reached us yet: end our side (Release makes the
+    // stand-in) and let the connector come again.
+    Fail(s, ErrorClass::kConnReset);
+    Refuse(c, RefuseReason::kRetry, "its session's old connection is closing");
+    return;
+  }
+  if (s == nullptr) {
+    // Failed (so unlinked) and not yet released: a stand-in soon.
+    for (const auto& [link, owner] : owned_) {
+      if (link->closing && link->peer_node == node &&
+          link->session_incarnation == c->hello.incarnation &&
+          Resumable(link)) {
+        Refuse(c, RefuseReason::kRetry,
+               "its session's old connection is closing");
+        return;
+      }
+    }
+  }
+  if (s == nullptr || !s->resuming || s->outgoing ||
+      s->session_incarnation != c->hello.incarnation) {
+    Refuse(c, RefuseReason::kNoSession, "no session to resume");
+    return;
+  }
+  c->peer_node = node;
+  c->peer_incarnation = c->hello.incarnation;
+  QueueControl(c, FrameType::kWelcome,
+               EncodeWelcome({opt_.node_id, incarnation_, s->rx_delivered}));
+  MoveSession(s, c);
+  Fail(s, ErrorClass::kCanceled);  // invisible now: no events
+  OpenLink(c, c->hello.delivered);
+}
+
 // The peer's connection (`incoming`) takes over the user's pending Connect
 // handle; the handle itself is closed without events.
 void LinkFabric::Adopt(LinkConn* incoming, LinkConn* handle) {
@@ -504,6 +868,7 @@ void LinkFabric::Adopt(LinkConn* incoming, LinkConn* handle) {
                       handle->tx.end());
   incoming->tx_app_frames = handle->tx_app_frames;
   incoming->tx_app_bytes = handle->tx_app_bytes;
+  incoming->tx_seq = handle->tx_seq;
   incoming->recvs = std::move(handle->recvs);
   handle->recvs.clear();
   handle->visible = false;
@@ -529,13 +894,22 @@ void LinkFabric::OnControl(LinkConn* c, FrameType type, const uint8_t* p,
         Fail(c, ErrorClass::kBadHost);
         return;
       }
+      if (c->resuming && ch.incarnation != c->session_incarnation) {
+        spdlog::warn(
+            "fabric: node {} restarted: the session with it cannot resume",
+            c->peer_node);
+        c->session_lost = true;
+        Fail(c, ErrorClass::kConnReset);
+        return;
+      }
       c->peer_incarnation = ch.incarnation;
       std::memcpy(c->challenge, ch.nonce, kNonceSize);
       for (auto& b : c->nonce) b = static_cast<uint8_t>(rng_());
       if (opt_.auth == AuthMode::kNone) {
         QueueControl(c, FrameType::kHello,
                      EncodeHello({opt_.node_id, incarnation_, c->peer_node,
-                                  AuthMode::kNone, ""}));
+                                  AuthMode::kNone, "", c->resuming,
+                                  c->resuming ? c->rx_delivered : 0}));
       } else {
         CredentialPayload cp;
         std::memcpy(cp.challenge, c->challenge, kNonceSize);
@@ -557,8 +931,9 @@ void LinkFabric::OnControl(LinkConn* c, FrameType type, const uint8_t* p,
         BadFrame(c, "welcome from another node than the challenge");
         return;
       }
-      OpenLink(c);
-      Emit(EventType::kConnected, c, ErrorClass::kOk, c->cookie);
+      const bool resumed = c->resuming;
+      OpenLink(c, w.delivered);
+      if (!resumed) Emit(EventType::kConnected, c, ErrorClass::kOk, c->cookie);
       return;
     }
   } else if (c->outgoing && type == FrameType::kRefuse) {
@@ -580,6 +955,15 @@ void LinkFabric::OnControl(LinkConn* c, FrameType type, const uint8_t* p,
           return;
         case RefuseReason::kBusy:
           Fail(c, ErrorClass::kLimit);
+          return;
+        case RefuseReason::kNoSession:
+          spdlog::warn("fabric: node {} holds no session to resume",
+                       c->peer_node);
+          c->session_lost = true;
+          Fail(c, ErrorClass::kConnReset);
+          return;
+        case RefuseReason::kRetry:  // a stand-in tries again shortly
+          Fail(c, ErrorClass::kConnFailed);
           return;
       }
     }
@@ -651,7 +1035,8 @@ void LinkFabric::OnAuthResults() {
       c->state = LinkState::kHandshake;
       QueueControl(c, FrameType::kHello,
                    EncodeHello({opt_.node_id, incarnation_, c->peer_node,
-                                AuthMode::kMunge, r.data}));
+                                AuthMode::kMunge, r.data, c->resuming,
+                                c->resuming ? c->rx_delivered : 0}));
       PumpRx(c);
       continue;
     }

@@ -6,6 +6,29 @@
 // counters these produce. A backend derives from LinkFabric, keeps its
 // transport state in a LinkConn subclass, and supplies the hooks below.
 //
+// Sessions (docs/design.md, "Sessions: a broken connection resumes"). The
+// user's connection id names a session, which outlives the transport
+// connection under it:
+//  1. Data frames are numbered per direction by their order (1, 2, ...);
+//     the number is implied by the stream, never sent.
+//  2. The receiver counts the data frames it delivered to its user and
+//     tells the sender in ack frames (cumulative); a sender's kSendDone
+//     waits for that ack, so the user's buffers are the replay buffer, and
+//     max_send_frames / max_send_bytes bound it.
+//  3. A connection that breaks while open (not closed by the user, not a
+//     bad frame, not a timeout) is replaced by a stand-in that keeps the id,
+//     the frames and the posted receives; the side that dialled dials
+//     again, the other waits. The hello says "resume" and what the connector
+//     delivered, the welcome what the acceptor delivered; each side then
+//     sends again, in order, exactly the frames the other had not delivered.
+//  4. A session ends as a connection did before (every pending operation's
+//     event with the error, then kClosed) when it cannot resume within
+//     timeout_ms of the break, or the peer is another incarnation (it
+//     restarted: what it had is gone).
+//  5. A frame whose header a header-only receive delivered before the break
+//     is not delivered twice: its replayed header is read and dropped, and
+//     its payload lands where PostPayload said.
+//
 // Thread-safety: as hw::Fabric (one thread); the MUNGE helper thread is
 // MungeAuth's, whose results the backend collects by OnAuthResults.
 #ifndef PSMD_HW_LINK_FABRIC_H_
@@ -51,7 +74,8 @@ struct LinkSend {
   size_t total = 0;
   size_t sent = 0;  // bytes the backend has taken
   uint64_t cookie = 0;
-  bool internal = false;     // a handshake frame: no event
+  uint64_t seq = 0;          // a data frame's number in its session
+  bool internal = false;     // a handshake or ack frame: no event
   bool close_after = false;  // close the connection once sent
 };
 
@@ -94,9 +118,28 @@ struct LinkConn {
   bool rx_parsing = false;     // ParseRx is on the stack
   bool rx_reparse = false;     // ... and should run once more
   std::list<LinkSend> tx;
-  uint32_t tx_app_frames = 0;
+  uint32_t tx_app_frames = 0;  // data frames not yet acknowledged
   uint64_t tx_app_bytes = 0;
   bool tx_dirty = false;  // frames posted since the last flush (dirty_)
+
+  // ---- the session (see the top of this file) ----
+  uint64_t tx_seq = 0;          // data frames queued, ever
+  uint64_t tx_acked = 0;        // ... of which the peer delivered
+  std::list<LinkSend> unacked;  // sent whole, waiting for the ack
+  uint64_t rx_delivered = 0;    // the peer's data frames we delivered
+  uint64_t rx_acked = 0;        // rx_delivered as last told to the peer
+  uint64_t rx_unacked_bytes = 0;
+  uint64_t rx_delivered_at_flush = 0;  // at the previous FlushDirty
+  bool ack_due = false;                // listed in ack_due_
+  LinkSend* queued_ack = nullptr;      // an ack in tx not yet sent
+  bool rx_header_out = false;        // a kHeader went out for the frame at hand
+  bool rx_skip_header = false;       // resumed: that frame's header comes again
+  bool resuming = false;             // a broken session's stand-in
+  bool session_lost = false;         // the peer cannot resume: failure is final
+  uint64_t session_incarnation = 0;  // the peer's, when the session opened
+  int64_t broke_at_ns = 0;           // when its connection broke
+  int64_t session_deadline_ns = 0;   // resumed before this, or it ends
+  int64_t redial_at_ns = 0;          // a dialler's next attempt
 };
 
 class LinkFabric : public Fabric {
@@ -143,6 +186,10 @@ class LinkFabric : public Fabric {
   // After a user call that may have made events (PostRecv, Close): a
   // backend whose event_fd would not fire by itself signals it.
   virtual void Kick() {}
+  // The user closes open connection c: tell the peer, where that cannot
+  // cut a frame in two, that the session ends (a kClose frame), so that it
+  // does not wait to resume it.
+  virtual void Goodbye(LinkConn* /*c*/) {}
 
   // ---- shared ----
   void PumpRx(LinkConn* c);
@@ -161,6 +208,14 @@ class LinkFabric : public Fabric {
   FrameStart StartFrame(LinkConn* c, const uint8_t* p, size_t avail);
   // The front receive got c->rx_take bytes of the current frame.
   void DeliverData(LinkConn* c, ErrorClass error);
+  // The transport took all of c->tx.front(): a data frame now waits for
+  // the peer's ack, anything else is done. Pops it; true when the
+  // connection is to close after it (a refusal).
+  bool FrontSent(LinkConn* c);
+  // Starts the attempts of broken sessions that are due (the backends call
+  // it from their deadline checks).
+  void CheckSessions(int64_t now);
+  int NextWakeMs() const override;
   // FlushSends for the connections PostSend marked.
   void FlushDirty();
   // Checks the options every backend needs and parses the listen
@@ -178,7 +233,9 @@ class LinkFabric : public Fabric {
   // The end of a connection: its pending operations' events and kClosed
   // (or a failed kConnected), then it is forgotten.
   void Release(LinkConn* c);
-  void OpenLink(LinkConn* c);
+  // c's handshake is done; a resuming session first takes back what the
+  // peer had not delivered (`peer_delivered`, from its hello or welcome).
+  void OpenLink(LinkConn* c, uint64_t peer_delivered = 0);
   void QueueControl(LinkConn* c, FrameType type, std::string payload,
                     bool close_after = false);
   void Refuse(LinkConn* c, RefuseReason reason, const char* why);
@@ -191,6 +248,8 @@ class LinkFabric : public Fabric {
             uint64_t cookie);
   // The user's connection `id` if it is open for operations.
   LinkConn* FindLive(ConnId id);
+  // c, closing, broke in a way its session survives (Suspend will take it).
+  bool Resumable(const LinkConn* c) const;
 
   PeerStats& StatsOf(uint64_t node) {
     PeerStats& p = stats_[node];
@@ -221,10 +280,24 @@ class LinkFabric : public Fabric {
  private:
   void Admit(LinkConn* c);
   void Adopt(LinkConn* incoming, LinkConn* handle);
+  // A resuming hello on an incoming connection (Admit's part).
+  void AdmitResume(LinkConn* c);
+  // Sessions: see the top of this file.
+  void NoteDelivered(LinkConn* c, size_t bytes);
+  void SendAcks();
+  void QueueAck(LinkConn* c);
+  bool OnAck(LinkConn* c, uint64_t delivered);
+  void ReleaseAcked(LinkConn* c, uint64_t delivered);
+  // In Release: c broke while open; a stand-in takes its session. False
+  // when the session ends instead.
+  bool Suspend(LinkConn* c);
+  void MoveSession(LinkConn* from, LinkConn* to);
+  bool Resume(LinkConn* c, uint64_t peer_delivered);
   bool RememberNonce(const uint8_t nonce[kNonceSize], int64_t now);
 
   ConnId next_id_ = 1;
   uint64_t next_serial_ = 1;
+  std::vector<ConnId> ack_due_;  // delivered frames not yet acknowledged
   // Connector nonces seen within the credential TTL (replay defence).
   std::unordered_map<std::string, int64_t> nonces_;
 };

@@ -98,6 +98,13 @@
   X(auth_failures, auth_err, kCount,                                    \
     "Handshakes refused for authentication (node 0: unauthenticated).") \
   X(bad_frames, bad_frm, kCount, "Connections dropped for an invalid frame.")
+// the fabric's sessions (docs/design.md, "Sessions: a broken connection
+// resumes"), listed last for the proto's field numbers,
+#define PSMD_FABRIC_SESSION_COUNTERS(X)                           \
+  X(resumes, resumes, kCount,                                     \
+    "Broken connections with a peer node whose session resumed.") \
+  X(frames_replayed, replayed, kCount,                            \
+    "Data frames sent again to a peer node when a session resumed.")
 // and the engine's (docs/design.md, "Between nodes: the engine").
 #define PSMD_REMOTE_EVENT_COUNTERS(X)                                      \
   X(refused, refused, kCount,                                              \
@@ -116,9 +123,12 @@
     "out of turn).")
 // hw::PeerStats, and every counter per peer node.
 #define PSMD_FABRIC_PEER_COUNTERS(X) \
-  PSMD_FABRIC_TRAFFIC_COUNTERS(X) PSMD_FABRIC_EVENT_COUNTERS(X)
-#define PSMD_PEER_COUNTERS(X) \
-  PSMD_FABRIC_PEER_COUNTERS(X) PSMD_REMOTE_EVENT_COUNTERS(X)
+  PSMD_FABRIC_TRAFFIC_COUNTERS(X)    \
+  PSMD_FABRIC_EVENT_COUNTERS(X) PSMD_FABRIC_SESSION_COUNTERS(X)
+#define PSMD_PEER_COUNTERS(X)                                 \
+  PSMD_FABRIC_TRAFFIC_COUNTERS(X)                             \
+  PSMD_FABRIC_EVENT_COUNTERS(X) PSMD_REMOTE_EVENT_COUNTERS(X) \
+      PSMD_FABRIC_SESSION_COUNTERS(X)
 
 namespace psmd::counters {
 

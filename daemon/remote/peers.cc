@@ -395,6 +395,8 @@ int Remote::SleepLimitMs() {
     CheckDeadlines();
     return 50;
   }
+  // A broken connection's session is being resumed.
+  if (int ms = fabric_->NextWakeMs(); ms >= 0) return ms;
   // Wake to send and check heartbeats.
   return peers_.empty() ? -1 : static_cast<int>(std::max(timeout_ms_ / 6, 1u));
 }

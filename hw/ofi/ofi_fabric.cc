@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "hw/link_fabric.h"
@@ -55,6 +57,9 @@ using ofi::kKeepalive;
 using ofi::kMaxName;
 using ofi::kPrefix;
 using ofi::kStream;
+// A kClose's payload when the session ends with the connection (the user
+// closed it, or the daemon exits); none when the session may resume.
+constexpr std::string_view kFinalClose = "final";
 using ofi::MsgKind;
 using ofi::Prefix;
 
@@ -293,7 +298,7 @@ OfiFabric::~OfiFabric() {
     for (auto& [link, owner] : owned_) {
       auto* c = static_cast<Conn*>(link);
       if (!c->closing && c->peer_key != 0) {
-        SendControl(c, kClose, c->tx_off);
+        SendControl(c, kClose, c->tx_off, std::string(kFinalClose));
       }
     }
     const int64_t end = MonotonicNs() + 200'000'000;
@@ -760,9 +765,12 @@ void OfiFabric::Fail(LinkConn* link, ErrorClass error) {
   c->closing = true;
   c->close_error = error;
   Unlink(c);
-  // The peer learns at once (a closed socket's FIN), unless it told us.
+  // The peer learns at once (a closed socket's FIN), unless it told us;
+  // and whether it may resume the session: not after our user's Close.
   if (c->peer_key != 0 && !c->peer_closed) {
-    SendControl(c, kClose, c->tx_off);
+    SendControl(c, kClose, c->tx_off,
+                c->local_close || c->session_lost ? std::string(kFinalClose)
+                                                  : std::string());
   }
   finish_.push_back(c);
 }
@@ -956,18 +964,9 @@ void OfiFabric::FlushSends(LinkConn* link) {
         skip = 0;
       }
       if (f.sent < f.total) break;
-      // Its bytes are all with the provider: the caller's buffers are free.
-      if (!f.internal) {
-        c->tx_app_frames--;
-        c->tx_app_bytes -= f.total;
-        PeerStats& st = StatsOf(c->peer_node);
-        st.frames_sent++;
-        st.bytes_sent += f.total - kFrameHeaderSize;
-        if (c->visible)
-          Emit(EventType::kSendDone, c, ErrorClass::kOk, f.cookie);
-      }
-      if (f.close_after) c->close_after_tx = true;
-      c->tx.pop_front();
+      // Its bytes are all with the provider; the caller's buffers wait for
+      // the peer's ack all the same (a session may send them again).
+      if (FrontSent(c)) c->close_after_tx = true;
     }
     Prefix m;
     m.kind = kStream;
@@ -1086,6 +1085,11 @@ void OfiFabric::OnMessage(const uint8_t* p, size_t n, bool listen) {
       }
       c->peer_closed = true;
       c->close_at = m.seq;
+      if (n - kPrefix == kFinalClose.size() &&
+          std::memcmp(p + kPrefix, kFinalClose.data(), kFinalClose.size()) ==
+              0) {
+        c->session_lost = true;
+      }
       PumpRx(c);
       return;
     default:
@@ -1214,6 +1218,7 @@ int OfiFabric::ReadCq() {
 }
 
 void OfiFabric::CheckDeadlines(int64_t now) {
+  CheckSessions(now);
   const int64_t timeout = int64_t{opt_.timeout_ms} * 1'000'000;
   const int64_t user_timeout =
       opt_.user_timeout_ms == FabricOptions::kNoUserTimeout ? 0

@@ -151,6 +151,7 @@ class SocketFabric final : public LinkFabric {
   void ArmAuthNotify();
   // LinkFabric's hooks.
   void Fail(LinkConn* c, ErrorClass error) override;
+  void Goodbye(LinkConn* c) override;
   void FlushSends(LinkConn* c) override;
   void ParseRx(LinkConn* c) override;
   void AfterRx(LinkConn* c) override { ArmRecv(static_cast<Conn*>(c)); }
@@ -195,6 +196,7 @@ class SocketFabric final : public LinkFabric {
 SocketFabric::~SocketFabric() {
   for (auto& [link, owner] : owned_) {
     auto* c = static_cast<Conn*>(link);
+    if (!c->closing && c->state == State::kOpen) Goodbye(c);
     if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
   }
   // Tear the ring down before the buffers its operations point into.
@@ -402,6 +404,23 @@ void SocketFabric::Fail(LinkConn* link, ErrorClass error) {
   finish_.push_back(c);
 }
 
+// Written at once, and only between two frames: with no sendmsg in flight
+// and nothing of the front frame sent, the stream is at a frame boundary.
+// Otherwise (or if the socket buffer is full) the peer is not told, and
+// finds that out when it tries to resume (kNoSession) or at the timeout.
+void SocketFabric::Goodbye(LinkConn* link) {
+  auto* c = static_cast<Conn*>(link);
+  if (c->fd < 0 || c->tx_inflight ||
+      (!c->tx.empty() && c->tx.front().sent > 0)) {
+    return;
+  }
+  FrameHeader h;
+  h.type = FrameType::kClose;
+  uint8_t bytes[kFrameHeaderSize];
+  EncodeFrameHeader(h, bytes);
+  (void)!send(c->fd, bytes, sizeof bytes, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
 void SocketFabric::Finish(Conn* c) {
   if (c->fd >= 0) close(c->fd);
   c->fd = -1;
@@ -469,7 +488,14 @@ void SocketFabric::ArmRecv(Conn* c) {
   io_uring_sqe* sqe = nullptr;
   switch (c->rx_phase) {
     case RxPhase::kStage: {
-      if (c->state == State::kOpen && c->recvs.empty()) return;
+      // With no receive posted, frames are still read up to the first
+      // data frame's header: acks and a close need no receive. Then nothing
+      // more is read (back-pressure), which keeps ParseRx's premise: a read
+      // is in flight only while the stage holds no whole frame.
+      if (c->state == State::kOpen && c->recvs.empty() &&
+          c->stage_end - c->stage_begin >= kFrameHeaderSize) {
+        return;
+      }
       if (c->stage == nullptr) c->stage.reset(new uint8_t[kStageSize]);
       // What is left is less than one frame (ParseStage took the rest),
       // so moving it to the front is cheap.
@@ -612,16 +638,7 @@ void SocketFabric::OnSend(Conn* c, int res) {
     s.sent += n;
     left -= n;
     if (s.sent < s.total) break;
-    if (!s.internal) {
-      Emit(EventType::kSendDone, c, ErrorClass::kOk, s.cookie);
-      PeerStats& st = StatsOf(c->peer_node);
-      st.frames_sent++;
-      st.bytes_sent += s.total - kFrameHeaderSize;
-      c->tx_app_frames--;
-      c->tx_app_bytes -= s.total;
-    }
-    close_after |= s.close_after;
-    c->tx.pop_front();
+    close_after |= FrontSent(c);
   }
   if (close_after) {
     Fail(c, ErrorClass::kAuthFailed);
@@ -712,6 +729,7 @@ void SocketFabric::HandleCqe(const io_uring_cqe* cqe) {
 
 void SocketFabric::CheckDeadlines(int64_t now) {
   next_check_ns_ = now + kDeadlineCheckNs;
+  CheckSessions(now);
   for (auto& l : listeners_) {
     if (l->paused) {
       l->paused = false;
