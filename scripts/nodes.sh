@@ -13,20 +13,24 @@
 # FLAGS go to every psmd; with PSMD_TEST_OFI_PROVIDER set (a libfabric
 # provider, e.g. "tcp;ofi_rxm"), they run the ofi backend over it. With
 # NODE_CPUS set (a CPU list per node, e.g.
-# "0 1"), daemon i runs pinned to the i-th (taskset). Returns once every
-# control socket is up; else prints the log of the one that is not and
-# returns 1.
+# "0 1"), daemon i runs pinned to the i-th (taskset). With NODES_TAG set (a
+# word), the files are $work/nodes$NODES_TAG, psmd$NODES_TAG<i>.sock and
+# .log: a second set of daemons beside the first (scripts/bench_fabric.sh
+# runs one set over sockets, one over ofi), sharing the munged. Returns
+# once every control socket is up; else prints the log of the one that is
+# not and returns 1.
 start_nodes() {
-  local psmd=$1 count=$2 i addr port listen=()
+  local psmd=$1 count=$2 i addr port listen=() tag=${NODES_TAG:-}
   shift 2
-  start_munged || return 1
-  : >"$work/nodes"
+  if [[ ! -S "$work/munge/socket" ]]; then start_munged || return 1; fi
+  local table=$work/nodes$tag
+  : >"$table"
   for ((i = 0; i < count; i++)); do
     addr=127.0.0.$((2 + i))
     # A free port on that address (the node table names it before the
     # daemons start).
     port=$(python3 -c 'import socket,sys; s=socket.socket(); s.bind((sys.argv[1],0)); print(s.getsockname()[1])' "$addr")
-    echo "$((i + 1)) node$((i + 1)) $((i + 1))@$addr:$port" >>"$work/nodes"
+    echo "$((i + 1)) node$((i + 1)) $((i + 1))@$addr:$port" >>"$table"
     listen[i]="$addr:$port"
   done
   if [[ -n "${PSMD_TEST_OFI_PROVIDER:-}" ]]; then
@@ -36,19 +40,19 @@ start_nodes() {
   local cpus=()
   read -r -a cpus <<<"${NODE_CPUS:-}"
   for ((i = 0; i < count; i++)); do
-    node_socket[i]="$work/psmd$i.sock"
+    node_socket[i]="$work/psmd$tag$i.sock"
     local pin=()
     [[ -n "${cpus[i]:-}" ]] && pin=(taskset -c "${cpus[i]}")
     "${pin[@]}" "$psmd" --socket "${node_socket[i]}" --node-id $((i + 1)) \
-      --fabric-listen "${listen[i]}" --fabric-nodes "$work/nodes" \
-      --munge-socket "$work/munge/socket" "$@" 2>"$work/psmd$i.log" &
+      --fabric-listen "${listen[i]}" --fabric-nodes "$table" \
+      --munge-socket "$work/munge/socket" "$@" 2>"$work/psmd$tag$i.log" &
     node_pid[i]=$!
     pids+=($!)
   done
   for ((i = 0; i < count; i++)); do
     for _ in $(seq 100); do [[ -S "${node_socket[i]}" ]] && continue 2; sleep 0.05; done
     echo "psmd $i did not come up on ${node_socket[i]}:" >&2
-    cat "$work/psmd$i.log" >&2
+    cat "$work/psmd$tag$i.log" >&2
     return 1
   done
 }
@@ -72,15 +76,23 @@ start_munged() {
 }
 
 # check_node_traffic PSMCTL: daemons 0 and 1 each sent the other node more
-# than 100,000 payload bytes (their per-peer-node rows in psmctl stats).
-# Prints both counts; returns 1 if either did not.
+# than 100,000 payload bytes (their per-peer-node rows in psmctl stats), over
+# the backend and provider asked for (ofi and PSMD_TEST_OFI_PROVIDER when it
+# is set, else socket). Prints both; returns 1 if either did not.
 check_node_traffic() {
-  local psmctl=$1 i bytes status=0
+  local psmctl=$1 i line bytes over status=0
+  local want=socket
+  if [[ -n "${PSMD_TEST_OFI_PROVIDER:-}" ]]; then
+    want="ofi $PSMD_TEST_OFI_PROVIDER"
+  fi
   for i in 0 1; do
-    bytes=$("$psmctl" --socket "${node_socket[i]}" --json stats |
-      python3 -c 'import json,sys; p=json.load(sys.stdin)["peer_nodes"]; print(sum(r["bytes_sent"] for r in p))')
-    echo "psmd $i sent $bytes payload bytes to the other node"
+    line=$("$psmctl" --socket "${node_socket[i]}" --json stats |
+      python3 -c 'import json,sys; s=json.load(sys.stdin); print(sum(r["bytes_sent"] for r in s["peer_nodes"]), s["fabric_backend"], s["fabric_provider"])')
+    read -r bytes over <<<"$line"
+    echo "psmd $i sent $bytes payload bytes to the other node (fabric: $over)"
     ((bytes > 100000)) || { echo "psmd $i: no traffic to the other node" >&2; status=1; }
+    [[ $over == "$want" ]] ||
+      { echo "psmd $i: fabric is '$over', not '$want'" >&2; status=1; }
   done
   return "$status"
 }
@@ -90,7 +102,7 @@ check_node_traffic() {
 print_node_logs() {
   local i
   for i in "${!node_socket[@]}"; do
-    echo "---- psmd$i log" >&2
-    tail -n 40 "$work/psmd$i.log" >&2
+    echo "---- psmd${NODES_TAG:-}$i log" >&2
+    tail -n 40 "$work/psmd${NODES_TAG:-}$i.log" >&2
   done
 }

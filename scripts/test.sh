@@ -9,8 +9,9 @@ bash scripts/deps.sh || exit 1
 bazel build //... || { echo "0 passed, 1 failed"; exit 1; }
 # mpi4py's own test suite lives beside the repository (../shared/external);
 # //tests/mpi:mtl_psmd_mpi4py_suite runs it on one psmd, ..._mpi4py_nodes
-# with its ranks on two, //tests/slurm:cluster_test through srun on three
-# nodes. //tests:fabric_netns_test (a veth link set down
+# with its ranks on two (..._ofi, ..._ofi_udp: linked by libfabric over
+# tcp;ofi_rxm, udp;ofi_rxd), //tests/slurm:cluster_test through srun on
+# three nodes. //tests:fabric_netns_test (a veth link set down
 # mid-transfer) and //tests/slurm:cluster_test (Open MPI jobs from a real
 # Slurm cluster in namespaces, scripts/cluster.sh) need root, as CI runs
 # this, and skip themselves otherwise.

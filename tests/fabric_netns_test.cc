@@ -10,6 +10,10 @@
 // CAP_NET_ADMIN and CAP_SYS_ADMIN); skipped otherwise. Every process is
 // ended by PID; the namespaces (and with them the veth pair) are deleted
 // even when the test fails, and ones left by a killed run are swept.
+// With PSMD_TEST_OFI_PROVIDER set (//tests:fabric_netns_ofi_test), the
+// daemons run the ofi backend over that libfabric provider: the same
+// bounds hold, since over ofi too the engine's heartbeats find the silence
+// (an RDM endpoint reports no broken link).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -34,6 +38,12 @@ constexpr int kTimeoutMs = 1000;
 // Heartbeats are checked every 100 ms at most, and the machine is shared.
 constexpr int kMarginMs = 1500;
 const char kPrefix[] = "psmd-netns-";
+
+// The libfabric provider the daemons use, empty for the socket backend.
+std::string OfiProvider() {
+  const char* p = std::getenv("PSMD_TEST_OFI_PROVIDER");
+  return p == nullptr ? std::string() : std::string(p);
+}
 
 bool HaveNetAdmin() {
   if (geteuid() != 0) return false;
@@ -178,15 +188,20 @@ class FabricNetnsTest : public ::testing::Test {
     }
   }
   std::unique_ptr<Daemon> StartNode(int i) {
-    return std::make_unique<Daemon>(
-        node_dir_[i],
-        std::vector<std::string>{
-            "--node-id", std::to_string(i + 1), "--fabric-listen",
-            NetnsPair::Address(i) + ":7400", "--fabric-nodes",
-            dir_.path() + "/nodes", "--munge-socket", munged_->socket(),
-            "--fabric-timeout-ms", std::to_string(kTimeoutMs), "--log-level",
-            "info"},
-        std::map<std::string, std::string>{}, net_.Enter(i));
+    std::vector<std::string> flags = {
+        "--node-id",           std::to_string(i + 1),
+        "--fabric-listen",     NetnsPair::Address(i) + ":7400",
+        "--fabric-nodes",      dir_.path() + "/nodes",
+        "--munge-socket",      munged_->socket(),
+        "--fabric-timeout-ms", std::to_string(kTimeoutMs),
+        "--log-level",         "info"};
+    if (!OfiProvider().empty()) {
+      flags.insert(flags.end(),
+                   {"--fabric", "ofi", "--fabric-provider", OfiProvider()});
+    }
+    return std::make_unique<Daemon>(node_dir_[i], flags,
+                                    std::map<std::string, std::string>{},
+                                    net_.Enter(i));
   }
   // tests/programs/exchange, rank 0 on a and rank 1 on b; rank 0's result.
   RunResult Exchange(const Daemon& a, const Daemon& b, const std::string& name,
@@ -241,6 +256,16 @@ TEST_F(FabricNetnsTest, LinkDownMidTransferFailsBothSidesInTimeAndLinkUpWorks) {
   ASSERT_EQ(exit1, 0) << warm.err;
   ExpectNoClientState(*a);
   ExpectNoClientState(*b);
+  // The backend under test is the one that carried it.
+  for (const Daemon* d : {a.get(), b.get()}) {
+    RunResult s = Psmctl(dir_, *d, {"stats", "--format", "json"});
+    const std::string backend = OfiProvider().empty() ? "socket" : "ofi";
+    EXPECT_NE(
+        s.out.find("\"fabric_backend\": \"" + backend +
+                   "\",\n \"fabric_provider\": \"" + OfiProvider() + "\""),
+        std::string::npos)
+        << s.out;
+  }
   const int fds_a = OpenFds(a->pid()), fds_b = OpenFds(b->pid());
 
   std::string rv = dir_.path() + "/flap";

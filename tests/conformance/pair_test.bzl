@@ -23,7 +23,10 @@ def pair_tests(program, ranks = 2, nodes = 0, workers = 0,
         every shard carried traffic and messages crossed between them.
       nodes: if not 0, also <program>_nodes: the psmd run with that many
         daemons linked by the fabric (rank r on daemon r % nodes), and
-        <program>_nodes_ofi: the same over the ofi backend on tcp;ofi_rxm.
+        <program>_nodes_ofi: the same over the ofi backend on tcp;ofi_rxm,
+        and <program>_nodes_ofi_udp: on udp;ofi_rxd (datagrams, the
+        provider's own reliability; issue 34 asks for two providers of
+        different properties).
       nodes_workers_ranks: if not 0 (with nodes and workers), also
         <program>_nodes_workers<N>: that many ranks over `nodes` daemons of
         `workers` shards each (two ranks or more per daemon, so that every
@@ -36,6 +39,7 @@ def pair_tests(program, ranks = 2, nodes = 0, workers = 0,
         for suffix, env in [
             ("_nodes", {}),
             ("_nodes_ofi", {"PSMD_TEST_OFI_PROVIDER": "tcp;ofi_rxm"}),
+            ("_nodes_ofi_udp", {"PSMD_TEST_OFI_PROVIDER": "udp;ofi_rxd"}),
         ]:
             _run_pair(program, program + suffix,
                       r + ["--daemons", str(nodes), "psmd-nodes"],
