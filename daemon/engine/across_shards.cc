@@ -129,7 +129,7 @@ bool MqEngine::ChunkAcross(Endpoint& sender, const shm::SubmissionDesc& d) {
   item.chunk.offset = d.body.rndv.offset;
   item.chunk.pool_offset = d.body.rndv.pool_offset;
   item.chunk.len = d.len;
-  sender.last_chunk_ns = NowNs();
+  sender.last_chunk_ns.store(NowNs(), std::memory_order_relaxed);
   Push(static_cast<uint32_t>(d.body.rndv.transfer % shards_), item);
   return true;
 }
@@ -227,6 +227,17 @@ void MqEngine::TakeItem(uint32_t from, const CrossItem& item) {
       return;
     case CrossKind::kPost: {
       if (Endpoint* ep = Find(item.to)) {
+        if (item.flags & kPostCopied) {  // a copy in place's kSendDone
+          ep->counters.rndv_msgs_copied.Add(1);
+          ep->counters.rndv_bytes_copied.Add(item.count);
+        }
+        if (item.post.op == shm::CompleteOp::kRndvGo &&
+            (item.post.flags & shm::kGoAwaitDone)) {
+          shm::CompletionDesc go = item.post;
+          AnswerGo(*ep, go, from);
+          Post(*ep, go);
+          return;
+        }
         Post(*ep, item.post);
       } else if (item.post.op == shm::CompleteOp::kRndvGo &&
                  item.post.body.go.send_bytes > 0) {
@@ -292,6 +303,25 @@ void MqEngine::TakeItem(uint32_t from, const CrossItem& item) {
       }
       return;
     }
+    case CrossKind::kCopyPeer: {
+      auto it = transfers_.find(item.copy_peer.transfer);
+      if (it == transfers_.end()) return;  // its receiver left meanwhile
+      Transfer& t = it->second;
+      if (item.copy_peer.sender == nullptr) {
+        t.await_done = false;  // the sender completes with its last chunk
+      } else if (copier_ && t.await_done && !t.taken &&
+                 item.copy_peer.sender->id() == t.sender_id) {
+        t.copy_peer = item.copy_peer.sender;
+        takeover_candidates_.push_back(it->first);
+      }
+      return;
+    }
+    case CrossKind::kCopyDenied: {
+      if (Endpoint* ep = Find(item.to)) {
+        DenyCopies(*ep, item.flags & kCopyDeniedReading);
+      }
+      return;
+    }
     case CrossKind::kTransferSenderGone: {
       auto it = transfers_.find(item.transfer);
       if (it == transfers_.end()) return;
@@ -314,6 +344,23 @@ void MqEngine::TakeItem(uint32_t from, const CrossItem& item) {
       NodeLostHere(item.post);
       return;
   }
+}
+
+void MqEngine::AnswerGo(Endpoint& sender, shm::CompletionDesc& go,
+                        uint32_t from) {
+  CrossItem answer{};
+  answer.kind = CrossKind::kCopyPeer;
+  answer.copy_peer.transfer = go.body.go.transfer;
+  if (MayTakeOverFrom(sender)) {
+    answer.copy_peer.sender = &sender;
+  } else {
+    // The sender completes when it published its last chunk, as any
+    // stream's: psmd will never read its buffer.
+    go.flags &= ~shm::kGoAwaitDone;
+  }
+  // In lane order before any chunk of the transfer: the sender publishes
+  // those only once it read the go, which is posted after this.
+  Push(from, answer);
 }
 
 bool MqEngine::OfferItem(Endpoint& receiver, const CrossItem& item) {
@@ -404,6 +451,17 @@ void MqEngine::TakeChunk(uint32_t from, const CrossItem& item) {
       if (remote_->RndvData(*sender, d)) return;
     }
   }
+  if (it != transfers_.end() && it->second.taken &&
+      it->second.sender_id == item.from) {
+    // psmd copies the rest (invariant 10): released unread, no error, as
+    // in HandleRndvData.
+    CrossItem r{};
+    r.kind = CrossKind::kRefused;
+    r.to = item.from;
+    r.refused.pool_offset = item.chunk.pool_offset;
+    Push(from, r);
+    return;
+  }
   const bool fits =
       it != transfers_.end() && it->second.sender_id == item.from &&
       item.chunk.offset == it->second.forwarded &&
@@ -433,7 +491,16 @@ void MqEngine::TakeChunk(uint32_t from, const CrossItem& item) {
     }
   }
   t.forwarded += item.chunk.len;
-  if (t.forwarded == t.send_bytes) transfers_.erase(it);
+  if (t.await_done) t.last_ns = NowNs();
+  if (t.forwarded == t.send_bytes) {
+    if (t.await_done) {  // the sender's buffer is free now
+      shm::CompletionDesc c{};
+      c.op = shm::CompleteOp::kSendDone;
+      c.req = t.sender_req;
+      PostTo(t.sender_id, c);
+    }
+    transfers_.erase(it);
+  }
 }
 
 void MqEngine::TakeGone(uint32_t gone_id) {
@@ -456,6 +523,10 @@ void MqEngine::TakeGone(uint32_t gone_id) {
   }
   admit_over_budget_ = false;
   if (!held_fabric_.empty()) AdmitHeldFabric(gone_id);
+  // Copies in place from its process stop before its shard may free it
+  // (which waits for this shard's kGoneAck): Transfer::copy_peer and the
+  // pidfd the copier polls live until then (endpoint.h, thread-safety 5).
+  if (copier_) copier_->Cancel(gone_id);
   // The transfers it was sending here: their receivers wait for nothing.
   for (auto t = transfers_.begin(); t != transfers_.end();) {
     if (t->second.sender_id != gone_id) {

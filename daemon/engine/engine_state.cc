@@ -219,7 +219,7 @@ void MqEngine::SaveState(handover::StateWriter& w) const {
     // Written: since when sends wait for its budget (ReportBudgetStalls),
     // when it last sent a chunk (takeover's stall test).
     w.U64(ep->held_since_ns);
-    w.U64(ep->last_chunk_ns);
+    w.U64(ep->last_chunk_ns.load(std::memory_order_relaxed));
     // Written: the connection slots, with their gone marks (invariant 8).
     w.U32(static_cast<uint32_t>(ep->peers.size()));
     for (const PeerLink& p : ep->peers) {
@@ -587,9 +587,6 @@ bool MqEngine::ReadTransfers(handover::StateReader& r, Loaded* out) {
         return r.Fail("transfer sender", "is not an endpoint of this shard");
       if (sender->job() != receiver->job())
         return r.Fail("transfer sender", "is of another job");
-    } else if (t.await_done) {
-      // Copies in place stay within a shard (invariant 11).
-      return r.Fail("transfer awaits done", "across shards");
     }
     if (t.send_bytes == 0 || t.forwarded >= t.send_bytes)
       return r.Fail("transfer forwarded", "is not within a transfer under way");
@@ -787,7 +784,7 @@ void MqEngine::Install(Loaded& loaded) {
     ep.copy_denied = e.copy_denied;
     ep.unexpected_budget = e.unexpected_budget;
     ep.held_since_ns = e.held_since_ns;
-    ep.last_chunk_ns = e.last_chunk_ns;
+    ep.last_chunk_ns.store(e.last_chunk_ns, std::memory_order_relaxed);
     ep.stall_watched = e.stall_watched;
     if (e.stall_watched) stall_watch_.push_back(ep.id());
     ep.peers = std::move(e.peers);
@@ -819,7 +816,11 @@ void MqEngine::Install(Loaded& loaded) {
     // Candidates for a takeover again, if this engine copies in place (a
     // successor without copies lets the stream finish: the sender's
     // kSendDone comes with its last chunk, HandleRndvData).
-    if (t.await_done && copier_) takeover_candidates_.push_back(id);
+    // A sender of another shard is not known here until its shard answers a
+    // go (kCopyPeer), which came before the handover: that transfer
+    // streams to its end, its kSendDone with its last chunk (TakeChunk).
+    if (t.await_done && copier_ && Local(t.sender_id))
+      takeover_candidates_.push_back(id);
   }
   for (auto& [id, items] : loaded.held) held_items_[id] = std::move(items);
 }

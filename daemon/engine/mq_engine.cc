@@ -142,6 +142,9 @@ void MqEngine::Remove(uint32_t id) {
   // Before the endpoint (and its pidfd) goes: no byte moves to or from its
   // process after this (CrossCopier invariant 3); the transfers the copies
   // belonged to end below.
+  // Copies another shard runs from it deliver nothing read after this
+  // (CrossCopier invariant 4); that shard cancels them at its kGone.
+  ep.removed.store(true, std::memory_order_release);
   if (copier_) copier_->Cancel(id);
   for (auto t = transfers_.begin(); t != transfers_.end();) {
     if (t->second.sender_id == id) {
@@ -768,8 +771,9 @@ bool MqEngine::HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
   // (Not handed over, the chunk goes back when `chunk` goes.)
   if (ForwardChunk(t, d.body.rndv.pool_offset, d.len)) chunk.Take();
   t.forwarded += d.len;
-  sender.last_chunk_ns = NowNs();
-  if (t.await_done) t.last_ns = sender.last_chunk_ns;
+  const uint64_t now = NowNs();
+  sender.last_chunk_ns.store(now, std::memory_order_relaxed);
+  if (t.await_done) t.last_ns = now;
   if (t.forwarded == t.send_bytes) {
     if (t.await_done) {  // the sender's buffer is free now
       shm::CompletionDesc c{};
@@ -979,8 +983,19 @@ void MqEngine::StartTransfer(Endpoint& receiver, uint64_t recv_req,
     go.body.go.send_bytes = send_bytes;
     if (send_bytes > 0) {
       go.body.go.transfer = NewTransferId();
-      transfers_[go.body.go.transfer] = Transfer{
-          m.sender_id, receiver.id(), m.sender_req, recv_req, send_bytes, 0};
+      Transfer t{m.sender_id, receiver.id(), m.sender_req,
+                 recv_req,    send_bytes,    0};
+      t.send_addr = m.send_addr;
+      t.recv_addr = recv_addr;
+      // Invariant 10 across shards: the receiver's part is decided here,
+      // the sender's by its shard, which answers the go (kCopyPeer) before
+      // any chunk of it, in lane order; only then may it be taken over.
+      if (MayTakeOverTo(t, receiver)) {
+        t.await_done = true;
+        t.last_ns = NowNs();
+        go.flags |= shm::kGoAwaitDone;
+      }
+      transfers_[go.body.go.transfer] = t;
     }
     PostTo(m.sender_id, go);
     return;
@@ -1022,11 +1037,41 @@ void MqEngine::EnableCrossCopy(std::function<void()> wake, uint64_t min_bytes,
 
 bool MqEngine::MayTakeOver(const Transfer& t, const Endpoint& sender,
                            const Endpoint& receiver) const {
+  return MayTakeOverTo(t, receiver) && MayTakeOverFrom(sender);
+}
+
+bool MqEngine::MayTakeOverTo(const Transfer& t,
+                             const Endpoint& receiver) const {
   return copier_ && t.send_addr != 0 && t.recv_addr != 0 &&
-         t.send_bytes >= copy_min_bytes_ && !sender.copy_denied &&
-         !receiver.copy_denied &&
-         sender.pidfd.load(std::memory_order_acquire) >= 0 &&
+         t.send_bytes >= copy_min_bytes_ && !receiver.copy_denied &&
          receiver.pidfd.load(std::memory_order_acquire) >= 0;
+}
+
+bool MqEngine::MayTakeOverFrom(const Endpoint& sender) {
+  return !sender.copy_denied && !sender.faulted &&
+         sender.pidfd.load(std::memory_order_acquire) >= 0;
+}
+
+Endpoint* MqEngine::CopySender(const Transfer& t) {
+  return Local(t.sender_id) ? Find(t.sender_id) : t.copy_peer;
+}
+
+void MqEngine::DenyCopies(Endpoint& culprit, bool reading) {
+  if (!Local(culprit.id())) {
+    CrossItem item{};
+    item.kind = CrossKind::kCopyDenied;
+    item.flags = reading ? kCopyDeniedReading : 0;
+    item.to = culprit.id();
+    Push(ShardOf(culprit.id(), shards_), item);
+    return;
+  }
+  if (culprit.copy_denied) return;
+  culprit.copy_denied = true;
+  spdlog::warn(
+      "endpoint {} (pid {}): psmd may not {} its memory (EPERM): its "
+      "rendezvous messages stream through the pool; give psmd "
+      "CAP_SYS_PTRACE to copy them in place",
+      culprit.id(), culprit.pid(), reading ? "read" : "write");
 }
 
 bool MqEngine::TakeOverStalled() {
@@ -1041,31 +1086,28 @@ bool MqEngine::TakeOverStalled() {
     auto it = transfers_.find(id);
     if (it == transfers_.end()) continue;  // ended
     Transfer& t = it->second;
-    Endpoint* sender = Find(t.sender_id);
+    Endpoint* sender = CopySender(t);
     Endpoint* receiver = Find(t.receiver_id);
     if (sender == nullptr || receiver == nullptr) continue;
+    // Left (another shard's: its kGone is on its way and ends the transfer).
+    if (sender->removed.load(std::memory_order_acquire)) continue;
     // A sender streaming other messages (say 64 sends outstanding, each
     // waiting for pool space) will come to this one: not stalled.
     if (now - t.last_ns < copy_after_ns_ ||
-        now - sender->last_chunk_ns < copy_after_ns_) {
+        now - sender->last_chunk_ns.load(std::memory_order_relaxed) <
+            copy_after_ns_) {
       takeover_candidates_.push_back(id);
       continue;
     }
     CopySide from{sender->id(), sender->pid(), sender->pidfd.load(),
-                  t.send_addr};
+                  t.send_addr, &sender->removed};
     CopySide to{receiver->id(), receiver->pid(), receiver->pidfd.load(),
-                t.recv_addr};
+                t.recv_addr, &receiver->removed};
     // One byte first, here: a process psmd may not touch (EPERM) keeps its
     // stream, before any chunk of it is released unread.
     bool reading = false;
     if (CrossCopier::CopyOneByte(from, to, t.forwarded, &reading) == EPERM) {
-      Endpoint* culprit = reading ? sender : receiver;
-      culprit->copy_denied = true;
-      spdlog::warn(
-          "endpoint {} (pid {}): psmd may not {} its memory (EPERM): its "
-          "rendezvous messages stream through the pool; give psmd "
-          "CAP_SYS_PTRACE to copy them in place",
-          culprit->id(), culprit->pid(), reading ? "read" : "write");
+      DenyCopies(reading ? *sender : *receiver, reading);
       continue;  // the stream goes on; never taken over
     }
     t.taken = true;
@@ -1089,7 +1131,8 @@ bool MqEngine::FinishCopies() {
     if (d.error == EFAULT) {
       // A range that is not the process's: that request fails, and the
       // receive, which did not get the message, with it.
-      Endpoint* culprit = Find(d.failed_reading ? t.sender_id : t.receiver_id);
+      Endpoint* culprit =
+          d.failed_reading ? CopySender(t) : Find(t.receiver_id);
       if (culprit != nullptr) {
         WarnClient(culprit->uid(),
                    "endpoint {} (uid {}): a rendezvous {} buffer at {:#x} is "
@@ -1105,28 +1148,26 @@ bool MqEngine::FinishCopies() {
       // other side learns its peer is unreachable.
       recv_error = d.failed_reading ? PSM2_EPID_UNREACHABLE : PSM2_INTERNAL_ERR;
       send_error = d.failed_reading ? PSM2_INTERNAL_ERR : PSM2_EPID_UNREACHABLE;
-      Endpoint* culprit = Find(d.failed_reading ? t.sender_id : t.receiver_id);
+      Endpoint* culprit =
+          d.failed_reading ? CopySender(t) : Find(t.receiver_id);
       // Refused after the one-byte check passed (the process made itself
       // undumpable, say): no more copies for it; logged per uid, bounded.
       if (culprit != nullptr && d.error != ESRCH) {
-        if (d.error == EPERM) culprit->copy_denied = true;
+        if (d.error == EPERM) DenyCopies(*culprit, d.failed_reading);
         WarnClient(culprit->uid(),
                    "endpoint {} (uid {}): copy in place of a rendezvous "
                    "message failed: {}",
                    culprit->id(), culprit->uid(), strerror(d.error));
       }
-    } else if (Endpoint* s = Find(t.sender_id)) {
-      s->counters.rndv_msgs_copied.Add(1);
-      s->counters.rndv_bytes_copied.Add(d.copied);
     }
-    EndTakenTransfer(it, recv_error, send_error);
+    EndTakenTransfer(it, recv_error, send_error, d.error == 0 ? d.copied : 0);
   }
   return !done.empty();
 }
 
 void MqEngine::EndTakenTransfer(
     std::unordered_map<uint64_t, Transfer>::iterator it, int32_t recv_error,
-    int32_t send_error) {
+    int32_t send_error, uint64_t copied) {
   const Transfer t = it->second;
   transfers_.erase(it);
   if (Endpoint* r = Find(t.receiver_id)) {
@@ -1139,13 +1180,28 @@ void MqEngine::EndTakenTransfer(
     c.body.chunk.len = t.send_bytes - t.forwarded;
     Post(*r, c);
   }
-  if (Endpoint* s = Find(t.sender_id)) {
-    shm::CompletionDesc c{};
-    c.op = shm::CompleteOp::kSendDone;
-    c.req = t.sender_req;
-    c.error = send_error;
-    Post(*s, c);
+  shm::CompletionDesc c{};
+  c.op = shm::CompleteOp::kSendDone;
+  c.req = t.sender_req;
+  c.error = send_error;
+  if (Local(t.sender_id)) {
+    if (Endpoint* s = Find(t.sender_id)) {
+      if (copied > 0) {
+        s->counters.rndv_msgs_copied.Add(1);
+        s->counters.rndv_bytes_copied.Add(copied);
+      }
+      Post(*s, c);
+    }
+    return;
   }
+  // The sender's counters are its shard's to write (single-writer Counter).
+  CrossItem item{};
+  item.kind = CrossKind::kPost;
+  item.flags = copied > 0 ? kPostCopied : 0;
+  item.to = t.sender_id;
+  item.count = static_cast<uint32_t>(copied);  // <= send_bytes, a uint32_t
+  item.post = c;
+  Push(ShardOf(t.sender_id, shards_), item);
 }
 
 bool MqEngine::OverBudget(const Endpoint& receiver) const {

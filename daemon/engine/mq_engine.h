@@ -79,7 +79,12 @@
 //      copies the rest straight from the sender's memory into the receive
 //      buffer, chunks the sender still publishes are released unread, and
 //      the receiver gets one kRndvChunk with kPayloadPlaced for the rest, the
-//      sender kSendDone. So a transfer completes while both processes
+//      sender kSendDone. With shards, sender and receiver may live on
+//      different ones (invariant 11 says who owns what). A sender removed
+//      mid-copy is read no more (CrossCopier invariants 3 and 4), a
+//      receiver removed mid-copy is written no more (its shard keeps the
+//      copy: Cancel); the other side is told PSM2_EPID_UNREACHABLE. So a
+//      transfer completes while both processes
 //      compute, and a stream both sides keep busy stays a stream (two
 //      processes copy in parallel: faster here than one copier thread).
 //   9. The posted receives of a job, and of all jobs of a uid, stay within
@@ -115,8 +120,20 @@
 //      everything it sent. Job and uid budgets are relaxed atomics charged
 //      where a message or receive lands: each shard checks then charges, so
 //      a budget may be exceeded by one message per shard. Copies in place
-//      (invariant 10) stay within a shard: a transfer between shards
-//      streams through the pool.
+//      (invariant 10) work across shards as within one, each piece of
+//      state with one owner: the shard that keeps the transfer (the
+//      receiver's) decides the receiver's part at the match, takes it over
+//      and runs the copy on its copier; the sender's shard decides the
+//      sender's part when the go reaches it (kGoAwaitDone kept or cleared)
+//      and answers with the sender (kCopyPeer) before the sender can
+//      publish a chunk, and alone writes the sender's copy_denied (told by
+//      kCopyDenied) and counters (kSendDone as kPost, kPostCopied). The
+//      keeping shard reads of the sender only its identity, last_chunk_ns
+//      and removed (endpoint.h, thread-safety 5), and only while the
+//      transfer lasts: it ends at the sender's kGone, where that shard
+//      cancels its copies from the sender before kGoneAck lets the
+//      sender's shard free it. A chunk published after a takeover crosses
+//      and goes back unread (kRefused, no error): released once.
 //  12. Shards between nodes (fabric_across.cc). Shard 0 owns the fabric:
 //      its Remote, every node connection and all of their state. It knows
 //      the other shards' endpoints (AddForeign, before they are added;
@@ -462,6 +479,10 @@ class MqEngine {
     bool await_done = false;
     bool taken = false;    // the CrossCopier moves the rest from `forwarded`
     uint64_t last_ns = 0;  // when the transfer last moved
+    // A sender of another shard that may be copied, as its shard answered
+    // the go (kCopyPeer); null until then, and for a local sender (Find).
+    // Valid while the transfer lasts (endpoint.h, thread-safety 5).
+    Endpoint* copy_peer = nullptr;
   };
 
   // A job's share of a pass (invariant 7).
@@ -528,17 +549,32 @@ class MqEngine {
                const MsgKey& key, const UnexpectedMsg& m, bool was_unexpected,
                uint64_t recv_addr = 0);
   // Invariant 10: whether `t` may be taken over (both buffers named, large
-  // enough, both processes known and not denied).
+  // enough, both processes known and not denied). MayTakeOverFrom is the
+  // sender's part, which its own shard decides (AnswerGo).
   bool MayTakeOver(const Transfer& t, const Endpoint& sender,
                    const Endpoint& receiver) const;
+  bool MayTakeOverTo(const Transfer& t, const Endpoint& receiver) const;
+  static bool MayTakeOverFrom(const Endpoint& sender);
+  // The sender of `t` for a copy: here, or (another shard's) t.copy_peer.
+  Endpoint* CopySender(const Transfer& t);
+  // Shard of the sender: a go that let it await kSendDone (kGoAwaitDone)
+  // came from the shard that keeps the transfer (`from`). Answers it with
+  // the sender if it may be copied (kCopyPeer), or clears the flag and
+  // answers none, before the sender can see the go.
+  void AnswerGo(Endpoint& sender, shm::CompletionDesc& go, uint32_t from);
+  // psmd may not read (or write) `culprit`'s process: its transfers stream
+  // from now on. Told to its own shard, which alone writes copy_denied.
+  void DenyCopies(Endpoint& culprit, bool reading);
   // Takes over the transfers that stalled for copy_after.
   bool TakeOverStalled();
   // Completes the transfers whose copies ended.
   bool FinishCopies();
   // The last word on a transfer psmd moved itself: the rest of the data to
-  // the receiver, kSendDone to the sender; erases it.
+  // the receiver, kSendDone to the sender (counting `copied` bytes there, if
+  // the copy succeeded); erases it.
   void EndTakenTransfer(std::unordered_map<uint64_t, Transfer>::iterator it,
-                        int32_t recv_error, int32_t send_error);
+                        int32_t recv_error, int32_t send_error,
+                        uint64_t copied = 0);
   // Puts an eager message's payload into a completion (inline, or the pool
   // offset the receiver copies from and releases).
   static void AttachEagerPayload(shm::CompletionDesc& c,
