@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -333,6 +334,81 @@ TEST_F(ShardCopyTest, AReceiverThatLeavesEndsTheSendersTransfer) {
   usleep(2 * kAfterNs / 1000);
   Turn();
   EXPECT_TRUE(Reap(2).empty());
+  EXPECT_EQ(Ep(2).counters.rndv_msgs_copied.Get(), 0u);
+}
+
+// Mid-copy deaths. A copy of kBig bytes runs tens of milliseconds (1 MiB
+// per chunk, read then written): long enough to remove an endpoint while
+// the keeping shard's copier moves it.
+constexpr size_t kBig = 128 << 20;
+
+// Turns both shards until the copier wrote the first chunk into `dst`
+// (the transfer was taken over and the copy runs), at most 10 s.
+bool AwaitCopyStarted(const std::vector<uint8_t>& dst,
+                      const std::function<void()>& turn) {
+  for (int i = 0; i < 10000; i++) {
+    turn();
+    if (dst[0] != 0) return true;
+    usleep(1000);
+  }
+  return false;
+}
+
+// The sender's client dies mid-copy: its shard removes it (it cannot Cancel
+// the other shard's copier), the copier delivers nothing it read after
+// that (at most the chunk it had read), even before the keeping shard
+// learns (kGone), the receive fails with PSM2_EPID_UNREACHABLE, and the
+// sender is freed only after the keeping shard cancelled the copy
+// (kGoneAck).
+TEST_F(ShardCopyTest, ASenderThatDiesMidCopyFailsTheReceive) {
+  std::vector<uint8_t> src(kBig, 1), dst(kBig, 0);
+  const uint64_t r = PlacedRecv(3, 2, 9, dst.data(), dst.size());
+  Turn();
+  RndvSend(2, 3, 9, src.data(), src.size());
+  Turn();
+  ASSERT_EQ(Reap(2).size(), 1u);  // the go
+  // Only the keeping shard turns until the copy runs.
+  ASSERT_TRUE(AwaitCopyStarted(dst, [&] { Engine(3).PollAll(); }));
+  std::weak_ptr<Endpoint> gone = endpoints_[0];
+  Engine(2).Remove(2);
+  endpoints_[0].reset();
+  const size_t written = std::count(dst.begin(), dst.end(), 1);
+  if (written == kBig) GTEST_SKIP() << "the copy ended before the removal";
+  // The keeping shard does not turn: its copier alone must stop.
+  usleep(200'000);
+  EXPECT_LE(static_cast<size_t>(std::count(dst.begin(), dst.end(), 1)),
+            written + (1 << 20))
+      << "read from the sender after its endpoint was removed";
+  auto at_receiver = Await(3, 2);
+  ASSERT_EQ(at_receiver.size(), 2u);
+  EXPECT_EQ(at_receiver[1].req, r);
+  EXPECT_EQ(at_receiver[1].error, PSM2_EPID_UNREACHABLE);
+  Turn();
+  EXPECT_TRUE(gone.expired()) << "the sender's shard still keeps it";
+}
+
+// The receiver's client dies mid-copy: its shard keeps the transfer and the
+// copier, so its Remove cancels the copy first: not a byte is written into
+// the receiver after it returns; the sender on the other shard is told.
+TEST_F(ShardCopyTest, AReceiverThatDiesMidCopyIsWrittenNoMore) {
+  std::vector<uint8_t> src(kBig, 1), dst(kBig, 0);
+  PlacedRecv(3, 2, 9, dst.data(), dst.size());
+  Turn();
+  const uint64_t s = RndvSend(2, 3, 9, src.data(), src.size());
+  Turn();
+  ASSERT_EQ(Reap(2).size(), 1u);  // the go
+  ASSERT_TRUE(AwaitCopyStarted(dst, [&] { Engine(3).PollAll(); }));
+  Engine(3).Remove(3);
+  const size_t written = std::count(dst.begin(), dst.end(), 1);
+  auto at_sender = Await(2, 1);
+  ASSERT_EQ(at_sender.size(), 1u);
+  EXPECT_EQ(at_sender[0].req, s);
+  if (written == kBig) GTEST_SKIP() << "the copy ended before the removal";
+  EXPECT_EQ(at_sender[0].error, PSM2_EPID_UNREACHABLE);
+  usleep(100'000);
+  Turn();
+  EXPECT_EQ(static_cast<size_t>(std::count(dst.begin(), dst.end(), 1)), written)
+      << "written after the receiver was removed";
   EXPECT_EQ(Ep(2).counters.rndv_msgs_copied.Get(), 0u);
 }
 
