@@ -52,15 +52,21 @@ void MqEngine::JoinShards(Crossing* crossing, uint32_t shard) {
 }
 
 void MqEngine::Push(uint32_t to, const CrossItem& item) {
-  std::deque<Waiting>& out = outbox_[to];
+  if (pushing_ != nullptr) {  // a control submission's (PollControl)
+    CrossItem owned = item;
+    owned.owner = pushing_->id();
+    pushing_->ctl_in_flight++;
+    PushItem(to, owned);
+  } else {
+    PushItem(to, item);
+  }
+}
+
+void MqEngine::PushItem(uint32_t to, const CrossItem& item) {
+  std::deque<CrossItem>& out = outbox_[to];
   // Behind what waits already (Crossing invariant 1).
   if (!out.empty() || !crossing_->TryPush(shard_, to, item)) {
-    uint32_t owner = 0;
-    if (pushing_ != nullptr) {  // a control submission's: PollControl
-      owner = pushing_->id();
-      pushing_->outbox_waiting++;
-    }
-    out.push_back(Waiting{item, owner});
+    out.push_back(item);
     outbox_items_++;
   }
   wake_[to] = 1;
@@ -153,11 +159,8 @@ bool MqEngine::PollCrossing() {
   bool did = false;
   // What full lanes did not take goes before anything new.
   for (uint32_t to = 0; outbox_items_ > 0 && to < shards_; to++) {
-    std::deque<Waiting>& out = outbox_[to];
-    while (!out.empty() && crossing_->TryPush(shard_, to, out.front().item)) {
-      if (out.front().owner != 0) {
-        if (Endpoint* ep = Find(out.front().owner)) ep->outbox_waiting--;
-      }
+    std::deque<CrossItem>& out = outbox_[to];
+    while (!out.empty() && crossing_->TryPush(shard_, to, out.front())) {
       out.pop_front();
       outbox_items_--;
       wake_[to] = 1;
@@ -184,6 +187,7 @@ void MqEngine::FlushCrossing() {
   for (const CreditRun& run : credits_) {
     CrossItem item{};
     item.kind = run.remote ? CrossKind::kRemoteCredit : CrossKind::kCredit;
+    item.flags = run.control ? kCreditControl : 0;
     item.to = run.sender_id;
     item.count = run.count;
     Push(run.remote ? 0 : ShardOf(run.sender_id, shards_), item);
@@ -197,6 +201,10 @@ void MqEngine::FlushCrossing() {
 }
 
 void MqEngine::TakeItem(uint32_t from, const CrossItem& item) {
+  // Its control credit goes back at the end of the pass, behind whatever
+  // this item makes us answer (invariant 11).
+  if (item.owner != 0)
+    AddCredit(item.owner, /*remote=*/false, /*control=*/true);
   switch (item.kind) {
     case CrossKind::kArrive:
     case CrossKind::kAm:
@@ -276,7 +284,10 @@ void MqEngine::TakeItem(uint32_t from, const CrossItem& item) {
     }
     case CrossKind::kCredit: {
       if (Endpoint* ep = Find(item.to)) {
-        ep->cross_in_flight -= std::min(ep->cross_in_flight, item.count);
+        uint32_t& in_flight = (item.flags & kCreditControl)
+                                  ? ep->ctl_in_flight
+                                  : ep->cross_in_flight;
+        in_flight -= std::min(in_flight, item.count);
       }
       return;
     }
@@ -406,12 +417,15 @@ void MqEngine::RefuseItem(const CrossItem& item, int32_t error) {
 void MqEngine::ReturnCredit(const CrossItem& item) {
   // A sender's credit, or (from another node) its receiver's at shard 0.
   const bool remote = FromOtherNode(item);
-  const uint32_t id = remote ? item.to : item.from;
+  AddCredit(remote ? item.to : item.from, remote, /*control=*/false);
+}
+
+void MqEngine::AddCredit(uint32_t id, bool remote, bool control) {
   if (!credits_.empty() && credits_.back().sender_id == id &&
-      credits_.back().remote == remote) {
+      credits_.back().remote == remote && credits_.back().control == control) {
     credits_.back().count++;
   } else {
-    credits_.push_back(CreditRun{id, 1, remote});
+    credits_.push_back(CreditRun{id, 1, remote, control});
   }
 }
 

@@ -92,6 +92,10 @@ struct CrossItem {
   uint32_t to;        // an endpoint of the destination shard
   uint32_t from;      // an endpoint of the source shard
   uint32_t count;
+  // The endpoint of the source shard whose control submission made this
+  // item (0: none): the destination gives it a control credit back when it
+  // takes the item, behind what it answers (MqEngine::kControlCredit).
+  uint32_t owner;
   union {
     struct {
       MsgKey key;

@@ -241,10 +241,11 @@ class Endpoint {
   // Its sends and AM requests handed to other shards whose credit did not
   // come back yet (mq_engine.h, invariant 11).
   uint32_t cross_in_flight = 0;
-  // Items its control submissions handed other shards that wait in the
-  // outbox for a full lane; its control ring waits beyond
-  // MqEngine::kOutboxPerEndpoint (invariant 11).
-  uint32_t outbox_waiting = 0;
+  // Items its control submissions handed other shards (AM replies and
+  // acks, rendezvous chunks, completions) that the other shard has not
+  // taken yet (no control credit came back), in the outbox or in a lane;
+  // its control ring waits beyond MqEngine::kControlCredit (invariant 11).
+  uint32_t ctl_in_flight = 0;
   // When psmd last took a rendezvous chunk from this endpoint: a sender
   // busy streaming one message is not stalled on the others (inv. 10).
   // Written by this endpoint's worker only; read by the shard that keeps a

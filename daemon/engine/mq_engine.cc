@@ -315,9 +315,9 @@ bool MqEngine::SubmissionPending(Endpoint& ep) {
   if (!ep.cq_overflow.empty() && ep.cq.FreeSlots() > 0) return true;
   // A held endpoint's message ring does not count: it waits for a receiver,
   // and whatever drains that receiver arrives on some control ring.
-  // Nor does a control ring that waits for its outbox items (PollControl):
-  // the worker wakes every millisecond while its outbox holds any.
-  if (ep.ctl_sq.Available() > 0 && ep.outbox_waiting < kOutboxPerEndpoint)
+  // Nor does a control ring that waits for its control credit
+  // (PollControl): the shard that gives it back wakes this one.
+  if (ep.ctl_sq.Available() > 0 && ep.ctl_in_flight < kControlCredit)
     return true;
   return ep.held_sends.empty() && ep.msg_sq.Available() > 0;
 }
@@ -337,11 +337,11 @@ bool MqEngine::PollControl(Endpoint& ep, size_t limit, size_t* used) {
   }
   // An empty ring, the common case, costs one look at its next slot.
   if (ep.ctl_sq.Available() == 0) return did;
-  // What it handed other shards waits in the outbox (a lane is full): its
-  // control ring waits too, so that the outbox stays bounded (invariant
-  // 11). A closing endpoint's submissions are all taken (Remove).
-  if (ep.outbox_waiting >= kOutboxPerEndpoint && !admit_over_budget_)
-    return did;
+  // What it handed other shards was not taken there yet: its control ring
+  // waits for the credit, so that what waits for a lane, and the answers
+  // to it, stay bounded (invariant 11). A closing endpoint's submissions
+  // are all taken (Remove).
+  if (ep.ctl_in_flight >= kControlCredit && !admit_over_budget_) return did;
   shm::SubmissionDesc batch[kBatch];
   size_t n = ep.ctl_sq.PopBatch(batch, std::min(limit, kBatch));
   if (used != nullptr) *used += n;

@@ -109,11 +109,17 @@
 //      its receiver's held list, behind which that receiver's later items
 //      queue, and a sender has at most kCrossCredit such items in flight
 //      (its message ring waits beyond: invariant 4's back-pressure).
-//      Items a full lane did not take wait in the sending shard's outbox;
-//      an endpoint's control ring waits while kOutboxPerEndpoint items of
-//      its control submissions (replies, acks, chunks: no credit) do, so
-//      the outbox holds at most that and a batch per endpoint. Lanes are
-//      drained whatever waits, so that wait ends (no cycle). A
+//      Items a full lane did not take wait in the sending shard's outbox.
+//      The items of an endpoint's control submissions (replies, acks,
+//      chunks, completions: never held where they land) take its control
+//      credit instead, returned as the other shard takes them: its control
+//      ring waits while kControlCredit of them are in flight, so a shard
+//      holds at most that and a batch per endpoint of them, and, since
+//      that shard pushes the credit behind its answers to them (one at
+//      most per item: a refusal, a completion, a kCopyPeer), at most as
+//      many answers to them. Answers to sends and AM requests are bounded
+//      by kCrossCredit likewise. Lanes are drained whatever waits, and
+//      items are never held for a credit, so that wait ends (no cycle). A
 //      removed endpoint's shard drains its rings first, then tells every
 //      other shard (kGone): they admit its held items, fail transfers it
 //      sent, and mark links to it gone (invariant 8), in lane order after
@@ -263,10 +269,12 @@ class MqEngine {
   bool OutboxWaiting() const { return outbox_items_ > 0; }
   size_t outbox_items() const { return outbox_items_; }
   // Items of one endpoint's control submissions (AM replies and acks,
-  // rendezvous chunks, completions for other shards: uncredited) that may
-  // wait in the outbox before its control ring waits too; what one pass
-  // adds beyond is at most a batch's.
-  static constexpr uint32_t kOutboxPerEndpoint = 64;
+  // rendezvous chunks, completions for other shards) that may be in flight
+  // to other shards (not yet taken there: in the outbox or a lane) before
+  // its control ring waits too; what one pass adds beyond is at most a
+  // batch's. The other shard gives the credit back behind its answers to
+  // them, so this bounds those answers too (invariant 11).
+  static constexpr uint32_t kControlCredit = 64;
   // After a transport beside the engine ran (Remote::Poll, invariant 12):
   // wakes the shards it pushed to, as the end of PollAll does.
   void FlushAcross() {
@@ -653,8 +661,10 @@ class MqEngine {
       counter.fetch_add(delta, std::memory_order_relaxed);
     }
   }
-  // Hands `item` to shard `to` (through the outbox while that lane is full).
+  // Hands `item` to shard `to` (through the outbox while that lane is full);
+  // an item of PollControl's endpoint takes its control credit.
   void Push(uint32_t to, const CrossItem& item);
+  void PushItem(uint32_t to, const CrossItem& item);
   // A completion for endpoint `id`, on this shard or another.
   void PostTo(uint32_t id, const shm::CompletionDesc& c);
   void PostErrorTo(uint32_t id, uint64_t req, int32_t error);
@@ -676,6 +686,7 @@ class MqEngine {
   // peer is answered.
   void RefuseItem(const CrossItem& item, int32_t error);
   void ReturnCredit(const CrossItem& item);
+  void AddCredit(uint32_t id, bool remote, bool control);
   // Offers the held items again, receiver by receiver, in order.
   bool RetryHeld();
   // At the end of a pass: gives back the credits taken, and wakes the
@@ -697,14 +708,8 @@ class MqEngine {
   Crossing* crossing_ = nullptr;
   uint32_t shard_ = 0;
   uint32_t shards_ = 1;
-  // Per destination shard: what full lanes did not take, each with the
-  // endpoint whose control submission made it (0: none), whose
-  // outbox_waiting counts it.
-  struct Waiting {
-    CrossItem item;
-    uint32_t owner;
-  };
-  std::vector<std::deque<Waiting>> outbox_;
+  // Per destination shard: what full lanes did not take, in order.
+  std::vector<std::deque<CrossItem>> outbox_;
   size_t outbox_items_ = 0;
   Endpoint* pushing_ = nullptr;  // PollControl's endpoint, while it runs
   std::vector<uint8_t> wake_;    // destination shards pushed to this pass
@@ -717,6 +722,7 @@ class MqEngine {
     uint32_t sender_id;  // or, `remote`, a receiver of shard 0's frames
     uint32_t count;
     bool remote;
+    bool control;  // kControlCredit's (CrossItem::owner), not kCrossCredit's
   };
   std::vector<CreditRun> credits_;
   // ---- Between nodes across shards (fabric_across.cc; invariant 12) ----
