@@ -500,15 +500,24 @@ template <MqEngine::Part kPart>
     return Arrival::kMatched;
   }
   // Invariant 4. (While Remove flushes a closing sender, its sends are
-  // admitted over any budget: it saw them complete.)
-  if (kPart != Part::kPayload && !admit_over_budget_ && OverBudget(receiver)) {
+  // admitted over any budget: it saw them complete.) With shards, the job's
+  // and uid's counters are charged by every shard: reserved, then looked
+  // at (ChargeWithin), so that two shards cannot both squeeze under.
+  const bool shared = kPart == Part::kWhole && shards_ > 1;
+  if (shared) {
+    if (!ChargeWithin(receiver)) {
+      NoteHeld(receiver);
+      return Arrival::kHeld;
+    }
+  } else if (kPart != Part::kPayload && !admit_over_budget_ &&
+             OverBudget(receiver)) {
     NoteHeld(receiver);
     return Arrival::kHeld;
   }
   if constexpr (kPart == Part::kEnvelope) return Arrival::kQueued;
   receiver.counters.unexpected_msgs.Add(1);
   receiver.counters.unexpected_bytes.Add(m.len);
-  Charge(receiver);
+  if (!shared) Charge(receiver);
   receiver.unexpected.push(key, m);
   return Arrival::kQueued;
 }
@@ -1228,6 +1237,40 @@ std::optional<shm::StallBudget> MqEngine::FullBudget(const Endpoint& receiver,
       uid_unexpected_budget_)
     return full(shm::StallBudget::kUid, uid_unexpected_budget_);
   return std::nullopt;
+}
+
+bool MqEngine::ChargeWithin(Endpoint& receiver) {
+  constexpr uint64_t kOne = kUnexpectedOverheadBytes;
+  // An empty queue always admits one message (invariant 4), and a closing
+  // sender's sends go regardless.
+  if (admit_over_budget_ || receiver.unexpected_cost == 0) {
+    Charge(receiver);
+    return true;
+  }
+  if (receiver.unexpected_cost + kOne > receiver.unexpected_budget)
+    return false;
+  // Each add sees every other shard's before it (one modification order
+  // per counter), so what stays added never passes the budget; a shard
+  // that finds it passed takes its add back and holds the message, which
+  // another shard's add it saw may also take back: then both hold it
+  // until the next pass, never both keep it.
+  Job& job = *receiver.job();
+  const uint64_t job_budget =
+      std::min(job_unexpected_budget_, job.unexpected_budget());
+  if (job.unexpected_cost.fetch_add(kOne, std::memory_order_relaxed) + kOne >
+      job_budget) {
+    job.unexpected_cost.fetch_sub(kOne, std::memory_order_relaxed);
+    return false;
+  }
+  std::atomic<uint64_t>& uid = job.account().unexpected_cost;
+  if (uid.fetch_add(kOne, std::memory_order_relaxed) + kOne >
+      uid_unexpected_budget_) {
+    uid.fetch_sub(kOne, std::memory_order_relaxed);
+    job.unexpected_cost.fetch_sub(kOne, std::memory_order_relaxed);
+    return false;
+  }
+  receiver.unexpected_cost += kOne;
+  return true;
 }
 
 void MqEngine::Charge(Endpoint& receiver) {

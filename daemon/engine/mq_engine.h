@@ -124,8 +124,9 @@
 //      other shard (kGone): they admit its held items, fail transfers it
 //      sent, and mark links to it gone (invariant 8), in lane order after
 //      everything it sent. Job and uid budgets are relaxed atomics charged
-//      where a message or receive lands: each shard checks then charges, so
-//      a budget may be exceeded by one message per shard. Copies in place
+//      where a message or receive lands; an unexpected message's charge is
+//      added first and taken back if it passed a budget (ChargeWithin), so
+//      shards charging at once keep invariant 4 exactly. Copies in place
 //      (invariant 10) work across shards as within one, each piece of
 //      state with one owner: the shard that keeps the transfer (the
 //      receiver's) decides the receiver's part at the match, takes it over
@@ -603,6 +604,11 @@ class MqEngine {
   void NoteHeld(Endpoint& receiver);
   void Charge(Endpoint& receiver);
   void Uncharge(Endpoint& receiver);
+  // With shards: charges one more unexpected message to `receiver` if it
+  // fits every budget (or its queue is empty, or admit_over_budget_), as
+  // one step that another shard's charges cannot slip between; false
+  // (nothing charged) if not.
+  bool ChargeWithin(Endpoint& receiver);
   void CompleteSync(uint32_t sender_id, uint64_t sender_req, int32_t error);
   // The same for message `m` received by `receiver`, wherever its sender is.
   void CompleteSyncOf(const Endpoint& receiver, const UnexpectedMsg& m,
