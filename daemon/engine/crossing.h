@@ -79,7 +79,8 @@ inline constexpr uint8_t kFabricMayHold = 8;
 // kChunk, kToFabric answers), not of sends and AM requests.
 inline constexpr uint8_t kCreditControl = 1;
 // kPost's flags: the completion is a kSendDone of a copy in place that
-// moved `count` bytes (the sender's shard counts it).
+// moved post.msg_len bytes (the sender's shard counts them, and clears the
+// field, unused by a kSendDone, before posting it).
 inline constexpr uint8_t kPostCopied = 1;
 inline constexpr uint8_t kCopyDeniedReading = 1;
 // kFabricAnswer's flags.
@@ -91,11 +92,12 @@ struct CrossItem {
   uint16_t ring_seq;  // the ring's publication stamp (shm/ring.h)
   uint32_t to;        // an endpoint of the destination shard
   uint32_t from;      // an endpoint of the source shard
+  // kCredit, kRemoteCredit: how many. Any other kind: the endpoint of the
+  // source shard whose control submission made the item (0: none), which
+  // the destination gives a control credit back when it takes the item,
+  // behind what it answers (MqEngine::kControlCredit). (One field, so that
+  // an item stays 104 bytes: every crossing message copies it twice.)
   uint32_t count;
-  // The endpoint of the source shard whose control submission made this
-  // item (0: none): the destination gives it a control credit back when it
-  // takes the item, behind what it answers (MqEngine::kControlCredit).
-  uint32_t owner;
   union {
     struct {
       MsgKey key;

@@ -1208,8 +1208,8 @@ void MqEngine::EndTakenTransfer(
   item.kind = CrossKind::kPost;
   item.flags = copied > 0 ? kPostCopied : 0;
   item.to = t.sender_id;
-  item.count = static_cast<uint32_t>(copied);  // <= send_bytes, a uint32_t
   item.post = c;
+  item.post.msg_len = static_cast<uint32_t>(copied);  // <= send_bytes
   Push(ShardOf(t.sender_id, shards_), item);
 }
 

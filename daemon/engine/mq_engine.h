@@ -728,7 +728,7 @@ class MqEngine {
     uint32_t sender_id;  // or, `remote`, a receiver of shard 0's frames
     uint32_t count;
     bool remote;
-    bool control;  // kControlCredit's (CrossItem::owner), not kCrossCredit's
+    bool control;  // kControlCredit's (an item's owner), not kCrossCredit's
   };
   std::vector<CreditRun> credits_;
   // ---- Between nodes across shards (fabric_across.cc; invariant 12) ----

@@ -39,8 +39,8 @@ class ShardBudgetTest : public ::testing::Test {
     for (uint32_t s = 0; s < 2; s++) engines_[s].JoinShards(&crossing_, s);
     std::string error;
     shm::Mapping pool;
-    ASSERT_TRUE(shm::Mapping::Create("budget-pool", 4 * kRegionBytes,
-                                     geteuid(), getegid(), &pool, &error))
+    ASSERT_TRUE(shm::Mapping::Create("budget-pool", 4 * kRegionBytes, geteuid(),
+                                     getegid(), &pool, &error))
         << error;
     job_ = std::make_shared<Job>(JobKey{Uuid{9}, geteuid()}, std::move(pool), 4,
                                  kRegionBytes, std::make_shared<UidAccount>());
@@ -114,8 +114,8 @@ class ShardBudgetTest : public ::testing::Test {
 
   Crossing crossing_{2};
   MqEngine engines_[2] = {
-      MqEngine(1 << 30, kJobMessages * kUnexpectedOverheadBytes, 1 << 30),
-      MqEngine(1 << 30, kJobMessages * kUnexpectedOverheadBytes, 1 << 30)};
+      MqEngine(1 << 30, kJobMessages* kUnexpectedOverheadBytes, 1 << 30),
+      MqEngine(1 << 30, kJobMessages* kUnexpectedOverheadBytes, 1 << 30)};
   std::shared_ptr<Job> job_;
   std::vector<std::shared_ptr<Endpoint>> endpoints_;
   std::vector<shm::ClientRings> rings_;
@@ -135,21 +135,20 @@ TEST_F(ShardBudgetTest, TwoShardsChargingAtOnceStayWithinTheJobsBudget) {
     std::thread b([&] { Flood(3, &ready); });
     a.join();
     b.join();
-    const uint64_t held =
-        EndpointTestPeer(*endpoints_[2]).unexpected_cost() +
-        EndpointTestPeer(*endpoints_[3]).unexpected_cost();
+    const uint64_t held = EndpointTestPeer(*endpoints_[2]).unexpected_cost() +
+                          EndpointTestPeer(*endpoints_[3]).unexpected_cost();
     EXPECT_EQ(held, job_->unexpected_cost.load());
     most = std::max(most, held);
     if (held > kJobMessages * kUnexpectedOverheadBytes) over++;
     Drain();
     if (HasFatalFailure()) return;
   }
-  printf("%d trials: the job held at most %llu B (budget %llu B), over it %d "
-         "times\n",
-         kTrials, static_cast<unsigned long long>(most),
-         static_cast<unsigned long long>(kJobMessages *
-                                         kUnexpectedOverheadBytes),
-         over);
+  printf(
+      "%d trials: the job held at most %llu B (budget %llu B), over it %d "
+      "times\n",
+      kTrials, static_cast<unsigned long long>(most),
+      static_cast<unsigned long long>(kJobMessages * kUnexpectedOverheadBytes),
+      over);
   EXPECT_EQ(over, 0);
 }
 
