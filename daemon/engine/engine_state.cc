@@ -504,8 +504,11 @@ bool MqEngine::ReadEndpoint(handover::StateReader& r, LoadedEndpoint* out) {
                     "has an unknown op or a chunk outside the job's pool");
   }
 
-  // Held sends: at most a batch, taken off the message ring, each one the
-  // validator accepts with the loaded peers (Dispatch checks them again).
+  // Held sends: at most a batch, taken off the message ring. The first is
+  // the send that waits, which the validator accepted with the loaded
+  // peers; the rest of its batch were taken with it but not dispatched yet
+  // (PollMessages), so they may be anything the client wrote: Dispatch
+  // checks each when its turn comes, here as it would have there.
   if (!r.Count(&n, sizeof(shm::SubmissionDesc), ep->msg_sq.capacity(),
                "held send count"))
     return false;
@@ -515,7 +518,8 @@ bool MqEngine::ReadEndpoint(handover::StateReader& r, LoadedEndpoint* out) {
   bounds.region = ep->region();
   for (shm::SubmissionDesc& d : out->held_sends) {
     if (!r.Pod(&d, "held send")) return false;
-    if (ValidateSubmission(d, shm::Ring::kMessage, bounds) != Rejection::kNone)
+    if (&d == &out->held_sends.front() &&
+        ValidateSubmission(d, shm::Ring::kMessage, bounds) != Rejection::kNone)
       return r.Fail("held send", "is not a valid message-ring submission");
   }
 
