@@ -1084,6 +1084,7 @@ void MqEngine::DenyCopies(Endpoint& culprit, bool reading) {
 }
 
 bool MqEngine::TakeOverStalled() {
+  if (!copier_) return false;  // EndCopies
   const uint64_t now = NowNs();
   if (now < next_takeover_check_ns_) return false;
   next_takeover_check_ns_ = now + copy_after_ns_ / 4;

@@ -247,6 +247,13 @@ class MqEngine {
   void EnableCrossCopy(std::function<void()> wake, uint64_t min_bytes,
                        uint64_t after_ns);
   bool copies_done() const { return copier_ && copier_->done_pending(); }
+  // Ends the copier (its chunk in flight first) and takes over nothing
+  // more: at shutdown, before any shard's engine, whose endpoints a copy
+  // of this one may read (invariant 10), goes.
+  void EndCopies() {
+    copier_.reset();
+    takeover_candidates_.clear();
+  }
   // Transfers psmd may yet take over: the worker must not sleep longer
   // than copy_after while there are any.
   bool takeovers_pending() const { return !takeover_candidates_.empty(); }
