@@ -178,6 +178,10 @@ void ProgressWorker::Stop() {
   thread_.join();
 }
 
+void ProgressWorker::EndCopies() {
+  RunSync([&]() PSMD_REQUIRES(role_) { engine_.EndCopies(); });
+}
+
 void ProgressWorker::RunSync(std::function<void()> fn) {
   if (!thread_.joinable() || stop_.load()) {
     fn();  // no worker thread (shutting down): nothing runs concurrently

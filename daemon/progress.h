@@ -60,6 +60,10 @@ class ProgressWorker {
   uint32_t shard() const { return shard_; }
   bool Start(std::string* error);
   void Stop();
+  // After Stop: ends the engine's copies in place (its copier thread). A
+  // copy may read an endpoint of another shard, which that shard's engine
+  // frees when it goes: every shard's copies end before any engine does.
+  void EndCopies();
   // Takes effect at the worker's next idle stretch (SIGHUP reload).
   void SetSpinUs(uint32_t spin_us) {
     spin_us_.store(spin_us, std::memory_order_relaxed);

@@ -47,6 +47,8 @@ bool Workers::Start(std::string* error) {
 
 void Workers::Stop() {
   for (auto& w : workers_) w->Stop();
+  // Before any engine goes (ProgressWorker::EndCopies).
+  for (auto& w : workers_) w->EndCopies();
 }
 
 void Workers::Freeze() {

@@ -73,6 +73,27 @@ class CopyInPlaceTest : public ::testing::Test {
     return o;
   }
 
+  // The *_workers2 variant (psmd with two engine shards): the two ranks of
+  // the job sit on different shards (placement spreads a job), so what
+  // moved between them crossed: each shard took submissions, and messages
+  // crossed, as many taken as handed over (psmctl stats --format json, its
+  // "workers"; cross_in and cross_out count messages, not chunks).
+  static bool Shards() { return getenv("PSMD_TEST_WORKERS") != nullptr; }
+  void ExpectShardsCrossed(const Daemon& d) {
+    if (!Shards()) return;
+    RunResult s = Psmctl(dir_, d, {"stats", "--format", "json"});
+    ASSERT_EQ(s.exit_code, 0) << s.err;
+    long long in = 0, out = 0;
+    for (int shard = 0; shard < 2; shard++) {
+      EXPECT_GT(WorkerNumber(s.out, shard, "submissions"), 0)
+          << "shard " << shard << ": " << s.out;
+      in += WorkerNumber(s.out, shard, "cross_in");
+      out += WorkerNumber(s.out, shard, "cross_out");
+    }
+    EXPECT_GT(out, 0) << s.out;
+    EXPECT_EQ(in, out) << s.out;
+  }
+
   TempDir dir_;
 };
 
@@ -105,6 +126,12 @@ TEST_F(CopyInPlaceTest, ALargeMessageArrivesWhileBothRanksCompute) {
   EXPECT_EQ(a.arrived, 1.0) << on.out1;
   EXPECT_EQ(a.test, 1) << on.out1;
   EXPECT_EQ(a.intact, 1) << on.out1;
+  // psmd copied it (with two shards: from one shard's endpoint to the
+  // other's, which the copy and the stats say).
+  RunResult copied = Psmctl(dir_, d, {"stats", "--format", "json"});
+  EXPECT_EQ(JsonNumber(copied.out, "total", "rndv_msgs_copied"), 1)
+      << copied.out;
+  ExpectShardsCrossed(d);
 
   // The same program streaming through the pool: nothing can move while the
   // sender computes (its library must publish each chunk), so this test
@@ -135,6 +162,7 @@ TEST_F(CopyInPlaceTest, ManySizesAcrossTheThresholdArriveIntact) {
     EXPECT_EQ(o.exit0, 0) << bytes << ": " << o.err;
     EXPECT_EQ(o.exit1, 0) << bytes << ": " << o.err << o.out1;
   }
+  ExpectShardsCrossed(d);
   EXPECT_TRUE(d.Stop());
 }
 
@@ -151,6 +179,7 @@ TEST_F(CopyInPlaceTest, ASenderThatUnmapsItsBufferFailsOnlyThatMessage) {
   EXPECT_NE(d.Log().find("is not mapped in its process"), std::string::npos)
       << d.Log();
   EXPECT_EQ(Psmctl(dir_, d, {"health"}).exit_code, 0);
+  ExpectShardsCrossed(d);
   EXPECT_TRUE(d.Stop());
 }
 
@@ -186,6 +215,7 @@ TEST_F(CopyInPlaceTest, WithoutThePrivilegeMessagesStreamInstead) {
       << d.Log();
   RunResult stats = Psmctl(dir_, d, {"stats", "--format", "json"});
   EXPECT_EQ(JsonNumber(stats.out, "total", "rndv_msgs_copied"), 0) << stats.out;
+  ExpectShardsCrossed(d);
   EXPECT_TRUE(d.Stop());
 }
 

@@ -51,19 +51,27 @@ void MqEngine::JoinShards(Crossing* crossing, uint32_t shard) {
   wake_.assign(shards_, 0);
 }
 
-void MqEngine::Push(uint32_t to, const CrossItem& item) {
-  std::deque<Waiting>& out = outbox_[to];
+// Inlined into Push: one call per item, as before owners (engine_scale).
+[[gnu::always_inline]] inline void MqEngine::PushItem(uint32_t to,
+                                                      const CrossItem& item) {
+  std::deque<CrossItem>& out = outbox_[to];
   // Behind what waits already (Crossing invariant 1).
   if (!out.empty() || !crossing_->TryPush(shard_, to, item)) {
-    uint32_t owner = 0;
-    if (pushing_ != nullptr) {  // a control submission's: PollControl
-      owner = pushing_->id();
-      pushing_->outbox_waiting++;
-    }
-    out.push_back(Waiting{item, owner});
+    out.push_back(item);
     outbox_items_++;
   }
   wake_[to] = 1;
+}
+
+void MqEngine::Push(uint32_t to, const CrossItem& item) {
+  if (pushing_ != nullptr) {  // a control submission's (PollControl)
+    CrossItem owned = item;
+    owned.count = pushing_->id();  // its owner (crossing.h)
+    pushing_->ctl_in_flight++;
+    PushItem(to, owned);
+  } else {
+    PushItem(to, item);
+  }
 }
 
 void MqEngine::PostTo(uint32_t id, const shm::CompletionDesc& c) {
@@ -129,7 +137,7 @@ bool MqEngine::ChunkAcross(Endpoint& sender, const shm::SubmissionDesc& d) {
   item.chunk.offset = d.body.rndv.offset;
   item.chunk.pool_offset = d.body.rndv.pool_offset;
   item.chunk.len = d.len;
-  sender.last_chunk_ns = NowNs();
+  sender.last_chunk_ns.store(NowNs(), std::memory_order_relaxed);
   Push(static_cast<uint32_t>(d.body.rndv.transfer % shards_), item);
   return true;
 }
@@ -153,11 +161,8 @@ bool MqEngine::PollCrossing() {
   bool did = false;
   // What full lanes did not take goes before anything new.
   for (uint32_t to = 0; outbox_items_ > 0 && to < shards_; to++) {
-    std::deque<Waiting>& out = outbox_[to];
-    while (!out.empty() && crossing_->TryPush(shard_, to, out.front().item)) {
-      if (out.front().owner != 0) {
-        if (Endpoint* ep = Find(out.front().owner)) ep->outbox_waiting--;
-      }
+    std::deque<CrossItem>& out = outbox_[to];
+    while (!out.empty() && crossing_->TryPush(shard_, to, out.front())) {
       out.pop_front();
       outbox_items_--;
       wake_[to] = 1;
@@ -184,6 +189,7 @@ void MqEngine::FlushCrossing() {
   for (const CreditRun& run : credits_) {
     CrossItem item{};
     item.kind = run.remote ? CrossKind::kRemoteCredit : CrossKind::kCredit;
+    item.flags = run.control ? kCreditControl : 0;
     item.to = run.sender_id;
     item.count = run.count;
     Push(run.remote ? 0 : ShardOf(run.sender_id, shards_), item);
@@ -197,6 +203,12 @@ void MqEngine::FlushCrossing() {
 }
 
 void MqEngine::TakeItem(uint32_t from, const CrossItem& item) {
+  // Its control credit goes back at the end of the pass, behind whatever
+  // this item makes us answer (invariant 11).
+  if (item.count != 0 && item.kind != CrossKind::kCredit &&
+      item.kind != CrossKind::kRemoteCredit) {
+    AddCredit(item.count, /*remote=*/false, /*control=*/true);
+  }
   switch (item.kind) {
     case CrossKind::kArrive:
     case CrossKind::kAm:
@@ -227,6 +239,21 @@ void MqEngine::TakeItem(uint32_t from, const CrossItem& item) {
       return;
     case CrossKind::kPost: {
       if (Endpoint* ep = Find(item.to)) {
+        if (item.flags & kPostCopied) {  // a copy in place's kSendDone
+          ep->counters.rndv_msgs_copied.Add(1);
+          ep->counters.rndv_bytes_copied.Add(item.post.msg_len);
+          shm::CompletionDesc done = item.post;
+          done.msg_len = 0;
+          Post(*ep, done);
+          return;
+        }
+        if (item.post.op == shm::CompleteOp::kRndvGo &&
+            (item.post.flags & shm::kGoAwaitDone)) {
+          shm::CompletionDesc go = item.post;
+          AnswerGo(*ep, go, from);
+          Post(*ep, go);
+          return;
+        }
         Post(*ep, item.post);
       } else if (item.post.op == shm::CompleteOp::kRndvGo &&
                  item.post.body.go.send_bytes > 0) {
@@ -265,7 +292,10 @@ void MqEngine::TakeItem(uint32_t from, const CrossItem& item) {
     }
     case CrossKind::kCredit: {
       if (Endpoint* ep = Find(item.to)) {
-        ep->cross_in_flight -= std::min(ep->cross_in_flight, item.count);
+        uint32_t& in_flight = (item.flags & kCreditControl)
+                                  ? ep->ctl_in_flight
+                                  : ep->cross_in_flight;
+        in_flight -= std::min(in_flight, item.count);
       }
       return;
     }
@@ -292,6 +322,25 @@ void MqEngine::TakeItem(uint32_t from, const CrossItem& item) {
       }
       return;
     }
+    case CrossKind::kCopyPeer: {
+      auto it = transfers_.find(item.copy_peer.transfer);
+      if (it == transfers_.end()) return;  // its receiver left meanwhile
+      Transfer& t = it->second;
+      if (item.copy_peer.sender == nullptr) {
+        t.await_done = false;  // the sender completes with its last chunk
+      } else if (copier_ && t.await_done && !t.taken &&
+                 item.copy_peer.sender->id() == t.sender_id) {
+        t.copy_peer = item.copy_peer.sender;
+        takeover_candidates_.push_back(it->first);
+      }
+      return;
+    }
+    case CrossKind::kCopyDenied: {
+      if (Endpoint* ep = Find(item.to)) {
+        DenyCopies(*ep, item.flags & kCopyDeniedReading);
+      }
+      return;
+    }
     case CrossKind::kTransferSenderGone: {
       auto it = transfers_.find(item.transfer);
       if (it == transfers_.end()) return;
@@ -314,6 +363,23 @@ void MqEngine::TakeItem(uint32_t from, const CrossItem& item) {
       NodeLostHere(item.post);
       return;
   }
+}
+
+void MqEngine::AnswerGo(Endpoint& sender, shm::CompletionDesc& go,
+                        uint32_t from) {
+  CrossItem answer{};
+  answer.kind = CrossKind::kCopyPeer;
+  answer.copy_peer.transfer = go.body.go.transfer;
+  if (MayTakeOverFrom(sender)) {
+    answer.copy_peer.sender = &sender;
+  } else {
+    // The sender completes when it published its last chunk, as any
+    // stream's: psmd will never read its buffer.
+    go.flags &= ~shm::kGoAwaitDone;
+  }
+  // In lane order before any chunk of the transfer: the sender publishes
+  // those only once it read the go, which is posted after this.
+  Push(from, answer);
 }
 
 bool MqEngine::OfferItem(Endpoint& receiver, const CrossItem& item) {
@@ -359,12 +425,15 @@ void MqEngine::RefuseItem(const CrossItem& item, int32_t error) {
 void MqEngine::ReturnCredit(const CrossItem& item) {
   // A sender's credit, or (from another node) its receiver's at shard 0.
   const bool remote = FromOtherNode(item);
-  const uint32_t id = remote ? item.to : item.from;
+  AddCredit(remote ? item.to : item.from, remote, /*control=*/false);
+}
+
+void MqEngine::AddCredit(uint32_t id, bool remote, bool control) {
   if (!credits_.empty() && credits_.back().sender_id == id &&
-      credits_.back().remote == remote) {
+      credits_.back().remote == remote && credits_.back().control == control) {
     credits_.back().count++;
   } else {
-    credits_.push_back(CreditRun{id, 1, remote});
+    credits_.push_back(CreditRun{id, 1, remote, control});
   }
 }
 
@@ -404,6 +473,17 @@ void MqEngine::TakeChunk(uint32_t from, const CrossItem& item) {
       if (remote_->RndvData(*sender, d)) return;
     }
   }
+  if (it != transfers_.end() && it->second.taken &&
+      it->second.sender_id == item.from) {
+    // psmd copies the rest (invariant 10): released unread, no error, as
+    // in HandleRndvData.
+    CrossItem r{};
+    r.kind = CrossKind::kRefused;
+    r.to = item.from;
+    r.refused.pool_offset = item.chunk.pool_offset;
+    Push(from, r);
+    return;
+  }
   const bool fits =
       it != transfers_.end() && it->second.sender_id == item.from &&
       item.chunk.offset == it->second.forwarded &&
@@ -433,7 +513,16 @@ void MqEngine::TakeChunk(uint32_t from, const CrossItem& item) {
     }
   }
   t.forwarded += item.chunk.len;
-  if (t.forwarded == t.send_bytes) transfers_.erase(it);
+  if (t.await_done) t.last_ns = NowNs();
+  if (t.forwarded == t.send_bytes) {
+    if (t.await_done) {  // the sender's buffer is free now
+      shm::CompletionDesc c{};
+      c.op = shm::CompleteOp::kSendDone;
+      c.req = t.sender_req;
+      PostTo(t.sender_id, c);
+    }
+    transfers_.erase(it);
+  }
 }
 
 void MqEngine::TakeGone(uint32_t gone_id) {
@@ -456,6 +545,10 @@ void MqEngine::TakeGone(uint32_t gone_id) {
   }
   admit_over_budget_ = false;
   if (!held_fabric_.empty()) AdmitHeldFabric(gone_id);
+  // Copies in place from its process stop before its shard may free it
+  // (which waits for this shard's kGoneAck): Transfer::copy_peer and the
+  // pidfd the copier polls live until then (endpoint.h, thread-safety 5).
+  if (copier_) copier_->Cancel(gone_id);
   // The transfers it was sending here: their receivers wait for nothing.
   for (auto t = transfers_.begin(); t != transfers_.end();) {
     if (t->second.sender_id != gone_id) {

@@ -27,6 +27,15 @@ bool Alive(int pidfd) {
   return poll(&p, 1, 0) == 0;
 }
 
+// Its process has not exited and its endpoint is not removed (invariant 4).
+bool Alive(const CopySide& side) {
+  if (side.removed != nullptr &&
+      side.removed->load(std::memory_order_acquire)) {
+    return false;
+  }
+  return Alive(side.pidfd);
+}
+
 }  // namespace
 
 bool CrossCopier::Permitted() {
@@ -116,14 +125,14 @@ int Move(const CopySide& from_side, const CopySide& to_side, uint64_t offset,
   iovec from{reinterpret_cast<void*>(from_side.addr + offset), len};
   iovec to{reinterpret_cast<void*>(to_side.addr + offset), len};
   *reading = true;
-  if (!Alive(from_side.pidfd)) return ESRCH;
+  if (!Alive(from_side)) return ESRCH;
   ssize_t n = process_vm_readv(from_side.pid, &local, 1, &from, 1, 0);
   if (n < 0) return errno;
   // Read from the attached process only if it is still that process.
-  if (!Alive(from_side.pidfd)) return ESRCH;
+  if (!Alive(from_side)) return ESRCH;
   if (static_cast<size_t>(n) != len) return EFAULT;  // a range partly mapped
   *reading = false;
-  if (!Alive(to_side.pidfd)) return ESRCH;
+  if (!Alive(to_side)) return ESRCH;
   n = process_vm_writev(to_side.pid, &local, 1, &to, 1, 0);
   if (n < 0) return errno;
   if (static_cast<size_t>(n) != len) return EFAULT;

@@ -21,6 +21,9 @@
 //   2. Every submitted copy yields exactly one Done, unless cancelled.
 //   3. Once Cancel(endpoint) returns, no byte is read from or written to
 //      that endpoint's process by a copy submitted before the call.
+//   4. A chunk is written only if, after it was read, neither side's
+//      `removed` flag was set (checked with its pidfd, before the read,
+//      after it and before the write).
 #ifndef PSMD_DAEMON_ENGINE_CROSS_COPY_H_
 #define PSMD_DAEMON_ENGINE_CROSS_COPY_H_
 
@@ -43,6 +46,11 @@ struct CopySide {
   pid_t pid;
   int pidfd;  // owned by the endpoint, which outlives the copy (Cancel)
   uint64_t addr;
+  // Set when the endpoint is removed, or null. An endpoint of another
+  // engine shard than the copy's cannot Cancel it before it goes: a chunk
+  // read from its process after this is set is not delivered (Done with
+  // ESRCH), as after its process exited (invariant 4).
+  const std::atomic<bool>* removed = nullptr;
 };
 
 class CrossCopier {

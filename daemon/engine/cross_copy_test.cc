@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -171,6 +172,27 @@ TEST_F(CrossCopyTest, AProcessThatEndedIsNeverReadNorWritten) {
   EXPECT_EQ(done.error, ESRCH);
   EXPECT_FALSE(done.failed_reading);
   EXPECT_EQ(done.copied, 0u);
+}
+
+// Invariant 4: a sender whose endpoint was removed (by another engine
+// shard, which cannot Cancel this copier's copies) is read no more, though
+// its process runs; the receiver gets nothing.
+TEST_F(CrossCopyTest, ASideWhoseEndpointWasRemovedIsNeverReadNorWritten) {
+  Child from(src_, kLen), to(dst_, kLen);
+  ASSERT_GE(from.pidfd(), 0) << "SO_PEERPIDFD: Linux 6.5 or later";
+  std::atomic<bool> removed{true};
+  CopySide side = from.Side(1);
+  side.removed = &removed;
+  CrossCopier::Done done = CopyAlone(side, to.Side(2), kLen);
+  EXPECT_EQ(done.error, ESRCH);
+  EXPECT_TRUE(done.failed_reading);
+  EXPECT_EQ(done.copied, 0u);
+  EXPECT_EQ(to.Contents(), std::vector<uint8_t>(kLen, 0));
+  // The same side, not removed, is copied.
+  removed.store(false);
+  done = CopyAlone(side, to.Side(2), kLen);
+  EXPECT_EQ(done.error, 0);
+  EXPECT_EQ(done.copied, kLen);
 }
 
 TEST_F(CrossCopyTest, CancelDropsTheEndpointsCopiesAndNothingMovesAfter) {

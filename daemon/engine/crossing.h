@@ -46,6 +46,12 @@ enum class CrossKind : uint8_t {
   kGone,     // endpoint `from` was removed (invariant 8 across shards)
   kGoneAck,  // the destination took kGone for its endpoint `to`
   kTransferSenderGone,  // the sender of transfer `transfer` is gone
+  // Copies in place across shards (mq_engine.h invariant 10): the sender's
+  // shard answers a kRndvGo that let it await kSendDone with its sender, or
+  // none (`copy_peer`); the keeping shard found the sender's process closed
+  // to psmd (kCopyDenied for `to`, `flags` kCopyDeniedReading or not).
+  kCopyPeer,
+  kCopyDenied,
   // Between nodes (mq_engine.h invariant 12): shard 0 owns the fabric.
   kRemoteArrive,  // to a shard: a message from another node for `to`
   kRemoteAm,      // to a shard: an active message from another node for `to`
@@ -69,6 +75,14 @@ inline constexpr uint8_t kFabricAmAnswer = 2;  // a reply or an ack
 inline constexpr uint8_t kFabricCallMask = 3;
 inline constexpr uint8_t kFabricLinkGone = 4;
 inline constexpr uint8_t kFabricMayHold = 8;
+// kCredit's flags: the credit of control-ring items (kAm replies and acks,
+// kChunk, kToFabric answers), not of sends and AM requests.
+inline constexpr uint8_t kCreditControl = 1;
+// kPost's flags: the completion is a kSendDone of a copy in place that
+// moved post.msg_len bytes (the sender's shard counts them, and clears the
+// field, unused by a kSendDone, before posting it).
+inline constexpr uint8_t kPostCopied = 1;
+inline constexpr uint8_t kCopyDeniedReading = 1;
 // kFabricAnswer's flags.
 inline constexpr uint8_t kAnswerStart = 1;  // StartTransfer, else CompleteSync
 
@@ -78,6 +92,11 @@ struct CrossItem {
   uint16_t ring_seq;  // the ring's publication stamp (shm/ring.h)
   uint32_t to;        // an endpoint of the destination shard
   uint32_t from;      // an endpoint of the source shard
+  // kCredit, kRemoteCredit: how many. Any other kind: the endpoint of the
+  // source shard whose control submission made the item (0: none), which
+  // the destination gives a control credit back when it takes the item,
+  // behind what it answers (MqEngine::kControlCredit). (One field, so that
+  // an item stays 104 bytes: every crossing message copies it twice.)
   uint32_t count;
   union {
     struct {
@@ -102,6 +121,15 @@ struct CrossItem {
       int32_t error;
     } refused;
     uint64_t transfer;
+    struct {
+      uint64_t transfer;
+      // The sender, kept by its shard until the destination acknowledged
+      // its kGone (MqEngine::departed_): read there only for its identity,
+      // its removed flag and last_chunk_ns (endpoint.h, thread-safety 5).
+      // Null: the sender may not be copied; the go went without
+      // kGoAwaitDone.
+      Endpoint* sender;
+    } copy_peer;
     struct {
       shm::SubmissionDesc d;  // as the sender submitted it
       uint64_t epid;          // its peer link's

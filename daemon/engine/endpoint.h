@@ -16,6 +16,14 @@
 //      the engine (acquire).
 //   4. Counters are written by the worker only (relaxed stores) and read by
 //      control threads (relaxed loads): stats may be a moment old, never torn.
+//   5. Two fields of the match state are read by another shard's worker,
+//      the one that keeps a rendezvous transfer from this endpoint and may
+//      copy it in place (mq_engine.h, invariant 10): last_chunk_ns, written
+//      by this endpoint's worker only (relaxed), and removed, set once by
+//      it before the endpoint leaves (release) and read by the copier
+//      (acquire). That shard holds the pointer only while the transfer
+//      lasts, which ends before it acknowledges the endpoint's kGone, before
+//      which the endpoint is not freed (MqEngine::departed_).
 #ifndef PSMD_DAEMON_ENGINE_ENDPOINT_H_
 #define PSMD_DAEMON_ENGINE_ENDPOINT_H_
 
@@ -182,6 +190,11 @@ class Endpoint {
   // threads (relaxed loads).
   EndpointCounters counters;
 
+  // Set by its worker when it removes the endpoint, before other shards
+  // learn (kGone): a copy in place another shard's copier runs from this
+  // process delivers nothing it read after this (thread-safety 5).
+  std::atomic<bool> removed{false};
+
  private:
   // The match state: the engine's alone (it runs on the progress worker's
   // thread, and only that thread reaches the engine: daemon/progress.h).
@@ -228,13 +241,16 @@ class Endpoint {
   // Its sends and AM requests handed to other shards whose credit did not
   // come back yet (mq_engine.h, invariant 11).
   uint32_t cross_in_flight = 0;
-  // Items its control submissions handed other shards that wait in the
-  // outbox for a full lane; its control ring waits beyond
-  // MqEngine::kOutboxPerEndpoint (invariant 11).
-  uint32_t outbox_waiting = 0;
+  // Items its control submissions handed other shards (AM replies and
+  // acks, rendezvous chunks, completions) that the other shard has not
+  // taken yet (no control credit came back), in the outbox or in a lane;
+  // its control ring waits beyond MqEngine::kControlCredit (invariant 11).
+  uint32_t ctl_in_flight = 0;
   // When psmd last took a rendezvous chunk from this endpoint: a sender
   // busy streaming one message is not stalled on the others (inv. 10).
-  uint64_t last_chunk_ns = 0;
+  // Written by this endpoint's worker only; read by the shard that keeps a
+  // transfer from it (thread-safety 5).
+  std::atomic<uint64_t> last_chunk_ns{0};
 };
 
 }  // namespace psmd

@@ -219,7 +219,7 @@ void MqEngine::SaveState(handover::StateWriter& w) const {
     // Written: since when sends wait for its budget (ReportBudgetStalls),
     // when it last sent a chunk (takeover's stall test).
     w.U64(ep->held_since_ns);
-    w.U64(ep->last_chunk_ns);
+    w.U64(ep->last_chunk_ns.load(std::memory_order_relaxed));
     // Written: the connection slots, with their gone marks (invariant 8).
     w.U32(static_cast<uint32_t>(ep->peers.size()));
     for (const PeerLink& p : ep->peers) {
@@ -504,8 +504,11 @@ bool MqEngine::ReadEndpoint(handover::StateReader& r, LoadedEndpoint* out) {
                     "has an unknown op or a chunk outside the job's pool");
   }
 
-  // Held sends: at most a batch, taken off the message ring, each one the
-  // validator accepts with the loaded peers (Dispatch checks them again).
+  // Held sends: at most a batch, taken off the message ring. The first is
+  // the send that waits, which the validator accepted with the loaded
+  // peers; the rest of its batch were taken with it but not dispatched yet
+  // (PollMessages), so they may be anything the client wrote: Dispatch
+  // checks each when its turn comes, here as it would have there.
   if (!r.Count(&n, sizeof(shm::SubmissionDesc), ep->msg_sq.capacity(),
                "held send count"))
     return false;
@@ -515,7 +518,8 @@ bool MqEngine::ReadEndpoint(handover::StateReader& r, LoadedEndpoint* out) {
   bounds.region = ep->region();
   for (shm::SubmissionDesc& d : out->held_sends) {
     if (!r.Pod(&d, "held send")) return false;
-    if (ValidateSubmission(d, shm::Ring::kMessage, bounds) != Rejection::kNone)
+    if (&d == &out->held_sends.front() &&
+        ValidateSubmission(d, shm::Ring::kMessage, bounds) != Rejection::kNone)
       return r.Fail("held send", "is not a valid message-ring submission");
   }
 
@@ -587,9 +591,6 @@ bool MqEngine::ReadTransfers(handover::StateReader& r, Loaded* out) {
         return r.Fail("transfer sender", "is not an endpoint of this shard");
       if (sender->job() != receiver->job())
         return r.Fail("transfer sender", "is of another job");
-    } else if (t.await_done) {
-      // Copies in place stay within a shard (invariant 11).
-      return r.Fail("transfer awaits done", "across shards");
     }
     if (t.send_bytes == 0 || t.forwarded >= t.send_bytes)
       return r.Fail("transfer forwarded", "is not within a transfer under way");
@@ -787,7 +788,7 @@ void MqEngine::Install(Loaded& loaded) {
     ep.copy_denied = e.copy_denied;
     ep.unexpected_budget = e.unexpected_budget;
     ep.held_since_ns = e.held_since_ns;
-    ep.last_chunk_ns = e.last_chunk_ns;
+    ep.last_chunk_ns.store(e.last_chunk_ns, std::memory_order_relaxed);
     ep.stall_watched = e.stall_watched;
     if (e.stall_watched) stall_watch_.push_back(ep.id());
     ep.peers = std::move(e.peers);
@@ -819,7 +820,11 @@ void MqEngine::Install(Loaded& loaded) {
     // Candidates for a takeover again, if this engine copies in place (a
     // successor without copies lets the stream finish: the sender's
     // kSendDone comes with its last chunk, HandleRndvData).
-    if (t.await_done && copier_) takeover_candidates_.push_back(id);
+    // A sender of another shard is not known here until its shard answers a
+    // go (kCopyPeer), which came before the handover: that transfer
+    // streams to its end, its kSendDone with its last chunk (TakeChunk).
+    if (t.await_done && copier_ && Local(t.sender_id))
+      takeover_candidates_.push_back(id);
   }
   for (auto& [id, items] : loaded.held) held_items_[id] = std::move(items);
 }

@@ -129,6 +129,45 @@ TEST_P(EngineStateTest, ChargesAreRecomputedFromTheLoadedQueues) {
   EXPECT_GE(w.job().posted_recvs.load(), 2u);
 }
 
+// A send held for its receiver's budget keeps the rest of its batch with
+// it, taken off the ring but not yet validated (PollMessages): one may name
+// a slot that was never connected. The successor takes the state and,
+// when their turn comes, does with them what the first engine would have:
+// the held send arrives, the bad one fails at its sender. (The loader once
+// refused such a state: engine_fuzz found it.)
+TEST_P(EngineStateTest, AHeldBatchWithABadSendBehindTheHeldOneIsCarried) {
+  auto run = [](World& w, bool handover) {
+    EndpointTestPeer(w.ep(1)).set_unexpected_budget(kUnexpectedOverheadBytes);
+    w.Send(0, 1, 1, 8);  // admitted: the queue is empty
+    w.Send(0, 1, 2, 8);  // held: the budget is full
+    const uint32_t tag[3] = {3, 0, 0};
+    w.Submit(0, shm::PrepSend(/*slot=*/7, w.Token(0), tag, 8, false));
+    w.Poll();
+    // (With two shards the sends cross and wait at the receiver's shard
+    // instead: the bad one is refused at once, the state is the ordinary
+    // held item's.)
+    if (w.shards() == 1) {
+      EXPECT_EQ(EndpointTestPeer(w.ep(0)).held_sends().size(), 2u);
+    }
+    if (handover) {
+      Status st = w.Handover();
+      ASSERT_TRUE(st.ok()) << st.message;
+    }
+    w.Recv(1, 0, 1, true, 8);
+    w.Recv(1, 0, 2, true, 8);
+    w.Poll();
+    for (uint32_t at = 0; at < kEndpoints; at++) w.Reap(at);
+  };
+  World plain(GetParam());
+  run(plain, false);
+  World handed(GetParam());
+  run(handed, true);
+  ExpectSameRecords(plain, handed, 0);
+  ASSERT_EQ(plain.record(1).size(), 2u);  // both messages received
+  ASSERT_EQ(plain.record(0).size(), 1u);  // the bad send failed
+  EXPECT_EQ(plain.record(0)[0].op, shm::CompleteOp::kError);
+}
+
 INSTANTIATE_TEST_SUITE_P(Shards, EngineStateTest, ::testing::Values(1u, 2u),
                          [](const auto& info) {
                            return std::to_string(info.param) + "_shards";

@@ -142,6 +142,9 @@ void MqEngine::Remove(uint32_t id) {
   // Before the endpoint (and its pidfd) goes: no byte moves to or from its
   // process after this (CrossCopier invariant 3); the transfers the copies
   // belonged to end below.
+  // Copies another shard runs from it deliver nothing read after this
+  // (CrossCopier invariant 4); that shard cancels them at its kGone.
+  ep.removed.store(true, std::memory_order_release);
   if (copier_) copier_->Cancel(id);
   for (auto t = transfers_.begin(); t != transfers_.end();) {
     if (t->second.sender_id == id) {
@@ -312,9 +315,9 @@ bool MqEngine::SubmissionPending(Endpoint& ep) {
   if (!ep.cq_overflow.empty() && ep.cq.FreeSlots() > 0) return true;
   // A held endpoint's message ring does not count: it waits for a receiver,
   // and whatever drains that receiver arrives on some control ring.
-  // Nor does a control ring that waits for its outbox items (PollControl):
-  // the worker wakes every millisecond while its outbox holds any.
-  if (ep.ctl_sq.Available() > 0 && ep.outbox_waiting < kOutboxPerEndpoint)
+  // Nor does a control ring that waits for its control credit
+  // (PollControl): the shard that gives it back wakes this one.
+  if (ep.ctl_sq.Available() > 0 && ep.ctl_in_flight < kControlCredit)
     return true;
   return ep.held_sends.empty() && ep.msg_sq.Available() > 0;
 }
@@ -334,11 +337,11 @@ bool MqEngine::PollControl(Endpoint& ep, size_t limit, size_t* used) {
   }
   // An empty ring, the common case, costs one look at its next slot.
   if (ep.ctl_sq.Available() == 0) return did;
-  // What it handed other shards waits in the outbox (a lane is full): its
-  // control ring waits too, so that the outbox stays bounded (invariant
-  // 11). A closing endpoint's submissions are all taken (Remove).
-  if (ep.outbox_waiting >= kOutboxPerEndpoint && !admit_over_budget_)
-    return did;
+  // What it handed other shards was not taken there yet: its control ring
+  // waits for the credit, so that what waits for a lane, and the answers
+  // to it, stay bounded (invariant 11). A closing endpoint's submissions
+  // are all taken (Remove).
+  if (ep.ctl_in_flight >= kControlCredit && !admit_over_budget_) return did;
   shm::SubmissionDesc batch[kBatch];
   size_t n = ep.ctl_sq.PopBatch(batch, std::min(limit, kBatch));
   if (used != nullptr) *used += n;
@@ -497,15 +500,24 @@ template <MqEngine::Part kPart>
     return Arrival::kMatched;
   }
   // Invariant 4. (While Remove flushes a closing sender, its sends are
-  // admitted over any budget: it saw them complete.)
-  if (kPart != Part::kPayload && !admit_over_budget_ && OverBudget(receiver)) {
+  // admitted over any budget: it saw them complete.) With shards, the job's
+  // and uid's counters are charged by every shard: reserved, then looked
+  // at (ChargeWithin), so that two shards cannot both squeeze under.
+  const bool shared = kPart == Part::kWhole && shards_ > 1;
+  if (shared) {
+    if (!ChargeWithin(receiver)) {
+      NoteHeld(receiver);
+      return Arrival::kHeld;
+    }
+  } else if (kPart != Part::kPayload && !admit_over_budget_ &&
+             OverBudget(receiver)) {
     NoteHeld(receiver);
     return Arrival::kHeld;
   }
   if constexpr (kPart == Part::kEnvelope) return Arrival::kQueued;
   receiver.counters.unexpected_msgs.Add(1);
   receiver.counters.unexpected_bytes.Add(m.len);
-  Charge(receiver);
+  if (!shared) Charge(receiver);
   receiver.unexpected.push(key, m);
   return Arrival::kQueued;
 }
@@ -768,8 +780,9 @@ bool MqEngine::HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
   // (Not handed over, the chunk goes back when `chunk` goes.)
   if (ForwardChunk(t, d.body.rndv.pool_offset, d.len)) chunk.Take();
   t.forwarded += d.len;
-  sender.last_chunk_ns = NowNs();
-  if (t.await_done) t.last_ns = sender.last_chunk_ns;
+  const uint64_t now = NowNs();
+  sender.last_chunk_ns.store(now, std::memory_order_relaxed);
+  if (t.await_done) t.last_ns = now;
   if (t.forwarded == t.send_bytes) {
     if (t.await_done) {  // the sender's buffer is free now
       shm::CompletionDesc c{};
@@ -979,8 +992,19 @@ void MqEngine::StartTransfer(Endpoint& receiver, uint64_t recv_req,
     go.body.go.send_bytes = send_bytes;
     if (send_bytes > 0) {
       go.body.go.transfer = NewTransferId();
-      transfers_[go.body.go.transfer] = Transfer{
-          m.sender_id, receiver.id(), m.sender_req, recv_req, send_bytes, 0};
+      Transfer t{m.sender_id, receiver.id(), m.sender_req,
+                 recv_req,    send_bytes,    0};
+      t.send_addr = m.send_addr;
+      t.recv_addr = recv_addr;
+      // Invariant 10 across shards: the receiver's part is decided here,
+      // the sender's by its shard, which answers the go (kCopyPeer) before
+      // any chunk of it, in lane order; only then may it be taken over.
+      if (MayTakeOverTo(t, receiver)) {
+        t.await_done = true;
+        t.last_ns = NowNs();
+        go.flags |= shm::kGoAwaitDone;
+      }
+      transfers_[go.body.go.transfer] = t;
     }
     PostTo(m.sender_id, go);
     return;
@@ -1022,14 +1046,45 @@ void MqEngine::EnableCrossCopy(std::function<void()> wake, uint64_t min_bytes,
 
 bool MqEngine::MayTakeOver(const Transfer& t, const Endpoint& sender,
                            const Endpoint& receiver) const {
+  return MayTakeOverTo(t, receiver) && MayTakeOverFrom(sender);
+}
+
+bool MqEngine::MayTakeOverTo(const Transfer& t,
+                             const Endpoint& receiver) const {
   return copier_ && t.send_addr != 0 && t.recv_addr != 0 &&
-         t.send_bytes >= copy_min_bytes_ && !sender.copy_denied &&
-         !receiver.copy_denied &&
-         sender.pidfd.load(std::memory_order_acquire) >= 0 &&
+         t.send_bytes >= copy_min_bytes_ && !receiver.copy_denied &&
          receiver.pidfd.load(std::memory_order_acquire) >= 0;
 }
 
+bool MqEngine::MayTakeOverFrom(const Endpoint& sender) {
+  return !sender.copy_denied && !sender.faulted &&
+         sender.pidfd.load(std::memory_order_acquire) >= 0;
+}
+
+Endpoint* MqEngine::CopySender(const Transfer& t) {
+  return Local(t.sender_id) ? Find(t.sender_id) : t.copy_peer;
+}
+
+void MqEngine::DenyCopies(Endpoint& culprit, bool reading) {
+  if (!Local(culprit.id())) {
+    CrossItem item{};
+    item.kind = CrossKind::kCopyDenied;
+    item.flags = reading ? kCopyDeniedReading : 0;
+    item.to = culprit.id();
+    Push(ShardOf(culprit.id(), shards_), item);
+    return;
+  }
+  if (culprit.copy_denied) return;
+  culprit.copy_denied = true;
+  spdlog::warn(
+      "endpoint {} (pid {}): psmd may not {} its memory (EPERM): its "
+      "rendezvous messages stream through the pool; give psmd "
+      "CAP_SYS_PTRACE to copy them in place",
+      culprit.id(), culprit.pid(), reading ? "read" : "write");
+}
+
 bool MqEngine::TakeOverStalled() {
+  if (!copier_) return false;  // EndCopies
   const uint64_t now = NowNs();
   if (now < next_takeover_check_ns_) return false;
   next_takeover_check_ns_ = now + copy_after_ns_ / 4;
@@ -1041,31 +1096,28 @@ bool MqEngine::TakeOverStalled() {
     auto it = transfers_.find(id);
     if (it == transfers_.end()) continue;  // ended
     Transfer& t = it->second;
-    Endpoint* sender = Find(t.sender_id);
+    Endpoint* sender = CopySender(t);
     Endpoint* receiver = Find(t.receiver_id);
     if (sender == nullptr || receiver == nullptr) continue;
+    // Left (another shard's: its kGone is on its way and ends the transfer).
+    if (sender->removed.load(std::memory_order_acquire)) continue;
     // A sender streaming other messages (say 64 sends outstanding, each
     // waiting for pool space) will come to this one: not stalled.
     if (now - t.last_ns < copy_after_ns_ ||
-        now - sender->last_chunk_ns < copy_after_ns_) {
+        now - sender->last_chunk_ns.load(std::memory_order_relaxed) <
+            copy_after_ns_) {
       takeover_candidates_.push_back(id);
       continue;
     }
     CopySide from{sender->id(), sender->pid(), sender->pidfd.load(),
-                  t.send_addr};
+                  t.send_addr, &sender->removed};
     CopySide to{receiver->id(), receiver->pid(), receiver->pidfd.load(),
-                t.recv_addr};
+                t.recv_addr, &receiver->removed};
     // One byte first, here: a process psmd may not touch (EPERM) keeps its
     // stream, before any chunk of it is released unread.
     bool reading = false;
     if (CrossCopier::CopyOneByte(from, to, t.forwarded, &reading) == EPERM) {
-      Endpoint* culprit = reading ? sender : receiver;
-      culprit->copy_denied = true;
-      spdlog::warn(
-          "endpoint {} (pid {}): psmd may not {} its memory (EPERM): its "
-          "rendezvous messages stream through the pool; give psmd "
-          "CAP_SYS_PTRACE to copy them in place",
-          culprit->id(), culprit->pid(), reading ? "read" : "write");
+      DenyCopies(reading ? *sender : *receiver, reading);
       continue;  // the stream goes on; never taken over
     }
     t.taken = true;
@@ -1089,7 +1141,8 @@ bool MqEngine::FinishCopies() {
     if (d.error == EFAULT) {
       // A range that is not the process's: that request fails, and the
       // receive, which did not get the message, with it.
-      Endpoint* culprit = Find(d.failed_reading ? t.sender_id : t.receiver_id);
+      Endpoint* culprit =
+          d.failed_reading ? CopySender(t) : Find(t.receiver_id);
       if (culprit != nullptr) {
         WarnClient(culprit->uid(),
                    "endpoint {} (uid {}): a rendezvous {} buffer at {:#x} is "
@@ -1105,28 +1158,26 @@ bool MqEngine::FinishCopies() {
       // other side learns its peer is unreachable.
       recv_error = d.failed_reading ? PSM2_EPID_UNREACHABLE : PSM2_INTERNAL_ERR;
       send_error = d.failed_reading ? PSM2_INTERNAL_ERR : PSM2_EPID_UNREACHABLE;
-      Endpoint* culprit = Find(d.failed_reading ? t.sender_id : t.receiver_id);
+      Endpoint* culprit =
+          d.failed_reading ? CopySender(t) : Find(t.receiver_id);
       // Refused after the one-byte check passed (the process made itself
       // undumpable, say): no more copies for it; logged per uid, bounded.
       if (culprit != nullptr && d.error != ESRCH) {
-        if (d.error == EPERM) culprit->copy_denied = true;
+        if (d.error == EPERM) DenyCopies(*culprit, d.failed_reading);
         WarnClient(culprit->uid(),
                    "endpoint {} (uid {}): copy in place of a rendezvous "
                    "message failed: {}",
                    culprit->id(), culprit->uid(), strerror(d.error));
       }
-    } else if (Endpoint* s = Find(t.sender_id)) {
-      s->counters.rndv_msgs_copied.Add(1);
-      s->counters.rndv_bytes_copied.Add(d.copied);
     }
-    EndTakenTransfer(it, recv_error, send_error);
+    EndTakenTransfer(it, recv_error, send_error, d.error == 0 ? d.copied : 0);
   }
   return !done.empty();
 }
 
 void MqEngine::EndTakenTransfer(
     std::unordered_map<uint64_t, Transfer>::iterator it, int32_t recv_error,
-    int32_t send_error) {
+    int32_t send_error, uint64_t copied) {
   const Transfer t = it->second;
   transfers_.erase(it);
   if (Endpoint* r = Find(t.receiver_id)) {
@@ -1139,13 +1190,28 @@ void MqEngine::EndTakenTransfer(
     c.body.chunk.len = t.send_bytes - t.forwarded;
     Post(*r, c);
   }
-  if (Endpoint* s = Find(t.sender_id)) {
-    shm::CompletionDesc c{};
-    c.op = shm::CompleteOp::kSendDone;
-    c.req = t.sender_req;
-    c.error = send_error;
-    Post(*s, c);
+  shm::CompletionDesc c{};
+  c.op = shm::CompleteOp::kSendDone;
+  c.req = t.sender_req;
+  c.error = send_error;
+  if (Local(t.sender_id)) {
+    if (Endpoint* s = Find(t.sender_id)) {
+      if (copied > 0) {
+        s->counters.rndv_msgs_copied.Add(1);
+        s->counters.rndv_bytes_copied.Add(copied);
+      }
+      Post(*s, c);
+    }
+    return;
   }
+  // The sender's counters are its shard's to write (single-writer Counter).
+  CrossItem item{};
+  item.kind = CrossKind::kPost;
+  item.flags = copied > 0 ? kPostCopied : 0;
+  item.to = t.sender_id;
+  item.post = c;
+  item.post.msg_len = static_cast<uint32_t>(copied);  // <= send_bytes
+  Push(ShardOf(t.sender_id, shards_), item);
 }
 
 bool MqEngine::OverBudget(const Endpoint& receiver) const {
@@ -1172,6 +1238,40 @@ std::optional<shm::StallBudget> MqEngine::FullBudget(const Endpoint& receiver,
       uid_unexpected_budget_)
     return full(shm::StallBudget::kUid, uid_unexpected_budget_);
   return std::nullopt;
+}
+
+bool MqEngine::ChargeWithin(Endpoint& receiver) {
+  constexpr uint64_t kOne = kUnexpectedOverheadBytes;
+  // An empty queue always admits one message (invariant 4), and a closing
+  // sender's sends go regardless.
+  if (admit_over_budget_ || receiver.unexpected_cost == 0) {
+    Charge(receiver);
+    return true;
+  }
+  if (receiver.unexpected_cost + kOne > receiver.unexpected_budget)
+    return false;
+  // Each add sees every other shard's before it (one modification order
+  // per counter), so what stays added never passes the budget; a shard
+  // that finds it passed takes its add back and holds the message, which
+  // another shard's add it saw may also take back: then both hold it
+  // until the next pass, never both keep it.
+  Job& job = *receiver.job();
+  const uint64_t job_budget =
+      std::min(job_unexpected_budget_, job.unexpected_budget());
+  if (job.unexpected_cost.fetch_add(kOne, std::memory_order_relaxed) + kOne >
+      job_budget) {
+    job.unexpected_cost.fetch_sub(kOne, std::memory_order_relaxed);
+    return false;
+  }
+  std::atomic<uint64_t>& uid = job.account().unexpected_cost;
+  if (uid.fetch_add(kOne, std::memory_order_relaxed) + kOne >
+      uid_unexpected_budget_) {
+    uid.fetch_sub(kOne, std::memory_order_relaxed);
+    job.unexpected_cost.fetch_sub(kOne, std::memory_order_relaxed);
+    return false;
+  }
+  receiver.unexpected_cost += kOne;
+  return true;
 }
 
 void MqEngine::Charge(Endpoint& receiver) {

@@ -79,7 +79,12 @@
 //      copies the rest straight from the sender's memory into the receive
 //      buffer, chunks the sender still publishes are released unread, and
 //      the receiver gets one kRndvChunk with kPayloadPlaced for the rest, the
-//      sender kSendDone. So a transfer completes while both processes
+//      sender kSendDone. With shards, sender and receiver may live on
+//      different ones (invariant 11 says who owns what). A sender removed
+//      mid-copy is read no more (CrossCopier invariants 3 and 4), a
+//      receiver removed mid-copy is written no more (its shard keeps the
+//      copy: Cancel); the other side is told PSM2_EPID_UNREACHABLE. So a
+//      transfer completes while both processes
 //      compute, and a stream both sides keep busy stays a stream (two
 //      processes copy in parallel: faster here than one copier thread).
 //   9. The posted receives of a job, and of all jobs of a uid, stay within
@@ -104,19 +109,38 @@
 //      its receiver's held list, behind which that receiver's later items
 //      queue, and a sender has at most kCrossCredit such items in flight
 //      (its message ring waits beyond: invariant 4's back-pressure).
-//      Items a full lane did not take wait in the sending shard's outbox;
-//      an endpoint's control ring waits while kOutboxPerEndpoint items of
-//      its control submissions (replies, acks, chunks: no credit) do, so
-//      the outbox holds at most that and a batch per endpoint. Lanes are
-//      drained whatever waits, so that wait ends (no cycle). A
+//      Items a full lane did not take wait in the sending shard's outbox.
+//      The items of an endpoint's control submissions (replies, acks,
+//      chunks, completions: never held where they land) take its control
+//      credit instead, returned as the other shard takes them: its control
+//      ring waits while kControlCredit of them are in flight, so a shard
+//      holds at most that and a batch per endpoint of them, and, since
+//      that shard pushes the credit behind its answers to them (one at
+//      most per item: a refusal, a completion, a kCopyPeer), at most as
+//      many answers to them. Answers to sends and AM requests are bounded
+//      by kCrossCredit likewise. Lanes are drained whatever waits, and
+//      items are never held for a credit, so that wait ends (no cycle). A
 //      removed endpoint's shard drains its rings first, then tells every
 //      other shard (kGone): they admit its held items, fail transfers it
 //      sent, and mark links to it gone (invariant 8), in lane order after
 //      everything it sent. Job and uid budgets are relaxed atomics charged
-//      where a message or receive lands: each shard checks then charges, so
-//      a budget may be exceeded by one message per shard. Copies in place
-//      (invariant 10) stay within a shard: a transfer between shards
-//      streams through the pool.
+//      where a message or receive lands; an unexpected message's charge is
+//      added first and taken back if it passed a budget (ChargeWithin), so
+//      shards charging at once keep invariant 4 exactly. Copies in place
+//      (invariant 10) work across shards as within one, each piece of
+//      state with one owner: the shard that keeps the transfer (the
+//      receiver's) decides the receiver's part at the match, takes it over
+//      and runs the copy on its copier; the sender's shard decides the
+//      sender's part when the go reaches it (kGoAwaitDone kept or cleared)
+//      and answers with the sender (kCopyPeer) before the sender can
+//      publish a chunk, and alone writes the sender's copy_denied (told by
+//      kCopyDenied) and counters (kSendDone as kPost, kPostCopied). The
+//      keeping shard reads of the sender only its identity, last_chunk_ns
+//      and removed (endpoint.h, thread-safety 5), and only while the
+//      transfer lasts: it ends at the sender's kGone, where that shard
+//      cancels its copies from the sender before kGoneAck lets the
+//      sender's shard free it. A chunk published after a takeover crosses
+//      and goes back unread (kRefused, no error): released once.
 //  12. Shards between nodes (fabric_across.cc). Shard 0 owns the fabric:
 //      its Remote, every node connection and all of their state. It knows
 //      the other shards' endpoints (AddForeign, before they are added;
@@ -223,6 +247,13 @@ class MqEngine {
   void EnableCrossCopy(std::function<void()> wake, uint64_t min_bytes,
                        uint64_t after_ns);
   bool copies_done() const { return copier_ && copier_->done_pending(); }
+  // Ends the copier (its chunk in flight first) and takes over nothing
+  // more: at shutdown, before any shard's engine, whose endpoints a copy
+  // of this one may read (invariant 10), goes.
+  void EndCopies() {
+    copier_.reset();
+    takeover_candidates_.clear();
+  }
   // Transfers psmd may yet take over: the worker must not sleep longer
   // than copy_after while there are any.
   bool takeovers_pending() const { return !takeover_candidates_.empty(); }
@@ -246,10 +277,12 @@ class MqEngine {
   bool OutboxWaiting() const { return outbox_items_ > 0; }
   size_t outbox_items() const { return outbox_items_; }
   // Items of one endpoint's control submissions (AM replies and acks,
-  // rendezvous chunks, completions for other shards: uncredited) that may
-  // wait in the outbox before its control ring waits too; what one pass
-  // adds beyond is at most a batch's.
-  static constexpr uint32_t kOutboxPerEndpoint = 64;
+  // rendezvous chunks, completions for other shards) that may be in flight
+  // to other shards (not yet taken there: in the outbox or a lane) before
+  // its control ring waits too; what one pass adds beyond is at most a
+  // batch's. The other shard gives the credit back behind its answers to
+  // them, so this bounds those answers too (invariant 11).
+  static constexpr uint32_t kControlCredit = 64;
   // After a transport beside the engine ran (Remote::Poll, invariant 12):
   // wakes the shards it pushed to, as the end of PollAll does.
   void FlushAcross() {
@@ -462,6 +495,10 @@ class MqEngine {
     bool await_done = false;
     bool taken = false;    // the CrossCopier moves the rest from `forwarded`
     uint64_t last_ns = 0;  // when the transfer last moved
+    // A sender of another shard that may be copied, as its shard answered
+    // the go (kCopyPeer); null until then, and for a local sender (Find).
+    // Valid while the transfer lasts (endpoint.h, thread-safety 5).
+    Endpoint* copy_peer = nullptr;
   };
 
   // A job's share of a pass (invariant 7).
@@ -528,17 +565,32 @@ class MqEngine {
                const MsgKey& key, const UnexpectedMsg& m, bool was_unexpected,
                uint64_t recv_addr = 0);
   // Invariant 10: whether `t` may be taken over (both buffers named, large
-  // enough, both processes known and not denied).
+  // enough, both processes known and not denied). MayTakeOverFrom is the
+  // sender's part, which its own shard decides (AnswerGo).
   bool MayTakeOver(const Transfer& t, const Endpoint& sender,
                    const Endpoint& receiver) const;
+  bool MayTakeOverTo(const Transfer& t, const Endpoint& receiver) const;
+  static bool MayTakeOverFrom(const Endpoint& sender);
+  // The sender of `t` for a copy: here, or (another shard's) t.copy_peer.
+  Endpoint* CopySender(const Transfer& t);
+  // Shard of the sender: a go that let it await kSendDone (kGoAwaitDone)
+  // came from the shard that keeps the transfer (`from`). Answers it with
+  // the sender if it may be copied (kCopyPeer), or clears the flag and
+  // answers none, before the sender can see the go.
+  void AnswerGo(Endpoint& sender, shm::CompletionDesc& go, uint32_t from);
+  // psmd may not read (or write) `culprit`'s process: its transfers stream
+  // from now on. Told to its own shard, which alone writes copy_denied.
+  void DenyCopies(Endpoint& culprit, bool reading);
   // Takes over the transfers that stalled for copy_after.
   bool TakeOverStalled();
   // Completes the transfers whose copies ended.
   bool FinishCopies();
   // The last word on a transfer psmd moved itself: the rest of the data to
-  // the receiver, kSendDone to the sender; erases it.
+  // the receiver, kSendDone to the sender (counting `copied` bytes there, if
+  // the copy succeeded); erases it.
   void EndTakenTransfer(std::unordered_map<uint64_t, Transfer>::iterator it,
-                        int32_t recv_error, int32_t send_error);
+                        int32_t recv_error, int32_t send_error,
+                        uint64_t copied = 0);
   // Puts an eager message's payload into a completion (inline, or the pool
   // offset the receiver copies from and releases).
   static void AttachEagerPayload(shm::CompletionDesc& c,
@@ -559,6 +611,11 @@ class MqEngine {
   void NoteHeld(Endpoint& receiver);
   void Charge(Endpoint& receiver);
   void Uncharge(Endpoint& receiver);
+  // With shards: charges one more unexpected message to `receiver` if it
+  // fits every budget (or its queue is empty, or admit_over_budget_), as
+  // one step that another shard's charges cannot slip between; false
+  // (nothing charged) if not.
+  bool ChargeWithin(Endpoint& receiver);
   void CompleteSync(uint32_t sender_id, uint64_t sender_req, int32_t error);
   // The same for message `m` received by `receiver`, wherever its sender is.
   void CompleteSyncOf(const Endpoint& receiver, const UnexpectedMsg& m,
@@ -617,8 +674,10 @@ class MqEngine {
       counter.fetch_add(delta, std::memory_order_relaxed);
     }
   }
-  // Hands `item` to shard `to` (through the outbox while that lane is full).
+  // Hands `item` to shard `to` (through the outbox while that lane is full);
+  // an item of PollControl's endpoint takes its control credit.
   void Push(uint32_t to, const CrossItem& item);
+  void PushItem(uint32_t to, const CrossItem& item);
   // A completion for endpoint `id`, on this shard or another.
   void PostTo(uint32_t id, const shm::CompletionDesc& c);
   void PostErrorTo(uint32_t id, uint64_t req, int32_t error);
@@ -640,6 +699,7 @@ class MqEngine {
   // peer is answered.
   void RefuseItem(const CrossItem& item, int32_t error);
   void ReturnCredit(const CrossItem& item);
+  void AddCredit(uint32_t id, bool remote, bool control);
   // Offers the held items again, receiver by receiver, in order.
   bool RetryHeld();
   // At the end of a pass: gives back the credits taken, and wakes the
@@ -661,14 +721,8 @@ class MqEngine {
   Crossing* crossing_ = nullptr;
   uint32_t shard_ = 0;
   uint32_t shards_ = 1;
-  // Per destination shard: what full lanes did not take, each with the
-  // endpoint whose control submission made it (0: none), whose
-  // outbox_waiting counts it.
-  struct Waiting {
-    CrossItem item;
-    uint32_t owner;
-  };
-  std::vector<std::deque<Waiting>> outbox_;
+  // Per destination shard: what full lanes did not take, in order.
+  std::vector<std::deque<CrossItem>> outbox_;
   size_t outbox_items_ = 0;
   Endpoint* pushing_ = nullptr;  // PollControl's endpoint, while it runs
   std::vector<uint8_t> wake_;    // destination shards pushed to this pass
@@ -681,6 +735,7 @@ class MqEngine {
     uint32_t sender_id;  // or, `remote`, a receiver of shard 0's frames
     uint32_t count;
     bool remote;
+    bool control;  // kControlCredit's (an item's owner), not kCrossCredit's
   };
   std::vector<CreditRun> credits_;
   // ---- Between nodes across shards (fabric_across.cc; invariant 12) ----

@@ -70,13 +70,15 @@ class OutboxTest : public ::testing::Test {
   std::vector<shm::ClientRings> rings_;
 };
 
-// Active-message acks take no credit (they come off the control ring and
-// answer requests): endpoint 2 floods acks at endpoint 3 on shard 1, which
-// does not run. Shard 0's lane to it fills (Crossing::kLaneItems), then its
-// outbox holds at most kOutboxPerEndpoint of endpoint 2's items and a
-// batch, because endpoint 2's control ring waits while they do; endpoint 4
-// on the same shard is served meanwhile. Once shard 1 runs, every ack
-// arrives, in order: nothing was dropped.
+// Active-message acks come off the control ring and answer requests: they
+// take no send credit, but their endpoint's control credit. Endpoint 2
+// floods acks at endpoint 3 on shard 1, which does not run: endpoint 2's
+// control ring is read until kControlCredit of its items (and at most a
+// batch more) are in flight, then waits, so shard 0's lane and outbox hold
+// no more of them (before this credit, the lane filled and the outbox held
+// 64 and a batch: 8,160 without any bound); endpoint 4 on the same shard is
+// served meanwhile. Once shard 1 runs, every ack arrives, in order: nothing
+// was dropped.
 TEST_F(OutboxTest, AFloodingSenderCannotGrowTheOutboxPastItsBound) {
   constexpr uint64_t kAcks = 3 * Crossing::kLaneItems;
   uint64_t submitted = 0;
@@ -90,11 +92,11 @@ TEST_F(OutboxTest, AFloodingSenderCannotGrowTheOutboxPastItsBound) {
     Engine(2).PollAll();
     peak = std::max(peak, Engine(2).outbox_items());
   }
-  // The lane is full and endpoint 2's control ring is no longer read.
+  // Endpoint 2's control ring is no longer read: what it handed shard 1 is
+  // its credit and a batch at most (the rest waits in its ring).
   EXPECT_LT(submitted, kAcks);
-  EXPECT_GT(Engine(2).outbox_items(), 0u);
-  EXPECT_LE(peak, MqEngine::kOutboxPerEndpoint + 32)
-      << "outbox grew to " << peak;
+  EXPECT_LE(submitted, MqEngine::kControlCredit + 32 + kRingCapacity);
+  EXPECT_LE(peak, MqEngine::kControlCredit + 32) << "outbox grew to " << peak;
   printf("outbox: at most %zu items while %llu acks were submitted\n", peak,
          static_cast<unsigned long long>(submitted));
   // Endpoint 4, on the same shard, is still served: a message to itself.
@@ -128,7 +130,96 @@ TEST_F(OutboxTest, AFloodingSenderCannotGrowTheOutboxPastItsBound) {
   }
   EXPECT_EQ(next, kAcks + 1);
   EXPECT_EQ(Engine(2).outbox_items(), 0u);
-  EXPECT_LE(peak, MqEngine::kOutboxPerEndpoint + 32);
+  EXPECT_LE(peak, MqEngine::kControlCredit + 32);
+}
+
+// What one shard's answers can make it hold for another (invariant 11):
+// kSenders endpoints of shard 0 flood active-message acks at an endpoint
+// id of shard 1 that does not exist, so shard 1 answers each with a
+// refusal. Shard 0 takes at most a lane batch (256) of those answers per
+// pass while its endpoints hand shard 1 up to a ring batch (32) each, more
+// than 256 together: without a bound, shard 1's outbox to shard 0 would
+// grow by the difference every pass. Each item of a control submission
+// takes its endpoint's control credit until shard 1 took it, and shard 1
+// gives the credit back behind its answer, so the answers to one endpoint's
+// items waiting anywhere are at most its credit and a batch.
+class AnswersTest : public ::testing::Test {
+ protected:
+  static constexpr uint32_t kSenders = 16;
+  static constexpr uint64_t kSmallRegion = 64 << 10;
+  void SetUp() override {
+    for (uint32_t s = 0; s < 2; s++) engines_[s].JoinShards(&crossing_, s);
+    // Ids 2, 4, ... on shard 0; 3 on shard 1. A job each: one job's share
+    // of a pass is 4 ring batches (invariant 7).
+    for (uint32_t i = 0; i <= kSenders; i++) {
+      const uint32_t id = i < kSenders ? 2 + 2 * i : 3;
+      std::string error;
+      shm::Mapping pool;
+      ASSERT_TRUE(shm::Mapping::Create("answers-pool", kSmallRegion, geteuid(),
+                                       getegid(), &pool, &error))
+          << error;
+      auto job = std::make_shared<Job>(
+          JobKey{Uuid{static_cast<uint8_t>(100 + i)}, geteuid()},
+          std::move(pool), 1, kSmallRegion, std::make_shared<UidAccount>());
+      auto ep = MakeTestEndpoint(job, *job->TakeRegion(), id, 0x8000 + id,
+                                 kRingCapacity, kBudget);
+      rings_.push_back(
+          shm::ClientRingsOf(ep->segment().base(), ep->geometry()));
+      engines_[MqEngine::ShardOf(id, 2)].Add(ep);
+      endpoints_.push_back(std::move(ep));
+      jobs_.push_back(std::move(job));
+    }
+  }
+  // Fills every sender's control ring with acks for endpoint 1001 (shard
+  // 1's by its id; nobody). Returns how many were submitted.
+  uint64_t Flood() {
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < kSenders; i++) {
+      while (rings_[i].ctl_sq.TryPush(
+          shm::PrepAmAck(1001, ++acks_, /*handler=*/5, PSM2_OK))) {
+        n++;
+      }
+    }
+    return n;
+  }
+
+  Crossing crossing_{2};
+  MqEngine engines_[2] = {MqEngine(1 << 30, 1 << 30, 1 << 30),
+                          MqEngine(1 << 30, 1 << 30, 1 << 30)};
+  std::vector<std::shared_ptr<Job>> jobs_;
+  std::vector<std::shared_ptr<Endpoint>> endpoints_;
+  std::vector<shm::ClientRings> rings_;
+  uint64_t acks_ = 0;
+};
+
+TEST_F(AnswersTest, AShardsAnswersToAFloodStayBounded) {
+  size_t peak = 0;
+  uint64_t submitted = 0;
+  // Shard 1 runs faster than shard 0 (it has nothing else to do): it takes
+  // everything shard 0 handed it each round.
+  for (int round = 0; round < 400; round++) {
+    submitted += Flood();
+    engines_[0].PollAll();
+    for (int i = 0; i < 20; i++) {
+      engines_[1].PollAll();
+      peak = std::max(peak, engines_[1].outbox_items());
+    }
+  }
+  printf("shard 1's outbox: at most %zu answers while %llu acks came\n", peak,
+         static_cast<unsigned long long>(submitted));
+  // Every item in flight of a sender has at most one answer and one credit
+  // run behind it.
+  EXPECT_LE(peak, 2 * kSenders * (MqEngine::kControlCredit + 32))
+      << "shard 1's outbox grew to " << peak;
+  // Both shards run: everything drains, nothing is left in flight.
+  for (int i = 0; i < 1000; i++) {
+    engines_[0].PollAll();
+    engines_[1].PollAll();
+  }
+  EXPECT_EQ(engines_[0].outbox_items(), 0u);
+  EXPECT_EQ(engines_[1].outbox_items(), 0u);
+  EXPECT_FALSE(engines_[0].CrossingPending());
+  EXPECT_FALSE(engines_[1].CrossingPending());
 }
 
 }  // namespace
