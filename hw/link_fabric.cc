@@ -503,11 +503,8 @@ bool LinkFabric::FrontSent(LinkConn* c) {
   st.frames_sent++;
   st.bytes_sent += s.total - kFrameHeaderSize;
   // Kept (with the user's buffers) until the peer says it delivered it,
-  // but out of the send window: an ack may wait behind frames the peer
-  // does not read yet (its back-pressure), and a window that waited for
-  // it could hold back the very frames that let the peer read on.
-  c->tx_app_frames--;
-  c->tx_app_bytes -= s.total;
+  // and in the send window until then: the window bounds what the user
+  // holds in flight per connection, acknowledged or not.
   c->unacked.splice(c->unacked.end(), c->tx, c->tx.begin());
   return close_after;
 }
@@ -594,6 +591,8 @@ void LinkFabric::ReleaseAcked(LinkConn* c, uint64_t delivered) {
   while (c->tx_acked < delivered) {
     LinkSend& s = c->unacked.front();
     Emit(EventType::kSendDone, c, ErrorClass::kOk, s.cookie);
+    c->tx_app_frames--;
+    c->tx_app_bytes -= s.total;
     c->tx_acked++;
     c->unacked.pop_front();
   }
@@ -674,11 +673,7 @@ bool LinkFabric::Resume(LinkConn* c, uint64_t peer_delivered) {
   // Before anything queued since, behind this connection's handshake.
   auto first_data = std::find_if(c->tx.begin(), c->tx.end(),
                                  [](const LinkSend& s) { return !s.internal; });
-  for (LinkSend& s : c->unacked) {
-    s.sent = 0;
-    c->tx_app_frames++;
-    c->tx_app_bytes += s.total;
-  }
+  for (LinkSend& s : c->unacked) s.sent = 0;
   c->tx.splice(first_data, c->unacked);
   // The peer learnt what we delivered from the handshake.
   c->rx_acked = c->rx_delivered;

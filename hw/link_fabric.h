@@ -14,11 +14,8 @@
 //  2. The receiver counts the data frames it delivered to its user and
 //     tells the sender in ack frames (cumulative); a sender's kSendDone
 //     waits for that ack, so the user's buffers are the replay buffer.
-//     max_send_frames / max_send_bytes bound the frames not yet sent, not
-//     those waiting for an ack: an ack can wait behind frames its sender
-//     does not read yet (back-pressure), and a window that waited for it
-//     could hold back what lets that peer read on. What the user may have
-//     in flight bounds them instead.
+//     max_send_frames / max_send_bytes bound it with the frames not yet
+//     sent.
 //  3. A connection that breaks while open (not closed by the user, not a
 //     bad frame, not a timeout) is replaced by a stand-in that keeps the id,
 //     the frames and the posted receives; the side that dialled dials
@@ -122,7 +119,7 @@ struct LinkConn {
   bool rx_parsing = false;     // ParseRx is on the stack
   bool rx_reparse = false;     // ... and should run once more
   std::list<LinkSend> tx;
-  uint32_t tx_app_frames = 0;  // data frames not yet sent whole
+  uint32_t tx_app_frames = 0;  // data frames not yet acknowledged
   uint64_t tx_app_bytes = 0;
   bool tx_dirty = false;  // frames posted since the last flush (dirty_)
 
