@@ -280,6 +280,10 @@ const std::vector<Setting>& Settings() {
          return true;
        },
        [](const Config& c) { return c.munge_socket; }},
+      OneOf("fabric_sessions", &Config::fabric_sessions, {"off", "on"},
+            "on: a connection to a peer daemon that breaks resumes without "
+            "losing a frame within fabric_timeout_ms (every node the same)",
+            "off or on"),
       Number("fabric_timeout_ms", &Config::fabric_timeout_ms, 100, 600'000,
              "a peer node's daemon that does not answer (connect, handshake, "
              "unacknowledged data, a connect query) within this is "

@@ -90,6 +90,11 @@ struct Config {
   std::string fabric_auth = "munge";  // munge | none (loopback only)
   std::string munge_socket;           // empty: libmunge's default
   uint32_t fabric_timeout_ms = 5000;
+  // Sessions (docs/design.md, "Sessions: a broken connection resumes"):
+  // "on" makes a connection that breaks resume without loss within
+  // fabric_timeout_ms; every node must agree. Off by default until a flood
+  // can no longer hold another tenant's frames behind it (Known gaps).
+  std::string fabric_sessions = "off";
   // The node table: "NODE HOSTNAME NODE@ADDR:PORT,..." per line, read again
   // whenever it changes (daemon/remote/remote.h).
   std::string fabric_nodes;

@@ -120,6 +120,10 @@ struct FabricOptions {
   // Connect + handshake, and unacknowledged data on an open connection
   // (TCP_USER_TIMEOUT, keepalive), must finish within this.
   uint32_t timeout_ms = 5000;
+  // Sessions (hw/link_fabric.h): acknowledged frames, and a connection
+  // that breaks resumes within timeout_ms. Every node must agree: a hello
+  // that differs is refused.
+  bool sessions = false;
   // TCP_USER_TIMEOUT of open connections: 0 means timeout_ms;
   // kNoUserTimeout leaves the kernel's retransmission limits. Linux also
   // aborts a connection whose peer advertised a zero window for longer

@@ -136,7 +136,7 @@ std::string EncodeHello(const HelloPayload& p) {
   Put64(b + 8, p.incarnation);
   Put64(b + 16, p.target_node);
   b[24] = static_cast<uint8_t>(p.auth);
-  b[25] = p.resume ? 1 : 0;
+  b[25] = (p.resume ? 1 : 0) | (p.sessions ? 2 : 0);
   Put32(b + 28, static_cast<uint32_t>(p.credential.size()));
   Put64(b + 32, p.delivered);
   return s + p.credential;
@@ -153,9 +153,11 @@ FrameError DecodeHello(const uint8_t* in, size_t size, HelloPayload* out) {
   if (auth > static_cast<uint8_t>(AuthMode::kMunge)) {
     return FrameError::kBadPayload;
   }
-  if (in[25] > 1 || in[26] != 0 || in[27] != 0) return FrameError::kBadPayload;
+  if (in[25] > 3 || in[26] != 0 || in[27] != 0) return FrameError::kBadPayload;
   out->auth = static_cast<AuthMode>(auth);
-  out->resume = in[25] == 1;
+  out->resume = (in[25] & 1) != 0;
+  out->sessions = (in[25] & 2) != 0;
+  if (out->resume && !out->sessions) return FrameError::kBadPayload;
   out->delivered = Get64(in + 32);
   if (!out->resume && out->delivered != 0) return FrameError::kBadPayload;
   uint32_t cred_len = Get32(in + 28);
@@ -216,7 +218,7 @@ FrameError DecodeRefuse(const uint8_t* in, size_t size, RefuseReason* out) {
   if (size != kRefuseSize) return FrameError::kBadPayload;
   uint32_t r = Get32(in);
   if (r < static_cast<uint32_t>(RefuseReason::kAuth) ||
-      r > static_cast<uint32_t>(RefuseReason::kRetry)) {
+      r > static_cast<uint32_t>(RefuseReason::kSessions)) {
     return FrameError::kBadPayload;
   }
   *out = static_cast<RefuseReason>(r);

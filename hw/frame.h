@@ -119,6 +119,9 @@ struct HelloPayload {
   // With resume: the acceptor's data frames the connector has delivered;
   // the acceptor sends again what follows them. Zero otherwise.
   uint64_t delivered = 0;
+  // The connector runs sessions; the acceptor refuses one that differs
+  // from its own (kSessions).
+  bool sessions = false;
 };
 inline constexpr size_t kHelloFixedSize = 40;  // before the credential
 inline constexpr size_t kMaxCredential = kMaxControlPayload - kHelloFixedSize;
@@ -138,6 +141,7 @@ enum class RefuseReason : uint32_t {
   kBusy = 4,       // too many connections
   kNoSession = 5,  // nothing to resume: the session ended here
   kRetry = 6,      // the session's old connection is still closing here
+  kSessions = 7,   // sessions on one side and off on the other
 };
 inline constexpr size_t kRefuseSize = 4;
 

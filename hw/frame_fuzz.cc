@@ -89,7 +89,7 @@ std::vector<std::string> Seeds() {
   control.type = FrameType::kHello;
   control.length = static_cast<uint32_t>(payload.size());
   seeds.push_back(Seed(0, control, payload));
-  HelloPayload resume{2, 3, 1, AuthMode::kMunge, "MUNGE:cred", true, 77};
+  HelloPayload resume{2, 3, 1, AuthMode::kMunge, "MUNGE:cred", true, 77, true};
   payload = EncodeHello(resume);
   control.type = FrameType::kHello;
   control.length = static_cast<uint32_t>(payload.size());

@@ -123,12 +123,13 @@ TEST(Frame, HandshakePayloads) {
 
   // A resuming hello carries what the connector delivered; a fresh one
   // carries zero there, and anything else is refused.
-  HelloPayload resume{5, 6, 9, AuthMode::kMunge, "MUNGE:abc=:", true, 41};
+  HelloPayload resume{5, 6, 9, AuthMode::kMunge, "MUNGE:abc=:", true, 41, true};
   s = EncodeHello(resume);
   ASSERT_EQ(DecodeHello(reinterpret_cast<const uint8_t*>(s.data()), s.size(),
                         &hello2),
             FrameError::kOk);
   EXPECT_TRUE(hello2.resume);
+  EXPECT_TRUE(hello2.sessions);
   EXPECT_EQ(hello2.delivered, 41u);
   EXPECT_EQ(hello2.credential, "MUNGE:abc=:");
   resume.resume = false;
@@ -137,7 +138,7 @@ TEST(Frame, HandshakePayloads) {
                         &hello2),
             FrameError::kBadPayload);
   s = EncodeHello(hello);
-  s[25] = 2;  // the flags byte: only bit 0 means something
+  s[25] = 4;  // the flags byte: only bits 0 (resume) and 1 (sessions)
   EXPECT_EQ(DecodeHello(reinterpret_cast<const uint8_t*>(s.data()), s.size(),
                         &hello2),
             FrameError::kBadPayload);

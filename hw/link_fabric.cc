@@ -128,7 +128,12 @@ ErrorClass LinkFabric::QueueData(LinkConn* c, const FrameFields& fields,
       length > opt_.limits.max_offset - fields.offset) {
     return ErrorClass::kBadArg;
   }
+  // Frames not yet sent are bounded as before sessions; those sent and
+  // waiting for their ack by a window kUnackedWindow times as large (a
+  // window as small as the first would cap a stream at one window per
+  // round trip); bytes, sent or not, by max_send_bytes.
   if (c->tx_app_frames >= opt_.max_send_frames ||
+      c->unacked.size() >= kUnackedWindow * size_t{opt_.max_send_frames} ||
       c->tx_app_bytes + length + kFrameHeaderSize > opt_.max_send_bytes) {
     return ErrorClass::kBusy;
   }
@@ -348,7 +353,8 @@ LinkConn* LinkFabric::FindLive(ConnId id) {
 }
 
 bool LinkFabric::Resumable(const LinkConn* c) const {
-  if (!c->visible || !c->opened || c->local_close || c->session_lost) {
+  if (!opt_.sessions || !c->visible || !c->opened || c->local_close ||
+      c->session_lost) {
     return false;
   }
   switch (c->close_error) {
@@ -502,30 +508,40 @@ bool LinkFabric::FrontSent(LinkConn* c) {
   PeerStats& st = StatsOf(c->peer_node);
   st.frames_sent++;
   st.bytes_sent += s.total - kFrameHeaderSize;
-  // Kept (with the user's buffers) until the peer says it delivered it,
-  // and in the send window until then: the window bounds what the user
-  // holds in flight per connection, acknowledged or not.
+  if (!opt_.sessions) {  // the caller's buffers are free
+    Emit(EventType::kSendDone, c, ErrorClass::kOk, s.cookie);
+    c->tx_app_frames--;
+    c->tx_app_bytes -= s.total;
+    c->tx.pop_front();
+    return close_after;
+  }
+  // Kept (with the user's buffers) until the peer says it delivered it:
+  // out of the window of frames to send, in that of frames to be
+  // acknowledged (QueueData).
+  c->tx_app_frames--;
   c->unacked.splice(c->unacked.end(), c->tx, c->tx.begin());
   return close_after;
 }
 
 void LinkFabric::NoteDelivered(LinkConn* c, size_t bytes) {
+  if (!opt_.sessions) return;
   c->rx_delivered++;
   c->rx_unacked_bytes += bytes;
   if (!c->ack_due) {
     c->ack_due = true;
+    c->rx_unacked_since_ns = MonotonicNs();
     ack_due_.push_back(c->id);
   }
 }
 
-// At each flush (each Poll). An ack costs the peer a parse and us a frame,
-// so one goes out: with data we send anyway (it rides in the same
-// sendmsg), when a quarter of the peer's window is unacknowledged, or when
-// nothing more arrived since the last flush (the peer paused, or our user
-// answers nothing). Deliveries of one Poll are thus acknowledged by the
-// next but one at the latest, and a worker polls again before it sleeps.
+// At each flush (each Poll). An ack alone costs us a sendmsg and the peer a
+// wake-up, so one goes out: with data we send anyway (in the same sendmsg:
+// a ping-pong's acks ride on its replies), when a quarter of the peer's
+// window is unacknowledged, or kAckDelayNs after the first delivery it
+// covers (NextWakeMs wakes a sleeping worker for it).
 void LinkFabric::SendAcks() {
   if (ack_due_.empty()) return;
+  const int64_t now = MonotonicNs();
   std::vector<ConnId> due;
   due.swap(ack_due_);
   for (ConnId id : due) {
@@ -539,11 +555,10 @@ void LinkFabric::SendAcks() {
     const uint64_t frames = c->rx_delivered - c->rx_acked;
     if (c->tx_dirty || frames >= opt_.max_send_frames / 4 ||
         c->rx_unacked_bytes >= opt_.max_send_bytes / 4 ||
-        c->rx_delivered == c->rx_delivered_at_flush) {
+        now - c->rx_unacked_since_ns >= kAckDelayNs) {
       QueueAck(c);
       c->ack_due = false;
     } else {
-      c->rx_delivered_at_flush = c->rx_delivered;
       ack_due_.push_back(id);
     }
   }
@@ -552,7 +567,6 @@ void LinkFabric::SendAcks() {
 void LinkFabric::QueueAck(LinkConn* c) {
   c->rx_acked = c->rx_delivered;
   c->rx_unacked_bytes = 0;
-  c->rx_delivered_at_flush = c->rx_delivered;
   const std::string payload = EncodeAck(c->rx_delivered);
   // One ack waiting in tx at most: a peer that does not read cannot make
   // us queue one per delivery.
@@ -579,7 +593,8 @@ void LinkFabric::QueueAck(LinkConn* c) {
 }
 
 bool LinkFabric::OnAck(LinkConn* c, uint64_t delivered) {
-  if (delivered < c->tx_acked || delivered - c->tx_acked > c->unacked.size()) {
+  if (!opt_.sessions || delivered < c->tx_acked ||
+      delivered - c->tx_acked > c->unacked.size()) {
     BadFrame(c, "an ack of frames never sent");
     return false;
   }
@@ -591,7 +606,6 @@ void LinkFabric::ReleaseAcked(LinkConn* c, uint64_t delivered) {
   while (c->tx_acked < delivered) {
     LinkSend& s = c->unacked.front();
     Emit(EventType::kSendDone, c, ErrorClass::kOk, s.cookie);
-    c->tx_app_frames--;
     c->tx_app_bytes -= s.total;
     c->tx_acked++;
     c->unacked.pop_front();
@@ -674,6 +688,7 @@ bool LinkFabric::Resume(LinkConn* c, uint64_t peer_delivered) {
   auto first_data = std::find_if(c->tx.begin(), c->tx.end(),
                                  [](const LinkSend& s) { return !s.internal; });
   for (LinkSend& s : c->unacked) s.sent = 0;
+  c->tx_app_frames += static_cast<uint32_t>(again);
   c->tx.splice(first_data, c->unacked);
   // The peer learnt what we delivered from the handshake.
   c->rx_acked = c->rx_delivered;
@@ -708,6 +723,7 @@ void LinkFabric::CheckSessions(int64_t now) {
 }
 
 int LinkFabric::NextWakeMs() const {
+  if (!ack_due_.empty()) return 1;  // kAckDelayNs
   for (const auto& [link, owner] : owned_) {
     if (link->resuming && !link->closing) return 10;
   }
@@ -770,6 +786,12 @@ void LinkFabric::Challenge(LinkConn* c) {
 
 // One connection per node pair: see hw/fabric.h for the rule.
 void LinkFabric::Admit(LinkConn* c) {
+  if (c->hello.sessions != opt_.sessions) {
+    Refuse(c, RefuseReason::kSessions,
+           opt_.sessions ? "it runs without sessions (fabric_sessions differs)"
+                         : "it runs sessions (fabric_sessions differs)");
+    return;
+  }
   if (c->hello.resume) {
     AdmitResume(c);
     return;
@@ -908,10 +930,11 @@ void LinkFabric::OnControl(LinkConn* c, FrameType type, const uint8_t* p,
       std::memcpy(c->challenge, ch.nonce, kNonceSize);
       for (auto& b : c->nonce) b = static_cast<uint8_t>(rng_());
       if (opt_.auth == AuthMode::kNone) {
-        QueueControl(c, FrameType::kHello,
-                     EncodeHello({opt_.node_id, incarnation_, c->peer_node,
-                                  AuthMode::kNone, "", c->resuming,
-                                  c->resuming ? c->rx_delivered : 0}));
+        QueueControl(
+            c, FrameType::kHello,
+            EncodeHello({opt_.node_id, incarnation_, c->peer_node,
+                         AuthMode::kNone, "", c->resuming,
+                         c->resuming ? c->rx_delivered : 0, opt_.sessions}));
       } else {
         CredentialPayload cp;
         std::memcpy(cp.challenge, c->challenge, kNonceSize);
@@ -965,6 +988,13 @@ void LinkFabric::OnControl(LinkConn* c, FrameType type, const uint8_t* p,
           Fail(c, ErrorClass::kConnReset);
           return;
         case RefuseReason::kRetry:  // a stand-in tries again shortly
+          Fail(c, ErrorClass::kConnFailed);
+          return;
+        case RefuseReason::kSessions:
+          spdlog::error(
+              "fabric: node {} refused us: fabric_sessions is {} here and not "
+              "there; set the same on every node",
+              c->peer_node, opt_.sessions ? "on" : "off");
           Fail(c, ErrorClass::kConnFailed);
           return;
       }
@@ -1035,10 +1065,11 @@ void LinkFabric::OnAuthResults() {
         continue;
       }
       c->state = LinkState::kHandshake;
-      QueueControl(c, FrameType::kHello,
-                   EncodeHello({opt_.node_id, incarnation_, c->peer_node,
-                                AuthMode::kMunge, r.data, c->resuming,
-                                c->resuming ? c->rx_delivered : 0}));
+      QueueControl(
+          c, FrameType::kHello,
+          EncodeHello({opt_.node_id, incarnation_, c->peer_node,
+                       AuthMode::kMunge, r.data, c->resuming,
+                       c->resuming ? c->rx_delivered : 0, opt_.sessions}));
       PumpRx(c);
       continue;
     }

@@ -13,9 +13,11 @@
 //     the number is implied by the stream, never sent.
 //  2. The receiver counts the data frames it delivered to its user and
 //     tells the sender in ack frames (cumulative); a sender's kSendDone
-//     waits for that ack, so the user's buffers are the replay buffer.
-//     max_send_frames / max_send_bytes bound it with the frames not yet
-//     sent.
+//     waits for that ack, so the user's buffers are the replay buffer:
+//     max_send_bytes bounds it with the frames not yet sent, and at most
+//     kUnackedWindow x max_send_frames frames wait for an ack.
+//     Acks ride on data when there is some, else go alone after
+//     kAckDelayNs or a quarter of the window.
 //  3. A connection that breaks while open (not closed by the user, not a
 //     bad frame, not a timeout) is replaced by a stand-in that keeps the id,
 //     the frames and the posted receives; the side that dialled dials
@@ -57,6 +59,10 @@ namespace psmd::hw {
 int64_t MonotonicNs();
 // How often the backends check deadlines while polled.
 inline constexpr int64_t kLinkCheckNs = 10'000'000;
+// Sessions: how long a delivery may wait for an ack that rides on data,
+// and how many windows of frames may wait for acks.
+inline constexpr int64_t kAckDelayNs = 500'000;
+inline constexpr size_t kUnackedWindow = 16;
 
 enum class LinkState {
   kConnecting,  // outgoing: reaching the peer's address
@@ -119,9 +125,9 @@ struct LinkConn {
   bool rx_parsing = false;     // ParseRx is on the stack
   bool rx_reparse = false;     // ... and should run once more
   std::list<LinkSend> tx;
-  uint32_t tx_app_frames = 0;  // data frames not yet acknowledged
-  uint64_t tx_app_bytes = 0;
-  bool tx_dirty = false;  // frames posted since the last flush (dirty_)
+  uint32_t tx_app_frames = 0;  // data frames not yet sent whole
+  uint64_t tx_app_bytes = 0;   // ... and their bytes with the unacked's
+  bool tx_dirty = false;       // frames posted since the last flush (dirty_)
 
   // ---- the session (see the top of this file) ----
   uint64_t tx_seq = 0;          // data frames queued, ever
@@ -130,9 +136,9 @@ struct LinkConn {
   uint64_t rx_delivered = 0;    // the peer's data frames we delivered
   uint64_t rx_acked = 0;        // rx_delivered as last told to the peer
   uint64_t rx_unacked_bytes = 0;
-  uint64_t rx_delivered_at_flush = 0;  // at the previous FlushDirty
-  bool ack_due = false;                // listed in ack_due_
-  LinkSend* queued_ack = nullptr;      // an ack in tx not yet sent
+  int64_t rx_unacked_since_ns = 0;   // the first delivery not acked
+  bool ack_due = false;              // listed in ack_due_
+  LinkSend* queued_ack = nullptr;    // an ack in tx not yet sent
   bool rx_header_out = false;        // a kHeader went out for the frame at hand
   bool rx_skip_header = false;       // resumed: that frame's header comes again
   bool resuming = false;             // a broken session's stand-in
