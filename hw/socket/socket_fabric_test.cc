@@ -658,6 +658,20 @@ TEST(SocketFabric, WithSessionsAKilledPeerEndsTheSessionAtTheTimeout) {
   EXPECT_LT(after, std::chrono::seconds(4));
 }
 
+// Connects a to b (node 2) through the relay; a's and b's ids.
+void LinkThrough(const CutProxy& proxy, Node* a, Node* b, ConnId* at_a,
+                 ConnId* at_b) {
+  ASSERT_TRUE(proxy.ok());
+  ASSERT_EQ(a->fabric->Connect("2@127.0.0.4:" + std::to_string(proxy.port()), 7,
+                               at_a),
+            ErrorClass::kOk);
+  Event e;
+  ASSERT_TRUE(Expect({a, b}, a, EventType::kConnected, &e));
+  ASSERT_EQ(e.error, ErrorClass::kOk) << ErrorClassName(e.error);
+  ASSERT_TRUE(Expect({a, b}, b, EventType::kAccepted, &e));
+  *at_b = e.conn;
+}
+
 // Every node must agree on sessions: a connector that differs is refused,
 // and says why.
 TEST(SocketFabric, NodesThatDisagreeOnSessionsAreRefused) {
@@ -683,15 +697,10 @@ TEST(SocketFabric, AHeaderTakenBeforeACutIsNotDeliveredTwice) {
   std::vector<Node*> both = {a.get(), b.get()};
   const HostAddress at_b = FirstAddress(*b->fabric);
   CutProxy proxy("127.0.0.4", at_b.host, at_b.port);
-  ASSERT_TRUE(proxy.ok());
   ConnId ab, ba;
-  ASSERT_EQ(
-      a->fabric->Connect("2@127.0.0.4:" + std::to_string(proxy.port()), 7, &ab),
-      ErrorClass::kOk);
+  LinkThrough(proxy, a.get(), b.get(), &ab, &ba);
+  if (HasFatalFailure()) return;
   Event e;
-  ASSERT_TRUE(Expect(both, a.get(), EventType::kConnected, &e));
-  ASSERT_TRUE(Expect(both, b.get(), EventType::kAccepted, &e));
-  ba = e.conn;
   const std::string big = Pattern(1u << 20, 3), tail = "after";
   FrameFields f;
   f.aux = 1;
@@ -768,16 +777,9 @@ TEST(SocketFabric, SessionsResumeAcrossCutConnectionsLosingNothing) {
   std::vector<Node*> both = {a.get(), b.get()};
   const HostAddress at_b = FirstAddress(*b->fabric);
   CutProxy proxy("127.0.0.4", at_b.host, at_b.port);
-  ASSERT_TRUE(proxy.ok());
   ConnId ab, ba;
-  ASSERT_EQ(
-      a->fabric->Connect("2@127.0.0.4:" + std::to_string(proxy.port()), 7, &ab),
-      ErrorClass::kOk);
-  Event e;
-  ASSERT_TRUE(Expect(both, a.get(), EventType::kConnected, &e));
-  ASSERT_EQ(e.error, ErrorClass::kOk) << ErrorClassName(e.error);
-  ASSERT_TRUE(Expect(both, b.get(), EventType::kAccepted, &e));
-  ba = e.conn;
+  LinkThrough(proxy, a.get(), b.get(), &ab, &ba);
+  if (HasFatalFailure()) return;
 
   // Frame i carries payloads[i % size] (a pattern seeded by its size);
   // aux names i.
