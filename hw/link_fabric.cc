@@ -723,6 +723,7 @@ void LinkFabric::CheckSessions(int64_t now) {
 }
 
 int LinkFabric::NextWakeMs() const {
+  if (!opt_.sessions) return -1;  // no acks, no stand-ins: nothing to look for
   if (!ack_due_.empty()) return 1;  // kAckDelayNs
   for (const auto& [link, owner] : owned_) {
     if (link->resuming && !link->closing) return 10;
