@@ -94,7 +94,7 @@ struct Config {
   // "on" makes a connection that breaks resume without loss within
   // fabric_timeout_ms; every node must agree. Off by default until a flood
   // can no longer hold another tenant's frames behind it (Known gaps).
-  std::string fabric_sessions = "off";
+  std::string fabric_sessions = "on";
   // The node table: "NODE HOSTNAME NODE@ADDR:PORT,..." per line, read again
   // whenever it changes (daemon/remote/remote.h).
   std::string fabric_nodes;
