@@ -187,6 +187,57 @@ TEST_F(HandoverTest, BinaryOfAnotherFormatIsRefusedWhilePsmdServesOn) {
   EXPECT_TRUE(d.Stop());
 }
 
+// Issue 33, item 6: psmd hands over only to a binary that no one but root
+// (or psmd's own user) can change: not one writable by others, not one in a
+// directory others may write (unless it is sticky, as /tmp), not one owned
+// by another user, and not through a symbolic link to such a file. Each is
+// refused with the path and the fix, before it is even run, and psmd serves
+// on.
+TEST_F(HandoverTest, BinaryOthersCouldChangeIsRefusedWhilePsmdServesOn) {
+  Daemon d(dir_);
+  const std::string body =
+      "[[ \"$1\" == --handover-format ]] && { echo 999; exit 0; }\nexit 3\n";
+  auto refused = [&](const std::string& exec, const std::string& why) {
+    RunResult up = Psmctl(dir_, d, {"upgrade", "--exec", exec});
+    EXPECT_EQ(up.exit_code, 1) << exec;
+    EXPECT_NE(up.err.find(why), std::string::npos) << exec << ": " << up.err;
+    EXPECT_NE(up.err.find("only to a binary that no one but root"),
+              std::string::npos)
+        << up.err;
+  };
+  const std::string writable = WriteScript(dir_, "psmd-writable", body);
+  chmod(writable.c_str(), 0757);
+  refused(writable, writable + " is writable by its group or others (mode 0757)");
+  refused(writable, "chmod go-w " + writable);
+
+  const std::string open_dir = Subdir(dir_, "open");
+  chmod(open_dir.c_str(), 0777);
+  const std::string in_open = WriteScript(dir_, "open/psmd", body);
+  refused(in_open, open_dir + " is writable by its group or others (mode 0777)");
+
+  const std::string link = dir_.path() + "/psmd-link";
+  ASSERT_EQ(symlink(writable.c_str(), link.c_str()), 0);
+  refused(link, writable + " is writable");
+
+  if (geteuid() == 0) {
+    const std::string foreign = WriteScript(dir_, "psmd-foreign", body);
+    ASSERT_EQ(chown(foreign.c_str(), 65534, 65534), 0);
+    refused(foreign, foreign + " is owned by uid 65534");
+  }
+
+  // A sticky directory writable by all is fine for a file psmd's user owns:
+  // the binary is then run, and refused for its format only.
+  chmod(open_dir.c_str(), 01777);
+  RunResult sticky = Psmctl(dir_, d, {"upgrade", "--exec", in_open});
+  EXPECT_EQ(sticky.exit_code, 1);
+  EXPECT_NE(sticky.err.find("reads handover format 999"), std::string::npos)
+      << sticky.err;
+
+  EXPECT_EQ(Psmctl(dir_, d, {"health"}).exit_code, 0);
+  EXPECT_EQ(d.Log().find("took over"), std::string::npos);
+  EXPECT_TRUE(d.Stop());
+}
+
 // The successor finds the state damaged (changed on the way by a wrapper
 // that copies it and execs the real psmd): it refuses the whole
 // state, every client is told why with its lost-psmd line, and psmd serves

@@ -4,10 +4,14 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 
@@ -68,13 +72,57 @@ int AskFormat(const std::string& path, std::string* why) {
   return static_cast<int>(format);
 }
 
+Status TrustedBinary(const std::string& path, std::string* real) {
+  char buf[PATH_MAX];
+  if (realpath(path.c_str(), buf) == nullptr) {
+    return {PSM2_PARAM_ERR, "upgrade: " + path + ": " + strerror(errno)};
+  }
+  *real = buf;
+  const uid_t self = geteuid();
+  auto refuse = [&](const std::string& what, const std::string& fix) {
+    return Status{PSM2_PARAM_ERR,
+                  "upgrade refused: " + what +
+                      ": psmd hands its jobs over only to a binary that no "
+                      "one but root or psmd's own user can change (" + fix +
+                      "); psmd serves on"};
+  };
+  // The file, then each directory above it up to /.
+  std::string at = *real;
+  for (bool file = true;; file = false) {
+    struct stat st;
+    if (stat(at.c_str(), &st) != 0) {
+      return {PSM2_PARAM_ERR, "upgrade: " + at + ": " + strerror(errno)};
+    }
+    if (file && !S_ISREG(st.st_mode)) {
+      return refuse(at + " is not a regular file", "name the psmd binary");
+    }
+    if (st.st_uid != 0 && st.st_uid != self) {
+      return refuse(at + " is owned by uid " + std::to_string(st.st_uid),
+                    "chown root " + at);
+    }
+    const bool sticky_dir = !file && (st.st_mode & S_ISVTX) != 0;
+    if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && !sticky_dir) {
+      char mode[8];
+      snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
+      return refuse(at + " is writable by its group or others (mode " + mode +
+                        ")",
+                    "chmod go-w " + at);
+    }
+    if (at == "/") return {};
+    const size_t slash = at.rfind('/');
+    at = slash == 0 ? "/" : at.substr(0, slash);
+  }
+}
+
 Status Upgrades::Request(const std::string& exec_path, std::string* resolved) {
   const std::string path = exec_path.empty() ? started_from_ : exec_path;
   if (path.empty() || path[0] != '/') {
     return {PSM2_PARAM_ERR,
             "upgrade: name the new binary by an absolute path (--exec)"};
   }
-  if (access(path.c_str(), X_OK) != 0) {
+  std::string real;
+  if (Status e = TrustedBinary(path, &real); !e.ok()) return e;
+  if (access(real.c_str(), X_OK) != 0) {
     return {PSM2_PARAM_ERR,
             "upgrade: " + path + " is not executable: " + strerror(errno)};
   }
@@ -86,7 +134,7 @@ Status Upgrades::Request(const std::string& exec_path, std::string* resolved) {
     busy_ = true;
   }
   std::string why;
-  const int format = AskFormat(path, &why);
+  const int format = AskFormat(real, &why);
   if (format != static_cast<int>(kFormatVersion)) {
     Failed();
     if (format < 0) return {PSM2_PARAM_ERR, "upgrade refused: " + why};
@@ -99,9 +147,9 @@ Status Upgrades::Request(const std::string& exec_path, std::string* resolved) {
   }
   {
     MutexLock lock(&mu_);
-    pending_ = path;
+    pending_ = real;
   }
-  *resolved = path;
+  *resolved = real;
   kill(getpid(), SIGUSR2);  // the main thread waits for it (sigtimedwait)
   return {};
 }

@@ -26,8 +26,10 @@ class Upgrades {
       : started_from_(std::move(started_from)) {}
 
   // The Upgrade call: `exec_path` (or the default) must be an executable
-  // that answers --handover-format with kFormatVersion within 5 s; then the
+  // that only psmd's own identity can change (TrustedBinary) and that
+  // answers --handover-format with kFormatVersion within 5 s; then the
   // request waits for the main thread, which SIGUSR2 wakes. One at a time.
+  // *resolved is the path without symbolic links, which the exec uses.
   Status Request(const std::string& exec_path, std::string* resolved);
   // The main thread: the path asked for, if a request waits.
   std::optional<std::string> Take();
@@ -46,6 +48,17 @@ class Upgrades {
   bool busy_ PSMD_GUARDED_BY(mu_) = false;
   std::optional<std::string> pending_ PSMD_GUARDED_BY(mu_);
 };
+
+// Whether psmd may hand its endpoints over to the binary at absolute path
+// `path` (issue 33, item 6: only to a binary that no one but root, or
+// psmd's own user, can change): *real is `path` with its symbolic links
+// resolved; that file is regular, and it and every directory above it are
+// owned by root or psmd's effective uid and writable by no one else. A
+// directory writable by others passes only with its sticky bit (as /tmp),
+// where they can neither remove nor rename the entry below it, whose owner
+// is checked in turn. No one else can then swap the file between the check
+// and the exec. The reason otherwise, naming the path and the fix.
+Status TrustedBinary(const std::string& path, std::string* real);
 
 // Runs `path --handover-format` and returns the format it prints, or -1
 // (with the reason in *why).
