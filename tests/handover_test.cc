@@ -21,6 +21,7 @@ namespace {
 
 const char kJobA[] = "5053d0d0aaaaaaaaaaaaaaaaaaaaaaaa";
 const char kJobB[] = "5053d0d0bbbbbbbbbbbbbbbbbbbbbbbb";
+const char kJobC[] = "5053d0d0cccccccccccccccccccccccc";
 
 std::string WriteScript(const TempDir& dir, const std::string& name,
                         const std::string& body) {
@@ -62,21 +63,24 @@ class HandoverTest : public ::testing::Test {
   TempDir dir_;
 };
 
-// Two jobs exchange, one with small messages (posted and unexpected queues
-// deep), one with messages up to 192 KiB (rendezvous transfers in flight);
-// psmd is upgraded ten times under them, to itself. Both pairs finish, every
-// byte checked, and psmd's pid, generation and endpoints say what happened.
+// Three jobs exchange, one with small messages (posted and unexpected
+// queues deep), one with messages up to 192 KiB (rendezvous transfers in
+// flight), one with messages of 0 B to 64 MiB (transfers of many chunks,
+// copies in place); psmd is upgraded ten times under them, to itself. Every
+// pair finishes, every byte checked, and psmd's pid, generation and
+// endpoints say what happened.
 TEST_F(HandoverTest, UpgradeUnderRunningExchangesLosesNothing) {
   Daemon d(dir_);
-  Pair small, large;
+  Pair small, large, huge;
   small.Start(dir_, d, "small", kJobA, 1000000, 64);
   large.Start(dir_, d, "large", kJobB, 60000, 192 * 1024);
-  ASSERT_TRUE(WaitUntil(20, [&] { return EndpointCount(dir_, d) == 4; }));
+  huge.Start(dir_, d, "huge", kJobC, 150, 64 << 20);
+  ASSERT_TRUE(WaitUntil(20, [&] { return EndpointCount(dir_, d) == 6; }));
   for (int generation = 1; generation <= 10; generation++) {
     RunResult up = Psmctl(dir_, d, {"upgrade"});
     ASSERT_EQ(up.exit_code, 0) << up.err << d.Log();
     EXPECT_NE(up.out.find("generation " + std::to_string(generation) +
-                          "): 4 endpoints carried over"),
+                          "): 6 endpoints carried over"),
               std::string::npos)
         << up.out;
     EXPECT_NE(up.out.find("pid " + std::to_string(d.pid())), std::string::npos)
@@ -88,15 +92,19 @@ TEST_F(HandoverTest, UpgradeUnderRunningExchangesLosesNothing) {
       << "the small pair finished before the upgrades; raise its messages";
   EXPECT_TRUE(large.r0.Wait(0) == -1 || large.r1.Wait(0) == -1)
       << "the large pair finished before the upgrades; raise its messages";
+  EXPECT_TRUE(huge.r0.Wait(0) == -1 || huge.r1.Wait(0) == -1)
+      << "the huge pair finished before the upgrades; raise its messages";
   EXPECT_EQ(small.r0.Wait(120 * TimeScale()), 0) << small.Errors();
   EXPECT_EQ(small.r1.Wait(30), 0) << small.Errors();
   EXPECT_EQ(large.r0.Wait(120 * TimeScale()), 0) << large.Errors();
   EXPECT_EQ(large.r1.Wait(30), 0) << large.Errors();
+  EXPECT_EQ(huge.r0.Wait(120 * TimeScale()), 0) << huge.Errors();
+  EXPECT_EQ(huge.r1.Wait(30), 0) << huge.Errors();
   EXPECT_EQ(small.Errors().find("lost psmd"), std::string::npos);
   EXPECT_NE(d.Log().find("took over from psmd"), std::string::npos);
   // Every form of psmctl stats tells an operator what happened.
   RunResult table = Psmctl(dir_, d, {"stats"});
-  EXPECT_NE(table.out.find("generation 10: last handover carried 4 "
+  EXPECT_NE(table.out.find("generation 10: last handover carried 6 "
                            "endpoints, blackout "),
             std::string::npos)
       << table.out;
@@ -104,11 +112,11 @@ TEST_F(HandoverTest, UpgradeUnderRunningExchangesLosesNothing) {
   EXPECT_NE(json.out.find("\"generation\": 10, \"last_blackout_seconds\": 0."),
             std::string::npos)
       << json.out;
-  EXPECT_NE(json.out.find("\"last_carried_endpoints\": 4"), std::string::npos);
+  EXPECT_NE(json.out.find("\"last_carried_endpoints\": 6"), std::string::npos);
   RunResult prom = Psmctl(dir_, d, {"stats", "--format", "prometheus"});
   EXPECT_NE(prom.out.find("\npsmd_generation 10\n"), std::string::npos)
       << prom.out;
-  EXPECT_NE(prom.out.find("\npsmd_last_handover_endpoints 4\n"),
+  EXPECT_NE(prom.out.find("\npsmd_last_handover_endpoints 6\n"),
             std::string::npos);
   EXPECT_NE(prom.out.find("\npsmd_last_blackout_seconds 0."),
             std::string::npos);
