@@ -173,8 +173,8 @@ ErrorClass LinkFabric::PostSend(ConnId id, const FrameFields& fields,
   return ErrorClass::kOk;
 }
 
-void LinkFabric::FlushDirty() {
-  SendAcks();
+void LinkFabric::FlushDirty(int64_t now) {
+  SendAcks(now);
   std::vector<ConnId> dirty;
   dirty.swap(dirty_);
   for (ConnId id : dirty) {
@@ -539,9 +539,8 @@ void LinkFabric::NoteDelivered(LinkConn* c, size_t bytes) {
 // a ping-pong's acks ride on its replies), when a quarter of the peer's
 // window is unacknowledged, or kAckDelayNs after the first delivery it
 // covers (NextWakeMs wakes a sleeping worker for it).
-void LinkFabric::SendAcks() {
+void LinkFabric::SendAcks(int64_t now) {
   if (ack_due_.empty()) return;
-  const int64_t now = MonotonicNs();
   std::vector<ConnId> due;
   due.swap(ack_due_);
   for (ConnId id : due) {
@@ -553,7 +552,7 @@ void LinkFabric::SendAcks() {
       continue;
     }
     const uint64_t frames = c->rx_delivered - c->rx_acked;
-    if (c->tx_dirty || frames >= opt_.max_send_frames / 4 ||
+    if (c->tx_dirty || frames >= kUnackedWindow * opt_.max_send_frames / 4 ||
         c->rx_unacked_bytes >= opt_.max_send_bytes / 4 ||
         now - c->rx_unacked_since_ns >= kAckDelayNs) {
       QueueAck(c);

@@ -17,7 +17,8 @@
 //     max_send_bytes bounds it with the frames not yet sent, and at most
 //     kUnackedWindow x max_send_frames frames wait for an ack.
 //     Acks ride on data when there is some, else go alone after
-//     kAckDelayNs or a quarter of the window.
+//     kAckDelayNs or a quarter of the unacknowledged window (in frames or
+//     max_send_bytes).
 //  3. A connection that breaks while open (not closed by the user, not a
 //     bad frame, not a timeout) is replaced by a stand-in that keeps the id,
 //     the frames and the posted receives; the side that dialled dials
@@ -223,8 +224,9 @@ class LinkFabric : public Fabric {
   // it from their deadline checks).
   void CheckSessions(int64_t now);
   int NextWakeMs() const override;
-  // FlushSends for the connections PostSend marked.
-  void FlushDirty();
+  // FlushSends for the connections PostSend marked, after the acks due at
+  // `now` (MonotonicNs, which the caller's Poll reads once for all).
+  void FlushDirty(int64_t now);
   // Checks the options every backend needs and parses the listen
   // addresses into *listen; seeds the random state.
   bool CheckOptions(std::vector<ListenAddress>* listen, std::string* error);
@@ -291,7 +293,7 @@ class LinkFabric : public Fabric {
   void AdmitResume(LinkConn* c);
   // Sessions: see the top of this file.
   void NoteDelivered(LinkConn* c, size_t bytes);
-  void SendAcks();
+  void SendAcks(int64_t now);
   void QueueAck(LinkConn* c);
   bool OnAck(LinkConn* c, uint64_t delivered);
   void ReleaseAcked(LinkConn* c, uint64_t delivered);

@@ -1286,8 +1286,8 @@ int OfiFabric::Poll(Event* events, int max) {
     (void)!read(auth_fd_, &drained, sizeof drained);
     OnAuthResults();
   }
-  FlushDirty();
   const int64_t now = MonotonicNs();
+  FlushDirty(now);
   if (now >= next_check_ns_) {
     next_check_ns_ = now + kLinkCheckNs;
     CheckDeadlines(now);

@@ -758,9 +758,9 @@ void SocketFabric::Collect(Event* events, int max, int* n) {
 }
 
 int SocketFabric::Poll(Event* events, int max) {
-  FlushDirty();
+  const int64_t now = MonotonicNs();
+  FlushDirty(now);
   Submit();
-  int64_t now = MonotonicNs();
   if (now >= next_check_ns_) CheckDeadlines(now);
   // Completions waiting for task work (COOP_TASKRUN, Open): run it.
   if (IO_URING_READ_ONCE(*ring_.sq.kflags) & IORING_SQ_TASKRUN) {
