@@ -41,7 +41,8 @@ fuzz_main() {
     budget=(-runs="$ci_runs" -seed=1)
     what="$ci_runs inputs, seed 1"
     mkdir "$work/empty"
-    "$work/$name" -runs=20000 -seed=1 "$work/empty" >"$work/empty.log" 2>&1
+    "$work/$name" -runs=20000 -seed=1 -artifact_prefix="$work/" "$work/empty" \
+      >"$work/empty.log" 2>&1
     if fuzz_reached "$name" "$gate" "$work/empty.log"; then
       grep "$name: reached" "$work/empty.log"
       echo "$name: FAILED: the reached gate passed a run without a corpus"
@@ -52,8 +53,12 @@ fuzz_main() {
     what="${mode:-20} s"
   fi
   cp -r "$corpus" "$work/corpus"
+  # -artifact_prefix: a crash's reproducer goes to the work directory the
+  # failure names, not to the current one (the repository, or Bazel's
+  # runfiles).
   if "$work/$name" "${budget[@]}" -max_len="$max_len" \
-    -print_final_stats=1 "$work/corpus" >"$work/log" 2>&1; then
+    -artifact_prefix="$work/" -print_final_stats=1 "$work/corpus" \
+    >"$work/log" 2>&1; then
     grep -E "stat::number_of_executed_units|Done|$name: reached" "$work/log" |
       tail -3
     if ! fuzz_reached "$name" "$gate" "$work/log"; then
