@@ -277,6 +277,7 @@ void ProgressWorker::EnableFabric(std::unique_ptr<hw::Fabric> fabric,
   fabric_host_ = fabric->HostDescription();
   fabric_backend_ = config.fabric;
   fabric_provider_ = fabric->Provider();
+  fabric_sessions_ = config.fabric_sessions == "on";
   remote_ = std::make_unique<Remote>(
       &engine_, std::move(fabric), config.node_id, boot_nonce,
       config.fabric_nodes, config.fabric_timeout_ms);

@@ -118,6 +118,7 @@ class ProgressWorker {
   const std::string& fabric_host() const { return fabric_host_; }
   const std::string& fabric_backend() const { return fabric_backend_; }
   const std::string& fabric_provider() const { return fabric_provider_; }
+  bool fabric_sessions() const { return fabric_sessions_; }
 
   uint64_t doorbells() const {
     return doorbells_.load(std::memory_order_relaxed);
@@ -244,6 +245,7 @@ class ProgressWorker {
   std::string fabric_host_;
   std::string fabric_backend_;   // config's fabric
   std::string fabric_provider_;  // hw::Fabric::Provider()
+  bool fabric_sessions_ = false;  // config's fabric_sessions
   std::atomic<uint32_t> spin_us_;
   const bool copy_in_place_;  // Config::copy_in_place
   const uint64_t copy_min_bytes_;

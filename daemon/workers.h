@@ -71,6 +71,7 @@ class Workers {
   const std::string& fabric_host() const { return at(0).fabric_host(); }
   const std::string& fabric_backend() const { return at(0).fabric_backend(); }
   const std::string& fabric_provider() const { return at(0).fabric_provider(); }
+  bool fabric_sessions() const { return at(0).fabric_sessions(); }
   std::vector<ProgressWorker::RemoteOutcome> QueryRemote(
       uint32_t id, const std::vector<uint64_t>& epids) {
     return at(0).QueryRemote(id, epids);

@@ -309,15 +309,19 @@ TEST_F(FabricTest, TwoDaemonsCarryEagerAndRendezvousMessagesAndCountThem) {
   RunResult sb = Psmctl(dir_, *b, {"stats"});
   const std::string over =
       "fabric 2@" + listen_[1] + " over " + backend +
-      (OfiProvider().empty() ? "\n" : " (" + OfiProvider() + ")\n");
+      (OfiProvider().empty() ? "" : " (" + OfiProvider() + ")") +
+      ", sessions " + (Sessions() ? "on" : "off") + "\n";
   EXPECT_NE(sb.out.find(over), std::string::npos) << over << sb.out;
   EXPECT_NE(sa.out.find("\"fabric_backend\": \"" + backend +
-                        "\",\n \"fabric_provider\": \"" + OfiProvider() + "\""),
+                        "\",\n \"fabric_provider\": \"" + OfiProvider() +
+                        "\",\n \"fabric_sessions\": " +
+                        (Sessions() ? "true" : "false")),
             std::string::npos)
       << sa.out;
   RunResult prom = Psmctl(dir_, *b, {"stats", "--format", "prometheus"});
   EXPECT_NE(prom.out.find("psmd_fabric_info{backend=\"" + backend +
-                          "\",provider=\"" + OfiProvider() + "\"} 1\n"),
+                          "\",provider=\"" + OfiProvider() + "\",sessions=\"" +
+                          (Sessions() ? "on" : "off") + "\"} 1\n"),
             std::string::npos)
       << prom.out;
   ExpectShardsCrossed(*a);

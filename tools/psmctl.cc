@@ -280,6 +280,9 @@ void PrintPeerNodes(const psmd::v1::GetStatsReply& r) {
   if (!r.fabric_provider().empty()) {
     printf(" (%s)", Printable(r.fabric_provider()).c_str());
   }
+  if (!r.fabric_backend().empty()) {
+    printf(", sessions %s", r.fabric_sessions() ? "on" : "off");
+  }
   printf("\n%-5s", "node");
   for (const PeerCounter& c : kPeerCounters) {
     printf(c.traffic ? " %12s" : " %8s", c.column);
@@ -381,14 +384,16 @@ void PrintStatsJson(const psmd::v1::GetStatsReply& r) {
   printf(
       "],\n \"total\": {%s},\n \"refusals\": {%s},\n \"worker\": %s,\n "
       "\"workers\": %s,\n \"fabric_host\": %s,\n \"fabric_backend\": %s,\n "
-      "\"fabric_provider\": %s,\n \"peer_nodes\": %s}\n",
+      "\"fabric_provider\": %s,\n \"fabric_sessions\": %s,\n \"peer_nodes\": "
+      "%s}\n",
       CountersJson(ValuesOf(r.total().counters()), counters::kAll).c_str(),
       CountersJson(ValuesOf(r.refusals(), refusals::kAll), refusals::kAll)
           .c_str(),
       WorkerJson(r).c_str(), WorkersJson(r).c_str(),
       JsonString(r.fabric_host()).c_str(),
       JsonString(r.fabric_backend()).c_str(),
-      JsonString(r.fabric_provider()).c_str(), PeerNodesJson(r).c_str());
+      JsonString(r.fabric_provider()).c_str(),
+      r.fabric_sessions() ? "true" : "false", PeerNodesJson(r).c_str());
 }
 
 // printf onto the end of a string.
@@ -530,11 +535,13 @@ std::string PrometheusText(const psmd::v1::GetStatsReply* r) {
   }
   if (!r->fabric_backend().empty()) {
     family("psmd_fabric_info", "gauge",
-           "The fabric to other nodes' daemons: its backend and libfabric "
-           "provider (empty: not libfabric); always 1.");
-    Appendf(&out, "psmd_fabric_info{backend=%s,provider=%s} 1\n",
+           "The fabric to other nodes' daemons: its backend, libfabric "
+           "provider (empty: not libfabric) and whether it runs sessions "
+           "(fabric_sessions); always 1.");
+    Appendf(&out, "psmd_fabric_info{backend=%s,provider=%s,sessions=\"%s\"} 1\n",
             PromLabel(r->fabric_backend()).c_str(),
-            PromLabel(r->fabric_provider()).c_str());
+            PromLabel(r->fabric_provider()).c_str(),
+            r->fabric_sessions() ? "on" : "off");
   }
   if (r->peer_nodes_size() > 0) {
     for (const PeerCounter& c : kPeerCounters) {

@@ -250,6 +250,7 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
   reply->set_fabric_host(worker_->fabric_host());
   reply->set_fabric_backend(worker_->fabric_backend());
   reply->set_fabric_provider(worker_->fabric_provider());
+  reply->set_fabric_sessions(worker_->fabric_sessions());
   if (who.uid != 0) return grpc::Status::OK;
   // Node-wide figures, root's only: others' activity shows in them.
   reply->set_doorbells(worker_->doorbells());
