@@ -56,7 +56,9 @@ int CrossCopier::PeerPidfd(int fd) {
 }
 
 CrossCopier::CrossCopier(std::function<void()> wake, size_t chunk_bytes)
-    : wake_(std::move(wake)), bounce_(chunk_bytes) {
+    : wake_(std::move(wake)),
+      bounce_bytes_(chunk_bytes),
+      bounce_(new uint8_t[chunk_bytes]) {
   thread_ = std::thread([this] { Loop(); });
   pthread_setname_np(thread_.native_handle(), "psmd-copy");
 }
@@ -148,9 +150,9 @@ int CrossCopier::CopyOneByte(const CopySide& from, const CopySide& to,
 }
 
 int CrossCopier::CopyChunk(Active& a, bool* reading) {
-  const size_t len = std::min<uint64_t>(bounce_.size(), a.copy.len - a.done);
+  const size_t len = std::min<uint64_t>(bounce_bytes_, a.copy.len - a.done);
   const int error =
-      Move(a.copy.from, a.copy.to, a.done, bounce_.data(), len, reading);
+      Move(a.copy.from, a.copy.to, a.done, bounce_.get(), len, reading);
   if (error == 0) a.done += len;
   return error;
 }

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -112,7 +113,11 @@ class CrossCopier {
   std::deque<Active>& QueueOf(const void* group) PSMD_REQUIRES(mu_);
 
   const std::function<void()> wake_;
-  std::vector<uint8_t> bounce_;
+  // Not zeroed: its pages are touched only by the copies that move through
+  // it (a shard that never copies, and the engine fuzz harness, which makes
+  // thousands of copiers, pay nothing for its megabyte).
+  const size_t bounce_bytes_;
+  const std::unique_ptr<uint8_t[]> bounce_;
   Mutex mu_;
   CondVar cv_;  // work arrived, or the chunk in flight ended
   // One queue per group, taking turns (invariant 1).
