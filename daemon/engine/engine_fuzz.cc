@@ -1672,27 +1672,23 @@ std::vector<std::vector<uint8_t>> Seeds() {
           .Reap(0)
           .RndvData(0, 40000)
           .Turn());
-  // The receiver, then (on another shard than the copy's) the sender,
-  // removed while a copy may run.
+  // Removed right after the takeover, while the copy may run: the
+  // receiver (its shard cancels the copy), then the sender, on another
+  // shard than the copy's (its removed flag stops it).
   add(Encoder()
           .CopyInPlace(0, false)
-          .RndvSend(0, 1, 1, 200000, true)
-          .Recv(1, 0, 1, 200000, false, false, 3)
-          .Turn()
-          .Reap(0)
-          .Turn()
-          .Op(kRemove, 1)
-          .Turn()
-          .Reap(0)
-          .RndvSend(2, 1, 3, 200000, true)
-          .Op(kReAdd, 1)
-          .Recv(1, 2, 3, 200000, false, false, 3)
-          .Turn()
-          .Reap(2)
+          .RndvSend(0, 2, 1, 200000, true)
+          .Recv(2, 0, 1, 200000, false, false, 3)
           .Turn()
           .Op(kRemove, 2)
           .Turn()
-          .Reap(1));
+          .Reap(0)
+          .RndvSend(1, 0, 3, 200000, true)
+          .Recv(0, 1, 3, 200000, false, false, 3)
+          .Turn()
+          .Op(kRemove, 1)
+          .Turn()
+          .Reap(0));
   // A cancelled receive that named its buffer; a handover while the copy
   // may run (the engines quiesce only once it ended).
   add(Encoder()
