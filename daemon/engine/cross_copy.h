@@ -34,6 +34,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -129,6 +130,7 @@ class CrossCopier {
   bool busy_ PSMD_GUARDED_BY(mu_) = false;
   bool stop_ PSMD_GUARDED_BY(mu_) = false;
   std::atomic<bool> done_pending_{false};
+  std::once_flag started_;  // the thread, at the first Submit
   std::thread thread_;
 };
 
