@@ -1733,6 +1733,32 @@ std::vector<std::vector<uint8_t>> Seeds() {
           .Turn()
           .Reap(2)
           .Reap(0));
+  // A transfer between shards that awaits kSendDone, handed over mid-stream:
+  // the successor streams it to its end (its sender is not known to it
+  // until a new go); on one engine it takes the rest over.
+  add(Encoder()
+          .CopyInPlace(2, false)
+          .RndvSend(0, 1, 1, 150000, true)
+          .Recv(1, 0, 1, 150000, false, false, 3)
+          .Turn()
+          .Reap(0)
+          .RndvData(0, 50000)
+          .Turn()
+          .Reap(1)
+          .Handover()
+          .Advance(30, false)
+          .Turn()
+          .Advance(0, true)
+          .Turn()
+          .Reap(1)
+          .Reap(0)
+          .RndvData(0, 50000)
+          .Turn()
+          .Reap(1)
+          .RndvData(0, 50000)
+          .Turn()
+          .Reap(1)
+          .Reap(0));
   return seeds;
 }
 
