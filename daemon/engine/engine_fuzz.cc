@@ -74,7 +74,11 @@
 //      rendezvous descriptors, chunks for a transfer it made up, a send it
 //      had no client memory left for, a scribbled pool).
 //   6. At the end every shard quiesces: no copy running, nothing in flight
-//      between shards.
+//      between shards. Before it, once copy_after passed, every send that
+//      awaits kSendDone (kGoAwaitDone) gets it or an error: psmd takes
+//      every stalled transfer over and ends it. (Not after a handover, whose
+//      successor streams a transfer between shards to its end, nor with
+//      the fabric, which Quiesce leaves alone.)
 //
 // Seeds: ENGINE_FUZZ_WRITE_SEEDS=DIR ./engine_fuzz writes the seed corpus
 // (well-formed sequences built with the Encoder below) into DIR and exits.
@@ -315,6 +319,7 @@ struct Client {
     const uint8_t* buf;
     uint32_t len;
     bool go = false;
+    bool await_done = false;  // its go said kGoAwaitDone
     bool ended = false;
   };
   std::map<uint64_t, Sent> sends;
@@ -418,6 +423,7 @@ class Node {
     for (int i = 0; i < 32 && PollAll(); i++) {
     }
     for (uint32_t pos = 0; pos < clients_.size(); pos++) Reap(pos, ~0u);
+    CopiesEnd();
     for (uint32_t pos = 0; pos < clients_.size(); pos++) RemoveAt(pos);
     for (int i = 0; i < 32 && PollAll(); i++) {
     }
@@ -986,13 +992,15 @@ class Node {
     return fabric.Arrive(*r, f.key, f.m) != MqEngine::Arrival::kHeld;
   }
 
-  // Reads up to `max` completions of position `pos` as its client would.
-  void Reap(uint32_t pos, uint32_t max) {
+  // Reads up to `max` completions of position `pos` as its client would;
+  // how many it read.
+  uint32_t Reap(uint32_t pos, uint32_t max) {
     Client& c = clients_[pos];
-    if (!c.live) return;
+    if (!c.live) return 0;
     JobState& j = jobs_[c.job];
     shm::CompletionDesc d;
-    for (uint32_t i = 0; i < max && c.rings.cq.TryPop(&d); i++) {
+    uint32_t i = 0;
+    for (; i < max && c.rings.cq.TryPop(&d); i++) {
       // Property 1: only completions of this job reach this endpoint.
       if (d.op != shm::CompleteOp::kAmAcked &&
           d.op != shm::CompleteOp::kNodeLost && (d.req >> 56) != j.tag)
@@ -1032,6 +1040,7 @@ class Node {
           break;
       }
     }
+    return i;
   }
 
   // Property 5 for completion `d` of position `pos`: what it says of a
@@ -1045,6 +1054,7 @@ class Node {
         case shm::CompleteOp::kRndvGo:
           if (sent.go) Fail("a second go for one send");
           sent.go = true;
+          sent.await_done = (d.flags & shm::kGoAwaitDone) != 0;
           // Without kGoAwaitDone the send ends with its last chunk, which
           // the client publishes: psmd says nothing more, unless it fails.
           sent.ended = d.error != PSM2_OK;
@@ -1166,6 +1176,28 @@ class Node {
 
   void EnableCopies(MqEngine& e) {
     e.EnableCrossCopy([] {}, copy_->min_bytes, copy_->after_ns);
+  }
+
+  // Property 6's takeovers: time passes beyond copy_after, and the engines
+  // run and wait for their copies until the clients have read everything.
+  void CopiesEnd() {
+    if (!copy_ || handovers_ > 0 || fabric_used_) return;
+    fake_now_ns += copy_->after_ns + 1;
+    for (int round = 0; round < 8; round++) {
+      bool did = false;
+      for (int i = 0; i < 32 && PollAll(); i++) did = true;
+      Quiesce();
+      for (uint32_t pos = 0; pos < clients_.size(); pos++)
+        did |= Reap(pos, ~0u) > 0;
+      if (!did) break;
+    }
+    for (const Client& c : clients_) {
+      if (!c.live) continue;
+      for (const auto& [token, sent] : c.sends) {
+        if (sent.await_done && !sent.ended)
+          Fail("a send awaiting kSendDone never got it, copy_after passed");
+      }
+    }
   }
 
   // The handover protocol's rounds (mq_engine.h): until a round moves
