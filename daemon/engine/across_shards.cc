@@ -137,7 +137,7 @@ bool MqEngine::ChunkAcross(Endpoint& sender, const shm::SubmissionDesc& d) {
   item.chunk.offset = d.body.rndv.offset;
   item.chunk.pool_offset = d.body.rndv.pool_offset;
   item.chunk.len = d.len;
-  sender.last_chunk_ns.store(NowNs(), std::memory_order_relaxed);
+  sender.last_chunk_ns.store(copy_clock_(), std::memory_order_relaxed);
   Push(static_cast<uint32_t>(d.body.rndv.transfer % shards_), item);
   return true;
 }
@@ -513,7 +513,7 @@ void MqEngine::TakeChunk(uint32_t from, const CrossItem& item) {
     }
   }
   t.forwarded += item.chunk.len;
-  if (t.await_done) t.last_ns = NowNs();
+  if (t.await_done) t.last_ns = copy_clock_();
   if (t.forwarded == t.send_bytes) {
     if (t.await_done) {  // the sender's buffer is free now
       shm::CompletionDesc c{};

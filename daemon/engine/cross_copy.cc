@@ -56,10 +56,9 @@ int CrossCopier::PeerPidfd(int fd) {
 }
 
 CrossCopier::CrossCopier(std::function<void()> wake, size_t chunk_bytes)
-    : wake_(std::move(wake)), bounce_(chunk_bytes) {
-  thread_ = std::thread([this] { Loop(); });
-  pthread_setname_np(thread_.native_handle(), "psmd-copy");
-}
+    : wake_(std::move(wake)),
+      bounce_bytes_(chunk_bytes),
+      bounce_(new uint8_t[chunk_bytes]) {}
 
 CrossCopier::~CrossCopier() {
   {
@@ -67,7 +66,7 @@ CrossCopier::~CrossCopier() {
     stop_ = true;
   }
   cv_.NotifyAll();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 std::deque<CrossCopier::Active>& CrossCopier::QueueOf(const void* group) {
@@ -82,6 +81,14 @@ void CrossCopier::Submit(const Copy& copy) {
     MutexLock lock(&mu_);
     QueueOf(copy.group).push_back(Active{copy});
   }
+  // The thread starts with the first copy: a shard that never copies has
+  // none to start and join (the engine fuzz harness makes thousands of
+  // copiers, whose threads' starts and joins cost its CI run most of its
+  // time on a loaded machine).
+  std::call_once(started_, [this] {
+    thread_ = std::thread([this] { Loop(); });
+    pthread_setname_np(thread_.native_handle(), "psmd-copy");
+  });
   cv_.NotifyAll();
 }
 
@@ -148,9 +155,9 @@ int CrossCopier::CopyOneByte(const CopySide& from, const CopySide& to,
 }
 
 int CrossCopier::CopyChunk(Active& a, bool* reading) {
-  const size_t len = std::min<uint64_t>(bounce_.size(), a.copy.len - a.done);
+  const size_t len = std::min<uint64_t>(bounce_bytes_, a.copy.len - a.done);
   const int error =
-      Move(a.copy.from, a.copy.to, a.done, bounce_.data(), len, reading);
+      Move(a.copy.from, a.copy.to, a.done, bounce_.get(), len, reading);
   if (error == 0) a.done += len;
   return error;
 }

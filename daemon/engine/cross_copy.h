@@ -33,6 +33,8 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -112,7 +114,11 @@ class CrossCopier {
   std::deque<Active>& QueueOf(const void* group) PSMD_REQUIRES(mu_);
 
   const std::function<void()> wake_;
-  std::vector<uint8_t> bounce_;
+  // Not zeroed: its pages are touched only by the copies that move through
+  // it (a shard that never copies, and the engine fuzz harness, which makes
+  // thousands of copiers, pay nothing for its megabyte).
+  const size_t bounce_bytes_;
+  const std::unique_ptr<uint8_t[]> bounce_;
   Mutex mu_;
   CondVar cv_;  // work arrived, or the chunk in flight ended
   // One queue per group, taking turns (invariant 1).
@@ -124,6 +130,7 @@ class CrossCopier {
   bool busy_ PSMD_GUARDED_BY(mu_) = false;
   bool stop_ PSMD_GUARDED_BY(mu_) = false;
   std::atomic<bool> done_pending_{false};
+  std::once_flag started_;  // the thread, at the first Submit
   std::thread thread_;
 };
 

@@ -22,6 +22,21 @@
 // completions carry, as a client does), and removing and re-adding
 // endpoints. At the end every endpoint is removed.
 //
+// Copies in place (mq_engine.h, invariant 10; copies within one shard and
+// across shards): the input's first op may turn them on (kCopyInPlace:
+// copy_after 0, 1, 10 or 200 ms, a threshold of 1 B or 64 KiB), and the
+// engines' copy clock is the harness's (MqEngine::SetCopyClock), which moves
+// only at kAdvance: a transfer is taken over at the same step on every run of
+// an input. Every endpoint's pidfd names this process, and the buffers a
+// rendezvous send and receive name are memory of this process (one mapping
+// with an inaccessible page behind it), so the copier's process_vm_readv
+// and process_vm_writev really move the bytes; a raw descriptor's buffer
+// address is moved into a scratch mapping of its own (a copy past it fails
+// with EFAULT, as a client's bad range does). The copy itself runs on the
+// copier's thread, so its end is seen at whichever pass comes after it,
+// unless the input waits for it (kAdvance with its settle bit, a
+// handover): only then is where it ends fixed.
+//
 // Checked beyond "no crash, no sanitizer report":
 //   1. Every completion an endpoint reaps belongs to its own job: its token
 //      carries the job's tag (the harness tags every submission's token,
@@ -37,23 +52,49 @@
 //      the uid's unexpected budget.
 //   4. A handover (issue 33; mq_engine.h, "Handover to a successor
 //      process") at any point the input picks: every shard quiesces (the
-//      rings are not read meanwhile), saves its state, and is destroyed
-//      with its endpoints and job objects; fresh ones are made over the
+//      rings are not read meanwhile; a copy in place still running is
+//      waited for, as the protocol says a quiesced engine runs none), saves
+//      its state, and is destroyed with its endpoints and job objects
+//      (their pidfds, which the successor's registry takes again, as the
+//      harness does); fresh ones are made over the
 //      same segments and pools (the clients keep their own mappings, as
 //      processes do) and load the states, which must load, and credits
 //      must agree across shards. Properties 1-3 then hold for the whole
 //      run, so nothing was lost, duplicated or left charged across it.
+//   5. Rendezvous messages the harness sends carry their id in their first
+//      8 bytes and a pattern after it; receives it posts with a buffer
+//      (named for copies in place or not) get their streamed chunks copied
+//      in as the library does. Every byte of such a receive arrives once
+//      (streamed or placed by psmd, no range twice), the bytes are the
+//      message's, sent by the epid the receive was told, and one sender's
+//      messages of one tag reach one receiver in the order sent. A receive
+//      or send gets no completion after the one that ended it (and a
+//      receive one kRecvRndv, a send one go). Skipped for the content of a
+//      job whose rendezvous traffic the harness cannot know (raw
+//      rendezvous descriptors, chunks for a transfer it made up, a send it
+//      had no client memory left for, a scribbled pool).
+//   6. At the end every shard quiesces: no copy running, nothing in flight
+//      between shards. Before it, once copy_after passed, every send that
+//      awaits kSendDone (kGoAwaitDone) gets it or an error: psmd takes
+//      every stalled transfer over and ends it. (Not after a handover, whose
+//      successor streams a transfer between shards to its end, nor with
+//      the fabric, which Quiesce leaves alone.)
 //
 // Seeds: ENGINE_FUZZ_WRITE_SEEDS=DIR ./engine_fuzz writes the seed corpus
 // (well-formed sequences built with the Encoder below) into DIR and exits.
 #include <psm2.h>
+#include <sched.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -62,6 +103,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "daemon/clock.h"
 #include "daemon/engine/mq_engine.h"
 #include "daemon/engine/test_endpoint.h"
 #include "daemon/engine/validate.h"
@@ -78,6 +120,14 @@ constexpr uint32_t kRingCapacity = 16;  // small: overflow and holds happen
 constexpr uint64_t kRegionBytes = 64 << 10;
 constexpr uint32_t kLivesPerPosition = 3;  // regions are never recycled
 constexpr uint32_t kMaxLen = 200000;       // rendezvous lengths up to this
+// The clients' memory for rendezvous buffers (a run stops naming buffers
+// once it is used up), and the scratch that raw descriptors' name.
+constexpr size_t kClientBytes = size_t{4} << 20;
+constexpr size_t kScratchBytes = size_t{256} << 10;
+// Tokens of the sends and receives property 5 follows (a message's id or
+// a receive's, below): no fuzzed token reaches this bit.
+constexpr uint64_t kTracked = uint64_t{1} << 48;
+constexpr uint64_t kClockStart = 1'000'000'000;
 
 // Operations (one byte each, modulo kOpCount).
 enum Op : uint8_t {
@@ -106,6 +156,9 @@ enum Op : uint8_t {
   kNodeEvent,   // that endpoint, or its whole node, is gone
   kFabricHold,  // the fabric holds sends to other nodes, or not
   kHandover,    // every engine quiesced, saved, and loaded into fresh ones
+  // Copies in place.
+  kCopyInPlace,  // the engines take stalled transfers over from now on
+  kAdvance,      // the copy clock moves on; and maybe copies are waited for
   kOpCount
 };
 
@@ -116,6 +169,74 @@ constexpr uint64_t kRemoteEpid = shm::MakeEpid(9, 1, 77);
 [[noreturn]] void Fail(const char* what) {
   fprintf(stderr, "engine_fuzz: property violated: %s\n", what);
   abort();
+}
+
+// The copy clock of every engine (MqEngine::SetCopyClock): time passes for
+// copies in place only where the input says (kAdvance).
+uint64_t fake_now_ns = kClockStart;
+uint64_t FakeNow() { return fake_now_ns; }
+
+// Memory of the client processes (this one: every endpoint's pidfd names
+// it) for the buffers a copy in place reads or writes, with an
+// inaccessible page behind it: a copy past its end fails (EFAULT) instead
+// of writing over the harness. Handed out once per run, never reused, so
+// that a copy still running can only write where its receive said.
+class ClientMemory {
+ public:
+  explicit ClientMemory(size_t bytes) : bytes_(bytes) {
+    void* p = mmap(nullptr, bytes + kGuard, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED ||
+        mprotect(static_cast<uint8_t*>(p) + bytes, kGuard, PROT_NONE) != 0) {
+      perror("client memory");
+      abort();
+    }
+    base_ = static_cast<uint8_t*>(p);
+  }
+  ~ClientMemory() { munmap(base_, bytes_ + kGuard); }
+  ClientMemory(const ClientMemory&) = delete;
+  ClientMemory& operator=(const ClientMemory&) = delete;
+  // `n` fresh bytes, or null once used up.
+  uint8_t* Take(size_t n) {
+    n = (n + shm::kCacheLine) & ~(size_t{shm::kCacheLine} - 1);
+    if (n > bytes_ - used_) return nullptr;
+    uint8_t* p = base_ + used_;
+    used_ += n;
+    return p;
+  }
+  // An address inside, from any 64-bit value (a raw descriptor's).
+  uint64_t Within(uint64_t raw) const {
+    return reinterpret_cast<uintptr_t>(base_) + raw % bytes_;
+  }
+
+ private:
+  static constexpr size_t kGuard = 4096;
+  const size_t bytes_;
+  uint8_t* base_ = nullptr;
+  size_t used_ = 0;
+};
+
+// The bytes of tracked rendezvous message `id` after its first 8 (the
+// id): a window of one pattern, where it starts depending on the id, in
+// which no shift below 16 MiB repeats, so a chunk shifted, repeated or of
+// another message shows. Written and compared with memcpy and memcmp
+// (byte loops under the sanitizers cost the CI run more than its budget).
+constexpr uint32_t kPatternStarts = 1 << 16;
+const uint8_t* MessageBytes(uint64_t id) {
+  static const std::vector<uint8_t> pattern = [] {
+    std::vector<uint8_t> p(kMaxLen + kPatternStarts);
+    for (uint32_t k = 0; k < p.size(); k++)
+      p[k] = static_cast<uint8_t>(k * 7 + (k >> 8) * 13 + (k >> 16) * 29);
+    return p;
+  }();
+  return pattern.data() + (id * 257) % kPatternStarts;
+}
+constexpr uint64_t kIdMark = uint64_t{0x5053} << 48;  // "PS": an id follows
+
+void FillMessage(uint8_t* p, uint64_t id, uint32_t len) {
+  const uint64_t head = kIdMark | id;
+  std::memcpy(p, &head, len < 8 ? len : 8);
+  if (len > 8) std::memcpy(p + 8, MessageBytes(id) + 8, len - 8);
 }
 
 // Reads the input front to back; past its end every read is zero.
@@ -163,6 +284,9 @@ struct JobState {
   std::set<uint64_t> epids;    // every epid the job ever had
   std::set<uint64_t> tracked;  // chunks handed over in valid submissions
   bool scribbled = false;
+  // Rendezvous bytes the harness did not write may reach its receives
+  // (property 5 skips their content).
+  bool unknown_rndv = false;
 };
 
 // One endpoint position as its client sees it.
@@ -180,6 +304,8 @@ struct Client {
     uint64_t transfer;
     uint32_t send_bytes;
     uint32_t sent;
+    const uint8_t* src;  // the message's bytes, or null (not tracked)
+    uint32_t src_len;
   };
   std::vector<Go> gos;  // rendezvous sends cleared to stream
   struct AmIn {
@@ -188,6 +314,29 @@ struct Client {
     uint32_t handler;
   };
   std::vector<AmIn> ams;  // active messages that could be acknowledged
+  // Property 5, by token: tracked rendezvous sends and receives.
+  struct Sent {
+    const uint8_t* buf;
+    uint32_t len;
+    bool go = false;
+    bool await_done = false;  // its go said kGoAwaitDone
+    bool ended = false;
+  };
+  std::map<uint64_t, Sent> sends;
+  struct Received {
+    uint8_t* buf;
+    uint32_t capacity;
+    bool matched = false;  // kRecvRndv came
+    bool ended = false;
+    uint32_t expect = 0;  // bytes to come: min(message, capacity)
+    uint32_t got = 0;
+    std::map<uint32_t, uint32_t> ranges;  // what came: offset -> end
+    uint64_t src_epid = 0;
+    std::array<uint32_t, 3> tag{};
+    uint64_t match = 0;  // its place among this client's matches
+  };
+  std::map<uint64_t, Received> received;
+  uint64_t matches = 0;
 };
 
 // The fabric as the engine sees it (other_nodes.h), on the engine that owns
@@ -259,6 +408,7 @@ struct Parked {
 class Node {
  public:
   explicit Node(uint32_t shards) : shards_(shards) {
+    fake_now_ns = kClockStart;
     MakeEngines();
     auto account = std::make_shared<UidAccount>();
     MakeJob(0xA, 3, account);
@@ -273,9 +423,11 @@ class Node {
     for (int i = 0; i < 32 && PollAll(); i++) {
     }
     for (uint32_t pos = 0; pos < clients_.size(); pos++) Reap(pos, ~0u);
+    CopiesEnd();
     for (uint32_t pos = 0; pos < clients_.size(); pos++) RemoveAt(pos);
     for (int i = 0; i < 32 && PollAll(); i++) {
     }
+    Quiesce();  // property 6
     for (JobState& j : jobs_) {
       if (j.job->unexpected_cost != 0) Fail("a job's budget still charged");
       if (!j.scribbled) {
@@ -336,6 +488,7 @@ class Node {
     const uint32_t id = next_id_++;
     auto ep = MakeTestEndpoint(j.job, *region, id, 0x1000 + id, kRingCapacity,
                                16 << 10);
+    AttachThisProcess(*ep);
     j.epids.insert(ep->epid());
     ids_[pos] = ep->id();
     c = Client{};
@@ -471,11 +624,14 @@ class Node {
   }
 
   void Step(Reader& in) {
+    const bool first = !stepped_;
+    stepped_ = true;
     const uint8_t op = in.U8() % kOpCount;
     const uint32_t pos = in.U8() % clients_.size();
     Client& c = clients_[pos];
-    const bool needs_live =
-        op != kTurn && op != kReAdd && op != kScribble && op != kHandover;
+    const bool needs_live = op != kTurn && op != kReAdd && op != kScribble &&
+                            op != kHandover && op != kCopyInPlace &&
+                            op != kAdvance;
     if (needs_live && !c.live) return;
     if (trace_) fprintf(stderr, "op %d at pos %u\n", op, pos);
     uint32_t tag[3];
@@ -484,7 +640,8 @@ class Node {
       case kRaw: {
         shm::SubmissionDesc d;
         in.Bytes(&d, sizeof(d));
-        d.req = Token(c, d.req);
+        d.req = Token(c, d.req & (kTracked - 1));
+        RawPlaces(d, jobs_[c.job]);
         Submit(c, d, in.Bool() ? shm::Ring::kMessage : shm::Ring::kControl, 0);
         break;
       }
@@ -495,9 +652,25 @@ class Node {
         uint32_t len = in.Len(rndv ? kMaxLen : 9000);
         uint32_t slot = Slot(in, c);
         uint64_t token = Token(c, in.U16());
+        const uint8_t f = in.U8();
+        uint8_t* buf = nullptr;
+        if (rndv) {
+          // Property 5: a message of its own id and pattern, named for a
+          // copy in place if the input says.
+          buf = memory_.Take(len);
+          if (buf == nullptr) {
+            jobs_[c.job].unknown_rndv = true;
+          } else {
+            const uint64_t id = next_tracked_++;
+            FillMessage(buf, id, len);
+            token = Token(c, kTracked | id);
+            messages_[id] = c.ep->epid();
+            c.sends[token] = Client::Sent{buf, len};
+          }
+        }
         shm::SubmissionDesc d = shm::PrepSend(slot, token, tag, len, rndv);
+        if (buf != nullptr && (f & 1)) shm::PlaceInMemory(d, buf);
         if (!rndv) {
-          uint8_t f = in.U8();
           if (f & 1) d.flags |= shm::kSendSync;
           if ((f & 6) == 6) {
             d.flags |= shm::kSendFailed;
@@ -519,7 +692,16 @@ class Node {
         shm::SubmissionDesc d;
         if (op == kRecv) {
           uint32_t capacity = in.Len(kMaxLen);
+          // Property 5: a buffer the stream is copied into, named for a
+          // copy in place or not.
+          const uint8_t place = in.U8();
+          uint8_t* buf = (place & 1) ? memory_.Take(capacity) : nullptr;
+          if (buf != nullptr) token = Token(c, kTracked | next_tracked_++);
           d = shm::PrepRecv(slot, token, tag, sel, capacity);
+          if (buf != nullptr) {
+            c.received[token] = Client::Received{buf, capacity};
+            if (place & 2) shm::PlaceInMemory(d, buf);
+          }
         } else {
           bool claim = in.Bool();
           d = shm::PrepProbe(slot, token, tag, sel, claim);
@@ -538,6 +720,11 @@ class Node {
         shm::SubmissionDesc d =
             op == kCancel ? shm::PrepCancel(Token(c, in.U16()), target)
                           : shm::PrepClaimedRecv(target, in.Len(kMaxLen));
+        // A claimed rendezvous message may be copied in place too (its
+        // bytes are not followed: the probe's token is the input's).
+        if (op == kClaimedRecv && (in.U8() & 1)) {
+          shm::PlaceInMemory(d, memory_.Take(d.len));
+        }
         Submit(c, d, RingFor(in, d), 0);
         break;
       }
@@ -554,6 +741,15 @@ class Node {
             shm::PrepRndvData(Token(c, in.U16()), transfer, offset, len);
         shm::Ring ring = RingFor(in, d);
         auto chunk = AttachPayload(c, d, in);
+        // The chunk holds the message's bytes at its offset, as the
+        // sender's library copies them (property 5).
+        if (go == nullptr || go->src == nullptr) {
+          jobs_[c.job].unknown_rndv = true;
+        } else if (chunk && offset < go->src_len) {
+          std::memcpy(jobs_[c.job].first->pool().base() + *chunk,
+                      go->src + offset,
+                      std::min<uint64_t>(len, go->src_len - offset));
+        }
         if (chunk && Submit(c, d, ring, *chunk) && go) {
           go->sent += len;
           if (go->sent >= go->send_bytes)
@@ -592,7 +788,7 @@ class Node {
         shm::SubmissionDesc d =
             shm::PrepAmAck(am.from_id, am.req, am.handler,
                            in.Bool() ? PSM2_OK : PSM2_NO_MEMORY);
-        d.req = Token(c, d.req);
+        d.req = Token(c, d.req & (kTracked - 1));
         Submit(c, d, RingFor(in, d), 0);
         break;
       }
@@ -680,6 +876,29 @@ class Node {
         fabric_used_ = true;
         fabric_->hold = in.Bool();
         break;
+      case kCopyInPlace: {
+        // As the first op only, as psmd is configured: a copier replaced
+        // would drop the copies in it, and one per engine made for most
+        // inputs (where a later op byte says so) made the CI run's time
+        // that of starting and joining their threads on a loaded machine.
+        const uint8_t k = in.U8();
+        if (!first) break;
+        static constexpr uint64_t kAfterNs[4] = {0, 1'000'000, 10'000'000,
+                                                 200'000'000};
+        copy_ = CopyConfig{(k & 4) ? uint64_t{64} << 10 : 1, kAfterNs[k & 3]};
+        for (auto& e : engines_) EnableCopies(*e);
+        break;
+      }
+      case kAdvance: {
+        const uint8_t k = in.U8();
+        // Up to 133 ms, in steps of about 1 ms.
+        fake_now_ns += static_cast<uint64_t>(k & 0x7f) << 20;
+        // And the copies running end before the next step, as a receiver
+        // computing long enough would find them (no ring is read).
+        // Not with the fabric: what it holds is not quiesced (kHandover).
+        if ((k & 0x80) && !fabric_used_) Quiesce();
+        break;
+      }
       default:
         break;
     }
@@ -773,13 +992,15 @@ class Node {
     return fabric.Arrive(*r, f.key, f.m) != MqEngine::Arrival::kHeld;
   }
 
-  // Reads up to `max` completions of position `pos` as its client would.
-  void Reap(uint32_t pos, uint32_t max) {
+  // Reads up to `max` completions of position `pos` as its client would;
+  // how many it read.
+  uint32_t Reap(uint32_t pos, uint32_t max) {
     Client& c = clients_[pos];
-    if (!c.live) return;
+    if (!c.live) return 0;
     JobState& j = jobs_[c.job];
     shm::CompletionDesc d;
-    for (uint32_t i = 0; i < max && c.rings.cq.TryPop(&d); i++) {
+    uint32_t i = 0;
+    for (; i < max && c.rings.cq.TryPop(&d); i++) {
       // Property 1: only completions of this job reach this endpoint.
       if (d.op != shm::CompleteOp::kAmAcked &&
           d.op != shm::CompleteOp::kNodeLost && (d.req >> 56) != j.tag)
@@ -798,12 +1019,17 @@ class Node {
                 static_cast<int>(d.op), d.error,
                 static_cast<unsigned long long>(d.req), d.msg_len);
       }
+      Follow(pos, d);  // property 5, before the chunk goes back
       shm::PayloadOf(j.job->pool().base(), d).Release();
       switch (d.op) {
         case shm::CompleteOp::kRndvGo:
           if (d.error == PSM2_OK && d.body.go.send_bytes > 0 &&
               c.gos.size() < 8) {
-            c.gos.push_back({d.body.go.transfer, d.body.go.send_bytes, 0});
+            auto sent = c.sends.find(d.req);
+            const bool known = sent != c.sends.end();
+            c.gos.push_back({d.body.go.transfer, d.body.go.send_bytes, 0,
+                             known ? sent->second.buf : nullptr,
+                             known ? sent->second.len : 0});
           }
           break;
         case shm::CompleteOp::kAmRequest:
@@ -814,10 +1040,180 @@ class Node {
           break;
       }
     }
+    return i;
+  }
+
+  // Property 5 for completion `d` of position `pos`: what it says of a
+  // tracked send or receive, and the bytes a chunk brings.
+  void Follow(uint32_t pos, const shm::CompletionDesc& d) {
+    Client& c = clients_[pos];
+    if (auto s = c.sends.find(d.req); s != c.sends.end()) {
+      Client::Sent& sent = s->second;
+      if (sent.ended) Fail("a completion for a send that ended");
+      switch (d.op) {
+        case shm::CompleteOp::kRndvGo:
+          if (sent.go) Fail("a second go for one send");
+          sent.go = true;
+          sent.await_done = (d.flags & shm::kGoAwaitDone) != 0;
+          // Without kGoAwaitDone the send ends with its last chunk, which
+          // the client publishes: psmd says nothing more, unless it fails.
+          sent.ended = d.error != PSM2_OK;
+          break;
+        case shm::CompleteOp::kSendDone:
+          // (One that failed before its match may end so: a closed peer.)
+          if (!sent.go && d.error == PSM2_OK) Fail("a send done before its go");
+          sent.ended = true;
+          break;
+        case shm::CompleteOp::kError:
+          sent.ended = true;
+          break;
+        default:
+          Fail("a completion of another kind for a rendezvous send");
+      }
+      return;
+    }
+    auto r = c.received.find(d.req);
+    if (r == c.received.end()) return;
+    Client::Received& rv = r->second;
+    if (rv.ended) Fail("a completion for a receive that ended");
+    switch (d.op) {
+      case shm::CompleteOp::kRecvRndv:
+        if (rv.matched) Fail("a receive matched twice");
+        rv.matched = true;
+        rv.expect = std::min(d.msg_len, rv.capacity);
+        rv.src_epid = d.src_epid;
+        std::copy(d.tag, d.tag + 3, rv.tag.begin());
+        rv.match = ++c.matches;
+        rv.ended = d.error != PSM2_OK;
+        break;
+      case shm::CompleteOp::kRndvChunk: {
+        if (!rv.matched) Fail("a chunk before its receive matched");
+        if (d.error != PSM2_OK) {
+          rv.ended = true;
+          break;
+        }
+        const uint64_t off = d.body.chunk.offset;
+        const uint32_t len = d.body.chunk.len;
+        if (off + len > rv.expect) Fail("a chunk past the message");
+        auto next = rv.ranges.lower_bound(static_cast<uint32_t>(off));
+        if ((next != rv.ranges.end() && next->first < off + len) ||
+            (next != rv.ranges.begin() && std::prev(next)->second > off))
+          Fail("a byte of a message delivered twice");
+        rv.ranges[static_cast<uint32_t>(off)] =
+            static_cast<uint32_t>(off + len);
+        rv.got += len;
+        if (d.flags & shm::kPayloadPlaced) {
+          if (trace_) fprintf(stderr, "  %u bytes placed by psmd\n", len);
+        } else {  // the library's copy out of the pool
+          const JobState& j = jobs_[c.job];
+          std::memcpy(rv.buf + off,
+                      j.job->pool().base() + shm::ChunkOffsetOf(d), len);
+        }
+        break;
+      }
+      default:  // an eager message, an error: the receive ended
+        rv.ended = true;
+        return;
+    }
+    if (rv.matched && !rv.ended && rv.got == rv.expect) {
+      rv.ended = true;
+      CheckReceived(pos, rv);
+    }
+  }
+
+  // Property 5 for a receive that got all its bytes: they are the
+  // message's, from the sender it was told, in that sender's order.
+  void CheckReceived(uint32_t pos, const Client::Received& rv) {
+    const Client& c = clients_[pos];
+    if (jobs_[c.job].unknown_rndv || jobs_[c.job].scribbled || rv.expect < 8)
+      return;
+    uint64_t head = 0;
+    std::memcpy(&head, rv.buf, 8);
+    const uint64_t id = head & ~kIdMark;
+    auto m = messages_.find(id);
+    if ((head & kIdMark) != kIdMark || m == messages_.end())
+      Fail("a receive holds bytes of no message");
+    if (m->second != rv.src_epid) Fail("a message from another sender");
+    if (std::memcmp(rv.buf + 8, MessageBytes(id) + 8, rv.expect - 8) != 0)
+      Fail("a message's bytes changed on their way");
+    // One sender's messages of one tag: any receive that matched a later
+    // one would have matched this one (MPI's non-overtaking).
+    auto& seen = order_[{rv.src_epid, c.ep->epid(),
+                         (uint64_t{rv.tag[0]} << 32) | rv.tag[1], rv.tag[2]}];
+    auto after = seen.upper_bound(rv.match);
+    if ((after != seen.end() && after->second < id) ||
+        (after != seen.begin() && std::prev(after)->second > id))
+      Fail("one sender's messages received out of order");
+    seen[rv.match] = id;
+  }
+
+  // A raw descriptor that names a buffer for a copy in place names one in
+  // the scratch (whatever its address said), so that psmd's copies stay in
+  // memory a client could own; its rendezvous bytes are not the harness's.
+  void RawPlaces(shm::SubmissionDesc& d, JobState& j) {
+    switch (d.op) {
+      case shm::SubmitOp::kRecv:
+        if (d.flags & shm::kRecvInPlace)
+          d.body.recv.addr = scratch_.Within(d.body.recv.addr);
+        break;
+      case shm::SubmitOp::kRndvSend:
+      case shm::SubmitOp::kClaimedRecv:
+        if (d.flags & (shm::kSendInPlace | shm::kRecvInPlace))
+          d.body.place.addr = scratch_.Within(d.body.place.addr);
+        j.unknown_rndv |= d.op == shm::SubmitOp::kRndvSend;
+        break;
+      case shm::SubmitOp::kRndvData:
+        j.unknown_rndv = true;
+        break;
+      default:
+        break;
+    }
   }
 
   MqEngine& EngineOf(uint32_t id) {
     return *engines_[MqEngine::ShardOf(id, shards_)];
+  }
+
+  void EnableCopies(MqEngine& e) {
+    e.EnableCrossCopy([] {}, copy_->min_bytes, copy_->after_ns);
+  }
+
+  // Property 6's takeovers: time passes beyond copy_after, and the engines
+  // run and wait for their copies until the clients have read everything.
+  void CopiesEnd() {
+    if (!copy_ || handovers_ > 0 || fabric_used_) return;
+    fake_now_ns += copy_->after_ns + 1;
+    for (int round = 0; round < 8; round++) {
+      bool did = false;
+      for (int i = 0; i < 32 && PollAll(); i++) did = true;
+      Quiesce();
+      for (uint32_t pos = 0; pos < clients_.size(); pos++)
+        did |= Reap(pos, ~0u) > 0;
+      if (!did) break;
+    }
+    for (const Client& c : clients_) {
+      if (!c.live) continue;
+      for (const auto& [token, sent] : c.sends) {
+        if (sent.await_done && !sent.ended)
+          Fail("a send awaiting kSendDone never got it, copy_after passed");
+      }
+    }
+  }
+
+  // The handover protocol's rounds (mq_engine.h): until a round moves
+  // nothing and every shard is quiesced. A copy in place keeps a shard
+  // from quiescing until the copier ends it: waited for, not failed.
+  void Quiesce() {
+    const uint64_t deadline = NowNs() + 10'000'000'000;
+    for (;;) {
+      bool did = false;
+      for (auto& e : engines_) did |= e->PollQuiescing();
+      bool quiet = !did;
+      for (auto& e : engines_) quiet &= e->Quiesced();
+      if (quiet) return;
+      if (NowNs() > deadline) Fail("the engines never quiesced");
+      if (!did) sched_yield();
+    }
   }
 
   void MakeEngines() {
@@ -831,6 +1227,8 @@ class Node {
           /*max_unexpected_budget=*/1 << 20,
           /*job_unexpected_budget=*/48 << 10,
           /*uid_unexpected_budget=*/64 << 10));
+      engines_.back()->SetCopyClock(FakeNow);
+      if (copy_) EnableCopies(*engines_.back());
       if (shards_ > 1) engines_.back()->JoinShards(crossing_.get(), s);
       if (s > 0) engines_.back()->RouteFabricToShard0();
     }
@@ -840,14 +1238,7 @@ class Node {
 
   // Property 4: the protocol of mq_engine.h, then the successor.
   void Handover() {
-    bool quiet = false;
-    for (int round = 0; round < 1000 && !quiet; round++) {
-      bool did = false;
-      for (auto& e : engines_) did |= e->PollQuiescing();
-      quiet = !did;
-      for (auto& e : engines_) quiet &= e->Quiesced();
-    }
-    if (!quiet) Fail("the engines never quiesced");
+    Quiesce();
     std::vector<std::string> states;
     for (auto& e : engines_) {
       handover::StateWriter w;
@@ -871,6 +1262,7 @@ class Node {
       Client& c = clients_[pos];
       if (!c.live) continue;
       fresh[pos] = RemakeTestEndpoint(*c.ep, jobs[c.job], 16 << 10);
+      AttachThisProcess(*fresh[pos]);  // as the registry does (fd store)
       c.ep.reset();
     }
     engines_.clear();  // the old engines, and with them their endpoints
@@ -907,6 +1299,20 @@ class Node {
   }
 
   const uint32_t shards_;
+  // Before the engines: a copy may write into them until its engine goes.
+  ClientMemory memory_{kClientBytes};
+  ClientMemory scratch_{kScratchBytes};
+  struct CopyConfig {
+    uint64_t min_bytes;
+    uint64_t after_ns;
+  };
+  std::optional<CopyConfig> copy_;  // kCopyInPlace came
+  bool stepped_ = false;
+  uint64_t next_tracked_ = 1;  // ids of tracked messages and receives
+  std::map<uint64_t, uint64_t> messages_;  // tracked message id -> epid
+  // Property 5's order: by sender epid, receiver epid and tag, the ids of
+  // the messages received, by their place among the receiver's matches.
+  std::map<std::array<uint64_t, 4>, std::map<uint64_t, uint64_t>> order_;
   static constexpr int kMaxHandovers = 2;
   int handovers_ = 0;
   bool fabric_used_ = false;
@@ -918,7 +1324,9 @@ class Node {
   std::vector<Client> clients_;
   std::vector<uint32_t> ids_;  // the endpoint id at each position (last one)
   uint32_t next_id_ = 1;
-  // ENGINE_FUZZ_TRACE=1: every reaped completion on stderr (for reproducers).
+  // ENGINE_FUZZ_TRACE=1: every reaped completion on stderr (for
+  // reproducers), and what psmd placed by copies in place (how often the
+  // seeds reach them: `grep -c placed`).
   const bool trace_ = getenv("ENGINE_FUZZ_TRACE") != nullptr;
 };
 
@@ -941,19 +1349,21 @@ class Encoder {
   const std::vector<uint8_t>& bytes() const { return out_; }
 
   // Reader::Step's field order for each op.
+  // `in_place`: a rendezvous send names its buffer (kSendInPlace).
   Encoder& Send(uint8_t from, uint8_t slot, uint8_t tag, uint32_t len,
-                bool sync = false, bool rndv = false) {
+                bool sync = false, bool rndv = false, bool in_place = false) {
     Op(rndv ? kRndvSend : kSend, from).U8(tag).U8(0).Len(len).Range(0, slot);
     U16(next_token_++);
-    if (!rndv) U8(sync ? 1 : 0);
+    U8(rndv ? in_place : sync);
     U8(0);  // the right ring
     if (len <= shm::kInlineMax) {
       for (uint32_t i = 0; i < (len < 8 ? len : 8); i++) U8('a' + i);
     }
     return *this;
   }
+  // `place`: 1, a buffer property 5 follows; 3, named for a copy in place.
   Encoder& Recv(uint8_t at, uint8_t slot, uint8_t tag, uint32_t capacity,
-                bool probe = false, bool claim = false) {
+                bool probe = false, bool claim = false, uint8_t place = 0) {
     Op(probe ? kProbe : kRecv, at).U8(tag).U8(0).U8(1);  // full selector
     if (slot == 0xff) {
       U8(1);
@@ -964,9 +1374,22 @@ class Encoder {
     if (probe) {
       U8(claim ? 1 : 0);
     } else {
-      Len(capacity);
+      Len(capacity).U8(place);
     }
     return U8(0);
+  }
+  Encoder& RndvSend(uint8_t from, uint8_t slot, uint8_t tag, uint32_t len,
+                    bool in_place) {
+    return Send(from, slot, tag, len, false, true, in_place);
+  }
+  // As the first op: copies in place, `after` 0, 1, 10 or 200 ms (0-3), from
+  // 64 KiB or from 1 B.
+  Encoder& CopyInPlace(uint8_t after, bool from_64k) {
+    return Op(kCopyInPlace, 0).U8(after | (from_64k ? 4 : 0));
+  }
+  // The copy clock moves `ms`; `settle`: the copies running end first.
+  Encoder& Advance(uint8_t ms, bool settle) {
+    return Op(kAdvance, 0).U8(ms | (settle ? 0x80 : 0));
   }
   Encoder& Turn(uint8_t turns = 4) { return Op(kTurn, 0).U8(turns - 1); }
   Encoder& Handover() { return Op(kHandover, 0); }
@@ -1032,7 +1455,7 @@ std::vector<std::vector<uint8_t>> Seeds() {
     Encoder e;
     e.Send(0, 1, 1, 100000, false, true)
         .Turn()
-        .Recv(1, 0, 1, 100000)
+        .Recv(1, 0, 1, 100000, false, false, 1)  // its bytes followed
         .Turn()
         .Reap(0)
         .RndvData(0, 60000);
@@ -1070,6 +1493,7 @@ std::vector<std::vector<uint8_t>> Seeds() {
           .Op(kClaimedRecv, 0)
           .U8(0)
           .Len(30000)
+          .U8(0)
           .U8(0)
           .Turn()
           .Reap(2)
@@ -1231,6 +1655,7 @@ std::vector<std::vector<uint8_t>> Seeds() {
           .U8(0)
           .Len(30000)
           .U8(0)
+          .U8(0)
           .Recv(0, 0xff, 0, 64)
           .Turn()
           .Handover()
@@ -1245,6 +1670,127 @@ std::vector<std::vector<uint8_t>> Seeds() {
     e.Turn().Handover().Turn().Reap(1).Handover().Turn().Reap(1);
     add(e);
   }
+  // Copies in place (property 5). Positions 0 and 1 are on two shards,
+  // 0 and 2 on one. Taken over at once, the sender publishing a chunk
+  // after it (released unread):
+  add(Encoder()
+          .CopyInPlace(0, false)
+          .RndvSend(0, 1, 1, 100000, true)
+          .Recv(1, 0, 1, 100000, false, false, 3)
+          .Turn()
+          .Reap(0)
+          .Turn()
+          .Advance(0, true)
+          .Turn()
+          .Reap(1)
+          .Reap(0)
+          .RndvData(0, 30000)
+          .Turn());
+  // Streamed, then stalled for copy_after: the rest placed.
+  add(Encoder()
+          .CopyInPlace(1, false)
+          .RndvSend(0, 2, 2, 150000, true)
+          .Recv(2, 0, 2, 150000, false, false, 3)
+          .Turn()
+          .Reap(0)
+          .RndvData(0, 40000)
+          .Turn()
+          .Reap(2)
+          .Advance(2, false)
+          .Turn()
+          .Advance(0, true)
+          .Turn()
+          .Reap(2)
+          .Reap(0)
+          .RndvData(0, 40000)
+          .Turn());
+  // Removed right after the takeover, while the copy may run: the
+  // receiver (its shard cancels the copy), then the sender, on another
+  // shard than the copy's (its removed flag stops it).
+  add(Encoder()
+          .CopyInPlace(0, false)
+          .RndvSend(0, 2, 1, 200000, true)
+          .Recv(2, 0, 1, 200000, false, false, 3)
+          .Turn()
+          .Op(kRemove, 2)
+          .Turn()
+          .Reap(0)
+          .RndvSend(1, 0, 3, 200000, true)
+          .Recv(0, 1, 3, 200000, false, false, 3)
+          .Turn()
+          .Op(kRemove, 1)
+          .Turn()
+          .Reap(0));
+  // A cancelled receive that named its buffer; a handover while the copy
+  // may run (the engines quiesce only once it ended).
+  add(Encoder()
+          .CopyInPlace(0, false)
+          .Recv(1, 0, 5, 1000, false, false, 3)
+          .Op(kCancel, 1)
+          .U8(0)
+          .U16(77)
+          .U8(0)
+          .RndvSend(0, 1, 1, 120000, true)
+          .Recv(1, 0, 1, 120000, false, false, 3)
+          .Turn()
+          .Reap(0)
+          .Turn()
+          .Handover()
+          .Turn()
+          .Reap(1)
+          .Reap(0));
+  // Below the threshold: a stream. Above it: a transfer under way handed
+  // over, taken over by the successor once stalled; one sender's messages
+  // of one tag in order.
+  add(Encoder()
+          .CopyInPlace(2, true)
+          .RndvSend(0, 2, 1, 30000, true)
+          .Recv(2, 0, 1, 30000, false, false, 3)
+          .Turn()
+          .Reap(0)
+          .RndvData(0, 30000)
+          .Turn()
+          .Reap(2)
+          .RndvSend(0, 2, 1, 180000, true)
+          .Recv(2, 0, 1, 180000, false, false, 3)
+          .Turn()
+          .Reap(0)
+          .RndvData(0, 50000)
+          .Turn()
+          .Reap(2)
+          .Handover()
+          .Advance(20, false)
+          .Turn()
+          .Advance(0, true)
+          .Turn()
+          .Reap(2)
+          .Reap(0));
+  // A transfer between shards that awaits kSendDone, handed over mid-stream:
+  // the successor streams it to its end (its sender is not known to it
+  // until a new go); on one engine it takes the rest over.
+  add(Encoder()
+          .CopyInPlace(2, false)
+          .RndvSend(0, 1, 1, 150000, true)
+          .Recv(1, 0, 1, 150000, false, false, 3)
+          .Turn()
+          .Reap(0)
+          .RndvData(0, 50000)
+          .Turn()
+          .Reap(1)
+          .Handover()
+          .Advance(30, false)
+          .Turn()
+          .Advance(0, true)
+          .Turn()
+          .Reap(1)
+          .Reap(0)
+          .RndvData(0, 50000)
+          .Turn()
+          .Reap(1)
+          .RndvData(0, 50000)
+          .Turn()
+          .Reap(1)
+          .Reap(0));
   return seeds;
 }
 

@@ -102,8 +102,9 @@ bool ValidCompletion(const shm::CompletionDesc& c, const shm::Mapping& pool) {
          ChunkInPool(pool, shm::ChunkOffsetOf(c));
 }
 
-// Times are CLOCK_MONOTONIC (NowNs), which an exec does not restart; one
-// from the future (damaged) would make `now - t` wrap: clamped to now.
+// Times are CLOCK_MONOTONIC (NowNs, and the copy clock, SetCopyClock), which
+// an exec does not restart; one from the future (damaged) would make
+// `now - t` wrap: clamped to now.
 uint64_t ClampNow(uint64_t t, uint64_t now) { return t > now ? now : t; }
 
 }  // namespace
@@ -279,7 +280,7 @@ void MqEngine::SaveState(handover::StateWriter& w) const {
     w.EndSection(s);
   }
   // Written: rendezvous transfers by id (sorted: deterministic output).
-  // `taken` is false in all (Quiesced); last_ns as NowNs wrote it.
+  // `taken` is false in all (Quiesced); last_ns as the copy clock wrote it.
   std::map<uint64_t, const Transfer*> transfers;
   for (const auto& [id, t] : transfers_) transfers[id] = &t;
   w.U32(static_cast<uint32_t>(transfers.size()));
@@ -427,9 +428,8 @@ bool MqEngine::ReadEndpoint(handover::StateReader& r, LoadedEndpoint* out) {
     return r.Fail("unexpected budget", "is out of range");
   // (stall_watched with no clock running is legal: ReportBudgetStalls
   // drops such an endpoint from its watch at its next look.)
-  const uint64_t now = NowNs();
-  out->held_since_ns = ClampNow(out->held_since_ns, now);
-  out->last_chunk_ns = ClampNow(out->last_chunk_ns, now);
+  out->held_since_ns = ClampNow(out->held_since_ns, NowNs());
+  out->last_chunk_ns = ClampNow(out->last_chunk_ns, copy_clock_());
 
   uint32_t n = 0;
   if (!r.Count(&n, kMinPeerBytes, kMaxPeers, "peer count")) return false;
@@ -558,7 +558,7 @@ bool MqEngine::ReadTransfers(handover::StateReader& r, Loaded* out) {
     return false;
   out->transfers.resize(n);
   std::unordered_set<uint64_t> ids;
-  const uint64_t now = NowNs();
+  const uint64_t now = copy_clock_();
   for (auto& [id, t] : out->transfers) {
     t = Transfer{};
     if (!r.U64(&id, "transfer id") || !r.U32(&t.sender_id, "transfer sender") ||

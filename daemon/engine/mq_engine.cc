@@ -780,7 +780,7 @@ bool MqEngine::HandleRndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
   // (Not handed over, the chunk goes back when `chunk` goes.)
   if (ForwardChunk(t, d.body.rndv.pool_offset, d.len)) chunk.Take();
   t.forwarded += d.len;
-  const uint64_t now = NowNs();
+  const uint64_t now = copy_clock_();
   sender.last_chunk_ns.store(now, std::memory_order_relaxed);
   if (t.await_done) t.last_ns = now;
   if (t.forwarded == t.send_bytes) {
@@ -1001,7 +1001,7 @@ void MqEngine::StartTransfer(Endpoint& receiver, uint64_t recv_req,
       // any chunk of it, in lane order; only then may it be taken over.
       if (MayTakeOverTo(t, receiver)) {
         t.await_done = true;
-        t.last_ns = NowNs();
+        t.last_ns = copy_clock_();
         go.flags |= shm::kGoAwaitDone;
       }
       transfers_[go.body.go.transfer] = t;
@@ -1028,7 +1028,7 @@ void MqEngine::StartTransfer(Endpoint& receiver, uint64_t recv_req,
     t.recv_addr = recv_addr;
     if (MayTakeOver(t, *sender, receiver)) {
       t.await_done = true;
-      t.last_ns = NowNs();
+      t.last_ns = copy_clock_();
       go.flags |= shm::kGoAwaitDone;
       takeover_candidates_.push_back(go.body.go.transfer);
     }
@@ -1085,7 +1085,7 @@ void MqEngine::DenyCopies(Endpoint& culprit, bool reading) {
 
 bool MqEngine::TakeOverStalled() {
   if (!copier_) return false;  // EndCopies
-  const uint64_t now = NowNs();
+  const uint64_t now = copy_clock_();
   if (now < next_takeover_check_ns_) return false;
   next_takeover_check_ns_ = now + copy_after_ns_ / 4;
   bool did = false;

@@ -174,6 +174,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "daemon/clock.h"
 #include "daemon/engine/cross_copy.h"
 #include "daemon/engine/crossing.h"
 #include "daemon/engine/endpoint.h"
@@ -254,6 +255,13 @@ class MqEngine {
     copier_.reset();
     takeover_candidates_.clear();
   }
+  // The clock of invariant 10's stall test (when a transfer or its sender
+  // last moved, and whether copy_after passed since): NowNs, or a test's,
+  // which then decides when time passes (engine_fuzz: a takeover happens
+  // where its input says, on every run of it). Shards of one node share
+  // one, since a sender's shard writes what the keeping shard compares.
+  // Before any endpoint is added.
+  void SetCopyClock(uint64_t (*now)()) { copy_clock_ = now; }
   // Transfers psmd may yet take over: the worker must not sleep longer
   // than copy_after while there are any.
   bool takeovers_pending() const { return !takeover_candidates_.empty(); }
@@ -807,6 +815,7 @@ class MqEngine {
   std::unique_ptr<CrossCopier> copier_;
   uint64_t copy_min_bytes_ = 0;
   uint64_t copy_after_ns_ = 0;
+  uint64_t (*copy_clock_)() = NowNs;
   uint64_t next_takeover_check_ns_ = 0;
   // Transfers that may be taken over, in turn: a check looks at most
   // kTakeoverScan of them, so a job with a million transfers outstanding

@@ -9,7 +9,6 @@
 #include <psm2.h>
 #include <psm2_mq.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -668,10 +667,7 @@ class CopyInPlaceEngineTest : public MqEngineTest {
  protected:
   void SetUp() override {
     MqEngineTest::SetUp();
-    for (auto& ep : endpoints_) {
-      ep->pidfd.store(static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0)));
-      ASSERT_GE(ep->pidfd.load(), 0);
-    }
+    for (auto& ep : endpoints_) AttachThisProcess(*ep);
     engine_.EnableCrossCopy([] {}, kMinBytes, kAfterNs);
   }
 

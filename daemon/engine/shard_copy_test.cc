@@ -6,7 +6,6 @@
 // and writes the test's own buffers.
 #include <gtest/gtest.h>
 #include <psm2.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -53,8 +52,7 @@ class ShardCopyTest : public ::testing::Test {
     for (uint32_t id : {2u, 3u, 4u}) {
       auto ep = MakeTestEndpoint(job_, *job_->TakeRegion(), id, 0x7000 + id,
                                  kRingCapacity, 1 << 20);
-      ep->pidfd.store(static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0)));
-      ASSERT_GE(ep->pidfd.load(), 0);
+      AttachThisProcess(*ep);
       rings_.push_back(
           shm::ClientRingsOf(ep->segment().base(), ep->geometry()));
       arenas_.emplace_back(job_->pool().base(), ep->region().offset,

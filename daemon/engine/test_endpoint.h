@@ -6,6 +6,7 @@
 #ifndef PSMD_DAEMON_ENGINE_TEST_ENDPOINT_H_
 #define PSMD_DAEMON_ENGINE_TEST_ENDPOINT_H_
 
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -41,6 +42,19 @@ inline std::shared_ptr<Endpoint> MakeTestEndpoint(
   }
   job->endpoints++;
   return std::make_shared<Endpoint>(std::move(identity), unexpected_budget);
+}
+
+// Names this process as `ep`'s client for copies in place, as the registry
+// stores the pidfd of the process that attached (mq_engine.h, invariant
+// 10): the engine's copier then reads and writes this process's own
+// memory. Aborts when no pidfd can be had.
+inline void AttachThisProcess(Endpoint& ep) {
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0));
+  if (pidfd < 0) {
+    perror("pidfd_open");
+    abort();
+  }
+  ep.pidfd.store(pidfd, std::memory_order_release);
 }
 
 // Another mapping of the memfd `m` maps (as a second process would map it,
