@@ -36,7 +36,9 @@ else
   what="${1:-20} s"
 fi
 cp -r daemon/engine/engine_fuzz_corpus "$work/corpus"
-if "$work/engine_fuzz" "${budget[@]}" -max_len=4096 \
+# -artifact_prefix: the reproducer goes to $work (above), not to the current
+# directory.
+if "$work/engine_fuzz" "${budget[@]}" -max_len=4096 -artifact_prefix="$work/" \
   -print_final_stats=1 "$work/corpus" >"$work/log" 2>&1; then
   grep -E "stat::number_of_executed_units|Done" "$work/log" | tail -2
   rm -rf "$work"
