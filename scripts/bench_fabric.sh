@@ -26,7 +26,8 @@
 # Usage: [RUNS=3] [PEERS="tcp_block tcp_spin psmd_psm2 psmd_mpi ob1_tcp
 #        ucx_tcp psmd_ofi_psm2 psmd_ofi_mpi mtl_ofi"] [OFI_PROVIDER=P]
 #        [KEEP=DIR] scripts/bench_fabric.sh
-# KEEP: where to copy every program's output.
+# KEEP: where to copy every program's output. DAEMON_FLAGS: more flags for
+# every psmd (e.g. "--fabric-sessions off", to compare).
 # Placement: rank 0 on CPU 0, rank 1 on CPU 1 (taskset; mpirun --bind-to
 # none); the psmd unpinned, default --spin-us; munged unpinned. On 2 cores
 # the two daemons share the ranks' cores (the idle pair, the other backend's,
@@ -42,13 +43,14 @@ bash scripts/deps.sh
 bazel build --jobs=2 //daemon:psmd //tools:psmctl //bench:pingpong //bench:tcp_pt2pt \
   //bench:mpi_pt2pt //ompi:mca_mtl_psmd 2>/dev/null
 source scripts/lib.sh
-start_nodes bazel-bin/daemon/psmd 2 --log-level warn
+read -r -a daemon_flags <<<"${DAEMON_FLAGS:-}"
+start_nodes bazel-bin/daemon/psmd 2 --log-level warn "${daemon_flags[@]}"
 sock_nodes=("${node_socket[@]}")
 # The ofi pair beside it (its own node table and sockets, the same munged).
 ofi_nodes=()
 if [[ " ${peers[*]} " == *" psmd_ofi_"* ]]; then
   PSMD_TEST_OFI_PROVIDER=$provider NODES_TAG=ofi start_nodes bazel-bin/daemon/psmd 2 \
-    --log-level warn
+    --log-level warn "${daemon_flags[@]}"
   ofi_nodes=("${node_socket[@]}")
 fi
 mkdir "$work/components" && cp bazel-bin/ompi/mca_mtl_psmd.so "$work/components/"
