@@ -49,6 +49,7 @@ class ServiceManager:
         self.notify.settimeout(0.1)
         self.store = {}  # name -> fd, in the order stored
         self.ready = threading.Event()
+        self.drained = threading.Event()
         self.listening = None
         if activate:  # psmd.socket
             self.listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -85,6 +86,8 @@ class ServiceManager:
                     os.close(fd)
             if fields.get("READY") == "1":
                 self.ready.set()
+            if fields.get("DRAINED") == "1":
+                self.drained.set()
 
     def _drop_hung_up(self):
         # "automatically closed when POLLHUP or POLLERR is seen on them"
@@ -131,7 +134,20 @@ class ServiceManager:
 
     def sigterm(self):
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(30)
+        code = self.proc.wait(30)
+        self._drain()
+        return code
+
+    def _drain(self):
+        # What psmd sent before it exited may still wait in the notify
+        # socket for the reader thread (seen under load in CI: the state
+        # not yet in the store when looked at). Datagrams keep their order:
+        # once the reader has seen one of ours, it has seen every earlier one.
+        self.drained.clear()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(b"DRAINED=1", self.notify_path)
+        if not self.drained.wait(10):
+            raise RuntimeError("the notify reader did not drain within 10 s")
 
     def discard(self):  # the unit fully stopped: the store is flushed
         for fd in self.store.values():
