@@ -243,8 +243,8 @@ class ProgressWorker {
   bool share_core_ PSMD_GUARDED_BY(role_) = true;
   uint32_t fabric_timeout_ms_ = 5000;
   std::string fabric_host_;
-  std::string fabric_backend_;   // config's fabric
-  std::string fabric_provider_;  // hw::Fabric::Provider()
+  std::string fabric_backend_;    // config's fabric
+  std::string fabric_provider_;   // hw::Fabric::Provider()
   bool fabric_sessions_ = false;  // config's fabric_sessions
   std::atomic<uint32_t> spin_us_;
   const bool copy_in_place_;  // Config::copy_in_place

@@ -215,13 +215,15 @@ TEST_F(HandoverTest, BinaryOthersCouldChangeIsRefusedWhilePsmdServesOn) {
   };
   const std::string writable = WriteScript(dir_, "psmd-writable", body);
   chmod(writable.c_str(), 0757);
-  refused(writable, writable + " is writable by its group or others (mode 0757)");
+  refused(writable,
+          writable + " is writable by its group or others (mode 0757)");
   refused(writable, "chmod go-w " + writable);
 
   const std::string open_dir = Subdir(dir_, "open");
   chmod(open_dir.c_str(), 0777);
   const std::string in_open = WriteScript(dir_, "open/psmd", body);
-  refused(in_open, open_dir + " is writable by its group or others (mode 0777)");
+  refused(in_open,
+          open_dir + " is writable by its group or others (mode 0777)");
 
   const std::string link = dir_.path() + "/psmd-link";
   ASSERT_EQ(symlink(writable.c_str(), link.c_str()), 0);

@@ -538,7 +538,8 @@ std::string PrometheusText(const psmd::v1::GetStatsReply* r) {
            "The fabric to other nodes' daemons: its backend, libfabric "
            "provider (empty: not libfabric) and whether it runs sessions "
            "(fabric_sessions); always 1.");
-    Appendf(&out, "psmd_fabric_info{backend=%s,provider=%s,sessions=\"%s\"} 1\n",
+    Appendf(&out,
+            "psmd_fabric_info{backend=%s,provider=%s,sessions=\"%s\"} 1\n",
             PromLabel(r->fabric_backend()).c_str(),
             PromLabel(r->fabric_provider()).c_str(),
             r->fabric_sessions() ? "on" : "off");

@@ -9,10 +9,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
-#include <chrono>
 #include <cstring>
 
 #include "daemon/handover/handover.h"
@@ -83,8 +83,8 @@ Status TrustedBinary(const std::string& path, std::string* real) {
     return Status{PSM2_PARAM_ERR,
                   "upgrade refused: " + what +
                       ": psmd hands its jobs over only to a binary that no "
-                      "one but root or psmd's own user can change (" + fix +
-                      "); psmd serves on"};
+                      "one but root or psmd's own user can change (" +
+                      fix + "); psmd serves on"};
   };
   // The file, then each directory above it up to /.
   std::string at = *real;
@@ -104,9 +104,9 @@ Status TrustedBinary(const std::string& path, std::string* real) {
     if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && !sticky_dir) {
       char mode[8];
       snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
-      return refuse(at + " is writable by its group or others (mode " + mode +
-                        ")",
-                    "chmod go-w " + at);
+      return refuse(
+          at + " is writable by its group or others (mode " + mode + ")",
+          "chmod go-w " + at);
     }
     if (at == "/") return {};
     const size_t slash = at.rfind('/');
