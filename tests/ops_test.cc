@@ -165,7 +165,15 @@ TEST(ServiceTest, SighupUnderTrafficReloadsAndNeverEndsTheDaemon) {
     return JsonNumber(Psmctl(dir, d, {"health", "--json"}).out, "",
                       "endpoint_count");
   };
-  ASSERT_TRUE(WaitUntil(5, [&] { return endpoints() == 2; }))
+  // A connection, not the count alone: the count includes an endpoint
+  // whose open is still under way (its "opened endpoint" line not yet
+  // written, and then written at the new level). A connection needs both
+  // opens returned to their ranks, which is after both lines.
+  auto connected = [&] {
+    return JsonNumber(Psmctl(dir, d, {"endpoints", "--json"}).out, "endpoints",
+                      "connections") >= 1;
+  };
+  ASSERT_TRUE(WaitUntil(5, [&] { return endpoints() == 2 && connected(); }))
       << "the pair never opened its endpoints: " << d.Log();
   WriteFile(conf,
             "log_level = \"info\"\nspin_us = 50\nsq_slots = 512\n"
