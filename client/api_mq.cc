@@ -50,6 +50,9 @@ psm2_error_t PostSend(psm2_mq_t mq, psm2_epaddr_t dest, uint32_t flags,
                                 "mq, dest, tag and req must not be null, "
                                 "flags only PSM2_MQ_FLAG_SENDSYNC");
   }
+  // A send that fails leaves no request: a program that waits on it anyway
+  // returns at once instead of reading an uninitialized handle.
+  *req = PSM2_MQ_REQINVALID;
   // A NULL buffer with a length cannot be sent. Failing the call would leave
   // the matching receive waiting for good (Open MPI 4.1's mtl psm2 passes
   // NULL for MPI_BOTTOM with absolute-address datatypes, and its collectives
@@ -160,6 +163,7 @@ psm2_error_t PostRecv(psm2_mq_t mq, psm2_epaddr_t src,
         "mq, tag, tagsel and req must not be null, nor buf "
         "when len is not 0");
   }
+  *req = PSM2_MQ_REQINVALID;  // as in PostSend
   psm2_ep_t ep = mq->ep;
   psmd::client::EndpointLock lock(&ep->mu);
   // Under the lock: psm2_ep_connect sets the slot under it.

@@ -259,7 +259,11 @@ void Admission::Start(grpc::Server* server) {
     lev.data.u64 = Tag(kLiveness, fd);
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &lev);
   }
-  for (const auto& [fd, p] : pending_) {
+  // The fds first: Classify erases what it hands on from pending_, which
+  // would end an iteration over it (a handover while a client attached).
+  std::vector<int> pending;
+  for (const auto& [fd, p] : pending_) pending.push_back(fd);
+  for (int fd : pending) {
     epoll_event pev{};
     pev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
     pev.data.u64 = Tag(kPending, fd);
