@@ -213,9 +213,12 @@ class Fabric {
   // The longest single PostRead (the provider's max_msg_size, capped).
   virtual size_t MaxReadLength() const { return 0; }
   // Registers [base, base + length) for remote reads by peers and as the
-  // target of our own reads, until DeregisterRegion. The caller keeps the
-  // memory valid until then, and deregisters only when no read posted
-  // into the region is outstanding. kLimit past the backend's bound.
+  // target of our own reads, until DeregisterRegion returns kOk: the caller
+  // keeps the memory valid until then. kLimit past the backend's bound.
+  // DeregisterRegion is kBusy while the provider may still write into the
+  // region: a read into it is outstanding, or was ended for the user by
+  // the deadline or its connection's end (kTimeout, kConnReset) but not
+  // yet by the provider (retry later; destroying the fabric ends all).
   virtual ErrorClass RegisterRegion(void* base, size_t length, RegionId* id,
                                     RemoteRegion* remote) {
     (void)base, (void)length, (void)id, (void)remote;

@@ -216,6 +216,7 @@ class OfiFabric final : public LinkFabric {
     ConnId conn = 0;
     uint64_t peer_node = 0;
     uint64_t cookie = 0;
+    RegionId local = 0;  // the region buf is in
     uint8_t* buf = nullptr;
     void* desc = nullptr;
     size_t length = 0;
@@ -1473,6 +1474,11 @@ ErrorClass OfiFabric::RegisterRegion(void* base, size_t length, RegionId* id,
 ErrorClass OfiFabric::DeregisterRegion(RegionId id) {
   auto it = regions_.find(id);
   if (it == regions_.end()) return ErrorClass::kBadArg;
+  // Not while the provider may still write into it, even for a read the
+  // user saw end (ExpireReads).
+  for (const Read& r : reads_) {
+    if (r.addr != FI_ADDR_NOTAVAIL && r.local == id) return ErrorClass::kBusy;
+  }
   fi_close(&it->second.mr->fid);
   regions_.erase(it);
   return ErrorClass::kOk;
@@ -1504,6 +1510,7 @@ ErrorClass OfiFabric::PostRead(ConnId conn, RegionId local, size_t local_offset,
   r.conn = conn;
   r.peer_node = c->peer_node;
   r.cookie = cookie;
+  r.local = local;
   r.buf = it->second.base + local_offset;
   r.desc = fi_mr_desc(it->second.mr);
   r.length = length;

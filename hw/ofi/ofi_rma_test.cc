@@ -193,7 +193,15 @@ TEST(OfiRma, APeerGoneMidReadEndsEveryReadWithinTheBound) {
       3 * kTimeoutMs));
   EXPECT_LT(std::chrono::steady_clock::now() - start,
             std::chrono::milliseconds(2 * kTimeoutMs + 1000));
-  EXPECT_EQ(p.b->fabric->DeregisterRegion(did), ErrorClass::kOk);
+  // Reads the provider has not given back yet (ofi_rxd keeps those to a
+  // dead peer) hold the region; tcp;ofi_rxm gave every one back.
+  const ErrorClass dereg = p.b->fabric->DeregisterRegion(did);
+  if (testing::OfiProvider() == "tcp;ofi_rxm") {
+    EXPECT_EQ(dereg, ErrorClass::kOk);
+  } else {
+    EXPECT_TRUE(dereg == ErrorClass::kOk || dereg == ErrorClass::kBusy)
+        << ErrorClassName(dereg);
+  }
 }
 
 }  // namespace
