@@ -665,9 +665,10 @@ bool OfiFabric::TryPort(const ListenAddress& a, uint16_t port, bool* in_use,
   self_.addresses = {{a.host, static_cast<uint16_t>(bound ? bound : port)}};
   spdlog::info(
       "fabric: libfabric {} {} at {}:{} (data endpoint port {}), max message "
-      "{}, inject {}",
+      "{}, inject {}, RMA reads {}",
       info_->fabric_attr->prov_name, info_->fabric_attr->name, a.host,
-      bound ? bound : port, data_port, max_msg, inject_size_);
+      bound ? bound : port, data_port, max_msg, inject_size_,
+      rma_ ? "offered" : "not offered (FI_RMA|FI_READ)");
   return true;
 }
 
