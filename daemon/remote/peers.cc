@@ -260,6 +260,9 @@ void Remote::HandleEvent(const hw::Event& e) {
       if (p != nullptr) FailPeer(p->node, e.error);
       return;
     }
+    case hw::EventType::kReadDone:
+      // The daemon posts no reads yet: rendezvous still streams chunks.
+      return;
   }
 }
 
