@@ -228,6 +228,14 @@ class Fabric {
     (void)id;
     return ErrorClass::kBadArg;
   }
+  // Whether the provider may still write into region `id`: what makes
+  // DeregisterRegion kBusy. A read ended for the user by its deadline or
+  // its connection may still land, so its target stays the provider's
+  // until this says false.
+  virtual bool RegionBusy(RegionId id) const {
+    (void)id;
+    return false;
+  }
   // Reads `length` bytes at `remote_offset` in the peer's region `remote`
   // (announced by the peer at the other end of `conn`) into our region
   // `local` at `local_offset`; one kReadDone follows. kBadArg when a range

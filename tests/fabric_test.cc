@@ -266,6 +266,26 @@ class FabricTest : public ::testing::Test {
     return out;
   }
 
+  // Whether the rendezvous messages daemon `d` received from the other node
+  // went by RMA read: over ofi (both providers here offer reads) they must
+  // have (its rma_reads and rma_bytes from node `from` above zero), over
+  // sockets never. Returns the bytes read.
+  long long ExpectRmaReads(const Daemon& d, int from) {
+    RunResult st = Psmctl(dir_, d, {"stats", "--format", "json"});
+    EXPECT_EQ(st.exit_code, 0) << st.err;
+    EXPECT_EQ(JsonNumber(st.out, "peer_nodes", "node"), from) << st.out;
+    const long long reads = JsonNumber(st.out, "peer_nodes", "rma_reads");
+    const long long bytes = JsonNumber(st.out, "peer_nodes", "rma_bytes");
+    if (OfiProvider().empty()) {
+      EXPECT_EQ(reads, 0) << st.out;
+      EXPECT_EQ(bytes, 0) << st.out;
+    } else {
+      EXPECT_GT(reads, 0) << st.out << d.Log();
+      EXPECT_GT(bytes, 0) << st.out;
+    }
+    return bytes;
+  }
+
   // Another exchange between the two nodes still runs; then both daemons
   // stop cleanly.
   void ExchangeGoesOnThenStop(Daemon& a, Daemon& b) {
@@ -326,6 +346,47 @@ TEST_F(FabricTest, TwoDaemonsCarryEagerAndRendezvousMessagesAndCountThem) {
       << prom.out;
   ExpectShardsCrossed(*a);
   ExpectShardsCrossed(*b);
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+TEST_F(FabricTest, LargeMessagesBetweenNodesAreReadByRmaOverOfi) {
+  // Over ofi the receiving daemon reads each rendezvous chunk from the
+  // sending job's registered pool into its receiver's inbox (docs/design.md,
+  // "Rendezvous by RMA read"); over sockets they stream, as before. Sizes
+  // 0 B - 64 MiB, pseudo-random: almost none a multiple of the 256 KiB
+  // chunk or of a read; every byte is checked by the receiving rank.
+  auto a = StartNode(0);
+  auto b = StartNode(1);
+  // (Fewer over udp;ofi_rxd, which reads about 20 MB/s here.)
+  const bool udp = OfiProvider().rfind("udp", 0) == 0;
+  RunResult r = Exchange(*a, *b, "rma", udp ? 6 : 24, 64 << 20);
+  ASSERT_EQ(r.exit_code, 0) << r.err << a->Log() << b->Log();
+  const long long read = ExpectRmaReads(*b, 1);
+  RunResult st = Psmctl(dir_, *b, {"stats", "--format", "json"});
+  const long long streamed = JsonNumber(st.out, "peer_nodes", "bytes_received");
+  if (!OfiProvider().empty()) {
+    // Nearly every message is a rendezvous (above 64000 B), and their bytes
+    // were read, not streamed: the stream carried envelopes and
+    // announcements, and the few eager messages.
+    EXPECT_GT(read, 64LL << 20) << st.out;
+    EXPECT_LT(streamed, read / 100) << st.out;
+    // The table and Prometheus name them too.
+    RunResult table = Psmctl(dir_, *b, {"stats"});
+    EXPECT_NE(table.out.find("rma_rd"), std::string::npos) << table.out;
+    RunResult prom = Psmctl(dir_, *b, {"stats", "--format", "prometheus"});
+    EXPECT_NE(prom.out.find("psmd_fabric_rma_bytes_total{node=\"1\"} " +
+                            std::to_string(read) + "\n"),
+              std::string::npos)
+        << prom.out;
+  } else {
+    EXPECT_GT(streamed, 64LL << 20) << st.out;
+  }
+  // The other way too (and node 1's pool, registered for reads, is read
+  // into now).
+  RunResult back = Exchange(*b, *a, "rma-back", udp ? 2 : 8, 64 << 20);
+  EXPECT_EQ(back.exit_code, 0) << back.err << a->Log() << b->Log();
+  ExpectRmaReads(*a, 2);
   EXPECT_TRUE(a->Stop());
   EXPECT_TRUE(b->Stop());
 }
@@ -439,6 +500,8 @@ TEST_F(FabricTest, DaemonKilledMidRendezvousFailsTheReceiverAndReconnectWorks) {
   EXPECT_LE(ended_ms - killed_ms, LossBoundMs()) << b->Log();
   printf("daemon killed: the other node's receiver failed after %lld ms\n",
          ended_ms - killed_ms);
+  // Over ofi the first MiB came by RMA reads: the daemon died mid-RMA.
+  ExpectRmaReads(*b, 1);
   a->Stop();
   sender.Wait(5);
   EXPECT_NE(b->Log().find("connection to node 1 ended"), std::string::npos)
@@ -503,6 +566,8 @@ TEST_F(FabricTest, SenderKilledMidRendezvousFailsTheOtherNodesReceiver) {
   KillClient(*a, *b, "stalled-sender", "waiting-receiver",
              /*kill_sender=*/true, "streaming",
              "sender killed: the other node's receiver failed");
+  // Over ofi the first MiB came by RMA reads: the sender died mid-RMA.
+  ExpectRmaReads(*b, 1);
   // The connection between the nodes stays up for everyone else.
   ExchangeGoesOnThenStop(*a, *b);
 }

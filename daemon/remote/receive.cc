@@ -35,6 +35,8 @@ constexpr Remote::Handler Remote::kHandlers[wire::kOpCount] = {
     /* kXon      */ On(&Remote::OnXon),
     /* kEagerOff */ On(&Remote::OnEagerOff),
     /* kEagerOn  */ On(&Remote::OnEagerOn),
+    /* kRndvRead */ On(&Remote::OnRndvRead),
+    /* kRndvReadDone */ On(&Remote::OnRndvReadDone),
 };
 
 // (Shapes, not the pointers: GCC cannot compare member pointers in a
@@ -382,7 +384,7 @@ Remote::Verdict Remote::OnRndvGo(Peer& p, const wire::Envelope& in) {
     go.body.go.transfer = engine_->NewTransferId();
     out_transfers_[go.body.go.transfer] = std::make_unique<OutTransfer>(
         OutTransfer{p.node, t->id(), f.src, w.x, w.len, 0, false, f.aux,
-                    wire::ReceiverOf(f)});
+                    wire::ReceiverOf(f), UseRma(*t, w.x)});
   }
   engine_->PostFor(*t, go);
   return Verdict::kDone;
@@ -410,6 +412,7 @@ Remote::Verdict Remote::OnAbort(Peer& p, const wire::Envelope& in) {
       engine_->PostErrorFor(*r, it->second->recv_req, in.r.error);
     }
   }
+  EndReads(*it->second, in.r.error, /*tell=*/true);
   in_transfers_.erase(it);
   return Verdict::kDone;
 }

@@ -141,6 +141,7 @@ class OfiFabric final : public LinkFabric {
   ErrorClass RegisterRegion(void* base, size_t length, RegionId* id,
                             RemoteRegion* remote) override;
   ErrorClass DeregisterRegion(RegionId id) override;
+  bool RegionBusy(RegionId id) const override;
   ErrorClass PostRead(ConnId conn, RegionId local, size_t local_offset,
                       const RemoteRegion& remote, uint64_t remote_offset,
                       size_t length, uint64_t cookie) override;
@@ -1477,12 +1478,17 @@ ErrorClass OfiFabric::DeregisterRegion(RegionId id) {
   if (it == regions_.end()) return ErrorClass::kBadArg;
   // Not while the provider may still write into it, even for a read the
   // user saw end (ExpireReads).
-  for (const Read& r : reads_) {
-    if (r.addr != FI_ADDR_NOTAVAIL && r.local == id) return ErrorClass::kBusy;
-  }
+  if (RegionBusy(id)) return ErrorClass::kBusy;
   fi_close(&it->second.mr->fid);
   regions_.erase(it);
   return ErrorClass::kOk;
+}
+
+bool OfiFabric::RegionBusy(RegionId id) const {
+  for (const Read& r : reads_) {
+    if (r.addr != FI_ADDR_NOTAVAIL && r.local == id) return true;
+  }
+  return false;
 }
 
 ErrorClass OfiFabric::PostRead(ConnId conn, RegionId local, size_t local_offset,
