@@ -355,6 +355,9 @@ class Remote : public OtherNodes {
   Verdict OnRndvRead(Peer& p, const wire::Envelope& in);
   Verdict OnRndvReadDone(Peer& p, const wire::Envelope& in);
   void OnReadDone(const hw::Event& e);
+  // Read `read` of transfer `id` ended with `e`: posted again shortly or
+  // the transfer fails (FailRead).
+  void RetryOrFailRead(uint64_t id, RmaRead* read, hw::ErrorClass e);
   // Posts the reads that wait (for a slot, or inbox space); true when any
   // went.
   bool PumpReads();

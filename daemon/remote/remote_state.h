@@ -187,6 +187,8 @@ inline constexpr uint32_t kMaxRmaReads = 16;
 // The longest read (and inbox chunk) a piece is cut into, below the
 // fabric's MaxReadLength and the inbox's largest chunk.
 inline constexpr uint32_t kRmaReadMax = 1u << 20;
+// How soon a read the provider ended with its peer is posted again.
+inline constexpr uint64_t kReadRetryMs = 20;
 
 // One read of a piece of an RMA rendezvous, into an inbox chunk of the
 // receiver's job (rma.cc). Delivered in message order, as a chunk is.
@@ -222,6 +224,10 @@ struct Remote::InTransfer {  // a rendezvous receive from another node
   bool has_region = false;
   wire::Region region{};
   std::deque<RmaRead> reads{};
+  // Reads the provider ended with their peer are read again from
+  // retry_at_ms on, until failing_since_ms is a fabric timeout old.
+  uint64_t failing_since_ms = 0;
+  uint64_t retry_at_ms = 0;
 };
 
 // A chunk of an RMA rendezvous announced to the receiving node (kRndvRead),

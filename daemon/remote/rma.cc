@@ -187,7 +187,8 @@ bool Remote::PumpReads() {
     InTransfer& t = *it->second;
     Endpoint* r = t.receiver == 0 ? nullptr : engine_->FindAny(t.receiver);
     const Registration* reg = r == nullptr ? nullptr : RegistrationOf(r->job());
-    bool blocked = false;
+    bool blocked = t.retry_at_ms != 0 && NowMs() < t.retry_at_ms;
+    if (blocked) continue;
     int32_t failed = PSM2_OK;
     for (RmaRead& read : t.reads) {
       if (read.state != RmaRead::State::kWaiting) continue;
@@ -253,10 +254,11 @@ void Remote::OnReadDone(const hw::Event& e) {
     ReleaseReadChunk(pr.job, pr.chunk,
                      e.error == hw::ErrorClass::kTimeout ||
                          e.error == hw::ErrorClass::kConnReset);
-    if (read != nullptr) FailRead(pr.transfer, ErrorOf(e.error));
+    if (read != nullptr) RetryOrFailRead(pr.transfer, read, e.error);
     PumpReads();
     return;
   }
+  if (read != nullptr) it->second->failing_since_ms = 0;
   PeerCounts& counts = counts_by_node_[pr.node];
   counts.rma_reads++;
   counts.rma_bytes += e.length;
@@ -267,6 +269,30 @@ void Remote::OnReadDone(const hw::Event& e) {
     DeliverReads(pr.transfer);
   }
   PumpReads();  // a slot and inbox space may be free now
+}
+
+void Remote::RetryOrFailRead(uint64_t id, RmaRead* read, hw::ErrorClass e) {
+  InTransfer& t = *in_transfers_.at(id);
+  // Ended with its peer (FI_ECANCELED): over RDM no proof the peer died
+  // (ofi_rxm reconnects quietly, and a forged key ends so too over it).
+  // As for a streamed chunk, the connection's liveness judges the peer:
+  // the read goes again every kReadRetryMs; if it has not worked within
+  // the fabric timeout, or the connection ends first (FailPeer), the
+  // receive fails as a streamed one does then.
+  if (e == hw::ErrorClass::kConnReset) {
+    const uint64_t now = NowMs();
+    if (t.failing_since_ms == 0) t.failing_since_ms = now;
+    if (now - t.failing_since_ms < timeout_ms_) {
+      read->state = RmaRead::State::kWaiting;
+      read->job.reset();
+      read->chunk = 0;
+      t.retry_at_ms = now + kReadRetryMs;
+      rma_waiting_.insert(id);
+      return;
+    }
+    e = hw::ErrorClass::kTimeout;
+  }
+  FailRead(id, ErrorOf(e));
 }
 
 void Remote::DeliverReads(uint64_t id) {
