@@ -195,7 +195,7 @@ inline constexpr uint64_t kReadRetryMs = 20;
 struct Remote::RmaRead {
   enum class State { kWaiting, kPosted, kRead };
   State state = State::kWaiting;
-  uint64_t piece = 0;  // the sender's name of the piece it is part of
+  uint64_t piece = 0;          // the sender's name of the piece it is part of
   bool last_of_piece = false;  // the sender is told when this one is read
   uint64_t remote_offset = 0;  // in the sender's region
   uint32_t len = 0;
@@ -234,8 +234,8 @@ struct Remote::InTransfer {  // a rendezvous receive from another node
 // held until it says it is done with it (kRndvReadDone) or goes.
 struct Remote::OutPiece {
   uint16_t node = 0;
-  uint64_t sender = 0;    // the sending endpoint's epid
-  uint64_t receiver = 0;  // the receiving endpoint's epid
+  uint64_t sender = 0;              // the sending endpoint's epid
+  uint64_t receiver = 0;            // the receiving endpoint's epid
   std::unique_ptr<OutFrame> chunk;  // not sent: holds the pool chunk
 };
 

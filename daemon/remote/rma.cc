@@ -124,9 +124,9 @@ Remote::Verdict Remote::OnRndvRead(Peer& p, const wire::Envelope& in) {
     // so it releases it. Any other is refused.
     if ((f.aux & wire::kRmaOfferBit) != 0 &&
         (f.aux & ~wire::kRmaOfferBit) < next_in_transfer_) {
-      Post(p, wire::PrepRndvReadDone(wire::ReceiverOf(f), f.src,
-                                     wire::PieceOf(in), 0,
-                                     PSM2_EPID_UNREACHABLE));
+      Post(p,
+           wire::PrepRndvReadDone(wire::ReceiverOf(f), f.src, wire::PieceOf(in),
+                                  0, PSM2_EPID_UNREACHABLE));
       return Verdict::kDone;
     }
     Drop(p, "RMA piece of no transfer");

@@ -303,7 +303,8 @@ Envelope PrepRndvRead(const Sender& from, uint64_t dst, uint64_t transfer,
   e.r.tag[1] = static_cast<uint32_t>(piece >> 32);
   e.r.len = len;
   e.r.x = region_offset;
-  static_assert(sizeof(Region) == kRegionBytes && kRegionBytes <= shm::kInlineMax);
+  static_assert(sizeof(Region) == kRegionBytes &&
+                kRegionBytes <= shm::kInlineMax);
   std::memcpy(e.inline_data, &region, kRegionBytes);
   e.inline_len = kRegionBytes;
   return e;

@@ -53,17 +53,17 @@ enum class Op : uint16_t {
   kRndvData = 7,   // a chunk; aux: transfer, offset: where
   kAmRequest = 8,  // aux: request
   kAmReply = 9,
-  kAmAck = 10,     // aux: the request acknowledged, tag[0]: handler
-  kError = 11,     // dst's request `aux` failed with `error`
-  kAbort = 12,     // rendezvous transfer `aux` to dst ends: its sender left
-  kPing = 13,      // nothing: a heartbeat (liveness, remote.h)
-  kGone = 14,      // endpoint src (of the sending node) was removed
-  kXoff = 15,      // hold messages to endpoint src (of the sending node)
-  kXon = 16,       // send to src again
-  kEagerOff = 17,  // eager MQ messages to src as envelopes only
-  kEagerOn = 18,   // eager MQ messages to src as before
-  kRndvRead = 19,  // read a piece of transfer `aux` from the sender's
-                   // registered region (RMA rendezvous)
+  kAmAck = 10,         // aux: the request acknowledged, tag[0]: handler
+  kError = 11,         // dst's request `aux` failed with `error`
+  kAbort = 12,         // rendezvous transfer `aux` to dst ends: its sender left
+  kPing = 13,          // nothing: a heartbeat (liveness, remote.h)
+  kGone = 14,          // endpoint src (of the sending node) was removed
+  kXoff = 15,          // hold messages to endpoint src (of the sending node)
+  kXon = 16,           // send to src again
+  kEagerOff = 17,      // eager MQ messages to src as envelopes only
+  kEagerOn = 18,       // eager MQ messages to src as before
+  kRndvRead = 19,      // read a piece of transfer `aux` from the sender's
+                       // registered region (RMA rendezvous)
   kRndvReadDone = 20,  // the piece `aux` of dst's was read (or not: error)
 };
 inline constexpr uint16_t kOpCount = 21;

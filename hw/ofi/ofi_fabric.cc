@@ -6,9 +6,9 @@
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
-#include <rdma/fi_rma.h>
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -1597,8 +1597,8 @@ void OfiFabric::OnReadDone(uint32_t i, int err) {
     // Reads are never canceled here: FI_ECANCELED is the provider ending
     // them with their peer. A refused key or range (FI_EACCES, FI_EINVAL)
     // is the announcing peer's fault: the caller decides what it costs.
-    e.error = err == FI_ECANCELED ? ErrorClass::kConnReset
-                                  : FromFiError(err, true);
+    e.error =
+        err == FI_ECANCELED ? ErrorClass::kConnReset : FromFiError(err, true);
     LogReadFailure(r, fi_strerror(err));
   }
   events_.push_back(e);

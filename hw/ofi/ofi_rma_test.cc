@@ -127,8 +127,8 @@ TEST(OfiRma, RangesOutsideTheirRegionAreRefused) {
   EXPECT_EQ(f.PostRead(p.ba + 100, did, 0, sr, 0, 1, 0), ErrorClass::kBadConn);
   EXPECT_EQ(f.PostRead(p.ba, did, 0, sr, 0, 8192, 9), ErrorClass::kOk);
   Event ev;
-  ASSERT_TRUE(Expect({p.a.get(), p.b.get()}, p.b.get(), EventType::kReadDone,
-                     &ev));
+  ASSERT_TRUE(
+      Expect({p.a.get(), p.b.get()}, p.b.get(), EventType::kReadDone, &ev));
   EXPECT_EQ(ev.error, ErrorClass::kOk);
   EXPECT_EQ(ev.cookie, 9u);
   EXPECT_EQ(ev.length, 8192u);
