@@ -112,8 +112,10 @@ void Remote::OnPayloadHeader(Peer& p, const hw::Event& e) {
 
 void Remote::OnChunkHeader(Peer& p, const hw::Event& e) {
   auto it = in_transfers_.find(e.fields.aux);
+  // (Not into a transfer that reads by RMA: chunks reach the receiver in
+  // order, and its reads may still be landing.)
   if (it == in_transfers_.end() || it->second->node != p.node ||
-      it->second->src != e.fields.src ||
+      it->second->src != e.fields.src || it->second->has_region ||
       e.fields.offset != it->second->accepted ||
       e.length > it->second->send_bytes - it->second->accepted) {
     Drop(p, "rendezvous chunk of no transfer, or out of order");

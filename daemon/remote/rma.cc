@@ -149,10 +149,15 @@ Remote::Verdict Remote::OnRndvRead(Peer& p, const wire::Envelope& in) {
   Endpoint* r = t.receiver == 0 ? nullptr : engine_->FindAny(t.receiver);
   const JobPages* pages = r == nullptr ? nullptr : &PagesOf(r->job());
   if (pages == nullptr || !pages->inbox) {
-    // Nothing to read into: the piece counts as delivered and goes back.
-    const uint64_t id = f.aux;
-    TellPieceDone(t, wire::PieceOf(in), in.r.len, PSM2_EPID_UNREACHABLE);
-    OnChunk(id, nullptr, 0, in.r.len);  // may end the transfer
+    // Nothing to read into: the piece counts as delivered, in its turn,
+    // and goes back.
+    RmaRead discard;
+    discard.state = RmaRead::State::kRead;
+    discard.piece = wire::PieceOf(in);
+    discard.last_of_piece = true;
+    discard.len = in.r.len;
+    t.reads.push_back(std::move(discard));
+    DeliverReads(f.aux);
     return Verdict::kDone;
   }
   // Cut into reads the fabric and the inbox take whole.
