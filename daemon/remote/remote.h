@@ -69,8 +69,10 @@
 //
 // One class, its code by concern: peers.cc (connections, failure,
 // liveness), send.cc, receive.cc (a handler per op), flow_control.cc (the
-// back-pressure rules above); its private state is remote_state.h's, the
-// frames wire.h's, the node table node_table.h's.
+// back-pressure rules above), rma.cc (rendezvous chunks read by RMA where
+// the fabric can: docs/design.md, "Rendezvous by RMA read"); its private
+// state is remote_state.h's, the frames wire.h's, the node table
+// node_table.h's.
 //
 // With engine shards the Remote is shard 0's and serves every shard's
 // endpoints (mq_engine.h, invariant 12): it finds them with
