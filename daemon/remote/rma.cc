@@ -134,8 +134,11 @@ Remote::Verdict Remote::OnRndvRead(Peer& p, const wire::Envelope& in) {
   }
   InTransfer& t = *it->second;
   const wire::Region region = wire::RegionOf(in);
-  if (!t.rma || t.node != p.node || t.src != f.src || t.to.epid != f.dst ||
-      t.to.uid != f.uid || std::memcmp(t.to.job, f.job, sizeof(f.job)) != 0 ||
+  // (Not into a transfer that streamed chunks: one may still be parked,
+  // and would reach the receiver after the reads.)
+  if (!t.rma || (t.accepted != 0 && !t.has_region) || t.node != p.node ||
+      t.src != f.src || t.to.epid != f.dst || t.to.uid != f.uid ||
+      std::memcmp(t.to.job, f.job, sizeof(f.job)) != 0 ||
       f.offset != t.accepted || in.r.len > t.send_bytes - t.accepted ||
       (t.has_region &&
        (region.addr != t.region.addr || region.key != t.region.key ||
