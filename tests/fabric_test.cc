@@ -23,6 +23,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -1068,6 +1069,171 @@ TEST_F(FabricTest,
   victim.Kill(SIGKILL);
   victim.Wait(5);
   // Node 1 and node 2 go on.
+  ExchangeGoesOnThenStop(*a, *b);
+}
+
+TEST_F(FabricTest, AnRmaPieceWithAForgedKeyFailsTheReceiveNotTheDaemon) {
+  // The test's own node 3 plays a sending daemon that announces a
+  // rendezvous piece with a key it never registered. psmd's read fails;
+  // over tcp;ofi_rxm the tcp provider also drops the connection under it
+  // (seen here: the read ends FI_ECANCELED and psmd's next send finds the
+  // endpoint not connected), so the forger loses its connection, and the
+  // receive fails with PSM2_TIMEOUT within --fabric-timeout-ms, as for a
+  // streamed rendezvous from a dead peer (had the connection lived, the
+  // read would be retried until the timeout and node 3 told with kError
+  // and an erring kRndvReadDone). The daemon serves on. Over sockets
+  // nothing is offered; over udp;ofi_rxd such a read never completes
+  // (docs/design.md, "RMA reads"): tcp;ofi_rxm only.
+  if (OfiProvider() != "tcp;ofi_rxm") GTEST_SKIP() << "over tcp;ofi_rxm only";
+  constexpr int kTimeoutMs = 2000;
+  std::vector<std::string> flags = Flags(0);
+  flags.insert(flags.end(),
+               {"--fabric-timeout-ms", std::to_string(kTimeoutMs)});
+  auto a = std::make_unique<Daemon>(node_dir_[0], flags);
+  RawNode raw;
+  ASSERT_TRUE(raw.Join(munged_.socket(), listen_[0])) << a->Log();
+  const uint64_t fake = (uint64_t{3} << 48) | (uint64_t{7} << 32) | 9;
+  std::string rv = Rendezvous("forged");
+  {
+    std::ofstream epid(rv + "/rank0.epid");
+    epid << fake << "\n";
+  }
+  Process receiver = Process::Start(
+      {Runfile("tests/programs/peer_death"), "--role", "posted-receiver",
+       "--rank", "1", "--dir", rv, "--uuid", kJobA},
+      a->ClientEnv(), rv + "/1.out", rv + "/1.err");
+  // Frames as a daemon writes them (daemon/remote/wire.h): a 32-byte
+  // record {tag[3], len, flags, error, x}, after it 24 bytes of region.
+  struct Record {
+    uint32_t tag[3];
+    uint32_t len;
+    uint32_t flags;
+    int32_t error;
+    uint64_t x;
+  };
+  hw::FrameFields receiver_side;  // the receiver's epid, job and uid
+  uint8_t in[64] = {};
+  iovec in_iov{in, sizeof(in)};
+  uint64_t cookie = 100;
+  auto send = [&](uint16_t op, uint64_t aux, uint64_t offset, const Record& r,
+                  const uint64_t* region) {
+    hw::FrameFields f = receiver_side;
+    f.op = op;
+    std::swap(f.src, f.dst);  // from node 3's endpoint to the receiver
+    f.aux = aux;
+    f.offset = offset;
+    static uint8_t body[56];
+    std::memcpy(body, &r, sizeof(r));
+    size_t n = sizeof(r);
+    if (region != nullptr) {
+      std::memcpy(body + n, region, 24);
+      n += 24;
+    }
+    iovec out{body, n};
+    return raw.fabric->PostSend(raw.conn, f, &out, 1, cookie++);
+  };
+  // Frames from psmd until one of op `op` (answering its connect query and
+  // sending heartbeats meanwhile, as a daemon would); false after 10 s.
+  std::vector<int> seen;
+  // (Or until `until` says so.)
+  auto await_op = [&](uint16_t op, hw::Event* got,
+                      const std::function<bool()>& until = nullptr) {
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    auto ping_at = std::chrono::steady_clock::now();
+    bool posted = false;
+    while (std::chrono::steady_clock::now() < end) {
+      if (until && until()) return true;
+      if (std::chrono::steady_clock::now() >= ping_at) {
+        hw::FrameFields ping;
+        ping.op = 13;
+        static const uint8_t zero[32] = {};
+        iovec out{const_cast<uint8_t*>(zero), sizeof(zero)};
+        raw.fabric->PostSend(raw.conn, ping, &out, 1, cookie++);
+        ping_at += std::chrono::milliseconds(kTimeoutMs / 4);
+      }
+      if (!posted) {
+        raw.fabric->PostRecv(raw.conn, &in_iov, 1, 1);
+        posted = true;
+      }
+      hw::Event e;
+      if (raw.fabric->Wait(&e, 1, 20) != 1) continue;
+      if (e.type == hw::EventType::kClosed) return false;
+      if (e.type != hw::EventType::kRecvDone) continue;
+      posted = false;
+      seen.push_back(e.fields.op);
+      if (e.fields.op == 1) {  // kQuery: the receiver connects to "us"
+        receiver_side = e.fields;
+        Record answer{};
+        send(2, e.fields.aux, 0, answer, nullptr);
+        continue;
+      }
+      if (e.fields.op == op) {
+        *got = e;
+        return true;
+      }
+    }
+    return false;
+  };
+  hw::Event e;
+  // The receiver connects (kQuery answered) and posts its receive.
+  ASSERT_TRUE(await_op(
+      0, &e, [&] { return access((rv + "/posted").c_str(), F_OK) == 0; }))
+      << ReadFile(rv + "/1.err") << a->Log();
+  // A 64 MiB rendezvous request-to-send (kEnvelope with the rendezvous
+  // flag), matched at once: psmd answers kRndvGo offering RMA (bit 62 of
+  // the transfer id).
+  Record rts{};
+  rts.tag[0] = 1;
+  rts.len = 64u << 20;
+  rts.flags = 1u << 31;
+  ASSERT_EQ(send(3, 5, 0, rts, nullptr), hw::ErrorClass::kOk);
+  ASSERT_TRUE(await_op(6, &e)) << a->Log();
+  Record go;
+  std::memcpy(&go, in, sizeof(go));
+  EXPECT_EQ(e.fields.aux, 5u);
+  ASSERT_NE(go.x & (1ull << 62), 0u) << "RMA not offered";
+  // A piece of it, in a region whose key node 3 never registered.
+  Record piece{};
+  piece.tag[0] = 77;  // its piece id
+  piece.len = 256 << 10;
+  const uint64_t region[3] = {0, 0xdeadbeefcafeull, 64u << 20};
+  auto sent_at = std::chrono::steady_clock::now();
+  ASSERT_EQ(send(19, go.x, 0, piece, region), hw::ErrorClass::kOk);
+  // Node 3 is told (the piece back with an error, after kError for its
+  // send), or loses its connection (await_op is false then).
+  if (await_op(20, &e)) {
+    Record done;
+    std::memcpy(&done, in, sizeof(done));
+    EXPECT_EQ(e.fields.aux, 77u);
+    EXPECT_NE(done.error, 0);
+    EXPECT_NE(std::find(seen.begin(), seen.end(), 11), seen.end())
+        << "no kError before the piece came back";
+  }
+  // The receive failed with PSM2_TIMEOUT, within the timeout.
+  EXPECT_EQ(receiver.Wait(10), 0) << ReadFile(rv + "/1.err") << a->Log();
+  int error = 0;
+  long long ended_ms = 0;
+  ASSERT_EQ(sscanf(ReadFile(rv + "/1.out").c_str(), "ended %d at %lld", &error,
+                   &ended_ms),
+            2)
+      << ReadFile(rv + "/1.out");
+  // (Before reads waited for a broken connection's session to resume, the
+  // read posted meanwhile failed the receive at once with
+  // PSM2_EPID_UNREACHABLE, unlike a streamed rendezvous.)
+  EXPECT_EQ(error, 11) << a->Log();  // PSM2_TIMEOUT
+  const long long sent_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(
+          sent_at.time_since_epoch())
+          .count();
+  EXPECT_LE(ended_ms - sent_ms, kTimeoutMs + 1500) << a->Log();
+  printf("forged key: the receive failed with %d after %lld ms\n", error,
+         ended_ms - sent_ms);
+  EXPECT_NE(a->Log().find("an RMA read of 262144 bytes from node 3 failed"),
+            std::string::npos)
+      << a->Log();
+  raw.fabric.reset();
+  // The daemon serves on: nodes 1 and 2 exchange.
+  auto b = std::make_unique<Daemon>(node_dir_[1], Flags(1));
   ExchangeGoesOnThenStop(*a, *b);
 }
 

@@ -360,6 +360,9 @@ class Remote : public OtherNodes {
   // Read `read` of transfer `id` ended with `e`: posted again shortly or
   // the transfer fails (FailRead).
   void RetryOrFailRead(uint64_t id, RmaRead* read, hw::ErrorClass e);
+  // Whether t's reads may go again (kReadRetryMs from now): not once they
+  // have failed for a fabric timeout.
+  bool ReadAgainLater(InTransfer& t);
   // Posts the reads that wait (for a slot, or inbox space); true when any
   // went.
   bool PumpReads();

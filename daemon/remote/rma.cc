@@ -217,10 +217,15 @@ bool Remote::PumpReads() {
           read.remote_offset, read.len, cookie);
       if (e != hw::ErrorClass::kOk) {
         shm::ReleaseChunk(r->job()->pool().base(), chunk);
-        if (e == hw::ErrorClass::kBusy) {
+        // kBadConn: the connection broke and its session is resuming (a
+        // pause, "Sessions"): read again once it is back, within the
+        // timeout.
+        if (e == hw::ErrorClass::kBusy ||
+            (e == hw::ErrorClass::kBadConn && ReadAgainLater(t))) {
           blocked = true;
         } else {
-          failed = ErrorOf(e);
+          failed = ErrorOf(
+              e == hw::ErrorClass::kBadConn ? hw::ErrorClass::kTimeout : e);
         }
         break;
       }
@@ -288,19 +293,24 @@ void Remote::RetryOrFailRead(uint64_t id, RmaRead* read, hw::ErrorClass e) {
   // the fabric timeout, or the connection ends first (FailPeer), the
   // receive fails as a streamed one does then.
   if (e == hw::ErrorClass::kConnReset) {
-    const uint64_t now = NowMs();
-    if (t.failing_since_ms == 0) t.failing_since_ms = now;
-    if (now - t.failing_since_ms < timeout_ms_) {
+    if (ReadAgainLater(t)) {
       read->state = RmaRead::State::kWaiting;
       read->job.reset();
       read->chunk = 0;
-      t.retry_at_ms = now + kReadRetryMs;
       rma_waiting_.insert(id);
       return;
     }
     e = hw::ErrorClass::kTimeout;
   }
   FailRead(id, ErrorOf(e));
+}
+
+bool Remote::ReadAgainLater(InTransfer& t) {
+  const uint64_t now = NowMs();
+  if (t.failing_since_ms == 0) t.failing_since_ms = now;
+  if (now - t.failing_since_ms >= timeout_ms_) return false;
+  t.retry_at_ms = now + kReadRetryMs;
+  return true;
 }
 
 void Remote::DeliverReads(uint64_t id) {

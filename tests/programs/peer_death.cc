@@ -34,6 +34,9 @@
 //                    handler was called (it prints "handler <error> at
 //                    <monotonic ms>: <message>"), the next psm2_poll
 //                    returned that error and the receive could be cancelled.
+//   posted-receiver  posts the 64 MiB receive, writes DIR/posted and waits
+//                    on it; exits 0 if the wait ends with an error (its
+//                    peer is the test's own node: tests/fabric_test.cc).
 //   quiet-waiter     registers an error handler, writes DIR/waiting and
 //                    polls until DIR/stop exists; exits 0 if the handler was
 //                    never called and no psm2_poll returned an error.
@@ -116,6 +119,17 @@ int WaitingReceiver(psmd::testing::ConnectedPair& c, const std::string& dir) {
   // transfer is under way.
   while (buf[(1u << 20) - 1] == 0) psm2_poll(c.ep);
   Touch(dir + "/streaming");
+  return WaitAndReport(&req) != PSM2_OK ? 0 : 1;
+}
+
+int PostedReceiver(psmd::testing::ConnectedPair& c, const std::string& dir) {
+  std::vector<uint8_t> buf(kLarge);
+  psm2_mq_tag_t tag = TagOf(1), sel = ExactSelector();
+  psm2_mq_req_t req;
+  CheckPsm(psm2_mq_irecv2(c.mq, c.peer, &tag, &sel, 0, buf.data(), kLarge,
+                          nullptr, &req),
+           "irecv2");
+  Touch(dir + "/posted");
   return WaitAndReport(&req) != PSM2_OK ? 0 : 1;
 }
 
@@ -326,6 +340,7 @@ int main(int argc, char** argv) {
   if (role == "unsent-receiver") return UnsentReceiver(c, dir);
   if (role == "any-source-waiter") return AnySourceWaiter(c, dir);
   if (role == "quiet-waiter") return QuietWaiter(c, dir);
+  if (role == "posted-receiver") return PostedReceiver(c, dir);
   fprintf(stderr, "peer_death: unknown role '%s'\n", role.c_str());
   return 2;
 }
