@@ -107,7 +107,9 @@ int StalledSender(psmd::testing::ConnectedPair& c, const std::string& dir) {
   return 1;
 }
 
-int WaitingReceiver(psmd::testing::ConnectedPair& c, const std::string& dir) {
+// waiting-receiver, and without `streaming` posted-receiver.
+int WaitingReceiver(psmd::testing::ConnectedPair& c, const std::string& dir,
+                    bool streaming) {
   std::vector<uint8_t> buf(kLarge);
   psm2_mq_tag_t tag = TagOf(1), sel = ExactSelector();
   psm2_mq_req_t req;
@@ -115,21 +117,12 @@ int WaitingReceiver(psmd::testing::ConnectedPair& c, const std::string& dir) {
                           nullptr, &req),
            "irecv2");
   Touch(dir + "/posted");
-  // The message's bytes land in order: once the first MiB is in, the
-  // transfer is under way.
-  while (buf[(1u << 20) - 1] == 0) psm2_poll(c.ep);
-  Touch(dir + "/streaming");
-  return WaitAndReport(&req) != PSM2_OK ? 0 : 1;
-}
-
-int PostedReceiver(psmd::testing::ConnectedPair& c, const std::string& dir) {
-  std::vector<uint8_t> buf(kLarge);
-  psm2_mq_tag_t tag = TagOf(1), sel = ExactSelector();
-  psm2_mq_req_t req;
-  CheckPsm(psm2_mq_irecv2(c.mq, c.peer, &tag, &sel, 0, buf.data(), kLarge,
-                          nullptr, &req),
-           "irecv2");
-  Touch(dir + "/posted");
+  if (streaming) {
+    // The message's bytes land in order: once the first MiB is in, the
+    // transfer is under way.
+    while (buf[(1u << 20) - 1] == 0) psm2_poll(c.ep);
+    Touch(dir + "/streaming");
+  }
   return WaitAndReport(&req) != PSM2_OK ? 0 : 1;
 }
 
@@ -332,7 +325,7 @@ int main(int argc, char** argv) {
   psmd::testing::ConnectedPair c =
       psmd::testing::OpenAndConnect(uuid, dir, rank);
   if (role == "stalled-sender") return StalledSender(c, dir);
-  if (role == "waiting-receiver") return WaitingReceiver(c, dir);
+  if (role == "waiting-receiver") return WaitingReceiver(c, dir, true);
   if (role == "stuck-sender") return StuckSender(c, dir);
   if (role == "idle-receiver") return IdleReceiver(c, dir);
   if (role == "unexpected-sender") return UnexpectedSender(c, dir);
@@ -340,7 +333,7 @@ int main(int argc, char** argv) {
   if (role == "unsent-receiver") return UnsentReceiver(c, dir);
   if (role == "any-source-waiter") return AnySourceWaiter(c, dir);
   if (role == "quiet-waiter") return QuietWaiter(c, dir);
-  if (role == "posted-receiver") return PostedReceiver(c, dir);
+  if (role == "posted-receiver") return WaitingReceiver(c, dir, false);
   fprintf(stderr, "peer_death: unknown role '%s'\n", role.c_str());
   return 2;
 }
