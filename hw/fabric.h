@@ -132,6 +132,12 @@ struct FabricOptions {
   // that breaks resumes within timeout_ms. Every node must agree: a hello
   // that differs is refused.
   bool sessions = false;
+  // RMA reads (CanRead), where the backend and provider have them. Off,
+  // no memory is registered for remote access: a provider serves reads of
+  // registered memory to whoever reaches its endpoint and names a key and
+  // an address, which psmd cannot check (docs/design.md, "Rendezvous by
+  // RMA read").
+  bool rma = false;
   // TCP_USER_TIMEOUT of open connections: 0 means timeout_ms;
   // kNoUserTimeout leaves the kernel's retransmission limits. Linux also
   // aborts a connection whose peer advertised a zero window for longer

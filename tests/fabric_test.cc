@@ -113,6 +113,9 @@ class FabricTest : public ::testing::Test {
                    {"--fabric", "ofi", "--fabric-provider", OfiProvider()});
     }
     flags.insert(flags.end(), {"--fabric-sessions", Sessions() ? "on" : "off"});
+    // RMA reads are off unless configured: these tests turn them on (over
+    // sockets the flag changes nothing), but for RmaReadsAreOffByDefault.
+    if (rma_) flags.insert(flags.end(), {"--fabric-rma", "on"});
     return flags;
   }
   // With shards (fabric_test_workers2), each daemon started here first
@@ -274,13 +277,17 @@ class FabricTest : public ::testing::Test {
   // went by RMA read: over ofi (both providers here offer reads) they must
   // have (its rma_reads and rma_bytes from node `from` above zero), over
   // sockets never. Returns the bytes read.
+  // Whether Flags turns RMA reads on (--fabric-rma on), or leaves psmd's
+  // default.
+  bool rma_ = true;
+
   long long ExpectRmaReads(const Daemon& d, int from) {
     RunResult st = Psmctl(dir_, d, {"stats", "--format", "json"});
     EXPECT_EQ(st.exit_code, 0) << st.err;
     EXPECT_EQ(JsonNumber(st.out, "peer_nodes", "node"), from) << st.out;
     const long long reads = JsonNumber(st.out, "peer_nodes", "rma_reads");
     const long long bytes = JsonNumber(st.out, "peer_nodes", "rma_bytes");
-    if (OfiProvider().empty()) {
+    if (OfiProvider().empty() || !rma_) {
       EXPECT_EQ(reads, 0) << st.out;
       EXPECT_EQ(bytes, 0) << st.out;
     } else {
@@ -404,6 +411,28 @@ TEST_F(FabricTest, LargeMessagesBetweenNodesAreReadByRmaOverOfi) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     EXPECT_EQ(CountMappings(d->pid(), "memfd:psmd-pool"), 0) << d->Log();
+  }
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+// psmd's default: a provider serves reads of registered memory to whoever
+// reaches its endpoint and names a key and an address, which no daemon
+// sees, so psmd registers nothing for remote reads unless told to
+// (fabric_rma = "on"); its rendezvous messages stream.
+TEST_F(FabricTest, RmaReadsAreOffByDefault) {
+  rma_ = false;
+  auto a = StartNode(0);
+  auto b = StartNode(1);
+  RunResult r = Exchange(*a, *b, "streamed", 6, 4 << 20);
+  ASSERT_EQ(r.exit_code, 0) << r.err << a->Log() << b->Log();
+  ExpectRmaReads(*b, 1);
+  RunResult st = Psmctl(dir_, *b, {"stats", "--format", "json"});
+  EXPECT_GT(JsonNumber(st.out, "peer_nodes", "bytes_received"), 64000)
+      << st.out;
+  if (!OfiProvider().empty()) {
+    EXPECT_NE(a->Log().find("RMA reads off (fabric_rma)"), std::string::npos)
+        << a->Log();
   }
   EXPECT_TRUE(a->Stop());
   EXPECT_TRUE(b->Stop());
@@ -958,6 +987,7 @@ struct RawNode {
     options.listen = {"127.0.0.4"};
     options.munge_socket = munge_socket;
     options.sessions = Sessions();
+    options.rma = true;
     std::string error;
     options.provider = OfiProvider();
     fabric = options.provider.empty() ? hw::OpenSocketFabric(options, &error)

@@ -426,10 +426,10 @@ bool OfiFabric::Open(std::string* error) {
       a.host.find(':') != std::string::npos ? FI_SOCKADDR_IN6 : FI_SOCKADDR_IN;
   // Reads if the provider has them at this address; messages alone if not
   // (rendezvous then streams, as over sockets).
-  hints_ = PsmdHints(opt_.provider, format, true);
+  hints_ = PsmdHints(opt_.provider, format, opt_.rma);
   fi_info* probe = nullptr;
-  if (fi_getinfo(FI_VERSION(1, 17), a.host.c_str(), nullptr, FI_SOURCE, hints_,
-                 &probe) == 0) {
+  if (opt_.rma && fi_getinfo(FI_VERSION(1, 17), a.host.c_str(), nullptr,
+                             FI_SOURCE, hints_, &probe) == 0) {
     rma_ = true;
     fi_freeinfo(probe);
   } else {
@@ -669,7 +669,9 @@ bool OfiFabric::TryPort(const ListenAddress& a, uint16_t port, bool* in_use,
       "{}, inject {}, RMA reads {}",
       info_->fabric_attr->prov_name, info_->fabric_attr->name, a.host,
       bound ? bound : port, data_port, max_msg, inject_size_,
-      rma_ ? "offered" : "not offered (FI_RMA|FI_READ)");
+      rma_       ? "on"
+      : opt_.rma ? "not offered (FI_RMA|FI_READ)"
+                 : "off (fabric_rma)");
   return true;
 }
 

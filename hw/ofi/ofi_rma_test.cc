@@ -27,6 +27,7 @@ constexpr uint32_t kTimeoutMs = 2000;
 
 FabricOptions NoAuth() {
   FabricOptions o;
+  o.rma = true;
   o.auth = AuthMode::kNone;
   o.timeout_ms = kTimeoutMs;
   return o;
