@@ -12,10 +12,12 @@
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -1447,14 +1449,26 @@ ErrorClass OfiFabric::RegisterRegion(void* base, size_t length, RegionId* id,
   if (!rma_ || base == nullptr || length == 0) return ErrorClass::kBadArg;
   if (regions_.size() >= kMaxRegions) return ErrorClass::kLimit;
   const RegionId rid = next_region_++;
-  // Keys 0 and 1 are the endpoints' buffers (Open); without FI_MR_PROV_KEY
-  // the provider takes ours, which must be unique in the domain.
-  const uint64_t requested = rid + 1;
   Region r;
   r.base = static_cast<uint8_t*>(base);
   r.length = length;
-  int rc = fi_mr_reg(domain_, base, length, FI_READ | FI_REMOTE_READ, 0,
-                     requested, 0, &r.mr, nullptr);
+  // Without FI_MR_PROV_KEY the provider takes our key, and the key is all a
+  // reader needs (without FI_MR_VIRT_ADDR the address is an offset): from
+  // the kernel's random source, so that only who sees a kRndvRead frame
+  // learns it (a counter was guessed at once; rng_'s keys can be predicted
+  // from the connection keys it gave out). Keys 0 and 1 are the endpoints'
+  // buffers (Open); a key taken already is drawn again.
+  int rc = -FI_ENOKEY;
+  for (int attempt = 0; attempt < 4 && rc == -FI_ENOKEY; attempt++) {
+    uint64_t requested = 0;
+    if (getrandom(&requested, sizeof requested, 0) != sizeof requested) {
+      spdlog::error("fabric: getrandom for an RMA key: {}", strerror(errno));
+      return ErrorClass::kFail;
+    }
+    if (requested <= 1) continue;
+    rc = fi_mr_reg(domain_, base, length, FI_READ | FI_REMOTE_READ, 0,
+                   requested, 0, &r.mr, nullptr);
+  }
   if (rc == 0 && (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) != 0 &&
       (rc = fi_mr_bind(r.mr, &ep_->fid, 0)) == 0) {
     rc = fi_mr_enable(r.mr);

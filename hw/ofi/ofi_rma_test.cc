@@ -106,6 +106,27 @@ TEST(OfiRma, ReadsARegionByteForByteAroundPieceBoundaries) {
   EXPECT_EQ(p.a->fabric->DeregisterRegion(sid), ErrorClass::kBadArg);
 }
 
+// The key is all a reader needs over these providers (they take psmd's
+// key, and without FI_MR_VIRT_ADDR the address is an offset), and anyone
+// who reaches the endpoint may read: keys come from the kernel's random
+// source, not a counter that names the next region (a key under 2^32
+// fails this one time in 2^32 per region).
+TEST(OfiRma, TheKeysOfRegionsCannotBeGuessed) {
+  Pair p = Open();
+  std::vector<uint8_t> buf(4 << 12);
+  std::vector<uint64_t> keys;
+  for (int i = 0; i < 4; i++) {
+    RegionId id;
+    RemoteRegion r;
+    ASSERT_EQ(
+        p.a->fabric->RegisterRegion(buf.data() + (i << 12), 4096, &id, &r),
+        ErrorClass::kOk);
+    EXPECT_GE(r.key, uint64_t{1} << 32) << "region " << i;
+    for (uint64_t k : keys) EXPECT_NE(r.key, k);
+    keys.push_back(r.key);
+  }
+}
+
 TEST(OfiRma, RangesOutsideTheirRegionAreRefused) {
   Pair p = Open();
   std::vector<uint8_t> src(8192), dst(8192);
