@@ -284,6 +284,11 @@ const std::vector<Setting>& Settings() {
             "on: a connection to a peer daemon that breaks resumes without "
             "losing a frame within fabric_timeout_ms (every node the same)",
             "off or on"),
+      OneOf("fabric_rma", &Config::fabric_rma, {"off", "on"},
+            "on: rendezvous messages between daemons are read by RMA where "
+            "the fabric can (ofi); exposes the jobs' pools to remote reads "
+            "by anyone who reaches the fabric endpoint",
+            "off or on"),
       Number("fabric_timeout_ms", &Config::fabric_timeout_ms, 100, 600'000,
              "a peer node's daemon that does not answer (connect, handshake, "
              "unacknowledged data, a connect query) within this is "

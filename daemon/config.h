@@ -95,6 +95,11 @@ struct Config {
   // fabric_timeout_ms; every node must agree. Off by default until a flood
   // can no longer hold another tenant's frames behind it (Known gaps).
   std::string fabric_sessions = "on";
+  // "on": rendezvous chunks between daemons are read by RMA where the
+  // fabric can (the ofi backend); off by default: the pools are then
+  // registered for remote reads, which anyone who reaches the provider's
+  // endpoint could issue (docs/design.md, "Rendezvous by RMA read").
+  std::string fabric_rma = "off";
   // The node table: "NODE HOSTNAME NODE@ADDR:PORT,..." per line, read again
   // whenever it changes (daemon/remote/remote.h).
   std::string fabric_nodes;

@@ -230,6 +230,7 @@ int main(int argc, char** argv) {
     fo.munge_socket = config.munge_socket;
     fo.timeout_ms = config.fabric_timeout_ms;
     fo.sessions = config.fabric_sessions == "on";
+    fo.rma = config.fabric_rma == "on";
     // Back-pressure pauses a connection's receiving for as long as a
     // receiver is over its budget; TCP_USER_TIMEOUT would then kill it
     // (zero window). The engine's heartbeats watch liveness instead.

@@ -21,6 +21,11 @@
 //               one kClosed event
 //   Poll/Wait   deliver events; Poll never enters the kernel when nothing
 //               is there, Wait sleeps up to a timeout
+//   RegisterRegion + PostRead
+//               RMA, where the backend can (CanRead): memory registered
+//               once is named to a peer by a RemoteRegion (sent in a frame
+//               of the user's); the peer reads from it straight into a
+//               region of its own, no copy in either daemon (kReadDone)
 //
 // hw/ knows nothing of tags, endpoints or PSM2: the frame fields it carries
 // for its user are opaque (see frame.h).
@@ -84,6 +89,8 @@ enum class EventType {
   kHeader,     // a header-only receive got a header; `length` is the
                // payload's size (0: the frame is complete)
   kClosed,     // the connection is gone (error: why); its id is dead
+  kReadDone,   // a PostRead finished (error kOk or why not); `length`
+               // is the bytes read
 };
 
 struct Event {
@@ -92,7 +99,8 @@ struct Event {
   ConnId conn = 0;
   uint64_t cookie = 0;     // what the Connect/PostSend/PostRecv was given
   uint64_t peer_node = 0;  // kConnected, kAccepted
-  uint32_t length = 0;     // kRecvDone: payload bytes placed
+  uint32_t length = 0;     // kRecvDone: payload bytes placed; kReadDone:
+                           // bytes read
   FrameFields fields;      // kRecvDone: the frame's header fields
 };
 
@@ -124,6 +132,12 @@ struct FabricOptions {
   // that breaks resumes within timeout_ms. Every node must agree: a hello
   // that differs is refused.
   bool sessions = false;
+  // RMA reads (CanRead), where the backend and provider have them. Off,
+  // no memory is registered for remote access: a provider serves reads of
+  // registered memory to whoever reaches its endpoint and names a key and
+  // an address, which psmd cannot check (docs/design.md, "Rendezvous by
+  // RMA read").
+  bool rma = false;
   // TCP_USER_TIMEOUT of open connections: 0 means timeout_ms;
   // kNoUserTimeout leaves the kernel's retransmission limits. Linux also
   // aborts a connection whose peer advertised a zero window for longer
@@ -147,6 +161,20 @@ struct FabricOptions {
   // serves the listen address.
   std::string provider;
 };
+
+// What a peer needs to read from a region registered by RegisterRegion: it
+// travels in the user's frames, so the reader must treat it as untrusted
+// (the backend checks only what it can: a length within the region the
+// reader named; the provider checks the key against the registration).
+struct RemoteRegion {
+  uint64_t addr = 0;    // the region's first byte as the provider names it
+                        // (a virtual address under FI_MR_VIRT_ADDR, else 0)
+  uint64_t key = 0;     // the registration's key
+  uint64_t length = 0;  // bytes registered
+};
+
+// A local registration (RegisterRegion); 0 is none.
+using RegionId = uint64_t;
 
 class Fabric {
  public:
@@ -184,6 +212,49 @@ class Fabric {
   // Wait sleeps up to timeout_ms (-1: no limit) for the first one.
   virtual int Poll(Event* events, int max) = 0;
   virtual int Wait(Event* events, int max, int timeout_ms) = 0;
+
+  // ---- RMA (a backend without it answers false / kBadArg) ----
+  // Whether PostRead works: the provider offers reads (FI_RMA|FI_READ).
+  virtual bool CanRead() const { return false; }
+  // The longest single PostRead (the provider's max_msg_size, capped).
+  virtual size_t MaxReadLength() const { return 0; }
+  // Registers [base, base + length) for remote reads by peers and as the
+  // target of our own reads, until DeregisterRegion returns kOk: the caller
+  // keeps the memory valid until then. kLimit past the backend's bound.
+  // DeregisterRegion is kBusy while the provider may still write into the
+  // region: a read into it is outstanding, or was ended for the user by
+  // the deadline or its connection's end (kTimeout, kConnReset) but not
+  // yet by the provider (retry later; destroying the fabric ends all).
+  virtual ErrorClass RegisterRegion(void* base, size_t length, RegionId* id,
+                                    RemoteRegion* remote) {
+    (void)base, (void)length, (void)id, (void)remote;
+    return ErrorClass::kBadArg;
+  }
+  virtual ErrorClass DeregisterRegion(RegionId id) {
+    (void)id;
+    return ErrorClass::kBadArg;
+  }
+  // Whether the provider may still write into region `id`: what makes
+  // DeregisterRegion kBusy. A read ended for the user by its deadline or
+  // its connection may still land, so its target stays the provider's
+  // until this says false.
+  virtual bool RegionBusy(RegionId id) const {
+    (void)id;
+    return false;
+  }
+  // Reads `length` bytes at `remote_offset` in the peer's region `remote`
+  // (announced by the peer at the other end of `conn`) into our region
+  // `local` at `local_offset`; one kReadDone follows. kBadArg when a range
+  // falls outside its region or length exceeds MaxReadLength; kBusy when
+  // too many reads are outstanding (retry after a kReadDone).
+  virtual ErrorClass PostRead(ConnId conn, RegionId local, size_t local_offset,
+                              const RemoteRegion& remote,
+                              uint64_t remote_offset, size_t length,
+                              uint64_t cookie) {
+    (void)conn, (void)local, (void)local_offset, (void)remote;
+    (void)remote_offset, (void)length, (void)cookie;
+    return ErrorClass::kBadArg;
+  }
 
   // One row per node seen (ordered by node id), node 0 first if any.
   virtual std::vector<PeerStats> Stats() const = 0;

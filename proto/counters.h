@@ -121,6 +121,14 @@
   X(malformed, malformed, kCount,                                          \
     "Connections dropped for a frame the engine refused (malformed, or "   \
     "out of turn).")
+// and the engine's RMA rendezvous (docs/design.md, "Rendezvous by RMA
+// read"), listed after the sessions' for the proto's field numbers.
+#define PSMD_REMOTE_RMA_COUNTERS(X)                                  \
+  X(rma_reads, rma_rd, kCount,                                       \
+    "RMA reads from that node's pool into ours that completed (the " \
+    "rendezvous by RMA read).")                                      \
+  X(rma_bytes, rma_bytes, kBytes,                                    \
+    "Bytes read by RMA from that node's pool into ours.")
 // hw::PeerStats, and every counter per peer node.
 #define PSMD_FABRIC_PEER_COUNTERS(X) \
   PSMD_FABRIC_TRAFFIC_COUNTERS(X)    \
@@ -128,7 +136,8 @@
 #define PSMD_PEER_COUNTERS(X)     \
   PSMD_FABRIC_TRAFFIC_COUNTERS(X) \
   PSMD_FABRIC_EVENT_COUNTERS(X)   \
-  PSMD_REMOTE_EVENT_COUNTERS(X) PSMD_FABRIC_SESSION_COUNTERS(X)
+  PSMD_REMOTE_EVENT_COUNTERS(X)   \
+  PSMD_FABRIC_SESSION_COUNTERS(X) PSMD_REMOTE_RMA_COUNTERS(X)
 
 namespace psmd::counters {
 

@@ -15,7 +15,8 @@
 #   ucx_tcp       bench/mpi_pt2pt, Open MPI pml ucx, UCX_TLS=tcp,self over lo
 #   psmd_ofi_psm2, psmd_ofi_mpi  as psmd_psm2 and psmd_mpi, on a second pair
 #                 of psmd linked by the ofi backend over OFI_PROVIDER
-#                 (default tcp;ofi_rxm; --fabric ofi --fabric-provider)
+#                 (default tcp;ofi_rxm; --fabric ofi --fabric-provider,
+#                 --fabric-rma on unless PSMD_TEST_FABRIC_RMA=off)
 #   mtl_ofi       bench/mpi_pt2pt, Open MPI pml cm + mtl ofi on the same
 #                 provider (mtl_ofi_provider_include), bound to lo
 #                 (FI_TCP_IFACE/FI_UDP_IFACE): libfabric's direct path, no

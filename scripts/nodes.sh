@@ -33,8 +33,12 @@ start_nodes() {
     echo "$((i + 1)) node$((i + 1)) $((i + 1))@$addr:$port" >>"$table"
     listen[i]="$addr:$port"
   done
+  # Over ofi the tests and benchmarks read rendezvous chunks by RMA
+  # (psmd's default is off: docs/design.md, "Rendezvous by RMA read");
+  # PSMD_TEST_FABRIC_RMA=off streams them.
   if [[ -n "${PSMD_TEST_OFI_PROVIDER:-}" ]]; then
-    set -- --fabric ofi --fabric-provider "$PSMD_TEST_OFI_PROVIDER" "$@"
+    set -- --fabric ofi --fabric-provider "$PSMD_TEST_OFI_PROVIDER" \
+      --fabric-rma "${PSMD_TEST_FABRIC_RMA:-on}" "$@"
   fi
   node_socket=() node_pid=()
   local cpus=()

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -112,6 +113,9 @@ class FabricTest : public ::testing::Test {
                    {"--fabric", "ofi", "--fabric-provider", OfiProvider()});
     }
     flags.insert(flags.end(), {"--fabric-sessions", Sessions() ? "on" : "off"});
+    // RMA reads are off unless configured: these tests turn them on (over
+    // sockets the flag changes nothing), but for RmaReadsAreOffByDefault.
+    if (rma_) flags.insert(flags.end(), {"--fabric-rma", "on"});
     return flags;
   }
   // With shards (fabric_test_workers2), each daemon started here first
@@ -186,8 +190,11 @@ class FabricTest : public ::testing::Test {
     return r0;
   }
 
+  // With `read_by_rma`, F's rendezvous chunks are read by RMA (over ofi):
+  // they wait in its sender's pool for inbox space instead of parking, so
+  // node 2 switches nothing off.
   void StallOneTenant(const std::vector<std::string>& flood_args,
-                      bool sends_held);
+                      bool sends_held, bool read_by_rma = false);
 
   // The two roles of tests/programs/peer_death in directory `rv`: rank 0 on
   // daemon a, rank 1 on daemon b, of job `uuid`.
@@ -266,6 +273,30 @@ class FabricTest : public ::testing::Test {
     return out;
   }
 
+  // Whether the rendezvous messages daemon `d` received from the other node
+  // went by RMA read: over ofi (both providers here offer reads) they must
+  // have (its rma_reads and rma_bytes from node `from` above zero), over
+  // sockets never. Returns the bytes read.
+  // Whether Flags turns RMA reads on (--fabric-rma on), or leaves psmd's
+  // default.
+  bool rma_ = true;
+
+  long long ExpectRmaReads(const Daemon& d, int from) {
+    RunResult st = Psmctl(dir_, d, {"stats", "--format", "json"});
+    EXPECT_EQ(st.exit_code, 0) << st.err;
+    EXPECT_EQ(JsonNumber(st.out, "peer_nodes", "node"), from) << st.out;
+    const long long reads = JsonNumber(st.out, "peer_nodes", "rma_reads");
+    const long long bytes = JsonNumber(st.out, "peer_nodes", "rma_bytes");
+    if (OfiProvider().empty() || !rma_) {
+      EXPECT_EQ(reads, 0) << st.out;
+      EXPECT_EQ(bytes, 0) << st.out;
+    } else {
+      EXPECT_GT(reads, 0) << st.out << d.Log();
+      EXPECT_GT(bytes, 0) << st.out;
+    }
+    return bytes;
+  }
+
   // Another exchange between the two nodes still runs; then both daemons
   // stop cleanly.
   void ExchangeGoesOnThenStop(Daemon& a, Daemon& b) {
@@ -300,8 +331,11 @@ TEST_F(FabricTest, TwoDaemonsCarryEagerAndRendezvousMessagesAndCountThem) {
   // Per-peer-node rows: node 1 sent node 2 the messages, and heard back.
   RunResult sa = Psmctl(dir_, *a, {"stats", "--format", "json"});
   ASSERT_EQ(sa.exit_code, 0) << sa.err;
+  // (Over ofi the rendezvous payloads were read by node 2, not sent.)
   long long sent = JsonNumber(sa.out, "peer_nodes", "bytes_sent");
-  EXPECT_GT(sent, 3000LL * 50000) << sa.out;
+  RunResult sb_json = Psmctl(dir_, *b, {"stats", "--format", "json"});
+  sent += JsonNumber(sb_json.out, "peer_nodes", "rma_bytes");
+  EXPECT_GT(sent, 3000LL * 50000) << sa.out << sb_json.out;
   EXPECT_EQ(JsonNumber(sa.out, "peer_nodes", "node"), 2) << sa.out;
   // The fabric named: its host description, backend and provider, in each
   // format.
@@ -326,6 +360,80 @@ TEST_F(FabricTest, TwoDaemonsCarryEagerAndRendezvousMessagesAndCountThem) {
       << prom.out;
   ExpectShardsCrossed(*a);
   ExpectShardsCrossed(*b);
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+TEST_F(FabricTest, LargeMessagesBetweenNodesAreReadByRmaOverOfi) {
+  // Over ofi the receiving daemon reads each rendezvous chunk from the
+  // sending job's registered pool into its receiver's inbox (docs/design.md,
+  // "Rendezvous by RMA read"); over sockets they stream, as before. Sizes
+  // 0 B - 64 MiB, pseudo-random: almost none a multiple of the 256 KiB
+  // chunk or of a read; every byte is checked by the receiving rank.
+  auto a = StartNode(0);
+  auto b = StartNode(1);
+  // (Fewer over udp;ofi_rxd, whose reads are slow: 24 + 8 took 55 s.)
+  const bool udp = OfiProvider().rfind("udp", 0) == 0;
+  RunResult r = Exchange(*a, *b, "rma", udp ? 6 : 24, 64 << 20);
+  ASSERT_EQ(r.exit_code, 0) << r.err << a->Log() << b->Log();
+  const long long read = ExpectRmaReads(*b, 1);
+  RunResult st = Psmctl(dir_, *b, {"stats", "--format", "json"});
+  const long long streamed = JsonNumber(st.out, "peer_nodes", "bytes_received");
+  if (!OfiProvider().empty()) {
+    // Nearly every message is a rendezvous (above 64000 B), and their bytes
+    // were read, not streamed: the stream carried envelopes and
+    // announcements, and the few eager messages.
+    EXPECT_GT(read, 64LL << 20) << st.out;
+    EXPECT_LT(streamed, read / 100) << st.out;
+    // The table and Prometheus name them too.
+    RunResult table = Psmctl(dir_, *b, {"stats"});
+    EXPECT_NE(table.out.find("rma_rd"), std::string::npos) << table.out;
+    RunResult prom = Psmctl(dir_, *b, {"stats", "--format", "prometheus"});
+    EXPECT_NE(prom.out.find("psmd_fabric_rma_bytes_total{node=\"1\"} " +
+                            std::to_string(read) + "\n"),
+              std::string::npos)
+        << prom.out;
+  } else {
+    EXPECT_GT(streamed, 64LL << 20) << st.out;
+  }
+  // The other way too (and node 1's pool, registered for reads, is read
+  // into now).
+  RunResult back = Exchange(*b, *a, "rma-back", udp ? 2 : 8, 64 << 20);
+  EXPECT_EQ(back.exit_code, 0) << back.err << a->Log() << b->Log();
+  ExpectRmaReads(*a, 2);
+  // The jobs are gone: each daemon dropped its registrations of their pools
+  // with them (a registration holds its pool mapped). (With shards a job of
+  // the test's own keeps an endpoint, and a pool, on each daemon.)
+  for (const Daemon* d : {a.get(), b.get()}) {
+    if (Shards()) break;
+    for (int i = 0; i < 500 && CountMappings(d->pid(), "memfd:psmd-pool") > 0;
+         i++) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(CountMappings(d->pid(), "memfd:psmd-pool"), 0) << d->Log();
+  }
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
+// psmd's default: a provider serves reads of registered memory to whoever
+// reaches its endpoint and names a key and an address, which no daemon
+// sees, so psmd registers nothing for remote reads unless told to
+// (fabric_rma = "on"); its rendezvous messages stream.
+TEST_F(FabricTest, RmaReadsAreOffByDefault) {
+  rma_ = false;
+  auto a = StartNode(0);
+  auto b = StartNode(1);
+  RunResult r = Exchange(*a, *b, "streamed", 6, 4 << 20);
+  ASSERT_EQ(r.exit_code, 0) << r.err << a->Log() << b->Log();
+  ExpectRmaReads(*b, 1);
+  RunResult st = Psmctl(dir_, *b, {"stats", "--format", "json"});
+  EXPECT_GT(JsonNumber(st.out, "peer_nodes", "bytes_received"), 64000)
+      << st.out;
+  if (!OfiProvider().empty()) {
+    EXPECT_NE(a->Log().find("RMA reads off (fabric_rma)"), std::string::npos)
+        << a->Log();
+  }
   EXPECT_TRUE(a->Stop());
   EXPECT_TRUE(b->Stop());
 }
@@ -439,6 +547,8 @@ TEST_F(FabricTest, DaemonKilledMidRendezvousFailsTheReceiverAndReconnectWorks) {
   EXPECT_LE(ended_ms - killed_ms, LossBoundMs()) << b->Log();
   printf("daemon killed: the other node's receiver failed after %lld ms\n",
          ended_ms - killed_ms);
+  // Over ofi the first MiB came by RMA reads: the daemon died mid-RMA.
+  ExpectRmaReads(*b, 1);
   a->Stop();
   sender.Wait(5);
   EXPECT_NE(b->Log().find("connection to node 1 ended"), std::string::npos)
@@ -503,6 +613,8 @@ TEST_F(FabricTest, SenderKilledMidRendezvousFailsTheOtherNodesReceiver) {
   KillClient(*a, *b, "stalled-sender", "waiting-receiver",
              /*kill_sender=*/true, "streaming",
              "sender killed: the other node's receiver failed");
+  // Over ofi the first MiB came by RMA reads: the sender died mid-RMA.
+  ExpectRmaReads(*b, 1);
   // The connection between the nodes stays up for everyone else.
   ExchangeGoesOnThenStop(*a, *b);
 }
@@ -761,7 +873,7 @@ TEST_F(FabricTest, AFloodAtAnIdleReceiverOnAnotherNodeIsHeldBackNotBuffered) {
 // order and intact, once its receiver reads (daemon/remote/remote.h,
 // back-pressure).
 void FabricTest::StallOneTenant(const std::vector<std::string>& flood_args,
-                                bool sends_held) {
+                                bool sends_held, bool read_by_rma) {
   auto a = StartNode(0);
   auto b = StartNode(1);
   const int idle = static_cast<int>(8 * TimeScale());
@@ -788,11 +900,13 @@ void FabricTest::StallOneTenant(const std::vector<std::string>& flood_args,
       Process::Start(args(0), a->ClientEnv(), rv + "/r0.out", rv + "/r0.err");
   // Until node 2 has switched the receiver off, or to envelopes only (5 s
   // at most).
+  // (Read by RMA: until node 2 read F's first chunks.)
   double xoffs = 0;
   for (int i = 0; i < 100 && xoffs <= 0; i++) {  // -1: not connected yet
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    xoffs = std::max(peer_row(*a, "xoffs"), 0LL) +
-            std::max(peer_row(*a, "eager_offs"), 0LL);
+    xoffs = read_by_rma ? std::max(peer_row(*b, "rma_reads"), 0LL)
+                        : std::max(peer_row(*a, "xoffs"), 0LL) +
+                              std::max(peer_row(*a, "eager_offs"), 0LL);
   }
   RunResult bystander =
       Exchange(*a, *b, "bystander", 200, 100000, kJobB, kJobB);
@@ -804,7 +918,9 @@ void FabricTest::StallOneTenant(const std::vector<std::string>& flood_args,
   EXPECT_LT(done_after, idle)
       << "job B's exchange ended " << done_after << " s after the flood began";
   EXPECT_GT(xoffs, 0) << b->Log();
-  EXPECT_GT(peer_row(*b, "parked") + peer_row(*b, "kept"), 0);
+  if (!read_by_rma) {
+    EXPECT_GT(peer_row(*b, "parked") + peer_row(*b, "kept"), 0);
+  }
   if (sends_held) {
     // The back-pressure reached F's sender: psmd held its sends, or, once
     // its pool region had refused space for shm::kPoolStallNs, its library
@@ -843,10 +959,11 @@ TEST_F(FabricTest, AnotherTenantsIdleReceiverDoesNotStallTheConnection) {
 
 TEST_F(FabricTest, AnotherTenantsFullInboxDoesNotStallTheConnection) {
   // 4 MiB rendezvous messages into receives posted before the receiver
-  // stops making progress: their chunks fill its job's inbox and park.
+  // stops making progress: their chunks fill its job's inbox and park (or,
+  // read by RMA over ofi, wait in the sender's pool).
   StallOneTenant({"--small", "0", "--large", std::to_string(4 << 20), "--bytes",
                   std::to_string(64 << 20), "--post-first", "1"},
-                 /*sends_held=*/false);
+                 /*sends_held=*/false, /*read_by_rma=*/!OfiProvider().empty());
 }
 
 TEST_F(FabricTest, AnotherTenantsIdleActiveMessageTargetDoesNotStall) {
@@ -870,6 +987,7 @@ struct RawNode {
     options.listen = {"127.0.0.4"};
     options.munge_socket = munge_socket;
     options.sessions = Sessions();
+    options.rma = true;
     std::string error;
     options.provider = OfiProvider();
     fabric = options.provider.empty() ? hw::OpenSocketFabric(options, &error)
@@ -981,6 +1099,171 @@ TEST_F(FabricTest,
   victim.Kill(SIGKILL);
   victim.Wait(5);
   // Node 1 and node 2 go on.
+  ExchangeGoesOnThenStop(*a, *b);
+}
+
+TEST_F(FabricTest, AnRmaPieceWithAForgedKeyFailsTheReceiveNotTheDaemon) {
+  // The test's own node 3 plays a sending daemon that announces a
+  // rendezvous piece with a key it never registered. psmd's read fails;
+  // over tcp;ofi_rxm the tcp provider also drops the connection under it
+  // (seen here: the read ends FI_ECANCELED and psmd's next send finds the
+  // endpoint not connected), so the forger loses its connection, and the
+  // receive fails with PSM2_TIMEOUT within --fabric-timeout-ms, as for a
+  // streamed rendezvous from a dead peer (had the connection lived, the
+  // read would be retried until the timeout and node 3 told with kError
+  // and an erring kRndvReadDone). The daemon serves on. Over sockets
+  // nothing is offered; over udp;ofi_rxd such a read never completes
+  // (docs/design.md, "RMA reads"): tcp;ofi_rxm only.
+  if (OfiProvider() != "tcp;ofi_rxm") GTEST_SKIP() << "over tcp;ofi_rxm only";
+  constexpr int kTimeoutMs = 2000;
+  std::vector<std::string> flags = Flags(0);
+  flags.insert(flags.end(),
+               {"--fabric-timeout-ms", std::to_string(kTimeoutMs)});
+  auto a = std::make_unique<Daemon>(node_dir_[0], flags);
+  RawNode raw;
+  ASSERT_TRUE(raw.Join(munged_.socket(), listen_[0])) << a->Log();
+  const uint64_t fake = (uint64_t{3} << 48) | (uint64_t{7} << 32) | 9;
+  std::string rv = Rendezvous("forged");
+  {
+    std::ofstream epid(rv + "/rank0.epid");
+    epid << fake << "\n";
+  }
+  Process receiver = Process::Start(
+      {Runfile("tests/programs/peer_death"), "--role", "posted-receiver",
+       "--rank", "1", "--dir", rv, "--uuid", kJobA},
+      a->ClientEnv(), rv + "/1.out", rv + "/1.err");
+  // Frames as a daemon writes them (daemon/remote/wire.h): a 32-byte
+  // record {tag[3], len, flags, error, x}, after it 24 bytes of region.
+  struct Record {
+    uint32_t tag[3];
+    uint32_t len;
+    uint32_t flags;
+    int32_t error;
+    uint64_t x;
+  };
+  hw::FrameFields receiver_side;  // the receiver's epid, job and uid
+  uint8_t in[64] = {};
+  iovec in_iov{in, sizeof(in)};
+  uint64_t cookie = 100;
+  auto send = [&](uint16_t op, uint64_t aux, uint64_t offset, const Record& r,
+                  const uint64_t* region) {
+    hw::FrameFields f = receiver_side;
+    f.op = op;
+    std::swap(f.src, f.dst);  // from node 3's endpoint to the receiver
+    f.aux = aux;
+    f.offset = offset;
+    static uint8_t body[56];
+    std::memcpy(body, &r, sizeof(r));
+    size_t n = sizeof(r);
+    if (region != nullptr) {
+      std::memcpy(body + n, region, 24);
+      n += 24;
+    }
+    iovec out{body, n};
+    return raw.fabric->PostSend(raw.conn, f, &out, 1, cookie++);
+  };
+  // Frames from psmd until one of op `op` (answering its connect query and
+  // sending heartbeats meanwhile, as a daemon would); false after 10 s.
+  std::vector<int> seen;
+  // (Or until `until` says so.)
+  auto await_op = [&](uint16_t op, hw::Event* got,
+                      const std::function<bool()>& until = nullptr) {
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    auto ping_at = std::chrono::steady_clock::now();
+    bool posted = false;
+    while (std::chrono::steady_clock::now() < end) {
+      if (until && until()) return true;
+      if (std::chrono::steady_clock::now() >= ping_at) {
+        hw::FrameFields ping;
+        ping.op = 13;
+        static const uint8_t zero[32] = {};
+        iovec out{const_cast<uint8_t*>(zero), sizeof(zero)};
+        raw.fabric->PostSend(raw.conn, ping, &out, 1, cookie++);
+        ping_at += std::chrono::milliseconds(kTimeoutMs / 4);
+      }
+      if (!posted) {
+        raw.fabric->PostRecv(raw.conn, &in_iov, 1, 1);
+        posted = true;
+      }
+      hw::Event e;
+      if (raw.fabric->Wait(&e, 1, 20) != 1) continue;
+      if (e.type == hw::EventType::kClosed) return false;
+      if (e.type != hw::EventType::kRecvDone) continue;
+      posted = false;
+      seen.push_back(e.fields.op);
+      if (e.fields.op == 1) {  // kQuery: the receiver connects to "us"
+        receiver_side = e.fields;
+        Record answer{};
+        send(2, e.fields.aux, 0, answer, nullptr);
+        continue;
+      }
+      if (e.fields.op == op) {
+        *got = e;
+        return true;
+      }
+    }
+    return false;
+  };
+  hw::Event e;
+  // The receiver connects (kQuery answered) and posts its receive.
+  ASSERT_TRUE(await_op(
+      0, &e, [&] { return access((rv + "/posted").c_str(), F_OK) == 0; }))
+      << ReadFile(rv + "/1.err") << a->Log();
+  // A 64 MiB rendezvous request-to-send (kEnvelope with the rendezvous
+  // flag), matched at once: psmd answers kRndvGo offering RMA (bit 62 of
+  // the transfer id).
+  Record rts{};
+  rts.tag[0] = 1;
+  rts.len = 64u << 20;
+  rts.flags = 1u << 31;
+  ASSERT_EQ(send(3, 5, 0, rts, nullptr), hw::ErrorClass::kOk);
+  ASSERT_TRUE(await_op(6, &e)) << a->Log();
+  Record go;
+  std::memcpy(&go, in, sizeof(go));
+  EXPECT_EQ(e.fields.aux, 5u);
+  ASSERT_NE(go.x & (1ull << 62), 0u) << "RMA not offered";
+  // A piece of it, in a region whose key node 3 never registered.
+  Record piece{};
+  piece.tag[0] = 77;  // its piece id
+  piece.len = 256 << 10;
+  const uint64_t region[3] = {0, 0xdeadbeefcafeull, 64u << 20};
+  auto sent_at = std::chrono::steady_clock::now();
+  ASSERT_EQ(send(19, go.x, 0, piece, region), hw::ErrorClass::kOk);
+  // Node 3 is told (the piece back with an error, after kError for its
+  // send), or loses its connection (await_op is false then).
+  if (await_op(20, &e)) {
+    Record done;
+    std::memcpy(&done, in, sizeof(done));
+    EXPECT_EQ(e.fields.aux, 77u);
+    EXPECT_NE(done.error, 0);
+    EXPECT_NE(std::find(seen.begin(), seen.end(), 11), seen.end())
+        << "no kError before the piece came back";
+  }
+  // The receive failed with PSM2_TIMEOUT, within the timeout.
+  EXPECT_EQ(receiver.Wait(10), 0) << ReadFile(rv + "/1.err") << a->Log();
+  int error = 0;
+  long long ended_ms = 0;
+  ASSERT_EQ(sscanf(ReadFile(rv + "/1.out").c_str(), "ended %d at %lld", &error,
+                   &ended_ms),
+            2)
+      << ReadFile(rv + "/1.out");
+  // (Before reads waited for a broken connection's session to resume, the
+  // read posted meanwhile failed the receive at once with
+  // PSM2_EPID_UNREACHABLE, unlike a streamed rendezvous.)
+  EXPECT_EQ(error, 11) << a->Log();  // PSM2_TIMEOUT
+  const long long sent_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(
+          sent_at.time_since_epoch())
+          .count();
+  EXPECT_LE(ended_ms - sent_ms, kTimeoutMs + 1500) << a->Log();
+  printf("forged key: the receive failed with %d after %lld ms\n", error,
+         ended_ms - sent_ms);
+  EXPECT_NE(a->Log().find("an RMA read of 262144 bytes from node 3 failed"),
+            std::string::npos)
+      << a->Log();
+  raw.fabric.reset();
+  // The daemon serves on: nodes 1 and 2 exchange.
+  auto b = std::make_unique<Daemon>(node_dir_[1], Flags(1));
   ExchangeGoesOnThenStop(*a, *b);
 }
 

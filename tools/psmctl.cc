@@ -261,14 +261,20 @@ struct PeerCounter {
   PSMD_PEER_COUNTER(name, column, unit, help, true)
 #define PSMD_PEER_EVENT(name, column, unit, help) \
   PSMD_PEER_COUNTER(name, column, unit, help, false)
+// (Byte counts human-readable, counts as events.)
+#define PSMD_PEER_BY_UNIT(name, column, unit, help) \
+  PSMD_PEER_COUNTER(name, column, unit, help,       \
+                    counters::Unit::unit == counters::Unit::kBytes)
 const PeerCounter kPeerCounters[] = {
     PSMD_FABRIC_TRAFFIC_COUNTERS(PSMD_PEER_TRAFFIC)
         PSMD_FABRIC_EVENT_COUNTERS(PSMD_PEER_EVENT)
             PSMD_REMOTE_EVENT_COUNTERS(PSMD_PEER_EVENT)
-                PSMD_FABRIC_SESSION_COUNTERS(PSMD_PEER_EVENT)};
+                PSMD_FABRIC_SESSION_COUNTERS(PSMD_PEER_EVENT)
+                    PSMD_REMOTE_RMA_COUNTERS(PSMD_PEER_BY_UNIT)};
 #undef PSMD_PEER_COUNTER
 #undef PSMD_PEER_TRAFFIC
 #undef PSMD_PEER_EVENT
+#undef PSMD_PEER_BY_UNIT
 
 // The fabric's rows, one per peer node (none without a fabric).
 void PrintPeerNodes(const psmd::v1::GetStatsReply& r) {

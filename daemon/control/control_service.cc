@@ -290,6 +290,7 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
   row->set_##name(r.counts.name);
     PSMD_FABRIC_PEER_COUNTERS(PSMD_SET_FABRIC)
     PSMD_REMOTE_EVENT_COUNTERS(PSMD_SET_REMOTE)
+    PSMD_REMOTE_RMA_COUNTERS(PSMD_SET_REMOTE)
 #undef PSMD_SET_FABRIC
 #undef PSMD_SET_REMOTE
   }

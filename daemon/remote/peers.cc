@@ -32,6 +32,7 @@ Remote::~Remote() {
   // The fabric goes first (no more events), then the chunks still lent.
   fabric_.reset();
   for (auto& [cookie, f] : in_flight_) f->ReleaseChunk();
+  for (auto& [id, piece] : out_pieces_) piece.chunk->ReleaseChunk();
   for (auto& [id, c] : converted_) c.payload->ReleaseChunk();
   for (auto& [node, p] : peers_) {
     for (auto& f : p->queue) f->ReleaseChunk();
@@ -138,7 +139,17 @@ void Remote::FailPeer(uint16_t node, hw::ErrorClass why) {
         engine_->PostErrorFor(*r, t->second->recv_req, error);
       }
     }
+    EndReads(*t->second, error, /*tell=*/false);
     t = in_transfers_.erase(t);
+  }
+  // Pieces that node was to read: it will not say it is done with them.
+  for (auto piece = out_pieces_.begin(); piece != out_pieces_.end();) {
+    if (piece->second.node != node) {
+      ++piece;
+      continue;
+    }
+    piece->second.chunk->ReleaseChunk();
+    piece = out_pieces_.erase(piece);
   }
   proxies_.DropNode(node);
   // Nothing more comes from that node's endpoints (what they sent went
@@ -260,6 +271,9 @@ void Remote::HandleEvent(const hw::Event& e) {
       if (p != nullptr) FailPeer(p->node, e.error);
       return;
     }
+    case hw::EventType::kReadDone:
+      OnReadDone(e);
+      return;
   }
 }
 
@@ -309,6 +323,7 @@ bool Remote::Poll() {
   did = n > 0;
   // Parked and paused frames: retried each pass (their receiver may have
   // posted receives, released inbox chunks, drained its completions).
+  did |= PumpReads();  // reads that wait for inbox space or a slot
   for (auto& [node, peer] : peers_) {
     Peer& p = *peer;
     did |= RetryParked(p);
@@ -327,7 +342,10 @@ bool Remote::Poll() {
   }
   if (++passes_ % 256 == 0) {
     if (!queries_.empty()) CheckDeadlines();
-    if (NowMs() - last_liveness_ms_ >= 100) CheckLiveness();
+    if (NowMs() - last_liveness_ms_ >= 100) {
+      CheckLiveness();
+      if (!registrations_.empty()) SweepRegistrations();
+    }
   }
   if (did) engine_->NotifyClients();
   return did;
@@ -390,7 +408,10 @@ int Remote::SleepLimitMs() {
       return 1;
     }
   }
+  // Reads wait for inbox space its client gives back (ringing nobody).
+  if (!rma_waiting_.empty()) return 1;
   CheckLiveness();
+  if (!registrations_.empty()) SweepRegistrations();
   if (!queries_.empty()) {
     CheckDeadlines();
     return 50;

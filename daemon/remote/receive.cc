@@ -35,6 +35,8 @@ constexpr Remote::Handler Remote::kHandlers[wire::kOpCount] = {
     /* kXon      */ On(&Remote::OnXon),
     /* kEagerOff */ On(&Remote::OnEagerOff),
     /* kEagerOn  */ On(&Remote::OnEagerOn),
+    /* kRndvRead */ On(&Remote::OnRndvRead),
+    /* kRndvReadDone */ On(&Remote::OnRndvReadDone),
 };
 
 // (Shapes, not the pointers: GCC cannot compare member pointers in a
@@ -110,8 +112,10 @@ void Remote::OnPayloadHeader(Peer& p, const hw::Event& e) {
 
 void Remote::OnChunkHeader(Peer& p, const hw::Event& e) {
   auto it = in_transfers_.find(e.fields.aux);
+  // (Not into a transfer that reads by RMA: chunks reach the receiver in
+  // order, and its reads may still be landing.)
   if (it == in_transfers_.end() || it->second->node != p.node ||
-      it->second->src != e.fields.src ||
+      it->second->src != e.fields.src || it->second->has_region ||
       e.fields.offset != it->second->accepted ||
       e.length > it->second->send_bytes - it->second->accepted) {
     Drop(p, "rendezvous chunk of no transfer, or out of order");
@@ -382,7 +386,7 @@ Remote::Verdict Remote::OnRndvGo(Peer& p, const wire::Envelope& in) {
     go.body.go.transfer = engine_->NewTransferId();
     out_transfers_[go.body.go.transfer] = std::make_unique<OutTransfer>(
         OutTransfer{p.node, t->id(), f.src, w.x, w.len, 0, false, f.aux,
-                    wire::ReceiverOf(f)});
+                    wire::ReceiverOf(f), UseRma(*t, w.x)});
   }
   engine_->PostFor(*t, go);
   return Verdict::kDone;
@@ -410,6 +414,7 @@ Remote::Verdict Remote::OnAbort(Peer& p, const wire::Envelope& in) {
       engine_->PostErrorFor(*r, it->second->recv_req, in.r.error);
     }
   }
+  EndReads(*it->second, in.r.error, /*tell=*/true);
   in_transfers_.erase(it);
   return Verdict::kDone;
 }

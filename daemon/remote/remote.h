@@ -69,8 +69,10 @@
 //
 // One class, its code by concern: peers.cc (connections, failure,
 // liveness), send.cc, receive.cc (a handler per op), flow_control.cc (the
-// back-pressure rules above); its private state is remote_state.h's, the
-// frames wire.h's, the node table node_table.h's.
+// back-pressure rules above), rma.cc (rendezvous chunks read by RMA where
+// the fabric can: docs/design.md, "Rendezvous by RMA read"); its private
+// state is remote_state.h's, the frames wire.h's, the node table
+// node_table.h's.
 //
 // With engine shards the Remote is shard 0's and serves every shard's
 // endpoints (mq_engine.h, invariant 12): it finds them with
@@ -151,10 +153,12 @@ class Remote : public OtherNodes {
   // PSMD_REMOTE_EVENT_COUNTERS (proto/counters.h): frames it refused (no
   // endpoint of that epid, job and uid here), frames from that node it
   // parked, kXoff from it, its payloads kept here, kEagerOff from it, its
-  // connections dropped for a frame the engine refused.
+  // connections dropped for a frame the engine refused; and
+  // PSMD_REMOTE_RMA_COUNTERS: RMA reads from its pool and their bytes.
   struct PeerCounts {
 #define PSMD_PEER_COUNTS_FIELD(name, column, unit, help) uint64_t name = 0;
     PSMD_REMOTE_EVENT_COUNTERS(PSMD_PEER_COUNTS_FIELD)
+    PSMD_REMOTE_RMA_COUNTERS(PSMD_PEER_COUNTS_FIELD)
 #undef PSMD_PEER_COUNTS_FIELD
   };
   // The fabric's rows per peer node, each with this engine's counts.
@@ -175,6 +179,9 @@ class Remote : public OtherNodes {
   struct Parked;
   struct Kept;
   struct Converted;
+  struct RmaRead;
+  struct OutPiece;
+  struct Registration;
   enum class Verdict { kDone, kPause };
 
   // ---- peers and liveness (peers.cc) ----
@@ -333,6 +340,53 @@ class Remote : public OtherNodes {
   // true when any went.
   bool DeliverKeptChunks(Peer& p);
 
+  // ---- the RMA rendezvous (rma.cc; docs/design.md, "Rendezvous by RMA
+  // read") ----
+  // `job`'s pool registered with the fabric, made on first use; null when
+  // the fabric cannot read or registering failed (the job streams).
+  const Registration* RegistrationOf(const std::shared_ptr<Job>& job);
+  // Whether a transfer to `receiver` is offered as RMA (kRmaOfferBit).
+  bool OfferRma(const Endpoint& receiver);
+  // Whether a transfer from `sender` whose kRndvGo carried transfer id `x`
+  // goes as RMA.
+  bool UseRma(const Endpoint& sender, uint64_t x);
+  // A chunk of RMA transfer t (the client's kRndvData d, `chunk` its pool
+  // payload) announced to its receiver's node.
+  void AnnouncePiece(Peer& p, OutTransfer& t, const Endpoint& sender,
+                     const shm::SubmissionDesc& d, shm::PoolPayload* chunk);
+  Verdict OnRndvRead(Peer& p, const wire::Envelope& in);
+  Verdict OnRndvReadDone(Peer& p, const wire::Envelope& in);
+  void OnReadDone(const hw::Event& e);
+  // Read `read` of transfer `id` ended with `e`: posted again shortly or
+  // the transfer fails (FailRead).
+  void RetryOrFailRead(uint64_t id, RmaRead* read, hw::ErrorClass e);
+  // Whether t's reads may go again (kReadRetryMs from now): not once they
+  // have failed for a fabric timeout.
+  bool ReadAgainLater(InTransfer& t);
+  // Posts the reads that wait (for a slot, or inbox space); true when any
+  // went.
+  bool PumpReads();
+  // Delivers transfer `id`'s reads that landed, in order (OnChunk), and
+  // tells the sender each piece read whole.
+  void DeliverReads(uint64_t id);
+  // Ends RMA transfer `id` with `error` (a read failed): its receive fails,
+  // its sender is told, its reads end.
+  void FailRead(uint64_t id, int32_t error);
+  // Ends t's reads that are not posted (their chunks released) and tells
+  // the sender it is done with each piece not told yet (with `error`,
+  // when `tell`); posted ones end with their kReadDone.
+  void EndReads(InTransfer& t, int32_t error, bool tell);
+  void TellPieceDone(const InTransfer& t, uint64_t piece, uint32_t len,
+                     int32_t error);
+  // Releases, or keeps until the provider is done with the region (a read
+  // ended by its deadline or its connection may still write), inbox chunk
+  // `chunk` of `job`.
+  void ReleaseReadChunk(const std::shared_ptr<Job>& job, uint64_t chunk,
+                        bool provider_may_write);
+  // Deregisters the pools only this cache holds, and releases quarantined
+  // chunks the provider is done with.
+  void SweepRegistrations();
+
   MqEngine* const engine_;
   std::unique_ptr<hw::Fabric> fabric_;
   const uint16_t node_id_;
@@ -357,6 +411,20 @@ class Remote : public OtherNodes {
   // it fail (mq_engine.h invariant 8). At most one entry per node.
   std::unordered_map<uint32_t, std::set<uint16_t>> watchers_;
   std::unordered_map<const Job*, std::unique_ptr<JobPages>> job_pages_;
+  // The RMA rendezvous: registered pools by job, pieces announced and not
+  // yet done by id, transfers with reads waiting, posted reads by cookie.
+  std::unordered_map<const Job*, std::unique_ptr<Registration>> registrations_;
+  std::unordered_map<uint64_t, OutPiece> out_pieces_;
+  uint64_t next_piece_ = 1;
+  std::set<uint64_t> rma_waiting_;
+  struct PostedRead {
+    uint64_t transfer;
+    uint16_t node;
+    std::shared_ptr<Job> job;
+    uint64_t chunk;
+  };
+  std::unordered_map<uint64_t, PostedRead> rma_posted_;
+  uint64_t next_read_ = 1;
   ProxyIds proxies_;
   uint32_t passes_ = 0;
   uint64_t last_liveness_ms_ = 0;

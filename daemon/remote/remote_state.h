@@ -181,6 +181,31 @@ struct Remote::Peer {
   bool defer_payload = false;  // the next kPayload's envelope was set aside
 };
 
+// Reads of an RMA rendezvous (rma.cc) posted at once, in all: each holds
+// an inbox chunk of its receiver's job until it is delivered.
+inline constexpr uint32_t kMaxRmaReads = 16;
+// The longest read (and inbox chunk) a piece is cut into, below the
+// fabric's MaxReadLength and the inbox's largest chunk.
+inline constexpr uint32_t kRmaReadMax = 1u << 20;
+// How soon a read the provider ended with its peer is posted again.
+inline constexpr uint64_t kReadRetryMs = 20;
+
+// One read of a piece of an RMA rendezvous, into an inbox chunk of the
+// receiver's job (rma.cc). Delivered in message order, as a chunk is.
+struct Remote::RmaRead {
+  enum class State { kWaiting, kPosted, kRead };
+  State state = State::kWaiting;
+  uint64_t piece = 0;          // the sender's name of the piece it is part of
+  bool last_of_piece = false;  // the sender is told when this one is read
+  uint64_t remote_offset = 0;  // in the sender's region
+  uint32_t len = 0;
+  uint64_t cookie = 0;  // kPosted: the fabric's read
+  // kPosted, kRead: the inbox chunk it lands in (no job: nothing to read,
+  // its receiver left).
+  std::shared_ptr<Job> job;
+  uint64_t chunk = 0;
+};
+
 struct Remote::InTransfer {  // a rendezvous receive from another node
   uint16_t node;
   uint32_t receiver;  // 0: gone, chunks are discarded
@@ -190,6 +215,42 @@ struct Remote::InTransfer {  // a rendezvous receive from another node
   uint32_t received;  // delivered to the receiver
   uint64_t sender_req;
   uint32_t accepted = 0;  // read off the connection (delivered or parked)
+  // The RMA rendezvous (rma.cc): offered in the transfer id
+  // (wire::kRmaOfferBit); then the receiving endpoint as a frame's sender,
+  // the region the first kRndvRead named (every later one must name it),
+  // and the reads of the pieces announced, in message order.
+  bool rma = false;
+  wire::Sender to{};
+  bool has_region = false;
+  wire::Region region{};
+  std::deque<RmaRead> reads{};
+  // Reads the provider ended with their peer are read again from
+  // retry_at_ms on, until failing_since_ms is a fabric timeout old.
+  uint64_t failing_since_ms = 0;
+  uint64_t retry_at_ms = 0;
+};
+
+// A chunk of an RMA rendezvous announced to the receiving node (kRndvRead),
+// held until it says it is done with it (kRndvReadDone) or goes.
+struct Remote::OutPiece {
+  uint16_t node = 0;
+  uint64_t sender = 0;              // the sending endpoint's epid
+  uint64_t receiver = 0;            // the receiving endpoint's epid
+  std::unique_ptr<OutFrame> chunk;  // not sent: holds the pool chunk
+};
+
+// A job's pool registered with the fabric for RMA (rma.cc), once: read by
+// peers where it sends, and read into where it receives. It holds the job
+// (so the pool stays mapped while registered); SweepRegistrations
+// deregisters it once nothing else does.
+struct Remote::Registration {
+  std::shared_ptr<Job> job;
+  hw::RegionId id = 0;  // 0: registering failed, the job streams
+  wire::Region remote;
+  // Inbox chunks of reads that ended for us by a deadline or a connection
+  // gone: the provider may still write into them until the region is not
+  // busy (hw::Fabric::RegionBusy), so they are released only then.
+  std::vector<uint64_t> quarantine;
 };
 
 struct Remote::OutTransfer {  // a rendezvous send to another node
@@ -204,6 +265,9 @@ struct Remote::OutTransfer {  // a rendezvous send to another node
   bool dead;
   uint64_t sender_req;
   wire::Sender from;  // the sending endpoint, for an abort
+  // Its chunks go as kRndvRead pieces, read by the receiving daemon (the
+  // receiver offered it and this job's pool is registered; rma.cc).
+  bool rma = false;
 };
 
 // What this daemon keeps per job it moves bytes of: the inbox arena (if the

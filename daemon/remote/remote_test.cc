@@ -853,6 +853,18 @@ TEST_F(RemoteTest, AMalformedFrameOfEachOpDropsItsConnection) {
     e.f.dst = dst;
     add("kXoff/kXon/kEagerOff/kEagerOn with a dst", wire::Error::kFields, e);
   }
+  wire::Region region;
+  region.length = 1 << 20;
+  e = wire::PrepRndvRead(from, dst, wire::kRmaOfferBit | 5, 0, 1, 4096,
+                         region.length - 4095, region);
+  add("kRndvRead off its region", wire::Error::kRange, e);
+  // (An id this daemon never gave: one it gave and ended is answered.)
+  e = wire::PrepRndvRead(from, dst, wire::kRmaOfferBit | (1ull << 40), 0, 1,
+                         4096, 0, region);
+  add("kRndvRead of no transfer offered", wire::Error::kOk, e);
+  e = wire::PrepRndvReadDone(from, dst, 1, 4096, 0);
+  e.r.tag[2] = 1;
+  add("kRndvReadDone with a tag", wire::Error::kFields, e);
   std::vector<bool> covered(wire::kOpCount);
   for (size_t i = 0; i < cases.size(); i++) {
     Case& c = cases[i];

@@ -182,7 +182,9 @@ bool Remote::RndvData(Endpoint& sender, const shm::SubmissionDesc& d) {
   shm::PoolPayload chunk = shm::PayloadOf(sender.job()->pool().base(), d);
   t.forwarded += d.len;
   Peer* p = t.dead ? nullptr : PeerOf(t.node);
-  if (p != nullptr) {
+  if (p != nullptr && t.rma) {
+    AnnouncePiece(*p, t, sender, d, &chunk);  // the receiver reads it
+  } else if (p != nullptr) {
     Enqueue(*p, ChunkFrame(
                     sender,
                     wire::PrepRndvData(SenderOf(sender), t.dst,
@@ -228,9 +230,16 @@ void Remote::StartTransfer(Endpoint& receiver, uint64_t recv_req,
   uint64_t transfer = 0;
   if (send_bytes > 0) {
     transfer = next_in_transfer_++;
-    in_transfers_[transfer] = std::make_unique<InTransfer>(
+    // Offered as RMA where this daemon can read into the receiver's pool
+    // (rma.cc); the sender decides.
+    const bool rma = OfferRma(receiver);
+    if (rma) transfer |= wire::kRmaOfferBit;
+    auto t = std::make_unique<InTransfer>(
         InTransfer{node, receiver.id(), recv_req, m.remote_src, send_bytes, 0,
                    m.sender_req});
+    t->rma = rma;
+    t->to = SenderOf(receiver);
+    in_transfers_[transfer] = std::move(t);
   }
   Post(*p, wire::PrepRndvGo(SenderOf(receiver), m.remote_src, m.sender_req,
                             send_bytes, transfer));

@@ -64,6 +64,18 @@ Error CheckRndvGo(const Envelope& e) {
   return (e.r.len > 0) == (e.r.x != 0) ? Error::kOk : Error::kRange;
 }
 
+// A piece to read lies within the region announced with it (no sum that
+// could wrap: every number comes from the peer), and has bytes.
+Error CheckRndvRead(const Envelope& e) {
+  if (e.inline_len != kRegionBytes) return Error::kInline;
+  const Region r = RegionOf(e);
+  if (e.r.len == 0 || r.addr > UINT64_MAX - r.length || e.r.x > r.length ||
+      e.r.len > r.length - e.r.x) {
+    return Error::kRange;
+  }
+  return Error::kOk;
+}
+
 // Indexed by Op, row for row with kOpTraits; data ops have no record.
 constexpr Check kChecks[kOpCount] = {
     /* kInvalid  */ nullptr,
@@ -85,6 +97,8 @@ constexpr Check kChecks[kOpCount] = {
     /* kXon      */ CheckNothing,
     /* kEagerOff */ CheckNothing,
     /* kEagerOn  */ CheckNothing,
+    /* kRndvRead */ CheckRndvRead,
+    /* kRndvReadDone */ CheckNothing,
 };
 
 constexpr bool EveryEnvelopeHasItsCheck() {
@@ -278,6 +292,39 @@ Envelope PrepGone(const Sender& from, int32_t error) {
 
 Envelope PrepFlow(Op op, const Sender& from) {
   return Addressed(op, from, 0, 0);
+}
+
+Envelope PrepRndvRead(const Sender& from, uint64_t dst, uint64_t transfer,
+                      uint64_t offset, uint64_t piece, uint32_t len,
+                      uint64_t region_offset, const Region& region) {
+  Envelope e = Addressed(Op::kRndvRead, from, dst, transfer);
+  e.f.offset = offset;
+  e.r.tag[0] = static_cast<uint32_t>(piece);
+  e.r.tag[1] = static_cast<uint32_t>(piece >> 32);
+  e.r.len = len;
+  e.r.x = region_offset;
+  static_assert(sizeof(Region) == kRegionBytes &&
+                kRegionBytes <= shm::kInlineMax);
+  std::memcpy(e.inline_data, &region, kRegionBytes);
+  e.inline_len = kRegionBytes;
+  return e;
+}
+
+Region RegionOf(const Envelope& e) {
+  Region r;
+  std::memcpy(&r, e.inline_data, kRegionBytes);
+  return r;
+}
+
+uint64_t PieceOf(const Envelope& e) {
+  return e.r.tag[0] | (uint64_t{e.r.tag[1]} << 32);
+}
+
+Envelope PrepRndvReadDone(const Sender& from, uint64_t dst, uint64_t piece,
+                          uint32_t len, int32_t error) {
+  Envelope e = Failed(Op::kRndvReadDone, from, dst, piece, error);
+  e.r.len = len;
+  return e;
 }
 
 }  // namespace psmd::wire

@@ -53,17 +53,20 @@ enum class Op : uint16_t {
   kRndvData = 7,   // a chunk; aux: transfer, offset: where
   kAmRequest = 8,  // aux: request
   kAmReply = 9,
-  kAmAck = 10,     // aux: the request acknowledged, tag[0]: handler
-  kError = 11,     // dst's request `aux` failed with `error`
-  kAbort = 12,     // rendezvous transfer `aux` to dst ends: its sender left
-  kPing = 13,      // nothing: a heartbeat (liveness, remote.h)
-  kGone = 14,      // endpoint src (of the sending node) was removed
-  kXoff = 15,      // hold messages to endpoint src (of the sending node)
-  kXon = 16,       // send to src again
-  kEagerOff = 17,  // eager MQ messages to src as envelopes only
-  kEagerOn = 18,   // eager MQ messages to src as before
+  kAmAck = 10,         // aux: the request acknowledged, tag[0]: handler
+  kError = 11,         // dst's request `aux` failed with `error`
+  kAbort = 12,         // rendezvous transfer `aux` to dst ends: its sender left
+  kPing = 13,          // nothing: a heartbeat (liveness, remote.h)
+  kGone = 14,          // endpoint src (of the sending node) was removed
+  kXoff = 15,          // hold messages to endpoint src (of the sending node)
+  kXon = 16,           // send to src again
+  kEagerOff = 17,      // eager MQ messages to src as envelopes only
+  kEagerOn = 18,       // eager MQ messages to src as before
+  kRndvRead = 19,      // read a piece of transfer `aux` from the sender's
+                       // registered region (RMA rendezvous)
+  kRndvReadDone = 20,  // the piece `aux` of dst's was read (or not: error)
 };
-inline constexpr uint16_t kOpCount = 19;
+inline constexpr uint16_t kOpCount = 21;
 
 // The record every envelope starts with.
 struct Record {
@@ -84,6 +87,26 @@ inline constexpr uint32_t kFlagRndv = 1u << 31;
 inline constexpr uint64_t kConvertedBit = 1ull << 63;
 inline constexpr uint32_t kEnvelopeMax = sizeof(Record) + shm::kInlineMax;
 
+// The RMA rendezvous (docs/design.md, "Rendezvous by RMA read"). How the
+// two daemons agree on it without a new handshake: a receiving daemon that
+// can read (hw::Fabric::CanRead, its receiver's pool registered) sets this
+// bit in the transfer id its kRndvGo carries (Record::x). The id is the
+// receiver's own name for the transfer, which a sender only echoes, so a
+// daemon built before the RMA rendezvous streams kRndvData under it as
+// always; a sending daemon that can serve reads sends kRndvRead pieces
+// instead, and only for a transfer whose id has the bit. So kRndvRead goes
+// only to a daemon that offered it, and kRndvReadDone only to one that
+// sent kRndvRead: neither reaches a daemon whose decoder would refuse it.
+inline constexpr uint64_t kRmaOfferBit = 1ull << 62;
+// What a kRndvRead carries after its record: the sender's region as
+// hw::RemoteRegion names it (address, key, length; little-endian u64s).
+inline constexpr uint32_t kRegionBytes = 24;
+struct Region {
+  uint64_t addr = 0;
+  uint64_t key = 0;
+  uint64_t length = 0;
+};
+
 // ---- Operation traits: the one place that says how each op travels ----
 
 enum class Shape : uint8_t {
@@ -98,6 +121,7 @@ enum class Payload : uint8_t {
                    // (and not a rendezvous), else a kPayload frame follows
   kFrame,          // the bytes of the message envelope just before it
   kChunk,          // the bytes of a rendezvous transfer, at `offset`
+  kRegion,         // exactly kRegionBytes after the record: a Region
 };
 
 // The fields an op uses: frame fields and record fields. Every other one is
@@ -189,8 +213,15 @@ inline constexpr OpTraits kOpTraits[kOpCount] = {
     /* kEagerOn  */
     {Shape::kEnvelope, Payload::kNone, kSrc | kSender, 0, kRecordOnly,
      kRecordOnly},
+    /* kRndvRead */
+    {Shape::kEnvelope, Payload::kRegion,
+     kAddressed | kOffset | kTag0 | kTag1 | kLen | kX, 0,
+     kRecordOnly + kRegionBytes, kRecordOnly + kRegionBytes},
+    /* kRndvReadDone */
+    {Shape::kEnvelope, Payload::kNone, kAddressed | kLen | kError, 0,
+     kRecordOnly, kRecordOnly},
 };
-static_assert(static_cast<uint16_t>(Op::kEagerOn) + 1 == kOpCount,
+static_assert(static_cast<uint16_t>(Op::kRndvReadDone) + 1 == kOpCount,
               "every Op has a row in kOpTraits");
 
 // The traits of `op`; an unknown op (a value no row has) is the invalid row.
@@ -226,7 +257,8 @@ enum class Error : uint8_t {
   kFlags,      // flags the op does not carry
   kInline,     // inline bytes disagree with the message's length
   kRange,      // an active message's handler, arguments or payload out of
-               // range; a kRndvGo's transfer id without bytes or vice versa
+               // range; a kRndvGo's transfer id without bytes or vice versa;
+               // a kRndvRead's range off its region, or of no bytes
 };
 const char* ErrorName(Error error);
 
@@ -282,6 +314,20 @@ Envelope PrepPing();
 Envelope PrepGone(const Sender& from, int32_t error);
 // kXoff, kXon, kEagerOff or kEagerOn about endpoint `from` (back-pressure).
 Envelope PrepFlow(Op op, const Sender& from);
+// A piece of rendezvous transfer `transfer` (the receiver's id, with
+// kRmaOfferBit): `len` bytes at `offset` in the message, to be read at
+// `region_offset` in the sender's `region`; `piece` is the sender's name
+// for it, which kRndvReadDone gives back (in tag[0] and tag[1]).
+Envelope PrepRndvRead(const Sender& from, uint64_t dst, uint64_t transfer,
+                      uint64_t offset, uint64_t piece, uint32_t len,
+                      uint64_t region_offset, const Region& region);
+// The region a kRndvRead names, and its piece id.
+Region RegionOf(const Envelope& e);
+uint64_t PieceOf(const Envelope& e);
+// The receiver of piece `piece` of dst's is done with it: `len` bytes read,
+// or `error` (a PSM2 error; the piece is released either way).
+Envelope PrepRndvReadDone(const Sender& from, uint64_t dst, uint64_t piece,
+                          uint32_t len, int32_t error);
 
 }  // namespace psmd::wire
 

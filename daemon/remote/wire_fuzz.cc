@@ -107,6 +107,11 @@ Envelope Rebuild(const Envelope& e) {
       return PrepFlow(Op::kEagerOff, from);
     case Op::kEagerOn:
       return PrepFlow(Op::kEagerOn, from);
+    case Op::kRndvRead:
+      return PrepRndvRead(from, f.dst, f.aux, f.offset, PieceOf(e), r.len, r.x,
+                          RegionOf(e));
+    case Op::kRndvReadDone:
+      return PrepRndvReadDone(from, f.dst, f.aux, r.len, r.error);
     default:  // the data ops: no envelope
       std::abort();
   }
@@ -170,6 +175,13 @@ std::vector<std::string> Seeds() {
   for (Op op : {Op::kXoff, Op::kXon, Op::kEagerOff, Op::kEagerOn}) {
     add(PrepFlow(op, a));
   }
+  Region region;
+  region.addr = 0x7f0000000000;
+  region.key = 0x1234;
+  region.length = 64 << 20;
+  add(PrepRndvRead(a, b, kRmaOfferBit | 4, 1 << 18, 77, 1 << 18, 3 << 20,
+                   region));
+  add(PrepRndvReadDone(a, b, 77, 1 << 18, 0));
   return seeds;
 }
 
@@ -216,7 +228,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Check(header == Error::kOk);
   Check(e.inline_len <= shm::kInlineMax);
   Check(e.inline_len == 0 ||
-        (t.payload == Payload::kInlineOrFrame && !PayloadFollows(e)));
+        (t.payload == Payload::kInlineOrFrame && !PayloadFollows(e)) ||
+        (t.payload == Payload::kRegion && e.inline_len == kRegionBytes));
+  if (e.op() == Op::kRndvRead) {  // the piece lies within its region
+    const Region r = RegionOf(e);
+    Check(e.r.len > 0 && r.addr <= UINT64_MAX - r.length &&
+          uint64_t{e.r.x} + e.r.len <= r.length);
+  }
   uint8_t again[kEnvelopeMax];
   Check(Encode(e, again) == length);
   Check(std::memcmp(again, body, length) == 0);

@@ -9,11 +9,11 @@
 # It is also the Bazel test //daemon/remote:wire_fuzz_test (--ci).
 # Fails on a crash, a sanitizer report or a failed check (decoded bytes
 # that do not re-encode, or that the op's builder would not write), and
-# when the run never accepted a frame of some op (18) or never refused one
+# when the run never accepted a frame of some op (20) or never refused one
 # for some reason (7) (the target's "reached" line).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/libfuzzer.sh
 fuzz_main wire_fuzz daemon/remote/wire_fuzz_corpus 2000000 256 \
-  "^wire_fuzz: reached ops=([1-9][0-9]*,){17}[1-9][0-9]* refused=([1-9][0-9]*,){6}[1-9][0-9]*$" \
+  "^wire_fuzz: reached ops=([1-9][0-9]*,){19}[1-9][0-9]* refused=([1-9][0-9]*,){6}[1-9][0-9]*$" \
   "${1:-}" daemon/remote/wire_fuzz.cc daemon/remote/wire.cc

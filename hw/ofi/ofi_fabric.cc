@@ -8,13 +8,16 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -31,12 +34,17 @@ namespace {
 // registers every buffer it hands the provider (FI_MR_LOCAL), allocates
 // them itself (FI_MR_ALLOCATED), binds the registration to the endpoint
 // when asked (FI_MR_ENDPOINT), and gives every operation an fi_context2.
-// It does no RMA, so FI_MR_VIRT_ADDR and FI_MR_PROV_KEY cost nothing.
+// For RMA it names a remote region by the address the provider wants
+// (FI_MR_VIRT_ADDR or an offset) and the key it hands out (FI_MR_PROV_KEY).
+// `rma`: reads too (FI_RMA|FI_READ|FI_REMOTE_READ), which Open asks for
+// first and goes without where the provider has none.
 // `provider`: libfabric's provider syntax, or "" for any;
 // `addr_format`: FI_FORMAT_UNSPEC for any.
-fi_info* PsmdHints(const std::string& provider, uint32_t addr_format) {
+fi_info* PsmdHints(const std::string& provider, uint32_t addr_format,
+                   bool rma) {
   fi_info* hints = fi_allocinfo();
   hints->caps = FI_MSG;
+  if (rma) hints->caps |= FI_RMA | FI_READ | FI_REMOTE_READ;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->ep_attr->type = FI_EP_RDM;
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_ENDPOINT |
@@ -76,6 +84,12 @@ constexpr uint32_t kListenRecvs = 8;  // the listen endpoint's
 // Stream bytes a sender may have beyond what the receiver consumed: what
 // one connection can make its receiver hold.
 constexpr uint64_t kWindow = 2u << 20;
+// RMA: one read is at most this long (less if max_msg_size is), and at
+// most this many are outstanding (less if the transmit queue is shorter):
+// a reader cannot hold more of its provider's queue than that.
+constexpr size_t kMaxRead = 4u << 20;
+constexpr uint32_t kMaxReads = 32;
+constexpr size_t kMaxRegions = 1024;
 
 // A completion error (a positive FI_E* value) as what the user acts on.
 ErrorClass FromFiError(int err, bool opened) {
@@ -102,9 +116,10 @@ ErrorClass FromFiError(int err, bool opened) {
 
 // What every operation hands libfabric as its context: FI_CONTEXT and
 // FI_CONTEXT2 providers own the first member while it is in flight.
+enum class OpKind : uint8_t { kRecv, kSend, kRead };
 struct Op {
   fi_context2 ctx;
-  bool send = false;
+  OpKind kind = OpKind::kRecv;
   uint32_t index = 0;
 };
 static_assert(offsetof(Op, ctx) == 0);
@@ -122,6 +137,16 @@ class OfiFabric final : public LinkFabric {
   }
   int Poll(Event* events, int max) override;
   int Wait(Event* events, int max, int timeout_ms) override;
+
+  bool CanRead() const override { return rma_; }
+  size_t MaxReadLength() const override { return rma_ ? max_read_ : 0; }
+  ErrorClass RegisterRegion(void* base, size_t length, RegionId* id,
+                            RemoteRegion* remote) override;
+  ErrorClass DeregisterRegion(RegionId id) override;
+  bool RegionBusy(RegionId id) const override;
+  ErrorClass PostRead(ConnId conn, RegionId local, size_t local_offset,
+                      const RemoteRegion& remote, uint64_t remote_offset,
+                      size_t length, uint64_t cookie) override;
 
  private:
   using State = LinkState;
@@ -183,6 +208,30 @@ class OfiFabric final : public LinkFabric {
     fi_addr_t addr = FI_ADDR_NOTAVAIL;
     int refs = 0;
   };
+  struct Region {
+    fid_mr* mr = nullptr;
+    uint8_t* base = nullptr;
+    size_t length = 0;
+  };
+  // A read in flight (or waiting for the provider to take it: -FI_EAGAIN).
+  struct Read {
+    Op op;
+    ConnId conn = 0;
+    uint64_t peer_node = 0;
+    uint64_t cookie = 0;
+    RegionId local = 0;  // the region buf is in
+    uint8_t* buf = nullptr;
+    void* desc = nullptr;
+    size_t length = 0;
+    fi_addr_t addr = FI_ADDR_NOTAVAIL;
+    uint64_t remote_addr = 0;
+    uint64_t key = 0;
+    // A read the provider has not completed within timeout_ms, or whose
+    // connection went, ended for the user (kReadDone with the error) but
+    // its slot is the provider's until the completion comes.
+    int64_t deadline_ns = 0;
+    bool orphaned = false;
+  };
 
   // LinkFabric's hooks.
   void Fail(LinkConn* c, ErrorClass error) override;
@@ -233,6 +282,12 @@ class OfiFabric final : public LinkFabric {
   void OnAccept(Conn* c, const uint8_t* p, size_t n);
   void OnSegment(Conn* c, uint64_t seq, const uint8_t* p, size_t n);
   void OnSendDone(uint32_t i, int err);
+  // Hands read i to the provider; false when it must wait (-FI_EAGAIN).
+  bool IssueRead(uint32_t i);
+  void OnReadDone(uint32_t i, int err);
+  // Ends for the user the reads past their deadline or connection.
+  void ExpireReads(int64_t now);
+  void LogReadFailure(const Read& r, const char* why);
   void CheckDeadlines(int64_t now);
   void DropUnknown(const char* what);
 
@@ -287,6 +342,17 @@ class OfiFabric final : public LinkFabric {
   int64_t next_check_ns_ = 0;
   int64_t next_limit_log_ns_ = 0;
   bool unknown_logged_ = false;
+
+  // RMA (CanRead): the provider granted FI_RMA|FI_READ|FI_REMOTE_READ.
+  bool rma_ = false;
+  size_t max_read_ = 0;
+  uint64_t next_region_ = 1;  // RegionId; also its key without PROV_KEY
+  std::unordered_map<RegionId, Region> regions_;
+  std::vector<Read> reads_;
+  std::vector<uint32_t> free_reads_;
+  std::deque<uint32_t> unposted_reads_;  // -FI_EAGAIN: post again
+  int64_t next_read_log_ns_ = 0;
+  uint64_t reads_unlogged_ = 0;
 };
 
 // ---- opening and closing ----
@@ -322,6 +388,8 @@ OfiFabric::~OfiFabric() {
 void OfiFabric::CloseFabric() {
   if (ep_ != nullptr) fi_close(&ep_->fid);
   if (listen_ep_ != nullptr) fi_close(&listen_ep_->fid);
+  for (auto& [id, r] : regions_) fi_close(&r.mr->fid);
+  regions_.clear();
   if (mr_ != nullptr) fi_close(&mr_->fid);
   if (listen_mr_ != nullptr) fi_close(&listen_mr_->fid);
   if (av_ != nullptr) fi_close(&av_->fid);
@@ -356,9 +424,20 @@ bool OfiFabric::Open(std::string* error) {
     return false;
   }
   const ListenAddress& a = listen[0];
-  hints_ = PsmdHints(opt_.provider, a.host.find(':') != std::string::npos
-                                        ? FI_SOCKADDR_IN6
-                                        : FI_SOCKADDR_IN);
+  const uint32_t format =
+      a.host.find(':') != std::string::npos ? FI_SOCKADDR_IN6 : FI_SOCKADDR_IN;
+  // Reads if the provider has them at this address; messages alone if not
+  // (rendezvous then streams, as over sockets).
+  hints_ = PsmdHints(opt_.provider, format, opt_.rma);
+  fi_info* probe = nullptr;
+  if (opt_.rma && fi_getinfo(FI_VERSION(1, 17), a.host.c_str(), nullptr,
+                             FI_SOURCE, hints_, &probe) == 0) {
+    rma_ = true;
+    fi_freeinfo(probe);
+  } else {
+    fi_freeinfo(hints_);
+    hints_ = PsmdHints(opt_.provider, format, false);
+  }
   const uint32_t lo = a.port_lo, hi = a.port_hi;
   for (uint32_t port = lo; port <= hi; port++) {
     bool in_use = false;
@@ -434,6 +513,15 @@ bool OfiFabric::TryPort(const ListenAddress& a, uint16_t port, bool* in_use,
     return fail("max_msg_size too small", -FI_EMSGSIZE);
   }
   buf_size_ = std::min(max_msg, kChunkCap);
+  max_read_ = std::min(max_msg, kMaxRead);
+  if (rma_) {
+    reads_.resize(std::clamp<size_t>(info_->tx_attr->size / 4, 1, kMaxReads));
+    for (uint32_t i = 0; i < reads_.size(); i++) {
+      reads_[i].op.kind = OpKind::kRead;
+      reads_[i].op.index = i;
+      free_reads_.push_back(static_cast<uint32_t>(reads_.size()) - 1 - i);
+    }
+  }
   chunk_ = buf_size_ - kPrefix;
   inject_size_ = info_->tx_attr->inject_size;
   const uint32_t nslots = static_cast<uint32_t>(
@@ -537,7 +625,7 @@ bool OfiFabric::TryPort(const ListenAddress& a, uint16_t port, bool* in_use,
   slots_.resize(nslots);
   conn_slots_ = std::max<uint32_t>(2, nslots / 2);
   for (uint32_t i = 0; i < nslots; i++) {
-    slots_[i].op.send = true;
+    slots_[i].op.kind = OpKind::kSend;
     slots_[i].op.index = i;
     slots_[i].buf = buffers_.get() + buf_size_ * i;
     free_slots_.push_back(nslots - 1 - i);
@@ -580,9 +668,12 @@ bool OfiFabric::TryPort(const ListenAddress& a, uint16_t port, bool* in_use,
   self_.addresses = {{a.host, static_cast<uint16_t>(bound ? bound : port)}};
   spdlog::info(
       "fabric: libfabric {} {} at {}:{} (data endpoint port {}), max message "
-      "{}, inject {}",
+      "{}, inject {}, RMA reads {}",
       info_->fabric_attr->prov_name, info_->fabric_attr->name, a.host,
-      bound ? bound : port, data_port, max_msg, inject_size_);
+      bound ? bound : port, data_port, max_msg, inject_size_,
+      rma_       ? "on"
+      : opt_.rma ? "not offered (FI_RMA|FI_READ)"
+                 : "off (fabric_rma)");
   return true;
 }
 
@@ -1185,8 +1276,10 @@ int OfiFabric::ReadCq() {
       total++;
       auto* op = static_cast<Op*>(err.op_context);
       if (op == nullptr) continue;
-      if (op->send) {
+      if (op->kind == OpKind::kSend) {
         OnSendDone(op->index, err.err != 0 ? err.err : FI_EIO);
+      } else if (op->kind == OpKind::kRead) {
+        OnReadDone(op->index, err.err != 0 ? err.err : FI_EIO);
       } else {
         // A message longer than our buffers (FI_ETRUNC) is no psmd's.
         if (err.err != FI_ECANCELED) DropUnknown(fi_strerror(err.err));
@@ -1204,8 +1297,10 @@ int OfiFabric::ReadCq() {
     total += static_cast<int>(n);
     for (ssize_t k = 0; k < n; k++) {
       auto* op = static_cast<Op*>(entries[k].op_context);
-      if (op->send) {
+      if (op->kind == OpKind::kSend) {
         OnSendDone(op->index, 0);
+      } else if (op->kind == OpKind::kRead) {
+        OnReadDone(op->index, 0);
       } else {
         OnMessage(recvs_[op->index].buf, entries[k].len,
                   recvs_[op->index].listen);
@@ -1219,6 +1314,7 @@ int OfiFabric::ReadCq() {
 
 void OfiFabric::CheckDeadlines(int64_t now) {
   CheckSessions(now);
+  ExpireReads(now);
   const int64_t timeout = int64_t{opt_.timeout_ms} * 1'000'000;
   const int64_t user_timeout =
       opt_.user_timeout_ms == FabricOptions::kNoUserTimeout ? 0
@@ -1280,6 +1376,9 @@ int OfiFabric::Poll(Event* events, int max) {
     const uint32_t i = unposted_slots_.front();
     unposted_slots_.pop_front();
     PostSlot(i);
+  }
+  while (!unposted_reads_.empty() && IssueRead(unposted_reads_.front())) {
+    unposted_reads_.pop_front();
   }
   if (auth_waiting_ > 0) {
     uint64_t drained;
@@ -1343,13 +1442,191 @@ int OfiFabric::Wait(Event* events, int max, int timeout_ms) {
 
 }  // namespace
 
+// ---- RMA ----
+
+ErrorClass OfiFabric::RegisterRegion(void* base, size_t length, RegionId* id,
+                                     RemoteRegion* remote) {
+  if (!rma_ || base == nullptr || length == 0) return ErrorClass::kBadArg;
+  if (regions_.size() >= kMaxRegions) return ErrorClass::kLimit;
+  const RegionId rid = next_region_++;
+  Region r;
+  r.base = static_cast<uint8_t*>(base);
+  r.length = length;
+  // Without FI_MR_PROV_KEY the provider takes our key, and the key is all a
+  // reader needs (without FI_MR_VIRT_ADDR the address is an offset): from
+  // the kernel's random source, so that only who sees a kRndvRead frame
+  // learns it (a counter was guessed at once; rng_'s keys can be predicted
+  // from the connection keys it gave out). Keys 0 and 1 are the endpoints'
+  // buffers (Open); a key taken already is drawn again.
+  int rc = -FI_ENOKEY;
+  for (int attempt = 0; attempt < 4 && rc == -FI_ENOKEY; attempt++) {
+    uint64_t requested = 0;
+    if (getrandom(&requested, sizeof requested, 0) != sizeof requested) {
+      spdlog::error("fabric: getrandom for an RMA key: {}", strerror(errno));
+      return ErrorClass::kFail;
+    }
+    if (requested <= 1) continue;
+    rc = fi_mr_reg(domain_, base, length, FI_READ | FI_REMOTE_READ, 0,
+                   requested, 0, &r.mr, nullptr);
+  }
+  if (rc == 0 && (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) != 0 &&
+      (rc = fi_mr_bind(r.mr, &ep_->fid, 0)) == 0) {
+    rc = fi_mr_enable(r.mr);
+  }
+  if (rc != 0) {
+    if (r.mr != nullptr) fi_close(&r.mr->fid);
+    spdlog::error("fabric: registering {} bytes for RMA with {}: {}", length,
+                  info_->fabric_attr->prov_name, fi_strerror(-rc));
+    return ErrorClass::kFail;
+  }
+  remote->addr = (info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0
+                     ? reinterpret_cast<uint64_t>(base)
+                     : 0;
+  remote->key = fi_mr_key(r.mr);
+  remote->length = length;
+  regions_.emplace(rid, r);
+  *id = rid;
+  return ErrorClass::kOk;
+}
+
+ErrorClass OfiFabric::DeregisterRegion(RegionId id) {
+  auto it = regions_.find(id);
+  if (it == regions_.end()) return ErrorClass::kBadArg;
+  // Not while the provider may still write into it, even for a read the
+  // user saw end (ExpireReads).
+  if (RegionBusy(id)) return ErrorClass::kBusy;
+  fi_close(&it->second.mr->fid);
+  regions_.erase(it);
+  return ErrorClass::kOk;
+}
+
+bool OfiFabric::RegionBusy(RegionId id) const {
+  for (const Read& r : reads_) {
+    if (r.addr != FI_ADDR_NOTAVAIL && r.local == id) return true;
+  }
+  return false;
+}
+
+ErrorClass OfiFabric::PostRead(ConnId conn, RegionId local, size_t local_offset,
+                               const RemoteRegion& remote,
+                               uint64_t remote_offset, size_t length,
+                               uint64_t cookie) {
+  if (!rma_) return ErrorClass::kBadArg;
+  Conn* c = Find(conn);
+  if (c == nullptr || c->state != State::kOpen || !c->addr_known) {
+    return ErrorClass::kBadConn;
+  }
+  auto it = regions_.find(local);
+  // Every range is checked without a sum that could wrap: the remote one
+  // comes from a peer.
+  if (it == regions_.end() || length == 0 || length > max_read_ ||
+      local_offset > it->second.length ||
+      length > it->second.length - local_offset ||
+      remote_offset > remote.length || length > remote.length - remote_offset ||
+      remote.addr > UINT64_MAX - remote.length) {
+    return ErrorClass::kBadArg;
+  }
+  if (free_reads_.empty()) return ErrorClass::kBusy;
+  const uint32_t i = free_reads_.back();
+  free_reads_.pop_back();
+  Read& r = reads_[i];
+  r.conn = conn;
+  r.peer_node = c->peer_node;
+  r.cookie = cookie;
+  r.local = local;
+  r.buf = it->second.base + local_offset;
+  r.desc = fi_mr_desc(it->second.mr);
+  r.length = length;
+  r.addr = c->addr;
+  av_entries_[av_names_[c->addr]].refs++;  // the read holds the address
+  r.remote_addr = remote.addr + remote_offset;
+  r.key = remote.key;
+  r.deadline_ns = MonotonicNs() + int64_t{opt_.timeout_ms} * 1'000'000;
+  r.orphaned = false;
+  if (!IssueRead(i)) unposted_reads_.push_back(i);
+  return ErrorClass::kOk;
+}
+
+bool OfiFabric::IssueRead(uint32_t i) {
+  Read& r = reads_[i];
+  const ssize_t rc = fi_read(ep_, r.buf, r.length, r.desc, r.addr,
+                             r.remote_addr, r.key, &r.op.ctx);
+  if (rc == -FI_EAGAIN) return false;  // after progress: Poll tries again
+  if (rc != 0) OnReadDone(i, static_cast<int>(-rc));
+  return true;
+}
+
+void OfiFabric::LogReadFailure(const Read& r, const char* why) {
+  // Reads fail together (a peer gone fails all of its): one line a second.
+  const int64_t now = MonotonicNs();
+  if (now < next_read_log_ns_) {
+    reads_unlogged_++;
+    return;
+  }
+  spdlog::warn(
+      "fabric: an RMA read of {} bytes from node {} failed: {} ({} more "
+      "failed reads not logged since the last line)",
+      r.length, r.peer_node, why, reads_unlogged_);
+  reads_unlogged_ = 0;
+  next_read_log_ns_ = now + 1'000'000'000;
+}
+
+void OfiFabric::ExpireReads(int64_t now) {
+  for (uint32_t i = 0; i < reads_.size(); i++) {
+    Read& r = reads_[i];
+    if (r.addr == FI_ADDR_NOTAVAIL || r.orphaned) continue;
+    const bool gone = Find(r.conn) == nullptr;
+    if (!gone && now < r.deadline_ns) continue;
+    LogReadFailure(r, gone ? "its connection is gone"
+                           : "it did not finish within the fabric timeout");
+    Event e;
+    e.type = EventType::kReadDone;
+    e.conn = r.conn;
+    e.cookie = r.cookie;
+    e.peer_node = r.peer_node;
+    e.error = gone ? ErrorClass::kConnReset : ErrorClass::kTimeout;
+    events_.push_back(e);
+    r.orphaned = true;
+    // One the provider never took is simply freed.
+    auto q = std::find(unposted_reads_.begin(), unposted_reads_.end(), i);
+    if (q != unposted_reads_.end()) {
+      unposted_reads_.erase(q);
+      OnReadDone(i, FI_ECANCELED);
+    }
+  }
+}
+
+void OfiFabric::OnReadDone(uint32_t i, int err) {
+  Read& r = reads_[i];
+  AvUnref(r.addr);
+  r.addr = FI_ADDR_NOTAVAIL;
+  free_reads_.push_back(i);
+  if (r.orphaned) return;  // the user had its kReadDone (ExpireReads)
+  Event e;
+  e.type = EventType::kReadDone;
+  e.conn = r.conn;
+  e.cookie = r.cookie;
+  e.peer_node = r.peer_node;
+  if (err == 0) {
+    e.length = static_cast<uint32_t>(r.length);
+  } else {
+    // Reads are never canceled here: FI_ECANCELED is the provider ending
+    // them with their peer. A refused key or range (FI_EACCES, FI_EINVAL)
+    // is the announcing peer's fault: the caller decides what it costs.
+    e.error =
+        err == FI_ECANCELED ? ErrorClass::kConnReset : FromFiError(err, true);
+    LogReadFailure(r, fi_strerror(err));
+  }
+  events_.push_back(e);
+}
+
 std::unique_ptr<Fabric> OpenOfiFabric(const FabricOptions& options,
                                       std::string* error) {
   return OpenLinkFabric<OfiFabric>(options, error);
 }
 
 int DescribeOfiProviders(const std::string& provider, std::string* out) {
-  fi_info* hints = PsmdHints(provider, FI_FORMAT_UNSPEC);
+  fi_info* hints = PsmdHints(provider, FI_FORMAT_UNSPEC, false);
   fi_info* list = nullptr;
   const int rc =
       fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints, &list);

@@ -28,9 +28,12 @@
 // consumes frames), so a receiver that posts nothing holds its senders back
 // and nothing is dropped. Sends are copied into registered bounce buffers
 // (the code registers all it hands the provider, so FI_MR_LOCAL providers
-// run it unchanged). Liveness: keepalive messages, a silent peer is closed
-// after timeout_ms. See hw/README.md and docs/design.md for what is assumed
-// of providers this machine cannot run.
+// run it unchanged). Where the provider offers FI_RMA|FI_READ, regions
+// registered once are read by peers with fi_read (Fabric::PostRead),
+// straight into a registered region of the reader's: no bounce buffer.
+// Liveness: keepalive messages, a silent peer is closed after timeout_ms. See
+// hw/README.md and docs/design.md for what is assumed of providers this machine
+// cannot run.
 //
 // Thread-safety: as hw::Fabric (one thread), plus the private MUNGE helper
 // thread when authentication is on.

@@ -106,6 +106,18 @@ bool Expect(const std::vector<Node*>& nodes, Node* node, EventType type,
       nodes, [&] { return node->Take(type, out); }, timeout_ms);
 }
 
+void Link(Node* a, Node* b, ConnId* at_a, ConnId* at_b) {
+  ASSERT_EQ(a->fabric->Connect(b->fabric->HostDescription(), 42, at_a),
+            ErrorClass::kOk);
+  Event e;
+  ASSERT_TRUE(Expect({a, b}, a, EventType::kConnected, &e));
+  EXPECT_EQ(e.error, ErrorClass::kOk) << ErrorClassName(e.error);
+  EXPECT_EQ(e.conn, *at_a);
+  EXPECT_EQ(e.cookie, 42u);
+  ASSERT_TRUE(Expect({a, b}, b, EventType::kAccepted, &e));
+  *at_b = e.conn;
+}
+
 void WhilePumping(const std::vector<Node*>& nodes,
                   const std::function<void()>& fn) {
   std::atomic<bool> finished{false};

@@ -51,6 +51,9 @@ bool PumpUntil(const std::vector<Node*>& nodes,
 bool Expect(const std::vector<Node*>& nodes, Node* node, EventType type,
             Event* out, int timeout_ms = 5000);
 
+// Connects a to b (cookie 42); their connection ids in *at_a, *at_b.
+void Link(Node* a, Node* b, ConnId* at_a, ConnId* at_b);
+
 // Runs fn on a thread of its own (it may block, e.g. on a RawPeer) while
 // pumping `nodes`; returns when fn has returned.
 void WhilePumping(const std::vector<Node*>& nodes,

@@ -26,6 +26,7 @@ namespace {
 using testing::CutProxy;
 using testing::Expect;
 using testing::FirstAddress;
+using testing::Link;
 using testing::Node;
 using testing::OpenNode;
 using testing::PumpUntil;
@@ -46,19 +47,6 @@ FabricOptions WithSessions() {
   FabricOptions o = NoAuth();
   o.sessions = true;
   return o;
-}
-
-// Connects a to b; returns a's and b's connection ids.
-void Link(Node* a, Node* b, ConnId* at_a, ConnId* at_b) {
-  ASSERT_EQ(a->fabric->Connect(b->fabric->HostDescription(), 42, at_a),
-            ErrorClass::kOk);
-  Event e;
-  ASSERT_TRUE(Expect({a, b}, a, EventType::kConnected, &e));
-  EXPECT_EQ(e.error, ErrorClass::kOk) << ErrorClassName(e.error);
-  EXPECT_EQ(e.conn, *at_a);
-  EXPECT_EQ(e.cookie, 42u);
-  ASSERT_TRUE(Expect({a, b}, b, EventType::kAccepted, &e));
-  *at_b = e.conn;
 }
 
 std::string Pattern(size_t n, uint32_t seed) {

@@ -34,6 +34,9 @@
 //                    handler was called (it prints "handler <error> at
 //                    <monotonic ms>: <message>"), the next psm2_poll
 //                    returned that error and the receive could be cancelled.
+//   posted-receiver  posts the 64 MiB receive, writes DIR/posted and waits
+//                    on it; exits 0 if the wait ends with an error (its
+//                    peer is the test's own node: tests/fabric_test.cc).
 //   quiet-waiter     registers an error handler, writes DIR/waiting and
 //                    polls until DIR/stop exists; exits 0 if the handler was
 //                    never called and no psm2_poll returned an error.
@@ -104,7 +107,9 @@ int StalledSender(psmd::testing::ConnectedPair& c, const std::string& dir) {
   return 1;
 }
 
-int WaitingReceiver(psmd::testing::ConnectedPair& c, const std::string& dir) {
+// waiting-receiver, and without `streaming` posted-receiver.
+int WaitingReceiver(psmd::testing::ConnectedPair& c, const std::string& dir,
+                    bool streaming) {
   std::vector<uint8_t> buf(kLarge);
   psm2_mq_tag_t tag = TagOf(1), sel = ExactSelector();
   psm2_mq_req_t req;
@@ -112,10 +117,12 @@ int WaitingReceiver(psmd::testing::ConnectedPair& c, const std::string& dir) {
                           nullptr, &req),
            "irecv2");
   Touch(dir + "/posted");
-  // The message's bytes land in order: once the first MiB is in, the
-  // transfer is under way.
-  while (buf[(1u << 20) - 1] == 0) psm2_poll(c.ep);
-  Touch(dir + "/streaming");
+  if (streaming) {
+    // The message's bytes land in order: once the first MiB is in, the
+    // transfer is under way.
+    while (buf[(1u << 20) - 1] == 0) psm2_poll(c.ep);
+    Touch(dir + "/streaming");
+  }
   return WaitAndReport(&req) != PSM2_OK ? 0 : 1;
 }
 
@@ -318,7 +325,7 @@ int main(int argc, char** argv) {
   psmd::testing::ConnectedPair c =
       psmd::testing::OpenAndConnect(uuid, dir, rank);
   if (role == "stalled-sender") return StalledSender(c, dir);
-  if (role == "waiting-receiver") return WaitingReceiver(c, dir);
+  if (role == "waiting-receiver") return WaitingReceiver(c, dir, true);
   if (role == "stuck-sender") return StuckSender(c, dir);
   if (role == "idle-receiver") return IdleReceiver(c, dir);
   if (role == "unexpected-sender") return UnexpectedSender(c, dir);
@@ -326,6 +333,7 @@ int main(int argc, char** argv) {
   if (role == "unsent-receiver") return UnsentReceiver(c, dir);
   if (role == "any-source-waiter") return AnySourceWaiter(c, dir);
   if (role == "quiet-waiter") return QuietWaiter(c, dir);
+  if (role == "posted-receiver") return WaitingReceiver(c, dir, false);
   fprintf(stderr, "peer_death: unknown role '%s'\n", role.c_str());
   return 2;
 }
