@@ -819,8 +819,10 @@ void FabricTest::StallOneTenant(const std::vector<std::string>& flood_args,
   }
   printf(
       "bystander exchange beside a stalled tenant: ended %.2f s after "
-      "the flood began (its receiver idles %d s)\n",
-      done_after, idle);
+      "the flood began (its receiver idles %d s); node 2 parked %lld "
+      "frames and kept %lld payloads, node 1 had %lld kXoff\n",
+      done_after, idle, peer_row(*b, "parked"), peer_row(*b, "kept"),
+      peer_row(*a, "xoffs"));
   ASSERT_EQ(receiver.Wait(60), 0) << ReadFile(rv + "/r1.err") << b->Log();
   ASSERT_EQ(sender.Wait(30), 0) << ReadFile(rv + "/r0.err");
   EXPECT_NE(ReadFile(rv + "/r1.out").find(" 0 wrong"), std::string::npos)

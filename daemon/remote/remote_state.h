@@ -37,6 +37,30 @@ inline constexpr uint32_t kDiscardBytes = 64 * 1024;
 // what was in flight when kXoff reached the sender: its socket buffer (4 MiB
 // at most by Linux's default tcp_wmem) and the frames it had queued.
 inline constexpr uint64_t kParkMax = 16 << 20;
+// Back-pressure 5 (remote.h): bytes of frames to one receiving endpoint a
+// sending daemon has on the connection before that endpoint's daemon
+// consumed them, and how often that daemon credits them back. A frame may
+// overshoot the window (it is checked before the frame), so a stalled
+// receiver parks at most the window and one frame (a payload or chunk of at
+// most hw::FabricLimits::max_payload): a quarter of kParkMax and a chunk.
+inline constexpr uint64_t kReceiverWindow = 4 << 20;
+inline constexpr uint64_t kCreditEvery = kReceiverWindow / 8;
+
+// The bytes of a frame (header and body of `length`) that count in its
+// receiver's window: messages, their payloads, rendezvous chunks and
+// active messages; 0 for the other ops.
+inline uint64_t WindowBytes(const hw::FrameFields& f, uint64_t length) {
+  switch (wire::OpOf(f)) {
+    case wire::Op::kEnvelope:
+    case wire::Op::kPayload:
+    case wire::Op::kRndvData:
+    case wire::Op::kAmRequest:
+    case wire::Op::kAmReply:
+      return hw::kFrameHeaderSize + length;
+    default:
+      return 0;
+  }
+}
 
 inline uint64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -113,6 +137,7 @@ struct Remote::Parked {
   wire::Envelope env;
   std::vector<uint8_t> payload;  // its payload frame, or the chunk's bytes
   uint64_t bytes = 0;            // counted in Peer::parked_bytes
+  uint64_t window = 0;           // its (and its payload frame's) WindowBytes
   // A receive the envelope had matched before it parked (Peer::has_held).
   bool has_held = false;
   uint32_t held_receiver = 0;
@@ -179,6 +204,12 @@ struct Remote::Peer {
   // (kEagerOff): such a send goes as a rendezvous (Converted).
   std::set<uint64_t> eager_off;
   bool defer_payload = false;  // the next kPayload's envelope was set aside
+  // Back-pressure 5: per endpoint of that node, the bytes of frames to it
+  // posted and not yet credited back (sending), and per endpoint here the
+  // bytes of its frames from that node consumed and not yet credited
+  // (receiving).
+  std::unordered_map<uint64_t, uint64_t> unconsumed;
+  std::unordered_map<uint64_t, uint64_t> consumed;
 };
 
 struct Remote::InTransfer {  // a rendezvous receive from another node

@@ -276,8 +276,10 @@ Envelope PrepGone(const Sender& from, int32_t error) {
   return Failed(Op::kGone, from, 0, 0, error);
 }
 
-Envelope PrepFlow(Op op, const Sender& from) {
-  return Addressed(op, from, 0, 0);
+Envelope PrepFlow(Op op, const Sender& from, uint64_t credit) {
+  Envelope e = Addressed(op, from, 0, 0);
+  if (op == Op::kXon) e.r.x = credit;
+  return e;
 }
 
 }  // namespace psmd::wire
