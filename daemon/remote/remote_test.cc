@@ -227,6 +227,32 @@ class RemoteTest : public ::testing::Test {
     return std::string(reinterpret_cast<const char*>(src), c.msg_len);
   }
 
+  // Endpoint 0 of node 2 receives `count` messages of tag 2 and `bytes`
+  // from `from_slot`, 32 receives posted at a time, each message's first
+  // int its index: they arrive in order, whole and without error.
+  void ReceiveInOrder(uint32_t from_slot, int count, uint32_t bytes) {
+    int received = 0;
+    int posted = 0;
+    for (int round = 0; round < 400 && received < count; round++) {
+      for (int k = 0; k < 32 && posted < count; k++, posted++) {
+        Recv(2, 0, from_slot, 2, bytes);
+      }
+      Drain();
+      for (const auto& c : Reap(2, 0)) {
+        ASSERT_EQ(c.op, shm::CompleteOp::kRecvDone);
+        ASSERT_EQ(c.error, PSM2_OK);
+        const std::string got = PayloadOf(2, c);
+        ASSERT_EQ(got.size(), bytes);
+        int index = -1;
+        std::memcpy(&index, got.data(), sizeof(index));
+        ASSERT_EQ(index, received);
+        received++;
+      }
+    }
+    EXPECT_EQ(received, count);
+    EXPECT_EQ(node(2).fabric->frames_waiting(), 0u);
+  }
+
   // One chunk of the transfer `go` names, from `src` + offset through the
   // pool, as the sender's library streams it.
   void Chunk(uint16_t a, uint32_t from, const shm::CompletionDesc& go,
@@ -722,25 +748,7 @@ TEST_F(RemoteTest, PastTheParkCapTheConnectionPausesAndThenResumes) {
   Drain();
   // Node 2 parked what fits and stopped reading: frames still wait.
   EXPECT_GT(node(2).fabric->frames_waiting(), 0u);
-  int received = 0;
-  int posted = 0;
-  for (int round = 0; round < 200 && received < kMessages; round++) {
-    for (int k = 0; k < 32 && posted < kMessages; k++, posted++) {
-      Recv(2, 0, shm::kAnySlot, 2, kBytes);
-    }
-    Drain();
-    for (const auto& c : Reap(2, 0)) {
-      ASSERT_EQ(c.op, shm::CompleteOp::kRecvDone);
-      ASSERT_EQ(c.error, PSM2_OK);
-      const std::string got = PayloadOf(2, c);
-      int index = -1;
-      std::memcpy(&index, got.data(), sizeof(index));
-      ASSERT_EQ(index, received);
-      received++;
-    }
-  }
-  EXPECT_EQ(received, kMessages);
-  EXPECT_EQ(node(2).fabric->frames_waiting(), 0u);
+  ReceiveInOrder(shm::kAnySlot, kMessages, kBytes);
 }
 
 // psmd's own sender stops at kReceiverWindow bytes to a receiver whose
@@ -771,24 +779,7 @@ TEST_F(RemoteTest, ASenderPostsAtMostTheReceiversWindowAheadOfItsCredit) {
   const size_t waiting = node(2).fabric->frames_waiting() / 2;
   EXPECT_GE(waiting * per_message, 4u << 20);
   EXPECT_LE(waiting * per_message, (4u << 20) + per_message);
-  int received = 0;
-  int posted = 0;
-  for (int round = 0; round < 400 && received < sent; round++) {
-    for (int k = 0; k < 32 && posted < sent; k++, posted++) {
-      Recv(2, 0, 0, 2, kBytes);
-    }
-    Drain();
-    for (const auto& c : Reap(2, 0)) {
-      ASSERT_EQ(c.op, shm::CompleteOp::kRecvDone);
-      const std::string got = PayloadOf(2, c);
-      int index = -1;
-      std::memcpy(&index, got.data(), sizeof(index));
-      ASSERT_EQ(index, received);
-      received++;
-    }
-  }
-  EXPECT_EQ(received, sent);
-  EXPECT_EQ(node(2).fabric->frames_waiting(), 0u);
+  ReceiveInOrder(0, sent, kBytes);
 }
 
 // A receive naming a remote sender can be cancelled until a message from
