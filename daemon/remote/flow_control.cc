@@ -17,6 +17,7 @@ namespace psmd {
 bool Remote::Held(const Peer& p, uint64_t dst) {
   if (!p.off.empty() && p.off.count(dst) != 0) return true;
   if (!p.deferred.empty() && p.deferred.count(dst) != 0) return true;
+  if (p.unconsumed.empty()) return false;
   auto it = p.unconsumed.find(dst);
   return it != p.unconsumed.end() && it->second >= kReceiverWindow;
 }

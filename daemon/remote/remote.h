@@ -52,10 +52,10 @@
 //      frame fits, TCP holds the sender back): the last resort against a
 //      peer that ignores kXoff or kEagerOff, logged once.
 //   5. A window per receiving endpoint: a sending daemon posts to the
-//      fabric at most kReceiverWindow bytes (frame headers and bodies of
-//      messages, payloads, chunks and active messages) to one endpoint
-//      that its daemon has not yet *consumed* (handled, or delivered out of
-//      the park); beyond, that endpoint's frames are set aside as in 2 and
+//      fabric at most kReceiverWindow bytes (payload and chunk frames) to
+//      one endpoint that its daemon has not yet *consumed* (handled, or
+//      delivered out of the park); beyond, that endpoint's frames are set
+//      aside as in 2 and
 //      new sends to it held, until a kXon returns credit (its x: bytes
 //      consumed, sent every kCreditEvery, and with the kXon that ends a
 //      park). So what one receiver can have on the connection, in the

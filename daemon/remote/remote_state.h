@@ -37,29 +37,27 @@ inline constexpr uint32_t kDiscardBytes = 64 * 1024;
 // what was in flight when kXoff reached the sender: its socket buffer (4 MiB
 // at most by Linux's default tcp_wmem) and the frames it had queued.
 inline constexpr uint64_t kParkMax = 16 << 20;
-// Back-pressure 5 (remote.h): bytes of frames to one receiving endpoint a
-// sending daemon has on the connection before that endpoint's daemon
-// consumed them, and how often that daemon credits them back. A frame may
-// overshoot the window (it is checked before the frame), so a stalled
-// receiver parks at most the window and one frame (a payload or chunk of at
-// most hw::FabricLimits::max_payload): a quarter of kParkMax and a chunk.
-inline constexpr uint64_t kReceiverWindow = 4 << 20;
+// Back-pressure 5 (remote.h): payload and chunk bytes (with their frame
+// headers) to one receiving endpoint that a sending daemon has on the
+// connection before that endpoint's daemon consumed them, and how often
+// that daemon credits them back. The window is the sender's region (what a
+// rendezvous stream had in flight with sessions already), so a stream does
+// not feel it; it is checked before a frame, so a stalled receiver parks at
+// most the window and one frame (a chunk, or a payload of at most
+// hw::FabricLimits::max_payload). Envelopes do not count: they are small,
+// the per-node queue (kMaxQueued) and kXoff bound them as before, and an
+// 8-byte stream pays no lookup for them.
+inline constexpr uint64_t kReceiverWindow = 8 << 20;
 inline constexpr uint64_t kCreditEvery = kReceiverWindow / 8;
 
 // The bytes of a frame (header and body of `length`) that count in its
-// receiver's window: messages, their payloads, rendezvous chunks and
-// active messages; 0 for the other ops.
+// receiver's window: message and active-message payloads, rendezvous
+// chunks; 0 for the other ops.
 inline uint64_t WindowBytes(const hw::FrameFields& f, uint64_t length) {
-  switch (wire::OpOf(f)) {
-    case wire::Op::kEnvelope:
-    case wire::Op::kPayload:
-    case wire::Op::kRndvData:
-    case wire::Op::kAmRequest:
-    case wire::Op::kAmReply:
-      return hw::kFrameHeaderSize + length;
-    default:
-      return 0;
-  }
+  const wire::Op op = wire::OpOf(f);
+  return op == wire::Op::kPayload || op == wire::Op::kRndvData
+             ? hw::kFrameHeaderSize + length
+             : 0;
 }
 
 inline uint64_t NowMs() {
