@@ -33,9 +33,9 @@ namespace psmd {
 inline constexpr size_t kMaxQueued = 1024;
 // Receiving a payload nobody will take (its receiver is gone).
 inline constexpr uint32_t kDiscardBytes = 64 * 1024;
-// Bytes parked per connection (remote.h, back-pressure 4). What parks is
-// what was in flight when kXoff reached the sender: its socket buffer (4 MiB
-// at most by Linux's default tcp_wmem) and the frames it had queued.
+// Bytes parked per connection (remote.h, back-pressure 4). What parks of
+// one receiver is what its sender had in flight when kXoff reached it, at
+// most the receiver's window and a frame (back-pressure 5, below).
 inline constexpr uint64_t kParkMax = 16 << 20;
 // Back-pressure 5 (remote.h): payload and chunk bytes (with their frame
 // headers) to one receiving endpoint that a sending daemon has on the
