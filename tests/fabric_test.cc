@@ -898,25 +898,41 @@ void FabricTest::StallOneTenant(const std::vector<std::string>& flood_args,
       Process::Start(args(1), b->ClientEnv(), rv + "/r1.out", rv + "/r1.err");
   Process sender =
       Process::Start(args(0), a->ClientEnv(), rv + "/r0.out", rv + "/r0.err");
-  // Until node 2 has switched the receiver off, or to envelopes only (5 s
-  // at most).
-  // (Read by RMA: until node 2 read F's first chunks.)
-  double xoffs = 0;
-  for (int i = 0; i < 100 && xoffs <= 0; i++) {  // -1: not connected yet
+  auto switched = [&] {  // -1: not connected yet
+    // (Read by RMA: node 2 read F's first chunks.)
+    return read_by_rma ? std::max(peer_row(*b, "rma_reads"), 0LL)
+                       : std::max(peer_row(*a, "xoffs"), 0LL) +
+                             std::max(peer_row(*a, "eager_offs"), 0LL);
+  };
+  auto since_start = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                         start)
+        .count();
+  };
+  // Until node 2 has switched the receiver off, or to envelopes only; at
+  // most until 3 s before the receiver wakes, by the clock (a count of
+  // polls was not: under load the psmctl calls took so long that over ofi
+  // the bystander started 8.3 s after the flood, as the idle receiver woke,
+  // and ended 0.2 s later). The bystander must end before the receiver
+  // wakes either way.
+  long long xoffs = 0;
+  while (xoffs <= 0 && since_start() < idle - 3.0 * TimeScale()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    xoffs = read_by_rma ? std::max(peer_row(*b, "rma_reads"), 0LL)
-                        : std::max(peer_row(*a, "xoffs"), 0LL) +
-                              std::max(peer_row(*a, "eager_offs"), 0LL);
+    xoffs = switched();
   }
+  const double started_after = since_start();
   RunResult bystander =
       Exchange(*a, *b, "bystander", 200, 100000, kJobB, kJobB);
-  const double done_after =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
+  const double done_after = since_start();
   EXPECT_EQ(bystander.exit_code, 0) << bystander.err;
   // Done while the flood's receiver still idled: nothing waited for it.
   EXPECT_LT(done_after, idle)
-      << "job B's exchange ended " << done_after << " s after the flood began";
+      << "job B's exchange ended " << done_after << " s after the flood began"
+      << " (started after " << started_after << " s)\nnode 1:\n"
+      << a->Log() << "\nnode 2:\n"
+      << b->Log();
+  // Back-pressure reached node 1, before the bystander or beside it.
+  if (xoffs <= 0) xoffs = switched();
   EXPECT_GT(xoffs, 0) << b->Log();
   if (!read_by_rma) {
     EXPECT_GT(peer_row(*b, "parked") + peer_row(*b, "kept"), 0);
@@ -934,9 +950,11 @@ void FabricTest::StallOneTenant(const std::vector<std::string>& flood_args,
         << sa.out;
   }
   printf(
-      "bystander exchange beside a stalled tenant: ended %.2f s after "
-      "the flood began (its receiver idles %d s)\n",
-      done_after, idle);
+      "bystander exchange beside a stalled tenant: started %.2f s and "
+      "ended %.2f s after the flood began (its receiver idles %d s); node 2 "
+      "parked %lld frames and kept %lld payloads, node 1 had %lld kXoff\n",
+      started_after, done_after, idle, peer_row(*b, "parked"),
+      peer_row(*b, "kept"), peer_row(*a, "xoffs"));
   ASSERT_EQ(receiver.Wait(60), 0) << ReadFile(rv + "/r1.err") << b->Log();
   ASSERT_EQ(sender.Wait(30), 0) << ReadFile(rv + "/r0.err");
   EXPECT_NE(ReadFile(rv + "/r1.out").find(" 0 wrong"), std::string::npos)

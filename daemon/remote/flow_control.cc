@@ -6,14 +6,28 @@
 
 #include <psm2.h>
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 #include "shm/epid.h"
 
 namespace psmd {
 
+bool Remote::Held(const Peer& p, uint64_t dst) {
+  if (!p.off.empty() && p.off.count(dst) != 0) return true;
+  if (!p.deferred.empty() && p.deferred.count(dst) != 0) return true;
+  if (p.unconsumed.empty()) return false;
+  auto it = p.unconsumed.find(dst);
+  return it != p.unconsumed.end() && it->second >= kReceiverWindow;
+}
+
+void Remote::Charge(Peer& p, const OutFrame& f) {
+  const uint64_t bytes = WindowBytes(f.msg.f, f.iov.iov_len);
+  if (bytes > 0) p.unconsumed[f.msg.f.dst] += bytes;
+}
+
 bool Remote::Defer(Peer& p, const OutFrame& f) {
-  const bool off = !p.off.empty() && p.off.count(f.msg.f.dst) != 0;
   switch (f.msg.op()) {
     case wire::Op::kPayload:
       // With its envelope, wherever that went (they are adjacent in the
@@ -21,14 +35,55 @@ bool Remote::Defer(Peer& p, const OutFrame& f) {
       return std::exchange(p.defer_payload, false);
     case wire::Op::kEnvelope:
     case wire::Op::kAmRequest:
-    case wire::Op::kAmReply:
-      p.defer_payload = off && wire::PayloadFollows(f.msg);
-      return off;
+    case wire::Op::kAmReply: {
+      const bool held = Held(p, f.msg.f.dst);
+      p.defer_payload = held && wire::PayloadFollows(f.msg);
+      return held;
+    }
     case wire::Op::kRndvData:
-      return off;
+      return Held(p, f.msg.f.dst);
+    case wire::Op::kAbort:
+      // Behind the chunks of its transfer that wait (a chunk after it
+      // would name no transfer there).
+      return !p.deferred.empty() && p.deferred.count(f.msg.f.dst) != 0;
     default:
       return false;
   }
+}
+
+void Remote::Resume(Peer& p, uint64_t dst) {
+  auto set_aside = p.deferred.find(dst);
+  if (set_aside == p.deferred.end()) return;
+  if (p.off.count(dst) != 0) return;
+  if (auto it = p.unconsumed.find(dst);
+      it != p.unconsumed.end() && it->second >= kReceiverWindow) {
+    return;
+  }
+  // Back to the front of the queue, in their order; after a payload whose
+  // envelope is already on the wire. (Flush sets aside again those beyond
+  // the window.)
+  auto at = p.queue.begin();
+  if (at != p.queue.end() && (*at)->msg.op() == wire::Op::kPayload) ++at;
+  p.queue.insert(at, std::make_move_iterator(set_aside->second.begin()),
+                 std::make_move_iterator(set_aside->second.end()));
+  p.deferred.erase(set_aside);
+  Flush(p);
+}
+
+void Remote::Consumed(Peer& p, const hw::FrameFields& f, uint64_t bytes) {
+  // (A kXon names an endpoint of this node, or the peer refuses it.)
+  if (bytes == 0 || shm::NodeIdOf(f.dst) != node_id_) return;
+  auto [it, fresh] = p.consumed.try_emplace(f.dst, 0);
+  it->second += bytes;
+  // While frames to it are parked, the credit waits for the kXon that ends
+  // the park (RetryParked): a kXon says "on".
+  if (!p.parked.empty() && p.parked.count(f.dst) != 0) return;
+  // No endpoint of that epid here (frames refused): credited at once, so
+  // the map holds live endpoints only (EndpointRemoved forgets them).
+  if (it->second < kCreditEvery && !(fresh && Target(f) == nullptr)) return;
+  const uint64_t credit = it->second;
+  p.consumed.erase(it);
+  Post(p, wire::PrepFlow(wire::Op::kXon, wire::ReceiverOf(f), credit));
 }
 
 uint64_t Remote::Convert(Peer& p, uint32_t sender, uint64_t req,
@@ -234,6 +289,8 @@ bool Remote::Park(Peer& p, bool chunk) {
   Parked& e = list->second.emplace_back();
   e.chunk = chunk;
   e.bytes = bytes;
+  e.window = WindowBytes(f, p.length) +
+             (payload > 0 && !chunk ? hw::kFrameHeaderSize + payload : 0);
   if (chunk) {
     e.env.f = f;
     p.park_chunk = true;
@@ -273,6 +330,7 @@ bool Remote::RetryParked(Peer& p) {
     hw::FrameFields last;  // of the last frame delivered
     while (!frames.empty() && !p.dropped && Deliver(p, frames.front())) {
       last = frames.front().env.f;
+      Consumed(p, last, frames.front().window);
       p.parked_bytes -= frames.front().bytes;
       auto from = p.parked_from.find(last.src);
       if (--from->second == 0) p.parked_from.erase(from);
@@ -283,8 +341,14 @@ bool Remote::RetryParked(Peer& p) {
       ++it;
       continue;
     }
-    Post(p, wire::PrepFlow(wire::Op::kXon, wire::ReceiverOf(last)));
     it = p.parked.erase(it);
+    // "On", with the credit of what was consumed meanwhile.
+    uint64_t credit = 0;
+    if (auto c = p.consumed.find(last.dst); c != p.consumed.end()) {
+      credit = c->second;
+      p.consumed.erase(c);
+    }
+    Post(p, wire::PrepFlow(wire::Op::kXon, wire::ReceiverOf(last), credit));
   }
   while (!p.gone_after.empty() && !p.dropped) {
     if (Admit(p, p.gone_after.front()) == Verdict::kPause) break;
@@ -329,18 +393,15 @@ Remote::Verdict Remote::OnXoff(Peer& p, const wire::Envelope& in) {
 }
 
 Remote::Verdict Remote::OnXon(Peer& p, const wire::Envelope& in) {
-  p.off.erase(in.f.src);
-  auto set_aside = p.deferred.find(in.f.src);
-  if (set_aside != p.deferred.end()) {
-    // Back to the front of the queue, in their order; after a payload
-    // whose envelope is already on the wire.
-    auto at = p.queue.begin();
-    if (at != p.queue.end() && (*at)->msg.op() == wire::Op::kPayload) ++at;
-    p.queue.insert(at, std::make_move_iterator(set_aside->second.begin()),
-                   std::make_move_iterator(set_aside->second.end()));
-    p.deferred.erase(set_aside);
-    Flush(p);
+  const uint64_t dst = in.f.src;
+  p.off.erase(dst);
+  if (auto it = p.unconsumed.find(dst); it != p.unconsumed.end()) {
+    // (A credit beyond what was posted is a peer's error; it only frees
+    // the window.)
+    it->second -= std::min(it->second, in.r.x);
+    if (it->second == 0) p.unconsumed.erase(it);
   }
+  Resume(p, dst);
   return Verdict::kDone;
 }
 

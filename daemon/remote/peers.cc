@@ -335,7 +335,11 @@ bool Remote::Poll() {
       e.length = p.length;
       OnHeader(p, e);
       if (p.rx != Peer::Rx::kPaused) did = true;
-    } else if (Admit(p, p.in) == Verdict::kDone || Park(p, /*chunk=*/false)) {
+    } else if (Admit(p, p.in) == Verdict::kDone) {
+      Consumed(p, p.in.f, WindowBytes(p.in.f, p.length));
+      did = true;
+      if (p.rx == Peer::Rx::kPaused) RecvNext(p);
+    } else if (Park(p, /*chunk=*/false)) {
       did = true;
       if (p.rx == Peer::Rx::kPaused) RecvNext(p);
     }

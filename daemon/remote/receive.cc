@@ -163,7 +163,9 @@ void Remote::OnRecvDone(Peer& p, const hw::Event& e) {
         Drop(p, wire::ErrorName(error));
         return;
       }
-      if (Admit(p, p.in) == Verdict::kPause && !Park(p, /*chunk=*/false)) {
+      if (Admit(p, p.in) == Verdict::kDone) {
+        Consumed(p, p.f, WindowBytes(p.f, p.length));
+      } else if (!Park(p, /*chunk=*/false)) {
         p.rx = Peer::Rx::kPaused;
         return;
       }
@@ -176,6 +178,7 @@ void Remote::OnRecvDone(Peer& p, const hw::Event& e) {
         p.pending = Pending{};
       } else {
         OnPayload(p);
+        Consumed(p, p.f, WindowBytes(p.f, p.length));
       }
       break;
     case Peer::Rx::kChunk:
@@ -184,6 +187,7 @@ void Remote::OnRecvDone(Peer& p, const hw::Event& e) {
       } else {
         OnChunk(p.chunk_transfer, p.chunk_job, p.chunk_offset, p.length);
         p.chunk_job.reset();
+        Consumed(p, p.f, WindowBytes(p.f, p.length));
       }
       break;
     default:
@@ -396,8 +400,10 @@ Remote::Verdict Remote::OnPing(Peer&, const wire::Envelope&) {
   return Verdict::kDone;  // heard: CheckLiveness counts from its header
 }
 
-Remote::Verdict Remote::OnGone(Peer&, const wire::Envelope& in) {
+Remote::Verdict Remote::OnGone(Peer& p, const wire::Envelope& in) {
   const hw::FrameFields& f = in.f;
+  p.unconsumed.erase(f.src);  // no credit comes for it any more
+  Resume(p, f.src);           // (its frames are refused there)
   proxies_.Drop(f.src);
   engine_->EpidGone(f.src, f.uid, f.job);  // on every shard
   return Verdict::kDone;

@@ -51,6 +51,19 @@
 //      cap the connection pauses as a whole (nothing more is read until the
 //      frame fits, TCP holds the sender back): the last resort against a
 //      peer that ignores kXoff or kEagerOff, logged once.
+//   5. A window per receiving endpoint: a sending daemon posts to the
+//      fabric at most kReceiverWindow bytes (payload and chunk frames) to
+//      one endpoint that its daemon has not yet *consumed* (handled, or
+//      delivered out of the park); beyond, that endpoint's frames are set
+//      aside as in 2 and
+//      new sends to it held, until a kXon returns credit (its x: bytes
+//      consumed, sent every kCreditEvery, and with the kXon that ends a
+//      park). So what one receiver can have on the connection, in the
+//      sockets' buffers included, and then parked is bounded whatever the
+//      fabric's own window (without sessions kSendDone comes once the
+//      kernel took the bytes) and however late kXoff arrives: one stalled
+//      receiver cannot fill the park and pause the connection for the
+//      others.
 // Frames to a node wait in a bounded per-node queue; a send to a node whose
 // queue is full is held likewise, so the worker never blocks and nothing is
 // dropped.
@@ -311,8 +324,20 @@ class Remote : public OtherNodes {
   bool DeliverChunk(uint64_t transfer_id, const std::vector<uint8_t>& bytes);
   Verdict OnXoff(Peer& p, const wire::Envelope& in);
   Verdict OnXon(Peer& p, const wire::Envelope& in);
-  // Whether Flush sets `f` aside for a node's endpoint that is off (kXoff).
+  // Whether Flush sets `f` aside for a node's endpoint that is off (kXoff)
+  // or has its window full (back-pressure 5).
   bool Defer(Peer& p, const OutFrame& f);
+  // Whether frames to p's endpoint `dst` wait: it is off, its window is
+  // full, or frames to it are set aside already (they go first).
+  static bool Held(const Peer& p, uint64_t dst);
+  // Flush posted `f`: its bytes count in its receiver's window.
+  static void Charge(Peer& p, const OutFrame& f);
+  // The frames set aside for `dst` go again, unless it is still held.
+  void Resume(Peer& p, uint64_t dst);
+  // This daemon consumed `bytes` of p's frames to endpoint f.dst (the
+  // frame f's receiver): credited back to p's daemon every kCreditEvery,
+  // or with the kXon that ends that endpoint's park.
+  void Consumed(Peer& p, const hw::FrameFields& f, uint64_t bytes);
   // Makes the record `r` of an eager MQ send of `sender` (its request
   // `req`) to an endpoint that is off a rendezvous one; its payload frame
   // waits in converted_ for kRndvGo. Returns the id the envelope's aux

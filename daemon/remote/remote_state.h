@@ -33,10 +33,32 @@ namespace psmd {
 inline constexpr size_t kMaxQueued = 1024;
 // Receiving a payload nobody will take (its receiver is gone).
 inline constexpr uint32_t kDiscardBytes = 64 * 1024;
-// Bytes parked per connection (remote.h, back-pressure 4). What parks is
-// what was in flight when kXoff reached the sender: its socket buffer (4 MiB
-// at most by Linux's default tcp_wmem) and the frames it had queued.
+// Bytes parked per connection (remote.h, back-pressure 4). What parks of
+// one receiver is what its sender had in flight when kXoff reached it, at
+// most the receiver's window and a frame (back-pressure 5, below).
 inline constexpr uint64_t kParkMax = 16 << 20;
+// Back-pressure 5 (remote.h): payload and chunk bytes (with their frame
+// headers) to one receiving endpoint that a sending daemon has on the
+// connection before that endpoint's daemon consumed them, and how often
+// that daemon credits them back. The window is the sender's region (what a
+// rendezvous stream had in flight with sessions already), so a stream does
+// not feel it; it is checked before a frame, so a stalled receiver parks at
+// most the window and one frame (a chunk, or a payload of at most
+// hw::FabricLimits::max_payload). Envelopes do not count: they are small,
+// the per-node queue (kMaxQueued) and kXoff bound them as before, and an
+// 8-byte stream pays no lookup for them.
+inline constexpr uint64_t kReceiverWindow = 8 << 20;
+inline constexpr uint64_t kCreditEvery = kReceiverWindow / 8;
+
+// The bytes of a frame (header and body of `length`) that count in its
+// receiver's window: message and active-message payloads, rendezvous
+// chunks; 0 for the other ops.
+inline uint64_t WindowBytes(const hw::FrameFields& f, uint64_t length) {
+  const wire::Op op = wire::OpOf(f);
+  return op == wire::Op::kPayload || op == wire::Op::kRndvData
+             ? hw::kFrameHeaderSize + length
+             : 0;
+}
 
 inline uint64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -113,6 +135,7 @@ struct Remote::Parked {
   wire::Envelope env;
   std::vector<uint8_t> payload;  // its payload frame, or the chunk's bytes
   uint64_t bytes = 0;            // counted in Peer::parked_bytes
+  uint64_t window = 0;           // its (and its payload frame's) WindowBytes
   // A receive the envelope had matched before it parked (Peer::has_held).
   bool has_held = false;
   uint32_t held_receiver = 0;
@@ -179,6 +202,12 @@ struct Remote::Peer {
   // (kEagerOff): such a send goes as a rendezvous (Converted).
   std::set<uint64_t> eager_off;
   bool defer_payload = false;  // the next kPayload's envelope was set aside
+  // Back-pressure 5: per endpoint of that node, the bytes of frames to it
+  // posted and not yet credited back (sending), and per endpoint here the
+  // bytes of its frames from that node consumed and not yet credited
+  // (receiving).
+  std::unordered_map<uint64_t, uint64_t> unconsumed;
+  std::unordered_map<uint64_t, uint64_t> consumed;
 };
 
 // Reads of an RMA rendezvous (rma.cc) posted at once, in all: each holds

@@ -48,6 +48,7 @@ void Remote::Flush(Peer& p) {
       p.queue.pop_front();
       continue;
     }
+    Charge(p, f);
     in_flight_[cookie] = std::move(p.queue.front());
     p.queue.pop_front();
     p.last_sent_ms = NowMs();
@@ -68,7 +69,7 @@ bool Remote::Send(Endpoint& sender, const shm::SubmissionDesc& d,
   }
   // (A closing sender's last sends are taken regardless: it saw them
   // complete, and its ring is not read again.)
-  if ((p->queue.size() >= kMaxQueued || p->off.count(dst) != 0) && may_hold) {
+  if ((p->queue.size() >= kMaxQueued || Held(*p, dst)) && may_hold) {
     payload.Take();  // still the sender's: the send is held, not dropped
     return false;
   }
@@ -107,7 +108,7 @@ bool Remote::AmRequest(Endpoint& sender, const shm::SubmissionDesc& d,
     engine_->PostErrorFor(sender, d.req, PSM2_EPID_UNREACHABLE);
     return true;
   }
-  if ((p->queue.size() >= kMaxQueued || p->off.count(dst) != 0) && may_hold) {
+  if ((p->queue.size() >= kMaxQueued || Held(*p, dst)) && may_hold) {
     payload.Take();
     return false;
   }
@@ -282,7 +283,9 @@ void Remote::EndpointRemoved(uint32_t id) {
     }
     watchers_.erase(w);
   }
+  const Endpoint* removed = engine_->FindAny(id);
   for (auto& [node, p] : peers_) {
+    if (removed != nullptr) p->consumed.erase(removed->epid());
     for (auto a = p->awaiting.begin(); a != p->awaiting.end();) {
       a = a->first == id ? p->awaiting.erase(a) : std::next(a);
     }

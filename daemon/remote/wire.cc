@@ -290,8 +290,10 @@ Envelope PrepGone(const Sender& from, int32_t error) {
   return Failed(Op::kGone, from, 0, 0, error);
 }
 
-Envelope PrepFlow(Op op, const Sender& from) {
-  return Addressed(op, from, 0, 0);
+Envelope PrepFlow(Op op, const Sender& from, uint64_t credit) {
+  Envelope e = Addressed(op, from, 0, 0);
+  if (op == Op::kXon) e.r.x = credit;
+  return e;
 }
 
 Envelope PrepRndvRead(const Sender& from, uint64_t dst, uint64_t transfer,

@@ -59,7 +59,7 @@ enum class Op : uint16_t {
   kPing = 13,          // nothing: a heartbeat (liveness, remote.h)
   kGone = 14,          // endpoint src (of the sending node) was removed
   kXoff = 15,          // hold messages to endpoint src (of the sending node)
-  kXon = 16,           // send to src again
+  kXon = 16,           // send to src again; x: a credit (remote.h, 5)
   kEagerOff = 17,      // eager MQ messages to src as envelopes only
   kEagerOn = 18,       // eager MQ messages to src as before
   kRndvRead = 19,      // read a piece of transfer `aux` from the sender's
@@ -74,7 +74,7 @@ struct Record {
   uint32_t len;    // message bytes
   uint32_t flags;  // SubmitFlags (sends), completion flags (AM)
   int32_t error;
-  uint64_t x;  // kRndvGo: the receiver's transfer id
+  uint64_t x;  // kRndvGo: the receiver's transfer id; kXon: a credit
 };
 static_assert(sizeof(Record) == 32);
 static_assert(std::is_trivially_copyable_v<Record>);
@@ -205,7 +205,7 @@ inline constexpr OpTraits kOpTraits[kOpCount] = {
     {Shape::kEnvelope, Payload::kNone, kSrc | kSender, 0, kRecordOnly,
      kRecordOnly},
     /* kXon      */
-    {Shape::kEnvelope, Payload::kNone, kSrc | kSender, 0, kRecordOnly,
+    {Shape::kEnvelope, Payload::kNone, kSrc | kSender | kX, 0, kRecordOnly,
      kRecordOnly},
     /* kEagerOff */
     {Shape::kEnvelope, Payload::kNone, kSrc | kSender, 0, kRecordOnly,
@@ -312,8 +312,10 @@ Envelope PrepAbort(const Sender& from, uint64_t dst, uint64_t transfer,
                    int32_t error);
 Envelope PrepPing();
 Envelope PrepGone(const Sender& from, int32_t error);
-// kXoff, kXon, kEagerOff or kEagerOn about endpoint `from` (back-pressure).
-Envelope PrepFlow(Op op, const Sender& from);
+// kXoff, kXon, kEagerOff or kEagerOn about endpoint `from` (back-pressure);
+// a kXon also returns `credit` bytes of the receiver's window (remote.h,
+// back-pressure 5; zero for the other ops).
+Envelope PrepFlow(Op op, const Sender& from, uint64_t credit = 0);
 // A piece of rendezvous transfer `transfer` (the receiver's id, with
 // kRmaOfferBit): `len` bytes at `offset` in the message, to be read at
 // `region_offset` in the sender's `region`; `piece` is the sender's name

@@ -102,7 +102,7 @@ Envelope Rebuild(const Envelope& e) {
     case Op::kXoff:
       return PrepFlow(Op::kXoff, from);
     case Op::kXon:
-      return PrepFlow(Op::kXon, from);
+      return PrepFlow(Op::kXon, from, r.x);
     case Op::kEagerOff:
       return PrepFlow(Op::kEagerOff, from);
     case Op::kEagerOn:
