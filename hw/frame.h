@@ -18,6 +18,11 @@
 // resumes"): the ack frame, and in the handshake what a resuming connector
 // and its acceptor have delivered of each other's data frames. A daemon of
 // version 1 and one of version 2 refuse each other's frames (kBadVersion).
+// Version 3: the daemon's kXon carries a credit of the receiver's window
+// (daemon/remote/remote.h, back-pressure 5), which a sending daemon of
+// version 3 waits for and one of version 2 never sends; so they refuse
+// each other too, as a rolling upgrade across sessions does
+// (docs/operations.md).
 //
 // Thread-safety: stateless; every function may be called from any thread.
 #ifndef PSMD_HW_FRAME_H_
@@ -30,7 +35,7 @@
 namespace psmd::hw {
 
 inline constexpr uint32_t kFrameMagic = 0x464d5350;  // "PSMF" on the wire
-inline constexpr uint8_t kFrameVersion = 2;
+inline constexpr uint8_t kFrameVersion = 3;
 inline constexpr size_t kFrameHeaderSize = 64;
 // Handshake payloads are small; anything longer is an attack or a bug.
 inline constexpr uint32_t kMaxControlPayload = 1024;
