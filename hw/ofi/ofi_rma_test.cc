@@ -52,6 +52,21 @@ Pair Open() {
   return p;
 }
 
+// src registered on a (the node read from), dst on b.
+struct Regions {
+  RegionId sid = 0, did = 0;
+  RemoteRegion sr, dr;
+};
+void RegisterBoth(Pair& p, std::vector<uint8_t>* src, std::vector<uint8_t>* dst,
+                  Regions* out) {
+  ASSERT_EQ(p.a->fabric->RegisterRegion(src->data(), src->size(), &out->sid,
+                                        &out->sr),
+            ErrorClass::kOk);
+  ASSERT_EQ(p.b->fabric->RegisterRegion(dst->data(), dst->size(), &out->did,
+                                        &out->dr),
+            ErrorClass::kOk);
+}
+
 // Reads all of `src` (a's) into `dst` (b's), at most `piece` bytes a read
 // and as many outstanding as the fabric takes; true when every read ended
 // kOk.
@@ -130,12 +145,10 @@ TEST(OfiRma, TheKeysOfRegionsCannotBeGuessed) {
 TEST(OfiRma, RangesOutsideTheirRegionAreRefused) {
   Pair p = Open();
   std::vector<uint8_t> src(8192), dst(8192);
-  RegionId sid, did;
-  RemoteRegion sr, dr;
-  ASSERT_EQ(p.a->fabric->RegisterRegion(src.data(), src.size(), &sid, &sr),
-            ErrorClass::kOk);
-  ASSERT_EQ(p.b->fabric->RegisterRegion(dst.data(), dst.size(), &did, &dr),
-            ErrorClass::kOk);
+  Regions g;
+  ASSERT_NO_FATAL_FAILURE(RegisterBoth(p, &src, &dst, &g));
+  const RegionId did = g.did;
+  const RemoteRegion sr = g.sr;
   Fabric& f = *p.b->fabric;
   EXPECT_EQ(f.PostRead(p.ba, did, 0, sr, 4096, 4097, 0), ErrorClass::kBadArg);
   EXPECT_EQ(f.PostRead(p.ba, did, 4097, sr, 0, 4096, 0), ErrorClass::kBadArg);
@@ -163,12 +176,10 @@ TEST(OfiRma, RangesOutsideTheirRegionAreRefused) {
 TEST(OfiRma, AForgedKeyEndsTheReadWithAnError) {
   Pair p = Open();
   std::vector<uint8_t> src(4096, 1), dst(4096);
-  RegionId sid, did;
-  RemoteRegion sr, dr;
-  ASSERT_EQ(p.a->fabric->RegisterRegion(src.data(), src.size(), &sid, &sr),
-            ErrorClass::kOk);
-  ASSERT_EQ(p.b->fabric->RegisterRegion(dst.data(), dst.size(), &did, &dr),
-            ErrorClass::kOk);
+  Regions g;
+  ASSERT_NO_FATAL_FAILURE(RegisterBoth(p, &src, &dst, &g));
+  const RegionId did = g.did;
+  const RemoteRegion sr = g.sr;
   RemoteRegion forged = sr;
   forged.key ^= 0x5a5a5a5a;
   const auto start = std::chrono::steady_clock::now();
@@ -189,12 +200,10 @@ TEST(OfiRma, APeerGoneMidReadEndsEveryReadWithinTheBound) {
   Pair p = Open();
   const size_t total = 16u << 20;
   std::vector<uint8_t> src(total, 3), dst(total);
-  RegionId sid, did;
-  RemoteRegion sr, dr;
-  ASSERT_EQ(p.a->fabric->RegisterRegion(src.data(), src.size(), &sid, &sr),
-            ErrorClass::kOk);
-  ASSERT_EQ(p.b->fabric->RegisterRegion(dst.data(), dst.size(), &did, &dr),
-            ErrorClass::kOk);
+  Regions g;
+  ASSERT_NO_FATAL_FAILURE(RegisterBoth(p, &src, &dst, &g));
+  const RegionId did = g.did;
+  const RemoteRegion sr = g.sr;
   const size_t piece = 256u << 10;
   size_t posted = 0;
   while (posted < total && p.b->fabric->PostRead(p.ba, did, posted, sr, posted,
