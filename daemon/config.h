@@ -92,8 +92,8 @@ struct Config {
   uint32_t fabric_timeout_ms = 5000;
   // Sessions (docs/design.md, "Sessions: a broken connection resumes"):
   // "on" makes a connection that breaks resume without loss within
-  // fabric_timeout_ms; every node must agree. Off by default until a flood
-  // can no longer hold another tenant's frames behind it (Known gaps).
+  // fabric_timeout_ms; every node must agree. On by default; "off" gives
+  // back the 8 B rate sessions cost (docs/design.md, "Sessions").
   std::string fabric_sessions = "on";
   // "on": rendezvous chunks between daemons are read by RMA where the
   // fabric can (the ofi backend); off by default: the pools are then
