@@ -289,7 +289,37 @@ int main(int argc, char** argv) {
                                          std::chrono::seconds(1));
                         server.reset();
                       }};
+  // The endpoint journal (daemon/control/endpoint_journal.h), read once
+  // this psmd owns the socket: what a psmd that did not stop left.
+  psmd::EndpointJournal journal;
+  psmd::EndpointJournal::Previous previous;
+  const psmd::Status journal_status =
+      journal.Load(config.socket_path + ".journal", &previous);
   if (inheritance) psmd::TakeOver(daemon, *inheritance);
+  if (!journal_status.ok()) {
+    spdlog::error("{}; a crash of this psmd will not be reported",
+                  journal_status.message);
+  } else {
+    uint64_t crash_restarts = previous.crash_restarts;
+    if (state_fd < 0) {  // no handover: the one before stopped, or not
+      uint32_t lost = 0;
+      crash_restarts = psmd::ReportPrevious(journal.path(), previous, &lost);
+      upgrades.last_crash_lost = lost;
+    }
+    upgrades.crash_restarts = crash_restarts;
+    const psmd::Status s = journal.Start(
+        static_cast<uint32_t>(getpid()),
+        static_cast<uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(
+                std::chrono::system_clock::now().time_since_epoch())
+                .count()),
+        upgrades.generation.load(), crash_restarts);
+    if (s.ok()) {
+      registry.SetJournal(&journal);
+    } else {
+      spdlog::error("{}; a crash of this psmd will not be reported", s.message);
+    }
+  }
   if (!daemon.start_server()) {
     spdlog::critical("cannot start the gRPC control server");
     return 1;
@@ -355,7 +385,11 @@ int main(int argc, char** argv) {
       sd_notify(0,
                 "STOPPING=1\nSTATUS=stopping: endpoints into systemd's "
                 "file-descriptor store");
-      if (psmd::HandOverToServiceManager(daemon, &why)) _exit(0);
+      if (psmd::HandOverToServiceManager(daemon, &why)) {
+        // Not a crash if systemd then discards them (systemctl stop).
+        journal.MarkInStore();
+        _exit(0);
+      }
       spdlog::warn(
           "SIGTERM: could not hand the endpoints to systemd ({}); stopping, "
           "which ends them",
@@ -373,6 +407,7 @@ int main(int argc, char** argv) {
   admission.Stop();  // no new connections; socket file removed
   daemon.stop_server();
   registry.RemoveAll();  // every segment unmapped and closed
+  journal.Remove();      // stopped: nothing ended untold
   worker.Stop();
   spdlog::info("psmd stopped");
   return 0;

@@ -128,6 +128,47 @@ TEST_F(HandoverTest, UpgradeUnderRunningExchangesLosesNothing) {
   EXPECT_TRUE(d.Stop());
 }
 
+// The endpoint journal goes across handovers (daemon/control/
+// endpoint_journal.h): each successor records the endpoints it took over,
+// so a psmd SIGKILLed after three upgrades is followed by one that names
+// the carried endpoints (their processes' pids) as ended with it, and counts
+// one crash, not four. A handover is no crash: crash_restarts stays 0 across
+// the upgrades.
+TEST_F(HandoverTest, AKillAfterUpgradesReportsTheEndpointsCarried) {
+  auto d = std::make_unique<Daemon>(dir_);
+  Pair pair;
+  pair.Start(dir_, *d, "pair", kJobA, 100000000, 64);
+  ASSERT_TRUE(WaitUntil(20, [&] { return EndpointCount(dir_, *d) == 2; }));
+  for (int generation = 1; generation <= 3; generation++) {
+    RunResult up = Psmctl(dir_, *d, {"upgrade"});
+    ASSERT_EQ(up.exit_code, 0) << up.err << d->Log();
+  }
+  const std::string health = Psmctl(dir_, *d, {"health", "--json"}).out;
+  EXPECT_NE(health.find("\"crash_restarts\": 0"), std::string::npos) << health;
+  ASSERT_EQ(kill(d->pid(), SIGKILL), 0);
+  d.reset();  // reaped
+  d = std::make_unique<Daemon>(dir_);
+  ASSERT_TRUE(WaitUntil(5, [&] {
+    return d->Log().find(") serving ") != std::string::npos;
+  })) << d->Log();
+  const std::string log = d->Log();
+  EXPECT_NE(log.find("the 2 endpoints it served ended with it"),
+            std::string::npos)
+      << log;
+  for (const Process* p : {&pair.r0, &pair.r1}) {
+    EXPECT_NE(log.find("pid " + std::to_string(p->pid()) + ", uid "),
+              std::string::npos)
+        << log;
+  }
+  EXPECT_NE(Psmctl(dir_, *d, {"health", "--json"})
+                .out.find("\"crash_restarts\": 1, "
+                          "\"last_crash_lost_endpoints\": 2"),
+            std::string::npos);
+  pair.r0.Wait(10 * TimeScale());
+  pair.r1.Wait(10 * TimeScale());
+  EXPECT_TRUE(d->Stop());
+}
+
 // Jobs that start, connect and end while psmd is handed over, and control
 // calls made meanwhile, never notice: a connection made during the
 // blackout waits in the socket's backlog, one being classified is handed

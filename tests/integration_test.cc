@@ -658,6 +658,83 @@ TEST_F(IntegrationTest, ClientsOfAKilledPsmdCloseNothingOfTheNextOnesJobs) {
   EXPECT_EQ(n1.Wait(30), 0) << ReadFile(rv_new + "/r1.err") << ids;
 }
 
+// The endpoint journal (issue 33; daemon/control/endpoint_journal.h): psmd
+// SIGKILLed while a job's two ranks exchange, and started again on its
+// socket, names in its log the endpoints that ended with the old one (the
+// ranks' pids), and psmctl stats and health count the crash; a second
+// crash with nothing open counts again. A psmd that stops removes its
+// journal, so the start after it reports nothing and counts none.
+TEST_F(IntegrationTest, APsmdStartedAfterACrashSaysWhatEndedWithIt) {
+  std::string rv = Subdir(dir_, "rv");
+  auto old = std::make_unique<Daemon>(dir_);
+  const std::string journal = old->socket() + ".journal";
+  Process r1 = Process::Start(ExchangeArgs(dir_, rv, 1, kJobA, 100000000, 64),
+                              old->ClientEnv(), dir_.path() + "/r1.out",
+                              dir_.path() + "/r1.err");
+  Process r0 = Process::Start(ExchangeArgs(dir_, rv, 0, kJobA, 100000000, 64),
+                              old->ClientEnv(), dir_.path() + "/r0.out",
+                              dir_.path() + "/r0.err");
+  ASSERT_TRUE(WaitUntil(20 * TimeScale(), [&] {
+    return JsonNumber(Psmctl(dir_, *old, {"stats", "--json"}).out, "total",
+                      "msgs_received") > 100;
+  })) << "the pair never got going";
+  ASSERT_EQ(kill(old->pid(), SIGKILL), 0);
+  old.reset();  // reaped
+  auto fresh = std::make_unique<Daemon>(dir_);
+  // (Its socket listens before it reads the journal.)
+  auto logged = [&](const std::string& line) {
+    return WaitUntil(
+        5, [&] { return fresh->Log().find(line) != std::string::npos; });
+  };
+  EXPECT_TRUE(
+      logged("ended without stopping (killed or crashed): the 2 "
+             "endpoints it served ended with it"))
+      << fresh->Log();
+  const std::string log = fresh->Log();
+  for (const Process* p : {&r0, &r1}) {
+    EXPECT_NE(log.find("pid " + std::to_string(p->pid()) + ", uid "),
+              std::string::npos)
+        << log;
+  }
+  EXPECT_NE(log.find("Restart 1 after a crash"), std::string::npos) << log;
+  std::string stats = Psmctl(dir_, *fresh, {"stats", "--json"}).out;
+  EXPECT_EQ(JsonNumber(stats, "", "crash_restarts"), 1) << stats;
+  EXPECT_EQ(JsonNumber(stats, "", "last_crash_lost_endpoints"), 2) << stats;
+  std::string health = Psmctl(dir_, *fresh, {"health", "--json"}).out;
+  EXPECT_EQ(JsonNumber(health, "", "crash_restarts"), 1) << health;
+  EXPECT_NE(
+      Psmctl(dir_, *fresh, {"stats"})
+          .out.find(
+              "restarted after a crash 1 time since the last clean start: "
+              "the last crash ended 2 endpoints"),
+      std::string::npos);
+  EXPECT_NE(Psmctl(dir_, *fresh, {"stats", "--format", "prometheus"})
+                .out.find("\npsmd_crash_restarts 1\n"),
+            std::string::npos);
+  r0.Wait(10 * TimeScale());
+  r1.Wait(10 * TimeScale());
+
+  ASSERT_EQ(kill(fresh->pid(), SIGKILL), 0);
+  fresh.reset();
+  fresh = std::make_unique<Daemon>(dir_);
+  EXPECT_TRUE(logged("the 0 endpoints it served ended with it"))
+      << fresh->Log();
+  stats = Psmctl(dir_, *fresh, {"stats", "--json"}).out;
+  EXPECT_EQ(JsonNumber(stats, "", "crash_restarts"), 2) << stats;
+  EXPECT_EQ(JsonNumber(stats, "", "last_crash_lost_endpoints"), 0) << stats;
+
+  EXPECT_TRUE(fresh->Stop());
+  EXPECT_NE(access(journal.c_str(), F_OK), 0) << "a stopped psmd's journal";
+  fresh = std::make_unique<Daemon>(dir_);
+  EXPECT_TRUE(logged(") serving ")) << fresh->Log();
+  EXPECT_EQ(fresh->Log().find("ended without stopping"), std::string::npos)
+      << fresh->Log();
+  stats = Psmctl(dir_, *fresh, {"stats", "--json"}).out;
+  EXPECT_EQ(JsonNumber(stats, "", "crash_restarts"), 0) << stats;
+  ExpectExchangeRuns(dir_, *fresh, "rv2", kJobA, 100);
+  EXPECT_TRUE(fresh->Stop());
+}
+
 TEST_F(IntegrationTest, SigtermRemovesSocketAndSegments) {
   auto d = std::make_unique<Daemon>(dir_);
   std::string rv = Subdir(dir_, "rv");

@@ -361,12 +361,14 @@ void PrintStatsJson(const psmd::v1::GetStatsReply& r) {
       "\"endpoint_count\": %u, \"doorbells\": %" PRIu64 ", \"sleeps\": %" PRIu64
       ", \"generation\": %" PRIu64
       ", \"last_blackout_seconds\": %.6f, \"last_carried_endpoints\": %u"
+      ", \"crash_restarts\": %" PRIu64
+      ", \"last_crash_lost_endpoints\": %u"
       ",\n \"endpoints\": [",
       kSchemaVersion, JsonString(r.version()).c_str(),
       JsonString(r.commit()).c_str(), Seconds(r.start_time_unix_ns()),
       Seconds(r.uptime_ns()), r.endpoint_count(), r.doorbells(), r.sleeps(),
-      r.generation(), Seconds(r.last_blackout_ns()),
-      r.last_carried_endpoints());
+      r.generation(), Seconds(r.last_blackout_ns()), r.last_carried_endpoints(),
+      r.crash_restarts(), r.last_crash_lost_endpoints());
   for (int i = 0; i < r.endpoints_size(); i++) {
     const auto& e = r.endpoints(i);
     printf(
@@ -467,6 +469,13 @@ std::string PrometheusText(const psmd::v1::GetStatsReply* r) {
   single("psmd_last_handover_endpoints", "gauge",
          "Endpoints the last handover carried over.",
          r->last_carried_endpoints());
+  single("psmd_crash_restarts", "gauge",
+         "Starts that followed a psmd killed or crashed, since psmd last "
+         "started after a clean stop.",
+         r->crash_restarts());
+  single("psmd_last_crash_lost_endpoints", "gauge",
+         "Endpoints that ended with the last psmd killed or crashed.",
+         r->last_crash_lost_endpoints());
   // One series per worker (engine shard), labelled worker="N".
   struct WorkerSeries {
     const char* name;  // after psmd_worker_
@@ -661,6 +670,13 @@ int ShowStats(ControlClient& control, const std::string& format) {
         "generation %" PRIu64 ": last handover carried %s, blackout %.1f ms\n",
         r.generation(), Counted(r.last_carried_endpoints(), "endpoint").c_str(),
         static_cast<double>(r.last_blackout_ns()) / 1e6);
+  }
+  if (r.crash_restarts() > 0) {
+    printf(
+        "restarted after a crash %s since the last clean start: the last "
+        "crash ended %s\n",
+        Counted(r.crash_restarts(), "time").c_str(),
+        Counted(r.last_crash_lost_endpoints(), "endpoint").c_str());
   }
   for (const auto& w : r.workers()) PrintWorker(w);
   printf("\n");
@@ -939,12 +955,14 @@ int ShowHealth(ControlClient& control, const std::string& format,
         "\"worker_last_turn_seconds\": %.3f, \"max_stall_seconds\": %.3f, "
         "\"generation\": %" PRIu64
         ", \"last_blackout_seconds\": %.6f, "
-        "\"last_carried_endpoints\": %u}\n",
+        "\"last_carried_endpoints\": %u, \"crash_restarts\": %" PRIu64
+        ", \"last_crash_lost_endpoints\": %u}\n",
         kSchemaVersion, healthy ? "true" : "false",
         JsonString(r.version()).c_str(), JsonString(r.commit()).c_str(), uptime,
         r.endpoint_count(), r.max_endpoints(), r.daemon_pid(), age, max_stall,
         r.generation(), static_cast<double>(r.last_blackout_ns()) / 1e9,
-        r.last_carried_endpoints());
+        r.last_carried_endpoints(), r.crash_restarts(),
+        r.last_crash_lost_endpoints());
   } else {
     printf(
         "psmd %s (commit %s, pid %u): up %.1f s, %u of %u endpoints, "
@@ -958,6 +976,13 @@ int ShowHealth(ControlClient& control, const std::string& format,
              "blackout %.1f ms\n",
              r.generation(), r.last_carried_endpoints(),
              static_cast<double>(r.last_blackout_ns()) / 1e6);
+    }
+    if (r.crash_restarts() > 0) {
+      printf(
+          "restarted after a crash %s since the last clean start: the "
+          "last crash ended %s\n",
+          Counted(r.crash_restarts(), "time").c_str(),
+          Counted(r.last_crash_lost_endpoints(), "endpoint").c_str());
     }
   }
   if (!healthy) {

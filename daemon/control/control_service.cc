@@ -134,6 +134,8 @@ grpc::Status ControlService::Health(grpc::ServerContext* ctx,
   reply->set_generation(upgrades_->generation.load());
   reply->set_last_blackout_ns(upgrades_->last_blackout_ns.load());
   reply->set_last_carried_endpoints(upgrades_->last_carried.load());
+  reply->set_crash_restarts(upgrades_->crash_restarts.load());
+  reply->set_last_crash_lost_endpoints(upgrades_->last_crash_lost.load());
   return grpc::Status::OK;
 }
 
@@ -228,6 +230,8 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
   reply->set_generation(upgrades_->generation.load());
   reply->set_last_blackout_ns(upgrades_->last_blackout_ns.load());
   reply->set_last_carried_endpoints(upgrades_->last_carried.load());
+  reply->set_crash_restarts(upgrades_->crash_restarts.load());
+  reply->set_last_crash_lost_endpoints(upgrades_->last_crash_lost.load());
   reply->set_version(version::Version());
   reply->set_commit(version::Commit());
   reply->set_endpoint_count(static_cast<uint32_t>(stats.endpoints.size()));

@@ -25,6 +25,21 @@ namespace {
 
 constexpr auto kAttachDeadline = std::chrono::seconds(5);
 
+// An attached endpoint's record in the endpoint journal.
+EndpointJournal::Entry JournalEntryOf(const Endpoint& ep) {
+  EndpointJournal::Entry e;
+  e.id = ep.id();
+  e.epid = ep.epid();
+  e.uid = ep.uid();
+  e.pid = static_cast<uint32_t>(ep.pid());
+  e.job = ep.job()->key().uuid;
+  e.attached_unix_ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::system_clock::now().time_since_epoch())
+          .count());
+  return e;
+}
+
 void FillRandom(void* buf, size_t len) {
   auto* p = static_cast<uint8_t*>(buf);
   while (len > 0) {
@@ -307,6 +322,7 @@ Status Registry::Attach(const AttachToken& token, const Credentials& who,
     fds[1] = rec.ep->job()->pool().fd();
     fds[2] = rec.ep->doorbell_fd();
     *endpoint_id = id;
+    if (journal_ != nullptr) journal_->Record(JournalEntryOf(*rec.ep));
     return {};
   }
   return {PSM2_PARAM_ERR, "unknown or expired attach token"};
@@ -319,6 +335,7 @@ std::shared_ptr<Endpoint> Registry::Unlink(uint32_t id) {
   // Wake the client's side of the attach connection so it notices too.
   if (it->second.liveness_fd >= 0) shutdown(it->second.liveness_fd, SHUT_RDWR);
   records_.erase(it);
+  if (journal_ != nullptr) journal_->Clear(id);
   id_by_epid_.erase(ep->epid());
   if (--open_by_uid_[ep->uid()] == 0) open_by_uid_.erase(ep->uid());
   Job& job = *ep->job();
@@ -821,6 +838,14 @@ void Registry::ExpireUnattached() {
     }
   }
   for (auto& ep : expired) Retire(std::move(ep));
+}
+
+void Registry::SetJournal(EndpointJournal* journal) {
+  MutexLock lock(&mu_);
+  journal_ = journal;
+  for (const auto& [id, rec] : records_) {
+    if (rec.attached) journal_->Record(JournalEntryOf(*rec.ep));
+  }
 }
 
 void Registry::RemoveAll() {

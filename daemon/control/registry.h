@@ -23,6 +23,7 @@
 
 #include "base/mutex.h"
 #include "daemon/config.h"
+#include "daemon/control/endpoint_journal.h"
 #include "daemon/control/refusals.h"
 #include "daemon/engine/endpoint.h"
 #include "daemon/engine/job.h"
@@ -218,6 +219,10 @@ class Registry {
   void ExpireUnattached();
   // Removes every endpoint (daemon shutdown).
   void RemoveAll();
+  // From now on every attached endpoint has a record in `journal` (main's,
+  // which outlives the registry's use of it), from its attach to its
+  // removal: those attached already are recorded now (a successor's).
+  void SetJournal(EndpointJournal* journal);
 
   // ---- Handover (issue 33; daemon/handover/handover.h) ----
   // Writes every job and endpoint (the descriptors each needs into `fds`),
@@ -315,6 +320,7 @@ class Registry {
   uint64_t default_unexpected_budget_ PSMD_GUARDED_BY(mu_);
   uint32_t next_id_ PSMD_GUARDED_BY(mu_) = 1;
   std::unordered_map<uint32_t, Record> records_ PSMD_GUARDED_BY(mu_);
+  EndpointJournal* journal_ PSMD_GUARDED_BY(mu_) = nullptr;
   // Open endpoints per owner uid.
   std::unordered_map<uid_t, uint32_t> open_by_uid_ PSMD_GUARDED_BY(mu_);
   // Each uid's account, shared by its jobs while any lives.

@@ -41,6 +41,11 @@ class Upgrades {
   std::atomic<uint64_t> generation{0};
   std::atomic<uint64_t> last_blackout_ns{0};
   std::atomic<uint32_t> last_carried{0};
+  // Starts after a crash (the endpoint journal's count: ReportPrevious in
+  // daemon/control/endpoint_journal.h), and the endpoints that ended with
+  // the last crashed psmd; set by main before the server starts.
+  std::atomic<uint64_t> crash_restarts{0};
+  std::atomic<uint32_t> last_crash_lost{0};
 
  private:
   const std::string started_from_;
