@@ -81,9 +81,8 @@ Status EndpointJournal::Load(const std::string& path, Previous* previous) {
   // psmd's own; this is the second line).
   fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd_ < 0) {
-    return {PSM2_INTERNAL_ERR,
-            Errno("cannot open the endpoint journal", path) +
-                " (psmd needs to write beside its socket)"};
+    return {PSM2_INTERNAL_ERR, Errno("cannot open the endpoint journal", path) +
+                                   " (psmd needs to write beside its socket)"};
   }
   struct stat st {};
   if (fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -228,7 +227,8 @@ void EndpointJournal::Clear(uint32_t id) {
   const DiskRecord free{};
   // (A failed clear leaves a record a crash report names wrongly: logged
   // once with the first failure.)
-  if (pwrite(fd_, &free, sizeof(free), static_cast<off_t>((slot + 1) * kUnit)) !=
+  if (pwrite(fd_, &free, sizeof(free),
+             static_cast<off_t>((slot + 1) * kUnit)) !=
           static_cast<ssize_t>(sizeof(free)) &&
       !failed_) {
     failed_ = true;
@@ -269,23 +269,23 @@ uint64_t ReportPrevious(const std::string& path,
   for (size_t i = 0; i < previous.entries.size() && i < kNamed; i++) {
     const EndpointJournal::Entry& e = previous.entries[i];
     char text[200];
-    snprintf(text, sizeof(text), "%sendpoint %u (epid %#llx, pid %u, uid %u, "
-             "job %s)", i == 0 ? "" : ", ", e.id,
-             static_cast<unsigned long long>(e.epid), e.pid, e.uid,
-             UuidToString(e.job).c_str());
+    snprintf(text, sizeof(text),
+             "%sendpoint %u (epid %#llx, pid %u, uid %u, "
+             "job %s)",
+             i == 0 ? "" : ", ", e.id, static_cast<unsigned long long>(e.epid),
+             e.pid, e.uid, UuidToString(e.job).c_str());
     list += text;
   }
   if (previous.entries.size() > kNamed) {
-    list += " and " + std::to_string(previous.entries.size() - kNamed) +
-            " more";
+    list +=
+        " and " + std::to_string(previous.entries.size() - kNamed) + " more";
   }
   if (previous.ending == EndpointJournal::Ending::kInStore) {
     // systemctl stop after a psmd stored its endpoints: an ordinary end.
     spdlog::info(
         "psmd pid {} put {} endpoints into systemd's file-descriptor store, "
         "which did not pass them on (systemctl stop): they ended{}{}",
-        previous.pid, previous.entries.size(), list.empty() ? "" : ": ",
-        list);
+        previous.pid, previous.entries.size(), list.empty() ? "" : ": ", list);
     return previous.crash_restarts;
   }
   const uint64_t restarts = previous.crash_restarts + 1;

@@ -99,7 +99,7 @@ class EndpointJournal {
   uint64_t crash_restarts_ = 0;
   std::unordered_map<uint32_t, uint32_t> slot_of_;  // endpoint id -> slot
   std::vector<uint32_t> free_slots_;
-  uint32_t slots_ = 0;  // slots ever used (the file's records)
+  uint32_t slots_ = 0;   // slots ever used (the file's records)
   bool failed_ = false;  // a write failed (logged once)
 };
 
