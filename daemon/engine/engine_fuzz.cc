@@ -72,7 +72,13 @@
 //      receive one kRecvRndv, a send one go). Skipped for the content of a
 //      job whose rendezvous traffic the harness cannot know (raw
 //      rendezvous descriptors, chunks for a transfer it made up, a send it
-//      had no client memory left for, a scribbled pool).
+//      had no client memory left for, a scribbled pool). Eager messages of
+//      8 B or more carry their id and pattern too (inline or in the pool):
+//      each reaches a receive or a claiming probe at most once, intact,
+//      from its sender, and one sender's messages of one tag reach one
+//      receiver's receives in the order sent (skipped for a job that sent
+//      raw descriptors or whose pool was scribbled on, and for frames from
+//      another node).
 //   6. At the end every shard quiesces: no copy running, nothing in flight
 //      between shards. Before it, once copy_after passed, every send that
 //      awaits kSendDone (kGoAwaitDone) gets it or an error: psmd takes
@@ -287,6 +293,9 @@ struct JobState {
   // Rendezvous bytes the harness did not write may reach its receives
   // (property 5 skips their content).
   bool unknown_rndv = false;
+  // Eager bytes the harness did not write (a raw descriptor's) may reach
+  // its receives from an endpoint of the job (property 5 skips them).
+  bool unknown_eager = false;
 };
 
 // One endpoint position as its client sees it.
@@ -679,7 +688,18 @@ class Node {
         }
         shm::Ring ring = RingFor(in, d);
         auto chunk = AttachPayload(c, d, in);
-        if (chunk) Submit(c, d, ring, *chunk);
+        if (!chunk) break;
+        if (!rndv && d.len >= 8) {
+          // Property 5: an eager message of its own id and pattern (the
+          // input's bytes, read by AttachPayload, are overwritten).
+          const uint64_t id = next_tracked_++;
+          FillMessage(shm::PayloadInPool(d)
+                          ? jobs_[c.job].first->pool().base() + *chunk
+                          : d.body.inline_data,
+                      id, d.len);
+          messages_[id] = c.ep->epid();
+        }
+        Submit(c, d, ring, *chunk);
         break;
       }
       case kRecv:
@@ -1047,6 +1067,11 @@ class Node {
   // tracked send or receive, and the bytes a chunk brings.
   void Follow(uint32_t pos, const shm::CompletionDesc& d) {
     Client& c = clients_[pos];
+    if (d.op == shm::CompleteOp::kRecvDone ||
+        (d.op == shm::CompleteOp::kProbeDone &&
+         (d.flags & shm::kPayloadClaimed))) {
+      FollowEager(pos, d);
+    }
     if (auto s = c.sends.find(d.req); s != c.sends.end()) {
       Client::Sent& sent = s->second;
       if (sent.ended) Fail("a completion for a send that ended");
@@ -1121,6 +1146,40 @@ class Node {
     }
   }
 
+  // Property 5 for an eager message a receive or a claiming probe got: it
+  // is the message's own bytes, from the sender it was told, delivered
+  // once, and a receive gets one sender's messages of one tag in the order
+  // sent. (A claim matched at its probe, before the receive that takes it:
+  // its order is not judged.) Skipped for frames from another node (the
+  // input's bytes), and where the harness did not write every eager byte.
+  void FollowEager(uint32_t pos, const shm::CompletionDesc& d) {
+    Client& c = clients_[pos];
+    const JobState& j = jobs_[c.job];
+    if (d.msg_len < 8 || d.src_epid == kRemoteEpid || j.unknown_eager ||
+        j.scribbled || (d.error != PSM2_OK && d.error != PSM2_MQ_TRUNCATION))
+      return;
+    const uint8_t* p = (d.flags & shm::kPayloadInline)
+                           ? d.body.inline_data
+                           : j.job->pool().base() + d.body.pool.pool_offset;
+    uint64_t head = 0;
+    std::memcpy(&head, p, 8);
+    const uint64_t id = head & ~kIdMark;
+    auto m = messages_.find(id);
+    if ((head & kIdMark) != kIdMark || m == messages_.end())
+      Fail("an eager receive holds bytes of no message");
+    if (m->second != d.src_epid) Fail("an eager message from another sender");
+    if (std::memcmp(p + 8, MessageBytes(id) + 8, d.msg_len - 8) != 0)
+      Fail("an eager message's bytes changed on their way");
+    if (!delivered_.insert(id).second) Fail("an eager message delivered twice");
+    if (d.op != shm::CompleteOp::kRecvDone) return;
+    auto& seen = order_[{d.src_epid, c.ep->epid(),
+                         (uint64_t{d.tag[0]} << 32) | d.tag[1], d.tag[2]}];
+    const uint64_t match = ++c.matches;
+    if (!seen.empty() && seen.rbegin()->second > id)
+      Fail("one sender's messages received out of order");
+    seen[match] = id;
+  }
+
   // Property 5 for a receive that got all its bytes: they are the
   // message's, from the sender it was told, in that sender's order.
   void CheckReceived(uint32_t pos, const Client::Received& rv) {
@@ -1164,6 +1223,9 @@ class Node {
         break;
       case shm::SubmitOp::kRndvData:
         j.unknown_rndv = true;
+        break;
+      case shm::SubmitOp::kSend:
+        j.unknown_eager = true;
         break;
       default:
         break;
@@ -1310,6 +1372,7 @@ class Node {
   bool stepped_ = false;
   uint64_t next_tracked_ = 1;  // ids of tracked messages and receives
   std::map<uint64_t, uint64_t> messages_;  // tracked message id -> epid
+  std::set<uint64_t> delivered_;           // tracked eager messages received
   // Property 5's order: by sender epid, receiver epid and tag, the ids of
   // the messages received, by their place among the receiver's matches.
   std::map<std::array<uint64_t, 4>, std::map<uint64_t, uint64_t>> order_;
