@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "hw/fabric.h"
@@ -86,6 +87,16 @@ int ExpectedLossError() {
 long long LossBoundMs() {
   return OfiProvider().empty() && !Sessions() ? 1000 : 6500;
 }
+
+// Frames as a daemon writes them (daemon/remote/wire.h): a 32-byte
+// record {tag[3], len, flags, error, x}, after it 24 bytes of region.
+struct WireRecord {
+  uint32_t tag[3];
+  uint32_t len;
+  uint32_t flags;
+  int32_t error;
+  uint64_t x;
+};
 
 struct SendingNode;
 
@@ -334,6 +345,27 @@ class FabricTest : public ::testing::Test {
   ::testing::AssertionResult Node3ReceiveFailed(Node3Receiver& r, int* error,
                                                 long long* ended_ms,
                                                 std::string* landed);
+
+  // A second RMA piece of node 3's rendezvous (ExpectRoguePieceDropped):
+  // its frame's fields, record and region (address, key, length).
+  struct RoguePiece {
+    static constexpr uint32_t kMessage = 1u << 20, kPiece = 256u << 10;
+    hw::FrameFields f;
+    WireRecord r;
+    uint64_t region[3];
+    uint64_t other_key;  // of another region of node 3's, as long
+  };
+  using RogueEdit = std::function<void(RoguePiece&)>;
+  // Node 3 sends daemon `a` a rendezvous of RoguePiece::kMessage bytes, a
+  // proper first piece (read), and a second piece as `edit` changes it:
+  // psmd drops node 3's connection (logged and counted: the `nth` time),
+  // reads nothing of it, and the receive fails at once.
+  void ExpectRoguePieceDropped(Daemon& a, const char* what,
+                               const RogueEdit& edit, int nth);
+  // Node 1 runs ExpectRoguePieceDropped for each of `rogues` (a name and
+  // an edit) in turn, then still serves node 2 (ExchangeGoesOnThenStop).
+  void EachRoguePieceDropsItsPeer(
+      const std::vector<std::pair<const char*, RogueEdit>>& rogues);
 
   int rendezvous_runs_ = 0;
   TempDir dir_;
@@ -1147,16 +1179,6 @@ TEST_F(FabricTest,
   ExchangeGoesOnThenStop(*a, *b);
 }
 
-// Frames as a daemon writes them (daemon/remote/wire.h): a 32-byte
-// record {tag[3], len, flags, error, x}, after it 24 bytes of region.
-struct WireRecord {
-  uint32_t tag[3];
-  uint32_t len;
-  uint32_t flags;
-  int32_t error;
-  uint64_t x;
-};
-
 // Node 3 as a sending daemon with one endpoint (kEpid), to which a receive
 // posted on node 1 connects: while it waits for psmd's frames it answers
 // that receiver's connect query and sends heartbeats, as a daemon would;
@@ -1382,6 +1404,145 @@ TEST_F(FabricTest, AnRmaPieceWithAForgedKeyFailsTheReceiveNotTheDaemon) {
   // The daemon serves on: nodes 1 and 2 exchange.
   auto b = std::make_unique<Daemon>(node_dir_[1], Flags(1));
   ExchangeGoesOnThenStop(*a, *b);
+}
+
+size_t Occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos;
+       at = text.find(what, at + what.size())) {
+    n++;
+  }
+  return n;
+}
+
+void FabricTest::ExpectRoguePieceDropped(Daemon& a, const char* what,
+                                         const RogueEdit& edit, int nth) {
+  SCOPED_TRACE(what);
+  constexpr uint32_t kPiece = RoguePiece::kPiece;
+  // Node 3's pool: the first piece's bytes (0x11), then bytes no proper
+  // piece names (0x22); and a second region of those alone. Registered
+  // with node 3's fabric, so psmd's reads of them work.
+  std::vector<uint8_t> own(2u << 20, 0x22), other(2u << 20, 0x22);
+  std::fill(own.begin(), own.begin() + kPiece, 0x11);
+  SendingNode node(kNode3TimeoutMs / 4);
+  Node3Receiver receiver;
+  uint64_t transfer = 0;
+  ASSERT_TRUE(
+      RendezvousFromNode3(a, node, RoguePiece::kMessage, &receiver, &transfer));
+  hw::RegionId own_id = 0, other_id = 0;
+  hw::RemoteRegion own_region, other_region;
+  ASSERT_EQ(
+      node.fabric->RegisterRegion(own.data(), own.size(), &own_id, &own_region),
+      hw::ErrorClass::kOk);
+  ASSERT_EQ(node.fabric->RegisterRegion(other.data(), other.size(), &other_id,
+                                        &other_region),
+            hw::ErrorClass::kOk);
+  // The first piece, proper: psmd reads it and says so.
+  RoguePiece p;
+  p.region[0] = own_region.addr;
+  p.region[1] = own_region.key;
+  p.region[2] = own_region.length;
+  p.other_key = other_region.key;
+  p.r = WireRecord{};
+  p.r.tag[0] = 1;  // its piece id
+  p.r.len = kPiece;
+  ASSERT_EQ(node.Send(19, transfer, 0, p.r, p.region), hw::ErrorClass::kOk);
+  hw::Event e;
+  ASSERT_TRUE(node.AwaitOp(20, &e)) << a.Log();
+  ASSERT_EQ(e.fields.aux, 1u);
+  ASSERT_EQ(node.Received().error, 0) << a.Log();
+  // The second piece as it should be (the next 256 KiB, from the 0x22
+  // bytes), and then as `edit` makes it.
+  p.f = node.To(19, transfer, kPiece);
+  p.r.tag[0] = 2;
+  p.r.x = kPiece;
+  edit(p);
+  const auto sent_at = std::chrono::steady_clock::now();
+  ASSERT_EQ(node.Send(p.f, p.r, p.region), hw::ErrorClass::kOk);
+  // psmd drops the connection: no read, no kRndvReadDone.
+  EXPECT_FALSE(node.AwaitOp(20, &e)) << "the piece was read\n" << a.Log();
+  EXPECT_TRUE(node.closed) << a.Log();
+  // The receive fails as when any connection ends (every request waiting
+  // on that node fails): at once, and its buffer holds the first piece
+  // and nothing of the second.
+  int error = 0;
+  long long ended_ms = 0;
+  std::string landed;
+  ASSERT_TRUE(Node3ReceiveFailed(receiver, &error, &ended_ms, &landed))
+      << a.Log();
+  printf("%s: the receive failed with %d after %lld ms\n", what, error,
+         ended_ms - MonotonicMs(sent_at));
+  EXPECT_EQ(error, 41) << a.Log();  // PSM2_EPID_UNREACHABLE
+  EXPECT_LE(ended_ms - MonotonicMs(sent_at), kNode3TimeoutMs) << a.Log();
+  EXPECT_EQ(landed, "landed 11x" + std::to_string(kPiece) + " 00x" +
+                        std::to_string((64u << 20) - kPiece));
+  // Logged once, and counted, per connection dropped.
+  EXPECT_EQ(Occurrences(a.Log(),
+                        "node 3 sent a frame the engine refuses (RMA piece "
+                        "not of its transfer, or out of order)"),
+            static_cast<size_t>(nth))
+      << a.Log();
+  RunResult st = Psmctl(dir_, a, {"stats", "--format", "json"});
+  EXPECT_EQ(JsonNumber(st.out, "peer_nodes", "node"), 3) << st.out;
+  EXPECT_EQ(JsonNumber(st.out, "peer_nodes", "malformed"), nth) << st.out;
+}
+
+void FabricTest::EachRoguePieceDropsItsPeer(
+    const std::vector<std::pair<const char*, RogueEdit>>& rogues) {
+  auto a = StartNodeForNode3();
+  for (size_t i = 0; i < rogues.size(); i++) {
+    ExpectRoguePieceDropped(*a, rogues[i].first, rogues[i].second,
+                            static_cast<int>(i + 1));
+  }
+  auto b = std::make_unique<Daemon>(node_dir_[1], Flags(1));
+  ExchangeGoesOnThenStop(*a, *b);
+}
+
+// A kRndvRead must name the transfer's next bytes (issue 34 item 2:
+// nothing from the peer is trusted): a piece after a gap, or at an offset
+// already read, drops the connection.
+TEST_F(FabricTest, AnRmaPieceOutOfOrderDropsItsPeer) {
+  if (OfiProvider() != "tcp;ofi_rxm") GTEST_SKIP() << "over tcp;ofi_rxm only";
+  EachRoguePieceDropsItsPeer({
+      {"a gap", [](RoguePiece& p) { p.f.offset += RoguePiece::kPiece; }},
+      {"the first piece's offset again", [](RoguePiece& p) { p.f.offset = 0; }},
+  });
+}
+
+// Every piece of a transfer names the region its first piece named.
+TEST_F(FabricTest, AnRmaPieceInAnotherRegionThanTheFirstDropsItsPeer) {
+  if (OfiProvider() != "tcp;ofi_rxm") GTEST_SKIP() << "over tcp;ofi_rxm only";
+  EachRoguePieceDropsItsPeer({
+      {"another key", [](RoguePiece& p) { p.region[1] = p.other_key; }},
+      {"another address",
+       [](RoguePiece& p) { p.region[0] += RoguePiece::kPiece; }},
+      {"another length", [](RoguePiece& p) { p.region[2] /= 2; }},
+  });
+}
+
+// A piece is for the transfer's sending and receiving endpoints, job and
+// uid (node 3's other endpoint, or a receiver's epid, job or uid that are
+// not the transfer's).
+TEST_F(FabricTest, AnRmaPieceForAnotherEndpointJobOrUidDropsItsPeer) {
+  if (OfiProvider() != "tcp;ofi_rxm") GTEST_SKIP() << "over tcp;ofi_rxm only";
+  EachRoguePieceDropsItsPeer({
+      {"another receiving endpoint", [](RoguePiece& p) { p.f.dst++; }},
+      {"another job", [](RoguePiece& p) { p.f.job[15] ^= 1; }},
+      {"another uid", [](RoguePiece& p) { p.f.uid++; }},
+      {"another sending endpoint", [](RoguePiece& p) { p.f.src++; }},
+  });
+}
+
+// A piece lies within the message: one byte more than what remains of it
+// drops the connection.
+TEST_F(FabricTest, AnRmaPieceLongerThanTheRestOfTheMessageDropsItsPeer) {
+  if (OfiProvider() != "tcp;ofi_rxm") GTEST_SKIP() << "over tcp;ofi_rxm only";
+  EachRoguePieceDropsItsPeer({
+      {"one byte too long",
+       [](RoguePiece& p) {
+         p.r.len = RoguePiece::kMessage - RoguePiece::kPiece + 1;
+       }},
+  });
 }
 
 TEST_F(FabricTest, APeerThatFallsSilentIsClosedWithinTheTimeout) {
