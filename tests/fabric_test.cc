@@ -354,10 +354,13 @@ class FabricTest : public ::testing::Test {
     WireRecord r;
     uint64_t region[3];
     uint64_t other_key;  // of another region of node 3's, as long
+    // Whether the first 256 KiB came streamed (kRndvData), not read.
+    bool first_streamed = false;
   };
   using RogueEdit = std::function<void(RoguePiece&)>;
   // Node 3 sends daemon `a` a rendezvous of RoguePiece::kMessage bytes, a
-  // proper first piece (read), and a second piece as `edit` changes it:
+  // proper first piece (read, unless `edit` says it streams), and a second
+  // piece as `edit` changes it:
   // psmd drops node 3's connection (logged and counted: the `nth` time),
   // reads nothing of it, and the receive fails at once.
   void ExpectRoguePieceDropped(Daemon& a, const char* what,
@@ -1437,29 +1440,42 @@ void FabricTest::ExpectRoguePieceDropped(Daemon& a, const char* what,
   ASSERT_EQ(node.fabric->RegisterRegion(other.data(), other.size(), &other_id,
                                         &other_region),
             hw::ErrorClass::kOk);
-  // The first piece, proper: psmd reads it and says so.
+  // The second piece as it should be (the next 256 KiB, from the 0x22
+  // bytes), and then as `edit` makes it.
   RoguePiece p;
+  p.f = node.To(19, transfer, kPiece);
+  p.r = WireRecord{};
+  p.r.tag[0] = 2;  // its piece id
+  p.r.len = kPiece;
+  p.r.x = kPiece;
   p.region[0] = own_region.addr;
   p.region[1] = own_region.key;
   p.region[2] = own_region.length;
   p.other_key = other_region.key;
-  p.r = WireRecord{};
-  p.r.tag[0] = 1;  // its piece id
-  p.r.len = kPiece;
-  ASSERT_EQ(node.Send(19, transfer, 0, p.r, p.region), hw::ErrorClass::kOk);
-  hw::Event e;
-  ASSERT_TRUE(node.AwaitOp(20, &e)) << a.Log();
-  ASSERT_EQ(e.fields.aux, 1u);
-  ASSERT_EQ(node.Received().error, 0) << a.Log();
-  // The second piece as it should be (the next 256 KiB, from the 0x22
-  // bytes), and then as `edit` makes it.
-  p.f = node.To(19, transfer, kPiece);
-  p.r.tag[0] = 2;
-  p.r.x = kPiece;
   edit(p);
+  // The first piece, proper: psmd reads it and says so; or it streams.
+  if (p.first_streamed) {
+    iovec chunk{own.data(), kPiece};
+    ASSERT_EQ(node.fabric->PostSend(node.conn, node.To(7, transfer, 0), &chunk,
+                                    1, node.cookie++),
+              hw::ErrorClass::kOk);
+  } else {
+    WireRecord first = p.r;
+    first.tag[0] = 1;
+    first.x = 0;
+    first.len = kPiece;
+    const uint64_t region[3] = {own_region.addr, own_region.key,
+                                own_region.length};
+    ASSERT_EQ(node.Send(19, transfer, 0, first, region), hw::ErrorClass::kOk);
+    hw::Event e;
+    ASSERT_TRUE(node.AwaitOp(20, &e)) << a.Log();
+    ASSERT_EQ(e.fields.aux, 1u);
+    ASSERT_EQ(node.Received().error, 0) << a.Log();
+  }
   const auto sent_at = std::chrono::steady_clock::now();
   ASSERT_EQ(node.Send(p.f, p.r, p.region), hw::ErrorClass::kOk);
   // psmd drops the connection: no read, no kRndvReadDone.
+  hw::Event e;
   EXPECT_FALSE(node.AwaitOp(20, &e)) << "the piece was read\n" << a.Log();
   EXPECT_TRUE(node.closed) << a.Log();
   // The receive fails as when any connection ends (every request waiting
@@ -1542,6 +1558,16 @@ TEST_F(FabricTest, AnRmaPieceLongerThanTheRestOfTheMessageDropsItsPeer) {
        [](RoguePiece& p) {
          p.r.len = RoguePiece::kMessage - RoguePiece::kPiece + 1;
        }},
+  });
+}
+
+// A transfer whose first bytes streamed takes no piece to read (a chunk
+// may still be parked, and would reach the receiver after the reads).
+TEST_F(FabricTest, AnRmaPieceAfterAStreamedChunkDropsItsPeer) {
+  if (OfiProvider() != "tcp;ofi_rxm") GTEST_SKIP() << "over tcp;ofi_rxm only";
+  EachRoguePieceDropsItsPeer({
+      {"after a streamed chunk",
+       [](RoguePiece& p) { p.first_streamed = true; }},
   });
 }
 
