@@ -360,9 +360,9 @@ class FabricTest : public ::testing::Test {
   using RogueEdit = std::function<void(RoguePiece&)>;
   // Node 3 sends daemon `a` a rendezvous of RoguePiece::kMessage bytes, a
   // proper first piece (read, unless `edit` says it streams), and a second
-  // piece as `edit` changes it:
-  // psmd drops node 3's connection (logged and counted: the `nth` time),
-  // reads nothing of it, and the receive fails at once.
+  // piece as `edit` changes it: psmd drops node 3's connection (logged and
+  // counted: the `nth` time), reads nothing of it, and the receive fails
+  // at once.
   void ExpectRoguePieceDropped(Daemon& a, const char* what,
                                const RogueEdit& edit, int nth);
   // Node 1 runs ExpectRoguePieceDropped for each of `rogues` (a name and
