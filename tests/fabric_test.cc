@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "hw/fabric.h"
@@ -86,6 +87,18 @@ int ExpectedLossError() {
 long long LossBoundMs() {
   return OfiProvider().empty() && !Sessions() ? 1000 : 6500;
 }
+
+// Frames as a daemon writes them (daemon/remote/wire.h): a 32-byte
+// record {tag[3], len, flags, error, x}, after it 24 bytes of region.
+struct WireRecord {
+  uint32_t tag[3];
+  uint32_t len;
+  uint32_t flags;
+  int32_t error;
+  uint64_t x;
+};
+
+struct SendingNode;
 
 class FabricTest : public ::testing::Test {
  protected:
@@ -307,6 +320,55 @@ class FabricTest : public ::testing::Test {
     EXPECT_TRUE(a.Stop());
     EXPECT_TRUE(b.Stop());
   }
+
+  // The test's own node 3 as a sending daemon (SendingNode) to node 1,
+  // which runs with this --fabric-timeout-ms.
+  static constexpr int kNode3TimeoutMs = 2000;
+  std::unique_ptr<Daemon> StartNodeForNode3();
+  // A receive on node 1 of a rendezvous from node 3: peer_death's
+  // posted-receiver in directory `rv`.
+  struct Node3Receiver {
+    std::string rv;
+    Process process;
+  };
+  // Node 3 joins; a receive of 64 MiB is posted on daemon `a` (node 1)
+  // naming node 3's endpoint, and node 3 sends it a request-to-send of
+  // `bytes`; psmd's kRndvGo names the transfer (`*transfer`), offering RMA.
+  ::testing::AssertionResult RendezvousFromNode3(const Daemon& a,
+                                                 SendingNode& node,
+                                                 uint32_t bytes,
+                                                 Node3Receiver* out,
+                                                 uint64_t* transfer);
+  // The receiver ended, its receive with an error (`*error`, at monotonic
+  // `*ended_ms`); `*landed` is what its buffer held then (peer_death's
+  // "landed" line).
+  ::testing::AssertionResult Node3ReceiveFailed(Node3Receiver& r, int* error,
+                                                long long* ended_ms,
+                                                std::string* landed);
+
+  // A second RMA piece of node 3's rendezvous (ExpectRoguePieceDropped):
+  // its frame's fields, record and region (address, key, length).
+  struct RoguePiece {
+    static constexpr uint32_t kMessage = 1u << 20, kPiece = 256u << 10;
+    hw::FrameFields f;
+    WireRecord r;
+    uint64_t region[3];
+    uint64_t other_key;  // of another region of node 3's, as long
+    // Whether the first 256 KiB came streamed (kRndvData), not read.
+    bool first_streamed = false;
+  };
+  using RogueEdit = std::function<void(RoguePiece&)>;
+  // Node 3 sends daemon `a` a rendezvous of RoguePiece::kMessage bytes, a
+  // proper first piece (read, unless `edit` says it streams), and a second
+  // piece as `edit` changes it: psmd drops node 3's connection (logged and
+  // counted: the `nth` time), reads nothing of it, and the receive fails
+  // at once.
+  void ExpectRoguePieceDropped(Daemon& a, const char* what,
+                               const RogueEdit& edit, int nth);
+  // Node 1 runs ExpectRoguePieceDropped for each of `rogues` (a name and
+  // an edit) in turn, then still serves node 2 (ExchangeGoesOnThenStop).
+  void EachRoguePieceDropsItsPeer(
+      const std::vector<std::pair<const char*, RogueEdit>>& rogues);
 
   int rendezvous_runs_ = 0;
   TempDir dir_;
@@ -1120,6 +1182,174 @@ TEST_F(FabricTest,
   ExchangeGoesOnThenStop(*a, *b);
 }
 
+// Node 3 as a sending daemon with one endpoint (kEpid), to which a receive
+// posted on node 1 connects: while it waits for psmd's frames it answers
+// that receiver's connect query and sends heartbeats, as a daemon would;
+// it sends frames to that receiver.
+struct SendingNode : RawNode {
+  static constexpr uint64_t kEpid =
+      (uint64_t{3} << 48) | (uint64_t{7} << 32) | 9;
+  explicit SendingNode(int ping_ms) : ping_ms(ping_ms) {}
+  SendingNode(const SendingNode&) = delete;  // in_iov points into it
+  SendingNode& operator=(const SendingNode&) = delete;
+
+  // The fields of a frame of `op` from kEpid to the receiver (its epid,
+  // job and uid as its query named them).
+  hw::FrameFields To(uint16_t op, uint64_t aux, uint64_t offset) const {
+    hw::FrameFields f = receiver_side;
+    f.op = op;
+    std::swap(f.src, f.dst);
+    f.aux = aux;
+    f.offset = offset;
+    return f;
+  }
+  // Sends record `r`, and the 24 bytes of `region` after it if given.
+  hw::ErrorClass Send(const hw::FrameFields& f, const WireRecord& r,
+                      const uint64_t* region = nullptr) {
+    static uint8_t body[56];
+    std::memcpy(body, &r, sizeof(r));
+    size_t n = sizeof(r);
+    if (region != nullptr) {
+      std::memcpy(body + n, region, 24);
+      n += 24;
+    }
+    iovec out{body, n};
+    return fabric->PostSend(conn, f, &out, 1, cookie++);
+  }
+  hw::ErrorClass Send(uint16_t op, uint64_t aux, uint64_t offset,
+                      const WireRecord& r, const uint64_t* region = nullptr) {
+    return Send(To(op, aux, offset), r, region);
+  }
+  // Frames from psmd until one of op `op` (its record then in Received()),
+  // or until `until` says so; false after 10 s, or once the connection
+  // closed (`closed` then).
+  bool AwaitOp(uint16_t op, hw::Event* got,
+               const std::function<bool()>& until = nullptr) {
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    auto ping_at = std::chrono::steady_clock::now();
+    bool posted = false;
+    while (std::chrono::steady_clock::now() < end) {
+      if (until && until()) return true;
+      if (std::chrono::steady_clock::now() >= ping_at) {
+        hw::FrameFields ping;
+        ping.op = 13;
+        static const uint8_t zero[32] = {};
+        iovec out{const_cast<uint8_t*>(zero), sizeof(zero)};
+        fabric->PostSend(conn, ping, &out, 1, cookie++);
+        ping_at += std::chrono::milliseconds(ping_ms);
+      }
+      if (!posted) {
+        fabric->PostRecv(conn, &in_iov, 1, 1);
+        posted = true;
+      }
+      hw::Event e;
+      if (fabric->Wait(&e, 1, 20) != 1) continue;
+      if (e.type == hw::EventType::kClosed) {
+        closed = true;
+        return false;
+      }
+      if (e.type != hw::EventType::kRecvDone) continue;
+      posted = false;
+      seen.push_back(e.fields.op);
+      if (e.fields.op == 1) {  // kQuery: the receiver connects to kEpid
+        receiver_side = e.fields;
+        Send(2, e.fields.aux, 0, WireRecord{});
+        continue;
+      }
+      if (e.fields.op == op) {
+        *got = e;
+        return true;
+      }
+    }
+    return false;
+  }
+  WireRecord Received() const {
+    WireRecord r;
+    std::memcpy(&r, in, sizeof(r));
+    return r;
+  }
+
+  int ping_ms;
+  hw::FrameFields receiver_side;  // the receiver's epid, job and uid
+  uint8_t in[64] = {};
+  iovec in_iov{in, sizeof(in)};
+  uint64_t cookie = 100;
+  std::vector<int> seen;  // the ops psmd sent, in order
+  bool closed = false;
+};
+
+std::unique_ptr<Daemon> FabricTest::StartNodeForNode3() {
+  std::vector<std::string> flags = Flags(0);
+  flags.insert(flags.end(),
+               {"--fabric-timeout-ms", std::to_string(kNode3TimeoutMs)});
+  return std::make_unique<Daemon>(node_dir_[0], flags);
+}
+
+::testing::AssertionResult FabricTest::RendezvousFromNode3(const Daemon& a,
+                                                           SendingNode& node,
+                                                           uint32_t bytes,
+                                                           Node3Receiver* out,
+                                                           uint64_t* transfer) {
+  if (!node.Join(munged_.socket(), listen_[0])) {
+    return ::testing::AssertionFailure() << "node 3 cannot join" << a.Log();
+  }
+  out->rv = Rendezvous("node3");
+  std::ofstream(out->rv + "/rank0.epid") << SendingNode::kEpid << "\n";
+  out->process = Process::Start(
+      {Runfile("tests/programs/peer_death"), "--role", "posted-receiver",
+       "--rank", "1", "--dir", out->rv, "--uuid", kJobA},
+      a.ClientEnv(), out->rv + "/1.out", out->rv + "/1.err");
+  hw::Event e;
+  // The receiver connects (its kQuery answered) and posts its receive.
+  const std::string posted = out->rv + "/posted";
+  if (!node.AwaitOp(0, &e, [&] { return access(posted.c_str(), F_OK) == 0; })) {
+    return ::testing::AssertionFailure()
+           << "no receive posted\n"
+           << ReadFile(out->rv + "/1.err") << a.Log();
+  }
+  // The request-to-send (kEnvelope with the rendezvous flag), matched at
+  // once: psmd answers kRndvGo offering RMA (bit 62 of the transfer id).
+  WireRecord rts{};
+  rts.tag[0] = 1;
+  rts.len = bytes;
+  rts.flags = 1u << 31;
+  if (node.Send(3, 5, 0, rts) != hw::ErrorClass::kOk || !node.AwaitOp(6, &e) ||
+      e.fields.aux != 5) {
+    return ::testing::AssertionFailure() << "no kRndvGo\n" << a.Log();
+  }
+  *transfer = node.Received().x;
+  if ((*transfer & (1ull << 62)) == 0) {
+    return ::testing::AssertionFailure() << "RMA not offered";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult FabricTest::Node3ReceiveFailed(Node3Receiver& r,
+                                                          int* error,
+                                                          long long* ended_ms,
+                                                          std::string* landed) {
+  const int code = r.process.Wait(10);
+  const std::string out = ReadFile(r.rv + "/1.out");
+  if (code != 0) {
+    return ::testing::AssertionFailure()
+           << "the receiver exited " << code << " (0: its receive failed)\n"
+           << out << ReadFile(r.rv + "/1.err");
+  }
+  if (sscanf(out.c_str(), "ended %d at %lld", error, ended_ms) != 2) {
+    return ::testing::AssertionFailure() << "no \"ended\" line: " << out;
+  }
+  const size_t at = out.find("landed");
+  *landed = at == std::string::npos ? out : out.substr(at);
+  while (!landed->empty() && landed->back() == '\n') landed->pop_back();
+  return ::testing::AssertionSuccess();
+}
+
+long long MonotonicMs(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             t.time_since_epoch())
+      .count();
+}
+
 TEST_F(FabricTest, AnRmaPieceWithAForgedKeyFailsTheReceiveNotTheDaemon) {
   // The test's own node 3 plays a sending daemon that announces a
   // rendezvous piece with a key it never registered. psmd's read fails;
@@ -1133,156 +1363,212 @@ TEST_F(FabricTest, AnRmaPieceWithAForgedKeyFailsTheReceiveNotTheDaemon) {
   // nothing is offered; over udp;ofi_rxd such a read never completes
   // (docs/design.md, "RMA reads"): tcp;ofi_rxm only.
   if (OfiProvider() != "tcp;ofi_rxm") GTEST_SKIP() << "over tcp;ofi_rxm only";
-  constexpr int kTimeoutMs = 2000;
-  std::vector<std::string> flags = Flags(0);
-  flags.insert(flags.end(),
-               {"--fabric-timeout-ms", std::to_string(kTimeoutMs)});
-  auto a = std::make_unique<Daemon>(node_dir_[0], flags);
-  RawNode raw;
-  ASSERT_TRUE(raw.Join(munged_.socket(), listen_[0])) << a->Log();
-  const uint64_t fake = (uint64_t{3} << 48) | (uint64_t{7} << 32) | 9;
-  std::string rv = Rendezvous("forged");
-  {
-    std::ofstream epid(rv + "/rank0.epid");
-    epid << fake << "\n";
-  }
-  Process receiver = Process::Start(
-      {Runfile("tests/programs/peer_death"), "--role", "posted-receiver",
-       "--rank", "1", "--dir", rv, "--uuid", kJobA},
-      a->ClientEnv(), rv + "/1.out", rv + "/1.err");
-  // Frames as a daemon writes them (daemon/remote/wire.h): a 32-byte
-  // record {tag[3], len, flags, error, x}, after it 24 bytes of region.
-  struct Record {
-    uint32_t tag[3];
-    uint32_t len;
-    uint32_t flags;
-    int32_t error;
-    uint64_t x;
-  };
-  hw::FrameFields receiver_side;  // the receiver's epid, job and uid
-  uint8_t in[64] = {};
-  iovec in_iov{in, sizeof(in)};
-  uint64_t cookie = 100;
-  auto send = [&](uint16_t op, uint64_t aux, uint64_t offset, const Record& r,
-                  const uint64_t* region) {
-    hw::FrameFields f = receiver_side;
-    f.op = op;
-    std::swap(f.src, f.dst);  // from node 3's endpoint to the receiver
-    f.aux = aux;
-    f.offset = offset;
-    static uint8_t body[56];
-    std::memcpy(body, &r, sizeof(r));
-    size_t n = sizeof(r);
-    if (region != nullptr) {
-      std::memcpy(body + n, region, 24);
-      n += 24;
-    }
-    iovec out{body, n};
-    return raw.fabric->PostSend(raw.conn, f, &out, 1, cookie++);
-  };
-  // Frames from psmd until one of op `op` (answering its connect query and
-  // sending heartbeats meanwhile, as a daemon would); false after 10 s.
-  std::vector<int> seen;
-  // (Or until `until` says so.)
-  auto await_op = [&](uint16_t op, hw::Event* got,
-                      const std::function<bool()>& until = nullptr) {
-    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    auto ping_at = std::chrono::steady_clock::now();
-    bool posted = false;
-    while (std::chrono::steady_clock::now() < end) {
-      if (until && until()) return true;
-      if (std::chrono::steady_clock::now() >= ping_at) {
-        hw::FrameFields ping;
-        ping.op = 13;
-        static const uint8_t zero[32] = {};
-        iovec out{const_cast<uint8_t*>(zero), sizeof(zero)};
-        raw.fabric->PostSend(raw.conn, ping, &out, 1, cookie++);
-        ping_at += std::chrono::milliseconds(kTimeoutMs / 4);
-      }
-      if (!posted) {
-        raw.fabric->PostRecv(raw.conn, &in_iov, 1, 1);
-        posted = true;
-      }
-      hw::Event e;
-      if (raw.fabric->Wait(&e, 1, 20) != 1) continue;
-      if (e.type == hw::EventType::kClosed) return false;
-      if (e.type != hw::EventType::kRecvDone) continue;
-      posted = false;
-      seen.push_back(e.fields.op);
-      if (e.fields.op == 1) {  // kQuery: the receiver connects to "us"
-        receiver_side = e.fields;
-        Record answer{};
-        send(2, e.fields.aux, 0, answer, nullptr);
-        continue;
-      }
-      if (e.fields.op == op) {
-        *got = e;
-        return true;
-      }
-    }
-    return false;
-  };
-  hw::Event e;
-  // The receiver connects (kQuery answered) and posts its receive.
-  ASSERT_TRUE(await_op(
-      0, &e, [&] { return access((rv + "/posted").c_str(), F_OK) == 0; }))
-      << ReadFile(rv + "/1.err") << a->Log();
-  // A 64 MiB rendezvous request-to-send (kEnvelope with the rendezvous
-  // flag), matched at once: psmd answers kRndvGo offering RMA (bit 62 of
-  // the transfer id).
-  Record rts{};
-  rts.tag[0] = 1;
-  rts.len = 64u << 20;
-  rts.flags = 1u << 31;
-  ASSERT_EQ(send(3, 5, 0, rts, nullptr), hw::ErrorClass::kOk);
-  ASSERT_TRUE(await_op(6, &e)) << a->Log();
-  Record go;
-  std::memcpy(&go, in, sizeof(go));
-  EXPECT_EQ(e.fields.aux, 5u);
-  ASSERT_NE(go.x & (1ull << 62), 0u) << "RMA not offered";
+  auto a = StartNodeForNode3();
+  SendingNode node(kNode3TimeoutMs / 4);
+  Node3Receiver receiver;
+  uint64_t transfer = 0;
+  // A 64 MiB message (the receive's whole buffer).
+  ASSERT_TRUE(RendezvousFromNode3(*a, node, 64u << 20, &receiver, &transfer));
   // A piece of it, in a region whose key node 3 never registered.
-  Record piece{};
+  WireRecord piece{};
   piece.tag[0] = 77;  // its piece id
   piece.len = 256 << 10;
   const uint64_t region[3] = {0, 0xdeadbeefcafeull, 64u << 20};
   auto sent_at = std::chrono::steady_clock::now();
-  ASSERT_EQ(send(19, go.x, 0, piece, region), hw::ErrorClass::kOk);
+  ASSERT_EQ(node.Send(19, transfer, 0, piece, region), hw::ErrorClass::kOk);
   // Node 3 is told (the piece back with an error, after kError for its
-  // send), or loses its connection (await_op is false then).
-  if (await_op(20, &e)) {
-    Record done;
-    std::memcpy(&done, in, sizeof(done));
+  // send), or loses its connection (AwaitOp is false then).
+  hw::Event e;
+  if (node.AwaitOp(20, &e)) {
     EXPECT_EQ(e.fields.aux, 77u);
-    EXPECT_NE(done.error, 0);
-    EXPECT_NE(std::find(seen.begin(), seen.end(), 11), seen.end())
+    EXPECT_NE(node.Received().error, 0);
+    EXPECT_NE(std::find(node.seen.begin(), node.seen.end(), 11),
+              node.seen.end())
         << "no kError before the piece came back";
   }
   // The receive failed with PSM2_TIMEOUT, within the timeout.
-  EXPECT_EQ(receiver.Wait(10), 0) << ReadFile(rv + "/1.err") << a->Log();
   int error = 0;
   long long ended_ms = 0;
-  ASSERT_EQ(sscanf(ReadFile(rv + "/1.out").c_str(), "ended %d at %lld", &error,
-                   &ended_ms),
-            2)
-      << ReadFile(rv + "/1.out");
+  std::string landed;
+  ASSERT_TRUE(Node3ReceiveFailed(receiver, &error, &ended_ms, &landed))
+      << a->Log();
   // (Before reads waited for a broken connection's session to resume, the
   // read posted meanwhile failed the receive at once with
   // PSM2_EPID_UNREACHABLE, unlike a streamed rendezvous.)
   EXPECT_EQ(error, 11) << a->Log();  // PSM2_TIMEOUT
-  const long long sent_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(
-          sent_at.time_since_epoch())
-          .count();
-  EXPECT_LE(ended_ms - sent_ms, kTimeoutMs + 1500) << a->Log();
+  EXPECT_LE(ended_ms - MonotonicMs(sent_at), kNode3TimeoutMs + 1500)
+      << a->Log();
   printf("forged key: the receive failed with %d after %lld ms\n", error,
-         ended_ms - sent_ms);
+         ended_ms - MonotonicMs(sent_at));
   EXPECT_NE(a->Log().find("an RMA read of 262144 bytes from node 3 failed"),
             std::string::npos)
       << a->Log();
-  raw.fabric.reset();
+  node.fabric.reset();
   // The daemon serves on: nodes 1 and 2 exchange.
   auto b = std::make_unique<Daemon>(node_dir_[1], Flags(1));
   ExchangeGoesOnThenStop(*a, *b);
+}
+
+size_t Occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos;
+       at = text.find(what, at + what.size())) {
+    n++;
+  }
+  return n;
+}
+
+void FabricTest::ExpectRoguePieceDropped(Daemon& a, const char* what,
+                                         const RogueEdit& edit, int nth) {
+  SCOPED_TRACE(what);
+  constexpr uint32_t kPiece = RoguePiece::kPiece;
+  // Node 3's pool: the first piece's bytes (0x11), then bytes no proper
+  // piece names (0x22); and a second region of those alone. Registered
+  // with node 3's fabric, so psmd's reads of them work.
+  std::vector<uint8_t> own(2u << 20, 0x22), other(2u << 20, 0x22);
+  std::fill(own.begin(), own.begin() + kPiece, 0x11);
+  SendingNode node(kNode3TimeoutMs / 4);
+  Node3Receiver receiver;
+  uint64_t transfer = 0;
+  ASSERT_TRUE(
+      RendezvousFromNode3(a, node, RoguePiece::kMessage, &receiver, &transfer));
+  hw::RegionId own_id = 0, other_id = 0;
+  hw::RemoteRegion own_region, other_region;
+  ASSERT_EQ(
+      node.fabric->RegisterRegion(own.data(), own.size(), &own_id, &own_region),
+      hw::ErrorClass::kOk);
+  ASSERT_EQ(node.fabric->RegisterRegion(other.data(), other.size(), &other_id,
+                                        &other_region),
+            hw::ErrorClass::kOk);
+  // The second piece as it should be (the next 256 KiB, from the 0x22
+  // bytes), and then as `edit` makes it.
+  RoguePiece p;
+  p.f = node.To(19, transfer, kPiece);
+  p.r = WireRecord{};
+  p.r.tag[0] = 2;  // its piece id
+  p.r.len = kPiece;
+  p.r.x = kPiece;
+  p.region[0] = own_region.addr;
+  p.region[1] = own_region.key;
+  p.region[2] = own_region.length;
+  p.other_key = other_region.key;
+  edit(p);
+  // The first piece, proper: psmd reads it and says so; or it streams.
+  if (p.first_streamed) {
+    iovec chunk{own.data(), kPiece};
+    ASSERT_EQ(node.fabric->PostSend(node.conn, node.To(7, transfer, 0), &chunk,
+                                    1, node.cookie++),
+              hw::ErrorClass::kOk);
+  } else {
+    WireRecord first = p.r;
+    first.tag[0] = 1;
+    first.x = 0;
+    first.len = kPiece;
+    const uint64_t region[3] = {own_region.addr, own_region.key,
+                                own_region.length};
+    ASSERT_EQ(node.Send(19, transfer, 0, first, region), hw::ErrorClass::kOk);
+    hw::Event e;
+    ASSERT_TRUE(node.AwaitOp(20, &e)) << a.Log();
+    ASSERT_EQ(e.fields.aux, 1u);
+    ASSERT_EQ(node.Received().error, 0) << a.Log();
+  }
+  const auto sent_at = std::chrono::steady_clock::now();
+  ASSERT_EQ(node.Send(p.f, p.r, p.region), hw::ErrorClass::kOk);
+  // psmd drops the connection: no read, no kRndvReadDone.
+  hw::Event e;
+  EXPECT_FALSE(node.AwaitOp(20, &e)) << "the piece was read\n" << a.Log();
+  EXPECT_TRUE(node.closed) << a.Log();
+  // The receive fails as when any connection ends (every request waiting
+  // on that node fails): at once, and its buffer holds the first piece
+  // and nothing of the second.
+  int error = 0;
+  long long ended_ms = 0;
+  std::string landed;
+  ASSERT_TRUE(Node3ReceiveFailed(receiver, &error, &ended_ms, &landed))
+      << a.Log();
+  printf("%s: the receive failed with %d after %lld ms\n", what, error,
+         ended_ms - MonotonicMs(sent_at));
+  EXPECT_EQ(error, 41) << a.Log();  // PSM2_EPID_UNREACHABLE
+  EXPECT_LE(ended_ms - MonotonicMs(sent_at), kNode3TimeoutMs) << a.Log();
+  EXPECT_EQ(landed, "landed 11x" + std::to_string(kPiece) + " 00x" +
+                        std::to_string((64u << 20) - kPiece));
+  // Logged once, and counted, per connection dropped.
+  EXPECT_EQ(Occurrences(a.Log(),
+                        "node 3 sent a frame the engine refuses (RMA piece "
+                        "not of its transfer, or out of order)"),
+            static_cast<size_t>(nth))
+      << a.Log();
+  RunResult st = Psmctl(dir_, a, {"stats", "--format", "json"});
+  EXPECT_EQ(JsonNumber(st.out, "peer_nodes", "node"), 3) << st.out;
+  EXPECT_EQ(JsonNumber(st.out, "peer_nodes", "malformed"), nth) << st.out;
+}
+
+void FabricTest::EachRoguePieceDropsItsPeer(
+    const std::vector<std::pair<const char*, RogueEdit>>& rogues) {
+  auto a = StartNodeForNode3();
+  for (size_t i = 0; i < rogues.size(); i++) {
+    ExpectRoguePieceDropped(*a, rogues[i].first, rogues[i].second,
+                            static_cast<int>(i + 1));
+  }
+  auto b = std::make_unique<Daemon>(node_dir_[1], Flags(1));
+  ExchangeGoesOnThenStop(*a, *b);
+}
+
+// A kRndvRead must name the transfer's next bytes (issue 34 item 2:
+// nothing from the peer is trusted): a piece after a gap, or at an offset
+// already read, drops the connection.
+TEST_F(FabricTest, AnRmaPieceOutOfOrderDropsItsPeer) {
+  if (OfiProvider() != "tcp;ofi_rxm") GTEST_SKIP() << "over tcp;ofi_rxm only";
+  EachRoguePieceDropsItsPeer({
+      {"a gap", [](RoguePiece& p) { p.f.offset += RoguePiece::kPiece; }},
+      {"the first piece's offset again", [](RoguePiece& p) { p.f.offset = 0; }},
+  });
+}
+
+// Every piece of a transfer names the region its first piece named.
+TEST_F(FabricTest, AnRmaPieceInAnotherRegionThanTheFirstDropsItsPeer) {
+  if (OfiProvider() != "tcp;ofi_rxm") GTEST_SKIP() << "over tcp;ofi_rxm only";
+  EachRoguePieceDropsItsPeer({
+      {"another key", [](RoguePiece& p) { p.region[1] = p.other_key; }},
+      {"another address",
+       [](RoguePiece& p) { p.region[0] += RoguePiece::kPiece; }},
+      {"another length", [](RoguePiece& p) { p.region[2] /= 2; }},
+  });
+}
+
+// A piece is for the transfer's sending and receiving endpoints, job and
+// uid (node 3's other endpoint, or a receiver's epid, job or uid that are
+// not the transfer's).
+TEST_F(FabricTest, AnRmaPieceForAnotherEndpointJobOrUidDropsItsPeer) {
+  if (OfiProvider() != "tcp;ofi_rxm") GTEST_SKIP() << "over tcp;ofi_rxm only";
+  EachRoguePieceDropsItsPeer({
+      {"another receiving endpoint", [](RoguePiece& p) { p.f.dst++; }},
+      {"another job", [](RoguePiece& p) { p.f.job[15] ^= 1; }},
+      {"another uid", [](RoguePiece& p) { p.f.uid++; }},
+      {"another sending endpoint", [](RoguePiece& p) { p.f.src++; }},
+  });
+}
+
+// A piece lies within the message: one byte more than what remains of it
+// drops the connection.
+TEST_F(FabricTest, AnRmaPieceLongerThanTheRestOfTheMessageDropsItsPeer) {
+  if (OfiProvider() != "tcp;ofi_rxm") GTEST_SKIP() << "over tcp;ofi_rxm only";
+  EachRoguePieceDropsItsPeer({
+      {"one byte too long",
+       [](RoguePiece& p) {
+         p.r.len = RoguePiece::kMessage - RoguePiece::kPiece + 1;
+       }},
+  });
+}
+
+// A transfer whose first bytes streamed takes no piece to read (a chunk
+// may still be parked, and would reach the receiver after the reads).
+TEST_F(FabricTest, AnRmaPieceAfterAStreamedChunkDropsItsPeer) {
+  if (OfiProvider() != "tcp;ofi_rxm") GTEST_SKIP() << "over tcp;ofi_rxm only";
+  EachRoguePieceDropsItsPeer({
+      {"after a streamed chunk",
+       [](RoguePiece& p) { p.first_streamed = true; }},
+  });
 }
 
 TEST_F(FabricTest, APeerThatFallsSilentIsClosedWithinTheTimeout) {

@@ -37,6 +37,8 @@
 //   posted-receiver  posts the 64 MiB receive, writes DIR/posted and waits
 //                    on it; exits 0 if the wait ends with an error (its
 //                    peer is the test's own node: tests/fabric_test.cc).
+//                    Then prints what its buffer holds, as runs of equal
+//                    bytes: "landed 11x262144 00x66846720" (at most 8).
 //   quiet-waiter     registers an error handler, writes DIR/waiting and
 //                    polls until DIR/stop exists; exits 0 if the handler was
 //                    never called and no psm2_poll returned an error.
@@ -108,6 +110,22 @@ int StalledSender(psmd::testing::ConnectedPair& c, const std::string& dir) {
 }
 
 // waiting-receiver, and without `streaming` posted-receiver.
+// "landed" and the runs of equal bytes in `buf` (hex byte x count), the
+// first 8: what reached the receiver, so a test can tell which of its
+// peer's bytes did.
+void PrintRuns(const std::vector<uint8_t>& buf) {
+  printf("landed");
+  size_t at = 0;
+  for (int runs = 0; at < buf.size() && runs < 8; runs++) {
+    size_t end = at;
+    while (end < buf.size() && buf[end] == buf[at]) end++;
+    printf(" %02xx%zu", buf[at], end - at);
+    at = end;
+  }
+  printf("%s\n", at < buf.size() ? " ..." : "");
+  fflush(stdout);
+}
+
 int WaitingReceiver(psmd::testing::ConnectedPair& c, const std::string& dir,
                     bool streaming) {
   std::vector<uint8_t> buf(kLarge);
@@ -123,7 +141,9 @@ int WaitingReceiver(psmd::testing::ConnectedPair& c, const std::string& dir,
     while (buf[(1u << 20) - 1] == 0) psm2_poll(c.ep);
     Touch(dir + "/streaming");
   }
-  return WaitAndReport(&req) != PSM2_OK ? 0 : 1;
+  const bool failed = WaitAndReport(&req) != PSM2_OK;
+  if (!streaming) PrintRuns(buf);
+  return failed ? 0 : 1;
 }
 
 int StuckSender(psmd::testing::ConnectedPair& c, const std::string& dir) {
