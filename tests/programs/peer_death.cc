@@ -109,7 +109,6 @@ int StalledSender(psmd::testing::ConnectedPair& c, const std::string& dir) {
   return 1;
 }
 
-// waiting-receiver, and without `streaming` posted-receiver.
 // "landed" and the runs of equal bytes in `buf` (hex byte x count), the
 // first 8: what reached the receiver, so a test can tell which of its
 // peer's bytes did.
@@ -126,6 +125,7 @@ void PrintRuns(const std::vector<uint8_t>& buf) {
   fflush(stdout);
 }
 
+// waiting-receiver, and without `streaming` posted-receiver.
 int WaitingReceiver(psmd::testing::ConnectedPair& c, const std::string& dir,
                     bool streaming) {
   std::vector<uint8_t> buf(kLarge);
