@@ -90,6 +90,17 @@ Status EndpointJournal::Load(const std::string& path, Previous* previous) {
             "the endpoint journal " + Escaped(path) +
                 " is not a regular file: remove it and start psmd again"};
   }
+  // One another user made (beside a socket in a shared directory) could be
+  // read by them and written with false records.
+  if (st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
+    return {PSM2_INTERNAL_ERR,
+            "the endpoint journal " + Escaped(path) +
+                (st.st_uid != geteuid()
+                     ? " belongs to uid " + std::to_string(st.st_uid)
+                     : std::string(" is one others may read")) +
+                ": remove it, or give psmd a --socket in a directory of "
+                "its own"};
+  }
   if (st.st_size == 0) return {};  // a new file: nothing before
   previous->found = true;
   DiskHeader h{};
