@@ -354,6 +354,18 @@ std::string WorkersJson(const psmd::v1::GetStatsReply& r) {
 
 double Seconds(uint64_t ns) { return static_cast<double>(ns) / 1e9; }
 
+// The line of stats and health on the starts after a crash (none when
+// psmd last started clean): both replies carry the same two fields.
+template <typename Reply>
+void PrintCrashes(const Reply& r) {
+  if (r.crash_restarts() == 0) return;
+  printf(
+      "restarted after a crash %s since the last clean start: the last "
+      "crash ended %s\n",
+      Counted(r.crash_restarts(), "time").c_str(),
+      Counted(r.last_crash_lost_endpoints(), "endpoint").c_str());
+}
+
 void PrintStatsJson(const psmd::v1::GetStatsReply& r) {
   printf(
       "{\"schema_version\": %d, \"version\": %s, \"commit\": %s, "
@@ -671,13 +683,7 @@ int ShowStats(ControlClient& control, const std::string& format) {
         r.generation(), Counted(r.last_carried_endpoints(), "endpoint").c_str(),
         static_cast<double>(r.last_blackout_ns()) / 1e6);
   }
-  if (r.crash_restarts() > 0) {
-    printf(
-        "restarted after a crash %s since the last clean start: the last "
-        "crash ended %s\n",
-        Counted(r.crash_restarts(), "time").c_str(),
-        Counted(r.last_crash_lost_endpoints(), "endpoint").c_str());
-  }
+  PrintCrashes(r);
   for (const auto& w : r.workers()) PrintWorker(w);
   printf("\n");
   PrintCounterTable(r);
@@ -977,13 +983,7 @@ int ShowHealth(ControlClient& control, const std::string& format,
              r.generation(), r.last_carried_endpoints(),
              static_cast<double>(r.last_blackout_ns()) / 1e6);
     }
-    if (r.crash_restarts() > 0) {
-      printf(
-          "restarted after a crash %s since the last clean start: the "
-          "last crash ended %s\n",
-          Counted(r.crash_restarts(), "time").c_str(),
-          Counted(r.last_crash_lost_endpoints(), "endpoint").c_str());
-    }
+    PrintCrashes(r);
   }
   if (!healthy) {
     fprintf(stderr,
