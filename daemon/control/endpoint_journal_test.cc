@@ -223,8 +223,7 @@ TEST_F(EndpointJournalTest, DamageIsReportedNeverRead) {
     LeaveJournal({1, 2, 3}, {2});
     const int flips = 1 + static_cast<int>(rng() % 4);
     for (int f = 0; f < flips; f++) {
-      patch(static_cast<off_t>(rng() % (64 * 4)),
-            static_cast<uint8_t>(rng()));
+      patch(static_cast<off_t>(rng() % (64 * 4)), static_cast<uint8_t>(rng()));
     }
     p = load();
     for (const auto& e : p.entries) {
