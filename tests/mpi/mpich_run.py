@@ -102,9 +102,45 @@ def kill_session(sid):
             pass
 
 
+def session_state(sid):
+    """What each process of session `sid` is doing: pid, state, the kernel
+    function it waits in, its CPU time (ticks) and command line."""
+    lines = []
+    for pid in sorted(os.listdir("/proc"), key=lambda p: (len(p), p)):
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+            rest = stat.rsplit(")", 1)[1].split()
+            if int(rest[3]) != sid:
+                continue
+            wchan = open(f"/proc/{pid}/wchan").read().strip() or "-"
+            cmd = open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
+            lines.append(f"pid {pid} {rest[0]} wchan {wchan} "
+                         f"cpu {int(rest[11]) + int(rest[12])} {cmd[:120]}")
+        except (OSError, ValueError, IndexError):
+            pass
+    return "\n".join(lines)
+
+
+def diagnose(sid):
+    """Before a hung test is killed: its processes' state and, where
+    MPICH_RUN_DIAG names a command (mpich_suite.sh: psmctl's view of the
+    endpoints), that command's output; so a hang seen once in CI says
+    where it waited."""
+    text = session_state(sid)
+    cmd = os.environ.get("MPICH_RUN_DIAG")
+    if cmd:
+        try:
+            r = subprocess.run(cmd, shell=True, capture_output=True, timeout=20)
+            text += "\n" + (r.stdout + r.stderr).decode(errors="replace")
+        except subprocess.TimeoutExpired:
+            text += f"\n{cmd}: no answer within 20 s"
+    return text
+
+
 def run(testdir, test, mpirun_args):
-    """Runs one test: (passed, timed out, why, output, seconds). A test
-    killed at its time limit keeps the output it printed until then."""
+    """Runs one test: (passed, timed out, why, output, seconds, what a hung
+    one was doing). A test killed at its time limit keeps the output it
+    printed until then."""
     name, ranks, args, timeout = test
     cmd = (["mpirun", "--oversubscribe", "-np", str(ranks)] + mpirun_args +
            [os.path.join(testdir, name)] + list(args))
@@ -119,8 +155,9 @@ def run(testdir, test, mpirun_args):
         ok = p.returncode == 0 and "No Errors" in out
         why = "" if ok else f"exit {p.returncode}: " + " | ".join(
             out.strip().splitlines()[-3:])[:300]
-        return ok, False, why, out, time.time() - start
+        return ok, False, why, out, time.time() - start, ""
     except subprocess.TimeoutExpired:
+        state = diagnose(p.pid)
         kill_session(p.pid)
         # What it printed before the kill (communicate keeps what it read).
         out = p.communicate()[0].decode(errors="replace")
@@ -134,7 +171,7 @@ def run(testdir, test, mpirun_args):
             except OSError:
                 pass
         return (False, True, f"timed out after {timeout:.0f} s", out,
-                time.time() - start)
+                time.time() - start, state)
 
 
 def judge(key, ok, timed_out, out, expected, slow, long, signatures):
@@ -239,7 +276,8 @@ def main():
                       "CI: see the expected-failures list)", flush=True)
                 skipped += 1
                 continue
-            ok, timed_out, why, out, secs = run(testdir, test, shlex.split(args))
+            ok, timed_out, why, out, secs, state = run(testdir, test,
+                                                       shlex.split(args))
             problem, note = judge(key, ok, timed_out, out, expected, slow, long,
                                   signatures)
             bad += bool(problem)
@@ -255,6 +293,10 @@ def main():
                 c[1] += 1
             print(f"{transport:6} {label(test):50} {verdict} {secs:.1f}s "
                   f"{why}", flush=True)
+            # A hang nobody listed: where it waited, and what it printed.
+            if problem and timed_out:
+                print("    | " + (state + "\n" + out).rstrip().replace(
+                    "\n", "\n    | "), flush=True)
             # The whole output of a failure, for writing its signature.
             if not ok and os.environ.get("MPICH_RUN_SHOW_OUTPUT"):
                 print("    | " + out.rstrip().replace("\n", "\n    | "),

@@ -115,8 +115,19 @@ class MpichRun(unittest.TestCase):
             CLEAN + "too-long-for-ci t pt2pt/bad 1 ~ Found 1 errors\n", options=FULL)[0], 0)
 
     def test_timeout_not_listed_as_such(self):
-        self.assertNotEqual(self.run_judge(CLEAN.replace(
-            "too-long-for-ci t pt2pt/hang 1 ~ \\Awaiting\\n\\Z\n", ""), options=FULL)[0], 0)
+        # MPICH_RUN_DIAG: mpich_suite.sh's psmctl calls, here an echo.
+        os.environ["MPICH_RUN_DIAG"] = "echo the diagnostic command ran"
+        try:
+            status, out = self.run_judge(CLEAN.replace(
+                "too-long-for-ci t pt2pt/hang 1 ~ \\Awaiting\\n\\Z\n", ""),
+                options=FULL)
+        finally:
+            del os.environ["MPICH_RUN_DIAG"]
+        self.assertNotEqual(status, 0)
+        # What the hung run was doing, before the kill: its processes
+        # (mpirun and the test's `sleep`) with where they waited.
+        self.assertRegex(out, r"\| pid \d+ S wchan \S+ cpu \d+ sleep 60")
+        self.assertIn("| the diagnostic command ran", out)
 
     def test_may_time_out(self):
         may = CLEAN.replace("t pt2pt/hang 1\ntoo-long-for-ci", "may-time-out").replace(

@@ -80,7 +80,11 @@ export PSMD_SOCKET="$work/psmd.sock"
 pids+=($!)
 for _ in $(seq 100); do [[ -S "$PSMD_SOCKET" ]] && break; sleep 0.05; done
 ompi_components=$(dirname "$(find /usr/lib/x86_64-linux-gnu/openmpi/lib -name mca_pml_cm.so | head -1)")
+# A test that hangs unlisted gets psmd's view of its endpoints printed
+# before it is killed (mpich_run.py, diagnose).
+cp "$root/tools/psmctl" "$work/psmctl"
 "${as_user[@]}" env -u PSM2_DEVICES -u HFI_SYSFS_PATH HOME="$work" TMPDIR="$work" \
+  MPICH_RUN_DIAG="$work/psmctl --socket $PSMD_SOCKET endpoints; $work/psmctl --socket $PSMD_SOCKET stats" \
   OMPI_MCA_mca_base_component_path="$ompi_components:$work/components" OMPI_MCA_plm_rsh_agent= \
   python3 "$work/mpich_run.py" "${ci[@]}" --build-logs "$work" "$tests" "$work/mpich_expected_failures.txt" \
     "psmd=--mca pml cm --mca mtl psmd -x PSMD_SOCKET" \
