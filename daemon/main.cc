@@ -13,6 +13,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "daemon/clock.h"
 #include "daemon/config.h"
 #include "daemon/control/admission.h"
 #include "daemon/control/control_service.h"
@@ -307,13 +308,9 @@ int main(int argc, char** argv) {
       upgrades.last_crash_lost = lost;
     }
     upgrades.crash_restarts = crash_restarts;
-    const psmd::Status s = journal.Start(
-        static_cast<uint32_t>(getpid()),
-        static_cast<uint64_t>(
-            std::chrono::duration_cast<std::chrono::nanoseconds>(
-                std::chrono::system_clock::now().time_since_epoch())
-                .count()),
-        upgrades.generation.load(), crash_restarts);
+    const psmd::Status s =
+        journal.Start(static_cast<uint32_t>(getpid()), psmd::UnixNowNs(),
+                      upgrades.generation.load(), crash_restarts);
     if (s.ok()) {
       registry.SetJournal(&journal);
     } else {

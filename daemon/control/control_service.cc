@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "daemon/clock.h"
 #include "daemon/log.h"
 
 #include <unistd.h>
@@ -95,9 +96,7 @@ ControlService::ControlService(Registry* registry, Admission* admission,
       config_path_(std::move(config_path)),
       upgrades_(upgrades),
       started_(std::chrono::steady_clock::now()),
-      started_unix_ns_(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           std::chrono::system_clock::now().time_since_epoch())
-                           .count()) {}
+      started_unix_ns_(UnixNowNs()) {}
 
 uint64_t ControlService::UptimeNs() const {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(

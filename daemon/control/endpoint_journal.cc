@@ -193,12 +193,19 @@ void EndpointJournal::WriteHeader(Ending ending) {
   h.generation = generation_;
   h.crash_restarts = crash_restarts_;
   h.checksum = ChecksumOf(h);
-  if (pwrite(fd_, &h, sizeof(h), 0) != static_cast<ssize_t>(sizeof(h)) &&
-      !failed_) {
-    failed_ = true;
-    spdlog::error("{}; a crash of this psmd will not be reported",
-                  Errno("cannot write the endpoint journal", path_));
+  WriteUnit(&h, 0);
+}
+
+void EndpointJournal::WriteUnit(const void* unit, uint32_t index) {
+  if (pwrite(fd_, unit, kUnit, static_cast<off_t>(index) * kUnit) ==
+          static_cast<ssize_t>(kUnit) ||
+      failed_) {
+    return;
   }
+  // Once: what a crash report names may be wrong from now on.
+  failed_ = true;
+  spdlog::error("{}; a crash of this psmd will not be reported in full",
+                Errno("cannot write the endpoint journal", path_));
 }
 
 void EndpointJournal::Record(const Entry& e) {
@@ -220,13 +227,7 @@ void EndpointJournal::Record(const Entry& e) {
   std::memcpy(r.job, e.job.data(), sizeof(r.job));
   r.attached_unix_ns = e.attached_unix_ns;
   r.checksum = ChecksumOf(r);
-  if (pwrite(fd_, &r, sizeof(r), static_cast<off_t>((slot + 1) * kUnit)) !=
-          static_cast<ssize_t>(sizeof(r)) &&
-      !failed_) {
-    failed_ = true;
-    spdlog::error("{}; a crash of this psmd will not be reported in full",
-                  Errno("cannot write the endpoint journal", path_));
-  }
+  WriteUnit(&r, slot + 1);
 }
 
 void EndpointJournal::Clear(uint32_t id) {
@@ -236,15 +237,7 @@ void EndpointJournal::Clear(uint32_t id) {
   slot_of_.erase(it);
   free_slots_.push_back(slot);
   const DiskRecord free{};
-  // (A failed clear leaves a record a crash report names wrongly: logged
-  // once with the first failure.)
-  if (pwrite(fd_, &free, sizeof(free),
-             static_cast<off_t>((slot + 1) * kUnit)) !=
-          static_cast<ssize_t>(sizeof(free)) &&
-      !failed_) {
-    failed_ = true;
-    spdlog::error("{}", Errno("cannot write the endpoint journal", path_));
-  }
+  WriteUnit(&free, slot + 1);
 }
 
 void EndpointJournal::MarkInStore() {
@@ -308,12 +301,13 @@ uint64_t ReportPrevious(const std::string& path,
     strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &utc);
   }
   spdlog::warn(
-      "psmd pid {} (started {}) ended without stopping (killed or crashed): "
+      "psmd pid {} (started {}, generation {}) ended without stopping "
+      "(killed or crashed): "
       "the {} endpoints it served ended with it{}{}; their processes see "
       "\"lost psmd\". Restart {} after a crash since psmd last started "
       "clean (psmctl stats); its log says why it ended",
-      previous.pid, when, previous.entries.size(), list.empty() ? "" : ": ",
-      list, restarts);
+      previous.pid, when, previous.generation, previous.entries.size(),
+      list.empty() ? "" : ": ", list, restarts);
   return restarts;
 }
 

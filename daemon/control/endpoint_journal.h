@@ -89,6 +89,9 @@ class EndpointJournal {
 
  private:
   void WriteHeader(Ending ending);
+  // Writes one 64-byte unit (0: the header, n: slot n - 1's record); a
+  // failure is logged once.
+  void WriteUnit(const void* unit, uint32_t index);
 
   std::string path_;
   int fd_ = -1;

@@ -12,6 +12,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "daemon/clock.h"
 #include "daemon/log.h"
 
 #include "daemon/engine/cross_copy.h"
@@ -33,10 +34,7 @@ EndpointJournal::Entry JournalEntryOf(const Endpoint& ep) {
   e.uid = ep.uid();
   e.pid = static_cast<uint32_t>(ep.pid());
   e.job = ep.job()->key().uuid;
-  e.attached_unix_ns = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(
-          std::chrono::system_clock::now().time_since_epoch())
-          .count());
+  e.attached_unix_ns = UnixNowNs();
   return e;
 }
 
