@@ -436,8 +436,9 @@ psm2_error_t psm2_ep_connect(psm2_ep_t ep, int num_of_epid,
                              const int* array_of_epid_mask,
                              psm2_error_t* array_of_errors,
                              psm2_epaddr_t* array_of_epaddr, int64_t timeout) {
-  // psmd answers at once: an epid is either open on this node or not, so
-  // there is nothing to wait for and the timeout does not apply.
+  // psmd answers at once for this node's epids (open or not: nothing to
+  // wait for), and within its fabric timeout for other nodes' (it tries
+  // their daemons until then), so the caller's timeout does not apply.
   (void)timeout;
   Library& lib = Library::Get();
   if (psm2_error_t err = lib.RequireInit("psm2_ep_connect"); err != PSM2_OK)
@@ -487,8 +488,8 @@ psm2_error_t psm2_ep_connect(psm2_ep_t ep, int num_of_epid,
   size_t failed = 0;
   if (!wanted.empty()) {
     psmd::v1::ConnectReply reply;
-    psmd::Status err =
-        ep->control()->Connect(ep->id(), ep->epid(), wanted, &reply);
+    psmd::Status err = ep->control()->Connect(ep->id(), ep->epid(), wanted,
+                                              ep->remote_wait(), &reply);
     if (err.ok() && reply.results_size() != static_cast<int>(wanted.size())) {
       err = {PSM2_INTERNAL_ERR, "psm2_ep_connect: psmd answered " +
                                     std::to_string(reply.results_size()) +

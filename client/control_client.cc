@@ -58,8 +58,9 @@ std::unique_ptr<v1::Control::Stub> ControlClient::NewStub() const {
   return v1::Control::NewStub(channel);
 }
 
-void ControlClient::Prepare(grpc::ClientContext* ctx) const {
-  ctx->set_deadline(std::chrono::system_clock::now() + Deadline());
+void ControlClient::Prepare(grpc::ClientContext* ctx,
+                            std::chrono::milliseconds extra) const {
+  ctx->set_deadline(std::chrono::system_clock::now() + Deadline() + extra);
   ctx->set_wait_for_ready(false);
 }
 
@@ -78,24 +79,25 @@ bool ControlClient::SomethingListens() const {
 }
 
 template <typename Rpc>
-Status ControlClient::Call(const char* what, Rpc rpc) const {
-  const auto until = std::chrono::steady_clock::now() + Deadline();
+Status ControlClient::Call(const char* what, Rpc rpc,
+                           std::chrono::milliseconds extra) const {
+  const auto until = std::chrono::steady_clock::now() + Deadline() + extra;
   for (;;) {
     grpc::ClientContext ctx;
-    Prepare(&ctx);
+    Prepare(&ctx, extra);
     const grpc::Status s = rpc(*NewStub(), &ctx);
     const bool handing_over =
         s.error_code() == grpc::StatusCode::CANCELLED ||
         (s.error_code() == grpc::StatusCode::UNAVAILABLE && SomethingListens());
     if (!handing_over || std::chrono::steady_clock::now() >= until) {
-      return FromStatus(s, what);
+      return FromStatus(s, what, extra);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
 
-Status ControlClient::FromStatus(const grpc::Status& status,
-                                 const char* what) const {
+Status ControlClient::FromStatus(const grpc::Status& status, const char* what,
+                                 std::chrono::milliseconds extra) const {
   if (status.ok()) return {};
   Status e;
   if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
@@ -108,7 +110,8 @@ Status ControlClient::FromStatus(const grpc::Status& status,
   if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     e.code = PSM2_EP_NO_DEVICE;
     e.message = std::string(what) + ": psmd at " + socket_path_ +
-                " did not answer within " + std::to_string(Deadline().count()) +
+                " did not answer within " +
+                std::to_string((Deadline() + extra).count()) +
                 " ms; is it stopped or hung (psmctl health)? If the node is "
                 "just that busy, PSMD_CONNECT_TIMEOUT_MS raises the wait";
     return e;
@@ -217,6 +220,7 @@ Status ControlClient::CloseEndpoint(uint32_t endpoint_id, uint64_t epid) {
 
 Status ControlClient::Connect(uint32_t endpoint_id, uint64_t epid,
                               const std::vector<uint64_t>& epids,
+                              std::chrono::milliseconds remote_wait,
                               v1::ConnectReply* reply) {
   reply->Clear();
   for (size_t at = 0; at < epids.size(); at += shm::kMaxEpidsPerConnect) {
@@ -227,10 +231,12 @@ Status ControlClient::Connect(uint32_t endpoint_id, uint64_t epid,
     req.set_epid(epid);
     for (size_t i = at; i < end; i++) req.add_epids(epids[i]);
     v1::ConnectReply part;
-    Status s =
-        Call("psm2_ep_connect", [&](auto& stub, grpc::ClientContext* ctx) {
+    Status s = Call(
+        "psm2_ep_connect",
+        [&](auto& stub, grpc::ClientContext* ctx) {
           return stub.Connect(ctx, req, &part);
-        });
+        },
+        remote_wait);
     if (!s.ok()) return s;
     for (v1::ConnectResult& r : *part.mutable_results())
       *reply->add_results() = std::move(r);

@@ -13,6 +13,7 @@
 #define PSMD_CLIENT_CONTROL_CLIENT_H_
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -50,8 +51,12 @@ class ControlClient {
   // that they never reach an endpoint a later psmd gave the same id to; 0
   // (psmctl close, an operator naming an id) is not checked.
   Status CloseEndpoint(uint32_t endpoint_id, uint64_t epid);
+  // `remote_wait`: how long psmd may wait for other nodes' daemons
+  // (OpenEndpointReply.fabric_timeout_ms), added to the deadline.
   Status Connect(uint32_t endpoint_id, uint64_t epid,
-                 const std::vector<uint64_t>& epids, v1::ConnectReply* reply);
+                 const std::vector<uint64_t>& epids,
+                 std::chrono::milliseconds remote_wait,
+                 v1::ConnectReply* reply);
   Status Disconnect(uint32_t endpoint_id, uint64_t epid,
                     const std::vector<uint32_t>& slots,
                     v1::DisconnectReply* reply);
@@ -70,16 +75,21 @@ class ControlClient {
 
  private:
   // Converts a gRPC status into a Status that names the socket and the fix.
-  Status FromStatus(const grpc::Status& status, const char* what) const;
-  void Prepare(grpc::ClientContext* ctx) const;
+  // `extra`: what the call's deadline had beyond the usual one.
+  Status FromStatus(const grpc::Status& status, const char* what,
+                    std::chrono::milliseconds extra = {}) const;
+  void Prepare(grpc::ClientContext* ctx,
+               std::chrono::milliseconds extra = {}) const;
   // Makes the call `rpc(stub, ctx)`, again while psmd is handing over
   // (docs/design.md, "Handover"): a call its old process's gRPC cancelled
   // before running it (CANCELLED), or whose connection closed under it
   // while something still listens on the socket (UNAVAILABLE: the
   // successor takes the backlog), is made again on a new connection, until
-  // the deadline. A psmd that is not there is still reported at once.
+  // the deadline (the usual one plus `extra`). A psmd that is not there is
+  // still reported at once.
   template <typename Rpc>
-  Status Call(const char* what, Rpc rpc) const;
+  Status Call(const char* what, Rpc rpc,
+              std::chrono::milliseconds extra = {}) const;
   // Whether a process listens on the socket (a connect is accepted or
   // queued).
   bool SomethingListens() const;

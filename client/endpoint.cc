@@ -95,6 +95,7 @@ Status psm2_ep::Open(psmd::client::ControlClient* control,
   identity.id = reply.endpoint_id();
   identity.epid = reply.epid();
   identity.daemon_version = reply.daemon_version();
+  identity.remote_wait = std::chrono::milliseconds(reply.fabric_timeout_ms());
   std::memcpy(identity.uuid, uuid, sizeof(identity.uuid));
   identity.max_unexpected_budget = params.max_unexpected_budget;
   auto ep =

@@ -38,6 +38,7 @@
 
 #include <sched.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -192,6 +193,8 @@ struct psm2_ep {
     psm2_uuid_t uuid{};
     std::string daemon_version;          // as psmd reported it (PSM2_IDENTIFY)
     uint64_t max_unexpected_budget = 0;  // from the segment header
+    // How long a connect to other nodes may take psmd (its fabric timeout).
+    std::chrono::milliseconds remote_wait{0};
   };
 
   // Takes over the attached segment and pool and the two descriptors; wire
@@ -215,6 +218,9 @@ struct psm2_ep {
   psm2_epid_t epid() const { return identity_.epid; }
   const uint8_t* uuid() const { return identity_.uuid; }
   const std::string& daemon_version() const { return identity_.daemon_version; }
+  std::chrono::milliseconds remote_wait() const {
+    return identity_.remote_wait;
+  }
   uint64_t max_unexpected_budget() const {
     return identity_.max_unexpected_budget;
   }

@@ -708,9 +708,12 @@ bool LinkFabric::Resume(LinkConn* c, uint64_t peer_delivered) {
 void LinkFabric::CheckSessions(int64_t now) {
   std::vector<LinkConn*> due;
   for (auto& [link, owner] : owned_) {
-    if (link->resuming && !link->closing &&
-        link->state == LinkState::kWaitPeer && link->redial_at_ns != 0 &&
-        now >= link->redial_at_ns) {
+    if (link->closing || link->redial_at_ns == 0) continue;
+    const LinkState waiting =
+        link->resuming ? LinkState::kWaitPeer : LinkState::kConnecting;
+    if (link->state != waiting) {
+      link->redial_at_ns = 0;  // a late answer got it going meanwhile
+    } else if (now >= link->redial_at_ns) {
       due.push_back(link);
     }
   }
@@ -721,11 +724,47 @@ void LinkFabric::CheckSessions(int64_t now) {
   }
 }
 
+bool LinkFabric::RedialLater(LinkConn* c) {
+  const int64_t now = MonotonicNs();
+  if (c->resuming || c->closing || !c->outgoing ||
+      now + kRedialNs >= c->deadline_ns) {
+    return false;
+  }
+  if (c->dial_rounds++ == 0) {
+    spdlog::info(
+        "fabric: node {} unreachable at every address; trying again every "
+        "{} ms for up to {} ms",
+        c->peer_node, kRedialNs / 1'000'000, opt_.timeout_ms);
+  }
+  c->next_address = 0;
+  c->redial_at_ns = now + kRedialNs;
+  return true;
+}
+
+ErrorClass LinkFabric::LateConnectError(const LinkConn* c) const {
+  // An incoming handshake that stalls is not logged: anyone who can reach
+  // the listen address could make lines of them.
+  if (c->dial_rounds > 0) {
+    spdlog::warn(
+        "fabric: node {} unreachable at every address, {} times in {} ms",
+        c->peer_node, c->dial_rounds, opt_.timeout_ms);
+    return ErrorClass::kConnFailed;
+  }
+  if (c->outgoing) {
+    spdlog::warn("fabric: connection to node {} not established in {} ms",
+                 c->peer_node, opt_.timeout_ms);
+  }
+  return ErrorClass::kTimeout;
+}
+
 int LinkFabric::NextWakeMs() const {
-  if (!opt_.sessions) return -1;  // no acks, no stand-ins: nothing to look for
   if (!ack_due_.empty()) return 1;  // kAckDelayNs
+  // Stand-ins, and new connections between two rounds of attempts, wait
+  // for CheckSessions.
   for (const auto& [link, owner] : owned_) {
-    if (link->resuming && !link->closing) return 10;
+    if (!link->closing && (link->resuming || link->redial_at_ns != 0)) {
+      return 10;
+    }
   }
   return -1;
 }

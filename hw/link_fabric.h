@@ -64,6 +64,13 @@ inline constexpr int64_t kLinkCheckNs = 10'000'000;
 // and how many windows of frames may wait for acks.
 inline constexpr int64_t kAckDelayNs = 500'000;
 inline constexpr size_t kUnackedWindow = 16;
+// A connection the user asked for whose every address failed tries them
+// all again after this pause, until its deadline (timeout_ms): a peer
+// daemon that is starting, restarting or slow to answer under load is not
+// gone. Short against a daemon's start (hundreds of ms), long against a
+// refused TCP connect (tens of µs), so a node that is down costs a connect
+// per address every 50 ms.
+inline constexpr int64_t kRedialNs = 50'000'000;
 
 enum class LinkState {
   kConnecting,  // outgoing: reaching the peer's address
@@ -113,6 +120,7 @@ struct LinkConn {
   bool bad_frame_logged = false;
   std::vector<HostAddress> addresses;
   size_t next_address = 0;
+  uint32_t dial_rounds = 0;  // times every address failed (RedialLater)
   uint8_t challenge[kNonceSize] = {};  // incoming: ours; outgoing: theirs
   uint8_t nonce[kNonceSize] = {};      // outgoing: our credential nonce
   HelloPayload hello;                  // incoming: what the peer said
@@ -147,7 +155,8 @@ struct LinkConn {
   uint64_t session_incarnation = 0;  // the peer's, when the session opened
   int64_t broke_at_ns = 0;           // when its connection broke
   int64_t session_deadline_ns = 0;   // resumed before this, or it ends
-  int64_t redial_at_ns = 0;          // a dialler's next attempt
+  int64_t redial_at_ns = 0;          // a dialler's next attempt (a stand-in's,
+                                     // or a new connection's: RedialLater)
 };
 
 class LinkFabric : public Fabric {
@@ -220,9 +229,19 @@ class LinkFabric : public Fabric {
   // the peer's ack, anything else is done. Pops it; true when the
   // connection is to close after it (a refusal).
   bool FrontSent(LinkConn* c);
-  // Starts the attempts of broken sessions that are due (the backends call
-  // it from their deadline checks).
+  // Starts the attempts that are due, of broken sessions and of new
+  // connections waiting to try their addresses again (the backends call it
+  // from their deadline checks).
   void CheckSessions(int64_t now);
+  // A backend's StartAttempt found no address left to try. A connection the
+  // user asked for (not a stand-in: Suspend retries those) tries them all
+  // again kRedialNs later if its deadline allows; false: fail it.
+  bool RedialLater(LinkConn* c);
+  // The error of a connection not open by its deadline: kConnFailed once
+  // every address failed at least once (the peer is not there), else
+  // kTimeout (an attempt was still waiting for an answer). Logs it for a
+  // connection the user asked for.
+  ErrorClass LateConnectError(const LinkConn* c) const;
   int NextWakeMs() const override;
   // FlushSends for the connections PostSend marked, after the acks due at
   // `now` (MonotonicNs, which the caller's Poll reads once for all).

@@ -1761,14 +1761,17 @@ RunResult ConnectTo(const TempDir& dir, const Daemon& d, const std::string& rv,
                   30);
 }
 
-TEST_F(FabricTest, UnreachableNodesAndStaleEpidsFailToConnectQuickly) {
+TEST_F(FabricTest, UnreachableNodesAndStaleEpidsFailToConnectInTime) {
   auto a = StartNode(0);
   const uint64_t node2 = uint64_t{2} << 48, node9 = uint64_t{9} << 48;
-  // Node 2 is in the table but its daemon is not running.
+  // Node 2 is in the table but its daemon is not running: its addresses
+  // are tried again and again (it may be starting) until
+  // --fabric-timeout-ms (5 s here), and then the connect fails naming it.
   RunResult down = ConnectTo(dir_, *a, dir_.path() + "/down", node2 | 5);
   EXPECT_EQ(down.exit_code, 3) << down.err;
   EXPECT_NE(down.err.find("node 2"), std::string::npos) << down.err;
-  EXPECT_LE(down.seconds, 5) << down.err;
+  EXPECT_GE(down.seconds, 4.5) << down.err;
+  EXPECT_LE(down.seconds, 10) << down.err;
   // Node 9 is not in the table.
   RunResult unknown = ConnectTo(dir_, *a, dir_.path() + "/unknown", node9 | 5);
   EXPECT_EQ(unknown.exit_code, 3) << unknown.err;

@@ -166,6 +166,7 @@ grpc::Status ControlService::OpenEndpoint(grpc::ServerContext* ctx,
   reply->set_segment_bytes(opened.segment_bytes);
   reply->set_pool_bytes(opened.pool_bytes);
   reply->set_daemon_version(VersionText());
+  reply->set_fabric_timeout_ms(config_->Get().fabric_timeout_ms);
   return grpc::Status::OK;
 }
 

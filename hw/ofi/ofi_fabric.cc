@@ -797,10 +797,17 @@ void OfiFabric::StartAttempt(LinkConn* link) {
     Rekey(c);
     c->peer_key = 0;
     c->state = State::kConnecting;
-    c->attempt_ns =
-        MonotonicNs() + int64_t{opt_.connect_attempt_ms} * 1'000'000;
+    // A contact's answer takes the peer daemon's worker: each round of
+    // attempts waits twice as long as the one before (up to 4x), so a peer
+    // slow under load is not asked again just before it answers.
+    c->attempt_ns = MonotonicNs() + (int64_t{opt_.connect_attempt_ms}
+                                     << std::min<uint32_t>(c->dial_rounds, 2)) *
+                                        1'000'000;
     if (SendContact(c)) return;
   }
+  // Between rounds the last contact stays open: its late answer still
+  // connects.
+  if (RedialLater(c)) return;
   spdlog::warn("fabric: node {} unreachable at every address", c->peer_node);
   Fail(c, ErrorClass::kConnFailed);
 }
@@ -1327,11 +1334,9 @@ void OfiFabric::CheckDeadlines(int64_t now) {
     if (c->closing) continue;
     if (c->state != State::kOpen) {
       if (now >= c->deadline_ns) {
-        if (c->outgoing) {
-          spdlog::warn("fabric: connecting to node {} timed out", c->peer_node);
-        }
-        Fail(c, ErrorClass::kTimeout);
-      } else if (c->state == State::kConnecting && now >= c->attempt_ns) {
+        Fail(c, LateConnectError(c));
+      } else if (c->state == State::kConnecting && c->redial_at_ns == 0 &&
+                 now >= c->attempt_ns) {
         StartAttempt(c);
       } else {
         InjectContact(c);

@@ -382,6 +382,7 @@ void SocketFabric::StartAttempt(LinkConn* link) {
     c->inflight += 2;
     return;
   }
+  if (RedialLater(c)) return;
   spdlog::warn("fabric: node {} unreachable at every address", c->peer_node);
   Fail(c, ErrorClass::kConnFailed);
 }
@@ -743,11 +744,7 @@ void SocketFabric::CheckDeadlines(int64_t now) {
       late.push_back(c);
     }
   }
-  for (Conn* c : late) {
-    spdlog::warn("fabric: connection to node {} not established in {} ms",
-                 c->peer_node ? c->peer_node : c->hello.node, opt_.timeout_ms);
-    Fail(c, ErrorClass::kTimeout);
-  }
+  for (Conn* c : late) Fail(c, LateConnectError(c));
 }
 
 void SocketFabric::Collect(Event* events, int max, int* n) {

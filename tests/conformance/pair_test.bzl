@@ -1,6 +1,6 @@
 """The two runs of one conformance program: against Intel's libpsm2 and psmd."""
 
-def _run_pair(program, name, flags, data, env = {}, flaky = False):
+def _run_pair(program, name, flags, data, env = {}):
     """One run_pair.sh test of `program`: run_pair.sh FLAGS... PROGRAM."""
     native.sh_test(
         name = name,
@@ -9,7 +9,6 @@ def _run_pair(program, name, flags, data, env = {}, flaky = False):
         args = flags + ["$(location :%s)" % program],
         data = [":" + program, "//daemon:psmd", "//scripts:workdir"] + data,
         env = env,
-        flaky = flaky,
     )
 
 def pair_tests(program, ranks = 2, nodes = 0, workers = 0,
@@ -42,15 +41,9 @@ def pair_tests(program, ranks = 2, nodes = 0, workers = 0,
             ("_nodes_ofi", {"PSMD_TEST_OFI_PROVIDER": "tcp;ofi_rxm"}),
             ("_nodes_ofi_udp", {"PSMD_TEST_OFI_PROVIDER": "udp;ofi_rxd"}),
         ]:
-            # Over ofi a daemon tries each address of a peer once, for 1 s
-            # (connect_attempt_ms); at CI's start-up load every connection of
-            # am_fanin_nodes_ofi's three daemons once failed so (2026-12-06;
-            # docs/design.md, Known gaps): Bazel runs these again before they
-            # count as failed.
             _run_pair(program, program + suffix,
                       r + ["--daemons", str(nodes), "psmd-nodes"],
-                      ["//scripts:nodes"], env,
-                      flaky = "PSMD_TEST_OFI_PROVIDER" in env)
+                      ["//scripts:nodes"], env)
     if nodes and workers and nodes_workers_ranks:
         _run_pair(program, program + "_nodes_workers" + str(workers),
                   ["--ranks", str(nodes_workers_ranks), "--daemons", str(nodes),
