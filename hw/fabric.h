@@ -156,6 +156,10 @@ struct FabricOptions {
   uint32_t max_handshakes = 64;     // incoming, not yet authenticated
   uint32_t credential_ttl_s = 300;  // how long connector nonces are kept
   uint32_t ring_entries = 256;
+  // Non-zero: this process carries on a predecessor's sessions under its
+  // incarnation (a handover: AdoptSessions); 0: a new incarnation. Peers
+  // resume a session only with the incarnation it opened with.
+  uint64_t incarnation = 0;
   // The ofi backend: the libfabric provider, in libfabric's syntax
   // ("tcp;ofi_rxm", "udp;ofi_rxd"); empty: the first RDM provider that
   // serves the listen address.
@@ -175,6 +179,8 @@ struct RemoteRegion {
 
 // A local registration (RegisterRegion); 0 is none.
 using RegionId = uint64_t;
+
+struct CarriedSession;  // below
 
 class Fabric {
  public:
@@ -256,6 +262,36 @@ class Fabric {
     return ErrorClass::kBadArg;
   }
 
+  // ---- handover (a backend without sessions answers false) ----
+  // This process's incarnation (FabricOptions::incarnation).
+  virtual uint64_t Incarnation() const { return 0; }
+  // The old process: every session into *out, when each can be carried: no
+  // data frame of ours queued or unacknowledged, no header delivered whose
+  // payload waits, no event not yet returned by Poll, no connection being
+  // made. On success the fabric is handed over: it takes no more calls
+  // (kBadConn), and destroying it (or the process ending) closes its
+  // connections without ending their sessions, so the peers wait to
+  // resume them. False with *why naming what is in flight: nothing
+  // changed, the fabric serves on.
+  virtual bool ExportSessions(std::vector<CarriedSession>* out,
+                              std::string* why) {
+    (void)out;
+    *why = "this fabric has no sessions to carry";
+    return false;
+  }
+  // The successor, on a fabric just opened with the predecessor's
+  // incarnation and listen addresses, before any other call: each session
+  // becomes a broken one that resumes (the dialler dials at once, the
+  // other waits) or ends within timeout_ms as any broken session does
+  // (kClosed). Checks what it is given (ids and nodes unique and non-zero,
+  // not this node, addresses to dial); false with *why: nothing adopted.
+  virtual bool AdoptSessions(const std::vector<CarriedSession>& sessions,
+                             std::string* why) {
+    (void)sessions;
+    *why = "this fabric has no sessions to adopt";
+    return false;
+  }
+
   // One row per node seen (ordered by node id), node 0 first if any.
   virtual std::vector<PeerStats> Stats() const = 0;
   // How soon Poll must run again although no event fd fires (a broken
@@ -284,6 +320,22 @@ struct HostDescription {
 };
 // At most this many addresses in one description.
 inline constexpr size_t kMaxHostAddresses = 16;
+
+// A session handed from one process to its successor (a handover: psmctl
+// upgrade, systemctl restart): what the successor needs to resume it with
+// the peer, which sees the old process's connection break and keeps its
+// side of the session (hw/link_fabric.h, Sessions) until then. Only a
+// session with nothing of ours in flight is carried (ExportSessions), so
+// the counters are all: the peer replays what we had not delivered.
+struct CarriedSession {
+  ConnId id = 0;          // the user's handle, kept
+  uint64_t node = 0;      // the peer
+  bool outgoing = false;  // we dialled it: the successor dials again
+  std::vector<HostAddress> addresses;  // the peer's, to dial
+  uint64_t peer_incarnation = 0;       // as the session opened
+  uint64_t tx_seq = 0;        // our data frames, all delivered by the peer
+  uint64_t rx_delivered = 0;  // the peer's data frames we delivered
+};
 std::string FormatHostDescription(const HostDescription& d);
 bool ParseHostDescription(const std::string& text, HostDescription* out,
                           std::string* error);
