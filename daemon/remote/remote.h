@@ -113,6 +113,7 @@
 
 #include "daemon/engine/endpoint.h"
 #include "daemon/engine/other_nodes.h"
+#include "daemon/handover/state_codec.h"
 #include "daemon/remote/node_table.h"
 #include "daemon/remote/proxy_ids.h"
 #include "daemon/remote/wire.h"
@@ -180,6 +181,22 @@ class Remote : public OtherNodes {
     PeerCounts counts;
   };
   std::vector<PeerRow> Stats() const;
+
+  // ---- a handover (remote_handover.cc; docs/design.md, "Handover with a
+  // fabric") ----
+  // Whether what this Remote holds can be carried (the workers frozen,
+  // polled until nothing moves); else false with *why naming what is in
+  // flight.
+  bool Carriable(std::string* why) const;
+  // Once Carriable: its state, for LoadState in the successor.
+  void SaveState(handover::StateWriter& w) const;
+  // Into a successor's Remote whose fabric adopted the old one's sessions
+  // (`sessions`: their ids and nodes) and whose engines loaded theirs:
+  // checked whole before anything changes (the state is untrusted).
+  Status LoadState(handover::StateReader& r,
+                   const std::map<hw::ConnId, uint64_t>& sessions);
+  // The fabric, for the handover's session export.
+  hw::Fabric& fabric() { return *fabric_; }
 
  private:
   struct OutFrame;
