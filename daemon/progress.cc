@@ -267,10 +267,25 @@ bool ProgressWorker::ExportFabric(handover::CarriedFabric* out,
 Status ProgressWorker::LoadRemote(
     handover::StateReader& r, const std::map<hw::ConnId, uint64_t>& sessions) {
   Status status;
-  RunSync([&]() PSMD_REQUIRES(role_) {
-    status = remote_->LoadState(r, sessions);
-  });
+  RunSync(
+      [&]() PSMD_REQUIRES(role_) { status = remote_->LoadState(r, sessions); });
   return status;
+}
+
+void ProgressWorker::HoldPeers(bool hold) {
+  RunSync([&]() PSMD_REQUIRES(role_) { remote_->HoldPeers(hold); });
+}
+
+bool ProgressWorker::PeersHeld() {
+  bool held = false;
+  RunSync([&]() PSMD_REQUIRES(role_) { held = remote_->PeersHeld(); });
+  return held;
+}
+
+void ProgressWorker::SetBootNonce(uint16_t nonce) {
+  RunSync([&]() PSMD_REQUIRES(role_) {
+    if (remote_ != nullptr) remote_->set_boot_nonce(nonce);
+  });
 }
 
 void ProgressWorker::CloseSessions(

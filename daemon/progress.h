@@ -26,11 +26,11 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <string>
-#include <vector>
 #include <memory>
+#include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "base/mutex.h"
 #include "base/thread_role.h"
@@ -107,6 +107,11 @@ class ProgressWorker {
   Status LoadRemote(handover::StateReader& r,
                     const std::map<hw::ConnId, uint64_t>& sessions);
   void CloseSessions(const std::vector<hw::CarriedSession>& sessions);
+  // Remote::HoldPeers and PeersHeld (shard 0's), before the freeze.
+  void HoldPeers(bool hold);
+  bool PeersHeld();
+  // The epids' boot nonce, as the registry has it after a takeover.
+  void SetBootNonce(uint16_t nonce);
 
   // Before Start: serve endpoints of other nodes through `fabric`
   // (daemon/remote/remote.h); its event fd joins the worker's epoll set.

@@ -221,6 +221,46 @@ bool CarriedFabric::Read(StateReader& r) {
   return true;
 }
 
+void WriteArenaState(StateWriter& w, const shm::SendArena::State& s) {
+  w.U64(s.head);
+  w.U64(s.tail);
+  w.U64(s.refused_since_ns);
+  w.U64(s.share_refused_since_ns);
+  w.U64(s.sweep_from);
+  for (const auto* pieces : {&s.ring, &s.set_aside}) {
+    w.U32(static_cast<uint32_t>(pieces->size()));
+    for (const auto& piece : *pieces) {
+      w.U64(piece.at);
+      w.U64(piece.bytes);
+      w.Bool(piece.is_padding);
+      w.Bool(piece.lingers);
+    }
+  }
+}
+
+bool ReadArenaState(StateReader& r, shm::SendArena::State* s) {
+  if (!r.U64(&s->head, "arena head") || !r.U64(&s->tail, "arena tail") ||
+      !r.U64(&s->refused_since_ns, "arena refusal") ||
+      !r.U64(&s->share_refused_since_ns, "arena share refusal") ||
+      !r.U64(&s->sweep_from, "arena sweep")) {
+    return false;
+  }
+  for (auto* pieces : {&s->ring, &s->set_aside}) {
+    uint32_t n = 0;
+    if (!r.Count(&n, 18, 1u << 24, "arena pieces")) return false;
+    pieces->resize(n);
+    for (auto& piece : *pieces) {
+      if (!r.U64(&piece.at, "arena piece offset") ||
+          !r.U64(&piece.bytes, "arena piece bytes") ||
+          !r.Bool(&piece.is_padding, "arena piece padding") ||
+          !r.Bool(&piece.lingers, "arena piece lingering")) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 uint64_t MonotonicNs() {
   timespec t{};
   clock_gettime(CLOCK_MONOTONIC, &t);

@@ -23,6 +23,7 @@
 
 #include "daemon/handover/state_codec.h"
 #include "hw/fabric.h"
+#include "shm/pool.h"
 #include "shm/status.h"
 
 namespace psmd::handover {
@@ -122,6 +123,11 @@ struct CarriedFabric {
   // addresses that parse as a host description's.
   bool Read(StateReader& r);
 };
+
+// An inbox arena's state (shm::SendArena::Save) in a section; Read bounds
+// the counts only: SendArena::Adopt checks the rest.
+void WriteArenaState(StateWriter& w, const shm::SendArena::State& s);
+bool ReadArenaState(StateReader& r, shm::SendArena::State* s);
 
 // CLOCK_MONOTONIC in ns: one clock for the whole machine, so the successor
 // measures the blackout from the old process's stop.

@@ -188,6 +188,14 @@ class Remote : public OtherNodes {
   // polled until nothing moves); else false with *why naming what is in
   // flight.
   bool Carriable(std::string* why) const;
+  // The first step, while the clients still run: asks each node that
+  // connected to an endpoint here to hold its messages to it (kXoff, as a
+  // parked receiver does), so that what arrives during the drain is only
+  // what was in flight; credits (back-pressure 5) wait meanwhile. Released
+  // (kXon, with the credits) by the successor once it took over, or by
+  // this psmd if the handover failed. PeersHeld: every kXoff was taken.
+  void HoldPeers(bool hold);
+  bool PeersHeld() const;
   // Once Carriable: its state, for LoadState in the successor.
   void SaveState(handover::StateWriter& w) const;
   // Into a successor's Remote whose fabric adopted the old one's sessions
@@ -197,6 +205,9 @@ class Remote : public OtherNodes {
                    const std::map<hw::ConnId, uint64_t>& sessions);
   // The fabric, for the handover's session export.
   hw::Fabric& fabric() { return *fabric_; }
+  // A successor's registry took the old psmd's epids, whose boot nonce
+  // frames name (Target).
+  void set_boot_nonce(uint16_t nonce) { boot_nonce_ = nonce; }
 
  private:
   struct OutFrame;
@@ -432,7 +443,7 @@ class Remote : public OtherNodes {
   MqEngine* const engine_;
   std::unique_ptr<hw::Fabric> fabric_;
   const uint16_t node_id_;
-  const uint16_t boot_nonce_;
+  uint16_t boot_nonce_;  // the registry's (a successor's: the old one's)
   const uint32_t timeout_ms_;
   NodeTable nodes_;
 
@@ -468,6 +479,7 @@ class Remote : public OtherNodes {
   std::unordered_map<uint64_t, PostedRead> rma_posted_;
   uint64_t next_read_ = 1;
   ProxyIds proxies_;
+  bool holding_ = false;  // HoldPeers
   uint32_t passes_ = 0;
   uint64_t last_liveness_ms_ = 0;
   uint64_t refused_ = 0;

@@ -13,10 +13,12 @@
 // sessions replay them to the successor.
 #include <psm2.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <utility>
 
+#include "daemon/handover/handover.h"
 #include "daemon/handover/state_codec.h"
 #include "daemon/remote/remote_state.h"
 #include "shm/epid.h"
@@ -32,14 +34,51 @@ constexpr uint64_t kMaxEntries = 1u << 20;
 
 }  // namespace
 
+void Remote::HoldPeers(bool hold) {
+  holding_ = hold;
+  for (const auto& [id, nodes] : watchers_) {
+    const Endpoint* ep = engine_->FindAny(id);
+    if (ep == nullptr) continue;
+    for (uint16_t node : nodes) {
+      Peer* p = PeerOf(node);
+      if (p == nullptr || !p->open) continue;
+      uint64_t credit = 0;
+      if (!hold) {
+        if (auto c = p->consumed.find(ep->epid()); c != p->consumed.end()) {
+          credit = c->second;
+          p->consumed.erase(c);
+        }
+      }
+      Post(*p, wire::PrepFlow(hold ? wire::Op::kXoff : wire::Op::kXon,
+                              SenderOf(*ep), credit));
+    }
+  }
+}
+
+bool Remote::PeersHeld() const {
+  auto is_xoff = [](const std::unique_ptr<OutFrame>& f) {
+    return f->msg.op() == wire::Op::kXoff;
+  };
+  for (const auto& [cookie, f] : in_flight_) {
+    if (is_xoff(f)) return false;
+  }
+  for (const auto& [node, p] : peers_) {
+    if (std::any_of(p->queue.begin(), p->queue.end(), is_xoff)) return false;
+  }
+  return true;
+}
+
 bool Remote::Carriable(std::string* why) const {
   auto busy = [why](uint16_t node, const std::string& what) {
     *why = (node != 0 ? "node " + std::to_string(node) + ": " : "") + what;
     return false;
   };
   if (!in_flight_.empty()) {
-    return busy(0, std::to_string(in_flight_.size()) +
-                       " frames sent and not yet acknowledged");
+    const OutFrame& f = *in_flight_.begin()->second;
+    return busy(f.node, std::to_string(in_flight_.size()) +
+                            " frames sent and not yet acknowledged (op " +
+                            std::to_string(static_cast<int>(f.msg.op())) +
+                            " among them)");
   }
   if (!queries_.empty()) return busy(0, "connect queries awaiting an answer");
   if (!converted_.empty()) return busy(0, "eager sends converted, not taken");
@@ -140,20 +179,7 @@ void Remote::SaveState(handover::StateWriter& w) const {
   for (const auto& [key, s] : inboxes) {
     w.Pod(key.uuid);
     w.U32(static_cast<uint32_t>(key.uid));
-    w.U64(s.head);
-    w.U64(s.tail);
-    w.U64(s.refused_since_ns);
-    w.U64(s.share_refused_since_ns);
-    w.U64(s.sweep_from);
-    for (const auto* pieces : {&s.ring, &s.set_aside}) {
-      w.U32(static_cast<uint32_t>(pieces->size()));
-      for (const auto& piece : *pieces) {
-        w.U64(piece.at);
-        w.U64(piece.bytes);
-        w.Bool(piece.is_padding);
-        w.Bool(piece.lingers);
-      }
-    }
+    handover::WriteArenaState(w, s);
   }
 }
 
@@ -323,24 +349,9 @@ Status Remote::LoadState(handover::StateReader& r,
     uint32_t uid = 0;
     shm::SendArena::State s;
     if (!r.Pod(&key.uuid, "inbox job") || !r.U32(&uid, "inbox uid") ||
-        !r.U64(&s.head, "inbox head") || !r.U64(&s.tail, "inbox tail") ||
-        !r.U64(&s.refused_since_ns, "inbox refusal") ||
-        !r.U64(&s.share_refused_since_ns, "inbox share refusal") ||
-        !r.U64(&s.sweep_from, "inbox sweep"))
+        !handover::ReadArenaState(r, &s))
       return read_error();
     key.uid = uid;
-    for (auto* pieces : {&s.ring, &s.set_aside}) {
-      uint32_t k = 0;
-      if (!r.Count(&k, 18, kMaxEntries, "inbox pieces")) return read_error();
-      pieces->resize(k);
-      for (auto& piece : *pieces) {
-        if (!r.U64(&piece.at, "inbox piece offset") ||
-            !r.U64(&piece.bytes, "inbox piece bytes") ||
-            !r.Bool(&piece.is_padding, "inbox piece padding") ||
-            !r.Bool(&piece.lingers, "inbox piece lingering"))
-          return read_error();
-      }
-    }
     std::shared_ptr<Job> job = engine_->FindJob(key);
     if (!job || !job->InboxRegion() || !seen.insert(job.get()).second)
       return fail("inbox job", "is no job here with an inbox, or twice");
@@ -361,7 +372,15 @@ Status Remote::LoadState(handover::StateReader& r,
   for (auto& [job, arena] : next.inboxes) {
     PagesOf(job).inbox = std::move(arena);
   }
-  for (auto& [node, p] : peers_) RecvNext(*p);
+  std::vector<uint16_t> lost;  // sessions that ended before the load
+  for (auto& [node, p] : peers_) {
+    RecvNext(*p);
+    if (p->rx != Peer::Rx::kHeader) lost.push_back(node);
+  }
+  for (uint16_t node : lost) FailPeer(node, hw::ErrorClass::kConnReset);
+  // The old psmd held the peers (HoldPeers): they send to its endpoints
+  // again, with the credits it kept.
+  HoldPeers(false);
   return {};
 }
 
