@@ -227,15 +227,20 @@ bool ProgressWorker::Drain() {
     // after it said it was quiesced: only a round in which no shard moved
     // anything counts (Workers::FreezeAndSave).
     bool did = engine_.PollQuiescing();
+    bool remote_quiet = true;
     if (remote_ != nullptr) {
       // Acks for what this psmd sent, and what peers send meanwhile, are
       // handled as ever: only the clients' rings wait.
-      did |= remote_->Poll();
+      if (remote_->Poll()) {
+        did = true;
+        drain_why_ = "frames from other nodes still arriving";
+      } else {
+        remote_quiet = remote_->Carriable(&drain_why_);
+      }
       engine_.FlushAcross();
     }
     engine_.NotifyClients();
-    quiesced = !did && engine_.Quiesced() &&
-               (remote_ == nullptr || remote_->Carriable(&drain_why_));
+    quiesced = !did && remote_quiet && engine_.Quiesced();
   });
   return quiesced;
 }

@@ -707,8 +707,10 @@ bool LinkFabric::Resume(LinkConn* c, uint64_t peer_delivered) {
   st.frames_replayed += again;
   spdlog::info(
       "fabric: the session with node {} resumed {:.1f} ms after its "
-      "connection broke: {} frames sent again",
-      c->peer_node, (MonotonicNs() - c->broke_at_ns) / 1e6, again);
+      "connection broke: {} frames sent again (of {} sent; {} of theirs "
+      "delivered here)",
+      c->peer_node, (MonotonicNs() - c->broke_at_ns) / 1e6, again, c->tx_seq,
+      c->rx_delivered);
   c->broke_at_ns = 0;
   c->session_deadline_ns = 0;
   return true;

@@ -344,6 +344,9 @@ bool Remote::RetryParked(Peer& p) {
       continue;
     }
     it = p.parked.erase(it);
+    // A handover holds every endpoint off (HoldPeers): its release says
+    // "on" for all.
+    if (holding_) continue;
     // "On", with the credit of what was consumed meanwhile.
     uint64_t credit = 0;
     if (auto c = p.consumed.find(last.dst); c != p.consumed.end()) {

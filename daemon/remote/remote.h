@@ -193,9 +193,13 @@ class Remote : public OtherNodes {
   // parked receiver does), so that what arrives during the drain is only
   // what was in flight; credits (back-pressure 5) wait meanwhile. Released
   // (kXon, with the credits) by the successor once it took over, or by
-  // this psmd if the handover failed. PeersHeld: every kXoff was taken.
+  // this psmd if the handover failed. PeersHeld: every kXoff was taken,
+  // nothing is parked (the clients, still running, took it) and nothing
+  // came from another node for kHeldQuietMs (what was in flight when the
+  // peers took the kXoffs has arrived): the workers may freeze.
   void HoldPeers(bool hold);
   bool PeersHeld() const;
+  static constexpr uint64_t kHeldQuietMs = 2;
   // Once Carriable: its state, for LoadState in the successor.
   void SaveState(handover::StateWriter& w) const;
   // Into a successor's Remote whose fabric adopted the old one's sessions

@@ -62,8 +62,12 @@ bool Remote::PeersHeld() const {
   for (const auto& [cookie, f] : in_flight_) {
     if (is_xoff(f)) return false;
   }
+  const uint64_t now = NowMs();
   for (const auto& [node, p] : peers_) {
-    if (std::any_of(p->queue.begin(), p->queue.end(), is_xoff)) return false;
+    if (std::any_of(p->queue.begin(), p->queue.end(), is_xoff) ||
+        !p->parked.empty() || now - p->last_recv_ms < kHeldQuietMs) {
+      return false;
+    }
   }
   return true;
 }
