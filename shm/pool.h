@@ -198,8 +198,9 @@ class SendArena {
       *why = std::string("inbox arena: ") + what;
       return false;
     };
-    if (s.head < s.tail || s.head - s.tail > region_bytes_) {
-      return fail("head and tail a region apart or reversed");
+    if (s.head < s.tail || s.head - s.tail > region_bytes_ ||
+        s.head % kCacheLine != 0 || s.tail % kCacheLine != 0) {
+      return fail("head and tail off lines, a region apart or reversed");
     }
     if (s.ring.size() + s.set_aside.size() > region_bytes_ / kCacheLine) {
       return fail("more pieces than the region has lines");
