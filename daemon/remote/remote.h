@@ -121,6 +121,7 @@
 #include "proto/counters.h"
 #include "shm/payload.h"
 #include "shm/pool.h"
+#include "shm/status.h"
 
 namespace psmd {
 
