@@ -238,6 +238,9 @@ int main(int argc, char** argv) {
     fo.user_timeout_ms = psmd::hw::FabricOptions::kNoUserTimeout;
     fo.connect_attempt_ms = std::min<uint32_t>(1000, config.fabric_timeout_ms);
     fo.provider = config.fabric_provider;
+    // A successor carries on the old psmd's sessions: same incarnation,
+    // same ports (docs/design.md, "Handover with a fabric").
+    if (inheritance) psmd::InheritFabricOptions(*inheritance, &fo);
     std::unique_ptr<psmd::hw::Fabric> fabric =
         config.fabric == "ofi" ? psmd::hw::OpenOfiFabric(fo, &error)
                                : psmd::hw::OpenSocketFabric(fo, &error);
@@ -246,6 +249,7 @@ int main(int argc, char** argv) {
       sd_notifyf(0, "STATUS=failed: fabric: %s", error.c_str());
       return 1;
     }
+    if (inheritance) psmd::AdoptFabric(&*inheritance, *fabric);
     // What the node table needs for this node (docs/design.md).
     spdlog::info(
         "fabric: node {} listening, host description {} (backend {}, auth {})",

@@ -226,11 +226,78 @@ bool ProgressWorker::Drain() {
     // A pass that moved anything may have handed another shard an item
     // after it said it was quiesced: only a round in which no shard moved
     // anything counts (Workers::FreezeAndSave).
-    const bool did = engine_.PollQuiescing();
+    bool did = engine_.PollQuiescing();
+    bool remote_quiet = true;
+    if (remote_ != nullptr) {
+      // Acks for what this psmd sent, and what peers send meanwhile, are
+      // handled as ever: only the clients' rings wait.
+      if (remote_->Poll()) {
+        did = true;
+        drain_why_ = "frames from other nodes still arriving";
+      } else {
+        remote_quiet = remote_->Carriable(&drain_why_);
+      }
+      engine_.FlushAcross();
+    }
     engine_.NotifyClients();
-    quiesced = !did && engine_.Quiesced();
+    quiesced = !did && remote_quiet && engine_.Quiesced();
   });
   return quiesced;
+}
+
+std::string ProgressWorker::drain_why() const {
+  std::string why;
+  const_cast<ProgressWorker*>(this)->RunSync(
+      [&]() PSMD_REQUIRES(role_) { why = drain_why_; });
+  return why;
+}
+
+void ProgressWorker::SaveRemote(handover::StateWriter& w) {
+  RunSync([&]() PSMD_REQUIRES(role_) { remote_->SaveState(w); });
+}
+
+bool ProgressWorker::ExportFabric(handover::CarriedFabric* out,
+                                  std::string* why) {
+  bool ok = false;
+  RunSync([&]() PSMD_REQUIRES(role_) {
+    hw::Fabric& f = remote_->fabric();
+    out->present = true;
+    out->incarnation = f.Incarnation();
+    out->host_description = f.HostDescription();
+    ok = f.ExportSessions(&out->sessions, why);
+  });
+  return ok;
+}
+
+Status ProgressWorker::LoadRemote(
+    handover::StateReader& r, const std::map<hw::ConnId, uint64_t>& sessions) {
+  Status status;
+  RunSync(
+      [&]() PSMD_REQUIRES(role_) { status = remote_->LoadState(r, sessions); });
+  return status;
+}
+
+void ProgressWorker::HoldPeers(bool hold) {
+  RunSync([&]() PSMD_REQUIRES(role_) { remote_->HoldPeers(hold); });
+}
+
+bool ProgressWorker::PeersHeld() {
+  bool held = false;
+  RunSync([&]() PSMD_REQUIRES(role_) { held = remote_->PeersHeld(); });
+  return held;
+}
+
+void ProgressWorker::SetBootNonce(uint16_t nonce) {
+  RunSync([&]() PSMD_REQUIRES(role_) {
+    if (remote_ != nullptr) remote_->set_boot_nonce(nonce);
+  });
+}
+
+void ProgressWorker::CloseSessions(
+    const std::vector<hw::CarriedSession>& sessions) {
+  RunSync([&]() PSMD_REQUIRES(role_) {
+    for (const hw::CarriedSession& s : sessions) remote_->fabric().Close(s.id);
+  });
 }
 
 void ProgressWorker::SaveState(handover::StateWriter& w) {

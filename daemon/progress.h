@@ -25,15 +25,19 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
+#include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "base/mutex.h"
 #include "base/thread_role.h"
 #include "daemon/config.h"
 #include "daemon/engine/endpoint.h"
 #include "daemon/engine/mq_engine.h"
+#include "daemon/handover/handover.h"
 #include "daemon/handover/state_codec.h"
 #include "daemon/remote/remote.h"
 #include "hw/fabric.h"
@@ -82,14 +86,32 @@ class ProgressWorker {
   // Reads the rings again (a successor, once its state is loaded).
   void Thaw();
   // One pass of the work that needs no client ring (items from other
-  // shards, the outbox, copies in place), frozen; true when it moved
-  // nothing and the engine holds nothing the state cannot carry
-  // (MqEngine::PollQuiescing, Quiesced).
+  // shards, the outbox, copies in place, and with a fabric its events),
+  // frozen; true when it moved nothing and neither the engine nor the
+  // fabric's engine holds anything the state cannot carry
+  // (MqEngine::PollQuiescing, Quiesced; Remote::Carriable, whose reason
+  // drain_why() keeps).
   bool Drain();
+  std::string drain_why() const;
   // The engine's state, frozen and drained (MqEngine::SaveState).
   void SaveState(handover::StateWriter& w);
   // Into a frozen worker whose endpoints were added: MqEngine::LoadState.
   Status LoadState(handover::StateReader& r);
+  // With a fabric, drained: the fabric's engine's state (Remote::SaveState),
+  // then the fabric's sessions, which hands the fabric over (false with
+  // *why: nothing was handed over). LoadRemote in the successor, after
+  // every shard's LoadState; CloseSessions ends the adopted sessions of a
+  // state refused (their peers fail what waits on this node).
+  void SaveRemote(handover::StateWriter& w);
+  bool ExportFabric(handover::CarriedFabric* out, std::string* why);
+  Status LoadRemote(handover::StateReader& r,
+                    const std::map<hw::ConnId, uint64_t>& sessions);
+  void CloseSessions(const std::vector<hw::CarriedSession>& sessions);
+  // Remote::HoldPeers and PeersHeld (shard 0's), before the freeze.
+  void HoldPeers(bool hold);
+  bool PeersHeld();
+  // The epids' boot nonce, as the registry has it after a takeover.
+  void SetBootNonce(uint16_t nonce);
 
   // Before Start: serve endpoints of other nodes through `fabric`
   // (daemon/remote/remote.h); its event fd joins the worker's epoll set.
@@ -242,6 +264,8 @@ class ProgressWorker {
   shm::CoreCensus census_ PSMD_GUARDED_BY(role_);
   bool share_core_ PSMD_GUARDED_BY(role_) = true;
   uint32_t fabric_timeout_ms_ = 5000;
+  // Why the last Drain found the fabric's engine not carriable.
+  std::string drain_why_ PSMD_GUARDED_BY(role_);
   std::string fabric_host_;
   std::string fabric_backend_;    // config's fabric
   std::string fabric_provider_;   // hw::Fabric::Provider()

@@ -18,8 +18,18 @@ namespace {
 // How long the shards may take to settle (copies in place finishing).
 constexpr uint32_t kSettleMs = 10'000;
 
-// Serving again after a handover that failed before the exec.
-void Resume(Daemon& d) {
+// Serving again after a handover that failed before the exec. A fabric
+// whose sessions were handed over (`fabric`) serves no more: its peers wait
+// for a successor that does not come, and end the sessions at their
+// timeout.
+void Resume(Daemon& d, const handover::CarriedFabric& fabric = {}) {
+  if (fabric.present && !fabric.sessions.empty()) {
+    spdlog::critical(
+        "upgrade: the exec failed after the fabric's {} sessions were handed "
+        "over: jobs across nodes end within fabric_timeout_ms; restart psmd "
+        "to serve other nodes again",
+        fabric.sessions.size());
+  }
   d.workers.Thaw();
   if (!d.start_server()) {
     spdlog::critical("upgrade: cannot restart the gRPC control server");
@@ -34,7 +44,8 @@ namespace {
 // Steps 2-5 of docs/design.md "Handover": everything frozen and written
 // into a sealed state file. Returns its descriptor and fills *fds, or
 // resumes serving and returns -1 (why in *why).
-int FreezeAndWrite(Daemon& d, handover::FdTable* fds, std::string* why) {
+int FreezeAndWrite(Daemon& d, handover::FdTable* fds,
+                   handover::CarriedFabric* fabric, std::string* why) {
   const uint64_t frozen_at = handover::MonotonicNs();
   // No new connection is classified, no call runs: nothing changes the
   // registry or adds work to a shard from here on.
@@ -42,7 +53,7 @@ int FreezeAndWrite(Daemon& d, handover::FdTable* fds, std::string* why) {
   d.admission.Freeze(&pending);
   d.stop_server();
   handover::StateWriter engines;
-  if (Status s = d.workers.FreezeAndSave(engines, kSettleMs); !s.ok()) {
+  if (Status s = d.workers.FreezeAndSave(engines, kSettleMs, fabric); !s.ok()) {
     *why = s.message;
     Resume(d);
     return -1;
@@ -53,7 +64,7 @@ int FreezeAndWrite(Daemon& d, handover::FdTable* fds, std::string* why) {
   for (int fd : pending) process.pending.push_back(fds->Add(fd));
   if (Status s = d.registry.SaveState(registry, *fds); !s.ok()) {
     *why = s.message;
-    Resume(d);
+    Resume(d, *fabric);
     return -1;
   }
   process.node_id = d.config.node_id;
@@ -74,16 +85,22 @@ int FreezeAndWrite(Daemon& d, handover::FdTable* fds, std::string* why) {
   at = body.BeginSection(handover::kFdSection);
   fds->Write(body);
   body.EndSection(at);
+  at = body.BeginSection(handover::kFabricSection);
+  fabric->Write(body);
+  body.EndSection(at);
   body.Section(handover::kRegistrySection, registry.bytes());
   body.Raw(engines.bytes());
   const size_t bytes = body.bytes().size();
   int state_fd = handover::WriteStateFile(body.Take(), version::Version(), why);
   if (state_fd < 0) {
-    Resume(d);
+    Resume(d, *fabric);
     return -1;
   }
-  spdlog::info("handing over {} endpoints ({} descriptors, {} bytes of state)",
-               d.registry.endpoint_count(), fds->fds().size(), bytes);
+  spdlog::info(
+      "handing over {} endpoints ({} descriptors, {} sessions with other "
+      "nodes, {} bytes of state)",
+      d.registry.endpoint_count(), fds->fds().size(), fabric->sessions.size(),
+      bytes);
   return state_fd;
 }
 
@@ -93,23 +110,25 @@ void HandOver(Daemon& d, const std::string& path,
               const std::vector<std::string>& argv, std::string* why) {
   sd_notifyf(0, "RELOADING=1\nSTATUS=handing over to %s", path.c_str());
   handover::FdTable fds;
-  const int state_fd = FreezeAndWrite(d, &fds, why);
+  handover::CarriedFabric fabric;
+  const int state_fd = FreezeAndWrite(d, &fds, &fabric, why);
   if (state_fd < 0) return;
   spdlog::info("upgrade: executing {}", Escaped(path));
   spdlog::default_logger()->flush();
   handover::Exec(path, argv, state_fd, fds.fds(), why);
-  // Still here: the exec failed, and nothing was given up.
+  // Still here: the exec failed, and nothing else was given up.
   close(state_fd);
-  Resume(d);
+  Resume(d, fabric);
 }
 
 bool HandOverToServiceManager(Daemon& d, std::string* why) {
   handover::FdTable fds;
-  const int state_fd = FreezeAndWrite(d, &fds, why);
+  handover::CarriedFabric fabric;
+  const int state_fd = FreezeAndWrite(d, &fds, &fabric, why);
   if (state_fd < 0) return false;
   if (!handover::StoreWithServiceManager(state_fd, fds.fds(), why)) {
     close(state_fd);
-    Resume(d);
+    Resume(d, fabric);
     return false;
   }
   spdlog::info(
@@ -146,7 +165,9 @@ std::optional<Inheritance> ReadInheritance(int state_fd, const Config& config,
   if (!r.Section(handover::kProcessSection, &section, "process") ||
       !in.process.Read(section) || !r.Absorb(section) ||
       !r.Section(handover::kFdSection, &section, "descriptors") ||
-      !in.fds.Read(section, handed) || !r.Absorb(section)) {
+      !in.fds.Read(section, handed) || !r.Absorb(section) ||
+      !r.Section(handover::kFabricSection, &section, "fabric") ||
+      !in.fabric.Read(section) || !r.Absorb(section)) {
     return refuse(r.error());
   }
   if (in.process.node_id != config.node_id) {
@@ -181,6 +202,34 @@ std::optional<Inheritance> ReadInheritance(int state_fd, const Config& config,
   return in;
 }
 
+void InheritFabricOptions(const Inheritance& in, hw::FabricOptions* options) {
+  if (!in.fabric.present) return;
+  hw::HostDescription self;
+  std::string error;
+  if (!hw::ParseHostDescription(in.fabric.host_description, &self, &error)) {
+    return;  // (CarriedFabric::Read parsed it)
+  }
+  options->incarnation = in.fabric.incarnation;
+  options->listen.clear();
+  for (const hw::HostAddress& a : self.addresses) {
+    const bool v6 = a.host.find(':') != std::string::npos;
+    options->listen.push_back((v6 ? "[" + a.host + "]" : a.host) + ":" +
+                              std::to_string(a.port));
+  }
+}
+
+void AdoptFabric(Inheritance* in, hw::Fabric& fabric) {
+  if (!in->fabric.present) return;
+  std::string why;
+  if (!fabric.AdoptSessions(in->fabric.sessions, &why)) {
+    in->fabric_error = "the fabric's sessions: " + why;
+    return;
+  }
+  for (const hw::CarriedSession& s : in->fabric.sessions) {
+    in->adopted[s.id] = s.node;
+  }
+}
+
 bool TakeOver(Daemon& d, Inheritance& in) {
   const std::string& body = in.body;
   handover::StateReader r(body.data() + in.rest_at, body.size() - in.rest_at,
@@ -197,7 +246,15 @@ bool TakeOver(Daemon& d, Inheritance& in) {
         d.registry.LoadState(section, in.fds, in.process.boot_nonce, &liveness);
     registry_loaded = status.ok();
   }
-  if (status.ok()) status = d.workers.LoadState(r);
+  // Frames from other nodes name the epids' boot nonce, the old psmd's if
+  // the registry took its endpoints.
+  d.workers.SetBootNonce(d.registry.boot_nonce());
+  if (status.ok() && in.fabric.present && !in.fabric_error.empty()) {
+    status = {PSM2_INTERNAL_ERR, in.fabric_error};
+  }
+  if (status.ok()) {
+    status = d.workers.LoadState(r, in.fabric.present, in.adopted);
+  }
   if (status.ok() && !r.AtEnd()) {
     status = {PSM2_INTERNAL_ERR,
               std::to_string(r.Left()) + " bytes after the last section"};
@@ -210,6 +267,8 @@ bool TakeOver(Daemon& d, Inheritance& in) {
     spdlog::error("handover refused: {}; every inherited endpoint ends",
                   status.message);
     if (registry_loaded) d.registry.EndAll(reason);
+    // The peers end what waits on this node at once, not at their timeout.
+    if (!in.adopted.empty()) d.workers.CloseSessions(in.fabric.sessions);
     handover::EndInherited(reason, in.fds.TakeRest());
     liveness.clear();
   }

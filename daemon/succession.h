@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -61,7 +62,20 @@ struct Inheritance {
   std::vector<int> pending;  // connections not yet classified
   std::string body;          // the state file's sections
   size_t rest_at = 0;        // where the registry's section starts in body
+  // The old psmd's fabric, if it served one: main opens this one's with its
+  // incarnation and listen addresses and adopts its sessions (AdoptFabric).
+  handover::CarriedFabric fabric;
+  std::map<hw::ConnId, uint64_t> adopted;  // session id -> node
+  std::string fabric_error;                // why they were not adopted
 };
+
+// The options a successor's fabric opens with to carry on the old one's
+// sessions: its incarnation, and its host description's addresses and
+// ports as the listen addresses (the peers' node tables name them).
+void InheritFabricOptions(const Inheritance& in, hw::FabricOptions* options);
+// Right after the fabric opened: adopts the old one's sessions, or notes
+// why not in in->fabric_error (TakeOver then refuses the state).
+void AdoptFabric(Inheritance* in, hw::Fabric& fabric);
 
 // Reads the state file `state_fd` for a psmd with `config`; `handed`: the
 // table's descriptors as systemd gave them back (null after an exec, which

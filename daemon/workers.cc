@@ -4,6 +4,8 @@
 #include <chrono>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 namespace psmd {
 
 Workers::Workers(const Config& config, uint32_t count) : crossing_(count) {
@@ -59,23 +61,53 @@ void Workers::Thaw() {
   for (auto& w : workers_) w->Thaw();
 }
 
-Status Workers::FreezeAndSave(handover::StateWriter& w, uint32_t timeout_ms) {
+Status Workers::FreezeAndSave(handover::StateWriter& w, uint32_t timeout_ms,
+                              handover::CarriedFabric* fabric) {
+  const bool fabric_here = workers_[0]->has_fabric();
+  if (fabric_here) {
+    // The peers hold their messages to this node's endpoints first, while
+    // the clients still run (not part of the blackout): the drain then
+    // settles once what was in flight has arrived.
+    workers_[0]->HoldPeers(true);
+    const auto until =
+        std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (!workers_[0]->PeersHeld() &&
+           std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  // Serving on after a failure: the peers send again.
+  auto thaw = [&] {
+    Thaw();
+    if (fabric_here) workers_[0]->HoldPeers(false);
+  };
   Freeze();
   // A shard's drain may hand items to another, so a round counts only when
   // every shard was quiesced in it.
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto next_note = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   for (;;) {
     bool all = true;
     for (auto& worker : workers_) all &= worker->Drain();
     if (all) break;
-    if (std::chrono::steady_clock::now() > deadline) {
-      Thaw();
+    const auto now = std::chrono::steady_clock::now();
+    if (now > next_note && workers_[0]->has_fabric()) {
+      next_note = now + std::chrono::seconds(1);
+      spdlog::info("handover: waiting between nodes: {}",
+                   workers_[0]->drain_why());
+    }
+    if (now > deadline) {
+      const std::string remote =
+          workers_[0]->has_fabric()
+              ? "; between nodes: " + workers_[0]->drain_why()
+              : std::string();
+      thaw();
       return {PSM2_TIMEOUT,
               "the engine shards did not settle within " +
                   std::to_string(timeout_ms) +
                   " ms (copies in place or messages between shards still "
-                  "moving); psmd goes on serving, try again"};
+                  "moving" +
+                  remote + "); psmd goes on serving, try again"};
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
@@ -84,10 +116,28 @@ Status Workers::FreezeAndSave(handover::StateWriter& w, uint32_t timeout_ms) {
     worker->SaveState(w);
     w.EndSection(at);
   }
+  if (fabric_here) {
+    const size_t at = w.BeginSection(handover::kRemoteSection);
+    workers_[0]->SaveRemote(w);
+    w.EndSection(at);
+    // Last: from here on the fabric is the successor's.
+    std::string why;
+    if (!workers_[0]->ExportFabric(fabric, &why)) {
+      thaw();
+      return {PSM2_INTERNAL_ERR,
+              "the fabric's sessions cannot be handed over: " + why +
+                  "; psmd goes on serving, try again"};
+    }
+  }
   return {};
 }
 
-Status Workers::LoadState(handover::StateReader& r) {
+void Workers::CloseSessions(const std::vector<hw::CarriedSession>& sessions) {
+  if (workers_[0]->has_fabric()) workers_[0]->CloseSessions(sessions);
+}
+
+Status Workers::LoadState(handover::StateReader& r, bool fabric_carried,
+                          const std::map<hw::ConnId, uint64_t>& sessions) {
   for (uint32_t shard = 0; shard < count(); shard++) {
     handover::StateReader body;
     if (!r.Section(handover::kEngineSection, &body, "engine shard")) {
@@ -102,6 +152,22 @@ Status Workers::LoadState(handover::StateReader& r) {
                                      ": " + std::to_string(body.Left()) +
                                      " bytes left unread"};
     }
+  }
+  if (!fabric_carried) return {};
+  if (!workers_[0]->has_fabric()) {
+    return {PSM2_INTERNAL_ERR,
+            "the old psmd served a fabric and this one has none "
+            "(fabric_listen)"};
+  }
+  handover::StateReader body;
+  if (!r.Section(handover::kRemoteSection, &body, "fabric's engine")) {
+    return {PSM2_INTERNAL_ERR, r.error()};
+  }
+  if (Status s = workers_[0]->LoadRemote(body, sessions); !s.ok()) return s;
+  if (!body.AtEnd()) {
+    return {PSM2_INTERNAL_ERR,
+            "the fabric's engine: " + std::to_string(body.Left()) +
+                " bytes left unread"};
   }
   return {};
 }

@@ -13,6 +13,7 @@
 #define PSMD_DAEMON_WORKERS_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -81,12 +82,24 @@ class Workers {
   // ---- Handover (issue 33; daemon/handover/handover.h) ----
   // Freezes every worker (no client ring is read any more), drains what
   // crosses between shards until every engine is quiesced in one round, and
-  // writes one kEngineSection per shard. Fails, thawed again, if the engines
-  // do not quiesce within `timeout_ms` (copies in place running long).
-  Status FreezeAndSave(handover::StateWriter& w, uint32_t timeout_ms);
+  // writes one kEngineSection per shard. With a fabric, the drain also
+  // handles the fabric's events until what the inter-node engine holds can
+  // be carried, writes its kRemoteSection and hands the fabric's sessions
+  // over into *fabric ("Handover with a fabric"). Fails, thawed again, if
+  // the engines do not quiesce within `timeout_ms` (copies in place running
+  // long, frames to a peer not acknowledged).
+  Status FreezeAndSave(handover::StateWriter& w, uint32_t timeout_ms,
+                       handover::CarriedFabric* fabric);
   // In a successor whose workers were started and frozen (Freeze), with
-  // every endpoint added: each shard's kEngineSection.
-  Status LoadState(handover::StateReader& r);
+  // every endpoint added: each shard's kEngineSection, then, when the
+  // fabric was carried (its sessions adopted: `sessions`, their ids and
+  // nodes), the kRemoteSection.
+  Status LoadState(handover::StateReader& r, bool fabric_carried,
+                   const std::map<hw::ConnId, uint64_t>& sessions);
+  // After a takeover: the registry's boot nonce (shard 0's fabric).
+  void SetBootNonce(uint16_t nonce) { workers_[0]->SetBootNonce(nonce); }
+  // A refused state's adopted sessions end (shard 0's fabric).
+  void CloseSessions(const std::vector<hw::CarriedSession>& sessions);
   void Freeze();
   void Thaw();
 

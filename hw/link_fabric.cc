@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_set>
 
 namespace psmd::hw {
 
@@ -57,7 +58,9 @@ bool LinkFabric::CheckOptions(std::vector<ListenAddress>* listen,
   std::random_device rd;
   rng_.seed((uint64_t{rd()} << 32) ^ rd() ^
             static_cast<uint64_t>(MonotonicNs()));
-  incarnation_ = rng_() | 1;
+  // A successor carrying sessions (AdoptSessions) keeps its predecessor's:
+  // the peers resume a session only with the incarnation it opened with.
+  incarnation_ = opt_.incarnation != 0 ? opt_.incarnation : rng_() | 1;
   return true;
 }
 
@@ -73,6 +76,7 @@ LinkConn* LinkFabric::Track(std::unique_ptr<LinkConn> conn, bool outgoing) {
 
 ErrorClass LinkFabric::Connect(const std::string& host_description,
                                uint64_t cookie, ConnId* conn) {
+  if (handed_over_) return ErrorClass::kBadConn;
   psmd::hw::HostDescription parsed;
   psmd::hw::HostDescription* d = &parsed;
   std::string error;
@@ -343,6 +347,7 @@ void LinkFabric::DeliverData(LinkConn* c, ErrorClass error) {
 }
 
 LinkConn* LinkFabric::FindLive(ConnId id) {
+  if (handed_over_) return nullptr;
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return nullptr;
   // A connection that broke and waits for its release keeps taking the
@@ -625,11 +630,15 @@ bool LinkFabric::Suspend(LinkConn* c) {
   if (now >= c->session_deadline_ns) return false;
   LinkConn* n = NewLink(c->outgoing);
   MoveSession(c, n);
+  // The dialler tries at once after the break, then every 20 ms.
+  AwaitResume(n, c->resuming ? now + 20'000'000 : now);
+  return true;
+}
+
+void LinkFabric::AwaitResume(LinkConn* n, int64_t redial_at_ns) {
   n->state = LinkState::kWaitPeer;
   n->deadline_ns = n->session_deadline_ns;
-  // The dialler tries at once after the break, then every 20 ms.
-  if (n->outgoing) n->redial_at_ns = c->resuming ? now + 20'000'000 : now;
-  return true;
+  if (n->outgoing) n->redial_at_ns = redial_at_ns;
 }
 
 void LinkFabric::MoveSession(LinkConn* from, LinkConn* to) {
@@ -698,10 +707,156 @@ bool LinkFabric::Resume(LinkConn* c, uint64_t peer_delivered) {
   st.frames_replayed += again;
   spdlog::info(
       "fabric: the session with node {} resumed {:.1f} ms after its "
-      "connection broke: {} frames sent again",
-      c->peer_node, (MonotonicNs() - c->broke_at_ns) / 1e6, again);
+      "connection broke: {} frames sent again (of {} sent; {} of theirs "
+      "delivered here)",
+      c->peer_node, (MonotonicNs() - c->broke_at_ns) / 1e6, again, c->tx_seq,
+      c->rx_delivered);
   c->broke_at_ns = 0;
   c->session_deadline_ns = 0;
+  return true;
+}
+
+// ---- handover (hw/fabric.h; sessions, 6) ----
+
+std::string LinkFabric::CarryObstacle(const LinkConn* c) const {
+  const std::string node = "node " + std::to_string(c->peer_node) + ": ";
+  if (c->closing) return node + "its connection is closing";
+  // A stand-in in any state: a resume it has under way is begun again by
+  // the successor (the peer replays by the counters either way). Anything
+  // else not open is a connection the user asked for, still being made.
+  if (c->state != LinkState::kOpen && !c->resuming) {
+    return node + "a connection is being made";
+  }
+  const size_t queued =
+      std::count_if(c->tx.begin(), c->tx.end(),
+                    [](const LinkSend& s) { return !s.internal; });
+  if (queued > 0) return node + std::to_string(queued) + " frames queued";
+  if (!c->unacked.empty()) {
+    return node + std::to_string(c->unacked.size()) +
+           " frames sent and not yet acknowledged";
+  }
+  if (c->await_payload || c->rx_header_out) {
+    return node + "a header was delivered and its payload waits";
+  }
+  return {};
+}
+
+bool LinkFabric::ExportSessions(std::vector<CarriedSession>* out,
+                                std::string* why) {
+  if (handed_over_) {
+    *why = "the sessions were handed over already";
+    return false;
+  }
+  if (!opt_.sessions) {
+    *why = "sessions are off (fabric_sessions): there are none to carry";
+    return false;
+  }
+  if (!events_.empty()) {
+    *why = std::to_string(events_.size()) + " events not yet polled";
+    return false;
+  }
+  std::vector<CarriedSession> carried;
+  for (const auto& [link, owner] : owned_) {
+    // Incoming connections the user does not know of yet are dropped: the
+    // peer dials again (to the successor), and connections a stand-in
+    // replaced are gone already.
+    if (!link->visible) continue;
+    if (std::string obstacle = CarryObstacle(link); !obstacle.empty()) {
+      *why = obstacle;
+      return false;
+    }
+    CarriedSession& s = carried.emplace_back();
+    s.id = link->id;
+    s.node = link->peer_node;
+    s.outgoing = link->outgoing;
+    s.addresses = link->addresses;
+    s.peer_incarnation = link->session_incarnation;
+    s.tx_seq = link->tx_seq;
+    // Delivered means an event the user took (events_ is empty): frames
+    // the backend read and not yet delivered, the peer sends again.
+    s.rx_delivered = link->rx_delivered;
+  }
+  std::sort(carried.begin(), carried.end(),
+            [](const CarriedSession& x, const CarriedSession& y) {
+              return x.id < y.id;
+            });
+  *out = std::move(carried);
+  handed_over_ = true;
+  StopListening();
+  spdlog::info("fabric: {} sessions handed over (incarnation {:x})",
+               out->size(), incarnation_);
+  return true;
+}
+
+bool LinkFabric::AdoptSessions(const std::vector<CarriedSession>& sessions,
+                               std::string* why) {
+  if (!opt_.sessions) {
+    *why = "sessions are off (fabric_sessions): none can be adopted";
+    return false;
+  }
+  if (opt_.incarnation == 0) {
+    *why =
+        "the fabric was opened without the predecessor's incarnation "
+        "(FabricOptions::incarnation): the peers would not resume";
+    return false;
+  }
+  if (handed_over_ || !owned_.empty() || next_id_ != 1) {
+    *why = "sessions are adopted before any connection exists";
+    return false;
+  }
+  if (sessions.size() > opt_.max_connections) {
+    *why = std::to_string(sessions.size()) + " sessions, more than " +
+           std::to_string(opt_.max_connections) + " connections allowed";
+    return false;
+  }
+  std::unordered_set<ConnId> ids;
+  std::unordered_set<uint64_t> nodes;
+  ConnId last_id = 0;
+  for (const CarriedSession& s : sessions) {
+    const std::string which = "session " + std::to_string(s.id) +
+                              " with node " + std::to_string(s.node) + ": ";
+    if (s.id == 0 || !ids.insert(s.id).second) {
+      *why = which + "its id is zero or not unique";
+      return false;
+    }
+    if (s.node == 0 || s.node == opt_.node_id || !nodes.insert(s.node).second) {
+      *why = which + "its node is zero, this node, or not unique";
+      return false;
+    }
+    if (s.peer_incarnation == 0) {
+      *why = which + "no peer incarnation";
+      return false;
+    }
+    if (s.outgoing &&
+        (s.addresses.empty() || s.addresses.size() > kMaxHostAddresses)) {
+      *why = which + "we dialled it, but it has no (or too many) addresses";
+      return false;
+    }
+    last_id = std::max(last_id, s.id);
+  }
+  const int64_t now = MonotonicNs();
+  for (const CarriedSession& s : sessions) {
+    // As Suspend leaves a broken session: the peer sees ours break when
+    // the predecessor's connections close.
+    LinkConn* n = NewLink(s.outgoing);
+    n->id = s.id;
+    n->visible = true;
+    n->opened = true;
+    n->resuming = true;
+    n->peer_node = s.node;
+    n->session_incarnation = s.peer_incarnation;
+    n->addresses = s.addresses;
+    n->tx_seq = n->tx_acked = s.tx_seq;
+    n->rx_delivered = n->rx_acked = s.rx_delivered;
+    n->broke_at_ns = now;
+    n->session_deadline_ns = now + int64_t{opt_.timeout_ms} * 1'000'000;
+    AwaitResume(n, now);
+    by_id_[n->id] = n;
+    by_node_[n->peer_node] = n;
+  }
+  next_id_ = last_id + 1;
+  spdlog::info("fabric: adopted {} sessions (incarnation {:x})",
+               sessions.size(), incarnation_);
   return true;
 }
 
@@ -905,8 +1060,20 @@ void LinkFabric::AdmitResume(LinkConn* c) {
       }
     }
   }
-  if (s == nullptr || !s->resuming || s->outgoing ||
+  if (s != nullptr && s->resuming &&
       s->session_incarnation != c->hello.incarnation) {
+    // The peer restarted (or a successor came under a new incarnation):
+    // what it had of the session is gone, so ours ends now, not at the
+    // session's deadline.
+    spdlog::warn(
+        "fabric: node {} came back as another incarnation: the session with "
+        "it cannot resume",
+        node);
+    s->session_lost = true;
+    Fail(s, ErrorClass::kConnReset);
+    s = nullptr;
+  }
+  if (s == nullptr || !s->resuming || s->outgoing) {
     Refuse(c, RefuseReason::kNoSession, "no session to resume");
     return;
   }

@@ -32,6 +32,10 @@
 //  5. A frame whose header a header-only receive delivered before the break
 //     is not delivered twice: its replayed header is read and dropped, and
 //     its payload lands where PostPayload said.
+//  6. A handover (hw/fabric.h, ExportSessions) carries sessions with nothing
+//     of ours in flight to a successor process under the same incarnation;
+//     each becomes a stand-in there (AdoptSessions), and the peer, which saw
+//     the old process's connections break, resumes it as after any break.
 //
 // Thread-safety: as hw::Fabric (one thread); the MUNGE helper thread is
 // MungeAuth's, whose results the backend collects by OnAuthResults.
@@ -179,6 +183,11 @@ class LinkFabric : public Fabric {
                          uint64_t cookie) override;
   ErrorClass Close(ConnId conn) override;
   std::vector<PeerStats> Stats() const override;
+  uint64_t Incarnation() const override { return incarnation_; }
+  bool ExportSessions(std::vector<CarriedSession>* out,
+                      std::string* why) override;
+  bool AdoptSessions(const std::vector<CarriedSession>& sessions,
+                     std::string* why) override;
 
  protected:
   // ---- the backend's hooks ----
@@ -207,6 +216,11 @@ class LinkFabric : public Fabric {
   // cut a frame in two, that the session ends (a kClose frame), so that it
   // does not wait to resume it.
   virtual void Goodbye(LinkConn* /*c*/) {}
+  // ExportSessions succeeded: stop listening now, so that the successor can
+  // listen at the same ports at once (an exec closes our sockets, but
+  // whatever still holds them, such as io_uring's requests in flight, may
+  // let them go a moment later).
+  virtual void StopListening() {}
 
   // ---- shared ----
   void PumpRx(LinkConn* c);
@@ -304,6 +318,9 @@ class LinkFabric : public Fabric {
   std::vector<ConnId> dirty_;  // with frames PostSend queued since a flush
   std::deque<Event> events_;
   std::map<uint64_t, PeerStats> stats_;
+  // ExportSessions succeeded: the user's calls fail, Poll returns nothing,
+  // and the connections close without telling the peers the sessions end.
+  bool handed_over_ = false;
 
  private:
   void Admit(LinkConn* c);
@@ -320,6 +337,11 @@ class LinkFabric : public Fabric {
   // when the session ends instead.
   bool Suspend(LinkConn* c);
   void MoveSession(LinkConn* from, LinkConn* to);
+  // Stand-in n waits for its session to resume until its session deadline;
+  // a dialler first dials at redial_at_ns.
+  void AwaitResume(LinkConn* n, int64_t redial_at_ns);
+  // Why c's session cannot be carried now (empty: it can); ExportSessions.
+  std::string CarryObstacle(const LinkConn* c) const;
   bool Resume(LinkConn* c, uint64_t peer_delivered);
   bool RememberNonce(const uint8_t nonce[kNonceSize], int64_t now);
 

@@ -21,6 +21,8 @@
 #include <iterator>
 #include <map>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "shm/ring.h"
 
@@ -152,6 +154,105 @@ class SendArena {
   // Bytes between tail and head (including padding; not chunks set aside).
   uint64_t used() const { return head_ - tail_; }
   bool empty() const { return head_ == tail_ && set_aside_.empty(); }
+
+  // What the arena keeps beside the region's chunk headers, for a handover
+  // (docs/design.md, "Handover"): a successor adopts it with Adopt.
+  struct State {
+    uint64_t head = 0;
+    uint64_t tail = 0;
+    struct Piece {
+      uint64_t at = 0;  // region offset (set aside), or unused (in the ring)
+      uint64_t bytes = 0;
+      bool is_padding = false;
+      bool lingers = false;
+    };
+    std::vector<Piece> ring;       // tiling [tail, head), in order
+    std::vector<Piece> set_aside;  // by region offset
+    // The refusal clocks (CLOCK_MONOTONIC: one clock for the machine) and
+    // where the sweep of released chunks set aside resumes.
+    uint64_t refused_since_ns = 0;
+    uint64_t share_refused_since_ns = 0;
+    uint64_t sweep_from = 0;
+  };
+  State Save() const {
+    State s;
+    s.head = head_;
+    s.tail = tail_;
+    s.refused_since_ns = refused_since_ns_;
+    s.share_refused_since_ns = share_refused_since_ns_;
+    s.sweep_from = sweep_from_;
+    for (const Chunk& c : chunks_) {
+      s.ring.push_back({0, c.bytes, c.is_padding, c.lingers});
+    }
+    for (const auto& [at, a] : set_aside_) {
+      s.set_aside.push_back({at, a.bytes, false, a.lingers});
+    }
+    return s;
+  }
+  // Takes over `s` (of an arena over the same region) when it keeps the
+  // invariants above: pieces of cache lines, the ring's tiling [tail, head)
+  // without straddling the region's end, set-aside ones inside the region,
+  // apart from one another and from the ring. False (*why) changes nothing.
+  bool Adopt(const State& s, std::string* why) {
+    auto fail = [why](const char* what) {
+      *why = std::string("inbox arena: ") + what;
+      return false;
+    };
+    if (s.head < s.tail || s.head - s.tail > region_bytes_ ||
+        s.head % kCacheLine != 0 || s.tail % kCacheLine != 0) {
+      return fail("head and tail off lines, a region apart or reversed");
+    }
+    if (s.ring.size() + s.set_aside.size() > region_bytes_ / kCacheLine) {
+      return fail("more pieces than the region has lines");
+    }
+    std::deque<Chunk> chunks;
+    uint64_t lingering = 0;
+    // The ring's chunks by region offset (none straddles the end), for the
+    // set-aside check below.
+    std::map<uint64_t, uint64_t> occupied;
+    uint64_t at = s.tail;
+    for (const State::Piece& p : s.ring) {
+      if (p.bytes == 0 || p.bytes % kCacheLine != 0 || p.bytes > s.head - at ||
+          at % region_bytes_ + p.bytes > region_bytes_ ||
+          (p.is_padding && p.lingers)) {
+        return fail("a piece of the ring out of shape");
+      }
+      chunks.push_back(Chunk{p.bytes, p.is_padding, p.lingers});
+      if (!p.is_padding) occupied.emplace(at % region_bytes_, p.bytes);
+      if (p.lingers) lingering += p.bytes;
+      at += p.bytes;
+    }
+    if (at != s.head) return fail("the ring does not reach its head");
+    std::map<uint64_t, SetAside> set_aside;
+    uint64_t end = 0;
+    for (const State::Piece& p : s.set_aside) {
+      if (p.bytes == 0 || p.bytes % kCacheLine != 0 || p.at % kCacheLine != 0 ||
+          p.at < end || p.at > region_bytes_ ||
+          p.bytes > region_bytes_ - p.at || p.is_padding) {
+        return fail("a piece set aside out of shape or overlapping");
+      }
+      // Under padding or outside the ring, never under one of its chunks
+      // (invariant 2).
+      auto next = occupied.lower_bound(p.at);
+      if ((next != occupied.end() && next->first < p.at + p.bytes) ||
+          (next != occupied.begin() &&
+           std::prev(next)->first + std::prev(next)->second > p.at)) {
+        return fail("a piece set aside under a chunk of the ring");
+      }
+      end = p.at + p.bytes;
+      set_aside.emplace(p.at, SetAside{p.bytes, p.lingers});
+      if (p.lingers) lingering += p.bytes;
+    }
+    head_ = s.head;
+    tail_ = s.tail;
+    chunks_ = std::move(chunks);
+    set_aside_ = std::move(set_aside);
+    lingering_ = lingering;
+    refused_since_ns_ = s.refused_since_ns;
+    share_refused_since_ns_ = s.share_refused_since_ns;
+    sweep_from_ = s.sweep_from;
+    return true;
+  }
 
   void Reclaim() {
     while (!chunks_.empty()) {

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -50,6 +51,68 @@ TEST_F(SendArenaTest, ReclaimsOnlyInAllocationOrder) {
   ReleaseChunk(pool_.data(), *a);
   arena_.Reclaim();
   EXPECT_TRUE(arena_.empty());
+}
+
+// A handover (Save, then Adopt by an arena over the same region) changes
+// nothing: random traffic with chunks set aside and lingering gives the
+// same offsets, refusals and used bytes as an arena never handed over.
+TEST_F(SendArenaTest, AStateAdoptedCarriesOnExactlyAsTheOneSaved) {
+  std::vector<uint8_t> twin_pool(pool_.size());
+  SendArena twin(twin_pool.data(), kRegionOffset, kRegionBytes, 0);
+  std::mt19937 rng(7);
+  std::vector<uint64_t> live;
+  for (int step = 0; step < 4000; step++) {
+    if (step % 97 == 0) {
+      SendArena successor(pool_.data(), kRegionOffset, kRegionBytes, 0);
+      std::string why;
+      ASSERT_TRUE(successor.Adopt(arena_.Save(), &why)) << why;
+      arena_ = std::move(successor);
+    }
+    if (!live.empty() && rng() % 3 == 0) {
+      const size_t i = rng() % live.size();
+      ReleaseChunk(pool_.data(), live[i]);
+      ReleaseChunk(twin_pool.data(), live[i]);
+      live.erase(live.begin() + static_cast<long>(i));
+      continue;
+    }
+    const uint64_t bytes = 1 + rng() % 900;
+    const ChunkUse use = rng() % 2 ? ChunkUse::kBrief : ChunkUse::kMayLinger;
+    auto a = arena_.Allocate(bytes, use);
+    auto b = twin.Allocate(bytes, use);
+    ASSERT_EQ(a.has_value(), b.has_value()) << step;
+    if (a) {
+      ASSERT_EQ(*a, *b) << step;
+      live.push_back(*a);
+    }
+    ASSERT_EQ(arena_.used(), twin.used()) << step;
+  }
+}
+
+TEST_F(SendArenaTest, AForgedStateIsRefusedAndChangesNothing) {
+  auto a = arena_.Allocate(1000);
+  auto b = arena_.Allocate(200);
+  ASSERT_TRUE(a && b);
+  const SendArena::State good = arena_.Save();
+  std::vector<SendArena::State> bad(8, good);
+  bad[0].head = good.tail - 1;                  // reversed
+  bad[1].head = good.tail + kRegionBytes + 64;  // more than a region
+  bad[2].ring[0].bytes += 1;                    // not whole lines
+  bad[3].ring.pop_back();                       // does not reach the head
+  bad[4].set_aside.push_back({*a - kRegionOffset, 64, false, false});
+  bad[5].set_aside.push_back({kRegionBytes - 64, 128, false, false});
+  bad[6].set_aside = {{3000, 128, false, false}, {3064, 64, false, false}};
+  bad[7].ring[0].is_padding = bad[7].ring[0].lingers = true;
+  for (size_t i = 0; i < bad.size(); i++) {
+    SendArena other(pool_.data(), kRegionOffset, kRegionBytes, 0);
+    std::string why;
+    EXPECT_FALSE(other.Adopt(bad[i], &why)) << i;
+    EXPECT_NE(why.find("inbox arena"), std::string::npos) << why;
+    EXPECT_TRUE(other.empty()) << i;
+  }
+  SendArena other(pool_.data(), kRegionOffset, kRegionBytes, 0);
+  std::string why;
+  ASSERT_TRUE(other.Adopt(good, &why)) << why;
+  EXPECT_EQ(other.used(), arena_.used());
 }
 
 TEST_F(SendArenaTest, WrapsWithPaddingAndNeverStraddlesTheEnd) {

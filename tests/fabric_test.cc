@@ -581,6 +581,99 @@ TEST_F(FabricTest, ConnectionsCutBetweenDaemonsArePausesThatLoseNothing) {
   EXPECT_TRUE(b->Stop());
 }
 
+// Issue 33, items 1 and 4 (docs/design.md, "Handover with a fabric"): each
+// of two daemons is upgraded in turn (psmctl upgrade, to itself) while three
+// jobs exchange across them, small messages (inline and eager: unexpected
+// ones from the other node carried in the engine, their payloads in the
+// inbox), medium ones (rendezvous transfers in flight both ways) and large
+// ones; every message arrives once, in order, intact (the exchange program
+// checks), no request fails, and each upgrade carries the sessions, which
+// the peer resumes.
+TEST_F(FabricTest, UpgradesOfEachDaemonInTurnLoseNothing) {
+  if (!OfiProvider().empty())
+    GTEST_SKIP() << "the ofi fabric refuses handovers";
+  if (!Sessions()) GTEST_SKIP() << "without sessions nothing can be carried";
+  auto a = StartNode(0);
+  auto b = StartNode(1);
+  struct Pair {
+    std::string rv;
+    Process r0, r1;
+    std::string Errors() const {
+      return ReadFile(rv + "/r0.err") + ReadFile(rv + "/r1.err") +
+             ReadFile(rv + "/r0.out") + ReadFile(rv + "/r1.out");
+    }
+  };
+  const char kJobC[] = "fab1c0decccccccccccccccccccccccc";
+  auto start = [&](const std::string& name, const char* uuid, int messages,
+                   int max_size) {
+    Pair p;
+    p.rv = Rendezvous(name);
+    p.r1 = Process::Start(ExchangeArgs(dir_, p.rv, 1, uuid, messages, max_size),
+                          b->ClientEnv(), p.rv + "/r1.out", p.rv + "/r1.err");
+    p.r0 = Process::Start(ExchangeArgs(dir_, p.rv, 0, uuid, messages, max_size),
+                          a->ClientEnv(), p.rv + "/r0.out", p.rv + "/r0.err");
+    return p;
+  };
+  Pair small = start("small", kJobA, 400000, 64);
+  Pair medium = start("medium", kJobB, 20000, 192 * 1024);
+  Pair large = start("large", kJobC, 40, 8 << 20);
+  // Every rank connected (past the exchange program's connect barrier):
+  // both daemons have a session to carry.
+  for (const Pair* p : {&small, &medium, &large}) {
+    ASSERT_TRUE(WaitUntil(20, [&] {
+      return access((p->rv + "/rank10.epid").c_str(), F_OK) == 0 &&
+             access((p->rv + "/rank11.epid").c_str(), F_OK) == 0;
+    })) << p->Errors();
+  }
+  int upgrades = 0;
+  for (int round = 0; round < 4; round++) {
+    for (Daemon* d : {a.get(), b.get()}) {
+      RunResult up = Psmctl(dir_, *d, {"upgrade"});
+      ASSERT_EQ(up.exit_code, 0)
+          << up.out << up.err << a->Log() << b->Log() << small.Errors()
+          << medium.Errors() << large.Errors();
+      upgrades++;
+    }
+  }
+  EXPECT_TRUE(small.r0.Wait(0) == -1 || small.r1.Wait(0) == -1)
+      << "the small pair finished before the upgrades; raise its messages";
+  EXPECT_TRUE(medium.r0.Wait(0) == -1 || medium.r1.Wait(0) == -1)
+      << "the medium pair finished before the upgrades; raise its messages";
+  for (Pair* p : {&small, &medium, &large}) {
+    EXPECT_EQ(p->r0.Wait(180 * TimeScale()), 0)
+        << p->Errors() << a->Log() << b->Log();
+    EXPECT_EQ(p->r1.Wait(30), 0) << p->Errors();
+    EXPECT_EQ(p->Errors().find("lost psmd"), std::string::npos);
+  }
+  // Each upgrade's successor adopted the session and resumed it, and so did
+  // the peer (each side logs it); the blackouts, as each successor logged
+  // them.
+  auto count = [](const std::string& log, const std::string& what) {
+    int n = 0;
+    for (size_t at = log.find(what); at != std::string::npos;
+         at = log.find(what, at + 1)) {
+      n++;
+    }
+    return n;
+  };
+  for (const Daemon* d : {a.get(), b.get()}) {
+    const std::string log = d->Log();
+    EXPECT_EQ(count(log, "fabric: adopted 1 sessions"), 4) << log;
+    EXPECT_GE(count(log, "resumed"), 8) << log;
+    EXPECT_EQ(log.find("ended: not resumed"), std::string::npos) << log;
+    for (size_t at = log.find("blackout "); at != std::string::npos;
+         at = log.find("blackout ", at + 1)) {
+      printf("node %c upgrade: %s\n", d == a.get() ? '1' : '2',
+             log.substr(at, log.find('\n', at) - at).c_str());
+    }
+  }
+  // New jobs between the two run on the successors.
+  RunResult after = Exchange(*a, *b, "after", 1000, 100000);
+  EXPECT_EQ(after.exit_code, 0) << after.err;
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
 TEST_F(FabricTest, DaemonKilledMidRendezvousFailsTheReceiverAndReconnectWorks) {
   auto a = StartNode(0);
   auto b = StartNode(1);

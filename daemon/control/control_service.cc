@@ -382,12 +382,18 @@ grpc::Status ControlService::Upgrade(grpc::ServerContext* ctx,
   if (auto s = Identify(ctx, &who); !s.ok()) return s;
   if (auto s = RootOnly(who, "Upgrade"); !s.ok()) return s;
   if (worker_->has_fabric()) {
-    // Connections to other nodes cannot be handed over yet (issue 33,
-    // item 4): their frames in flight would be lost.
-    return ToStatus({PSM2_PARAM_ERR,
-                     "upgrade: this psmd serves a fabric (fabric_listen), "
-                     "whose connections cannot be handed over yet; drain "
-                     "the node's jobs and restart psmd instead"});
+    // Its sessions are carried (docs/design.md, "Handover with a fabric"):
+    // over the socket fabric with sessions on only.
+    const Config config = config_->Get();
+    if (config.fabric != "socket" || config.fabric_sessions != "on") {
+      return ToStatus(
+          {PSM2_PARAM_ERR,
+           "upgrade: this psmd's connections to other nodes cannot be "
+           "handed over: that needs fabric = \"socket\" and "
+           "fabric_sessions = \"on\" (it has \"" +
+               config.fabric + "\" and \"" + config.fabric_sessions +
+               "\"); drain the node's jobs and restart psmd instead"});
+    }
   }
   const uint64_t generation = upgrades_->generation.load();
   std::string path;

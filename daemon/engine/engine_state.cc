@@ -14,12 +14,14 @@
 #include <cstring>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_set>
 
 #include "daemon/clock.h"
 #include "daemon/engine/mq_engine.h"
+#include "shm/epid.h"
 #include "shm/payload.h"
 #include "shm/pool.h"
 #include "shm/segment.h"
@@ -341,14 +343,25 @@ bool MqEngine::ReadMsg(handover::StateReader& r, const Endpoint& receiver,
     return false;
   }
   if (m->remote_src != 0) {
-    // Its payload and answers live in daemon/remote's state, not carried.
-    return r.Fail("message remote source", "names another node: not carried");
-  }
-  if (m->sender_id == 0 || m->sender_id == kRemotePeer)
+    // From another node, through this psmd's fabric (carried with it,
+    // daemon/remote/remote_handover.cc): its answers go to the sender's
+    // daemon, its payload, if pooled, is in the job's inbox. A payload
+    // daemon/remote keeps (sender_id) is not carried: Carriable refuses.
+    if (remote_ == nullptr)
+      return r.Fail("message remote source", "names another node: no fabric");
+    if (shm::NodeIdOf(m->remote_src) == shm::NodeIdOf(receiver.epid()))
+      return r.Fail("message remote source", "is of this node");
+    if (key->source != m->remote_src)
+      return r.Fail("message source", "is not its remote sender");
+    if (m->sender_id != 0)
+      return r.Fail("message sender", "is a payload kept by daemon/remote");
+  } else if (m->sender_id == 0 || m->sender_id == kRemotePeer) {
     return r.Fail("message sender", "is not an endpoint id");
+  }
   if ((m->flags & ~SendFlags()) != 0)
     return r.Fail("message flags", "has bits no send carries");
-  const Endpoint* sender = Local(m->sender_id) ? Find(m->sender_id) : nullptr;
+  const Endpoint* sender =
+      m->remote_src == 0 && Local(m->sender_id) ? Find(m->sender_id) : nullptr;
   if (sender != nullptr) {
     // A sender still here: of the receiver's job, under its own epid.
     if (sender->job() != receiver.job())
@@ -369,8 +382,9 @@ bool MqEngine::ReadMsg(handover::StateReader& r, const Endpoint& receiver,
     return r.Fail("message length", "is not 0 for a failed send");
   if (m->rendezvous) {
     // The payload waits in the sender's memory: an address there only if
-    // it named its buffer (kSendInPlace).
-    if (!(m->flags & shm::kSendInPlace) && m->send_addr != 0)
+    // it named its buffer (kSendInPlace) on this node.
+    if ((m->remote_src != 0 || !(m->flags & shm::kSendInPlace)) &&
+        m->send_addr != 0)
       return r.Fail("message payload offset",
                     "is an address without kSendInPlace");
   } else if (shm::IsInline(m->len)) {
@@ -378,9 +392,16 @@ bool MqEngine::ReadMsg(handover::StateReader& r, const Endpoint& receiver,
       return r.Fail("message payload offset", "is set for an inline payload");
   } else {
     // In its sender's region if the sender is here (as its descriptor was
-    // checked), else somewhere in the job's pool: it is released there.
+    // checked), in the job's inbox if it came from another node, else
+    // somewhere in the job's pool: it is released there.
+    std::optional<SendRegion> inbox;
+    if (m->remote_src != 0) {
+      inbox = receiver.job()->InboxRegion();
+      if (!inbox) return r.Fail("message payload offset", "but no inbox");
+    }
     const SendRegion region =
         sender != nullptr ? sender->region()
+        : inbox           ? *inbox
                           : SendRegion{0, receiver.job()->pool().size()};
     if (ValidatePoolRange(m->pool_offset, m->len, region) != Rejection::kNone)
       return r.Fail("message payload offset",

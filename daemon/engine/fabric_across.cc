@@ -60,6 +60,16 @@ void MqEngine::AddForeign(std::shared_ptr<Endpoint> ep) {
   foreign_[id] = Foreign{std::move(ep), false};
 }
 
+std::shared_ptr<Job> MqEngine::FindJob(const JobKey& key) const {
+  for (const Endpoint* ep : order_) {
+    if (ep->job()->key() == key) return ep->job();
+  }
+  for (const auto& [id, f] : foreign_) {
+    if (!f.removed && f.ep->job()->key() == key) return f.ep->job();
+  }
+  return nullptr;
+}
+
 Endpoint* MqEngine::Known(uint32_t id) {
   if (Endpoint* ep = Find(id)) return ep;
   if (auto d = departed_.find(id); d != departed_.end()) {

@@ -366,6 +366,9 @@ class MqEngine {
                                                       : it->second.ep.get();
   }
   bool IsLocal(const Endpoint& ep) const { return Local(ep.id()); }
+  // The job `key` of an endpoint FindAny knows, or null (a handover's
+  // inboxes, daemon/remote/remote_handover.cc).
+  std::shared_ptr<Job> FindJob(const JobKey& key) const;
   // Post and PostError for an endpoint FindAny gave: on another shard, the
   // completion crosses to it.
   void PostFor(Endpoint& ep, const shm::CompletionDesc& c);

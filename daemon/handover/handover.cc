@@ -161,6 +161,106 @@ bool ProcessState::Read(StateReader& r) {
          r.Str(&old_version, 256, "old version");
 }
 
+void CarriedFabric::Write(StateWriter& w) const {
+  w.Bool(present);
+  if (!present) return;
+  w.U64(incarnation);
+  w.Str(host_description);
+  w.U32(static_cast<uint32_t>(sessions.size()));
+  for (const hw::CarriedSession& s : sessions) {
+    w.U64(s.id);
+    w.U64(s.node);
+    w.Bool(s.outgoing);
+    hw::HostDescription d;
+    d.node = s.node;
+    d.addresses = s.addresses;
+    w.Str(s.addresses.empty() ? "" : hw::FormatHostDescription(d));
+    w.U64(s.peer_incarnation);
+    w.U64(s.tx_seq);
+    w.U64(s.rx_delivered);
+  }
+}
+
+bool CarriedFabric::Read(StateReader& r) {
+  if (!r.Bool(&present, "fabric carried")) return false;
+  if (!present) return true;
+  uint32_t n = 0;
+  std::string error;
+  hw::HostDescription self;
+  if (!r.U64(&incarnation, "fabric incarnation") ||
+      !r.Str(&host_description, 4096, "fabric host description")) {
+    return false;
+  }
+  if (incarnation == 0) return r.Fail("fabric incarnation", "is 0");
+  if (!hw::ParseHostDescription(host_description, &self, &error)) {
+    return r.Fail("fabric host description", error);
+  }
+  if (!r.Count(&n, 8 + 8 + 1 + 4 + 24, 0xffff, "fabric sessions")) return false;
+  sessions.resize(n);
+  for (hw::CarriedSession& s : sessions) {
+    std::string peer;
+    if (!r.U64(&s.id, "session id") || !r.U64(&s.node, "session node") ||
+        !r.Bool(&s.outgoing, "session dialled") ||
+        !r.Str(&peer, 4096, "session peer") ||
+        !r.U64(&s.peer_incarnation, "session peer incarnation") ||
+        !r.U64(&s.tx_seq, "session frames sent") ||
+        !r.U64(&s.rx_delivered, "session frames delivered")) {
+      return false;
+    }
+    if (s.id == 0 || s.node == 0 || s.node == self.node) {
+      return r.Fail("session", "names no id, no node, or this node");
+    }
+    if (!peer.empty()) {
+      hw::HostDescription d;
+      if (!hw::ParseHostDescription(peer, &d, &error) || d.node != s.node) {
+        return r.Fail("session peer", error.empty() ? "another node" : error);
+      }
+      s.addresses = d.addresses;
+    }
+  }
+  return true;
+}
+
+void WriteArenaState(StateWriter& w, const shm::SendArena::State& s) {
+  w.U64(s.head);
+  w.U64(s.tail);
+  w.U64(s.refused_since_ns);
+  w.U64(s.share_refused_since_ns);
+  w.U64(s.sweep_from);
+  for (const auto* pieces : {&s.ring, &s.set_aside}) {
+    w.U32(static_cast<uint32_t>(pieces->size()));
+    for (const auto& piece : *pieces) {
+      w.U64(piece.at);
+      w.U64(piece.bytes);
+      w.Bool(piece.is_padding);
+      w.Bool(piece.lingers);
+    }
+  }
+}
+
+bool ReadArenaState(StateReader& r, shm::SendArena::State* s) {
+  if (!r.U64(&s->head, "arena head") || !r.U64(&s->tail, "arena tail") ||
+      !r.U64(&s->refused_since_ns, "arena refusal") ||
+      !r.U64(&s->share_refused_since_ns, "arena share refusal") ||
+      !r.U64(&s->sweep_from, "arena sweep")) {
+    return false;
+  }
+  for (auto* pieces : {&s->ring, &s->set_aside}) {
+    uint32_t n = 0;
+    if (!r.Count(&n, 18, 1u << 24, "arena pieces")) return false;
+    pieces->resize(n);
+    for (auto& piece : *pieces) {
+      if (!r.U64(&piece.at, "arena piece offset") ||
+          !r.U64(&piece.bytes, "arena piece bytes") ||
+          !r.Bool(&piece.is_padding, "arena piece padding") ||
+          !r.Bool(&piece.lingers, "arena piece lingering")) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 uint64_t MonotonicNs() {
   timespec t{};
   clock_gettime(CLOCK_MONOTONIC, &t);

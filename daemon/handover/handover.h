@@ -22,6 +22,8 @@
 #include <vector>
 
 #include "daemon/handover/state_codec.h"
+#include "hw/fabric.h"
+#include "shm/pool.h"
 #include "shm/status.h"
 
 namespace psmd::handover {
@@ -30,7 +32,9 @@ namespace psmd::handover {
 // changes: a successor reads exactly its own format (a downgrade or an
 // incompatible upgrade is refused before the old psmd stops: psmctl upgrade
 // asks the new binary first, `psmd --handover-format`).
-inline constexpr uint32_t kFormatVersion = 1;
+// 2: the fabric's sessions and the inter-node engine's state (a psmd with a
+// fabric hands over).
+inline constexpr uint32_t kFormatVersion = 2;
 
 // The environment variable naming the state file's descriptor in the
 // successor (removed from the environment as it is read).
@@ -40,8 +44,10 @@ inline constexpr char kEnvFd[] = "PSMD_HANDOVER_FD";
 enum Section : uint32_t {
   kProcessSection = 1,
   kFdSection = 2,
+  kFabricSection = 5,  // CarriedFabric: read before the fabric opens
   kRegistrySection = 3,
   kEngineSection = 4,  // one per shard, in shard order
+  kRemoteSection = 6,  // the inter-node engine's, if the fabric is carried
 };
 
 // Descriptors the state names by index: written as indices, so that a
@@ -100,6 +106,28 @@ struct ProcessState {
   void Write(StateWriter& w) const;
   bool Read(StateReader& r);
 };
+
+// The fabric's part (docs/design.md, "Handover with a fabric"): the sessions
+// the old psmd's fabric exported (hw::Fabric::ExportSessions), to resume
+// with their peers under the same incarnation, from the same listen
+// addresses and ports (the host description the peers' tables name).
+struct CarriedFabric {
+  bool present = false;  // the old psmd served a fabric
+  uint64_t incarnation = 0;
+  std::string host_description;
+  std::vector<hw::CarriedSession> sessions;
+  void Write(StateWriter& w) const;
+  // Checks what a successor relies on before AdoptSessions checks the rest:
+  // a non-zero incarnation, a host description that parses, sessions
+  // bounded, each with a node, an id, and at most kMaxHostAddresses
+  // addresses that parse as a host description's.
+  bool Read(StateReader& r);
+};
+
+// An inbox arena's state (shm::SendArena::Save) in a section; Read bounds
+// the counts only: SendArena::Adopt checks the rest.
+void WriteArenaState(StateWriter& w, const shm::SendArena::State& s);
+bool ReadArenaState(StateReader& r, shm::SendArena::State* s);
 
 // CLOCK_MONOTONIC in ns: one clock for the whole machine, so the successor
 // measures the blackout from the old process's stop.

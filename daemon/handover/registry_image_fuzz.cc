@@ -1,10 +1,11 @@
 // libFuzzer target for what a successor psmd reads first of what it was
 // handed (issue 33, item 3): the state file's envelope (handover.cc,
-// ReadStateFile) and the registry's section (registry_image.h). Input: one
-// byte choosing which, then the bytes. Besides crashes and sanitizer
-// reports it checks that an accepted image obeys every rule of
-// registry_image.h (checked here again, independently), and that writing
-// it and parsing that again gives the same image. Built and run for a
+// ReadStateFile), the registry's section (registry_image.h), the fabric's
+// (CarriedFabric::Read) and an inbox arena's (ReadArenaState, then
+// shm::SendArena::Adopt). Input: one byte choosing which, then the bytes.
+// Besides crashes and sanitizer reports it checks that an accepted image obeys
+// every rule of registry_image.h (checked here again, independently), and that
+// writing it and parsing that again gives the same image. Built and run for a
 // bounded time by daemon/handover/registry_image_fuzz.sh, from the seed
 // corpus daemon/handover/registry_image_fuzz_corpus/
 // (REGISTRY_IMAGE_FUZZ_WRITE_SEEDS=DIR writes it). At exit the target
@@ -12,9 +13,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -37,19 +40,127 @@ void Check(bool ok) {
 struct Reached {
   uint64_t images = 0, endpoints = 0, attached = 0, steps = 0;
   uint64_t refused = 0, envelopes = 0, envelope_refused = 0;
+  uint64_t fabrics = 0, sessions = 0, fabric_refused = 0;
+  uint64_t arenas = 0, allocations = 0, arena_refused = 0;
   ~Reached() {
     printf(
         "registry_image_fuzz: reached images=%llu endpoints=%llu "
-        "attached=%llu steps=%llu refused=%llu envelopes=%llu,%llu\n",
+        "attached=%llu steps=%llu refused=%llu envelopes=%llu,%llu "
+        "fabrics=%llu,%llu,%llu arenas=%llu,%llu,%llu\n",
         static_cast<unsigned long long>(images),
         static_cast<unsigned long long>(endpoints),
         static_cast<unsigned long long>(attached),
         static_cast<unsigned long long>(steps),
         static_cast<unsigned long long>(refused),
         static_cast<unsigned long long>(envelopes),
-        static_cast<unsigned long long>(envelope_refused));
+        static_cast<unsigned long long>(envelope_refused),
+        static_cast<unsigned long long>(fabrics),
+        static_cast<unsigned long long>(sessions),
+        static_cast<unsigned long long>(fabric_refused),
+        static_cast<unsigned long long>(arenas),
+        static_cast<unsigned long long>(allocations),
+        static_cast<unsigned long long>(arena_refused));
   }
 } reached;
+
+// The fabric's section: what is accepted keeps CarriedFabric::Read's rules
+// and survives writing and reading again.
+void FuzzFabric(const uint8_t* data, size_t size) {
+  StateReader r(data, size);
+  CarriedFabric f;
+  if (!f.Read(r)) {
+    Check(!r.ok() && !r.error().empty());
+    reached.fabric_refused++;
+    return;
+  }
+  if (f.present) {
+    psmd::hw::HostDescription self;
+    std::string error;
+    Check(f.incarnation != 0);
+    Check(psmd::hw::ParseHostDescription(f.host_description, &self, &error));
+    for (const psmd::hw::CarriedSession& s : f.sessions) {
+      Check(s.id != 0 && s.node != 0 && s.node != self.node);
+      Check(s.addresses.size() <= psmd::hw::kMaxHostAddresses);
+    }
+    reached.sessions += !f.sessions.empty();
+  }
+  StateWriter w;
+  f.Write(w);
+  StateReader again(w.bytes().data(), w.bytes().size());
+  CarriedFabric g;
+  Check(g.Read(again) && again.AtEnd());
+  Check(g.present == f.present && g.incarnation == f.incarnation &&
+        g.host_description == f.host_description &&
+        g.sessions.size() == f.sessions.size());
+  for (size_t i = 0; i < f.sessions.size(); i++) {
+    const auto &a = f.sessions[i], &b = g.sessions[i];
+    Check(a.id == b.id && a.node == b.node && a.outgoing == b.outgoing &&
+          a.peer_incarnation == b.peer_incarnation && a.tx_seq == b.tx_seq &&
+          a.rx_delivered == b.rx_delivered &&
+          a.addresses.size() == b.addresses.size());
+  }
+  reached.fabrics++;
+}
+
+// An inbox arena's state over a region of kArenaBytes: every chunk it names
+// is in use, so that whatever Adopt accepts, no allocation after it may
+// overlap one of them, or another allocation, or leave the region.
+constexpr uint64_t kArenaOffset = 4096, kArenaBytes = 4096;
+// Its pool: chunk headers are cache-line aligned (shm/pool.h).
+struct alignas(64) ArenaPool {
+  uint8_t bytes[kArenaOffset + kArenaBytes + 4096] = {};
+};
+void FuzzArena(const uint8_t* data, size_t size) {
+  StateReader r(data, size);
+  psmd::shm::SendArena::State s;
+  if (!ReadArenaState(r, &s)) {
+    reached.arena_refused++;
+    return;
+  }
+  auto pool_memory = std::make_unique<ArenaPool>();
+  uint8_t* pool = pool_memory->bytes;
+  using psmd::shm::ChunkOf;
+  using psmd::shm::kChunkHeaderBytes;
+  // [begin, end) region offsets that must not be allocated over.
+  std::vector<std::pair<uint64_t, uint64_t>> live;
+  auto mark = [&](uint64_t at, uint64_t bytes) {
+    if (at >= kArenaBytes || bytes > kArenaBytes - at ||
+        bytes < kChunkHeaderBytes || at % 64 != 0)
+      return;
+    ChunkOf(pool, kArenaOffset + at + kChunkHeaderBytes)
+        ->state.store(psmd::shm::kChunkInUse);
+    live.emplace_back(at, at + bytes);
+  };
+  uint64_t at = s.tail;
+  for (const auto& p : s.ring) {
+    if (!p.is_padding) mark(at % kArenaBytes, p.bytes);
+    at += p.bytes;
+  }
+  for (const auto& p : s.set_aside) mark(p.at, p.bytes);
+  psmd::shm::SendArena arena(pool, kArenaOffset, kArenaBytes, 0);
+  std::string why;
+  if (!arena.Adopt(s, &why)) {
+    Check(!why.empty() && arena.empty());
+    reached.arena_refused++;
+    return;
+  }
+  reached.arenas++;
+  // The rest of the input: up to 32 sizes to allocate (never released).
+  const uint8_t* rest = data + (size - r.Left());
+  for (size_t i = 0; i < std::min<size_t>(r.Left(), 32); i++) {
+    const uint64_t bytes = 1 + rest[i] * 8;
+    auto off =
+        arena.Allocate(bytes, rest[i] & 1 ? psmd::shm::ChunkUse::kMayLinger
+                                          : psmd::shm::ChunkUse::kBrief);
+    if (!off) continue;
+    const uint64_t begin = *off - kArenaOffset - kChunkHeaderBytes;
+    const uint64_t end = begin + psmd::shm::SendArena::Footprint(bytes);
+    Check(*off >= kArenaOffset + kChunkHeaderBytes && end <= kArenaBytes);
+    for (const auto& [b, e] : live) Check(end <= b || begin >= e);
+    live.emplace_back(begin, end);
+    reached.allocations++;
+  }
+}
 
 // The rules of registry_image.h, checked again on an accepted image.
 void CheckRules(const RegistryImage& im) {
@@ -175,6 +286,31 @@ std::vector<std::string> Seeds() {
   file.resize(static_cast<size_t>(pread(fd, &file[0], file.size(), 0)));
   close(fd);
   seeds.push_back(std::string(1, '\0') + file);
+  CarriedFabric fabric;
+  fabric.present = true;
+  fabric.incarnation = 0x1234567890abcdefull;
+  fabric.host_description = "7@127.0.0.2:4000";
+  for (uint64_t node : {2, 3}) {
+    psmd::hw::CarriedSession s;
+    s.id = node;
+    s.node = node;
+    s.outgoing = node == 2;
+    s.addresses = {{"127.0.0." + std::to_string(node + 1), 4000}};
+    s.peer_incarnation = 0x77 + node;
+    s.tx_seq = 100 * node;
+    s.rx_delivered = 90 * node;
+    fabric.sessions.push_back(s);
+  }
+  StateWriter fw;
+  fabric.Write(fw);
+  seeds.push_back(std::string(1, '\2') + fw.bytes());
+  auto pool = std::make_unique<ArenaPool>();
+  psmd::shm::SendArena arena(pool->bytes, kArenaOffset, kArenaBytes, 0);
+  for (uint64_t bytes : {100, 700, 40, 1500}) (void)arena.Allocate(bytes);
+  StateWriter aw;
+  WriteArenaState(aw, arena.Save());
+  seeds.push_back(std::string(1, '\3') + aw.bytes() +
+                  std::string("\x10\x40\x01\x90\x08", 5));
   return seeds;
 }
 
@@ -196,6 +332,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     psmd::Status s = ReadStateFile(fd, &body);  // closes fd
     (s.ok() ? reached.envelopes : reached.envelope_refused)++;
     Check(s.ok() || !s.message.empty());
+    return 0;
+  }
+  if (data[0] == 2) {
+    FuzzFabric(data + 1, size - 1);
+    return 0;
+  }
+  if (data[0] == 3) {
+    FuzzArena(data + 1, size - 1);
     return 0;
   }
   StateReader r(data + 1, size - 1);

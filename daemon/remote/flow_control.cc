@@ -78,6 +78,8 @@ void Remote::Consumed(Peer& p, const hw::FrameFields& f, uint64_t bytes) {
   // While frames to it are parked, the credit waits for the kXon that ends
   // the park (RetryParked): a kXon says "on".
   if (!p.parked.empty() && p.parked.count(f.dst) != 0) return;
+  // Likewise while a handover holds the peers (HoldPeers).
+  if (holding_) return;
   // No endpoint of that epid here (frames refused): credited at once, so
   // the map holds live endpoints only (EndpointRemoved forgets them).
   if (it->second < kCreditEvery && !(fresh && Target(f) == nullptr)) return;
@@ -342,6 +344,9 @@ bool Remote::RetryParked(Peer& p) {
       continue;
     }
     it = p.parked.erase(it);
+    // A handover holds every endpoint off (HoldPeers): its release says
+    // "on" for all.
+    if (holding_) continue;
     // "On", with the credit of what was consumed meanwhile.
     uint64_t credit = 0;
     if (auto c = p.consumed.find(last.dst); c != p.consumed.end()) {

@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "daemon/engine/other_nodes.h"
+#include "daemon/handover/state_codec.h"
 
 namespace psmd {
 
@@ -30,6 +31,12 @@ class ProxyIds {
   void Drop(uint64_t epid);
   // Drops the ids of every endpoint of `node`.
   void DropNode(uint16_t node);
+
+  // A handover (daemon/remote/remote_handover.cc): the ids and where the
+  // circle goes on. LoadState checks the invariants above and that no id
+  // names an epid of `self` (this node); false with r's error.
+  void SaveState(handover::StateWriter& w) const;
+  bool LoadState(handover::StateReader& r, uint16_t self);
 
  private:
   std::unordered_map<uint64_t, uint32_t> by_epid_;

@@ -113,6 +113,7 @@
 
 #include "daemon/engine/endpoint.h"
 #include "daemon/engine/other_nodes.h"
+#include "daemon/handover/state_codec.h"
 #include "daemon/remote/node_table.h"
 #include "daemon/remote/proxy_ids.h"
 #include "daemon/remote/wire.h"
@@ -120,6 +121,7 @@
 #include "proto/counters.h"
 #include "shm/payload.h"
 #include "shm/pool.h"
+#include "shm/status.h"
 
 namespace psmd {
 
@@ -180,6 +182,37 @@ class Remote : public OtherNodes {
     PeerCounts counts;
   };
   std::vector<PeerRow> Stats() const;
+
+  // ---- a handover (remote_handover.cc; docs/design.md, "Handover with a
+  // fabric") ----
+  // Whether what this Remote holds can be carried (the workers frozen,
+  // polled until nothing moves); else false with *why naming what is in
+  // flight.
+  bool Carriable(std::string* why) const;
+  // The first step, while the clients still run: asks each node that
+  // connected to an endpoint here to hold its messages to it (kXoff, as a
+  // parked receiver does), so that what arrives during the drain is only
+  // what was in flight; credits (back-pressure 5) wait meanwhile. Released
+  // (kXon, with the credits) by the successor once it took over, or by
+  // this psmd if the handover failed. PeersHeld: every kXoff was taken,
+  // nothing is parked (the clients, still running, took it) and nothing
+  // came from another node for kHeldQuietMs (what was in flight when the
+  // peers took the kXoffs has arrived): the workers may freeze.
+  void HoldPeers(bool hold);
+  bool PeersHeld() const;
+  static constexpr uint64_t kHeldQuietMs = 2;
+  // Once Carriable: its state, for LoadState in the successor.
+  void SaveState(handover::StateWriter& w) const;
+  // Into a successor's Remote whose fabric adopted the old one's sessions
+  // (`sessions`: their ids and nodes) and whose engines loaded theirs:
+  // checked whole before anything changes (the state is untrusted).
+  Status LoadState(handover::StateReader& r,
+                   const std::map<hw::ConnId, uint64_t>& sessions);
+  // The fabric, for the handover's session export.
+  hw::Fabric& fabric() { return *fabric_; }
+  // A successor's registry took the old psmd's epids, whose boot nonce
+  // frames name (Target).
+  void set_boot_nonce(uint16_t nonce) { boot_nonce_ = nonce; }
 
  private:
   struct OutFrame;
@@ -415,7 +448,7 @@ class Remote : public OtherNodes {
   MqEngine* const engine_;
   std::unique_ptr<hw::Fabric> fabric_;
   const uint16_t node_id_;
-  const uint16_t boot_nonce_;
+  uint16_t boot_nonce_;  // the registry's (a successor's: the old one's)
   const uint32_t timeout_ms_;
   NodeTable nodes_;
 
@@ -451,6 +484,7 @@ class Remote : public OtherNodes {
   std::unordered_map<uint64_t, PostedRead> rma_posted_;
   uint64_t next_read_ = 1;
   ProxyIds proxies_;
+  bool holding_ = false;  // HoldPeers
   uint32_t passes_ = 0;
   uint64_t last_liveness_ms_ = 0;
   uint64_t refused_ = 0;

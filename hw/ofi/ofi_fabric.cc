@@ -147,8 +147,27 @@ class OfiFabric final : public LinkFabric {
   ErrorClass PostRead(ConnId conn, RegionId local, size_t local_offset,
                       const RemoteRegion& remote, uint64_t remote_offset,
                       size_t length, uint64_t cookie) override;
+  // No handover here: a peer learns of a vanished process only by its
+  // keepalive deadline (no end of file), which is also when the session
+  // would end, and its connection's data endpoint is at a port the
+  // successor cannot take again.
+  bool ExportSessions(std::vector<CarriedSession>* out,
+                      std::string* why) override {
+    (void)out;
+    *why = kNoCarry;
+    return false;
+  }
+  bool AdoptSessions(const std::vector<CarriedSession>& sessions,
+                     std::string* why) override {
+    (void)sessions;
+    *why = kNoCarry;
+    return false;
+  }
 
  private:
+  static constexpr const char* kNoCarry =
+      "the ofi fabric cannot carry sessions to a successor (use the socket "
+      "fabric for handovers)";
   using State = LinkState;
   // kStage: parse frames from the stream buffer; kPayload: the current
   // frame's payload goes to the front receive (past its capacity:

@@ -152,6 +152,11 @@ class SocketFabric final : public LinkFabric {
   // LinkFabric's hooks.
   void Fail(LinkConn* c, ErrorClass error) override;
   void Goodbye(LinkConn* c) override;
+  void StopListening() override {
+    // Leaves the listening state at once, whoever holds the socket: the
+    // successor's bind to the port (SO_REUSEADDR) then succeeds.
+    for (auto& l : listeners_) shutdown(l->fd, SHUT_RDWR);
+  }
   void FlushSends(LinkConn* c) override;
   void ParseRx(LinkConn* c) override;
   void AfterRx(LinkConn* c) override { ArmRecv(static_cast<Conn*>(c)); }
@@ -196,7 +201,9 @@ class SocketFabric final : public LinkFabric {
 SocketFabric::~SocketFabric() {
   for (auto& [link, owner] : owned_) {
     auto* c = static_cast<Conn*>(link);
-    if (!c->closing && c->state == State::kOpen) Goodbye(c);
+    // Handed over: the sessions go on in the successor, so the peers see
+    // the connections break (as at a process exit), not end.
+    if (!handed_over_ && !c->closing && c->state == State::kOpen) Goodbye(c);
     if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
   }
   // Tear the ring down before the buffers its operations point into.
@@ -755,6 +762,7 @@ void SocketFabric::Collect(Event* events, int max, int* n) {
 }
 
 int SocketFabric::Poll(Event* events, int max) {
+  if (handed_over_) return 0;  // the successor serves the sessions
   const int64_t now = MonotonicNs();
   FlushDirty(now);
   Submit();
@@ -791,7 +799,7 @@ int SocketFabric::Poll(Event* events, int max) {
 
 int SocketFabric::Wait(Event* events, int max, int timeout_ms) {
   int n = Poll(events, max);
-  if (n > 0 || timeout_ms == 0) return n;
+  if (n > 0 || timeout_ms == 0 || handed_over_) return n;
   int64_t limit_ns =
       timeout_ms < 0 ? INT64_MAX / 2 : int64_t{timeout_ms} * 1'000'000;
   int64_t end = MonotonicNs() + limit_ns;

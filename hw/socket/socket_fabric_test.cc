@@ -13,6 +13,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <deque>
+#include <map>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -1066,6 +1068,271 @@ TEST(SocketFabric, BadPeersAreDroppedOthersContinue) {
   EXPECT_EQ(rows[2].node, 7u);
   EXPECT_EQ(rows[2].bad_frames, 1u);
   EXPECT_EQ(rows[2].disconnects, 1u);
+}
+
+// ---- handover (hw/fabric.h: ExportSessions, AdoptSessions) ----
+
+// Frames whose aux is their token and whose payload derives from it, and
+// their receives; the buffers live as long as the test.
+class Tokens {
+ public:
+  void Send(Node* n, ConnId c, uint32_t first, uint32_t count) {
+    for (uint32_t t = first; t < first + count; t++) {
+      std::string& p = bufs_.emplace_back(Pattern(100 + t * 37, t));
+      FrameFields f;
+      f.aux = t;
+      iovec v{p.data(), p.size()};
+      ASSERT_EQ(n->fabric->PostSend(c, f, &v, 1, t), ErrorClass::kOk);
+    }
+  }
+  void Recv(Node* n, ConnId c, uint32_t count) {
+    for (uint32_t i = 0; i < count; i++) {
+      std::string& p = bufs_.emplace_back(4096, '\0');
+      iovec v{p.data(), p.size()};
+      ASSERT_EQ(n->fabric->PostRecv(c, &v, 1, 1000 + bufs_.size()),
+                ErrorClass::kOk);
+      posted_[1000 + bufs_.size()] = &p;
+    }
+  }
+  // Takes n's receives of tokens first.. first + count - 1, in order and
+  // intact, and the kSendDone of each on `sender`.
+  void Expect(const std::vector<Node*>& all, Node* n, Node* sender,
+              uint32_t first, uint32_t count) {
+    ASSERT_TRUE(PumpUntil(all,
+                          [&] {
+                            return n->Count(EventType::kRecvDone) >= count &&
+                                   sender->Count(EventType::kSendDone) >= count;
+                          }))
+        << "tokens from " << first << " did not all arrive";
+    Event e;
+    for (uint32_t t = first; t < first + count; t++) {
+      ASSERT_TRUE(n->Take(EventType::kRecvDone, &e));
+      EXPECT_EQ(e.error, ErrorClass::kOk) << ErrorClassName(e.error);
+      EXPECT_EQ(e.fields.aux, t) << "a token lost, repeated or reordered";
+      const std::string want = Pattern(100 + t * 37, t);
+      ASSERT_EQ(e.length, want.size());
+      EXPECT_TRUE(posted_.at(e.cookie)->compare(0, want.size(), want) == 0)
+          << "token " << t << " arrived damaged";
+      ASSERT_TRUE(sender->Take(EventType::kSendDone, &e));
+      EXPECT_EQ(e.error, ErrorClass::kOk) << ErrorClassName(e.error);
+      EXPECT_EQ(e.cookie, t);
+    }
+  }
+
+ private:
+  std::deque<std::string> bufs_;
+  std::map<uint64_t, std::string*> posted_;
+};
+
+// Pumps until `from` exports (everything acknowledged); the carried sessions.
+std::vector<CarriedSession> ExportWhenQuiet(const std::vector<Node*>& all,
+                                            Node* from) {
+  std::vector<CarriedSession> carried;
+  std::string why;
+  EXPECT_TRUE(PumpUntil(
+      all, [&] { return from->fabric->ExportSessions(&carried, &why); }))
+      << "export still refused: " << why;
+  return carried;
+}
+
+// The successor of node `id` at its predecessor's address and port, under
+// `incarnation`.
+std::unique_ptr<Node> Successor(uint64_t id, const HostAddress& at,
+                                uint64_t incarnation) {
+  FabricOptions o = WithSessions();
+  o.incarnation = incarnation;
+  return OpenNode(id, {at.host + ":" + std::to_string(at.port)}, o);
+}
+
+// A (node 1) hands its session with B over to A2 while B keeps sending:
+// A2 gets B's later frames once, in order, and B gets A2's; nobody sees
+// the session close.
+void HandOverMidTraffic(bool exporter_dials) {
+  auto a = OpenNode(1, {"127.0.0.2"}, WithSessions());
+  auto b = OpenNode(2, {"127.0.0.3"}, WithSessions());
+  ConnId ab, ba;
+  if (exporter_dials) {
+    Link(a.get(), b.get(), &ab, &ba);
+  } else {
+    Link(b.get(), a.get(), &ba, &ab);
+  }
+  if (::testing::Test::HasFatalFailure()) return;
+  Tokens tok;
+  tok.Recv(b.get(), ba, 4);
+  tok.Recv(a.get(), ab, 4);
+  tok.Send(a.get(), ab, 1, 4);
+  tok.Send(b.get(), ba, 101, 4);
+  tok.Expect({a.get(), b.get()}, b.get(), a.get(), 1, 4);
+  tok.Expect({a.get(), b.get()}, a.get(), b.get(), 101, 4);
+  if (::testing::Test::HasFatalFailure()) return;
+
+  std::vector<CarriedSession> carried =
+      ExportWhenQuiet({a.get(), b.get()}, a.get());
+  ASSERT_EQ(carried.size(), 1u);
+  EXPECT_EQ(carried[0].id, ab);
+  EXPECT_EQ(carried[0].node, 2u);
+  EXPECT_EQ(carried[0].outgoing, exporter_dials);
+  EXPECT_EQ(carried[0].tx_seq, 4u);
+  EXPECT_EQ(carried[0].rx_delivered, 4u);
+  EXPECT_EQ(a->fabric->PostSend(ab, {}, nullptr, 0, 0), ErrorClass::kBadConn);
+  const HostAddress at_a = FirstAddress(*a->fabric);
+  const uint64_t incarnation = a->fabric->Incarnation();
+  a.reset();  // as the exec would
+
+  tok.Send(b.get(), ba, 105, 2);
+  PumpUntil(
+      {b.get()}, [] { return false; }, 100);  // B sees the break
+  tok.Send(b.get(), ba, 107, 2);
+  auto a2 = Successor(1, at_a, incarnation);
+  ASSERT_NE(a2->fabric, nullptr);
+  std::string why;
+  ASSERT_TRUE(a2->fabric->AdoptSessions(carried, &why)) << why;
+  std::vector<Node*> both = {a2.get(), b.get()};
+  tok.Recv(a2.get(), ab, 4);
+  tok.Expect(both, a2.get(), b.get(), 105, 4);
+  tok.Recv(b.get(), ba, 2);
+  tok.Send(a2.get(), ab, 5, 2);
+  tok.Expect(both, b.get(), a2.get(), 5, 2);
+  // One more receive: nothing delivered twice fills it.
+  tok.Recv(a2.get(), ab, 1);
+  PumpUntil(
+      both, [] { return false; }, 200);
+  EXPECT_EQ(a2->Count(EventType::kRecvDone), 0u) << "a frame came twice";
+  uint64_t resumes = 0;
+  for (const PeerStats& p : b->fabric->Stats()) resumes += p.resumes;
+  EXPECT_EQ(resumes, 1u);
+  EXPECT_EQ(a2->Count(EventType::kClosed) + b->Count(EventType::kClosed), 0u);
+}
+
+TEST(SocketFabric, HandoverCarriesASessionTheExporterDialled) {
+  SKIP_UNLESS_SOCKET("the ofi fabric refuses handovers");
+  HandOverMidTraffic(true);
+}
+
+TEST(SocketFabric, HandoverCarriesASessionThePeerDialled) {
+  SKIP_UNLESS_SOCKET("the ofi fabric refuses handovers");
+  HandOverMidTraffic(false);
+}
+
+TEST(SocketFabric, ExportWaitsForTheLastAck) {
+  SKIP_UNLESS_SOCKET("the ofi fabric refuses handovers");
+  auto a = OpenNode(1, {"127.0.0.2"}, WithSessions());
+  auto b = OpenNode(2, {"127.0.0.3"}, WithSessions());
+  std::vector<Node*> both = {a.get(), b.get()};
+  ConnId ab, ba;
+  Link(a.get(), b.get(), &ab, &ba);
+  if (HasFatalFailure()) return;
+  Tokens tok;
+  tok.Send(a.get(), ab, 1, 1);
+  std::vector<CarriedSession> carried;
+  std::string why;
+  EXPECT_FALSE(a->fabric->ExportSessions(&carried, &why));
+  EXPECT_EQ(why, "node 2: 1 frames queued");
+  // B posts no receive, so the frame, sent, waits for its ack.
+  PumpUntil(
+      both, [] { return false; }, 100);
+  EXPECT_FALSE(a->fabric->ExportSessions(&carried, &why));
+  EXPECT_EQ(why, "node 2: 1 frames sent and not yet acknowledged");
+  EXPECT_TRUE(carried.empty());
+  tok.Recv(b.get(), ba, 2);
+  tok.Expect(both, b.get(), a.get(), 1, 1);
+  tok.Send(a.get(), ab, 2, 1);
+  tok.Expect(both, b.get(), a.get(), 2, 1);
+  carried = ExportWhenQuiet(both, a.get());
+  ASSERT_EQ(carried.size(), 1u);
+  EXPECT_EQ(carried[0].tx_seq, 2u);
+}
+
+TEST(SocketFabric, AdoptRefusesBadSessionsAndAdoptsNothing) {
+  SKIP_UNLESS_SOCKET("the ofi fabric refuses handovers");
+  auto a = Successor(1, {"127.0.0.2", 0}, 77);
+  ASSERT_NE(a->fabric, nullptr);
+  CarriedSession good;
+  good.id = 5;
+  good.node = 2;
+  good.peer_incarnation = 99;
+  CarriedSession other = good;
+  other.id = 6;
+  other.node = 3;
+  auto refused = [&](std::vector<CarriedSession> v, const char* what) {
+    std::string why;
+    EXPECT_FALSE(a->fabric->AdoptSessions(v, &why)) << what;
+    EXPECT_FALSE(why.empty()) << what;
+  };
+  CarriedSession dup = other;
+  dup.id = good.id;
+  refused({good, dup}, "a duplicate id");
+  CarriedSession self = other;
+  self.node = 1;
+  refused({good, self}, "our own node");
+  CarriedSession zero = other;
+  zero.id = 0;
+  refused({good, zero}, "a zero id");
+  CarriedSession no_address = other;
+  no_address.outgoing = true;
+  refused({good, no_address}, "nowhere to dial");
+  std::string why;
+  auto plain = OpenNode(1, {"127.0.0.2"}, WithSessions());
+  EXPECT_FALSE(plain->fabric->AdoptSessions({good}, &why));
+  EXPECT_NE(why.find("incarnation"), std::string::npos) << why;
+  // Nothing of the refused lists was adopted: adopting needs a fabric
+  // with no connection.
+  ASSERT_TRUE(a->fabric->AdoptSessions({good, other}, &why)) << why;
+  EXPECT_FALSE(a->fabric->AdoptSessions({good}, &why));
+  EXPECT_EQ(a->fabric->Connect("2@127.0.0.3:1", 0, &good.id),
+            ErrorClass::kAlreadyConnected);
+  EXPECT_EQ(good.id, 5u);
+}
+
+// A successor under another incarnation cannot resume: the session ends
+// on both sides, with an error, within the timeout.
+void CarryUnderAnotherIncarnation(bool exporter_dials) {
+  auto a = OpenNode(1, {"127.0.0.2"}, WithSessions());
+  auto b = OpenNode(2, {"127.0.0.3"}, WithSessions());
+  ConnId ab, ba;
+  if (exporter_dials) {
+    Link(a.get(), b.get(), &ab, &ba);
+  } else {
+    Link(b.get(), a.get(), &ba, &ab);
+  }
+  if (::testing::Test::HasFatalFailure()) return;
+  std::vector<CarriedSession> carried =
+      ExportWhenQuiet({a.get(), b.get()}, a.get());
+  const HostAddress at_a = FirstAddress(*a->fabric);
+  const uint64_t incarnation = a->fabric->Incarnation();
+  a.reset();
+  auto a2 = Successor(1, at_a, incarnation ^ 2);
+  ASSERT_NE(a2->fabric, nullptr);
+  std::string why;
+  ASSERT_TRUE(a2->fabric->AdoptSessions(carried, &why)) << why;
+  std::vector<Node*> both = {a2.get(), b.get()};
+  Event e;
+  ASSERT_TRUE(Expect(both, b.get(), EventType::kClosed, &e, 4000));
+  EXPECT_NE(e.error, ErrorClass::kOk);
+  EXPECT_EQ(e.conn, ba);
+  ASSERT_TRUE(Expect(both, a2.get(), EventType::kClosed, &e, 4000));
+  EXPECT_NE(e.error, ErrorClass::kOk);
+  EXPECT_EQ(e.conn, ab);
+}
+
+TEST(SocketFabric, HandoverToAnotherIncarnationEndsTheSessionItDialled) {
+  SKIP_UNLESS_SOCKET("the ofi fabric refuses handovers");
+  CarryUnderAnotherIncarnation(true);
+}
+
+TEST(SocketFabric, HandoverToAnotherIncarnationEndsTheSessionThePeerDialled) {
+  SKIP_UNLESS_SOCKET("the ofi fabric refuses handovers");
+  CarryUnderAnotherIncarnation(false);
+}
+
+TEST(SocketFabric, TheOfiFabricRefusesHandovers) {
+  if (testing::OfiProvider().empty()) GTEST_SKIP() << "an ofi test";
+  auto a = OpenNode(1, {"127.0.0.2"}, WithSessions());
+  std::vector<CarriedSession> carried;
+  std::string why;
+  EXPECT_FALSE(a->fabric->ExportSessions(&carried, &why));
+  EXPECT_NE(why.find("ofi"), std::string::npos) << why;
+  EXPECT_FALSE(a->fabric->AdoptSessions({}, &why));
 }
 
 }  // namespace

@@ -1,0 +1,391 @@
+// Remote: its part of a handover (docs/design.md, "Handover with a fabric").
+// The workers are frozen: no client ring is read, so no new operation
+// starts, while the drain keeps polling the fabric (Workers::FreezeAndSave):
+// what this daemon sent is acknowledged, what arrives is handled, and what
+// waits on other nodes' answers stays. Carriable says when what is left is
+// plain data the successor can take: per peer its session's id and the
+// flow-control sets, the requests awaiting an answer, the rendezvous
+// transfers both ways, the proxies and watchers, and each job's inbox
+// arena. Anything else in flight (frames queued or unacknowledged, parked
+// or kept payloads, converted sends, connect queries, RMA reads, a frame
+// half read) is waited for, or the handover is refused and psmd serves on.
+// The frames peers sent after the last poll were not delivered here: their
+// sessions replay them to the successor.
+#include <psm2.h>
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "daemon/handover/handover.h"
+#include "daemon/handover/state_codec.h"
+#include "daemon/remote/remote_state.h"
+#include "shm/epid.h"
+
+namespace psmd {
+
+namespace {
+
+// Bounds on what a state may name before anything is built (the reader also
+// bounds every count by the bytes left).
+constexpr uint64_t kMaxPeers = 0xffff;
+constexpr uint64_t kMaxEntries = 1u << 20;
+
+}  // namespace
+
+void Remote::HoldPeers(bool hold) {
+  holding_ = hold;
+  for (const auto& [id, nodes] : watchers_) {
+    const Endpoint* ep = engine_->FindAny(id);
+    if (ep == nullptr) continue;
+    for (uint16_t node : nodes) {
+      Peer* p = PeerOf(node);
+      if (p == nullptr || !p->open) continue;
+      uint64_t credit = 0;
+      if (!hold) {
+        if (auto c = p->consumed.find(ep->epid()); c != p->consumed.end()) {
+          credit = c->second;
+          p->consumed.erase(c);
+        }
+      }
+      Post(*p, wire::PrepFlow(hold ? wire::Op::kXoff : wire::Op::kXon,
+                              SenderOf(*ep), credit));
+    }
+  }
+}
+
+bool Remote::PeersHeld() const {
+  auto is_xoff = [](const std::unique_ptr<OutFrame>& f) {
+    return f->msg.op() == wire::Op::kXoff;
+  };
+  for (const auto& [cookie, f] : in_flight_) {
+    if (is_xoff(f)) return false;
+  }
+  const uint64_t now = NowMs();
+  for (const auto& [node, p] : peers_) {
+    if (std::any_of(p->queue.begin(), p->queue.end(), is_xoff) ||
+        !p->parked.empty() || now - p->last_recv_ms < kHeldQuietMs) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool Remote::Carriable(std::string* why) const {
+  auto busy = [why](uint16_t node, const std::string& what) {
+    *why = (node != 0 ? "node " + std::to_string(node) + ": " : "") + what;
+    return false;
+  };
+  if (!in_flight_.empty()) {
+    const OutFrame& f = *in_flight_.begin()->second;
+    return busy(f.node, std::to_string(in_flight_.size()) +
+                            " frames sent and not yet acknowledged (op " +
+                            std::to_string(static_cast<int>(f.msg.op())) +
+                            " among them)");
+  }
+  if (!queries_.empty()) return busy(0, "connect queries awaiting an answer");
+  if (!converted_.empty()) return busy(0, "eager sends converted, not taken");
+  if (!out_pieces_.empty() || !rma_waiting_.empty() || !rma_posted_.empty() ||
+      !registrations_.empty()) {
+    return busy(0, "RMA reads (fabric_rma) are not carried");
+  }
+  for (const auto& [node, p] : peers_) {
+    if (!p->open || p->dropped) return busy(node, "its connection is not open");
+    if (p->rx != Peer::Rx::kHeader || p->expect_payload || p->has_held) {
+      return busy(node, "a frame half read");
+    }
+    if (!p->queue.empty() || !p->deferred.empty() || p->defer_payload) {
+      return busy(node, "frames queued to it");
+    }
+    if (!p->parked.empty() || !p->gone_after.empty() || p->parked_bytes != 0) {
+      return busy(node, "frames parked for receivers here");
+    }
+    if (!p->kept.empty() || !p->kept_chunks.empty()) {
+      return busy(node, "payloads kept for receivers here");
+    }
+  }
+  for (const auto& [id, t] : in_transfers_) {
+    if (t->rma || !t->reads.empty()) return busy(t->node, "an RMA transfer");
+  }
+  for (const auto& [id, t] : out_transfers_) {
+    if (t->rma) return busy(t->node, "an RMA transfer");
+  }
+  return true;
+}
+
+void Remote::SaveState(handover::StateWriter& w) const {
+  w.U32(static_cast<uint32_t>(peers_.size()));
+  for (const auto& [node, p] : peers_) {
+    w.U16(node);
+    w.U64(p->conn);
+    w.U32(static_cast<uint32_t>(p->awaiting.size()));
+    for (const auto& [id, req] : p->awaiting) {
+      w.U32(id);
+      w.U64(req);
+    }
+    for (const std::set<uint64_t>* set : {&p->off, &p->eager_off}) {
+      w.U32(static_cast<uint32_t>(set->size()));
+      for (uint64_t epid : *set) w.U64(epid);
+    }
+    for (const auto* map : {&p->unconsumed, &p->consumed}) {
+      w.U32(static_cast<uint32_t>(map->size()));
+      for (const auto& [epid, bytes] : *map) {
+        w.U64(epid);
+        w.U64(bytes);
+      }
+    }
+  }
+  w.U64(next_in_transfer_);
+  w.U32(static_cast<uint32_t>(in_transfers_.size()));
+  for (const auto& [id, t] : in_transfers_) {
+    w.U64(id);
+    w.U16(t->node);
+    w.U32(t->receiver);
+    w.U64(t->recv_req);
+    w.U64(t->src);
+    w.U32(t->send_bytes);
+    w.U32(t->received);
+    w.U64(t->sender_req);
+    w.U32(t->accepted);
+  }
+  w.U32(static_cast<uint32_t>(out_transfers_.size()));
+  for (const auto& [id, t] : out_transfers_) {
+    w.U64(id);
+    w.U16(t->node);
+    w.U32(t->sender);
+    w.U64(t->dst);
+    w.U64(t->remote_transfer);
+    w.U32(t->send_bytes);
+    w.U32(t->forwarded);
+    w.Bool(t->dead);
+    w.U64(t->sender_req);
+    w.Pod(t->from);
+  }
+  w.U32(static_cast<uint32_t>(watchers_.size()));
+  for (const auto& [id, nodes] : watchers_) {
+    w.U32(id);
+    w.U32(static_cast<uint32_t>(nodes.size()));
+    for (uint16_t node : nodes) w.U16(node);
+  }
+  proxies_.SaveState(w);
+  // The inboxes of jobs this psmd still serves (one without an endpoint
+  // here is not carried by the registry either).
+  std::vector<std::pair<JobKey, shm::SendArena::State>> inboxes;
+  for (const auto& [job, pages] : job_pages_) {
+    std::shared_ptr<Job> live = pages->job.lock();
+    if (!live || !pages->inbox || engine_->FindJob(live->key()) != live) {
+      continue;
+    }
+    inboxes.emplace_back(live->key(), pages->inbox->Save());
+  }
+  w.U32(static_cast<uint32_t>(inboxes.size()));
+  for (const auto& [key, s] : inboxes) {
+    w.Pod(key.uuid);
+    w.U32(static_cast<uint32_t>(key.uid));
+    handover::WriteArenaState(w, s);
+  }
+}
+
+Status Remote::LoadState(handover::StateReader& r,
+                         const std::map<hw::ConnId, uint64_t>& sessions) {
+  // Read and checked whole into `next` before anything here changes, so a
+  // refusal leaves this Remote as it was (empty: a successor's).
+  struct Loaded {
+    std::unordered_map<uint16_t, std::unique_ptr<Peer>> peers;
+    std::unordered_map<hw::ConnId, uint16_t> node_of_conn;
+    uint64_t next_in_transfer = 1;
+    std::unordered_map<uint64_t, std::unique_ptr<InTransfer>> in;
+    std::unordered_map<uint64_t, std::unique_ptr<OutTransfer>> out;
+    std::unordered_map<uint32_t, std::set<uint16_t>> watchers;
+    ProxyIds proxies;
+    std::vector<std::pair<std::shared_ptr<Job>, shm::SendArena>> inboxes;
+  } next;
+  auto fail = [&r](const char* what, const std::string& why) {
+    r.Fail(what, why);
+    return Status{PSM2_INTERNAL_ERR, "the fabric's engine: " + r.error()};
+  };
+  auto read_error = [&r] {
+    return Status{PSM2_INTERNAL_ERR, "the fabric's engine: " + r.error()};
+  };
+  auto of_node = [](uint64_t epid, uint16_t node) {
+    return shm::NodeIdOf(epid) == node;
+  };
+  // An endpoint of this psmd (any shard) by id.
+  auto here = [this](uint32_t id) { return engine_->FindAny(id) != nullptr; };
+
+  uint32_t n = 0;
+  if (!r.Count(&n, 2 + 8 + 4 * 5, kMaxPeers, "peer count")) return read_error();
+  for (uint32_t i = 0; i < n; i++) {
+    auto p = std::make_unique<Peer>();
+    uint64_t conn = 0;
+    if (!r.U16(&p->node, "peer node") || !r.U64(&conn, "peer session"))
+      return read_error();
+    p->conn = conn;
+    if (p->node == 0 || p->node == node_id_)
+      return fail("peer node", "is 0 or this node");
+    auto s = sessions.find(p->conn);
+    if (s == sessions.end() || s->second != p->node)
+      return fail("peer session", "is not a session to that node adopted");
+    if (next.node_of_conn.count(p->conn) != 0 || next.peers.count(p->node))
+      return fail("peer node", "appears twice");
+    uint32_t k = 0;
+    if (!r.Count(&k, 12, kMaxEntries, "awaiting count")) return read_error();
+    for (uint32_t j = 0; j < k; j++) {
+      uint32_t id = 0;
+      uint64_t req = 0;
+      if (!r.U32(&id, "awaiting endpoint") || !r.U64(&req, "awaiting request"))
+        return read_error();
+      if (!here(id)) return fail("awaiting endpoint", "is not an endpoint");
+      p->awaiting.emplace(id, req);
+    }
+    for (std::set<uint64_t>* set : {&p->off, &p->eager_off}) {
+      if (!r.Count(&k, 8, kMaxEntries, "receivers off count"))
+        return read_error();
+      for (uint32_t j = 0; j < k; j++) {
+        uint64_t epid = 0;
+        if (!r.U64(&epid, "receiver off")) return read_error();
+        if (!of_node(epid, p->node))
+          return fail("receiver off", "is not an endpoint of that node");
+        set->insert(epid);
+      }
+    }
+    // Sending: that node's receivers, within a window and a frame;
+    // receiving: ours, below the next credit.
+    const std::pair<std::unordered_map<uint64_t, uint64_t>*, uint16_t>
+        windows[] = {{&p->unconsumed, p->node}, {&p->consumed, node_id_}};
+    for (const auto& [map, owner] : windows) {
+      if (!r.Count(&k, 16, kMaxEntries, "window count")) return read_error();
+      for (uint32_t j = 0; j < k; j++) {
+        uint64_t epid = 0, bytes = 0;
+        if (!r.U64(&epid, "window endpoint") || !r.U64(&bytes, "window bytes"))
+          return read_error();
+        if (!of_node(epid, owner) || bytes > 2 * kReceiverWindow)
+          return fail("window", "names another node's endpoint or too much");
+        (*map)[epid] = bytes;
+      }
+    }
+    p->open = true;
+    next.node_of_conn[p->conn] = p->node;
+    next.peers[p->node] = std::move(p);
+  }
+
+  if (!r.U64(&next.next_in_transfer, "next transfer id") ||
+      !r.Count(&n, 48, kMaxEntries, "transfers in"))
+    return read_error();
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t id = 0;
+    auto t = std::make_unique<InTransfer>();
+    if (!r.U64(&id, "transfer in id") || !r.U16(&t->node, "transfer in node") ||
+        !r.U32(&t->receiver, "transfer in receiver") ||
+        !r.U64(&t->recv_req, "transfer in request") ||
+        !r.U64(&t->src, "transfer in sender") ||
+        !r.U32(&t->send_bytes, "transfer in bytes") ||
+        !r.U32(&t->received, "transfer in received") ||
+        !r.U64(&t->sender_req, "transfer in sender request") ||
+        !r.U32(&t->accepted, "transfer in accepted"))
+      return read_error();
+    if (id == 0 || id >= next.next_in_transfer || (id & wire::kRmaOfferBit) ||
+        next.in.count(id) != 0)
+      return fail("transfer in id", "was not handed out, or appears twice");
+    if (next.peers.count(t->node) == 0 || !of_node(t->src, t->node))
+      return fail("transfer in node", "is not a peer, or not its sender's");
+    if (t->receiver != 0 && !here(t->receiver))
+      return fail("transfer in receiver", "is not an endpoint");
+    if (t->send_bytes == 0 || t->accepted > t->send_bytes ||
+        t->received > t->accepted)
+      return fail("transfer in received", "is not within the transfer");
+    if (t->receiver != 0) t->to = SenderOf(*engine_->FindAny(t->receiver));
+    next.in[id] = std::move(t);
+  }
+  if (!r.Count(&n, 2 + 4 + 8 * 4 + 4 * 2 + 1 + sizeof(wire::Sender),
+               kMaxEntries, "transfers out"))
+    return read_error();
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t id = 0;
+    auto t = std::make_unique<OutTransfer>();
+    if (!r.U64(&id, "transfer out id") ||
+        !r.U16(&t->node, "transfer out node") ||
+        !r.U32(&t->sender, "transfer out sender") ||
+        !r.U64(&t->dst, "transfer out receiver") ||
+        !r.U64(&t->remote_transfer, "transfer out remote id") ||
+        !r.U32(&t->send_bytes, "transfer out bytes") ||
+        !r.U32(&t->forwarded, "transfer out forwarded") ||
+        !r.Bool(&t->dead, "transfer out dead") ||
+        !r.U64(&t->sender_req, "transfer out request") ||
+        !r.Pod(&t->from, "transfer out sender identity"))
+      return read_error();
+    if (id == 0 || next.out.count(id) != 0)
+      return fail("transfer out id", "is 0 or appears twice");
+    if (!of_node(t->dst, t->node) ||
+        (!t->dead && next.peers.count(t->node) == 0))
+      return fail("transfer out node", "is not its receiver's, or no peer");
+    const Endpoint* sender = engine_->FindAny(t->sender);
+    if (sender == nullptr || t->from.epid != sender->epid())
+      return fail("transfer out sender", "is not that endpoint");
+    if (t->forwarded >= t->send_bytes)
+      return fail("transfer out forwarded", "is not within the transfer");
+    next.out[id] = std::move(t);
+  }
+  if (!r.Count(&n, 8, kMaxEntries, "watched endpoints")) return read_error();
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t id = 0, k = 0;
+    if (!r.U32(&id, "watched endpoint") ||
+        !r.Count(&k, 2, kMaxPeers, "watchers"))
+      return read_error();
+    if (!here(id) || next.watchers.count(id) != 0)
+      return fail("watched endpoint", "is not an endpoint, or appears twice");
+    std::set<uint16_t>& nodes = next.watchers[id];
+    for (uint32_t j = 0; j < k; j++) {
+      uint16_t node = 0;
+      if (!r.U16(&node, "watcher")) return read_error();
+      if (node == 0 || node == node_id_)
+        return fail("watcher", "is 0 or this node");
+      nodes.insert(node);
+    }
+  }
+  if (!next.proxies.LoadState(r, node_id_)) return read_error();
+  if (!r.Count(&n, 16 + 4 + 8 * 5 + 8, kMaxEntries, "inboxes"))
+    return read_error();
+  std::set<const Job*> seen;
+  for (uint32_t i = 0; i < n; i++) {
+    JobKey key{};
+    uint32_t uid = 0;
+    shm::SendArena::State s;
+    if (!r.Pod(&key.uuid, "inbox job") || !r.U32(&uid, "inbox uid") ||
+        !handover::ReadArenaState(r, &s))
+      return read_error();
+    key.uid = uid;
+    std::shared_ptr<Job> job = engine_->FindJob(key);
+    if (!job || !job->InboxRegion() || !seen.insert(job.get()).second)
+      return fail("inbox job", "is no job here with an inbox, or twice");
+    const SendRegion region = *job->InboxRegion();
+    shm::SendArena arena(job->pool().base(), region.offset, region.bytes);
+    std::string why;
+    if (!arena.Adopt(s, &why)) return fail("inbox", why);
+    next.inboxes.emplace_back(std::move(job), std::move(arena));
+  }
+
+  peers_ = std::move(next.peers);
+  node_of_conn_ = std::move(next.node_of_conn);
+  next_in_transfer_ = next.next_in_transfer;
+  in_transfers_ = std::move(next.in);
+  out_transfers_ = std::move(next.out);
+  watchers_ = std::move(next.watchers);
+  proxies_ = std::move(next.proxies);
+  for (auto& [job, arena] : next.inboxes) {
+    PagesOf(job).inbox = std::move(arena);
+  }
+  std::vector<uint16_t> lost;  // sessions that ended before the load
+  for (auto& [node, p] : peers_) {
+    RecvNext(*p);
+    if (p->rx != Peer::Rx::kHeader) lost.push_back(node);
+  }
+  for (uint16_t node : lost) FailPeer(node, hw::ErrorClass::kConnReset);
+  // The old psmd held the peers (HoldPeers): they send to its endpoints
+  // again, with the credits it kept.
+  HoldPeers(false);
+  return {};
+}
+
+}  // namespace psmd
