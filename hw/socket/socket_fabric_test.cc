@@ -1144,18 +1144,29 @@ std::unique_ptr<Node> Successor(uint64_t id, const HostAddress& at,
   return OpenNode(id, {at.host + ":" + std::to_string(at.port)}, o);
 }
 
+// Node 1 (a, the exporter) and node 2 (b) linked with sessions on; the
+// exporter dialled, or its peer did.
+struct HandoverPair {
+  std::unique_ptr<Node> a, b;
+  ConnId ab = 0, ba = 0;
+};
+HandoverPair LinkForHandover(bool exporter_dials) {
+  HandoverPair p;
+  p.a = OpenNode(1, {"127.0.0.2"}, WithSessions());
+  p.b = OpenNode(2, {"127.0.0.3"}, WithSessions());
+  if (exporter_dials) {
+    Link(p.a.get(), p.b.get(), &p.ab, &p.ba);
+  } else {
+    Link(p.b.get(), p.a.get(), &p.ba, &p.ab);
+  }
+  return p;
+}
+
 // A (node 1) hands its session with B over to A2 while B keeps sending:
 // A2 gets B's later frames once, in order, and B gets A2's; nobody sees
 // the session close.
 void HandOverMidTraffic(bool exporter_dials) {
-  auto a = OpenNode(1, {"127.0.0.2"}, WithSessions());
-  auto b = OpenNode(2, {"127.0.0.3"}, WithSessions());
-  ConnId ab, ba;
-  if (exporter_dials) {
-    Link(a.get(), b.get(), &ab, &ba);
-  } else {
-    Link(b.get(), a.get(), &ba, &ab);
-  }
+  auto [a, b, ab, ba] = LinkForHandover(exporter_dials);
   if (::testing::Test::HasFatalFailure()) return;
   Tokens tok;
   tok.Recv(b.get(), ba, 4);
@@ -1287,14 +1298,7 @@ TEST(SocketFabric, AdoptRefusesBadSessionsAndAdoptsNothing) {
 // A successor under another incarnation cannot resume: the session ends
 // on both sides, with an error, within the timeout.
 void CarryUnderAnotherIncarnation(bool exporter_dials) {
-  auto a = OpenNode(1, {"127.0.0.2"}, WithSessions());
-  auto b = OpenNode(2, {"127.0.0.3"}, WithSessions());
-  ConnId ab, ba;
-  if (exporter_dials) {
-    Link(a.get(), b.get(), &ab, &ba);
-  } else {
-    Link(b.get(), a.get(), &ba, &ab);
-  }
+  auto [a, b, ab, ba] = LinkForHandover(exporter_dials);
   if (::testing::Test::HasFatalFailure()) return;
   std::vector<CarriedSession> carried =
       ExportWhenQuiet({a.get(), b.get()}, a.get());
