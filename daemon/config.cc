@@ -444,6 +444,11 @@ uint32_t WorkerCount(const Config& config) {
       std::clamp<int>(usable - 1, 1, static_cast<int>(kMaxAutoWorkers)));
 }
 
+bool HandoverCarriesFabric(const Config& config) {
+  return config.fabric_listen.empty() ||
+         (config.fabric == "socket" && config.fabric_sessions == "on");
+}
+
 std::vector<std::string> FabricListenAddresses(const Config& config) {
   std::vector<std::string> out;
   size_t start = 0;

@@ -378,7 +378,7 @@ int main(int argc, char** argv) {
       spdlog::info("SIGHUP: reloading {}", psmd::Escaped(loader.config_path()));
       Reload(loader, &shared, &registry, &worker);
     } else if (sig == SIGTERM && getenv("NOTIFY_SOCKET") != nullptr &&
-               !worker.has_fabric()) {
+               psmd::HandoverCarriesFabric(config)) {
       // Under systemd: everything into its file-descriptor store, for the
       // psmd that systemctl restart starts next (a stop discards it, which
       // ends the endpoints as a stop always did).

@@ -12,7 +12,9 @@ notify socket (NOTIFY_SOCKET), descriptors kept by name and dropped when
 they hang up (POLLHUP), passed back from fd 3 on with LISTEN_FDS,
 LISTEN_FDNAMES and LISTEN_PID, the socket unit's listening socket first
 (psmd.socket, socket activation). psmd, its clients and their exchanges
-are real.
+are real. A third run gives the managed psmd a fabric and a second psmd
+(node 2, started plainly) to serve a job across the two: the restart
+carries the job's session too (docs/design.md, "Handover with a fabric").
 
 usage: fdstore_test.py PSMD PSMCTL EXCHANGE
 """
@@ -40,8 +42,9 @@ def check(ok, what):
 class ServiceManager:
     """systemd's side of a Type=notify service with a file-descriptor store."""
 
-    def __init__(self, workdir, activate):
+    def __init__(self, workdir, activate, extra=()):
         self.workdir = workdir
+        self.extra = list(extra)  # psmd's flags beyond the socket
         self.sock = os.path.join(workdir, "psmd.sock")
         self.notify_path = os.path.join(workdir, "notify")
         self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -122,7 +125,8 @@ class ServiceManager:
         # LISTEN_PID is psmd's own pid: the shell's, which exec keeps.
         self.proc = subprocess.Popen(
             ["/bin/sh", "-c", 'LISTEN_PID=$$; export LISTEN_PID; exec "$0" "$@"',
-             PSMD, "--socket", self.sock, "--config", "/dev/null"],
+             PSMD, "--socket", self.sock, "--config", "/dev/null",
+             *self.extra],
             env=env, preexec_fn=arrange, close_fds=False,
             stdout=self.log, stderr=self.log)
         # What systemd passed is psmd's now; the store holds its own copies
@@ -172,17 +176,19 @@ def psmctl(mgr, *args):
                           capture_output=True, text=True, timeout=60)
 
 
-def pair(mgr, name, uuid, messages, max_size, hold=0):
+def pair(mgr, name, uuid, messages, max_size, hold=0, rank1_socket=None):
+    """An exchange of two ranks on mgr's psmd (rank 1 on rank1_socket's, if
+    given: another node's)."""
     rv = os.path.join(mgr.workdir, name)
     os.mkdir(rv)
-    env = dict(os.environ, PSMD_SOCKET=mgr.sock)
     procs = []
     for rank in (1, 0):
+        sock = rank1_socket if rank == 1 and rank1_socket else mgr.sock
         procs.append(subprocess.Popen(
             [EXCHANGE, "--rank", str(rank), "--dir", rv, "--uuid", uuid,
              "--messages", str(messages), "--max-size", str(max_size),
              "--hold-seconds", str(hold)],
-            env=env, stdout=subprocess.DEVNULL,
+            env=dict(os.environ, PSMD_SOCKET=sock), stdout=subprocess.DEVNULL,
             stderr=open(os.path.join(rv, "r%d.err" % rank), "w")))
     return procs, rv
 
@@ -260,7 +266,99 @@ def run(activate):
     check(not left, "nothing left in /dev/shm")
 
 
+def free_port(host):
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def run_with_fabric():
+    """systemctl restart of node 1's psmd under a job across nodes 1 and 2."""
+    print("-- with a fabric: a job across two nodes", flush=True)
+    with tempfile.TemporaryDirectory(prefix="psmd-fdstore.", dir="/tmp") as d:
+        listen = {1: "127.0.0.2:%d" % free_port("127.0.0.2"),
+                  2: "127.0.0.3:%d" % free_port("127.0.0.3")}
+        nodes = os.path.join(d, "nodes")
+        with open(nodes, "w") as f:
+            for n in (1, 2):
+                f.write("%d node%d %d@%s\n" % (n, n, n, listen[n]))
+
+        def flags(n):
+            return ["--node-id", str(n), "--fabric-listen", listen[n],
+                    "--fabric-nodes", nodes, "--fabric-auth", "none",
+                    "--fabric-sessions", "on"]
+        mgr = ServiceManager(d, activate=False, extra=flags(1))
+        sock2 = os.path.join(d, "psmd2.sock")
+        log2 = open(os.path.join(d, "psmd2.log"), "ab")
+        node2 = subprocess.Popen(
+            [PSMD, "--socket", sock2, "--config", "/dev/null", *flags(2)],
+            stdout=log2, stderr=log2)
+        procs = []
+        try:
+            check(mgr.start(), "node 1's psmd started and said READY=1")
+            for _ in range(400):
+                if os.path.exists(sock2):
+                    break
+                time.sleep(0.05)
+            small, rv_small = pair(mgr, "small", "5053d0d0" + "d" * 24,
+                                   200000, 64, rank1_socket=sock2)
+            large, rv_large = pair(mgr, "large", "5053d0d0" + "e" * 24,
+                                   10000, 192 * 1024, rank1_socket=sock2)
+            procs = small + large
+            # Both pairs connected across the nodes (past the exchange
+            # program's connect barrier): node 1 has a session to carry.
+            for _ in range(400):
+                if all(os.path.exists(os.path.join(rv, "rank1%d.epid" % r))
+                       for rv in (rv_small, rv_large) for r in (0, 1)):
+                    break
+                time.sleep(0.05)
+            check(wait_endpoints(mgr, 2), "2 endpoints open on node 1")
+            code = mgr.sigterm()
+            check(code == 0, "node 1's psmd exited 0 on SIGTERM (%s)" % code)
+            check(all(p.poll() is None for p in procs),
+                  "both exchanges still ran at the restart")
+            check(mgr.start(), "the next psmd started and said READY=1")
+            health = psmctl(mgr, "health", "--json").stdout
+            check('"generation": 1,' in health and
+                  '"last_carried_endpoints": 2' in health,
+                  "it took the 2 endpoints over: " + health.strip())
+            for p in procs:
+                p.wait(120)
+            check(all(p.returncode == 0 for p in small),
+                  "the small pair finished intact " + errors(rv_small))
+            check(all(p.returncode == 0 for p in large),
+                  "the large pair finished intact " + errors(rv_large))
+            log1 = open(os.path.join(d, "psmd.log"), errors="replace").read()
+            check("fabric: adopted 1 sessions" in log1,
+                  "the next psmd adopted the session with node 2")
+            log2.flush()
+            log = open(os.path.join(d, "psmd2.log"), errors="replace").read()
+            check("resumed" in log and "not resumed" not in log,
+                  "node 2 resumed the session")
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            mgr.close()
+            node2.terminate()
+            try:
+                node2.wait(30)
+            except subprocess.TimeoutExpired:
+                node2.kill()
+                node2.wait()
+            log2.close()
+            if failures:
+                print(open(os.path.join(d, "psmd.log"),
+                           errors="replace").read()[-3000:])
+                print(open(os.path.join(d, "psmd2.log"),
+                           errors="replace").read()[-3000:])
+    left = [f for f in os.listdir("/dev/shm") if "psmd" in f]
+    check(not left, "nothing left in /dev/shm")
+
+
 run(activate=True)
 run(activate=False)
+run_with_fabric()
 print("%d failures" % failures)
 sys.exit(1 if failures else 0)

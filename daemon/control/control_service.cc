@@ -382,10 +382,8 @@ grpc::Status ControlService::Upgrade(grpc::ServerContext* ctx,
   if (auto s = Identify(ctx, &who); !s.ok()) return s;
   if (auto s = RootOnly(who, "Upgrade"); !s.ok()) return s;
   if (worker_->has_fabric()) {
-    // Its sessions are carried (docs/design.md, "Handover with a fabric"):
-    // over the socket fabric with sessions on only.
     const Config config = config_->Get();
-    if (config.fabric != "socket" || config.fabric_sessions != "on") {
+    if (!HandoverCarriesFabric(config)) {
       return ToStatus(
           {PSM2_PARAM_ERR,
            "upgrade: this psmd's connections to other nodes cannot be "
