@@ -245,10 +245,9 @@ bool ProgressWorker::Drain() {
   return quiesced;
 }
 
-std::string ProgressWorker::drain_why() const {
+std::string ProgressWorker::drain_why() {
   std::string why;
-  const_cast<ProgressWorker*>(this)->RunSync(
-      [&]() PSMD_REQUIRES(role_) { why = drain_why_; });
+  RunSync([&]() PSMD_REQUIRES(role_) { why = drain_why_; });
   return why;
 }
 

@@ -92,7 +92,7 @@ class ProgressWorker {
   // (MqEngine::PollQuiescing, Quiesced; Remote::Carriable, whose reason
   // drain_why() keeps).
   bool Drain();
-  std::string drain_why() const;
+  std::string drain_why();
   // The engine's state, frozen and drained (MqEngine::SaveState).
   void SaveState(handover::StateWriter& w);
   // Into a frozen worker whose endpoints were added: MqEngine::LoadState.

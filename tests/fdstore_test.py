@@ -206,6 +206,30 @@ def wait_endpoints(mgr, n):
     return False
 
 
+def restart_under(mgr, small, large, endpoints):
+    """systemctl restart (SIGTERM, the process exits, a new one starts with
+    what the store holds) under two running pairs (procs, rendezvous dir):
+    the next psmd takes their `endpoints` over and both finish intact."""
+    procs = small[0] + large[0]
+    code = mgr.sigterm()
+    check(code == 0, "psmd exited 0 on SIGTERM (%s)" % code)
+    check(any(n == "psmd-state" for n in mgr.store), "its state is in the store")
+    check(all(p.poll() is None for p in procs),
+          "both exchanges still ran at the restart")
+    check(mgr.start(), "the next psmd started and said READY=1")
+    health = psmctl(mgr, "health", "--json").stdout
+    check('"generation": 1,' in health and
+          '"last_carried_endpoints": %d' % endpoints in health,
+          "it took the %d endpoints over: %s" % (endpoints, health.strip()))
+    for p in procs:
+        p.wait(120)
+    for name, (pair_procs, rv) in (("small", small), ("large", large)):
+        check(all(p.returncode == 0 for p in pair_procs),
+              "the %s pair finished intact %s" % (name, errors(rv)))
+    check("lost psmd" not in errors(small[1]) + errors(large[1]),
+          "no client lost psmd")
+
+
 def run(activate):
     print("-- %s" % ("socket-activated (psmd.socket)" if activate
                      else "psmd's own socket"), flush=True)
@@ -218,25 +242,7 @@ def run(activate):
             large, rv_large = pair(mgr, "large", "5053d0d0" + "b" * 24, 30000, 192 * 1024)
             procs = small + large
             check(wait_endpoints(mgr, 4), "4 endpoints open")
-            # systemctl restart: SIGTERM, the process exits, a new one starts
-            # with what the store holds.
-            code = mgr.sigterm()
-            check(code == 0, "psmd exited 0 on SIGTERM (%s)" % code)
-            check(any(n == "psmd-state" for n in mgr.store), "its state is in the store")
-            check(all(p.poll() is None for p in procs),
-                  "both exchanges still ran at the restart")
-            check(mgr.start(), "the next psmd started and said READY=1")
-            health = psmctl(mgr, "health", "--json").stdout
-            check('"generation": 1,' in health and '"last_carried_endpoints": 4' in health,
-                  "it took the 4 endpoints over: " + health.strip())
-            for p in procs:
-                p.wait(120)
-            check(all(p.returncode == 0 for p in small),
-                  "the small pair finished intact " + errors(rv_small))
-            check(all(p.returncode == 0 for p in large),
-                  "the large pair finished intact " + errors(rv_large))
-            check("lost psmd" not in errors(rv_small) + errors(rv_large),
-                  "no client lost psmd")
+            restart_under(mgr, (small, rv_small), (large, rv_large), 4)
             # systemctl stop: the store is discarded, the endpoints end.
             # (held idle for a few seconds, so that the stop comes first)
             held, rv_held = pair(mgr, "held", "5053d0d0" + "c" * 24, 10, 64, hold=5)
@@ -313,21 +319,7 @@ def run_with_fabric():
                     break
                 time.sleep(0.05)
             check(wait_endpoints(mgr, 2), "2 endpoints open on node 1")
-            code = mgr.sigterm()
-            check(code == 0, "node 1's psmd exited 0 on SIGTERM (%s)" % code)
-            check(all(p.poll() is None for p in procs),
-                  "both exchanges still ran at the restart")
-            check(mgr.start(), "the next psmd started and said READY=1")
-            health = psmctl(mgr, "health", "--json").stdout
-            check('"generation": 1,' in health and
-                  '"last_carried_endpoints": 2' in health,
-                  "it took the 2 endpoints over: " + health.strip())
-            for p in procs:
-                p.wait(120)
-            check(all(p.returncode == 0 for p in small),
-                  "the small pair finished intact " + errors(rv_small))
-            check(all(p.returncode == 0 for p in large),
-                  "the large pair finished intact " + errors(rv_large))
+            restart_under(mgr, (small, rv_small), (large, rv_large), 2)
             log1 = open(os.path.join(d, "psmd.log"), errors="replace").read()
             check("fabric: adopted 1 sessions" in log1,
                   "the next psmd adopted the session with node 2")
