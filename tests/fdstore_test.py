@@ -206,6 +206,14 @@ def wait_endpoints(mgr, n):
     return False
 
 
+def end(procs):
+    """Kills (by pid) and reaps whichever of procs still run."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def restart_under(mgr, small, large, endpoints):
     """systemctl restart (SIGTERM, the process exits, a new one starts with
     what the store holds) under two running pairs (procs, rendezvous dir):
@@ -260,10 +268,7 @@ def run(activate):
             check(ended and "lost psmd" in errors(rv_held),
                   "a stop ends the endpoints (lost psmd): " + errors(rv_held)[:300])
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+            end(procs)
             mgr.close()
             log = open(os.path.join(d, "psmd.log"), errors="replace").read()
             if failures:
@@ -328,10 +333,7 @@ def run_with_fabric():
             check("resumed" in log and "not resumed" not in log,
                   "node 2 resumed the session")
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+            end(procs)
             mgr.close()
             node2.terminate()
             try:
