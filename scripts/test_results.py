@@ -28,24 +28,26 @@ import xml.etree.ElementTree as ET
 
 
 def xml_cases(path):
-    """(passed, failed, skipped, why) of one test.xml; why explains a
-    target-level failure of the file itself."""
+    """(passed, failed, skipped, why, names) of one test.xml; why explains
+    a target-level failure of the file itself, names are the failed cases'."""
     try:
         root = ET.parse(path).getroot()
     except (OSError, ET.ParseError) as e:
-        return 0, 1, 0, f"test.xml unreadable ({e.__class__.__name__})"
+        return 0, 1, 0, f"test.xml unreadable ({e.__class__.__name__})", []
     passed = failed = skipped = 0
+    names = []
     for case in root.iter("testcase"):
         if case.find("failure") is not None or case.find("error") is not None:
             failed += 1
+            names.append(case.get("name", "?"))
         elif (case.find("skipped") is not None or case.get("result") == "skipped"
               or case.get("status") == "notrun"):
             skipped += 1
         else:
             passed += 1
     if passed + failed + skipped == 0:
-        return 0, 1, 0, "test.xml has no test case"
-    return passed, failed, skipped, None
+        return 0, 1, 0, "test.xml has no test case", []
+    return passed, failed, skipped, None, names
 
 
 def file_path(uri):
@@ -89,16 +91,24 @@ def count(targets):
         t = targets[label]
         p = f = s = 0
         why = []
+        failed_names = []
         paths = [x for x in t["xml"] if x]
         if not paths:
             f, reason = 1, "no test.xml"
             why.append(reason)
         for path in paths:
-            dp, df, ds, reason = xml_cases(path)
+            dp, df, ds, reason, names = xml_cases(path)
             p, f, s = p + dp, f + df, s + ds
+            failed_names += names
             if reason:
                 why.append(reason)
         status = t["status"]
+        if failed_names:
+            # Named here, at the end of CI's output, since a test's own
+            # log may be cut from what a reader gets to see.
+            shown = sorted(set(failed_names))
+            more = f" and {len(shown) - 5} more" if len(shown) > 5 else ""
+            why.append("failed: " + ", ".join(shown[:5]) + more)
         if status != "PASSED":
             why.append(f"Bazel reports {status or 'no status'}")
             if f == 0:

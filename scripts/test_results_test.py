@@ -73,7 +73,10 @@ class TestResultsTest(unittest.TestCase):
 
     def test_failed_case_counts(self):
         self.run_.target("//a:t", "FAILED", ONE_FAILED)
-        self.assertEqual(self.run_.count()[:2], ("1 passed, 1 failed, 0 skipped", 1))
+        last, rc, out = self.run_.count()
+        self.assertEqual((last, rc), ("1 passed, 1 failed, 0 skipped", 1))
+        # The failed case is named beside its target's count.
+        self.assertIn("//a:t: 1 passed, 1 failed, 0 skipped (failed: b;", out)
 
     def test_skipped_cases_are_not_passes(self):
         self.run_.target("//a:t", "PASSED", SKIPPED)
