@@ -1416,6 +1416,7 @@ bool OfiFabric::ExportSessions(std::vector<CarriedSession>* out,
 
 void OfiFabric::LeaveToSuccessor() {
   const int64_t start = MonotonicNs();
+  std::vector<Conn*> sessions;  // the carried ones told: waited for
   int told = 0;
   for (auto& [link, owner] : owned_) {
     auto* c = static_cast<Conn*>(link);
@@ -1426,23 +1427,31 @@ void OfiFabric::LeaveToSuccessor() {
     // goes first.
     FlushSends(c);
     if (c->closing) continue;
-    // Incoming connections not yet admitted are told too: their peers try
-    // again (at the successor) without waiting for the handshake deadline.
-    SendControl(c, kClose, c->tx_off, {}, /*confirmed=*/true);
+    // Incoming connections not yet admitted are told too, without waiting:
+    // a peer resuming through one tries again (at the successor) rather
+    // than wait for its handshake's deadline; but one may be a late
+    // contact's, from a process of the peer's gone since, whose messages
+    // never complete.
+    SendControl(c, kClose, c->tx_off, {}, /*confirmed=*/c->visible);
     told++;
+    if (c->visible) sessions.push_back(c);
   }
   // Sent means, over ofi_rxd, that the peer's provider acknowledged it; over
   // ofi_rxm, that the TCP connection took it. Bounded: a peer that died
   // meanwhile must not hold the handover (ofi_rxd retries for minutes).
   constexpr int64_t kLeaveNs = 500'000'000;
-  while (free_slots_.size() < slots_.size() &&
-         MonotonicNs() - start < kLeaveNs) {
+  auto unsent = [&] {
+    return static_cast<size_t>(
+        std::count_if(sessions.begin(), sessions.end(),
+                      [](const Conn* c) { return c->slots_out > 0; }));
+  };
+  while (unsent() > 0 && MonotonicNs() - start < kLeaveNs) {
     std::deque<uint32_t> again;
     again.swap(unposted_slots_);
     for (uint32_t i : again) PostSlot(i);
     if (SettleCq() == 0) usleep(200);
   }
-  const size_t unsent = slots_.size() - free_slots_.size();
+  const size_t not_confirmed = unsent();
   // What has arrived is taken in before the endpoints close: a TCP socket
   // closed with bytes unread resets its connection instead of ending it,
   // and a reset may discard what was still on its way to the peer.
@@ -1455,12 +1464,12 @@ void OfiFabric::LeaveToSuccessor() {
       usleep(1000);
     }
   }
-  if (unsent > 0 || leave_failures_ > 0) {
+  if (not_confirmed > 0 || leave_failures_ > 0) {
     spdlog::warn(
         "fabric: handover: {} messages telling peers of the break not "
         "confirmed sent within {} ms, {} failed; a peer not told sees the "
         "break only at its heartbeats' deadline",
-        unsent, kLeaveNs / 1'000'000, leave_failures_);
+        not_confirmed, kLeaveNs / 1'000'000, leave_failures_);
   }
   for (auto& [link, owner] : owned_) CloseContact(static_cast<Conn*>(link));
   CloseFabric();
