@@ -1237,6 +1237,35 @@ TEST(SocketFabric, HandoverCarriesASessionThePeerDialled) {
   HandOverMidTraffic(false);
 }
 
+// A peer that sends nothing learns of the break too, from the exporter
+// itself: over ofi nothing else would tell it (no end of file) before its
+// silence deadline, which ends the session. So the session it dialled
+// resumes, and the successor's frame arrives, well within the timeout.
+TEST(SocketFabric, AnIdlePeerResumesAtOnce) {
+  auto [a, b, ab, ba] = LinkForHandover(/*exporter_dials=*/false);
+  if (HasFatalFailure()) return;
+  std::vector<CarriedSession> carried =
+      ExportWhenQuiet({a.get(), b.get()}, a.get());
+  ASSERT_EQ(carried.size(), 1u);
+  const HostAddress at_a = FirstAddress(*a->fabric);
+  const uint64_t incarnation = a->fabric->Incarnation();
+  a.reset();
+  const auto broke = std::chrono::steady_clock::now();
+  auto a2 = Successor(1, at_a, incarnation);
+  ASSERT_NE(a2->fabric, nullptr);
+  std::string why;
+  ASSERT_TRUE(a2->fabric->AdoptSessions(carried, &why)) << why;
+  Tokens tok;
+  tok.Recv(b.get(), ba, 1);
+  tok.Send(a2.get(), ab, 1, 1);
+  tok.Expect({a2.get(), b.get()}, b.get(), a2.get(), 1, 1);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - broke)
+                      .count();
+  EXPECT_LT(ms, WithSessions().timeout_ms / 2)
+      << "the peer learnt of the break only at its silence deadline";
+}
+
 TEST(SocketFabric, ExportWaitsForTheLastAck) {
   auto a = OpenNode(1, {"127.0.0.2"}, WithSessions());
   auto b = OpenNode(2, {"127.0.0.3"}, WithSessions());
