@@ -927,18 +927,23 @@ void OfiFabric::AfterRx(LinkConn* link) {
     c->credit_sent = c->consumed;
     SendControl(c, kCredit, c->consumed);
   }
-  // The peer closed: seen once its last bytes are here and no frame's
-  // header waits for a receive, as the socket backend reads its end of file:
-  // only after the data before it, and while no receive is posted, up to the
-  // first data frame's header (acks and a close need none). A peer whose
-  // user posts nothing thus still sees a break (a handover's) at once.
+  // The peer closed: seen once its last bytes are here, no whole frame
+  // waits and a receive is posted (as a socket's EOF is read only after the
+  // data before it, and only when the user reads). A close the session
+  // survives (no "final": a handover's) needs no receive, only that no
+  // frame's header waits for one: it makes no event, and waiting for the
+  // user's next receive only delayed the resume (a peer whose user had
+  // taken every frame did not resume a handover's session until its
+  // silence deadline, when the session ended).
   const size_t avail = c->in.size() - c->in_begin;
-  const bool stage_clear = c->rx_phase == RxPhase::kStage &&
-                           !c->await_payload && avail < kFrameHeaderSize;
+  const bool stage_clear =
+      c->rx_phase == RxPhase::kStage && avail < kFrameHeaderSize;
+  const bool survives = opt_.sessions && !c->session_lost && !c->await_payload;
   if (c->peer_closed && c->rx_off >= c->close_at &&
       c->state != State::kWaitPeer &&
-      (c->state != State::kOpen || stage_clear ||
-       (!c->recvs.empty() && avail == 0))) {
+      (c->state != State::kOpen ||
+       (!c->recvs.empty() && (avail == 0 || stage_clear)) ||
+       (survives && stage_clear))) {
     Fail(c, c->state == State::kOpen ? ErrorClass::kPeerClosed
                                      : ErrorClass::kConnFailed);
   }
