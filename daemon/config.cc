@@ -445,8 +445,13 @@ uint32_t WorkerCount(const Config& config) {
 }
 
 bool HandoverCarriesFabric(const Config& config) {
-  return config.fabric_listen.empty() ||
-         (config.fabric == "socket" && config.fabric_sessions == "on");
+  if (config.fabric_listen.empty()) return true;
+  if (config.fabric_sessions != "on") return false;
+  // A job's pool stays registered for RMA reads while the job lives, and
+  // registrations are not carried (Remote::Carriable): the drain would wait
+  // its whole settle time, every client frozen, and then give up.
+  return config.fabric == "socket" ||
+         (config.fabric == "ofi" && config.fabric_rma == "off");
 }
 
 std::vector<std::string> FabricListenAddresses(const Config& config) {

@@ -124,9 +124,9 @@ bool ParseCpuList(const std::string& text, std::vector<int>* cpus);
 // The listen addresses of config.fabric_listen, in order.
 std::vector<std::string> FabricListenAddresses(const Config& config);
 // Whether a handover (psmctl upgrade, systemctl restart) carries this
-// configuration's connections to other nodes: it has none, or they run over
-// the socket fabric with sessions (docs/design.md, "Handover with a
-// fabric").
+// configuration's connections to other nodes: it has none, or they run with
+// sessions, over the socket fabric or over the ofi one without RMA reads
+// (docs/design.md, "Handover with a fabric").
 bool HandoverCarriesFabric(const Config& config);
 
 inline constexpr char kDefaultConfigPath[] = "/etc/psmd/psmd.toml";

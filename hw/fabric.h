@@ -271,8 +271,10 @@ class Fabric {
   // made. On success the fabric is handed over: it takes no more calls
   // (kBadConn), and destroying it (or the process ending) closes its
   // connections without ending their sessions, so the peers wait to
-  // resume them. False with *why naming what is in flight: nothing
-  // changed, the fabric serves on.
+  // resume them; a backend whose peers would not see that (ofi: no end of
+  // file over RDM) tells each one before it returns, and stops listening.
+  // False with *why naming what is in flight: nothing changed, the fabric
+  // serves on.
   virtual bool ExportSessions(std::vector<CarriedSession>* out,
                               std::string* why) {
     (void)out;

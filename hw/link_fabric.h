@@ -35,7 +35,8 @@
 //  6. A handover (hw/fabric.h, ExportSessions) carries sessions with nothing
 //     of ours in flight to a successor process under the same incarnation;
 //     each becomes a stand-in there (AdoptSessions), and the peer, which saw
-//     the old process's connections break, resumes it as after any break.
+//     the old process's connections break (over ofi: was told so, the
+//     backend's kClose without "final"), resumes it as after any break.
 //
 // Thread-safety: as hw::Fabric (one thread); the MUNGE helper thread is
 // MungeAuth's, whose results the backend collects by OnAuthResults.

@@ -387,9 +387,11 @@ grpc::Status ControlService::Upgrade(grpc::ServerContext* ctx,
       return ToStatus(
           {PSM2_PARAM_ERR,
            "upgrade: this psmd's connections to other nodes cannot be "
-           "handed over: that needs fabric = \"socket\" and "
-           "fabric_sessions = \"on\" (it has \"" +
-               config.fabric + "\" and \"" + config.fabric_sessions +
+           "handed over: that needs fabric_sessions = \"on\", and over "
+           "fabric = \"ofi\" fabric_rma = \"off\" (it has fabric = \"" +
+               config.fabric + "\", fabric_sessions = \"" +
+               config.fabric_sessions + "\", fabric_rma = \"" +
+               config.fabric_rma +
                "\"); drain the node's jobs and restart psmd instead"});
     }
   }

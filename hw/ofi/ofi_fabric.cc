@@ -20,6 +20,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -132,9 +133,7 @@ class OfiFabric final : public LinkFabric {
   bool Open(std::string* error);
 
   int event_fd() const override { return epoll_fd_; }
-  std::string Provider() const override {
-    return info_->fabric_attr->prov_name;
-  }
+  std::string Provider() const override { return provider_; }
   int Poll(Event* events, int max) override;
   int Wait(Event* events, int max, int timeout_ms) override;
 
@@ -147,27 +146,11 @@ class OfiFabric final : public LinkFabric {
   ErrorClass PostRead(ConnId conn, RegionId local, size_t local_offset,
                       const RemoteRegion& remote, uint64_t remote_offset,
                       size_t length, uint64_t cookie) override;
-  // No handover here: a peer learns of a vanished process only by its
-  // keepalive deadline (no end of file), which is also when the session
-  // would end, and its connection's data endpoint is at a port the
-  // successor cannot take again.
+  // LinkFabric's export, then LeaveToSuccessor.
   bool ExportSessions(std::vector<CarriedSession>* out,
-                      std::string* why) override {
-    (void)out;
-    *why = kNoCarry;
-    return false;
-  }
-  bool AdoptSessions(const std::vector<CarriedSession>& sessions,
-                     std::string* why) override {
-    (void)sessions;
-    *why = kNoCarry;
-    return false;
-  }
+                      std::string* why) override;
 
  private:
-  static constexpr const char* kNoCarry =
-      "the ofi fabric cannot carry sessions to a successor (use the socket "
-      "fabric for handovers)";
   using State = LinkState;
   // kStage: parse frames from the stream buffer; kPayload: the current
   // frame's payload goes to the front receive (past its capacity:
@@ -264,6 +247,19 @@ class OfiFabric final : public LinkFabric {
   void Kick() override {
     if (!events_.empty() || !finish_.empty()) Signal();
   }
+  // Before the peers are told (LeaveToSuccessor): one that dials again at
+  // once must find no one at the listen address (refused or unanswered, so
+  // its provider tries again until the successor listens), not this
+  // process, whose endpoints would take its contact and close unanswered
+  // (the peer then waits out a whole connect attempt).
+  void StopListening() override {
+    if (listen_ep_ == nullptr) return;
+    fi_close(&listen_ep_->fid);
+    listen_ep_ = nullptr;
+    for (Recv& r : recvs_) {
+      if (r.listen) r.ep = nullptr;  // never posted again
+    }
+  }
 
   bool TryPort(const ListenAddress& a, uint16_t port, bool* in_use,
                std::string* error);
@@ -288,13 +284,24 @@ class OfiFabric final : public LinkFabric {
   void CloseContact(Conn* c);
 
   // Sends one message of `kind` (control: no stream bytes) to c's peer.
+  // `confirmed`: from a send buffer, never injected, so that its completion
+  // says the provider sent it (an injected message may still wait in the
+  // provider's queue when the endpoint closes).
   void SendControl(Conn* c, MsgKind kind, uint64_t seq,
-                   const std::string& payload = {});
+                   const std::string& payload = {}, bool confirmed = false);
   bool TakeSlot(uint32_t* i);
   void PostSlot(uint32_t i);
 
   // Handles what the completion queue holds; how many completions.
   int ReadCq();
+  // Handed over: frees the buffers of what completes and acts on nothing
+  // (no event, no failure: the sessions are the successor's); how many
+  // completions.
+  int SettleCq();
+  // After ExportSessions: tells every peer that its connection broke and
+  // may resume, waits until those messages have left, then closes every
+  // endpoint and the domain (see ExportSessions in the .cc).
+  void LeaveToSuccessor();
   // `listen`: it came to the listen endpoint, where only contacts go.
   void OnMessage(const uint8_t* p, size_t n, bool listen);
   void OnContact(const Prefix& m, const uint8_t* p, size_t n);
@@ -318,6 +325,7 @@ class OfiFabric final : public LinkFabric {
 
   fi_info* hints_ = nullptr;
   fi_info* info_ = nullptr;
+  std::string provider_;  // info_'s, which a handover closes
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;
   fid_cq* cq_ = nullptr;
@@ -372,6 +380,7 @@ class OfiFabric final : public LinkFabric {
   std::deque<uint32_t> unposted_reads_;  // -FI_EAGAIN: post again
   int64_t next_read_log_ns_ = 0;
   uint64_t reads_unlogged_ = 0;
+  uint32_t leave_failures_ = 0;  // LeaveToSuccessor's sends that failed
 };
 
 // ---- opening and closing ----
@@ -468,6 +477,7 @@ bool OfiFabric::Open(std::string* error) {
       return false;
     }
   }
+  provider_ = info_->fabric_attr->prov_name;
 
   signal_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
@@ -761,6 +771,7 @@ void OfiFabric::AvUnref(fi_addr_t addr) {
 
 void OfiFabric::PostRecvBuffer(uint32_t i) {
   Recv& r = recvs_[i];
+  if (r.ep == nullptr) return;  // its endpoint closed (StopListening)
   ssize_t rc = fi_recv(r.ep, r.buf, r.size, r.desc, FI_ADDR_UNSPEC, &r.op);
   if (rc == -FI_EAGAIN) {
     unposted_recvs_.push_back(i);
@@ -771,7 +782,7 @@ void OfiFabric::PostRecvBuffer(uint32_t i) {
 }
 
 void OfiFabric::Signal() {
-  if (signaled_) return;
+  if (signaled_ || handed_over_) return;
   signaled_ = true;
   const uint64_t one = 1;
   (void)!write(signal_fd_, &one, sizeof one);
@@ -918,13 +929,21 @@ void OfiFabric::AfterRx(LinkConn* link) {
   }
   // The peer closed: seen once its last bytes are here, no whole frame
   // waits and a receive is posted (as a socket's EOF is read only after the
-  // data before it, and only when the user reads).
+  // data before it, and only when the user reads). A close the session
+  // survives (no "final": a handover's) needs no receive, only that no
+  // frame's header waits for one: it makes no event, and waiting for the
+  // user's next receive only delayed the resume (a peer whose user had
+  // taken every frame did not resume a handover's session until its
+  // silence deadline, when the session ended).
   const size_t avail = c->in.size() - c->in_begin;
+  const bool stage_clear =
+      c->rx_phase == RxPhase::kStage && avail < kFrameHeaderSize;
+  const bool survives = opt_.sessions && !c->session_lost && !c->await_payload;
   if (c->peer_closed && c->rx_off >= c->close_at &&
       c->state != State::kWaitPeer &&
       (c->state != State::kOpen ||
-       (!c->recvs.empty() && (avail == 0 || (c->rx_phase == RxPhase::kStage &&
-                                             avail < kFrameHeaderSize))))) {
+       (!c->recvs.empty() && (avail == 0 || stage_clear)) ||
+       (survives && stage_clear))) {
     Fail(c, c->state == State::kOpen ? ErrorClass::kPeerClosed
                                      : ErrorClass::kConnFailed);
   }
@@ -998,7 +1017,7 @@ void OfiFabric::PostSlot(uint32_t i) {
 }
 
 void OfiFabric::SendControl(Conn* c, MsgKind kind, uint64_t seq,
-                            const std::string& payload) {
+                            const std::string& payload, bool confirmed) {
   if (!c->addr_known) return;  // lost as in flight: keepalives repeat
   c->last_tx_ns = MonotonicNs();
   Prefix m;
@@ -1009,7 +1028,7 @@ void OfiFabric::SendControl(Conn* c, MsgKind kind, uint64_t seq,
   uint8_t small[kPrefix + kMaxName];
   const size_t len = kPrefix + payload.size();
   // Small enough to inject: no buffer held, no completion.
-  if (len <= inject_size_ && len <= sizeof small) {
+  if (!confirmed && len <= inject_size_ && len <= sizeof small) {
     ofi::EncodePrefix(m, small);
     std::memcpy(small + kPrefix, payload.data(), payload.size());
     if (fi_inject(ep_, small, len, c->addr) == 0) return;
@@ -1019,7 +1038,13 @@ void OfiFabric::SendControl(Conn* c, MsgKind kind, uint64_t seq,
     // Every buffer is in flight; control messages are rare, so wait for
     // one by progressing the provider (bounded: it completes or fails).
     const int64_t end = MonotonicNs() + 100'000'000;
-    while (free_slots_.empty() && MonotonicNs() < end) ReadCq();
+    while (free_slots_.empty() && MonotonicNs() < end) {
+      if (handed_over_) {
+        SettleCq();
+      } else {
+        ReadCq();
+      }
+    }
     if (!TakeSlot(&i)) {
       // Lost: a close or keepalive matters little, a credit is repeated by
       // the next keepalive.
@@ -1114,6 +1139,10 @@ void OfiFabric::OnSendDone(uint32_t i, int err) {
   free_slots_.push_back(i);
   Conn* c = ByKey(s.conn_key);
   if (c != nullptr) c->slots_out--;
+  if (handed_over_) {  // LeaveToSuccessor counts; the successor acts
+    if (err != 0) leave_failures_++;
+    return;
+  }
   if (c == nullptr || c->closing) return;
   if (err != 0) {
     if (c->state == State::kConnecting) {
@@ -1338,6 +1367,133 @@ int OfiFabric::ReadCq() {
   return total;
 }
 
+// ---- handover ----
+
+int OfiFabric::SettleCq() {
+  fi_cq_msg_entry entries[32];
+  int total = 0;
+  auto settle = [&](void* context, int err) {
+    const auto* op = static_cast<const Op*>(context);
+    if (op == nullptr) return;
+    if (op->kind == OpKind::kSend) {
+      OnSendDone(op->index, err);
+    } else if (op->kind == OpKind::kRead) {
+      OnReadDone(op->index, err);
+    }
+    // A receive is not posted again: its endpoint closes.
+  };
+  for (int round = 0; round < 8; round++) {
+    const ssize_t n = fi_cq_read(cq_, entries, 32);
+    if (n == -FI_EAVAIL) {
+      fi_cq_err_entry err{};
+      if (fi_cq_readerr(cq_, &err, 0) < 0) return total;
+      total++;
+      settle(err.op_context, err.err != 0 ? err.err : FI_EIO);
+      continue;
+    }
+    if (n <= 0) return total;
+    total += static_cast<int>(n);
+    for (ssize_t k = 0; k < n; k++) settle(entries[k].op_context, 0);
+  }
+  return total;
+}
+
+// Over RDM nothing tells a peer that this process went (ofi_rxm reconnects
+// quietly, UDP has nothing to see): left alone, it would learn of the break
+// only when its heartbeats miss, at fabric_timeout_ms, which is when its
+// side of the session ends too. So each peer is told now, by the kClose a
+// broken connection sends (no payload: the session may resume), and the
+// export returns once those messages have left: the peer that dialled dials
+// the listen address again, closed already (StopListening), until the
+// successor listens there, and the other waits for the successor to dial
+// it. Where the data endpoints were does not matter: a resume is a new
+// connection, whose contact and accept name the successor's data endpoint
+// and the peer's. Then every endpoint and the domain close: nothing of
+// libfabric's, whose descriptors are not close-on-exec, is left to the exec
+// (the tcp provider sets SO_REUSEADDR, so its connections' TIME_WAIT does
+// not keep the successor from binding the listen port; UDP leaves nothing).
+bool OfiFabric::ExportSessions(std::vector<CarriedSession>* out,
+                               std::string* why) {
+  if (!LinkFabric::ExportSessions(out, why)) return false;
+  LeaveToSuccessor();
+  return true;
+}
+
+void OfiFabric::LeaveToSuccessor() {
+  const int64_t start = MonotonicNs();
+  std::vector<Conn*> sessions;  // the carried ones told: waited for
+  int told = 0;
+  for (auto& [link, owner] : owned_) {
+    auto* c = static_cast<Conn*>(link);
+    CloseContact(c);
+    if (c->closing || c->peer_key == 0 || !c->addr_known) continue;
+    // The peer acts on a close once every stream byte before it came, and
+    // only between two frames: what the stream still holds of ours (an ack)
+    // goes first.
+    FlushSends(c);
+    if (c->closing) continue;
+    // Incoming connections not yet admitted are told too, without waiting:
+    // a peer resuming through one tries again (at the successor) rather
+    // than wait for its handshake's deadline; but one may be a late
+    // contact's, from a process of the peer's gone since, whose messages
+    // never complete.
+    SendControl(c, kClose, c->tx_off, {}, /*confirmed=*/c->visible);
+    told++;
+    if (c->visible) sessions.push_back(c);
+  }
+  // Sent means, over ofi_rxd, that the peer's provider acknowledged it; over
+  // ofi_rxm, that the TCP connection took it. Bounded: a peer that died
+  // meanwhile must not hold the handover (ofi_rxd retries for minutes).
+  constexpr int64_t kLeaveNs = 500'000'000;
+  auto unsent = [&] {
+    return static_cast<size_t>(
+        std::count_if(sessions.begin(), sessions.end(),
+                      [](const Conn* c) { return c->slots_out > 0; }));
+  };
+  while (unsent() > 0 && MonotonicNs() - start < kLeaveNs) {
+    std::deque<uint32_t> again;
+    again.swap(unposted_slots_);
+    for (uint32_t i : again) PostSlot(i);
+    if (SettleCq() == 0) usleep(200);
+  }
+  const size_t not_confirmed = unsent();
+  // What has arrived is taken in before the endpoints close: a TCP socket
+  // closed with bytes unread resets its connection instead of ending it,
+  // and a reset may discard what was still on its way to the peer.
+  for (int idle = 0;
+       idle < 2 && MonotonicNs() - start < kLeaveNs + 10'000'000;) {
+    if (SettleCq() > 0) {
+      idle = 0;
+    } else {
+      idle++;
+      usleep(1000);
+    }
+  }
+  if (not_confirmed > 0 || leave_failures_ > 0) {
+    spdlog::warn(
+        "fabric: handover: {} messages telling peers of the break not "
+        "confirmed sent within {} ms, {} failed; a peer not told sees the "
+        "break only at its heartbeats' deadline",
+        not_confirmed, kLeaveNs / 1'000'000, leave_failures_);
+  }
+  for (auto& [link, owner] : owned_) CloseContact(static_cast<Conn*>(link));
+  CloseFabric();
+  cq_fd_ = -1;
+  rma_ = false;  // RegisterRegion refuses; RegionBusy says false
+  // Poll reads nothing from now on: nothing may keep event_fd readable (a
+  // worker that serves on after a failed exec would spin on it).
+  if (auth_fd_ >= 0) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, auth_fd_, nullptr);
+  if (signaled_) {
+    signaled_ = false;
+    uint64_t drained;
+    (void)!read(signal_fd_, &drained, sizeof drained);
+  }
+  spdlog::info(
+      "fabric: told the peers of {} connections that they break for a "
+      "successor, and closed the endpoints, in {:.1f} ms",
+      told, (MonotonicNs() - start) / 1e6);
+}
+
 void OfiFabric::CheckDeadlines(int64_t now) {
   CheckSessions(now);
   ExpireReads(now);
@@ -1378,6 +1534,7 @@ void OfiFabric::CheckDeadlines(int64_t now) {
 }
 
 int OfiFabric::Poll(Event* events, int max) {
+  if (handed_over_) return 0;  // the successor serves the sessions
   // The eventfd is drained only by an idle pass (below), not by every one:
   // while the worker is busy it stays readable, and the Kick of each
   // PostRecvHeader and PostPayload finds it signalled already. Draining it
@@ -1455,7 +1612,7 @@ int OfiFabric::Poll(Event* events, int max) {
 
 int OfiFabric::Wait(Event* events, int max, int timeout_ms) {
   int n = Poll(events, max);
-  if (n > 0) return n;
+  if (n > 0 || handed_over_) return n;
   // Deadlines and keepalives are checked by Poll: wake for them.
   if (!owned_.empty() && (timeout_ms < 0 || timeout_ms > 10)) timeout_ms = 10;
   epoll_event ev[4];
@@ -1514,6 +1671,8 @@ ErrorClass OfiFabric::RegisterRegion(void* base, size_t length, RegionId* id,
 }
 
 ErrorClass OfiFabric::DeregisterRegion(RegionId id) {
+  // Handed over: every registration went with the domain.
+  if (handed_over_) return ErrorClass::kOk;
   auto it = regions_.find(id);
   if (it == regions_.end()) return ErrorClass::kBadArg;
   // Not while the provider may still write into it, even for a read the
@@ -1525,6 +1684,7 @@ ErrorClass OfiFabric::DeregisterRegion(RegionId id) {
 }
 
 bool OfiFabric::RegionBusy(RegionId id) const {
+  if (handed_over_) return false;  // the domain is closed: nothing writes
   for (const Read& r : reads_) {
     if (r.addr != FI_ADDR_NOTAVAIL && r.local == id) return true;
   }
@@ -1625,7 +1785,8 @@ void OfiFabric::OnReadDone(uint32_t i, int err) {
   AvUnref(r.addr);
   r.addr = FI_ADDR_NOTAVAIL;
   free_reads_.push_back(i);
-  if (r.orphaned) return;  // the user had its kReadDone (ExpireReads)
+  // The user had its kReadDone (ExpireReads), or takes no more events.
+  if (r.orphaned || handed_over_) return;
   Event e;
   e.type = EventType::kReadDone;
   e.conn = r.conn;

@@ -31,9 +31,12 @@
 // run it unchanged). Where the provider offers FI_RMA|FI_READ, regions
 // registered once are read by peers with fi_read (Fabric::PostRead),
 // straight into a registered region of the reader's: no bounce buffer.
-// Liveness: keepalive messages, a silent peer is closed after timeout_ms. See
-// hw/README.md and docs/design.md for what is assumed of providers this machine
-// cannot run.
+// Liveness: keepalive messages, a silent peer is closed after timeout_ms. A
+// handover (ExportSessions) tells each peer that its connection broke and may
+// resume, since nothing else would tell it (no end of file over RDM), and
+// closes every endpoint before it returns, so the successor listens at the
+// same address at once. See hw/README.md and docs/design.md for what is
+// assumed of providers this machine cannot run.
 //
 // Thread-safety: as hw::Fabric (one thread), plus the private MUNGE helper
 // thread when authentication is on.
