@@ -185,6 +185,20 @@ int main(int argc, char** argv) {
 
   psmd::SharedConfig shared(config);
   std::optional<psmd::Inheritance> inheritance;
+  if (from_systemd.states > 1) {
+    // Each is a predecessor's; the table's entries cannot be matched to one.
+    const std::string why =
+        "systemd's file-descriptor store held " +
+        std::to_string(from_systemd.states) +
+        " psmd states (left by a psmd that did not empty it), so none is "
+        "adopted; its endpoints have ended: open new ones";
+    spdlog::error("handover refused: {}", why);
+    std::vector<int> stored;
+    for (int fd : from_systemd.handed) {
+      if (fd >= 0) stored.push_back(fd);
+    }
+    psmd::handover::EndInherited(why, stored);
+  }
   if (state_fd == -2) {
     spdlog::error("{} is not a descriptor of this process; ignored",
                   psmd::handover::kEnvFd);
@@ -301,6 +315,15 @@ int main(int argc, char** argv) {
   const psmd::Status journal_status =
       journal.Load(config.socket_path + ".journal", &previous);
   if (inheritance) psmd::TakeOver(daemon, *inheritance);
+  // The endpoints are served (or ended): systemd's copies of their
+  // descriptors would outlive this psmd (handover.h, ServiceManagerFds).
+  if (int refused = psmd::handover::ForgetStoredFds(from_systemd)) {
+    spdlog::warn(
+        "systemd refused to remove {} of {} entries from psmd's "
+        "file-descriptor store: a crash of this psmd would not end those "
+        "endpoints until psmd is stopped",
+        refused, from_systemd.table_names.size());
+  }
   if (!journal_status.ok()) {
     spdlog::error("{}; a crash of this psmd will not be reported",
                   journal_status.message);

@@ -7,18 +7,23 @@ descriptor its endpoints need in the service's file-descriptor store
 to the psmd it starts next (sd_listen_fds_with_names): what systemctl
 restart does. A stop discards the store, which ends the endpoints. There is
 no systemd here, so the test plays its part of that protocol as
-sd_notify(3), sd_listen_fds(3) and systemd.service(5) specify it: the
-notify socket (NOTIFY_SOCKET), descriptors kept by name and dropped when
-they hang up (POLLHUP), passed back from fd 3 on with LISTEN_FDS,
-LISTEN_FDNAMES and LISTEN_PID, the socket unit's listening socket first
-(psmd.socket, socket activation). psmd, its clients and their exchanges
-are real. A third run gives the managed psmd a fabric and a second psmd
+sd_notify(3), sd_listen_fds(3) and systemd.service(5) specify it, and as
+systemd 252 (Debian 12's) does it: the notify socket (NOTIFY_SOCKET),
+descriptors kept by name (a file stored twice kept once), dropped when they
+hang up (POLLHUP) or are removed (FDSTOREREMOVE=1 and a name), passed back
+from fd 3 on with LISTEN_FDS, LISTEN_FDNAMES and LISTEN_PID, the socket
+unit's listening socket first (psmd.socket, socket activation), then the
+store newest first (service_add_fd_store prepends), and KEPT across starts:
+systemd hands the whole store to every start until the unit stops for
+good. scripts/test_systemd.sh runs the same under a real systemd.
+psmd, its clients and their exchanges are real. A third run gives the managed psmd a fabric and a second psmd
 (node 2, started plainly) to serve a job across the two: the restart
 carries the job's session too (docs/design.md, "Handover with a fabric").
 
 usage: fdstore_test.py PSMD PSMCTL EXCHANGE
 """
 import array
+import ctypes
 import os
 import select
 import signal
@@ -39,6 +44,16 @@ def check(ok, what):
     failures += 0 if ok else 1
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+SYS_KCMP, KCMP_FILE = 312, 0  # x86_64
+
+
+def same_file(a, b):
+    """systemd's same_fd(): one open file description (kcmp KCMP_FILE)."""
+    pid = os.getpid()
+    return _libc.syscall(SYS_KCMP, pid, pid, KCMP_FILE, a, b) == 0
+
+
 class ServiceManager:
     """systemd's side of a Type=notify service with a file-descriptor store."""
 
@@ -50,7 +65,7 @@ class ServiceManager:
         self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.notify.bind(self.notify_path)
         self.notify.settimeout(0.1)
-        self.store = {}  # name -> fd, in the order stored
+        self.store = []  # [name, fd], newest first
         self.ready = threading.Event()
         self.drained = threading.Event()
         self.listening = None
@@ -83,10 +98,18 @@ class ServiceManager:
             if fields.get("FDSTORE") == "1":
                 name = fields.get("FDNAME", "stored")
                 for fd in fds:
-                    self.store.setdefault(name, fd)
+                    if any(same_file(fd, k) for _, k in self.store):
+                        os.close(fd)  # "already stored"
+                    else:
+                        self.store.insert(0, [name, fd])
             else:
                 for fd in fds:
                     os.close(fd)
+            if fields.get("FDSTOREREMOVE") == "1":
+                name = fields.get("FDNAME")
+                for entry in [e for e in self.store if e[0] == name]:
+                    os.close(entry[1])
+                    self.store.remove(entry)
             if fields.get("READY") == "1":
                 self.ready.set()
             if fields.get("DRAINED") == "1":
@@ -94,12 +117,12 @@ class ServiceManager:
 
     def _drop_hung_up(self):
         # "automatically closed when POLLHUP or POLLERR is seen on them"
-        for name, fd in list(self.store.items()):
+        for entry in list(self.store):
             p = select.poll()
-            p.register(fd, select.POLLIN)
+            p.register(entry[1], select.POLLIN)
             if any(ev & (select.POLLHUP | select.POLLERR) for _, ev in p.poll(0)):
-                os.close(fd)
-                del self.store[name]
+                os.close(entry[1])
+                self.store.remove(entry)
 
     def start(self):
         self._drop_hung_up()
@@ -107,7 +130,7 @@ class ServiceManager:
         if self.listening is not None:
             fds.append(self.listening.fileno())
             names.append("psmd.socket")
-        for name, fd in self.store.items():
+        for name, fd in self.store:
             fds.append(fd)
             names.append(name)
 
@@ -129,11 +152,7 @@ class ServiceManager:
              *self.extra],
             env=env, preexec_fn=arrange, close_fds=False,
             stdout=self.log, stderr=self.log)
-        # What systemd passed is psmd's now; the store holds its own copies
-        # until psmd stores again.
-        for fd in self.store.values():
-            os.close(fd)
-        self.store.clear()
+        # The store keeps its copies: psmd removes them (FDSTOREREMOVE).
         return self.ready.wait(20)
 
     def sigterm(self):
@@ -141,6 +160,11 @@ class ServiceManager:
         code = self.proc.wait(30)
         self._drain()
         return code
+
+    def names(self):
+        """What the store holds, once every message sent so far is read."""
+        self._drain()
+        return [name for name, _ in self.store]
 
     def _drain(self):
         # What psmd sent before it exited may still wait in the notify
@@ -154,7 +178,7 @@ class ServiceManager:
             raise RuntimeError("the notify reader did not drain within 10 s")
 
     def discard(self):  # the unit fully stopped: the store is flushed
-        for fd in self.store.values():
+        for _, fd in self.store:
             os.close(fd)
         self.store.clear()
 
@@ -214,21 +238,29 @@ def end(procs):
             p.wait()
 
 
-def restart_under(mgr, small, large, endpoints):
+def restart_under(mgr, small, large, endpoints, restarts=1):
     """systemctl restart (SIGTERM, the process exits, a new one starts with
-    what the store holds) under two running pairs (procs, rendezvous dir):
-    the next psmd takes their `endpoints` over and both finish intact."""
+    what the store holds) `restarts` times under two running pairs (procs,
+    rendezvous dir): each next psmd takes their `endpoints` over, empties
+    the store, and both pairs finish intact."""
     procs = small[0] + large[0]
-    code = mgr.sigterm()
-    check(code == 0, "psmd exited 0 on SIGTERM (%s)" % code)
-    check(any(n == "psmd-state" for n in mgr.store), "its state is in the store")
-    check(all(p.poll() is None for p in procs),
-          "both exchanges still ran at the restart")
-    check(mgr.start(), "the next psmd started and said READY=1")
-    health = psmctl(mgr, "health", "--json").stdout
-    check('"generation": 1,' in health and
-          '"last_carried_endpoints": %d' % endpoints in health,
-          "it took the %d endpoints over: %s" % (endpoints, health.strip()))
+    for generation in range(1, restarts + 1):
+        code = mgr.sigterm()
+        check(code == 0, "psmd exited 0 on SIGTERM (%s)" % code)
+        names = mgr.names()
+        check(names.count("psmd-state") == 1,
+              "its state, once, is in the store: %s" % names[:4])
+        check(all(p.poll() is None for p in procs),
+              "both exchanges still ran at the restart")
+        check(mgr.start(), "the next psmd started and said READY=1")
+        health = psmctl(mgr, "health", "--json").stdout
+        check('"generation": %d,' % generation in health and
+              '"last_carried_endpoints": %d' % endpoints in health,
+              "it took the %d endpoints over (generation %d): %s" %
+              (endpoints, generation, health.strip()))
+        # Left there, systemd would hand this state to the next start too,
+        # and keep the clients from seeing a crash (handover.h).
+        check(mgr.names() == [], "it emptied the store: %s" % mgr.names()[:4])
     for p in procs:
         p.wait(120)
     for name, (pair_procs, rv) in (("small", small), ("large", large)):
@@ -250,7 +282,30 @@ def run(activate):
             large, rv_large = pair(mgr, "large", "5053d0d0" + "b" * 24, 30000, 192 * 1024)
             procs = small + large
             check(wait_endpoints(mgr, 4), "4 endpoints open")
-            restart_under(mgr, (small, rv_small), (large, rv_large), 4)
+            restart_under(mgr, (small, rv_small), (large, rv_large), 4,
+                          restarts=3)
+            # A crash after a restart (Restart=on-failure): the clients see
+            # it at once, and the next psmd adopts nothing.
+            busy, rv_busy = pair(mgr, "crashed", "5053d0d0" + "f" * 24,
+                                 50000000, 64)
+            procs = busy
+            check(wait_endpoints(mgr, 2), "a busy pair open")
+            check(mgr.sigterm() == 0 and mgr.start(),
+                  "restarted under the busy pair")
+            check(wait_endpoints(mgr, 2), "the busy pair carried over")
+            check(all(p.poll() is None for p in busy), "it still exchanges")
+            mgr.proc.kill()
+            mgr.proc.wait()
+            t0 = time.monotonic()
+            ended = all(p.wait(20) not in (0, None) for p in busy)
+            check(ended and "lost psmd" in errors(rv_busy),
+                  "a crash ends the busy pair within %.1f s (lost psmd): %s" %
+                  (time.monotonic() - t0, errors(rv_busy)[:300]))
+            check(mgr.start(), "the psmd started after the crash said READY=1")
+            health = psmctl(mgr, "health", "--json").stdout
+            check('"generation": 0,' in health and
+                  '"endpoint_count": 0,' in health,
+                  "it adopted nothing: %s" % health.strip())
             # systemctl stop: the store is discarded, the endpoints end.
             # (held idle for a few seconds, so that the stop comes first)
             held, rv_held = pair(mgr, "held", "5053d0d0" + "c" * 24, 10, 64, hold=5)

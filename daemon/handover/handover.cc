@@ -10,6 +10,7 @@
 
 #include <systemd/sd-daemon.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -370,6 +371,13 @@ namespace {
 constexpr char kStateFdName[] = "psmd-state";
 constexpr char kTableFdPrefix[] = "psmd-fd-";
 
+// FDSTOREREMOVE=1 of every descriptor named `name`: false if the notify
+// socket refused it (no service manager: nothing was stored either).
+bool ForgetStored(const std::string& name) {
+  const std::string msg = "FDSTOREREMOVE=1\nFDNAME=" + name;
+  return sd_pid_notify(0, 0, msg.c_str()) > 0;
+}
+
 }  // namespace
 
 ServiceManagerFds TakeServiceManagerFds() {
@@ -385,8 +393,11 @@ ServiceManagerFds TakeServiceManagerFds() {
     const int fd = SD_LISTEN_FDS_START + i;
     const std::string name = names != nullptr && names[i] ? names[i] : "";
     if (name == kStateFdName) {
+      out.states++;
+      if (out.state_fd >= 0) close(out.state_fd);
       out.state_fd = fd;
     } else if (name.compare(0, prefix, kTableFdPrefix) == 0) {
+      out.table_names.push_back(name);
       char* end = nullptr;
       const unsigned long index = strtoul(name.c_str() + prefix, &end, 10);
       if (*end != '\0' || index >= (1u << 22)) {
@@ -405,7 +416,25 @@ ServiceManagerFds TakeServiceManagerFds() {
     for (int i = 0; i < n; i++) free(names[i]);
     free(names);
   }
+  if (out.states > 0) ForgetStored(kStateFdName);
+  if (out.states > 1) {
+    close(out.state_fd);
+    out.state_fd = -1;
+  }
+  // A name given twice (the same reason) leaves one removal to send.
+  std::sort(out.table_names.begin(), out.table_names.end());
+  out.table_names.erase(
+      std::unique(out.table_names.begin(), out.table_names.end()),
+      out.table_names.end());
   return out;
+}
+
+int ForgetStoredFds(const ServiceManagerFds& fds) {
+  int refused = 0;
+  for (const std::string& name : fds.table_names) {
+    if (!ForgetStored(name)) refused++;
+  }
+  return refused;
 }
 
 bool StoreWithServiceManager(int state_fd, const std::vector<int>& fds,

@@ -151,13 +151,31 @@ int TakeStateFd();
 // What systemd passed at start (sd_listen_fds_with_names; the environment
 // is cleared): the socket unit's listening sockets, and what a predecessor
 // stored in the service's file-descriptor store (StoreWithServiceManager).
+//
+// systemd keeps what is stored until it is removed (FDSTOREREMOVE=1) or the
+// unit stops for good, and hands all of it to every start: a store that is
+// not emptied would give the next psmd this state again beside its own
+// successor's, and systemd's copies of the attach connections would keep
+// every client from seeing a crash (its connection never hangs up). So the
+// state leaves the store as it is taken (before anything acts on it: a psmd
+// killed after that is a crash, never a second adoption of one state), and
+// the table's entries once the endpoints are adopted or ended
+// (ForgetStoredFds).
 struct ServiceManagerFds {
   std::vector<int> activated;  // socket activation (psmd.socket)
   int state_fd = -1;           // kStateFdName; -1: nothing stored
   std::vector<int> handed;     // the table's entries by index (-1: none)
-  int error = 0;               // sd_listen_fds' negative errno
+  // More than one state in the store (left by a psmd that did not empty it):
+  // which entries go with which cannot be told, so none is adopted.
+  uint32_t states = 0;
+  std::vector<std::string> table_names;  // the entries' names, to forget
+  int error = 0;                         // sd_listen_fds' negative errno
 };
 ServiceManagerFds TakeServiceManagerFds();
+// Removes the table's entries `fds.table_names` from systemd's store (their
+// descriptors are this process's now, or closed). Returns how many removals
+// the notify socket refused.
+int ForgetStoredFds(const ServiceManagerFds& fds);
 
 // Under systemd: stores the state file and the table's descriptors in the
 // service's file-descriptor store (FDSTORE=1, each with its own name; unit
