@@ -128,6 +128,9 @@ class ServiceManager:
         self._drop_hung_up()
         fds, names = [], []
         if self.listening is not None:
+            # The socket unit's descriptors in blocking mode, whatever the
+            # last psmd set (NonBlocking=no: systemd's flags_fds at exec).
+            os.set_blocking(self.listening.fileno(), True)
             fds.append(self.listening.fileno())
             names.append("psmd.socket")
         for name, fd in self.store:

@@ -108,6 +108,10 @@ void Admission::Adopt(int listen_fd, bool activated, bool bound,
   activated_ = activated;
   bound_ = bound;
   fcntl(listen_fd_, F_SETFD, FD_CLOEXEC);
+  // O_NONBLOCK belongs to the open socket, which systemd shares: it clears
+  // the flag on psmd.socket's descriptor at every start (NonBlocking=no),
+  // and a blocking accept would hold the admission thread for good.
+  fcntl(listen_fd_, F_SETFL, fcntl(listen_fd_, F_GETFL) | O_NONBLOCK);
   for (const auto& [fd, id] : liveness) {
     fcntl(fd, F_SETFD, FD_CLOEXEC);
     liveness_[fd] = id;
