@@ -25,6 +25,7 @@ PACKAGES=(
   slurmctld slurmd slurm-client libpmix2
   libslurm-dev  # slurm/spank.h: deploy/slurm, psmd's SPANK plugin
   scdoc dpkg-dev debootstrap  # man pages, the .deb and its clean-root test
+  systemd-container  # scripts/test_systemd.sh: psmd under a booted systemd
   debhelper lintian pkg-config file  # debian/ (build_deb.sh) and test_deb.sh
   gnuplot-nox  # scripts/bench.sh's plots
 )

@@ -28,20 +28,25 @@ status=$?
 # Clang's thread-safety analysis of the daemon's and the library's lock
 # annotations, the
 # install into a prefix (install/uninstall), the Debian packages (built
-# with debhelper, lintian, their split, installed in a clean root), and the
+# with debhelper, lintian, their split, installed in a clean root), psmd
+# under a real systemd (those packages in a booted container), and the
 # daemon's unit, tenant and conformance tests under AddressSanitizer + UBSan
 # (docs/reliability.md; last, since its copts build everything again, into
 # an output tree of its own). //tests:integration_test is left out of it:
 # under ASan it alone takes ~7 min on this 2-core machine. The fuzz targets
 # are left out too: each builds its own binary with clang's ASan and UBSan
 # already (engine_state_fuzz_test ran 80 s a second time for nothing).
-checks=5
+checks=6
 checks_failed=0
 scripts/format.sh --check || { checks_failed=$((checks_failed + 1)); status=1; }
 bazel build --config=thread-safety //daemon/... //client/... ||
   { checks_failed=$((checks_failed + 1)); status=1; }
 scripts/test_install.sh || { checks_failed=$((checks_failed + 1)); status=1; }
-scripts/test_deb.sh || { checks_failed=$((checks_failed + 1)); status=1; }
+# test_systemd.sh boots the packages test_deb.sh built under a real systemd.
+debs=$(mktemp -d /tmp/psmd-test-debs-XXXXXX)
+trap 'rm -f "$events"; rm -rf "$debs"' EXIT
+PSMD_DEBS_OUT=$debs scripts/test_deb.sh || { checks_failed=$((checks_failed + 1)); status=1; }
+scripts/test_systemd.sh "$debs" || { checks_failed=$((checks_failed + 1)); status=1; }
 bazel test --config=asan --jobs=2 -- //shm/... //daemon/... //client/... \
   -//daemon/engine:engine_fuzz_test -//daemon/remote:wire_fuzz_test \
   -//daemon/handover:registry_image_fuzz_test \

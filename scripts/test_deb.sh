@@ -27,9 +27,9 @@
 #     health and config (the edited one), and is handed over in place by
 #     the package's upgrade (postinst: psmctl upgrade); dpkg --purge of every package
 #     leaves nothing named *psm* and no unit links.
-# The clean root is debootstrap --variant=minbase bookworm (about 3.5 min);
-# the first run keeps a tarball of it, untouched, in $PSMD_CLEAN_ROOT_CACHE
-# (default /var/cache/psmd-test) and later runs unpack a fresh copy (seconds).
+# The clean root is scripts/clean_root.sh's (cached after the first run).
+# With PSMD_DEBS_OUT=DIR the packages built are copied to DIR (for
+# scripts/test_systemd.sh).
 # Needs root, the build dependencies, lintian, debootstrap and the Debian
 # mirror apt uses. Removes everything it made.
 set -euo pipefail
@@ -37,7 +37,7 @@ set -euo pipefail
 # -q it would stop at the first match and CMD could die of SIGPIPE, which
 # pipefail reports as no match).
 cd "$(dirname "$0")/.."
-cache_dir=${PSMD_CLEAN_ROOT_CACHE:-/var/cache/psmd-test}
+source scripts/clean_root.sh
 work=$(mktemp -d /tmp/psmd-deb-test.XXXXXX)
 pids=()
 cleanup() {
@@ -77,6 +77,7 @@ done
 [[ "$(find debian | sort)" == "$before" ]] ||
   fail "the build left files in debian/: $(comm -13 <(echo "$before") <(find debian | sort) | head -5)"
 step "built $(ls "$out"/*.deb | wc -l) packages"
+if [[ -n "${PSMD_DEBS_OUT:-}" ]]; then cp "$out"/*.deb "$PSMD_DEBS_OUT"/; fi
 
 # ---- 2. lintian ----
 # lintian leaves its mldbm-elf-* databases in TMPDIR: give it the work
@@ -212,19 +213,8 @@ step "the unpacked psmd started; a program built with pkg-config psmclient opene
 
 # ---- 6. a clean Debian 12 root ----
 root=$work/root
-tarball=$cache_dir/bookworm-minbase.tar.gz
-mkdir -p "$root"
-if [[ -f "$tarball" ]]; then
-  tar -C "$root" -xzf "$tarball" || fail "unpacking $tarball"
-  step "clean root unpacked from $tarball"
-else
-  mirror=$(scripts/debian_archive.sh) || fail "no Debian archive in apt's sources"
-  debootstrap --variant=minbase bookworm "$root" "$mirror" \
-    >"$work/debootstrap.log" 2>&1 || { tail -5 "$work/debootstrap.log"; fail "debootstrap"; }
-  mkdir -p "$cache_dir"
-  tar -C "$root" -czf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
-  step "clean root made by debootstrap (kept in $tarball)"
-fi
+made=$(make_clean_root "$root" "$work/debootstrap.log") || fail "$made"
+step "$made"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 mount -t proc proc "$root/proc"
 in_root_argv=(chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin)
