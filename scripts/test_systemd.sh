@@ -18,6 +18,9 @@
 #     lost) and serves a new exchange.
 #  6. systemctl stop under a held pair ends it (lost psmd); the socket stays,
 #     and the next client starts psmd again (socket activation).
+#  7. With the fabric drop-in (psmd-fabric.conf): an exchange between the
+#     container's psmd and a psmd on the host, across two restarts of the
+#     former; the session resumes each time.
 # Prints the blackouts the handovers logged.
 #
 #   scripts/test_systemd.sh [DEBDIR]   (psmd's built .debs; else built here)
@@ -33,7 +36,12 @@ root=$work/root
 machine=psmd-test-$$
 nspawn=
 leader=
+node2=
 cleanup() {
+  if [[ -n "$node2" ]] && kill -0 "$node2" 2>/dev/null; then
+    kill -KILL "$node2"
+    wait "$node2" 2>/dev/null || true
+  fi
   # The container is thrown away: its init killed, the kernel ends every
   # process of its pid namespace, and nspawn exits.
   if [[ -n "$leader" ]]; then kill -KILL "$leader" 2>/dev/null || true; fi
@@ -83,10 +91,12 @@ in_root dpkg -i /root/debs/psmd.deb /root/debs/libpsmclient0.deb /root/debs/psmd
 in_root env DEBIAN_FRONTEND=noninteractive apt-get -f install -y -qq >"$work/apt.log" 2>&1 ||
   { tail -5 "$work/apt.log"; fail "apt-get -f install of psmd's packages"; }
 umount "$root/proc"
-bazel build //tests/programs:exchange >/dev/null 2>&1 || fail "bazel build //tests/programs:exchange"
+bazel build //tests/programs:exchange //daemon:psmd >/dev/null 2>&1 ||
+  fail "bazel build //tests/programs:exchange //daemon:psmd"
 # Its RUNPATH names Bazel's tree: in the container it loads the packaged
 # drop-in (LD_LIBRARY_PATH below), as an application run on psmd does.
-install -m 0755 "$(bazel info bazel-bin 2>/dev/null)/tests/programs/exchange" "$root/usr/local/bin/exchange"
+bin=$(bazel info bazel-bin 2>/dev/null)
+install -m 0755 "$bin/tests/programs/exchange" "$root/usr/local/bin/exchange"
 step "systemd, psmd, libpsmclient0 and psmd-libpsm2 installed in the root"
 
 # ---- 1. boot ----
@@ -227,6 +237,47 @@ pair activated 8 1000 4096
 finished "${pair_pids[@]}" || fail "a pair after the stop (socket activation): $(errors activated)"
 [[ "$(in_ct systemctl is-active psmd.service)" == active ]] || fail "the socket did not start psmd"
 step "systemctl stop ended a held pair (lost psmd); the next client started psmd through its socket"
+
+# ---- 7. with the fabric drop-in: a job across two nodes ----
+# Node 1 is the container's psmd with psmd-fabric.conf (its sandbox opened
+# to inet sockets and io_uring), node 2 a psmd on the host (the container
+# shares its network). No MUNGE here: fabric_auth = "none".
+port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+p1=$(port) p2=$(port)
+printf '1 node1 1@127.0.0.5:%s\n2 node2 2@127.0.0.6:%s\n' "$p1" "$p2" >"$root/etc/psmd/nodes"
+cp "$root/etc/psmd/nodes" "$work/nodes"
+sed -i -e 's|^node_id = 0$|node_id = 1|' \
+  -e "s|^# fabric_listen = .*|fabric_listen = [\"127.0.0.5:$p1\"]|" \
+  -e 's|^# fabric_nodes = "/etc/psmd/nodes"$|fabric_nodes = "/etc/psmd/nodes"|' \
+  -e 's|^fabric_auth = "munge"$|fabric_auth = "none"|' "$root/etc/psmd/psmd.toml"
+mkdir -p "$root/etc/systemd/system/psmd.service.d"
+cp "$root/usr/share/psmd/psmd-fabric.conf" "$root/etc/systemd/system/psmd.service.d/fabric.conf"
+in_ct systemctl daemon-reload
+in_ct systemctl restart psmd || fail "psmd with the fabric drop-in did not start"
+in_ct journalctl -u psmd --no-pager -o cat | grep -q "fabric: node table /etc/psmd/nodes: 2 nodes" ||
+  fail "psmd in the container did not read its node table"
+"$bin/daemon/psmd" --socket "$work/node2.sock" --config /dev/null \
+  --node-id 2 --fabric-listen "127.0.0.6:$p2" --fabric-nodes "$work/nodes" --fabric-auth none \
+  >"$work/node2.log" 2>&1 &
+node2=$!
+for _ in $(seq 100); do [[ -S "$work/node2.sock" ]] && break; sleep 0.1; done
+mkdir "$root/root/across"
+in_ct /usr/local/bin/exchange --rank 0 --dir /root/across --messages 200000 --max-size 4096 \
+  >/dev/null 2>"$root/root/across/r0.err" &
+across=($!)
+PSMD_SOCKET=$work/node2.sock "$bin/tests/programs/exchange" --rank 1 --dir "$root/root/across" \
+  --messages 200000 --max-size 4096 >/dev/null 2>"$root/root/across/r1.err" &
+across+=($!)
+for _ in $(seq 200); do [[ -f "$root/root/across/rank11.epid" ]] && break; sleep 0.05; done
+for g in 1 2; do
+  in_ct systemctl restart psmd || fail "systemctl restart psmd with a fabric ($g)"
+done
+finished "${across[@]}" || { tail -5 "$work/node2.log"; fail "the pair across two nodes and 2 restarts: $(errors across)"; }
+kill -TERM "$node2"
+wait "$node2" || fail "node 2's psmd did not exit 0 on SIGTERM"
+grep -c "the session with node 1 resumed" "$work/node2.log" | grep -qx 2 ||
+  { tail -10 "$work/node2.log"; fail "node 2 did not resume its session twice"; }
+step "with psmd-fabric.conf: a job across the container's psmd and another restarted twice under it, intact, the session resumed each time"
 
 blackouts=$(in_ct journalctl -u psmd --no-pager -o cat | sed -n 's/.*blackout \([0-9.]*\) ms.*/\1/p' | tr '\n' ' ')
 step "blackouts logged (ms): $blackouts"
