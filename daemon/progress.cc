@@ -630,7 +630,7 @@ void ProgressWorker::Sleep() {
       for (Endpoint* ep : eps) {
         if (ep->id() != events[i].data.u64) continue;
         uint64_t rings = shm::DrainEventFd(ep->doorbell_fd());
-        if (!engine_.SubmissionPending(*ep)) NoteIdleDoorbell(*ep, rings, now);
+        if (engine_.DoorbellIdle(*ep)) NoteIdleDoorbell(*ep, rings, now);
       }
     }
   }

@@ -277,6 +277,8 @@ kill -TERM "$node2"
 wait "$node2" || fail "node 2's psmd did not exit 0 on SIGTERM"
 grep -c "the session with node 1 resumed" "$work/node2.log" | grep -qx 2 ||
   { tail -10 "$work/node2.log"; fail "node 2 did not resume its session twice"; }
+! in_ct journalctl -u psmd --no-pager -o cat | grep "nothing submitted" ||
+  fail "psmd took the sender held for its receiver on node 2 for a doorbell flooder"
 step "with psmd-fabric.conf: a job across the container's psmd and another restarted twice under it, intact, the session resumed each time"
 
 blackouts=$(in_ct journalctl -u psmd --no-pager -o cat | sed -n 's/.*blackout \([0-9.]*\) ms.*/\1/p' | tr '\n' ' ')

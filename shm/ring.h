@@ -224,6 +224,16 @@ class RingConsumer {
     return n;
   }
 
+  // Available() counted on past its cached run, up to the whole ring: how
+  // many are published now, for a consumer that leaves them there (psmd
+  // holding a sender) and asks whether the producer published more.
+  uint32_t Rescan() {
+    uint32_t n = tail_cache_ - head_;
+    while (n <= mask_ && Published(head_ + n)) n++;
+    tail_cache_ = head_ + n;
+    return n;
+  }
+
   uint32_t capacity() const { return mask_ + 1; }
   // The next index to consume (published in the control block too, where
   // the producer could overwrite it: a successor starts from this one).

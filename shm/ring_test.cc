@@ -57,6 +57,27 @@ TEST(RingTest, FillsToCapacityThenRefuses) {
   EXPECT_FALSE(p.Drained());
 }
 
+TEST(RingTest, RescanSeesWhatWasPublishedPastTheCachedRun) {
+  SharedRing r{};
+  RingProducer<Item> p(&r.control, r.slots, 1024);
+  RingConsumer<Item> c(&r.control, r.slots, 1024);
+  for (uint64_t i = 0; i < 3; i++) ASSERT_TRUE(p.TryPush(MakeItem(i)));
+  EXPECT_EQ(c.Available(), 3u);
+  ASSERT_TRUE(p.TryPush(MakeItem(3)));
+  EXPECT_EQ(c.Available(), 3u) << "the cached run, until it is consumed";
+  EXPECT_EQ(c.Rescan(), 4u);
+  EXPECT_EQ(c.Available(), 4u);
+  // Up to the whole ring, past Available()'s scan of 64.
+  for (uint64_t i = 4; i < 1024; i++) ASSERT_TRUE(p.TryPush(MakeItem(i)));
+  EXPECT_EQ(c.Rescan(), 1024u);
+  Item out;
+  for (uint64_t i = 0; i < 1024; i++) {
+    ASSERT_TRUE(c.TryPop(&out));
+    ASSERT_EQ(out.seq, i);
+  }
+  EXPECT_EQ(c.Rescan(), 0u);
+}
+
 TEST(RingTest, FifoAcrossIndexWrapAround) {
   SharedRing r{};
   // Start both indices just below 2^32 to exercise unsigned wrap-around.

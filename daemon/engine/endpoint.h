@@ -214,6 +214,9 @@ class Endpoint {
   // Sends taken off msg_sq that wait for their receiver's unexpected budget,
   // in order; at most one batch. msg_sq is not read while this is non-empty.
   std::deque<shm::SubmissionDesc> held_sends;
+  // msg_sq's published end when a doorbell was last looked at while held
+  // (MqEngine::DoorbellIdle): a ring with more published since was not idle.
+  uint32_t doorbell_seen_end = 0;
   std::vector<PeerLink> peers;
   PostedQueue<PostedRecv> posted;
   UnexpectedQueue<UnexpectedMsg> unexpected;

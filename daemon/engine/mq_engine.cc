@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -320,6 +321,13 @@ bool MqEngine::SubmissionPending(Endpoint& ep) {
   if (ep.ctl_sq.Available() > 0 && ep.ctl_in_flight < kControlCredit)
     return true;
   return ep.held_sends.empty() && ep.msg_sq.Available() > 0;
+}
+
+bool MqEngine::DoorbellIdle(Endpoint& ep) {
+  if (SubmissionPending(ep)) return false;
+  if (ep.faulted || ep.held_sends.empty()) return true;
+  const uint32_t end = ep.msg_sq.position() + ep.msg_sq.Rescan();
+  return std::exchange(ep.doorbell_seen_end, end) == end;
 }
 
 bool MqEngine::Poll(Endpoint& ep) {

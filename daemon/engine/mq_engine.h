@@ -218,8 +218,13 @@ class MqEngine {
   bool PollAll();
   // True when some endpoint has a submission waiting (used before sleeping).
   bool AnySubmissionPending();
-  // The same for one endpoint (a doorbell without one is idle).
+  // The same for one endpoint.
   bool SubmissionPending(Endpoint& ep);
+  // A doorbell of `ep` that woke us was rung for nothing: no submission
+  // waits, and none was published since the last look. A sender held for its
+  // receiver (held_sends) goes on publishing sends, which wait in its message
+  // ring, and rings for each while we sleep: those rings are not idle.
+  bool DoorbellIdle(Endpoint& ep);
   // Whether `ep`'s client has completions in its ring it did not reap yet.
   static bool CompletionsUnreaped(Endpoint& ep) { return !ep.cq.Drained(); }
   // Wakes clients that sleep waiting for completions published since the

@@ -322,6 +322,29 @@ TEST_F(MqEngineTest, SendsBeyondTheReceiversBudgetWaitAndNothingIsLost) {
   EXPECT_EQ(ReceiveEach(1, 0, 20, chunk), 20);
 }
 
+TEST_F(MqEngineTest, AHeldSenderThatPublishesRingsForSomething) {
+  // Held for its receiver's budget, a sender goes on publishing, and rings
+  // for each send while psmd sleeps: not idle rings (the doorbell defense
+  // muted such senders and logged them as ringing for nothing). A ring with
+  // nothing published since the last look is idle, held or not.
+  EndpointTestPeer(*endpoints_[1])
+      .set_unexpected_budget(2 * kUnexpectedOverheadBytes);
+  const std::string chunk(100, 'h');
+  for (int i = 0; i < 4; i++) Send(0, 1, 1, chunk);
+  Drain();
+  ASSERT_GT(endpoints_[0]->counters.sends_held.Get(), 0u);
+  Endpoint& sender = *endpoints_[0];
+  EXPECT_FALSE(engine_.SubmissionPending(sender));
+  Send(0, 1, 1, chunk);
+  EXPECT_FALSE(engine_.DoorbellIdle(sender)) << "a send was published";
+  EXPECT_TRUE(engine_.DoorbellIdle(sender)) << "nothing since";
+  for (int i = 0; i < 40; i++) Send(0, 1, 1, chunk);
+  EXPECT_FALSE(engine_.DoorbellIdle(sender));
+  EXPECT_TRUE(engine_.DoorbellIdle(sender));
+  EXPECT_TRUE(engine_.DoorbellIdle(*endpoints_[1])) << "not held, empty";
+  EXPECT_EQ(ReceiveEach(1, 0, 45, chunk), 45);
+}
+
 TEST_F(MqEngineTest, AJobsOwnBudgetHoldsSendersBelowTheEnginesBudget) {
   // A Slurm step's share of its memory (Registry::RegisterSlurmStep): room
   // for 5 messages in the whole job, though the endpoint and the engine's
