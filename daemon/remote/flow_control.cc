@@ -46,9 +46,23 @@ bool Remote::Defer(Peer& p, const OutFrame& f) {
       // Behind the chunks of its transfer that wait (a chunk after it
       // would name no transfer there).
       return !p.deferred.empty() && p.deferred.count(f.msg.f.dst) != 0;
+    case wire::Op::kGone:
+      // Behind what its endpoint sent that waits (a receive naming it
+      // there would fail, and the message arrive for nobody).
+      return SetAsideFrom(p, f.msg.f.src);
     default:
       return false;
   }
+}
+
+bool Remote::SetAsideFrom(const Peer& p, uint64_t src) {
+  // Rare (an endpoint's kGone meeting frames set aside): a walk will do.
+  for (const auto& [dst, frames] : p.deferred) {
+    for (const auto& f : frames) {
+      if (f->msg.f.src == src) return true;
+    }
+  }
+  return false;
 }
 
 void Remote::Resume(Peer& p, uint64_t dst) {
@@ -67,6 +81,15 @@ void Remote::Resume(Peer& p, uint64_t dst) {
   p.queue.insert(at, std::make_move_iterator(set_aside->second.begin()),
                  std::make_move_iterator(set_aside->second.end()));
   p.deferred.erase(set_aside);
+  // After them, the kGones that waited for them (Flush checks again).
+  for (auto it = p.gone_aside.begin(); it != p.gone_aside.end();) {
+    if (SetAsideFrom(p, (*it)->msg.f.src)) {
+      ++it;
+      continue;
+    }
+    p.queue.push_back(std::move(*it));
+    it = p.gone_aside.erase(it);
+  }
   Flush(p);
 }
 

@@ -363,6 +363,8 @@ class Remote : public OtherNodes {
   // Whether frames to p's endpoint `dst` wait: it is off, its window is
   // full, or frames to it are set aside already (they go first).
   static bool Held(const Peer& p, uint64_t dst);
+  // Whether frames from this node's endpoint `src` are set aside for p.
+  static bool SetAsideFrom(const Peer& p, uint64_t src);
   // Flush posted `f`: its bytes count in its receiver's window.
   static void Charge(Peer& p, const OutFrame& f);
   // The frames set aside for `dst` go again, unless it is still held.

@@ -95,7 +95,8 @@ bool Remote::Carriable(std::string* why) const {
     if (p->rx != Peer::Rx::kHeader || p->expect_payload || p->has_held) {
       return busy(node, "a frame half read");
     }
-    if (!p->queue.empty() || !p->deferred.empty() || p->defer_payload) {
+    if (!p->queue.empty() || !p->deferred.empty() || !p->gone_aside.empty() ||
+        p->defer_payload) {
       return busy(node, "frames queued to it");
     }
     if (!p->parked.empty() || !p->gone_after.empty() || p->parked_bytes != 0) {

@@ -198,6 +198,9 @@ struct Remote::Peer {
   // them set aside meanwhile, in queue order.
   std::set<uint64_t> off;
   std::unordered_map<uint64_t, std::deque<std::unique_ptr<OutFrame>>> deferred;
+  // kGone frames of endpoints that have frames set aside above: each goes
+  // once none of its endpoint's is left there (Remote::Resume).
+  std::deque<std::unique_ptr<OutFrame>> gone_aside;
   // Its endpoints that take eager MQ messages as envelopes only
   // (kEagerOff): such a send goes as a rendezvous (Converted).
   std::set<uint64_t> eager_off;

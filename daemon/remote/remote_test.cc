@@ -590,6 +590,38 @@ TEST_F(RemoteTest, AReceiveNamingARemovedRemoteEndpointFails) {
   EXPECT_EQ(done[0].error, PSM2_EPID_UNREACHABLE);
 }
 
+// A sender's last message, held for its receiver (kXoff: here a handover
+// of the receiver's node holding its peers), then its endpoint closed: the
+// kGone that tells the receiver's node goes after the message, not before
+// it (where it failed a receive naming the sender with
+// PSM2_EPID_UNREACHABLE, and the message arrived for nobody).
+TEST_F(RemoteTest, AClosedSendersKGoneWaitsForItsMessagesHeldBeforeIt) {
+  ConnectPair();
+  const uint64_t r = Recv(2, 0, 0, 7, 64);
+  Drain();
+  node(2).remote->HoldPeers(true);
+  Drain();
+  Send(1, 0, 0, 7, "last words");
+  Drain();
+  EXPECT_TRUE(Reap(2, 0).empty()) << "held";
+  node(1).engine->Remove(node(1).clients[0].id);
+  Drain();
+  node(2).remote->HoldPeers(false);
+  Drain();
+  auto done = Reap(2, 0);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].req, r);
+  EXPECT_EQ(done[0].error, PSM2_OK);
+  EXPECT_EQ(PayloadOf(2, done[0]).substr(0, 10), "last words");
+  // And the kGone came after: a receive naming the sender fails now.
+  const uint64_t after = Recv(2, 0, 0, 8, 64);
+  Drain();
+  done = Reap(2, 0);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].req, after);
+  EXPECT_EQ(done[0].error, PSM2_EPID_UNREACHABLE);
+}
+
 // Back-pressure rules 1 and 2: a receiver over its unexpected budget gets
 // what arrives for it parked at its node, whose daemon asks the sender's to
 // hold (kXoff); nothing is lost or reordered once receives drain the queue.

@@ -30,8 +30,12 @@ void Remote::PostTo(uint16_t node, const wire::Envelope& e) {
 void Remote::Flush(Peer& p) {
   while (p.open && !p.queue.empty()) {
     if (Defer(p, *p.queue.front())) {
-      const uint64_t dst = p.queue.front()->msg.f.dst;
-      p.deferred[dst].push_back(std::move(p.queue.front()));
+      std::unique_ptr<OutFrame>& f = p.queue.front();
+      if (f->msg.op() == wire::Op::kGone) {
+        p.gone_aside.push_back(std::move(f));
+      } else {
+        p.deferred[f->msg.f.dst].push_back(std::move(f));
+      }
       p.queue.pop_front();
       continue;
     }
@@ -274,7 +278,8 @@ void Remote::EndpointRemoved(uint32_t id) {
   // Their kRndvGo finds no sender.
   DropConverted([id](const Converted& c) { return c.sender == id; });
   // Nodes that connected to it learn it is gone, after everything it sent
-  // (one connection per node pair keeps the order).
+  // (one connection per node pair keeps the order; a kGone waits behind its
+  // endpoint's frames set aside: Defer).
   if (auto w = watchers_.find(id); w != watchers_.end()) {
     if (Endpoint* ep = engine_->FindAny(id)) {
       for (uint16_t node : w->second) {
