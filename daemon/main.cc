@@ -199,6 +199,33 @@ int main(int argc, char** argv) {
     }
     psmd::handover::EndInherited(why, stored);
   }
+  // The successor of a systemctl restart took the state out of the store
+  // and ended (killed, crashed) before it took the endpoints over.
+  const bool successor_ended =
+      state_fd == -1 && psmd::handover::OrphanedTable(from_systemd);
+  if (successor_ended) {
+    const std::string why =
+        "systemd's file-descriptor store held psmd's endpoints without their "
+        "state: the psmd started to take them over ended before it had "
+        "(killed or crashed), so they have ended: open new ones";
+    spdlog::error("{}", why);
+    std::vector<int> stored;
+    for (int fd : from_systemd.handed) {
+      if (fd >= 0) stored.push_back(fd);
+    }
+    psmd::handover::EndInherited(why, stored);
+  }
+  // The endpoints are served (or ended): systemd's copies of their
+  // descriptors would outlive this psmd (handover.h, ServiceManagerFds).
+  auto forget_store = [&from_systemd] {
+    if (int refused = psmd::handover::ForgetStoredFds(from_systemd)) {
+      spdlog::warn(
+          "systemd did not confirm removing {} of {} entries from psmd's "
+          "file-descriptor store: a crash of this psmd would not end those "
+          "endpoints until psmd is stopped",
+          refused, from_systemd.table_names.size());
+    }
+  };
   if (state_fd == -2) {
     spdlog::error("{} is not a descriptor of this process; ignored",
                   psmd::handover::kEnvFd);
@@ -274,6 +301,11 @@ int main(int argc, char** argv) {
     RefreshNodeTable(config, host_description);
     worker.EnableFabric(std::move(fabric), config, registry.boot_nonce());
   }
+  if (!inheritance) {
+    // Before Bind: the store's copy of psmd's own listening socket (one
+    // not adopted) would answer its probe, "in use".
+    forget_store();
+  }
   if (inheritance) {
     // The old psmd's listening socket is the one to serve on; systemd's
     // is the same socket again.
@@ -314,15 +346,9 @@ int main(int argc, char** argv) {
   psmd::EndpointJournal::Previous previous;
   const psmd::Status journal_status =
       journal.Load(config.socket_path + ".journal", &previous);
-  if (inheritance) psmd::TakeOver(daemon, *inheritance);
-  // The endpoints are served (or ended): systemd's copies of their
-  // descriptors would outlive this psmd (handover.h, ServiceManagerFds).
-  if (int refused = psmd::handover::ForgetStoredFds(from_systemd)) {
-    spdlog::warn(
-        "systemd refused to remove {} of {} entries from psmd's "
-        "file-descriptor store: a crash of this psmd would not end those "
-        "endpoints until psmd is stopped",
-        refused, from_systemd.table_names.size());
+  if (inheritance) {
+    psmd::TakeOver(daemon, *inheritance);
+    forget_store();
   }
   if (!journal_status.ok()) {
     spdlog::error("{}; a crash of this psmd will not be reported",
@@ -331,7 +357,8 @@ int main(int argc, char** argv) {
     uint64_t crash_restarts = previous.crash_restarts;
     if (state_fd < 0) {  // no handover: the one before stopped, or not
       uint32_t lost = 0;
-      crash_restarts = psmd::ReportPrevious(journal.path(), previous, &lost);
+      crash_restarts = psmd::ReportPrevious(journal.path(), previous,
+                                            successor_ended, &lost);
       upgrades.last_crash_lost = lost;
     }
     upgrades.crash_restarts = crash_restarts;

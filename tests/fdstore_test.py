@@ -106,10 +106,7 @@ class ServiceManager:
                 for fd in fds:
                     os.close(fd)
             if fields.get("FDSTOREREMOVE") == "1":
-                name = fields.get("FDNAME")
-                for entry in [e for e in self.store if e[0] == name]:
-                    os.close(entry[1])
-                    self.store.remove(entry)
+                self.forget(fields.get("FDNAME"))
             if fields.get("READY") == "1":
                 self.ready.set()
             if fields.get("DRAINED") == "1":
@@ -180,6 +177,12 @@ class ServiceManager:
         if not self.drained.wait(10):
             raise RuntimeError("the notify reader did not drain within 10 s")
 
+    def forget(self, name):
+        """What a psmd's FDSTOREREMOVE=1 of `name` does."""
+        for entry in [e for e in self.store if e[0] == name]:
+            os.close(entry[1])
+            self.store.remove(entry)
+
     def discard(self):  # the unit fully stopped: the store is flushed
         for _, fd in self.store:
             os.close(fd)
@@ -222,6 +225,14 @@ def pair(mgr, name, uuid, messages, max_size, hold=0, rank1_socket=None):
 
 def errors(rv):
     return "".join(open(os.path.join(rv, f)).read() for f in ("r0.err", "r1.err"))
+
+
+def all_failed(procs, timeout):
+    """Whether every one of procs exits non-zero within timeout s."""
+    try:
+        return all(p.wait(timeout) not in (0, None) for p in procs)
+    except subprocess.TimeoutExpired:
+        return False
 
 
 def wait_endpoints(mgr, n):
@@ -300,7 +311,7 @@ def run(activate):
             mgr.proc.kill()
             mgr.proc.wait()
             t0 = time.monotonic()
-            ended = all(p.wait(20) not in (0, None) for p in busy)
+            ended = all_failed(busy, 20)
             check(ended and "lost psmd" in errors(rv_busy),
                   "a crash ends the busy pair within %.1f s (lost psmd): %s" %
                   (time.monotonic() - t0, errors(rv_busy)[:300]))
@@ -309,6 +320,30 @@ def run(activate):
             check('"generation": 0,' in health and
                   '"endpoint_count": 0,' in health,
                   "it adopted nothing: %s" % health.strip())
+            # A successor killed in its adoption: it took the state out of
+            # the store, and ended before it took the rest. The next psmd
+            # ends those endpoints with the reason, empties the store, and
+            # serves on its socket (the held pair below connects to it).
+            orphan, rv_orphan = pair(mgr, "orphaned", "5053d0d0" + "e" * 24,
+                                     50000000, 64)
+            procs = orphan
+            check(wait_endpoints(mgr, 2), "a busy pair open")
+            check(mgr.sigterm() == 0, "psmd stored the busy pair")
+            mgr.forget("psmd-state")
+            check(mgr.start(),
+                  "a psmd started over a store without a state said READY=1")
+            t0 = time.monotonic()
+            ended = all_failed(orphan, 20)
+            check(ended and "without their state" in errors(rv_orphan),
+                  "the pair ended within %.1f s, told why: %s" %
+                  (time.monotonic() - t0, errors(rv_orphan)[:300]))
+            health = psmctl(mgr, "health", "--json").stdout
+            check('"generation": 0,' in health and
+                  '"endpoint_count": 0,' in health and
+                  '"crash_restarts": 2,' in health,
+                  "it adopted nothing and counted a second crash: %s" %
+                  health.strip())
+            check(mgr.names() == [], "it emptied the store: %s" % mgr.names())
             # systemctl stop: the store is discarded, the endpoints end.
             # (held idle for a few seconds, so that the stop comes first)
             held, rv_held = pair(mgr, "held", "5053d0d0" + "c" * 24, 10, 64, hold=5)
@@ -322,7 +357,7 @@ def run(activate):
             check(wait_endpoints(mgr, 2), "a held pair open and connected")
             check(mgr.sigterm() == 0, "stop: psmd exited 0")
             mgr.discard()
-            ended = all(p.wait(60) not in (0, None) for p in held)
+            ended = all_failed(held, 60)
             check(ended and "lost psmd" in errors(rv_held),
                   "a stop ends the endpoints (lost psmd): " + errors(rv_held)[:300])
         finally:

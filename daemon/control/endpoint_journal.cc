@@ -256,7 +256,7 @@ void EndpointJournal::Remove() {
 
 uint64_t ReportPrevious(const std::string& path,
                         const EndpointJournal::Previous& previous,
-                        uint32_t* lost) {
+                        bool successor_ended, uint32_t* lost) {
   *lost = 0;
   if (!previous.found) return 0;
   if (!previous.damage.empty()) {
@@ -283,6 +283,17 @@ uint64_t ReportPrevious(const std::string& path,
   if (previous.entries.size() > kNamed) {
     list +=
         " and " + std::to_string(previous.entries.size() - kNamed) + " more";
+  }
+  if (previous.ending == EndpointJournal::Ending::kInStore && successor_ended) {
+    spdlog::warn(
+        "psmd pid {} put {} endpoints into systemd's file-descriptor store, "
+        "and the psmd started to take them over ended before it had (killed "
+        "or crashed): they ended{}{}; their processes see \"lost psmd\". "
+        "Restart {} after a crash since psmd last started clean (psmctl "
+        "stats); the journal says why it ended",
+        previous.pid, previous.entries.size(), list.empty() ? "" : ": ", list,
+        previous.crash_restarts + 1);
+    return previous.crash_restarts + 1;
   }
   if (previous.ending == EndpointJournal::Ending::kInStore) {
     // systemctl stop after a psmd stored its endpoints: an ordinary end.

@@ -110,10 +110,13 @@ class EndpointJournal {
 // with the psmd before it (a crash, or a store systemd discarded) and
 // returns the starts that followed a crash since psmd last started after a
 // clean stop, this one included (the journal's count, plus one for a
-// crash). *lost: the endpoints that ended with the psmd before.
+// crash). `successor_ended`: the store still held the endpoints of a
+// journal that says they went there, so the psmd started to take them over
+// ended first (a crash, whose own journal it did not yet keep). *lost: the
+// endpoints that ended with the psmd before.
 uint64_t ReportPrevious(const std::string& path,
                         const EndpointJournal::Previous& previous,
-                        uint32_t* lost);
+                        bool successor_ended, uint32_t* lost);
 
 }  // namespace psmd
 

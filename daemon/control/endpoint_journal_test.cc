@@ -72,7 +72,7 @@ TEST_F(EndpointJournalTest, ANewJournalHasNothingBefore) {
   ASSERT_TRUE(j.Load(path_, &p).ok());
   EXPECT_FALSE(p.found);
   uint32_t lost = 9;
-  EXPECT_EQ(ReportPrevious(path_, p, &lost), 0u);
+  EXPECT_EQ(ReportPrevious(path_, p, false, &lost), 0u);
   EXPECT_EQ(lost, 0u);
   struct stat st {};
   ASSERT_EQ(stat(path_.c_str(), &st), 0);
@@ -109,7 +109,7 @@ TEST_F(EndpointJournalTest, AKilledPsmdLeavesItsLiveEndpointsAndIsACrash) {
   }
   EXPECT_EQ(ids, (std::set<uint32_t>{1, 5}));
   uint32_t lost = 0;
-  EXPECT_EQ(ReportPrevious(path_, p, &lost), 3u) << "the third crash";
+  EXPECT_EQ(ReportPrevious(path_, p, false, &lost), 3u) << "the third crash";
   EXPECT_EQ(lost, 2u);
 }
 
@@ -137,8 +137,25 @@ TEST_F(EndpointJournalTest, EndpointsPutIntoSystemdsStoreAreNoCrash) {
   EXPECT_EQ(p.ending, EndpointJournal::Ending::kInStore);
   EXPECT_EQ(p.entries.size(), 1u);
   uint32_t lost = 5;
-  EXPECT_EQ(ReportPrevious(path_, p, &lost), 1u) << "the count goes on";
+  EXPECT_EQ(ReportPrevious(path_, p, false, &lost), 1u) << "the count goes on";
   EXPECT_EQ(lost, 1u);
+}
+
+TEST_F(EndpointJournalTest,
+       EndpointsLeftInTheStoreByAKilledSuccessorAreACrash) {
+  {
+    EndpointJournal j;
+    LoadAndStart(j, 1);
+    j.Record(EntryOf(1));
+    j.Record(EntryOf(2));
+    j.MarkInStore();
+  }
+  EndpointJournal j;
+  EndpointJournal::Previous p;
+  ASSERT_TRUE(j.Load(path_, &p).ok());
+  uint32_t lost = 0;
+  EXPECT_EQ(ReportPrevious(path_, p, true, &lost), 2u) << "one more crash";
+  EXPECT_EQ(lost, 2u);
 }
 
 TEST_F(EndpointJournalTest, StartEmptiesWhatWasThere) {
@@ -215,7 +232,8 @@ TEST_F(EndpointJournalTest, DamageIsReportedNeverRead) {
   ASSERT_EQ(p.entries.size(), 1u);
   EXPECT_EQ(p.entries[0].id, 2u);
   uint32_t lost = 0;
-  EXPECT_EQ(ReportPrevious(path_, p, &lost), 1u) << "a crash all the same";
+  EXPECT_EQ(ReportPrevious(path_, p, false, &lost), 1u)
+      << "a crash all the same";
   EXPECT_EQ(lost, 0u) << "what ended is not known";
 
   std::mt19937 rng(42);

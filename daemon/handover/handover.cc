@@ -429,10 +429,21 @@ ServiceManagerFds TakeServiceManagerFds() {
   return out;
 }
 
+bool OrphanedTable(const ServiceManagerFds& fds) {
+  return fds.states == 0 && std::any_of(fds.handed.begin(), fds.handed.end(),
+                                        [](int fd) { return fd >= 0; });
+}
+
 int ForgetStoredFds(const ServiceManagerFds& fds) {
   int refused = 0;
   for (const std::string& name : fds.table_names) {
     if (!ForgetStored(name)) refused++;
+  }
+  // systemd reads its notify socket in order: past the barrier, every
+  // removal above is done.
+  constexpr uint64_t kBarrierUs = 1000000;
+  if (!fds.table_names.empty() && sd_notify_barrier(0, kBarrierUs) < 0) {
+    refused = static_cast<int>(fds.table_names.size());
   }
   return refused;
 }

@@ -172,9 +172,14 @@ struct ServiceManagerFds {
   int error = 0;                         // sd_listen_fds' negative errno
 };
 ServiceManagerFds TakeServiceManagerFds();
+// The table's entries without a state beside them (a psmd took the state
+// and ended before it took them: killed in its adoption).
+bool OrphanedTable(const ServiceManagerFds& fds);
 // Removes the table's entries `fds.table_names` from systemd's store (their
-// descriptors are this process's now, or closed). Returns how many removals
-// the notify socket refused.
+// descriptors are this process's now, or closed), and waits (at most 1 s,
+// sd_notify_barrier) until systemd has done so: until then its copy of a
+// listening socket on psmd's path answers connects, and psmd would find its
+// own socket in use. Returns how many removals the notify socket refused.
 int ForgetStoredFds(const ServiceManagerFds& fds);
 
 // Under systemd: stores the state file and the table's descriptors in the
