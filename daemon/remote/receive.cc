@@ -402,8 +402,12 @@ Remote::Verdict Remote::OnPing(Peer&, const wire::Envelope&) {
 
 Remote::Verdict Remote::OnGone(Peer& p, const wire::Envelope& in) {
   const hw::FrameFields& f = in.f;
-  p.unconsumed.erase(f.src);  // no credit comes for it any more
-  Resume(p, f.src);           // (its frames are refused there)
+  // No credit comes for it any more, nor a kXon: what waits for it goes
+  // (and is refused there), and its flags go with it.
+  p.unconsumed.erase(f.src);
+  p.off.erase(f.src);
+  p.eager_off.erase(f.src);
+  Resume(p, f.src);
   proxies_.Drop(f.src);
   engine_->EpidGone(f.src, f.uid, f.job);  // on every shard
   return Verdict::kDone;

@@ -622,6 +622,31 @@ TEST_F(RemoteTest, AClosedSendersKGoneWaitsForItsMessagesHeldBeforeIt) {
   EXPECT_EQ(done[0].error, PSM2_EPID_UNREACHABLE);
 }
 
+// A receiver that leaves while its node holds the sender (kXoff; here a
+// handover's hold) is never said "on" again (kXon): its kGone releases what
+// waited for it (refused there), else those frames, and a kGone of their
+// sender behind them, would wait until the connection ends.
+TEST_F(RemoteTest, AReceiverThatLeavesWhileHeldReleasesWhatWaitedForIt) {
+  ConnectPair();
+  node(2).remote->HoldPeers(true);
+  Drain();
+  Send(1, 0, 0, 7, "to nobody");
+  Drain();
+  // Its sender closes: its last send is taken and set aside, its kGone
+  // behind it.
+  node(1).engine->Remove(node(1).clients[0].id);
+  Drain();
+  std::string why;
+  ASSERT_FALSE(node(1).remote->Carriable(&why)) << "frames set aside";
+  node(2).engine->Remove(node(2).clients[0].id);
+  Drain();
+  EXPECT_TRUE(node(1).remote->Carriable(&why)) << why;
+  node(2).remote->HoldPeers(false);
+  Drain();
+  EXPECT_TRUE(node(1).remote->Carriable(&why)) << why;
+  EXPECT_TRUE(node(2).remote->Carriable(&why)) << why;
+}
+
 // Back-pressure rules 1 and 2: a receiver over its unexpected budget gets
 // what arrives for it parked at its node, whose daemon asks the sender's to
 // hold (kXoff); nothing is lost or reordered once receives drain the queue.
