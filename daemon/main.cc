@@ -346,10 +346,7 @@ int main(int argc, char** argv) {
   psmd::EndpointJournal::Previous previous;
   const psmd::Status journal_status =
       journal.Load(config.socket_path + ".journal", &previous);
-  if (inheritance) {
-    psmd::TakeOver(daemon, *inheritance);
-    forget_store();
-  }
+  if (inheritance) psmd::TakeOver(daemon, *inheritance);
   if (!journal_status.ok()) {
     spdlog::error("{}; a crash of this psmd will not be reported",
                   journal_status.message);
@@ -371,6 +368,9 @@ int main(int argc, char** argv) {
       spdlog::error("{}; a crash of this psmd will not be reported", s.message);
     }
   }
+  // After the journal names what was taken over: a kill from here on is
+  // reported as this psmd's crash.
+  if (inheritance) forget_store();
   if (!daemon.start_server()) {
     spdlog::critical("cannot start the gRPC control server");
     return 1;
