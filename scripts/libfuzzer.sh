@@ -17,6 +17,11 @@
 # negative control). The reproducer and the log are left in the work
 # directory a failure names.
 
+# What every target, and objects compiled ahead for one
+# (daemon/engine/engine_fuzz_lib.sh), compile with.
+fuzz_cflags=(-std=c++17 -O1 -g -I. -fsanitize=fuzzer,address,undefined
+  -fno-sanitize-recover=undefined)
+
 # reached NAME GATE LOG: the last "reached" line in LOG matches GATE.
 fuzz_reached() {
   grep -E "^$1: reached " "$3" | tail -1 | grep -Eq "$2"
@@ -27,8 +32,7 @@ fuzz_main() {
   shift 6
   local work
   work=$(mktemp -d "${TEST_TMPDIR:-${PSMD_TEST_TMP:-/tmp}}/psmd-$name-XXXXXX")
-  clang++ -std=c++17 -O1 -g -I. -fsanitize=fuzzer,address,undefined \
-    -fno-sanitize-recover=undefined "$@" -o "$work/$name"
+  clang++ "${fuzz_cflags[@]}" "$@" -o "$work/$name"
   if [ "$mode" = --write-seeds ]; then
     rm -rf "$corpus"
     mkdir "$corpus"

@@ -16,10 +16,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 work=$(mktemp -d "${TEST_TMPDIR:-${PSMD_TEST_TMP:-/tmp}}/psmd-engine-fuzz-XXXXXX")
+source scripts/libfuzzer.sh
 source daemon/engine/engine_sources.sh
-clang++ -std=c++17 -O1 -g -I. -fsanitize=fuzzer,address,undefined \
-  -fno-sanitize-recover=undefined "${engine_flags[@]}" \
-  daemon/engine/engine_fuzz.cc "${engine_sources[@]}" "${engine_libs[@]}" \
+clang++ "${fuzz_cflags[@]}" "${engine_flags[@]}" \
+  daemon/engine/engine_fuzz.cc "${engine_objects[@]}" "${engine_libs[@]}" \
   -o "$work/engine_fuzz"
 if [ "${1:-}" = --write-seeds ]; then
   rm -rf daemon/engine/engine_fuzz_corpus

@@ -19,4 +19,4 @@ source daemon/engine/engine_sources.sh
 fuzz_main engine_state_fuzz daemon/engine/engine_state_fuzz_corpus 10000 16384 \
   "^engine_state_fuzz: reached loaded=[1-9][0-9]*,[1-9][0-9]* refused=[1-9][0-9]*$" \
   "${1:-}" "${engine_flags[@]}" daemon/engine/engine_state_fuzz.cc \
-  "${engine_sources[@]}" "${engine_libs[@]}"
+  "${engine_objects[@]}" "${engine_libs[@]}"
