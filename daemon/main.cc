@@ -193,11 +193,7 @@ int main(int argc, char** argv) {
         " psmd states (left by a psmd that did not empty it), so none is "
         "adopted; its endpoints have ended: open new ones";
     spdlog::error("handover refused: {}", why);
-    std::vector<int> stored;
-    for (int fd : from_systemd.handed) {
-      if (fd >= 0) stored.push_back(fd);
-    }
-    psmd::handover::EndInherited(why, stored);
+    psmd::handover::EndStored(from_systemd, why);
   }
   // The successor of a systemctl restart took the state out of the store
   // and ended (killed, crashed) before it took the endpoints over.
@@ -209,11 +205,7 @@ int main(int argc, char** argv) {
         "state: the psmd started to take them over ended before it had "
         "(killed or crashed), so they have ended: open new ones";
     spdlog::error("{}", why);
-    std::vector<int> stored;
-    for (int fd : from_systemd.handed) {
-      if (fd >= 0) stored.push_back(fd);
-    }
-    psmd::handover::EndInherited(why, stored);
+    psmd::handover::EndStored(from_systemd, why);
   }
   // The endpoints are served (or ended): systemd's copies of their
   // descriptors would outlive this psmd (handover.h, ServiceManagerFds).

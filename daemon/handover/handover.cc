@@ -434,6 +434,14 @@ bool OrphanedTable(const ServiceManagerFds& fds) {
                                         [](int fd) { return fd >= 0; });
 }
 
+void EndStored(const ServiceManagerFds& fds, const std::string& reason) {
+  std::vector<int> stored;
+  for (int fd : fds.handed) {
+    if (fd >= 0) stored.push_back(fd);
+  }
+  EndInherited(reason, stored);
+}
+
 int ForgetStoredFds(const ServiceManagerFds& fds) {
   int refused = 0;
   for (const std::string& name : fds.table_names) {

@@ -175,6 +175,8 @@ ServiceManagerFds TakeServiceManagerFds();
 // The table's entries without a state beside them (a psmd took the state
 // and ended before it took them: killed in its adoption).
 bool OrphanedTable(const ServiceManagerFds& fds);
+// Ends the table's entries (EndInherited) when they are not adopted.
+void EndStored(const ServiceManagerFds& fds, const std::string& reason);
 // Removes the table's entries `fds.table_names` from systemd's store (their
 // descriptors are this process's now, or closed), and waits (at most 1 s,
 // sd_notify_barrier) until systemd has done so: until then its copy of a
