@@ -235,6 +235,16 @@ def all_failed(procs, timeout):
         return False
 
 
+def wait_holding(rv):
+    """Both ranks connected and holding (exchange writes holding.R then)."""
+    for _ in range(400):
+        if all(os.path.exists(os.path.join(rv, "holding.%d" % r))
+               for r in (0, 1)):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def wait_endpoints(mgr, n):
     for _ in range(400):
         out = psmctl(mgr, "health", "--json").stdout
@@ -324,11 +334,13 @@ def run(activate):
             # the store, and ended before it took the rest. The next psmd
             # ends those endpoints with the reason, empties the store, and
             # serves on its socket (the held pair below connects to it).
+            # (Connected first: held for 2 s, then busy.)
             orphan, rv_orphan = pair(mgr, "orphaned", "5053d0d0" + "e" * 24,
-                                     50000000, 64)
+                                     50000000, 64, hold=2)
             procs = orphan
-            check(wait_endpoints(mgr, 2), "a busy pair open")
-            check(mgr.sigterm() == 0, "psmd stored the busy pair")
+            check(wait_holding(rv_orphan) and wait_endpoints(mgr, 2),
+                  "a pair open and connected")
+            check(mgr.sigterm() == 0, "psmd stored the pair")
             mgr.forget("psmd-state")
             check(mgr.start(),
                   "a psmd started over a store without a state said READY=1")
@@ -348,13 +360,8 @@ def run(activate):
             # (held idle for a few seconds, so that the stop comes first)
             held, rv_held = pair(mgr, "held", "5053d0d0" + "c" * 24, 10, 64, hold=5)
             procs = held
-            # Both connected and holding (exchange writes holding.R then).
-            for _ in range(400):
-                if all(os.path.exists(os.path.join(rv_held, "holding.%d" % r))
-                       for r in (0, 1)):
-                    break
-                time.sleep(0.05)
-            check(wait_endpoints(mgr, 2), "a held pair open and connected")
+            check(wait_holding(rv_held) and wait_endpoints(mgr, 2),
+                  "a held pair open and connected")
             check(mgr.sigterm() == 0, "stop: psmd exited 0")
             mgr.discard()
             ended = all_failed(held, 60)
