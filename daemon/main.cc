@@ -409,7 +409,7 @@ int main(int argc, char** argv) {
         psmd::HandOver(daemon, *path, args, &why);  // returns on failure
         spdlog::error("upgrade to {} failed: {}; psmd serves on",
                       psmd::Escaped(*path), why);
-        upgrades.Failed();
+        upgrades.Failed(why);
       }
       continue;
     }

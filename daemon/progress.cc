@@ -280,9 +280,12 @@ void ProgressWorker::HoldPeers(bool hold) {
   RunSync([&]() PSMD_REQUIRES(role_) { remote_->HoldPeers(hold); });
 }
 
-bool ProgressWorker::PeersHeld() {
+bool ProgressWorker::PeersHeld(bool* parked) {
   bool held = false;
-  RunSync([&]() PSMD_REQUIRES(role_) { held = remote_->PeersHeld(); });
+  RunSync([&]() PSMD_REQUIRES(role_) {
+    held = remote_->PeersHeld();
+    *parked = remote_->HasParked();
+  });
   return held;
 }
 

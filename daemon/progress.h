@@ -107,9 +107,10 @@ class ProgressWorker {
   Status LoadRemote(handover::StateReader& r,
                     const std::map<hw::ConnId, uint64_t>& sessions);
   void CloseSessions(const std::vector<hw::CarriedSession>& sessions);
-  // Remote::HoldPeers and PeersHeld (shard 0's), before the freeze.
+  // Remote::HoldPeers and PeersHeld (shard 0's), before the freeze;
+  // *parked: Remote::HasParked.
   void HoldPeers(bool hold);
-  bool PeersHeld();
+  bool PeersHeld(bool* parked);
   // The epids' boot nonce, as the registry has it after a takeover.
   void SetBootNonce(uint16_t nonce);
 

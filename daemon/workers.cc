@@ -67,13 +67,29 @@ Status Workers::FreezeAndSave(handover::StateWriter& w, uint32_t timeout_ms,
   if (fabric_here) {
     // The peers hold their messages to this node's endpoints first, while
     // the clients still run (not part of the blackout): the drain then
-    // settles once what was in flight has arrived.
+    // settles once what was in flight has arrived. Frames parked here wait
+    // for receives only running clients post: frozen, the node would wait
+    // out the whole drain and fail. So while any are parked the clients get
+    // longer to take them, and a handover that still finds some refuses
+    // before it freezes anything.
     workers_[0]->HoldPeers(true);
-    const auto until =
-        std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    while (!workers_[0]->PeersHeld() &&
-           std::chrono::steady_clock::now() < until)
+    const auto start = std::chrono::steady_clock::now();
+    bool parked = false;
+    while (!workers_[0]->PeersHeld(&parked)) {
+      const auto waited = std::chrono::steady_clock::now() - start;
+      if (waited >= (parked ? kParkedWait : kHoldWait)) break;
       std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    if (parked) {
+      workers_[0]->HoldPeers(false);
+      return {PSM2_TIMEOUT,
+              "frames from other nodes are parked here for receivers that "
+              "did not take them within " +
+                  std::to_string(kParkedWait.count()) +
+                  " ms (over their unexpected budget and posting no "
+                  "receive); nothing was frozen, psmd goes on serving, try "
+                  "again"};
+    }
   }
   // Serving on after a failure: the peers send again.
   auto thaw = [&] {

@@ -12,6 +12,7 @@
 #ifndef PSMD_DAEMON_WORKERS_H_
 #define PSMD_DAEMON_WORKERS_H_
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -87,7 +88,8 @@ class Workers {
   // be carried, writes its kRemoteSection and hands the fabric's sessions
   // over into *fabric ("Handover with a fabric"). Fails, thawed again, if
   // the engines do not quiesce within `timeout_ms` (copies in place running
-  // long, frames to a peer not acknowledged).
+  // long, frames to a peer not acknowledged), and before freezing if frames
+  // stay parked here for kParkedWait.
   Status FreezeAndSave(handover::StateWriter& w, uint32_t timeout_ms,
                        handover::CarriedFabric* fabric);
   // In a successor whose workers were started and frozen (Freeze), with
@@ -110,6 +112,12 @@ class Workers {
   uint64_t LastTurnAgeNs() const;
 
  private:
+  // How long the peers may take to hold (FreezeAndSave); with frames parked
+  // here, longer: the control plane is stopped meanwhile, and a client's
+  // control call waits 5 s for a psmd handing over (client/control_client.cc).
+  static constexpr std::chrono::milliseconds kHoldWait{1000};
+  static constexpr std::chrono::milliseconds kParkedWait{3000};
+
   Crossing crossing_;
   std::vector<std::unique_ptr<ProgressWorker>> workers_;
 };

@@ -703,6 +703,71 @@ TEST_F(FabricTest, AnUpgradeThatCannotCarryTheFabricIsRefusedAtOnce) {
   EXPECT_TRUE(b->Stop());
 }
 
+// Frames parked for a receiver that posts nothing leave only as its client
+// runs: a handover that froze with them waited out its whole drain (10 s,
+// every endpoint of the node frozen) and failed. It now gives the clients
+// kParkedWait (3 s) to take them, still running, and refuses before it
+// freezes anything if some are still parked; the job goes on intact, and
+// an upgrade once they are taken succeeds. (The Remote's, the same over
+// every backend: run over the socket fabric.)
+TEST_F(FabricTest, AnUpgradeWithFramesParkedForAnIdleReceiverRefusesUnfrozen) {
+  if (!Sessions()) GTEST_SKIP() << "without sessions nothing can be carried";
+  if (!OfiProvider().empty()) GTEST_SKIP() << "tested over the socket fabric";
+  const std::vector<std::string> budget = {"--unexpected-mib", "16"};
+  auto a = StartNode(0, budget);
+  auto b = StartNode(1, budget);
+  const int idle = static_cast<int>(12 * TimeScale());
+  std::string rv = Rendezvous("parked");
+  auto args = [&](int rank) {
+    return std::vector<std::string>{Runfile("tests/programs/flood"),
+                                    "--rank",
+                                    std::to_string(rank),
+                                    "--dir",
+                                    rv,
+                                    "--idle-seconds",
+                                    std::to_string(idle),
+                                    "--small",
+                                    "204800"};
+  };
+  const auto start = std::chrono::steady_clock::now();
+  Process receiver =
+      Process::Start(args(1), b->ClientEnv(), rv + "/r1.out", rv + "/r1.err");
+  Process sender =
+      Process::Start(args(0), a->ClientEnv(), rv + "/r0.out", rv + "/r0.err");
+  auto parked = [&] {
+    return JsonNumber(Psmctl(dir_, *b, {"stats", "--format", "json"}).out,
+                      "peer_nodes", "parked");
+  };
+  ASSERT_TRUE(WaitUntil(idle - 6 * TimeScale(), [&] { return parked() > 0; }))
+      << "nothing parked at node 2\n"
+      << b->Log();
+  const auto asked = std::chrono::steady_clock::now();
+  RunResult up = Psmctl(dir_, *b, {"upgrade"});
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - asked)
+          .count();
+  const double receiver_woke =
+      idle - std::chrono::duration<double>(asked - start).count();
+  ASSERT_GT(receiver_woke, took) << "the receiver woke during the upgrade";
+  EXPECT_NE(up.exit_code, 0) << up.out;
+  EXPECT_NE(up.err.find("parked here"), std::string::npos)
+      << up.out << up.err << b->Log();
+  EXPECT_LT(took, 3.0 + 2.5 * TimeScale()) << "the refusal waited for a drain";
+  EXPECT_EQ(b->Log().find("upgrade: executing"), std::string::npos);
+  EXPECT_EQ(b->Log().find("did not settle"), std::string::npos) << b->Log();
+  ASSERT_EQ(receiver.Wait(60), 0) << ReadFile(rv + "/r1.err") << b->Log();
+  ASSERT_EQ(sender.Wait(30), 0) << ReadFile(rv + "/r0.err");
+  EXPECT_NE(ReadFile(rv + "/r1.out").find(" 0 wrong"), std::string::npos)
+      << ReadFile(rv + "/r1.out");
+  up = Psmctl(dir_, *b, {"upgrade"});
+  EXPECT_EQ(up.exit_code, 0) << up.out << up.err << b->Log();
+  RunResult after = Exchange(*a, *b, "after-parked", 100, 100000);
+  EXPECT_EQ(after.exit_code, 0) << after.err << a->Log() << b->Log();
+  printf("upgrade refused after %.2f s with frames parked at node 2\n", took);
+  EXPECT_TRUE(a->Stop());
+  EXPECT_TRUE(b->Stop());
+}
+
 TEST_F(FabricTest, DaemonKilledMidRendezvousFailsTheReceiverAndReconnectWorks) {
   auto a = StartNode(0);
   auto b = StartNode(1);

@@ -1018,7 +1018,8 @@ void AddHealth(CLI::App& app, Options& opts, std::function<int()>* run) {
 // Asks psmd to hand over to a new process, then waits until the new one
 // answers: a process younger than the request. It succeeded when it counts
 // one handover more; one that started empty refused the state (its log says
-// why, and so did every client's library).
+// why, and so did every client's library). The old psmd counts a handover
+// that failed before the exec, serving on: that ends the wait at once.
 int Upgrade(ControlClient& control, const std::string& exec_path,
             double timeout_s) {
   psmd::v1::HealthReply before;
@@ -1039,6 +1040,13 @@ int Upgrade(ControlClient& control, const std::string& exec_path,
         (after.generation() > reply.generation() ||
          after.uptime_ns() < static_cast<uint64_t>(since))) {
       break;
+    }
+    if (after.daemon_pid() == before.daemon_pid() &&
+        after.upgrades_failed() > before.upgrades_failed()) {
+      fprintf(stderr,
+              "psmctl: the upgrade failed, psmd (pid %u) serves on: %s\n",
+              after.daemon_pid(), after.last_upgrade_failure().c_str());
+      return kFailed;
     }
     if (now > deadline) {
       fprintf(stderr,

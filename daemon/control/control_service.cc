@@ -135,6 +135,8 @@ grpc::Status ControlService::Health(grpc::ServerContext* ctx,
   reply->set_last_carried_endpoints(upgrades_->last_carried.load());
   reply->set_crash_restarts(upgrades_->crash_restarts.load());
   reply->set_last_crash_lost_endpoints(upgrades_->last_crash_lost.load());
+  reply->set_upgrades_failed(upgrades_->failed.load());
+  reply->set_last_upgrade_failure(upgrades_->LastFailure());
   return grpc::Status::OK;
 }
 

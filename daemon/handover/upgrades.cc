@@ -136,7 +136,7 @@ Status Upgrades::Request(const std::string& exec_path, std::string* resolved) {
   std::string why;
   const int format = AskFormat(real, &why);
   if (format != static_cast<int>(kFormatVersion)) {
-    Failed();
+    Release();  // (the call itself says why)
     if (format < 0) return {PSM2_PARAM_ERR, "upgrade refused: " + why};
     return {PSM2_PARAM_ERR,
             "upgrade refused: " + path + " reads handover format " +
@@ -161,10 +161,24 @@ std::optional<std::string> Upgrades::Take() {
   return p;
 }
 
-void Upgrades::Failed() {
+void Upgrades::Release() {
   MutexLock lock(&mu_);
   busy_ = false;
   pending_.reset();
+}
+
+void Upgrades::Failed(const std::string& why) {
+  {
+    MutexLock lock(&mu_);
+    last_failure_ = why;
+  }
+  Release();
+  failed.fetch_add(1);
+}
+
+std::string Upgrades::LastFailure() {
+  MutexLock lock(&mu_);
+  return last_failure_;
 }
 
 }  // namespace psmd::handover

@@ -33,9 +33,13 @@ class Upgrades {
   Status Request(const std::string& exec_path, std::string* resolved);
   // The main thread: the path asked for, if a request waits.
   std::optional<std::string> Take();
-  // The main thread: the handover failed before the exec; psmd serves on
-  // and another request may come.
-  void Failed();
+  // The main thread: the handover failed before the exec (`why`); psmd
+  // serves on and another request may come.
+  void Failed(const std::string& why);
+  // Handovers that failed so far, and why the last one did (Health's, for
+  // psmctl upgrade to report at once).
+  std::atomic<uint64_t> failed{0};
+  std::string LastFailure();
 
   // What the successor records once it serves (any thread reads).
   std::atomic<uint64_t> generation{0};
@@ -48,10 +52,13 @@ class Upgrades {
   std::atomic<uint32_t> last_crash_lost{0};
 
  private:
+  void Release();  // another request may come
+
   const std::string started_from_;
   Mutex mu_;
   bool busy_ PSMD_GUARDED_BY(mu_) = false;
   std::optional<std::string> pending_ PSMD_GUARDED_BY(mu_);
+  std::string last_failure_ PSMD_GUARDED_BY(mu_);
 };
 
 // Whether psmd may hand its endpoints over to the binary at absolute path

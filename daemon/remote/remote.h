@@ -201,6 +201,9 @@ class Remote : public OtherNodes {
   void HoldPeers(bool hold);
   bool PeersHeld() const;
   static constexpr uint64_t kHeldQuietMs = 2;
+  // Frames parked here for receivers (back-pressure 1) leave only as those
+  // clients post receives: a frozen node never settles while any are.
+  bool HasParked() const;
   // Once Carriable: its state, for LoadState in the successor.
   void SaveState(handover::StateWriter& w) const;
   // Into a successor's Remote whose fabric adopted the old one's sessions

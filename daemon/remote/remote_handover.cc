@@ -72,6 +72,11 @@ bool Remote::PeersHeld() const {
   return true;
 }
 
+bool Remote::HasParked() const {
+  return std::any_of(peers_.begin(), peers_.end(),
+                     [](const auto& p) { return !p.second->parked.empty(); });
+}
+
 bool Remote::Carriable(std::string* why) const {
   auto busy = [why](uint16_t node, const std::string& what) {
     *why = (node != 0 ? "node " + std::to_string(node) + ": " : "") + what;
