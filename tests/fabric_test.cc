@@ -100,6 +100,21 @@ struct WireRecord {
 
 struct SendingNode;
 
+// tests/programs/flood's command line: rank `rank` of the job meeting in
+// `rv`, whose receiver idles `idle_s` seconds first, then `more`.
+std::vector<std::string> FloodArgs(const std::string& rv, int rank, int idle_s,
+                                   const std::vector<std::string>& more) {
+  std::vector<std::string> v = {Runfile("tests/programs/flood"),
+                                "--rank",
+                                std::to_string(rank),
+                                "--dir",
+                                rv,
+                                "--idle-seconds",
+                                std::to_string(idle_s)};
+  v.insert(v.end(), more.begin(), more.end());
+  return v;
+}
+
 class FabricTest : public ::testing::Test {
  protected:
   FabricTest() : munged_(dir_.path() + "/munge") {
@@ -719,15 +734,7 @@ TEST_F(FabricTest, AnUpgradeWithFramesParkedForAnIdleReceiverRefusesUnfrozen) {
   const int idle = static_cast<int>(12 * TimeScale());
   std::string rv = Rendezvous("parked");
   auto args = [&](int rank) {
-    return std::vector<std::string>{Runfile("tests/programs/flood"),
-                                    "--rank",
-                                    std::to_string(rank),
-                                    "--dir",
-                                    rv,
-                                    "--idle-seconds",
-                                    std::to_string(idle),
-                                    "--small",
-                                    "204800"};
+    return FloodArgs(rv, rank, idle, {"--small", "204800"});
   };
   const auto start = std::chrono::steady_clock::now();
   Process receiver =
@@ -1023,17 +1030,9 @@ TEST_F(FabricTest, AFloodAtAnIdleReceiverOnAnotherNodeIsHeldBackNotBuffered) {
   const long long base_a = ResidentKiB(a->pid()),
                   base_b = ResidentKiB(b->pid());
   auto args = [&](int rank) {
-    return std::vector<std::string>{Runfile("tests/programs/flood"),
-                                    "--rank",
-                                    std::to_string(rank),
-                                    "--dir",
-                                    rv,
-                                    "--idle-seconds",
-                                    "3",
-                                    "--small",
-                                    "204800",
-                                    "--bytes",
-                                    std::to_string(256 << 20)};
+    return FloodArgs(
+        rv, rank, 3,
+        {"--small", "204800", "--bytes", std::to_string(256 << 20)});
   };
   Process receiver =
       Process::Start(args(1), b->ClientEnv(), rv + "/r1.out", rv + "/r1.err");
@@ -1127,17 +1126,7 @@ void FabricTest::StallOneTenant(const std::vector<std::string>& flood_args,
   auto b = StartNode(1);
   const int idle = static_cast<int>(8 * TimeScale());
   std::string rv = Rendezvous("flood");
-  auto args = [&](int rank) {
-    std::vector<std::string> v = {Runfile("tests/programs/flood"),
-                                  "--rank",
-                                  std::to_string(rank),
-                                  "--dir",
-                                  rv,
-                                  "--idle-seconds",
-                                  std::to_string(idle)};
-    v.insert(v.end(), flood_args.begin(), flood_args.end());
-    return v;
-  };
+  auto args = [&](int rank) { return FloodArgs(rv, rank, idle, flood_args); };
   auto peer_row = [&](const Daemon& d, const char* field) {
     return JsonNumber(Psmctl(dir_, d, {"stats", "--format", "json"}).out,
                       "peer_nodes", field);
