@@ -289,6 +289,12 @@ bool ProgressWorker::PeersHeld(bool* parked) {
   return held;
 }
 
+bool ProgressWorker::HasParked() {
+  bool parked = false;
+  RunSync([&]() PSMD_REQUIRES(role_) { parked = remote_->HasParked(); });
+  return parked;
+}
+
 void ProgressWorker::SetBootNonce(uint16_t nonce) {
   RunSync([&]() PSMD_REQUIRES(role_) {
     if (remote_ != nullptr) remote_->set_boot_nonce(nonce);

@@ -111,6 +111,7 @@ class ProgressWorker {
   // *parked: Remote::HasParked.
   void HoldPeers(bool hold);
   bool PeersHeld(bool* parked);
+  bool HasParked();
   // The epids' boot nonce, as the registry has it after a takeover.
   void SetBootNonce(uint16_t nonce);
 

@@ -88,8 +88,8 @@ class Workers {
   // be carried, writes its kRemoteSection and hands the fabric's sessions
   // over into *fabric ("Handover with a fabric"). Fails, thawed again, if
   // the engines do not quiesce within `timeout_ms` (copies in place running
-  // long, frames to a peer not acknowledged), and before freezing if frames
-  // stay parked here for kParkedWait.
+  // long, frames to a peer not acknowledged), and if frames stay parked here
+  // for kParkedWait (the clients run meanwhile, before or during the drain).
   Status FreezeAndSave(handover::StateWriter& w, uint32_t timeout_ms,
                        handover::CarriedFabric* fabric);
   // In a successor whose workers were started and frozen (Freeze), with
@@ -112,6 +112,12 @@ class Workers {
   uint64_t LastTurnAgeNs() const;
 
  private:
+  using Clock = std::chrono::steady_clock;
+  // Until every peer holds what it sends here and nothing is parked here
+  // (Remote::PeersHeld), with the clients running: at most kHoldWait while
+  // nothing is parked, and until `parked_deadline` while frames are. false:
+  // frames were still parked at the deadline.
+  bool AwaitPeersHeld(Clock::time_point parked_deadline);
   // How long the peers may take to hold (FreezeAndSave); with frames parked
   // here, longer: the control plane is stopped meanwhile, and a client's
   // control call waits 5 s for a psmd handing over (client/control_client.cc).
