@@ -762,6 +762,15 @@ TEST_F(FabricTest, AnUpgradeWithFramesParkedForAnIdleReceiverRefusesUnfrozen) {
   EXPECT_LT(took, 3.0 + 2.5 * TimeScale()) << "the refusal waited for a drain";
   EXPECT_EQ(b->Log().find("upgrade: executing"), std::string::npos);
   EXPECT_EQ(b->Log().find("did not settle"), std::string::npos) << b->Log();
+  // Counted, with the reason (health), and in the metrics.
+  const std::string health = Psmctl(dir_, *b, {"health", "--json"}).out;
+  EXPECT_NE(health.find("\"upgrades_failed\": 1, \"last_upgrade_failure\": "
+                        "\"frames from other nodes are parked here"),
+            std::string::npos)
+      << health;
+  EXPECT_NE(Psmctl(dir_, *b, {"stats", "--format", "prometheus"})
+                .out.find("\npsmd_upgrades_failed_total 1\n"),
+            std::string::npos);
   ASSERT_EQ(receiver.Wait(60), 0) << ReadFile(rv + "/r1.err") << b->Log();
   ASSERT_EQ(sender.Wait(30), 0) << ReadFile(rv + "/r0.err");
   EXPECT_NE(ReadFile(rv + "/r1.out").find(" 0 wrong"), std::string::npos)

@@ -366,6 +366,15 @@ void PrintCrashes(const Reply& r) {
       Counted(r.last_crash_lost_endpoints(), "endpoint").c_str());
 }
 
+// The line of stats and health on handovers that failed before the exec
+// (none when all succeeded): psmd served on each time.
+template <typename Reply>
+void PrintFailedUpgrades(const Reply& r) {
+  if (r.upgrades_failed() == 0) return;
+  printf("%s failed before the exec (psmd served on)\n",
+         Counted(r.upgrades_failed(), "upgrade").c_str());
+}
+
 void PrintStatsJson(const psmd::v1::GetStatsReply& r) {
   printf(
       "{\"schema_version\": %d, \"version\": %s, \"commit\": %s, "
@@ -374,13 +383,13 @@ void PrintStatsJson(const psmd::v1::GetStatsReply& r) {
       ", \"generation\": %" PRIu64
       ", \"last_blackout_seconds\": %.6f, \"last_carried_endpoints\": %u"
       ", \"crash_restarts\": %" PRIu64
-      ", \"last_crash_lost_endpoints\": %u"
+      ", \"last_crash_lost_endpoints\": %u, \"upgrades_failed\": %" PRIu64
       ",\n \"endpoints\": [",
       kSchemaVersion, JsonString(r.version()).c_str(),
       JsonString(r.commit()).c_str(), Seconds(r.start_time_unix_ns()),
       Seconds(r.uptime_ns()), r.endpoint_count(), r.doorbells(), r.sleeps(),
       r.generation(), Seconds(r.last_blackout_ns()), r.last_carried_endpoints(),
-      r.crash_restarts(), r.last_crash_lost_endpoints());
+      r.crash_restarts(), r.last_crash_lost_endpoints(), r.upgrades_failed());
   for (int i = 0; i < r.endpoints_size(); i++) {
     const auto& e = r.endpoints(i);
     printf(
@@ -488,6 +497,10 @@ std::string PrometheusText(const psmd::v1::GetStatsReply* r) {
   single("psmd_last_crash_lost_endpoints", "gauge",
          "Endpoints that ended with the last psmd killed or crashed.",
          r->last_crash_lost_endpoints());
+  single("psmd_upgrades_failed_total", "counter",
+         "Handovers that failed before the exec, psmd serving on (psmctl "
+         "upgrade says why).",
+         r->upgrades_failed());
   // One series per worker (engine shard), labelled worker="N".
   struct WorkerSeries {
     const char* name;  // after psmd_worker_
@@ -684,6 +697,7 @@ int ShowStats(ControlClient& control, const std::string& format) {
         static_cast<double>(r.last_blackout_ns()) / 1e6);
   }
   PrintCrashes(r);
+  PrintFailedUpgrades(r);
   for (const auto& w : r.workers()) PrintWorker(w);
   printf("\n");
   PrintCounterTable(r);
@@ -962,13 +976,15 @@ int ShowHealth(ControlClient& control, const std::string& format,
         "\"generation\": %" PRIu64
         ", \"last_blackout_seconds\": %.6f, "
         "\"last_carried_endpoints\": %u, \"crash_restarts\": %" PRIu64
-        ", \"last_crash_lost_endpoints\": %u}\n",
+        ", \"last_crash_lost_endpoints\": %u, \"upgrades_failed\": %" PRIu64
+        ", \"last_upgrade_failure\": %s}\n",
         kSchemaVersion, healthy ? "true" : "false",
         JsonString(r.version()).c_str(), JsonString(r.commit()).c_str(), uptime,
         r.endpoint_count(), r.max_endpoints(), r.daemon_pid(), age, max_stall,
         r.generation(), static_cast<double>(r.last_blackout_ns()) / 1e9,
         r.last_carried_endpoints(), r.crash_restarts(),
-        r.last_crash_lost_endpoints());
+        r.last_crash_lost_endpoints(), r.upgrades_failed(),
+        JsonString(r.last_upgrade_failure()).c_str());
   } else {
     printf(
         "psmd %s (commit %s, pid %u): up %.1f s, %u of %u endpoints, "
@@ -984,6 +1000,10 @@ int ShowHealth(ControlClient& control, const std::string& format,
              static_cast<double>(r.last_blackout_ns()) / 1e6);
     }
     PrintCrashes(r);
+    PrintFailedUpgrades(r);
+    if (r.upgrades_failed() > 0) {
+      printf("the last: %s\n", r.last_upgrade_failure().c_str());
+    }
   }
   if (!healthy) {
     fprintf(stderr,

@@ -234,6 +234,7 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* ctx,
   reply->set_last_carried_endpoints(upgrades_->last_carried.load());
   reply->set_crash_restarts(upgrades_->crash_restarts.load());
   reply->set_last_crash_lost_endpoints(upgrades_->last_crash_lost.load());
+  reply->set_upgrades_failed(upgrades_->failed.load());
   reply->set_version(version::Version());
   reply->set_commit(version::Commit());
   reply->set_endpoint_count(static_cast<uint32_t>(stats.endpoints.size()));
