@@ -195,14 +195,17 @@ class Remote : public OtherNodes {
   // what was in flight; credits (back-pressure 5) wait meanwhile. Released
   // (kXon, with the credits) by the successor once it took over, or by
   // this psmd if the handover failed. PeersHeld: every kXoff was taken,
-  // nothing is parked (the clients, still running, took it) and nothing
+  // nothing waits here for clients (the clients, still running, took it:
+  // HasParked) and nothing
   // came from another node for kHeldQuietMs (what was in flight when the
   // peers took the kXoffs has arrived): the workers may freeze.
   void HoldPeers(bool hold);
   bool PeersHeld() const;
   static constexpr uint64_t kHeldQuietMs = 2;
-  // Frames parked here for receivers (back-pressure 1) leave only as those
-  // clients post receives: a frozen node never settles while any are.
+  // Frames parked here for receivers (back-pressure 1), payloads kept for
+  // them (back-pressure 3) or kept chunks waiting for inbox room leave only
+  // as those clients post receives and take messages: a frozen node never
+  // settles while any are.
   bool HasParked() const;
   // Once Carriable: its state, for LoadState in the successor.
   void SaveState(handover::StateWriter& w) const;
@@ -227,6 +230,8 @@ class Remote : public OtherNodes {
   struct QueryState;
   struct Parked;
   struct Kept;
+  // What only its receivers' clients can take: HasParked.
+  static bool AwaitsClients(const Peer& p);
   struct Converted;
   struct RmaRead;
   struct OutPiece;

@@ -34,6 +34,12 @@ constexpr uint64_t kMaxEntries = 1u << 20;
 
 }  // namespace
 
+// parked_bytes counts kept payloads and chunks too.
+bool Remote::AwaitsClients(const Peer& p) {
+  return !p.parked.empty() || !p.gone_after.empty() || p.parked_bytes != 0 ||
+         !p.kept.empty() || !p.kept_chunks.empty();
+}
+
 void Remote::HoldPeers(bool hold) {
   holding_ = hold;
   for (const auto& [id, nodes] : watchers_) {
@@ -65,7 +71,7 @@ bool Remote::PeersHeld() const {
   const uint64_t now = NowMs();
   for (const auto& [node, p] : peers_) {
     if (std::any_of(p->queue.begin(), p->queue.end(), is_xoff) ||
-        !p->parked.empty() || now - p->last_recv_ms < kHeldQuietMs) {
+        AwaitsClients(*p) || now - p->last_recv_ms < kHeldQuietMs) {
       return false;
     }
   }
@@ -74,7 +80,7 @@ bool Remote::PeersHeld() const {
 
 bool Remote::HasParked() const {
   return std::any_of(peers_.begin(), peers_.end(),
-                     [](const auto& p) { return !p.second->parked.empty(); });
+                     [](const auto& p) { return AwaitsClients(*p.second); });
 }
 
 bool Remote::Carriable(std::string* why) const {
