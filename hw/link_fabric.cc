@@ -906,8 +906,25 @@ ErrorClass LinkFabric::LateConnectError(const LinkConn* c) const {
     return ErrorClass::kConnFailed;
   }
   if (c->outgoing) {
-    spdlog::warn("fabric: connection to node {} not established in {} ms",
-                 c->peer_node, opt_.timeout_ms);
+    const char* stage = "";
+    switch (c->state) {
+      case LinkState::kConnecting:
+        stage = "no answer from its address";
+        break;
+      case LinkState::kHandshake:
+        stage = "its handshake stalled";
+        break;
+      case LinkState::kAuth:
+        stage = "waiting for MUNGE (is munged running?)";
+        break;
+      case LinkState::kWaitPeer:
+        stage = "its own connection to us, which wins, did not come";
+        break;
+      default:
+        break;
+    }
+    spdlog::warn("fabric: connection to node {} not established in {} ms: {}",
+                 c->peer_node, opt_.timeout_ms, stage);
   }
   return ErrorClass::kTimeout;
 }
