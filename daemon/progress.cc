@@ -233,7 +233,8 @@ bool ProgressWorker::Drain() {
       // handled as ever: only the clients' rings wait.
       if (remote_->Poll()) {
         did = true;
-        drain_why_ = "frames from other nodes still arriving";
+        drain_why_ = "frames from other nodes still arriving (last: " +
+                     remote_->LastActivity() + ")";
       } else {
         remote_quiet = remote_->Carriable(&drain_why_);
       }

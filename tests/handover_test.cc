@@ -46,6 +46,13 @@ struct Pair {
   std::string Errors() const {
     return ReadFile(rv + "/r0.err") + ReadFile(rv + "/r1.err");
   }
+  // Both ranks published their epids: each endpoint is attached, not only
+  // opened (psmctl counts an endpoint from its OpenEndpoint call, before
+  // the client attaches its segment).
+  bool Attached() const {
+    return access((rv + "/rank0.epid").c_str(), F_OK) == 0 &&
+           access((rv + "/rank1.epid").c_str(), F_OK) == 0;
+  }
 };
 
 int EndpointCount(const TempDir& dir, const Daemon& d) {
@@ -321,7 +328,10 @@ TEST_F(HandoverTest, DamagedStateEndsEndpointsWithTheReasonAndPsmdServesOn) {
     Daemon d(dir, {}, {{"DAMAGE_AT", at}});
     Pair p;
     p.Start(dir, d, "p", kJobA, 1000000, 64);
-    ASSERT_TRUE(WaitUntil(20, [&] { return EndpointCount(dir, d) == 2; }));
+    // Attached: a client still attaching when the state is refused is told
+    // only that psmd did not answer its attach request.
+    ASSERT_TRUE(WaitUntil(20, [&] { return p.Attached(); })) << p.Errors();
+    ASSERT_EQ(EndpointCount(dir, d), 2);
     RunResult up = Psmctl(dir, d, {"upgrade", "--exec", wrapper});
     EXPECT_EQ(up.exit_code, 1) << up.out;
     EXPECT_NE(up.err.find("did not take over the 2 endpoints"),

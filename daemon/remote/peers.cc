@@ -321,6 +321,7 @@ bool Remote::Poll() {
   int n = fabric_->Poll(events, 64);
   for (int i = 0; i < n; i++) HandleEvent(events[i]);
   did = n > 0;
+  if (did) last_event_ = events[n - 1];
   // Parked and paused frames: retried each pass (their receiver may have
   // posted receives, released inbox chunks, drained its completions).
   did |= PumpReads();  // reads that wait for inbox space or a slot
@@ -351,7 +352,10 @@ bool Remote::Poll() {
       if (!registrations_.empty()) SweepRegistrations();
     }
   }
-  if (did) engine_->NotifyClients();
+  if (did) {
+    last_poll_had_events_ = n > 0;
+    engine_->NotifyClients();
+  }
   return did;
 }
 

@@ -189,6 +189,9 @@ class Remote : public OtherNodes {
   // polled until nothing moves); else false with *why naming what is in
   // flight.
   bool Carriable(std::string* why) const;
+  // What the last Poll that did anything did, for the drain's log line
+  // while rounds keep moving things ("a frame of op 7 from node 2").
+  std::string LastActivity();
   // The first step, while the clients still run: asks each node that
   // connected to an endpoint here to hold its messages to it (kXoff, as a
   // parked receiver does), so that what arrives during the drain is only
@@ -496,6 +499,10 @@ class Remote : public OtherNodes {
   ProxyIds proxies_;
   bool holding_ = false;  // HoldPeers
   uint32_t passes_ = 0;
+  // LastActivity: the last fabric event of a Poll, and whether that Poll
+  // had any (else parked or paused frames moved).
+  hw::Event last_event_;
+  bool last_poll_had_events_ = false;
   uint64_t last_liveness_ms_ = 0;
   uint64_t refused_ = 0;
   std::map<uint16_t, PeerCounts> counts_by_node_;

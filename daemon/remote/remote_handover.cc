@@ -126,6 +126,23 @@ bool Remote::Carriable(std::string* why) const {
   return true;
 }
 
+std::string Remote::LastActivity() {
+  if (!last_poll_had_events_) return "parked or paused frames moving";
+  const Peer* p = PeerOfConn(last_event_.conn);
+  const std::string node = p == nullptr ? "a connection with no peer"
+                                        : "node " + std::to_string(p->node);
+  switch (last_event_.type) {
+    case hw::EventType::kHeader:
+    case hw::EventType::kRecvDone:
+      return "a frame of op " + std::to_string(last_event_.fields.op) +
+             " from " + node;
+    case hw::EventType::kSendDone:
+      return "a send to " + node + " completing";
+    default:
+      return "a connection event of " + node;
+  }
+}
+
 void Remote::SaveState(handover::StateWriter& w) const {
   w.U32(static_cast<uint32_t>(peers_.size()));
   for (const auto& [node, p] : peers_) {
