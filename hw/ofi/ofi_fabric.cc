@@ -79,9 +79,6 @@ using ofi::Prefix;
 // with 64 KiB messages the fabric test's bystander exchange (200 messages
 // of 100 kB) missed its deadline on this machine.
 constexpr size_t kChunkCap = 16384 - 256;
-// A contact the provider has not taken within this is asked again from a
-// fresh endpoint (CheckDeadlines).
-constexpr int64_t kContactRetryNs = 250'000'000;
 constexpr uint32_t kMaxSlots = 64;    // registered send buffers
 constexpr uint32_t kMaxRecvs = 64;    // registered receive buffers
 constexpr uint32_t kListenRecvs = 8;  // the listen endpoint's
@@ -172,8 +169,7 @@ class OfiFabric final : public LinkFabric {
     // the provider to take it (-FI_EAGAIN).
     fid_ep* contact_ep = nullptr;
     bool contact_pending = false;
-    int64_t contact_since_ns = 0;  // contact_ep opened
-    int64_t attempt_ns = 0;        // kConnecting: this address
+    int64_t attempt_ns = 0;  // kConnecting: this address
     int64_t last_rx_ns = 0;
     int64_t last_tx_ns = 0;
     bool peer_closed = false;
@@ -862,7 +858,6 @@ bool OfiFabric::SendContact(Conn* c) {
   }
   contact_eps_++;
   c->contact_pending = true;
-  c->contact_since_ns = MonotonicNs();
   InjectContact(c);
   return true;
 }
@@ -1518,16 +1513,6 @@ void OfiFabric::CheckDeadlines(int64_t now) {
       } else if (c->state == State::kConnecting && c->redial_at_ns == 0 &&
                  now >= c->attempt_ns) {
         StartAttempt(c);
-      } else if (c->contact_pending &&
-                 now - c->contact_since_ns >= kContactRetryNs) {
-        // The provider has not taken the contact: ofi_rxm answers EAGAIN
-        // while its connection to the address is being made. One that
-        // stalls (seen after a link came back: the first exchange's
-        // contact was never taken in 4 of 90 runs of fabric_netns_ofi_test,
-        // while the peer's own reached us) would hold the attempt to its
-        // end; a fresh endpoint asks again at once. At most one contact is
-        // ever sent per attempt: only the one the provider took.
-        SendContact(c);
       } else {
         InjectContact(c);
       }
