@@ -182,7 +182,7 @@ class StateReader {
  private:
   template <typename T>
   bool Little(T* v, const char* what) {
-    uint8_t b[sizeof(T)];
+    uint8_t b[sizeof(T)] = {};  // (GCC cannot see that Get fills it)
     if (!Get(b, sizeof(T), what)) return false;
     T x = 0;
     for (size_t i = 0; i < sizeof(T); ++i) x |= static_cast<T>(b[i]) << (8 * i);

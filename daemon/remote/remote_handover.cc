@@ -5,19 +5,23 @@
 // waits on other nodes' answers stays. Carriable says when what is left is
 // plain data the successor can take: per peer its session's id and the
 // flow-control sets, the requests awaiting an answer, the rendezvous
-// transfers both ways, the proxies and watchers, and each job's inbox
-// arena. Anything else in flight (frames queued or unacknowledged, parked
-// or kept payloads, converted sends, connect queries, RMA reads, a frame
-// half read) is waited for, or the handover is refused and psmd serves on.
+// transfers both ways, the eager sends converted to rendezvous (their
+// payloads stay in the senders' pool chunks), the proxies and watchers, and
+// each job's inbox arena. Anything else in flight (frames queued or
+// unacknowledged, parked or kept payloads, connect queries, RMA reads, a
+// frame half read) is waited for, or the handover is refused and psmd
+// serves on.
 // The frames peers sent after the last poll were not delivered here: their
 // sessions replay them to the successor.
 #include <psm2.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <set>
 #include <string>
 #include <utility>
 
+#include "daemon/engine/validate.h"
 #include "daemon/handover/handover.h"
 #include "daemon/handover/state_codec.h"
 #include "daemon/remote/remote_state.h"
@@ -96,7 +100,6 @@ bool Remote::Carriable(std::string* why) const {
                             " among them)");
   }
   if (!queries_.empty()) return busy(0, "connect queries awaiting an answer");
-  if (!converted_.empty()) return busy(0, "eager sends converted, not taken");
   if (!out_pieces_.empty() || !rma_waiting_.empty() || !rma_posted_.empty() ||
       !registrations_.empty()) {
     return busy(0, "RMA reads (fabric_rma) are not carried");
@@ -191,6 +194,18 @@ void Remote::SaveState(handover::StateWriter& w) const {
     w.U64(t->sender_req);
     w.Pod(t->from);
   }
+  w.U64(next_converted_);
+  w.U32(static_cast<uint32_t>(converted_.size()));
+  for (const auto& [id, c] : converted_) {
+    w.U64(id);
+    w.U16(c.node);
+    w.U32(c.sender);
+    w.U64(c.req);
+    w.Bool(c.sync);
+    w.U64(c.payload->msg.f.dst);
+    w.U64(c.payload->chunk_offset);
+    w.U32(static_cast<uint32_t>(c.payload->iov.iov_len));
+  }
   w.U32(static_cast<uint32_t>(watchers_.size()));
   for (const auto& [id, nodes] : watchers_) {
     w.U32(id);
@@ -226,6 +241,16 @@ Status Remote::LoadState(handover::StateReader& r,
     uint64_t next_in_transfer = 1;
     std::unordered_map<uint64_t, std::unique_ptr<InTransfer>> in;
     std::unordered_map<uint64_t, std::unique_ptr<OutTransfer>> out;
+    // Converted sends, as read: their frames are made once all is checked.
+    struct ConvertedSend {
+      uint64_t id = 0;
+      Converted c;
+      uint64_t dst = 0;
+      uint64_t offset = 0;
+      uint32_t len = 0;
+    };
+    uint64_t next_converted = 1;
+    std::vector<ConvertedSend> converted;
     std::unordered_map<uint32_t, std::set<uint16_t>> watchers;
     ProxyIds proxies;
     std::vector<std::pair<std::shared_ptr<Job>, shm::SendArena>> inboxes;
@@ -356,6 +381,39 @@ Status Remote::LoadState(handover::StateReader& r,
       return fail("transfer out forwarded", "is not within the transfer");
     next.out[id] = std::move(t);
   }
+  if (!r.U64(&next.next_converted, "next converted id") ||
+      !r.Count(&n, 8 + 2 + 4 + 8 + 1 + 8 * 2 + 4, kMaxEntries,
+               "converted sends"))
+    return read_error();
+  std::set<uint64_t> converted_ids;
+  for (uint32_t i = 0; i < n; i++) {
+    Loaded::ConvertedSend s;
+    if (!r.U64(&s.id, "converted id") || !r.U16(&s.c.node, "converted node") ||
+        !r.U32(&s.c.sender, "converted sender") ||
+        !r.U64(&s.c.req, "converted request") ||
+        !r.Bool(&s.c.sync, "converted sync") ||
+        !r.U64(&s.dst, "converted receiver") ||
+        !r.U64(&s.offset, "converted payload offset") ||
+        !r.U32(&s.len, "converted length"))
+      return read_error();
+    const uint64_t serial = s.id & ~wire::kConvertedBit;
+    if (!(s.id & wire::kConvertedBit) || serial == 0 ||
+        serial >= next.next_converted || !converted_ids.insert(s.id).second)
+      return fail("converted id", "was not handed out, or appears twice");
+    if (next.peers.count(s.c.node) == 0 || !of_node(s.dst, s.c.node))
+      return fail("converted node", "is not a peer, or not its receiver's");
+    // Its payload is where the sender's descriptor placed it (checked
+    // then): a pool chunk of the sender's region, too long to be inline.
+    const Endpoint* sender = engine_->FindAny(s.c.sender);
+    if (sender == nullptr)
+      return fail("converted sender", "is not an endpoint");
+    if (shm::IsInline(s.len) ||
+        ValidatePoolRange(s.offset, s.len, sender->region()) !=
+            Rejection::kNone)
+      return fail("converted payload offset",
+                  "is not a chunk of the sender's pool region");
+    next.converted.push_back(std::move(s));
+  }
   if (!r.Count(&n, 8, kMaxEntries, "watched endpoints")) return read_error();
   for (uint32_t i = 0; i < n; i++) {
     uint32_t id = 0, k = 0;
@@ -400,6 +458,16 @@ Status Remote::LoadState(handover::StateReader& r,
   next_in_transfer_ = next.next_in_transfer;
   in_transfers_ = std::move(next.in);
   out_transfers_ = std::move(next.out);
+  next_converted_ = next.next_converted;
+  for (Loaded::ConvertedSend& s : next.converted) {
+    Endpoint& sender = *engine_->FindAny(s.c.sender);
+    // The chunk stays held, as in the old psmd, until the send is taken.
+    shm::PoolPayload payload(sender.job()->pool().base(), s.offset);
+    s.c.payload =
+        ChunkFrame(sender, wire::PrepPayload(SenderOf(sender), s.dst, s.c.req),
+                   &payload, s.len);
+    converted_[s.id] = std::move(s.c);
+  }
   watchers_ = std::move(next.watchers);
   proxies_ = std::move(next.proxies);
   for (auto& [job, arena] : next.inboxes) {
@@ -410,6 +478,11 @@ Status Remote::LoadState(handover::StateReader& r,
     RecvNext(*p);
     if (p->rx != Peer::Rx::kHeader) lost.push_back(node);
   }
+  spdlog::info(
+      "handover: took over {} peer nodes, {} rendezvous transfers in and {} "
+      "out, {} eager sends converted to rendezvous",
+      peers_.size(), in_transfers_.size(), out_transfers_.size(),
+      converted_.size());
   for (uint16_t node : lost) FailPeer(node, hw::ErrorClass::kConnReset);
   // The old psmd held the peers (HoldPeers): they send to its endpoints
   // again, with the credits it kept.
