@@ -321,7 +321,8 @@ bool Remote::Poll() {
   int n = fabric_->Poll(events, 64);
   for (int i = 0; i < n; i++) HandleEvent(events[i]);
   did = n > 0;
-  if (did) last_event_ = events[n - 1];
+  // Only a handover's drain asks what moved (LastActivity).
+  if (did && holding_) last_event_ = events[n - 1];
   // Parked and paused frames: retried each pass (their receiver may have
   // posted receives, released inbox chunks, drained its completions).
   did |= PumpReads();  // reads that wait for inbox space or a slot

@@ -499,8 +499,9 @@ class Remote : public OtherNodes {
   ProxyIds proxies_;
   bool holding_ = false;  // HoldPeers
   uint32_t passes_ = 0;
-  // LastActivity: the last fabric event of a Poll, and whether that Poll
-  // had any (else parked or paused frames moved).
+  // LastActivity: the last fabric event of a Poll while the peers are held
+  // (a handover's drain), and whether the last Poll that did anything had
+  // any (else parked or paused frames moved).
   hw::Event last_event_;
   bool last_poll_had_events_ = false;
   uint64_t last_liveness_ms_ = 0;
