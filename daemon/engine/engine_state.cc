@@ -346,15 +346,17 @@ bool MqEngine::ReadMsg(handover::StateReader& r, const Endpoint& receiver,
     // From another node, through this psmd's fabric (carried with it,
     // daemon/remote/remote_handover.cc): its answers go to the sender's
     // daemon, its payload, if pooled, is in the job's inbox. A payload
-    // daemon/remote keeps (sender_id) is not carried: Carriable refuses.
+    // daemon/remote keeps (sender_id) makes it a rendezvous from this psmd:
+    // the Remote's section carries the payload (one it lacks fails the
+    // receive, Remote::TakeKept).
     if (remote_ == nullptr)
       return r.Fail("message remote source", "names another node: no fabric");
     if (shm::NodeIdOf(m->remote_src) == shm::NodeIdOf(receiver.epid()))
       return r.Fail("message remote source", "is of this node");
     if (key->source != m->remote_src)
       return r.Fail("message source", "is not its remote sender");
-    if (m->sender_id != 0)
-      return r.Fail("message sender", "is a payload kept by daemon/remote");
+    if (m->sender_id != 0 && !m->rendezvous)
+      return r.Fail("message sender", "names a kept payload, but is eager");
   } else if (m->sender_id == 0 || m->sender_id == kRemotePeer) {
     return r.Fail("message sender", "is not an endpoint id");
   }

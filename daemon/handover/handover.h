@@ -34,7 +34,8 @@ namespace psmd::handover {
 // asks the new binary first, `psmd --handover-format`).
 // 2: the fabric's sessions and the inter-node engine's state (a psmd with a
 // fabric hands over).
-// 3: eager sends converted to rendezvous, in the inter-node engine's state.
+// 3: eager sends converted to rendezvous and payloads kept for receivers,
+// in the inter-node engine's state.
 inline constexpr uint32_t kFormatVersion = 3;
 
 // The environment variable naming the state file's descriptor in the

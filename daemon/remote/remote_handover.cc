@@ -6,11 +6,11 @@
 // plain data the successor can take: per peer its session's id and the
 // flow-control sets, the requests awaiting an answer, the rendezvous
 // transfers both ways, the eager sends converted to rendezvous (their
-// payloads stay in the senders' pool chunks), the proxies and watchers, and
-// each job's inbox arena. Anything else in flight (frames queued or
-// unacknowledged, parked or kept payloads, connect queries, RMA reads, a
-// frame half read) is waited for, or the handover is refused and psmd
-// serves on.
+// payloads stay in the senders' pool chunks), the payloads kept in daemon
+// memory for receivers here, the proxies and watchers, and each job's inbox
+// arena. Anything else in flight (frames queued or unacknowledged, parked
+// frames, connect queries, RMA reads, a frame half read) is waited for, or
+// the handover is refused and psmd serves on.
 // The frames peers sent after the last poll were not delivered here: their
 // sessions replay them to the successor.
 #include <psm2.h>
@@ -38,10 +38,9 @@ constexpr uint64_t kMaxEntries = 1u << 20;
 
 }  // namespace
 
-// parked_bytes counts kept payloads and chunks too.
+// (Payloads kept for receivers are carried: SaveState.)
 bool Remote::AwaitsClients(const Peer& p) {
-  return !p.parked.empty() || !p.gone_after.empty() || p.parked_bytes != 0 ||
-         !p.kept.empty() || !p.kept_chunks.empty();
+  return !p.parked.empty() || !p.gone_after.empty();
 }
 
 void Remote::HoldPeers(bool hold) {
@@ -113,12 +112,8 @@ bool Remote::Carriable(std::string* why) const {
         p->defer_payload) {
       return busy(node, "frames queued to it");
     }
-    if (!p->parked.empty() || !p->gone_after.empty() || p->parked_bytes != 0) {
+    if (AwaitsClients(*p))
       return busy(node, "frames parked for receivers here");
-    }
-    if (!p->kept.empty() || !p->kept_chunks.empty()) {
-      return busy(node, "payloads kept for receivers here");
-    }
   }
   for (const auto& [id, t] : in_transfers_) {
     if (t->rma || !t->reads.empty()) return busy(t->node, "an RMA transfer");
@@ -167,7 +162,23 @@ void Remote::SaveState(handover::StateWriter& w) const {
         w.U64(bytes);
       }
     }
+    w.U32(static_cast<uint32_t>(p->kept.size()));
+    for (const auto& [id, k] : p->kept) {
+      w.U32(id);
+      w.U32(k.f.uid);
+      w.U64(k.f.src);
+      w.U64(k.f.dst);
+      w.Pod(k.f.job);
+      w.Bool(k.waiting);
+      w.Str(std::string(k.bytes.begin(), k.bytes.end()));
+    }
+    w.U32(static_cast<uint32_t>(p->kept_chunks.size()));
+    for (const auto& [transfer, bytes] : p->kept_chunks) {
+      w.U64(transfer);
+      w.Str(std::string(bytes.begin(), bytes.end()));
+    }
   }
+  w.U32(next_kept_);
   w.U64(next_in_transfer_);
   w.U32(static_cast<uint32_t>(in_transfers_.size()));
   for (const auto& [id, t] : in_transfers_) {
@@ -251,6 +262,9 @@ Status Remote::LoadState(handover::StateReader& r,
     };
     uint64_t next_converted = 1;
     std::vector<ConvertedSend> converted;
+    // Kept payloads matched to a transfer: checked once transfers are read.
+    std::vector<std::pair<uint16_t, uint64_t>> kept_chunks;  // node, transfer
+    uint32_t next_kept = 1;
     std::unordered_map<uint32_t, std::set<uint16_t>> watchers;
     ProxyIds proxies;
     std::vector<std::pair<std::shared_ptr<Job>, shm::SendArena>> inboxes;
@@ -319,12 +333,53 @@ Status Remote::LoadState(handover::StateReader& r,
         (*map)[epid] = bytes;
       }
     }
+    // Payloads kept for unexpected messages to endpoints here (the engine
+    // carries the messages naming them), within the connection's cap as
+    // when they were kept.
+    if (!r.Count(&k, 4 * 3 + 8 * 2 + 16 + 1, kMaxEntries, "kept count"))
+      return read_error();
+    for (uint32_t j = 0; j < k; j++) {
+      uint32_t id = 0;
+      Kept kept;
+      std::string bytes;
+      if (!r.U32(&id, "kept id") || !r.U32(&kept.f.uid, "kept uid") ||
+          !r.U64(&kept.f.src, "kept sender") ||
+          !r.U64(&kept.f.dst, "kept receiver") ||
+          !r.Pod(&kept.f.job, "kept job") ||
+          !r.Bool(&kept.waiting, "kept waiting") ||
+          !r.Str(&bytes, kParkMax, "kept payload"))
+        return read_error();
+      if (!of_node(kept.f.src, p->node) || !of_node(kept.f.dst, node_id_))
+        return fail("kept payload", "is not from that node to this one");
+      kept.bytes.assign(bytes.begin(), bytes.end());
+      kept.charged = sizeof(Kept) + kept.bytes.size();
+      p->parked_bytes += kept.charged;
+      if (kept.waiting) p->kept_waiting[kept.f.dst]++;
+      if (id == 0 || !p->kept.emplace(id, std::move(kept)).second)
+        return fail("kept id", "is 0 or appears twice");
+    }
+    if (!r.Count(&k, 8 + 4, kMaxEntries, "kept chunk count"))
+      return read_error();
+    for (uint32_t j = 0; j < k; j++) {
+      uint64_t transfer = 0;
+      std::string bytes;
+      if (!r.U64(&transfer, "kept chunk transfer") ||
+          !r.Str(&bytes, kParkMax, "kept chunk"))
+        return read_error();
+      p->parked_bytes += bytes.size();
+      p->kept_chunks.emplace_back(
+          transfer, std::vector<uint8_t>(bytes.begin(), bytes.end()));
+      next.kept_chunks.emplace_back(p->node, transfer);
+    }
+    if (p->parked_bytes > kParkMax)
+      return fail("kept payloads", "exceed the connection's cap");
     p->open = true;
     next.node_of_conn[p->conn] = p->node;
     next.peers[p->node] = std::move(p);
   }
 
-  if (!r.U64(&next.next_in_transfer, "next transfer id") ||
+  if (!r.U32(&next.next_kept, "next kept id") ||
+      !r.U64(&next.next_in_transfer, "next transfer id") ||
       !r.Count(&n, 48, kMaxEntries, "transfers in"))
     return read_error();
   for (uint32_t i = 0; i < n; i++) {
@@ -351,6 +406,21 @@ Status Remote::LoadState(handover::StateReader& r,
       return fail("transfer in received", "is not within the transfer");
     if (t->receiver != 0) t->to = SenderOf(*engine_->FindAny(t->receiver));
     next.in[id] = std::move(t);
+  }
+  // A kept chunk is the rest of its transfer: the receive that matched the
+  // kept payload, from its node, with nothing delivered yet.
+  std::set<uint64_t> chunked;
+  for (const auto& [node, transfer] : next.kept_chunks) {
+    auto t = next.in.find(transfer);
+    if (t == next.in.end() || t->second->node != node ||
+        t->second->received != 0 || !chunked.insert(transfer).second)
+      return fail("kept chunk transfer", "is not a transfer it starts");
+  }
+  for (const auto& [node, p] : next.peers) {
+    for (const auto& [transfer, bytes] : p->kept_chunks) {
+      if (bytes.size() != next.in[transfer]->send_bytes)
+        return fail("kept chunk", "is not its transfer's length");
+    }
   }
   if (!r.Count(&n, 2 + 4 + 8 * 4 + 4 * 2 + 1 + sizeof(wire::Sender),
                kMaxEntries, "transfers out"))
@@ -459,6 +529,7 @@ Status Remote::LoadState(handover::StateReader& r,
   in_transfers_ = std::move(next.in);
   out_transfers_ = std::move(next.out);
   next_converted_ = next.next_converted;
+  next_kept_ = next.next_kept;
   for (Loaded::ConvertedSend& s : next.converted) {
     Endpoint& sender = *engine_->FindAny(s.c.sender);
     // The chunk stays held, as in the old psmd, until the send is taken.
@@ -478,11 +549,14 @@ Status Remote::LoadState(handover::StateReader& r,
     RecvNext(*p);
     if (p->rx != Peer::Rx::kHeader) lost.push_back(node);
   }
+  size_t kept = 0;
+  for (const auto& [node, p] : peers_) kept += p->kept.size();
   spdlog::info(
       "handover: took over {} peer nodes, {} rendezvous transfers in and {} "
-      "out, {} eager sends converted to rendezvous",
+      "out, {} eager sends converted to rendezvous, {} payloads kept for "
+      "receivers here",
       peers_.size(), in_transfers_.size(), out_transfers_.size(),
-      converted_.size());
+      converted_.size(), kept);
   for (uint16_t node : lost) FailPeer(node, hw::ErrorClass::kConnReset);
   // The old psmd held the peers (HoldPeers): they send to its endpoints
   // again, with the credits it kept.
