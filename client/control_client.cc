@@ -186,11 +186,25 @@ Status ControlClient::Attach(const std::string& token, AttachedFds* fds) {
   shm::AttachReply reply{};
   int received[shm::kAttachFdCount];
   int n = 0;
+  errno = 0;  // RecvWithFds leaves it so at an end of file
   if (!shm::RecvWithFds(sock, &reply, sizeof(reply), received,
                         shm::kAttachFdCount, &n)) {
+    const bool timed_out = errno == EAGAIN || errno == EWOULDBLOCK;
     close(sock);
-    return {PSM2_EP_NO_DEVICE,
-            "psm2_ep_open: psmd did not answer the attach request"};
+    for (int i = 0; i < n; i++) close(received[i]);
+    return {
+        PSM2_EP_NO_DEVICE,
+        timed_out
+            ? "psm2_ep_open: psmd did not answer the attach request within " +
+                  std::to_string(attach_ms) +
+                  " ms (PSMD_CONNECT_TIMEOUT_MS): it may be overloaded or "
+                  "handing over to a new process; see its log, and open "
+                  "the endpoint again"
+            : std::string(
+                  "psm2_ep_open: psmd closed the attach connection without "
+                  "answering (it stopped, or ended the endpoint: a "
+                  "restart or a handover it refused); see its log, and "
+                  "open the endpoint again")};
   }
   if (reply.status != 0 || n != shm::kAttachFdCount) {
     for (int i = 0; i < n; i++) close(received[i]);
