@@ -771,6 +771,19 @@ TEST_F(FabricTest, AnUpgradeWithFramesParkedForAnIdleReceiverRefusesUnfrozen) {
   EXPECT_NE(Psmctl(dir_, *b, {"stats", "--format", "prometheus"})
                 .out.find("\npsmd_upgrades_failed_total 1\n"),
             std::string::npos);
+  // The receiver stays off at node 1 while its frames are parked: released
+  // with the others, its sender would fill node 2's park, and the
+  // connection, and every job's messages on it, would pause until the
+  // receiver reads. Another job exchanges meanwhile.
+  RunResult beside = Exchange(*a, *b, "beside-parked", 100, 1000);
+  EXPECT_EQ(beside.exit_code, 0) << beside.err;
+  EXPECT_GT(idle - std::chrono::duration<double>(
+                       std::chrono::steady_clock::now() - start)
+                       .count(),
+            0)
+      << "the receiver woke before the other job's exchange ended";
+  EXPECT_EQ(b->Log().find("reading from it pauses"), std::string::npos)
+      << b->Log();
   ASSERT_EQ(receiver.Wait(60), 0) << ReadFile(rv + "/r1.err") << b->Log();
   ASSERT_EQ(sender.Wait(30), 0) << ReadFile(rv + "/r0.err");
   EXPECT_NE(ReadFile(rv + "/r1.out").find(" 0 wrong"), std::string::npos)

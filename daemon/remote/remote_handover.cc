@@ -51,6 +51,10 @@ void Remote::HoldPeers(bool hold) {
     for (uint16_t node : nodes) {
       Peer* p = PeerOf(node);
       if (p == nullptr || !p->open) continue;
+      // An endpoint with frames parked from that node stays off: its kXon
+      // comes when they are taken (RetryParked). Released now, its sender
+      // would fill the park, and the connection would pause for everyone.
+      if (!hold && p->parked.count(ep->epid()) != 0) continue;
       uint64_t credit = 0;
       if (!hold) {
         if (auto c = p->consumed.find(ep->epid()); c != p->consumed.end()) {
