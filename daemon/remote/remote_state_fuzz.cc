@@ -81,10 +81,12 @@ using psmd::handover::StateWriter;
 constexpr uint16_t kHere = 1;
 constexpr uint16_t kNonce = 7;
 constexpr uint32_t kEndpoints = 3;  // ids 1..3
-constexpr uint64_t kRegionBytes = 64 << 10;
+// Small: each input's node touches every line of the senders' regions
+// (their pages cost most of a refused input's time).
+constexpr uint64_t kRegionBytes = 16 << 10;
 constexpr uint32_t kRingCapacity = 64;
 // The longest chunk of a transfer in the peers send.
-constexpr uint32_t kChunkMax = 4096;
+constexpr uint32_t kChunkMax = 1024;
 const psmd::Uuid kJob{1};
 // The job's uid, a constant so that the seeds load whoever runs them (the
 // engine matches job keys only; the endpoints are the running user's).
