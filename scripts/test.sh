@@ -50,7 +50,8 @@ scripts/test_systemd.sh "$debs" || { checks_failed=$((checks_failed + 1)); statu
 bazel test --config=asan --jobs=2 -- //shm/... //daemon/... //client/... \
   -//daemon/engine:engine_fuzz_test -//daemon/remote:wire_fuzz_test \
   -//daemon/handover:registry_image_fuzz_test \
-  -//daemon/engine:engine_state_fuzz_test //tests:tenant_test //tests/conformance:mq_conformance_psmd \
+  -//daemon/engine:engine_state_fuzz_test -//daemon/remote:remote_state_fuzz_test \
+  //tests:tenant_test //tests/conformance:mq_conformance_psmd \
   //tests/conformance:am_conformance_psmd \
   //tests/conformance:core_conformance_psmd \
   //tests/conformance:mq_conformance_psmd_workers2 \

@@ -405,9 +405,16 @@ Status Remote::LoadState(handover::StateReader& r,
       return fail("transfer in node", "is not a peer, or not its sender's");
     if (t->receiver != 0 && !here(t->receiver))
       return fail("transfer in receiver", "is not an endpoint");
-    if (t->send_bytes == 0 || t->accepted > t->send_bytes ||
-        t->received > t->accepted)
-      return fail("transfer in received", "is not within the transfer");
+    // What a carried transfer accepted it delivered (Carriable: nothing
+    // parked, kept or half read), and one that received all its bytes
+    // ended: so received == accepted < send_bytes. A transfer with less
+    // delivered than accepted would never end (OnChunk counts what it
+    // delivers against send_bytes; its receiver would wait for good) and
+    // would hand its receiver chunks at offsets they are not at.
+    if (t->send_bytes == 0 || t->accepted >= t->send_bytes ||
+        t->received != t->accepted)
+      return fail("transfer in received",
+                  "is not what it accepted, or not within the transfer");
     if (t->receiver != 0) t->to = SenderOf(*engine_->FindAny(t->receiver));
     next.in[id] = std::move(t);
   }
