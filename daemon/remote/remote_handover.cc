@@ -386,6 +386,14 @@ Status Remote::LoadState(handover::StateReader& r,
       !r.U64(&next.next_in_transfer, "next transfer id") ||
       !r.Count(&n, 48, kMaxEntries, "transfers in"))
     return read_error();
+  // Ids handed out later must not carry the RMA offer's bit.
+  if (next.next_in_transfer & wire::kRmaOfferBit)
+    return fail("next transfer id", "has the RMA offer's bit");
+  std::set<uint64_t> kept_transfers;
+  for (const auto& [node, transfer] : next.kept_chunks) {
+    if (!kept_transfers.insert(transfer).second)
+      return fail("kept chunk transfer", "appears twice");
+  }
   for (uint32_t i = 0; i < n; i++) {
     uint64_t id = 0;
     auto t = std::make_unique<InTransfer>();
@@ -406,26 +414,28 @@ Status Remote::LoadState(handover::StateReader& r,
     if (t->receiver != 0 && !here(t->receiver))
       return fail("transfer in receiver", "is not an endpoint");
     // What a carried transfer accepted it delivered (Carriable: nothing
-    // parked, kept or half read), and one that received all its bytes
-    // ended: so received == accepted < send_bytes. A transfer with less
-    // delivered than accepted would never end (OnChunk counts what it
-    // delivers against send_bytes; its receiver would wait for good) and
-    // would hand its receiver chunks at offsets they are not at.
-    if (t->send_bytes == 0 || t->accepted >= t->send_bytes ||
-        t->received != t->accepted)
+    // parked or half read), and one that received all its bytes ended: so
+    // received == accepted < send_bytes. A transfer with less delivered
+    // than accepted would never end (OnChunk counts what it delivers
+    // against send_bytes; its receiver would wait for good) and would hand
+    // its receiver chunks at offsets they are not at. The exception is a
+    // transfer a kept payload's receive started (DeliverKept): it accepted
+    // all its bytes, which wait in its one kept chunk, and delivered none.
+    const bool from_kept = kept_transfers.count(id) != 0;
+    if (t->send_bytes == 0 ||
+        (from_kept
+             ? t->accepted != t->send_bytes || t->received != 0
+             : t->accepted >= t->send_bytes || t->received != t->accepted))
       return fail("transfer in received",
                   "is not what it accepted, or not within the transfer");
     if (t->receiver != 0) t->to = SenderOf(*engine_->FindAny(t->receiver));
     next.in[id] = std::move(t);
   }
-  // A kept chunk is the rest of its transfer: the receive that matched the
-  // kept payload, from its node, with nothing delivered yet.
-  std::set<uint64_t> chunked;
+  // A kept chunk is the whole of a transfer from its node.
   for (const auto& [node, transfer] : next.kept_chunks) {
     auto t = next.in.find(transfer);
-    if (t == next.in.end() || t->second->node != node ||
-        t->second->received != 0 || !chunked.insert(transfer).second)
-      return fail("kept chunk transfer", "is not a transfer it starts");
+    if (t == next.in.end() || t->second->node != node)
+      return fail("kept chunk transfer", "is not a transfer from its node");
   }
   for (const auto& [node, p] : next.peers) {
     for (const auto& [transfer, bytes] : p->kept_chunks) {
@@ -467,6 +477,7 @@ Status Remote::LoadState(handover::StateReader& r,
                "converted sends"))
     return read_error();
   std::set<uint64_t> converted_ids;
+  std::set<uint64_t> converted_chunks;  // each released once, when taken
   for (uint32_t i = 0; i < n; i++) {
     Loaded::ConvertedSend s;
     if (!r.U64(&s.id, "converted id") || !r.U16(&s.c.node, "converted node") ||
@@ -490,9 +501,10 @@ Status Remote::LoadState(handover::StateReader& r,
       return fail("converted sender", "is not an endpoint");
     if (shm::IsInline(s.len) ||
         ValidatePoolRange(s.offset, s.len, sender->region()) !=
-            Rejection::kNone)
+            Rejection::kNone ||
+        !converted_chunks.insert(s.offset).second)
       return fail("converted payload offset",
-                  "is not a chunk of the sender's pool region");
+                  "is not a chunk of the sender's pool region, or twice");
     next.converted.push_back(std::move(s));
   }
   if (!r.Count(&n, 8, kMaxEntries, "watched endpoints")) return read_error();

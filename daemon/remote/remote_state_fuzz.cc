@@ -32,10 +32,10 @@
 //   4. A transfer in that its node sent the last bytes of has ended (its
 //      receiver got them all).
 // At exit it prints how many states loaded, how many of those carried
-// converted sends, how many converted payloads went on a kRndvGo, how many
-// transfers in ended, and how many states were refused
-// ("remote_state_fuzz: reached ..."): a run that never loaded a converted
-// send has not checked the chunks.
+// converted sends and how many kept payloads, how many converted payloads
+// went on a kRndvGo, how many transfers in ended, and how many states were
+// refused ("remote_state_fuzz: reached ..."): a run that never loaded a
+// converted send has not checked the chunks.
 #include <psm2.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -96,13 +96,15 @@ constexpr uint32_t kJobUid = 1000;
 const std::map<psmd::hw::ConnId, uint64_t> kSessions = {{1, 2}, {2, 3}};
 
 struct Reached {
-  uint64_t loaded = 0, converted = 0, sent = 0, ended = 0, refused = 0;
+  uint64_t loaded = 0, converted = 0, kept = 0, sent = 0, ended = 0;
+  uint64_t refused = 0;
   ~Reached() {
     printf(
-        "remote_state_fuzz: reached loaded=%llu converted=%llu sent=%llu "
-        "ended=%llu refused=%llu\n",
+        "remote_state_fuzz: reached loaded=%llu converted=%llu kept=%llu "
+        "sent=%llu ended=%llu refused=%llu\n",
         static_cast<unsigned long long>(loaded),
         static_cast<unsigned long long>(converted),
+        static_cast<unsigned long long>(kept),
         static_cast<unsigned long long>(sent),
         static_cast<unsigned long long>(ended),
         static_cast<unsigned long long>(refused));
@@ -253,6 +255,7 @@ struct ConvertedSend {
 struct Carried {
   std::vector<TransferIn> in;
   std::vector<ConvertedSend> converted;
+  uint32_t kept = 0;  // payloads kept, and kept chunks
 };
 Carried CarriedOf(const std::string& state) {
   StateReader r(state.data(), state.size());
@@ -282,8 +285,24 @@ Carried CarriedOf(const std::string& state) {
         if (!r.U64(&u64, "") || !r.U64(&u64, "")) fail();
       }
     }
+    std::string bytes;
+    uint8_t job[16];
+    if (!r.Count(&k, 1, 1u << 20, "")) fail();  // kept payloads
+    out.kept += k;
+    for (uint32_t j = 0; j < k; j++) {
+      if (!r.U32(&u32, "") || !r.U32(&u32, "") || !r.U64(&u64, "") ||
+          !r.U64(&u64, "") || !r.Pod(&job, "") || !r.Bool(&b, "") ||
+          !r.Str(&bytes, 1u << 30, ""))
+        fail();
+    }
+    if (!r.Count(&k, 1, 1u << 20, "")) fail();  // kept chunks
+    out.kept += k;
+    for (uint32_t j = 0; j < k; j++) {
+      if (!r.U64(&u64, "") || !r.Str(&bytes, 1u << 30, "")) fail();
+    }
   }
-  if (!r.U64(&u64, "") || !r.Count(&n, 1, 1u << 20, "")) fail();
+  if (!r.U32(&u32, "") || !r.U64(&u64, "") || !r.Count(&n, 1, 1u << 20, ""))
+    fail();
   for (uint32_t i = 0; i < n; i++) {
     TransferIn t;
     if (!r.U64(&t.id, "") || !r.U16(&t.node, "") || !r.U32(&t.receiver, "") ||
@@ -350,7 +369,7 @@ bool SendChunk(Node& n, const TransferIn& t) {
 
 struct Parts {
   bool peers = false, in = false, out = false, converted = false;
-  bool watchers = false, proxies = false, inbox = false;
+  bool watchers = false, proxies = false, inbox = false, kept = false;
 };
 
 std::string StateOf(const Parts& p) {
@@ -376,9 +395,30 @@ std::string StateOf(const Parts& p) {
     w.U32(1);  // consumed: ours
     w.U64(EpidOf(kHere, node - 1));
     w.U64(1000);
+    // Payloads kept here for unexpected messages from node 2, one of them
+    // waiting for a receive; with transfers in, one matched, its bytes
+    // waiting for inbox room (transfer 5).
+    const bool kept = p.kept && node == 2;
+    w.U32(kept ? 2 : 0);
+    for (uint32_t i = 0; kept && i < 2; i++) {
+      w.U32(1 + i);
+      w.U32(kJobUid);
+      w.U64(EpidOf(node, 1 + i));
+      w.U64(EpidOf(kHere, 1 + i));
+      w.Pod(kJob);
+      w.Bool(i == 0);
+      w.Str(std::string(2000 + 1000 * i, 'k'));
+    }
+    w.U32(kept && p.in ? 1 : 0);
+    if (kept && p.in) {
+      w.U64(5);
+      w.Str(std::string(3000, 'c'));
+    }
   }
-  w.U64(p.in ? 5 : 1);  // next transfer in
-  w.U32(p.in ? 2 : 0);
+  w.U32(p.kept ? 3 : 1);  // next kept id
+  const bool kept_chunk = p.kept && p.in;
+  w.U64(kept_chunk ? 7 : p.in ? 5 : 1);  // next transfer in
+  w.U32(kept_chunk ? 3 : p.in ? 2 : 0);
   for (uint32_t i = 0; p.in && i < 2; i++) {
     w.U64(1 + 2 * i);
     w.U16(2 + i);
@@ -390,6 +430,17 @@ std::string StateOf(const Parts& p) {
     w.U32(1000);  // received
     w.U64(9 + i);
     w.U32(1000);  // accepted
+  }
+  if (kept_chunk) {  // all accepted, in the kept chunk; none delivered
+    w.U64(5);
+    w.U16(2);
+    w.U32(2);
+    w.U64(11);
+    w.U64(EpidOf(2, 2));
+    w.U32(3000);
+    w.U32(0);
+    w.U64(12);
+    w.U32(3000);
   }
   w.U32(p.out ? 2 : 0);
   for (uint32_t i = 0; p.out && i < 2; i++) {
@@ -456,7 +507,7 @@ std::string StateOf(const Parts& p) {
 }
 
 std::vector<std::string> Seeds() {
-  std::vector<Parts> parts(9);
+  std::vector<Parts> parts(11);
   parts[1].peers = true;
   parts[2].peers = parts[2].in = true;
   parts[3].peers = parts[3].out = true;
@@ -464,7 +515,9 @@ std::vector<std::string> Seeds() {
   parts[5].peers = parts[5].watchers = true;
   parts[6].proxies = true;
   parts[7].inbox = true;
-  parts[8] = {true, true, true, true, true, true, true};
+  parts[8] = {true, true, true, true, true, true, true, true};
+  parts[9].peers = parts[9].kept = true;
+  parts[10].peers = parts[10].kept = parts[10].in = true;
   std::vector<std::string> seeds;
   for (const Parts& p : parts) {
     const std::string state = StateOf(p);
@@ -529,6 +582,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const Carried carried = CarriedOf(saved);
   const std::vector<ConvertedSend>& converted = carried.converted;
   if (!converted.empty()) reached.converted++;
+  if (carried.kept != 0) reached.kept++;
   std::set<uint64_t> held;  // the lines of their chunks' headers
   for (const ConvertedSend& c : converted) {
     held.insert((c.offset - psmd::shm::kChunkHeaderBytes) /

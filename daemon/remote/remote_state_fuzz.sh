@@ -13,8 +13,9 @@
 # converted send's chunk outlived the Remote, or another chunk was
 # released; budgets charged once every endpoint left; a transfer in that
 # got its last bytes did not end), and when the run never loaded a state
-# with converted sends, never sent one on a kRndvGo, never ended a
-# transfer in or never refused a state (the target's "reached" line).
+# with converted sends or with kept payloads, never sent a converted one
+# on a kRndvGo, never ended a transfer in or never refused a state (the
+# target's "reached" line).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/libfuzzer.sh
@@ -26,6 +27,6 @@ source daemon/engine/engine_sources.sh
 remote_objects=(daemon/remote/remote_fuzz_sources.cc
   daemon/remote/node_table.cc)
 fuzz_main remote_state_fuzz daemon/remote/remote_state_fuzz_corpus 4000 16384 \
-  "^remote_state_fuzz: reached loaded=[1-9][0-9]* converted=[1-9][0-9]* sent=[1-9][0-9]* ended=[1-9][0-9]* refused=[1-9][0-9]*$" \
+  "^remote_state_fuzz: reached loaded=[1-9][0-9]* converted=[1-9][0-9]* kept=[1-9][0-9]* sent=[1-9][0-9]* ended=[1-9][0-9]* refused=[1-9][0-9]*$" \
   "${1:-}" "${engine_flags[@]}" daemon/remote/remote_state_fuzz.cc \
   "${remote_objects[@]}" "${engine_objects[@]}" "${engine_libs[@]}"
