@@ -22,6 +22,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace psmd::handover {
 
@@ -33,11 +34,9 @@ class StateWriter {
   void U32(uint32_t v) { Little(v); }
   void U64(uint64_t v) { Little(v); }
   void I32(int32_t v) { U32(static_cast<uint32_t>(v)); }
-  // A length-prefixed string.
-  void Str(const std::string& s) {
-    U32(static_cast<uint32_t>(s.size()));
-    Put(s.data(), s.size());
-  }
+  // A length-prefixed string, or byte vector (the same layout).
+  void Str(const std::string& s) { Bytes(s.data(), s.size()); }
+  void Str(const std::vector<uint8_t>& v) { Bytes(v.data(), v.size()); }
   // A fixed-layout value shared with clients (a descriptor: shm/descriptor.h
   // pins their layout with static_asserts), as its bytes.
   template <typename T>
@@ -83,6 +82,10 @@ class StateWriter {
   void Put(const void* p, size_t n) {
     bytes_.append(static_cast<const char*>(p), n);
   }
+  void Bytes(const void* p, size_t n) {
+    U32(static_cast<uint32_t>(n));
+    Put(p, n);
+  }
 
   std::string bytes_;
 };
@@ -112,13 +115,16 @@ class StateReader {
     *v = static_cast<int32_t>(u);
     return true;
   }
-  // A string of at most `max` bytes.
-  bool Str(std::string* s, size_t max, const char* what) {
+  // A string, or byte vector, of at most `max` bytes.
+  template <typename Bytes>
+  bool Str(Bytes* s, size_t max, const char* what) {
+    static_assert(std::is_same_v<Bytes, std::string> ||
+                  std::is_same_v<Bytes, std::vector<uint8_t>>);
     uint32_t n = 0;
     if (!U32(&n, what)) return false;
     if (n > max) return Fail(what, "is longer than " + std::to_string(max));
     if (n > Left()) return Fail(what, "runs past the end");
-    s->assign(reinterpret_cast<const char*>(p_ + at_), n);
+    s->assign(p_ + at_, p_ + at_ + n);
     at_ += n;
     return true;
   }

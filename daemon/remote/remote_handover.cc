@@ -174,12 +174,12 @@ void Remote::SaveState(handover::StateWriter& w) const {
       w.U64(k.f.dst);
       w.Pod(k.f.job);
       w.Bool(k.waiting);
-      w.Str(std::string(k.bytes.begin(), k.bytes.end()));
+      w.Str(k.bytes);
     }
     w.U32(static_cast<uint32_t>(p->kept_chunks.size()));
     for (const auto& [transfer, bytes] : p->kept_chunks) {
       w.U64(transfer);
-      w.Str(std::string(bytes.begin(), bytes.end()));
+      w.Str(bytes);
     }
   }
   w.U32(next_kept_);
@@ -266,8 +266,6 @@ Status Remote::LoadState(handover::StateReader& r,
     };
     uint64_t next_converted = 1;
     std::vector<ConvertedSend> converted;
-    // Kept payloads matched to a transfer: checked once transfers are read.
-    std::vector<std::pair<uint16_t, uint64_t>> kept_chunks;  // node, transfer
     uint32_t next_kept = 1;
     std::unordered_map<uint32_t, std::set<uint16_t>> watchers;
     ProxyIds proxies;
@@ -345,17 +343,15 @@ Status Remote::LoadState(handover::StateReader& r,
     for (uint32_t j = 0; j < k; j++) {
       uint32_t id = 0;
       Kept kept;
-      std::string bytes;
       if (!r.U32(&id, "kept id") || !r.U32(&kept.f.uid, "kept uid") ||
           !r.U64(&kept.f.src, "kept sender") ||
           !r.U64(&kept.f.dst, "kept receiver") ||
           !r.Pod(&kept.f.job, "kept job") ||
           !r.Bool(&kept.waiting, "kept waiting") ||
-          !r.Str(&bytes, kParkMax, "kept payload"))
+          !r.Str(&kept.bytes, kParkMax, "kept payload"))
         return read_error();
       if (!of_node(kept.f.src, p->node) || !of_node(kept.f.dst, node_id_))
         return fail("kept payload", "is not from that node to this one");
-      kept.bytes.assign(bytes.begin(), bytes.end());
       kept.charged = sizeof(Kept) + kept.bytes.size();
       p->parked_bytes += kept.charged;
       if (kept.waiting) p->kept_waiting[kept.f.dst]++;
@@ -366,14 +362,12 @@ Status Remote::LoadState(handover::StateReader& r,
       return read_error();
     for (uint32_t j = 0; j < k; j++) {
       uint64_t transfer = 0;
-      std::string bytes;
+      std::vector<uint8_t> bytes;
       if (!r.U64(&transfer, "kept chunk transfer") ||
           !r.Str(&bytes, kParkMax, "kept chunk"))
         return read_error();
       p->parked_bytes += bytes.size();
-      p->kept_chunks.emplace_back(
-          transfer, std::vector<uint8_t>(bytes.begin(), bytes.end()));
-      next.kept_chunks.emplace_back(p->node, transfer);
+      p->kept_chunks.emplace_back(transfer, std::move(bytes));
     }
     if (p->parked_bytes > kParkMax)
       return fail("kept payloads", "exceed the connection's cap");
@@ -389,10 +383,13 @@ Status Remote::LoadState(handover::StateReader& r,
   // Ids handed out later must not carry the RMA offer's bit.
   if (next.next_in_transfer & wire::kRmaOfferBit)
     return fail("next transfer id", "has the RMA offer's bit");
+  // Kept chunks name their transfers, read next: checked there and after.
   std::set<uint64_t> kept_transfers;
-  for (const auto& [node, transfer] : next.kept_chunks) {
-    if (!kept_transfers.insert(transfer).second)
-      return fail("kept chunk transfer", "appears twice");
+  for (const auto& [node, p] : next.peers) {
+    for (const auto& [transfer, bytes] : p->kept_chunks) {
+      if (!kept_transfers.insert(transfer).second)
+        return fail("kept chunk transfer", "appears twice");
+    }
   }
   for (uint32_t i = 0; i < n; i++) {
     uint64_t id = 0;
@@ -432,15 +429,13 @@ Status Remote::LoadState(handover::StateReader& r,
     next.in[id] = std::move(t);
   }
   // A kept chunk is the whole of a transfer from its node.
-  for (const auto& [node, transfer] : next.kept_chunks) {
-    auto t = next.in.find(transfer);
-    if (t == next.in.end() || t->second->node != node)
-      return fail("kept chunk transfer", "is not a transfer from its node");
-  }
   for (const auto& [node, p] : next.peers) {
     for (const auto& [transfer, bytes] : p->kept_chunks) {
-      if (bytes.size() != next.in[transfer]->send_bytes)
-        return fail("kept chunk", "is not its transfer's length");
+      auto t = next.in.find(transfer);
+      if (t == next.in.end() || t->second->node != node ||
+          bytes.size() != t->second->send_bytes)
+        return fail("kept chunk",
+                    "is not the whole of a transfer from its node");
     }
   }
   if (!r.Count(&n, 2 + 4 + 8 * 4 + 4 * 2 + 1 + sizeof(wire::Sender),
