@@ -376,6 +376,17 @@ StallWatch::~StallWatch() {
   thread_.join();
 }
 
+int StallWatch::Wait(Process& p, double timeout_s) const {
+  double granted_ms = stalled_ms();
+  int status = p.Wait(timeout_s);
+  while (status == -1 && stalled_ms() > granted_ms) {
+    const double more_ms = stalled_ms() - granted_ms;
+    granted_ms += more_ms;
+    status = p.Wait(more_ms / 1000.0);
+  }
+  return status;
+}
+
 int CountMappings(pid_t pid, const std::string& needle) {
   std::istringstream in(ReadFile("/proc/" + std::to_string(pid) + "/maps"));
   std::string line;

@@ -207,6 +207,9 @@ class StallWatch {
   StallWatch& operator=(const StallWatch&) = delete;
   // Milliseconds of stall seen since construction.
   double stalled_ms() const { return stalled_us_.load() / 1000.0; }
+  // p.Wait(timeout_s), extended by every stall seen while it waits: a
+  // process the host stopped with the machine has not hung.
+  int Wait(Process& p, double timeout_s) const;
 
  private:
   std::atomic<bool> stop_{false};

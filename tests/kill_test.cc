@@ -97,8 +97,8 @@ TEST(KillTest, SurvivorsEndWithinASecondAndPsmdReturnsToBaseline) {
     KillOutcome o;
     o.killed_at_ms = MonotonicMs();
     ranks[victim].Kill(SIGKILL);
-    o.victim_status = ranks[victim].Wait(5);
-    o.survivor_status = ranks[1 - victim].Wait(10);
+    o.victim_status = stalls.Wait(ranks[victim], 5);
+    o.survivor_status = stalls.Wait(ranks[1 - victim], 10);
     const std::string survivor = rv + "/" + std::to_string(1 - victim);
     o.survivor_out = ReadFile(survivor + ".out");
     // Time the host took the whole machine away is not the survivor's.

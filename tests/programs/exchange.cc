@@ -20,11 +20,14 @@
 // receiving only after that, so every message is received from a sender that
 // has already gone. --poll-only makes rank 1 complete every receive with
 // psm2_mq_test2 + psm2_poll, never waiting: an application that only polls,
-// as Open MPI's progress loop does.
+// as Open MPI's progress loop does. A rank still running after 120 s has
+// hung: it writes the message it stopped at to stderr and dies of SIGALRM.
 #include <psm2.h>
 #include <psm2_mq.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -56,6 +59,42 @@ void Fill(uint64_t seed, uint32_t i, uint8_t* buf, uint32_t len) {
     if (k % 8 == 0) state = Mix(state + k);
     buf[k] = static_cast<uint8_t>(state >> (8 * (k % 8)));
   }
+}
+
+// Where the exchange is, for the alarm's report: a hang then names the
+// message it stopped at (rank 0 at `messages`: waiting for the ack).
+std::atomic<uint32_t> g_at{0};
+uint32_t g_messages = 0;
+int g_rank = -1;
+
+// Appends v in decimal; async-signal-safe, unlike snprintf.
+char* PutDecimal(char* out, uint32_t v) {
+  char digits[10];
+  int n = 0;
+  do {
+    digits[n++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  while (n > 0) *out++ = digits[--n];
+  return out;
+}
+
+void ReportHangAndDie(int sig) {
+  char line[80];
+  char* p = line;
+  auto put = [&p](const char* s) {
+    while (*s != '\0') *p++ = *s++;
+  };
+  put("rank ");
+  p = PutDecimal(p, static_cast<uint32_t>(g_rank));
+  put(": alarm at message ");
+  p = PutDecimal(p, g_at.load(std::memory_order_relaxed));
+  put(" of ");
+  p = PutDecimal(p, g_messages);
+  put("\n");
+  (void)!write(STDERR_FILENO, line, static_cast<size_t>(p - line));
+  signal(sig, SIG_DFL);
+  raise(sig);
 }
 
 }  // namespace
@@ -107,6 +146,9 @@ int main(int argc, char** argv) {
             "usage: exchange --rank 0|1 --dir DIR [--uuid HEX32] ...\n");
     return 2;
   }
+  g_rank = rank;
+  g_messages = messages;
+  signal(SIGALRM, ReportHangAndDie);
   alarm(120);  // a hung exchange must fail, not block the test suite
 
   psm2_ep_t ep;
@@ -158,6 +200,7 @@ int main(int argc, char** argv) {
   uint64_t bytes = 0;
   if (rank == 0) {
     for (uint32_t i = 0; i < messages; i++) {
+      g_at.store(i, std::memory_order_relaxed);
       uint32_t len = SizeOf(seed, i, max_size);
       Fill(seed, i, buf.data(), len);
       psm2_mq_tag_t tag{};
@@ -174,6 +217,7 @@ int main(int argc, char** argv) {
              static_cast<unsigned long long>(bytes));
       return 0;
     }
+    g_at.store(messages, std::memory_order_relaxed);
     psm2_mq_req_t req;
     uint32_t acked = 0;
     psmd::testing::CheckPsm(
@@ -195,6 +239,7 @@ int main(int argc, char** argv) {
     psm2_epid_t closed;
     if (!ack && !psmd::testing::AwaitEpid(dir, 2, 60, &closed)) return 2;
     for (uint32_t i = 0; i < messages; i++) {
+      g_at.store(i, std::memory_order_relaxed);
       psm2_mq_tag_t tag{};
       tag.tag0 = i;
       tag.tag1 = 0x5e4d;
