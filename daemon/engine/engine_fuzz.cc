@@ -468,13 +468,14 @@ class Node {
     }
     JobState j;
     j.tag = tag;
-    j.job =
-        std::make_shared<Job>(JobKey{Uuid{tag}, geteuid()}, std::move(pool),
-                              regions + 1, kRegionBytes, std::move(account));
+    // The inbox after the endpoints' regions, where psmd has it (a
+    // successor checks a payload from another node against it).
+    j.job = std::make_shared<Job>(JobKey{Uuid{tag}, geteuid()}, std::move(pool),
+                                  regions, kRegionBytes, std::move(account),
+                                  /*inbox=*/true);
     j.first = j.job;
-    auto inbox = j.job->TakeRegion();
-    j.regions_taken++;
-    j.inbox = shm::SendArena(j.job->pool().base(), inbox->offset, inbox->bytes);
+    const SendRegion inbox = *j.job->InboxRegion();
+    j.inbox = shm::SendArena(j.job->pool().base(), inbox.offset, inbox.bytes);
     j.epids.insert(kRemoteEpid);
     for (uint32_t i = 0; i < positions; i++) {
       j.positions.push_back(static_cast<uint32_t>(clients_.size()));
@@ -842,10 +843,13 @@ class Node {
         break;
       case kHandover:
         // A few per run: each costs a node's worth of mappings, and the
-        // CI run's inputs are many. Not once the fabric was used: psmd
-        // refuses a handover while it serves one (its frames in flight
-        // are not carried).
-        if (handovers_ < kMaxHandovers && !fabric_used_) {
+        // CI run's inputs are many. Not while frames from the other node
+        // are parked: psmd waits for their receivers or refuses
+        // (daemon/remote/remote_handover.cc). What the engines hold for
+        // the fabric and from it is theirs to carry; what the fabric holds
+        // (whether it takes sends) the Remote carries, and so does the
+        // harness.
+        if (handovers_ < kMaxHandovers && parked_.empty()) {
           handovers_++;
           Handover();
         }
@@ -1301,6 +1305,7 @@ class Node {
   // Property 4: the protocol of mq_engine.h, then the successor.
   void Handover() {
     Quiesce();
+    const bool fabric_holds = fabric_->hold;
     std::vector<std::string> states;
     for (auto& e : engines_) {
       handover::StateWriter w;
@@ -1312,11 +1317,10 @@ class Node {
     std::vector<std::shared_ptr<Job>> jobs;
     for (JobState& j : jobs_) {
       const uint32_t regions =
-          static_cast<uint32_t>(j.positions.size()) * kLivesPerPosition +
-          1;  // and the inbox
-      jobs.push_back(std::make_shared<Job>(j.job->key(),
-                                           DupMapping(j.job->pool()), regions,
-                                           kRegionBytes, account));
+          static_cast<uint32_t>(j.positions.size()) * kLivesPerPosition;
+      jobs.push_back(std::make_shared<Job>(
+          j.job->key(), DupMapping(j.job->pool()), regions, kRegionBytes,
+          account, /*inbox=*/true));
       for (uint32_t i = 0; i < j.regions_taken; i++) jobs.back()->TakeRegion();
     }
     std::vector<std::shared_ptr<Endpoint>> fresh(clients_.size());
@@ -1350,6 +1354,7 @@ class Node {
     }
     if (!MqEngine::CreditsAgree(shards))
       Fail("credits in flight disagree with the held items");
+    fabric_->hold = fabric_holds;
   }
   // A turn of every shard; whether any did something.
   bool PollAll() {
@@ -1699,6 +1704,29 @@ std::vector<std::vector<uint8_t>> Seeds() {
   // Handovers (property 4): mid-rendezvous, with sends held for a budget,
   // with a claimed message, and with completions left unreaped.
   add(handover_rndv);
+  {
+    // With the fabric: sends to the other node that it holds (with two
+    // shards, position 0's and 2's wait on shard 0: held_fabric_); the
+    // fabric takes them again after the load.
+    Encoder e;
+    e.Op(kRemoteLink, 0).U8(0).U8(0).Op(kRemoteLink, 2).U8(0).U8(0);
+    e.Op(kFabricHold, 0).U8(1);
+    for (int i = 0; i < 6; i++) {
+      e.Send(0, 0, 3, i % 2 ? 3000 : 12).Send(2, 0, 3, 100, i == 5);
+    }
+    e.Turn().Handover().Op(kFabricHold, 0).U8(0).Turn().Reap(0).Reap(2);
+    add(e);
+  }
+  {
+    // Messages from the other node beyond their receiver's budget (16 KiB,
+    // 128 messages): with two shards position 0's wait on its shard
+    // (held_items_, kRemoteArrive).
+    Encoder e;
+    for (int i = 0; i < 140; i++) e.Frame(0, false, 16, 4);
+    e.Turn().Handover();
+    for (int i = 0; i < 8; i++) e.Recv(0, 0xff, 4, 64).Turn().Reap(0);
+    add(e);
+  }
   {
     Encoder e;
     for (int i = 0; i < 12; i++) e.Send(0, 1, 2, 4000);

@@ -6,9 +6,11 @@
 //
 // Layout (daemon/handover/state_codec.h): one section kEngineSection with
 // the shard, the engine's own fields, a section kEndpointSection per
-// endpoint (in order_), the transfers and the held items. Every field read
+// endpoint (in order_), the transfers, the held items and the items held
+// for the fabric (shard 0's, with shards). Every field read
 // names itself, so a refusal says which field of which endpoint was wrong.
 #include <psm2.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cstring>
@@ -34,7 +36,7 @@ constexpr uint32_t kEngineSection = 0x454e4731;    // "ENG1"
 constexpr uint32_t kEndpointSection = 0x45504431;  // "EPD1"
 // The engine part's own version, inside the envelope's (the lead's): bumped
 // whenever a field is added, removed or changes meaning.
-constexpr uint32_t kEngineFormat = 1;
+constexpr uint32_t kEngineFormat = 2;
 
 // Unexpected (and claimed) messages one endpoint may hold beyond its budget:
 // a closing sender's last sends, and a removed sender's held items, are
@@ -139,6 +141,7 @@ struct MqEngine::Loaded {
   std::vector<LoadedEndpoint> endpoints;
   std::vector<std::pair<uint64_t, Transfer>> transfers;
   std::vector<std::pair<uint32_t, std::deque<CrossItem>>> held;
+  std::vector<std::pair<uint32_t, std::deque<CrossItem>>> held_fabric;
 };
 
 bool MqEngine::PollQuiescing() {
@@ -299,8 +302,10 @@ void MqEngine::SaveState(handover::StateWriter& w) const {
     w.Bool(t->await_done);
     w.U64(t->last_ns);
   }
-  // Written: items of other shards' senders that a budget holds, by
-  // receiver (sorted), each list in arrival order.
+  // Written: items that a budget holds for a receiver here, by receiver
+  // (sorted), each list in arrival order: from other shards' senders, and
+  // from other nodes (shard 0's Remote hands another shard's receiver its
+  // messages and active messages whole: kRemoteArrive, kRemoteAm).
   std::map<uint32_t, const std::deque<CrossItem>*> held;
   for (const auto& [id, items] : held_items_) held[id] = &items;
   w.U32(static_cast<uint32_t>(held.size()));
@@ -311,14 +316,32 @@ void MqEngine::SaveState(handover::StateWriter& w) const {
       w.U8(static_cast<uint8_t>(item.kind));
       w.U8(item.flags);
       w.U32(item.from);
-      if (item.kind == CrossKind::kArrive) {
+      if (item.kind == CrossKind::kArrive ||
+          item.kind == CrossKind::kRemoteArrive) {
         WriteKey(w, item.arrive.key);
         WriteMsg(w, item.arrive.msg);
-      } else {  // kAm: only these two kinds are ever held
+      } else {  // kAm, kRemoteAm: only these four kinds are ever held
         w.Pod(item.am.c);
         w.Pod(item.am.job.uuid);
         w.U32(item.am.job.uid);
       }
+    }
+  }
+  // Written (shard 0 with a fabric only): other shards' sends and active
+  // -message requests to other nodes that the Remote holds (a receiver
+  // there is off, its window full, its node's queue full), by sender
+  // (sorted), each list in order. Each is one of its sender's
+  // cross_in_flight, which its shard wrote.
+  std::map<uint32_t, const std::deque<CrossItem>*> held_fabric;
+  for (const auto& [id, items] : held_fabric_) held_fabric[id] = &items;
+  w.U32(static_cast<uint32_t>(held_fabric.size()));
+  for (const auto& [id, items] : held_fabric) {
+    w.U32(id);
+    w.U32(static_cast<uint32_t>(items->size()));
+    for (const CrossItem& item : *items) {
+      w.U8(item.flags);
+      w.U64(item.fabric.epid);
+      w.Pod(item.fabric.d);
     }
   }
   w.EndSection(engine);
@@ -653,20 +676,34 @@ bool MqEngine::ReadHeldItems(handover::StateReader& r, Loaded* out) {
           !r.U32(&item.from, "held item sender"))
         return false;
       item.to = id;
-      // Only another shard's endpoints send items.
-      if (item.from == 0 || item.from == kRemotePeer || Local(item.from))
+      // Another shard's endpoints send items, and (through shard 0) other
+      // nodes: the remote kinds, which need this psmd's fabric.
+      const bool remote =
+          kind == static_cast<uint8_t>(CrossKind::kRemoteArrive) ||
+          kind == static_cast<uint8_t>(CrossKind::kRemoteAm);
+      if (remote) {
+        if (item.from != kRemotePeer || remote_ == nullptr)
+          return r.Fail("held item sender",
+                        "is not another node through this psmd's fabric");
+      } else if (item.from == 0 || item.from == kRemotePeer ||
+                 Local(item.from)) {
         return r.Fail("held item sender",
                       "is not an endpoint of another shard");
-      if (kind == static_cast<uint8_t>(CrossKind::kArrive)) {
-        item.kind = CrossKind::kArrive;
+      }
+      if (kind == static_cast<uint8_t>(CrossKind::kArrive) ||
+          kind == static_cast<uint8_t>(CrossKind::kRemoteArrive)) {
+        item.kind = static_cast<CrossKind>(kind);
         if (item.flags != 0) return r.Fail("held item flags", "are not 0");
         if (!ReadMsg(r, *receiver, &item.arrive.key, &item.arrive.msg))
           return false;
-        if (item.arrive.msg.sender_id != item.from)
+        if (remote ? item.arrive.msg.remote_src == 0
+                   : item.arrive.msg.sender_id != item.from)
           return r.Fail("held item sender", "is not its message's sender");
-      } else if (kind == static_cast<uint8_t>(CrossKind::kAm)) {
-        item.kind = CrossKind::kAm;
-        if ((item.flags & ~kAmTakesCredit) != 0)
+      } else if (kind == static_cast<uint8_t>(CrossKind::kAm) ||
+                 kind == static_cast<uint8_t>(CrossKind::kRemoteAm)) {
+        item.kind = static_cast<CrossKind>(kind);
+        // (A remote one is credited by its kind: AmArriveAcross sets none.)
+        if ((item.flags & ~(remote ? 0 : kAmTakesCredit)) != 0)
           return r.Fail("held item flags", "has unknown bits");
         if (!r.Pod(&item.am.c, "held active message") ||
             !r.Pod(&item.am.job.uuid, "held active message job") ||
@@ -677,7 +714,7 @@ bool MqEngine::ReadHeldItems(handover::StateReader& r, Loaded* out) {
         if (!request && op != shm::CompleteOp::kAmReply &&
             op != shm::CompleteOp::kAmAcked)
           return r.Fail("held active message", "is not an active message");
-        if (((item.flags & kAmTakesCredit) != 0) != request)
+        if (!remote && ((item.flags & kAmTakesCredit) != 0) != request)
           return r.Fail("held item flags", "credit a request, only a request");
         // An active message reaches only its sender's job (TakeItem).
         if (!(item.am.job == receiver->job()->key()))
@@ -687,6 +724,67 @@ bool MqEngine::ReadHeldItems(handover::StateReader& r, Loaded* out) {
       } else {
         return r.Fail("held item kind", "is neither a message nor an AM");
       }
+      items.push_back(item);
+    }
+  }
+  return true;
+}
+
+bool MqEngine::ReadHeldFabric(handover::StateReader& r, Loaded* out) {
+  // Only shard 0 of several holds them (a lone engine's senders hold their
+  // own: held_sends), and only with a fabric.
+  const bool may_hold = shards_ > 1 && shard_ == 0 && remote_ != nullptr;
+  uint32_t senders = 0;
+  if (!r.Count(&senders, 8, may_hold ? kMaxHeldItems : 0,
+               "held fabric sender count"))
+    return false;
+  out->held_fabric.resize(senders);
+  std::unordered_set<uint32_t> seen;
+  for (auto& [id, items] : out->held_fabric) {
+    uint32_t n = 0;
+    // A sender takes at most kCrossCredit credits (ToFabric), but for a
+    // closing sender's last sends, which are never held.
+    if (!r.U32(&id, "held fabric sender") ||
+        !r.Count(&n, 1 + 8 + sizeof(shm::SubmissionDesc), kCrossCredit,
+                 "held fabric item count"))
+      return false;
+    Endpoint* sender = Local(id) ? nullptr : Known(id);
+    if (id == 0 || id == kRemotePeer || sender == nullptr)
+      return r.Fail("held fabric sender",
+                    "is not an endpoint of another shard");
+    if (!seen.insert(id).second)
+      return r.Fail("held fabric sender", "appears twice");
+    if (n == 0) return r.Fail("held fabric item count", "is 0");
+    for (uint32_t i = 0; i < n; i++) {
+      CrossItem item{};
+      item.kind = CrossKind::kToFabric;
+      item.from = id;
+      if (!r.U8(&item.flags, "held fabric item flags") ||
+          !r.U64(&item.fabric.epid, "held fabric item peer") ||
+          !r.Pod(&item.fabric.d, "held fabric item"))
+        return false;
+      // A send or a request (an answer is never held; one to a link gone
+      // waits behind its sender's held ones too): as ToFabric made it.
+      const uint8_t call = item.flags & kFabricCallMask;
+      if ((item.flags &
+           ~(kFabricCallMask | kFabricLinkGone | kFabricMayHold)) != 0 ||
+          (call != kFabricSend && call != kFabricAmRequest))
+        return r.Fail("held fabric item flags", "are not a held call's");
+      const shm::SubmitOp op = item.fabric.d.op;
+      if (call == kFabricSend
+              ? op != shm::SubmitOp::kSend && op != shm::SubmitOp::kRndvSend
+              : op != shm::SubmitOp::kAmRequest)
+        return r.Fail("held fabric item", "is not of its call's op");
+      // Checked as its shard checked it when it was submitted; the peer
+      // slot is its shard's to check, and was (the item names the epid).
+      SubmissionBounds bounds;
+      bounds.peer_slots = item.fabric.d.peer + 1;
+      bounds.region = sender->region();
+      if (ValidateSubmission(item.fabric.d, shm::TraitsOf(op).ring, bounds) !=
+          Rejection::kNone)
+        return r.Fail("held fabric item", "is not a valid submission");
+      if (shm::NodeIdOf(item.fabric.epid) == shm::NodeIdOf(sender->epid()))
+        return r.Fail("held fabric item peer", "is of this node");
       items.push_back(item);
     }
   }
@@ -780,7 +878,8 @@ Status MqEngine::LoadState(handover::StateReader& in) {
       return refuse(r);
     }
   }
-  if (!ReadTransfers(r, &loaded) || !ReadHeldItems(r, &loaded))
+  if (!ReadTransfers(r, &loaded) || !ReadHeldItems(r, &loaded) ||
+      !ReadHeldFabric(r, &loaded))
     return refuse(r);
   if (!r.AtEnd()) {
     r.Fail("engine section", "has bytes after its last field");
@@ -850,6 +949,17 @@ void MqEngine::Install(Loaded& loaded) {
       takeover_candidates_.push_back(id);
   }
   for (auto& [id, items] : loaded.held) held_items_[id] = std::move(items);
+  size_t held_fabric = 0;
+  for (auto& [id, items] : loaded.held_fabric) {
+    held_fabric += items.size();
+    held_fabric_[id] = std::move(items);
+  }
+  if (held_fabric > 0) {
+    spdlog::info(
+        "handover: took over {} sends of other shards' endpoints held for "
+        "other nodes",
+        held_fabric);
+  }
 }
 
 bool MqEngine::CreditsAgree(const std::vector<const MqEngine*>& shards) {
@@ -857,9 +967,14 @@ bool MqEngine::CreditsAgree(const std::vector<const MqEngine*>& shards) {
   for (const MqEngine* e : shards) {
     for (const auto& [id, items] : e->held_items_) {
       for (const CrossItem& item : items) {
-        if (item.kind == CrossKind::kArrive || (item.flags & kAmTakesCredit))
+        if (item.kind == CrossKind::kArrive ||
+            (item.kind == CrossKind::kAm && (item.flags & kAmTakesCredit)))
           held[item.from]++;
       }
+    }
+    // Each held for the fabric took its sender's credit (ToFabric).
+    for (const auto& [id, items] : e->held_fabric_) {
+      held[id] += static_cast<uint32_t>(items.size());
     }
   }
   for (const MqEngine* e : shards) {

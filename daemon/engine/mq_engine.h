@@ -466,8 +466,14 @@ class MqEngine {
   // pending credits, no item waiting in a lane toward this shard, no removed
   // endpoint awaiting other shards' kGoneAck. (Lanes from this shard are
   // the other shards' to see empty: see the protocol's round.)
-  // Not covered: the fabric to other nodes (daemon/remote), whose state is
-  // not carried: LoadState refuses messages from other nodes.
+  // Not covered: the fabric to other nodes (daemon/remote), whose drain is
+  // its own (Remote::Carriable). What the engine holds of it is written:
+  // messages from other nodes in the queues and held for a receiver of
+  // another shard (kRemoteArrive, kRemoteAm), and on shard 0 the sends of
+  // other shards' endpoints that the Remote holds (held_fabric_). Not
+  // written: remote_in_flight_, which starts again at 0 (a receiver may
+  // then have up to kFabricCredit more in flight once, beside its held
+  // ones).
   bool Quiesced() const;
   // Writes the engine's state (engine_state.cc, field by field: written or
   // rebuilt, and why). Quiesced must hold.
@@ -660,6 +666,7 @@ class MqEngine {
   bool ReadEndpoint(handover::StateReader& r, LoadedEndpoint* out);
   bool ReadTransfers(handover::StateReader& r, Loaded* out);
   bool ReadHeldItems(handover::StateReader& r, Loaded* out);
+  bool ReadHeldFabric(handover::StateReader& r, Loaded* out);
   bool ReadMsg(handover::StateReader& r, const Endpoint& receiver, MsgKey* key,
                UnexpectedMsg* m);
   void Install(Loaded& loaded);
