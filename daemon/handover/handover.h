@@ -37,7 +37,9 @@ namespace psmd::handover {
 // 3: eager sends converted to rendezvous and payloads kept for receivers,
 // in the inter-node engine's state.
 // 4: with engine shards and a fabric, the engines' items held for other
-// nodes (shard 0's) and held from them (the receiver's shard).
+// nodes (shard 0's) and held from them (the receiver's shard); frames set
+// aside for other nodes' endpoints that are off, in the inter-node
+// engine's state.
 inline constexpr uint32_t kFormatVersion = 4;
 
 // The environment variable naming the state file's descriptor in the

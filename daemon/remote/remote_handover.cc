@@ -4,19 +4,22 @@
 // what this daemon sent is acknowledged, what arrives is handled, and what
 // waits on other nodes' answers stays. Carriable says when what is left is
 // plain data the successor can take: per peer its session's id and the
-// flow-control sets, the requests awaiting an answer, the rendezvous
-// transfers both ways, the eager sends converted to rendezvous (their
-// payloads stay in the senders' pool chunks), the payloads kept in daemon
-// memory for receivers here, the proxies and watchers, and each job's inbox
-// arena. Anything else in flight (frames queued or unacknowledged, parked
-// frames, connect queries, RMA reads, a frame half read) is waited for, or
-// the handover is refused and psmd serves on.
+// flow-control sets, the frames set aside for its endpoints that are off
+// (a data frame's bytes stay in its sender's pool chunk), the requests
+// awaiting an answer, the rendezvous transfers both ways, the eager sends
+// converted to rendezvous (their payloads stay in the senders' pool
+// chunks), the payloads kept in daemon memory for receivers here, the
+// proxies and watchers, and each job's inbox arena. Anything else in flight
+// (frames queued or unacknowledged, parked frames, connect queries, RMA
+// reads, a frame half read) is waited for, or the handover is refused and
+// psmd serves on.
 // The frames peers sent after the last poll were not delivered here: their
 // sessions replay them to the successor.
 #include <psm2.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 #include <string>
 #include <utility>
@@ -112,9 +115,22 @@ bool Remote::Carriable(std::string* why) const {
     if (p->rx != Peer::Rx::kHeader || p->expect_payload || p->has_held) {
       return busy(node, "a frame half read");
     }
-    if (!p->queue.empty() || !p->deferred.empty() || !p->gone_aside.empty() ||
-        p->defer_payload) {
+    // (Frames set aside for its endpoints that are off are carried; a data
+    // frame's pool chunk by its sender, which must be one the successor
+    // takes over: one that left waits to be sent.)
+    if (!p->queue.empty() || p->defer_payload) {
       return busy(node, "frames queued to it");
+    }
+    for (const auto& [dst, frames] : p->deferred) {
+      for (const auto& f : frames) {
+        if (wire::TraitsOf(f->msg.f.op).shape == wire::Shape::kEnvelope)
+          continue;
+        const Endpoint* sender =
+            engine_->FindAny(shm::EndpointIdOf(f->msg.f.src));
+        if (f->chunk_base == nullptr || sender == nullptr ||
+            sender->epid() != f->msg.f.src)
+          return busy(node, "frames set aside from an endpoint that left");
+      }
     }
     if (AwaitsClients(*p))
       return busy(node, "frames parked for receivers here");
@@ -181,6 +197,29 @@ void Remote::SaveState(handover::StateWriter& w) const {
       w.U64(transfer);
       w.Str(bytes);
     }
+    // Frames set aside for its endpoints that are off (or beyond their
+    // window), each list in queue order, then the kGones behind them: an
+    // envelope as the wire carries it, a data frame by its fields and the
+    // pool chunk it sends from (every data frame this psmd sends does).
+    auto write_frame = [&w](const OutFrame& f) {
+      w.Pod(f.msg.f);
+      if (wire::TraitsOf(f.msg.f.op).shape == wire::Shape::kEnvelope) {
+        uint8_t bytes[wire::kEnvelopeMax];
+        const uint32_t len = wire::Encode(f.msg, bytes);
+        w.Str(std::string(reinterpret_cast<const char*>(bytes), len));
+      } else {
+        w.U64(f.chunk_offset);
+        w.U32(static_cast<uint32_t>(f.iov.iov_len));
+      }
+    };
+    w.U32(static_cast<uint32_t>(p->deferred.size()));
+    for (const auto& [dst, frames] : p->deferred) {
+      w.U64(dst);
+      w.U32(static_cast<uint32_t>(frames.size()));
+      for (const auto& f : frames) write_frame(*f);
+    }
+    w.U32(static_cast<uint32_t>(p->gone_aside.size()));
+    for (const auto& f : p->gone_aside) write_frame(*f);
   }
   w.U32(next_kept_);
   w.U64(next_in_transfer_);
@@ -266,6 +305,17 @@ Status Remote::LoadState(handover::StateReader& r,
     };
     uint64_t next_converted = 1;
     std::vector<ConvertedSend> converted;
+    // Frames set aside, as read: a data frame's chunk is taken once all is
+    // checked (`sender` 0: an envelope).
+    struct SetAside {
+      uint16_t node = 0;
+      bool gone = false;  // to gone_aside, else to deferred[msg.f.dst]
+      wire::Envelope msg;
+      uint32_t sender = 0;
+      uint64_t offset = 0;
+      uint32_t len = 0;
+    };
+    std::vector<SetAside> set_aside;
     uint32_t next_kept = 1;
     std::unordered_map<uint32_t, std::set<uint16_t>> watchers;
     ProxyIds proxies;
@@ -371,6 +421,75 @@ Status Remote::LoadState(handover::StateReader& r,
     }
     if (p->parked_bytes > kParkMax)
       return fail("kept payloads", "exceed the connection's cap");
+    // Frames set aside: each one this psmd could have sent that node, as
+    // its peer's decoder would take it (from this node), of an op that is
+    // set aside, a data frame's bytes a chunk of its sender's region as
+    // the sender's descriptor placed it (checked with the converted sends'
+    // chunks below: each released once).
+    uint32_t lists = 0;
+    if (!r.Count(&lists, 8 + 4, kMaxEntries, "set-aside receivers"))
+      return read_error();
+    std::set<uint64_t> set_aside_dsts;
+    for (uint32_t j = 0; j <= lists; j++) {
+      const bool gone = j == lists;  // the kGones, last
+      uint64_t dst = 0;
+      if (!gone) {
+        if (!r.U64(&dst, "set-aside receiver")) return read_error();
+        if (!of_node(dst, p->node) || !set_aside_dsts.insert(dst).second)
+          return fail("set-aside receiver",
+                      "is not an endpoint of that node, or twice");
+      }
+      if (!r.Count(&k, sizeof(hw::FrameFields) + 4, kMaxEntries,
+                   "set-aside frames"))
+        return read_error();
+      if (!gone && k == 0) return fail("set-aside frames", "are none");
+      for (uint32_t m = 0; m < k; m++) {
+        Loaded::SetAside s;
+        s.node = p->node;
+        s.gone = gone;
+        if (!r.Pod(&s.msg.f, "set-aside frame fields")) return read_error();
+        const wire::Op op = wire::OpOf(s.msg.f);
+        if (wire::TraitsOf(s.msg.f.op).shape == wire::Shape::kEnvelope) {
+          std::string bytes;
+          if (!r.Str(&bytes, wire::kEnvelopeMax, "set-aside envelope"))
+            return read_error();
+          if (wire::DecodeEnvelope(
+                  node_id_, s.msg.f,
+                  reinterpret_cast<const uint8_t*>(bytes.data()),
+                  static_cast<uint32_t>(bytes.size()),
+                  &s.msg) != wire::Error::kOk)
+            return fail("set-aside envelope", "is not a valid frame");
+        } else {
+          if (!r.U64(&s.offset, "set-aside chunk") ||
+              !r.U32(&s.len, "set-aside length"))
+            return read_error();
+          if (wire::CheckHeader(node_id_, s.msg.f, s.len) != wire::Error::kOk)
+            return fail("set-aside frame fields", "are not a valid frame");
+          s.sender = shm::EndpointIdOf(s.msg.f.src);
+          const Endpoint* sender = engine_->FindAny(s.sender);
+          if (sender == nullptr || sender->epid() != s.msg.f.src ||
+              sender->job()->key().uid != s.msg.f.uid ||
+              std::memcmp(sender->job()->key().uuid.data(), s.msg.f.job,
+                          sizeof(s.msg.f.job)) != 0)
+            return fail("set-aside frame fields", "name no endpoint here");
+          if (s.len == 0 ||
+              ValidatePoolRange(s.offset, s.len, sender->region()) !=
+                  Rejection::kNone)
+            return fail("set-aside chunk",
+                        "is not a chunk of the sender's pool region");
+        }
+        // What Defer sets aside, and where.
+        const bool fits =
+            gone ? op == wire::Op::kGone
+                 : (op == wire::Op::kEnvelope || op == wire::Op::kAmRequest ||
+                    op == wire::Op::kAmReply || op == wire::Op::kPayload ||
+                    op == wire::Op::kRndvData || op == wire::Op::kAbort) &&
+                       s.msg.f.dst == dst;
+        if (!fits)
+          return fail("set-aside frame fields", "are not of a frame set aside");
+        next.set_aside.push_back(s);
+      }
+    }
     p->open = true;
     next.node_of_conn[p->conn] = p->node;
     next.peers[p->node] = std::move(p);
@@ -502,6 +621,10 @@ Status Remote::LoadState(handover::StateReader& r,
                   "is not a chunk of the sender's pool region, or twice");
     next.converted.push_back(std::move(s));
   }
+  for (const Loaded::SetAside& s : next.set_aside) {
+    if (s.sender != 0 && !converted_chunks.insert(s.offset).second)
+      return fail("set-aside chunk", "is named twice");
+  }
   if (!r.Count(&n, 8, kMaxEntries, "watched endpoints")) return read_error();
   for (uint32_t i = 0; i < n; i++) {
     uint32_t id = 0, k = 0;
@@ -557,6 +680,25 @@ Status Remote::LoadState(handover::StateReader& r,
                    &payload, s.len);
     converted_[s.id] = std::move(s.c);
   }
+  for (const Loaded::SetAside& s : next.set_aside) {
+    Peer& p = *peers_.at(s.node);
+    std::unique_ptr<OutFrame> f;
+    if (s.sender != 0) {
+      // The chunk stays held, as in the old psmd, until the frame is sent.
+      Endpoint& sender = *engine_->FindAny(s.sender);
+      shm::PoolPayload payload(sender.job()->pool().base(), s.offset);
+      f = ChunkFrame(sender, s.msg.f, &payload, s.len);
+    } else {
+      f = std::make_unique<OutFrame>();
+      f->msg = s.msg;
+    }
+    f->node = s.node;
+    if (s.gone) {
+      p.gone_aside.push_back(std::move(f));
+    } else {
+      p.deferred[s.msg.f.dst].push_back(std::move(f));
+    }
+  }
   watchers_ = std::move(next.watchers);
   proxies_ = std::move(next.proxies);
   for (auto& [job, arena] : next.inboxes) {
@@ -572,9 +714,9 @@ Status Remote::LoadState(handover::StateReader& r,
   spdlog::info(
       "handover: took over {} peer nodes, {} rendezvous transfers in and {} "
       "out, {} eager sends converted to rendezvous, {} payloads kept for "
-      "receivers here",
+      "receivers here, {} frames set aside for receivers there",
       peers_.size(), in_transfers_.size(), out_transfers_.size(),
-      converted_.size(), kept);
+      converted_.size(), kept, next.set_aside.size());
   for (uint16_t node : lost) FailPeer(node, hw::ErrorClass::kConnReset);
   // The old psmd held the peers (HoldPeers): they send to its endpoints
   // again, with the credits it kept.

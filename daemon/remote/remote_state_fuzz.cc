@@ -96,15 +96,16 @@ constexpr uint32_t kJobUid = 1000;
 const std::map<psmd::hw::ConnId, uint64_t> kSessions = {{1, 2}, {2, 3}};
 
 struct Reached {
-  uint64_t loaded = 0, converted = 0, kept = 0, sent = 0, ended = 0;
-  uint64_t refused = 0;
+  uint64_t loaded = 0, converted = 0, kept = 0, set_aside = 0, sent = 0;
+  uint64_t ended = 0, refused = 0;
   ~Reached() {
     printf(
         "remote_state_fuzz: reached loaded=%llu converted=%llu kept=%llu "
-        "sent=%llu ended=%llu refused=%llu\n",
+        "set_aside=%llu sent=%llu ended=%llu refused=%llu\n",
         static_cast<unsigned long long>(loaded),
         static_cast<unsigned long long>(converted),
         static_cast<unsigned long long>(kept),
+        static_cast<unsigned long long>(set_aside),
         static_cast<unsigned long long>(sent),
         static_cast<unsigned long long>(ended),
         static_cast<unsigned long long>(refused));
@@ -255,7 +256,9 @@ struct ConvertedSend {
 struct Carried {
   std::vector<TransferIn> in;
   std::vector<ConvertedSend> converted;
-  uint32_t kept = 0;  // payloads kept, and kept chunks
+  uint32_t kept = 0;                       // payloads kept, and kept chunks
+  uint32_t set_aside = 0;                  // frames set aside
+  std::vector<uint64_t> set_aside_chunks;  // their pool chunks' offsets
 };
 Carried CarriedOf(const std::string& state) {
   StateReader r(state.data(), state.size());
@@ -299,6 +302,23 @@ Carried CarriedOf(const std::string& state) {
     out.kept += k;
     for (uint32_t j = 0; j < k; j++) {
       if (!r.U64(&u64, "") || !r.Str(&bytes, 1u << 30, "")) fail();
+    }
+    uint32_t lists = 0;  // frames set aside, by receiver, then kGones
+    if (!r.Count(&lists, 1, 1u << 20, "")) fail();
+    for (uint32_t j = 0; j <= lists; j++) {
+      if ((j < lists && !r.U64(&u64, "")) || !r.Count(&k, 1, 1u << 20, ""))
+        fail();
+      out.set_aside += k;
+      for (uint32_t m = 0; m < k; m++) {
+        psmd::hw::FrameFields f;
+        if (!r.Pod(&f, "")) fail();
+        if (psmd::wire::TraitsOf(f.op).shape == psmd::wire::Shape::kEnvelope) {
+          if (!r.Str(&bytes, 1u << 30, "")) fail();
+        } else {
+          if (!r.U64(&u64, "") || !r.U32(&u32, "")) fail();
+          out.set_aside_chunks.push_back(u64);
+        }
+      }
     }
   }
   if (!r.U32(&u32, "") || !r.U64(&u64, "") || !r.Count(&n, 1, 1u << 20, ""))
@@ -370,7 +390,33 @@ bool SendChunk(Node& n, const TransferIn& t) {
 struct Parts {
   bool peers = false, in = false, out = false, converted = false;
   bool watchers = false, proxies = false, inbox = false, kept = false;
+  bool set_aside = false;
 };
+
+// Endpoint `id` here as a frame's sender.
+psmd::wire::Sender SenderHere(uint32_t id) {
+  psmd::wire::Sender s;
+  std::memset(&s, 0, sizeof(s));  // its padding too: seeds are stable
+  s.epid = EpidOf(kHere, id);
+  s.uid = kJobUid;
+  std::memcpy(s.job, kJob.data(), sizeof(s.job));
+  return s;
+}
+
+// A frame set aside as SaveState writes it: an envelope, or a data frame
+// sending `len` bytes of the pool chunk at `offset`.
+void WriteSetAside(StateWriter& w, const psmd::wire::Envelope& e) {
+  w.Pod(e.f);
+  uint8_t bytes[psmd::wire::kEnvelopeMax];
+  const uint32_t len = psmd::wire::Encode(e, bytes);
+  w.Str(std::string(reinterpret_cast<const char*>(bytes), len));
+}
+void WriteSetAside(StateWriter& w, const psmd::hw::FrameFields& f,
+                   uint64_t offset, uint32_t len) {
+  w.Pod(f);
+  w.U64(offset);
+  w.U32(len);
+}
 
 std::string StateOf(const Parts& p) {
   StateWriter w;
@@ -414,6 +460,28 @@ std::string StateOf(const Parts& p) {
       w.U64(5);
       w.Str(std::string(3000, 'c'));
     }
+    // Frames set aside for node 2's endpoint 1, which is off: an inline
+    // message, an eager one's envelope and its payload (a chunk of sender
+    // 1's region), a transfer's abort; and a kGone behind them.
+    const bool aside = p.set_aside && node == 2;
+    w.U32(aside ? 1 : 0);
+    if (aside) {
+      const uint64_t dst = EpidOf(node, 1);
+      const uint8_t inline_bytes[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+      const uint32_t tag[3] = {5, 0, 0};
+      w.U64(dst);
+      w.U32(4);
+      WriteSetAside(w, psmd::wire::PrepMessage(SenderHere(1), dst, 400, tag, 8,
+                                               0, false, inline_bytes));
+      WriteSetAside(w, psmd::wire::PrepMessage(SenderHere(1), dst, 401, tag,
+                                               600, 0, false, nullptr));
+      WriteSetAside(w, psmd::wire::PrepPayload(SenderHere(1), dst, 401),
+                    psmd::shm::kCacheLine * 21, 600);
+      WriteSetAside(w, psmd::wire::PrepAbort(SenderHere(2), dst, 9,
+                                             PSM2_EPID_UNREACHABLE));
+    }
+    w.U32(aside ? 1 : 0);
+    if (aside) WriteSetAside(w, psmd::wire::PrepGone(SenderHere(3), 0));
   }
   w.U32(p.kept ? 3 : 1);  // next kept id
   const bool kept_chunk = p.kept && p.in;
@@ -518,6 +586,9 @@ std::vector<std::string> Seeds() {
   parts[8] = {true, true, true, true, true, true, true, true};
   parts[9].peers = parts[9].kept = true;
   parts[10].peers = parts[10].kept = parts[10].in = true;
+  parts.emplace_back();
+  parts.back().peers = parts.back().set_aside = true;
+  parts[8].set_aside = true;
   std::vector<std::string> seeds;
   for (const Parts& p : parts) {
     const std::string state = StateOf(p);
@@ -583,9 +654,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::vector<ConvertedSend>& converted = carried.converted;
   if (!converted.empty()) reached.converted++;
   if (carried.kept != 0) reached.kept++;
+  if (carried.set_aside != 0) reached.set_aside++;
   std::set<uint64_t> held;  // the lines of their chunks' headers
   for (const ConvertedSend& c : converted) {
     held.insert((c.offset - psmd::shm::kChunkHeaderBytes) /
+                psmd::shm::kCacheLine);
+  }
+  for (uint64_t offset : carried.set_aside_chunks) {
+    held.insert((offset - psmd::shm::kChunkHeaderBytes) /
                 psmd::shm::kCacheLine);
   }
   uint32_t frames[4] = {};  // sent by node 2 and 3
@@ -626,8 +702,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const bool released = n.LineState(line).load() == psmd::shm::kChunkReleased;
     Check(released == (held.count(line) != 0),
           held.count(line) != 0
-              ? "a converted send's chunk outlived the Remote"
-              : "a chunk no converted send held was released");
+              ? "a carried chunk (a converted send's, a frame's set aside) "
+                "outlived the Remote"
+              : "a chunk nothing carried held was released");
   }
   if (remove_first) {
     Check(n.job().unexpected_cost.load() == 0 &&
