@@ -336,6 +336,52 @@ class FabricTest : public ::testing::Test {
     EXPECT_TRUE(b.Stop());
   }
 
+  // Node 1's flood of node 2's receiver, which idles `idle` s first
+  // (tests/programs/flood with `flood`'s arguments), both daemons with an
+  // unexpected budget of 16 MiB: node 2 parks, keeps and holds node 1 off.
+  struct IdleFlood {
+    std::unique_ptr<Daemon> a, b;
+    std::string rv;
+    int idle = 0;
+    std::chrono::steady_clock::time_point start;
+    Process receiver, sender;
+    // Seconds until the receiver wakes.
+    double IdleLeft() const {
+      return idle - std::chrono::duration<double>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
+    }
+  };
+  IdleFlood StartIdleFlood(const std::string& name, int idle,
+                           const std::vector<std::string>& flood) {
+    IdleFlood f;
+    const std::vector<std::string> budget = {"--unexpected-mib", "16"};
+    f.a = StartNode(0, budget);
+    f.b = StartNode(1, budget);
+    f.rv = Rendezvous(name);
+    f.idle = idle;
+    f.start = std::chrono::steady_clock::now();
+    f.receiver =
+        Process::Start(FloodArgs(f.rv, 1, idle, flood), f.b->ClientEnv(),
+                       f.rv + "/r1.out", f.rv + "/r1.err");
+    f.sender = Process::Start(FloodArgs(f.rv, 0, idle, flood), f.a->ClientEnv(),
+                              f.rv + "/r0.out", f.rv + "/r0.err");
+    return f;
+  }
+  // The flood ended well (every message received, in order, intact), and
+  // another job exchanges across the nodes; then both daemons stop.
+  void ExpectFloodIntactThenStop(IdleFlood& f, const char* after) {
+    EXPECT_EQ(f.receiver.Wait(60), 0)
+        << ReadFile(f.rv + "/r1.err") << f.a->Log() << f.b->Log();
+    EXPECT_EQ(f.sender.Wait(30), 0) << ReadFile(f.rv + "/r0.err");
+    EXPECT_NE(ReadFile(f.rv + "/r1.out").find(" 0 wrong"), std::string::npos)
+        << ReadFile(f.rv + "/r1.out");
+    RunResult r = Exchange(*f.a, *f.b, after, 100, 100000);
+    EXPECT_EQ(r.exit_code, 0) << r.err << f.a->Log() << f.b->Log();
+    EXPECT_TRUE(f.a->Stop());
+    EXPECT_TRUE(f.b->Stop());
+  }
+
   // The test's own node 3 as a sending daemon (SendingNode) to node 1,
   // which runs with this --fabric-timeout-ms.
   static constexpr int kNode3TimeoutMs = 2000;
@@ -736,24 +782,15 @@ TEST_F(FabricTest, AnUpgradeThatCannotCarryTheFabricIsRefusedAtOnce) {
 TEST_F(FabricTest, AnUpgradeWithFramesParkedForAnIdleReceiverRefusesUnfrozen) {
   if (!Sessions()) GTEST_SKIP() << "without sessions nothing can be carried";
   if (!OfiProvider().empty()) GTEST_SKIP() << "tested over the socket fabric";
-  const std::vector<std::string> budget = {"--unexpected-mib", "16"};
-  auto a = StartNode(0, budget);
-  auto b = StartNode(1, budget);
-  const int idle = static_cast<int>(12 * TimeScale());
-  std::string rv = Rendezvous("parked");
-  auto args = [&](int rank) {
-    return FloodArgs(rv, rank, idle, {"--small", "204800"});
-  };
-  const auto start = std::chrono::steady_clock::now();
-  Process receiver =
-      Process::Start(args(1), b->ClientEnv(), rv + "/r1.out", rv + "/r1.err");
-  Process sender =
-      Process::Start(args(0), a->ClientEnv(), rv + "/r0.out", rv + "/r0.err");
+  IdleFlood f = StartIdleFlood("parked", static_cast<int>(12 * TimeScale()),
+                               {"--small", "204800"});
+  Daemon* a = f.a.get();
+  Daemon* b = f.b.get();
   auto parked = [&] {
     return JsonNumber(Psmctl(dir_, *b, {"stats", "--format", "json"}).out,
                       "peer_nodes", "parked");
   };
-  ASSERT_TRUE(WaitUntil(idle - 6 * TimeScale(), [&] { return parked() > 0; }))
+  ASSERT_TRUE(WaitUntil(f.idle - 6 * TimeScale(), [&] { return parked() > 0; }))
       << "nothing parked at node 2\n"
       << b->Log();
   const auto asked = std::chrono::steady_clock::now();
@@ -761,9 +798,7 @@ TEST_F(FabricTest, AnUpgradeWithFramesParkedForAnIdleReceiverRefusesUnfrozen) {
   const double took =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - asked)
           .count();
-  const double receiver_woke =
-      idle - std::chrono::duration<double>(asked - start).count();
-  ASSERT_GT(receiver_woke, took) << "the receiver woke during the upgrade";
+  ASSERT_GT(f.IdleLeft(), 0) << "the receiver woke during the upgrade";
   EXPECT_NE(up.exit_code, 0) << up.out;
   EXPECT_NE(up.err.find("parked here"), std::string::npos)
       << up.out << up.err << b->Log();
@@ -785,24 +820,16 @@ TEST_F(FabricTest, AnUpgradeWithFramesParkedForAnIdleReceiverRefusesUnfrozen) {
   // receiver reads. Another job exchanges meanwhile.
   RunResult beside = Exchange(*a, *b, "beside-parked", 100, 1000);
   EXPECT_EQ(beside.exit_code, 0) << beside.err;
-  EXPECT_GT(idle - std::chrono::duration<double>(
-                       std::chrono::steady_clock::now() - start)
-                       .count(),
-            0)
+  EXPECT_GT(f.IdleLeft(), 0)
       << "the receiver woke before the other job's exchange ended";
   EXPECT_EQ(b->Log().find("reading from it pauses"), std::string::npos)
       << b->Log();
-  ASSERT_EQ(receiver.Wait(60), 0) << ReadFile(rv + "/r1.err") << b->Log();
-  ASSERT_EQ(sender.Wait(30), 0) << ReadFile(rv + "/r0.err");
-  EXPECT_NE(ReadFile(rv + "/r1.out").find(" 0 wrong"), std::string::npos)
-      << ReadFile(rv + "/r1.out");
+  // Once the receiver took its frames, an upgrade succeeds.
+  ASSERT_EQ(f.receiver.Wait(60), 0) << ReadFile(f.rv + "/r1.err") << b->Log();
   up = Psmctl(dir_, *b, {"upgrade"});
   EXPECT_EQ(up.exit_code, 0) << up.out << up.err << b->Log();
-  RunResult after = Exchange(*a, *b, "after-parked", 100, 100000);
-  EXPECT_EQ(after.exit_code, 0) << after.err << a->Log() << b->Log();
   printf("upgrade refused after %.2f s with frames parked at node 2\n", took);
-  EXPECT_TRUE(a->Stop());
-  EXPECT_TRUE(b->Stop());
+  ExpectFloodIntactThenStop(f, "after-parked");
 }
 
 // How many of `what` the last "handover: took over" line in `log` names
@@ -830,46 +857,31 @@ TEST_F(FabricTest,
        AnUpgradeOfTheSendersNodeCarriesItsSendsHeldForAnIdleReceiver) {
   if (!Sessions()) GTEST_SKIP() << "without sessions nothing can be carried";
   if (!OfiProvider().empty()) GTEST_SKIP() << "tested over the socket fabric";
-  const std::vector<std::string> budget = {"--unexpected-mib", "16"};
-  auto a = StartNode(0, budget);
-  auto b = StartNode(1, budget);
-  const int idle = static_cast<int>(12 * TimeScale());
-  std::string rv = Rendezvous("held");
-  auto args = [&](int rank) {
-    return FloodArgs(rv, rank, idle, {"--small", "204800"});
-  };
-  const auto start = std::chrono::steady_clock::now();
-  Process receiver =
-      Process::Start(args(1), b->ClientEnv(), rv + "/r1.out", rv + "/r1.err");
-  Process sender =
-      Process::Start(args(0), a->ClientEnv(), rv + "/r0.out", rv + "/r0.err");
-  auto stat = [&](Daemon& d, const char* name) {
-    return JsonNumber(Psmctl(dir_, d, {"stats", "--format", "json"}).out,
-                      "peer_nodes", name);
-  };
+  IdleFlood f = StartIdleFlood("held", static_cast<int>(12 * TimeScale()),
+                               {"--small", "204800"});
+  Daemon* a = f.a.get();
+  Daemon* b = f.b.get();
   // Held off for good: frames parked at node 2 for the receiver's budget,
   // no more arriving. (With shards there, frames also park for a moment
   // while the receiver's shard has its fabric credit out: kXoff, kXon.)
   long long parked = -1;
-  ASSERT_TRUE(WaitUntil(idle - 6 * TimeScale(),
-                        [&] {
-                          const long long now = stat(*b, "parked");
-                          const bool settled = now > 0 && now == parked;
-                          parked = now;
-                          if (!settled)
-                            std::this_thread::sleep_for(
-                                std::chrono::milliseconds(500));
-                          return settled;
-                        }))
+  ASSERT_TRUE(WaitUntil(
+      f.idle - 6 * TimeScale(),
+      [&] {
+        const long long now =
+            JsonNumber(Psmctl(dir_, *b, {"stats", "--format", "json"}).out,
+                       "peer_nodes", "parked");
+        const bool settled = now > 0 && now == parked;
+        parked = now;
+        if (!settled)
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        return settled;
+      }))
       << "node 2 never held the sender off for good\n"
       << a->Log() << b->Log();
   RunResult up = Psmctl(dir_, *a, {"upgrade"});
   ASSERT_EQ(up.exit_code, 0) << up.out << up.err << a->Log();
-  ASSERT_GT(idle - std::chrono::duration<double>(
-                       std::chrono::steady_clock::now() - start)
-                       .count(),
-            0)
-      << "the receiver woke during the upgrade";
+  ASSERT_GT(f.IdleLeft(), 0) << "the receiver woke during the upgrade";
   if (Shards()) {
     const std::string log = a->Log();
     const size_t sends = log.rfind(" sends of other shards' endpoints held");
@@ -884,20 +896,12 @@ TEST_F(FabricTest,
     EXPECT_GT(held, 0) << "the upgrade came when no send was held\n"
                        << log << b->Log();
   }
-  ASSERT_EQ(receiver.Wait(60), 0)
-      << ReadFile(rv + "/r1.err") << a->Log() << b->Log();
-  ASSERT_EQ(sender.Wait(30), 0) << ReadFile(rv + "/r0.err");
-  EXPECT_NE(ReadFile(rv + "/r1.out").find(" 0 wrong"), std::string::npos)
-      << ReadFile(rv + "/r1.out");
   // Frames queued to node 2 when its kXoff came were set aside (Flush):
   // carried too (before, the drain waited for them, 10 s with every client
   // of node 1 frozen, and the upgrade failed).
   printf("node 1's successor took over %lld frames set aside for node 2\n",
          TookOver(a->Log(), "frames set aside"));
-  RunResult after = Exchange(*a, *b, "after-held", 100, 100000);
-  EXPECT_EQ(after.exit_code, 0) << after.err << a->Log() << b->Log();
-  EXPECT_TRUE(a->Stop());
-  EXPECT_TRUE(b->Stop());
+  ExpectFloodIntactThenStop(f, "after-held");
 }
 
 // Node 2's receiver idles while node 1 floods it with 32 KiB messages: once
@@ -913,20 +917,11 @@ TEST_F(FabricTest,
 TEST_F(FabricTest, UpgradesCarrySendsWaitingForAnIdleReceiver) {
   if (!Sessions()) GTEST_SKIP() << "without sessions nothing can be carried";
   if (!OfiProvider().empty()) GTEST_SKIP() << "tested over the socket fabric";
-  const std::vector<std::string> budget = {"--unexpected-mib", "16"};
-  auto a = StartNode(0, budget);
-  auto b = StartNode(1, budget);
   const int idle = static_cast<int>(15 * TimeScale());
-  std::string rv = Rendezvous("waiting");
-  auto args = [&](int rank) {
-    return FloodArgs(rv, rank, idle,
-                     {"--small", "0", "--bytes", std::to_string(32 << 20)});
-  };
-  const auto start = std::chrono::steady_clock::now();
-  Process receiver =
-      Process::Start(args(1), b->ClientEnv(), rv + "/r1.out", rv + "/r1.err");
-  Process sender =
-      Process::Start(args(0), a->ClientEnv(), rv + "/r0.out", rv + "/r0.err");
+  IdleFlood f = StartIdleFlood(
+      "waiting", idle, {"--small", "0", "--bytes", std::to_string(32 << 20)});
+  Daemon* a = f.a.get();
+  Daemon* b = f.b.get();
   auto stat = [&](Daemon& d, const char* name) {
     return JsonNumber(Psmctl(dir_, d, {"stats", "--format", "json"}).out,
                       "peer_nodes", name);
@@ -943,10 +938,10 @@ TEST_F(FabricTest, UpgradesCarrySendsWaitingForAnIdleReceiver) {
   double took[2] = {};
   long long carried[2] = {};
   int upgrades[2] = {};
-  Daemon* nodes[2] = {a.get(), b.get()};
+  Daemon* nodes[2] = {a, b};
   const char* what[2] = {"eager sends converted", "payloads kept"};
-  const auto last_try = start + std::chrono::milliseconds(static_cast<int>(
-                                    (idle - 3 * TimeScale()) * 1000));
+  const auto last_try = f.start + std::chrono::milliseconds(static_cast<int>(
+                                      (idle - 3 * TimeScale()) * 1000));
   for (int i = 0; i < 2; i++) {
     while (carried[i] <= 0 && std::chrono::steady_clock::now() < last_try) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -961,25 +956,13 @@ TEST_F(FabricTest, UpgradesCarrySendsWaitingForAnIdleReceiver) {
     }
     EXPECT_GT(carried[i], 0) << nodes[i]->Log();
   }
-  ASSERT_GT(idle - std::chrono::duration<double>(
-                       std::chrono::steady_clock::now() - start)
-                       .count(),
-            0)
-      << "the receiver woke during the upgrades";
-  ASSERT_EQ(receiver.Wait(60), 0)
-      << ReadFile(rv + "/r1.err") << a->Log() << b->Log();
-  ASSERT_EQ(sender.Wait(30), 0) << ReadFile(rv + "/r0.err");
-  EXPECT_NE(ReadFile(rv + "/r1.out").find(" 0 wrong"), std::string::npos)
-      << ReadFile(rv + "/r1.out");
+  ASSERT_GT(f.IdleLeft(), 0) << "the receiver woke during the upgrades";
   printf(
       "upgrades beside an idle receiver: node 1 in %.2f s carrying %lld "
       "converted sends (upgrade %d), node 2 in %.2f s carrying %lld kept "
       "payloads (upgrade %d)\n",
       took[0], carried[0], upgrades[0], took[1], carried[1], upgrades[1]);
-  RunResult after = Exchange(*a, *b, "after-waiting", 100, 100000);
-  EXPECT_EQ(after.exit_code, 0) << after.err << a->Log() << b->Log();
-  EXPECT_TRUE(a->Stop());
-  EXPECT_TRUE(b->Stop());
+  ExpectFloodIntactThenStop(f, "after-waiting");
 }
 
 TEST_F(FabricTest, DaemonKilledMidRendezvousFailsTheReceiverAndReconnectWorks) {
