@@ -281,19 +281,10 @@ void ProgressWorker::HoldPeers(bool hold) {
   RunSync([&]() PSMD_REQUIRES(role_) { remote_->HoldPeers(hold); });
 }
 
-bool ProgressWorker::PeersHeld(bool* parked) {
+bool ProgressWorker::PeersHeld() {
   bool held = false;
-  RunSync([&]() PSMD_REQUIRES(role_) {
-    held = remote_->PeersHeld();
-    *parked = remote_->HasParked();
-  });
+  RunSync([&]() PSMD_REQUIRES(role_) { held = remote_->PeersHeld(); });
   return held;
-}
-
-bool ProgressWorker::HasParked() {
-  bool parked = false;
-  RunSync([&]() PSMD_REQUIRES(role_) { parked = remote_->HasParked(); });
-  return parked;
 }
 
 void ProgressWorker::SetBootNonce(uint16_t nonce) {

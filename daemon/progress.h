@@ -107,11 +107,9 @@ class ProgressWorker {
   Status LoadRemote(handover::StateReader& r,
                     const std::map<hw::ConnId, uint64_t>& sessions);
   void CloseSessions(const std::vector<hw::CarriedSession>& sessions);
-  // Remote::HoldPeers and PeersHeld (shard 0's), before the freeze;
-  // *parked: Remote::HasParked.
+  // Remote::HoldPeers and PeersHeld (shard 0's), before the freeze.
   void HoldPeers(bool hold);
-  bool PeersHeld(bool* parked);
-  bool HasParked();
+  bool PeersHeld();
   // The epids' boot nonce, as the registry has it after a takeover.
   void SetBootNonce(uint16_t nonce);
 

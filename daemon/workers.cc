@@ -61,41 +61,24 @@ void Workers::Thaw() {
   for (auto& w : workers_) w->Thaw();
 }
 
-bool Workers::AwaitPeersHeld(Clock::time_point parked_deadline) {
+void Workers::AwaitPeersHeld() {
   const auto start = Clock::now();
-  bool parked = false;
-  while (!workers_[0]->PeersHeld(&parked)) {
-    const auto now = Clock::now();
-    if (parked ? now >= parked_deadline : now - start >= kHoldWait) break;
+  while (!workers_[0]->PeersHeld() && Clock::now() - start < kHoldWait) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  return !parked;
 }
 
 Status Workers::FreezeAndSave(handover::StateWriter& w, uint32_t timeout_ms,
                               handover::CarriedFabric* fabric) {
   const bool fabric_here = workers_[0]->has_fabric();
   const auto start = Clock::now();
-  // Frames parked here wait for receives only running clients post: frozen,
-  // the node would wait out the whole drain and fail. So while any are
-  // parked the clients run, for at most kParkedWait in all, and a handover
-  // that still finds some fails with the peers released.
-  const auto parked_deadline = start + kParkedWait;
-  auto parked_failure = [&] {
-    workers_[0]->HoldPeers(false);
-    return Status{PSM2_TIMEOUT,
-                  "frames from other nodes are parked here for receivers that "
-                  "did not take them within " +
-                      std::to_string(kParkedWait.count()) +
-                      " ms (over their unexpected budget and posting no "
-                      "receive); psmd goes on serving, try again"};
-  };
   if (fabric_here) {
     // The peers hold their messages to this node's endpoints first, while
     // the clients still run (not part of the blackout): the drain then
-    // settles once what was in flight has arrived.
+    // settles once what was in flight has arrived. (Frames parked here for
+    // receivers that post nothing are carried, not waited for.)
     workers_[0]->HoldPeers(true);
-    if (!AwaitPeersHeld(parked_deadline)) return parked_failure();
+    AwaitPeersHeld();
   }
   // Serving on after a failure: the peers send again.
   auto thaw = [&] {
@@ -107,26 +90,10 @@ Status Workers::FreezeAndSave(handover::StateWriter& w, uint32_t timeout_ms,
   // every shard was quiesced in it.
   const auto deadline = start + std::chrono::milliseconds(timeout_ms);
   auto next_note = Clock::now() + std::chrono::seconds(1);
-  bool thawed_for_parked = false;
   for (;;) {
     bool all = true;
     for (auto& worker : workers_) all &= worker->Drain();
     if (all) break;
-    if (fabric_here && workers_[0]->HasParked()) {
-      // A frame a peer sent before it took the hold arrived after the
-      // quiet PeersHeld waited for (a loaded sender, a slow link) and
-      // parked for a receiver that is frozen: only its client can take it.
-      if (!thawed_for_parked) {
-        thawed_for_parked = true;
-        spdlog::info(
-            "handover: frames from other nodes parked here after the freeze; "
-            "the clients run until they take them");
-      }
-      Thaw();
-      if (!AwaitPeersHeld(parked_deadline)) return parked_failure();
-      Freeze();
-      continue;
-    }
     const auto now = Clock::now();
     if (now > next_note && workers_[0]->has_fabric()) {
       next_note = now + std::chrono::seconds(1);

@@ -88,8 +88,7 @@ class Workers {
   // be carried, writes its kRemoteSection and hands the fabric's sessions
   // over into *fabric ("Handover with a fabric"). Fails, thawed again, if
   // the engines do not quiesce within `timeout_ms` (copies in place running
-  // long, frames to a peer not acknowledged), and if frames stay parked here
-  // for kParkedWait (the clients run meanwhile, before or during the drain).
+  // long, frames to a peer not acknowledged).
   Status FreezeAndSave(handover::StateWriter& w, uint32_t timeout_ms,
                        handover::CarriedFabric* fabric);
   // In a successor whose workers were started and frozen (Freeze), with
@@ -113,16 +112,14 @@ class Workers {
 
  private:
   using Clock = std::chrono::steady_clock;
-  // Until every peer holds what it sends here and nothing is parked here
-  // (Remote::PeersHeld), with the clients running: at most kHoldWait while
-  // nothing is parked, and until `parked_deadline` while frames are. false:
-  // frames were still parked at the deadline.
-  bool AwaitPeersHeld(Clock::time_point parked_deadline);
-  // How long the peers may take to hold (FreezeAndSave); with frames parked
-  // here, longer: the control plane is stopped meanwhile, and a client's
-  // control call waits 5 s for a psmd handing over (client/control_client.cc).
+  // Until every peer holds what it sends here (Remote::PeersHeld), with the
+  // clients running, for at most kHoldWait: what comes later is handled by
+  // the drain all the same, only inside the blackout.
+  void AwaitPeersHeld();
+  // How long the peers may take to hold (FreezeAndSave): the control plane
+  // is stopped meanwhile, and a client's control call waits 5 s for a psmd
+  // handing over (client/control_client.cc).
   static constexpr std::chrono::milliseconds kHoldWait{1000};
-  static constexpr std::chrono::milliseconds kParkedWait{3000};
 
   Crossing crossing_;
   std::vector<std::unique_ptr<ProgressWorker>> workers_;

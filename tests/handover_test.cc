@@ -243,6 +243,43 @@ TEST_F(HandoverTest, BinaryOfAnotherFormatIsRefusedWhilePsmdServesOn) {
   EXPECT_TRUE(d.Stop());
 }
 
+// The exec itself fails (here the binary made itself unexecutable once it
+// had answered its format): psmd resumes in the same process, the exchange
+// never notices, and psmctl, psmctl health and the metrics say the upgrade
+// failed and why.
+TEST_F(HandoverTest, AnExecThatFailsLeavesPsmdServingAndIsCounted) {
+  Daemon d(dir_);
+  const std::string psmd = Runfile("daemon/psmd");
+  const std::string vanishing =
+      WriteScript(dir_, "vanishing-psmd",
+                  "[[ \"$1\" == --handover-format ]] && { chmod a-x \"$0\"; "
+                  "exec " +
+                      psmd + " --handover-format; }\nexit 3\n");
+  Pair p;
+  p.Start(dir_, d, "p", kJobA, 1000000, 64);
+  ASSERT_TRUE(WaitUntil(20, [&] { return EndpointCount(dir_, d) == 2; }));
+  RunResult up = Psmctl(dir_, d, {"upgrade", "--exec", vanishing});
+  EXPECT_EQ(up.exit_code, 1) << up.out;
+  EXPECT_NE(up.err.find("the upgrade failed, psmd (pid " +
+                        std::to_string(d.pid()) + ") serves on: exec " +
+                        vanishing + ": Permission denied"),
+            std::string::npos)
+      << up.err << d.Log();
+  const std::string health = Psmctl(dir_, d, {"health", "--json"}).out;
+  EXPECT_NE(health.find("\"upgrades_failed\": 1, \"last_upgrade_failure\": "
+                        "\"exec " +
+                        vanishing + ": Permission denied\""),
+            std::string::npos)
+      << health;
+  EXPECT_NE(Psmctl(dir_, d, {"stats", "--format", "prometheus"})
+                .out.find("\npsmd_upgrades_failed_total 1\n"),
+            std::string::npos);
+  EXPECT_EQ(p.r0.Wait(60 * TimeScale()), 0) << p.Errors();
+  EXPECT_EQ(p.r1.Wait(30), 0) << p.Errors();
+  EXPECT_EQ(d.Log().find("took over"), std::string::npos);
+  EXPECT_TRUE(d.Stop());
+}
+
 // Issue 33, item 6: psmd hands over only to a binary that no one but root
 // (or psmd's own user) can change: not one writable by others, not one in a
 // directory others may write (unless it is sticky, as /tmp), not one owned

@@ -40,7 +40,9 @@ namespace psmd::handover {
 // nodes (shard 0's) and held from them (the receiver's shard); frames set
 // aside for other nodes' endpoints that are off, in the inter-node
 // engine's state.
-inline constexpr uint32_t kFormatVersion = 4;
+// 5: frames parked for this node's endpoints (with the receives they took),
+// in the inter-node engine's state.
+inline constexpr uint32_t kFormatVersion = 5;
 
 // The environment variable naming the state file's descriptor in the
 // successor (removed from the environment as it is read).

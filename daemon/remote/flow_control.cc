@@ -291,7 +291,10 @@ bool Remote::Park(Peer& p, bool chunk) {
   } else if (wire::PayloadFollows(p.in)) {
     payload = p.in.r.len;
   }
-  const uint64_t bytes = sizeof(Parked) + (chunk ? 0 : p.length) + payload;
+  // (A kGone is charged what RetryParked releases: it keeps no bytes.)
+  const bool gone = !chunk && p.in.op() == wire::Op::kGone;
+  const uint64_t bytes =
+      gone ? sizeof(Parked) : sizeof(Parked) + (chunk ? 0 : p.length) + payload;
   if (p.parked_bytes + bytes > kParkMax) {
     if (!p.park_full_logged) {
       spdlog::warn(
@@ -305,7 +308,7 @@ bool Remote::Park(Peer& p, bool chunk) {
   }
   p.parked_bytes += bytes;
   counts_by_node_[p.node].parked++;
-  if (!chunk && p.in.op() == wire::Op::kGone) {
+  if (gone) {
     p.gone_after.push_back(p.in);
     return true;
   }

@@ -197,19 +197,14 @@ class Remote : public OtherNodes {
   // parked receiver does), so that what arrives during the drain is only
   // what was in flight; credits (back-pressure 5) wait meanwhile. Released
   // (kXon, with the credits) by the successor once it took over, or by
-  // this psmd if the handover failed. PeersHeld: every kXoff was taken,
-  // nothing waits here for clients (the clients, still running, took it:
-  // HasParked) and nothing
-  // came from another node for kHeldQuietMs (what was in flight when the
-  // peers took the kXoffs has arrived): the workers may freeze.
+  // this psmd if the handover failed; an endpoint with frames parked here
+  // stays off until they are taken, as ever. PeersHeld: every kXoff was
+  // taken and nothing came from another node for kHeldQuietMs (what was
+  // in flight when the peers took the kXoffs has arrived): the workers may
+  // freeze. (What waits here for clients, parked or kept, is carried.)
   void HoldPeers(bool hold);
   bool PeersHeld() const;
   static constexpr uint64_t kHeldQuietMs = 2;
-  // Frames parked here for receivers (back-pressure 1), payloads kept for
-  // them (back-pressure 3) or kept chunks waiting for inbox room leave only
-  // as those clients post receives and take messages: a frozen node never
-  // settles while any are.
-  bool HasParked() const;
   // Once Carriable: its state, for LoadState in the successor.
   void SaveState(handover::StateWriter& w) const;
   // Into a successor's Remote whose fabric adopted the old one's sessions
@@ -233,8 +228,6 @@ class Remote : public OtherNodes {
   struct QueryState;
   struct Parked;
   struct Kept;
-  // What only its receivers' clients can take: HasParked.
-  static bool AwaitsClients(const Peer& p);
   struct Converted;
   struct RmaRead;
   struct OutPiece;

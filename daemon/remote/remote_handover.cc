@@ -8,11 +8,11 @@
 // (a data frame's bytes stay in its sender's pool chunk), the requests
 // awaiting an answer, the rendezvous transfers both ways, the eager sends
 // converted to rendezvous (their payloads stay in the senders' pool
-// chunks), the payloads kept in daemon memory for receivers here, the
-// proxies and watchers, and each job's inbox arena. Anything else in flight
-// (frames queued or unacknowledged, parked frames, connect queries, RMA
-// reads, a frame half read) is waited for, or the handover is refused and
-// psmd serves on.
+// chunks), the frames parked and the payloads kept in daemon memory for
+// receivers here, the proxies and watchers, and each job's inbox arena.
+// Anything else in flight (frames queued or unacknowledged, connect
+// queries, RMA reads, a frame half read) is waited for, or the handover is
+// refused and psmd serves on.
 // The frames peers sent after the last poll were not delivered here: their
 // sessions replay them to the successor.
 #include <psm2.h>
@@ -40,11 +40,6 @@ constexpr uint64_t kMaxPeers = 0xffff;
 constexpr uint64_t kMaxEntries = 1u << 20;
 
 }  // namespace
-
-// (Payloads kept for receivers are carried: SaveState.)
-bool Remote::AwaitsClients(const Peer& p) {
-  return !p.parked.empty() || !p.gone_after.empty();
-}
 
 void Remote::HoldPeers(bool hold) {
   holding_ = hold;
@@ -81,16 +76,11 @@ bool Remote::PeersHeld() const {
   const uint64_t now = NowMs();
   for (const auto& [node, p] : peers_) {
     if (std::any_of(p->queue.begin(), p->queue.end(), is_xoff) ||
-        AwaitsClients(*p) || now - p->last_recv_ms < kHeldQuietMs) {
+        now - p->last_recv_ms < kHeldQuietMs) {
       return false;
     }
   }
   return true;
-}
-
-bool Remote::HasParked() const {
-  return std::any_of(peers_.begin(), peers_.end(),
-                     [](const auto& p) { return AwaitsClients(*p.second); });
 }
 
 bool Remote::Carriable(std::string* why) const {
@@ -132,8 +122,6 @@ bool Remote::Carriable(std::string* why) const {
           return busy(node, "frames set aside from an endpoint that left");
       }
     }
-    if (AwaitsClients(*p))
-      return busy(node, "frames parked for receivers here");
   }
   for (const auto& [id, t] : in_transfers_) {
     if (t->rma || !t->reads.empty()) return busy(t->node, "an RMA transfer");
@@ -201,13 +189,17 @@ void Remote::SaveState(handover::StateWriter& w) const {
     // window), each list in queue order, then the kGones behind them: an
     // envelope as the wire carries it, a data frame by its fields and the
     // pool chunk it sends from (every data frame this psmd sends does).
-    auto write_frame = [&w](const OutFrame& f) {
-      w.Pod(f.msg.f);
+    auto write_envelope = [&w](const wire::Envelope& e) {
+      w.Pod(e.f);
+      uint8_t bytes[wire::kEnvelopeMax];
+      const uint32_t len = wire::Encode(e, bytes);
+      w.Str(std::string(reinterpret_cast<const char*>(bytes), len));
+    };
+    auto write_frame = [&](const OutFrame& f) {
       if (wire::TraitsOf(f.msg.f.op).shape == wire::Shape::kEnvelope) {
-        uint8_t bytes[wire::kEnvelopeMax];
-        const uint32_t len = wire::Encode(f.msg, bytes);
-        w.Str(std::string(reinterpret_cast<const char*>(bytes), len));
+        write_envelope(f.msg);
       } else {
+        w.Pod(f.msg.f);
         w.U64(f.chunk_offset);
         w.U32(static_cast<uint32_t>(f.iov.iov_len));
       }
@@ -220,6 +212,34 @@ void Remote::SaveState(handover::StateWriter& w) const {
     }
     w.U32(static_cast<uint32_t>(p->gone_aside.size()));
     for (const auto& f : p->gone_aside) write_frame(*f);
+    // Frames parked here for its receivers, each list in arrival order: an
+    // envelope as the wire carried it, with its payload frame's bytes and
+    // the receive it had taken off the posted queue; a chunk by its header
+    // and bytes. Then the kGones waiting behind them.
+    w.U32(static_cast<uint32_t>(p->parked.size()));
+    for (const auto& [dst, frames] : p->parked) {
+      w.U64(dst);
+      w.U32(static_cast<uint32_t>(frames.size()));
+      for (const Parked& e : frames) {
+        w.Bool(e.chunk);
+        if (e.chunk) {
+          w.Pod(e.env.f);
+        } else {
+          write_envelope(e.env);
+        }
+        w.Str(e.payload);
+        w.Bool(e.has_held);
+        if (e.has_held) {
+          w.U32(e.held_receiver);
+          w.U64(e.held_recv.req);
+          w.U32(e.held_recv.capacity);
+          w.U64(e.held_recv.source);
+          w.U64(e.held_recv.addr);
+        }
+      }
+    }
+    w.U32(static_cast<uint32_t>(p->gone_after.size()));
+    for (const wire::Envelope& g : p->gone_after) write_envelope(g);
   }
   w.U32(next_kept_);
   w.U64(next_in_transfer_);
@@ -490,6 +510,108 @@ Status Remote::LoadState(handover::StateReader& r,
         next.set_aside.push_back(s);
       }
     }
+    // Frames parked here: each as this psmd's decoder takes it from that
+    // node, to an endpoint here (the list's), of an op that parks, with its
+    // payload frame's bytes if one follows; a chunk's transfer is checked
+    // with the transfers below. A receive an envelope took off the posted
+    // queue is its receiver's, on this shard (OnMessage takes one only
+    // there): its request and buffer are what the client posted, checked
+    // then and as little trusted now (a completion names them).
+    if (!r.Count(&lists, 8 + 4, kMaxEntries, "parked receivers"))
+      return read_error();
+    std::set<uint64_t> parked_dsts;
+    auto read_envelope = [&](wire::Envelope* e, uint32_t* length,
+                             const char* what) {
+      std::string bytes;
+      if (!r.Pod(&e->f, what) || !r.Str(&bytes, wire::kEnvelopeMax, what))
+        return false;
+      *length = static_cast<uint32_t>(bytes.size());
+      if (wire::DecodeEnvelope(p->node, e->f,
+                               reinterpret_cast<const uint8_t*>(bytes.data()),
+                               *length, e) != wire::Error::kOk) {
+        r.Fail(what, "is not a valid frame from that node");
+        return false;
+      }
+      return true;
+    };
+    for (uint32_t j = 0; j < lists; j++) {
+      uint64_t dst = 0;
+      if (!r.U64(&dst, "parked receiver")) return read_error();
+      if (!of_node(dst, node_id_) || !parked_dsts.insert(dst).second)
+        return fail("parked receiver", "is not an endpoint here, or twice");
+      if (!r.Count(&k, 1 + sizeof(hw::FrameFields) + 4 + 1, kMaxEntries,
+                   "parked frames"))
+        return read_error();
+      if (k == 0) return fail("parked frames", "are none");
+      std::deque<Parked>& frames = p->parked[dst];
+      for (uint32_t m = 0; m < k; m++) {
+        Parked& e = frames.emplace_back();
+        uint32_t length = 0;  // the envelope's, as it came
+        if (!r.Bool(&e.chunk, "parked chunk")) return read_error();
+        if (e.chunk ? !r.Pod(&e.env.f, "parked chunk header")
+                    : !read_envelope(&e.env, &length, "parked envelope"))
+          return read_error();
+        if (!r.Str(&e.payload, kParkMax, "parked payload") ||
+            !r.Bool(&e.has_held, "parked held receive"))
+          return read_error();
+        const wire::Op op = wire::OpOf(e.env.f);
+        const uint32_t payload = static_cast<uint32_t>(e.payload.size());
+        if (e.chunk) {
+          if (op != wire::Op::kRndvData || payload == 0 ||
+              wire::CheckHeader(p->node, e.env.f, payload) != wire::Error::kOk)
+            return fail("parked chunk header", "is not a valid chunk");
+        } else {
+          const bool parks = op == wire::Op::kEnvelope ||
+                             op == wire::Op::kAmRequest ||
+                             op == wire::Op::kAmReply;
+          if (!parks ||
+              payload != (wire::PayloadFollows(e.env) ? e.env.r.len : 0))
+            return fail("parked envelope",
+                        "is not of an op that parks, or its payload's length "
+                        "is not the envelope's");
+        }
+        if (e.env.f.dst != dst)
+          return fail("parked frame", "is not to its list's receiver");
+        if (e.has_held) {
+          PostedRecv& v = e.held_recv;
+          if (!r.U32(&e.held_receiver, "held receive endpoint") ||
+              !r.U64(&v.req, "held receive request") ||
+              !r.U32(&v.capacity, "held receive capacity") ||
+              !r.U64(&v.source, "held receive source") ||
+              !r.U64(&v.addr, "held receive buffer"))
+            return read_error();
+          const Endpoint* receiver = engine_->FindAny(e.held_receiver);
+          if (op != wire::Op::kEnvelope || !wire::PayloadFollows(e.env) ||
+              receiver == nullptr || !engine_->IsLocal(*receiver) ||
+              receiver->epid() != dst ||
+              receiver->job()->key().uid != e.env.f.uid ||
+              std::memcmp(receiver->job()->key().uuid.data(), e.env.f.job,
+                          sizeof(e.env.f.job)) != 0)
+            return fail("held receive endpoint",
+                        "is not the receiver of an eager message here");
+        }
+        // As Park counted them.
+        e.bytes = sizeof(Parked) + length + payload;
+        e.window = WindowBytes(e.env.f, payload) +
+                   (payload > 0 && !e.chunk ? hw::kFrameHeaderSize + payload
+                                            : 0);
+        p->parked_bytes += e.bytes;
+        p->parked_from[e.env.f.src]++;
+      }
+    }
+    if (!r.Count(&k, sizeof(hw::FrameFields) + 4, kMaxEntries,
+                 "parked kGones"))
+      return read_error();
+    for (uint32_t j = 0; j < k; j++) {
+      wire::Envelope& g = p->gone_after.emplace_back();
+      uint32_t length = 0;
+      if (!read_envelope(&g, &length, "parked kGone")) return read_error();
+      if (wire::OpOf(g.f) != wire::Op::kGone)
+        return fail("parked kGone", "is not a kGone");
+      p->parked_bytes += sizeof(Parked);
+    }
+    if (p->parked_bytes > kParkMax)
+      return fail("parked frames", "exceed the connection's cap");
     p->open = true;
     next.node_of_conn[p->conn] = p->node;
     next.peers[p->node] = std::move(p);
@@ -508,6 +630,15 @@ Status Remote::LoadState(handover::StateReader& r,
     for (const auto& [transfer, bytes] : p->kept_chunks) {
       if (!kept_transfers.insert(transfer).second)
         return fail("kept chunk transfer", "appears twice");
+    }
+  }
+  // So do parked chunks: the bytes each transfer accepted and parked.
+  std::map<uint64_t, uint64_t> parked_of;
+  for (const auto& [node, p] : next.peers) {
+    for (const auto& [dst, frames] : p->parked) {
+      for (const Parked& e : frames) {
+        if (e.chunk) parked_of[e.env.f.aux] += e.payload.size();
+      }
     }
   }
   for (uint32_t i = 0; i < n; i++) {
@@ -529,19 +660,26 @@ Status Remote::LoadState(handover::StateReader& r,
       return fail("transfer in node", "is not a peer, or not its sender's");
     if (t->receiver != 0 && !here(t->receiver))
       return fail("transfer in receiver", "is not an endpoint");
-    // What a carried transfer accepted it delivered (Carriable: nothing
-    // parked or half read), and one that received all its bytes ended: so
-    // received == accepted < send_bytes. A transfer with less delivered
-    // than accepted would never end (OnChunk counts what it delivers
-    // against send_bytes; its receiver would wait for good) and would hand
-    // its receiver chunks at offsets they are not at. The exception is a
-    // transfer a kept payload's receive started (DeliverKept): it accepted
-    // all its bytes, which wait in its one kept chunk, and delivered none.
+    // What a carried transfer accepted it delivered or parked (Carriable:
+    // nothing half read), and one that received all its bytes ended: so
+    // received + parked == accepted <= send_bytes, received < send_bytes.
+    // A transfer with less delivered than that would never end (OnChunk
+    // counts what it delivers against send_bytes; its receiver would wait
+    // for good) and would hand its receiver chunks at offsets they are not
+    // at (its parked chunks are checked to follow on from `received`
+    // below). The exception is a transfer a kept payload's receive started
+    // (DeliverKept): it accepted all its bytes, which wait in its one kept
+    // chunk, and delivered none.
     const bool from_kept = kept_transfers.count(id) != 0;
+    const auto parked = parked_of.find(id);
+    const uint64_t parked_bytes =
+        parked == parked_of.end() ? 0 : parked->second;
     if (t->send_bytes == 0 ||
-        (from_kept
-             ? t->accepted != t->send_bytes || t->received != 0
-             : t->accepted >= t->send_bytes || t->received != t->accepted))
+        (from_kept ? t->accepted != t->send_bytes || t->received != 0 ||
+                         parked_bytes != 0
+                   : t->accepted > t->send_bytes ||
+                         t->received >= t->send_bytes ||
+                         t->received + parked_bytes != t->accepted))
       return fail("transfer in received",
                   "is not what it accepted, or not within the transfer");
     if (t->receiver != 0) t->to = SenderOf(*engine_->FindAny(t->receiver));
@@ -555,6 +693,26 @@ Status Remote::LoadState(handover::StateReader& r,
           bytes.size() != t->second->send_bytes)
         return fail("kept chunk",
                     "is not the whole of a transfer from its node");
+    }
+  }
+  // Parked chunks are the next bytes of transfers from their node, each
+  // where the one before it ended (the chunks of a transfer park for one
+  // receiver, in order), to its receiver while it has one.
+  std::map<uint64_t, uint64_t> parked_next;  // transfer: the next offset
+  for (const auto& [node, p] : next.peers) {
+    for (const auto& [dst, frames] : p->parked) {
+      for (const Parked& e : frames) {
+        if (!e.chunk) continue;
+        auto t = next.in.find(e.env.f.aux);
+        if (t == next.in.end() || t->second->node != node ||
+            t->second->src != e.env.f.src ||
+            (t->second->receiver != 0 && t->second->to.epid != dst))
+          return fail("parked chunk", "is of no transfer from its node");
+        auto at = parked_next.try_emplace(e.env.f.aux, t->second->received);
+        if (e.env.f.offset != at.first->second)
+          return fail("parked chunk", "is not where its transfer went on");
+        at.first->second += e.payload.size();
+      }
     }
   }
   if (!r.Count(&n, 2 + 4 + 8 * 4 + 4 * 2 + 1 + sizeof(wire::Sender),
@@ -709,14 +867,19 @@ Status Remote::LoadState(handover::StateReader& r,
     RecvNext(*p);
     if (p->rx != Peer::Rx::kHeader) lost.push_back(node);
   }
-  size_t kept = 0;
-  for (const auto& [node, p] : peers_) kept += p->kept.size();
+  size_t kept = 0, parked = 0;
+  for (const auto& [node, p] : peers_) {
+    kept += p->kept.size();
+    parked += p->gone_after.size();
+    for (const auto& [dst, frames] : p->parked) parked += frames.size();
+  }
   spdlog::info(
       "handover: took over {} peer nodes, {} rendezvous transfers in and {} "
       "out, {} eager sends converted to rendezvous, {} payloads kept for "
-      "receivers here, {} frames set aside for receivers there",
+      "receivers here, {} frames set aside for receivers there, {} frames "
+      "parked for receivers here",
       peers_.size(), in_transfers_.size(), out_transfers_.size(),
-      converted_.size(), kept, next.set_aside.size());
+      converted_.size(), kept, next.set_aside.size(), parked);
   for (uint16_t node : lost) FailPeer(node, hw::ErrorClass::kConnReset);
   // The old psmd held the peers (HoldPeers): they send to its endpoints
   // again, with the credits it kept.

@@ -96,16 +96,17 @@ constexpr uint32_t kJobUid = 1000;
 const std::map<psmd::hw::ConnId, uint64_t> kSessions = {{1, 2}, {2, 3}};
 
 struct Reached {
-  uint64_t loaded = 0, converted = 0, kept = 0, set_aside = 0, sent = 0;
-  uint64_t ended = 0, refused = 0;
+  uint64_t loaded = 0, converted = 0, kept = 0, set_aside = 0, parked = 0;
+  uint64_t sent = 0, ended = 0, refused = 0;
   ~Reached() {
     printf(
         "remote_state_fuzz: reached loaded=%llu converted=%llu kept=%llu "
-        "set_aside=%llu sent=%llu ended=%llu refused=%llu\n",
+        "set_aside=%llu parked=%llu sent=%llu ended=%llu refused=%llu\n",
         static_cast<unsigned long long>(loaded),
         static_cast<unsigned long long>(converted),
         static_cast<unsigned long long>(kept),
         static_cast<unsigned long long>(set_aside),
+        static_cast<unsigned long long>(parked),
         static_cast<unsigned long long>(sent),
         static_cast<unsigned long long>(ended),
         static_cast<unsigned long long>(refused));
@@ -259,6 +260,7 @@ struct Carried {
   uint32_t kept = 0;                       // payloads kept, and kept chunks
   uint32_t set_aside = 0;                  // frames set aside
   std::vector<uint64_t> set_aside_chunks;  // their pool chunks' offsets
+  uint32_t parked = 0;                     // frames parked, kGones too
 };
 Carried CarriedOf(const std::string& state) {
   StateReader r(state.data(), state.size());
@@ -319,6 +321,27 @@ Carried CarriedOf(const std::string& state) {
           out.set_aside_chunks.push_back(u64);
         }
       }
+    }
+    if (!r.Count(&lists, 1, 1u << 20, "")) fail();  // parked, by receiver
+    for (uint32_t j = 0; j < lists; j++) {
+      if (!r.U64(&u64, "") || !r.Count(&k, 1, 1u << 20, "")) fail();
+      out.parked += k;
+      for (uint32_t m = 0; m < k; m++) {
+        psmd::hw::FrameFields f;
+        if (!r.Bool(&b, "") || !r.Pod(&f, "") ||
+            (!b && !r.Str(&bytes, 1u << 30, "")) ||
+            !r.Str(&bytes, 1u << 30, "") || !r.Bool(&b, ""))
+          fail();
+        if (b && (!r.U32(&u32, "") || !r.U64(&u64, "") || !r.U32(&u32, "") ||
+                  !r.U64(&u64, "") || !r.U64(&u64, "")))
+          fail();
+      }
+    }
+    if (!r.Count(&k, 1, 1u << 20, "")) fail();  // parked kGones
+    out.parked += k;
+    for (uint32_t j = 0; j < k; j++) {
+      psmd::hw::FrameFields f;
+      if (!r.Pod(&f, "") || !r.Str(&bytes, 1u << 30, "")) fail();
     }
   }
   if (!r.U32(&u32, "") || !r.U64(&u64, "") || !r.Count(&n, 1, 1u << 20, ""))
@@ -391,17 +414,19 @@ struct Parts {
   bool peers = false, in = false, out = false, converted = false;
   bool watchers = false, proxies = false, inbox = false, kept = false;
   bool set_aside = false;
+  bool parked = false;
 };
 
-// Endpoint `id` here as a frame's sender.
-psmd::wire::Sender SenderHere(uint32_t id) {
+// Endpoint `id` of `node` as a frame's sender.
+psmd::wire::Sender SenderAt(uint16_t node, uint32_t id) {
   psmd::wire::Sender s;
   std::memset(&s, 0, sizeof(s));  // its padding too: seeds are stable
-  s.epid = EpidOf(kHere, id);
+  s.epid = EpidOf(node, id);
   s.uid = kJobUid;
   std::memcpy(s.job, kJob.data(), sizeof(s.job));
   return s;
 }
+psmd::wire::Sender SenderHere(uint32_t id) { return SenderAt(kHere, id); }
 
 // A frame set aside as SaveState writes it: an envelope, or a data frame
 // sending `len` bytes of the pool chunk at `offset`.
@@ -482,6 +507,49 @@ std::string StateOf(const Parts& p) {
     }
     w.U32(aside ? 1 : 0);
     if (aside) WriteSetAside(w, psmd::wire::PrepGone(SenderHere(3), 0));
+    // Frames parked here from node 2 for endpoint 1: an inline message, an
+    // eager one with its payload and the receive it took, an active-message
+    // request; with transfers in, the next chunk of transfer 1; and a kGone
+    // of the inline message's sender, behind them.
+    const bool parked = p.parked && node == 2;
+    w.U32(parked ? 1 : 0);
+    if (parked) {
+      const uint64_t dst = EpidOf(kHere, 1);
+      const uint8_t inline_bytes[8] = {8, 7, 6, 5, 4, 3, 2, 1};
+      const uint32_t tag[3] = {6, 0, 0};
+      w.U64(dst);
+      w.U32(p.in ? 4 : 3);
+      auto envelope = [&](const psmd::wire::Envelope& e, uint32_t payload) {
+        w.Bool(false);
+        WriteSetAside(w, e);
+        w.Str(std::string(payload, 'p'));
+      };
+      envelope(psmd::wire::PrepMessage(SenderAt(node, 1), dst, 500, tag, 8, 0,
+                                       false, inline_bytes),
+               0);
+      w.Bool(false);
+      envelope(psmd::wire::PrepMessage(SenderAt(node, 2), dst, 501, tag, 700,
+                                       0, false, nullptr),
+               700);
+      w.Bool(true);  // the receive it took
+      w.U32(1);
+      w.U64(77);
+      w.U32(4096);
+      w.U64(psmd::kAnySource);
+      w.U64(0);
+      envelope(psmd::wire::PrepActiveMessage(false, SenderAt(node, 2), dst,
+                                             502, 3, 1, 8, 0, inline_bytes),
+               0);
+      w.Bool(false);
+      if (p.in) {
+        w.Bool(true);
+        w.Pod(psmd::wire::PrepRndvData(SenderAt(node, 3), dst, 1, 1000));
+        w.Str(std::string(300, 'd'));
+        w.Bool(false);
+      }
+    }
+    w.U32(parked ? 1 : 0);
+    if (parked) WriteSetAside(w, psmd::wire::PrepGone(SenderAt(node, 1), 0));
   }
   w.U32(p.kept ? 3 : 1);  // next kept id
   const bool kept_chunk = p.kept && p.in;
@@ -497,7 +565,8 @@ std::string StateOf(const Parts& p) {
     w.U32(i == 0 ? 1000 + kChunkMax : 100000);
     w.U32(1000);  // received
     w.U64(9 + i);
-    w.U32(1000);  // accepted
+    // accepted: with frames parked, the first's next 300 bytes too
+    w.U32(i == 0 && p.parked ? 1300 : 1000);
   }
   if (kept_chunk) {  // all accepted, in the kept chunk; none delivered
     w.U64(5);
@@ -589,6 +658,11 @@ std::vector<std::string> Seeds() {
   parts.emplace_back();
   parts.back().peers = parts.back().set_aside = true;
   parts[8].set_aside = true;
+  parts.emplace_back();
+  parts.back().peers = parts.back().parked = true;
+  parts.emplace_back();
+  parts.back().peers = parts.back().parked = parts.back().in = true;
+  parts[8].parked = true;
   std::vector<std::string> seeds;
   for (const Parts& p : parts) {
     const std::string state = StateOf(p);
@@ -655,6 +729,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!converted.empty()) reached.converted++;
   if (carried.kept != 0) reached.kept++;
   if (carried.set_aside != 0) reached.set_aside++;
+  if (carried.parked != 0) reached.parked++;
   std::set<uint64_t> held;  // the lines of their chunks' headers
   for (const ConvertedSend& c : converted) {
     held.insert((c.offset - psmd::shm::kChunkHeaderBytes) /

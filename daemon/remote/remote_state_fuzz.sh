@@ -27,6 +27,6 @@ source daemon/engine/engine_sources.sh
 remote_objects=(daemon/remote/remote_fuzz_sources.cc
   daemon/remote/node_table.cc)
 fuzz_main remote_state_fuzz daemon/remote/remote_state_fuzz_corpus 4000 16384 \
-  "^remote_state_fuzz: reached loaded=[1-9][0-9]* converted=[1-9][0-9]* kept=[1-9][0-9]* set_aside=[1-9][0-9]* sent=[1-9][0-9]* ended=[1-9][0-9]* refused=[1-9][0-9]*$" \
+  "^remote_state_fuzz: reached loaded=[1-9][0-9]* converted=[1-9][0-9]* kept=[1-9][0-9]* set_aside=[1-9][0-9]* parked=[1-9][0-9]* sent=[1-9][0-9]* ended=[1-9][0-9]* refused=[1-9][0-9]*$" \
   "${1:-}" "${engine_flags[@]}" daemon/remote/remote_state_fuzz.cc \
   "${remote_objects[@]}" "${engine_objects[@]}" "${engine_libs[@]}"
