@@ -816,9 +816,10 @@ TEST_F(FabricTest, UpgradesWithFramesParkedForAnIdleReceiverCarryThem) {
     ASSERT_EQ(up.exit_code, 0) << up.out << up.err << b->Log();
     ASSERT_GT(f.IdleLeft(), 0) << "the receiver woke during the upgrade";
     const long long carried = TookOver(b->Log(), "frames parked");
-    printf("upgrade %d of node 2: %.2f s, its successor took over %lld "
-           "frames parked\n",
-           upgrade, took, carried);
+    printf(
+        "upgrade %d of node 2: %.2f s, its successor took over %lld "
+        "frames parked\n",
+        upgrade, took, carried);
     // (With engine shards the receiver is on shard 1: what shard 0 may not
     // hand it yet waits there, held, and is carried by the engines; frames
     // park only for a moment, while its fabric credit is out.)

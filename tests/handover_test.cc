@@ -260,10 +260,10 @@ TEST_F(HandoverTest, AnExecThatFailsLeavesPsmdServingAndIsCounted) {
   ASSERT_TRUE(WaitUntil(20, [&] { return EndpointCount(dir_, d) == 2; }));
   RunResult up = Psmctl(dir_, d, {"upgrade", "--exec", vanishing});
   EXPECT_EQ(up.exit_code, 1) << up.out;
-  EXPECT_NE(up.err.find("the upgrade failed, psmd (pid " +
-                        std::to_string(d.pid()) + ") serves on: exec " +
-                        vanishing + ": Permission denied"),
-            std::string::npos)
+  EXPECT_NE(
+      up.err.find("the upgrade failed, psmd (pid " + std::to_string(d.pid()) +
+                  ") serves on: exec " + vanishing + ": Permission denied"),
+      std::string::npos)
       << up.err << d.Log();
   const std::string health = Psmctl(dir_, d, {"health", "--json"}).out;
   EXPECT_NE(health.find("\"upgrades_failed\": 1, \"last_upgrade_failure\": "

@@ -592,15 +592,14 @@ Status Remote::LoadState(handover::StateReader& r,
         }
         // As Park counted them.
         e.bytes = sizeof(Parked) + length + payload;
-        e.window = WindowBytes(e.env.f, payload) +
-                   (payload > 0 && !e.chunk ? hw::kFrameHeaderSize + payload
-                                            : 0);
+        e.window =
+            WindowBytes(e.env.f, payload) +
+            (payload > 0 && !e.chunk ? hw::kFrameHeaderSize + payload : 0);
         p->parked_bytes += e.bytes;
         p->parked_from[e.env.f.src]++;
       }
     }
-    if (!r.Count(&k, sizeof(hw::FrameFields) + 4, kMaxEntries,
-                 "parked kGones"))
+    if (!r.Count(&k, sizeof(hw::FrameFields) + 4, kMaxEntries, "parked kGones"))
       return read_error();
     for (uint32_t j = 0; j < k; j++) {
       wire::Envelope& g = p->gone_after.emplace_back();
@@ -675,11 +674,11 @@ Status Remote::LoadState(handover::StateReader& r,
     const uint64_t parked_bytes =
         parked == parked_of.end() ? 0 : parked->second;
     if (t->send_bytes == 0 ||
-        (from_kept ? t->accepted != t->send_bytes || t->received != 0 ||
-                         parked_bytes != 0
-                   : t->accepted > t->send_bytes ||
-                         t->received >= t->send_bytes ||
-                         t->received + parked_bytes != t->accepted))
+        (from_kept
+             ? t->accepted != t->send_bytes || t->received != 0 ||
+                   parked_bytes != 0
+             : t->accepted > t->send_bytes || t->received >= t->send_bytes ||
+                   t->received + parked_bytes != t->accepted))
       return fail("transfer in received",
                   "is not what it accepted, or not within the transfer");
     if (t->receiver != 0) t->to = SenderOf(*engine_->FindAny(t->receiver));

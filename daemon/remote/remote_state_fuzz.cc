@@ -528,8 +528,8 @@ std::string StateOf(const Parts& p) {
                                        false, inline_bytes),
                0);
       w.Bool(false);
-      envelope(psmd::wire::PrepMessage(SenderAt(node, 2), dst, 501, tag, 700,
-                                       0, false, nullptr),
+      envelope(psmd::wire::PrepMessage(SenderAt(node, 2), dst, 501, tag, 700, 0,
+                                       false, nullptr),
                700);
       w.Bool(true);  // the receive it took
       w.U32(1);
@@ -537,8 +537,8 @@ std::string StateOf(const Parts& p) {
       w.U32(4096);
       w.U64(psmd::kAnySource);
       w.U64(0);
-      envelope(psmd::wire::PrepActiveMessage(false, SenderAt(node, 2), dst,
-                                             502, 3, 1, 8, 0, inline_bytes),
+      envelope(psmd::wire::PrepActiveMessage(false, SenderAt(node, 2), dst, 502,
+                                             3, 1, 8, 0, inline_bytes),
                0);
       w.Bool(false);
       if (p.in) {
