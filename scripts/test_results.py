@@ -17,6 +17,11 @@ or the one Bazel writes for a test that writes none). Counted as failed:
   - a target that Bazel did not report as PASSED (a timeout, a crash after
     an all-pass XML was written, a failed build), on top of its cases: one
     failure, unless its XML already shows one.
+A target marked `flaky` in its BUILD file that Bazel reports FLAKY (an
+attempt failed, the one it ran again passed) counts by its last attempt,
+and its line below names the attempts that failed and their cases: the
+retry is what the BUILD file says it has (tests/mpi/BUILD.bazel, the
+udp;ofi_rxd targets), never silent.
 Counted as skipped: GoogleTest's GTEST_SKIP() (<skipped>, result="skipped")
 and disabled cases (status="notrun"). Nothing is counted as passed that a
 target did not report as run and passed.
@@ -56,7 +61,8 @@ def file_path(uri):
 
 
 def read_events(bep_path):
-    """label -> {"status": overall status or None, "xml": [paths]}"""
+    """label -> {"status": overall status or None, "xml": [paths],
+    "attempts": {(run, shard): {attempt: [paths]}}}"""
     targets = {}
     with open(bep_path) as f:
         for line in f:
@@ -67,19 +73,24 @@ def read_events(bep_path):
             ident = event.get("id", {})
             if "testResult" in ident:
                 t = targets.setdefault(ident["testResult"]["label"],
-                                       {"status": None, "xml": []})
+                                       {"status": None, "xml": [], "attempts": {}})
+                r = ident["testResult"]
+                attempt = t["attempts"].setdefault(
+                    (r.get("run", 1), r.get("shard", 1)), {}).setdefault(
+                        r.get("attempt", 1), [])
                 for out in event.get("testResult", {}).get("testActionOutput", []):
                     if out.get("name") == "test.xml":
                         t["xml"].append(file_path(out.get("uri", "")))
+                        attempt.append(file_path(out.get("uri", "")))
             elif "testSummary" in ident:
                 t = targets.setdefault(ident["testSummary"]["label"],
-                                       {"status": None, "xml": []})
+                                       {"status": None, "xml": [], "attempts": {}})
                 t["status"] = event.get("testSummary", {}).get("overallStatus")
             elif "targetCompleted" in ident and event.get("completed", {}).get(
                     "success") is False:
                 # A test target that failed to build has no testSummary.
                 label = ident["targetCompleted"]["label"]
-                targets.setdefault(label, {"status": None, "xml": []})
+                targets.setdefault(label, {"status": None, "xml": [], "attempts": {}})
                 targets[label]["status"] = "FAILED_TO_BUILD"
     return targets
 
@@ -93,6 +104,29 @@ def count(targets):
         why = []
         failed_names = []
         paths = [x for x in t["xml"] if x]
+        status = t["status"]
+        if status == "FLAKY":
+            # Its last attempt of each run and shard counts; the others are
+            # named.
+            paths = []
+            for key in sorted(t["attempts"]):
+                attempts = t["attempts"][key]
+                last = max(attempts)
+                paths += [x for x in attempts[last] if x]
+                for n in sorted(attempts):
+                    if n == last:
+                        continue
+                    names = []
+                    for x in attempts[n]:
+                        if x:
+                            names += xml_cases(x)[4]
+                    why.append(f"attempt {n} failed"
+                               + (" (" + ", ".join(sorted(set(names))[:5]) + ")"
+                                  if names else "")
+                               + f", attempt {last} passed")
+            status = "PASSED"
+            flaky_notes = list(why)
+            why = []
         if not paths:
             f, reason = 1, "no test.xml"
             why.append(reason)
@@ -102,7 +136,6 @@ def count(targets):
             failed_names += names
             if reason:
                 why.append(reason)
-        status = t["status"]
         if failed_names:
             # Named here, at the end of CI's output, since a test's own
             # log may be cut from what a reader gets to see.
@@ -114,7 +147,9 @@ def count(targets):
             if f == 0:
                 f = 1
         passed, failed, skipped = passed + p, failed + f, skipped + s
-        if f or s:
+        if t["status"] == "FLAKY":
+            why = [f"Bazel reports FLAKY: " + "; ".join(flaky_notes)] + why
+        if f or s or t["status"] == "FLAKY":
             detail = "; ".join(why) or f"{f} case(s) failed"
             notes.append(f"  {label}: {p} passed, {f} failed, {s} skipped ({detail})")
     return passed, failed, skipped, notes

@@ -48,6 +48,22 @@ class Run:
             self.events.append({"id": {"testSummary": {"label": label}},
                                 "testSummary": {"overallStatus": status}})
 
+    def attempt(self, label, attempt, xml):
+        """One attempt of a target Bazel ran again (a `flaky` one)."""
+        path = os.path.join(self.tmp, label.strip("/").replace(":", "_")
+                            + f".{attempt}.xml")
+        with open(path, "w") as f:
+            f.write(xml)
+        self.events.append(
+            {"id": {"testResult": {"label": label, "run": 1, "shard": 1,
+                                   "attempt": attempt}},
+             "testResult": {"testActionOutput": [
+                 {"name": "test.xml", "uri": "file://" + path}]}})
+
+    def summary(self, label, status):
+        self.events.append({"id": {"testSummary": {"label": label}},
+                            "testSummary": {"overallStatus": status}})
+
     def count(self, *extra):
         bep = os.path.join(self.tmp, "bep.json")
         with open(bep, "w") as f:
@@ -77,6 +93,22 @@ class TestResultsTest(unittest.TestCase):
         self.assertEqual((last, rc), ("1 passed, 1 failed, 0 skipped", 1))
         # The failed case is named beside its target's count.
         self.assertIn("//a:t: 1 passed, 1 failed, 0 skipped (failed: b;", out)
+
+    def test_flaky_target_counts_its_last_attempt_and_names_the_failed_one(self):
+        self.run_.attempt("//a:t", 1, ONE_FAILED)
+        self.run_.attempt("//a:t", 2, PASS_CASES)
+        self.run_.summary("//a:t", "FLAKY")
+        last, rc, out = self.run_.count()
+        self.assertEqual((last, rc), ("2 passed, 0 failed, 0 skipped", 0))
+        self.assertIn("//a:t: 2 passed, 0 failed, 0 skipped (Bazel reports "
+                      "FLAKY: attempt 1 failed (b), attempt 2 passed)", out)
+
+    def test_target_failing_every_attempt_fails(self):
+        self.run_.attempt("//a:t", 1, ONE_FAILED)
+        self.run_.attempt("//a:t", 2, ONE_FAILED)
+        self.run_.summary("//a:t", "FAILED")
+        last, rc, _ = self.run_.count()
+        self.assertEqual((last, rc), ("2 passed, 2 failed, 0 skipped", 1))
 
     def test_skipped_cases_are_not_passes(self):
         self.run_.target("//a:t", "PASSED", SKIPPED)
