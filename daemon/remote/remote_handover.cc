@@ -631,15 +631,6 @@ Status Remote::LoadState(handover::StateReader& r,
         return fail("kept chunk transfer", "appears twice");
     }
   }
-  // So do parked chunks: the bytes each transfer accepted and parked.
-  std::map<uint64_t, uint64_t> parked_of;
-  for (const auto& [node, p] : next.peers) {
-    for (const auto& [dst, frames] : p->parked) {
-      for (const Parked& e : frames) {
-        if (e.chunk) parked_of[e.env.f.aux] += e.payload.size();
-      }
-    }
-  }
   for (uint32_t i = 0; i < n; i++) {
     uint64_t id = 0;
     auto t = std::make_unique<InTransfer>();
@@ -659,26 +650,16 @@ Status Remote::LoadState(handover::StateReader& r,
       return fail("transfer in node", "is not a peer, or not its sender's");
     if (t->receiver != 0 && !here(t->receiver))
       return fail("transfer in receiver", "is not an endpoint");
-    // What a carried transfer accepted it delivered or parked (Carriable:
-    // nothing half read), and one that received all its bytes ended: so
-    // received + parked == accepted <= send_bytes, received < send_bytes.
-    // A transfer with less delivered than that would never end (OnChunk
-    // counts what it delivers against send_bytes; its receiver would wait
-    // for good) and would hand its receiver chunks at offsets they are not
-    // at (its parked chunks are checked to follow on from `received`
-    // below). The exception is a transfer a kept payload's receive started
+    // One that received all its bytes ended: received < send_bytes, and
+    // accepted <= send_bytes (what it accepted and parked: below). The
+    // exception is a transfer a kept payload's receive started
     // (DeliverKept): it accepted all its bytes, which wait in its one kept
     // chunk, and delivered none.
-    const bool from_kept = kept_transfers.count(id) != 0;
-    const auto parked = parked_of.find(id);
-    const uint64_t parked_bytes =
-        parked == parked_of.end() ? 0 : parked->second;
     if (t->send_bytes == 0 ||
-        (from_kept
-             ? t->accepted != t->send_bytes || t->received != 0 ||
-                   parked_bytes != 0
+        (kept_transfers.count(id) != 0
+             ? t->accepted != t->send_bytes || t->received != 0
              : t->accepted > t->send_bytes || t->received >= t->send_bytes ||
-                   t->received + parked_bytes != t->accepted))
+                   t->received > t->accepted))
       return fail("transfer in received",
                   "is not what it accepted, or not within the transfer");
     if (t->receiver != 0) t->to = SenderOf(*engine_->FindAny(t->receiver));
@@ -713,6 +694,19 @@ Status Remote::LoadState(handover::StateReader& r,
         at.first->second += e.payload.size();
       }
     }
+  }
+  // What a carried transfer accepted it delivered or parked (Carriable:
+  // nothing half read): received + parked == accepted. A transfer with less
+  // delivered than that would never end (OnChunk counts what it delivers
+  // against send_bytes; its receiver would wait for good). A kept payload's
+  // transfer delivers from its kept chunk, and parks none.
+  for (const auto& [id, t] : next.in) {
+    const auto at = parked_next.find(id);
+    if (kept_transfers.count(id) != 0
+            ? at != parked_next.end()
+            : (at == parked_next.end() ? t->received : at->second) !=
+                  t->accepted)
+      return fail("transfer in received", "is not what it accepted and parked");
   }
   if (!r.Count(&n, 2 + 4 + 8 * 4 + 4 * 2 + 1 + sizeof(wire::Sender),
                kMaxEntries, "transfers out"))
