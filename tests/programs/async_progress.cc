@@ -5,8 +5,9 @@
 //   async_progress --rank R --dir DIR --uuid UUID [--bytes N]
 //                  [--compute-ms T] [--reps K] [--unmap]
 //
-// Each repetition: rank 1 posts a receive of N bytes into a zeroed buffer
-// and tells rank 0 (a small message), which posts the send; then both
+// Each repetition: rank 0 fills its buffer and says it is ready (a small
+// message); rank 1 posts a receive of N bytes into a zeroed buffer, waits
+// for that, and tells rank 0 (another), which posts the send; then both
 // compute for T ms, calling nothing (rank 1 from the moment it told). On
 // return, before any PSM2 call, rank 1 counts the 4 KiB pages of its buffer
 // that already hold the message, then calls psm2_mq_test once. Both then wait
@@ -158,6 +159,10 @@ int main(int argc, char** argv) {
       CheckPsm(psm2_mq_irecv2(p.mq, p.peer, &t, &sel, 0, buf.data(), bytes,
                               nullptr, &req),
                "psm2_mq_irecv2");
+      // Rank 0 has its message ready: it posts the send as soon as it is
+      // told (filling 64 MiB takes a second in an unoptimized build on a
+      // loaded machine, which rank 1 would otherwise spend computing).
+      Blocking(p.mq, p.peer, false, 2);
       Blocking(p.mq, p.peer, true, 1);  // "posted": compute from here
       Compute(compute_ms);
       size_t pages = 0, whole = 0;
@@ -181,6 +186,7 @@ int main(int argc, char** argv) {
       fflush(stdout);
     } else {
       for (size_t i = 0; i < bytes; i++) buf[i] = Pattern(i, rep);
+      Blocking(p.mq, p.peer, true, 2);  // "ready"
       Blocking(p.mq, p.peer, false, 1);
       CheckPsm(
           psm2_mq_isend2(p.mq, p.peer, 0, &t, buf.data(), bytes, nullptr, &req),
