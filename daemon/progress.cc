@@ -301,7 +301,10 @@ void ProgressWorker::CloseSessions(
 }
 
 void ProgressWorker::SaveState(handover::StateWriter& w) {
-  RunSync([&]() PSMD_REQUIRES(role_) { engine_.SaveState(w); });
+  RunSync([&]() PSMD_REQUIRES(role_) {
+    w.Reserve(w.bytes().size() + engine_.StateBytesHint());
+    engine_.SaveState(w);
+  });
 }
 
 Status ProgressWorker::LoadState(handover::StateReader& r) {

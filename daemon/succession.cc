@@ -89,9 +89,10 @@ int FreezeAndWrite(Daemon& d, handover::FdTable* fds,
   fabric->Write(body);
   body.EndSection(at);
   body.Section(handover::kRegistrySection, registry.bytes());
-  body.Raw(engines.bytes());
-  const size_t bytes = body.bytes().size();
-  int state_fd = handover::WriteStateFile(body.Take(), version::Version(), why);
+  // The engines' sections follow, written from where they were built.
+  const size_t bytes = body.bytes().size() + engines.bytes().size();
+  int state_fd = handover::WriteStateFile({body.bytes(), engines.bytes()},
+                                          version::Version(), why);
   if (state_fd < 0) {
     Resume(d, *fabric);
     return -1;
@@ -231,7 +232,7 @@ void AdoptFabric(Inheritance* in, hw::Fabric& fabric) {
 }
 
 bool TakeOver(Daemon& d, Inheritance& in) {
-  const std::string& body = in.body;
+  const handover::StateFileBody& body = in.body;
   handover::StateReader r(body.data() + in.rest_at, body.size() - in.rest_at,
                           in.rest_at);
   handover::StateReader section;

@@ -59,9 +59,9 @@ struct Inheritance {
   handover::ProcessState process;
   handover::FdTable fds;
   int listen_fd = -1;
-  std::vector<int> pending;  // connections not yet classified
-  std::string body;          // the state file's sections
-  size_t rest_at = 0;        // where the registry's section starts in body
+  std::vector<int> pending;      // connections not yet classified
+  handover::StateFileBody body;  // the state file's sections
+  size_t rest_at = 0;            // where the registry's section starts in body
   // The old psmd's fabric, if it served one: main opens this one's with its
   // incarnation and listen addresses and adopts its sessions (AdoptFabric).
   handover::CarriedFabric fabric;

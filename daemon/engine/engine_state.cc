@@ -178,6 +178,22 @@ bool MqEngine::Quiesced() const {
   return true;
 }
 
+size_t MqEngine::StateBytesHint() const {
+  // Per entry, its fields as SaveState writes them (and a little more): a
+  // posted receive 60 bytes, a message 57 and up to kInlineMax inline, a
+  // completion or submission its descriptor, a slot 13; per endpoint its
+  // header and counters by name (about 1.5 KiB).
+  size_t bytes = 4096 + transfers_.size() * 64;
+  for (const Endpoint* ep : order_) {
+    bytes +=
+        2048 + ep->peers.size() * 16 + ep->posted.size() * 64 +
+        (ep->unexpected.size() + ep->claimed.size()) * (72 + shm::kInlineMax) +
+        ep->cq_overflow.size() * sizeof(shm::CompletionDesc) +
+        ep->held_sends.size() * sizeof(shm::SubmissionDesc);
+  }
+  return bytes;
+}
+
 void MqEngine::SaveState(handover::StateWriter& w) const {
   const size_t engine = w.BeginSection(kEngineSection);
   w.U32(kEngineFormat);

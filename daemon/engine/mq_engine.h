@@ -478,6 +478,9 @@ class MqEngine {
   // Writes the engine's state (engine_state.cc, field by field: written or
   // rebuilt, and why). Quiesced must hold.
   void SaveState(handover::StateWriter& w) const;
+  // About how many bytes SaveState writes (a few per cent over, for a
+  // writer's Reserve): its entries by count.
+  size_t StateBytesHint() const;
   // Reads what SaveState wrote, as untrusted input: every id, offset,
   // length, count and enum is checked (endpoints, pools, budgets, limits,
   // the shard), and counters derived from the queues (charges against the

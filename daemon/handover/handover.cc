@@ -28,8 +28,8 @@ constexpr uint64_t kMaxBody = uint64_t{4} << 30;
 // FNV-1a, 64 bits: the file is psmd's own, sealed, and passed between two
 // processes of root; the checksum is against damage and misreading, not
 // against an adversary.
-uint64_t Checksum(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;
+constexpr uint64_t kChecksumStart = 0xcbf29ce484222325ull;
+uint64_t Checksum(std::string_view s, uint64_t h = kChecksumStart) {
   for (unsigned char c : s) {
     h ^= c;
     h *= 0x100000001b3ull;
@@ -268,39 +268,80 @@ uint64_t MonotonicNs() {
   return uint64_t(t.tv_sec) * 1'000'000'000u + uint64_t(t.tv_nsec);
 }
 
-int WriteStateFile(const std::string& body, const std::string& version,
-                   std::string* error) {
+int WriteStateFile(std::initializer_list<std::string_view> pieces,
+                   const std::string& version, std::string* error) {
   int fd = memfd_create("psmd-handover", MFD_ALLOW_SEALING);
   if (fd < 0) {
     *error = std::string("memfd_create: ") + strerror(errno);
     return -1;
   }
+  uint64_t bytes = 0;
+  uint64_t sum = kChecksumStart;
+  for (std::string_view piece : pieces) {
+    bytes += piece.size();
+    sum = Checksum(piece, sum);
+  }
   StateWriter head;
   for (char c : kMagic) head.U8(static_cast<uint8_t>(c));
   head.U32(kFormatVersion);
   head.U32(0);
-  head.U64(body.size());
-  head.U64(Checksum(body));
+  head.U64(bytes);
+  head.U64(sum);
   head.Str(version);
-  if (!WriteAll(fd, head.bytes().data(), head.bytes().size()) ||
-      !WriteAll(fd, body.data(), body.size())) {
+  bool written = WriteAll(fd, head.bytes().data(), head.bytes().size());
+  for (std::string_view piece : pieces) {
+    written = written && WriteAll(fd, piece.data(), piece.size());
+  }
+  if (!written) {
     *error = std::string("writing the state file: ") + strerror(errno);
     close(fd);
     return -1;
   }
-  // Sealed: nothing may change it between the two processes.
+  // Sealed: nothing may change it between the two processes, and the
+  // successor reads it in place (ReadStateFile).
   fcntl(fd, F_ADD_SEALS,
         F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
   return fd;
 }
 
-Status ReadStateFile(int fd, std::string* body) {
+StateFileBody::~StateFileBody() {
+  if (map_ != nullptr) munmap(map_, map_bytes_);
+}
+
+StateFileBody& StateFileBody::operator=(StateFileBody&& other) noexcept {
+  if (this != &other) {
+    if (map_ != nullptr) munmap(map_, map_bytes_);
+    map_ = std::exchange(other.map_, nullptr);
+    map_bytes_ = std::exchange(other.map_bytes_, 0);
+    copy_ = std::move(other.copy_);
+    at_ = std::exchange(other.at_, 0);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+Status ReadStateFile(int fd, StateFileBody* body) {
+  *body = StateFileBody();
   struct stat st {};
-  std::string file;
   bool read_ok = fstat(fd, &st) == 0 && st.st_size >= 0 &&
                  static_cast<uint64_t>(st.st_size) <= kMaxBody + 4096;
-  if (read_ok) {
-    file.resize(static_cast<size_t>(st.st_size));
+  const size_t file_bytes = read_ok ? static_cast<size_t>(st.st_size) : 0;
+  // Sealed against every change: its bytes stay what they are while read
+  // in place (a mapped file that shrank would fault the reader).
+  constexpr int kSealed = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
+  const int seals = read_ok ? fcntl(fd, F_GET_SEALS) : -1;
+  if (read_ok && file_bytes > 0 && seals >= 0 && (seals & kSealed) == kSealed) {
+    // Populated: one system call maps the file's pages, not a fault each.
+    void* map =
+        mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (map != MAP_FAILED) {
+      body->map_ = map;
+      body->map_bytes_ = file_bytes;
+    }
+  }
+  if (read_ok && body->map_ == nullptr) {
+    std::string& file = body->copy_;
+    file.resize(file_bytes);
     size_t got = 0;
     while (got < file.size()) {
       ssize_t n = pread(fd, &file[got], file.size() - got, off_t(got));
@@ -312,42 +353,50 @@ Status ReadStateFile(int fd, std::string* body) {
   }
   close(fd);
   if (!read_ok) {
+    *body = StateFileBody();
     return {PSM2_INTERNAL_ERR, "cannot read the state file (size " +
                                    std::to_string(st.st_size) + ")"};
   }
-  StateReader r(file.data(), file.size());
+  const char* file = body->map_ != nullptr
+                         ? static_cast<const char*>(body->map_)
+                         : body->copy_.data();
+  StateReader r(file, file_bytes);
   uint8_t magic[sizeof(kMagic)];
   for (auto& m : magic) r.U8(&m, "magic");
   uint32_t format = 0, flags = 0;
   uint64_t len = 0, sum = 0;
   std::string writer;
+  const auto refuse = [body](std::string why) -> Status {
+    *body = StateFileBody();
+    return {PSM2_INTERNAL_ERR, std::move(why)};
+  };
   if (!r.ok() || std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) {
-    return {PSM2_INTERNAL_ERR, "not a psmd state file (wrong magic)"};
+    return refuse("not a psmd state file (wrong magic)");
   }
-  if (!r.U32(&format, "format")) return {PSM2_INTERNAL_ERR, r.error()};
+  if (!r.U32(&format, "format")) return refuse(r.error());
   if (format != kFormatVersion) {
-    return {PSM2_INTERNAL_ERR, "state format " + std::to_string(format) +
-                                   ", this psmd reads " +
-                                   std::to_string(kFormatVersion) + " only"};
+    return refuse("state format " + std::to_string(format) +
+                  ", this psmd reads " + std::to_string(kFormatVersion) +
+                  " only");
   }
   if (!r.U32(&flags, "flags") || !r.U64(&len, "length") ||
       !r.U64(&sum, "checksum") || !r.Str(&writer, 256, "writer version")) {
-    return {PSM2_INTERNAL_ERR, r.error()};
+    return refuse(r.error());
   }
   if (flags != 0) {
-    return {PSM2_INTERNAL_ERR,
-            "state flags " + std::to_string(flags) + " unknown to this psmd"};
+    return refuse("state flags " + std::to_string(flags) +
+                  " unknown to this psmd");
   }
   if (len != r.Left()) {
-    return {PSM2_INTERNAL_ERR, "state length " + std::to_string(len) +
-                                   " where the file holds " +
-                                   std::to_string(r.Left()) + " bytes"};
+    return refuse("state length " + std::to_string(len) +
+                  " where the file holds " + std::to_string(r.Left()) +
+                  " bytes");
   }
-  body->assign(file, file.size() - r.Left(), r.Left());
-  if (Checksum(*body) != sum) {
-    body->clear();
-    return {PSM2_INTERNAL_ERR, "state checksum mismatch (written by psmd " +
-                                   writer + "): the file is damaged"};
+  body->at_ = file_bytes - r.Left();
+  body->size_ = r.Left();
+  if (Checksum(std::string_view(body->data(), body->size())) != sum) {
+    return refuse("state checksum mismatch (written by psmd " + writer +
+                  "): the file is damaged");
   }
   return {};
 }

@@ -18,7 +18,10 @@
 #define PSMD_DAEMON_HANDOVER_HANDOVER_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "daemon/handover/state_codec.h"
@@ -141,15 +144,46 @@ bool ReadArenaState(StateReader& r, shm::SendArena::State* s);
 // measures the blackout from the old process's stop.
 uint64_t MonotonicNs();
 
-// Wraps `body` in the envelope (magic, kFormatVersion, length, checksum,
-// the writer's version) in a sealed memfd without close-on-exec; -1 and
-// *error on failure.
-int WriteStateFile(const std::string& body, const std::string& version,
-                   std::string* error);
+// Wraps the body, `pieces` one after the other, in the envelope (magic,
+// kFormatVersion, length, checksum, the writer's version) in a sealed memfd
+// without close-on-exec; -1 and *error on failure. In pieces so that a
+// large part (the engines') is written where it was built, not copied.
+int WriteStateFile(std::initializer_list<std::string_view> pieces,
+                   const std::string& version, std::string* error);
+
+// A state file's body as read: in place, in a read-only mapping, when the
+// file is sealed against every change (as WriteStateFile leaves it), else
+// copied (a file another program passed, which could change, or shrink
+// under a mapping, while it is read). Move-only; unmaps when destroyed.
+class StateFileBody {
+ public:
+  StateFileBody() = default;
+  ~StateFileBody();
+  StateFileBody(StateFileBody&& other) noexcept { *this = std::move(other); }
+  StateFileBody& operator=(StateFileBody&& other) noexcept;
+  StateFileBody(const StateFileBody&) = delete;
+  StateFileBody& operator=(const StateFileBody&) = delete;
+
+  const char* data() const {
+    return (map_ != nullptr ? static_cast<const char*>(map_) : copy_.data()) +
+           at_;
+  }
+  size_t size() const { return size_; }
+  bool mapped() const { return map_ != nullptr; }
+
+ private:
+  friend Status ReadStateFile(int fd, StateFileBody* body);
+  void* map_ = nullptr;  // the whole file, or null (copy_ holds it)
+  size_t map_bytes_ = 0;
+  std::string copy_;
+  size_t at_ = 0;  // where the body starts in the file
+  size_t size_ = 0;
+};
+
 // Reads the state file `fd` and checks its envelope (a format other than
 // kFormatVersion, a length or checksum that does not match: refused with
 // the reason). Closes fd.
-Status ReadStateFile(int fd, std::string* body);
+Status ReadStateFile(int fd, StateFileBody* body);
 
 // In the successor: the state file's descriptor if this process was handed
 // over to (PSMD_HANDOVER_FD, which it removes from the environment), else

@@ -10,6 +10,7 @@
 // corpus daemon/handover/registry_image_fuzz_corpus/
 // (REGISTRY_IMAGE_FUZZ_WRITE_SEEDS=DIR writes it). At exit the target
 // prints what the run got to ("registry_image_fuzz: reached ...").
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -39,13 +40,14 @@ void Check(bool ok) {
 
 struct Reached {
   uint64_t images = 0, endpoints = 0, attached = 0, steps = 0;
-  uint64_t refused = 0, envelopes = 0, envelope_refused = 0;
+  uint64_t refused = 0, envelopes = 0, envelopes_in_place = 0;
+  uint64_t envelope_refused = 0;
   uint64_t fabrics = 0, sessions = 0, fabric_refused = 0;
   uint64_t arenas = 0, allocations = 0, arena_refused = 0;
   ~Reached() {
     printf(
         "registry_image_fuzz: reached images=%llu endpoints=%llu "
-        "attached=%llu steps=%llu refused=%llu envelopes=%llu,%llu "
+        "attached=%llu steps=%llu refused=%llu envelopes=%llu,%llu,%llu "
         "fabrics=%llu,%llu,%llu arenas=%llu,%llu,%llu\n",
         static_cast<unsigned long long>(images),
         static_cast<unsigned long long>(endpoints),
@@ -53,6 +55,7 @@ struct Reached {
         static_cast<unsigned long long>(steps),
         static_cast<unsigned long long>(refused),
         static_cast<unsigned long long>(envelopes),
+        static_cast<unsigned long long>(envelopes_in_place),
         static_cast<unsigned long long>(envelope_refused),
         static_cast<unsigned long long>(fabrics),
         static_cast<unsigned long long>(sessions),
@@ -281,11 +284,12 @@ std::vector<std::string> Seeds() {
   StateWriter body;
   WriteRegistryImage(body, Example(1, 1, false));
   std::string error;
-  int fd = WriteStateFile(body.bytes(), "fuzz", &error);
+  int fd = WriteStateFile({body.bytes()}, "fuzz", &error);
   std::string file(4096, '\0');
   file.resize(static_cast<size_t>(pread(fd, &file[0], file.size(), 0)));
   close(fd);
   seeds.push_back(std::string(1, '\0') + file);
+  seeds.push_back(std::string(1, '\4') + file);
   CarriedFabric fabric;
   fabric.present = true;
   fabric.incarnation = 0x1234567890abcdefull;
@@ -324,13 +328,23 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  if (data[0] == 0) {  // the envelope, from a file as the successor reads it
-    int fd = memfd_create("fuzz", 0);
+  // The envelope, from a file as the successor reads it: copied (0), or
+  // sealed as psmd's own and read in place (4).
+  if (data[0] == 0 || data[0] == 4) {
+    int fd = memfd_create("fuzz", MFD_ALLOW_SEALING);
     Check(fd >= 0);
     Check(write(fd, data + 1, size - 1) == static_cast<ssize_t>(size - 1));
-    std::string body;
+    const bool sealed = data[0] == 4 && size > 1;
+    if (sealed) {
+      Check(fcntl(fd, F_ADD_SEALS,
+                  F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE) == 0);
+    }
+    StateFileBody body;
     psmd::Status s = ReadStateFile(fd, &body);  // closes fd
+    Check(!s.ok() || body.mapped() == sealed);
+    Check(s.ok() || body.size() == 0);
     (s.ok() ? reached.envelopes : reached.envelope_refused)++;
+    reached.envelopes_in_place += s.ok() && body.mapped();
     Check(s.ok() || !s.message.empty());
     return 0;
   }

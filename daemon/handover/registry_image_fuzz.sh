@@ -20,6 +20,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/libfuzzer.sh
 fuzz_main registry_image_fuzz daemon/handover/registry_image_fuzz_corpus 300000 4096 \
-  "^registry_image_fuzz: reached images=[1-9][0-9]* endpoints=[1-9][0-9]* attached=[1-9][0-9]* steps=[1-9][0-9]* refused=[1-9][0-9]* envelopes=[1-9][0-9]*,[1-9][0-9]* fabrics=[1-9][0-9]*,[1-9][0-9]*,[1-9][0-9]* arenas=[1-9][0-9]*,[1-9][0-9]*,[1-9][0-9]*$" \
+  "^registry_image_fuzz: reached images=[1-9][0-9]* endpoints=[1-9][0-9]* attached=[1-9][0-9]* steps=[1-9][0-9]* refused=[1-9][0-9]* envelopes=[1-9][0-9]*,[1-9][0-9]*,[1-9][0-9]* fabrics=[1-9][0-9]*,[1-9][0-9]*,[1-9][0-9]* arenas=[1-9][0-9]*,[1-9][0-9]*,[1-9][0-9]*$" \
   "${1:-}" daemon/handover/registry_image_fuzz.cc daemon/handover/registry_image.cc \
   daemon/handover/handover.cc hw/fabric.cc -Iinclude -lsystemd

@@ -68,6 +68,9 @@ class StateWriter {
   // Bytes another writer wrote (its sections), as they are.
   void Raw(const std::string& bytes) { Put(bytes.data(), bytes.size()); }
 
+  // Room for `n` bytes in all, so that a large state is not copied as it
+  // grows (each copy also touches fresh pages: a page fault each).
+  void Reserve(size_t n) { bytes_.reserve(n); }
   const std::string& bytes() const { return bytes_; }
   std::string Take() { return std::move(bytes_); }
 
